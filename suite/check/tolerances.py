@@ -1,0 +1,30 @@
+"""Tolerances per strategy, in one table (the harness's error measure, parameters and losses)."""
+from __future__ import annotations
+
+from ..config import StrategyConfig
+
+__all__ = ["TOLERANCES", "tolerance_for"]
+
+# key -> (parameters, loss).  fp32 follows PyTorch's DDP tests (1e-5); half precision 1e-3.
+TOLERANCES: dict[str, tuple[float, float]] = {
+    "fp32": (1e-5, 1e-5),
+    "half_grad_comm": (2e-3, 1e-5),  # gradients travel in bf16/fp16; the first step's loss is still exact
+    "amp": (1e-3, 1e-3),  # against the AMP reference (same autocast, same scaler)
+    "compile": (1e-4, 1e-4),  # torch.compile may reorder floating-point sums
+}
+
+
+def tolerance_key(config: StrategyConfig) -> str:
+    if config.amp != "off":
+        return "amp"
+    if config.grad_comm_dtype != "fp32":
+        return "half_grad_comm"
+    if config.fusion_backend == "compile" and config.compute_fusion_enabled:
+        return "compile"
+    return "fp32"
+
+
+def tolerance_for(config: StrategyConfig) -> tuple[str, float, float]:
+    key = tolerance_key(config)
+    params, loss = TOLERANCES[key]
+    return key, params, loss

@@ -1,0 +1,156 @@
+"""Gradient synchronisation: the interface every data-parallel communication strategy fills.
+
+The engine drives a ``GradSync`` the same way whatever the strategy:
+
+    sync.begin_step(communicate)   # before backward: arm hooks (overlap) or not
+    loss.backward()
+    sync.finish_step()             # after backward: every gradient is averaged over the group
+
+``average_tensors`` averages arbitrary tensors (Local SGD's parameters) over the same
+collective path (buckets, communicators, hierarchy) as the gradients.
+
+This module holds the interface, the plain strategy (fleetbench's definition of plain data
+parallel: after backward one allreduce per parameter gradient, each waited on at once,
+averaged) and the no-communication one.  Bucketing, overlap, several communicators and the
+hierarchical allreduce live in their own modules and are chosen by :func:`build_grad_sync`.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from ..config import StrategyConfig
+from . import collectives as C
+
+__all__ = ["GradSync", "PlainGradSync", "NoGradSync", "build_grad_sync", "COMM_DTYPES", "trainable_params"]
+
+COMM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def trainable_params(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """Parameters that get gradients, in registration order (frozen ones are skipped), each once."""
+    seen: set[int] = set()
+    out = []
+    for name, p in model.named_parameters():
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            out.append((name, p))
+    return out
+
+
+class GradSync:
+    """Base class: holds the group and the averaging rule; subclasses decide how to communicate."""
+
+    name = "base"
+
+    def __init__(self, model: torch.nn.Module, config: StrategyConfig, group=None):
+        self.model = model
+        self.config = config
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.named_params = trainable_params(model)
+        self.params = [p for _, p in self.named_params]
+        self.comm_dtype = COMM_DTYPES[config.grad_comm_dtype]
+        self.communicate = True
+
+    # -- the engine's calls --------------------------------------------------------
+    def begin_step(self, communicate: bool = True) -> None:
+        self.communicate = communicate
+
+    def finish_step(self) -> None:
+        raise NotImplementedError
+
+    def average_tensors(self, tensors: list[torch.Tensor]) -> None:
+        """Average ``tensors`` in place over the group (one allreduce each in the plain path)."""
+        for t in tensors:
+            self._allreduce_average(t, self.group)
+
+    def describe(self) -> dict:
+        """What the strategy did at set-up (allreduce ops before and after fusion, buckets …)."""
+        n = len(self.params)
+        return {"strategy": self.name, "allreduce_ops_before_fusion": n, "allreduce_ops": n}
+
+    # -- shared helpers ------------------------------------------------------------
+    def _allreduce_average(self, tensor: torch.Tensor, group, async_op: bool = False):
+        """Allreduce ``tensor`` (in ``grad_comm_dtype``) and divide by the world size, in place.
+
+        Returns a callable that completes the operation (waits, divides, copies back), so
+        asynchronous callers can launch now and finish later.
+        """
+        if self.comm_dtype != tensor.dtype:
+            wire = tensor.to(self.comm_dtype)
+        else:
+            wire = tensor
+        wire.div_(self.world)  # divide before summing: keeps half precision in range
+        work = C.all_reduce(wire, group=group, async_op=async_op)
+
+        def complete() -> None:
+            if work is not None and async_op:
+                work.wait()
+            if wire is not tensor:
+                tensor.copy_(wire)
+
+        if not async_op:
+            complete()
+            return None
+        return complete
+
+    def _missing_grad(self, name: str, p: torch.nn.Parameter) -> torch.Tensor:
+        """A parameter without a gradient this step: zeros (find_unused_parameters) or a clear error."""
+        if self.config.find_unused_parameters:
+            p.grad = torch.zeros_like(p)
+            return p.grad
+        raise RuntimeError(
+            f"parameter {name!r} received no gradient in this step. Every rank must reduce the same "
+            f"gradients, so fleetbench stops here instead of hanging: set find_unused_parameters=True "
+            f"(its gradient is then reduced as zeros, as DDP does) or freeze it (requires_grad=False)"
+        )
+
+
+class PlainGradSync(GradSync):
+    """After backward, one allreduce per parameter gradient, each waited on at once, averaged."""
+
+    name = "plain"
+
+    def finish_step(self) -> None:
+        if not self.communicate:
+            return
+        for name, p in self.named_params:
+            grad = p.grad if p.grad is not None else self._missing_grad(name, p)
+            self._allreduce_average(grad, self.group)
+
+
+class NoGradSync(GradSync):
+    """No gradient communication (``data_parallel='none'``): for measuring compute alone."""
+
+    name = "none"
+
+    def finish_step(self) -> None:
+        return None
+
+    def average_tensors(self, tensors: list[torch.Tensor]) -> None:
+        return None
+
+    def describe(self) -> dict:
+        return {"strategy": self.name, "allreduce_ops_before_fusion": 0, "allreduce_ops": 0}
+
+
+def build_grad_sync(model: torch.nn.Module, config: StrategyConfig, group=None) -> Optional[GradSync]:
+    """The gradient communication the config asks for (None for DDP, which does its own)."""
+    if config.data_parallel == "none":
+        return NoGradSync(model, config, group)
+    if config.data_parallel == "ddp":
+        return None
+    needs_buckets = (
+        config.fuse_all_reduce_ops
+        or not config.sync_nccl_allreduce
+        or config.nccl_comm_num > 1
+        or config.use_hierarchical_allreduce
+    )
+    if needs_buckets:
+        from .bucketed import BucketedGradSync
+
+        return BucketedGradSync(model, config, group)
+    return PlainGradSync(model, config, group)

@@ -1,0 +1,97 @@
+"""Deterministic, seeded synthetic data: uint8 images with labels, and token sequences.
+
+The same seed gives the same bytes on every rank and every machine.  Images are a noisy
+copy of a per-class template (so models learn and losses fall); token sequences follow a
+seeded Markov chain (so next-token prediction is learnable).  A global batch is drawn per
+step from a reshuffled permutation and split into contiguous per-rank shards, so every
+rank has the same number of samples.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["SyntheticImages", "SyntheticTokens", "make_dataset", "normalize", "step_indices", "shard",
+           "IMAGE_MEAN", "IMAGE_STD"]
+
+IMAGE_MEAN = 0.5
+IMAGE_STD = 0.25
+
+
+class SyntheticImages:
+    kind = "images"
+
+    def __init__(self, size: int = 2048, seed: int = 0, image_size: int = 16, channels: int = 3, classes: int = 10):
+        g = torch.Generator().manual_seed(seed)
+        templates = torch.rand(classes, channels, image_size, image_size, generator=g)
+        self.targets = torch.randint(0, classes, (size,), generator=g)
+        noise = torch.rand(size, channels, image_size, image_size, generator=g)
+        images = 0.6 * templates[self.targets] + 0.4 * noise
+        self.inputs = (images * 255).round().clamp(0, 255).to(torch.uint8)
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def get(self, indices: torch.Tensor):
+        """Raw samples: uint8 images and int64 labels."""
+        return self.inputs[indices], self.targets[indices]
+
+
+class SyntheticTokens:
+    kind = "tokens"
+
+    def __init__(self, size: int = 2048, seed: int = 0, vocab: int = 128, seq_len: int = 32):
+        g = torch.Generator().manual_seed(seed)
+        # A sparse random transition table: each token has 4 likely successors.
+        succ = torch.randint(0, vocab, (vocab, 4), generator=g)
+        seqs = torch.empty(size, seq_len + 1, dtype=torch.int64)
+        seqs[:, 0] = torch.randint(0, vocab, (size,), generator=g)
+        for t in range(1, seq_len + 1):
+            pick = torch.randint(0, 4, (size,), generator=g)
+            seqs[:, t] = succ[seqs[:, t - 1], pick]
+        self.inputs = seqs[:, :-1].contiguous()
+        self.targets = seqs[:, 1:].contiguous()
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def get(self, indices: torch.Tensor):
+        return self.inputs[indices], self.targets[indices]
+
+
+def make_dataset(spec, size: int = 2048, seed: int = 0):
+    """The dataset a :class:`suite.models.ModelSpec` trains on."""
+    if spec.data == "images":
+        return SyntheticImages(size, seed, spec.image_size, 3, spec.num_classes)
+    return SyntheticTokens(size, seed, spec.vocab, spec.seq_len)
+
+
+def normalize(images: torch.Tensor) -> torch.Tensor:
+    """uint8 images to normalized float32 (wherever they are: host or device)."""
+    return (images.to(torch.float32) / 255.0 - IMAGE_MEAN) / IMAGE_STD
+
+
+def prepare(dataset, raw_inputs: torch.Tensor, device) -> torch.Tensor:
+    if dataset.kind == "images":
+        return normalize(raw_inputs.to(device))
+    return raw_inputs.to(device)
+
+
+def step_indices(dataset_size: int, step: int, global_batch: int, seed: int = 0) -> torch.Tensor:
+    """The global batch of ``step`` (0-based): a fresh permutation per step (reshuffled inputs)."""
+    if global_batch > dataset_size:
+        raise ValueError(f"global batch {global_batch} is larger than the dataset ({dataset_size} samples)")
+    g = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    return torch.randperm(dataset_size, generator=g)[:global_batch]
+
+
+def shard(indices: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """Rank ``rank``'s contiguous share; the global batch must split evenly."""
+    n = indices.numel()
+    if n % world:
+        raise ValueError(f"global batch {n} does not split evenly over {world} ranks")
+    per = n // world
+    return indices[rank * per:(rank + 1) * per]

@@ -1,0 +1,140 @@
+"""The training step: every enabled strategy composed into one step, readable top to bottom.
+
+    engine = suite.build_engine(model, loss_fn, config)      # inside an initialised process group
+    loss = engine.train_step(inputs, targets)                 # a tensor; no host sync unless a strategy needs one
+
+Construction (in this order):
+  1. compute fusion rewrites the model (``fuse_bn_act_ops`` …),
+  2. parameters and buffers are broadcast from rank 0, so ranks may start different
+     (one broadcast per tensor, or flat buckets with ``fuse_broadcast_ops``),
+  3. gradient communication is chosen (``data_parallel``: suite's strategies, torch DDP, none),
+  4. the optimizer (torch.optim, or the fused flat one with ``fuse_all_optimizer_ops``),
+  5. mixed precision (autocast and loss scaling) and Local SGD's schedule.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from .comm.broadcast import broadcast_module
+from .comm.grad_sync import GradSync, build_grad_sync
+from .config import StrategyConfig
+from .strategies.amp import Amp
+from .strategies.optim import build_optimizer
+
+__all__ = ["Engine", "build_engine"]
+
+
+class Engine:
+    def __init__(self, model: torch.nn.Module, loss_fn: Callable, config: Optional[StrategyConfig] = None,
+                 group=None):
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "build_engine needs an initialised process group: call torch.distributed.init_process_group "
+                "(or run under `fleetbench run` / torchrun) first"
+            )
+        self.config = config = config or StrategyConfig()
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        local_ws = _local_world_size()
+        config.check_world(self.world_size, local_ws, torchrun=local_ws is not None)
+        self.loss_fn = loss_fn
+        device = next(iter(model.parameters())).device
+
+        # 1. compute fusion: a pass over the user's model.
+        self.fusion_report: dict = {}
+        if config.compute_fusion_enabled:
+            from .compute.fusion import apply_compute_fusion
+
+            model, self.fusion_report = apply_compute_fusion(model, config)
+
+        # 2. everyone starts from rank 0's parameters and buffers.
+        bucket_mb = config.fuse_grad_size_in_MB if config.fuse_broadcast_ops else math.inf
+        self.init_broadcasts = broadcast_module(model, group, fused=config.fuse_broadcast_ops, bucket_mb=bucket_mb)
+        self._has_buffers = any(b.numel() for b in model.buffers())
+
+        # 3. gradient communication.
+        self.grad_sync: Optional[GradSync] = build_grad_sync(model, config, group)
+        if config.data_parallel == "ddp":
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            ids = [device.index] if device.type == "cuda" else None
+            self.model = DDP(model, device_ids=ids, process_group=group,
+                             find_unused_parameters=config.find_unused_parameters, **_ddp_buffer_sync())
+        else:
+            self.model = model
+        self.module = model  # the unwrapped module
+
+        # 4. optimizer, 5. mixed precision and Local SGD.
+        self.optimizer = build_optimizer(model, config, self.grad_sync)
+        self.amp = Amp(config, group, device.type)
+        self.local_sgd = None
+        if config.local_sgd_enabled:
+            from .strategies.local_sgd import LocalSGD
+
+            self.local_sgd = LocalSGD(config, self.grad_sync, [p for p in model.parameters() if p.requires_grad])
+        self.steps = 0
+
+    def describe(self) -> dict:
+        info = {"data_parallel": self.config.data_parallel, "init_broadcasts": self.init_broadcasts}
+        if self.grad_sync is not None:
+            info.update(self.grad_sync.describe())
+        if self.fusion_report:
+            info["compute_fusion"] = self.fusion_report
+        return info
+
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        self.steps += 1
+        cfg = self.config
+        communicate = self.local_sgd.communicate_grads(self.steps) if self.local_sgd else True
+
+        # DDP's rule for buffers (BatchNorm statistics): rank 0's are broadcast before each forward.
+        if cfg.data_parallel == "suite" and self._has_buffers and communicate:
+            broadcast_module(self.module, self.group, fused=cfg.fuse_broadcast_ops, buffers_only=True)
+
+        if self.grad_sync is not None:
+            self.grad_sync.begin_step(communicate)
+        with self.amp.autocast():
+            outputs = self.model(inputs)
+            loss = self.loss_fn(outputs, targets)
+        self.amp.scale_loss(loss).backward()
+        if self.grad_sync is not None:
+            self.grad_sync.finish_step()  # every gradient averaged over the group
+
+        skip = self.amp.unscale_and_check(self.optimizer)  # the one host decision AMP must make
+        if not skip:
+            self.optimizer.step()
+        self.amp.update(skip)
+        self.optimizer.zero_grad(set_to_none=False)
+
+        if self.local_sgd is not None:
+            self.local_sgd.after_step(self.steps, loss.detach())
+        return loss.detach()
+
+
+def _ddp_buffer_sync() -> dict:
+    """DDP's rank-0 buffer broadcast before each forward, under its name in this torch version."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:
+        return {"forward_sync_buffers": True}
+    return {"broadcast_buffers": True}
+
+
+def _local_world_size() -> Optional[int]:
+    import os
+
+    v = os.environ.get("LOCAL_WORLD_SIZE")
+    return int(v) if v and "TORCHELASTIC_RUN_ID" in os.environ else None
+
+
+def build_engine(model: torch.nn.Module, loss_fn: Callable, config: Optional[StrategyConfig] = None,
+                 group=None) -> Engine:
+    """Compose the strategies ``config`` enables around ``model``; see :class:`Engine`."""
+    return Engine(model, loss_fn, config, group)

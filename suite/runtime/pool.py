@@ -1,0 +1,301 @@
+"""A long-lived pool of local ranks, driven from the parent process.
+
+Ranks are started once (spawned processes joined in one gloo/NCCL world); the parent
+then sends them calls ("run function F with these arguments on every rank") and
+collects one result per rank.  Every call is bounded by a timeout.  A rank that dies
+or hangs is reported (which rank, doing what) as :class:`RankFailure`, the pool is torn
+down, and the next call starts a fresh pool: nothing ever hangs.
+
+Functions are named as ``"package.module:function"`` (or given as a module-level
+function) so that spawned ranks can import them.
+"""
+from __future__ import annotations
+
+import importlib
+import multiprocessing as mp
+import os
+import queue
+import signal
+import socket
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Union
+
+__all__ = ["RankPool", "RankFailure", "RankError", "resolve_function"]
+
+FnRef = Union[str, Callable[..., Any]]
+
+
+class RankFailure(RuntimeError):
+    """A rank died or did not answer in time; the pool has been torn down."""
+
+    def __init__(self, message: str, ranks: list[int], what: str):
+        super().__init__(message)
+        self.ranks = ranks
+        self.what = what
+
+
+class RankError(RuntimeError):
+    """The called function raised on one or more ranks (the pool is still usable if all answered)."""
+
+    def __init__(self, message: str, tracebacks: dict[int, str]):
+        super().__init__(message)
+        self.tracebacks = tracebacks
+
+
+def fn_name(fn: FnRef) -> str:
+    if isinstance(fn, str):
+        return fn
+    return f"{fn.__module__}:{fn.__qualname__}"
+
+
+def resolve_function(ref: str) -> Callable[..., Any]:
+    module, _, name = ref.partition(":")
+    if not name:
+        raise ValueError(f"function reference {ref!r}: expected 'package.module:function'")
+    obj: Any = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass
+class _Options:
+    device: Optional[str]
+    pg_timeout: float
+    num_threads: Optional[int]
+    env: dict = field(default_factory=dict)
+
+
+def _worker(rank: int, world: int, host: str, port: int, cmd_q, res_q, opts: _Options) -> None:
+    os.environ.update(opts.env)
+    parent = os.getppid()
+    try:
+        import torch.distributed as dist
+
+        from .launch import init_rank
+
+        store = dist.TCPStore(host, port, world_size=None, is_master=False, timeout=_td(opts.pg_timeout))
+        init_rank(
+            rank, world, rank, world, store=store, device=opts.device, pg_timeout=opts.pg_timeout,
+            num_threads=opts.num_threads,
+        )
+        res_q.put(("__ready__", rank, True, os.getpid()))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        res_q.put(("__ready__", rank, False, traceback.format_exc()))
+        return
+    while True:
+        try:
+            msg = cmd_q.get(timeout=1.0)
+        except queue.Empty:
+            if os.getppid() != parent:  # the parent is gone: do not linger
+                os._exit(3)
+            continue
+        if msg is None:
+            break
+        call_id, ref, kwargs = msg
+        try:
+            result = resolve_function(ref)(**kwargs)
+            res_q.put((call_id, rank, True, result))
+        except BaseException:  # noqa: BLE001 - reported to the parent
+            res_q.put((call_id, rank, False, traceback.format_exc()))
+    from .launch import shutdown
+
+    try:
+        shutdown()
+    except Exception:  # noqa: BLE001 - exiting anyway
+        pass
+
+
+def _td(seconds: float):
+    import datetime
+
+    return datetime.timedelta(seconds=seconds)
+
+
+class RankPool:
+    """``nproc`` local ranks, started once and driven by :meth:`run`.
+
+    >>> with RankPool(2) as pool:
+    ...     results = pool.run("suite.runtime.probes:whoami")
+    """
+
+    def __init__(
+        self,
+        nproc: int,
+        *,
+        device: Optional[str] = None,
+        timeout: float = 300.0,
+        pg_timeout: float = 60.0,
+        start_timeout: float = 120.0,
+        num_threads: Optional[int] = None,
+        env: Optional[dict] = None,
+        grace: float = 5.0,
+    ):
+        if not isinstance(nproc, int) or nproc < 1:
+            raise ValueError(f"nproc={nproc!r}: must be a whole number >= 1")
+        self.nproc = nproc
+        self.timeout = timeout
+        self.start_timeout = start_timeout
+        self.grace = grace
+        self.opts = _Options(device=device, pg_timeout=pg_timeout, num_threads=num_threads, env=dict(env or {}))
+        self._procs: list = []
+        self._cmd_qs: list = []
+        self._res_q = None
+        self._store = None
+        self._call = 0
+        self.pids: list[int] = []
+        self.restarts = 0
+        self._started_once = False
+
+    # ---- life cycle ---------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs) and all(p.is_alive() for p in self._procs)
+
+    def start(self) -> None:
+        if self.alive:
+            return
+        self.close()
+        import torch.distributed as dist
+
+        if self._started_once:
+            self.restarts += 1
+        self._started_once = True
+        host = "127.0.0.1"
+        # Port 0: the OS picks a free port, so two runs side by side never collide.
+        self._store = dist.TCPStore(host, 0, world_size=None, is_master=True, timeout=_td(self.opts.pg_timeout),
+                                    wait_for_workers=False)
+        port = self._store.port
+        env = dict(self.opts.env)
+        env.setdefault("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", _loopback_ifname()))
+        opts = _Options(self.opts.device, self.opts.pg_timeout, self.opts.num_threads, env)
+        ctx = mp.get_context("spawn")
+        self._res_q = ctx.Queue()
+        self._cmd_qs = [ctx.Queue() for _ in range(self.nproc)]
+        self._procs = [
+            ctx.Process(target=_worker, args=(r, self.nproc, host, port, self._cmd_qs[r], self._res_q, opts),
+                        daemon=True, name=f"fleetbench-rank{r}")
+            for r in range(self.nproc)
+        ]
+        for p in self._procs:
+            p.start()
+        ready = self._collect("__ready__", "starting and joining the process group", self.start_timeout)
+        self.pids = [ready[r] for r in range(self.nproc)]
+
+    def close(self) -> None:
+        """Stop every rank (politely, then by force) and forget them."""
+        for q in self._cmd_qs:
+            try:
+                q.put_nowait(None)
+            except Exception:  # noqa: BLE001
+                pass
+        deadline = time.monotonic() + 3.0
+        for p in self._procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        for p in self._procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5.0)
+        for q in self._cmd_qs + ([self._res_q] if self._res_q is not None else []):
+            try:
+                q.cancel_join_thread()
+                q.close()
+            except Exception:  # noqa: BLE001
+                pass
+        self._procs, self._cmd_qs, self._res_q, self._store, self.pids = [], [], None, None, []
+
+    def __enter__(self) -> "RankPool":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    # ---- calls ----------------------------------------------------------------------
+    def run(self, fn: FnRef, kwargs: Optional[dict] = None, *, timeout: Optional[float] = None,
+            per_rank: Optional[list[dict]] = None) -> list[Any]:
+        """Run ``fn(**kwargs)`` on every rank; return the results in rank order.
+
+        ``per_rank`` adds rank-specific keyword arguments.  Raises :class:`RankError` when
+        the function raised (with every rank's traceback) and :class:`RankFailure` when a rank
+        died or did not answer within ``timeout`` (the pool is then torn down).
+        """
+        self.start()
+        ref = fn_name(fn)
+        self._call += 1
+        call_id = self._call
+        for r, q in enumerate(self._cmd_qs):
+            kw = dict(kwargs or {})
+            if per_rank is not None:
+                kw.update(per_rank[r])
+            q.put((call_id, ref, kw))
+        answers = self._collect(call_id, f"running {ref}", timeout or self.timeout, raw=True)
+        errors = {r: payload for r, (ok, payload) in answers.items() if not ok}
+        if errors:
+            first = min(errors)
+            raise RankError(
+                f"{ref} raised on rank(s) {sorted(errors)}; rank {first}:\n{errors[first]}", errors
+            )
+        return [answers[r][1] for r in range(self.nproc)]
+
+    def _collect(self, call_id: Any, what: str, timeout: float, raw: bool = False) -> dict[int, Any]:
+        deadline = time.monotonic() + timeout
+        got: dict[int, tuple[bool, Any]] = {}
+        first_error_at: Optional[float] = None
+        while len(got) < self.nproc:
+            try:
+                cid, rank, ok, payload = self._res_q.get(timeout=0.2)
+            except queue.Empty:
+                cid = None
+            except (EOFError, OSError) as exc:
+                self._fail(list(range(self.nproc)), what, f"the result queue broke ({exc!r})")
+            if cid == call_id:
+                got[rank] = (ok, payload)
+                if not ok and first_error_at is None:
+                    first_error_at = time.monotonic()
+                continue
+            missing = [r for r in range(self.nproc) if r not in got]
+            dead = [r for r in missing if not self._procs[r].is_alive()]
+            if dead:
+                codes = ", ".join(f"rank {r} exit code {self._procs[r].exitcode}" for r in dead)
+                self._fail(dead, what, f"rank(s) {dead} died ({codes})", got)
+            now = time.monotonic()
+            if first_error_at is not None and now - first_error_at > self.grace:
+                # A rank raised; the others are most likely stuck in a collective waiting for it.
+                self._fail(missing, what, f"rank(s) {missing} stuck after another rank raised", got)
+            if now > deadline:
+                self._fail(missing, what, f"rank(s) {missing} did not answer within {timeout:.0f} s (stuck)", got)
+        if not raw:
+            bad = {r: p for r, (ok, p) in got.items() if not ok}
+            if bad:
+                r = min(bad)
+                self.close()
+                raise RankFailure(f"rank {r} failed while {what}:\n{bad[r]}", sorted(bad), what)
+            return {r: p for r, (ok, p) in got.items()}
+        return got
+
+    def _fail(self, ranks: list[int], what: str, why: str, got: Optional[dict] = None) -> None:
+        detail = ""
+        for r, (ok, payload) in sorted((got or {}).items()):
+            if not ok:
+                detail += f"\n--- rank {r} raised:\n{payload}"
+        self.close()
+        raise RankFailure(f"{why} while {what}; the pool was torn down and restarts on the next call{detail}",
+                          ranks, what)
+
+
+def _loopback_ifname() -> str:
+    try:
+        names = [n for _, n in socket.if_nameindex()]
+    except OSError:
+        return "lo"
+    return "lo" if "lo" in names else (names[0] if names else "lo")
