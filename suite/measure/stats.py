@@ -1,0 +1,85 @@
+"""Statistics over the ranks' timings: medians with intervals, never a single run.
+
+Speedups are always stated as speedup (> 1 is faster): baseline time / variant time, paired
+round by round (the variants ran interleaved), summarised by the median ratio with a
+bootstrap 95% interval.
+"""
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from typing import Sequence
+
+__all__ = ["describe", "window_seconds", "variant_summary", "paired_speedup", "bootstrap_median_ci"]
+
+
+def _quantile(xs: Sequence[float], q: float) -> float:
+    s = sorted(xs)
+    if not s:
+        return math.nan
+    pos = (len(s) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def describe(xs: Sequence[float]) -> dict:
+    """median, IQR (q25..q75), min, max, mean, n."""
+    if not xs:
+        return {"n": 0, "median": math.nan, "q25": math.nan, "q75": math.nan, "iqr": math.nan, "min": math.nan,
+                "max": math.nan, "mean": math.nan}
+    q25, q75 = _quantile(xs, 0.25), _quantile(xs, 0.75)
+    return {"n": len(xs), "median": statistics.median(xs), "q25": q25, "q75": q75, "iqr": q75 - q25,
+            "min": min(xs), "max": max(xs), "mean": statistics.fmean(xs)}
+
+
+def bootstrap_median_ci(xs: Sequence[float], level: float = 0.95, n_boot: int = 2000, seed: int = 0) -> tuple:
+    if len(xs) < 2:
+        v = xs[0] if xs else math.nan
+        return (v, v)
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(n_boot))
+    a = (1 - level) / 2
+    return (_quantile(meds, a), _quantile(meds, 1 - a))
+
+
+def window_seconds(answers: list[dict], variant: str) -> list[float]:
+    """Per round, the slowest rank's window time (windows end on a barrier, so ranks agree closely)."""
+    per_rank = [a["variants"][variant]["windows"] for a in answers]
+    return [max(ws) for ws in zip(*per_rank)]
+
+
+def variant_summary(answers: list[dict], variant: str, global_batch: int, steps: int) -> dict:
+    windows = window_seconds(answers, variant)
+    throughput = [global_batch * steps / w for w in windows if w > 0]
+    per_rank_steps = [a["variants"][variant]["step_times"] for a in answers]
+    all_steps = [t for ts in per_rank_steps for t in ts]
+    rank_medians = [statistics.median(ts) if ts else math.nan for ts in per_rank_steps]
+    slowest = max(range(len(rank_medians)), key=lambda r: rank_medians[r]) if rank_medians else 0
+    lo, hi = bootstrap_median_ci(throughput)
+    first = answers[0]["variants"][variant]
+    return {
+        "samples_per_s": statistics.median(throughput) if throughput else math.nan,
+        "samples_per_s_ci": [lo, hi],
+        "throughput_per_round": throughput,
+        "window_s": windows,
+        "step_time_s": describe(all_steps),
+        "step_times_s": all_steps,
+        "rank_median_step_s": rank_medians,
+        "slowest_rank": slowest,
+        "losses": first["losses"],
+        "comm_calls_per_step": first["comm_calls_per_step"],
+        "comm_bytes_per_step": first["comm_bytes_per_step"],
+        "host_syncs": first["host_syncs"],
+        "threads": first["threads"],
+        "describe": first["describe"],
+    }
+
+
+def paired_speedup(baseline_windows: Sequence[float], variant_windows: Sequence[float]) -> dict:
+    """Speedup of the variant over the baseline (> 1 faster), paired by round, with a 95% interval."""
+    ratios = [b / v for b, v in zip(baseline_windows, variant_windows) if v > 0 and b > 0]
+    if not ratios:
+        return {"speedup": math.nan, "ci": [math.nan, math.nan], "rounds": 0}
+    lo, hi = bootstrap_median_ci(ratios)
+    return {"speedup": statistics.median(ratios), "ci": [lo, hi], "rounds": len(ratios)}

@@ -1,0 +1,138 @@
+"""Timing variants of a case, interleaved in one process group.
+
+:func:`measure_on_rank` runs on every rank.  It builds one engine per variant (same model
+seed, same data), warms each up, then runs ``rounds`` rounds; in each round every variant
+runs one *window* of ``steps`` steps, in an order rotated round by round (A B C, B C A, …),
+so slow drifts of a noisy machine hit every variant alike.
+
+Two figures per window:
+- the window time, with a barrier only at its two ends (per-step barriers would hide
+  stragglers, and the gains of strategies that let ranks drift, such as Local SGD);
+- per-step times (host timestamps; CUDA events on GPU, resolved at the window's end, so
+  timing adds no device sync inside the window).
+"""
+from __future__ import annotations
+
+import random
+import time
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from ..comm import collectives as C
+from ..config import StrategyConfig
+from ..data.synthetic import make_dataset, prepare, shard, step_indices
+from ..engine import build_engine
+from ..models import get_model
+from ..runtime.context import current
+from ..runtime.device import default_threads
+from ..strategies.fetch import LossFetcher
+
+__all__ = ["measure_on_rank", "straggler_for_step", "StepClock"]
+
+
+def straggler_for_step(step: int, world: int, seed: int = 0) -> int:
+    """The rank that straggles at ``step``: seeded, a different draw each step, the same on every rank."""
+    return random.Random(seed * 7_777_777 + step).randrange(world)
+
+
+class StepClock:
+    """Marks step boundaries without syncing the device; converts them to seconds at the end."""
+
+    def __init__(self, platform):
+        self.cuda = platform.is_cuda
+        self.marks: list = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.marks.append(ev)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def durations(self) -> list[float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks, self.marks[1:])]
+        return [b - a for a, b in zip(self.marks, self.marks[1:])]
+
+
+class _Variant:
+    def __init__(self, name: str, config: StrategyConfig, spec, seed: int, scale: int, device):
+        self.name = name
+        self.config = config
+        net = spec.make(seed, scale, device)
+        self.engine = build_engine(net, spec.loss_fn, config)
+        self.threads = default_threads(current().local_world_size, config.num_threads)
+        self.windows: list[float] = []
+        self.step_times: list[float] = []
+        self.losses: list[float] = []
+        self.comm_calls: dict = {}
+        self.comm_bytes: dict = {}
+        self.host_syncs = 0
+
+
+def measure_on_rank(model: str, variants: list[dict], warmup: int = 2, steps: int = 5, rounds: int = 5,
+                    per_rank_batch: int = 16, seed: int = 0, scale: int = 1, dataset_size: int = 1024) -> dict:
+    """Time every variant (``{"name": …, "config": {…}}``) on this rank; see the module docstring."""
+    ctx = current()
+    device, world, rank = ctx.platform.device, ctx.world_size, ctx.rank
+    spec = get_model(model)
+    data = make_dataset(spec, dataset_size, seed)
+    nbatches = max(1, min(16, dataset_size // (per_rank_batch * world)))
+    batches = []
+    for b in range(nbatches):
+        x, y = data.get(shard(step_indices(len(data), b, per_rank_batch * world, seed), rank, world))
+        batches.append((prepare(data, x, device), y.to(device)))
+
+    runs = [_Variant(v["name"], StrategyConfig.from_dict(v["config"]), spec, seed, scale, device) for v in variants]
+    step_no = 0
+
+    def window(v: _Variant, n: int, record: bool) -> None:
+        nonlocal step_no
+        torch.set_num_threads(v.threads)
+        fetcher = LossFetcher(v.config.fetch_frequency)
+        clock = StepClock(ctx.platform)
+        C.STATS.reset()
+        dist.barrier()
+        t0 = time.perf_counter()
+        clock.mark()
+        for _ in range(n):
+            step_no += 1
+            if v.config.straggler_ms and straggler_for_step(step_no, world, seed) == rank:
+                time.sleep(v.config.straggler_ms / 1e3)
+            x, y = batches[step_no % nbatches]
+            fetcher.push(v.engine.train_step(x, y))
+            clock.mark()
+        fetcher.flush()
+        ctx.platform.synchronize()
+        dist.barrier()
+        t1 = time.perf_counter()
+        if record:
+            v.windows.append(t1 - t0)
+            v.step_times.extend(clock.durations())
+            v.losses.extend(fetcher.values)
+            v.host_syncs += fetcher.fetches
+            v.comm_calls = {k: n_ / n for k, n_ in C.STATS.snapshot()["calls"].items()}
+            v.comm_bytes = {k: n_ / n for k, n_ in C.STATS.snapshot()["bytes"].items()}
+
+    for v in runs:
+        window(v, warmup, record=False)
+    for r in range(rounds):
+        order = runs[r % len(runs):] + runs[:r % len(runs)]
+        for v in order:
+            window(v, steps, record=True)
+
+    return {
+        "rank": rank,
+        "variants": {
+            v.name: {
+                "windows": v.windows, "step_times": v.step_times, "losses": v.losses, "threads": v.threads,
+                "comm_calls_per_step": v.comm_calls, "comm_bytes_per_step": v.comm_bytes,
+                "host_syncs": v.host_syncs, "describe": v.engine.describe(),
+            }
+            for v in runs
+        },
+    }

@@ -1,0 +1,48 @@
+"""Shared fixtures: long-lived rank pools (world sizes 2 and 4), started once per test session.
+
+Multi-rank tests drive these pools instead of starting processes per test, so `make test`
+pays the process start once per world size.  A test that breaks a pool (kills a rank) is
+fine: the pool restarts itself on its next call.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from suite.runtime import RankPool
+
+_POOLS: dict[int, RankPool] = {}
+
+# Generous bounds: the machine is small and noisy, but nothing may hang.
+CALL_TIMEOUT = float(os.environ.get("FLEETBENCH_TEST_CALL_TIMEOUT", "240"))
+PG_TIMEOUT = float(os.environ.get("FLEETBENCH_TEST_PG_TIMEOUT", "60"))
+
+
+def get_pool(world: int) -> RankPool:
+    pool = _POOLS.get(world)
+    if pool is None:
+        pool = _POOLS[world] = RankPool(world, timeout=CALL_TIMEOUT, pg_timeout=PG_TIMEOUT, num_threads=1)
+    return pool
+
+
+@pytest.fixture(scope="session")
+def pool2() -> RankPool:
+    return get_pool(2)
+
+
+@pytest.fixture(scope="session")
+def pool4() -> RankPool:
+    return get_pool(4)
+
+
+@pytest.fixture(scope="session")
+def pools():
+    """``pools(world)`` -> the session's pool of that world size."""
+    return get_pool
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for pool in _POOLS.values():
+        pool.close()
+    _POOLS.clear()
