@@ -1,0 +1,48 @@
+"""`fleetbench`: one sub-command per module in this package (run, config, figures, …)."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Optional
+
+# Sub-commands: name -> module in suite.cli (each has add_parser(subparsers) and main(args) -> int).
+COMMANDS = {
+    "run": "suite.cli.run",
+    "config": "suite.cli.config_cmd",
+    "figures": "suite.cli.figures",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fleetbench",
+        description="Benchmarks and correctness checks of Paddle Fleet's data-parallel strategies on PyTorch.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module in COMMANDS.items():
+        importlib.import_module(module).add_parser(sub)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    from ..config import ConfigError
+
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"fleetbench {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"fleetbench {args.command}: interrupted; finished cases are kept in the results file",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

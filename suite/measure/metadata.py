@@ -1,0 +1,112 @@
+"""What a measurement was taken on: commit, versions, devices, host, environment.
+
+NVML is used where present (GPU runners); on CPU the GPU fields say so plainly.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+from functools import lru_cache
+from typing import Optional
+
+__all__ = ["collect", "git_info", "cpu_model", "gpu_info", "machine_line", "ENV_PREFIXES"]
+
+ENV_PREFIXES = ("NCCL_", "OMP_", "GLOO_", "MKL_", "CUDA_VISIBLE_DEVICES", "TORCH_", "FLEETBENCH_")
+
+
+@lru_cache(maxsize=1)
+def git_info() -> dict:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    def git(*args: str) -> Optional[str]:
+        try:
+            out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "branch": git("rev-parse", "--abbrev-ref", "HEAD"),
+            "dirty": bool(dirty) if dirty is not None else None}
+
+
+@lru_cache(maxsize=1)
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpu_info() -> dict:
+    """GPU names, clocks and driver through NVML where present; otherwise why not."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"available": False, "reason": "CUDA unavailable (no GPU on this machine)"}
+    info: dict = {"available": True, "count": torch.cuda.device_count(),
+                  "names": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            info["driver"] = pynvml.nvmlSystemGetDriverVersion()
+            devs = []
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                devs.append({
+                    "name": pynvml.nvmlDeviceGetName(h),
+                    "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+                    "max_sm_clock_mhz": pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
+                    "memory_total": pynvml.nvmlDeviceGetMemoryInfo(h).total,
+                })
+            info["nvml"] = devs
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as exc:  # noqa: BLE001 - NVML is optional
+        info["nvml_error"] = f"{type(exc).__name__}: {exc}"
+    return info
+
+
+def collect(world_size: Optional[int] = None, backend: Optional[str] = None, threads: Optional[int] = None) -> dict:
+    import torch
+
+    nccl = None
+    if torch.cuda.is_available():
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # noqa: BLE001
+            nccl = None
+    return {
+        "git": git_info(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": nccl,
+        "python": platform.python_version(),
+        "backend": backend,
+        "host": socket.gethostname(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "gpu": gpu_info(),
+        "world_size": world_size,
+        "threads_per_rank": threads,
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)},
+    }
+
+
+def machine_line(world_size: Optional[int] = None) -> str:
+    """One line naming the machine, for figures written into the README."""
+    import torch
+
+    gpu = gpu_info()
+    dev = ", ".join(gpu["names"]) if gpu.get("available") else "no GPU"
+    return (f"measured on {cpu_model()}, {os.cpu_count()} cores, {dev}; torch {torch.__version__}; "
+            f"world size {world_size}; commit {(git_info().get('commit') or 'unknown')[:10]}")
