@@ -85,6 +85,8 @@ class Engine:
             info.update(self.grad_sync.describe())
         if self.fusion_report:
             info["compute_fusion"] = self.fusion_report
+        if self.local_sgd is not None:
+            info["local_sgd"] = self.local_sgd.describe()
         return info
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
