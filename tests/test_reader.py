@@ -1,0 +1,214 @@
+"""The reader: the optimized reader yields the plain reader's batches bit for bit, in the same
+order, on every rank; every rank gets the same number of batches (uneven dataset sizes too);
+the infinite reader's sequence across epochs equals the restarted reader's; bad input and
+missing backends give clear errors; nothing waits forever."""
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+import time
+
+import pytest
+import torch
+
+from suite.config import ConfigError, StrategyConfig
+from suite.data.reader import (BatchSource, CudaCopier, EncodedImages, OptimizedReader, PlainReader, ReaderError,
+                               ReaderTimeout, ReaderUnavailable, _Prefetcher, build_reader, shard_epoch)
+from suite.data.synthetic import SyntheticImages, normalize
+from suite.runtime.context import current
+from suite.runtime.device import CudaUnavailable, Platform
+
+CPU = Platform("cpu", "gloo")
+
+# Pairwise cover of (return_uint8, double_buffer, infinite, workers>0): every pair of values of every
+# two knobs appears in some row.  Row 0 is the optimized reader's code path with every part off.
+KNOB_ROWS = [
+    (False, False, False, 0),
+    (False, True, True, 2),
+    (True, False, True, 2),
+    (True, True, False, 2),
+    (True, True, True, 0),
+]
+
+
+def _digest(x: torch.Tensor, y: torch.Tensor) -> str:
+    h = hashlib.sha256()
+    for t in (x, y):
+        h.update(str((t.dtype, tuple(t.shape))).encode())
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def read_all_on_rank(dataset_size: int, batch_size: int, epochs: int, decode_work: int = 0,
+                     drop_last: bool = False, seed: int = 3) -> dict:
+    """This rank's batches (digests) per epoch from the plain reader and every knob row."""
+    ctx = current()
+    data = EncodedImages.from_dataset(SyntheticImages(dataset_size, seed))
+    src = lambda: BatchSource(data, batch_size, ctx.rank, ctx.world_size, seed, decode_work, drop_last)  # noqa: E731
+
+    def run(reader):
+        out = []
+        with reader:
+            for e in range(epochs):
+                batches = list(reader.epoch(e))
+                assert all(x.dtype == torch.float32 and x.device == ctx.platform.device for x, _ in batches)
+                out.append([_digest(x, y) for x, y in batches])
+        return out
+
+    plain = run(PlainReader(src(), ctx.platform))
+    rows, started, kinds = [], [], []
+    for u8, db, inf, workers in KNOB_ROWS:
+        reader = OptimizedReader(src(), ctx.platform, return_uint8=u8, double_buffer=db, infinite=inf,
+                                 num_workers=workers, timeout=60)
+        rows.append(run(reader))
+        started.append(reader.pipelines_started)
+        kinds.append(reader.worker_kind)
+    # the samples this rank read, to check coverage across ranks
+    indices = [[int(i) for b in src().batch_indices(e) for i in b] for e in range(epochs)]
+    return {"plain": plain, "rows": rows, "started": started, "kinds": kinds, "indices": indices}
+
+
+@pytest.mark.parametrize("world,size,batch,work,drop_last", [
+    (2, 101, 8, 2, False),  # 101 samples over 2 ranks: 51 each (one sample read twice), last batch 3
+    (4, 64, 5, 0, True),  # 16 each, batches of 5, the short last batch dropped
+])
+def test_optimized_reader_equals_plain_on_every_rank(pools, world, size, batch, work, drop_last):
+    epochs = 3
+    answers = pools(world).run("tests.test_reader:read_all_on_rank",
+                               dict(dataset_size=size, batch_size=batch, epochs=epochs, decode_work=work,
+                                    drop_last=drop_last))
+    per_rank = math.ceil(size / world)
+    expect_batches = per_rank // batch if drop_last else math.ceil(per_rank / batch)
+    for a in answers:
+        assert [len(e) for e in a["plain"]] == [expect_batches] * epochs
+        for row, got in zip(KNOB_ROWS, a["rows"]):
+            assert got == a["plain"], f"knobs {row}: batches differ from the plain reader's"
+        # the infinite reader ran one pipeline over all epochs; the others restarted each epoch
+        assert a["started"] == [epochs if not row[2] else 1 for row in KNOB_ROWS]
+        # the pool's ranks are daemonic processes: their workers are threads
+        assert a["kinds"] == ["none" if not row[3] else "thread" for row in KNOB_ROWS]
+    # every rank the same number of batches; different ranks read different batches
+    assert len({tuple(len(e) for e in a["plain"]) for a in answers}) == 1
+    assert answers[0]["plain"][0][0] != answers[1]["plain"][0][0]
+    # the epochs differ (reshuffled), and together the ranks read every sample of each epoch
+    assert answers[0]["plain"][0] != answers[0]["plain"][1]
+    for e in range(epochs):
+        seen = [i for a in answers for i in a["indices"][e]]
+        if drop_last:  # the short last batch of every rank is left out
+            assert len(seen) == expect_batches * batch * world == len(set(seen))
+        else:
+            assert len(seen) == per_rank * world
+            assert set(seen) == set(range(size))
+
+
+def test_worker_processes_equal_plain_for_every_rank_of_a_world():
+    """DataLoader worker processes (allowed here, in pytest's own process): each rank of a world
+    of 3, simulated one after the other, gets the plain reader's batches, across restarts and
+    across the infinite reader's epochs."""
+    data = EncodedImages.from_dataset(SyntheticImages(50, 1))
+    for rank in range(3):
+        def seq(reader):
+            with reader:
+                return [[_digest(x, y) for x, y in reader.epoch(e)] for e in range(2)]
+
+        plain = seq(PlainReader(BatchSource(data, 7, rank, 3, 1, 1), CPU))
+        for inf in (False, True):
+            reader = OptimizedReader(BatchSource(data, 7, rank, 3, 1, 1), CPU, return_uint8=inf,
+                                     double_buffer=not inf, infinite=inf, num_workers=2, timeout=60)
+            assert reader.worker_kind == "process"
+            assert seq(reader) == plain, (rank, inf)
+            assert len(plain[0]) == 3  # ceil(ceil(50/3) / 7)
+
+
+@pytest.mark.parametrize("n,world", [(1, 4), (7, 4), (10, 3), (64, 4), (5, 5), (3, 2)])
+def test_shards_cover_the_epoch_with_equal_counts(n, world):
+    shards = [shard_epoch(n, 1, r, world, seed=0) for r in range(world)]
+    assert {len(s) for s in shards} == {math.ceil(n / world)}
+    assert set(torch.cat(shards).tolist()) == set(range(n))
+
+
+def test_uneven_dataset_same_batch_count_every_rank():
+    data = EncodedImages.from_dataset(SyntheticImages(37, 0))
+    counts = [len(list(PlainReader(BatchSource(data, 4, r, 4, 0), CPU).epoch(0))) for r in range(4)]
+    assert counts == [3, 3, 3, 3]  # ceil(37/4) = 10 samples each: 4 + 4 + 2
+
+
+def test_plain_reader_decodes_and_normalizes_the_stored_images():
+    ds = SyntheticImages(20, 5)
+    data = EncodedImages.from_dataset(ds)
+    src = BatchSource(data, 6, 0, 1, seed=5)
+    (x, y), = list(PlainReader(src, CPU).epoch(0))[:1]
+    idx = src.batch_indices(0)[0]
+    assert torch.equal(x, normalize(ds.inputs[idx])) and torch.equal(y, ds.targets[idx])
+
+
+def test_augmentation_is_real_work_and_deterministic():
+    data = EncodedImages.from_dataset(SyntheticImages(16, 0))
+    a = BatchSource(data, 16, 0, 1, decode_work=3).load(torch.arange(16), epoch=0)[0]
+    b = BatchSource(data, 16, 0, 1, decode_work=3).load(torch.arange(16), epoch=0)[0]
+    raw = BatchSource(data, 16, 0, 1, decode_work=0).load(torch.arange(16), epoch=0)[0]
+    assert torch.equal(a, b) and not torch.equal(a, raw)
+
+
+def test_infinite_reader_refuses_out_of_order_epochs():
+    data = EncodedImages.from_dataset(SyntheticImages(16, 0))
+    with OptimizedReader(BatchSource(data, 4, 0, 1), CPU, infinite=True) as r:
+        list(r.epoch(0))
+        with pytest.raises(ReaderError, match="asked for epoch 2, the next one is 1"):
+            list(r.epoch(2))
+
+
+def test_bad_reader_arguments_are_named():
+    data = EncodedImages.from_dataset(SyntheticImages(8, 0))
+    with pytest.raises(ReaderError, match="batch_size=0"):
+        BatchSource(data, 0, 0, 1)
+    with pytest.raises(ReaderError, match="rank=2, world=2"):
+        BatchSource(data, 2, 2, 2)
+    with pytest.raises(ReaderError, match="batch_size=9 with drop_last=True"):
+        BatchSource(data, 9, 0, 1, drop_last=True)
+    with pytest.raises(ReaderError, match="decode_work=-1"):
+        BatchSource(data, 2, 0, 1, decode_work=-1)
+    with pytest.raises(ConfigError, match="reader_num_workers=-1"):
+        StrategyConfig(reader_num_workers=-1)
+    with pytest.raises(ConfigError, match="reader_backend='pil'"):
+        StrategyConfig(reader_backend="pil")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU message; this machine has CUDA")
+def test_cuda_and_dali_pieces_say_why_on_cpu():
+    with pytest.raises(CudaUnavailable, match="pinned-memory"):
+        CudaCopier(CPU)
+    with pytest.raises(ReaderUnavailable, match="reader_backend='dali'.*CUDA"):
+        build_reader(SyntheticImages(8, 0), StrategyConfig(reader_backend="dali"), 2, 0, 1, CPU)
+
+
+def test_prefetch_thread_times_out_reports_errors_and_never_blocks_shutdown():
+    def slow():
+        time.sleep(2.0)
+        yield 1
+
+    pre = _Prefetcher(slow(), lambda v: v, timeout=0.2)
+    t0 = time.monotonic()
+    with pytest.raises(ReaderTimeout, match="no batch within"):
+        pre.get()
+    pre.close()
+    assert time.monotonic() - t0 < 10
+
+    def broken():
+        yield 1
+        raise OSError("disk gone")
+
+    pre = _Prefetcher(broken(), lambda v: v, timeout=5)
+    assert pre.get() == 1
+    with pytest.raises(OSError, match="disk gone"):
+        pre.get()
+    pre.close()
+
+    # A consumer that walks away: the producer is blocked on a full queue and must still stop.
+    pre = _Prefetcher(iter(range(1000)), lambda v: v, timeout=5)
+    assert pre.get() == 0
+    t0 = time.monotonic()
+    pre.close()
+    assert not pre.thread.is_alive() and time.monotonic() - t0 < 6
+    assert not any(t.name == "fleetbench-reader-prefetch" and t.is_alive() for t in threading.enumerate())
