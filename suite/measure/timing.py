@@ -72,6 +72,8 @@ class _Variant:
         self.comm_calls: dict = {}
         self.comm_bytes: dict = {}
         self.host_syncs = 0
+        self.threads_observed: set = set()  # torch.get_num_threads() inside the recorded windows
+        self.straggler_sleeps = 0  # steps this rank slept in the recorded windows
 
 
 def measure_on_rank(model: str, variants: list[dict], warmup: int = 2, steps: int = 5, rounds: int = 5,
@@ -96,6 +98,7 @@ def measure_on_rank(model: str, variants: list[dict], warmup: int = 2, steps: in
         fetcher = LossFetcher(v.config.fetch_frequency)
         clock = StepClock(ctx.platform)
         C.STATS.reset()
+        sleeps = 0
         dist.barrier()
         t0 = time.perf_counter()
         clock.mark()
@@ -103,6 +106,7 @@ def measure_on_rank(model: str, variants: list[dict], warmup: int = 2, steps: in
             step_no += 1
             if v.config.straggler_ms and straggler_for_step(step_no, world, seed) == rank:
                 time.sleep(v.config.straggler_ms / 1e3)
+                sleeps += 1
             x, y = batches[step_no % nbatches]
             fetcher.push(v.engine.train_step(x, y))
             clock.mark()
@@ -115,15 +119,21 @@ def measure_on_rank(model: str, variants: list[dict], warmup: int = 2, steps: in
             v.step_times.extend(clock.durations())
             v.losses.extend(fetcher.values)
             v.host_syncs += fetcher.fetches
+            v.threads_observed.add(torch.get_num_threads())
+            v.straggler_sleeps += sleeps
             v.comm_calls = {k: n_ / n for k, n_ in C.STATS.snapshot()["calls"].items()}
             v.comm_bytes = {k: n_ / n for k, n_ in C.STATS.snapshot()["bytes"].items()}
 
-    for v in runs:
-        window(v, warmup, record=False)
-    for r in range(rounds):
-        order = runs[r % len(runs):] + runs[:r % len(runs)]
-        for v in order:
-            window(v, steps, record=True)
+    threads_before = torch.get_num_threads()
+    try:
+        for v in runs:
+            window(v, warmup, record=False)
+        for r in range(rounds):
+            order = runs[r % len(runs):] + runs[:r % len(runs)]
+            for v in order:
+                window(v, steps, record=True)
+    finally:
+        torch.set_num_threads(threads_before)  # the rank's own setting, for whatever runs next
 
     return {
         "rank": rank,
@@ -132,6 +142,7 @@ def measure_on_rank(model: str, variants: list[dict], warmup: int = 2, steps: in
                 "windows": v.windows, "step_times": v.step_times, "losses": v.losses, "threads": v.threads,
                 "comm_calls_per_step": v.comm_calls, "comm_bytes_per_step": v.comm_bytes,
                 "host_syncs": v.host_syncs, "describe": v.engine.describe(),
+                "threads_observed": sorted(v.threads_observed), "straggler_sleeps": v.straggler_sleeps,
             }
             for v in runs
         },
