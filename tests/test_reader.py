@@ -212,3 +212,21 @@ def test_prefetch_thread_times_out_reports_errors_and_never_blocks_shutdown():
     pre.close()
     assert not pre.thread.is_alive() and time.monotonic() - t0 < 6
     assert not any(t.name == "fleetbench-reader-prefetch" and t.is_alive() for t in threading.enumerate())
+
+
+def test_reader_measurement_reports_data_wait_and_trains(pool2):
+    variants = [{"name": "plain", "config": {}},
+                {"name": "db+inf", "config": {"use_double_buffer": True, "use_infinite_reader": True}}]
+    answers = pool2.run("suite.measure.reader_timing:measure_reader_on_rank",
+                        dict(model="resnet", variants=variants, warmup=1, rounds=2, epochs_per_window=1,
+                             per_rank_batch=4, dataset_size=40, decode_work=1))
+    steps = answers[0]["steps_per_window"]
+    assert steps == 5  # ceil(40 / 2) = 20 samples per rank, batches of 4
+    for a in answers:
+        plain, fast = a["variants"]["plain"], a["variants"]["db+inf"]
+        assert (plain["reader"], fast["reader"]) == ("PlainReader", "OptimizedReader")
+        for v in (plain, fast):
+            assert len(v["windows"]) == 2 and len(v["data_wait_s"]) == len(v["step_times"]) == 2 * steps
+            assert all(t >= 0 for t in v["data_wait_s"]) and all(math.isfinite(x) for x in v["losses"])
+        # both readers fed the same batches in the same order to identically started engines
+        assert plain["losses"] == fast["losses"]

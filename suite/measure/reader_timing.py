@@ -1,0 +1,107 @@
+"""Timing training fed by a reader: samples/s and the time each step waits for its data.
+
+:func:`measure_reader_on_rank` follows :mod:`suite.measure.timing`'s discipline (variants
+interleaved in one process group, rotated round by round, barriers only at a window's two
+ends) but draws every step's batch from the variant's reader instead of pre-built tensors.
+A window is ``epochs_per_window`` whole epochs, so a reader that restarts each epoch pays its
+restart inside the window, as it would in training.
+
+Caveat, stated with the figures: a reader with a background pipeline (double buffer, workers,
+the infinite reader) keeps prefetching while the *other* variants' windows run, so it may
+start a window with up to its prefetch depth of batches ready.  Windows of several epochs keep
+that head start small; the per-step data wait is reported as a median, which it barely moves.
+"""
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from ..config import StrategyConfig
+from ..data.reader import build_reader
+from ..data.synthetic import make_dataset
+from ..engine import build_engine
+from ..models import get_model
+from ..runtime.context import current
+from ..runtime.device import default_threads
+from ..strategies.fetch import LossFetcher
+from .timing import StepClock
+
+__all__ = ["measure_reader_on_rank"]
+
+
+def _stream(reader) -> Iterator:
+    epoch = 0
+    while True:
+        yield from reader.epoch(epoch)
+        epoch += 1
+
+
+def measure_reader_on_rank(model: str, variants: list[dict], warmup: int = 1, rounds: int = 5,
+                           epochs_per_window: int = 1, per_rank_batch: int = 16, dataset_size: int = 256,
+                           decode_work: int = 0, seed: int = 0) -> dict:
+    """Time every variant (``{"name": …, "config": {…}}``, reader knobs in the config) on this rank."""
+    ctx = current()
+    device, world, rank = ctx.platform.device, ctx.world_size, ctx.rank
+    spec = get_model(model)
+    if spec.data != "images":
+        raise ValueError(f"model {model!r} trains on {spec.data}; the reader benchmark needs an image model")
+    data = make_dataset(spec, dataset_size, seed)
+    runs = []
+    for v in variants:
+        cfg = StrategyConfig.from_dict(v["config"])
+        reader = build_reader(data, cfg, per_rank_batch, rank, world, ctx.platform, seed=seed,
+                              decode_work=decode_work)
+        engine = build_engine(spec.make(seed, 1, device), spec.loss_fn, cfg)
+        runs.append({"name": v["name"], "config": cfg, "reader": reader, "engine": engine, "stream": _stream(reader),
+                     "threads": default_threads(ctx.local_world_size, cfg.num_threads), "windows": [],
+                     "waits": [], "step_times": [], "losses": []})
+    steps = runs[0]["reader"].batches_per_epoch * epochs_per_window
+    threads_before = torch.get_num_threads()
+
+    def window(r: dict, n: int, record: bool) -> None:
+        torch.set_num_threads(r["threads"])
+        fetcher = LossFetcher(r["config"].fetch_frequency)
+        clock = StepClock(ctx.platform)
+        waits = []
+        dist.barrier()
+        t0 = time.perf_counter()
+        clock.mark()
+        for _ in range(n):
+            t = time.perf_counter()
+            x, y = next(r["stream"])
+            waits.append(time.perf_counter() - t)
+            fetcher.push(r["engine"].train_step(x, y))
+            clock.mark()
+        fetcher.flush()
+        ctx.platform.synchronize()
+        dist.barrier()
+        t1 = time.perf_counter()
+        if record:
+            r["windows"].append(t1 - t0)
+            r["waits"].extend(waits)
+            r["step_times"].extend(clock.durations())
+            r["losses"].extend(fetcher.values)
+
+    try:
+        for r in runs:
+            window(r, steps * warmup, record=False)
+        for i in range(rounds):
+            for r in runs[i % len(runs):] + runs[:i % len(runs)]:
+                window(r, steps, record=True)
+    finally:
+        torch.set_num_threads(threads_before)
+        for r in runs:
+            r["reader"].close()
+    return {
+        "rank": rank,
+        "steps_per_window": steps,
+        "variants": {
+            r["name"]: {"windows": r["windows"], "data_wait_s": r["waits"], "step_times": r["step_times"],
+                        "losses": r["losses"], "threads": r["threads"], "reader": type(r["reader"]).__name__,
+                        "worker_kind": getattr(r["reader"], "worker_kind", "none")}
+            for r in runs
+        },
+    }
