@@ -138,8 +138,8 @@ def strategy_table(pool, model: str, args) -> str:
     comm_vars = [v for v in variants if v["name"] not in ("ddp", "no comm")]
     alone = _alone(pool, model, comm_vars, args.rounds)
     none_w = windows["no comm"]
-    lines = [f"**{model}**, {args.nproc} ranks, gradients {_grad_mb(model):.1f} MiB "
-             f"(bucket 1/10 = {_grad_mb(model) / 10:.2f} MiB); {args.rounds} rounds x {args.steps} steps",
+    lines = [f"**{model}**, {args.nproc} ranks, gradients {_size(_grad_mb(model))} "
+             f"(bucket 1/10 = {_size(_grad_mb(model) / 10)}); {args.rounds} rounds x {args.steps} steps",
              "",
              "| strategy | step (ms) | speedup over DDP [95% CI] | exposed comm (ms) | comm alone (ms) | overlap eff. |",
              "|---|---:|---|---:|---:|---:|"]
