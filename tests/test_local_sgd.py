@@ -153,6 +153,9 @@ def test_warmup_steps_equal_sync_data_parallel(pool2):
     (2, dict(use_local_sgd=True, local_sgd_steps=3, local_sgd_is_warm_steps=1), [4, 7]),
     (4, dict(use_local_sgd=True, local_sgd_steps=2, local_sgd_is_warm_steps=0), [2, 4, 6]),
     (2, dict(use_adaptive_local_sgd=True, init_k_steps=3, local_sgd_is_warm_steps=2), None),
+    # bucketed path, one unbounded bucket: parameters and the adaptive losses travel in ONE allreduce
+    (2, dict(use_adaptive_local_sgd=True, init_k_steps=2, local_sgd_is_warm_steps=1, fuse_all_reduce_ops=True,
+             fuse_grad_size_in_MB=math.inf), None),
 ])
 def test_collectives_only_at_averagings_and_ranks_identical_after(pools, world, cfg, averaged):
     b = dict(SYNC, **cfg)
@@ -172,8 +175,12 @@ def test_collectives_only_at_averagings_and_ranks_identical_after(pools, world, 
             elif step in hist:
                 # Parameter averaging only (plain path: one allreduce per parameter; the adaptive
                 # losses ride in one more tensor of the same averaging call), all on the world group.
-                extra = 1 if cfg.get("use_adaptive_local_sgd") else 0
-                assert row["calls"] == {"world/all_reduce": nparams + extra}, (step, row["calls"])
+                if cfg.get("fuse_all_reduce_ops"):
+                    assert sum(row["calls"].values()) == 1 and all(k.endswith("/all_reduce") for k in row["calls"]), \
+                        (step, row["calls"])
+                else:
+                    extra = 1 if cfg.get("use_adaptive_local_sgd") else 0
+                    assert row["calls"] == {"world/all_reduce": nparams + extra}, (step, row["calls"])
             else:
                 assert row["calls"] == {}, (step, row["calls"])
     for step in range(1, 8):
@@ -202,6 +209,10 @@ def test_fixed_k_matches_torch_post_local_sgd(pools, world, model, warm, k):
     (2, dict(use_local_sgd=True, local_sgd_steps=2, local_sgd_is_warm_steps=1)),
     (4, dict(use_local_sgd=True, local_sgd_steps=3, local_sgd_is_warm_steps=0, optimizer="momentum")),
     (2, dict(use_adaptive_local_sgd=True, init_k_steps=2, local_sgd_is_warm_steps=1, optimizer="momentum")),
+    # averaging over the bucketed, hierarchical path (2 emulated nodes of 2 ranks, 2 communicators)
+    (4, dict(use_local_sgd=True, local_sgd_steps=2, local_sgd_is_warm_steps=1, fuse_all_reduce_ops=True,
+             fuse_grad_size_in_MB=0.05, use_hierarchical_allreduce=True, hierarchical_allreduce_inter_nranks=2,
+             nccl_comm_num=2, sync_nccl_allreduce=False)),
 ])
 def test_matches_per_rank_simulation(pools, world, cfg):
     result = run_check(pools(world), "resnet", StrategyConfig(**cfg), steps=6, per_rank_batch=4)
