@@ -156,6 +156,10 @@ def test_warmup_steps_equal_sync_data_parallel(pool2):
     # bucketed path, one unbounded bucket: parameters and the adaptive losses travel in ONE allreduce
     (2, dict(use_adaptive_local_sgd=True, init_k_steps=2, local_sgd_is_warm_steps=1, fuse_all_reduce_ops=True,
              fuse_grad_size_in_MB=math.inf), None),
+    # hierarchical path: averaging runs intra-node reduce, inter-node allreduce, intra-node broadcast
+    (4, dict(use_local_sgd=True, local_sgd_steps=2, local_sgd_is_warm_steps=0, use_hierarchical_allreduce=True,
+             hierarchical_allreduce_inter_nranks=2, fuse_all_reduce_ops=True, fuse_grad_size_in_MB=math.inf),
+     [2, 4, 6]),
 ])
 def test_collectives_only_at_averagings_and_ranks_identical_after(pools, world, cfg, averaged):
     b = dict(SYNC, **cfg)
@@ -175,7 +179,10 @@ def test_collectives_only_at_averagings_and_ranks_identical_after(pools, world, 
             elif step in hist:
                 # Parameter averaging only (plain path: one allreduce per parameter; the adaptive
                 # losses ride in one more tensor of the same averaging call), all on the world group.
-                if cfg.get("fuse_all_reduce_ops"):
+                if cfg.get("use_hierarchical_allreduce"):
+                    labels = {k.split("/")[0].split(".")[0].rstrip("0123456789") for k in row["calls"]}
+                    assert labels >= {"intra", "inter"} and "world" not in labels, (step, row["calls"])
+                elif cfg.get("fuse_all_reduce_ops"):
                     assert sum(row["calls"].values()) == 1 and all(k.endswith("/all_reduce") for k in row["calls"]), \
                         (step, row["calls"])
                 else:

@@ -15,7 +15,7 @@ import torch
 from suite.config import ConfigError, StrategyConfig
 from suite.data.reader import (BatchSource, CudaCopier, EncodedImages, OptimizedReader, PlainReader, ReaderError,
                                ReaderTimeout, ReaderUnavailable, _Prefetcher, build_reader, shard_epoch)
-from suite.data.synthetic import SyntheticImages, normalize
+from suite.data.synthetic import SyntheticImages, SyntheticTokens, normalize
 from suite.runtime.context import current
 from suite.runtime.device import CudaUnavailable, Platform
 
@@ -169,6 +169,8 @@ def test_bad_reader_arguments_are_named():
         BatchSource(data, 9, 0, 1, drop_last=True)
     with pytest.raises(ReaderError, match="decode_work=-1"):
         BatchSource(data, 2, 0, 1, decode_work=-1)
+    with pytest.raises(ReaderError, match="kind='tokens'"):
+        EncodedImages.from_dataset(SyntheticTokens(8, 0))
     with pytest.raises(ConfigError, match="reader_num_workers=-1"):
         StrategyConfig(reader_num_workers=-1)
     with pytest.raises(ConfigError, match="reader_backend='pil'"):
