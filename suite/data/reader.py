@@ -487,7 +487,10 @@ class OptimizedReader:
 # ---------------------------------------------------------------------------------------------
 
 class DaliReader:  # pragma: no cover - needs CUDA and nvidia-dali; not testable on a CPU machine
-    """uint8 batches fed to a DALI pipeline (external source), moved and normalized on the GPU."""
+    """uint8 batches fed to a DALI pipeline (external source), moved and normalized on the GPU.
+
+    Written against DALI's documented external_source / pipeline_def API; unexercised on the
+    CPU machine this suite was developed on (see docs/local-sgd-and-reader.md)."""
 
     name = "dali"
 
@@ -496,13 +499,13 @@ class DaliReader:  # pragma: no cover - needs CUDA and nvidia-dali; not testable
 
         self.source, self.platform = source, platform
         self.batches_per_epoch = source.batches_per_epoch
-        self._epoch = 0
+        self._epoch, self._b, self._indices, self._started = 0, 0, [], False
 
-        def feed(info):  # DALI's per-batch callback: our shard's batch, uint8 on the host
-            b = info.iteration
-            if b >= self.batches_per_epoch:
+        def feed():  # called in order by DALI, one batch per call; StopIteration ends the epoch
+            if self._b >= self.batches_per_epoch:
                 raise StopIteration
-            x, y = source.load(self._indices[b], self._epoch)
+            x, y = source.load(self._indices[self._b], self._epoch)
+            self._b += 1
             return [t.numpy() for t in x], [t.reshape(1).numpy() for t in y]
 
         @pipeline_def(batch_size=source.batch_size, num_threads=threads, device_id=platform.device.index or 0)
@@ -517,9 +520,11 @@ class DaliReader:  # pragma: no cover - needs CUDA and nvidia-dali; not testable
     def epoch(self, epoch: int):
         from nvidia.dali.plugin.pytorch import feed_ndarray
 
-        self._epoch = epoch
+        self._epoch, self._b = epoch, 0
         self._indices = self.source.batch_indices(epoch)
-        self._pipe.reset()
+        if self._started:
+            self._pipe.reset()
+        self._started = True
         for _ in range(self.batches_per_epoch):
             x_out, y_out = self._pipe.run()
             x_t, y_t = x_out.as_tensor(), y_out.as_tensor()
