@@ -1,0 +1,101 @@
+"""Timed collectives for checking the emulated cluster and the cost model (rank functions).
+
+These are measurement probes, not the training strategies: ``two_level_allreduce`` is the
+smallest correct two-level allreduce (intra reduce-scatter, inter allreduce, intra allgather)
+so that the model's flat-versus-hierarchical bound can be measured before the suite's
+gradient strategy (``suite/comm/hierarchical.py``) exists; the figures use the strategy's
+own code wherever it is available.  Every collective goes through ``suite.comm.collectives``.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from ..comm import collectives as C
+from ..runtime.context import current
+from ..runtime.groups import comm_groups, node_groups
+
+__all__ = ["two_level_allreduce", "timed_allreduce", "check_two_level"]
+
+
+def two_level_allreduce(t: torch.Tensor, ranks_per_node: int, comm_index: int = 0) -> None:
+    """Sum ``t`` (1-D, numel divisible by ranks_per_node) over the world in place, in two levels."""
+    g = node_groups(ranks_per_node, comm_index)
+    if g.ranks_per_node > 1:
+        shard = torch.empty(t.numel() // g.ranks_per_node, dtype=t.dtype)
+        C.reduce_scatter(shard, t, group=g.intra)
+    else:
+        shard = t
+    if g.nodes > 1:
+        C.all_reduce(shard, group=g.inter)
+    if g.ranks_per_node > 1:
+        C.all_gather(t, shard, group=g.intra)
+
+
+def _one(variant: str, bufs: list, ranks_per_node: int, comms: list) -> None:
+    if variant == "flat":
+        for b in bufs:
+            C.all_reduce(b)
+    elif variant == "hier":
+        for b in bufs:
+            two_level_allreduce(b, ranks_per_node)
+    elif variant.startswith("flat_comm"):
+        # every buffer launched at once, buffer i on communicator i mod k, then all waited on
+        works = [C.all_reduce(b, group=comms[i % len(comms)], async_op=True) for i, b in enumerate(bufs)]
+        for w in works:
+            w.wait()
+    else:
+        raise ValueError(f"variant={variant!r}: allowed: flat, hier, flat_commK")
+
+
+def timed_allreduce(sizes: list, variants: list, rounds: int = 5, warmup: int = 1, ranks_per_node: int = 1,
+                    buffers: int = 1, repeat: int = 1) -> dict:
+    """Time each (variant, size): ``buffers`` float32 tensors of ``size`` bytes in all, reduced
+    ``repeat`` times per timing; variants interleaved, their order rotated each round.
+
+    Variants: ``flat`` (one ring allreduce per buffer), ``hier`` (two-level per buffer),
+    ``flat_comm1`` / ``flat_comm2`` (buffers launched at once on 1 or 2 communicators).
+    Returns ``{"variant/size": [seconds per round]}`` on every rank (the parent takes the
+    slowest rank per round).
+    """
+    ranks_per_node = max(1, ranks_per_node)
+    kmax = max([int(v[len("flat_comm"):]) for v in variants if v.startswith("flat_comm")] or [1])
+    comms = comm_groups(kmax) if kmax > 1 else [None]
+    if any(v == "hier" for v in variants):
+        node_groups(ranks_per_node)
+    data = {}
+    for size in sizes:
+        numel = max(ranks_per_node * buffers, int(size) // 4)
+        numel -= numel % (ranks_per_node * buffers)
+        per = numel // buffers
+        data[size] = [torch.ones(per) for _ in range(buffers)]
+    out: dict = {f"{v}/{s}": [] for v in variants for s in sizes}
+    order = list(variants)
+    for r in range(warmup + rounds):
+        for size in sizes:
+            for v in order:
+                bufs = data[size]
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(repeat):
+                    _one(v, bufs, ranks_per_node, comms[:int(v[len("flat_comm"):])] if v.startswith("flat_comm")
+                         else comms)
+                t1 = time.perf_counter()
+                if r >= warmup:
+                    out[f"{v}/{size}"].append((t1 - t0) / repeat)
+                for b in bufs:
+                    b.fill_(1.0)
+        order = order[1:] + order[:1]
+    return out
+
+
+def check_two_level(ranks_per_node: int) -> float:
+    """Largest |error| of the two-level allreduce against the exact sum (integers: exact in fp32)."""
+    ctx = current()
+    t = torch.arange(8 * ranks_per_node, dtype=torch.float32) + ctx.rank
+    two_level_allreduce(t, ranks_per_node)
+    w = ctx.world_size
+    expect = w * torch.arange(8 * ranks_per_node, dtype=torch.float32) + w * (w - 1) / 2
+    return float((t - expect).abs().max())
