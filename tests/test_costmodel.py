@@ -135,6 +135,11 @@ def test_communicators_hide_latency_and_share_bandwidth():
     assert close(one, 2 * (0.06 + 1.5))
     assert close(two, 0.06 + 3.0)  # latencies at once, then the link shared
     assert close(simulate_comm(bs, cl, serial=True, start_s=1.0), 1.0 + 3.12)
+    # unequal buckets at once on two communicators: the small one (0.3 s alone) ends at 0.6 s at
+    # half rate, the big one (1.5 s alone) has 1.2 s left and ends at 1.8 s: the link never idles
+    uneven = [Bucket(int(1e8), 0.0), Bucket(int(2e7), 0.0)]
+    assert close(simulate_comm(uneven, C22, comm_num=2), 1.8)
+    assert close(simulate_comm(uneven, C22, comm_num=1), 1.8)
 
 
 def test_hierarchical_and_local_sgd_settings():
