@@ -22,8 +22,8 @@ processor-sharing model of a fairly shared link).  Computation is assumed not to
 while communication runs (on GPUs it mostly does not; on this CPU machine gloo's reductions
 compete with compute for the cores, which is one source of prediction error).
 
-    step = forward + max(backward, last allreduce done) + optimizer        (overlap)
-    step = forward + backward + all allreduces one by one + optimizer       (no overlap)
+    step = buffer broadcasts + forward + max(backward, last allreduce done) + optimizer   (overlap)
+    step = buffer broadcasts + forward + backward + allreduces one by one + optimizer    (no overlap)
 """
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ class Profile:
     params: tuple  # ParamGrad, in any order
     per_rank_batch: int = 1
     model: str = ""
+    buffers: tuple = ()  # bytes of each buffer the engine broadcasts from rank 0 before a forward
 
     @property
     def compute_s(self) -> float:
@@ -65,7 +66,7 @@ class Profile:
 
     def to_dict(self) -> dict:
         return {"forward_s": self.forward_s, "backward_s": self.backward_s, "optimizer_s": self.optimizer_s,
-                "per_rank_batch": self.per_rank_batch, "model": self.model,
+                "per_rank_batch": self.per_rank_batch, "model": self.model, "buffers": list(self.buffers),
                 "params": [{"name": p.name, "nbytes": p.nbytes, "ready_s": p.ready_s} for p in self.params]}
 
     @classmethod
@@ -80,7 +81,8 @@ class Profile:
                 raise ValueError(f"profile: parameter {p.name!r} has nbytes={p.nbytes}, ready_s={p.ready_s}; "
                                  f"expected nbytes >= 0 and 0 <= ready_s <= backward_s ({d['backward_s']})")
         return cls(float(d["forward_s"]), float(d["backward_s"]), float(d["optimizer_s"]), params,
-                   int(d.get("per_rank_batch", 1)), str(d.get("model", "")))
+                   int(d.get("per_rank_batch", 1)), str(d.get("model", "")),
+                   tuple(int(b) for b in d.get("buffers", ())))
 
 
 @dataclass(frozen=True)
@@ -193,20 +195,22 @@ def predict_step(profile: Profile, cluster: cm.Cluster, setting: Setting) -> dic
     buckets = make_buckets(profile.params, setting.bucket_mb)
     comm_alone = sum(cm.allreduce(b.nbytes, cluster, setting.hierarchical, setting.variant) for b in buckets)
     f, b, o = profile.forward_s, profile.backward_s, profile.optimizer_s
+    # buffers (BatchNorm statistics) are broadcast one by one before each communicating step
+    bufs = sum(cm.broadcast(n, cluster) for n in profile.buffers)
     if setting.local_sgd_k:
         # parameters (same bytes as the gradients) averaged every k-th step, all ready at once
         avg = simulate_comm([Bucket(x.nbytes, 0.0) for x in buckets], cluster, comm_num=setting.comm_num,
                             hierarchical=setting.hierarchical, serial=not setting.overlap,
                             variant=setting.variant)
-        step = f + b + o + avg / setting.local_sgd_k
+        step = f + b + o + (avg + bufs) / setting.local_sgd_k
     elif setting.overlap:
         done = simulate_comm(buckets, cluster, comm_num=setting.comm_num, hierarchical=setting.hierarchical,
                              variant=setting.variant)
-        step = f + max(b, done) + o
+        step = bufs + f + max(b, done) + o
     else:
         done = simulate_comm(buckets, cluster, hierarchical=setting.hierarchical, serial=True,
                              variant=setting.variant, start_s=b)
-        step = f + done + o
+        step = bufs + f + done + o
     world = cluster.world
     return {
         "setting": setting.name,

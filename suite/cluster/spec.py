@@ -49,7 +49,7 @@ class ClusterSpec:
         return s
 
 
-def parse_rate(text: str, what: str = "rate") -> int:
+def parse_rate(text: str, what: str = "rate", max_rate: int = MAX_RATE) -> int:
     """``'200mbit'`` -> 200_000_000 (bit/s)."""
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]+)\s*", text or "")
     units = ", ".join(RATE_UNITS)
@@ -60,9 +60,9 @@ def parse_rate(text: str, what: str = "rate") -> int:
         raise ClusterSpecError(f"{what}={text!r}: unit {m.group(2)!r} is unknown; allowed: {units} "
                                f"(bits per second, decimal)")
     bps = int(round(float(m.group(1)) * RATE_UNITS[unit]))
-    if not MIN_RATE <= bps <= MAX_RATE:
+    if not MIN_RATE <= bps <= max_rate:
         raise ClusterSpecError(f"{what}={text!r}: must be between {format_rate(MIN_RATE)} and "
-                               f"{format_rate(MAX_RATE)}")
+                               f"{format_rate(max_rate)}")
     return bps
 
 
@@ -76,8 +76,13 @@ def format_rate(bps: float) -> str:
     return f"{int(bps)}bit"
 
 
-def parse_cluster(text: str) -> ClusterSpec:
-    """Parse ``NxR:inter=RATE[,intra=RATE]``; raise :class:`ClusterSpecError` naming the bad part."""
+def parse_cluster(text: str, emulate: bool = True) -> ClusterSpec:
+    """Parse ``NxR:inter=RATE[,intra=RATE]``; raise :class:`ClusterSpecError` naming the bad part.
+
+    ``emulate=False`` (a cluster only to be modelled, e.g. by ``fleetbench predict``) lifts the
+    limits of this machine: any number of ranks, rates up to 10 tbit (NVLink-class links)."""
+    max_ranks = MAX_RANKS if emulate else 10**7
+    max_rate = MAX_RATE if emulate else 10**13
     if not isinstance(text, str) or not text.strip():
         raise ClusterSpecError(f"--cluster {text!r}: expected {FORMAT}")
     shape, sep, opts = text.strip().partition(":")
@@ -90,8 +95,8 @@ def parse_cluster(text: str) -> ClusterSpec:
         raise ClusterSpecError(f"--cluster {text!r}: nodes={nodes}: must be >= 1")
     if rpn < 1:
         raise ClusterSpecError(f"--cluster {text!r}: ranks per node={rpn}: must be >= 1")
-    if nodes * rpn > MAX_RANKS:
-        raise ClusterSpecError(f"--cluster {text!r}: {nodes}x{rpn} = {nodes * rpn} ranks; at most {MAX_RANKS} "
+    if nodes * rpn > max_ranks:
+        raise ClusterSpecError(f"--cluster {text!r}: {nodes}x{rpn} = {nodes * rpn} ranks; at most {max_ranks} "
                                f"ranks (processes) on one machine")
     if not sep or not opts.strip():
         raise ClusterSpecError(f"--cluster {text!r}: the inter-node rate is missing; expected {FORMAT}")
@@ -109,8 +114,8 @@ def parse_cluster(text: str) -> ClusterSpec:
     if "inter" not in values:
         raise ClusterSpecError(f"--cluster {text!r}: inter=RATE is required; expected {FORMAT}")
     try:
-        inter = parse_rate(values["inter"], "inter")
-        intra = parse_rate(values["intra"], "intra") if "intra" in values else None
+        inter = parse_rate(values["inter"], "inter", max_rate)
+        intra = parse_rate(values["intra"], "intra", max_rate) if "intra" in values else None
     except ClusterSpecError as exc:
         raise ClusterSpecError(f"--cluster {text!r}: {exc}") from None
     return ClusterSpec(nodes, rpn, inter, intra)
