@@ -254,6 +254,19 @@ class EmulatedCluster:
             raise
         return self
 
+    def set_rates(self, inter_bps: int, intra_bps: Optional[int] = None) -> None:
+        """Change the link rates of a running cluster (ranks keep running)."""
+        from dataclasses import replace
+
+        for node in self.nodes:
+            self._tbf(node.netns, NODE_IF, inter_bps)
+            self._tbf(self.switch_ns, f"p{node.index}", inter_bps)
+            if intra_bps is not None:
+                self._tbf(node.netns, "lo", intra_bps)
+            elif self.spec.intra_bps is not None:
+                _run(["tc", "-n", node.netns, "qdisc", "del", "dev", "lo", "root"], check=False)
+        self.spec = replace(self.spec, inter_bps=inter_bps, intra_bps=intra_bps)
+
     def down(self) -> list[str]:
         """Remove every namespace of this run (idempotent); returns the ones removed."""
         removed = []

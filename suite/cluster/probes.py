@@ -41,13 +41,23 @@ def _one(variant: str, bufs: list, ranks_per_node: int, comms: list) -> None:
     elif variant == "hier":
         for b in bufs:
             two_level_allreduce(b, ranks_per_node)
+    elif variant == "bcast":
+        for b in bufs:
+            C.broadcast(b, src=0)
+    elif variant == "intra_only":  # the two-level allreduce's node phases alone (calibrates the model)
+        g = node_groups(ranks_per_node)
+        for b in bufs:
+            if g.ranks_per_node > 1:
+                shard = torch.empty(b.numel() // g.ranks_per_node, dtype=b.dtype)
+                C.reduce_scatter(shard, b, group=g.intra)
+                C.all_gather(b, shard, group=g.intra)
     elif variant.startswith("flat_comm"):
         # every buffer launched at once, buffer i on communicator i mod k, then all waited on
         works = [C.all_reduce(b, group=comms[i % len(comms)], async_op=True) for i, b in enumerate(bufs)]
         for w in works:
             w.wait()
     else:
-        raise ValueError(f"variant={variant!r}: allowed: flat, hier, flat_commK")
+        raise ValueError(f"variant={variant!r}: allowed: flat, hier, bcast, intra_only, flat_commK")
 
 
 def timed_allreduce(sizes: list, variants: list, rounds: int = 5, warmup: int = 1, ranks_per_node: int = 1,
@@ -63,7 +73,7 @@ def timed_allreduce(sizes: list, variants: list, rounds: int = 5, warmup: int = 
     ranks_per_node = max(1, ranks_per_node)
     kmax = max([int(v[len("flat_comm"):]) for v in variants if v.startswith("flat_comm")] or [1])
     comms = comm_groups(kmax) if kmax > 1 else [None]
-    if any(v == "hier" for v in variants):
+    if any(v in ("hier", "intra_only") for v in variants):
         node_groups(ranks_per_node)
     data = {}
     for size in sizes:
