@@ -160,3 +160,23 @@ def test_profile_round_trip_and_errors():
     del bad["backward_s"]
     with pytest.raises(ValueError, match="'backward_s' is missing"):
         Profile.from_dict(bad)
+
+
+def test_predict_cli_from_profile(tmp_path, capsys):
+    import json
+
+    from suite.cli.main import main
+
+    prof = _profile([(1e8, 0.2), (1e6, 0.1)])
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(prof.to_dict()))
+    assert main(["predict", "--cluster", "2x2:inter=800mbit", "--profile", str(path), "--inter-lat", "0",
+                 "--intra-lat", "0", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    plain = rows[0]
+    # 800 Mbit/s = 1e8 B/s: per-parameter allreduces after backward: 1.5 s + 0.015 s
+    assert plain["buckets"] == 2 and close(plain["step_s"], 0.35 + 1.515)
+    assert main(["predict", "--cluster", "512x8:inter=400gbit,intra=2000gbit", "--profile", str(path)]) == 0
+    assert "| setting |" in capsys.readouterr().out
+    assert main(["predict", "--cluster", "2x2:inter=1kbit", "--profile", str(path)]) == 2
+    assert "inter='1kbit'" in capsys.readouterr().err
