@@ -17,7 +17,7 @@ from typing import Iterator
 from .emulate import NODE_IF, EmulatedCluster
 from .spec import ClusterSpec
 
-__all__ = ["pool_kwargs", "cluster_pool", "rank_env"]
+__all__ = ["pool_kwargs", "cluster_pool", "rank_env", "apply_cluster_args", "start_cluster"]
 
 
 def rank_env(cluster: EmulatedCluster, rank: int) -> dict:
@@ -60,3 +60,35 @@ def cluster_pool(spec: ClusterSpec, **pool_options) -> Iterator[tuple]:
                 pool.close()
         finally:
             cluster.down()
+
+
+def apply_cluster_args(args, under_torchrun: bool = False) -> ClusterSpec:
+    """For a CLI with ``--cluster``/``--nproc``/``--set``: parse the cluster (errors as ConfigError, before
+    any rank starts), set ``args.nproc`` to its world size and, unless given, the hierarchical split
+    (``hierarchical_allreduce_inter_nranks`` = ranks per node)."""
+    from ..config import ConfigError
+    from .emulate import unavailable_reason
+    from .spec import ClusterSpecError, parse_cluster
+
+    try:
+        spec = parse_cluster(args.cluster)
+    except ClusterSpecError as exc:
+        raise ConfigError(str(exc)) from None
+    if under_torchrun:
+        raise ConfigError(f"--cluster {args.cluster!r}: not under torchrun (the real machines are the cluster)")
+    reason = unavailable_reason()
+    if reason:
+        raise ConfigError(f"--cluster {args.cluster!r}: cannot emulate a cluster here: {reason}")
+    args.nproc = spec.world_size
+    sets = getattr(args, "set", None)
+    if sets is not None and spec.ranks_per_node > 1 and not any(
+            s.split("=", 1)[0].strip() == "hierarchical_allreduce_inter_nranks" for s in sets):
+        sets.append(f"hierarchical_allreduce_inter_nranks={spec.ranks_per_node}")
+    return spec
+
+
+def start_cluster(spec: ClusterSpec) -> tuple:
+    """Bring an emulated cluster up; returns (cluster, RankPool keyword arguments).  The caller
+    closes its pool and then calls ``cluster.down()`` (atexit and SIGTERM also take it down)."""
+    cluster = EmulatedCluster(spec).up()
+    return cluster, pool_kwargs(cluster)

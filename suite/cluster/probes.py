@@ -1,10 +1,9 @@
 """Timed collectives for checking the emulated cluster and the cost model (rank functions).
 
-These are measurement probes, not the training strategies: ``two_level_allreduce`` is the
-smallest correct two-level allreduce (intra reduce-scatter, inter allreduce, intra allgather)
-so that the model's flat-versus-hierarchical bound can be measured before the suite's
-gradient strategy (``suite/comm/hierarchical.py``) exists; the figures use the strategy's
-own code wherever it is available.  Every collective goes through ``suite.comm.collectives``.
+The two-level allreduce timed is the suite's own (``suite.comm.hierarchical``): ``hier`` is its
+"scatter" schedule (intra reduce-scatter, inter allreduce, intra allgather), ``hier_reduce``
+Paddle's (intra reduce, inter allreduce, intra broadcast).  Every collective goes through
+``suite.comm.collectives``.
 """
 from __future__ import annotations
 
@@ -17,30 +16,23 @@ from ..comm import collectives as C
 from ..runtime.context import current
 from ..runtime.groups import comm_groups, node_groups
 
-__all__ = ["two_level_allreduce", "timed_allreduce", "check_two_level"]
+__all__ = ["two_level_allreduce", "timed_allreduce", "check_two_level"]  # noqa: E501
 
 
-def two_level_allreduce(t: torch.Tensor, ranks_per_node: int, comm_index: int = 0) -> None:
+def two_level_allreduce(t: torch.Tensor, ranks_per_node: int, mode: str = "scatter") -> None:
     """Sum ``t`` (1-D, numel divisible by ranks_per_node) over the world in place, in two levels."""
-    g = node_groups(ranks_per_node, comm_index)
-    if g.ranks_per_node > 1:
-        shard = torch.empty(t.numel() // g.ranks_per_node, dtype=t.dtype)
-        C.reduce_scatter(shard, t, group=g.intra)
-    else:
-        shard = t
-    if g.nodes > 1:
-        C.all_reduce(shard, group=g.inter)
-    if g.ranks_per_node > 1:
-        C.all_gather(t, shard, group=g.intra)
+    from ..comm.hierarchical import hierarchical_all_reduce
+
+    hierarchical_all_reduce(t, node_groups(ranks_per_node), mode=mode)
 
 
 def _one(variant: str, bufs: list, ranks_per_node: int, comms: list) -> None:
     if variant == "flat":
         for b in bufs:
             C.all_reduce(b)
-    elif variant == "hier":
+    elif variant in ("hier", "hier_reduce"):
         for b in bufs:
-            two_level_allreduce(b, ranks_per_node)
+            two_level_allreduce(b, ranks_per_node, "scatter" if variant == "hier" else "reduce")
     elif variant == "bcast":
         for b in bufs:
             C.broadcast(b, src=0)
@@ -57,7 +49,7 @@ def _one(variant: str, bufs: list, ranks_per_node: int, comms: list) -> None:
         for w in works:
             w.wait()
     else:
-        raise ValueError(f"variant={variant!r}: allowed: flat, hier, bcast, intra_only, flat_commK")
+        raise ValueError(f"variant={variant!r}: allowed: flat, hier, hier_reduce, bcast, intra_only, flat_commK")
 
 
 def timed_allreduce(sizes: list, variants: list, rounds: int = 5, warmup: int = 1, ranks_per_node: int = 1,
@@ -73,7 +65,7 @@ def timed_allreduce(sizes: list, variants: list, rounds: int = 5, warmup: int = 
     ranks_per_node = max(1, ranks_per_node)
     kmax = max([int(v[len("flat_comm"):]) for v in variants if v.startswith("flat_comm")] or [1])
     comms = comm_groups(kmax) if kmax > 1 else [None]
-    if any(v in ("hier", "intra_only") for v in variants):
+    if any(v in ("hier", "hier_reduce", "intra_only") for v in variants):
         node_groups(ranks_per_node)
     data = {}
     for size in sizes:
@@ -101,11 +93,11 @@ def timed_allreduce(sizes: list, variants: list, rounds: int = 5, warmup: int = 
     return out
 
 
-def check_two_level(ranks_per_node: int) -> float:
+def check_two_level(ranks_per_node: int, mode: str = "scatter") -> float:
     """Largest |error| of the two-level allreduce against the exact sum (integers: exact in fp32)."""
     ctx = current()
     t = torch.arange(8 * ranks_per_node, dtype=torch.float32) + ctx.rank
-    two_level_allreduce(t, ranks_per_node)
+    two_level_allreduce(t, ranks_per_node, mode)
     w = ctx.world_size
     expect = w * torch.arange(8 * ranks_per_node, dtype=torch.float32) + w * (w - 1) / 2
     return float((t - expect).abs().max())

@@ -9,8 +9,7 @@ separated), FLEETBENCH_CLUSTER_RATES (e.g. 100mbit,1gbit), FLEETBENCH_CLUSTER_SH
 FLEETBENCH_CLUSTER_MODELS (mlp,resnet).
 
 1. Flat ring against two-level allreduce, speedup per size and rate, against the model.
-   Until the suite's hierarchical gradient strategy exists on this branch, the two-level
-   allreduce measured is ``suite.cluster.probes.two_level_allreduce`` (the same algorithm).
+   The two-level allreduce measured is the suite's (``suite.comm.hierarchical``, "scatter").
 2. ``nccl_comm_num`` 1 against 2: four buckets launched at once on 1 or 2 communicators.
 3. ``fleetbench predict`` against measured training steps (MLP, ResNet) on 2x2: the profile
    is measured on the same ranks without communication, the step with the engine's plain
