@@ -109,6 +109,7 @@ def test_buckets_spread_over_communicators_with_overlap(pool2):
         assert any("Find all_reduce operators: 10" in m and "the number of all_reduce ops is 5" in m for m in a["log"])
 
 
+@pytest.mark.filterwarnings("ignore:nccl_comm_num=.*sync_nccl_allreduce=True")
 def test_sync_mode_waits_each_at_launch_and_fusion_off(pool2):
     answers = _run(pool2, fuse_all_reduce_ops=False, sync_nccl_allreduce=True, nccl_comm_num=2)
     for a in answers:
