@@ -101,6 +101,7 @@ def _check_ddp(pool, model, cfg):
     assert len({a["digest"] for a in answers}) == 1, f"{model} {cfg}: ranks hold different parameters"
 
 
+@pytest.mark.filterwarnings("ignore:nccl_comm_num=.*sync_nccl_allreduce=True")
 @pytest.mark.parametrize("row,model", PAIRWISE, ids=[f"{m}-{'-'.join(map(str, r))}" for r, m in PAIRWISE])
 def test_parity_pairwise(row, model, pools):
     cfg = row_config(row)
