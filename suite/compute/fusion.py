@@ -210,8 +210,8 @@ class _Pass:
     # ---- driver ----------------------------------------------------------------------------
     def run(self, module: nn.Module, prefix: str = "") -> nn.Module:
         """The fused module for ``module`` (traced if fx can, else its children one by one)."""
-        if isinstance(module, (BatchNormReLU, ReLUDepthwiseConv)) or not any(True for _ in module.modules()):
-            return module
+        if not any(True for _ in module.children()):
+            return module  # a leaf (conv, BN, ReLU, fused op …): nothing inside to fuse
         try:
             gm = fx.symbolic_trace(module)
         except Exception as exc:  # noqa: BLE001 - fx raises many kinds of errors on untraceable code
