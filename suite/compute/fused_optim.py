@@ -70,6 +70,14 @@ class _Group:
             self.grad_views = [flat_grad[off:off + p.numel()].view_as(p) for p, off in zip(params, offsets)]
         self.flat_grad = flat_grad
         self.state: dict[str, torch.Tensor] = {}
+        self._scratch: dict[str, torch.Tensor] = {}
+
+    def scratch(self, name: str) -> torch.Tensor:
+        """A work buffer the size of the flat parameters, allocated on first use and kept."""
+        buf = self._scratch.get(name)
+        if buf is None:
+            buf = self._scratch[name] = torch.empty_like(self.flat_param)
+        return buf
 
     def bind(self) -> None:
         """Make every ``p.grad`` the view into the flat gradient buffer again, keeping its value."""
@@ -144,8 +152,8 @@ class FlatOptimizer:
             g.bind()
             p = g.flat_param
             grad = g.flat_grad
-            if wd != 0:
-                grad = grad.add(p, alpha=wd)
+            if wd != 0:  # into a scratch buffer allocated once: no per-step allocation of a full buffer
+                grad = torch.add(grad, p, alpha=wd, out=g.scratch("decayed_grad"))
             if self.kind == "sgd":
                 p.add_(grad, alpha=-lr)
             elif self.kind == "momentum":
@@ -162,7 +170,7 @@ class FlatOptimizer:
                 v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
                 bc1 = 1 - beta1 ** self.step_count
                 bc2 = 1 - beta2 ** self.step_count
-                denom = (v.sqrt() / math.sqrt(bc2)).add_(hp["eps"])
+                denom = torch.sqrt(v, out=g.scratch("denom")).div_(math.sqrt(bc2)).add_(hp["eps"])
                 p.addcdiv_(m, denom, value=-lr / bc1)
         return loss
 
