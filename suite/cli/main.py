@@ -11,6 +11,7 @@ COMMANDS = {
     "run": "suite.cli.run",
     "config": "suite.cli.config_cmd",
     "figures": "suite.cli.figures",
+    "comm": "suite.cli.comm",
 }
 
 

@@ -7,6 +7,7 @@ times per collective) feeds the Perfetto trace.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -49,15 +50,17 @@ class CommStats:
 
 
 STATS = CommStats()
+_LOCK = threading.Lock()  # collectives may be issued from communicator worker threads
 
 
 def _count(op: str, group, tensor: torch.Tensor) -> None:
     label = label_of(group)
     nbytes = tensor.numel() * tensor.element_size()
-    STATS.calls[(label, op)] += 1
-    STATS.bytes[(label, op)] += nbytes
-    if STATS.spans is not None:
-        STATS.spans.append((op, label, nbytes, time.perf_counter()))
+    with _LOCK:
+        STATS.calls[(label, op)] += 1
+        STATS.bytes[(label, op)] += nbytes
+        if STATS.spans is not None:
+            STATS.spans.append((op, label, nbytes, time.perf_counter()))
 
 
 def all_reduce(tensor: torch.Tensor, group=None, op=dist.ReduceOp.SUM, async_op: bool = False):
@@ -78,9 +81,14 @@ def reduce(tensor: torch.Tensor, dst: int, group=None, op=dist.ReduceOp.SUM, asy
 
 def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=None, op=dist.ReduceOp.SUM, async_op: bool = False):
     _count("reduce_scatter", group, input)
-    return dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
+    return _REDUCE_SCATTER(output, input, op=op, group=group, async_op=async_op)
 
 
 def all_gather(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False):
     _count("all_gather", group, output)
-    return dist.all_gather_into_tensor(output, input, group=group, async_op=async_op)
+    return _ALL_GATHER(output, input, group=group, async_op=async_op)
+
+
+# torch 2.13 renamed the flat-tensor forms (the old names warn FutureWarning); same arguments.
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

@@ -1,0 +1,121 @@
+"""The case registry: one declarative list of named benchmark cases.
+
+A case is a strategy setting (config overrides on the all-off default) applied to a model,
+with tags.  ``fleetbench run``, pytest-benchmark (``bench_cases/``) and asv read this one
+list.  Case names are ``model/variant`` (``resnet/overlap``); every case of a model is
+measured interleaved with that model's baseline (``plain``: plain data parallel), so its
+speedup is paired round by round.
+
+Tags: ``default`` (the short list ``fleetbench run`` runs), ``smoke`` (CI), ``nightly-cpu``,
+``nightly-gpu``.
+"""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+__all__ = ["Case", "VARIANTS", "CASES", "select_cases", "BASELINE"]
+
+BASELINE = "plain"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A strategy setting: the config overrides that switch it on."""
+
+    name: str
+    config: dict
+    description: str
+    models: tuple = ("resnet", "mlp", "transformer")
+    tags: tuple = ("nightly-cpu", "nightly-gpu")
+    min_world: int = 1
+    default_on: tuple = ()  # models on which the case is in the short `default` list (and `smoke`)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    model: str
+    variant: str
+    config: dict
+    description: str
+    tags: tuple = ()
+    per_rank_batch: int = 16
+    min_world: int = 1
+
+    def applies_to_world(self, world: int) -> Optional[str]:
+        """None when the case runs at ``world`` ranks, else why not."""
+        if world < self.min_world:
+            return f"needs at least {self.min_world} ranks"
+        return None
+
+
+ALL_TAGS = ("default", "smoke", "nightly-cpu", "nightly-gpu")
+_N = ("nightly-cpu", "nightly-gpu")
+_RM = ("resnet", "mlp")
+
+VARIANTS: list[Variant] = [
+    Variant("none", {"data_parallel": "none"}, "no gradient communication: compute alone", default_on=_RM),
+    Variant(BASELINE, {}, "plain data parallel: one allreduce per gradient after backward", default_on=_RM),
+    Variant("ddp", {"data_parallel": "ddp"}, "torch DDP (baseline implementation)", default_on=_RM),
+    # communication
+    Variant("fusion", {"fuse_all_reduce_ops": True, "fuse_grad_size_in_MB": 25.0},
+            "allreduce fusion: 25 MB buckets, synchronous", default_on=("mlp",)),
+    Variant("overlap", {"fuse_all_reduce_ops": True, "fuse_grad_size_in_MB": 25.0, "sync_nccl_allreduce": False},
+            "bucketed allreduce overlapped with backward", default_on=_RM),
+    Variant("multicomm", {"fuse_all_reduce_ops": True, "fuse_grad_size_in_MB": 4.0, "sync_nccl_allreduce": False,
+                          "nccl_comm_num": 2}, "overlap on 2 communicators", default_on=("mlp",)),
+    Variant("hierarchical", {"fuse_all_reduce_ops": True, "use_hierarchical_allreduce": True,
+                             "hierarchical_allreduce_inter_nranks": 2},
+            "hierarchical allreduce over emulated nodes of 2 ranks", min_world=2, default_on=("mlp",)),
+    # compute
+    Variant("compute_fusion", {"fuse_bn_act_ops": True, "fuse_elewise_add_act_ops": True,
+                               "fuse_relu_depthwise_conv": True},
+            "bn+act, add+act and relu+depthwise-conv fusion", models=("resnet",), default_on=("resnet",)),
+    Variant("fused_broadcast", {"fuse_broadcast_ops": True}, "broadcasts over flat buckets", models=("resnet",),
+            default_on=("resnet",)),
+    Variant("fused_optimizer", {"fuse_all_optimizer_ops": True}, "one optimizer update over flat buffers", default_on=("mlp",)),
+    # precision
+    Variant("amp_bf16", {"amp": "bf16"}, "bf16 autocast", default_on=("resnet",)),
+    Variant("grad_bf16", {"grad_comm_dtype": "bf16"}, "gradients communicated in bf16", models=("mlp",),
+            default_on=("mlp",)),
+    # training method and host
+    Variant("local_sgd", {"use_local_sgd": True, "local_sgd_steps": 4, "local_sgd_is_warm_steps": 1},
+            "Local SGD, k=4 after 1 warm-up step", default_on=("mlp",)),
+    Variant("adaptive_local_sgd", {"use_adaptive_local_sgd": True, "local_sgd_is_warm_steps": 1},
+            "adaptive Local SGD", tags=_N),
+    Variant("fetch_10", {"fetch_frequency": 10}, "losses fetched to the host every 10 steps", models=("mlp",),
+            default_on=("mlp",)),
+]
+
+CASES: list[Case] = [
+    Case(f"{m}/{v.name}", m, v.name, dict(v.config), v.description,
+         tuple(v.tags) + (("default", "smoke") if m in v.default_on else ()), min_world=v.min_world)
+    for v in VARIANTS for m in v.models
+]
+
+
+def select_cases(names: Iterable[str] = (), tags: Iterable[str] = (), models: Iterable[str] = (),
+                 cases: Optional[list[Case]] = None) -> list[Case]:
+    """Cases matching any of ``names`` (globs allowed) and any of ``tags`` and ``models``.
+
+    With neither names nor tags, the ``default`` tag.  Unknown names or tags are errors that
+    list what exists.
+    """
+    pool = CASES if cases is None else cases
+    names, tags, models = list(names), list(tags), list(models)
+    for t in tags:
+        if t not in ALL_TAGS:
+            raise ValueError(f"--tag {t!r} is unknown; allowed: {', '.join(ALL_TAGS)}")
+    for n in names:
+        if not any(fnmatch.fnmatchcase(c.name, n) or c.variant == n for c in pool):
+            raise ValueError(f"--case {n!r} matches no case; `fleetbench run --list` shows them "
+                             f"(names are model/variant, e.g. resnet/overlap; globs allowed)")
+    if not names and not tags:
+        tags = ["default"]
+    out = [c for c in pool
+           if (not names or any(fnmatch.fnmatchcase(c.name, n) or c.variant == n for n in names))
+           and (not tags or any(t in c.tags for t in tags))
+           and (not models or c.model in models)]
+    return out

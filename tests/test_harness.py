@@ -1,0 +1,74 @@
+"""The correctness harness passes plain data parallel and DDP, and catches broken averaging."""
+from __future__ import annotations
+
+import pytest
+
+from suite import StrategyConfig
+from suite.check.errors import finite_le, max_finite, rel_error
+from suite.check.harness import run_check, summarize
+
+import torch
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("model", ["resnet", "mlp", "transformer"])
+@pytest.mark.parametrize("dp", ["suite", "ddp"])
+def test_plain_and_ddp_match_the_reference(pools, world, model, dp):
+    res = run_check(pools(world), model, StrategyConfig(data_parallel=dp), steps=3)
+    assert res.verdict == "pass", res.message
+    assert finite_le(res.param_error, 1e-5) and finite_le(res.loss_error, 1e-5)
+    assert res.ranks_identical and res.steps == 3
+    # The check really trained: parameters moved away from the initial ones (else equality is trivial).
+    assert len(res.per_step) == 3
+
+
+# --- sabotage: each runs inside the ranks, breaks the averaging, then runs the harness there ------------
+
+def _check_with(patch: str, model: str = "mlp") -> dict:
+    from suite.check import harness
+    from suite.comm import grad_sync
+
+    original_avg = grad_sync.GradSync._allreduce_average
+    original_finish = grad_sync.PlainGradSync.finish_step
+
+    def no_divide(self, tensor, group, async_op=False):
+        from suite.comm import collectives as C
+
+        C.all_reduce(tensor, group=group)  # sums, forgets to divide by the world size
+
+    def skip_one(self):
+        for name, p in self.named_params[1:]:  # the first parameter is never reduced
+            self._allreduce_average(p.grad, self.group)
+
+    try:
+        if patch == "no_divide":
+            grad_sync.GradSync._allreduce_average = no_divide
+        elif patch == "skip_one":
+            grad_sync.PlainGradSync.finish_step = skip_one
+        return harness.check_on_rank(model, {}, steps=3)
+    finally:
+        grad_sync.GradSync._allreduce_average = original_avg
+        grad_sync.PlainGradSync.finish_step = original_finish
+
+
+@pytest.mark.parametrize("patch", ["no_divide", "skip_one"])
+def test_harness_catches_broken_averaging(pool2, patch):
+    answers = pool2.run("tests.test_harness:_check_with", {"patch": patch})
+    res = summarize(StrategyConfig(), answers)
+    assert res.verdict == "fail", f"sabotage {patch} went unnoticed: {res}"
+    assert not finite_le(res.param_error, 1e-5)
+    # The pool is healthy afterwards and the unbroken strategy still passes.
+    assert run_check(pool2, "mlp", StrategyConfig()).verdict == "pass"
+
+
+def test_error_measure_fails_on_nan_and_inf():
+    a = torch.ones(3)
+    assert rel_error(a, a) == 0.0
+    assert rel_error(torch.tensor([1.0, float("nan"), 1.0]), a) == float("inf")
+    assert rel_error(torch.tensor([1.0, float("inf"), 1.0]), a) == float("inf")
+    assert abs(rel_error(torch.tensor([1.0, 1.5]), torch.tensor([1.0, 2.0])) - 0.25) < 1e-12
+    # Near zero the floor (1e-2) applies: a 1e-9 difference on values of 1e-5 is not a 1e-4 error.
+    tiny = torch.tensor([1e-5], dtype=torch.float64)
+    assert abs(rel_error(tiny + 1e-9, tiny) - 1e-7) < 1e-12
+    assert max_finite([0.0, float("nan")]) == float("inf")  # max(0.0, nan) would say 0.0
+    assert not finite_le(float("nan"), 1.0) and not finite_le(float("inf"), 1.0) and finite_le(0.5, 1.0)
