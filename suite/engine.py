@@ -85,6 +85,10 @@ class Engine:
             info.update(self.grad_sync.describe())
         if self.fusion_report:
             info["compute_fusion"] = self.fusion_report
+        if hasattr(self.optimizer, "describe"):  # the fused optimizer: groups, where its gradients live
+            info["optimizer"] = self.optimizer.describe()
+        if self.amp.enabled:
+            info["amp"] = self.amp.state()
         return info
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

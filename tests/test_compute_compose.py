@@ -12,6 +12,9 @@ from suite.check.harness import run_check
 from suite.config import StrategyConfig
 from suite.models import get_model
 
+ALL_FUSION = dict(fuse_bn_act_ops=True, fuse_elewise_add_act_ops=True, fuse_relu_depthwise_conv=True)
+BUCKETED = dict(fuse_all_reduce_ops=True, sync_nccl_allreduce=False)  # the comm teammate's buckets, overlapped
+
 
 # ---------------------------------------------------------------------------------------
 # fuse_broadcast_ops: ranks built with different seeds hold rank 0's state, one broadcast per bucket
@@ -85,6 +88,29 @@ def test_unfused_broadcast_one_per_tensor(pool2):
             assert torch.equal(a["state"][name], ref), f"rank {rank}: {name} is not rank 0's"
 
 
+def fused_optimizer_on_buckets(config: dict) -> dict:
+    from suite.engine import build_engine
+    from suite.runtime.context import current
+
+    ctx = current()
+    spec = get_model("mlp")
+    engine = build_engine(spec.make(0), spec.loss_fn, StrategyConfig.from_dict(config))
+    x = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(ctx.rank))
+    engine.train_step(x, torch.arange(4))
+    flats = {b.flat.untyped_storage().data_ptr() for b in engine.grad_sync.buckets}
+    in_buckets = all(p.grad.untyped_storage().data_ptr() in flats for p in engine.module.parameters())
+    return {"optimizer": engine.describe()["optimizer"], "buckets": len(engine.grad_sync.buckets),
+            "grads_in_buckets": in_buckets}
+
+
+def test_fused_optimizer_updates_the_gradient_buckets_in_place(pool2):
+    cfg = dict(BUCKETED, fuse_grad_size_in_MB=4.0, fuse_all_optimizer_ops=True, optimizer="adam")
+    for a in pool2.run("tests.test_compute_compose:fused_optimizer_on_buckets", dict(config=cfg)):
+        assert a["optimizer"]["grads_from"] == "gradient buckets", a
+        assert a["optimizer"]["optimizer_ops"] == a["buckets"] > 1, a
+        assert a["grads_in_buckets"], a
+
+
 # ---------------------------------------------------------------------------------------
 # grad_comm_dtype: gradients travel in bf16/fp16, master weights stay fp32
 # ---------------------------------------------------------------------------------------
@@ -142,8 +168,6 @@ def test_dtype_the_backend_cannot_reduce_is_a_clear_error(pool2):
 # ---------------------------------------------------------------------------------------
 # Fusion, fused optimizers and AMP composed with the communication strategies (the harness)
 # ---------------------------------------------------------------------------------------
-ALL_FUSION = dict(fuse_bn_act_ops=True, fuse_elewise_add_act_ops=True, fuse_relu_depthwise_conv=True)
-BUCKETED = dict(fuse_all_reduce_ops=True, sync_nccl_allreduce=False)
 
 # Pairwise over: compute fusion {none, one, all} x fused optimizer {sgd, momentum, adam} x
 # amp {off, bf16 (+static/dynamic scaling), fp16} x communication {plain, ddp, fuse_broadcast, half comm, bucketed}.
