@@ -101,6 +101,7 @@ def _check_ddp(pool, model, cfg):
     assert len({a["digest"] for a in answers}) == 1, f"{model} {cfg}: ranks hold different parameters"
 
 
+@pytest.mark.filterwarnings("ignore:nccl_comm_num=.*sync_nccl_allreduce=True")
 @pytest.mark.parametrize("row,model", PAIRWISE, ids=[f"{m}-{'-'.join(map(str, r))}" for r, m in PAIRWISE])
 def test_parity_pairwise(row, model, pools):
     cfg = row_config(row)
@@ -141,4 +142,4 @@ def test_half_precision_wire_hierarchical(pool4):
                          hierarchical_allreduce_inter_nranks=2, grad_comm_dtype="fp16")
     res = run_check(pool4, "transformer", cfg)
     assert res.verdict == "pass", res.message
-    assert res.tolerance_key == "half_grad_comm" and res.param_error > 0  # the fp16 wire did round something
+    assert res.tolerance_key == "fp16_grad_comm" and res.param_error > 0  # the fp16 wire did round something

@@ -109,6 +109,7 @@ def test_buckets_spread_over_communicators_with_overlap(pool2):
         assert any("Find all_reduce operators: 10" in m and "the number of all_reduce ops is 5" in m for m in a["log"])
 
 
+@pytest.mark.filterwarnings("ignore:nccl_comm_num=.*sync_nccl_allreduce=True")
 def test_sync_mode_waits_each_at_launch_and_fusion_off(pool2):
     answers = _run(pool2, fuse_all_reduce_ops=False, sync_nccl_allreduce=True, nccl_comm_num=2)
     for a in answers:
@@ -163,3 +164,33 @@ def test_grads_stay_views_when_replaced(pool2, variant):
         assert all(b["shared"]) and len(b["shared"]) == MLP_PARAMS
         assert a["digest"] == b["digest"], "replacing .grad changed the training result"
     assert len({b["digest"] for b in odd}) == 1
+
+
+def average_on_rank(config: dict) -> dict:
+    """average_tensors over the config's path: rank r holds (r+1)*k; the mean is known exactly."""
+    import torch
+
+    from suite.comm import collectives as C
+    from suite.comm.grad_sync import build_grad_sync
+    from suite.models import get_model
+    from suite.runtime.context import current
+
+    rank, world = current().rank, current().world_size
+    sync = build_grad_sync(get_model("mlp").make(0), StrategyConfig.from_dict(config))
+    tensors = [torch.full((n,), float(rank + 1)) * (k + 1) for k, n in enumerate([5, 300_000, 7, 1])]
+    C.STATS.reset()
+    sync.average_tensors(tensors)
+    mean = (world + 1) / 2
+    return {"exact": all(torch.equal(t, torch.full_like(t, mean * (k + 1))) for k, t in enumerate(tensors)),
+            "calls": C.STATS.snapshot()["calls"]}
+
+
+def test_average_tensors_uses_the_same_path(pool4):
+    cfg = StrategyConfig(fuse_all_reduce_ops=True, fuse_grad_size_in_MB=1.0, nccl_comm_num=2, sync_nccl_allreduce=False,
+                         use_hierarchical_allreduce=True, hierarchical_allreduce_inter_nranks=2).to_dict()
+    for a in pool4.run("tests.test_comm_structure:average_on_rank", dict(config=cfg)):
+        assert a["exact"]
+        # 1.2 MB of tensors: the 1 MiB cap makes two buckets, one per communicator, through the hierarchy
+        assert sorted(k.split(".")[0] + "/" + k.split("/")[1] for k in a["calls"]) == [
+            "inter0/all_reduce", "inter1/all_reduce", "intra0/all_gather", "intra0/reduce_scatter",
+            "intra1/all_gather", "intra1/reduce_scatter"], a["calls"]

@@ -32,6 +32,9 @@ def add_parser(sub) -> None:
     p.add_argument("-w", "--warmup", type=int, default=5, help="untimed iterations per row (default 5)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     p.add_argument("--timeout", type=float, default=1800.0, help="bound on the whole sweep, seconds")
+    p.add_argument("--cluster", metavar="NxR:inter=RATE[,intra=RATE]",
+                   help="run the ranks on an emulated cluster (network namespaces; root): N nodes of R ranks; "
+                        "sets --nproc to N*R and --inter-nranks to R")
     p.set_defaults(func=main)
 
 
@@ -42,6 +45,16 @@ def main(args) -> int:
         print(f"fleetbench comm: error: {msg}", file=sys.stderr)
         return 2
 
+    cluster_spec = None
+    if getattr(args, "cluster", None):
+        from ..cluster.launch import apply_cluster_args
+        from ..config import ConfigError
+
+        try:
+            cluster_spec = apply_cluster_args(args)
+        except ConfigError as exc:
+            return fail(str(exc))
+        args.inter_nranks = cluster_spec.ranks_per_node
     if args.nproc < 2:
         return fail(f"--nproc {args.nproc}: an allreduce needs at least 2 ranks")
     try:
@@ -68,13 +81,23 @@ def main(args) -> int:
     from ..runtime import RankPool
 
     sizes = sizes_between(lo, hi, args.step_factor)
-    with RankPool(args.nproc, timeout=args.timeout) as pool:
-        answers = pool.run("suite.comm.microbench:allreduce_sweep_on_rank",
-                           dict(sizes=sizes, variants=variants, inter_nranks=args.inter_nranks, iters=args.iters,
-                                warmup=args.warmup, dtype=args.dtype))
+    cluster, pool_kw = None, {}
+    if cluster_spec is not None:
+        from ..cluster.launch import start_cluster
+
+        cluster, pool_kw = start_cluster(cluster_spec)
+    try:
+        with RankPool(args.nproc, timeout=args.timeout, **pool_kw) as pool:
+            answers = pool.run("suite.comm.microbench:allreduce_sweep_on_rank",
+                               dict(sizes=sizes, variants=variants, inter_nranks=args.inter_nranks, iters=args.iters,
+                                    warmup=args.warmup, dtype=args.dtype))
+    finally:
+        if cluster is not None:
+            cluster.down()
     rows = merge(answers)
     print(f"# fleetbench comm: allreduce, {args.nproc} ranks, variants {', '.join(variants)}"
-          + (f", emulated nodes of {args.inter_nranks} ranks" if hier_ok else ""))
+          + (f", emulated nodes of {args.inter_nranks} ranks" if hier_ok else "")
+          + (f", on the emulated cluster {cluster_spec}" if cluster_spec is not None else ""))
     print(format_table(rows, args.nproc))
     print(f"\n_{machine_line(args.nproc)}_")
     wrong = sum(r["wrong"] for r in rows)

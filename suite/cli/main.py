@@ -12,6 +12,8 @@ COMMANDS = {
     "config": "suite.cli.config_cmd",
     "figures": "suite.cli.figures",
     "comm": "suite.cli.comm",
+    "cluster": "suite.cli.cluster_cmd",
+    "predict": "suite.cli.predict",
 }
 
 
