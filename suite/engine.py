@@ -87,6 +87,10 @@ class Engine:
             info["compute_fusion"] = self.fusion_report
         if self.local_sgd is not None:
             info["local_sgd"] = self.local_sgd.describe()
+        if hasattr(self.optimizer, "describe"):  # the fused optimizer: groups, where its gradients live
+            info["optimizer"] = self.optimizer.describe()
+        if self.amp.enabled:
+            info["amp"] = self.amp.state()
         return info
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

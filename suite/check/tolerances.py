@@ -13,13 +13,16 @@ TOLERANCES: dict[str, tuple[float, float]] = {
     "fp16_grad_comm": (2e-3, 1e-3),
     "bf16_grad_comm": (1e-2, 1e-3),
     "amp": (1e-3, 1e-3),  # against the AMP reference (same autocast, same scaler)
+    # AMP and gradients travelling in bf16/fp16: the reference does not round the average to the
+    # wire dtype (gloo's summation order is not ours to copy); bf16 keeps 8 bits: ~2^-9 per element.
+    "amp_half_grad_comm": (1e-2, 1e-3),
     "compile": (1e-4, 1e-4),  # torch.compile may reorder floating-point sums
 }
 
 
 def tolerance_key(config: StrategyConfig) -> str:
     if config.amp != "off":
-        return "amp"
+        return "amp_half_grad_comm" if config.grad_comm_dtype != "fp32" else "amp"
     if config.grad_comm_dtype != "fp32":
         return f"{config.grad_comm_dtype}_grad_comm"
     if config.fusion_backend == "compile" and config.compute_fusion_enabled:

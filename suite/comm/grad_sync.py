@@ -53,6 +53,10 @@ class GradSync:
         self.named_params = trainable_params(model)
         self.params = [p for _, p in self.named_params]
         self.comm_dtype = COMM_DTYPES[config.grad_comm_dtype]
+        if self.comm_dtype != torch.float32 and self.params:
+            from .dtype_probe import check_reducible  # a clear error if the backend cannot sum this dtype
+
+            check_reducible(self.comm_dtype, group, "grad_comm_dtype", config.grad_comm_dtype, self.params[0].device)
         self.communicate = True
 
     # -- the engine's calls --------------------------------------------------------
@@ -80,10 +84,10 @@ class GradSync:
         asynchronous callers can launch now and finish later.
         """
         if self.comm_dtype != tensor.dtype:
-            wire = tensor.to(self.comm_dtype)
+            # Divide in full precision, then cast: large (loss-scaled) gradients stay in fp16's range.
+            wire = tensor.div(self.world).to(self.comm_dtype)
         else:
-            wire = tensor
-        wire.div_(self.world)  # divide before summing: keeps half precision in range
+            wire = tensor.div_(self.world)  # divide before summing
         work = C.all_reduce(wire, group=group, async_op=async_op)
 
         def complete() -> None:
