@@ -111,7 +111,8 @@ class Engine:
         if self.grad_sync is not None:
             self.grad_sync.finish_step()  # every gradient averaged over the group
 
-        skip = self.amp.unscale_and_check(self.optimizer)  # the one host decision AMP must make
+        # The one host decision AMP must make; ranks agree on it whenever gradients were communicated.
+        skip = self.amp.unscale_and_check(self.optimizer, agree=communicate)
         if not skip:
             self.optimizer.step()
         self.amp.update(skip)

@@ -153,6 +153,9 @@ def test_warmup_steps_equal_sync_data_parallel(pool2):
     (2, dict(use_local_sgd=True, local_sgd_steps=3, local_sgd_is_warm_steps=1), [4, 7]),
     (4, dict(use_local_sgd=True, local_sgd_steps=2, local_sgd_is_warm_steps=0), [2, 4, 6]),
     (2, dict(use_adaptive_local_sgd=True, init_k_steps=3, local_sgd_is_warm_steps=2), None),
+    # with loss scaling, the found-inf flag is reduced only on synchronous steps: local steps stay silent
+    (2, dict(use_local_sgd=True, local_sgd_steps=3, local_sgd_is_warm_steps=1, amp="bf16",
+             init_loss_scaling=1024.0), [4, 7]),
     # bucketed path, one unbounded bucket: parameters and the adaptive losses travel in ONE allreduce
     (2, dict(use_adaptive_local_sgd=True, init_k_steps=2, local_sgd_is_warm_steps=1, fuse_all_reduce_ops=True,
              fuse_grad_size_in_MB=math.inf), None),

@@ -177,8 +177,13 @@ class Amp:
             return loss
         return loss.float() * self.scaler.scale
 
-    def unscale_and_check(self, optimizer) -> bool:
-        """Unscale the (communicated) gradients; True when any rank found inf/nan: skip the step."""
+    def unscale_and_check(self, optimizer, agree: bool = True) -> bool:
+        """Unscale the gradients; True when inf/nan was found: skip the step.
+
+        ``agree`` (a step whose gradients were communicated): the found-inf flag is reduced over
+        the group, so every rank skips together.  On a Local SGD local step nothing was
+        communicated and no collective may run: each rank decides on its own gradients.
+        """
         if not self.scaling:
             return False
         grads = _grads_of(optimizer)
@@ -186,7 +191,7 @@ class Amp:
         found = unscale_(grads, self.scaler.scale, device)
         import torch.distributed as dist
 
-        if dist.is_initialized() and dist.get_world_size(self.group) > 1:
+        if agree and dist.is_initialized() and dist.get_world_size(self.group) > 1:
             from ..comm import collectives as C
 
             C.all_reduce(found, group=self.group, op=dist.ReduceOp.MAX)
