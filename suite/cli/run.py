@@ -46,6 +46,10 @@ def add_parser(sub) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="bound on each multi-rank call, seconds")
     p.add_argument("--pg-timeout", type=float, default=120.0, help="bound on each collective wait, seconds")
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
+    p.add_argument("--resume", metavar="RESULTS_FILE_OR_RUN_ID",
+                   help="continue an interrupted run: the same selection, skipping the cases already recorded for "
+                        "that run id (a results file: its last run; a run id: that run in --results)")
+    p.add_argument("--no-utilization", action="store_true", help="do not sample CPU/GPU utilization")
     p.set_defaults(func=main)
 
 
@@ -94,6 +98,7 @@ def main(args) -> int:
             print(f"{case.name:32s} {','.join(case.tags):40s} {case.description}" + (f"  [skip: {why}]" if why else ""))
         return 0
     _check_results_file(args.results)
+    resume = _resolve_resume(args, world) if args.resume else None
 
     if env:
         from ..runtime.launch import init_from_env
@@ -108,7 +113,7 @@ def main(args) -> int:
         launcher = RankPool(args.nproc, device=args.device, timeout=args.timeout, pg_timeout=args.pg_timeout)
         reporter = True
     try:
-        records = Runner(args, launcher, world, reporter).run(selected)
+        records = Runner(args, launcher, world, reporter, resume=resume).run(selected)
     finally:
         launcher.close()
         if env:
@@ -134,13 +139,53 @@ def _check_results_file(path: str) -> None:
             raise ConfigError(f"--results {path}: {exc}; move it aside or pick another --results file") from None
 
 
+def _resolve_resume(args, world: int) -> tuple[str, set]:
+    """(run id, cases already recorded for it) of the run to resume; sets ``args.results``.
+
+    ``--resume`` names a results file (its last run is resumed and new records go to it) or a
+    run id in ``--results``.  Every record is read through ``read_records``: a corrupt file is
+    an error naming the file and line, and nothing in it is touched.
+    """
+    from ..results.records import ResultsFileError, read_records
+
+    target = args.resume
+    if os.path.exists(target):
+        args.results, run_id = target, None
+    else:
+        run_id = target
+    if not os.path.exists(args.results):
+        raise ConfigError(f"--resume {target}: no results file {args.results} to resume from")
+    try:
+        records = read_records(args.results)
+    except ResultsFileError as exc:
+        raise ConfigError(f"--resume {target}: {exc}") from None
+    if run_id is None:
+        if not records:
+            raise ConfigError(f"--resume {target}: the results file holds no record, nothing to resume")
+        run_id = records[-1].run_id
+    mine = [r for r in records if r.run_id == run_id]
+    if not mine:
+        ids = list(dict.fromkeys(r.run_id for r in records))[-5:]
+        raise ConfigError(f"--resume {target}: run id {run_id!r} is not in {args.results}; its last runs: "
+                          f"{', '.join(ids) or 'none'}")
+    worlds = {r.world_size for r in mine}
+    if worlds != {world}:
+        raise ConfigError(f"--resume {target}: run {run_id} ran at world size {sorted(worlds)}, this one at {world}; "
+                          f"resume with the same --nproc")
+    # A case that ended in an error is run again; finished ones are kept as they are.
+    return run_id, {r.case for r in mine if r.status != "error"}
+
+
 class Runner:
-    def __init__(self, args, launcher, world: int, reporter: bool):
+    def __init__(self, args, launcher, world: int, reporter: bool, resume: Optional[tuple] = None):
         self.args = args
         self.launcher = launcher
         self.world = world
         self.reporter = reporter
         self.run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
+        self.done: set = set()
+        if resume is not None:
+            self.run_id, self.done = resume
         self.metadata = None
 
     def say(self, msg: str) -> None:
@@ -152,6 +197,10 @@ class Runner:
         from ..results.records import CaseRecord, append_record
 
         self.metadata = collect(world_size=self.world)
+        if self.done:
+            kept = [c.name for c, _, _ in selected if c.name in self.done]
+            self.say(f"resuming run {self.run_id}: {len(kept)} case(s) already recorded, skipped: {', '.join(kept)}")
+            selected = [(c, cfg, why) for c, cfg, why in selected if c.name not in self.done]
         runnable = [(c, cfg) for c, cfg, why in selected if why is None]
         records = []
         for case, cfg, why in selected:
@@ -230,7 +279,7 @@ class Runner:
 
     def measure(self, model: str, group) -> dict:
         """Time every case of ``group`` and the baseline interleaved; on failure, each case alone."""
-        from ..measure.stats import paired_speedup, variant_summary, window_seconds
+        from ..measure.stats import busbw, paired_speedup, variant_summary, window_seconds
 
         base_cfg = StrategyConfig().with_overrides(self.args.set)
         variants = {c.variant: cfg for c, cfg in group}
@@ -240,10 +289,18 @@ class Runner:
                       per_rank_batch=batch)
 
         def once(names: list[str]) -> dict:
-            answers = self.launcher.run(
-                "suite.measure.timing:measure_on_rank",
-                dict(kwargs, variants=[{"name": n, "config": variants[n].to_dict()} for n in names]),
-                timeout=self.args.timeout)
+            from ..measure.utilization import UtilizationSampler
+
+            device = self.args.device or ("cuda" if (self.metadata.get("gpu") or {}).get("available") else "cpu")
+            sampler = None if self.args.no_utilization else UtilizationSampler(device=device).start()
+            try:
+                answers = self.launcher.run(
+                    "suite.measure.timing:measure_on_rank",
+                    dict(kwargs, variants=[{"name": n, "config": variants[n].to_dict()} for n in names]),
+                    timeout=self.args.timeout)
+            finally:
+                if sampler is not None:
+                    sampler.stop()
             if answers is None:
                 return {n: None for n in names}
             base = window_seconds(answers, BASELINE)
@@ -258,6 +315,14 @@ class Runner:
                 compute = out["none"]["step_time_s"]["median"]
                 for s in out.values():
                     s["exposed_comm_s"] = s["step_time_s"]["median"] - compute
+                    s["compute_s"] = compute
+                    ar = sum(v for k, v in s["comm_bytes_per_step"].items() if k.endswith("/all_reduce"))
+                    s["busbw_GBps"] = busbw(ar, s["exposed_comm_s"], self.world) / 1e9
+            if sampler is not None:
+                util = sampler.summary()
+                util["shared_by"] = names  # the variants ran interleaved: one sampling covers them all
+                for s in out.values():
+                    s["utilization"] = util
             return out
 
         names = list(variants)

@@ -72,6 +72,16 @@ class _Variant:
         self.comm_calls: dict = {}
         self.comm_bytes: dict = {}
         self.host_syncs = 0
+        self.peak_memory = 0
+
+
+def _peak_memory(platform) -> int:
+    """CUDA: peak bytes allocated in the window; CPU: the rank process's peak RSS (all variants share it)."""
+    if platform.is_cuda:
+        return int(torch.cuda.max_memory_allocated(platform.device))
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
 def measure_on_rank(model: str, variants: list[dict], warmup: int = 2, steps: int = 5, rounds: int = 5,
@@ -96,6 +106,8 @@ def measure_on_rank(model: str, variants: list[dict], warmup: int = 2, steps: in
         fetcher = LossFetcher(v.config.fetch_frequency)
         clock = StepClock(ctx.platform)
         C.STATS.reset()
+        if ctx.platform.is_cuda:
+            torch.cuda.reset_peak_memory_stats(device)
         dist.barrier()
         t0 = time.perf_counter()
         clock.mark()
@@ -115,6 +127,7 @@ def measure_on_rank(model: str, variants: list[dict], warmup: int = 2, steps: in
             v.step_times.extend(clock.durations())
             v.losses.extend(fetcher.values)
             v.host_syncs += fetcher.fetches
+            v.peak_memory = max(v.peak_memory, _peak_memory(ctx.platform))
             v.comm_calls = {k: n_ / n for k, n_ in C.STATS.snapshot()["calls"].items()}
             v.comm_bytes = {k: n_ / n for k, n_ in C.STATS.snapshot()["bytes"].items()}
 
@@ -132,6 +145,8 @@ def measure_on_rank(model: str, variants: list[dict], warmup: int = 2, steps: in
                 "windows": v.windows, "step_times": v.step_times, "losses": v.losses, "threads": v.threads,
                 "comm_calls_per_step": v.comm_calls, "comm_bytes_per_step": v.comm_bytes,
                 "host_syncs": v.host_syncs, "describe": v.engine.describe(),
+                "peak_memory_bytes": v.peak_memory,
+                "peak_memory_kind": "cuda_max_allocated" if ctx.platform.is_cuda else "process_max_rss",
             }
             for v in runs
         },
