@@ -50,6 +50,9 @@ def add_parser(sub) -> None:
                    help="continue an interrupted run: the same selection, skipping the cases already recorded for "
                         "that run id (a results file: its last run; a run id: that run in --results)")
     p.add_argument("--no-utilization", action="store_true", help="do not sample CPU/GPU utilization")
+    p.add_argument("--trace-steps", type=int, default=0, metavar="N",
+                   help="after timing, run N traced steps per case and write a Chrome/Perfetto trace next to the "
+                        "results (traces/RUN_ID/CASE@WORLD.json; default 0: no trace)")
     p.set_defaults(func=main)
 
 
@@ -90,6 +93,7 @@ def main(args) -> int:
     for name in ("steps", "rounds", "check_steps"):
         _positive(name.replace("_", "-"), getattr(args, name))
     _positive("warmup", args.warmup, 0)
+    _positive("trace-steps", args.trace_steps, 0)
     if args.batch is not None:
         _positive("batch", args.batch)
     selected = resolve_cases(args, world)  # every config validated before any rank starts
@@ -268,6 +272,8 @@ class Runner:
             elif m is not None:
                 rec.describe = m.pop("describe", {})
                 rec.metrics = m
+                if self.args.trace_steps and rec.status == "ok":
+                    self.trace(case, cfg, rec)
             records.append(rec)
         if self.reporter:
             for rec in records:
@@ -276,6 +282,29 @@ class Runner:
                     self.say(f"      {rec.case:28s} {m['samples_per_s']:9.1f} samples/s   speedup "
                              f"{m.get('speedup', float('nan')):.2f}x")
         return records
+
+    def trace(self, case: Case, cfg: StrategyConfig, rec) -> None:
+        """A few traced steps of the case on every rank, written as a Chrome/Perfetto trace file."""
+        import json
+
+        from ..report.trace import chrome_trace
+
+        try:
+            answers = self.launcher.run("suite.measure.trace:trace_on_rank",
+                                        dict(model=case.model, config=cfg.to_dict(), steps=self.args.trace_steps,
+                                             per_rank_batch=self.args.batch or case.per_rank_batch),
+                                        timeout=self.args.timeout)
+        except Exception as exc:  # noqa: BLE001 - the timing stands; the trace is reported missing
+            rec.metrics["trace_error"] = _short(exc)
+            return
+        if answers is None or not self.reporter:
+            return
+        rel = os.path.join("traces", self.run_id, f"{case.name.replace('/', '_')}@{self.world}.json")
+        path = os.path.join(os.path.dirname(os.path.abspath(self.args.results)), rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as fh:
+            json.dump(chrome_trace(answers, title=f"{case.name} at world size {self.world}, run {self.run_id}"), fh)
+        rec.metrics["trace_file"] = rel
 
     def measure(self, model: str, group) -> dict:
         """Time every case of ``group`` and the baseline interleaved; on failure, each case alone."""
