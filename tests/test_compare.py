@@ -142,3 +142,33 @@ def test_unusable_input_exits_2_naming_file_and_line(tmp_path, capsys, content, 
     assert all(w in err for w in words), err
     assert main(["compare", str(tmp_path / "missing.jsonl"), str(good)]) == 2
     assert "no such results file" in capsys.readouterr().err
+
+
+class _FakePool:
+    """Answers measure_on_rank with synthetic noise; a sleep adds its milliseconds to every step."""
+
+    nproc = 2
+
+    def __init__(self):
+        self.calls = 0
+
+    def run(self, fn, kwargs, timeout=None):
+        self.calls += 1
+        sleep = kwargs["variants"][0]["config"]["straggler_ms"] / 1e3
+        samples = [t + sleep for t in noisy(self.calls, n=kwargs["rounds"] * kwargs["steps"])]
+        return [{"variants": {"plain": {"step_times": samples}}}] * self.nproc
+
+
+def test_gate_figure_reports_false_alarms_and_the_smallest_slowdown_caught(monkeypatch):
+    import argparse
+
+    from suite.figures import gate as figure
+
+    monkeypatch.setenv("FLEETBENCH_GATE_RUNS", "6")
+    monkeypatch.setenv("FLEETBENCH_GATE_SLOW_RUNS", "3")
+    text = figure.run(_FakePool(), argparse.Namespace(rounds=8, steps=5, timeout=60))
+    row = next(line for line in text.splitlines() if line.startswith("| 10% |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert float(cells[1].split("%")[0]) <= 10 and "(15 pairs)" in cells[1]  # 6 unchanged runs: 15 pairs
+    assert cells[-2] == "100%"  # 2x slower: caught in every pair
+    assert cells[-1] in ("1.25x", "1.5x"), row  # 1.1x is inside the 10% threshold's noise
