@@ -27,6 +27,9 @@ BAD_ARGS = [
     (["run", "--steps", "0"], "--steps 0: must be >= 1"),
     (["run", "--config", "/nonexistent.toml"], "does not exist"),
     (["config", "--preset", "fastest"], "preset 'fastest' is unknown"),
+    (["comm", "--cluster", "2x2"], "--cluster '2x2': the inter-node rate is missing"),
+    (["comm", "--nproc", "1"], "--nproc 1: an allreduce needs at least 2 ranks"),
+    (["run", "--cluster", "3xq:inter=1gbit"], "the shape '3xq' is not NxR"),
 ]
 
 

@@ -13,6 +13,9 @@ COMMANDS = {
     "figures": "suite.cli.figures",
     "compare": "suite.cli.compare",
     "report": "suite.cli.report",
+    "comm": "suite.cli.comm",
+    "cluster": "suite.cli.cluster_cmd",
+    "predict": "suite.cli.predict",
 }
 
 

@@ -53,6 +53,9 @@ def add_parser(sub) -> None:
     p.add_argument("--trace-steps", type=int, default=0, metavar="N",
                    help="after timing, run N traced steps per case and write a Chrome/Perfetto trace next to the "
                         "results (traces/RUN_ID/CASE@WORLD.json; default 0: no trace)")
+    p.add_argument("--cluster", metavar="NxR:inter=RATE[,intra=RATE]",
+                   help="run the ranks on an emulated cluster (network namespaces; root): N nodes of R ranks, "
+                        "node links limited to RATE (e.g. 2x2:inter=200mbit); sets --nproc N*R")
     p.set_defaults(func=main)
 
 
@@ -88,6 +91,11 @@ def main(args) -> int:
     from ..runtime.launch import torchrun_env
 
     env = torchrun_env()
+    cluster_spec = None
+    if getattr(args, "cluster", None):
+        from ..cluster.launch import apply_cluster_args
+
+        cluster_spec = apply_cluster_args(args, under_torchrun=env is not None)
     world = env.world_size if env else args.nproc
     _positive("nproc", args.nproc)
     for name in ("steps", "rounds", "check_steps"):
@@ -114,12 +122,21 @@ def main(args) -> int:
     else:
         from ..runtime import RankPool
 
-        launcher = RankPool(args.nproc, device=args.device, timeout=args.timeout, pg_timeout=args.pg_timeout)
+        cluster_kw, cluster = {}, None
+        if cluster_spec is not None:
+            from ..cluster.launch import start_cluster
+
+            cluster, cluster_kw = start_cluster(cluster_spec)
+        launcher = RankPool(args.nproc, device=args.device, timeout=args.timeout, pg_timeout=args.pg_timeout,
+                            **cluster_kw)
+        launcher.cluster = cluster  # taken down with the launcher
         reporter = True
     try:
         records = Runner(args, launcher, world, reporter, resume=resume).run(selected)
     finally:
         launcher.close()
+        if getattr(launcher, "cluster", None) is not None:
+            launcher.cluster.down()
         if env:
             from ..runtime.launch import shutdown
 

@@ -7,6 +7,7 @@ times per collective) feeds the Perfetto trace.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ class CommStats:
 
 
 STATS = CommStats()
+_LOCK = threading.Lock()  # collectives may be issued from communicator worker threads
 
 
 @dataclass
@@ -86,12 +88,13 @@ class _TimedWork:
 def _count(op: str, group, tensor: torch.Tensor) -> Optional[Span]:
     label = label_of(group)
     nbytes = tensor.numel() * tensor.element_size()
-    STATS.calls[(label, op)] += 1
-    STATS.bytes[(label, op)] += nbytes
-    if STATS.spans is not None:
-        span = Span(op, label, nbytes, time.perf_counter())
-        STATS.spans.append(span)
-        return span
+    with _LOCK:
+        STATS.calls[(label, op)] += 1
+        STATS.bytes[(label, op)] += nbytes
+        if STATS.spans is not None:
+            span = Span(op, label, nbytes, time.perf_counter())
+            STATS.spans.append(span)
+            return span
     return None
 
 
@@ -123,9 +126,14 @@ def reduce(tensor: torch.Tensor, dst: int, group=None, op=dist.ReduceOp.SUM, asy
 
 def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=None, op=dist.ReduceOp.SUM, async_op: bool = False):
     span = _count("reduce_scatter", group, input)
-    return _done(span, dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op), async_op)
+    return _done(span, _REDUCE_SCATTER(output, input, op=op, group=group, async_op=async_op), async_op)
 
 
 def all_gather(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False):
     span = _count("all_gather", group, output)
-    return _done(span, dist.all_gather_into_tensor(output, input, group=group, async_op=async_op), async_op)
+    return _done(span, _ALL_GATHER(output, input, group=group, async_op=async_op), async_op)
+
+
+# torch 2.13 renamed the flat-tensor forms (the old names warn FutureWarning); same arguments.
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

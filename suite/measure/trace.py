@@ -9,8 +9,9 @@ the step boundaries synchronize the device, so traced steps are slower than time
 the trace shows the structure of a step, the timings live in the records.
 
 Bucket-ready marks: a gradient synchronizer that exposes ``bucket_names()`` (a list of lists
-of parameter names, in launch order) gets one mark per bucket, at the ready time of its last
-gradient; otherwise (plain data parallel) every parameter is its own bucket.
+of parameter names, in launch order) or ``buckets`` with ``.names`` (``BucketedGradSync``) gets
+one mark per bucket, at the ready time of its last gradient; otherwise (plain data parallel)
+every parameter is its own bucket.
 """
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ def _buckets(engine, names: list[str]) -> list[list[str]]:
     fn = getattr(sync, "bucket_names", None)
     if callable(fn):
         return [list(b) for b in fn()]
+    buckets = getattr(sync, "buckets", None)  # BucketedGradSync: Bucket.names, in launch order
+    if buckets and all(hasattr(b, "names") for b in buckets):
+        return [list(b.names) for b in buckets]
     if sync is not None and type(sync).__name__ == "NoGradSync":
         return []
     return [[n] for n in names]

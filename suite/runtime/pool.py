@@ -67,12 +67,17 @@ class _Options:
     pg_timeout: float
     num_threads: Optional[int]
     env: dict = field(default_factory=dict)
+    netns: Optional[str] = None  # network namespace the rank enters first (emulated cluster node)
 
 
 def _worker(rank: int, world: int, host: str, port: int, cmd_q, res_q, opts: _Options) -> None:
     os.environ.update(opts.env)
     parent = os.getppid()
     try:
+        if opts.netns:
+            from .netns import enter_netns
+
+            enter_netns(opts.netns)
         import torch.distributed as dist
 
         from .launch import init_rank
@@ -133,7 +138,14 @@ class RankPool:
         num_threads: Optional[int] = None,
         env: Optional[dict] = None,
         grace: float = 5.0,
+        rank_netns: Optional[list] = None,
+        rank_env: Optional[list] = None,
+        store_host: str = "127.0.0.1",
+        store_netns: Optional[str] = None,
     ):
+        """``rank_netns``/``rank_env`` (one entry per rank) start rank r inside network namespace
+        ``rank_netns[r]`` with ``rank_env[r]`` added to its environment; the rendezvous store then
+        listens on ``store_host`` inside ``store_netns`` (see ``suite.cluster.launch``)."""
         if not isinstance(nproc, int) or nproc < 1:
             raise ValueError(f"nproc={nproc!r}: must be a whole number >= 1")
         self.nproc = nproc
@@ -149,6 +161,11 @@ class RankPool:
         self.pids: list[int] = []
         self.restarts = 0
         self._started_once = False
+        for what, per in (("rank_netns", rank_netns), ("rank_env", rank_env)):
+            if per is not None and len(per) != nproc:
+                raise ValueError(f"{what} has {len(per)} entries; expected one per rank ({nproc})")
+        self.rank_netns, self.rank_env = rank_netns, rank_env
+        self.store_host, self.store_netns = store_host, store_netns
 
     # ---- life cycle ---------------------------------------------------------------
     @property
@@ -164,19 +181,20 @@ class RankPool:
         if self._started_once:
             self.restarts += 1
         self._started_once = True
-        host = "127.0.0.1"
+        host = self.store_host
         # Port 0: the OS picks a free port, so two runs side by side never collide.
-        self._store = dist.TCPStore(host, 0, world_size=None, is_master=True, timeout=_td(self.opts.pg_timeout),
-                                    wait_for_workers=False)
+        self._store = _master_store(host, self.opts.pg_timeout, self.store_netns)
         port = self._store.port
         env = dict(self.opts.env)
         env.setdefault("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", _loopback_ifname()))
-        opts = _Options(self.opts.device, self.opts.pg_timeout, self.opts.num_threads, env)
+        opts = [_Options(self.opts.device, self.opts.pg_timeout, self.opts.num_threads,
+                         {**env, **(self.rank_env[r] if self.rank_env else {})},
+                         self.rank_netns[r] if self.rank_netns else None) for r in range(self.nproc)]
         ctx = mp.get_context("spawn")
         self._res_q = ctx.Queue()
         self._cmd_qs = [ctx.Queue() for _ in range(self.nproc)]
         self._procs = [
-            ctx.Process(target=_worker, args=(r, self.nproc, host, port, self._cmd_qs[r], self._res_q, opts),
+            ctx.Process(target=_worker, args=(r, self.nproc, host, port, self._cmd_qs[r], self._res_q, opts[r]),
                         daemon=True, name=f"fleetbench-rank{r}")
             for r in range(self.nproc)
         ]
@@ -291,6 +309,28 @@ class RankPool:
         self.close()
         raise RankFailure(f"{why} while {what}; the pool was torn down and restarts on the next call{detail}",
                           ranks, what)
+
+
+def _master_store(host: str, timeout: float, netns: Optional[str]):
+    """The rendezvous store's server, listening in ``netns`` when given (made from a helper thread
+    that enters it: the socket stays there, this process's threads stay where they are)."""
+    import torch.distributed as dist
+
+    def make():
+        return dist.TCPStore(host, 0, world_size=None, is_master=True, timeout=_td(timeout), wait_for_workers=False)
+
+    if not netns:
+        return make()
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .netns import enter_netns
+
+    def in_netns():
+        enter_netns(netns)
+        return make()
+
+    with ThreadPoolExecutor(1) as ex:  # a fresh thread: it ends with the call, taking the namespace along
+        return ex.submit(in_netns).result(timeout=timeout + 10)
 
 
 def _loopback_ifname() -> str:

@@ -1,0 +1,73 @@
+"""`fleetbench cluster up|down|cleanup|status`: the emulated cluster by hand.
+
+``up SPEC`` leaves a cluster standing (owned by no process, so ``cleanup`` removes it) and
+prints its namespaces; run a program in a node with ``ip netns exec fbc-…-n0 …``.  Runs of
+the suite bring their own clusters up and down themselves (``suite.cluster.launch``).
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("cluster", help="emulated multi-node cluster (network namespaces): up, down, cleanup, status")
+    csub = p.add_subparsers(dest="action", metavar="ACTION")
+    up = csub.add_parser("up", help="bring a cluster up and leave it (NxR:inter=RATE[,intra=RATE])")
+    up.add_argument("spec", help="e.g. 2x2:inter=200mbit")
+    up.add_argument("--json", action="store_true", help="print the read-back state as JSON")
+    down = csub.add_parser("down", help="remove the cluster with this run id")
+    down.add_argument("run_id")
+    clean = csub.add_parser("cleanup", help="remove leftover clusters (whose owner process is gone)")
+    clean.add_argument("--all", action="store_true", help="also clusters of live runs")
+    csub.add_parser("status", help="list fleetbench cluster namespaces")
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    from ..cluster.emulate import ClusterUnavailable, EmulatedCluster, cleanup, list_namespaces, unavailable_reason
+    from ..cluster.spec import ClusterSpecError, parse_cluster
+
+    if args.action is None:
+        print("fleetbench cluster: error: give an action: up, down, cleanup, status", file=sys.stderr)
+        return 2
+    if args.action == "status":
+        rows = list_namespaces()
+        for name, rid, owner in rows:
+            print(f"{name}\trun {rid}\towner pid {owner or 'none'}")
+        if not rows:
+            print("no fleetbench cluster namespaces")
+        return 0
+    reason = unavailable_reason()
+    if reason:
+        print(f"fleetbench cluster: error: cannot emulate a cluster here: {reason}", file=sys.stderr)
+        return 2
+    if args.action == "up":
+        try:
+            spec = parse_cluster(args.spec)
+        except ClusterSpecError as exc:
+            print(f"fleetbench cluster: error: {exc}", file=sys.stderr)
+            return 2
+        try:
+            cl = EmulatedCluster(spec, owner_pid=0, remove_at_exit=False).up()
+        except ClusterUnavailable as exc:
+            print(f"fleetbench cluster: error: {exc}", file=sys.stderr)
+            return 2
+        if args.json:
+            print(json.dumps({"run_id": cl.run_id, **cl.readback()}, indent=1))
+        else:
+            print(f"cluster {spec} up, run id {cl.run_id}")
+            for n in cl.nodes:
+                print(f"  node {n.index}: netns {n.netns}, {n.ifname} {n.address}/24")
+            print(f"  switch: netns {cl.switch_ns}")
+            print(f"remove with: fleetbench cluster down {cl.run_id}   (or: fleetbench cluster cleanup)")
+        return 0
+    if args.action == "down":
+        removed = cleanup(run_id=args.run_id)
+        print("\n".join(f"removed {n}" for n in removed) or f"no namespaces of run {args.run_id!r}")
+        return 0 if removed else 1
+    if args.action == "cleanup":
+        removed = cleanup(all_runs=args.all)
+        print("\n".join(f"removed {n}" for n in removed) or "nothing to remove")
+        return 0
+    return 2

@@ -1,0 +1,111 @@
+"""`fleetbench predict`: predicted step time, throughput and scaling efficiency per setting.
+
+    fleetbench predict --cluster 8x8:inter=100gbit,intra=2400gbit --profile mlp.json
+    fleetbench predict --cluster 2x2:inter=200mbit --model mlp --save-profile mlp.json
+
+A profile is measured (``--model``: ranks on this machine train without gradient
+communication, see ``suite.cluster.profile``) or read (``--profile``, JSON as saved).
+The cluster is only modelled here (any size); nothing is emulated.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("predict", help="predict step time per communication setting on a cluster (cost model)")
+    p.add_argument("--cluster", required=True, help="NxR:inter=RATE[,intra=RATE], e.g. 64x8:inter=200gbit,intra=2400gbit")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--profile", help="a profile JSON file (as written by --save-profile)")
+    src.add_argument("--model", help="measure a profile of this model now (mlp, resnet, transformer)")
+    p.add_argument("--nproc", type=int, help="ranks that measure the profile at once (default: ranks per node, "
+                   "at most 4)")
+    p.add_argument("--per-rank-batch", type=int, default=16)
+    p.add_argument("--scale", type=int, default=1, help="model scale (see suite.models)")
+    p.add_argument("--save-profile", help="write the measured profile here")
+    p.add_argument("--inter-lat", type=float, default=100.0, help="alpha of an inter-node message step, µs (100)")
+    p.add_argument("--intra-lat", type=float, default=50.0, help="alpha of an intra-node message step, µs (50)")
+    p.add_argument("--bucket-mb", type=float, default=16.0, help="fused bucket size of the fused settings, MiB")
+    p.add_argument("--local-sgd-k", type=int, default=4, help="Local SGD averaging period of its row")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    p.set_defaults(func=main)
+
+
+def settings(bucket_mb: float, local_sgd_k: int):
+    from ..cluster.simulate import Setting
+
+    b = bucket_mb
+    return [
+        Setting("plain (per-parameter, after backward)", bucket_mb=None, overlap=False),
+        Setting(f"fused {b:g} MiB, no overlap", bucket_mb=b, overlap=False),
+        Setting(f"fused {b:g} MiB, overlap, nccl_comm_num 1", bucket_mb=b, overlap=True, comm_num=1),
+        Setting(f"fused {b:g} MiB, overlap, nccl_comm_num 2", bucket_mb=b, overlap=True, comm_num=2),
+        Setting(f"fused {b:g} MiB, overlap, nccl_comm_num 2, hierarchical", bucket_mb=b, overlap=True, comm_num=2,
+                hierarchical=True),
+        Setting(f"Local SGD k={local_sgd_k} (fused {b:g} MiB)", bucket_mb=b, overlap=False, local_sgd_k=local_sgd_k),
+    ]
+
+
+def measure_profile(model: str, nproc: int, per_rank_batch: int, scale: int = 1, timeout: float = 600.0) -> dict:
+    from ..cluster.profile import summarize_profile
+    from ..runtime import RankPool
+
+    with RankPool(nproc, timeout=timeout) as pool:
+        answers = pool.run("suite.cluster.profile:record_profile",
+                           {"model": model, "per_rank_batch": per_rank_batch, "scale": scale})
+    return summarize_profile(answers)
+
+
+def main(args) -> int:
+    from ..cluster import costmodel as cm
+    from ..cluster.simulate import Profile, predict_step, predict_table
+    from ..cluster.spec import ClusterSpecError, parse_cluster
+
+    def fail(msg: str) -> int:
+        print(f"fleetbench predict: error: {msg}", file=sys.stderr)
+        return 2
+
+    try:
+        spec = parse_cluster(args.cluster, emulate=False)
+    except ClusterSpecError as exc:
+        return fail(str(exc))
+    for name in ("inter_lat", "intra_lat", "bucket_mb"):
+        v = getattr(args, name)
+        if not (v >= 0 and math.isfinite(v)) or (name == "bucket_mb" and v == 0):
+            return fail(f"--{name.replace('_', '-')} {v}: must be a finite number > 0")
+    if args.local_sgd_k < 1:
+        return fail(f"--local-sgd-k {args.local_sgd_k}: must be >= 1")
+    if args.profile:
+        try:
+            with open(args.profile) as fh:
+                profile = Profile.from_dict(json.load(fh))
+        except (OSError, ValueError) as exc:
+            return fail(f"--profile {args.profile!r}: {exc}")
+    else:
+        from ..models import MODELS
+
+        if args.model not in MODELS:
+            return fail(f"--model {args.model!r} is unknown; allowed: {', '.join(MODELS)}")
+        nproc = args.nproc or min(4, spec.ranks_per_node)
+        if nproc < 1:
+            return fail(f"--nproc {nproc}: must be >= 1")
+        raw = measure_profile(args.model, nproc, args.per_rank_batch, args.scale)
+        if args.save_profile:
+            with open(args.save_profile, "w") as fh:
+                json.dump(raw, fh, indent=1)
+        profile = Profile.from_dict(raw)
+    cluster = cm.Cluster(spec.nodes, spec.ranks_per_node, spec.inter_bps / 8,
+                         spec.intra_bps / 8 if spec.intra_bps else math.inf,
+                         args.inter_lat * 1e-6, args.intra_lat * 1e-6)
+    rows = settings(args.bucket_mb, args.local_sgd_k)
+    if args.json:
+        print(json.dumps([predict_step(profile, cluster, s) for s in rows], indent=1))
+        return 0
+    print(f"Predicted on {spec} (alpha inter {args.inter_lat:g} µs, intra {args.intra_lat:g} µs; model "
+          f"{profile.model or '?'}, {len(profile.params)} gradients, {profile.grad_bytes / 2**20:.1f} MiB, compute "
+          f"{profile.compute_s * 1e3:.1f} ms per step of {profile.per_rank_batch} samples per rank). "
+          f"Rates are link payload rates; the model is an extrapolation, not a measurement.\n")
+    print(predict_table(profile, cluster, rows))
+    return 0

@@ -1,0 +1,98 @@
+"""Predictions for clusters that cannot be built here (EXTRAPOLATION, not measurement).
+
+Inputs are published figures, each named where it is used:
+- NVLink inside a node: A100 NVLink 3, 600 GB/s total per GPU = 300 GB/s each direction
+  (NVIDIA A100 datasheet); NCCL's ring reaches about 230 GB/s bus bandwidth of it, which is
+  used as the per-pair intra bandwidth.
+- Between nodes: 100, 200, 400 Gbit/s per node (EDR/HDR/NDR InfiniBand, 100/200/400 GbE),
+  one NIC per node (many real nodes have 4-8: divide the inter times accordingly).
+- Latency (alpha) per message step: 10 µs inter-node, 5 µs intra-node (assumed, NCCL-class).
+- The case: a ResNet-50-like profile built from published numbers (25.6 M parameters =
+  102 MB of fp32 gradients in 161 tensors (Paddle's fuse log: 161 allreduce ops); 329 img/s
+  at batch 32 on one V100 (PyTorch DDP benchmark) = 97 ms per step, taken as forward 1/3,
+  backward 2/3 minus a 3 ms optimizer; gradients ready evenly through backward, the larger
+  ones (late layers) first).  It is synthetic: only its totals are published figures.
+
+    python -m suite.cluster.extrapolate        # prints the Markdown tables
+"""
+from __future__ import annotations
+
+from . import costmodel as cm
+from .simulate import ParamGrad, Profile, Setting, predict_step
+
+__all__ = ["resnet50_like_profile", "extrapolation_markdown", "NODES", "INTER_GBIT"]
+
+NODES = (8, 64, 512)
+GPUS_PER_NODE = 8
+INTER_GBIT = (100, 200, 400)
+NVLINK_BUS_BW = 230e9  # bytes/s
+ALPHA_INTER, ALPHA_INTRA = 10e-6, 5e-6
+
+
+def resnet50_like_profile() -> Profile:
+    n = 161
+    total = 25_557_032 * 4
+    step = 32 / 329
+    opt = 0.003
+    fwd = (step - opt) / 3
+    bwd = step - opt - fwd
+    # sizes fall linearly from first-ready to last-ready tensor (weights 2..0.0..), summing to total
+    weights = [2.0 * (n - i) / n for i in range(n)]
+    scale = total / sum(weights)
+    params = tuple(ParamGrad(f"t{i}", int(w * scale), bwd * (i + 1) / n) for i, w in enumerate(weights))
+    return Profile(fwd, bwd, opt, params, per_rank_batch=32, model="resnet50-like (synthetic)")
+
+
+def _cluster(nodes: int, gbit: float) -> cm.Cluster:
+    return cm.Cluster(nodes, GPUS_PER_NODE, gbit * 1e9 / 8, NVLINK_BUS_BW, ALPHA_INTER, ALPHA_INTRA)
+
+
+SETTINGS = (
+    Setting("fused 32 MiB, no overlap", bucket_mb=32, overlap=False),
+    Setting("fused 32 MiB, overlap, comm_num 2", bucket_mb=32, overlap=True, comm_num=2),
+    Setting("fused 32 MiB, overlap, comm_num 2, hierarchical", bucket_mb=32, overlap=True, comm_num=2,
+            hierarchical=True),
+    Setting("Local SGD k=4", bucket_mb=32, overlap=False, local_sgd_k=4),
+)
+
+
+def extrapolation_markdown() -> str:
+    prof = resnet50_like_profile()
+    n = prof.grad_bytes
+    out = [
+        "**EXTRAPOLATION** (cost model only; inputs are published figures, see `suite/cluster/extrapolate.py`).",
+        "",
+        f"Allreduce of {n / 1e6:.0f} MB (ResNet-50's fp32 gradients) on N nodes x 8 GPUs, NVLink inside a node "
+        f"({NVLINK_BUS_BW / 1e9:.0f} GB/s), one NIC per node; alpha {ALPHA_INTER * 1e6:g} µs inter / "
+        f"{ALPHA_INTRA * 1e6:g} µs intra:",
+        "",
+        "| nodes x GPUs | inter Gbit/s | flat ring ms | hierarchical ms | speedup | bound |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for nodes in NODES:
+        for g in INTER_GBIT:
+            cl = _cluster(nodes, g)
+            f, h = cm.ring_allreduce(n, cl), cm.hierarchical_allreduce(n, cl)["total"]
+            out.append(f"| {nodes} x {GPUS_PER_NODE} | {g} | {f * 1e3:.1f} | {h * 1e3:.1f} | {f / h:.2f} "
+                       f"| {cm.hierarchical_speedup_bound(cl):.2f} |")
+    out += [
+        "",
+        f"Predicted training step of the synthetic ResNet-50-like profile ({prof.compute_s * 1e3:.0f} ms compute, "
+        f"batch 32 per GPU): step ms / scaling efficiency.",
+        "",
+        "| nodes x GPUs | inter Gbit/s | " + " | ".join(s.name for s in SETTINGS) + " |",
+        "|---|---:|" + "---:|" * len(SETTINGS),
+    ]
+    for nodes in NODES:
+        for g in INTER_GBIT:
+            cl = _cluster(nodes, g)
+            cells = []
+            for s in SETTINGS:
+                r = predict_step(prof, cl, s)
+                cells.append(f"{r['step_s'] * 1e3:.0f} / {r['scaling_efficiency']:.0%}")
+            out.append(f"| {nodes} x {GPUS_PER_NODE} | {g} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(extrapolation_markdown())

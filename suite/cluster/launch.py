@@ -1,0 +1,94 @@
+"""Starting ranks inside the nodes of an emulated cluster.
+
+:func:`pool_kwargs` is the hook: the keyword arguments that make a :class:`RankPool` start rank
+r inside its node's network namespace (nodes are consecutive blocks of ranks), with gloo (and
+NCCL) bound to the node's interface, and the rendezvous store listening on node 0's address in
+node 0's namespace.  :func:`cluster_pool` brings a cluster up with such a pool and takes both
+down again, whatever happens.
+
+    with cluster_pool(parse_cluster("2x2:inter=200mbit"), timeout=300) as (cluster, pool):
+        pool.run("suite.cluster.probes:timed_allreduce", {...})
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from .emulate import NODE_IF, EmulatedCluster
+from .spec import ClusterSpec
+
+__all__ = ["pool_kwargs", "cluster_pool", "rank_env", "apply_cluster_args", "start_cluster"]
+
+
+def rank_env(cluster: EmulatedCluster, rank: int) -> dict:
+    node = cluster.node_of_rank(rank)
+    return {
+        "GLOO_SOCKET_IFNAME": NODE_IF,
+        "NCCL_SOCKET_IFNAME": NODE_IF,
+        "FLEETBENCH_CLUSTER": str(cluster.spec),
+        "FLEETBENCH_NODE": str(node.index),
+        "FLEETBENCH_RANKS_PER_NODE": str(cluster.spec.ranks_per_node),
+    }
+
+
+def pool_kwargs(cluster: EmulatedCluster) -> dict:
+    """``RankPool(cluster.spec.world_size, **pool_kwargs(cluster), …)`` places the ranks on the nodes."""
+    world = cluster.spec.world_size
+    return {
+        "rank_netns": [cluster.node_of_rank(r).netns for r in range(world)],
+        "rank_env": [rank_env(cluster, r) for r in range(world)],
+        "store_host": cluster.master_address,
+        "store_netns": cluster.nodes[0].netns,
+    }
+
+
+@contextlib.contextmanager
+def cluster_pool(spec: ClusterSpec, **pool_options) -> Iterator[tuple]:
+    """An emulated cluster and a started rank pool on it; the pool is closed before the cluster goes."""
+    from ..runtime.pool import RankPool
+
+    cluster = EmulatedCluster(spec)
+    pool = None
+    try:
+        cluster.up()
+        pool = RankPool(spec.world_size, **pool_kwargs(cluster), **pool_options)
+        pool.start()
+        yield cluster, pool
+    finally:
+        try:
+            if pool is not None:
+                pool.close()
+        finally:
+            cluster.down()
+
+
+def apply_cluster_args(args, under_torchrun: bool = False) -> ClusterSpec:
+    """For a CLI with ``--cluster``/``--nproc``/``--set``: parse the cluster (errors as ConfigError, before
+    any rank starts), set ``args.nproc`` to its world size and, unless given, the hierarchical split
+    (``hierarchical_allreduce_inter_nranks`` = ranks per node)."""
+    from ..config import ConfigError
+    from .emulate import unavailable_reason
+    from .spec import ClusterSpecError, parse_cluster
+
+    try:
+        spec = parse_cluster(args.cluster)
+    except ClusterSpecError as exc:
+        raise ConfigError(str(exc)) from None
+    if under_torchrun:
+        raise ConfigError(f"--cluster {args.cluster!r}: not under torchrun (the real machines are the cluster)")
+    reason = unavailable_reason()
+    if reason:
+        raise ConfigError(f"--cluster {args.cluster!r}: cannot emulate a cluster here: {reason}")
+    args.nproc = spec.world_size
+    sets = getattr(args, "set", None)
+    if sets is not None and spec.ranks_per_node > 1 and not any(
+            s.split("=", 1)[0].strip() == "hierarchical_allreduce_inter_nranks" for s in sets):
+        sets.append(f"hierarchical_allreduce_inter_nranks={spec.ranks_per_node}")
+    return spec
+
+
+def start_cluster(spec: ClusterSpec) -> tuple:
+    """Bring an emulated cluster up; returns (cluster, RankPool keyword arguments).  The caller
+    closes its pool and then calls ``cluster.down()`` (atexit and SIGTERM also take it down)."""
+    cluster = EmulatedCluster(spec).up()
+    return cluster, pool_kwargs(cluster)

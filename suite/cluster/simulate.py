@@ -1,0 +1,237 @@
+"""Predicting a training step: gradient buckets on communicators over a measured profile.
+
+A profile (measured on one rank, see ``profile.py``) gives forward, backward and optimizer
+times and, for every parameter, its gradient's size and the moment in backward it became
+ready.  A setting says how gradients travel:
+
+- ``bucket_mb``: parameters are packed into buckets in the order they become ready, closed at
+  this many MiB (None: one allreduce per parameter, fleetbench's plain path); a bucket is
+  ready when its last gradient is;
+- ``overlap``: a bucket's allreduce starts when it is ready, during backward (False: all start
+  after backward and each is waited on before the next, Paddle's ``sync_nccl_allreduce``);
+- ``comm_num``: communicators (``nccl_comm_num``); bucket i goes to communicator i mod k; each
+  communicator runs its buckets one after another, different communicators at once;
+- ``hierarchical``: the two-level allreduce instead of the flat ring;
+- ``local_sgd_k``: gradients are not communicated; every k-th step the parameters are
+  averaged after the optimizer step (same buckets and communicators, all ready at once).
+
+Collectives that run at once share the network: each allreduce's cost is split into a
+latency part (its alpha terms; it does not slow down when shared) followed by a bandwidth
+part (its bytes; k active bandwidth parts each progress at 1/k of the full rate, the
+processor-sharing model of a fairly shared link).  Computation is assumed not to slow down
+while communication runs (on GPUs it mostly does not; on this CPU machine gloo's reductions
+compete with compute for the cores, which is one source of prediction error).
+
+    step = buffer broadcasts + forward + max(backward, last allreduce done) + optimizer   (overlap)
+    step = buffer broadcasts + forward + backward + allreduces one by one + optimizer    (no overlap)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from . import costmodel as cm
+
+__all__ = ["Profile", "ParamGrad", "Setting", "Bucket", "make_buckets", "simulate_comm", "predict_step",
+           "predict_table", "DEFAULT_SETTINGS"]
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ParamGrad:
+    name: str
+    nbytes: int
+    ready_s: float  # seconds after backward started
+
+
+@dataclass(frozen=True)
+class Profile:
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    params: tuple  # ParamGrad, in any order
+    per_rank_batch: int = 1
+    model: str = ""
+    buffers: tuple = ()  # bytes of each buffer the engine broadcasts from rank 0 before a forward
+
+    @property
+    def compute_s(self) -> float:
+        return self.forward_s + self.backward_s + self.optimizer_s
+
+    @property
+    def grad_bytes(self) -> int:
+        return sum(p.nbytes for p in self.params)
+
+    def to_dict(self) -> dict:
+        return {"forward_s": self.forward_s, "backward_s": self.backward_s, "optimizer_s": self.optimizer_s,
+                "per_rank_batch": self.per_rank_batch, "model": self.model, "buffers": list(self.buffers),
+                "params": [{"name": p.name, "nbytes": p.nbytes, "ready_s": p.ready_s} for p in self.params]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Profile":
+        for key in ("forward_s", "backward_s", "optimizer_s", "params"):
+            if key not in d:
+                raise ValueError(f"profile: field {key!r} is missing; a profile has forward_s, backward_s, "
+                                 f"optimizer_s and params [{{name, nbytes, ready_s}}]")
+        params = tuple(ParamGrad(str(p["name"]), int(p["nbytes"]), float(p["ready_s"])) for p in d["params"])
+        for p in params:
+            if p.nbytes < 0 or not (0 <= p.ready_s <= d["backward_s"] * 1.5 + 1e-3):
+                raise ValueError(f"profile: parameter {p.name!r} has nbytes={p.nbytes}, ready_s={p.ready_s}; "
+                                 f"expected nbytes >= 0 and 0 <= ready_s <= backward_s ({d['backward_s']})")
+        return cls(float(d["forward_s"]), float(d["backward_s"]), float(d["optimizer_s"]), params,
+                   int(d.get("per_rank_batch", 1)), str(d.get("model", "")),
+                   tuple(int(b) for b in d.get("buffers", ())))
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    bucket_mb: Optional[float] = 32.0
+    overlap: bool = True
+    comm_num: int = 1
+    hierarchical: bool = False
+    local_sgd_k: int = 0  # 0: synchronous data parallel; k >= 1: Local SGD averaging every k steps
+    variant: str = "rs_ag"
+
+
+@dataclass(frozen=True)
+class Bucket:
+    nbytes: int
+    ready_s: float
+    names: tuple = field(default=(), compare=False)
+
+
+DEFAULT_SETTINGS = (
+    Setting("plain (per-parameter, after backward)", bucket_mb=None, overlap=False),
+    Setting("fused 32 MiB, no overlap", bucket_mb=32, overlap=False),
+    Setting("fused 16 MiB, overlap, comm_num 1", bucket_mb=16, overlap=True, comm_num=1),
+    Setting("fused 16 MiB, overlap, comm_num 2", bucket_mb=16, overlap=True, comm_num=2),
+    Setting("… + hierarchical", bucket_mb=16, overlap=True, comm_num=2, hierarchical=True),
+    Setting("Local SGD k=4 (fused 16 MiB)", bucket_mb=16, overlap=False, local_sgd_k=4),
+)
+
+
+def make_buckets(params: Sequence[ParamGrad], bucket_mb: Optional[float]) -> list[Bucket]:
+    """Buckets in ready order; a bucket closes when adding the next gradient would pass the cap
+    (a gradient larger than the cap gets a bucket of its own).  None: one bucket per parameter."""
+    order = sorted(params, key=lambda p: p.ready_s)
+    if bucket_mb is None:
+        return [Bucket(p.nbytes, p.ready_s, (p.name,)) for p in order]
+    cap = bucket_mb * MiB
+    out: list[Bucket] = []
+    cur: list[ParamGrad] = []
+    size = 0
+    for p in order:
+        if cur and size + p.nbytes > cap:
+            out.append(Bucket(size, cur[-1].ready_s, tuple(q.name for q in cur)))
+            cur, size = [], 0
+        cur.append(p)
+        size += p.nbytes
+    if cur:
+        out.append(Bucket(size, cur[-1].ready_s, tuple(q.name for q in cur)))
+    return out
+
+
+def simulate_comm(buckets: Sequence[Bucket], cluster: cm.Cluster, *, comm_num: int = 1, hierarchical: bool = False,
+                  serial: bool = False, variant: str = "rs_ag", start_s: float = 0.0) -> float:
+    """When the last bucket's allreduce finishes (seconds, same clock as the ready times).
+
+    ``serial``: the buckets run one after another from ``start_s`` in ready order (no overlap);
+    otherwise bucket i joins communicator i mod comm_num's queue at max(ready, start_s), and
+    communicators share the link (processor sharing of the bandwidth parts).
+    """
+    if not buckets:
+        return start_s
+    costs = [cm.latency_bandwidth_split(b.nbytes, cluster, hierarchical, variant) for b in buckets]
+    if serial:
+        return start_s + sum(lat + bw for lat, bw in costs)
+    k = max(1, int(comm_num))
+    queues: list[list] = [[] for _ in range(k)]
+    for i, (b, (lat, bw)) in enumerate(zip(buckets, costs)):
+        queues[i % k].append([max(b.ready_s, start_s), lat, bw])
+    # per communicator: the job in progress [ready, latency left, bandwidth work left] or None
+    active: list = [None] * k
+    t = min(q[0][0] for q in queues if q)
+    finish = t
+    eps = 1e-15
+    for _ in range(100_000):
+        for c in range(k):  # start the next job on an idle communicator if it is ready
+            if active[c] is None and queues[c] and queues[c][0][0] <= t + eps:
+                active[c] = queues[c].pop(0)
+        if all(a is None for a in active) and not any(queues):
+            return finish
+        sharing = sum(1 for a in active if a is not None and a[1] <= eps and a[2] > eps)
+        # next event: a latency part ends, a bandwidth part ends, or a job becomes ready
+        candidates = []
+        for c in range(k):
+            a = active[c]
+            if a is not None:
+                if a[1] > eps:
+                    candidates.append(a[1])
+                else:
+                    candidates.append(a[2] * max(1, sharing))
+            elif queues[c]:
+                candidates.append(max(0.0, queues[c][0][0] - t))
+        dt = max(0.0, min(candidates))
+        for c in range(k):
+            a = active[c]
+            if a is None:
+                continue
+            if a[1] > eps:
+                a[1] -= dt
+            else:
+                a[2] -= dt / max(1, sharing)
+            if a[1] <= eps and a[2] <= eps:
+                active[c] = None
+                finish = t + dt
+        t += dt
+    raise RuntimeError("bucket simulation did not converge")  # pragma: no cover
+
+
+def predict_step(profile: Profile, cluster: cm.Cluster, setting: Setting) -> dict:
+    """Predicted step time (seconds, averaged over a Local SGD period), throughput, efficiency."""
+    buckets = make_buckets(profile.params, setting.bucket_mb)
+    comm_alone = sum(cm.allreduce(b.nbytes, cluster, setting.hierarchical, setting.variant) for b in buckets)
+    f, b, o = profile.forward_s, profile.backward_s, profile.optimizer_s
+    # buffers (BatchNorm statistics) are broadcast one by one before each communicating step
+    bufs = sum(cm.broadcast(n, cluster) for n in profile.buffers)
+    if setting.local_sgd_k:
+        # parameters (same bytes as the gradients) averaged every k-th step, all ready at once
+        avg = simulate_comm([Bucket(x.nbytes, 0.0) for x in buckets], cluster, comm_num=setting.comm_num,
+                            hierarchical=setting.hierarchical, serial=not setting.overlap,
+                            variant=setting.variant)
+        step = f + b + o + (avg + bufs) / setting.local_sgd_k
+    elif setting.overlap:
+        done = simulate_comm(buckets, cluster, comm_num=setting.comm_num, hierarchical=setting.hierarchical,
+                             variant=setting.variant)
+        step = bufs + f + max(b, done) + o
+    else:
+        done = simulate_comm(buckets, cluster, hierarchical=setting.hierarchical, serial=True,
+                             variant=setting.variant, start_s=b)
+        step = bufs + f + done + o
+    world = cluster.world
+    return {
+        "setting": setting.name,
+        "buckets": len(buckets),
+        "step_s": step,
+        "exposed_comm_s": step - profile.compute_s,
+        "comm_alone_s": comm_alone,
+        "throughput": world * profile.per_rank_batch / step if step > 0 else math.inf,
+        "scaling_efficiency": profile.compute_s / step if step > 0 else math.nan,
+    }
+
+
+def predict_table(profile: Profile, cluster: cm.Cluster, settings: Sequence[Setting] = DEFAULT_SETTINGS) -> str:
+    """Markdown table of :func:`predict_step` for each setting."""
+    rows = [predict_step(profile, cluster, s) for s in settings]
+    lines = [
+        "| setting | buckets | step (ms) | exposed comm (ms) | comm alone (ms) | throughput (samples/s) "
+        "| scaling efficiency |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['setting']} | {r['buckets']} | {r['step_s'] * 1e3:.1f} | {r['exposed_comm_s'] * 1e3:.1f} "
+                     f"| {r['comm_alone_s'] * 1e3:.1f} | {r['throughput']:.1f} | {r['scaling_efficiency']:.0%} |")
+    return "\n".join(lines)

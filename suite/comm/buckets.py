@@ -1,0 +1,150 @@
+"""Gradient buckets: which parameters share one fused allreduce, and the flat buffer they live in.
+
+Assignment (:func:`plan_buckets`) walks the trainable parameters in *reverse registration
+order* (roughly the order backward produces their gradients) and closes a bucket when
+
+- its bytes reach ``fuse_grad_size_in_MB`` MiB (the parameter that crosses the cap stays in,
+  as in DDP; ``inf`` = no byte cap), or
+- the next parameter belongs to a new layer and the bucket already holds
+  ``fuse_grad_size_in_layers`` layers (a *layer* is the module that owns the parameter, so
+  an fc's weight and bias always share a bucket under the layer cap, as in Paddle's docs), or
+- the next parameter has another dtype or device (one flat buffer has one of each).
+
+Fusion off (``fuse_all_reduce_ops=False``): one parameter per bucket, the same machinery.
+
+Storage (:class:`Bucket`): one flat buffer per bucket, and every parameter's ``p.grad`` is
+a view into it (DDP's ``gradient_as_bucket_view``): autograd accumulates straight into the
+buffer and the allreduce runs on it, no copies on the hot path.  The buffer may be padded
+(zeros nobody views) to a multiple of the intra-node group size for the reduce-scatter of
+the hierarchical allreduce.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+__all__ = ["BucketPlan", "Bucket", "plan_buckets", "param_owners", "fusion_log_line"]
+
+log = logging.getLogger("suite.comm.buckets")
+
+MiB = 2**20
+
+
+def param_owners(model: torch.nn.Module) -> dict[int, str]:
+    """id(parameter) -> name of the module that registers it directly (its *layer*)."""
+    owners: dict[int, str] = {}
+    for mod_name, mod in model.named_modules():
+        for p in mod._parameters.values():
+            if p is not None and id(p) not in owners:
+                owners[id(p)] = mod_name
+    return owners
+
+
+@dataclass
+class BucketPlan:
+    """One bucket's parameters (indices into the trainable list, in bucket order) and layers."""
+
+    index: int
+    members: list[int]
+    layers: list[str]
+    nbytes: int
+    numel: int
+
+
+def plan_buckets(named_params: list[tuple[str, torch.nn.Parameter]], owners: dict[int, str], fuse: bool,
+                 cap_mb: float = math.inf, cap_layers: int = 50) -> list[BucketPlan]:
+    """Group parameters into buckets (see the module docstring).  Pure: no tensors allocated."""
+    cap_bytes = cap_mb * MiB
+    plans: list[BucketPlan] = []
+    cur: Optional[BucketPlan] = None
+    cur_kind = None
+    for i in reversed(range(len(named_params))):
+        name, p = named_params[i]
+        kind = (p.dtype, p.device)
+        layer = owners.get(id(p), name)
+        nbytes = p.numel() * p.element_size()
+        new_layer = cur is not None and layer not in cur.layers
+        if cur is None or not fuse or kind != cur_kind or (new_layer and len(cur.layers) >= cap_layers):
+            cur = BucketPlan(len(plans), [], [], 0, 0)
+            cur_kind = kind
+            plans.append(cur)
+        cur.members.append(i)
+        if layer not in cur.layers:
+            cur.layers.append(layer)
+        cur.nbytes += nbytes
+        cur.numel += p.numel()
+        if cur.nbytes >= cap_bytes:
+            cur = None  # closed: the byte cap is reached
+    return plans
+
+
+def fusion_log_line(before: int, after: int) -> str:
+    """Paddle's fuse_all_reduce_op_pass message, with our numbers."""
+    return (f"Find all_reduce operators: {before}. To make the speed faster, some all_reduce ops are fused "
+            f"during training, after fusion, the number of all_reduce ops is {after}.")
+
+
+@dataclass
+class Bucket:
+    """A flat gradient buffer and the parameters whose ``.grad`` are views into it."""
+
+    index: int
+    names: list[str]
+    params: list[torch.nn.Parameter]
+    layers: list[str]
+    comm_index: int  # which communicator (round-robin over nccl_comm_num)
+    flat: torch.Tensor = field(repr=False, default=None)
+    views: list[torch.Tensor] = field(repr=False, default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    numel: int = 0  # elements the parameters use (the buffer may be longer: padding)
+    # per-step state
+    pending: int = 0
+    ready: list[bool] = field(default_factory=list)
+
+    @classmethod
+    def allocate(cls, index: int, named: list[tuple[str, torch.nn.Parameter]], layers: list[str], comm_index: int,
+                 pad_to: int = 1) -> "Bucket":
+        params = [p for _, p in named]
+        numel = sum(p.numel() for p in params)
+        padded = -(-numel // pad_to) * pad_to if pad_to > 1 else numel
+        flat = torch.zeros(max(padded, 1), dtype=params[0].dtype, device=params[0].device)
+        b = cls(index, [n for n, _ in named], params, layers, comm_index, flat=flat, numel=numel)
+        off = 0
+        with torch.no_grad():
+            for p in params:
+                b.offsets.append(off)
+                view = flat[off:off + p.numel()].view_as(p)
+                if p.grad is not None:
+                    view.copy_(p.grad)
+                b.views.append(view)
+                off += p.numel()
+        b.bind_all()
+        return b
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.flat.element_size()
+
+    def bind_all(self) -> None:
+        """Make every ``p.grad`` its view again (after ``zero_grad(set_to_none=True)`` or a replacement)."""
+        for k in range(len(self.params)):
+            self.bind(k)
+
+    def bind(self, k: int) -> None:
+        p, view = self.params[k], self.views[k]
+        g = p.grad
+        if g is not None and g.data_ptr() == view.data_ptr() and g.shape == view.shape:
+            return
+        with torch.no_grad():
+            if g is None:
+                view.zero_()  # None means zero
+            else:
+                view.copy_(g)  # autograd or someone else replaced the view: keep the value, restore the view
+        p.grad = view
+
+    def is_bound(self) -> bool:
+        return all(p.grad is not None and p.grad.data_ptr() == v.data_ptr() for p, v in zip(self.params, self.views))

@@ -1,0 +1,144 @@
+"""Collective micro-benchmarks in the manner of nccl-tests (``fleetbench comm``).
+
+For each message size and each variant, every rank times ``iters`` back-to-back allreduces
+(after ``warmup`` untimed ones, a barrier at each end of the timed loop) and reports the
+time per operation; the table takes the slowest rank.  Bandwidths use nccl-tests'
+formulas (``doc/PERFORMANCE.md``): algbw = bytes / time; allreduce busbw = algbw · 2(n−1)/n
+(every variant below computes an allreduce, so all use the allreduce factor).
+
+Verification is exact, as in nccl-tests: a separate run of each variant on inputs whose sums
+are exact in floating point (rank r holds (r+1)·((i mod 7)+1), small integers), compared
+element by element with the known sum; the ``#wrong`` column counts mismatches (must be 0).
+The timed loop runs on zeros so repeated in-place sums cannot overflow.
+
+Variants:
+- ``flat``: one allreduce on one communicator (``comm0``);
+- ``hier``: ``suite.comm.hierarchical`` (intra reduce-scatter, inter allreduce, intra allgather);
+- ``hier_reduce``: the same with Paddle's schedule (intra reduce, inter allreduce, intra broadcast);
+- ``commN``: the message cut into N equal pieces, each allreduced asynchronously on its own
+  communicator, then all waited on (what ``nccl_comm_num=N`` does with N buckets in flight).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from ..runtime.groups import comm_groups, node_groups
+from . import collectives as C
+from .hierarchical import hierarchical_all_reduce
+
+__all__ = ["allreduce_sweep_on_rank", "busbw_factor", "format_table", "merge", "parse_variant", "sizes_between"]
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def busbw_factor(world: int) -> float:
+    return 2.0 * (world - 1) / world if world > 1 else 0.0
+
+
+def sizes_between(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
+    out, s = [], min_bytes
+    while s <= max_bytes:
+        out.append(s)
+        s *= factor
+    return out
+
+
+def parse_variant(name: str, world: int, inter_nranks: int) -> tuple[str, int]:
+    """(kind, parameter) of a variant name; raises ValueError naming what is allowed."""
+    if name == "flat":
+        return "flat", 1
+    if name in ("hier", "hier_reduce"):
+        if inter_nranks < 2 or world % inter_nranks:
+            raise ValueError(f"variant {name!r} needs --inter-nranks >= 2 dividing the world size {world}, "
+                             f"got {inter_nranks}")
+        return name, inter_nranks
+    if name.startswith("comm") and name[4:].isdigit() and 1 <= int(name[4:]) <= 16:
+        return "comm", int(name[4:])
+    raise ValueError(f"variant {name!r} is unknown; allowed: flat, hier, hier_reduce, comm1..comm16")
+
+
+def _runner(kind: str, param: int):
+    if kind == "flat":
+        g = comm_groups(1)[0]
+        return lambda t: C.all_reduce(t, group=g)
+    if kind in ("hier", "hier_reduce"):
+        ng = node_groups(param, 0)
+        mode = "scatter" if kind == "hier" else "reduce"
+        return lambda t: hierarchical_all_reduce(t, ng, mode)
+    groups = comm_groups(param)
+
+    def run(t: torch.Tensor) -> None:
+        pieces = t.tensor_split(len(groups))
+        works = [C.all_reduce(p, group=g, async_op=True) for p, g in zip(pieces, groups)]
+        for w in works:
+            w.wait()
+
+    return run
+
+
+def _exact_inputs(count: int, rank: int, dtype) -> torch.Tensor:
+    return ((torch.arange(count) % 7 + 1) * (rank + 1)).to(dtype)
+
+
+def allreduce_sweep_on_rank(sizes: list[int], variants: list[str], inter_nranks: int = 2, iters: int = 20,
+                            warmup: int = 5, dtype: str = "float32") -> dict:
+    """Time and verify every (size, variant) on this rank; returns per-row seconds per op and #wrong."""
+    from ..runtime.context import current
+
+    ctx = current()
+    world, rank = ctx.world_size, ctx.rank
+    dt = DTYPES[dtype]
+    esize = torch.empty((), dtype=dt).element_size()
+    pad = inter_nranks if any(v.startswith("hier") for v in variants) else 1  # the reduce-scatter needs it
+    runners = {v: _runner(*parse_variant(v, world, inter_nranks)) for v in variants}
+    expected_scale = world * (world + 1) // 2
+    rows = []
+    for size in sizes:
+        count = max(pad, (size // esize) // pad * pad)  # whole elements, divisible by the node / piece counts
+        for v in variants:
+            run = runners[v]
+            # exact verification on its own run
+            x = _exact_inputs(count, rank, dt)
+            run(x)
+            want = (torch.arange(count) % 7 + 1).to(dt) * expected_scale
+            wrong = int((x != want).sum().item())
+            # timing on zeros
+            buf = torch.zeros(count, dtype=dt)
+            for _ in range(warmup):
+                run(buf)
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                run(buf)
+            dist.barrier()
+            rows.append({"bytes": count * esize, "count": count, "variant": v, "seconds": (time.perf_counter() - t0) / iters,
+                         "wrong": wrong})
+    return {"rank": rank, "world": world, "rows": rows, "dtype": dtype}
+
+
+def merge(answers: list[dict]) -> list[dict]:
+    """One row per (size, variant): the slowest rank's time, bandwidths, the sum of wrong elements."""
+    world = answers[0]["world"]
+    out = []
+    for i, row in enumerate(answers[0]["rows"]):
+        t = max(a["rows"][i]["seconds"] for a in answers)
+        algbw = row["bytes"] / t / 1e9 if t > 0 else float("nan")
+        out.append({**row, "seconds": t, "algbw": algbw, "busbw": algbw * busbw_factor(world),
+                    "wrong": sum(a["rows"][i]["wrong"] for a in answers), "dtype": answers[0]["dtype"]})
+    return out
+
+
+def format_table(rows: list[dict], world: int) -> str:
+    head = ("| size (B) | count (elements) | type | variant | time (us) | algbw (GB/s) | busbw (GB/s) | #wrong |\n"
+            "|---:|---:|---|---|---:|---:|---:|---:|")
+    lines = [head]
+    for r in rows:
+        lines.append(f"| {r['bytes']} | {r['count']} | {r['dtype']} | {r['variant']} | {r['seconds'] * 1e6:.1f} | "
+                     f"{r['algbw']:.3f} | {r['busbw']:.3f} | {r['wrong']} |")
+    lines.append("")
+    lines.append(f"busbw = algbw x 2(n-1)/n with n = {world} (nccl-tests' allreduce factor); time = slowest rank's "
+                 "mean over the timed iterations; #wrong = elements differing from the exact sum (must be 0).")
+    return "\n".join(lines)

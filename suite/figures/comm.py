@@ -1,0 +1,217 @@
+"""Figures of the communication strategies (``fleetbench figures comm``).
+
+1. Speedup over torch DDP, and exposed communication / overlap efficiency, per strategy
+   (plain, fused sync, overlap on 1/2/3 communicators, hierarchical at 4 ranks), on the MLP
+   and the ResNet.  Definitions (strategies.md): exposed = step time − step time of the same
+   case with gradient communication off (``data_parallel='none'``); overlap efficiency =
+   1 − exposed / (time of the same collectives run alone).
+2. Fused allreduce of all gradients vs one allreduce of the same total bytes: busbw ratio.
+3. Paddle's rules of thumb: bucket ≈ 1/10 of the gradient bytes (a sweep of bucket sizes),
+   and 1 vs 2 communicators (rows of table 1).
+
+Step times come from ``suite.measure.timing.measure_on_rank`` (variants interleaved in one
+process group, rotated order, medians with bootstrap intervals, paired speedups).  The
+collectives-alone times come from :func:`comm_alone_on_rank`, which follows the same
+discipline (all variants in every round, rotated order, barriers only at window ends).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from ..config import StrategyConfig
+from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
+
+DESCRIPTION = ("communication: speedup over DDP, exposed comm and overlap efficiency (nccl_comm_num 1/2/3), "
+               "fused vs single allreduce busbw, bucket-size and communicator rules of thumb")
+
+MiB = 2**20
+
+
+def _grad_mb(model: str) -> float:
+    from ..models import get_model
+
+    net = get_model(model).make(0)
+    return sum(p.numel() * p.element_size() for p in net.parameters() if p.requires_grad) / MiB
+
+
+def strategy_variants(model: str, nproc: int) -> list[dict]:
+    tenth = _grad_mb(model) / 10
+    over = dict(fuse_all_reduce_ops=True, fuse_grad_size_in_MB=tenth, sync_nccl_allreduce=False)
+    out = [
+        {"name": "ddp", "config": {"data_parallel": "ddp"}},
+        {"name": "no comm", "config": {"data_parallel": "none"}},
+        {"name": "plain", "config": {}},
+        {"name": "fused sync (32 MB)", "config": {"fuse_all_reduce_ops": True}},
+        {"name": "overlap 1/10, 1 comm", "config": over},
+        {"name": "overlap 1/10, 2 comms", "config": dict(over, nccl_comm_num=2)},
+        {"name": "overlap 1/10, 3 comms", "config": dict(over, nccl_comm_num=3)},
+    ]
+    if nproc >= 4 and nproc % 2 == 0:
+        out.append({"name": "hierarchical, overlap 1/10, 2 comms",
+                    "config": dict(over, nccl_comm_num=2, use_hierarchical_allreduce=True,
+                                   hierarchical_allreduce_inter_nranks=2)})
+    return out
+
+
+def comm_alone_on_rank(model: str, variants: list[dict], rounds: int = 5, reps: int = 5) -> dict:
+    """Seconds per step of each variant's gradient collectives with no compute around them.
+
+    ``{"name": "single"}`` is one allreduce of the total gradient bytes on one communicator.
+    """
+    from ..comm import collectives as C
+    from ..comm.bucketed import BucketedGradSync
+    from ..comm.grad_sync import build_grad_sync
+    from ..models import get_model
+    from ..runtime.groups import comm_groups
+
+    spec = get_model(model)
+    runners = []
+    for v in variants:
+        if v["name"] == "single":
+            net = spec.make(0)
+            flat = torch.zeros(sum(p.numel() for p in net.parameters() if p.requires_grad))
+            g = comm_groups(1)[0]
+            runners.append((v["name"], lambda flat=flat, g=g: C.all_reduce(flat.div_(1.0), group=g)))
+            continue
+        cfg = StrategyConfig.from_dict(v["config"])
+        net = spec.make(0)
+        sync = build_grad_sync(net, cfg)
+        if isinstance(sync, BucketedGradSync):
+            def run(sync=sync) -> None:
+                pending = [sync._start(b.flat, b.comm_index, asynchronous=sync.overlap) for b in sync.buckets]
+                for complete in pending:
+                    complete()
+        else:
+            def run(sync=sync) -> None:
+                for p in sync.params:
+                    sync._allreduce_average(p.detach(), sync.group)
+        runners.append((v["name"], run))
+    times: dict[str, list[float]] = {n: [] for n, _ in runners}
+    for name, run in runners:  # warm-up
+        run()
+    for r in range(rounds):
+        order = runners[r % len(runners):] + runners[:r % len(runners)]
+        for name, run in order:
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                run()
+            dist.barrier()
+            times[name].append((time.perf_counter() - t0) / reps)
+    return {"times": times}
+
+
+def _median_ci(xs):
+    lo, hi = bootstrap_median_ci(xs)
+    return statistics.median(xs), lo, hi
+
+
+def _size(mb: float) -> str:
+    return f"{mb:.2f} MiB" if mb >= 1 else f"{mb * 1024:.1f} KiB"
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.1f}" if math.isfinite(x) else "n/a"
+
+
+def _alone(pool, model, variants, rounds) -> dict[str, list[float]]:
+    answers = pool.run("suite.figures.comm:comm_alone_on_rank", dict(model=model, variants=variants, rounds=rounds))
+    names = list(answers[0]["times"])
+    return {n: [max(ts) for ts in zip(*(a["times"][n] for a in answers))] for n in names}
+
+
+def _measure(pool, model, variants, args, per_rank_batch=16):
+    answers = pool.run("suite.measure.timing:measure_on_rank",
+                       dict(model=model, variants=variants, steps=args.steps, rounds=args.rounds,
+                            per_rank_batch=per_rank_batch))
+    return {v["name"]: window_seconds(answers, v["name"]) for v in variants}
+
+
+def strategy_table(pool, model: str, args) -> str:
+    variants = strategy_variants(model, args.nproc)
+    windows = _measure(pool, model, variants, args)
+    comm_vars = [v for v in variants if v["name"] not in ("ddp", "no comm")]
+    alone = _alone(pool, model, comm_vars, args.rounds)
+    none_w = windows["no comm"]
+    lines = [f"**{model}**, {args.nproc} ranks, gradients {_size(_grad_mb(model))} "
+             f"(bucket 1/10 = {_size(_grad_mb(model) / 10)}); {args.rounds} rounds x {args.steps} steps",
+             "",
+             "| strategy | step (ms) | speedup over DDP [95% CI] | exposed comm (ms) | comm alone (ms) | overlap eff. |",
+             "|---|---:|---|---:|---:|---:|"]
+    for v in variants:
+        name = v["name"]
+        w = windows[name]
+        step, _, _ = _median_ci([x / args.steps for x in w])
+        sp = paired_speedup(windows["ddp"], w)
+        exposed = statistics.median([(a - b) / args.steps for a, b in zip(w, none_w)])
+        if name in alone:
+            al = statistics.median(alone[name])
+            eff = 1 - exposed / al if al > 0 else math.nan
+            al_s, eff_s = _ms(al), f"{eff:.2f}"
+        else:
+            al_s = eff_s = "n/a"
+        exp_s = "0 (baseline)" if name == "no comm" else _ms(exposed)
+        lines.append(f"| {name} | {_ms(step)} | {sp['speedup']:.3f} [{sp['ci'][0]:.3f}, {sp['ci'][1]:.3f}] | "
+                     f"{exp_s} | {al_s} | {eff_s} |")
+    return "\n".join(lines)
+
+
+def fused_vs_single(pool, model: str, args) -> str:
+    variants = [{"name": "single"},
+                {"name": "fused 1/10 (overlap, 1 comm)", "config": dict(fuse_all_reduce_ops=True,
+                                                                         fuse_grad_size_in_MB=_grad_mb(model) / 10,
+                                                                         sync_nccl_allreduce=False)},
+                {"name": "fused 32 MB (sync)", "config": dict(fuse_all_reduce_ops=True)},
+                {"name": "unfused (per parameter)", "config": {}}]
+    alone = _alone(pool, model, variants, args.rounds)
+    nbytes = _grad_mb(model) * MiB
+    factor = 2 * (args.nproc - 1) / args.nproc
+    lines = [f"**{model}**: all gradients ({nbytes / MiB:.1f} MiB) reduced as buckets vs as one allreduce of the "
+             "same bytes (collectives alone, no compute)", "",
+             "| path | time (ms) | busbw (GB/s) | busbw ratio to one allreduce [95% CI] |", "|---|---:|---:|---|"]
+    for v in variants:
+        t = statistics.median(alone[v["name"]])
+        ratios = [s / x for s, x in zip(alone["single"], alone[v["name"]])]
+        r, lo, hi = _median_ci(ratios)
+        lines.append(f"| {v['name']} | {_ms(t)} | {nbytes / t / 1e9 * factor:.3f} | {r:.3f} [{lo:.3f}, {hi:.3f}] |")
+    return "\n".join(lines)
+
+
+def bucket_sweep(pool, model: str, args) -> str:
+    total = _grad_mb(model)
+    fracs = [("1/50", 1 / 50), ("1/10", 1 / 10), ("1/3", 1 / 3), ("all (1 bucket)", math.inf)]
+    variants = [{"name": "ddp", "config": {"data_parallel": "ddp"}}]
+    for label, f in fracs:
+        mb = math.inf if f == math.inf else total * f
+        variants.append({"name": f"bucket {label}", "config": dict(fuse_all_reduce_ops=True, fuse_grad_size_in_MB=mb,
+                                                                   sync_nccl_allreduce=False)})
+    windows = _measure(pool, model, variants, args)
+    base = windows["bucket all (1 bucket)"]
+    lines = [f"**{model}**: bucket size as a fraction of the {total:.1f} MiB of gradients (overlap on, 1 comm)", "",
+             "| bucket | step (ms) | speedup over one bucket [95% CI] | speedup over DDP [95% CI] |",
+             "|---|---:|---|---|"]
+    for v in variants[1:]:
+        w = windows[v["name"]]
+        a, b = paired_speedup(base, w), paired_speedup(windows["ddp"], w)
+        lines.append(f"| {v['name'][7:]} | {_ms(statistics.median(w) / args.steps)} | "
+                     f"{a['speedup']:.3f} [{a['ci'][0]:.3f}, {a['ci'][1]:.3f}] | "
+                     f"{b['speedup']:.3f} [{b['ci'][0]:.3f}, {b['ci'][1]:.3f}] |")
+    return "\n".join(lines)
+
+
+def run(pool, args) -> str:
+    parts = ["## Communication strategies", "",
+             "### Speedup over torch DDP, exposed communication, overlap efficiency (incl. nccl_comm_num 1/2/3)", ""]
+    for model in ("mlp", "resnet"):
+        parts += [strategy_table(pool, model, args), ""]
+    parts += ["### Fused allreduce vs one allreduce of the same bytes", "", fused_vs_single(pool, "mlp", args), "",
+              "### Rule of thumb: bucket = 1/10 of the gradient bytes", "", bucket_sweep(pool, "mlp", args), "",
+              "Rule of thumb 1 vs 2 communicators: compare the rows 'overlap 1/10, 1 comm' and '2 comms' above.",
+              "Speedup > 1 is faster; intervals are bootstrap 95% intervals of the paired per-round ratio; "
+              "exposed communication and overlap efficiency are medians over rounds (the slowest rank per window)."]
+    return "\n".join(parts)

@@ -1,0 +1,51 @@
+"""`fleetbench comm`'s micro-benchmark: exact verification of every allreduce path, nccl-tests' formulas."""
+from __future__ import annotations
+
+import pytest
+
+from suite.cli.comm import parse_size
+from suite.comm.microbench import busbw_factor, format_table, merge, parse_variant
+
+VARIANTS = ["flat", "hier", "hier_reduce", "comm3"]
+
+
+def test_nccl_tests_formulas_and_parsing():
+    assert busbw_factor(2) == 1.0 and busbw_factor(4) == 1.5 and busbw_factor(8) == 1.75
+    answers = [{"world": 4, "dtype": "float32", "rows": [{"bytes": 4_000_000, "count": 1_000_000, "variant": "flat",
+                                                          "seconds": s, "wrong": w}]} for s, w in [(0.002, 0), (0.004, 1)]]
+    (row,) = merge(answers)
+    assert row["seconds"] == 0.004 and row["algbw"] == pytest.approx(1.0) and row["busbw"] == pytest.approx(1.5)
+    assert row["wrong"] == 1 and "| 4000000 | 1000000 | float32 | flat |" in format_table([row], 4)
+    assert parse_size("1K") == 1024 and parse_size("16M") == 16 * 2**20 and parse_size("8") == 8
+    with pytest.raises(ValueError, match="size 'abc'"):
+        parse_size("abc")
+    with pytest.raises(ValueError, match="variant 'hier' needs --inter-nranks"):
+        parse_variant("hier", 4, 3)
+    with pytest.raises(ValueError, match="allowed: flat, hier, hier_reduce"):
+        parse_variant("ring", 4, 2)
+
+
+def broken_sweep_on_rank(**kwargs):
+    """The sweep with the hierarchical path's inter-node step pointed at the intra-node group."""
+    import dataclasses
+
+    from suite.comm import hierarchical, microbench
+
+    saved = microbench.hierarchical_all_reduce
+    microbench.hierarchical_all_reduce = lambda t, ng, mode: hierarchical.hierarchical_all_reduce(
+        t, dataclasses.replace(ng, inter=ng.intra), mode)
+    try:
+        return microbench.allreduce_sweep_on_rank(**kwargs)
+    finally:
+        microbench.hierarchical_all_reduce = saved
+
+
+def test_every_path_is_exact_and_breakage_is_counted(pool4):
+    kw = dict(sizes=[64, 4096], variants=VARIANTS, inter_nranks=2, iters=1, warmup=0)
+    rows = merge(pool4.run("suite.comm.microbench:allreduce_sweep_on_rank", kw))
+    assert [(r["bytes"], r["variant"]) for r in rows] == [(s, v) for s in (64, 4096) for v in VARIANTS]
+    assert all(r["wrong"] == 0 for r in rows), rows
+    # (only the scatter schedule: in the reduce schedule the wrong group would pair mismatched collectives)
+    broken = merge(pool4.run("tests.test_comm_microbench:broken_sweep_on_rank", dict(kw, variants=["flat", "hier"])))
+    assert all(r["wrong"] > 0 for r in broken if r["variant"] == "hier"), broken
+    assert all(r["wrong"] == 0 for r in broken if r["variant"] == "flat")

@@ -1,0 +1,196 @@
+"""Structure of the bucketed path, since parameters alone cannot tell implementations apart.
+
+The MLP has 5 Linear layers (10 parameters: 768x1024, 3 x 1024x1024, 1024x10, each with a
+bias), so the expected bucket counts below are known by hand, not computed by the code
+under test: layer cap 1 -> 5 buckets; fusion off -> 10; 1 MiB cap -> 4 (the last two layers
+plus the 4 MiB weight that crosses the cap, then one layer each).
+"""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from suite.config import StrategyConfig
+
+MLP_PARAMS = 10
+MLP_GRAD_BYTES = 4 * (768 * 1024 + 1024 + 3 * (1024 * 1024 + 1024) + 1024 * 10 + 10)
+
+
+def structure_on_rank(model: str, config: dict, steps: int = 2, record: bool = True,
+                      drop_grads_after_begin: bool = False, set_to_none_between: bool = False) -> dict:
+    """Train ``steps`` steps; return per-step collective counts, hook/launch/wait order, storage facts."""
+    from suite.check.harness import _digest
+    from suite.comm import collectives as C
+    from suite.data.synthetic import make_dataset, prepare, shard, step_indices
+    from suite.engine import build_engine
+    from suite.models import get_model
+    from suite.runtime.context import current
+
+    ctx = current()
+    rank, world = ctx.rank, ctx.world_size
+    records: list[str] = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    logger = logging.getLogger("suite.comm.buckets")
+    handler, old_level = _Keep(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        spec = get_model(model)
+        engine = build_engine(spec.make(rank), spec.loss_fn, StrategyConfig.from_dict(config))
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    sync = engine.grad_sync
+    if drop_grads_after_begin:  # autograd then creates fresh .grad tensors; the hooks must restore the views
+        original = sync.begin_step
+
+        def begin(communicate=True):
+            original(communicate)
+            for p in sync.params:
+                p.grad = None
+
+        sync.begin_step = begin
+    data = make_dataset(spec, 256, 0)
+    per_step, events = [], []
+    for step in range(steps):
+        x, y = data.get(shard(step_indices(len(data), step, 8 * world, 0), rank, world))
+        C.STATS.reset()
+        sync.events = [] if record else None
+        engine.train_step(prepare(data, x, ctx.platform.device), y)
+        per_step.append({"calls": C.STATS.snapshot()["calls"], "bytes": C.STATS.snapshot()["bytes"]})
+        events.append([(k, b) for k, b, _ in (sync.events or [])])
+        if set_to_none_between and step < steps - 1:
+            engine.optimizer.zero_grad(set_to_none=True)
+    shared = []
+    for b in sync.buckets:
+        lo, hi = b.flat.data_ptr(), b.flat.data_ptr() + b.flat.numel() * b.flat.element_size()
+        for p in b.params:
+            g = p.grad
+            shared.append(g is not None and g.untyped_storage().data_ptr() == b.flat.untyped_storage().data_ptr()
+                          and lo <= g.data_ptr() < hi)
+    return {"rank": rank, "per_step": per_step, "events": events, "shared": shared, "describe": engine.describe(),
+            "log": records, "digest": _digest(engine.module), "nparams": len(sync.params)}
+
+
+def _run(pool, steps=2, **config):
+    return pool.run("tests.test_comm_structure:structure_on_rank",
+                    dict(model="mlp", config=StrategyConfig(**config).to_dict(), steps=steps))
+
+
+def _allreduces(step: dict) -> dict:
+    return {k: n for k, n in step["calls"].items() if k.endswith("/all_reduce")}
+
+
+def test_buckets_spread_over_communicators_with_overlap(pool2):
+    answers = _run(pool2, fuse_all_reduce_ops=True, fuse_grad_size_in_layers=1, nccl_comm_num=3,
+                   sync_nccl_allreduce=False)
+    for a in answers:
+        assert a["nparams"] == MLP_PARAMS
+        for step in a["per_step"]:
+            # 5 buckets, one allreduce each per step, round-robin over 3 communicators
+            assert _allreduces(step) == {"comm0/all_reduce": 2, "comm1/all_reduce": 2, "comm2/all_reduce": 1}
+            assert sum(n for k, n in step["bytes"].items() if k.endswith("/all_reduce")) == MLP_GRAD_BYTES
+        assert a["shared"] and all(a["shared"]), "a p.grad is not a view into its bucket's flat buffer"
+        for ev in a["events"]:
+            hooks = [i for i, (k, _) in enumerate(ev) if k == "hook"]
+            launches = [i for i, (k, _) in enumerate(ev) if k == "launch"]
+            waits = [i for i, (k, _) in enumerate(ev) if k == "wait"]
+            assert len(hooks) == MLP_PARAMS and len(launches) == 5 and len(waits) == 5
+            assert launches[0] < hooks[-1], "overlap: the first bucket must launch before the last hook fires"
+            assert min(waits) > hooks[-1], "overlap: nothing is waited on during backward"
+            assert [b for k, b in ev if k == "launch"] == [0, 1, 2, 3, 4], "buckets launch in bucket order"
+        d = a["describe"]
+        assert (d["allreduce_ops_before_fusion"], d["allreduce_ops"]) == (10, 5)
+        assert any("Find all_reduce operators: 10" in m and "the number of all_reduce ops is 5" in m for m in a["log"])
+
+
+@pytest.mark.filterwarnings("ignore:nccl_comm_num=.*sync_nccl_allreduce=True")
+def test_sync_mode_waits_each_at_launch_and_fusion_off(pool2):
+    answers = _run(pool2, fuse_all_reduce_ops=False, sync_nccl_allreduce=True, nccl_comm_num=2)
+    for a in answers:
+        for step, ev in zip(a["per_step"], a["events"]):
+            assert _allreduces(step) == {"comm0/all_reduce": 5, "comm1/all_reduce": 5}  # one per parameter
+            kinds = [k for k, _ in ev]
+            for i, k in enumerate(kinds):
+                if k == "launch":
+                    assert kinds[i + 1] == "wait", f"sync mode: launch not waited on at once: {kinds}"
+        assert all(a["shared"])
+
+
+def test_byte_cap_buckets(pool2):
+    answers = _run(pool2, steps=1, fuse_all_reduce_ops=True, fuse_grad_size_in_MB=1.0)
+    assert _allreduces(answers[0]["per_step"][0]) == {"comm0/all_reduce": 4}
+    answers = _run(pool2, steps=1, fuse_all_reduce_ops=True, fuse_grad_size_in_MB=float("inf"),
+                   fuse_grad_size_in_layers=2)
+    assert _allreduces(answers[0]["per_step"][0]) == {"comm0/all_reduce": 3}
+
+
+def test_hierarchical_groups(pool4):
+    answers = _run(pool4, fuse_all_reduce_ops=True, fuse_grad_size_in_layers=1, nccl_comm_num=2,
+                   sync_nccl_allreduce=False, use_hierarchical_allreduce=True, hierarchical_allreduce_inter_nranks=2)
+    for a in answers:
+        r = a["rank"]
+        node, local = r // 2, r % 2
+        for step in a["per_step"]:
+            calls = step["calls"]
+            # 5 buckets: communicator 0 gets buckets 0, 2, 4; communicator 1 gets 1, 3
+            assert calls == {
+                f"intra0.node{node}/reduce_scatter": 3, f"intra1.node{node}/reduce_scatter": 2,
+                f"inter0.local{local}/all_reduce": 3, f"inter1.local{local}/all_reduce": 2,
+                f"intra0.node{node}/all_gather": 3, f"intra1.node{node}/all_gather": 2,
+            }, calls
+            inter_bytes = sum(n for k, n in step["bytes"].items() if k.startswith("inter"))
+            assert inter_bytes == MLP_GRAD_BYTES // 2, "the inter-node step carries one shard per local rank"
+        for ev in a["events"]:
+            first_launch = next(i for i, (k, _) in enumerate(ev) if k == "launch")
+            last_hook = max(i for i, (k, _) in enumerate(ev) if k == "hook")
+            assert first_launch < last_hook
+        assert all(a["shared"])
+
+
+@pytest.mark.parametrize("variant", ["drop_grads_after_begin", "set_to_none_between"])
+def test_grads_stay_views_when_replaced(pool2, variant):
+    """Autograd replacing a None .grad, or zero_grad(set_to_none=True): views are restored, results unchanged."""
+    cfg = StrategyConfig(fuse_all_reduce_ops=True, fuse_grad_size_in_layers=1, sync_nccl_allreduce=False).to_dict()
+    base = pool2.run("tests.test_comm_structure:structure_on_rank", dict(model="mlp", config=cfg, steps=3))
+    odd = pool2.run("tests.test_comm_structure:structure_on_rank",
+                    dict(model="mlp", config=cfg, steps=3, **{variant: True}))
+    for a, b in zip(base, odd):
+        assert all(b["shared"]) and len(b["shared"]) == MLP_PARAMS
+        assert a["digest"] == b["digest"], "replacing .grad changed the training result"
+    assert len({b["digest"] for b in odd}) == 1
+
+
+def average_on_rank(config: dict) -> dict:
+    """average_tensors over the config's path: rank r holds (r+1)*k; the mean is known exactly."""
+    import torch
+
+    from suite.comm import collectives as C
+    from suite.comm.grad_sync import build_grad_sync
+    from suite.models import get_model
+    from suite.runtime.context import current
+
+    rank, world = current().rank, current().world_size
+    sync = build_grad_sync(get_model("mlp").make(0), StrategyConfig.from_dict(config))
+    tensors = [torch.full((n,), float(rank + 1)) * (k + 1) for k, n in enumerate([5, 300_000, 7, 1])]
+    C.STATS.reset()
+    sync.average_tensors(tensors)
+    mean = (world + 1) / 2
+    return {"exact": all(torch.equal(t, torch.full_like(t, mean * (k + 1))) for k, t in enumerate(tensors)),
+            "calls": C.STATS.snapshot()["calls"]}
+
+
+def test_average_tensors_uses_the_same_path(pool4):
+    cfg = StrategyConfig(fuse_all_reduce_ops=True, fuse_grad_size_in_MB=1.0, nccl_comm_num=2, sync_nccl_allreduce=False,
+                         use_hierarchical_allreduce=True, hierarchical_allreduce_inter_nranks=2).to_dict()
+    for a in pool4.run("tests.test_comm_structure:average_on_rank", dict(config=cfg)):
+        assert a["exact"]
+        # 1.2 MB of tensors: the 1 MiB cap makes two buckets, one per communicator, through the hierarchy
+        assert sorted(k.split(".")[0] + "/" + k.split("/")[1] for k in a["calls"]) == [
+            "inter0/all_reduce", "inter1/all_reduce", "intra0/all_gather", "intra0/reduce_scatter",
+            "intra1/all_gather", "intra1/reduce_scatter"], a["calls"]
