@@ -8,6 +8,14 @@ speedup is paired round by round.
 
 Tags: ``default`` (the short list ``fleetbench run`` runs), ``smoke`` (CI), ``nightly-cpu``,
 ``nightly-gpu``.
+
+World sizes: each case names the world sizes the benchmark matrix (asv, pytest-benchmark,
+nightly CI) runs it at; world size 1 is one of them wherever the case can run on one rank,
+so scaling efficiency (throughput at n / (n · throughput at 1)) can be stated.
+``fleetbench run`` runs the selected cases at its own ``--nproc``.
+
+What every case records (``RECORDED``): the keys of a ``CaseRecord``'s ``metrics`` that a
+finished case fills, whatever the strategy; ``Case.records`` adds the case-specific ones.
 """
 from __future__ import annotations
 
@@ -15,9 +23,20 @@ import fnmatch
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-__all__ = ["Case", "VARIANTS", "CASES", "select_cases", "BASELINE"]
+__all__ = ["Case", "VARIANTS", "CASES", "select_cases", "BASELINE", "RECORDED", "WORLD_SIZES", "get_case",
+           "matrix"]
 
 BASELINE = "plain"
+
+# World sizes of the matrix on this kind of machine (CPU ranks); GPU runners use every GPU.
+WORLD_SIZES = (1, 2, 4)
+
+# metrics every finished case records (see suite/cli/run.py and suite/measure/stats.py)
+RECORDED = (
+    "samples_per_s", "samples_per_s_ci", "throughput_per_round", "step_time_s", "step_times_s",
+    "rank_median_step_s", "speedup", "speedup_ci", "exposed_comm_s", "busbw_GBps", "comm_calls_per_step",
+    "comm_bytes_per_step", "peak_memory_bytes", "utilization",
+)
 
 
 @dataclass(frozen=True)
@@ -31,6 +50,7 @@ class Variant:
     tags: tuple = ("nightly-cpu", "nightly-gpu")
     min_world: int = 1
     default_on: tuple = ()  # models on which the case is in the short `default` list (and `smoke`)
+    records: tuple = ()  # what this variant records beyond RECORDED
 
 
 @dataclass(frozen=True)
@@ -43,6 +63,8 @@ class Case:
     tags: tuple = ()
     per_rank_batch: int = 16
     min_world: int = 1
+    world_sizes: tuple = WORLD_SIZES  # where the matrix runs it (min_world and up)
+    records: tuple = RECORDED  # metrics keys the case's record carries
 
     def applies_to_world(self, world: int) -> Optional[str]:
         """None when the case runs at ``world`` ranks, else why not."""
@@ -56,7 +78,8 @@ _N = ("nightly-cpu", "nightly-gpu")
 _RM = ("resnet", "mlp")
 
 VARIANTS: list[Variant] = [
-    Variant("none", {"data_parallel": "none"}, "no gradient communication: compute alone", default_on=_RM),
+    Variant("none", {"data_parallel": "none"}, "no gradient communication: compute alone", default_on=_RM,
+            records=("compute_s",)),
     Variant(BASELINE, {}, "plain data parallel: one allreduce per gradient after backward", default_on=_RM),
     Variant("ddp", {"data_parallel": "ddp"}, "torch DDP (baseline implementation)", default_on=_RM),
     # communication
@@ -77,23 +100,39 @@ VARIANTS: list[Variant] = [
             default_on=("resnet",)),
     Variant("fused_optimizer", {"fuse_all_optimizer_ops": True}, "one optimizer update over flat buffers", default_on=("mlp",)),
     # precision
-    Variant("amp_bf16", {"amp": "bf16"}, "bf16 autocast", default_on=("resnet",)),
+    Variant("amp_bf16", {"amp": "bf16"}, "bf16 autocast", default_on=("resnet",), records=("losses",)),
     Variant("grad_bf16", {"grad_comm_dtype": "bf16"}, "gradients communicated in bf16", models=("mlp",),
             default_on=("mlp",)),
     # training method and host
     Variant("local_sgd", {"use_local_sgd": True, "local_sgd_steps": 4, "local_sgd_is_warm_steps": 1},
-            "Local SGD, k=4 after 1 warm-up step", default_on=("mlp",)),
+            "Local SGD, k=4 after 1 warm-up step", default_on=("mlp",), records=("losses",)),
     Variant("adaptive_local_sgd", {"use_adaptive_local_sgd": True, "local_sgd_is_warm_steps": 1},
-            "adaptive Local SGD", tags=_N),
+            "adaptive Local SGD", tags=_N, records=("losses",)),
     Variant("fetch_10", {"fetch_frequency": 10}, "losses fetched to the host every 10 steps", models=("mlp",),
             default_on=("mlp",)),
 ]
 
 CASES: list[Case] = [
     Case(f"{m}/{v.name}", m, v.name, dict(v.config), v.description,
-         tuple(v.tags) + (("default", "smoke") if m in v.default_on else ()), min_world=v.min_world)
+         tuple(v.tags) + (("default", "smoke") if m in v.default_on else ()), min_world=v.min_world,
+         world_sizes=tuple(w for w in WORLD_SIZES if w >= v.min_world), records=RECORDED + tuple(v.records))
     for v in VARIANTS for m in v.models
 ]
+
+
+def get_case(name: str) -> Case:
+    """The case called ``name`` (``model/variant``); an error listing what exists otherwise."""
+    for c in CASES:
+        if c.name == name:
+            return c
+    raise ValueError(f"case {name!r} is unknown; cases are model/variant, e.g. mlp/plain "
+                     f"(`fleetbench run --list --tag nightly-cpu` lists them)")
+
+
+def matrix(cases: Iterable[Case], world_sizes: Optional[Iterable[int]] = None) -> list[tuple[Case, int]]:
+    """(case, world size) pairs of the benchmark matrix; ``world_sizes`` narrows each case's own."""
+    keep = None if world_sizes is None else set(world_sizes)
+    return [(c, w) for c in cases for w in c.world_sizes if keep is None or w in keep]
 
 
 def select_cases(names: Iterable[str] = (), tags: Iterable[str] = (), models: Iterable[str] = (),

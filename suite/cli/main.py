@@ -11,6 +11,8 @@ COMMANDS = {
     "run": "suite.cli.run",
     "config": "suite.cli.config_cmd",
     "figures": "suite.cli.figures",
+    "compare": "suite.cli.compare",
+    "report": "suite.cli.report",
     "comm": "suite.cli.comm",
     "cluster": "suite.cli.cluster_cmd",
     "predict": "suite.cli.predict",

@@ -46,6 +46,13 @@ def add_parser(sub) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="bound on each multi-rank call, seconds")
     p.add_argument("--pg-timeout", type=float, default=120.0, help="bound on each collective wait, seconds")
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
+    p.add_argument("--resume", metavar="RESULTS_FILE_OR_RUN_ID",
+                   help="continue an interrupted run: the same selection, skipping the cases already recorded for "
+                        "that run id (a results file: its last run; a run id: that run in --results)")
+    p.add_argument("--no-utilization", action="store_true", help="do not sample CPU/GPU utilization")
+    p.add_argument("--trace-steps", type=int, default=0, metavar="N",
+                   help="after timing, run N traced steps per case and write a Chrome/Perfetto trace next to the "
+                        "results (traces/RUN_ID/CASE@WORLD.json; default 0: no trace)")
     p.add_argument("--cluster", metavar="NxR:inter=RATE[,intra=RATE]",
                    help="run the ranks on an emulated cluster (network namespaces; root): N nodes of R ranks, "
                         "node links limited to RATE (e.g. 2x2:inter=200mbit); sets --nproc N*R")
@@ -94,6 +101,7 @@ def main(args) -> int:
     for name in ("steps", "rounds", "check_steps"):
         _positive(name.replace("_", "-"), getattr(args, name))
     _positive("warmup", args.warmup, 0)
+    _positive("trace-steps", args.trace_steps, 0)
     if args.batch is not None:
         _positive("batch", args.batch)
     selected = resolve_cases(args, world)  # every config validated before any rank starts
@@ -102,6 +110,7 @@ def main(args) -> int:
             print(f"{case.name:32s} {','.join(case.tags):40s} {case.description}" + (f"  [skip: {why}]" if why else ""))
         return 0
     _check_results_file(args.results)
+    resume = _resolve_resume(args, world) if args.resume else None
 
     if env:
         from ..runtime.launch import init_from_env
@@ -123,7 +132,7 @@ def main(args) -> int:
         launcher.cluster = cluster  # taken down with the launcher
         reporter = True
     try:
-        records = Runner(args, launcher, world, reporter).run(selected)
+        records = Runner(args, launcher, world, reporter, resume=resume).run(selected)
     finally:
         launcher.close()
         if getattr(launcher, "cluster", None) is not None:
@@ -151,13 +160,53 @@ def _check_results_file(path: str) -> None:
             raise ConfigError(f"--results {path}: {exc}; move it aside or pick another --results file") from None
 
 
+def _resolve_resume(args, world: int) -> tuple[str, set]:
+    """(run id, cases already recorded for it) of the run to resume; sets ``args.results``.
+
+    ``--resume`` names a results file (its last run is resumed and new records go to it) or a
+    run id in ``--results``.  Every record is read through ``read_records``: a corrupt file is
+    an error naming the file and line, and nothing in it is touched.
+    """
+    from ..results.records import ResultsFileError, read_records
+
+    target = args.resume
+    if os.path.exists(target):
+        args.results, run_id = target, None
+    else:
+        run_id = target
+    if not os.path.exists(args.results):
+        raise ConfigError(f"--resume {target}: no results file {args.results} to resume from")
+    try:
+        records = read_records(args.results)
+    except ResultsFileError as exc:
+        raise ConfigError(f"--resume {target}: {exc}") from None
+    if run_id is None:
+        if not records:
+            raise ConfigError(f"--resume {target}: the results file holds no record, nothing to resume")
+        run_id = records[-1].run_id
+    mine = [r for r in records if r.run_id == run_id]
+    if not mine:
+        ids = list(dict.fromkeys(r.run_id for r in records))[-5:]
+        raise ConfigError(f"--resume {target}: run id {run_id!r} is not in {args.results}; its last runs: "
+                          f"{', '.join(ids) or 'none'}")
+    worlds = {r.world_size for r in mine}
+    if worlds != {world}:
+        raise ConfigError(f"--resume {target}: run {run_id} ran at world size {sorted(worlds)}, this one at {world}; "
+                          f"resume with the same --nproc")
+    # A case that ended in an error is run again; finished ones are kept as they are.
+    return run_id, {r.case for r in mine if r.status != "error"}
+
+
 class Runner:
-    def __init__(self, args, launcher, world: int, reporter: bool):
+    def __init__(self, args, launcher, world: int, reporter: bool, resume: Optional[tuple] = None):
         self.args = args
         self.launcher = launcher
         self.world = world
         self.reporter = reporter
         self.run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
+        self.done: set = set()
+        if resume is not None:
+            self.run_id, self.done = resume
         self.metadata = None
 
     def say(self, msg: str) -> None:
@@ -169,6 +218,10 @@ class Runner:
         from ..results.records import CaseRecord, append_record
 
         self.metadata = collect(world_size=self.world)
+        if self.done:
+            kept = [c.name for c, _, _ in selected if c.name in self.done]
+            self.say(f"resuming run {self.run_id}: {len(kept)} case(s) already recorded, skipped: {', '.join(kept)}")
+            selected = [(c, cfg, why) for c, cfg, why in selected if c.name not in self.done]
         runnable = [(c, cfg) for c, cfg, why in selected if why is None]
         records = []
         for case, cfg, why in selected:
@@ -236,6 +289,8 @@ class Runner:
             elif m is not None:
                 rec.describe = m.pop("describe", {})
                 rec.metrics = m
+                if self.args.trace_steps and rec.status == "ok":
+                    self.trace(case, cfg, rec)
             records.append(rec)
         if self.reporter:
             for rec in records:
@@ -245,9 +300,32 @@ class Runner:
                              f"{m.get('speedup', float('nan')):.2f}x")
         return records
 
+    def trace(self, case: Case, cfg: StrategyConfig, rec) -> None:
+        """A few traced steps of the case on every rank, written as a Chrome/Perfetto trace file."""
+        import json
+
+        from ..report.trace import chrome_trace
+
+        try:
+            answers = self.launcher.run("suite.measure.trace:trace_on_rank",
+                                        dict(model=case.model, config=cfg.to_dict(), steps=self.args.trace_steps,
+                                             per_rank_batch=self.args.batch or case.per_rank_batch),
+                                        timeout=self.args.timeout)
+        except Exception as exc:  # noqa: BLE001 - the timing stands; the trace is reported missing
+            rec.metrics["trace_error"] = _short(exc)
+            return
+        if answers is None or not self.reporter:
+            return
+        rel = os.path.join("traces", self.run_id, f"{case.name.replace('/', '_')}@{self.world}.json")
+        path = os.path.join(os.path.dirname(os.path.abspath(self.args.results)), rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as fh:
+            json.dump(chrome_trace(answers, title=f"{case.name} at world size {self.world}, run {self.run_id}"), fh)
+        rec.metrics["trace_file"] = rel
+
     def measure(self, model: str, group) -> dict:
         """Time every case of ``group`` and the baseline interleaved; on failure, each case alone."""
-        from ..measure.stats import paired_speedup, variant_summary, window_seconds
+        from ..measure.stats import busbw, paired_speedup, variant_summary, window_seconds
 
         base_cfg = StrategyConfig().with_overrides(self.args.set)
         variants = {c.variant: cfg for c, cfg in group}
@@ -257,10 +335,18 @@ class Runner:
                       per_rank_batch=batch)
 
         def once(names: list[str]) -> dict:
-            answers = self.launcher.run(
-                "suite.measure.timing:measure_on_rank",
-                dict(kwargs, variants=[{"name": n, "config": variants[n].to_dict()} for n in names]),
-                timeout=self.args.timeout)
+            from ..measure.utilization import UtilizationSampler
+
+            device = self.args.device or ("cuda" if (self.metadata.get("gpu") or {}).get("available") else "cpu")
+            sampler = None if self.args.no_utilization else UtilizationSampler(device=device).start()
+            try:
+                answers = self.launcher.run(
+                    "suite.measure.timing:measure_on_rank",
+                    dict(kwargs, variants=[{"name": n, "config": variants[n].to_dict()} for n in names]),
+                    timeout=self.args.timeout)
+            finally:
+                if sampler is not None:
+                    sampler.stop()
             if answers is None:
                 return {n: None for n in names}
             base = window_seconds(answers, BASELINE)
@@ -275,6 +361,14 @@ class Runner:
                 compute = out["none"]["step_time_s"]["median"]
                 for s in out.values():
                     s["exposed_comm_s"] = s["step_time_s"]["median"] - compute
+                    s["compute_s"] = compute
+                    ar = sum(v for k, v in s["comm_bytes_per_step"].items() if k.endswith("/all_reduce"))
+                    s["busbw_GBps"] = busbw(ar, s["exposed_comm_s"], self.world) / 1e9
+            if sampler is not None:
+                util = sampler.summary()
+                util["shared_by"] = names  # the variants ran interleaved: one sampling covers them all
+                for s in out.values():
+                    s["utilization"] = util
             return out
 
         names = list(variants)

@@ -18,14 +18,16 @@ import torch.distributed as dist
 
 from ..runtime.groups import label_of
 
-__all__ = ["STATS", "CommStats", "all_reduce", "broadcast", "reduce_scatter", "all_gather", "reduce"]
+__all__ = ["STATS", "CommStats", "Span", "all_reduce", "broadcast", "reduce_scatter", "all_gather", "reduce"]
 
 
 @dataclass
 class CommStats:
     calls: Counter = field(default_factory=Counter)  # (group label, op) -> count
     bytes: Counter = field(default_factory=Counter)  # (group label, op) -> bytes
-    spans: Optional[list] = None  # (op, group label, nbytes, t_launch) when recording
+    # When recording: one Span per collective (t_end is filled when it completes: on return for
+    # synchronous calls, on Work.wait() for asynchronous ones).  None: not recording, no overhead.
+    spans: Optional[list] = None
 
     def reset(self) -> None:
         self.calls.clear()
@@ -53,40 +55,83 @@ STATS = CommStats()
 _LOCK = threading.Lock()  # collectives may be issued from communicator worker threads
 
 
-def _count(op: str, group, tensor: torch.Tensor) -> None:
+@dataclass
+class Span:
+    """One recorded collective: host times (``time.perf_counter``) of launch and completion."""
+
+    op: str
+    group: str
+    nbytes: int
+    t_launch: float
+    t_end: Optional[float] = None
+
+
+class _TimedWork:
+    """An async collective's Work that stamps its span's end when waited on; all else delegated."""
+
+    __slots__ = ("_work", "_span")
+
+    def __init__(self, work, span: Span):
+        self._work = work
+        self._span = span
+
+    def wait(self, *args, **kwargs):
+        out = self._work.wait(*args, **kwargs)
+        if self._span.t_end is None:
+            self._span.t_end = time.perf_counter()
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
+def _count(op: str, group, tensor: torch.Tensor) -> Optional[Span]:
     label = label_of(group)
     nbytes = tensor.numel() * tensor.element_size()
     with _LOCK:
         STATS.calls[(label, op)] += 1
         STATS.bytes[(label, op)] += nbytes
         if STATS.spans is not None:
-            STATS.spans.append((op, label, nbytes, time.perf_counter()))
+            span = Span(op, label, nbytes, time.perf_counter())
+            STATS.spans.append(span)
+            return span
+    return None
+
+
+def _done(span: Optional[Span], work, async_op: bool):
+    """Stamp a synchronous call's end now; wrap an asynchronous call's Work (only when recording)."""
+    if span is None:
+        return work
+    if async_op and work is not None:
+        return _TimedWork(work, span)
+    span.t_end = time.perf_counter()
+    return work
 
 
 def all_reduce(tensor: torch.Tensor, group=None, op=dist.ReduceOp.SUM, async_op: bool = False):
-    _count("all_reduce", group, tensor)
-    return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+    span = _count("all_reduce", group, tensor)
+    return _done(span, dist.all_reduce(tensor, op=op, group=group, async_op=async_op), async_op)
 
 
 def broadcast(tensor: torch.Tensor, src: int, group=None, async_op: bool = False):
     """``src`` is a global rank, as in torch.distributed."""
-    _count("broadcast", group, tensor)
-    return dist.broadcast(tensor, src=src, group=group, async_op=async_op)
+    span = _count("broadcast", group, tensor)
+    return _done(span, dist.broadcast(tensor, src=src, group=group, async_op=async_op), async_op)
 
 
 def reduce(tensor: torch.Tensor, dst: int, group=None, op=dist.ReduceOp.SUM, async_op: bool = False):
-    _count("reduce", group, tensor)
-    return dist.reduce(tensor, dst=dst, op=op, group=group, async_op=async_op)
+    span = _count("reduce", group, tensor)
+    return _done(span, dist.reduce(tensor, dst=dst, op=op, group=group, async_op=async_op), async_op)
 
 
 def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=None, op=dist.ReduceOp.SUM, async_op: bool = False):
-    _count("reduce_scatter", group, input)
-    return _REDUCE_SCATTER(output, input, op=op, group=group, async_op=async_op)
+    span = _count("reduce_scatter", group, input)
+    return _done(span, _REDUCE_SCATTER(output, input, op=op, group=group, async_op=async_op), async_op)
 
 
 def all_gather(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False):
-    _count("all_gather", group, output)
-    return _ALL_GATHER(output, input, group=group, async_op=async_op)
+    span = _count("all_gather", group, output)
+    return _done(span, _ALL_GATHER(output, input, group=group, async_op=async_op), async_op)
 
 
 # torch 2.13 renamed the flat-tensor forms (the old names warn FutureWarning); same arguments.

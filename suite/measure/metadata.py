@@ -11,7 +11,7 @@ import subprocess
 from functools import lru_cache
 from typing import Optional
 
-__all__ = ["collect", "git_info", "cpu_model", "gpu_info", "machine_line", "ENV_PREFIXES"]
+__all__ = ["collect", "git_info", "cpu_model", "gpu_info", "machine_line", "machine_name", "ENV_PREFIXES"]
 
 ENV_PREFIXES = ("NCCL_", "OMP_", "GLOO_", "MKL_", "CUDA_VISIBLE_DEVICES", "TORCH_", "FLEETBENCH_")
 
@@ -110,3 +110,23 @@ def machine_line(world_size: Optional[int] = None) -> str:
     dev = ", ".join(gpu["names"]) if gpu.get("available") else "no GPU"
     return (f"measured on {cpu_model()}, {os.cpu_count()} cores, {dev}; torch {torch.__version__}; "
             f"world size {world_size}; commit {(git_info().get('commit') or 'unknown')[:10]}")
+
+
+def machine_name() -> str:
+    """A name for asv's machine: the GPU model and count (``4xNVIDIA-A100-SXM4-80GB``), or the CPU's."""
+    import re
+
+    gpu = gpu_info()
+    if gpu.get("available"):
+        names = gpu.get("names") or ["gpu"]
+        text = f"{len(names)}x{names[0]}"
+    else:
+        text = f"cpu-{os.cpu_count()}x{cpu_model()}"
+    return re.sub(r"[^A-Za-z0-9.+_-]+", "-", text).strip("-")[:80]
+
+
+if __name__ == "__main__":  # `python -m suite.measure.metadata machine-name` (used by .ci/nightly)
+    import sys
+
+    if sys.argv[1:] == ["machine-name"]:
+        print(machine_name())

@@ -11,7 +11,7 @@ import random
 import statistics
 from typing import Sequence
 
-__all__ = ["describe", "window_seconds", "variant_summary", "paired_speedup", "bootstrap_median_ci"]
+__all__ = ["describe", "window_seconds", "variant_summary", "paired_speedup", "bootstrap_median_ci", "busbw"]
 
 
 def _quantile(xs: Sequence[float], q: float) -> float:
@@ -73,6 +73,8 @@ def variant_summary(answers: list[dict], variant: str, global_batch: int, steps:
         "host_syncs": first["host_syncs"],
         "threads": first["threads"],
         "describe": first["describe"],
+        "peak_memory_bytes": max(a["variants"][variant].get("peak_memory_bytes", 0) for a in answers),
+        "peak_memory_kind": first.get("peak_memory_kind", ""),
     }
 
 
@@ -83,3 +85,17 @@ def paired_speedup(baseline_windows: Sequence[float], variant_windows: Sequence[
         return {"speedup": math.nan, "ci": [math.nan, math.nan], "rounds": 0}
     lo, hi = bootstrap_median_ci(ratios)
     return {"speedup": statistics.median(ratios), "ci": [lo, hi], "rounds": len(ratios)}
+
+
+def busbw(nbytes_per_step: float, seconds: float, world: int, op: str = "all_reduce") -> float:
+    """nccl-tests' bus bandwidth (bytes/s): algbw = bytes / time, times 2(n-1)/n for allreduce.
+
+    fleetbench states it over the *exposed* communication time of a step (step time minus
+    the same step without communication), so it is an effective figure, comparable across
+    world sizes; nan when there is no exposed time to divide by.
+    """
+    if not (seconds > 0) or world < 2 or not nbytes_per_step:
+        return math.nan
+    factor = {"all_reduce": 2 * (world - 1) / world, "reduce_scatter": (world - 1) / world,
+              "all_gather": (world - 1) / world}.get(op, 1.0)
+    return nbytes_per_step / seconds * factor

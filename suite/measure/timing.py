@@ -74,6 +74,16 @@ class _Variant:
         self.host_syncs = 0
         self.threads_observed: set = set()  # torch.get_num_threads() inside the recorded windows
         self.straggler_sleeps = 0  # steps this rank slept in the recorded windows
+        self.peak_memory = 0
+
+
+def _peak_memory(platform) -> int:
+    """CUDA: peak bytes allocated in the window; CPU: the rank process's peak RSS (all variants share it)."""
+    if platform.is_cuda:
+        return int(torch.cuda.max_memory_allocated(platform.device))
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
 def measure_on_rank(model: str, variants: list[dict], warmup: int = 2, steps: int = 5, rounds: int = 5,
@@ -99,6 +109,8 @@ def measure_on_rank(model: str, variants: list[dict], warmup: int = 2, steps: in
         clock = StepClock(ctx.platform)
         C.STATS.reset()
         sleeps = 0
+        if ctx.platform.is_cuda:
+            torch.cuda.reset_peak_memory_stats(device)
         dist.barrier()
         t0 = time.perf_counter()
         clock.mark()
@@ -121,6 +133,7 @@ def measure_on_rank(model: str, variants: list[dict], warmup: int = 2, steps: in
             v.host_syncs += fetcher.fetches
             v.threads_observed.add(torch.get_num_threads())
             v.straggler_sleeps += sleeps
+            v.peak_memory = max(v.peak_memory, _peak_memory(ctx.platform))
             v.comm_calls = {k: n_ / n for k, n_ in C.STATS.snapshot()["calls"].items()}
             v.comm_bytes = {k: n_ / n for k, n_ in C.STATS.snapshot()["bytes"].items()}
 
@@ -143,6 +156,8 @@ def measure_on_rank(model: str, variants: list[dict], warmup: int = 2, steps: in
                 "comm_calls_per_step": v.comm_calls, "comm_bytes_per_step": v.comm_bytes,
                 "host_syncs": v.host_syncs, "describe": v.engine.describe(),
                 "threads_observed": sorted(v.threads_observed), "straggler_sleeps": v.straggler_sleeps,
+                "peak_memory_bytes": v.peak_memory,
+                "peak_memory_kind": "cuda_max_allocated" if ctx.platform.is_cuda else "process_max_rss",
             }
             for v in runs
         },

@@ -1,0 +1,70 @@
+"""`fleetbench compare BASE HEAD`: the regression gate.
+
+Each side is the suite's records (JSON lines from `fleetbench run`) or a pytest-benchmark
+JSON file (saved with --benchmark-save-data or written by --benchmark-json).  Prints a table
+of the change per case (speedup > 1: HEAD faster) with a noise-aware verdict from the
+per-step samples.  Exit 0: nothing worse; 1: a case slower beyond the threshold, a verdict
+that went pass -> fail, or a case that errors on HEAD only; 2: input it cannot use.
+"""
+from __future__ import annotations
+
+import sys
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("compare", help="the regression gate: compare two results files case by case")
+    p.add_argument("base", help="BASE results: records .jsonl or pytest-benchmark .json")
+    p.add_argument("head", help="HEAD results: records .jsonl or pytest-benchmark .json")
+    p.add_argument("--threshold", type=float, default=0.10,
+                   help="slowdown that fails the gate, as a fraction (default 0.10 = 10%% slower)")
+    p.add_argument("--alpha", type=float, default=0.01, help="significance level (default 0.01)")
+    p.add_argument("--method", default="mwu", help="mwu (Mann-Whitney U, default) or bootstrap (interval)")
+    p.add_argument("--strict", action="store_true",
+                   help="also fail on cases present on one side only; differing torch/device is an error")
+    p.add_argument("--base-run-id", help="only this run of BASE (records files)")
+    p.add_argument("--head-run-id", help="only this run of HEAD (records files)")
+    p.add_argument("--markdown", metavar="PATH", help="also write the table as Markdown here")
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    from ..results.compare import compare_sides
+    from ..results.gate import GateOptions
+    from ..results.load import load_side
+    from ..results.records import ResultsFileError
+
+    try:
+        opts = GateOptions(threshold=args.threshold, alpha=args.alpha, method=args.method)
+        base = load_side(args.base, args.base_run_id)
+        head = load_side(args.head, args.head_run_id)
+        cmp = compare_sides(base, head, opts, strict=args.strict)
+    except (ResultsFileError, ValueError) as exc:
+        print(f"fleetbench compare: error: {exc}", file=sys.stderr)
+        return 2
+    import pandas as pd
+
+    frame = cmp.frame()
+    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 500):
+        print(f"BASE {args.base} ({base.kind})\nHEAD {args.head} ({head.kind})\n")
+        print(frame.to_string(index=False) if len(frame) else "(no cases)")
+    for w in cmp.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if args.markdown:
+        with open(args.markdown, "w") as fh:
+            fh.write(frame.to_markdown(index=False) if _has_tabulate() else frame.to_string(index=False))
+            fh.write("\n")
+    if cmp.failures:
+        print(f"\nregression gate: FAIL ({len(cmp.failures)})", file=sys.stderr)
+        for f in cmp.failures:
+            print(f"  {f}", file=sys.stderr)
+        return 1
+    print(f"\nregression gate: ok (threshold {opts.threshold:.0%}, alpha {opts.alpha:g}, {opts.method})")
+    return 0
+
+
+def _has_tabulate() -> bool:
+    try:
+        import tabulate  # noqa: F401
+    except ImportError:
+        return False
+    return True

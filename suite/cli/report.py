@@ -1,0 +1,42 @@
+"""`fleetbench report RESULTS...`: an HTML page and a Markdown summary with plots, and the runs' traces.
+
+Reads records files (a corrupt one is an error naming the file and line); the last record
+of each case and world size is reported.  Traces are the ones `fleetbench run --trace-steps`
+wrote next to the results.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("report", help="HTML page + Markdown summary with plots and Perfetto traces from records")
+    p.add_argument("results", nargs="+", help="records files (.jsonl) from fleetbench run")
+    p.add_argument("--out", default=os.path.join("results", "reports", "latest"), help="output directory")
+    p.add_argument("--run-id", action="append", default=[], help="only these runs (repeatable)")
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    from ..report.page import build_report
+    from ..results.records import ResultsFileError, read_records
+
+    records = []
+    try:
+        for path in args.results:
+            records += read_records(path)
+    except ResultsFileError as exc:
+        print(f"fleetbench report: error: {exc}", file=sys.stderr)
+        return 2
+    if args.run_id:
+        records = [r for r in records if r.run_id in args.run_id]
+    if not records:
+        print(f"fleetbench report: error: no records in {', '.join(args.results)}"
+              + (f" for run id(s) {', '.join(args.run_id)}" if args.run_id else ""), file=sys.stderr)
+        return 2
+    results_dir = os.path.dirname(os.path.abspath(args.results[0]))
+    data = build_report(records, args.out, results_dir)
+    print(f"report: {os.path.join(args.out, 'index.html')} and summary.md ({len(data['plots'])} plot(s), "
+          f"{len(data['traces'])} trace(s))")
+    return 0

@@ -1,0 +1,101 @@
+"""A few traced steps on every rank: the timestamps a Chrome/Perfetto trace is drawn from.
+
+:func:`trace_on_rank` builds the case's engine, warms it up, then runs ``steps`` steps while
+recording host timestamps (``time.perf_counter``, converted to wall-clock seconds so ranks
+line up): the step's start and end, forward start and end (hooks on the model), each
+gradient's ready time (post-accumulate-grad hooks: the marks a bucket becomes ready from),
+and every collective's launch and completion (``collectives.STATS.record_spans``).  On CUDA
+the step boundaries synchronize the device, so traced steps are slower than timed ones:
+the trace shows the structure of a step, the timings live in the records.
+
+Bucket-ready marks: a gradient synchronizer that exposes ``bucket_names()`` (a list of lists
+of parameter names, in launch order) or ``buckets`` with ``.names`` (``BucketedGradSync``) gets
+one mark per bucket, at the ready time of its last gradient; otherwise (plain data parallel)
+every parameter is its own bucket.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..comm import collectives as C
+from ..config import StrategyConfig
+from ..data.synthetic import make_dataset, prepare, shard, step_indices
+from ..engine import build_engine
+from ..models import get_model
+from ..runtime.context import current
+
+__all__ = ["trace_on_rank"]
+
+
+def _buckets(engine, names: list[str]) -> list[list[str]]:
+    sync = engine.grad_sync
+    fn = getattr(sync, "bucket_names", None)
+    if callable(fn):
+        return [list(b) for b in fn()]
+    buckets = getattr(sync, "buckets", None)  # BucketedGradSync: Bucket.names, in launch order
+    if buckets and all(hasattr(b, "names") for b in buckets):
+        return [list(b.names) for b in buckets]
+    if sync is not None and type(sync).__name__ == "NoGradSync":
+        return []
+    return [[n] for n in names]
+
+
+def trace_on_rank(model: str, config: dict, steps: int = 3, warmup: int = 1, per_rank_batch: int = 16,
+                  seed: int = 0, scale: int = 1, dataset_size: int = 512) -> dict:
+    ctx = current()
+    device, world, rank = ctx.platform.device, ctx.world_size, ctx.rank
+    cfg = StrategyConfig.from_dict(config)
+    spec = get_model(model)
+    data = make_dataset(spec, dataset_size, seed)
+    engine = build_engine(spec.make(seed, scale, device), spec.loss_fn, cfg)
+    names = [n for n, p in engine.module.named_parameters() if p.requires_grad]
+
+    # wall = perf + offset: one clock per rank, comparable across ranks of one host (and roughly across hosts)
+    offset = time.time() - time.perf_counter()
+    marks: dict = {"fwd": [], "grads": []}
+
+    def pre(_m, _inp):
+        marks["fwd"].append(time.perf_counter())
+
+    def post(_m, _inp, _out):
+        marks["fwd"].append(time.perf_counter())
+
+    handles = [engine.model.register_forward_pre_hook(pre), engine.model.register_forward_hook(post)]
+    for n, p in engine.module.named_parameters():
+        if p.requires_grad:
+            handles.append(p.register_post_accumulate_grad_hook(
+                lambda _p, n=n: marks["grads"].append((n, time.perf_counter()))))
+
+    batches = []
+    for b in range(warmup + steps):
+        x, y = data.get(shard(step_indices(len(data), b, per_rank_batch * world, seed), rank, world))
+        batches.append((prepare(data, x, device), y.to(device)))
+    out_steps = []
+    try:
+        for i, (x, y) in enumerate(batches):
+            record = i >= warmup
+            marks["fwd"].clear()
+            marks["grads"].clear()
+            C.STATS.record_spans(record)
+            torch.distributed.barrier()
+            t0 = time.perf_counter()
+            engine.train_step(x, y)
+            ctx.platform.synchronize()
+            t1 = time.perf_counter()
+            if record:
+                spans = list(C.STATS.spans or [])
+                out_steps.append({
+                    "t0": t0 + offset, "t1": t1 + offset,
+                    "forward": [marks["fwd"][0] + offset, marks["fwd"][-1] + offset] if marks["fwd"] else None,
+                    "grads": [(n, t + offset) for n, t in marks["grads"]],
+                    "comm": [{"op": s.op, "group": s.group, "nbytes": s.nbytes, "t0": s.t_launch + offset,
+                              "t1": (s.t_end if s.t_end is not None else t1) + offset} for s in spans],
+                })
+    finally:
+        C.STATS.record_spans(False)
+        for h in handles:
+            h.remove()
+    return {"rank": rank, "world": world, "device": str(device), "buckets": _buckets(engine, names),
+            "describe": engine.describe(), "steps": out_steps}

@@ -1,0 +1,141 @@
+"""Utilization sampled in a background thread while a case runs.
+
+On CUDA: every GPU's utilization (%), memory used (bytes) and power (W) through NVML
+(``pynvml``, imported lazily).  On CPU: the host's CPU utilization (%) from ``/proc/stat``
+deltas (psutil is not a dependency).  What cannot be sampled says why, plainly, in the
+summary's ``unavailable`` field; sampling never fails a case.
+
+    with UtilizationSampler(interval=0.2) as sampler:
+        ...                       # the case runs
+    record.metrics["utilization"] = sampler.summary()
+"""
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from typing import Optional
+
+__all__ = ["UtilizationSampler", "read_proc_stat", "cpu_busy_fraction"]
+
+
+def read_proc_stat(path: str = "/proc/stat") -> Optional[tuple[int, int]]:
+    """(busy, total) jiffies of all CPUs, or None where /proc/stat is absent."""
+    try:
+        with open(path) as fh:
+            first = fh.readline().split()
+    except OSError:
+        return None
+    if not first or first[0] != "cpu":
+        return None
+    vals = [int(v) for v in first[1:]]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)  # idle + iowait
+    total = sum(vals[:8])  # guest time is already counted in user
+    return total - idle, total
+
+
+def cpu_busy_fraction(before: tuple[int, int], after: tuple[int, int]) -> Optional[float]:
+    busy = after[0] - before[0]
+    total = after[1] - before[1]
+    return busy / total if total > 0 else None
+
+
+class UtilizationSampler:
+    """Samples in a daemon thread between ``start()`` and ``stop()`` (or as a context manager)."""
+
+    def __init__(self, interval: float = 0.25, device: str = "cpu"):
+        if not interval > 0:
+            raise ValueError(f"interval={interval!r}: must be > 0 seconds")
+        self.interval = interval
+        self.device = device
+        self.samples: list[dict] = []
+        self.unavailable: list[str] = []
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._nvml = None
+        self._handles: list = []
+        self.t_start = self.t_stop = None
+
+    # -- life cycle ------------------------------------------------------------------
+    def start(self) -> "UtilizationSampler":
+        if self.device == "cuda":
+            self._init_nvml()
+        self.t_start = time.time()
+        self._thread = threading.Thread(target=self._loop, name="fleetbench-utilization", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(5.0, 4 * self.interval))
+        self.t_stop = time.time()
+        if self._nvml is not None:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:  # noqa: BLE001
+                pass
+            self._nvml = None
+
+    def __enter__(self) -> "UtilizationSampler":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _init_nvml(self) -> None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            self._nvml = pynvml
+        except Exception as exc:  # noqa: BLE001 - NVML is optional
+            self.unavailable.append(f"GPU utilization unavailable: NVML failed ({type(exc).__name__}: {exc})")
+
+    # -- sampling --------------------------------------------------------------------------
+    def _loop(self) -> None:
+        prev = read_proc_stat()
+        if prev is None:
+            self.unavailable.append("CPU utilization unavailable: /proc/stat cannot be read on this system")
+        while not self._stop.wait(self.interval):
+            sample: dict = {"t": time.time()}
+            if prev is not None:
+                now = read_proc_stat()
+                if now is not None:
+                    frac = cpu_busy_fraction(prev, now)
+                    if frac is not None:
+                        sample["cpu_util_pct"] = 100.0 * frac
+                    prev = now
+            if self._nvml is not None:
+                gpus = []
+                for h in self._handles:
+                    try:
+                        u = self._nvml.nvmlDeviceGetUtilizationRates(h)
+                        gpus.append({"util_pct": float(u.gpu), "mem_used": int(self._nvml.nvmlDeviceGetMemoryInfo(h).used),
+                                     "power_w": self._nvml.nvmlDeviceGetPowerUsage(h) / 1e3})
+                    except Exception as exc:  # noqa: BLE001
+                        gpus.append({"error": f"{type(exc).__name__}: {exc}"})
+                sample["gpus"] = gpus
+            self.samples.append(sample)
+
+    def summary(self) -> dict:
+        """Medians and maxima over the samples, plus the raw samples (small: a few per second)."""
+        out: dict = {"interval_s": self.interval, "n": len(self.samples), "device": self.device,
+                     "unavailable": list(self.unavailable)}
+        if self.device != "cuda":
+            out["unavailable"].append("GPU utilization unavailable: no CUDA device (CPU run)")
+        cpu = [s["cpu_util_pct"] for s in self.samples if "cpu_util_pct" in s]
+        if cpu:
+            out["cpu_util_pct"] = {"median": statistics.median(cpu), "max": max(cpu)}
+        ngpu = max((len(s.get("gpus", [])) for s in self.samples), default=0)
+        gpus = []
+        for i in range(ngpu):
+            rows = [s["gpus"][i] for s in self.samples if len(s.get("gpus", [])) > i and "util_pct" in s["gpus"][i]]
+            if rows:
+                gpus.append({k: {"median": statistics.median(r[k] for r in rows), "max": max(r[k] for r in rows)}
+                             for k in ("util_pct", "mem_used", "power_w")})
+        if gpus:
+            out["gpus"] = gpus
+        out["samples"] = self.samples
+        return out

@@ -1,0 +1,1 @@
+"""Reading records into figures, pages and traces (nothing here measures)."""

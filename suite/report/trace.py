@@ -1,0 +1,63 @@
+"""Chrome/Perfetto trace JSON from the ranks' traced steps (``suite.measure.trace``).
+
+One process per rank; in it one track (thread) for compute (step, forward, backward,
+optimizer spans) and one per communicator (each collective a span, named by its op),
+plus instant marks when a bucket's gradients are all ready, as Horovod's timeline shows.
+Timestamps are wall-clock microseconds.  Open the file in https://ui.perfetto.dev or
+chrome://tracing.
+"""
+from __future__ import annotations
+
+__all__ = ["chrome_trace", "COMPUTE_TID"]
+
+COMPUTE_TID = 0
+
+
+def _us(t: float) -> float:
+    return round(t * 1e6, 3)
+
+
+def chrome_trace(answers: list[dict], title: str = "") -> dict:
+    events: list = []
+    labels = sorted({c["group"] for a in answers for s in a["steps"] for c in s["comm"]})
+    tid_of = {g: i + 1 for i, g in enumerate(labels)}
+    t_lo = min((s["t0"] for a in answers for s in a["steps"]), default=0.0)
+    t_hi = max((s["t1"] for a in answers for s in a["steps"]), default=0.0)
+    for a in answers:
+        pid = a["rank"]
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"rank {pid}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}})
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": COMPUTE_TID, "args": {"name": "compute"}})
+        for g, tid in tid_of.items():
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                           "args": {"name": f"communicator {g}"}})
+        buckets = a.get("buckets") or []
+        for i, s in enumerate(a["steps"]):
+            def span(name, t0, t1, tid=COMPUTE_TID, cat="compute", args=None):
+                events.append({"ph": "X", "name": name, "cat": cat, "pid": pid, "tid": tid, "ts": _us(t0),
+                               "dur": max(0.0, _us(t1) - _us(t0)), "args": dict(args or {}, step=i + 1)})
+
+            span(f"step {i + 1}", s["t0"], s["t1"], cat="step")
+            grads = dict(s["grads"])
+            last_grad = max(grads.values()) if grads else None
+            if s.get("forward"):
+                span("forward", s["forward"][0], s["forward"][1])
+                if last_grad is not None:
+                    span("backward", s["forward"][1], last_grad)
+            comm_end = max((c["t1"] for c in s["comm"] if c["t0"] >= (last_grad or s["t0"])), default=None)
+            opt_start = max(t for t in (last_grad, comm_end) if t is not None) if (last_grad or comm_end) else None
+            if opt_start is not None:
+                span("optimizer", opt_start, s["t1"])
+            for c in s["comm"]:
+                span(c["op"], c["t0"], c["t1"], tid=tid_of[c["group"]], cat="comm",
+                     args={"bytes": c["nbytes"], "group": c["group"]})
+            for b, names in enumerate(buckets):
+                ts = [grads[n] for n in names if n in grads]
+                if ts and len(ts) == len(names):
+                    events.append({"ph": "i", "s": "t", "name": f"bucket {b} ready", "cat": "bucket", "pid": pid,
+                                   "tid": COMPUTE_TID, "ts": _us(max(ts)), "args": {"step": i + 1, "params": len(names)}})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"title": title, "window_s": [t_lo, t_hi], "ranks": len(answers),
+                          "steps": len(answers[0]["steps"]) if answers else 0,
+                          "buckets": len(answers[0].get("buckets") or []) if answers else 0,
+                          "communicators": labels}}

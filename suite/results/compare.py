@@ -1,0 +1,98 @@
+"""Comparing two sides case by case: the table and the exit status of `fleetbench compare`.
+
+Exit status: 0 nothing worse; 1 a case slower beyond the threshold, a correctness verdict
+that went from pass to fail, or a case that ran on BASE and errors on HEAD; 2 input that
+cannot be used (raised as ResultsFileError / ValueError by the caller's loaders).
+A case on one side only is listed, not failed, unless ``strict``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .gate import GateOptions, gate_samples
+from .load import Side
+
+__all__ = ["Comparison", "compare_sides"]
+
+GOOD = ("pass", "n/a")
+
+
+@dataclass
+class Comparison:
+    rows: list  # one dict per case
+    warnings: list = field(default_factory=list)
+    failures: list = field(default_factory=list)  # why the gate fails (exit 1)
+
+    def frame(self):
+        import pandas as pd
+
+        cols = ["case", "world", "base_ms", "head_ms", "speedup", "ci", "p_slower", "verdict", "change", "status"]
+        return pd.DataFrame(self.rows, columns=cols)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failures else 0
+
+
+def _fmt_ms(x: float) -> float:
+    return round(x * 1e3, 3) if isinstance(x, float) and math.isfinite(x) else math.nan
+
+
+def compare_sides(base: Side, head: Side, opts: GateOptions = GateOptions(), strict: bool = False) -> Comparison:
+    cmp = Comparison(rows=[])
+    if base.torch and head.torch and base.torch != head.torch:
+        cmp.warnings.append(f"torch versions differ: BASE {base.torch}, HEAD {head.torch}")
+    if base.device and head.device and base.device != head.device:
+        cmp.warnings.append(f"devices differ: BASE {base.device}, HEAD {head.device}")
+    keys = list(dict.fromkeys(list(base.cases) + list(head.cases)))
+    for key in sorted(keys):
+        b, h = base.cases.get(key), head.cases.get(key)
+        one = b or h
+        row = {"case": one.case, "world": one.world_size, "base_ms": math.nan, "head_ms": math.nan,
+               "speedup": math.nan, "ci": "", "p_slower": math.nan,
+               "verdict": f"{b.verdict if b else '-'} -> {h.verdict if h else '-'}", "change": "", "status": "ok"}
+        if b is None or h is None:
+            row["change"] = "only in HEAD" if b is None else "only in BASE"
+            if strict:
+                row["status"] = "FAIL"
+                cmp.failures.append(f"{key}: {row['change']} (--strict)")
+            cmp.rows.append(row)
+            continue
+        if b.config and h.config and b.config != h.config:
+            diff = sorted(k for k in set(b.config) | set(h.config) if b.config.get(k) != h.config.get(k))
+            cmp.warnings.append(f"{key}: configs differ in {', '.join(diff)}")
+        if b.verdict == "pass" and h.verdict == "fail":
+            row["status"] = "FAIL"
+            cmp.failures.append(f"{key}: correctness verdict went from pass to fail")
+        if h.status == "error" or h.verdict == "error":
+            if b.status != "error" and b.verdict != "error":
+                row["status"] = "FAIL"
+                cmp.failures.append(f"{key}: ran on BASE, errors on HEAD ({(h.error or '').splitlines()[0][:120] if h.error else 'no detail'})")
+            else:
+                row["change"] = "error on both sides"
+            cmp.rows.append(row)
+            continue
+        if b.status != "ok" or h.status != "ok":
+            row["change"] = f"{b.status} -> {h.status}"
+            cmp.rows.append(row)
+            continue
+        g = gate_samples(b.samples, h.samples, opts)
+        row.update(base_ms=_fmt_ms(g["base_median_s"]), head_ms=_fmt_ms(g["head_median_s"]),
+                   speedup=round(g["speedup"], 3) if math.isfinite(g["speedup"]) else math.nan,
+                   ci=f"[{g['ci_low']:.2f}, {g['ci_high']:.2f}]" if math.isfinite(g["ci_low"]) else "",
+                   p_slower=g["p_slower"], change=g["change"])
+        if g["change"] == "slower":
+            row["status"] = "FAIL"
+            cmp.failures.append(f"{key}: {1 / g['speedup']:.2f}x slower (speedup {g['speedup']:.3f}, 95% interval "
+                                f"[{g['ci_low']:.3f}, {g['ci_high']:.3f}], p={g['p_slower']:.2g}; threshold "
+                                f"{opts.threshold:.0%})")
+        elif g["change"] == "too few samples" and strict:
+            row["status"] = "FAIL"
+            cmp.failures.append(f"{key}: too few samples to compare (--strict)")
+        cmp.rows.append(row)
+    if strict and cmp.warnings:
+        env = [w for w in cmp.warnings if w.startswith(("torch versions", "devices"))]
+        if env:
+            raise ValueError("refusing to compare under --strict: " + "; ".join(env))
+    return cmp

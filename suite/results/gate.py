@@ -1,0 +1,84 @@
+"""The regression gate's statistics: is HEAD slower than BASE, beyond noise and beyond a threshold?
+
+For each case the per-step time samples of the two sides are compared:
+
+- speedup = median(BASE) / median(HEAD) (> 1: HEAD is faster), with a bootstrap 95% interval
+  (the two sides resampled independently);
+- ``mwu`` (default): one-sided Mann–Whitney U tests.  HEAD is *slower* when HEAD's steps are
+  stochastically larger (p < ``alpha``) **and** the speedup is below 1 / (1 + threshold);
+  *faster* symmetrically;
+- ``bootstrap``: *slower* when the whole interval of the speedup lies below 1 / (1 + threshold).
+
+A significant change smaller than the threshold is "same": on a shared machine a few percent
+move between runs without any code change (see ``fleetbench figures gate`` for the false-alarm
+rate and the smallest slowdown caught).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["GateOptions", "gate_samples", "MIN_SAMPLES"]
+
+MIN_SAMPLES = 3
+
+
+@dataclass(frozen=True)
+class GateOptions:
+    threshold: float = 0.10  # relative slowdown that counts (0.10: 10% slower)
+    alpha: float = 0.01  # significance level of the test
+    method: str = "mwu"  # mwu | bootstrap
+    n_boot: int = 1000
+    seed: int = 0
+
+    def __post_init__(self):
+        if not (isinstance(self.threshold, (int, float)) and 0 <= self.threshold < 10):
+            raise ValueError(f"--threshold {self.threshold!r}: must be a fraction in [0, 10) (0.10 = 10% slower)")
+        if not (isinstance(self.alpha, (int, float)) and 0 < self.alpha <= 0.5):
+            raise ValueError(f"--alpha {self.alpha!r}: must be in (0, 0.5]")
+        if self.method not in ("mwu", "bootstrap"):
+            raise ValueError(f"--method {self.method!r}: allowed values are 'mwu' and 'bootstrap'")
+
+
+def _finite(xs) -> np.ndarray:
+    a = np.asarray(list(xs), dtype=float)
+    return a[np.isfinite(a) & (a > 0)]
+
+
+def gate_samples(base, head, opts: GateOptions = GateOptions()) -> dict:
+    """Compare two sets of per-step seconds; returns speedup, interval, p-values and a change verdict.
+
+    ``change`` is "slower", "faster", "same" or "too few samples" (fewer than MIN_SAMPLES finite
+    positive samples on a side; nan/inf samples are dropped and counted).
+    """
+    b, h = _finite(base), _finite(head)
+    out = {"n_base": int(b.size), "n_head": int(h.size), "dropped": int(len(list(base)) - b.size
+                                                                          + len(list(head)) - h.size),
+           "base_median_s": float(np.median(b)) if b.size else math.nan,
+           "head_median_s": float(np.median(h)) if h.size else math.nan,
+           "speedup": math.nan, "ci_low": math.nan, "ci_high": math.nan, "p_slower": math.nan,
+           "p_faster": math.nan}
+    if b.size < MIN_SAMPLES or h.size < MIN_SAMPLES:
+        out["change"] = "too few samples"
+        return out
+    speedup = out["base_median_s"] / out["head_median_s"]
+    rng = np.random.default_rng(opts.seed)
+    bb = np.median(rng.choice(b, size=(opts.n_boot, b.size)), axis=1)
+    hb = np.median(rng.choice(h, size=(opts.n_boot, h.size)), axis=1)
+    lo, hi = np.quantile(bb / hb, [0.025, 0.975])
+    out.update(speedup=float(speedup), ci_low=float(lo), ci_high=float(hi))
+    from scipy.stats import mannwhitneyu
+
+    out["p_slower"] = float(mannwhitneyu(h, b, alternative="greater").pvalue)
+    out["p_faster"] = float(mannwhitneyu(h, b, alternative="less").pvalue)
+    slow_line, fast_line = 1 / (1 + opts.threshold), 1 + opts.threshold
+    if opts.method == "mwu":
+        slower = out["p_slower"] < opts.alpha and speedup < slow_line
+        faster = out["p_faster"] < opts.alpha and speedup > fast_line
+    else:
+        slower = hi < slow_line
+        faster = lo > fast_line
+    out["change"] = "slower" if slower else "faster" if faster else "same"
+    return out

@@ -1,0 +1,147 @@
+"""Reading one side of a comparison: the suite's records (JSON lines) or pytest-benchmark JSON.
+
+Both become a :class:`Side`: per case (keyed ``model/variant@world``) the per-step time
+samples, the correctness verdict and the throughput, plus what the results were measured
+on (torch version, device).  Anything that cannot be used raises :class:`ResultsFileError`
+naming the file, the line or the benchmark, and what is wrong.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .records import CaseRecord, ResultsFileError, read_records
+
+__all__ = ["CaseResult", "Side", "load_side", "case_key"]
+
+
+def case_key(case: str, world_size) -> str:
+    return f"{case}@{world_size}"
+
+
+@dataclass
+class CaseResult:
+    key: str
+    case: str
+    world_size: int
+    samples: list  # per-step seconds (every rank's steps)
+    verdict: str = "n/a"  # pass | fail | n/a | error | skipped
+    status: str = "ok"
+    samples_per_s: float = math.nan
+    config: dict = field(default_factory=dict)
+    error: Optional[str] = None
+    where: str = ""  # file:line or file:benchmark name
+
+
+@dataclass
+class Side:
+    path: str
+    kind: str  # "records" | "pytest-benchmark"
+    cases: dict  # key -> CaseResult
+    torch: Optional[str] = None
+    device: Optional[str] = None  # GPU names, or the CPU model
+    run_ids: list = field(default_factory=list)
+    records: list = field(default_factory=list)  # the CaseRecords (records files only)
+
+
+def _device_of(meta: dict) -> Optional[str]:
+    gpu = meta.get("gpu") or {}
+    if gpu.get("available"):
+        return "GPU: " + ", ".join(gpu.get("names") or [])
+    cpu = meta.get("cpu")
+    return f"CPU: {cpu}" if cpu else None
+
+
+def _floats(values, where: str, what: str) -> list:
+    out = []
+    for v in values or []:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ResultsFileError(f"{where}: {what} holds {v!r}; expected numbers (seconds)")
+        out.append(float(v))
+    return out
+
+
+def load_side(path: str, run_id: Optional[str] = None) -> Side:
+    """Read ``path``: a pytest-benchmark JSON file, or a records file (last record per case wins)."""
+    if os.path.isdir(path):
+        raise ResultsFileError(f"{path}: is a directory; give a results file (records .jsonl or pytest-benchmark "
+                               f".json)")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        raise ResultsFileError(f"{path}: no such results file") from None
+    except UnicodeDecodeError as exc:
+        raise ResultsFileError(f"{path}: not a text file ({exc.reason} at byte {exc.start})") from None
+    if not text.strip():
+        raise ResultsFileError(f"{path}: the file is empty")
+    head = text.lstrip()[:1]
+    if head == "{":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = None  # several lines: a records file
+        if isinstance(data, dict) and "benchmarks" in data:
+            return _from_pytest_benchmark(path, data)
+    return _from_records(path, run_id)
+
+
+def _from_records(path: str, run_id: Optional[str]) -> Side:
+    records = read_records(path)  # errors name the file and line
+    with open(path, encoding="utf-8") as fh:
+        linenos = [i for i, line in enumerate(fh, 1) if line.strip()]
+    pairs = list(zip(records, linenos))
+    if run_id is not None:
+        pairs = [(r, n) for r, n in pairs if r.run_id == run_id]
+        if not pairs:
+            raise ResultsFileError(f"{path}: no record of run id {run_id!r}")
+    records = [r for r, _ in pairs]
+    side = Side(path, "records", {}, records=records)
+    side.run_ids = list(dict.fromkeys(r.run_id for r in records))
+    for rec, lineno in pairs:
+        where = f"{path}:{lineno}"
+        m = rec.metrics or {}
+        samples = _floats(m.get("step_times_s"), where, "metrics.step_times_s")
+        sps = m.get("samples_per_s")
+        side.cases[case_key(rec.case, rec.world_size)] = CaseResult(  # the last record of a case wins
+            case_key(rec.case, rec.world_size), rec.case, rec.world_size, samples, verdict=rec.verdict,
+            status=rec.status, samples_per_s=float(sps) if isinstance(sps, (int, float)) else math.nan,
+            config=rec.config, error=rec.error, where=where)
+        side.torch = rec.metadata.get("torch") or side.torch
+        side.device = _device_of(rec.metadata) or side.device
+    return side
+
+
+def _from_pytest_benchmark(path: str, data: dict) -> Side:
+    benches = data.get("benchmarks")
+    if not isinstance(benches, list):
+        raise ResultsFileError(f"{path}: 'benchmarks' is {type(benches).__name__}; expected a list (pytest-benchmark "
+                               f"JSON)")
+    machine = data.get("machine_info") or {}
+    side = Side(path, "pytest-benchmark", {}, torch=machine.get("torch"),
+                device=_device_of(machine.get("fleetbench") or {}) or machine.get("cpu", {}).get("brand_raw"))
+    for i, b in enumerate(benches):
+        name = b.get("name", f"#{i}") if isinstance(b, dict) else f"#{i}"
+        where = f"{path}: benchmark {name}"
+        if not isinstance(b, dict) or not isinstance(b.get("stats"), dict):
+            raise ResultsFileError(f"{where}: no 'stats' object; not a pytest-benchmark result")
+        extra = b.get("extra_info") or {}
+        case = extra.get("case") or name
+        world = extra.get("world_size", 1)
+        if "step_times_s" in extra:
+            samples = _floats(extra["step_times_s"], where, "extra_info.step_times_s")
+        elif "data" in b["stats"]:
+            k = extra.get("steps_per_round", 1)
+            samples = [t / k for t in _floats(b["stats"]["data"], where, "stats.data")]
+        else:
+            raise ResultsFileError(f"{where}: no per-round data; save results with --benchmark-save-data "
+                                   f"(or --benchmark-json, which keeps it)")
+        sps = extra.get("samples_per_s")
+        side.cases[case_key(case, world)] = CaseResult(
+            case_key(case, world), case, int(world), samples, verdict=extra.get("verdict", "n/a"),
+            status=extra.get("status", "ok"), samples_per_s=float(sps) if isinstance(sps, (int, float)) else math.nan,
+            config=extra.get("config") or {}, error=extra.get("error"), where=where)
+    return side

@@ -1,0 +1,174 @@
+"""`fleetbench compare`: the regression gate's statistics and exit status, on synthetic sample sets.
+
+Exit 0 nothing worse, 1 slower beyond the threshold / pass -> fail / errors on HEAD only,
+2 unusable input naming file and line.  The gate flags a 2x slowdown and does not flag
+unchanged reruns drawn from the same noise (false-alarm rate measured over many seeds).
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from suite.cli.main import main
+from suite.results.gate import GateOptions, gate_samples
+from suite.results.records import CaseRecord, append_record
+
+
+def noisy(seed: int, n: int = 40, median: float = 0.05, slow: float = 1.0) -> list:
+    """Step times with the shape this machine shows: lognormal spread and a few long outliers."""
+    rng = np.random.default_rng(seed)
+    x = median * slow * rng.lognormal(0.0, 0.15, n)
+    x[rng.random(n) < 0.08] *= 2.5
+    return x.tolist()
+
+
+def write_records(path, cases: dict, torch_version="2.4.0", run_id="r1"):
+    for (name, world), (samples, verdict) in cases.items():
+        status = "error" if verdict == "error" else "ok"
+        append_record(str(path), CaseRecord(
+            name, name.split("/")[0], world, {"data_parallel": "suite"}, run_id, status=status, verdict=verdict,
+            metrics={"step_times_s": samples, "samples_per_s": 32 / float(np.median(samples))} if samples else {},
+            metadata={"torch": torch_version, "cpu": "test cpu", "gpu": {"available": False}},
+            error="RuntimeError: boom" if status == "error" else None))
+
+
+def test_gate_flags_2x_slowdown_for_every_seed():
+    for seed in range(30):
+        g = gate_samples(noisy(seed), noisy(seed + 1000, slow=2.0))
+        assert g["change"] == "slower", (seed, g)
+        assert 0.4 < g["speedup"] < 0.6 and g["ci_high"] < 1.0
+
+
+def test_gate_false_alarm_rate_over_unchanged_reruns_is_small():
+    flagged = [gate_samples(noisy(s), noisy(s + 5000))["change"] for s in range(200)]
+    rate = flagged.count("slower") / len(flagged)
+    assert rate <= 0.02, rate
+    assert flagged.count("faster") / len(flagged) <= 0.02
+
+
+def test_gate_threshold_hides_small_significant_changes():
+    base, head = noisy(1, n=400), noisy(2, n=400, slow=1.05)  # 5% slower, significant with 400 samples
+    assert gate_samples(base, head, GateOptions(threshold=0.10))["change"] == "same"
+    assert gate_samples(base, head, GateOptions(threshold=0.0))["change"] == "slower"
+
+
+def test_gate_drops_nan_inf_and_refuses_too_few_samples():
+    g = gate_samples([0.1, math.nan, math.inf, 0.1], [0.2, 0.2, 0.2, -1.0])
+    assert g["change"] == "too few samples" and g["dropped"] == 3
+
+
+@pytest.mark.parametrize("kw,words", [({"threshold": -0.1}, "--threshold -0.1"), ({"alpha": 0.0}, "--alpha 0.0"),
+                                      ({"method": "t-test"}, "--method 't-test'")])
+def test_bad_gate_options_name_the_value(kw, words):
+    with pytest.raises(ValueError, match=words.replace("(", r"\(")):
+        GateOptions(**kw)
+
+
+def test_compare_exit_codes_and_table(tmp_path, capsys):
+    base, same, slow = tmp_path / "base.jsonl", tmp_path / "same.jsonl", tmp_path / "slow.jsonl"
+    write_records(base, {("mlp/plain", 2): (noisy(1), "pass"), ("mlp/none", 2): (noisy(2), "n/a"),
+                         ("mlp/only_base", 2): (noisy(3), "pass")})
+    write_records(same, {("mlp/plain", 2): (noisy(11), "pass"), ("mlp/none", 2): (noisy(12), "n/a")})
+    write_records(slow, {("mlp/plain", 2): (noisy(21, slow=2.0), "pass"), ("mlp/none", 2): (noisy(22), "n/a")})
+    assert main(["compare", str(base), str(same)]) == 0
+    out = capsys.readouterr()
+    assert "mlp/plain" in out.out and "only in BASE" in out.out and "regression gate: ok" in out.out
+    assert main(["compare", str(base), str(slow)]) == 1
+    out = capsys.readouterr()
+    assert "mlp/plain@2" in out.err and "slower" in out.err and "mlp/none@2" not in out.err
+    # one-sided cases fail only under --strict
+    assert main(["compare", str(base), str(same), "--strict"]) == 1
+    assert "only in BASE (--strict)" in capsys.readouterr().err
+
+
+def test_correctness_pass_to_fail_and_error_on_head_fail_the_gate(tmp_path, capsys):
+    base, head = tmp_path / "b.jsonl", tmp_path / "h.jsonl"
+    write_records(base, {("mlp/plain", 2): (noisy(1), "pass"), ("mlp/ddp", 2): (noisy(2), "pass"),
+                         ("mlp/overlap", 2): ([], "error")})
+    write_records(head, {("mlp/plain", 2): (noisy(3), "fail"), ("mlp/ddp", 2): ([], "error"),
+                         ("mlp/overlap", 2): ([], "error")})
+    assert main(["compare", str(base), str(head)]) == 1
+    err = capsys.readouterr().err
+    assert "mlp/plain@2: correctness verdict went from pass to fail" in err
+    assert "mlp/ddp@2: ran on BASE, errors on HEAD" in err
+    assert "mlp/overlap" not in err  # an error on both sides is listed, not a regression
+
+
+def test_torch_difference_warns_and_is_an_error_under_strict(tmp_path, capsys):
+    base, head = tmp_path / "b.jsonl", tmp_path / "h.jsonl"
+    write_records(base, {("mlp/plain", 2): (noisy(1), "pass")}, torch_version="2.4.0")
+    write_records(head, {("mlp/plain", 2): (noisy(2), "pass")}, torch_version="2.5.1")
+    assert main(["compare", str(base), str(head)]) == 0
+    assert "torch versions differ: BASE 2.4.0, HEAD 2.5.1" in capsys.readouterr().err
+    assert main(["compare", str(base), str(head), "--strict"]) == 2
+    assert "refusing to compare under --strict" in capsys.readouterr().err
+
+
+def _pytest_benchmark_json(path, samples, with_data=True, world=2):
+    stats = {"median": float(np.median(samples)), "rounds": len(samples)}
+    if with_data:
+        stats["data"] = [5 * s for s in samples]
+    path.write_text(json.dumps({"machine_info": {"torch": "2.4.0"}, "benchmarks": [
+        {"name": f"test_step[mlp/plain@{world}]", "stats": stats,
+         "extra_info": {"case": "mlp/plain", "world_size": world, "steps_per_round": 5, "verdict": "pass"}}]}))
+
+
+def test_pytest_benchmark_json_on_either_side(tmp_path, capsys):
+    rec, pb, pb_slow = tmp_path / "r.jsonl", tmp_path / "pb.json", tmp_path / "pb_slow.json"
+    write_records(rec, {("mlp/plain", 2): (noisy(1), "pass")})
+    _pytest_benchmark_json(pb, noisy(2))  # per-round data / steps_per_round -> per-step seconds
+    _pytest_benchmark_json(pb_slow, noisy(3, slow=3.0))
+    assert main(["compare", str(rec), str(pb)]) == 0
+    assert main(["compare", str(pb), str(pb_slow)]) == 1
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("content,words", [
+    ("", ["x.jsonl", "empty"]),
+    ('{"kind": "fleetbench.case", "schema_version": 1, "case": "a", "model": "mlp", "world_size": 2, '
+     '"config": {}, "run_id": "r"}\n{"broken', ["x.jsonl:2", "truncated"]),
+    ('{"benchmarks": 3}', ["x.jsonl", "'benchmarks' is int"]),
+    ('{"benchmarks": [{"name": "b", "stats": {}}]}', ["benchmark b", "--benchmark-save-data"]),
+])
+def test_unusable_input_exits_2_naming_file_and_line(tmp_path, capsys, content, words):
+    bad, good = tmp_path / "x.jsonl", tmp_path / "good.jsonl"
+    bad.write_text(content)
+    write_records(good, {("mlp/plain", 2): (noisy(1), "pass")})
+    assert main(["compare", str(good), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert all(w in err for w in words), err
+    assert main(["compare", str(tmp_path / "missing.jsonl"), str(good)]) == 2
+    assert "no such results file" in capsys.readouterr().err
+
+
+class _FakePool:
+    """Answers measure_on_rank with synthetic noise; a sleep adds its milliseconds to every step."""
+
+    nproc = 2
+
+    def __init__(self):
+        self.calls = 0
+
+    def run(self, fn, kwargs, timeout=None):
+        self.calls += 1
+        sleep = kwargs["variants"][0]["config"]["straggler_ms"] / 1e3
+        samples = [t + sleep for t in noisy(self.calls, n=kwargs["rounds"] * kwargs["steps"])]
+        return [{"variants": {"plain": {"step_times": samples}}}] * self.nproc
+
+
+def test_gate_figure_reports_false_alarms_and_the_smallest_slowdown_caught(monkeypatch):
+    import argparse
+
+    from suite.figures import gate as figure
+
+    monkeypatch.setenv("FLEETBENCH_GATE_RUNS", "6")
+    monkeypatch.setenv("FLEETBENCH_GATE_SLOW_RUNS", "3")
+    text = figure.run(_FakePool(), argparse.Namespace(rounds=8, steps=5, timeout=60))
+    row = next(line for line in text.splitlines() if line.startswith("| 10% |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert float(cells[1].split("%")[0]) <= 10 and "(15 pairs)" in cells[1]  # 6 unchanged runs: 15 pairs
+    assert cells[-2] == "100%"  # 2x slower: caught in every pair
+    assert cells[-1] in ("1.25x", "1.5x"), row  # 1.1x is inside the 10% threshold's noise

@@ -1,0 +1,80 @@
+"""The nightly pipeline end to end on CPU (`.ci/nightly`, what `make nightly-cpu` and the GPU
+workflow run): records and traces, a pytest-benchmark pass of bench_cases with raw data, an asv
+results file for this commit and the dashboard `asv publish` builds, the report, and the
+regression gate failing the job against (seeded, impossibly fast) last good results.
+The GPU workflow is linted with actionlint."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+WORKFLOW = os.path.join(REPO, ".github", "workflows", "nightly-gpu.yml")
+
+
+def test_gpu_workflow_is_linted_and_runs_the_nightly_pipeline_on_a_schedule():
+    lint = os.path.join(BIN, "actionlint")
+    assert os.path.exists(lint), f"actionlint is a dev dependency but {lint} is missing: run `make setup`"
+    out = subprocess.run([lint, WORKFLOW], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = open(WORKFLOW).read()
+    for words in ("schedule:", "self-hosted", "gpu", ".ci/nightly", "NIGHTLY_DEVICE: cuda", "results/last-good"):
+        assert words in text, words
+
+
+def _seed_last_good(path):
+    from suite.results.records import CaseRecord, append_record
+
+    append_record(str(path), CaseRecord("mlp/plain", "mlp", 2, {}, "last-good", verdict="n/a", metrics={
+        "step_times_s": [1e-5] * 12, "samples_per_s": 3.2e6}, metadata={"torch": __import__("torch").__version__}))
+
+
+def test_nightly_cpu_pipeline_end_to_end(tmp_path):
+    conf = json.load(open(os.path.join(REPO, "asv.conf.json")))
+    conf.update(repo=REPO, benchmark_dir=os.path.join(REPO, "bench_cases"), results_dir=str(tmp_path / "asv"),
+                 html_dir=str(tmp_path / "html"), env_dir=str(tmp_path / "asv-env"))
+    (tmp_path / "asv.conf.json").write_text(json.dumps(conf))
+    last_good = tmp_path / "last-good" / "runs.jsonl"
+    _seed_last_good(last_good)
+    seeded = last_good.read_bytes()
+    out_dir = tmp_path / "out"
+    env = dict(os.environ, HOME=str(tmp_path), PY=sys.executable, NIGHTLY_CASES="mlp/plain", NIGHTLY_WORLDS="2",
+               NIGHTLY_ROUNDS="2", NIGHTLY_STEPS="2", NIGHTLY_QUICK="1", NIGHTLY_OUT=str(out_dir),
+               NIGHTLY_LAST_GOOD=str(last_good), NIGHTLY_ASV_CONFIG=str(tmp_path / "asv.conf.json"),
+               NIGHTLY_MACHINE="cpu-test", MPLCONFIGDIR=str(tmp_path / "mpl"))
+    proc = subprocess.run([os.path.join(REPO, ".ci", "nightly")], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=900)
+    log = proc.stdout + proc.stderr
+    # the gate fails the job: HEAD is far slower than the seeded last good results
+    assert proc.returncode == 1, log
+    assert "regression gate: FAIL" in log and "mlp/plain@2" in log, log[-3000:]
+    assert last_good.read_bytes() == seeded, "a failed night must not become the last good results"
+
+    recs = [json.loads(line) for line in open(out_dir / "runs.jsonl")]
+    assert [(r["case"], r["world_size"], r["status"]) for r in recs] == [("mlp/plain", 2, "ok")]
+    assert os.path.exists(out_dir / recs[0]["metrics"]["trace_file"])
+
+    pb = json.load(open(out_dir / "pytest-benchmark.json"))
+    (bench,) = pb["benchmarks"]
+    assert bench["extra_info"]["case"] == "mlp/plain" and bench["extra_info"]["world_size"] == 2
+    assert len(bench["stats"]["data"]) == 2 and bench["extra_info"]["samples_per_s"] > 0
+    assert pb["machine_info"]["torch"] and "gpu" in pb["machine_info"]
+
+    results = [f for f in glob.glob(str(tmp_path / "asv" / "cpu-test" / "*.json")) if not f.endswith("machine.json")]
+    assert len(results) == 1, results
+    asv = json.load(open(results[0]))
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    assert asv["commit_hash"] == commit
+    value = asv["results"]["asv_cases.StepTime.track_step_time"][0]
+    assert isinstance(value[0], (int, float)) and value[0] > 0, value
+    assert os.path.exists(tmp_path / "html" / "index.html")
+    assert os.path.exists(tmp_path / "html" / "index.json")
+
+    page = open(out_dir / "report" / "index.html").read()
+    assert "mlp/plain" in page and "throughput_w2.png" in page
+    assert glob.glob(str(out_dir / "report" / "traces" / "*.json"))
+    assert "| mlp/plain | 2 |" in (out_dir / "compare.md").read_text() or "mlp/plain" in (out_dir / "compare.md").read_text()
