@@ -9,7 +9,7 @@ CONSTRAINTS := constraints.txt
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 ARGS ?=
 
-.PHONY: run test setup bench asv-smoke nightly-cpu clean-venv
+.PHONY: run test setup bench asv-smoke nightly-cpu figures clean-venv
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,19 @@ asv-smoke: setup
 	FLEETBENCH_BENCH_CASES=mlp/plain FLEETBENCH_BENCH_WORLDS=2 $(VENV)/bin/asv run -E existing:same --quick \
 		--set-commit-hash $$(git rev-parse HEAD) --machine $(ASV_MACHINE) --launch-method spawn --show-stderr
 	$(VENV)/bin/asv publish
+
+# Every strategy's benchmark figures, as written into the README (takes a while; run on a quiet machine).
+FIGURES := docs/figures
+figures: setup
+	mkdir -p $(FIGURES)
+	$(VENV)/bin/fleetbench figures comm      --nproc 2 --rounds 9 --steps 5  --out $(FIGURES)/comm.md
+	$(VENV)/bin/fleetbench figures compute   --nproc 2 --rounds 7 --steps 5  --out $(FIGURES)/compute.md
+	$(VENV)/bin/fleetbench figures amp       --nproc 2 --rounds 7 --steps 5  --out $(FIGURES)/amp.md
+	$(VENV)/bin/fleetbench figures local_sgd --nproc 2 --rounds 5 --steps 16 --out $(FIGURES)/local_sgd.md
+	$(VENV)/bin/fleetbench figures reader    --nproc 1 --rounds 5            --out $(FIGURES)/reader.md
+	$(VENV)/bin/fleetbench figures host      --nproc 2 --rounds 5 --steps 20 --out $(FIGURES)/host.md
+	$(VENV)/bin/fleetbench figures gate      --nproc 2 --rounds 5 --steps 5  --out $(FIGURES)/gate.md
+	$(VENV)/bin/fleetbench figures cluster   --rounds 5 --steps 3            --out $(FIGURES)/cluster.md
 
 clean-venv:
 	rm -rf $(VENV)
