@@ -407,7 +407,7 @@ def print_table(records) -> None:
 
     table = Table(title="fleetbench run", show_lines=False)
     for col, just in (("case", "left"), ("verdict", "left"), ("samples/s", "right"), ("speedup vs plain", "right"),
-                      ("step ms (median, IQR)", "right"), ("allreduce/step", "right")):
+                      ("step ms (median, IQR)", "right"), ("collectives/step", "right")):
         table.add_column(col, justify=just)
     for r in records:
         m = r.metrics or {}
@@ -416,7 +416,7 @@ def print_table(records) -> None:
         ci = m.get("speedup_ci") or [None, None]
         st = m.get("step_time_s") or {}
         calls = m.get("comm_calls_per_step") or {}
-        ar = sum(v for k, v in calls.items() if k.endswith("/all_reduce"))
+        ar = sum(calls.values())  # every collective fleetbench issued (DDP's own are not counted)
         table.add_row(
             r.case,
             r.verdict,
