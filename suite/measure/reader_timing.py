@@ -17,7 +17,6 @@ import time
 from typing import Iterator
 
 import torch
-import torch.distributed as dist
 
 from ..config import StrategyConfig
 from ..data.reader import build_reader
@@ -26,8 +25,7 @@ from ..engine import build_engine
 from ..models import get_model
 from ..runtime.context import current
 from ..runtime.device import default_threads
-from ..strategies.fetch import LossFetcher
-from .timing import StepClock
+from .timing import timed_window
 
 __all__ = ["measure_reader_on_rank"]
 
@@ -63,27 +61,20 @@ def measure_reader_on_rank(model: str, variants: list[dict], warmup: int = 1, ro
 
     def window(r: dict, n: int, record: bool) -> None:
         torch.set_num_threads(r["threads"])
-        fetcher = LossFetcher(r["config"].fetch_frequency)
-        clock = StepClock(ctx.platform)
         waits = []
-        dist.barrier()
-        t0 = time.perf_counter()
-        clock.mark()
-        for _ in range(n):
+
+        def step() -> torch.Tensor:
             t = time.perf_counter()
             x, y = next(r["stream"])
-            waits.append(time.perf_counter() - t)
-            fetcher.push(r["engine"].train_step(x, y))
-            clock.mark()
-        fetcher.flush()
-        ctx.platform.synchronize()
-        dist.barrier()
-        t1 = time.perf_counter()
+            waits.append(time.perf_counter() - t)  # the time this step waited for its batch
+            return r["engine"].train_step(x, y)
+
+        w = timed_window(ctx.platform, n, step, r["config"].fetch_frequency)
         if record:
-            r["windows"].append(t1 - t0)
+            r["windows"].append(w.seconds)
             r["waits"].extend(waits)
-            r["step_times"].extend(clock.durations())
-            r["losses"].extend(fetcher.values)
+            r["step_times"].extend(w.step_times)
+            r["losses"].extend(w.losses)
 
     try:
         for r in runs:

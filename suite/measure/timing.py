@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -29,7 +30,7 @@ from ..runtime.context import current
 from ..runtime.device import default_threads
 from ..strategies.fetch import LossFetcher
 
-__all__ = ["measure_on_rank", "straggler_for_step", "StepClock"]
+__all__ = ["measure_on_rank", "straggler_for_step", "StepClock", "Window", "timed_window"]
 
 
 def straggler_for_step(step: int, world: int, seed: int = 0) -> int:
@@ -57,6 +58,32 @@ class StepClock:
             torch.cuda.synchronize()
             return [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks, self.marks[1:])]
         return [b - a for a, b in zip(self.marks, self.marks[1:])]
+
+
+@dataclass
+class Window:
+    """One timed window: its wall time (barriers at both ends only), per-step times, every step's loss."""
+
+    seconds: float
+    step_times: list
+    losses: list
+    host_syncs: int
+
+
+def timed_window(platform, n: int, step: Callable[[], torch.Tensor], fetch_frequency: int = 1) -> Window:
+    """Run ``step()`` ``n`` times between two barriers; losses fetched to the host every ``fetch_frequency``."""
+    fetcher = LossFetcher(fetch_frequency)
+    clock = StepClock(platform)
+    dist.barrier()
+    t0 = time.perf_counter()
+    clock.mark()
+    for _ in range(n):
+        fetcher.push(step())
+        clock.mark()
+    fetcher.flush()
+    platform.synchronize()
+    dist.barrier()
+    return Window(time.perf_counter() - t0, clock.durations(), fetcher.values, fetcher.fetches)
 
 
 class _Variant:
@@ -103,34 +130,27 @@ def measure_on_rank(model: str, variants: list[dict], warmup: int = 2, steps: in
     step_no = 0
 
     def window(v: _Variant, n: int, record: bool) -> None:
-        nonlocal step_no
         torch.set_num_threads(v.threads)
-        fetcher = LossFetcher(v.config.fetch_frequency)
-        clock = StepClock(ctx.platform)
         C.STATS.reset()
         sleeps = 0
         if ctx.platform.is_cuda:
             torch.cuda.reset_peak_memory_stats(device)
-        dist.barrier()
-        t0 = time.perf_counter()
-        clock.mark()
-        for _ in range(n):
+
+        def step() -> torch.Tensor:
+            nonlocal step_no, sleeps
             step_no += 1
             if v.config.straggler_ms and straggler_for_step(step_no, world, seed) == rank:
                 time.sleep(v.config.straggler_ms / 1e3)
                 sleeps += 1
             x, y = batches[step_no % nbatches]
-            fetcher.push(v.engine.train_step(x, y))
-            clock.mark()
-        fetcher.flush()
-        ctx.platform.synchronize()
-        dist.barrier()
-        t1 = time.perf_counter()
+            return v.engine.train_step(x, y)
+
+        w = timed_window(ctx.platform, n, step, v.config.fetch_frequency)
         if record:
-            v.windows.append(t1 - t0)
-            v.step_times.extend(clock.durations())
-            v.losses.extend(fetcher.values)
-            v.host_syncs += fetcher.fetches
+            v.windows.append(w.seconds)
+            v.step_times.extend(w.step_times)
+            v.losses.extend(w.losses)
+            v.host_syncs += w.host_syncs
             v.threads_observed.add(torch.get_num_threads())
             v.straggler_sleeps += sleeps
             v.peak_memory = max(v.peak_memory, _peak_memory(ctx.platform))
