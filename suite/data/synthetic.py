@@ -22,12 +22,16 @@ IMAGE_STD = 0.25
 class SyntheticImages:
     kind = "images"
 
-    def __init__(self, size: int = 2048, seed: int = 0, image_size: int = 16, channels: int = 3, classes: int = 10):
+    def __init__(self, size: int = 2048, seed: int = 0, image_size: int = 16, channels: int = 3, classes: int = 10,
+                 signal: float = 0.6):
+        """``signal``: the template's share of each pixel (the rest is noise); lower is harder."""
+        if not 0.0 < signal <= 1.0:
+            raise ValueError(f"signal={signal!r}: the template's share of a pixel, in (0, 1]")
         g = torch.Generator().manual_seed(seed)
         templates = torch.rand(classes, channels, image_size, image_size, generator=g)
         self.targets = torch.randint(0, classes, (size,), generator=g)
         noise = torch.rand(size, channels, image_size, image_size, generator=g)
-        images = 0.6 * templates[self.targets] + 0.4 * noise
+        images = signal * templates[self.targets] + (1.0 - signal) * noise
         self.inputs = (images * 255).round().clamp(0, 255).to(torch.uint8)
         self.size = size
 
@@ -62,10 +66,10 @@ class SyntheticTokens:
         return self.inputs[indices], self.targets[indices]
 
 
-def make_dataset(spec, size: int = 2048, seed: int = 0):
-    """The dataset a :class:`suite.models.ModelSpec` trains on."""
+def make_dataset(spec, size: int = 2048, seed: int = 0, signal: float = 0.6):
+    """The dataset a :class:`suite.models.ModelSpec` trains on (``signal``: image difficulty, lower is harder)."""
     if spec.data == "images":
-        return SyntheticImages(size, seed, spec.image_size, 3, spec.num_classes)
+        return SyntheticImages(size, seed, spec.image_size, 3, spec.num_classes, signal)
     return SyntheticTokens(size, seed, spec.vocab, spec.seq_len)
 
 

@@ -21,6 +21,9 @@ MODEL = "mlp"  # communication-heavy: what Local SGD saves shows
 PER_RANK_BATCH = 16
 STRAGGLER_MS = 30.0
 QUALITY_STEPS = 60
+# The quality run uses harder images (the class template is 20% of each pixel, not 60%): on the
+# default data every variant reaches ~100% accuracy within 60 steps and no trade-off can show.
+QUALITY_SIGNAL = 0.2
 
 
 def variants() -> list[tuple[str, dict]]:
@@ -33,16 +36,16 @@ def variants() -> list[tuple[str, dict]]:
 
 
 def quality_on_rank(model: str, variants: list[dict], steps: int, per_rank_batch: int = 16, seed: int = 0,
-                    eval_size: int = 512) -> dict:
+                    eval_size: int = 512, signal: float = 0.6) -> dict:
     """Train each variant ``steps`` steps from the same start on the same batches; report the mean
     training loss of the last 10 steps and this rank's held-out loss and accuracy."""
     ctx = current()
     device, world, rank = ctx.platform.device, ctx.world_size, ctx.rank
     spec = get_model(model)
-    data = make_dataset(spec, 2048, seed)
+    data = make_dataset(spec, 2048, seed, signal)
     # Same seed: the same class templates; a larger size draws other noisy samples, the last of
     # which no variant trains on.
-    held = make_dataset(spec, 2048 + eval_size, seed)
+    held = make_dataset(spec, 2048 + eval_size, seed, signal)
     ex, ey = held.get(torch.arange(2048, 2048 + eval_size))
     ex = prepare(held, ex, device)
     ey = ey.to(device)
@@ -83,7 +86,7 @@ def run(pool, args) -> str:
                             per_rank_batch=PER_RANK_BATCH, dataset_size=2048))
     quality = pool.run("suite.figures.local_sgd:quality_on_rank",
                        dict(model=MODEL, variants=[{"name": n, "config": c} for n, c in names],
-                            steps=QUALITY_STEPS, per_rank_batch=PER_RANK_BATCH))
+                            steps=QUALITY_STEPS, per_rank_batch=PER_RANK_BATCH, signal=QUALITY_SIGNAL))
     gb = PER_RANK_BATCH * nproc
 
     def tput(variant: str):
@@ -94,7 +97,7 @@ def run(pool, args) -> str:
     lines = [
         f"**Local SGD** ({MODEL}, momentum SGD, {nproc} ranks, global batch {gb}, warm-up W=1; windows of "
         f"{steps} steps, {args.rounds} interleaved rounds; stragglers: one seeded random rank sleeps "
-        f"{STRAGGLER_MS:g} ms each step; quality after {QUALITY_STEPS} steps from the same start on the same batches)",
+        f"{STRAGGLER_MS:g} ms each step; quality after {QUALITY_STEPS} steps from the same start on the same batches of harder images, the class template being {QUALITY_SIGNAL:.0%} of each pixel)",
         "",
         "| variant | samples/s [95% CI] | speedup vs sync | with stragglers: samples/s | speedup vs sync | "
         "final train loss | held-out loss | held-out acc | averagings |",
