@@ -47,3 +47,19 @@ def test_fleetbench_run_under_torchrun(tmp_path):
     assert {r["case"] for r in recs} == {"mlp/plain", "mlp/ddp"}
     assert all(r["verdict"] == "pass" and r["world_size"] == 2 for r in recs)
     assert all(r["metrics"]["samples_per_s"] > 0 for r in recs)
+
+
+def test_hierarchical_under_torchrun_takes_local_world_size_as_the_node(tmp_path):
+    """The README's multi-node command: no inter_nranks given, so nodes are torchrun's machines."""
+    results = tmp_path / "runs.jsonl"
+    proc = torchrun(["-m", "suite.cli.main", "run", "--case", "mlp/overlap", "--set", "use_hierarchical_allreduce=true",
+                     "--rounds", "1", "--steps", "2", "--warmup", "1", "--results", str(results)])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    recs = [json.loads(x) for x in results.read_text().splitlines()]
+    assert [r["case"] for r in recs] == ["mlp/overlap"]
+    rec = recs[0]
+    assert rec["verdict"] == "pass", rec.get("check")
+    assert rec["config"]["use_hierarchical_allreduce"] is True
+    assert rec["config"]["hierarchical_allreduce_inter_nranks"] is None  # resolved from LOCAL_WORLD_SIZE
+    # One node of 2 ranks: the hierarchy's intra-node groups carry the gradients.
+    assert any(k.startswith("intra") for k in rec["metrics"]["comm_calls_per_step"]), rec["metrics"]["comm_calls_per_step"]

@@ -64,7 +64,7 @@ def _positive(name: str, value: int, low: int = 1) -> None:
         raise ConfigError(f"--{name} {value}: must be >= {low}")
 
 
-def resolve_cases(args, world: int) -> list[tuple[Case, StrategyConfig, Optional[str]]]:
+def resolve_cases(args, world: int, local_world: Optional[int] = None) -> list[tuple[Case, StrategyConfig, Optional[str]]]:
     """Every selected case with its validated config; the reason when it cannot run at ``world``."""
     try:
         cases = select_cases(args.case, args.tag, args.model)
@@ -80,7 +80,8 @@ def resolve_cases(args, world: int) -> list[tuple[Case, StrategyConfig, Optional
             cfg = StrategyConfig.from_dict({**case.config, **base}).with_overrides(args.set)
             why = case.applies_to_world(world)
             if why is None:
-                cfg.check_world(world)
+                # Under torchrun (local_world given) the hierarchy's nodes default to the real machines.
+                cfg.check_world(world, local_world, torchrun=local_world is not None)
         except ConfigError as exc:
             raise ConfigError(f"case {case.name}: {exc}") from None
         out.append((case, cfg, why))
@@ -104,7 +105,8 @@ def main(args) -> int:
     _positive("trace-steps", args.trace_steps, 0)
     if args.batch is not None:
         _positive("batch", args.batch)
-    selected = resolve_cases(args, world)  # every config validated before any rank starts
+    # every config validated before any rank starts
+    selected = resolve_cases(args, world, env.local_world_size if env else None)
     if args.list:
         for case, cfg, why in selected:
             print(f"{case.name:32s} {','.join(case.tags):40s} {case.description}" + (f"  [skip: {why}]" if why else ""))
