@@ -247,8 +247,7 @@ class BucketedGradSync(GradSync):
         ng = self.hier[comm]
 
         def chain() -> None:
-            # Divide in full precision before any cast, as the flat path does (keeps fp16 in range).
-            wire = flat.div(self.world).to(self.comm_dtype) if self.comm_dtype != flat.dtype else flat.div_(self.world)
+            wire = self._to_wire(flat)  # the flat path's averaging and wire dtype
             hierarchical_all_reduce(wire, ng, HIER_MODE)
             if wire is not flat:
                 flat.copy_(wire)

@@ -83,11 +83,7 @@ class GradSync:
         Returns a callable that completes the operation (waits, divides, copies back), so
         asynchronous callers can launch now and finish later.
         """
-        if self.comm_dtype != tensor.dtype:
-            # Divide in full precision, then cast: large (loss-scaled) gradients stay in fp16's range.
-            wire = tensor.div(self.world).to(self.comm_dtype)
-        else:
-            wire = tensor.div_(self.world)  # divide before summing
+        wire = self._to_wire(tensor)
         work = C.all_reduce(wire, group=group, async_op=async_op)
 
         def complete() -> None:
@@ -100,6 +96,16 @@ class GradSync:
             complete()
             return None
         return complete
+
+    def _to_wire(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` divided by the world size (averaging folded in before the sum), in ``grad_comm_dtype``.
+
+        In place when no cast is needed; otherwise divided in full precision first, then cast, so large
+        (loss-scaled) gradients stay in fp16's range.  The caller copies a cast result back.
+        """
+        if self.comm_dtype != tensor.dtype:
+            return tensor.div(self.world).to(self.comm_dtype)
+        return tensor.div_(self.world)
 
     def _missing_grad(self, name: str, p: torch.nn.Parameter) -> torch.Tensor:
         """A parameter without a gradient this step: zeros (find_unused_parameters) or a clear error."""
