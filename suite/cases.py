@@ -20,7 +20,7 @@ finished case fills, whatever the strategy; ``Case.records`` adds the case-speci
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Optional
 
 __all__ = ["Case", "VARIANTS", "CASES", "select_cases", "BASELINE", "RECORDED", "WORLD_SIZES", "get_case",

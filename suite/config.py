@@ -16,7 +16,7 @@ import dataclasses
 import math
 import tomllib
 import warnings
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, Mapping, Optional
 
 __all__ = ["StrategyConfig", "ConfigError", "PRESETS", "FIELD_ALIASES"]

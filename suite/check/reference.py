@@ -20,7 +20,7 @@ rank; AMP: the same autocast and scaler) through :func:`make_reference`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 

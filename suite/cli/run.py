@@ -17,7 +17,7 @@ import time
 import uuid
 from typing import Optional
 
-from ..cases import BASELINE, CASES, Case, select_cases
+from ..cases import BASELINE, Case, select_cases
 from ..config import ConfigError, StrategyConfig
 
 DEFAULT_RESULTS = os.path.join("results", "runs.jsonl")

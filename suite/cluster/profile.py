@@ -24,7 +24,7 @@ from ..data.synthetic import make_dataset, prepare, shard, step_indices
 from ..engine import build_engine
 from ..models import get_model
 from ..runtime.context import current
-from .simulate import ParamGrad, Profile
+from .simulate import Profile
 
 __all__ = ["record_profile", "summarize_profile"]
 

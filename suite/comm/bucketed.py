@@ -36,7 +36,6 @@ import torch.distributed as dist
 
 from ..config import StrategyConfig
 from ..runtime.groups import comm_groups, label_of, node_groups
-from . import collectives as C
 from .buckets import Bucket, fusion_log_line, log, param_owners, plan_buckets
 from .grad_sync import GradSync
 from .hierarchical import hierarchical_all_reduce

@@ -8,7 +8,6 @@ rank has the same number of samples.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch
 

@@ -2,7 +2,6 @@
 backward; eager and compiled), and the fused optimizer against torch's loop, foreach and fused."""
 from __future__ import annotations
 
-import math
 import statistics
 import time
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 import torch.distributed as dist

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .records import CaseRecord, ResultsFileError, read_records
+from .records import ResultsFileError, read_records
 
 __all__ = ["CaseResult", "Side", "load_side", "case_key"]
 

@@ -15,9 +15,7 @@ import importlib
 import multiprocessing as mp
 import os
 import queue
-import signal
 import socket
-import sys
 import time
 import traceback
 from dataclasses import dataclass, field
