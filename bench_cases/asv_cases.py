@@ -17,6 +17,7 @@ import os
 import statistics
 
 from bench_cases._matrix import case_config, env_selection, selected_matrix
+from suite.measure.steps import prepare_case, run_steps
 
 ROUNDS = int(os.environ.get("FLEETBENCH_BENCH_ROUNDS", "5"))
 STEPS = int(os.environ.get("FLEETBENCH_BENCH_STEPS", "5"))
@@ -44,7 +45,7 @@ class StepTime:
 
         self.case = c
         self.pool = RankPool(world_size, timeout=self.timeout / 2, pg_timeout=120.0)
-        self.pool.run("suite.measure.steps:prepare_case",
+        self.pool.run(prepare_case,
                       dict(key=case, model=c.model, config=cfg.to_dict(), per_rank_batch=c.per_rank_batch))
 
     def teardown(self, case, world_size):
@@ -54,7 +55,7 @@ class StepTime:
     def track_step_time(self, case, world_size):
         per_round = []
         for _ in range(ROUNDS):
-            answers = self.pool.run("suite.measure.steps:run_steps", dict(key=case, steps=STEPS))
+            answers = self.pool.run(run_steps, dict(key=case, steps=STEPS))
             per_round.append(max(a["window_s"] for a in answers) / STEPS)
         return statistics.median(per_round)
 

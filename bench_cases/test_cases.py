@@ -12,6 +12,7 @@ import pytest
 
 from bench_cases._matrix import case_config, verdict_of
 from bench_cases.conftest import CALL_TIMEOUT
+from suite.measure.steps import drop_case, prepare_case, run_steps
 
 
 def test_step(benchmark, rank_pools, case_world, request):
@@ -29,7 +30,7 @@ def test_step(benchmark, rank_pools, case_world, request):
                 else verdict_of(pool, case, cfg, timeout=CALL_TIMEOUT))
     key = f"{case.name}@{world}"
     try:
-        prep = pool.run("suite.measure.steps:prepare_case",
+        prep = pool.run(prepare_case,
                         dict(key=key, model=case.model, config=cfg.to_dict(), per_rank_batch=case.per_rank_batch))
     except Exception as exc:
         info.update(status="error", verdict="error")
@@ -37,12 +38,12 @@ def test_step(benchmark, rank_pools, case_world, request):
     answers: list = []
 
     def k_steps():
-        answers.append(pool.run("suite.measure.steps:run_steps", dict(key=key, steps=steps)))
+        answers.append(pool.run(run_steps, dict(key=key, steps=steps)))
 
     try:
         benchmark.pedantic(k_steps, rounds=rounds, iterations=1, warmup_rounds=0)
     finally:
-        pool.run("suite.measure.steps:drop_case", dict(key=key))
+        pool.run(drop_case, dict(key=key))
     windows = [max(a["window_s"] for a in per_rank) for per_rank in answers]
     per_rank_steps = [[t for per_rank in answers for t in per_rank[r]["step_times_s"]] for r in range(world)]
     throughput = [case.per_rank_batch * world * steps / w for w in windows]

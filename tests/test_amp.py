@@ -108,7 +108,7 @@ def losses_bf16_vs_fp32(model: str, steps: int = 20, per_rank_batch: int = 4) ->
 
 @pytest.mark.parametrize("model", ["resnet", "mlp", "transformer"])
 def test_bf16_losses_follow_fp32(pool2, model):
-    answers = pool2.run("tests.test_amp:losses_bf16_vs_fp32", dict(model=model))
+    answers = pool2.run(losses_bf16_vs_fp32, dict(model=model))
     for rank, a in enumerate(answers):
         errs = [rel_error(torch.tensor(b), torch.tensor(f)) for b, f in zip(a["bf16"], a["fp32"])]
         assert len(errs) == 20
@@ -170,7 +170,7 @@ def test_inf_on_one_rank_skips_everywhere_dynamic(pool2):
     cfg = dict(amp="bf16", use_dynamic_loss_scaling=True, init_loss_scaling=1024.0, decr_every_n_nan_or_inf=2,
                decr_ratio=0.5, incr_every_n_steps=1000)
     bad = [2, 3, 5]
-    answers = pool2.run("tests.test_amp:steps_with_injected_inf", dict(config=cfg, steps=6, bad_steps=bad))
+    answers = pool2.run(steps_with_injected_inf, dict(config=cfg, steps=6, bad_steps=bad))
     # (scale, good, bad, skipped) after each step, by Paddle's rule
     expected = [(1024.0, 1, 0, 0), (1024.0, 0, 1, 1), (512.0, 0, 0, 2), (512.0, 1, 0, 2), (512.0, 0, 1, 3),
                 (512.0, 1, 0, 3)]
@@ -183,7 +183,7 @@ def test_inf_on_one_rank_skips_everywhere_static_fp16_fused_optimizer(pool2):
     cfg = dict(amp="fp16", use_dynamic_loss_scaling=False, init_loss_scaling=256.0, fuse_all_optimizer_ops=True,
                optimizer="adam")
     bad = [2, 3]
-    answers = pool2.run("tests.test_amp:steps_with_injected_inf", dict(config=cfg, steps=4, bad_steps=bad,
+    answers = pool2.run(steps_with_injected_inf, dict(config=cfg, steps=4, bad_steps=bad,
                                                                         bad_rank=0))
     expected = [(256.0, 0, 0, 0), (256.0, 0, 0, 1), (256.0, 0, 0, 2), (256.0, 0, 0, 2)]
     _check_sequence(answers, expected, bad)
@@ -192,7 +192,7 @@ def test_inf_on_one_rank_skips_everywhere_static_fp16_fused_optimizer(pool2):
 def test_dynamic_scale_grows_after_incr_every_n_steps(pool2):
     cfg = dict(amp="bf16", use_dynamic_loss_scaling=True, init_loss_scaling=1024.0, incr_every_n_steps=3,
                incr_ratio=2.0, data_parallel="ddp")
-    answers = pool2.run("tests.test_amp:steps_with_injected_inf", dict(config=cfg, steps=7, bad_steps=[]))
+    answers = pool2.run(steps_with_injected_inf, dict(config=cfg, steps=7, bad_steps=[]))
     expected = [(1024.0, 1, 0, 0), (1024.0, 2, 0, 0), (2048.0, 0, 0, 0), (2048.0, 1, 0, 0), (2048.0, 2, 0, 0),
                 (4096.0, 0, 0, 0), (4096.0, 1, 0, 0)]
     _check_sequence(answers, expected, [])

@@ -20,6 +20,8 @@ from suite.cluster.emulate import (NODE_IF, EmulatedCluster, cleanup, list_names
 from suite.cluster.launch import cluster_pool, pool_kwargs
 from suite.cluster.spec import ClusterSpec, ClusterSpecError, parse_cluster, parse_rate
 from suite.runtime.pool import RankFailure
+from suite.cluster.probes import check_two_level, timed_allreduce
+from suite.runtime.probes import crash
 
 _REASON = unavailable_reason()
 
@@ -143,9 +145,9 @@ def test_flat_allreduce_follows_ring_formula_and_teardown_after_kill():
     with cluster_pool(spec, timeout=120, pg_timeout=60, start_timeout=120, num_threads=1) as (cl, pool):
         names = set(cl.namespaces)
         assert {n_ for n_, rid, _ in list_namespaces() if rid == cl.run_id} == names
-        errs = pool.run("suite.cluster.probes:check_two_level", {"ranks_per_node": 2})
+        errs = pool.run(check_two_level, {"ranks_per_node": 2})
         assert all(finite_le(e, 0.0) for e in errs), errs
-        res = pool.run("suite.cluster.probes:timed_allreduce",
+        res = pool.run(timed_allreduce,
                        {"sizes": [n], "variants": ["flat"], "rounds": 3, "warmup": 1, "ranks_per_node": 2})
         per_round = [max(r[f"flat/{n}"][i] for r in res) for i in range(3)]
         measured = sorted(per_round)[1]
@@ -155,5 +157,5 @@ def test_flat_allreduce_follows_ring_formula_and_teardown_after_kill():
         ratio = measured / predicted
         assert math.isfinite(ratio) and 0.5 <= ratio <= 2.0, (measured, predicted)
         with pytest.raises(RankFailure):
-            pool.run("suite.runtime.probes:crash", {"rank": 1}, timeout=60)
+            pool.run(crash, {"rank": 1}, timeout=60)
     assert not [n_ for n_, rid, _ in list_namespaces() if rid == cl.run_id]

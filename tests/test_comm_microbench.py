@@ -5,6 +5,7 @@ import pytest
 
 from suite.cli.comm import parse_size
 from suite.comm.microbench import busbw_factor, format_table, merge, parse_variant
+from suite.comm.microbench import allreduce_sweep_on_rank
 
 VARIANTS = ["flat", "hier", "hier_reduce", "comm3"]
 
@@ -42,10 +43,10 @@ def broken_sweep_on_rank(**kwargs):
 
 def test_every_path_is_exact_and_breakage_is_counted(pool4):
     kw = dict(sizes=[64, 4096], variants=VARIANTS, inter_nranks=2, iters=1, warmup=0)
-    rows = merge(pool4.run("suite.comm.microbench:allreduce_sweep_on_rank", kw))
+    rows = merge(pool4.run(allreduce_sweep_on_rank, kw))
     assert [(r["bytes"], r["variant"]) for r in rows] == [(s, v) for s in (64, 4096) for v in VARIANTS]
     assert all(r["wrong"] == 0 for r in rows), rows
     # (only the scatter schedule: in the reduce schedule the wrong group would pair mismatched collectives)
-    broken = merge(pool4.run("tests.test_comm_microbench:broken_sweep_on_rank", dict(kw, variants=["flat", "hier"])))
+    broken = merge(pool4.run(broken_sweep_on_rank, dict(kw, variants=["flat", "hier"])))
     assert all(r["wrong"] > 0 for r in broken if r["variant"] == "hier"), broken
     assert all(r["wrong"] == 0 for r in broken if r["variant"] == "flat")

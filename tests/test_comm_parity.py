@@ -79,8 +79,8 @@ def ddp_parity_on_rank(model: str, config: dict, steps: int = 3, per_rank_batch:
     ddp_cfg = cfg.replace(data_parallel="ddp", fuse_all_reduce_ops=False, nccl_comm_num=1, sync_nccl_allreduce=True,
                           use_hierarchical_allreduce=False)
     spec = get_model(model)
-    ours = build_engine(spec.make(seed + 7919 * rank, 1, device), spec.loss_fn, cfg)
-    ddp = build_engine(spec.make(seed + 7919 * rank, 1, device), spec.loss_fn, ddp_cfg)
+    ours = build_engine(spec.make(seed + 7919 * rank, device), spec.loss_fn, cfg)
+    ddp = build_engine(spec.make(seed + 7919 * rank, device), spec.loss_fn, ddp_cfg)
     data = make_dataset(spec, 512, seed)
     errors = []
     for step in range(steps):
@@ -95,7 +95,7 @@ def ddp_parity_on_rank(model: str, config: dict, steps: int = 3, per_rank_batch:
 
 
 def _check_ddp(pool, model, cfg):
-    answers = pool.run("tests.test_comm_parity:ddp_parity_on_rank", dict(model=model, config=cfg.to_dict()))
+    answers = pool.run(ddp_parity_on_rank, dict(model=model, config=cfg.to_dict()))
     worst = max((e for a in answers for e, _ in a["errors"]), default=math.inf)
     assert finite_le(worst, 1e-5), f"{model} {cfg}: differs from torch DDP by {worst:.3g}: {answers[0]['errors']}"
     assert len({a["digest"] for a in answers}) == 1, f"{model} {cfg}: ranks hold different parameters"

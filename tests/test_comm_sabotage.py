@@ -46,7 +46,7 @@ def sabotaged_check_on_rank(kind: str, **kwargs) -> dict:
 
 def _check(pool, kind, model, values):
     cfg = StrategyConfig(**values)
-    answers = pool.run("tests.test_comm_sabotage:sabotaged_check_on_rank",
+    answers = pool.run(sabotaged_check_on_rank,
                        dict(kind=kind, model=model, config=cfg.to_dict(), steps=3))
     return summarize(cfg, answers)
 
@@ -104,7 +104,7 @@ def awkward_on_rank(config: dict, steps: int = 2) -> dict:
 def test_unused_parameter_is_a_clear_error_not_a_hang(pool2):
     cfg = StrategyConfig(**FUSED, nccl_comm_num=2).to_dict()
     try:
-        answers = pool2.run("tests.test_comm_sabotage:awkward_on_rank", dict(config=cfg), timeout=90)
+        answers = pool2.run(awkward_on_rank, dict(config=cfg), timeout=90)
     except RankError as exc:  # pragma: no cover - the message is what matters
         raise AssertionError(f"expected a returned error, got a raise: {exc}")
     for a in answers:
@@ -113,7 +113,7 @@ def test_unused_parameter_is_a_clear_error_not_a_hang(pool2):
 
 def test_unused_parameter_handled_with_find_unused(pool2):
     cfg = StrategyConfig(**FUSED, nccl_comm_num=2, find_unused_parameters=True).to_dict()
-    answers = pool2.run("tests.test_comm_sabotage:awkward_on_rank", dict(config=cfg, steps=3), timeout=90)
+    answers = pool2.run(awkward_on_rank, dict(config=cfg, steps=3), timeout=90)
     for a in answers:
         assert a["error"] is None, a["error"]
         assert a["frozen_grad_none"], "a frozen parameter must be skipped"

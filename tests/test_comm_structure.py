@@ -78,7 +78,7 @@ def structure_on_rank(model: str, config: dict, steps: int = 2, record: bool = T
 
 
 def _run(pool, steps=2, **config):
-    return pool.run("tests.test_comm_structure:structure_on_rank",
+    return pool.run(structure_on_rank,
                     dict(model="mlp", config=StrategyConfig(**config).to_dict(), steps=steps))
 
 
@@ -157,8 +157,8 @@ def test_hierarchical_groups(pool4):
 def test_grads_stay_views_when_replaced(pool2, variant):
     """Autograd replacing a None .grad, or zero_grad(set_to_none=True): views are restored, results unchanged."""
     cfg = StrategyConfig(fuse_all_reduce_ops=True, fuse_grad_size_in_layers=1, sync_nccl_allreduce=False).to_dict()
-    base = pool2.run("tests.test_comm_structure:structure_on_rank", dict(model="mlp", config=cfg, steps=3))
-    odd = pool2.run("tests.test_comm_structure:structure_on_rank",
+    base = pool2.run(structure_on_rank, dict(model="mlp", config=cfg, steps=3))
+    odd = pool2.run(structure_on_rank,
                     dict(model="mlp", config=cfg, steps=3, **{variant: True}))
     for a, b in zip(base, odd):
         assert all(b["shared"]) and len(b["shared"]) == MLP_PARAMS
@@ -188,7 +188,7 @@ def average_on_rank(config: dict) -> dict:
 def test_average_tensors_uses_the_same_path(pool4):
     cfg = StrategyConfig(fuse_all_reduce_ops=True, fuse_grad_size_in_MB=1.0, nccl_comm_num=2, sync_nccl_allreduce=False,
                          use_hierarchical_allreduce=True, hierarchical_allreduce_inter_nranks=2).to_dict()
-    for a in pool4.run("tests.test_comm_structure:average_on_rank", dict(config=cfg)):
+    for a in pool4.run(average_on_rank, dict(config=cfg)):
         assert a["exact"]
         # 1.2 MB of tensors: the 1 MiB cap makes two buckets, one per communicator, through the hierarchy
         assert sorted(k.split(".")[0] + "/" + k.split("/")[1] for k in a["calls"]) == [

@@ -59,7 +59,7 @@ def _expected_buckets(tensors: list, cap_mb: float) -> int:
 @pytest.mark.parametrize("cap_mb", [math.inf, 0.004])
 def test_fused_broadcast_one_per_bucket_and_rank0_state(pool2, cap_mb):
     cfg = {"fuse_broadcast_ops": True, "fuse_grad_size_in_MB": cap_mb}
-    answers = pool2.run("tests.test_compute_compose:broadcast_on_rank", dict(config=cfg))
+    answers = pool2.run(broadcast_on_rank, dict(config=cfg))
     rank0 = get_model("resnet").make(1000)  # what rank 0 built
     params = [p.detach() for p in rank0.parameters()]
     buffers = list(rank0.buffers())
@@ -79,7 +79,7 @@ def test_fused_broadcast_one_per_bucket_and_rank0_state(pool2, cap_mb):
 
 
 def test_unfused_broadcast_one_per_tensor(pool2):
-    answers = pool2.run("tests.test_compute_compose:broadcast_on_rank", dict(config={}))
+    answers = pool2.run(broadcast_on_rank, dict(config={}))
     rank0 = get_model("resnet").make(1000)
     n = sum(1 for t in list(rank0.parameters()) + list(rank0.buffers()) if t.numel())
     for rank, a in enumerate(answers):
@@ -105,7 +105,7 @@ def fused_optimizer_on_buckets(config: dict) -> dict:
 
 def test_fused_optimizer_updates_the_gradient_buckets_in_place(pool2):
     cfg = dict(BUCKETED, fuse_grad_size_in_MB=4.0, fuse_all_optimizer_ops=True, optimizer="adam")
-    for a in pool2.run("tests.test_compute_compose:fused_optimizer_on_buckets", dict(config=cfg)):
+    for a in pool2.run(fused_optimizer_on_buckets, dict(config=cfg)):
         assert a["optimizer"]["grads_from"] == "gradient buckets", a
         assert a["optimizer"]["optimizer_ops"] == a["buckets"] > 1, a
         assert a["grads_in_buckets"], a
@@ -135,7 +135,7 @@ def comm_dtype_on_rank(dtype: str) -> dict:
 def test_half_precision_gradient_communication(pool2):
     world = 2
     mean_factor = sum(r + 1 for r in range(world)) / world
-    results = {d: pool2.run("tests.test_compute_compose:comm_dtype_on_rank", dict(dtype=d)) for d in
+    results = {d: pool2.run(comm_dtype_on_rank, dict(dtype=d)) for d in
                ("fp32", "bf16", "fp16")}
     for dtype, answers in results.items():
         for rank, a in enumerate(answers):
@@ -161,7 +161,7 @@ def unreducible_dtype_on_rank() -> str:
 
 def test_dtype_the_backend_cannot_reduce_is_a_clear_error(pool2):
     # gloo cannot sum float8 (it can sum bf16 in this torch): the probe's message names field, value, backend
-    for msg in pool2.run("tests.test_compute_compose:unreducible_dtype_on_rank"):
+    for msg in pool2.run(unreducible_dtype_on_rank):
         assert "grad_comm_dtype='fp8'" in msg and "gloo" in msg and "allowed here" in msg, msg
 
 

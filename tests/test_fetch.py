@@ -14,6 +14,8 @@ from suite.measure.timing import straggler_for_step
 from suite.models import get_model
 from suite.runtime.context import current
 from suite.strategies.fetch import LossFetcher
+from suite.measure.timing import measure_on_rank
+from suite.runtime.probes import whoami
 
 
 def fetch_on_rank(fetch_frequency: int, steps: int, seed: int = 0) -> dict:
@@ -22,7 +24,7 @@ def fetch_on_rank(fetch_frequency: int, steps: int, seed: int = 0) -> dict:
     ctx = current()
     spec = get_model("transformer")
     cfg = StrategyConfig(fetch_frequency=fetch_frequency, lr=0.05)
-    engine = build_engine(spec.make(seed, 1, ctx.platform.device), spec.loss_fn, cfg)
+    engine = build_engine(spec.make(seed, ctx.platform.device), spec.loss_fn, cfg)
     data = make_dataset(spec, 64, seed)
     fetcher = LossFetcher(cfg.fetch_frequency)
     every_step, fetches_seen = [], []
@@ -40,7 +42,7 @@ def fetch_on_rank(fetch_frequency: int, steps: int, seed: int = 0) -> dict:
 @pytest.mark.parametrize("n", [1, 3])
 def test_fetch_every_n_reports_every_steps_loss(pool2, n):
     steps = 7
-    for a in pool2.run("tests.test_fetch:fetch_on_rank", dict(fetch_frequency=n, steps=steps)):
+    for a in pool2.run(fetch_on_rank, dict(fetch_frequency=n, steps=steps)):
         assert a["fetched"] == a["every_step"]  # bitwise, in order, none lost at the end
         assert len(set(a["every_step"])) > 1  # the losses do change step to step
         assert a["fetches"] == math.ceil(steps / n)
@@ -54,7 +56,7 @@ def test_measure_applies_and_records_threads_fetches_and_stragglers(pool2):
         {"name": "t2_f4_strag", "config": {"num_threads": 2, "fetch_frequency": 4, "straggler_ms": 1.0}},
     ]
     steps, rounds = 4, 2
-    answers = pool2.run("suite.measure.timing:measure_on_rank",
+    answers = pool2.run(measure_on_rank,
                         dict(model="transformer", variants=variants, warmup=1, steps=steps, rounds=rounds,
                              per_rank_batch=4, dataset_size=64))
     for a in answers:
@@ -68,7 +70,7 @@ def test_measure_applies_and_records_threads_fetches_and_stragglers(pool2):
     # exactly one rank straggles in each recorded step
     assert sum(a["variants"]["t2_f4_strag"]["straggler_sleeps"] for a in answers) == steps * rounds
     # the rank's own thread setting is restored afterwards
-    assert {w["threads"] for w in pool2.run("suite.runtime.probes:whoami")} == {1}
+    assert {w["threads"] for w in pool2.run(whoami)} == {1}
 
 
 def test_straggler_is_seeded_and_moves_between_ranks():

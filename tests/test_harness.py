@@ -53,7 +53,7 @@ def _check_with(patch: str, model: str = "mlp") -> dict:
 
 @pytest.mark.parametrize("patch", ["no_divide", "skip_one"])
 def test_harness_catches_broken_averaging(pool2, patch):
-    answers = pool2.run("tests.test_harness:_check_with", {"patch": patch})
+    answers = pool2.run(_check_with, {"patch": patch})
     res = summarize(StrategyConfig(), answers)
     assert res.verdict == "fail", f"sabotage {patch} went unnoticed: {res}"
     assert not finite_le(res.param_error, 1e-5)

@@ -56,8 +56,8 @@ def pair_on_rank(model: str, a: Optional[dict], b: dict, steps: int, per_rank_ba
     spec = get_model(model)
     eng_a = None
     if a is not None:
-        eng_a = build_engine(spec.make(seed + 7919 * ctx.rank, 1, device), spec.loss_fn, StrategyConfig.from_dict(a))
-    eng_b = build_engine(spec.make(seed + 7919 * ctx.rank, 1, device), spec.loss_fn, StrategyConfig.from_dict(b))
+        eng_a = build_engine(spec.make(seed + 7919 * ctx.rank, device), spec.loss_fn, StrategyConfig.from_dict(a))
+    eng_b = build_engine(spec.make(seed + 7919 * ctx.rank, device), spec.loss_fn, StrategyConfig.from_dict(b))
     rows = []
     for x, y in _batches(spec, steps, per_rank_batch, seed, device):
         C.STATS.reset()
@@ -90,8 +90,8 @@ def torch_post_local_sgd_on_rank(model: str, warm: int, k: int, steps: int, opti
     spec = get_model(model)
     cfg = StrategyConfig(use_local_sgd=True, local_sgd_steps=k, local_sgd_is_warm_steps=warm, optimizer=optimizer,
                          lr=0.05)
-    ours = build_engine(spec.make(seed + 7919 * ctx.rank, 1, device), spec.loss_fn, cfg)
-    ddp = DDP(spec.make(seed + 7919 * ctx.rank, 1, device))  # DDP broadcasts rank 0's start
+    ours = build_engine(spec.make(seed + 7919 * ctx.rank, device), spec.loss_fn, cfg)
+    ddp = DDP(spec.make(seed + 7919 * ctx.rank, device))  # DDP broadcasts rank 0's start
     ddp.register_comm_hook(PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=warm,
                                              post_local_gradient_allreduce=False), post_localSGD_hook)
     import warnings
@@ -130,7 +130,7 @@ def test_k1_equals_sync_data_parallel(pool4):
     # the 1-ulp rounding differences to ~1e-5 within a few steps (that case is checked at 1e-5
     # against the per-rank simulation below).
     b = dict(SYNC, use_local_sgd=True, local_sgd_steps=1, local_sgd_is_warm_steps=0)
-    answers = pool4.run("tests.test_local_sgd:pair_on_rank", dict(model="transformer", a=SYNC, b=b, steps=4))
+    answers = pool4.run(pair_on_rank, dict(model="transformer", a=SYNC, b=b, steps=4))
     errs = [r["param_error"] for a in answers for r in a["rows"]]
     assert len(errs) == 16
     assert finite_le(max_finite(errs), 1e-6), errs
@@ -141,7 +141,7 @@ def test_k1_equals_sync_data_parallel(pool4):
 
 def test_warmup_steps_equal_sync_data_parallel(pool2):
     b = dict(SYNC, use_local_sgd=True, local_sgd_steps=4, local_sgd_is_warm_steps=3)
-    answers = pool2.run("tests.test_local_sgd:pair_on_rank", dict(model="resnet", a=SYNC, b=b, steps=4))
+    answers = pool2.run(pair_on_rank, dict(model="resnet", a=SYNC, b=b, steps=4))
     for a in answers:
         warm = a["rows"][:3]
         assert all(finite_le(r["param_error"], 1e-6) and finite_le(r["buffer_error"], 1e-6) for r in warm), warm
@@ -166,7 +166,7 @@ def test_warmup_steps_equal_sync_data_parallel(pool2):
 ])
 def test_collectives_only_at_averagings_and_ranks_identical_after(pools, world, cfg, averaged):
     b = dict(SYNC, **cfg)
-    answers = pools(world).run("tests.test_local_sgd:pair_on_rank",
+    answers = pools(world).run(pair_on_rank,
                                dict(model="resnet", a=None, b=b, steps=7))
     hist = [h["step"] for h in answers[0]["history"]]
     if averaged is not None:
@@ -205,7 +205,7 @@ def test_collectives_only_at_averagings_and_ranks_identical_after(pools, world, 
 @pytest.mark.parametrize("world,model,warm,k", [(2, "mlp", 2, 3), (4, "transformer", 0, 2), (2, "transformer", 1, 1)])
 def test_fixed_k_matches_torch_post_local_sgd(pools, world, model, warm, k):
     steps = warm + 2 * k + 1
-    answers = pools(world).run("tests.test_local_sgd:torch_post_local_sgd_on_rank",
+    answers = pools(world).run(torch_post_local_sgd_on_rank,
                                dict(model=model, warm=warm, k=k, steps=steps))
     for a in answers:
         assert len(a["errors"]) == steps
@@ -256,7 +256,7 @@ def test_adaptive_k_never_leaves_1_to_16():
 def test_adaptive_engine_follows_formula_on_rank_averaged_losses(pool2):
     cfg = dict(use_adaptive_local_sgd=True, init_k_steps=16, local_sgd_is_warm_steps=2, lr=0.2)
     steps = 24
-    answers = pool2.run("tests.test_local_sgd:pair_on_rank", dict(model="mlp", a=None, b=cfg, steps=steps))
+    answers = pool2.run(pair_on_rank, dict(model="mlp", a=None, b=cfg, steps=steps))
     mean_loss = [sum(a["rows"][s]["loss"] for a in answers) / 2 for s in range(steps)]
     loss0 = mean_loss[1]  # end of warm-up: step W = 2
     hist = answers[0]["history"]

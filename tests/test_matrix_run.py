@@ -16,6 +16,7 @@ from suite.cli.main import build_parser
 from suite.cli.run import Runner, resolve_cases
 from suite.results.gate import GateOptions, gate_samples
 from suite.results.records import read_records
+from suite.measure.timing import measure_on_rank
 
 STEPS = 2  # traced steps
 MLP_PARAMS = 10  # the MLP's parameter tensors: plain data parallel allreduces each one (one bucket each)
@@ -111,7 +112,7 @@ def test_gate_flags_a_sleeping_case_and_not_an_identical_rerun(pool2):
     process group have differed by over 20% (windows of 0.2 s next to windows of 1.2 s);
     `fleetbench figures gate` measures the false-alarm rate per threshold.
     """
-    answers = pool2.run("suite.measure.timing:measure_on_rank", dict(
+    answers = pool2.run(measure_on_rank, dict(
         model="mlp", warmup=1, steps=3, rounds=4, per_rank_batch=16, variants=[
             {"name": "plain", "config": {}}, {"name": "again", "config": {}},
             {"name": "slept", "config": {"straggler_ms": 400.0}}]))

@@ -18,6 +18,7 @@ from suite.data.reader import (BatchSource, CudaCopier, EncodedImages, Optimized
 from suite.data.synthetic import SyntheticImages, SyntheticTokens, normalize
 from suite.runtime.context import current
 from suite.runtime.device import CudaUnavailable, Platform
+from suite.measure.reader_timing import measure_reader_on_rank
 
 CPU = Platform("cpu", "gloo")
 
@@ -75,7 +76,7 @@ def read_all_on_rank(dataset_size: int, batch_size: int, epochs: int, decode_wor
 ])
 def test_optimized_reader_equals_plain_on_every_rank(pools, world, size, batch, work, drop_last):
     epochs = 3
-    answers = pools(world).run("tests.test_reader:read_all_on_rank",
+    answers = pools(world).run(read_all_on_rank,
                                dict(dataset_size=size, batch_size=batch, epochs=epochs, decode_work=work,
                                     drop_last=drop_last))
     per_rank = math.ceil(size / world)
@@ -219,7 +220,7 @@ def test_prefetch_thread_times_out_reports_errors_and_never_blocks_shutdown():
 def test_reader_measurement_reports_data_wait_and_trains(pool2):
     variants = [{"name": "plain", "config": {}},
                 {"name": "db+inf", "config": {"use_double_buffer": True, "use_infinite_reader": True}}]
-    answers = pool2.run("suite.measure.reader_timing:measure_reader_on_rank",
+    answers = pool2.run(measure_reader_on_rank,
                         dict(model="resnet", variants=variants, warmup=1, rounds=2, epochs_per_window=1,
                              per_rank_batch=4, dataset_size=40, decode_work=1))
     steps = answers[0]["steps_per_window"]

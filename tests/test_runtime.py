@@ -9,20 +9,22 @@ import time
 import pytest
 
 from suite.runtime import RankError, RankFailure, RankPool
+from suite.check.harness import check_on_rank
+from suite.runtime.probes import allreduce_rank_sum, sleep_then_allreduce, whoami
 
 
 def test_pool_runs_on_every_rank(pool2):
-    out = pool2.run("suite.runtime.probes:whoami")
+    out = pool2.run(whoami)
     assert [o["rank"] for o in out] == [0, 1]
     assert {o["world_size"] for o in out} == {2}
-    assert pool2.run("suite.runtime.probes:allreduce_rank_sum") == [1.0, 1.0]
+    assert pool2.run(allreduce_rank_sum) == [1.0, 1.0]
 
 
 def test_exception_on_one_rank_is_reported_with_its_traceback(pool2):
     with pytest.raises((RankError, RankFailure)) as info:
-        pool2.run("suite.check.harness:check_on_rank", {"model": "no-such-model", "config": {}})
+        pool2.run(check_on_rank, {"model": "no-such-model", "config": {}})
     assert "no-such-model" in str(info.value)
-    assert pool2.run("suite.runtime.probes:allreduce_rank_sum") == [1.0, 1.0]
+    assert pool2.run(allreduce_rank_sum) == [1.0, 1.0]
 
 
 def test_rank_killed_inside_a_collective_is_reported_and_the_pool_recovers(pool2):
@@ -33,13 +35,13 @@ def test_rank_killed_inside_a_collective_is_reported_and_the_pool_recovers(pool2
     threading.Timer(1.0, lambda: os.kill(victim, signal.SIGKILL)).start()
     t0 = time.monotonic()
     with pytest.raises(RankFailure) as info:
-        pool2.run("suite.runtime.probes:sleep_then_allreduce", {"seconds": 60, "sleeper": 1}, timeout=45)
+        pool2.run(sleep_then_allreduce, {"seconds": 60, "sleeper": 1}, timeout=45)
     elapsed = time.monotonic() - t0
     assert info.value.ranks == [1], str(info.value)
     assert "died" in str(info.value) and "sleep_then_allreduce" in str(info.value)
     assert elapsed < 45, f"the failure took {elapsed:.1f}s, past the call's bound"
     # The pool restarts on the next call and runs another case.
-    assert pool2.run("suite.runtime.probes:allreduce_rank_sum") == [1.0, 1.0]
+    assert pool2.run(allreduce_rank_sum) == [1.0, 1.0]
     assert pool2.restarts == restarts + 1
     assert victim not in pool2.pids
 
@@ -47,10 +49,10 @@ def test_rank_killed_inside_a_collective_is_reported_and_the_pool_recovers(pool2
 def test_a_stuck_rank_is_reported_within_the_timeout(pool2):
     t0 = time.monotonic()
     with pytest.raises(RankFailure) as info:
-        pool2.run("suite.runtime.probes:sleep_then_allreduce", {"seconds": 60, "sleeper": 0}, timeout=3)
+        pool2.run(sleep_then_allreduce, {"seconds": 60, "sleeper": 0}, timeout=3)
     assert "did not answer within 3 s" in str(info.value)
     assert time.monotonic() - t0 < 30
-    assert pool2.run("suite.runtime.probes:allreduce_rank_sum") == [1.0, 1.0]
+    assert pool2.run(allreduce_rank_sum) == [1.0, 1.0]
 
 
 def test_pool_rejects_a_bad_size():
@@ -61,7 +63,7 @@ def test_pool_rejects_a_bad_size():
 def test_two_pools_side_by_side_do_not_collide(pool2):
     other = RankPool(2, num_threads=1, timeout=120)
     try:
-        assert other.run("suite.runtime.probes:allreduce_rank_sum") == [1.0, 1.0]
-        assert pool2.run("suite.runtime.probes:allreduce_rank_sum") == [1.0, 1.0]
+        assert other.run(allreduce_rank_sum) == [1.0, 1.0]
+        assert pool2.run(allreduce_rank_sum) == [1.0, 1.0]
     finally:
         other.close()

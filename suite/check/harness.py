@@ -71,9 +71,9 @@ def check_on_rank(model: str, config: dict, steps: int = 3, per_rank_batch: int 
     world, rank = ctx.world_size, ctx.rank
     cfg = StrategyConfig.from_dict(config)
     spec = get_model(model)
-    net = spec.make(seed + 7919 * rank, scale, device)  # ranks start different on purpose
+    net = spec.make(seed + 7919 * rank, device)  # ranks start different on purpose
     engine = build_engine(net, spec.loss_fn, cfg)
-    reference = make_reference(spec.make(seed, scale, device), spec.loss_fn, cfg, world)
+    reference = make_reference(spec.make(seed, device), spec.loss_fn, cfg, world)
     data = make_dataset(spec, dataset_size, seed)
     per_step = []
     for step in range(steps):
@@ -134,7 +134,7 @@ def summarize(config: StrategyConfig, answers: list[dict]) -> CheckResult:
 
 
 def run_check(launcher: Any, model: str, config: StrategyConfig, steps: int = 3, per_rank_batch: int = 8,
-              seed: int = 0, scale: int = 1, fn: str = "suite.check.harness:check_on_rank",
+              seed: int = 0, scale: int = 1, fn: str = check_on_rank,
               timeout: Optional[float] = None) -> CheckResult:
     """Run the check through ``launcher`` (a RankPool, or the torchrun launcher) and summarise it."""
     if config.data_parallel == "none":

@@ -86,9 +86,11 @@ def main(args) -> int:
         from ..cluster.launch import start_cluster
 
         cluster, pool_kw = start_cluster(cluster_spec)
+    from ..comm.microbench import allreduce_sweep_on_rank
+
     try:
         with RankPool(args.nproc, timeout=args.timeout, **pool_kw) as pool:
-            answers = pool.run("suite.comm.microbench:allreduce_sweep_on_rank",
+            answers = pool.run(allreduce_sweep_on_rank,
                                dict(sizes=sizes, variants=variants, inter_nranks=args.inter_nranks, iters=args.iters,
                                     warmup=args.warmup, dtype=args.dtype))
     finally:

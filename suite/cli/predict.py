@@ -49,11 +49,11 @@ def settings(bucket_mb: float, local_sgd_k: int):
 
 
 def measure_profile(model: str, nproc: int, per_rank_batch: int, scale: int = 1, timeout: float = 600.0) -> dict:
-    from ..cluster.profile import summarize_profile
+    from ..cluster.profile import record_profile, summarize_profile
     from ..runtime import RankPool
 
     with RankPool(nproc, timeout=timeout) as pool:
-        answers = pool.run("suite.cluster.profile:record_profile",
+        answers = pool.run(record_profile,
                            {"model": model, "per_rank_batch": per_rank_batch, "scale": scale})
     return summarize_profile(answers)
 

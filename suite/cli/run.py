@@ -19,6 +19,8 @@ from typing import Optional
 
 from ..cases import BASELINE, Case, select_cases
 from ..config import ConfigError, StrategyConfig
+from suite.measure.timing import measure_on_rank
+from suite.measure.trace import trace_on_rank
 
 DEFAULT_RESULTS = os.path.join("results", "runs.jsonl")
 
@@ -309,7 +311,7 @@ class Runner:
         from ..report.trace import chrome_trace
 
         try:
-            answers = self.launcher.run("suite.measure.trace:trace_on_rank",
+            answers = self.launcher.run(trace_on_rank,
                                         dict(model=case.model, config=cfg.to_dict(), steps=self.args.trace_steps,
                                              per_rank_batch=self.args.batch or case.per_rank_batch),
                                         timeout=self.args.timeout)
@@ -343,7 +345,7 @@ class Runner:
             sampler = None if self.args.no_utilization else UtilizationSampler(device=device).start()
             try:
                 answers = self.launcher.run(
-                    "suite.measure.timing:measure_on_rank",
+                    measure_on_rank,
                     dict(kwargs, variants=[{"name": n, "config": variants[n].to_dict()} for n in names]),
                     timeout=self.args.timeout)
             finally:

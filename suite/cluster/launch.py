@@ -7,7 +7,7 @@ node 0's namespace.  :func:`cluster_pool` brings a cluster up with such a pool a
 down again, whatever happens.
 
     with cluster_pool(parse_cluster("2x2:inter=200mbit"), timeout=300) as (cluster, pool):
-        pool.run("suite.cluster.probes:timed_allreduce", {...})
+        pool.run(timed_allreduce, {...})
 """
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ def record_profile(model: str = "mlp", per_rank_batch: int = 16, steps: int = 6,
     spec = get_model(model)
     data = make_dataset(spec, dataset_size, seed)
     cfg = StrategyConfig.from_dict({**(config or {}), "data_parallel": "none"})
-    engine = build_engine(spec.make(seed, scale, device), spec.loss_fn, cfg)
+    engine = build_engine(spec.make(seed, device), spec.loss_fn, cfg)
     module, opt = engine.module, engine.optimizer
     named = trainable_params(module)
     clock = {"bw0": 0.0}

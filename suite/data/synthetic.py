@@ -65,11 +65,9 @@ class SyntheticTokens:
         return self.inputs[indices], self.targets[indices]
 
 
-def make_dataset(spec, size: int = 2048, seed: int = 0, signal: float = 0.6):
-    """The dataset a :class:`suite.models.ModelSpec` trains on (``signal``: image difficulty, lower is harder)."""
-    if spec.data == "images":
-        return SyntheticImages(size, seed, spec.image_size, 3, spec.num_classes, signal)
-    return SyntheticTokens(size, seed, spec.vocab, spec.seq_len)
+def make_dataset(spec, size: int = 2048, seed: int = 0):
+    """The dataset a :class:`suite.models.ModelSpec` trains on: ``size`` samples drawn from ``seed``."""
+    return spec.dataset(size, seed)
 
 
 def normalize(images: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,7 @@ communication (``grad_comm_dtype``)."""
 from __future__ import annotations
 
 from .compute import timing_table
+from ..measure.timing import measure_on_rank
 
 DESCRIPTION = "AMP (bf16) vs fp32 step time; gradient bytes communicated with/without bf16 gradient communication"
 
@@ -25,7 +26,7 @@ def run(pool, args) -> str:
     out = []
     for model, batch in (("resnet", 16), ("mlp", 32)):
         variants = [{"name": n, "config": c} for n, c in VARIANTS]
-        answers = pool.run("suite.measure.timing:measure_on_rank",
+        answers = pool.run(measure_on_rank,
                            dict(model=model, variants=variants, warmup=2, steps=steps, rounds=rounds,
                                 per_rank_batch=batch))
         out.append(f"### AMP on the {model} ({nproc} ranks, batch {batch}/rank, plain allreduce; "

@@ -22,6 +22,9 @@ import os
 import statistics
 
 from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
+from ..cluster.probes import timed_allreduce
+from ..cluster.profile import record_profile
+from ..measure.timing import measure_on_rank
 
 DESCRIPTION = ("emulated 2x2/2x4 clusters (namespaces + tbf): flat vs hierarchical allreduce, nccl_comm_num 1 vs 2, "
                "predict vs measured (own pools; needs root)")
@@ -33,7 +36,7 @@ ALPHA = [1e-4]  # seconds per ring step, calibrated per cluster by _calibrate_al
 def _calibrate_alpha(cluster, pool, rounds) -> float:
     """alpha per message step: a 4 KB flat allreduce (bytes negligible) takes 2(p-1) steps."""
     n, reps = 4096, 20
-    res = pool.run("suite.cluster.probes:timed_allreduce",
+    res = pool.run(timed_allreduce,
                    {"sizes": [n], "variants": ["flat"], "rounds": rounds, "warmup": 1,
                     "ranks_per_node": cluster.spec.ranks_per_node, "buffers": reps})
     t = statistics.median(_slowest(res, f"flat/{n}")) / reps
@@ -61,7 +64,7 @@ def _hier_section(cluster, pool, sizes, rates, rounds) -> list[str]:
     for rate in rates:
         cluster.set_rates(rate)
         model = cm.from_spec(cluster.spec, inter_lat=ALPHA[0], intra_lat=ALPHA[0])
-        res = pool.run("suite.cluster.probes:timed_allreduce",
+        res = pool.run(timed_allreduce,
                        {"sizes": sizes, "variants": ["flat", "hier", "intra_only"], "rounds": rounds, "warmup": 1,
                         "ranks_per_node": spec.ranks_per_node})
         for n in sizes:
@@ -90,7 +93,7 @@ def _comm_num_section(cluster, pool, rates, rounds, total=16 * MB, buffers=4) ->
     for rate in rates:
         cluster.set_rates(rate)
         model = cm.from_spec(cluster.spec, inter_lat=ALPHA[0], intra_lat=ALPHA[0])
-        res = pool.run("suite.cluster.probes:timed_allreduce",
+        res = pool.run(timed_allreduce,
                        {"sizes": [total], "variants": ["flat_comm1", "flat_comm2"], "rounds": rounds, "warmup": 1,
                         "ranks_per_node": spec.ranks_per_node, "buffers": buffers})
         one, two = _slowest(res, f"flat_comm1/{total}"), _slowest(res, f"flat_comm2/{total}")
@@ -134,11 +137,11 @@ def _predict_section(cluster, pool, models, rates, rounds, steps) -> tuple[list[
     for model_name in models:
         batch = 16
         profile = Profile.from_dict(summarize_profile(
-            pool.run("suite.cluster.profile:record_profile", {"model": model_name, "per_rank_batch": batch})))
+            pool.run(record_profile, {"model": model_name, "per_rank_batch": batch})))
         for rate in rates:
             cluster.set_rates(rate)
             model = cm.from_spec(cluster.spec, inter_lat=ALPHA[0], intra_lat=ALPHA[0])
-            answers = pool.run("suite.measure.timing:measure_on_rank",
+            answers = pool.run(measure_on_rank,
                                {"model": model_name, "variants": [{"name": n, "config": c} for n, c, _ in variants],
                                 "warmup": 1, "steps": steps, "rounds": rounds, "per_rank_batch": batch})
             for name, _, setting in variants:

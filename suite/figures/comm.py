@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from ..config import StrategyConfig
 from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
+from ..measure.timing import measure_on_rank
 
 DESCRIPTION = ("communication: speedup over DDP, exposed comm and overlap efficiency (nccl_comm_num 1/2/3), "
                "fused vs single allreduce busbw, bucket-size and communicator rules of thumb")
@@ -120,13 +121,13 @@ def _ms(x: float) -> str:
 
 
 def _alone(pool, model, variants, rounds) -> dict[str, list[float]]:
-    answers = pool.run("suite.figures.comm:comm_alone_on_rank", dict(model=model, variants=variants, rounds=rounds))
+    answers = pool.run(comm_alone_on_rank, dict(model=model, variants=variants, rounds=rounds))
     names = list(answers[0]["times"])
     return {n: [max(ts) for ts in zip(*(a["times"][n] for a in answers))] for n in names}
 
 
 def _measure(pool, model, variants, args, per_rank_batch=16):
-    answers = pool.run("suite.measure.timing:measure_on_rank",
+    answers = pool.run(measure_on_rank,
                        dict(model=model, variants=variants, steps=args.steps, rounds=args.rounds,
                             per_rank_batch=per_rank_batch))
     return {v["name"]: window_seconds(answers, v["name"]) for v in variants}

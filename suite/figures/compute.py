@@ -8,6 +8,7 @@ import time
 import torch
 
 from ..measure.stats import bootstrap_median_ci, paired_speedup, variant_summary
+from ..measure.timing import measure_on_rank
 
 DESCRIPTION = ("compute fusion on/off on the ResNet (step time, saved-activation bytes, eager and compiled); "
                "fused optimizer vs torch loop/foreach/fused")
@@ -64,7 +65,7 @@ def saved_bytes_rows(model: str = "resnet", batch: int = 16, scale: int = 1) -> 
     for name, cfg in FUSION_VARIANTS:
         if "compile" in name:
             continue  # the same autograd functions (compiled inside): the same saved tensors
-        net = spec.make(0, scale)
+        net = spec.make(0)
         report = None
         if cfg:
             net, report = fuse_model(net, bn_act=cfg.get("fuse_bn_act_ops", False),
@@ -92,7 +93,7 @@ def optimizer_bench_on_rank(model: str = "resnet", rounds: int = 7, steps: int =
         cfg = StrategyConfig(optimizer=kind, weight_decay=1e-4)
         variants = {}
         for impl in impls:
-            net = spec.make(0, scale)
+            net = spec.make(0)
             params = [p for p in net.parameters() if p.requires_grad]
             g = torch.Generator().manual_seed(1)
             for p in params:
@@ -115,8 +116,8 @@ def optimizer_bench_on_rank(model: str = "resnet", rounds: int = 7, steps: int =
                     opt.step()
                 times.append((time.perf_counter() - t0) / steps)
         results[kind] = {impl: variants[impl][1] for impl in impls}
-    nparams = sum(1 for p in spec.make(0, scale).parameters())
-    numel = sum(p.numel() for p in spec.make(0, scale).parameters())
+    nparams = sum(1 for p in spec.make(0).parameters())
+    numel = sum(p.numel() for p in spec.make(0).parameters())
     return {"results": results, "tensors": nparams, "numel": numel}
 
 
@@ -138,7 +139,7 @@ def run(pool, args) -> str:
     per_rank_batch = 16
     # 1. fusion on/off: compute only (data_parallel='none'), so communication noise stays out
     variants = [{"name": n, "config": dict(c, data_parallel="none")} for n, c in FUSION_VARIANTS]
-    answers = pool.run("suite.measure.timing:measure_on_rank",
+    answers = pool.run(measure_on_rank,
                        dict(model="resnet", variants=variants, warmup=3, steps=steps, rounds=rounds,
                             per_rank_batch=per_rank_batch))
     saved = saved_bytes_rows("resnet", per_rank_batch)
@@ -155,9 +156,9 @@ def run(pool, args) -> str:
                            if isinstance(v, dict) and "found" in v)
 
     # 2. optimizers
-    opt = pool.run("suite.figures.compute:optimizer_bench_on_rank",
+    opt = pool.run(optimizer_bench_on_rank,
                    dict(model="resnet", rounds=max(rounds, 5), steps=20))[0]
-    opt_mlp = pool.run("suite.figures.compute:optimizer_bench_on_rank",
+    opt_mlp = pool.run(optimizer_bench_on_rank,
                        dict(model="mlp", rounds=max(rounds, 5), steps=5))[0]
     return "\n\n".join([
         f"### Compute fusion on the ResNet ({nproc} ranks, batch {per_rank_batch}/rank, compute only: "

@@ -16,6 +16,7 @@ import os
 import statistics
 
 from ..results.gate import GateOptions, gate_samples
+from ..measure.timing import measure_on_rank
 
 DESCRIPTION = "regression gate: false-alarm rate over unchanged reruns, smallest slowdown caught at 95%"
 
@@ -24,7 +25,7 @@ THRESHOLDS = (0.05, 0.10, 0.25, 0.5)
 
 
 def _run(pool, args, straggler_ms: float = 0.0) -> list:
-    answers = pool.run("suite.measure.timing:measure_on_rank", dict(
+    answers = pool.run(measure_on_rank, dict(
         model="mlp", warmup=2, steps=args.steps, rounds=args.rounds, per_rank_batch=16,
         variants=[{"name": "plain", "config": {"straggler_ms": straggler_ms}}]), timeout=args.timeout)
     return [t for a in answers for t in a["variants"]["plain"]["step_times"]]

@@ -6,6 +6,7 @@ import statistics
 
 from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
 from ..runtime.device import default_threads
+from ..measure.timing import measure_on_rank
 
 DESCRIPTION = "fetch_frequency 1 vs N (host syncs) and num_threads swept: samples/s"
 
@@ -15,7 +16,7 @@ FETCH_N = 10
 
 
 def _table(pool, args, title: str, variants: list[tuple[str, dict]], steps: int, extra) -> list[str]:
-    answers = pool.run("suite.measure.timing:measure_on_rank",
+    answers = pool.run(measure_on_rank,
                        dict(model=MODEL, variants=[{"name": n, "config": c} for n, c in variants], warmup=2,
                             steps=steps, rounds=args.rounds, per_rank_batch=PER_RANK_BATCH, dataset_size=1024))
     gb = PER_RANK_BATCH * pool.nproc

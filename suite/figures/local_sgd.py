@@ -14,6 +14,7 @@ from ..engine import build_engine
 from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
 from ..models import get_model
 from ..runtime.context import current
+from ..measure.timing import measure_on_rank
 
 DESCRIPTION = "Local SGD k=1..16 and adaptive vs synchronous DP: samples/s with/without stragglers, final loss"
 
@@ -41,18 +42,18 @@ def quality_on_rank(model: str, variants: list[dict], steps: int, per_rank_batch
     training loss of the last 10 steps and this rank's held-out loss and accuracy."""
     ctx = current()
     device, world, rank = ctx.platform.device, ctx.world_size, ctx.rank
-    spec = get_model(model)
-    data = make_dataset(spec, 2048, seed, signal)
+    spec = get_model(model, signal=signal)
+    data = make_dataset(spec, 2048, seed)
     # Same seed: the same class templates; a larger size draws other noisy samples, the last of
     # which no variant trains on.
-    held = make_dataset(spec, 2048 + eval_size, seed, signal)
+    held = make_dataset(spec, 2048 + eval_size, seed)
     ex, ey = held.get(torch.arange(2048, 2048 + eval_size))
     ex = prepare(held, ex, device)
     ey = ey.to(device)
     out = {}
     for v in variants:
         cfg = StrategyConfig.from_dict(v["config"])
-        engine = build_engine(spec.make(seed, 1, device), spec.loss_fn, cfg)
+        engine = build_engine(spec.make(seed, device), spec.loss_fn, cfg)
         losses = []
         for s in range(steps):
             x, y = data.get(shard(step_indices(len(data), s, per_rank_batch * world, seed), rank, world))
@@ -81,10 +82,10 @@ def run(pool, args) -> str:
     for name, cfg in names:
         timed.append({"name": name, "config": cfg})
         timed.append({"name": name + " +strag", "config": dict(cfg, straggler_ms=STRAGGLER_MS)})
-    answers = pool.run("suite.measure.timing:measure_on_rank",
+    answers = pool.run(measure_on_rank,
                        dict(model=MODEL, variants=timed, warmup=2, steps=steps, rounds=args.rounds,
                             per_rank_batch=PER_RANK_BATCH, dataset_size=2048))
-    quality = pool.run("suite.figures.local_sgd:quality_on_rank",
+    quality = pool.run(quality_on_rank,
                        dict(model=MODEL, variants=[{"name": n, "config": c} for n, c in names],
                             steps=QUALITY_STEPS, per_rank_batch=PER_RANK_BATCH, signal=QUALITY_SIGNAL))
     gb = PER_RANK_BATCH * nproc

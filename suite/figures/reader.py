@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 
 from ..measure.stats import bootstrap_median_ci, describe, paired_speedup, window_seconds
+from ..measure.reader_timing import measure_reader_on_rank
 
 DESCRIPTION = "reader options in a data-bound case: samples/s, data wait per step (plain vs each option)"
 
@@ -27,7 +28,7 @@ VARIANTS = [
 
 
 def run(pool, args) -> str:
-    answers = pool.run("suite.measure.reader_timing:measure_reader_on_rank",
+    answers = pool.run(measure_reader_on_rank,
                        dict(model=MODEL, variants=[{"name": n, "config": c} for n, c in VARIANTS], warmup=1,
                             rounds=args.rounds, epochs_per_window=1, per_rank_batch=PER_RANK_BATCH,
                             dataset_size=DATASET_SIZE, decode_work=DECODE_WORK))

@@ -52,7 +52,7 @@ def measure_reader_on_rank(model: str, variants: list[dict], warmup: int = 1, ro
         cfg = StrategyConfig.from_dict(v["config"])
         reader = build_reader(data, cfg, per_rank_batch, rank, world, ctx.platform, seed=seed,
                               decode_work=decode_work)
-        engine = build_engine(spec.make(seed, 1, device), spec.loss_fn, cfg)
+        engine = build_engine(spec.make(seed, device), spec.loss_fn, cfg)
         runs.append({"name": v["name"], "config": cfg, "reader": reader, "engine": engine, "stream": _stream(reader),
                      "threads": default_threads(ctx.local_world_size, cfg.num_threads), "windows": [],
                      "waits": [], "step_times": [], "losses": []})

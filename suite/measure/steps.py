@@ -5,8 +5,8 @@ keyed by the case; ``run_steps`` then runs K steps of the cached engine (barrier
 window's two ends) and returns the per-step times, so a harness's rounds time steps, not
 construction.  ``drop_case`` frees a case.
 
-    pool.run("suite.measure.steps:prepare_case", {"key": "mlp/plain", "model": "mlp", "config": cfg})
-    pool.run("suite.measure.steps:run_steps", {"key": "mlp/plain", "steps": 5})
+    pool.run(prepare_case, {"key": "mlp/plain", "model": "mlp", "config": cfg})
+    pool.run(run_steps, {"key": "mlp/plain", "steps": 5})
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class _Prepared:
             x, y = data.get(shard(step_indices(len(data), b, per_rank_batch * world, seed), rank, world))
             self.batches.append((prepare(data, x, device), y.to(device)))
         self.config = config
-        self.engine = build_engine(spec.make(seed, scale, device), spec.loss_fn, config)
+        self.engine = build_engine(spec.make(seed, device), spec.loss_fn, config)
         self.threads = default_threads(ctx.local_world_size, config.num_threads)
         self.seed = seed
         self.step = 0

@@ -90,7 +90,7 @@ class _Variant:
     def __init__(self, name: str, config: StrategyConfig, spec, seed: int, scale: int, device):
         self.name = name
         self.config = config
-        net = spec.make(seed, scale, device)
+        net = spec.make(seed, device)
         self.engine = build_engine(net, spec.loss_fn, config)
         self.threads = default_threads(current().local_world_size, config.num_threads)
         self.windows: list[float] = []

@@ -49,7 +49,7 @@ def trace_on_rank(model: str, config: dict, steps: int = 3, warmup: int = 1, per
     cfg = StrategyConfig.from_dict(config)
     spec = get_model(model)
     data = make_dataset(spec, dataset_size, seed)
-    engine = build_engine(spec.make(seed, scale, device), spec.loss_fn, cfg)
+    engine = build_engine(spec.make(seed, device), spec.loss_fn, cfg)
     names = [n for n, p in engine.module.named_parameters() if p.requires_grad]
 
     # wall = perf + offset: one clock per rank, comparable across ranks of one host (and roughly across hosts)

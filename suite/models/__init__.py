@@ -1,56 +1,219 @@
-"""Reference models, sized for CPU by default; ``scale`` > 1 makes them GPU-sized.
+"""Models: a registry of workloads, each built at a size, and the user's own through ``module:function``.
 
-``get_model(name)`` returns a :class:`ModelSpec`: how to build the module, its loss and the
-synthetic data it trains on.
+A :class:`ModelSpec` is one workload at one size: how to build the module, its loss, and the
+synthetic data it trains on.  ``get_model(ref, size)`` returns one:
+
+- ``ref`` is a registry name (``resnet50``, ``gpt2``, ``bert``, and the small ``resnet``,
+  ``mlp``, ``transformer``), or ``module:function`` naming the user's factory (the current
+  directory is on the import path).  The factory takes the size (``def make_spec(size)``) or
+  nothing, and returns a :class:`ModelSpec`.
+- ``size`` is one of :data:`SIZES`: ``full`` (the published size, what GPU runners time),
+  ``cpu`` (the full parameter layout, so gradient bytes, buckets and communication are real;
+  resolution, sequence length and batch shrink so a CPU step is affordable), ``tiny`` (for
+  tests).  The default is ``full`` on CUDA and ``cpu`` on CPU (:func:`default_size`).
+
+Building a spec builds no module: ``spec.make(seed)`` does, so the parent process can read a
+spec's data kind and batch without allocating the model.
 """
 from __future__ import annotations
 
+import importlib
+import inspect
+import os
+import sys
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
 
-from .mlp import WideMLP
-from .resnet import SmallResNet
-from .transformer import TinyTransformer, lm_loss
+__all__ = ["ModelSpec", "SIZES", "DATA_KINDS", "get_model", "MODELS", "default_size", "model_names",
+           "is_user_ref", "ModelError", "count_parameters"]
 
-__all__ = ["ModelSpec", "get_model", "MODELS"]
+SIZES = ("full", "cpu", "tiny")
+# What the synthetic data is; it decides which variants apply to a model (suite.cases).
+DATA_KINDS = ("images", "tokens", "masked_tokens", "other")
+
+
+class ModelError(ValueError):
+    """A model reference, size or factory that cannot be used; the message says what is allowed."""
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    name: str
-    data: str  # "images" | "tokens"
-    build: Callable[[int], nn.Module]  # scale -> module
-    loss_fn: Callable
-    image_size: int = 16
-    num_classes: int = 10
-    vocab: int = 128
-    seq_len: int = 32
-    has_batchnorm: bool = False
+    """One workload at one size.
 
-    def make(self, seed: int, scale: int = 1, device="cpu") -> nn.Module:
-        """The model, initialised from ``seed`` (identical for an identical seed)."""
+    ``build()`` returns a fresh module (the caller seeds the generator); ``loss_fn(outputs,
+    targets)`` a scalar; ``make_data(n, seed)`` a dataset of ``n`` samples with ``kind``,
+    ``len()`` and ``get(indices) -> (inputs, targets)`` (host tensors; see
+    ``suite.data.synthetic``).  ``per_rank_batch`` is the batch each rank trains on.
+    """
+
+    name: str
+    build: Callable[[], nn.Module]
+    loss_fn: Callable[[Any, Any], torch.Tensor]
+    make_data: Callable[[int, int], Any]
+    data: str = "images"
+    size: str = "cpu"
+    per_rank_batch: int = 16
+    dataset_size: int = 1024
+    has_batchnorm: bool = False
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if self.data not in DATA_KINDS:
+            raise ModelError(f"model {self.name!r}: data={self.data!r}; allowed: {', '.join(DATA_KINDS)}")
+        if self.size not in SIZES:
+            raise ModelError(f"model {self.name!r}: size={self.size!r}; allowed: {', '.join(SIZES)}")
+        for what in ("per_rank_batch", "dataset_size"):
+            v = getattr(self, what)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ModelError(f"model {self.name!r}: {what}={v!r}; must be a whole number >= 1")
+        for what in ("build", "loss_fn", "make_data"):
+            if not callable(getattr(self, what)):
+                raise ModelError(f"model {self.name!r}: {what} must be callable")
+
+    def make(self, seed: int, device: Any = "cpu") -> nn.Module:
+        """The model, initialised from ``seed`` (identical for an identical seed), on ``device``."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            return self.build(scale).to(device)
+            return self.build().to(device)
+
+    def dataset(self, n: Optional[int] = None, seed: int = 0) -> Any:
+        return self.make_data(n or self.dataset_size, seed)
 
 
-def _ce(out, target):
+def count_parameters(spec: ModelSpec) -> tuple[int, int]:
+    """(parameter tensors, parameter elements) of the trainable parameters, built on the meta device."""
+    with torch.device("meta"):
+        module = spec.build()
+    seen: set = set()
+    tensors = elements = 0
+    for p in module.parameters():
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            tensors += 1
+            elements += p.numel()
+    return tensors, elements
+
+
+# ---- the registry ---------------------------------------------------------------------------------
+def _ce(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(out, target)
 
 
-MODELS: dict[str, ModelSpec] = {
-    "resnet": ModelSpec("resnet", "images", lambda s: SmallResNet(width=16 * s, blocks=2 * s), _ce,
-                        has_batchnorm=True),
-    "mlp": ModelSpec("mlp", "images", lambda s: WideMLP(3 * 16 * 16, width=1024 * s, depth=4), _ce),
-    "transformer": ModelSpec("transformer", "tokens",
-                             lambda s: TinyTransformer(d_model=64 * s, ff=128 * s, layers=2 * s), lm_loss),
+def _images(image_size: int, classes: int = 10, signal: float = 0.6) -> Callable[[int, int], Any]:
+    from ..data.synthetic import SyntheticImages
+
+    def make(n: int, seed: int) -> Any:
+        return SyntheticImages(n, seed, image_size, 3, classes, signal)
+
+    return make
+
+
+def _tokens(vocab: int, seq_len: int) -> Callable[[int, int], Any]:
+    from ..data.synthetic import SyntheticTokens
+
+    def make(n: int, seed: int) -> Any:
+        return SyntheticTokens(n, seed, vocab, seq_len)
+
+    return make
+
+
+# The three small models: ``tiny`` and ``cpu`` are the same; ``full`` is four times wider (GPU-sized).
+_TOY_SCALE = {"full": 4, "cpu": 1, "tiny": 1}
+
+
+def resnet(size: str = "cpu", signal: float = 0.6) -> ModelSpec:
+    """A small ResNet in which every compute-fusion pattern occurs (``suite.models.resnet``)."""
+    from .resnet import SmallResNet
+
+    s = _TOY_SCALE[size]
+    return ModelSpec("resnet", lambda: SmallResNet(width=16 * s, blocks=2 * s), _ce, _images(16, signal=signal),
+                     "images", size, 16, has_batchnorm=True,
+                     description="small ResNet with every compute-fusion pattern (16x16 images)")
+
+
+def mlp(size: str = "cpu", signal: float = 0.6) -> ModelSpec:
+    """A communication-heavy MLP: many parameters, little compute per sample."""
+    from .mlp import WideMLP
+
+    s = _TOY_SCALE[size]
+    return ModelSpec("mlp", lambda: WideMLP(3 * 16 * 16, width=1024 * s, depth=4), _ce, _images(16, signal=signal),
+                     "images", size, 16, description="4-layer MLP, 1024 wide (16x16 images)")
+
+
+def transformer(size: str = "cpu") -> ModelSpec:
+    from .transformer import TinyTransformer, lm_loss
+
+    s = _TOY_SCALE[size]
+    return ModelSpec("transformer", lambda: TinyTransformer(d_model=64 * s, ff=128 * s, layers=2 * s), lm_loss,
+                     _tokens(128, 32), "tokens", size, 16, description="2-layer Transformer LM (vocab 128, 32 tokens)")
+
+
+MODELS: dict[str, Callable[..., ModelSpec]] = {
+    "resnet": resnet,
+    "mlp": mlp,
+    "transformer": transformer,
 }
 
 
-def get_model(name: str) -> ModelSpec:
-    if name not in MODELS:
-        raise ValueError(f"model {name!r} is unknown; allowed: {', '.join(MODELS)}")
-    return MODELS[name]
+def model_names() -> list[str]:
+    return list(MODELS)
+
+
+def default_size(device_type: str) -> str:
+    """``full`` on CUDA (the published sizes), ``cpu`` elsewhere."""
+    return "full" if device_type == "cuda" else "cpu"
+
+
+def is_user_ref(ref: str) -> bool:
+    return ":" in ref and not ref.startswith("hf:")
+
+
+def get_model(ref: str, size: str = "cpu", **options: Any) -> ModelSpec:
+    """The workload ``ref`` at ``size``; see the module docstring.  Errors name what is allowed."""
+    if size not in SIZES:
+        raise ModelError(f"--size {size!r}: allowed values are {', '.join(SIZES)}")
+    if not isinstance(ref, str) or not ref:
+        raise ModelError(f"model {ref!r}: expected a registry name ({', '.join(MODELS)}) or module:function")
+    if ref in MODELS:
+        return MODELS[ref](size, **options)
+    if ref.startswith("hf:"):
+        from .hf import hf_model
+
+        return hf_model(ref[3:], size)
+    if is_user_ref(ref):
+        return _user_model(ref, size)
+    raise ModelError(f"model {ref!r} is unknown; allowed: {', '.join(MODELS)}, hf:GPT2Config / hf:BertConfig, "
+                     f"or module:function naming your own factory")
+
+
+def _user_model(ref: str, size: str) -> ModelSpec:
+    module_name, _, fn_name = ref.partition(":")
+    if not module_name or not fn_name:
+        raise ModelError(f"--model {ref!r}: expected module:function, e.g. mypkg.models:make_spec")
+    cwd = os.getcwd()
+    if cwd not in sys.path:  # the user's own package, run from its directory, as `python -m` would find it
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ModelError(f"--model {ref!r}: cannot import {module_name!r} ({exc}); the current directory "
+                         f"{cwd} is on the import path") from None
+    obj: Any = module
+    for part in fn_name.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise ModelError(f"--model {ref!r}: module {module_name!r} has no {fn_name!r}")
+    if not callable(obj):
+        raise ModelError(f"--model {ref!r}: {fn_name!r} is not callable; expected a factory returning a ModelSpec")
+    try:
+        takes_size = bool(inspect.signature(obj).parameters)
+    except (TypeError, ValueError):
+        takes_size = True
+    spec = obj(size) if takes_size else obj()
+    if not isinstance(spec, ModelSpec):
+        raise ModelError(f"--model {ref!r}: the factory returned {type(spec).__name__}; expected "
+                         f"suite.models.ModelSpec")
+    return spec

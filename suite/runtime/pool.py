@@ -6,24 +6,25 @@ collects one result per rank.  Every call is bounded by a timeout.  A rank that 
 or hangs is reported (which rank, doing what) as :class:`RankFailure`, the pool is torn
 down, and the next call starts a fresh pool: nothing ever hangs.
 
-Functions are named as ``"package.module:function"`` (or given as a module-level
-function) so that spawned ranks can import them.
+Rank functions are passed as function objects: module-level functions, which pickle by
+reference (module and name), so a spawned rank imports them; a lambda or a closure is
+refused with a clear error before anything is sent.
 """
 from __future__ import annotations
 
-import importlib
 import multiprocessing as mp
+import pickle
 import os
 import queue
 import socket
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
-__all__ = ["RankPool", "RankFailure", "RankError", "resolve_function"]
+__all__ = ["RankPool", "RankFailure", "RankError", "RankFn", "fn_name", "check_rank_fn"]
 
-FnRef = Union[str, Callable[..., Any]]
+RankFn = Callable[..., Any]
 
 
 class RankFailure(RuntimeError):
@@ -43,20 +44,20 @@ class RankError(RuntimeError):
         self.tracebacks = tracebacks
 
 
-def fn_name(fn: FnRef) -> str:
-    if isinstance(fn, str):
-        return fn
-    return f"{fn.__module__}:{fn.__qualname__}"
+def fn_name(fn: RankFn) -> str:
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
 
 
-def resolve_function(ref: str) -> Callable[..., Any]:
-    module, _, name = ref.partition(":")
-    if not name:
-        raise ValueError(f"function reference {ref!r}: expected 'package.module:function'")
-    obj: Any = importlib.import_module(module)
-    for part in name.split("."):
-        obj = getattr(obj, part)
-    return obj
+def check_rank_fn(fn: Any) -> None:
+    """A rank function must be a module-level callable that pickles by reference."""
+    if isinstance(fn, str) or not callable(fn):
+        raise TypeError(f"rank function {fn!r}: pass the function object itself (a module-level function), "
+                        f"not a name")
+    try:
+        pickle.dumps(fn)
+    except Exception as exc:  # noqa: BLE001 - pickle raises several kinds
+        raise TypeError(f"rank function {fn_name(fn)} cannot be sent to the ranks ({type(exc).__name__}: {exc}); "
+                        f"define it at module level (lambdas and closures do not pickle)") from None
 
 
 @dataclass
@@ -98,9 +99,9 @@ def _worker(rank: int, world: int, host: str, port: int, cmd_q, res_q, opts: _Op
             continue
         if msg is None:
             break
-        call_id, ref, kwargs = msg
+        call_id, fn, kwargs = msg
         try:
-            result = resolve_function(ref)(**kwargs)
+            result = fn(**kwargs)
             res_q.put((call_id, rank, True, result))
         except BaseException:  # noqa: BLE001 - reported to the parent
             res_q.put((call_id, rank, False, traceback.format_exc()))
@@ -121,8 +122,9 @@ def _td(seconds: float):
 class RankPool:
     """``nproc`` local ranks, started once and driven by :meth:`run`.
 
+    >>> from suite.runtime.probes import whoami
     >>> with RankPool(2) as pool:
-    ...     results = pool.run("suite.runtime.probes:whoami")
+    ...     results = pool.run(whoami)
     """
 
     def __init__(
@@ -237,7 +239,7 @@ class RankPool:
             pass
 
     # ---- calls ----------------------------------------------------------------------
-    def run(self, fn: FnRef, kwargs: Optional[dict] = None, *, timeout: Optional[float] = None,
+    def run(self, fn: RankFn, kwargs: Optional[dict] = None, *, timeout: Optional[float] = None,
             per_rank: Optional[list[dict]] = None) -> list[Any]:
         """Run ``fn(**kwargs)`` on every rank; return the results in rank order.
 
@@ -245,6 +247,7 @@ class RankPool:
         the function raised (with every rank's traceback) and :class:`RankFailure` when a rank
         died or did not answer within ``timeout`` (the pool is then torn down).
         """
+        check_rank_fn(fn)
         self.start()
         ref = fn_name(fn)
         self._call += 1
@@ -253,7 +256,7 @@ class RankPool:
             kw = dict(kwargs or {})
             if per_rank is not None:
                 kw.update(per_rank[r])
-            q.put((call_id, ref, kw))
+            q.put((call_id, fn, kw))
         answers = self._collect(call_id, f"running {ref}", timeout or self.timeout, raw=True)
         errors = {r: payload for r, (ok, payload) in answers.items() if not ok}
         if errors:

@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import torch.distributed as dist
 
-from .pool import FnRef, RankError, fn_name, resolve_function
+from .pool import RankError, RankFn, check_rank_fn, fn_name
 
 __all__ = ["TorchrunLauncher"]
 
@@ -21,14 +21,15 @@ class TorchrunLauncher:
         self.nproc = ctx.world_size
         self.is_reporter = ctx.rank == 0
 
-    def run(self, fn: FnRef, kwargs: Optional[dict] = None, *, timeout: Optional[float] = None,
+    def run(self, fn: RankFn, kwargs: Optional[dict] = None, *, timeout: Optional[float] = None,
             per_rank: Optional[list[dict]] = None) -> Optional[list[Any]]:
+        check_rank_fn(fn)
         ref = fn_name(fn)
         kw = dict(kwargs or {})
         if per_rank is not None:
             kw.update(per_rank[self.ctx.rank])
         try:
-            out = (True, resolve_function(ref)(**kw))
+            out = (True, fn(**kw))
         except Exception:  # noqa: BLE001 - reported by rank 0
             out = (False, traceback.format_exc())
         gathered = [None] * self.nproc if self.is_reporter else None
