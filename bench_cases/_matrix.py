@@ -1,4 +1,4 @@
-"""What both harnesses share: the case selection, a case's validated config, its verdict."""
+"""What both harnesses share: the case selection, a case resolved at a world size, the runner's options."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,7 @@ from typing import Iterable, Optional
 from suite.cases import Case, matrix, select_cases
 from suite.config import ConfigError, StrategyConfig
 
-__all__ = ["selected_matrix", "case_config", "verdict_of", "split_csv"]
+__all__ = ["selected_matrix", "resolve", "split_csv", "env_selection", "bench_device", "run_options"]
 
 
 def split_csv(text: Optional[str]) -> list[str]:
@@ -20,32 +20,39 @@ def selected_matrix(cases: Iterable[str] = (), tags: Iterable[str] = (), worlds:
     return matrix(chosen, list(worlds) or None)
 
 
-def case_config(case: Case, world: int) -> tuple[Optional[StrategyConfig], Optional[str]]:
-    """The case's validated config at ``world`` ranks, or (None, why it cannot run there)."""
+def resolve(case: Case, world: int):
+    """The case with its validated config at ``world`` ranks (``skip`` set when it cannot run there)."""
+    from suite.runner import ResolvedCase
+
+    cfg = StrategyConfig.from_dict(case.config)
     why = case.applies_to_world(world)
-    if why:
-        return None, why
-    try:
-        cfg = StrategyConfig.from_dict(case.config)
-        cfg.check_world(world)
-    except ConfigError as exc:
-        return None, str(exc)
-    return cfg, None
-
-
-def verdict_of(launcher, case: Case, cfg: StrategyConfig, steps: int = 3, timeout: float = 600.0) -> dict:
-    """The correctness verdict of a case (the harness's check); an error is a verdict, not a crash."""
-    from suite.check.harness import run_check
-
-    try:
-        res = run_check(launcher, case.model, cfg, steps=steps, timeout=timeout)
-    except Exception as exc:  # noqa: BLE001 - reported in the benchmark's extra_info
-        return {"verdict": "error", "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
-    return {"verdict": res.verdict, "param_error": res.param_error, "loss_error": res.loss_error,
-            "message": res.message}
+    if why is None:
+        try:
+            cfg.check_world(world)
+        except ConfigError as exc:
+            why = str(exc)
+    return ResolvedCase(case, cfg, why)
 
 
 def env_selection() -> tuple[list, list, list]:
     """(cases, tags, worlds) from FLEETBENCH_BENCH_CASES / _TAGS / _WORLDS (comma-separated)."""
     return (split_csv(os.environ.get("FLEETBENCH_BENCH_CASES")), split_csv(os.environ.get("FLEETBENCH_BENCH_TAGS")),
             [int(w) for w in split_csv(os.environ.get("FLEETBENCH_BENCH_WORLDS"))])
+
+
+def bench_device() -> tuple[str, str]:
+    """(device type, backend) of the benchmark's ranks: CUDA wherever it is available (never a silent CPU run)."""
+    import torch
+
+    return ("cuda", "nccl") if torch.cuda.is_available() else ("cpu", "gloo")
+
+
+def run_options(steps: int, rounds: int, check: bool = True, timeout: float = 600.0):
+    """The runner's options for a benchmark harness (size from FLEETBENCH_BENCH_SIZE, else the device's default)."""
+    from suite.models import default_size
+    from suite.runner import RunOptions
+
+    device, backend = bench_device()
+    size = os.environ.get("FLEETBENCH_BENCH_SIZE") or default_size(device)
+    return RunOptions(size=size, steps=steps, rounds=rounds, check=check, timeout=timeout, device=device,
+                      backend=backend, utilization=False)

@@ -7,17 +7,16 @@ variables FLEETBENCH_BENCH_CASES / _TAGS / _WORLDS (comma-separated; default: th
 tag at each case's world sizes).  A (case, world size) pair the case does not run at is
 skipped (setup raises NotImplementedError, asv's way of saying "n/a").
 
-Ranks are spawned processes (``RankPool``: spawn start method) started in ``setup`` and
-closed in ``teardown``; the engine is built and warmed up there too, so the tracked rounds
-time steps only.  The timeout is raised for multi-rank cases.
+Cases run through the same runner as ``fleetbench run`` (``suite.runner``): ranks are spawned
+processes (``RankPool``) started in ``setup`` and closed in ``teardown``; the engine is built
+and warmed up there too (``CaseRunner.prepare``), so the tracked rounds time steps only.
 """
 from __future__ import annotations
 
 import os
 import statistics
 
-from bench_cases._matrix import case_config, env_selection, selected_matrix
-from suite.measure.steps import prepare_case, run_steps
+from bench_cases._matrix import bench_device, env_selection, resolve, run_options, selected_matrix
 
 ROUNDS = int(os.environ.get("FLEETBENCH_BENCH_ROUNDS", "5"))
 STEPS = int(os.environ.get("FLEETBENCH_BENCH_STEPS", "5"))
@@ -34,29 +33,28 @@ class StepTime:
     unit = "seconds"
 
     def setup(self, case, world_size):
-        self.pool = None
+        self.pool = self.prepared = None
         c = _PAIRS.get((case, world_size))
         if c is None:
             raise NotImplementedError(f"{case} is not run at world size {world_size}")
-        cfg, why = case_config(c, world_size)
-        if cfg is None:
-            raise NotImplementedError(why)
+        rc = resolve(c, world_size)
+        if rc.skip:
+            raise NotImplementedError(rc.skip)
+        from suite.runner import CaseRunner
         from suite.runtime import RankPool
 
-        self.case = c
-        self.pool = RankPool(world_size, timeout=self.timeout / 2, pg_timeout=120.0)
-        self.pool.run(prepare_case,
-                      dict(key=case, model=c.model, config=cfg.to_dict(), per_rank_batch=c.per_rank_batch))
+        self.pool = RankPool(world_size, device=bench_device()[0], timeout=self.timeout / 2, pg_timeout=120.0)
+        runner = CaseRunner(self.pool, world_size, run_options(STEPS, ROUNDS, check=False, timeout=self.timeout / 2))
+        self.prepared = runner.prepare(rc)
 
     def teardown(self, case, world_size):
         if getattr(self, "pool", None) is not None:
             self.pool.close()
 
     def track_step_time(self, case, world_size):
-        per_round = []
         for _ in range(ROUNDS):
-            answers = self.pool.run(run_steps, dict(key=case, steps=STEPS))
-            per_round.append(max(a["window_s"] for a in answers) / STEPS)
-        return statistics.median(per_round)
+            self.prepared.window()
+        windows = [max(a["window_s"] for a in answers) / STEPS for answers in self.prepared.windows]
+        return statistics.median(windows)
 
     track_step_time.unit = "seconds"

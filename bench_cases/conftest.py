@@ -43,30 +43,44 @@ def pytest_generate_tests(metafunc):
 
 
 class _Pools:
-    """One RankPool per world size, started on first use; the previous world's pool is closed."""
+    """One RankPool (and its case runner) per world size, started on first use; the previous world's is closed."""
 
-    def __init__(self):
+    def __init__(self, config):
+        self.config = config
         self.pool = None
+        self._runner = None
 
     def get(self, world: int):
+        from bench_cases._matrix import bench_device
         from suite.runtime import RankPool
 
         if self.pool is not None and self.pool.nproc != world:
-            self.pool.close()
-            self.pool = None
+            self.close()
         if self.pool is None:
-            self.pool = RankPool(world, timeout=CALL_TIMEOUT, pg_timeout=120.0)
+            self.pool = RankPool(world, device=bench_device()[0], timeout=CALL_TIMEOUT, pg_timeout=120.0)
         return self.pool
+
+    def runner(self, world: int):
+        from bench_cases._matrix import run_options
+        from suite.runner import CaseRunner
+
+        pool = self.get(world)
+        if self._runner is None or self._runner.launcher is not pool:
+            opts = run_options(self.config.getoption("fleetbench_steps"), self.config.getoption("fleetbench_rounds"),
+                               check=not self.config.getoption("fleetbench_no_check"), timeout=CALL_TIMEOUT)
+            self._runner = CaseRunner(pool, world, opts)
+        return self._runner
 
     def close(self):
         if self.pool is not None:
             self.pool.close()
             self.pool = None
+        self._runner = None
 
 
 @pytest.fixture(scope="session")
-def rank_pools():
-    pools = _Pools()
+def rank_pools(pytestconfig):
+    pools = _Pools(pytestconfig)
     yield pools
     pools.close()
 

@@ -9,6 +9,13 @@ speedup is paired round by round.
 Tags: ``default`` (the short list ``fleetbench run`` runs), ``smoke`` (CI), ``nightly-cpu``,
 ``nightly-gpu``.
 
+Which variants a model gets: the three small models (``resnet``, ``mlp``, ``transformer``)
+name theirs explicitly (``Variant.models``); every other model, the published ones
+(``resnet50``, ``gpt2``, ``bert``) and a user's own (``--model pkg.mod:make_spec``), gets every
+variant that applies to its data kind (images, tokens, masked tokens) and to whether it has
+BatchNorm (compute fusion and fused broadcasts need it).  A user model's cases are named
+``<function>/<variant>``.
+
 World sizes: each case names the world sizes the benchmark matrix (asv, pytest-benchmark,
 nightly CI) runs it at; world size 1 is one of them wherever the case can run on one rank,
 so scaling efficiency (throughput at n / (n · throughput at 1)) can be stated.
@@ -24,7 +31,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 __all__ = ["Case", "VARIANTS", "CASES", "select_cases", "BASELINE", "RECORDED", "WORLD_SIZES", "get_case",
-           "matrix"]
+           "matrix", "cases_for_model", "model_label", "PUBLISHED_MODELS"]
 
 BASELINE = "plain"
 
@@ -39,6 +46,12 @@ RECORDED = (
 )
 
 
+SMALL_MODELS = ("resnet", "mlp", "transformer")
+# The published workloads: (data kind, has BatchNorm); facts kept here so listing cases imports no torch.
+PUBLISHED_MODELS = {"resnet50": ("images", True), "gpt2": ("tokens", False), "bert": ("masked_tokens", False)}
+DATA_KINDS = ("images", "tokens", "masked_tokens", "other")
+
+
 @dataclass(frozen=True)
 class Variant:
     """A strategy setting: the config overrides that switch it on."""
@@ -46,11 +59,18 @@ class Variant:
     name: str
     config: dict
     description: str
-    models: tuple = ("resnet", "mlp", "transformer")
+    models: tuple = SMALL_MODELS  # which of the small models get it (others: by data kind)
     tags: tuple = ("nightly-cpu", "nightly-gpu")
     min_world: int = 1
     default_on: tuple = ()  # models on which the case is in the short `default` list (and `smoke`)
     records: tuple = ()  # what this variant records beyond RECORDED
+    kinds: tuple = DATA_KINDS  # data kinds of other models it applies to
+    needs_batchnorm: bool = False  # applies only to models with BatchNorm (compute fusion, fused broadcast)
+
+    def applies(self, model: str, kind: str, has_batchnorm: bool) -> bool:
+        if model in SMALL_MODELS:
+            return model in self.models
+        return kind in self.kinds and (has_batchnorm or not self.needs_batchnorm)
 
 
 @dataclass(frozen=True)
@@ -61,7 +81,7 @@ class Case:
     config: dict
     description: str
     tags: tuple = ()
-    per_rank_batch: int = 16
+    per_rank_batch: Optional[int] = None  # None: the model's own at the run's size
     min_world: int = 1
     world_sizes: tuple = WORLD_SIZES  # where the matrix runs it (min_world and up)
     records: tuple = RECORDED  # metrics keys the case's record carries
@@ -95,9 +115,10 @@ VARIANTS: list[Variant] = [
     # compute
     Variant("compute_fusion", {"fuse_bn_act_ops": True, "fuse_elewise_add_act_ops": True,
                                "fuse_relu_depthwise_conv": True},
-            "bn+act, add+act and relu+depthwise-conv fusion", models=("resnet",), default_on=("resnet",)),
+            "bn+act, add+act and relu+depthwise-conv fusion", models=("resnet",), default_on=("resnet",),
+            needs_batchnorm=True),
     Variant("fused_broadcast", {"fuse_broadcast_ops": True}, "broadcasts over flat buckets", models=("resnet",),
-            default_on=("resnet",)),
+            default_on=("resnet",), needs_batchnorm=True),
     Variant("fused_optimizer", {"fuse_all_optimizer_ops": True}, "one optimizer update over flat buffers", default_on=("mlp",)),
     # precision
     Variant("amp_bf16", {"amp": "bf16"}, "bf16 autocast", default_on=("resnet",), records=("losses",)),
@@ -112,12 +133,37 @@ VARIANTS: list[Variant] = [
             default_on=("mlp",)),
 ]
 
-CASES: list[Case] = [
-    Case(f"{m}/{v.name}", m, v.name, dict(v.config), v.description,
-         tuple(v.tags) + (("default", "smoke") if m in v.default_on else ()), min_world=v.min_world,
-         world_sizes=tuple(w for w in WORLD_SIZES if w >= v.min_world), records=RECORDED + tuple(v.records))
-    for v in VARIANTS for m in v.models
-]
+def model_label(ref: str) -> str:
+    """The name a model's cases carry: the registry name, a user factory's function, ``hf-<Config>``."""
+    if ref.startswith("hf:"):
+        return "hf-" + ref[3:]
+    if ":" in ref:
+        return ref.rsplit(":", 1)[1].rsplit(".", 1)[-1]
+    return ref
+
+
+def cases_for_model(ref: str, kind: str, has_batchnorm: bool, tags: tuple = ()) -> list[Case]:
+    """Every variant that applies to a model, as cases named ``<label>/<variant>``."""
+    label = model_label(ref)
+    out = []
+    for v in VARIANTS:
+        if not v.applies(ref, kind, has_batchnorm):
+            continue
+        extra = ("default", "smoke") if ref in v.default_on else ()
+        out.append(Case(f"{label}/{v.name}", ref, v.name, dict(v.config), v.description,
+                        (tuple(v.tags) + extra) if not tags else tags, min_world=v.min_world,
+                        world_sizes=tuple(w for w in WORLD_SIZES if w >= v.min_world),
+                        records=RECORDED + tuple(v.records)))
+    return out
+
+
+CASES: list[Case] = (
+    [c for m in SMALL_MODELS for c in cases_for_model(m, "images", False)]
+    + [c for m, (kind, bn) in PUBLISHED_MODELS.items() for c in cases_for_model(m, kind, bn)]
+)
+# The registry lists cases variant by variant (as before the published models came): keep that order.
+CASES.sort(key=lambda c: ([v.name for v in VARIANTS].index(c.variant),
+                          (list(SMALL_MODELS) + list(PUBLISHED_MODELS)).index(c.model)))
 
 
 def get_case(name: str) -> Case:
@@ -139,8 +185,9 @@ def select_cases(names: Iterable[str] = (), tags: Iterable[str] = (), models: It
                  cases: Optional[list[Case]] = None) -> list[Case]:
     """Cases matching any of ``names`` (globs allowed) and any of ``tags`` and ``models``.
 
-    With neither names nor tags, the ``default`` tag.  Unknown names or tags are errors that
-    list what exists.
+    With neither names nor tags: the ``default`` tag, or, when ``models`` are named, every
+    case of those models.  ``cases`` (default: the registry) is the pool to select from; a
+    user's model passes its own cases.  Unknown names or tags are errors that list what exists.
     """
     pool = CASES if cases is None else cases
     names, tags, models = list(names), list(tags), list(models)
@@ -151,7 +198,7 @@ def select_cases(names: Iterable[str] = (), tags: Iterable[str] = (), models: It
         if not any(fnmatch.fnmatchcase(c.name, n) or c.variant == n for c in pool):
             raise ValueError(f"--case {n!r} matches no case; `fleetbench run --list` shows them "
                              f"(names are model/variant, e.g. resnet/overlap; globs allowed)")
-    if not names and not tags:
+    if not names and not tags and not models:
         tags = ["default"]
     out = [c for c in pool
            if (not names or any(fnmatch.fnmatchcase(c.name, n) or c.variant == n for n in names))

@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from .comm.broadcast import broadcast_module
-from .comm.grad_sync import GradSync, build_grad_sync
+from .comm.factory import build_grad_sync
+from .comm.grad_sync import GradSync
 from .config import StrategyConfig
 from .strategies.amp import Amp
 from .strategies.optim import build_optimizer

@@ -19,6 +19,7 @@ import math
 
 import pytest
 
+from suite.workload import WorkloadSpec
 from suite.check.errors import finite_le, worst_error
 from suite.check.harness import run_check
 from suite.config import StrategyConfig
@@ -106,7 +107,7 @@ def _check_ddp(pool, model, cfg):
 def test_parity_pairwise(row, model, pools):
     cfg = row_config(row)
     pool = pools(4 if cfg.use_hierarchical_allreduce else 2)
-    res = run_check(pool, model, cfg)
+    res = run_check(pool, WorkloadSpec(model, per_rank_batch=8), cfg)
     assert res.verdict == "pass", f"{model} {cfg}: {res.message}"
     assert finite_le(res.param_error, 1e-5) and res.ranks_identical
     _check_ddp(pool, model, cfg)
@@ -128,7 +129,7 @@ EXTRA = [
 def test_parity_extra(values, model, world, pools):
     cfg = StrategyConfig(**values)
     pool = pools(world)
-    res = run_check(pool, model, cfg)
+    res = run_check(pool, WorkloadSpec(model, per_rank_batch=8), cfg)
     assert res.verdict == "pass", f"{model} {cfg}: {res.message}"
     _check_ddp(pool, model, cfg)
 
@@ -140,6 +141,6 @@ def test_half_precision_wire_hierarchical(pool4):
     one included: 8 mantissa bits.  That is the tolerance table's business, reported to the lead.)"""
     cfg = StrategyConfig(fuse_all_reduce_ops=True, sync_nccl_allreduce=False, use_hierarchical_allreduce=True,
                          hierarchical_allreduce_inter_nranks=2, grad_comm_dtype="fp16")
-    res = run_check(pool4, "transformer", cfg)
+    res = run_check(pool4, WorkloadSpec("transformer", per_rank_batch=8), cfg)
     assert res.verdict == "pass", res.message
     assert res.tolerance_key == "fp16_grad_comm" and res.param_error > 0  # the fp16 wire did round something

@@ -10,6 +10,7 @@ import dataclasses
 import torch
 from torch import nn
 
+from suite.workload import WorkloadSpec
 from suite.check.harness import summarize
 from suite.config import StrategyConfig
 from suite.runtime.pool import RankError
@@ -47,7 +48,7 @@ def sabotaged_check_on_rank(kind: str, **kwargs) -> dict:
 def _check(pool, kind, model, values):
     cfg = StrategyConfig(**values)
     answers = pool.run(sabotaged_check_on_rank,
-                       dict(kind=kind, model=model, config=cfg.to_dict(), steps=3))
+                       dict(kind=kind, workload_spec=WorkloadSpec(model, per_rank_batch=8), config=cfg.to_dict(), steps=3))
     return summarize(cfg, answers)
 
 

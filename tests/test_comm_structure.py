@@ -171,7 +171,7 @@ def average_on_rank(config: dict) -> dict:
     import torch
 
     from suite.comm import collectives as C
-    from suite.comm.grad_sync import build_grad_sync
+    from suite.comm.factory import build_grad_sync
     from suite.models import get_model
     from suite.runtime.context import current
 

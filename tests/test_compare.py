@@ -145,7 +145,7 @@ def test_unusable_input_exits_2_naming_file_and_line(tmp_path, capsys, content, 
 
 
 class _FakePool:
-    """Answers measure_on_rank with synthetic noise; a sleep adds its milliseconds to every step."""
+    """Answers time_on_rank with synthetic noise; a sleep adds its milliseconds to every step."""
 
     nproc = 2
 

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from suite.workload import WorkloadSpec
 from suite.check.harness import run_check
 from suite.config import StrategyConfig
 from suite.models import get_model
@@ -116,7 +117,7 @@ def test_fused_optimizer_updates_the_gradient_buckets_in_place(pool2):
 # ---------------------------------------------------------------------------------------
 def comm_dtype_on_rank(dtype: str) -> dict:
     from suite.comm import collectives as C
-    from suite.comm.grad_sync import build_grad_sync
+    from suite.comm.factory import build_grad_sync
     from suite.runtime.context import current
 
     ctx = current()
@@ -197,7 +198,7 @@ def test_composed_configs_pass_the_harness(pool2, name):
     if cfg.get("fuse_all_reduce_ops") and importlib.util.find_spec("suite.comm.bucketed") is None:
         pytest.skip("suite.comm.bucketed (the comm teammate's bucketed GradSync) is not merged into this branch yet")
     config = StrategyConfig.from_dict(cfg)
-    result = run_check(pool2, model, config, steps=3)
+    result = run_check(pool2, WorkloadSpec(model, per_rank_batch=8), config, steps=3)
     assert result.passed, f"{name}: {result.message} (param error {result.param_error:.3g}, loss error " \
                           f"{result.loss_error:.3g}, reference {result.reference})"
     if config.amp != "off":

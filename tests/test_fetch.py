@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from suite.workload import WorkloadSpec
 from suite.config import ConfigError, StrategyConfig
 from suite.data.synthetic import make_dataset, prepare, shard, step_indices
 from suite.engine import build_engine
@@ -14,7 +15,7 @@ from suite.measure.timing import straggler_for_step
 from suite.models import get_model
 from suite.runtime.context import current
 from suite.strategies.fetch import LossFetcher
-from suite.measure.timing import measure_on_rank
+from suite.measure.timing import time_on_rank
 from suite.runtime.probes import whoami
 
 
@@ -56,9 +57,9 @@ def test_measure_applies_and_records_threads_fetches_and_stragglers(pool2):
         {"name": "t2_f4_strag", "config": {"num_threads": 2, "fetch_frequency": 4, "straggler_ms": 1.0}},
     ]
     steps, rounds = 4, 2
-    answers = pool2.run(measure_on_rank,
-                        dict(model="transformer", variants=variants, warmup=1, steps=steps, rounds=rounds,
-                             per_rank_batch=4, dataset_size=64))
+    answers = pool2.run(time_on_rank,
+                        dict(workload_spec=WorkloadSpec("transformer", per_rank_batch=4, dataset_size=64),
+                             variants=variants, warmup=1, steps=steps, rounds=rounds))
     for a in answers:
         t1, t2 = a["variants"]["t1"], a["variants"]["t2_f4_strag"]
         assert (t1["threads"], t2["threads"]) == (1, 2)

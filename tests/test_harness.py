@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from suite.workload import WorkloadSpec
 from suite import StrategyConfig
 from suite.check.errors import finite_le, max_finite, rel_error
 from suite.check.harness import run_check, summarize
@@ -14,7 +15,7 @@ import torch
 @pytest.mark.parametrize("model", ["resnet", "mlp", "transformer"])
 @pytest.mark.parametrize("dp", ["suite", "ddp"])
 def test_plain_and_ddp_match_the_reference(pools, world, model, dp):
-    res = run_check(pools(world), model, StrategyConfig(data_parallel=dp), steps=3)
+    res = run_check(pools(world), WorkloadSpec(model, per_rank_batch=8), StrategyConfig(data_parallel=dp), steps=3)
     assert res.verdict == "pass", res.message
     assert finite_le(res.param_error, 1e-5) and finite_le(res.loss_error, 1e-5)
     assert res.ranks_identical and res.steps == 3
@@ -45,7 +46,7 @@ def _check_with(patch: str, model: str = "mlp") -> dict:
             grad_sync.GradSync._allreduce_average = no_divide
         elif patch == "skip_one":
             grad_sync.PlainGradSync.finish_step = skip_one
-        return harness.check_on_rank(model, {}, steps=3)
+        return harness.check_on_rank(WorkloadSpec(model, per_rank_batch=8), {}, steps=3)
     finally:
         grad_sync.GradSync._allreduce_average = original_avg
         grad_sync.PlainGradSync.finish_step = original_finish
@@ -58,7 +59,7 @@ def test_harness_catches_broken_averaging(pool2, patch):
     assert res.verdict == "fail", f"sabotage {patch} went unnoticed: {res}"
     assert not finite_le(res.param_error, 1e-5)
     # The pool is healthy afterwards and the unbroken strategy still passes.
-    assert run_check(pool2, "mlp", StrategyConfig()).verdict == "pass"
+    assert run_check(pool2, WorkloadSpec("mlp", per_rank_batch=8), StrategyConfig()).verdict == "pass"
 
 
 def test_error_measure_fails_on_nan_and_inf():

@@ -10,8 +10,8 @@ import random
 from typing import Optional
 
 import pytest
-import torch
 
+from suite.workload import WorkloadSpec
 from suite.check.errors import finite_le, max_finite, worst_error
 from suite.check.harness import run_check
 from suite.comm import collectives as C
@@ -225,7 +225,7 @@ def test_fixed_k_matches_torch_post_local_sgd(pools, world, model, warm, k):
              nccl_comm_num=2, sync_nccl_allreduce=False)),
 ])
 def test_matches_per_rank_simulation(pools, world, cfg):
-    result = run_check(pools(world), "resnet", StrategyConfig(**cfg), steps=6, per_rank_batch=4)
+    result = run_check(pools(world), WorkloadSpec("resnet", per_rank_batch=4), StrategyConfig(**cfg), steps=6)
     assert result.reference == "LocalSGDReference"
     assert result.passed, result.message
     # Ranks are identical exactly after synchronous and averaging steps (the harness checked those);

@@ -12,11 +12,13 @@ import time
 
 import pytest
 
+from suite.workload import WorkloadSpec
 from suite.cli.main import build_parser
-from suite.cli.run import Runner, resolve_cases
+from suite.cli.run import resolve_cases
+from suite.runner import CaseRunner, RunOptions
 from suite.results.gate import GateOptions, gate_samples
 from suite.results.records import read_records
-from suite.measure.timing import measure_on_rank
+from suite.measure.timing import time_on_rank
 
 STEPS = 2  # traced steps
 MLP_PARAMS = 10  # the MLP's parameter tensors: plain data parallel allreduces each one (one bucket each)
@@ -30,7 +32,10 @@ def real_run(pool2, tmp_path_factory):
         ["run", "--case", "mlp/plain", "--case", "mlp/none", "--rounds", "2", "--steps", "2", "--warmup", "1",
          "--no-check", "--trace-steps", str(STEPS), "--results", results, "--timeout", "300"])
     t_start = time.time()
-    records = Runner(args, pool2, 2, True).run(resolve_cases(args, 2))
+    args.size = "cpu"
+    opts = RunOptions(steps=2, rounds=2, warmup=1, check=False, trace_steps=STEPS, timeout=300,
+                      results_dir=str(out))
+    records = [r for batch in CaseRunner(pool2, 2, opts).run(resolve_cases(args, 2)) for r in batch]
     t_end = time.time()
     from suite.results.records import append_record
 
@@ -112,8 +117,8 @@ def test_gate_flags_a_sleeping_case_and_not_an_identical_rerun(pool2):
     process group have differed by over 20% (windows of 0.2 s next to windows of 1.2 s);
     `fleetbench figures gate` measures the false-alarm rate per threshold.
     """
-    answers = pool2.run(measure_on_rank, dict(
-        model="mlp", warmup=1, steps=3, rounds=4, per_rank_batch=16, variants=[
+    answers = pool2.run(time_on_rank, dict(
+        workload_spec=WorkloadSpec("mlp", per_rank_batch=16), warmup=1, steps=3, rounds=4, variants=[
             {"name": "plain", "config": {}}, {"name": "again", "config": {}},
             {"name": "slept", "config": {"straggler_ms": 400.0}}]))
 

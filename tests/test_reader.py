@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 
+from suite.workload import WorkloadSpec
 from suite.config import ConfigError, StrategyConfig
 from suite.data.reader import (BatchSource, CudaCopier, EncodedImages, OptimizedReader, PlainReader, ReaderError,
                                ReaderTimeout, ReaderUnavailable, _Prefetcher, build_reader, shard_epoch)
@@ -221,8 +222,8 @@ def test_reader_measurement_reports_data_wait_and_trains(pool2):
     variants = [{"name": "plain", "config": {}},
                 {"name": "db+inf", "config": {"use_double_buffer": True, "use_infinite_reader": True}}]
     answers = pool2.run(measure_reader_on_rank,
-                        dict(model="resnet", variants=variants, warmup=1, rounds=2, epochs_per_window=1,
-                             per_rank_batch=4, dataset_size=40, decode_work=1))
+                        dict(workload_spec=WorkloadSpec("resnet", per_rank_batch=4, dataset_size=40),
+                             variants=variants, warmup=1, rounds=2, epochs_per_window=1, decode_work=1))
     steps = answers[0]["steps_per_window"]
     assert steps == 5  # ceil(40 / 2) = 20 samples per rank, batches of 4
     for a in answers:

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 
 from suite.cli.main import main
 

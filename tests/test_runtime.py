@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from suite.workload import WorkloadSpec
 from suite.runtime import RankError, RankFailure, RankPool
 from suite.check.harness import check_on_rank
 from suite.runtime.probes import allreduce_rank_sum, sleep_then_allreduce, whoami
@@ -22,7 +23,7 @@ def test_pool_runs_on_every_rank(pool2):
 
 def test_exception_on_one_rank_is_reported_with_its_traceback(pool2):
     with pytest.raises((RankError, RankFailure)) as info:
-        pool2.run(check_on_rank, {"model": "no-such-model", "config": {}})
+        pool2.run(check_on_rank, {"workload_spec": WorkloadSpec("no-such-model"), "config": {}})
     assert "no-such-model" in str(info.value)
     assert pool2.run(allreduce_rank_sum) == [1.0, 1.0]
 

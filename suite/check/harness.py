@@ -11,15 +11,12 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from ..config import StrategyConfig
-from ..data.synthetic import make_dataset, prepare, shard, step_indices
-from ..engine import build_engine
-from ..models import get_model
-from ..runtime.context import current
+from ..workload import WorkloadSpec, workload
 from .errors import max_finite, rel_error, worst_error
 from .reference import make_reference
 from .tolerances import tolerance_for
@@ -41,6 +38,7 @@ class CheckResult:
     ranks_identical: bool = False
     steps: int = 0
     per_step: list = field(default_factory=list)
+    losses: list = field(default_factory=list)  # rank 0's loss at each step (the structural gate compares them)
     message: str = ""
 
     @property
@@ -63,25 +61,16 @@ def _digest(module: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def check_on_rank(model: str, config: dict, steps: int = 3, per_rank_batch: int = 8, seed: int = 0,
-                  scale: int = 1, dataset_size: int = 512) -> dict:
+def check_on_rank(workload_spec: WorkloadSpec, config: dict, steps: int = 3) -> dict:
     """Train ``steps`` steps with the engine and the reference side by side on this rank."""
-    ctx = current()
-    device = ctx.platform.device
-    world, rank = ctx.world_size, ctx.rank
+    wl = workload(workload_spec)
+    world, rank, seed = wl.world, wl.rank, wl.ws.seed
     cfg = StrategyConfig.from_dict(config)
-    spec = get_model(model)
-    net = spec.make(seed + 7919 * rank, device)  # ranks start different on purpose
-    engine = build_engine(net, spec.loss_fn, cfg)
-    reference = make_reference(spec.make(seed, device), spec.loss_fn, cfg, world)
-    data = make_dataset(spec, dataset_size, seed)
+    engine = wl.engine(cfg, seed=seed + 7919 * rank)  # ranks start different on purpose
+    reference = make_reference(wl.module(seed), wl.spec.loss_fn, cfg, world)
     per_step = []
     for step in range(steps):
-        idx = step_indices(len(data), step, per_rank_batch * world, seed)
-        shards = []
-        for r in range(world):
-            x, y = data.get(shard(idx, r, world))
-            shards.append((prepare(data, x, device), y.to(device)))
+        shards = wl.shards(step)
         loss = engine.train_step(*shards[rank]).item()
         expected = reference.step(shards)
         params = dict(engine.module.named_parameters())
@@ -113,6 +102,9 @@ def summarize(config: StrategyConfig, answers: list[dict]) -> CheckResult:
         if rows[0]["expect_identical"] and not same:
             identical = False
             problems.append(f"step {s + 1}: ranks hold different parameters")
+        bad = [a["rank"] for a, r in zip(answers, rows) if not math.isfinite(r["loss"])]
+        if bad:
+            problems.append(f"step {s + 1}: non-finite loss on rank(s) {bad}")
         worst_at = max(rows, key=lambda r: r["param_error"] if math.isfinite(r["param_error"]) else math.inf)
         per_step.append({"step": s + 1, "param_error": p_err, "loss_error": l_err, "buffer_error": b_err,
                          "ranks_identical": same, "worst_param": worst_at["param_error_at"]})
@@ -129,18 +121,20 @@ def summarize(config: StrategyConfig, answers: list[dict]) -> CheckResult:
     return CheckResult(
         verdict="fail" if problems else "pass", reference=answers[0]["reference"], tolerance_key=key,
         param_tol=p_tol, loss_tol=l_tol, param_error=p_err, param_error_at=at, loss_error=l_err,
-        buffer_error=b_err, ranks_identical=identical, steps=steps, per_step=per_step, message="; ".join(problems),
+        buffer_error=b_err, ranks_identical=identical, steps=steps, per_step=per_step,
+        losses=[r["loss"] for r in answers[0]["per_step"]], message="; ".join(problems),
     )
 
 
-def run_check(launcher: Any, model: str, config: StrategyConfig, steps: int = 3, per_rank_batch: int = 8,
-              seed: int = 0, scale: int = 1, fn: str = check_on_rank,
-              timeout: Optional[float] = None) -> CheckResult:
-    """Run the check through ``launcher`` (a RankPool, or the torchrun launcher) and summarise it."""
+def run_check(launcher: Any, workload_spec: WorkloadSpec, config: StrategyConfig, steps: int = 3,
+              fn: Callable[..., dict] = check_on_rank, timeout: Optional[float] = None) -> Optional[CheckResult]:
+    """Run the check through ``launcher`` (a RankPool, or the torchrun launcher) and summarise it.
+
+    None on a non-reporting torchrun rank (rank 0 reports)."""
     if config.data_parallel == "none":
         return CheckResult(verdict="n/a", message="data_parallel='none' communicates nothing: no reference to match")
-    answers = launcher.run(fn, dict(model=model, config=config.to_dict(), steps=steps,
-                                    per_rank_batch=per_rank_batch, seed=seed, scale=scale), timeout=timeout)
+    answers = launcher.run(fn, dict(workload_spec=workload_spec, config=config.to_dict(), steps=steps),
+                           timeout=timeout)
     if answers is None:  # a non-zero torchrun rank: rank 0 reports
         return None
     return summarize(config, answers)

@@ -14,20 +14,25 @@ sees), averages the shards' gradients and steps once.  Buffers follow DDP's rule
 shard starts from rank 0's buffers (broadcast before each forward), so rank r ends the
 step with rank 0's buffers updated by shard r's statistics.
 
-Strategies whose semantics differ bring their own reference (Local SGD: one model per
-rank; AMP: the same autocast and scaler) through :func:`make_reference`.
+Strategies whose semantics differ have their own reference here, picked by
+:func:`make_reference`: :class:`LocalSGDReference` (one model and optimizer per rank) and
+:class:`AmpReference` (the same autocast and loss scaler).  The references import the
+strategies' small pure helpers (the loss-scaling rule); the strategies never import the check.
 """
 from __future__ import annotations
 
+import copy
+import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
 from ..config import StrategyConfig
+from ..strategies.amp import LossScaler, autocast_dtype, check_amp_supported, unscale_
 from ..strategies.optim import torch_optimizer
 
-__all__ = ["StepRef", "DataParallelReference", "make_reference"]
+__all__ = ["StepRef", "DataParallelReference", "AmpReference", "LocalSGDReference", "make_reference"]
 
 
 def snapshot(tensors: dict) -> dict[str, torch.Tensor]:
@@ -93,14 +98,139 @@ def _load(model: torch.nn.Module, buffers: dict[str, torch.Tensor]) -> None:
             buf.copy_(buffers[name])
 
 
-def make_reference(model, loss_fn, config: StrategyConfig, world: int):
-    """The reference that fits ``config``: each strategy with its own semantics brings one."""
-    if config.local_sgd_enabled:
-        from ..strategies.local_sgd import LocalSGDReference
+class AmpReference(DataParallelReference):
+    """Synchronous data parallel in one process, under the engine's autocast and loss scaling.
 
+    With compute fusion on, the reference runs the same fused ops (eagerly): in half precision
+    two correct implementations of BN+ReLU differ by rounding, so comparing a fused engine with
+    unfused half-precision kernels would measure bf16 noise, not the composition.  Fused ops
+    equal the unfused pair in fp32 (tests/test_fusion.py); under autocast they are compared
+    with a half-precision tolerance there too.
+    """
+
+    name = "amp"
+
+    def __init__(self, model: torch.nn.Module, loss_fn, config: StrategyConfig, world: int):
+        if config.compute_fusion_enabled:
+            from ..compute.fusion import fuse_model
+
+            model, _ = fuse_model(model, bn_act=config.fuse_bn_act_ops,
+                                  elewise_add_act=config.fuse_elewise_add_act_ops,
+                                  relu_depthwise_conv=config.fuse_relu_depthwise_conv)
+        super().__init__(model, loss_fn, config, world)
+        device = next(iter(model.parameters())).device
+        self.device_type = device.type
+        check_amp_supported(config.amp, self.device_type)
+        self.dtype = autocast_dtype(config.amp)
+        self.scaler = LossScaler(config)
+
+    def forward_loss(self, inputs, targets) -> torch.Tensor:
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            return self.loss_fn(self.model(inputs), targets)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        if self.scaler.enabled:
+            (loss.float() * self.scaler.scale).backward()
+        else:
+            loss.backward()
+
+    def apply_update(self, grads: list[torch.Tensor]) -> None:
+        if self.scaler.enabled:
+            found = unscale_(grads, self.scaler.scale, grads[0].device)
+            skip = bool(found.item() > 0)
+            self.scaler.update(skip)
+            if skip:
+                return
+        super().apply_update(grads)
+
+
+# ---------------------------------------------------------------------------------------------
+# The independent reference: every rank simulated in one process.
+# ---------------------------------------------------------------------------------------------
+
+def _snapshot(named) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in named}
+
+
+class LocalSGDReference:
+    """One model and one optimizer per rank, in one process.
+
+    Synchronous steps (1..W): every rank starts from rank 0's buffers (DDP's broadcast), runs
+    its shard, the gradients are averaged and every rank steps with the average.  Local steps:
+    every rank runs its own shard through its own model with its own buffers and optimizer.
+    After each due step the parameters are averaged (buffers are not).  The adaptive interval
+    is recomputed here from the rank-averaged losses, written out again on purpose.
+    """
+
+    name = "local_sgd"
+
+    def __init__(self, model: torch.nn.Module, loss_fn: Callable, config: StrategyConfig, world: int):
+        self.loss_fn = loss_fn
+        self.world = world
+        self.models = [copy.deepcopy(model) for _ in range(world)]
+        self.optimizers = [torch_optimizer(m.parameters(), config) for m in self.models]
+        self.params = [[p for p in m.parameters() if p.requires_grad] for m in self.models]
+        self.warm = config.local_sgd_is_warm_steps
+        self.adaptive = config.use_adaptive_local_sgd
+        self.init_k = config.init_k_steps
+        self.k = self.init_k if self.adaptive else config.local_sgd_steps
+        self.lr = config.lr
+        self.next_average = self.warm + self.k
+        self.loss0: Optional[float] = None
+        self.t = 0
+        self.ks: list[int] = []
+
+    def step(self, shards):
+        self.t += 1
+        sync = self.t <= self.warm
+        if sync:  # rank 0's buffers are broadcast before the forward of a synchronous step
+            start = _snapshot(self.models[0].named_buffers())
+            for m in self.models:
+                with torch.no_grad():
+                    for name, b in m.named_buffers():
+                        b.copy_(start[name])
+        losses = []
+        for m, ps, (inputs, targets) in zip(self.models, self.params, shards):
+            for p in ps:
+                p.grad = None
+            loss = self.loss_fn(m(inputs), targets)
+            loss.backward()
+            losses.append(loss.item())
+        if sync:
+            for i in range(len(self.params[0])):
+                grads = [ps[i].grad if ps[i].grad is not None else torch.zeros_like(ps[i]) for ps in self.params]
+                mean = torch.stack(grads).sum(0) / self.world
+                for ps in self.params:
+                    ps[i].grad = mean.clone()
+        for opt in self.optimizers:
+            opt.step()
+        mean_loss = sum(losses) / self.world
+        if self.adaptive and self.t == max(self.warm, 1):
+            self.loss0 = mean_loss
+        averaged = self.t == self.next_average
+        if averaged:
+            with torch.no_grad():
+                for i in range(len(self.params[0])):
+                    mean = torch.stack([ps[i].detach() for ps in self.params]).sum(0) / self.world
+                    for ps in self.params:
+                        ps[i].copy_(mean)
+            if self.adaptive:
+                value = math.sqrt(self.lr * mean_loss / (self.lr * self.loss0) * self.init_k)
+                self.k = max(1, min(16, math.ceil(value)))
+            self.ks.append(self.k)
+            self.next_average = self.t + self.k
+        if sync or averaged:
+            params = [_snapshot(self.models[0].named_parameters())]
+        else:
+            params = [_snapshot(m.named_parameters()) for m in self.models]
+        buffers = [_snapshot(m.named_buffers()) for m in self.models]
+        return StepRef(losses, params, buffers)
+
+
+def make_reference(model, loss_fn, config: StrategyConfig, world: int):
+    """The reference that fits ``config``: each strategy with its own semantics has one."""
+    if config.local_sgd_enabled:
         return LocalSGDReference(model, loss_fn, config, world)
     if config.amp != "off":
-        from ..strategies.amp import AmpReference
-
         return AmpReference(model, loss_fn, config, world)
     return DataParallelReference(model, loss_fn, config, world)

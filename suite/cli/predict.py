@@ -19,11 +19,12 @@ def add_parser(sub) -> None:
     p.add_argument("--cluster", required=True, help="NxR:inter=RATE[,intra=RATE], e.g. 64x8:inter=200gbit,intra=2400gbit")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--profile", help="a profile JSON file (as written by --save-profile)")
-    src.add_argument("--model", help="measure a profile of this model now (mlp, resnet, transformer)")
+    src.add_argument("--model", help="measure a profile of this model now (a registry name such as resnet50 or "
+                     "mlp, or module:function)")
     p.add_argument("--nproc", type=int, help="ranks that measure the profile at once (default: ranks per node, "
                    "at most 4)")
-    p.add_argument("--per-rank-batch", type=int, default=16)
-    p.add_argument("--scale", type=int, default=1, help="model scale (see suite.models)")
+    p.add_argument("--per-rank-batch", type=int, default=None, help="default: the model's at its size")
+    p.add_argument("--size", choices=("full", "cpu", "tiny"), default="cpu", help="model size (default cpu)")
     p.add_argument("--save-profile", help="write the measured profile here")
     p.add_argument("--inter-lat", type=float, default=100.0, help="alpha of an inter-node message step, µs (100)")
     p.add_argument("--intra-lat", type=float, default=50.0, help="alpha of an intra-node message step, µs (50)")
@@ -48,13 +49,14 @@ def settings(bucket_mb: float, local_sgd_k: int):
     ]
 
 
-def measure_profile(model: str, nproc: int, per_rank_batch: int, scale: int = 1, timeout: float = 600.0) -> dict:
+def measure_profile(model: str, nproc: int, per_rank_batch: int | None, size: str = "cpu",
+                    timeout: float = 600.0) -> dict:
     from ..cluster.profile import record_profile, summarize_profile
     from ..runtime import RankPool
+    from ..workload import WorkloadSpec
 
     with RankPool(nproc, timeout=timeout) as pool:
-        answers = pool.run(record_profile,
-                           {"model": model, "per_rank_batch": per_rank_batch, "scale": scale})
+        answers = pool.run(record_profile, {"workload_spec": WorkloadSpec(model, size, per_rank_batch)})
     return summarize_profile(answers)
 
 
@@ -84,14 +86,18 @@ def main(args) -> int:
         except (OSError, ValueError) as exc:
             return fail(f"--profile {args.profile!r}: {exc}")
     else:
-        from ..models import MODELS
+        from ..models import ModelError, get_model
 
-        if args.model not in MODELS:
-            return fail(f"--model {args.model!r} is unknown; allowed: {', '.join(MODELS)}")
+        try:
+            get_model(args.model, args.size)
+        except ModelError as exc:
+            return fail(str(exc))
+        if args.per_rank_batch is not None and args.per_rank_batch < 1:
+            return fail(f"--per-rank-batch {args.per_rank_batch}: must be >= 1")
         nproc = args.nproc or min(4, spec.ranks_per_node)
         if nproc < 1:
             return fail(f"--nproc {nproc}: must be >= 1")
-        raw = measure_profile(args.model, nproc, args.per_rank_batch, args.scale)
+        raw = measure_profile(args.model, nproc, args.per_rank_batch, args.size)
         if args.save_profile:
             with open(args.save_profile, "w") as fh:
                 json.dump(raw, fh, indent=1)

@@ -2,46 +2,50 @@
 
 For each selected case: a correctness verdict against the reference that fits it, then
 throughput measured interleaved with the model's baseline (plain data parallel) in one
-process group; speedup stated as speedup (> 1 is faster).  Each case's record is appended
-to the results file as soon as it finishes; a table closes the run.
+process group; speedup stated as speedup (> 1 is faster).  Each model's records are appended
+to the results file as soon as its interleaved timing finishes; a table closes the run.  The
+work itself is :class:`suite.runner.CaseRunner`'s; this module turns the command line into
+its options and prints.
 
 Everything the user typed is validated before any rank starts.  A case whose ranks die or
 hang is reported as an error and the run goes on.
 """
 from __future__ import annotations
 
-import datetime
+import math
 import os
 import sys
-import time
-import uuid
+import tempfile
 from typing import Optional
 
-from ..cases import BASELINE, Case, select_cases
+from ..cases import CASES, cases_for_model, select_cases
 from ..config import ConfigError, StrategyConfig
-from suite.measure.timing import measure_on_rank
-from suite.measure.trace import trace_on_rank
 
 DEFAULT_RESULTS = os.path.join("results", "runs.jsonl")
+SIZES = ("full", "cpu", "tiny")
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("run", help="run cases: correctness verdict, throughput, speedup over plain data parallel")
     p.add_argument("--nproc", type=int, default=2, help="local ranks to spawn (default 2; ignored under torchrun)")
-    p.add_argument("--device", choices=("cpu", "cuda"), help="override the device (default: cuda if every "
-                   "local rank has a GPU, else cpu)")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="override the device (default: cuda where CUDA has "
+                   "a GPU for every local rank, else cpu; with CUDA present, fewer GPUs than ranks is an error)")
     p.add_argument("--case", action="append", default=[], metavar="NAME",
                    help="case name or glob (model/variant, e.g. 'resnet/overlap', '*/local_sgd'); repeatable")
     p.add_argument("--tag", action="append", default=[], help="cases with this tag (default, smoke, nightly-cpu, "
-                   "nightly-gpu); repeatable. Without --case/--tag: the 'default' tag")
-    p.add_argument("--model", action="append", default=[], help="only cases of this model; repeatable")
+                   "nightly-gpu); repeatable. Without --case/--tag/--model: the 'default' tag")
+    p.add_argument("--model", action="append", default=[], metavar="MODEL",
+                   help="a registry model (resnet50, gpt2, bert, resnet, mlp, transformer), hf:GPT2Config / "
+                        "hf:BertConfig, or your own factory as module:function; alone, every case of that model")
+    p.add_argument("--size", choices=SIZES, help="model size: full (published; default on CUDA), cpu (full "
+                   "parameters, smaller inputs; default on CPU), tiny (tests)")
     p.add_argument("--config", help="TOML file of strategy fields applied on top of every case")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a strategy field applied on top of every case; repeatable")
     p.add_argument("--steps", type=int, default=5, help="steps per timed window (default 5)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timed rounds (default 5)")
     p.add_argument("--warmup", type=int, default=2, help="warm-up steps per case (default 2)")
-    p.add_argument("--batch", type=int, default=None, help="per-rank batch size (default: the case's, 16)")
+    p.add_argument("--batch", type=int, default=None, help="per-rank batch size (default: the model's at its size)")
     p.add_argument("--check-steps", type=int, default=3, help="steps of the correctness check (default 3)")
     p.add_argument("--no-check", action="store_true", help="skip the correctness check")
     p.add_argument("--results", default=DEFAULT_RESULTS, help=f"JSON-lines results file (default {DEFAULT_RESULTS})")
@@ -66,28 +70,80 @@ def _positive(name: str, value: int, low: int = 1) -> None:
         raise ConfigError(f"--{name} {value}: must be >= {low}")
 
 
-def resolve_cases(args, world: int, local_world: Optional[int] = None) -> list[tuple[Case, StrategyConfig, Optional[str]]]:
-    """Every selected case with its validated config; the reason when it cannot run at ``world``."""
+def _seconds(name: str, value: float) -> None:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise ConfigError(f"--{name} {value}: must be a finite number of seconds > 0")
+
+
+def _is_glob(name: str) -> bool:
+    return any(ch in name for ch in "*?[")
+
+
+def model_cases(models: list[str], size: str) -> list:
+    """The case pool: the registry, plus every applicable variant of each non-registry model named."""
+    from ..models import MODELS, ModelError, get_model
+
+    pool = list(CASES)
+    known = {c.model for c in CASES}
+    for ref in models:
+        if ref in known:
+            continue
+        try:
+            spec = get_model(ref, size)
+        except ModelError as exc:
+            raise ConfigError(str(exc)) from None
+        if ref in MODELS:  # registered, but with no case of its own in the registry
+            raise ConfigError(f"--model {ref!r} has no cases in the registry (suite/cases.py)")
+        pool += cases_for_model(ref, spec.data, spec.has_batchnorm, tags=("user",))
+    return pool
+
+
+def resolve_cases(args, world: int, local_world: Optional[int] = None) -> list:
+    """Every selected case with its validated config, as :class:`suite.runner.ResolvedCase`.
+
+    A case that cannot run at ``world`` ranks is skipped with its reason when a tag, a glob or a
+    model selected it, and is an error when it was named exactly (``--case mlp/hierarchical``).
+    """
+    from ..runner import ResolvedCase
+
+    pool = model_cases(args.model, args.size or "cpu")
     try:
-        cases = select_cases(args.case, args.tag, args.model)
+        cases = select_cases(args.case, args.tag, args.model, cases=pool)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if not cases:
         raise ConfigError("no case matches the selection (--case/--tag/--model); `fleetbench run --list --tag "
                           "nightly-cpu` shows the cases")
     base = StrategyConfig.from_toml(args.config).diff() if args.config else {}
+    exact = {n for n in args.case if not _is_glob(n)}
     out = []
     for case in cases:
         try:
             cfg = StrategyConfig.from_dict({**case.config, **base}).with_overrides(args.set)
-            why = case.applies_to_world(world)
-            if why is None:
-                # Under torchrun (local_world given) the hierarchy's nodes default to the real machines.
-                cfg.check_world(world, local_world, torchrun=local_world is not None)
         except ConfigError as exc:
             raise ConfigError(f"case {case.name}: {exc}") from None
-        out.append((case, cfg, why))
+        why = case.applies_to_world(world)
+        if why is None:
+            try:
+                # Under torchrun (local_world given) the hierarchy's nodes default to the real machines.
+                cfg.check_world(world, local_world, torchrun=local_world is not None)
+            except ConfigError as exc:
+                why = str(exc)
+        if why is not None and case.name in exact:
+            raise ConfigError(f"case {case.name} cannot run at world size {world}: {why}")
+        out.append(ResolvedCase(case, cfg, why))
     return out
+
+
+def _platform_choice(device: Optional[str], local_world: int) -> tuple[str, str]:
+    """(device type, backend) the ranks will use, decided before any rank starts."""
+    from ..runtime.device import CudaUnavailable, select_platform
+
+    try:
+        platform = select_platform(device, 0, local_world)
+    except (CudaUnavailable, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+    return platform.device_type, platform.backend
 
 
 def main(args) -> int:
@@ -105,38 +161,74 @@ def main(args) -> int:
         _positive(name.replace("_", "-"), getattr(args, name))
     _positive("warmup", args.warmup, 0)
     _positive("trace-steps", args.trace_steps, 0)
+    _seconds("timeout", args.timeout)
+    _seconds("pg-timeout", args.pg_timeout)
     if args.batch is not None:
         _positive("batch", args.batch)
+    device, backend = _platform_choice(args.device, env.local_world_size if env else args.nproc)
+    if args.size is None:
+        from ..models import default_size
+
+        args.size = default_size(device)
     # every config validated before any rank starts
     selected = resolve_cases(args, world, env.local_world_size if env else None)
     if args.list:
-        for case, cfg, why in selected:
-            print(f"{case.name:32s} {','.join(case.tags):40s} {case.description}" + (f"  [skip: {why}]" if why else ""))
+        for rc in selected:
+            print(f"{rc.case.name:32s} {','.join(rc.case.tags):40s} {rc.case.description}"
+                  + (f"  [skip: {rc.skip}]" if rc.skip else ""))
         return 0
-    _check_results_file(args.results)
     resume = _resolve_resume(args, world) if args.resume else None
+    _check_results_file(args.results)
+
+    from ..runner import CaseRunner, RunOptions
+
+    opts = RunOptions(
+        size=args.size, per_rank_batch=args.batch, steps=args.steps, rounds=args.rounds, warmup=args.warmup,
+        check=not args.no_check, check_steps=args.check_steps, timeout=args.timeout, trace_steps=args.trace_steps,
+        utilization=not args.no_utilization, device=device, backend=backend, baseline_overrides=tuple(args.set),
+        results_dir=os.path.dirname(os.path.abspath(args.results)))
 
     if env:
         from ..runtime.launch import init_from_env
         from ..runtime.torchrun import TorchrunLauncher
 
-        ctx = init_from_env(device=args.device, pg_timeout=args.pg_timeout)
+        ctx = init_from_env(device=device, pg_timeout=args.pg_timeout)
         launcher = TorchrunLauncher(ctx)
         reporter = ctx.rank == 0
     else:
-        from ..runtime import RankPool
+        from .. import runtime
 
         cluster_kw, cluster = {}, None
         if cluster_spec is not None:
             from ..cluster.launch import start_cluster
 
             cluster, cluster_kw = start_cluster(cluster_spec)
-        launcher = RankPool(args.nproc, device=args.device, timeout=args.timeout, pg_timeout=args.pg_timeout,
-                            **cluster_kw)
+        launcher = runtime.RankPool(args.nproc, device=device, timeout=args.timeout, pg_timeout=args.pg_timeout,
+                                    **cluster_kw)
         launcher.cluster = cluster  # taken down with the launcher
         reporter = True
+    records: list = []
     try:
-        records = Runner(args, launcher, world, reporter, resume=resume).run(selected)
+        runner = CaseRunner(launcher, world, opts, reporter=reporter, say=lambda m: print(m, flush=True))
+        if resume is not None:
+            runner.run_id, done = resume
+            kept = [rc.case.name for rc in selected if rc.case.name in done]
+            runner.say(f"resuming run {runner.run_id}: {len(kept)} case(s) already recorded, skipped: "
+                       f"{', '.join(kept)}")
+            selected = [rc for rc in selected if rc.case.name not in done]
+        runnable = sum(1 for rc in selected if rc.skip is None)
+        runner.say(f"fleetbench run {runner.run_id}: {runnable} case(s) on {world} rank(s), size {args.size}, "
+                   f"{device}/{backend}; results -> {args.results}")
+        for batch in runner.run(selected):
+            for rec in batch:
+                if rec.status == "skipped":
+                    runner.say(f"  skip  {rec.case}: {rec.error}")
+                elif rec.metrics and reporter:
+                    runner.say(f"      {rec.case:28s} {rec.samples_per_s:9.1f} samples/s   speedup "
+                               f"{rec.metrics.get('speedup', float('nan')):.2f}x")
+                if reporter:
+                    _append(args.results, rec)
+            records += batch
     finally:
         launcher.close()
         if getattr(launcher, "cluster", None) is not None:
@@ -148,20 +240,60 @@ def main(args) -> int:
     if reporter:
         print_table(records)
         print(f"\n{len(records)} record(s) appended to {args.results}")
+        traces = [r.metrics["trace_file"] for r in records if r.metrics.get("trace_file")]
+        if traces:
+            print("traces (open in https://ui.perfetto.dev): "
+                  + ", ".join(os.path.join(opts.results_dir, t) for t in traces))
         if any(r.verdict in ("fail", "error") for r in records):
             return 1
     return 0
 
 
-def _check_results_file(path: str) -> None:
-    """A corrupt results file is an error before any rank starts (nothing in it is touched)."""
-    if os.path.exists(path) and os.path.getsize(path):
-        from ..results.records import ResultsFileError, read_records
+_FALLBACK: dict = {}
 
+
+def _append(path: str, rec) -> None:
+    """Append a record; if the results file cannot take it any more, write it to a fallback file and say where."""
+    from ..results.records import append_record
+
+    target = _FALLBACK.get(path, path)
+    try:
+        append_record(target, rec)
+        return
+    except OSError as exc:
+        why = f"{type(exc).__name__}: {exc}"
+    fd, fallback = tempfile.mkstemp(prefix=f"fleetbench-{rec.run_id}-", suffix=".jsonl")
+    os.close(fd)
+    _FALLBACK[path] = fallback
+    print(f"fleetbench run: cannot append to {path} ({why}); records of this run go to {fallback}",
+          file=sys.stderr, flush=True)
+    append_record(fallback, rec)
+
+
+def _check_results_file(path: str) -> None:
+    """Before any rank starts: a corrupt results file is refused (nothing in it is touched), and the
+    file must be writable (an existing file opened for appending; a new one's directory tried)."""
+    from ..results.records import ResultsFileError, read_records
+
+    if os.path.isdir(path):
+        raise ConfigError(f"--results {path}: is a directory; give a file, e.g. {os.path.join(path, 'runs.jsonl')}")
+    if os.path.exists(path) and os.path.getsize(path):
         try:
             read_records(path)
         except ResultsFileError as exc:
             raise ConfigError(f"--results {path}: {exc}; move it aside or pick another --results file") from None
+    try:
+        if os.path.exists(path):
+            with open(path, "ab"):
+                pass
+        else:
+            directory = os.path.dirname(os.path.abspath(path))
+            os.makedirs(directory, exist_ok=True)
+            with tempfile.TemporaryFile(dir=directory):
+                pass
+    except OSError as exc:
+        raise ConfigError(f"--results {path}: cannot be written ({exc.strerror or exc}); pick a writable path") \
+            from None
 
 
 def _resolve_resume(args, world: int) -> tuple[str, set]:
@@ -174,8 +306,11 @@ def _resolve_resume(args, world: int) -> tuple[str, set]:
     from ..results.records import ResultsFileError, read_records
 
     target = args.resume
+    looks_like_path = os.sep in target or target.endswith((".jsonl", ".json"))
     if os.path.exists(target):
         args.results, run_id = target, None
+    elif looks_like_path:
+        raise ConfigError(f"--resume {target}: no such results file")
     else:
         run_id = target
     if not os.path.exists(args.results):
@@ -199,210 +334,6 @@ def _resolve_resume(args, world: int) -> tuple[str, set]:
                           f"resume with the same --nproc")
     # A case that ended in an error is run again; finished ones are kept as they are.
     return run_id, {r.case for r in mine if r.status != "error"}
-
-
-class Runner:
-    def __init__(self, args, launcher, world: int, reporter: bool, resume: Optional[tuple] = None):
-        self.args = args
-        self.launcher = launcher
-        self.world = world
-        self.reporter = reporter
-        self.run_id = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
-        self.done: set = set()
-        if resume is not None:
-            self.run_id, self.done = resume
-        self.metadata = None
-
-    def say(self, msg: str) -> None:
-        if self.reporter:
-            print(msg, flush=True)
-
-    def run(self, selected) -> list:
-        from ..measure.metadata import collect
-        from ..results.records import CaseRecord, append_record
-
-        self.metadata = collect(world_size=self.world)
-        if self.done:
-            kept = [c.name for c, _, _ in selected if c.name in self.done]
-            self.say(f"resuming run {self.run_id}: {len(kept)} case(s) already recorded, skipped: {', '.join(kept)}")
-            selected = [(c, cfg, why) for c, cfg, why in selected if c.name not in self.done]
-        runnable = [(c, cfg) for c, cfg, why in selected if why is None]
-        records = []
-        for case, cfg, why in selected:
-            if why is not None:
-                rec = CaseRecord(case.name, case.model, self.world, cfg.to_dict(), self.run_id, status="skipped",
-                                 verdict="skipped", tags=list(case.tags), error=why, metadata=self.metadata,
-                                 timestamp=_now())
-                self.say(f"  skip  {case.name}: {why}")
-                if self.reporter:
-                    append_record(self.args.results, rec)
-                records.append(rec)
-        models = list(dict.fromkeys(c.model for c, _ in runnable))
-        total, done = len(runnable), 0
-        self.say(f"fleetbench run {self.run_id}: {total} case(s) on {self.world} rank(s); results -> "
-                 f"{self.args.results}")
-        for model in models:
-            group = [(c, cfg) for c, cfg in runnable if c.model == model]
-            for rec in self.run_group(model, group, done, total):
-                if self.reporter:
-                    append_record(self.args.results, rec)
-                records.append(rec)
-            done += len(group)
-        return records
-
-    # -- one model: check each case, then time them all interleaved with the baseline --------
-    def run_group(self, model: str, group, done: int, total: int) -> list:
-        from ..check.harness import run_check
-        from ..results.records import CaseRecord
-
-        checks = {}
-        for i, (case, cfg) in enumerate(group):
-            t0 = time.perf_counter()
-            if self.args.no_check:
-                checks[case.name] = None
-                continue
-            try:
-                res = run_check(self.launcher, model, cfg, steps=self.args.check_steps, timeout=self.args.timeout)
-                checks[case.name] = res
-                verdict = res.verdict if res else "?"
-                detail = f" (param err {res.param_error:.2g}, loss err {res.loss_error:.2g})" if res and \
-                    res.verdict in ("pass", "fail") else ""
-                if res and res.verdict == "fail":
-                    detail += f": {res.message}"
-            except Exception as exc:  # noqa: BLE001 - a failed case is reported, the run goes on
-                checks[case.name] = exc
-                verdict, detail = "error", f": {_short(exc)}"
-            self.say(f"[{done + i + 1}/{total}] {case.name:28s} check {verdict}{detail} "
-                     f"({time.perf_counter() - t0:.1f}s)")
-
-        measured = self.measure(model, group)
-        records = []
-        for case, cfg in group:
-            chk = checks.get(case.name)
-            rec = CaseRecord(case.name, model, self.world, cfg.to_dict(), self.run_id, tags=list(case.tags),
-                             timestamp=_now(), metadata=self.metadata)
-            if isinstance(chk, Exception):
-                rec.status, rec.verdict, rec.error = "error", "error", _short(chk, 2000)
-            elif chk is not None:
-                rec.check = chk.to_dict()
-                rec.verdict = chk.verdict
-            m = measured.get(case.variant)
-            if isinstance(m, Exception):
-                rec.status, rec.verdict = "error", "error"
-                rec.error = (rec.error + "\n" if rec.error else "") + _short(m, 2000)
-            elif m is not None:
-                rec.describe = m.pop("describe", {})
-                rec.metrics = m
-                if self.args.trace_steps and rec.status == "ok":
-                    self.trace(case, cfg, rec)
-            records.append(rec)
-        if self.reporter:
-            for rec in records:
-                m = rec.metrics
-                if m:
-                    self.say(f"      {rec.case:28s} {m['samples_per_s']:9.1f} samples/s   speedup "
-                             f"{m.get('speedup', float('nan')):.2f}x")
-        return records
-
-    def trace(self, case: Case, cfg: StrategyConfig, rec) -> None:
-        """A few traced steps of the case on every rank, written as a Chrome/Perfetto trace file."""
-        import json
-
-        from ..report.trace import chrome_trace
-
-        try:
-            answers = self.launcher.run(trace_on_rank,
-                                        dict(model=case.model, config=cfg.to_dict(), steps=self.args.trace_steps,
-                                             per_rank_batch=self.args.batch or case.per_rank_batch),
-                                        timeout=self.args.timeout)
-        except Exception as exc:  # noqa: BLE001 - the timing stands; the trace is reported missing
-            rec.metrics["trace_error"] = _short(exc)
-            return
-        if answers is None or not self.reporter:
-            return
-        rel = os.path.join("traces", self.run_id, f"{case.name.replace('/', '_')}@{self.world}.json")
-        path = os.path.join(os.path.dirname(os.path.abspath(self.args.results)), rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as fh:
-            json.dump(chrome_trace(answers, title=f"{case.name} at world size {self.world}, run {self.run_id}"), fh)
-        rec.metrics["trace_file"] = rel
-
-    def measure(self, model: str, group) -> dict:
-        """Time every case of ``group`` and the baseline interleaved; on failure, each case alone."""
-        from ..measure.stats import busbw, paired_speedup, variant_summary, window_seconds
-
-        base_cfg = StrategyConfig().with_overrides(self.args.set)
-        variants = {c.variant: cfg for c, cfg in group}
-        variants.setdefault(BASELINE, base_cfg)
-        batch = self.args.batch or group[0][0].per_rank_batch
-        kwargs = dict(model=model, warmup=self.args.warmup, steps=self.args.steps, rounds=self.args.rounds,
-                      per_rank_batch=batch)
-
-        def once(names: list[str]) -> dict:
-            from ..measure.utilization import UtilizationSampler
-
-            device = self.args.device or ("cuda" if (self.metadata.get("gpu") or {}).get("available") else "cpu")
-            sampler = None if self.args.no_utilization else UtilizationSampler(device=device).start()
-            try:
-                answers = self.launcher.run(
-                    measure_on_rank,
-                    dict(kwargs, variants=[{"name": n, "config": variants[n].to_dict()} for n in names]),
-                    timeout=self.args.timeout)
-            finally:
-                if sampler is not None:
-                    sampler.stop()
-            if answers is None:
-                return {n: None for n in names}
-            base = window_seconds(answers, BASELINE)
-            out = {}
-            for n in names:
-                s = variant_summary(answers, n, batch * self.world, self.args.steps)
-                sp = paired_speedup(base, window_seconds(answers, n))
-                s.update(speedup=sp["speedup"], speedup_ci=sp["ci"], baseline=BASELINE,
-                         global_batch=batch * self.world, steps_per_window=self.args.steps)
-                out[n] = s
-            if "none" in out:
-                compute = out["none"]["step_time_s"]["median"]
-                for s in out.values():
-                    s["exposed_comm_s"] = s["step_time_s"]["median"] - compute
-                    s["compute_s"] = compute
-                    ar = sum(v for k, v in s["comm_bytes_per_step"].items() if k.endswith("/all_reduce"))
-                    s["busbw_GBps"] = busbw(ar, s["exposed_comm_s"], self.world) / 1e9
-            if sampler is not None:
-                util = sampler.summary()
-                util["shared_by"] = names  # the variants ran interleaved: one sampling covers them all
-                for s in out.values():
-                    s["utilization"] = util
-            return out
-
-        names = list(variants)
-        try:
-            return once(names)
-        except Exception as exc:  # noqa: BLE001 - fall back to one case at a time
-            self.say(f"      interleaved timing of {model} failed ({_short(exc)}); timing each case alone")
-        out: dict = {}
-        for n in names:
-            if n == BASELINE:
-                continue
-            try:
-                pair = once([BASELINE, n])
-                out[n] = pair[n]
-                out.setdefault(BASELINE, pair[BASELINE])  # the baseline's figures from its first pairing
-            except Exception as exc:  # noqa: BLE001
-                out[n] = exc
-        return out
-
-
-def _short(exc: BaseException, limit: int = 300) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    # The last lines of a rank's traceback say what went wrong.
-    text = lines[0] if len(lines) < 3 else lines[0] + " … " + " | ".join(lines[-2:])
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def print_table(records) -> None:
@@ -431,3 +362,6 @@ def print_table(records) -> None:
         )
     Console(width=max(120, os.get_terminal_size(sys.stdout.fileno()).columns if sys.stdout.isatty() else 120)).print(
         table)
+
+
+__all__ = ["add_parser", "main", "resolve_cases", "model_cases", "print_table", "DEFAULT_RESULTS"]

@@ -15,28 +15,22 @@ from __future__ import annotations
 import statistics
 import time
 
-import torch
 import torch.distributed as dist
 
 from ..comm.grad_sync import trainable_params
 from ..config import StrategyConfig
-from ..data.synthetic import make_dataset, prepare, shard, step_indices
-from ..engine import build_engine
-from ..models import get_model
-from ..runtime.context import current
+from ..workload import WorkloadSpec, workload
 from .simulate import Profile
 
 __all__ = ["record_profile", "summarize_profile"]
 
 
-def record_profile(model: str = "mlp", per_rank_batch: int = 16, steps: int = 6, warmup: int = 2, seed: int = 0,
-                   scale: int = 1, config: dict | None = None, dataset_size: int = 512) -> dict:
-    ctx = current()
-    device, world, rank = ctx.platform.device, ctx.world_size, ctx.rank
-    spec = get_model(model)
-    data = make_dataset(spec, dataset_size, seed)
+def record_profile(workload_spec: WorkloadSpec, steps: int = 6, warmup: int = 2, config: dict | None = None) -> dict:
+    wl = workload(workload_spec)
+    platform = wl.platform
     cfg = StrategyConfig.from_dict({**(config or {}), "data_parallel": "none"})
-    engine = build_engine(spec.make(seed, device), spec.loss_fn, cfg)
+    engine = wl.engine(cfg)
+    loss_fn = wl.spec.loss_fn
     module, opt = engine.module, engine.optimizer
     named = trainable_params(module)
     clock = {"bw0": 0.0}
@@ -50,27 +44,22 @@ def record_profile(model: str = "mlp", per_rank_batch: int = 16, steps: int = 6,
 
     handles = [p.register_post_accumulate_grad_hook(hook_for(n)) for n, p in named]
     parts = {"forward_s": [], "backward_s": [], "optimizer_s": []}
-    nb = max(1, min(8, dataset_size // (per_rank_batch * world)))
-    batches = []
-    for b in range(nb):
-        x, y = data.get(shard(step_indices(len(data), b, per_rank_batch * world, seed), rank, world))
-        batches.append((prepare(data, x, device), y.to(device)))
     try:
         for s in range(warmup + steps):
-            x, y = batches[s % nb]
+            x, y = wl.batch(s)
             seen.clear()
             dist.barrier()
             t0 = time.perf_counter()
-            loss = spec.loss_fn(module(x), y)
-            ctx.platform.synchronize()
+            loss = loss_fn(module(x), y)
+            platform.synchronize()
             t1 = time.perf_counter()
             clock["bw0"] = t1
             loss.backward()
-            ctx.platform.synchronize()
+            platform.synchronize()
             t2 = time.perf_counter()
             opt.step()
             opt.zero_grad(set_to_none=False)
-            ctx.platform.synchronize()
+            platform.synchronize()
             t3 = time.perf_counter()
             if s >= warmup:
                 parts["forward_s"].append(t1 - t0)
@@ -86,8 +75,8 @@ def record_profile(model: str = "mlp", per_rank_batch: int = 16, steps: int = 6,
         "params": [{"name": n, "nbytes": p.numel() * p.element_size(), "ready_s": statistics.median(ready[n])}
                    for n, p in named],
         "buffers": [b.numel() * b.element_size() for b in module.buffers() if b.numel()],
-        "per_rank_batch": per_rank_batch,
-        "model": model,
+        "per_rank_batch": wl.per_rank_batch,
+        "model": wl.ws.model,
     }
 
 

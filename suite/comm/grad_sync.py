@@ -12,11 +12,9 @@ collective path (buckets, communicators, hierarchy) as the gradients.
 This module holds the interface, the plain strategy (fleetbench's definition of plain data
 parallel: after backward one allreduce per parameter gradient, each waited on at once,
 averaged) and the no-communication one.  Bucketing, overlap, several communicators and the
-hierarchical allreduce live in their own modules and are chosen by :func:`build_grad_sync`.
+hierarchical allreduce live in their own modules; ``suite.comm.factory.build_grad_sync`` picks one.
 """
 from __future__ import annotations
-
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -24,7 +22,7 @@ import torch.distributed as dist
 from ..config import StrategyConfig
 from . import collectives as C
 
-__all__ = ["GradSync", "PlainGradSync", "NoGradSync", "build_grad_sync", "COMM_DTYPES", "trainable_params"]
+__all__ = ["GradSync", "PlainGradSync", "NoGradSync", "COMM_DTYPES", "trainable_params"]
 
 COMM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -145,22 +143,3 @@ class NoGradSync(GradSync):
 
     def describe(self) -> dict:
         return {"strategy": self.name, "allreduce_ops_before_fusion": 0, "allreduce_ops": 0}
-
-
-def build_grad_sync(model: torch.nn.Module, config: StrategyConfig, group=None) -> Optional[GradSync]:
-    """The gradient communication the config asks for (None for DDP, which does its own)."""
-    if config.data_parallel == "none":
-        return NoGradSync(model, config, group)
-    if config.data_parallel == "ddp":
-        return None
-    needs_buckets = (
-        config.fuse_all_reduce_ops
-        or not config.sync_nccl_allreduce
-        or config.nccl_comm_num > 1
-        or config.use_hierarchical_allreduce
-    )
-    if needs_buckets:
-        from .bucketed import BucketedGradSync
-
-        return BucketedGradSync(model, config, group)
-    return PlainGradSync(model, config, group)

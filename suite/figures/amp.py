@@ -3,7 +3,8 @@ communication (``grad_comm_dtype``)."""
 from __future__ import annotations
 
 from .compute import timing_table
-from ..measure.timing import measure_on_rank
+from ..measure.timing import time_on_rank
+from ..workload import WorkloadSpec
 
 DESCRIPTION = "AMP (bf16) vs fp32 step time; gradient bytes communicated with/without bf16 gradient communication"
 
@@ -26,9 +27,9 @@ def run(pool, args) -> str:
     out = []
     for model, batch in (("resnet", 16), ("mlp", 32)):
         variants = [{"name": n, "config": c} for n, c in VARIANTS]
-        answers = pool.run(measure_on_rank,
-                           dict(model=model, variants=variants, warmup=2, steps=steps, rounds=rounds,
-                                per_rank_batch=batch))
+        answers = pool.run(time_on_rank,
+                           dict(workload_spec=WorkloadSpec(model, per_rank_batch=batch), variants=variants,
+                                warmup=2, steps=steps, rounds=rounds))
         out.append(f"### AMP on the {model} ({nproc} ranks, batch {batch}/rank, plain allreduce; "
                    f"{rounds} interleaved rounds of {steps} steps)")
         out.append(timing_table(answers, [n for n, _ in VARIANTS], batch * nproc, steps, "fp32",

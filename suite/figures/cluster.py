@@ -24,7 +24,8 @@ import statistics
 from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
 from ..cluster.probes import timed_allreduce
 from ..cluster.profile import record_profile
-from ..measure.timing import measure_on_rank
+from ..measure.timing import time_on_rank
+from ..workload import WorkloadSpec
 
 DESCRIPTION = ("emulated 2x2/2x4 clusters (namespaces + tbf): flat vs hierarchical allreduce, nccl_comm_num 1 vs 2, "
                "predict vs measured (own pools; needs root)")
@@ -137,13 +138,14 @@ def _predict_section(cluster, pool, models, rates, rounds, steps) -> tuple[list[
     for model_name in models:
         batch = 16
         profile = Profile.from_dict(summarize_profile(
-            pool.run(record_profile, {"model": model_name, "per_rank_batch": batch})))
+            pool.run(record_profile, {"workload_spec": WorkloadSpec(model_name, per_rank_batch=batch)})))
         for rate in rates:
             cluster.set_rates(rate)
             model = cm.from_spec(cluster.spec, inter_lat=ALPHA[0], intra_lat=ALPHA[0])
-            answers = pool.run(measure_on_rank,
-                               {"model": model_name, "variants": [{"name": n, "config": c} for n, c, _ in variants],
-                                "warmup": 1, "steps": steps, "rounds": rounds, "per_rank_batch": batch})
+            answers = pool.run(time_on_rank,
+                               {"workload_spec": WorkloadSpec(model_name, per_rank_batch=batch),
+                                "variants": [{"name": n, "config": c} for n, c, _ in variants],
+                                "warmup": 1, "steps": steps, "rounds": rounds})
             for name, _, setting in variants:
                 per_step = [w / steps for w in window_seconds(answers, name)]
                 meas = statistics.median(per_step)

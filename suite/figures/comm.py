@@ -9,7 +9,7 @@
 3. Paddle's rules of thumb: bucket ≈ 1/10 of the gradient bytes (a sweep of bucket sizes),
    and 1 vs 2 communicators (rows of table 1).
 
-Step times come from ``suite.measure.timing.measure_on_rank`` (variants interleaved in one
+Step times come from ``suite.measure.timing.time_on_rank`` (variants interleaved in one
 process group, rotated order, medians with bootstrap intervals, paired speedups).  The
 collectives-alone times come from :func:`comm_alone_on_rank`, which follows the same
 discipline (all variants in every round, rotated order, barriers only at window ends).
@@ -25,7 +25,8 @@ import torch.distributed as dist
 
 from ..config import StrategyConfig
 from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
-from ..measure.timing import measure_on_rank
+from ..measure.timing import time_on_rank
+from ..workload import WorkloadSpec
 
 DESCRIPTION = ("communication: speedup over DDP, exposed comm and overlap efficiency (nccl_comm_num 1/2/3), "
                "fused vs single allreduce busbw, bucket-size and communicator rules of thumb")
@@ -66,7 +67,7 @@ def comm_alone_on_rank(model: str, variants: list[dict], rounds: int = 5, reps: 
     """
     from ..comm import collectives as C
     from ..comm.bucketed import BucketedGradSync
-    from ..comm.grad_sync import build_grad_sync
+    from ..comm.factory import build_grad_sync
     from ..models import get_model
     from ..runtime.groups import comm_groups
 
@@ -127,9 +128,9 @@ def _alone(pool, model, variants, rounds) -> dict[str, list[float]]:
 
 
 def _measure(pool, model, variants, args, per_rank_batch=16):
-    answers = pool.run(measure_on_rank,
-                       dict(model=model, variants=variants, steps=args.steps, rounds=args.rounds,
-                            per_rank_batch=per_rank_batch))
+    answers = pool.run(time_on_rank,
+                       dict(workload_spec=WorkloadSpec(model, per_rank_batch=per_rank_batch), variants=variants,
+                            steps=args.steps, rounds=args.rounds))
     return {v["name"]: window_seconds(answers, v["name"]) for v in variants}
 
 

@@ -7,8 +7,10 @@ import time
 
 import torch
 
-from ..measure.stats import bootstrap_median_ci, paired_speedup, variant_summary
-from ..measure.timing import measure_on_rank
+from ..measure.stats import bootstrap_median_ci, paired_speedup
+from ..measure.summary import variant_summary
+from ..measure.timing import time_on_rank
+from ..workload import WorkloadSpec
 
 DESCRIPTION = ("compute fusion on/off on the ResNet (step time, saved-activation bytes, eager and compiled); "
                "fused optimizer vs torch loop/foreach/fused")
@@ -139,9 +141,9 @@ def run(pool, args) -> str:
     per_rank_batch = 16
     # 1. fusion on/off: compute only (data_parallel='none'), so communication noise stays out
     variants = [{"name": n, "config": dict(c, data_parallel="none")} for n, c in FUSION_VARIANTS]
-    answers = pool.run(measure_on_rank,
-                       dict(model="resnet", variants=variants, warmup=3, steps=steps, rounds=rounds,
-                            per_rank_batch=per_rank_batch))
+    answers = pool.run(time_on_rank,
+                       dict(workload_spec=WorkloadSpec("resnet", per_rank_batch=per_rank_batch), variants=variants,
+                            warmup=3, steps=steps, rounds=rounds))
     saved = saved_bytes_rows("resnet", per_rank_batch)
     ran = answers[0]["variants"]["all (compile)"]["describe"].get("compute_fusion", {}).get("backend", {})
 

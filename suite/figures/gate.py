@@ -1,6 +1,6 @@
 """The regression gate's sensitivity on this machine: false alarms and the smallest slowdown caught.
 
-Separate runs of ``mlp/plain`` (each one ``measure_on_rank`` call, as separate nightly runs
+Separate runs of ``mlp/plain`` (each one ``time_on_rank`` call, as separate nightly runs
 are), some unchanged, some slowed by a sleep in every step sized from a calibration run to
 make the step 1.1x, 1.25x, 1.5x and 2x slower.  Every pair of unchanged runs is gated (a
 "slower" is a false alarm); every slowed run is gated against every unchanged one.  Reported
@@ -16,7 +16,8 @@ import os
 import statistics
 
 from ..results.gate import GateOptions, gate_samples
-from ..measure.timing import measure_on_rank
+from ..measure.timing import time_on_rank
+from ..workload import WorkloadSpec
 
 DESCRIPTION = "regression gate: false-alarm rate over unchanged reruns, smallest slowdown caught at 95%"
 
@@ -25,8 +26,8 @@ THRESHOLDS = (0.05, 0.10, 0.25, 0.5)
 
 
 def _run(pool, args, straggler_ms: float = 0.0) -> list:
-    answers = pool.run(measure_on_rank, dict(
-        model="mlp", warmup=2, steps=args.steps, rounds=args.rounds, per_rank_batch=16,
+    answers = pool.run(time_on_rank, dict(
+        workload_spec=WorkloadSpec("mlp", per_rank_batch=16), warmup=2, steps=args.steps, rounds=args.rounds,
         variants=[{"name": "plain", "config": {"straggler_ms": straggler_ms}}]), timeout=args.timeout)
     return [t for a in answers for t in a["variants"]["plain"]["step_times"]]
 

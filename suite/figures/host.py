@@ -6,7 +6,8 @@ import statistics
 
 from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
 from ..runtime.device import default_threads
-from ..measure.timing import measure_on_rank
+from ..measure.timing import time_on_rank
+from ..workload import WorkloadSpec
 
 DESCRIPTION = "fetch_frequency 1 vs N (host syncs) and num_threads swept: samples/s"
 
@@ -16,9 +17,10 @@ FETCH_N = 10
 
 
 def _table(pool, args, title: str, variants: list[tuple[str, dict]], steps: int, extra) -> list[str]:
-    answers = pool.run(measure_on_rank,
-                       dict(model=MODEL, variants=[{"name": n, "config": c} for n, c in variants], warmup=2,
-                            steps=steps, rounds=args.rounds, per_rank_batch=PER_RANK_BATCH, dataset_size=1024))
+    answers = pool.run(time_on_rank,
+                       dict(workload_spec=WorkloadSpec(MODEL, per_rank_batch=PER_RANK_BATCH, dataset_size=1024),
+                            variants=[{"name": n, "config": c} for n, c in variants], warmup=2,
+                            steps=steps, rounds=args.rounds))
     gb = PER_RANK_BATCH * pool.nproc
     base = window_seconds(answers, variants[0][0])
     lines = [title, "", f"| variant | samples/s [95% CI] | speedup vs {variants[0][0]} | {extra[0]} |",

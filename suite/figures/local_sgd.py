@@ -9,12 +9,10 @@ import statistics
 import torch
 
 from ..config import StrategyConfig
-from ..data.synthetic import make_dataset, prepare, shard, step_indices
-from ..engine import build_engine
+from ..data.synthetic import prepare
 from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
-from ..models import get_model
-from ..runtime.context import current
-from ..measure.timing import measure_on_rank
+from ..measure.timing import time_on_rank
+from ..workload import WorkloadSpec, workload
 
 DESCRIPTION = "Local SGD k=1..16 and adaptive vs synchronous DP: samples/s with/without stragglers, final loss"
 
@@ -36,33 +34,25 @@ def variants() -> list[tuple[str, dict]]:
     return out
 
 
-def quality_on_rank(model: str, variants: list[dict], steps: int, per_rank_batch: int = 16, seed: int = 0,
-                    eval_size: int = 512, signal: float = 0.6) -> dict:
+def quality_on_rank(workload_spec: WorkloadSpec, variants: list[dict], steps: int, eval_size: int = 512) -> dict:
     """Train each variant ``steps`` steps from the same start on the same batches; report the mean
     training loss of the last 10 steps and this rank's held-out loss and accuracy."""
-    ctx = current()
-    device, world, rank = ctx.platform.device, ctx.world_size, ctx.rank
-    spec = get_model(model, signal=signal)
-    data = make_dataset(spec, 2048, seed)
-    # Same seed: the same class templates; a larger size draws other noisy samples, the last of
-    # which no variant trains on.
-    held = make_dataset(spec, 2048 + eval_size, seed)
-    ex, ey = held.get(torch.arange(2048, 2048 + eval_size))
-    ex = prepare(held, ex, device)
-    ey = ey.to(device)
+    wl = workload(workload_spec)
+    # The held-out set: the same seed draws the same class templates; a larger size draws other noisy
+    # samples, the last ``eval_size`` of which no variant trains on.
+    n = len(wl.data)
+    held = wl.spec.dataset(n + eval_size, wl.ws.seed)
+    ex, ey = held.get(torch.arange(n, n + eval_size))
+    ex = prepare(held, ex, wl.device)
+    ey = ey.to(wl.device)
     out = {}
     for v in variants:
-        cfg = StrategyConfig.from_dict(v["config"])
-        engine = build_engine(spec.make(seed, device), spec.loss_fn, cfg)
-        losses = []
-        for s in range(steps):
-            x, y = data.get(shard(step_indices(len(data), s, per_rank_batch * world, seed), rank, world))
-            losses.append(engine.train_step(prepare(data, x, device), y.to(device)))
-        losses = torch.stack(losses).tolist()
+        engine = wl.engine(StrategyConfig.from_dict(v["config"]))
+        losses = torch.stack([engine.train_step(*wl.shard_of(s, wl.rank)) for s in range(steps)]).tolist()
         engine.module.eval()
         with torch.no_grad():
             logits = engine.module(ex)
-            eval_loss = spec.loss_fn(logits, ey).item()
+            eval_loss = wl.spec.loss_fn(logits, ey).item()
             acc = (logits.argmax(-1) == ey).float().mean().item()
         engine.module.train()
         out[v["name"]] = {"final_loss": statistics.fmean(losses[-10:]), "eval_loss": eval_loss, "eval_acc": acc,
@@ -82,12 +72,14 @@ def run(pool, args) -> str:
     for name, cfg in names:
         timed.append({"name": name, "config": cfg})
         timed.append({"name": name + " +strag", "config": dict(cfg, straggler_ms=STRAGGLER_MS)})
-    answers = pool.run(measure_on_rank,
-                       dict(model=MODEL, variants=timed, warmup=2, steps=steps, rounds=args.rounds,
-                            per_rank_batch=PER_RANK_BATCH, dataset_size=2048))
-    quality = pool.run(quality_on_rank,
-                       dict(model=MODEL, variants=[{"name": n, "config": c} for n, c in names],
-                            steps=QUALITY_STEPS, per_rank_batch=PER_RANK_BATCH, signal=QUALITY_SIGNAL))
+    answers = pool.run(time_on_rank,
+                       dict(workload_spec=WorkloadSpec(MODEL, per_rank_batch=PER_RANK_BATCH, dataset_size=2048),
+                            variants=timed, warmup=2, steps=steps, rounds=args.rounds))
+    quality_ws = WorkloadSpec(MODEL, per_rank_batch=PER_RANK_BATCH, dataset_size=2048,
+                              options=(("signal", QUALITY_SIGNAL),))
+    quality = pool.run(quality_on_rank, dict(workload_spec=quality_ws,
+                                             variants=[{"name": n, "config": c} for n, c in names],
+                                             steps=QUALITY_STEPS))
     gb = PER_RANK_BATCH * nproc
 
     def tput(variant: str):

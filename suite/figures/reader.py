@@ -6,6 +6,7 @@ import statistics
 
 from ..measure.stats import bootstrap_median_ci, describe, paired_speedup, window_seconds
 from ..measure.reader_timing import measure_reader_on_rank
+from ..workload import WorkloadSpec
 
 DESCRIPTION = "reader options in a data-bound case: samples/s, data wait per step (plain vs each option)"
 
@@ -29,9 +30,9 @@ VARIANTS = [
 
 def run(pool, args) -> str:
     answers = pool.run(measure_reader_on_rank,
-                       dict(model=MODEL, variants=[{"name": n, "config": c} for n, c in VARIANTS], warmup=1,
-                            rounds=args.rounds, epochs_per_window=1, per_rank_batch=PER_RANK_BATCH,
-                            dataset_size=DATASET_SIZE, decode_work=DECODE_WORK))
+                       dict(workload_spec=WorkloadSpec(MODEL, per_rank_batch=PER_RANK_BATCH, dataset_size=DATASET_SIZE),
+                            variants=[{"name": n, "config": c} for n, c in VARIANTS], warmup=1,
+                            rounds=args.rounds, epochs_per_window=1, decode_work=DECODE_WORK))
     steps = answers[0]["steps_per_window"]
     gb = PER_RANK_BATCH * pool.nproc
     base = window_seconds(answers, "plain")

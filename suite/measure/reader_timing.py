@@ -20,11 +20,9 @@ import torch
 
 from ..config import StrategyConfig
 from ..data.reader import build_reader
-from ..data.synthetic import make_dataset
-from ..engine import build_engine
-from ..models import get_model
 from ..runtime.context import current
 from ..runtime.device import default_threads
+from ..workload import WorkloadSpec, workload
 from .timing import timed_window
 
 __all__ = ["measure_reader_on_rank"]
@@ -37,22 +35,21 @@ def _stream(reader) -> Iterator:
         epoch += 1
 
 
-def measure_reader_on_rank(model: str, variants: list[dict], warmup: int = 1, rounds: int = 5,
-                           epochs_per_window: int = 1, per_rank_batch: int = 16, dataset_size: int = 256,
-                           decode_work: int = 0, seed: int = 0) -> dict:
+def measure_reader_on_rank(workload_spec: WorkloadSpec, variants: list[dict], warmup: int = 1, rounds: int = 5,
+                           epochs_per_window: int = 1, decode_work: int = 0) -> dict:
     """Time every variant (``{"name": …, "config": {…}}``, reader knobs in the config) on this rank."""
     ctx = current()
-    device, world, rank = ctx.platform.device, ctx.world_size, ctx.rank
-    spec = get_model(model)
-    if spec.data != "images":
-        raise ValueError(f"model {model!r} trains on {spec.data}; the reader benchmark needs an image model")
-    data = make_dataset(spec, dataset_size, seed)
+    wl = workload(workload_spec)
+    world, rank, seed, per_rank_batch = wl.world, wl.rank, wl.ws.seed, wl.per_rank_batch
+    if wl.spec.data != "images":
+        raise ValueError(f"model {wl.ws.model!r} trains on {wl.spec.data}; the reader benchmark needs an image model")
+    data = wl.data
     runs = []
     for v in variants:
         cfg = StrategyConfig.from_dict(v["config"])
         reader = build_reader(data, cfg, per_rank_batch, rank, world, ctx.platform, seed=seed,
                               decode_work=decode_work)
-        engine = build_engine(spec.make(seed, device), spec.loss_fn, cfg)
+        engine = wl.engine(cfg)
         runs.append({"name": v["name"], "config": cfg, "reader": reader, "engine": engine, "stream": _stream(reader),
                      "threads": default_threads(ctx.local_world_size, cfg.num_threads), "windows": [],
                      "waits": [], "step_times": [], "losses": []})

@@ -11,7 +11,7 @@ import random
 import statistics
 from typing import Sequence
 
-__all__ = ["describe", "window_seconds", "variant_summary", "paired_speedup", "bootstrap_median_ci", "busbw"]
+__all__ = ["describe", "window_seconds", "paired_speedup", "bootstrap_median_ci", "busbw"]
 
 
 def _quantile(xs: Sequence[float], q: float) -> float:
@@ -47,35 +47,6 @@ def window_seconds(answers: list[dict], variant: str) -> list[float]:
     """Per round, the slowest rank's window time (windows end on a barrier, so ranks agree closely)."""
     per_rank = [a["variants"][variant]["windows"] for a in answers]
     return [max(ws) for ws in zip(*per_rank)]
-
-
-def variant_summary(answers: list[dict], variant: str, global_batch: int, steps: int) -> dict:
-    windows = window_seconds(answers, variant)
-    throughput = [global_batch * steps / w for w in windows if w > 0]
-    per_rank_steps = [a["variants"][variant]["step_times"] for a in answers]
-    all_steps = [t for ts in per_rank_steps for t in ts]
-    rank_medians = [statistics.median(ts) if ts else math.nan for ts in per_rank_steps]
-    slowest = max(range(len(rank_medians)), key=lambda r: rank_medians[r]) if rank_medians else 0
-    lo, hi = bootstrap_median_ci(throughput)
-    first = answers[0]["variants"][variant]
-    return {
-        "samples_per_s": statistics.median(throughput) if throughput else math.nan,
-        "samples_per_s_ci": [lo, hi],
-        "throughput_per_round": throughput,
-        "window_s": windows,
-        "step_time_s": describe(all_steps),
-        "step_times_s": all_steps,
-        "rank_median_step_s": rank_medians,
-        "slowest_rank": slowest,
-        "losses": first["losses"],
-        "comm_calls_per_step": first["comm_calls_per_step"],
-        "comm_bytes_per_step": first["comm_bytes_per_step"],
-        "host_syncs": first["host_syncs"],
-        "threads": first["threads"],
-        "describe": first["describe"],
-        "peak_memory_bytes": max(a["variants"][variant].get("peak_memory_bytes", 0) for a in answers),
-        "peak_memory_kind": first.get("peak_memory_kind", ""),
-    }
 
 
 def paired_speedup(baseline_windows: Sequence[float], variant_windows: Sequence[float]) -> dict:

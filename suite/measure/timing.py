@@ -1,15 +1,20 @@
-"""Timing variants of a case, interleaved in one process group.
+"""Timing cases on the ranks: the one step loop, interleaved variants, and prepared cases.
 
-:func:`measure_on_rank` runs on every rank.  It builds one engine per variant (same model
-seed, same data), warms each up, then runs ``rounds`` rounds; in each round every variant
-runs one *window* of ``steps`` steps, in an order rotated round by round (A B C, B C A, …),
-so slow drifts of a noisy machine hit every variant alike.
+Two ways in, one loop (:func:`timed_window`) and one per-case state (:class:`TimedCase`):
+
+- :func:`time_on_rank` (``fleetbench run``, figures): builds one engine per variant on the
+  same workload (same model seed, same batches), warms each up, then runs ``rounds`` rounds;
+  in each round every variant runs one *window* of ``steps`` steps, in an order rotated round
+  by round (A B C, B C A, …), so slow drifts of a noisy machine hit every variant alike.
+- :func:`prepare_case` / :func:`run_window` / :func:`drop_case` (pytest-benchmark and asv,
+  which time rounds themselves): the case's engine is built and warmed up once and kept on
+  the rank, and each call runs one window.
 
 Two figures per window:
 - the window time, with a barrier only at its two ends (per-step barriers would hide
   stragglers, and the gains of strategies that let ranks drift, such as Local SGD);
-- per-step times (host timestamps; CUDA events on GPU, resolved at the window's end, so
-  timing adds no device sync inside the window).
+- per-step times (host timestamps on CPU; CUDA events on GPU, resolved at the window's end,
+  so timing adds no device sync inside the window).
 """
 from __future__ import annotations
 
@@ -23,14 +28,13 @@ import torch.distributed as dist
 
 from ..comm import collectives as C
 from ..config import StrategyConfig
-from ..data.synthetic import make_dataset, prepare, shard, step_indices
-from ..engine import build_engine
-from ..models import get_model
 from ..runtime.context import current
 from ..runtime.device import default_threads
 from ..strategies.fetch import LossFetcher
+from ..workload import Workload, WorkloadSpec, workload
 
-__all__ = ["measure_on_rank", "straggler_for_step", "StepClock", "Window", "timed_window"]
+__all__ = ["time_on_rank", "prepare_case", "run_window", "drop_case", "prepared_cases", "straggler_for_step",
+           "StepClock", "Window", "timed_window", "TimedCase"]
 
 
 def straggler_for_step(step: int, world: int, seed: int = 0) -> int:
@@ -86,13 +90,25 @@ def timed_window(platform, n: int, step: Callable[[], torch.Tensor], fetch_frequ
     return Window(time.perf_counter() - t0, clock.durations(), fetcher.values, fetcher.fetches)
 
 
-class _Variant:
-    def __init__(self, name: str, config: StrategyConfig, spec, seed: int, scale: int, device):
+def _peak_memory(platform) -> int:
+    """CUDA: peak bytes allocated in the window; CPU: the rank process's peak RSS (all variants share it)."""
+    if platform.is_cuda:
+        return int(torch.cuda.max_memory_allocated(platform.device))
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+class TimedCase:
+    """One case's engine on one workload, and everything its recorded windows measured on this rank."""
+
+    def __init__(self, name: str, config: StrategyConfig, wl: Workload):
         self.name = name
         self.config = config
-        net = spec.make(seed, device)
-        self.engine = build_engine(net, spec.loss_fn, config)
+        self.wl = wl
+        self.engine = wl.engine(config)
         self.threads = default_threads(current().local_world_size, config.num_threads)
+        self.step_no = 0  # steps run by this case (its batches and stragglers follow it)
         self.windows: list[float] = []
         self.step_times: list[float] = []
         self.losses: list[float] = []
@@ -103,82 +119,104 @@ class _Variant:
         self.straggler_sleeps = 0  # steps this rank slept in the recorded windows
         self.peak_memory = 0
 
-
-def _peak_memory(platform) -> int:
-    """CUDA: peak bytes allocated in the window; CPU: the rank process's peak RSS (all variants share it)."""
-    if platform.is_cuda:
-        return int(torch.cuda.max_memory_allocated(platform.device))
-    import resource
-
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
-
-
-def measure_on_rank(model: str, variants: list[dict], warmup: int = 2, steps: int = 5, rounds: int = 5,
-                    per_rank_batch: int = 16, seed: int = 0, scale: int = 1, dataset_size: int = 1024) -> dict:
-    """Time every variant (``{"name": …, "config": {…}}``) on this rank; see the module docstring."""
-    ctx = current()
-    device, world, rank = ctx.platform.device, ctx.world_size, ctx.rank
-    spec = get_model(model)
-    data = make_dataset(spec, dataset_size, seed)
-    nbatches = max(1, min(16, dataset_size // (per_rank_batch * world)))
-    batches = []
-    for b in range(nbatches):
-        x, y = data.get(shard(step_indices(len(data), b, per_rank_batch * world, seed), rank, world))
-        batches.append((prepare(data, x, device), y.to(device)))
-
-    runs = [_Variant(v["name"], StrategyConfig.from_dict(v["config"]), spec, seed, scale, device) for v in variants]
-    step_no = 0
-
-    def window(v: _Variant, n: int, record: bool) -> None:
-        torch.set_num_threads(v.threads)
+    def window(self, n: int, record: bool = True) -> Window:
+        """``n`` steps between two barriers; recorded windows add to this case's figures."""
+        platform, world, rank, seed = self.wl.platform, self.wl.world, self.wl.rank, self.wl.ws.seed
+        cfg = self.config
+        torch.set_num_threads(self.threads)
         C.STATS.reset()
         sleeps = 0
-        if ctx.platform.is_cuda:
-            torch.cuda.reset_peak_memory_stats(device)
+        if platform.is_cuda:
+            torch.cuda.reset_peak_memory_stats(platform.device)
 
         def step() -> torch.Tensor:
-            nonlocal step_no, sleeps
-            step_no += 1
-            if v.config.straggler_ms and straggler_for_step(step_no, world, seed) == rank:
-                time.sleep(v.config.straggler_ms / 1e3)
+            nonlocal sleeps
+            self.step_no += 1
+            if cfg.straggler_ms and straggler_for_step(self.step_no, world, seed) == rank:
+                time.sleep(cfg.straggler_ms / 1e3)
                 sleeps += 1
-            x, y = batches[step_no % nbatches]
-            return v.engine.train_step(x, y)
+            x, y = self.wl.batch(self.step_no)
+            return self.engine.train_step(x, y)
 
-        w = timed_window(ctx.platform, n, step, v.config.fetch_frequency)
+        w = timed_window(platform, n, step, cfg.fetch_frequency)
         if record:
-            v.windows.append(w.seconds)
-            v.step_times.extend(w.step_times)
-            v.losses.extend(w.losses)
-            v.host_syncs += w.host_syncs
-            v.threads_observed.add(torch.get_num_threads())
-            v.straggler_sleeps += sleeps
-            v.peak_memory = max(v.peak_memory, _peak_memory(ctx.platform))
-            v.comm_calls = {k: n_ / n for k, n_ in C.STATS.snapshot()["calls"].items()}
-            v.comm_bytes = {k: n_ / n for k, n_ in C.STATS.snapshot()["bytes"].items()}
+            self.windows.append(w.seconds)
+            self.step_times.extend(w.step_times)
+            self.losses.extend(w.losses)
+            self.host_syncs += w.host_syncs
+            self.threads_observed.add(torch.get_num_threads())
+            self.straggler_sleeps += sleeps
+            self.peak_memory = max(self.peak_memory, _peak_memory(platform))
+            snap = C.STATS.snapshot()
+            self.comm_calls = {k: v / n for k, v in snap["calls"].items()}
+            self.comm_bytes = {k: v / n for k, v in snap["bytes"].items()}
+        return w
 
+    def result(self) -> dict:
+        """What this rank measured, in the form :mod:`suite.measure.summary` reads."""
+        return {
+            "windows": self.windows, "step_times": self.step_times, "losses": self.losses, "threads": self.threads,
+            "comm_calls_per_step": self.comm_calls, "comm_bytes_per_step": self.comm_bytes,
+            "host_syncs": self.host_syncs, "describe": self.engine.describe(),
+            "threads_observed": sorted(self.threads_observed), "straggler_sleeps": self.straggler_sleeps,
+            "peak_memory_bytes": self.peak_memory,
+            "peak_memory_kind": "cuda_max_allocated" if self.wl.platform.is_cuda else "process_max_rss",
+        }
+
+
+def time_on_rank(workload_spec: WorkloadSpec, variants: list[dict], warmup: int = 2, steps: int = 5,
+                 rounds: int = 5) -> dict:
+    """Time every variant (``{"name": …, "config": {…}}``) on this rank; see the module docstring."""
+    wl = workload(workload_spec)
+    runs = [TimedCase(v["name"], StrategyConfig.from_dict(v["config"]), wl) for v in variants]
     threads_before = torch.get_num_threads()
     try:
-        for v in runs:
-            window(v, warmup, record=False)
+        for tc in runs:
+            tc.window(warmup, record=False)
         for r in range(rounds):
-            order = runs[r % len(runs):] + runs[:r % len(runs)]
-            for v in order:
-                window(v, steps, record=True)
+            for tc in runs[r % len(runs):] + runs[:r % len(runs)]:
+                tc.window(steps)
     finally:
         torch.set_num_threads(threads_before)  # the rank's own setting, for whatever runs next
+    return {"rank": wl.rank, "variants": {tc.name: tc.result() for tc in runs}}
 
-    return {
-        "rank": rank,
-        "variants": {
-            v.name: {
-                "windows": v.windows, "step_times": v.step_times, "losses": v.losses, "threads": v.threads,
-                "comm_calls_per_step": v.comm_calls, "comm_bytes_per_step": v.comm_bytes,
-                "host_syncs": v.host_syncs, "describe": v.engine.describe(),
-                "threads_observed": sorted(v.threads_observed), "straggler_sleeps": v.straggler_sleeps,
-                "peak_memory_bytes": v.peak_memory,
-                "peak_memory_kind": "cuda_max_allocated" if ctx.platform.is_cuda else "process_max_rss",
-            }
-            for v in runs
-        },
-    }
+
+# ---- prepared cases: harnesses that time rounds themselves (pytest-benchmark, asv) -----------------
+_PREPARED: dict[str, TimedCase] = {}
+
+
+def prepare_case(key: str, workload_spec: WorkloadSpec, config: dict, warmup: int = 2) -> dict:
+    """Build (once) and warm up the engine of ``key``; returns what the engine set up."""
+    if key not in _PREPARED:
+        tc = _PREPARED[key] = TimedCase(key, StrategyConfig.from_dict(config), workload(workload_spec))
+        if warmup:
+            tc.window(warmup, record=False)
+    return {"rank": current().rank, "describe": _PREPARED[key].engine.describe()}
+
+
+def run_window(key: str, steps: int) -> dict:
+    """One recorded window of ``steps`` steps of the prepared case ``key`` on this rank."""
+    if key not in _PREPARED:
+        raise KeyError(f"case {key!r} is not prepared on rank {current().rank}; call prepare_case first "
+                       f"(prepared: {sorted(_PREPARED)})")
+    tc = _PREPARED[key]
+    before = torch.get_num_threads()
+    try:
+        w = tc.window(steps)
+    finally:
+        torch.set_num_threads(before)
+    return {"rank": tc.wl.rank, "window_s": w.seconds, "step_times_s": w.step_times, "losses": w.losses}
+
+
+def prepared_result(key: str) -> dict:
+    """Everything the prepared case's recorded windows measured on this rank (as :func:`time_on_rank`)."""
+    tc = _PREPARED[key]
+    return {"rank": tc.wl.rank, "variants": {key: tc.result()}}
+
+
+def drop_case(key: str) -> bool:
+    return _PREPARED.pop(key, None) is not None
+
+
+def prepared_cases() -> list:
+    return sorted(_PREPARED)

@@ -21,10 +21,7 @@ import torch
 
 from ..comm import collectives as C
 from ..config import StrategyConfig
-from ..data.synthetic import make_dataset, prepare, shard, step_indices
-from ..engine import build_engine
-from ..models import get_model
-from ..runtime.context import current
+from ..workload import WorkloadSpec, workload
 
 __all__ = ["trace_on_rank"]
 
@@ -42,14 +39,10 @@ def _buckets(engine, names: list[str]) -> list[list[str]]:
     return [[n] for n in names]
 
 
-def trace_on_rank(model: str, config: dict, steps: int = 3, warmup: int = 1, per_rank_batch: int = 16,
-                  seed: int = 0, scale: int = 1, dataset_size: int = 512) -> dict:
-    ctx = current()
-    device, world, rank = ctx.platform.device, ctx.world_size, ctx.rank
-    cfg = StrategyConfig.from_dict(config)
-    spec = get_model(model)
-    data = make_dataset(spec, dataset_size, seed)
-    engine = build_engine(spec.make(seed, device), spec.loss_fn, cfg)
+def trace_on_rank(workload_spec: WorkloadSpec, config: dict, steps: int = 3, warmup: int = 1) -> dict:
+    wl = workload(workload_spec)
+    world, rank = wl.world, wl.rank
+    engine = wl.engine(StrategyConfig.from_dict(config))
     names = [n for n, p in engine.module.named_parameters() if p.requires_grad]
 
     # wall = perf + offset: one clock per rank, comparable across ranks of one host (and roughly across hosts)
@@ -68,10 +61,7 @@ def trace_on_rank(model: str, config: dict, steps: int = 3, warmup: int = 1, per
             handles.append(p.register_post_accumulate_grad_hook(
                 lambda _p, n=n: marks["grads"].append((n, time.perf_counter()))))
 
-    batches = []
-    for b in range(warmup + steps):
-        x, y = data.get(shard(step_indices(len(data), b, per_rank_batch * world, seed), rank, world))
-        batches.append((prepare(data, x, device), y.to(device)))
+    batches = [wl.batch(b) for b in range(warmup + steps)]
     out_steps = []
     try:
         for i, (x, y) in enumerate(batches):
@@ -82,7 +72,7 @@ def trace_on_rank(model: str, config: dict, steps: int = 3, warmup: int = 1, per
             torch.distributed.barrier()
             t0 = time.perf_counter()
             engine.train_step(x, y)
-            ctx.platform.synchronize()
+            wl.platform.synchronize()
             t1 = time.perf_counter()
             if record:
                 spans = list(C.STATS.spans or [])
@@ -97,5 +87,5 @@ def trace_on_rank(model: str, config: dict, steps: int = 3, warmup: int = 1, per
         C.STATS.record_spans(False)
         for h in handles:
             h.remove()
-    return {"rank": rank, "world": world, "device": str(device), "buckets": _buckets(engine, names),
+    return {"rank": rank, "world": world, "device": str(wl.device), "buckets": _buckets(engine, names),
             "describe": engine.describe(), "steps": out_steps}

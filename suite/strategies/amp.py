@@ -27,9 +27,8 @@ checked; the found-inf flag is MAX-allreduced over the group (through
 ``suite.comm.collectives``) so every rank skips the same steps.  Skipped steps are counted
 (:meth:`Amp.state`).  Static scaling never changes the scale but still skips bad steps.
 
-:class:`AmpReference` is the harness's single-process reference: synchronous data parallel
-(:class:`suite.check.reference.DataParallelReference`) under the same autocast and the same
-loss-scaling rule.
+The harness's reference for AMP (``suite.check.reference.AmpReference``) runs synchronous data
+parallel under the same autocast and the same loss-scaling rule (:class:`LossScaler`).
 """
 from __future__ import annotations
 
@@ -40,10 +39,9 @@ from typing import Optional
 
 import torch
 
-from ..check.reference import DataParallelReference
 from ..config import StrategyConfig
 
-__all__ = ["Amp", "AmpReference", "LossScaler", "autocast_dtype", "check_amp_supported"]
+__all__ = ["Amp", "LossScaler", "autocast_dtype", "check_amp_supported", "unscale_"]
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _SUPPORT: dict = {}
@@ -203,49 +201,3 @@ class Amp:
 
     def state(self) -> dict:
         return self.scaler.state()
-
-
-class AmpReference(DataParallelReference):
-    """Synchronous data parallel in one process, under the engine's autocast and loss scaling.
-
-    With compute fusion on, the reference runs the same fused ops (eagerly): in half precision
-    two correct implementations of BN+ReLU differ by rounding, so comparing a fused engine with
-    unfused half-precision kernels would measure bf16 noise, not the composition.  Fused ops
-    equal the unfused pair in fp32 (tests/test_fusion.py); under autocast they are compared
-    with a half-precision tolerance there too.
-    """
-
-    name = "amp"
-
-    def __init__(self, model: torch.nn.Module, loss_fn, config: StrategyConfig, world: int):
-        if config.compute_fusion_enabled:
-            from ..compute.fusion import fuse_model
-
-            model, _ = fuse_model(model, bn_act=config.fuse_bn_act_ops,
-                                  elewise_add_act=config.fuse_elewise_add_act_ops,
-                                  relu_depthwise_conv=config.fuse_relu_depthwise_conv)
-        super().__init__(model, loss_fn, config, world)
-        device = next(iter(model.parameters())).device
-        self.device_type = device.type
-        check_amp_supported(config.amp, self.device_type)
-        self.dtype = autocast_dtype(config.amp)
-        self.scaler = LossScaler(config)
-
-    def forward_loss(self, inputs, targets) -> torch.Tensor:
-        with torch.autocast(self.device_type, dtype=self.dtype):
-            return self.loss_fn(self.model(inputs), targets)
-
-    def backward(self, loss: torch.Tensor) -> None:
-        if self.scaler.enabled:
-            (loss.float() * self.scaler.scale).backward()
-        else:
-            loss.backward()
-
-    def apply_update(self, grads: list[torch.Tensor]) -> None:
-        if self.scaler.enabled:
-            found = unscale_(grads, self.scaler.scale, grads[0].device)
-            skip = bool(found.item() > 0)
-            self.scaler.update(skip)
-            if skip:
-                return
-        super().apply_update(grads)

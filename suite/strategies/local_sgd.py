@@ -25,12 +25,11 @@ averaging step.  Both losses travel inside the averaging collective (a 2-element
 averaged with the parameters: the current loss and this rank's loss at the end of warm-up),
 so adaptive Local SGD runs no collective of its own.
 
-:class:`LocalSGDReference` is the independent single-process simulation the correctness
-harness compares against: one model and one optimizer per rank.
+The correctness harness compares against an independent single-process simulation with one
+model and one optimizer per rank (``suite.check.reference.LocalSGDReference``).
 """
 from __future__ import annotations
 
-import copy
 import math
 from typing import Callable, Optional
 
@@ -38,7 +37,7 @@ import torch
 
 from ..config import StrategyConfig
 
-__all__ = ["LocalSGD", "LocalSGDReference", "adaptive_k", "MIN_K", "MAX_K", "averaging_steps"]
+__all__ = ["LocalSGD", "adaptive_k", "MIN_K", "MAX_K", "averaging_steps"]
 
 MIN_K, MAX_K = 1, 16
 
@@ -123,90 +122,3 @@ class LocalSGD:
     def describe(self) -> dict:
         return {"local_sgd_warm_steps": self.warm, "local_sgd_k": self.k, "adaptive": self.adaptive,
                 "averagings": len(self.history)}
-
-
-# ---------------------------------------------------------------------------------------------
-# The independent reference: every rank simulated in one process.
-# ---------------------------------------------------------------------------------------------
-
-def _snapshot(named) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in named}
-
-
-class LocalSGDReference:
-    """One model and one optimizer per rank, in one process.
-
-    Synchronous steps (1..W): every rank starts from rank 0's buffers (DDP's broadcast), runs
-    its shard, the gradients are averaged and every rank steps with the average.  Local steps:
-    every rank runs its own shard through its own model with its own buffers and optimizer.
-    After each due step the parameters are averaged (buffers are not).  The adaptive interval
-    is recomputed here from the rank-averaged losses, written out again on purpose.
-    """
-
-    name = "local_sgd"
-
-    def __init__(self, model: torch.nn.Module, loss_fn: Callable, config: StrategyConfig, world: int):
-        from .optim import torch_optimizer
-
-        self.loss_fn = loss_fn
-        self.world = world
-        self.models = [copy.deepcopy(model) for _ in range(world)]
-        self.optimizers = [torch_optimizer(m.parameters(), config) for m in self.models]
-        self.params = [[p for p in m.parameters() if p.requires_grad] for m in self.models]
-        self.warm = config.local_sgd_is_warm_steps
-        self.adaptive = config.use_adaptive_local_sgd
-        self.init_k = config.init_k_steps
-        self.k = self.init_k if self.adaptive else config.local_sgd_steps
-        self.lr = config.lr
-        self.next_average = self.warm + self.k
-        self.loss0: Optional[float] = None
-        self.t = 0
-        self.ks: list[int] = []
-
-    def step(self, shards):
-        from ..check.reference import StepRef
-
-        self.t += 1
-        sync = self.t <= self.warm
-        if sync:  # rank 0's buffers are broadcast before the forward of a synchronous step
-            start = _snapshot(self.models[0].named_buffers())
-            for m in self.models:
-                with torch.no_grad():
-                    for name, b in m.named_buffers():
-                        b.copy_(start[name])
-        losses = []
-        for m, ps, (inputs, targets) in zip(self.models, self.params, shards):
-            for p in ps:
-                p.grad = None
-            loss = self.loss_fn(m(inputs), targets)
-            loss.backward()
-            losses.append(loss.item())
-        if sync:
-            for i in range(len(self.params[0])):
-                grads = [ps[i].grad if ps[i].grad is not None else torch.zeros_like(ps[i]) for ps in self.params]
-                mean = torch.stack(grads).sum(0) / self.world
-                for ps in self.params:
-                    ps[i].grad = mean.clone()
-        for opt in self.optimizers:
-            opt.step()
-        mean_loss = sum(losses) / self.world
-        if self.adaptive and self.t == max(self.warm, 1):
-            self.loss0 = mean_loss
-        averaged = self.t == self.next_average
-        if averaged:
-            with torch.no_grad():
-                for i in range(len(self.params[0])):
-                    mean = torch.stack([ps[i].detach() for ps in self.params]).sum(0) / self.world
-                    for ps in self.params:
-                        ps[i].copy_(mean)
-            if self.adaptive:
-                value = math.sqrt(self.lr * mean_loss / (self.lr * self.loss0) * self.init_k)
-                self.k = max(1, min(16, math.ceil(value)))
-            self.ks.append(self.k)
-            self.next_average = self.t + self.k
-        if sync or averaged:
-            params = [_snapshot(self.models[0].named_parameters())]
-        else:
-            params = [_snapshot(m.named_parameters()) for m in self.models]
-        buffers = [_snapshot(m.named_buffers()) for m in self.models]
-        return StepRef(losses, params, buffers)

@@ -5,7 +5,6 @@ Run it with torchrun (the README's command):
 """
 import argparse
 import json
-import os
 
 import torch
 import torch.distributed as dist

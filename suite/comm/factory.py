@@ -1,0 +1,29 @@
+"""Choosing the gradient communication a config asks for (the one place that knows every GradSync)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..config import StrategyConfig
+from .bucketed import BucketedGradSync
+from .grad_sync import GradSync, NoGradSync, PlainGradSync
+
+__all__ = ["build_grad_sync"]
+
+
+def build_grad_sync(model: torch.nn.Module, config: StrategyConfig, group=None) -> Optional[GradSync]:
+    """The gradient communication the config asks for (None for DDP, which does its own)."""
+    if config.data_parallel == "none":
+        return NoGradSync(model, config, group)
+    if config.data_parallel == "ddp":
+        return None
+    needs_buckets = (
+        config.fuse_all_reduce_ops
+        or not config.sync_nccl_allreduce
+        or config.nccl_comm_num > 1
+        or config.use_hierarchical_allreduce
+    )
+    if needs_buckets:
+        return BucketedGradSync(model, config, group)
+    return PlainGradSync(model, config, group)

@@ -1,0 +1,146 @@
+"""The case runner: memory-bounded groups, a recorded fallback, non-finite losses, the selection rules,
+and a user's model from outside suite/ through `fleetbench run --model module:function`."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import suite.runtime
+from suite.cases import get_case
+from suite.cli.main import main
+from suite.config import StrategyConfig
+from suite.runner import CaseRunner, ResolvedCase, RunOptions
+from suite.runtime.pool import RankFailure
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+META = {"torch": "test", "gpu": {"available": False}}
+
+
+def _rc(name: str, **cfg) -> ResolvedCase:
+    case = get_case(name)
+    return ResolvedCase(case, StrategyConfig.from_dict({**case.config, **cfg}))
+
+
+def _answers(names, losses=(1.0, 0.9), ranks=2):
+    def one(rank):
+        return {"rank": rank, "variants": {n: {
+            "windows": [0.5, 0.5], "step_times": [0.1] * 4, "losses": list(losses), "threads": 1,
+            "comm_calls_per_step": {"world/all_reduce": 10.0}, "comm_bytes_per_step": {"world/all_reduce": 4e6},
+            "host_syncs": 2, "describe": {"strategy": "plain", "allreduce_ops": 10}, "peak_memory_bytes": 1,
+            "peak_memory_kind": "process_max_rss"} for n in names}}
+    return [one(r) for r in range(ranks)]
+
+
+class FakeLauncher:
+    """Answers time_on_rank with synthetic numbers; fails interleaved calls of more than two variants."""
+
+    nproc = 2
+
+    def __init__(self, fail_interleaved=False, losses=(1.0, 0.9)):
+        self.fail_interleaved, self.losses, self.calls = fail_interleaved, losses, []
+
+    def run(self, fn, kwargs=None, timeout=None):
+        names = [v["name"] for v in kwargs["variants"]]
+        self.calls.append(names)
+        if self.fail_interleaved and len(names) > 2:
+            raise RankFailure("rank(s) [1] died (rank 1 exit code -9) while running time_on_rank", [1], "x")
+        return _answers(names, self.losses)
+
+
+def _runner(launcher, **opts):
+    return CaseRunner(launcher, 2, RunOptions(check=False, utilization=False, **opts), metadata=META)
+
+
+def test_groups_are_bounded_by_memory_and_each_holds_the_baseline():
+    rcs = [_rc(n) for n in ("mlp/plain", "mlp/overlap", "mlp/fusion", "mlp/multicomm", "mlp/ddp")]
+    roomy = _runner(FakeLauncher(), memory_budget=2**40).groups(rcs)
+    assert roomy == [["plain", "overlap", "fusion", "multicomm", "ddp"]]
+    # the MLP holds ~4.2 M parameters: 4 copies of fp32 per engine per rank, 2 ranks -> ~134 MB per engine
+    tight = _runner(FakeLauncher(), memory_budget=3 * 135_000_000).groups(rcs)
+    assert tight == [["plain", "overlap", "fusion"], ["plain", "multicomm", "ddp"]], tight
+
+
+def test_a_failed_interleaved_timing_is_recorded_as_a_fallback():
+    rcs = [_rc("mlp/plain"), _rc("mlp/overlap"), _rc("mlp/fusion")]
+    launcher = FakeLauncher(fail_interleaved=True)
+    records = _runner(launcher).run_model(rcs, lambda *a: None)
+    assert launcher.calls[0] == ["plain", "overlap", "fusion"]
+    by = {r.case: r for r in records}
+    for name in ("mlp/overlap", "mlp/fusion"):
+        assert by[name].status == "ok" and by[name].metrics["samples_per_s"] > 0
+        assert "interleaved timing of 3 variants failed" in by[name].fallback
+        assert "rank(s) [1] died" in by[name].fallback and "timed alone with the baseline" in by[name].fallback
+    interleaved = _runner(FakeLauncher()).run_model(rcs, lambda *a: None)
+    assert all(r.fallback is None for r in interleaved)
+
+
+def test_a_non_finite_loss_fails_the_case_naming_the_step():
+    rcs = [_rc("mlp/plain"), _rc("mlp/overlap")]
+    records = _runner(FakeLauncher(losses=(1.0, float("nan"), 0.5))).run_model(rcs, lambda *a: None)
+    for r in records:
+        assert r.verdict == "fail" and "non-finite loss at step 2" in r.error, (r.verdict, r.error)
+
+
+def test_records_carry_size_backend_device_and_structure():
+    (rec,) = [r for r in _runner(FakeLauncher(), size="tiny", backend="gloo", device="cpu").run_model(
+        [_rc("mlp/plain")], lambda *a: None)]
+    assert (rec.size, rec.backend, rec.device) == ("tiny", "gloo", "cpu")
+    assert rec.structure["allreduce_ops"] == 10 and rec.structure["comm_calls_per_step"] == {"world/all_reduce": 10.0}
+
+
+class NoRanks:
+    def __init__(self, *a, **k):
+        raise AssertionError("a rank pool was started despite bad input")
+
+
+def test_odd_world_sizes_skip_tag_selected_cases_and_refuse_named_ones(monkeypatch, capsys):
+    monkeypatch.setattr(suite.runtime, "RankPool", NoRanks)
+    assert main(["run", "--nproc", "3", "--list"]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if ln.startswith("mlp/hierarchical"))
+    assert "[skip: hierarchical_allreduce_inter_nranks=2 does not split world size 3" in line
+    assert main(["run", "--nproc", "3", "--case", "mlp/hierarchical", "--list"]) == 2
+    err = capsys.readouterr().err
+    assert "case mlp/hierarchical cannot run at world size 3" in err and err.count("error:") == 1
+
+
+def test_model_alone_selects_its_cases_and_user_models_get_every_applicable_variant(monkeypatch, capsys):
+    monkeypatch.setattr(suite.runtime, "RankPool", NoRanks)
+    assert main(["run", "--model", "gpt2", "--list"]) == 0
+    names = [ln.split()[0] for ln in capsys.readouterr().out.splitlines()]
+    assert "gpt2/overlap" in names and "gpt2/plain" in names and not any("compute_fusion" in n for n in names)
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "tests", "scripts"))
+    assert main(["run", "--model", "my_models:make_spec", "--list"]) == 0
+    names = [ln.split()[0] for ln in capsys.readouterr().out.splitlines()]
+    assert {"make_spec/plain", "make_spec/overlap", "make_spec/local_sgd", "make_spec/none"} <= set(names)
+    assert not any(n.endswith(("/compute_fusion", "/fused_broadcast")) for n in names)  # no BatchNorm
+    for ref, words in [("my_models:not_a_spec", "the factory returned dict; expected suite.models.ModelSpec"),
+                       ("my_models:nothing", "module 'my_models' has no 'nothing'"),
+                       ("no_such_module:make", "cannot import 'no_such_module'"),
+                       ("gpt3", "model 'gpt3' is unknown")]:
+        assert main(["run", "--model", ref, "--list"]) == 2
+        err = capsys.readouterr().err
+        assert words in err and err.count("error:") == 1, err
+
+
+@pytest.mark.slow
+def test_a_user_model_from_outside_suite_runs_with_check_and_timing(tmp_path):
+    results = tmp_path / "runs.jsonl"
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "suite.cli.main", "run", "--model", "my_models:make_spec", "--case", "*/plain",
+         "--case", "*/overlap", "--case", "*/none", "--size", "tiny", "--rounds", "2", "--steps", "2", "--warmup", "1",
+         "--results", str(results), "--no-utilization", "--timeout", "240"],
+        cwd=os.path.join(ROOT, "tests", "scripts"), env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = {r["case"]: r for r in map(json.loads, results.read_text().splitlines())}
+    assert set(recs) == {"make_spec/plain", "make_spec/overlap", "make_spec/none"}
+    assert recs["make_spec/plain"]["verdict"] == "pass" and recs["make_spec/overlap"]["verdict"] == "pass"
+    for r in recs.values():
+        assert r["model"] == "my_models:make_spec" and r["size"] == "tiny" and r["backend"] == "gloo"
+        assert r["metrics"]["samples_per_s"] > 0
+    assert recs["make_spec/plain"]["structure"]["allreduce_ops"] == 4  # fc1/fc2 weight and bias

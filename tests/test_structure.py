@@ -1,0 +1,44 @@
+"""A case's structure: extracted from what a run records, compared exactly."""
+from __future__ import annotations
+
+from suite.results.structure import structure_diff, structure_of
+
+DESCRIBE = {"strategy": "bucketed", "allreduce_ops_before_fusion": 161, "allreduce_ops": 6, "overlap": True,
+            "nccl_comm_num": 2, "init_broadcasts": 320, "buckets": [{"params": 30, "layers": 10, "bytes": 2**20,
+                                                                     "comm": 0}],
+            "compute_fusion": {"bn_act": {"found": 33, "fused": 33, "skipped": []}},
+            "optimizer": {"optimizer_ops_before_fusion": 161, "optimizer_ops": 2, "numel": 1}}
+METRICS = {"comm_calls_per_step": {"comm1/all_reduce": 3.0, "comm0/all_reduce": 3.0},
+           "comm_bytes_per_step": {"comm0/all_reduce": 1e6}, "samples_per_s": 12.5}
+CHECK = {"losses": [2.5, 2.25, 2.0625]}
+
+
+def test_structure_holds_counts_buckets_collectives_and_bitwise_losses():
+    s = structure_of(DESCRIBE, METRICS, CHECK, deterministic=True)
+    assert s["allreduce_ops_before_fusion"] == 161 and s["allreduce_ops"] == 6
+    assert s["buckets"] == [{"params": 30, "bytes": 2**20, "comm": 0}]
+    assert s["fused_ops"] == {"bn_act": 33}
+    assert s["optimizer_ops"] == {"optimizer_ops_before_fusion": 161, "optimizer_ops": 2}
+    assert list(s["comm_calls_per_step"]) == ["comm0/all_reduce", "comm1/all_reduce"]
+    assert s["loss_trajectory"] == [(2.5).hex(), (2.25).hex(), (2.0625).hex()]
+    assert "samples_per_s" not in s  # timings are not structure
+    assert "loss_trajectory" not in structure_of(DESCRIBE, METRICS, CHECK, deterministic=False)
+
+
+def test_identical_structures_have_no_diff_and_every_change_is_named():
+    a = structure_of(DESCRIBE, METRICS, CHECK, deterministic=True)
+    assert structure_diff(a, dict(a)) == []
+    fewer = dict(DESCRIBE, allreduce_ops=5, buckets=[{"params": 30, "bytes": 2**21, "comm": 0}])
+    b = structure_of(fewer, METRICS, {"losses": [2.5, 2.25, 2.0625000000000004]}, deterministic=True)
+    diff = structure_diff(a, b)
+    assert "allreduce_ops: 6 -> 5" in diff
+    assert any(d.startswith("buckets: 1 -> 1 (bytes [1048576] -> [2097152])") for d in diff), diff
+    assert any(d.startswith("loss_trajectory: differs from step 3") for d in diff), diff
+    c = structure_of(DESCRIBE, dict(METRICS, comm_calls_per_step={"comm0/all_reduce": 6.0}), CHECK)
+    assert "comm_calls_per_step.comm1/all_reduce: 3.0 -> <absent>" in structure_diff(a, c)
+
+
+def test_a_loss_trajectory_on_one_side_only_is_not_a_difference():
+    a = structure_of(DESCRIBE, METRICS, CHECK, deterministic=True)
+    b = structure_of(DESCRIBE, METRICS, CHECK, deterministic=False)
+    assert structure_diff(a, b) == []
