@@ -6,20 +6,33 @@ few that are fleetbench's own are marked "ours".  Every optimization is off by
 default: the default config is plain data parallel (one allreduce per parameter
 gradient after backward, each waited on at once, averaged).
 
+Each field carries its type (``Literal[...]`` for a choice), its range and a one-line help
+next to it (:func:`knob`); types are read with :func:`typing.get_type_hints`, so any
+spelling of a type works (``int | None`` as well as ``Optional[int]``).
+
 A config is validated on construction: every error names the field, the value and
 what is allowed.  The part that depends on the world size (the hierarchical split)
 is checked by :meth:`StrategyConfig.check_world` as soon as the world size is known.
+
+Paddle 2.x spelling is read as is (:data:`PADDLE_FIELDS`): a ``DistributedStrategy`` written as
+TOML (``amp = true``, ``[localsgd_configs]``, ``[build_strategy]`` …) or as ``--set`` (dotted:
+``build_strategy.fuse_bn_act_ops=true``) maps onto these fields; a Paddle field that
+fleetbench does not implement (:data:`PADDLE_UNIMPLEMENTED`) is refused by name.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import tomllib
+import types
+import typing
 import warnings
 from dataclasses import dataclass, fields
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Literal, Mapping, Optional
 
-__all__ = ["StrategyConfig", "ConfigError", "PRESETS", "FIELD_ALIASES"]
+__all__ = ["StrategyConfig", "ConfigError", "PRESETS", "FIELD_ALIASES", "PADDLE_FIELDS", "PADDLE_UNIMPLEMENTED",
+           "knob", "FieldSpec", "field_specs", "to_toml"]
 
 
 class ConfigError(ValueError):
@@ -33,102 +46,92 @@ FIELD_ALIASES = {
     "fuse_grad_size_in_TFLOPS": "fuse_grad_size_in_layers",
 }
 
-CHOICES = {
-    "data_parallel": ("suite", "ddp", "none"),
-    "amp": ("off", "bf16", "fp16"),
-    "grad_comm_dtype": ("fp32", "bf16", "fp16"),
-    "fusion_backend": ("eager", "compile"),
-    "optimizer": ("sgd", "momentum", "adam"),
-    "reader_backend": ("torch", "dali"),
-}
 
-# (low, high, low_inclusive) bounds of numeric fields; None = unbounded.
-RANGES = {
-    "nccl_comm_num": (1, 16, True),
-    "hierarchical_allreduce_inter_nranks": (1, None, True),
-    "fuse_grad_size_in_MB": (0.0, None, False),
-    "fuse_grad_size_in_layers": (1, None, True),
-    "local_sgd_steps": (1, None, True),
-    "local_sgd_is_warm_steps": (0, None, True),
-    "init_k_steps": (1, 16, True),
-    "init_loss_scaling": (0.0, None, False),
-    "incr_every_n_steps": (1, None, True),
-    "decr_every_n_nan_or_inf": (1, None, True),
-    "incr_ratio": (1.0, None, False),
-    "decr_ratio": (0.0, 1.0, False),
-    "fetch_frequency": (1, None, True),
-    "num_threads": (1, 1024, True),
-    "lr": (0.0, None, False),
-    "momentum": (0.0, 1.0, True),
-    "weight_decay": (0.0, None, True),
-    "reader_num_workers": (0, 64, True),
-    "straggler_ms": (0.0, None, True),
-}
+def knob(default: Any, help: str, *, ge: Optional[float] = None, gt: Optional[float] = None,
+         le: Optional[float] = None, allow_inf: bool = False) -> Any:
+    """A StrategyConfig field: its default, one line of help and its numeric range.
+
+    ``ge``/``gt`` are the lower bound (inclusive/exclusive), ``le`` the inclusive upper one;
+    ``allow_inf`` lets a float field be ``inf`` (otherwise refused as out of range).
+    """
+    return dataclasses.field(default=default, metadata={"help": help, "ge": ge, "gt": gt, "le": le,
+                                                        "allow_inf": allow_inf})
 
 
 @dataclass(frozen=True)
 class StrategyConfig:
     # ---- data parallelism (ours) -------------------------------------------------
-    data_parallel: str = "suite"  # suite = this project's; ddp = torch DDP baseline; none = no gradient communication
-    find_unused_parameters: bool = False  # as DDP's: parameters that get no gradient in a step are reduced as zeros
+    data_parallel: Literal["suite", "ddp", "none"] = knob(
+        "suite", "gradient communication: suite = this project's; ddp = torch DDP baseline; none = no communication")
+    find_unused_parameters: bool = knob(
+        False, "as DDP's: parameters that get no gradient in a step are reduced as zeros")
 
     # ---- communication overlap (Paddle: nccl_comm_num, sync_nccl_allreduce) -----
-    nccl_comm_num: int = 1
-    sync_nccl_allreduce: bool = True  # True: each allreduce waited on as launched (no overlap)
+    nccl_comm_num: int = knob(1, "communicators the gradient allreduces are spread over", ge=1, le=16)
+    sync_nccl_allreduce: bool = knob(True, "each allreduce waited on as it is launched (True: no overlap)")
 
     # ---- topology (Paddle: use_hierarchical_allreduce) ---------------------------
-    use_hierarchical_allreduce: bool = False
-    hierarchical_allreduce_inter_nranks: Optional[int] = None  # ranks per node; None = LOCAL_WORLD_SIZE under torchrun
+    use_hierarchical_allreduce: bool = knob(
+        False, "allreduce in three steps: reduce within a node, allreduce across nodes, broadcast within")
+    hierarchical_allreduce_inter_nranks: int | None = knob(
+        None, "ranks per node; None = LOCAL_WORLD_SIZE under torchrun", ge=1)
 
     # ---- allreduce fusion / bucketing --------------------------------------------
-    fuse_all_reduce_ops: bool = False
-    fuse_grad_size_in_MB: float = 32.0  # MiB per fused allreduce (Paddle proto default 32); inf = no byte cap
-    fuse_grad_size_in_layers: int = 50  # max layers per fused allreduce (Paddle's _fuse_grad_size_in_TFLOPS)
-    grad_comm_dtype: str = "fp32"  # ours: dtype gradients travel in (master weights stay fp32)
+    fuse_all_reduce_ops: bool = knob(False, "gradients allreduced in fused buckets, not one allreduce per parameter")
+    fuse_grad_size_in_MB: float = knob(
+        32.0, "MiB per fused allreduce (Paddle proto default 32); inf = no byte cap", gt=0.0, allow_inf=True)
+    fuse_grad_size_in_layers: int = knob(
+        50, "max layers per fused allreduce (Paddle's _fuse_grad_size_in_TFLOPS, a layer count)", ge=1)
+    grad_comm_dtype: Literal["fp32", "bf16", "fp16"] = knob(
+        "fp32", "ours: dtype gradients travel in (master weights stay fp32)")
 
     # ---- compute fusion (Paddle BuildStrategy) -----------------------------------
-    fuse_bn_act_ops: bool = False
-    fuse_elewise_add_act_ops: bool = False
-    fuse_relu_depthwise_conv: bool = False
-    fuse_broadcast_ops: bool = False
-    fuse_all_optimizer_ops: bool = False
-    fusion_backend: str = "eager"  # ours: eager | compile (torch.compile of the fused functions)
+    fuse_bn_act_ops: bool = knob(False, "BatchNorm + activation fused")
+    fuse_elewise_add_act_ops: bool = knob(False, "elementwise add + activation fused")
+    fuse_relu_depthwise_conv: bool = knob(False, "ReLU + depthwise convolution fused")
+    fuse_broadcast_ops: bool = knob(False, "the broadcasts of rank 0's buffers fused into one")
+    fuse_all_optimizer_ops: bool = knob(False, "one fused optimizer update over all parameters")
+    fusion_backend: Literal["eager", "compile"] = knob(
+        "eager", "ours: how the fused functions run: eager, or compile (torch.compile)")
 
     # ---- Local SGD (Paddle localsgd_configs / adaptive_localsgd_configs) ---------
-    use_local_sgd: bool = False
-    local_sgd_steps: int = 1  # k: parameters averaged after every k-th local step
-    local_sgd_is_warm_steps: int = 1  # W: steps 1..W are synchronous data parallel
-    use_adaptive_local_sgd: bool = False  # implies use_local_sgd
-    init_k_steps: int = 1
+    use_local_sgd: bool = knob(False, "Local SGD: local steps, parameters averaged every k steps")
+    local_sgd_steps: int = knob(1, "k: parameters averaged after every k-th local step", ge=1)
+    local_sgd_is_warm_steps: int = knob(1, "W: steps 1..W are synchronous data parallel", ge=0)
+    use_adaptive_local_sgd: bool = knob(False, "Local SGD with Paddle's adaptive k; implies use_local_sgd")
+    init_k_steps: int = knob(1, "adaptive Local SGD's first k", ge=1, le=16)
 
     # ---- mixed precision (Paddle amp_configs) ------------------------------------
-    amp: str = "off"  # off | bf16 | fp16
-    use_dynamic_loss_scaling: Optional[bool] = None  # None: on for fp16 (Paddle's default), off for bf16
-    init_loss_scaling: Optional[float] = None  # None: 32768 where loss scaling is on; set it for static scaling
-    incr_every_n_steps: int = 1000
-    decr_every_n_nan_or_inf: int = 2
-    incr_ratio: float = 2.0
-    decr_ratio: float = 0.8
+    amp: Literal["off", "bf16", "fp16"] = knob("off", "mixed precision: off | bf16 | fp16 (fp16: with loss scaling)")
+    use_dynamic_loss_scaling: bool | None = knob(
+        None, "None: on for fp16 (Paddle's default), off for bf16")
+    init_loss_scaling: float | None = knob(
+        None, "None: 32768 where loss scaling is on; set it for static scaling", gt=0.0)
+    incr_every_n_steps: int = knob(1000, "loss scale raised after this many steps with finite gradients", ge=1)
+    decr_every_n_nan_or_inf: int = knob(2, "loss scale lowered after this many steps with inf/nan gradients", ge=1)
+    incr_ratio: float = knob(2.0, "factor the loss scale is raised by", gt=1.0)
+    decr_ratio: float = knob(0.8, "factor the loss scale is lowered by", gt=0.0, le=1.0)
 
     # ---- host side (Paddle ExecutionStrategy / fetch) ----------------------------
-    fetch_frequency: int = 1  # losses fetched to the host every N steps
-    num_threads: Optional[int] = None  # intra-op threads per rank; None = cores / local ranks (at least 1)
+    fetch_frequency: int = knob(1, "losses fetched to the host every N steps", ge=1)
+    num_threads: int | None = knob(
+        None, "intra-op threads per rank; None = cores / local ranks (at least 1)", ge=1, le=1024)
 
     # ---- optimizer (torch.optim meanings) ----------------------------------------
-    optimizer: str = "sgd"
-    lr: float = 0.01
-    momentum: float = 0.9  # used by optimizer = momentum
-    weight_decay: float = 0.0
+    optimizer: Literal["sgd", "momentum", "adam"] = knob("sgd", "the optimizer (torch.optim's)")
+    lr: float = knob(0.01, "learning rate", gt=0.0)
+    momentum: float = knob(0.9, "momentum, used by optimizer = momentum", ge=0.0, le=1.0)
+    weight_decay: float = knob(0.0, "weight decay", ge=0.0)
 
     # ---- reader (Paddle DataLoader options; ours where Paddle has none) ----------
-    use_double_buffer: bool = False
-    reader_return_uint8: bool = False
-    use_infinite_reader: bool = False
-    reader_num_workers: int = 0
-    reader_backend: str = "torch"
+    use_double_buffer: bool = knob(False, "the next batch copied to the device while this one runs")
+    reader_return_uint8: bool = knob(False, "images travel as uint8, converted to float on the device")
+    use_infinite_reader: bool = knob(False, "one endless reader instead of one per epoch")
+    reader_num_workers: int = knob(0, "DataLoader worker processes (reader_backend = torch)", ge=0, le=64)
+    reader_backend: Literal["torch", "dali"] = knob("torch", "the reader: torch DataLoader or DALI")
 
     # ---- benchmark conditions (ours) ---------------------------------------------
-    straggler_ms: float = 0.0  # a seeded random rank sleeps this long each step
+    straggler_ms: float = knob(0.0, "ours: a seeded random rank sleeps this long each step", ge=0.0)
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -138,6 +141,7 @@ class StrategyConfig:
     # ---- construction -------------------------------------------------------------
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> "StrategyConfig":
+        """Fields by our names, their aliases, or Paddle's (nested tables or dotted keys)."""
         return cls(**_canonical_keys(values))
 
     @classmethod
@@ -163,17 +167,19 @@ class StrategyConfig:
         return dataclasses.replace(self, **_canonical_keys(changes))
 
     def with_overrides(self, assignments: list[str]) -> "StrategyConfig":
-        """Apply ``key=value`` strings (the CLI's ``--set``), parsed by the field's type."""
+        """Apply ``key=value`` strings (the CLI's ``--set``), parsed by the field's type.
+
+        Keys are our field names, their aliases, or Paddle's (dotted for a table:
+        ``build_strategy.fuse_bn_act_ops=true``, ``localsgd_configs.k_steps=4``).
+        """
         changes: dict[str, Any] = {}
         for item in assignments:
             if "=" not in item:
                 raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set nccl_comm_num=2")
             key, raw = item.split("=", 1)
-            key = FIELD_ALIASES.get(key.strip(), key.strip())
-            if key not in _FIELDS:
-                raise ConfigError(_unknown_field_message(key))
-            changes[key] = parse_value(key, raw.strip())
-        return self.replace(**changes)
+            key, raw = key.strip(), raw.strip()
+            changes.update(_canonical_keys({key: _parse_set_value(key, raw)}))  # the last --set of a field wins
+        return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -257,6 +263,75 @@ class StrategyConfig:
                 )
 
 
+# ---- field specs: type, choices, range, help, read from the class -----------------------
+
+_SCALARS = (bool, int, float, str)
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """What one field accepts, read from its annotation and its :func:`knob` metadata."""
+
+    name: str
+    type: type  # bool, int, float or str
+    optional: bool  # None allowed
+    choices: Optional[tuple]  # from Literal[...]
+    default: Any
+    help: str
+    ge: Optional[float] = None
+    gt: Optional[float] = None
+    le: Optional[float] = None
+    allow_inf: bool = False
+
+    def allowed(self) -> str:
+        """What the field accepts, in words: ``'off' | 'bf16' | 'fp16'``, ``int >= 1, <= 16``, ``bool | None``."""
+        if self.choices is not None:
+            text = " | ".join(map(repr, self.choices))
+        else:
+            text = " ".join([self.type.__name__, ", ".join(self.bounds())]).strip()
+            if self.allow_inf:
+                text += ", inf"
+        return text + (" | None" if self.optional else "")
+
+    def bounds(self) -> list[str]:
+        out = []
+        if self.ge is not None:
+            out.append(f">= {self.ge}")
+        if self.gt is not None:
+            out.append(f"> {self.gt}")
+        if self.le is not None:
+            out.append(f"<= {self.le}")
+        return out
+
+
+def field_specs(cls: type) -> dict[str, FieldSpec]:
+    """Each dataclass field's :class:`FieldSpec`, types resolved with :func:`typing.get_type_hints`."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in fields(cls):
+        hint, optional = hints[f.name], False
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):
+            members = typing.get_args(hint)
+            rest = [m for m in members if m is not type(None)]
+            optional = len(rest) < len(members)
+            if len(rest) != 1:
+                raise TypeError(f"{cls.__name__}.{f.name}: {hint} is not one type (or one type | None)")
+            hint = rest[0]
+        choices = None
+        if typing.get_origin(hint) is Literal:
+            choices = typing.get_args(hint)
+            hint = type(choices[0])
+            if any(type(c) is not hint for c in choices):
+                raise TypeError(f"{cls.__name__}.{f.name}: the choices of a Literal must be of one type")
+        if hint not in _SCALARS:
+            raise TypeError(f"{cls.__name__}.{f.name}: type {hint!r}; fields are bool, int, float, str or a Literal")
+        meta = f.metadata
+        out[f.name] = FieldSpec(f.name, hint, optional, choices, f.default, meta.get("help", ""), meta.get("ge"),
+                                meta.get("gt"), meta.get("le"), bool(meta.get("allow_inf")))
+    return out
+
+
+_SPECS: dict[str, FieldSpec] = field_specs(StrategyConfig)
 _FIELDS = {f.name: f for f in fields(StrategyConfig)}
 
 
@@ -264,43 +339,227 @@ def field_names() -> list[str]:
     return list(_FIELDS)
 
 
+def field_table() -> str:
+    """Every field: default, what it accepts, help (``fleetbench config --list``)."""
+    lines = [f"  {'field':36s} {'default':9s} {'accepts':34s} help"]
+    for spec in _SPECS.values():
+        lines.append(f"  {spec.name:36s} {spec.default!r:9s} {spec.allowed():34s} {spec.help}")
+    return "\n".join(lines)
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+# ---- Paddle 2.x spelling -----------------------------------------------------------------
+#
+# Names as in Paddle 2.x's DistributedStrategy (paddle/fluid/framework/distributed_strategy.proto
+# and python/paddle/distributed/fleet/base/distributed_strategy.py); a table's fields as
+# "table.field".  Top-level Paddle names that equal ours (nccl_comm_num, sync_nccl_allreduce,
+# use_hierarchical_allreduce, hierarchical_allreduce_inter_nranks, fuse_all_reduce_ops,
+# fuse_grad_size_in_MB, find_unused_parameters, amp) need no entry, except where the value changes.
+
+def _paddle_switch(on: Any, off: Any) -> Callable[[str, Any], Any]:
+    """A Paddle bool that selects one of our values: true -> ``on``, false -> ``off``."""
+    def convert(name: str, value: Any) -> Any:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name}={value!r}: expected a boolean (true/false), as in Paddle")
+        return on if value else off
+    return convert
+
+
+def _paddle_amp(name: str, value: Any) -> Any:
+    # Paddle's amp is a switch: true = fp16 with dynamic loss scaling (amp_configs.use_dynamic_loss_scaling
+    # defaults to True in Paddle, and our use_dynamic_loss_scaling=None means the same for fp16).
+    # Our own spelling ("off" | "bf16" | "fp16") passes through.
+    if isinstance(value, bool):
+        return "fp16" if value else "off"
+    return value
+
+
+# Paddle name -> (our field, conversion of the value or None).
+PADDLE_FIELDS: dict[str, tuple[str, Optional[Callable[[str, Any], Any]]]] = {
+    "amp": ("amp", _paddle_amp),
+    "amp_configs.init_loss_scaling": ("init_loss_scaling", None),
+    "amp_configs.incr_every_n_steps": ("incr_every_n_steps", None),
+    "amp_configs.decr_every_n_nan_or_inf": ("decr_every_n_nan_or_inf", None),
+    "amp_configs.incr_ratio": ("incr_ratio", None),
+    "amp_configs.decr_ratio": ("decr_ratio", None),
+    "amp_configs.use_dynamic_loss_scaling": ("use_dynamic_loss_scaling", None),
+    "localsgd": ("use_local_sgd", None),
+    "localsgd_configs.k_steps": ("local_sgd_steps", None),
+    # begin_step = W exactly.  Paddle's LocalSGDOptimizer.minimize_impl
+    # (python/paddle/distributed/fleet/meta_optimizers/localsgd_optimizer.py, PaddlePaddle/Paddle
+    # commit f8704b39, lines 116-208) counts steps from 1 (`step = autoincreased_step_counter(begin=1)`),
+    # starts `last_step = begin_step`, and ends with
+    #     paddle.static.nn.cond(step > begin_step, begin_localsgd, communicate)
+    # with `begin_localsgd` = cond(step - last_step == k_steps, communicate) and `communicate` setting
+    # last_step = step: every step 1..begin_step is synchronised, then steps begin_step + k,
+    # begin_step + 2k, ... -- our steps 1..W synchronous and averagings at W+k, W+2k, ... with W = begin_step.
+    # AdaptiveLocalSGDOptimizer ends with the same `cond(step > begin_step, begin_localsgd, communicate)`.
+    # tests/test_config.py replays that control flow against suite.strategies.local_sgd.averaging_steps.
+    "localsgd_configs.begin_step": ("local_sgd_is_warm_steps", None),
+    "adaptive_localsgd": ("use_adaptive_local_sgd", None),
+    "adaptive_localsgd_configs.init_k_steps": ("init_k_steps", None),
+    "adaptive_localsgd_configs.begin_step": ("local_sgd_is_warm_steps", None),
+    "fp16_allreduce": ("grad_comm_dtype", _paddle_switch("fp16", "fp32")),
+    "build_strategy.fuse_bn_act_ops": ("fuse_bn_act_ops", None),
+    "build_strategy.fuse_elewise_add_act_ops": ("fuse_elewise_add_act_ops", None),
+    "build_strategy.fuse_relu_depthwise_conv": ("fuse_relu_depthwise_conv", None),
+    "build_strategy.fuse_broadcast_ops": ("fuse_broadcast_ops", None),
+    "build_strategy.fuse_all_optimizer_ops": ("fuse_all_optimizer_ops", None),
+    "execution_strategy.num_threads": ("num_threads", None),
+}
+
+# Paddle 2.x fields fleetbench does not implement: what each is, and the values that ask for
+# nothing (accepted and ignored: a switch left off, an empty table or list).  Any other value is
+# refused by name.
+_OFF: tuple = (False,)
+_EMPTY: tuple = ({}, [])
+PADDLE_UNIMPLEMENTED: dict[str, tuple[str, tuple]] = {
+    "recompute": ("activation recomputation", _OFF),
+    "recompute_configs": ("activation recomputation", _EMPTY),
+    "dgc": ("deep gradient compression", _OFF),
+    "dgc_configs": ("deep gradient compression", _EMPTY),
+    "gradient_merge": ("gradient accumulation over steps", _OFF),
+    "gradient_merge_configs": ("gradient accumulation over steps", _EMPTY),
+    "fuse_grad_merge": ("fused gradient accumulation", _OFF),
+    "lars": ("the LARS optimizer", _OFF),
+    "lars_configs": ("the LARS optimizer", _EMPTY),
+    "lamb": ("the LAMB optimizer", _OFF),
+    "lamb_configs": ("the LAMB optimizer", _EMPTY),
+    "pipeline": ("pipeline parallelism", _OFF),
+    "pipeline_configs": ("pipeline parallelism", _EMPTY),
+    "sharding": ("sharded optimizer states", _OFF),
+    "sharding_configs": ("sharded optimizer states", _EMPTY),
+    "tensor_parallel": ("tensor parallelism", _OFF),
+    "tensor_parallel_configs": ("tensor parallelism", _EMPTY),
+    "hybrid_configs": ("hybrid data/model/pipeline/sharding parallelism", _EMPTY),
+    "a_sync": ("parameter-server asynchronous training", _OFF),
+    "a_sync_configs": ("parameter-server asynchronous training", _EMPTY),
+    "adam_d2sum": ("the parameter server's Adam", _OFF),
+    "downpour_table_param": ("parameter-server tables", _EMPTY),
+    "fs_client_param": ("parameter-server file system", _EMPTY),
+    "trainer_desc_configs": ("parameter-server trainer dumps", _EMPTY),
+    "heter_ccl_mode": ("heterogeneous collectives", _OFF),
+    "elastic": ("elastic training", _OFF),
+    "auto": ("automatic parallelism", _OFF),
+    "semi_auto": ("semi-automatic parallelism", _OFF),
+    "auto_search": ("automatic strategy search", _OFF),
+    "sync_batch_norm": ("synchronised BatchNorm", _OFF),
+    "asp": ("automatic structured sparsity", _OFF),
+    "qat": ("quantization-aware training", _OFF),
+    "qat_configs": ("quantization-aware training", _EMPTY),
+    "without_graph_optimization": ("static-graph optimization passes", _OFF),
+    "calc_comm_same_stream": ("communication on the compute stream", _OFF),
+    "cudnn_exhaustive_search": ("cuDNN algorithm search", _OFF),
+    "cudnn_batchnorm_spatial_persistent": ("cuDNN BatchNorm mode", _OFF),
+    "conv_workspace_size_limit": ("cuDNN workspace limit", ()),
+    "last_comm_group_size_MB": ("the size of dygraph's last gradient bucket", ()),
+    "fuse_grad_size_in_num": ("gradient fusion by count", ()),
+    "gradient_scale_configs": ("gradient scaling across devices (fleetbench averages)", _EMPTY),
+    "amp_configs.custom_white_list": ("custom AMP op lists", _EMPTY),
+    "amp_configs.custom_black_list": ("custom AMP op lists", _EMPTY),
+    "amp_configs.custom_black_varnames": ("custom AMP op lists", _EMPTY),
+    "amp_configs.use_pure_fp16": ("pure fp16 (fp16 parameters)", _OFF),
+    "amp_configs.use_pure_bf16": ("pure bf16 (bf16 parameters)", _OFF),
+    "amp_configs.use_fp16_guard": ("fp16_guard (applies to pure fp16 only)", (True, False)),
+    "amp_configs.use_optimizer_fp16": ("fp16 optimizer states", _OFF),
+    "build_strategy.enable_sequential_execution": ("the static-graph executor", _OFF),
+    "build_strategy.enable_inplace": ("the static-graph executor", _OFF),
+    "build_strategy.enable_backward_optimizer_op_deps": ("the static-graph executor", (True, False)),
+    "build_strategy.cache_runtime_context": ("the static-graph executor", _OFF),
+    "build_strategy.fuse_bn_add_act_ops": ("BatchNorm + add + activation fusion", _OFF),
+    "build_strategy.enable_auto_fusion": ("automatic op fusion", _OFF),
+    "build_strategy.enable_addto": ("the static-graph executor", _OFF),
+    "build_strategy.fix_op_run_order": ("the static-graph executor", _OFF),
+    "build_strategy.allow_cuda_graph_capture": ("CUDA graphs", _OFF),
+    "build_strategy.reduce_strategy": ("reduce instead of allreduce (0 = allreduce, what fleetbench does)", (0,)),
+    "execution_strategy.num_iteration_per_drop_scope": ("the static-graph executor's scopes", ()),
+    "execution_strategy.num_iteration_per_run": ("the static-graph executor", (1,)),
+    "execution_strategy.use_thread_barrier": ("the static-graph executor", _OFF),
+}
+
+# Paddle's tables: their fields are read as "table.field".
+_PADDLE_TABLES = {k.split(".", 1)[0] for k in [*PADDLE_FIELDS, *PADDLE_UNIMPLEMENTED] if "." in k}
+
+
+def _is_unimplemented(key: str) -> bool:
+    """A Paddle field fleetbench does not implement, or a field of such a table (``dgc_configs.sparsity``)."""
+    return key in PADDLE_UNIMPLEMENTED or ("." in key and key.split(".", 1)[0] in PADDLE_UNIMPLEMENTED)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b  # False is not 0, 1 is not True
+
+
+def _flatten(values: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """Paddle's tables ([build_strategy], amp_configs = {...}) as dotted keys."""
+    out = []
+    for key, value in values.items():
+        if key in _PADDLE_TABLES:
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{key}={value!r}: Paddle's {key} is a table of fields, e.g. [{key}]")
+            for sub, v in value.items():
+                if isinstance(v, Mapping):
+                    raise ConfigError(f"{key}.{sub}={v!r}: expected a value, not a table")
+                out.append((f"{key}.{sub}", v))
+        else:
+            out.append((key, value))
+    return out
 
 
 def _unknown_field_message(key: str) -> str:
     import difflib
 
-    close = difflib.get_close_matches(key, list(_FIELDS) + list(FIELD_ALIASES), n=3)
+    names = list(_FIELDS) + list(FIELD_ALIASES) + list(PADDLE_FIELDS)
+    close = difflib.get_close_matches(key, names, n=3)
     hint = f"; did you mean {', '.join(close)}?" if close else "; see `fleetbench config --list` for all fields"
+    if "." in key and key.split(".", 1)[0] in _PADDLE_TABLES:
+        table = key.split(".", 1)[0]
+        known = sorted(k.split(".", 1)[1] for k in [*PADDLE_FIELDS, *PADDLE_UNIMPLEMENTED] if k.startswith(table + "."))
+        return f"unknown field {key!r} of Paddle's {table}; its fields are {', '.join(known)}"
     return f"unknown strategy field {key!r}{hint}"
 
 
 def _canonical_keys(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Our field names for every key (ours, an alias, or Paddle's), values converted where Paddle's differ."""
     out: dict[str, Any] = {}
-    for key, value in values.items():
-        canon = FIELD_ALIASES.get(key, key)
-        if canon not in _FIELDS:
-            raise ConfigError(_unknown_field_message(key))
+    source: dict[str, str] = {}
+    for key, value in _flatten(values):
+        if _is_unimplemented(key):
+            what, nothing = PADDLE_UNIMPLEMENTED.get(key) or (PADDLE_UNIMPLEMENTED[key.split(".", 1)[0]][0], ())
+            if any(_same(value, v) for v in nothing):
+                continue  # asks for nothing
+            allowed = f"; allowed only {' or '.join(map(repr, nothing))}, which asks for nothing" if nothing else ""
+            raise ConfigError(f"Paddle field {key}={value!r} ({what}) is not implemented by fleetbench{allowed}")
+        if key in PADDLE_FIELDS:
+            canon, convert = PADDLE_FIELDS[key]
+            if convert is not None:
+                value = convert(key, value)
+        else:
+            canon = FIELD_ALIASES.get(key, key)
+            if canon not in _FIELDS:
+                raise ConfigError(_unknown_field_message(key))
         if canon in out:
-            raise ConfigError(f"field {canon!r} given twice (once as its alias {key!r})")
+            if canon == "local_sgd_is_warm_steps" and source[canon] != canon and _same(out[canon], value):
+                continue  # localsgd_configs.begin_step and adaptive_localsgd_configs.begin_step agree
+            first = source[canon]
+            how = f"as {first!r} and as {key!r}" if first != key else f"as {key!r}"
+            raise ConfigError(f"field {canon!r} given twice ({how})")
         out[canon] = value
+        source[canon] = key
     return out
 
 
-def _base_type(name: str) -> tuple[type, bool]:
-    """(python type, optional?) of a field, from its annotation string."""
-    ann = str(_FIELDS[name].type)
-    optional = ann.startswith("Optional[")
-    inner = ann[len("Optional["):-1] if optional else ann
-    return {"int": int, "float": float, "bool": bool, "str": str}[inner], optional
-
+# ---- parsing --set values ------------------------------------------------------------------
 
 def parse_value(name: str, raw: str) -> Any:
     """Parse a ``--set`` string as the field's type."""
-    typ, optional = _base_type(name)
+    spec = _SPECS[name]
+    typ = spec.type
     low = raw.lower()
-    if optional and low in ("none", "null", ""):
+    if spec.optional and low in ("none", "null", ""):
         return None
     if typ is bool:
         if low in ("1", "true", "yes", "on"):
@@ -321,14 +580,35 @@ def parse_value(name: str, raw: str) -> Any:
     return raw
 
 
+def _parse_set_value(key: str, raw: str) -> Any:
+    """A ``--set`` value for any accepted key: by our field's type, Paddle's switches as booleans."""
+    if key in ("amp", "fp16_allreduce") and raw.lower() in ("true", "false"):
+        return raw.lower() == "true"  # Paddle's switches (amp = true: fp16)
+    if key in PADDLE_FIELDS and PADDLE_FIELDS[key][1] is None:
+        return parse_value(PADDLE_FIELDS[key][0], raw)
+    if key in PADDLE_FIELDS or _is_unimplemented(key):
+        try:  # a TOML value: true, 4, [], {} ...; anything else stays a string
+            return tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            return raw
+    canon = FIELD_ALIASES.get(key, key)
+    if canon not in _FIELDS:
+        raise ConfigError(_unknown_field_message(key))
+    return parse_value(canon, raw)
+
+
+# ---- validation ------------------------------------------------------------------------------
+
 def _check_types(cfg: StrategyConfig) -> None:
-    for name in _FIELDS:
+    for name, spec in _SPECS.items():
         value = getattr(cfg, name)
-        typ, optional = _base_type(name)
+        typ = spec.type
         if value is None:
-            if optional:
+            if spec.optional:
                 continue
             raise ConfigError(f"{name}=None: a value is required ({typ.__name__})")
+        if spec.choices is not None:
+            continue  # checked against the choices
         if typ is bool:
             ok = isinstance(value, bool)
         elif typ is int:
@@ -347,20 +627,20 @@ def _check_types(cfg: StrategyConfig) -> None:
 
 
 def _check_choices_and_ranges(cfg: StrategyConfig) -> None:
-    for name, allowed in CHOICES.items():
-        value = getattr(cfg, name)
-        if value not in allowed:
-            raise ConfigError(f"{name}={value!r}: allowed values are {', '.join(map(repr, allowed))}")
-    for name, (low, high, low_incl) in RANGES.items():
+    for name, spec in _SPECS.items():
         value = getattr(cfg, name)
         if value is None:
             continue
-        below = value < low if low_incl else value <= low
-        above = high is not None and value > high
-        if below or above or (isinstance(value, float) and math.isinf(value) and name != "fuse_grad_size_in_MB"):
-            lo = f"{'>=' if low_incl else '>'} {low}"
-            hi = f" and <= {high}" if high is not None else ""
-            raise ConfigError(f"{name}={value!r}: out of range, allowed {lo}{hi}")
+        if spec.choices is not None:
+            if not any(_same(value, c) for c in spec.choices):
+                raise ConfigError(f"{name}={value!r}: allowed values are {', '.join(map(repr, spec.choices))}")
+            continue
+        if spec.type not in (int, float):
+            continue
+        below = (spec.ge is not None and value < spec.ge) or (spec.gt is not None and value <= spec.gt)
+        above = spec.le is not None and value > spec.le
+        if below or above or (isinstance(value, float) and math.isinf(value) and not spec.allow_inf):
+            raise ConfigError(f"{name}={value!r}: out of range, allowed {' and '.join(spec.bounds())}")
 
 
 def _check_combinations(cfg: StrategyConfig) -> None:
@@ -405,6 +685,39 @@ def _check_combinations(cfg: StrategyConfig) -> None:
         )
     if cfg.reader_backend == "dali" and cfg.reader_num_workers:
         raise ConfigError("reader_num_workers applies to reader_backend='torch'; DALI runs its own pipeline")
+
+
+# ---- TOML out ------------------------------------------------------------------------------
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return ("inf" if value > 0 else "-inf") if math.isinf(value) else repr(value)
+    if isinstance(value, int):
+        return str(value)
+    return json.dumps(value)  # a TOML basic string
+
+
+def to_toml(cfg: StrategyConfig, title: str = "") -> str:
+    """Every field of ``cfg`` as a TOML document ``--config`` reads back to ``cfg``, each with its help.
+
+    Fields that are None (unset: see their help) are written commented out; TOML has no null.
+    """
+    default = StrategyConfig()
+    lines = [f"# {title}" if title else "# fleetbench strategy", "# '# changed' marks a field that differs from "
+             "the all-off default.", "", "[strategy]"]
+    for name, spec in _SPECS.items():
+        value = getattr(cfg, name)
+        lines.append(f"# {spec.help} [{spec.allowed()}]")
+        changed = "  # changed" if value != getattr(default, name) else ""
+        if value is None:
+            if changed:
+                raise ConfigError(f"{name}=None differs from its default and TOML has no null: cannot write it")
+            lines.append(f"# {name} =   (left out: None)")
+        else:
+            lines.append(f"{name} = {_toml_value(value)}{changed}")
+    return "\n".join(lines) + "\n"
 
 
 # Paddle's recommended settings, as named presets (overrides on the all-off default).

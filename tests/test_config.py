@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import math
+import os
 import warnings
+from typing import Literal, Optional
 
 import pytest
 
@@ -113,3 +115,323 @@ def test_bad_toml_names_the_file(tmp_path):
         StrategyConfig.from_toml(str(path))
     with pytest.raises(ConfigError, match="does not exist"):
         StrategyConfig.from_toml(str(tmp_path / "missing.toml"))
+
+
+# ---- field types read with typing.get_type_hints: any spelling works -------------------------
+
+def test_x_or_none_spelling_of_a_field_type():
+    import dataclasses as dc
+
+    from suite.config import field_specs
+
+    # StrategyConfig itself spells its optional fields `int | None` (a string, under
+    # `from __future__ import annotations`): constructing it and --set both work.
+    assert StrategyConfig.__dataclass_fields__["num_threads"].type == "int | None"
+    assert StrategyConfig().num_threads is None
+    assert StrategyConfig().with_overrides(["num_threads=4"]).num_threads == 4
+    assert StrategyConfig(num_threads=4).with_overrides(["num_threads=none"]).num_threads is None
+    with pytest.raises(ConfigError, match="num_threads='many': expected a whole number"):
+        StrategyConfig().with_overrides(["num_threads=many"])
+
+    @dc.dataclass
+    class Spellings:
+        a: int | None = None
+        b: Optional[float] = None
+        c: Literal["x", "y"] | None = None
+        d: bool = False
+
+    specs = field_specs(Spellings)
+    assert [(s.type, s.optional, s.choices) for s in specs.values()] == [
+        (int, True, None), (float, True, None), (str, True, ("x", "y")), (bool, False, None)]
+
+
+def test_choices_and_ranges_sit_next_to_their_fields():
+    import suite.config as config
+
+    assert not hasattr(config, "CHOICES") and not hasattr(config, "RANGES")
+    specs = config.field_specs(StrategyConfig)
+    assert specs["amp"].choices == ("off", "bf16", "fp16")
+    assert (specs["nccl_comm_num"].ge, specs["nccl_comm_num"].le) == (1, 16)
+    assert all(s.help for s in specs.values()), [n for n, s in specs.items() if not s.help]
+
+
+# ---- Paddle 2.x spelling -------------------------------------------------------------------
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+PADDLE_TOML = os.path.join(DATA, "paddle_strategy.toml")
+
+
+def test_a_full_paddle_strategy_toml_loads_as_is():
+    expected = StrategyConfig(
+        amp="fp16", init_loss_scaling=1024.0, incr_every_n_steps=500, decr_every_n_nan_or_inf=3, incr_ratio=4.0,
+        decr_ratio=0.5, use_dynamic_loss_scaling=True,
+        use_local_sgd=True, local_sgd_steps=4, local_sgd_is_warm_steps=3, use_adaptive_local_sgd=False,
+        init_k_steps=2,
+        grad_comm_dtype="fp16", fuse_all_reduce_ops=True, fuse_grad_size_in_MB=16.0, fuse_grad_size_in_layers=20,
+        nccl_comm_num=2, sync_nccl_allreduce=False, use_hierarchical_allreduce=True,
+        hierarchical_allreduce_inter_nranks=2, find_unused_parameters=True,
+        fuse_bn_act_ops=True, fuse_elewise_add_act_ops=True, fuse_relu_depthwise_conv=True, fuse_broadcast_ops=True,
+        fuse_all_optimizer_ops=True, num_threads=3,
+    )
+    assert StrategyConfig.from_toml(PADDLE_TOML) == expected
+    # the same strategy under a [strategy] table
+    with open(PADDLE_TOML) as fh:
+        text = fh.read()
+    import tomllib
+
+    nested = tomllib.loads(text)
+    assert StrategyConfig.from_dict(nested) == expected
+
+
+# Every Paddle name we map: (Paddle key, value in TOML, the same as --set, context, our field, expected).
+AMP_ON = {"amp": True}
+MAPPINGS = [
+    ("amp", True, "true", {}, "amp", "fp16"),
+    ("amp", False, "false", {}, "amp", "off"),
+    ("amp", "bf16", "bf16", {}, "amp", "bf16"),
+    ("amp_configs.init_loss_scaling", 128.0, "128", AMP_ON, "init_loss_scaling", 128.0),
+    ("amp_configs.incr_every_n_steps", 10, "10", {}, "incr_every_n_steps", 10),
+    ("amp_configs.decr_every_n_nan_or_inf", 5, "5", {}, "decr_every_n_nan_or_inf", 5),
+    ("amp_configs.incr_ratio", 3.0, "3.0", {}, "incr_ratio", 3.0),
+    ("amp_configs.decr_ratio", 0.25, "0.25", {}, "decr_ratio", 0.25),
+    ("amp_configs.use_dynamic_loss_scaling", False, "false", AMP_ON, "use_dynamic_loss_scaling", False),
+    ("localsgd", True, "true", {}, "use_local_sgd", True),
+    ("localsgd_configs.k_steps", 4, "4", {}, "local_sgd_steps", 4),
+    ("localsgd_configs.begin_step", 7, "7", {}, "local_sgd_is_warm_steps", 7),
+    ("adaptive_localsgd", True, "true", {}, "use_adaptive_local_sgd", True),
+    ("adaptive_localsgd_configs.init_k_steps", 3, "3", {}, "init_k_steps", 3),
+    ("adaptive_localsgd_configs.begin_step", 5, "5", {}, "local_sgd_is_warm_steps", 5),
+    ("fp16_allreduce", True, "true", {}, "grad_comm_dtype", "fp16"),
+    ("fp16_allreduce", False, "false", {}, "grad_comm_dtype", "fp32"),
+    ("fuse_all_reduce_ops", True, "true", {}, "fuse_all_reduce_ops", True),
+    ("fuse_grad_size_in_MB", 16, "16", {}, "fuse_grad_size_in_MB", 16.0),
+    ("fuse_grad_size_in_TFLOPS", 20, "20", {}, "fuse_grad_size_in_layers", 20),
+    ("nccl_comm_num", 2, "2", {"sync_nccl_allreduce": False}, "nccl_comm_num", 2),
+    ("sync_nccl_allreduce", False, "false", {}, "sync_nccl_allreduce", False),
+    ("use_hierarchical_allreduce", True, "true", {}, "use_hierarchical_allreduce", True),
+    ("hierarchical_allreduce_inter_nranks", 4, "4", {}, "hierarchical_allreduce_inter_nranks", 4),
+    ("find_unused_parameters", True, "true", {}, "find_unused_parameters", True),
+    ("build_strategy.fuse_bn_act_ops", True, "true", {}, "fuse_bn_act_ops", True),
+    ("build_strategy.fuse_elewise_add_act_ops", True, "true", {}, "fuse_elewise_add_act_ops", True),
+    ("build_strategy.fuse_relu_depthwise_conv", True, "true", {}, "fuse_relu_depthwise_conv", True),
+    ("build_strategy.fuse_broadcast_ops", True, "true", {}, "fuse_broadcast_ops", True),
+    ("build_strategy.fuse_all_optimizer_ops", True, "true", {}, "fuse_all_optimizer_ops", True),
+    ("execution_strategy.num_threads", 6, "6", {}, "num_threads", 6),
+]
+
+
+def _nested(key, value):
+    """A dotted Paddle key as TOML would give it: {"build_strategy": {"fuse_bn_act_ops": True}}."""
+    if "." in key:
+        table, sub = key.split(".", 1)
+        return {table: {sub: value}}
+    return {key: value}
+
+
+def test_every_paddle_mapping_is_tested():
+    from suite.config import PADDLE_FIELDS
+
+    assert {m[0] for m in MAPPINGS} >= set(PADDLE_FIELDS)
+
+
+@pytest.mark.parametrize("key,value,raw,context,field,expected", MAPPINGS,
+                         ids=[f"{m[0]}={m[2]}" for m in MAPPINGS])
+def test_paddle_name_maps_to_our_field(key, value, raw, context, field, expected):
+    from_toml = StrategyConfig.from_dict({**_nested(key, value), **context})
+    from_set = StrategyConfig.from_dict(context).with_overrides([f"{key}={raw}"])
+    for cfg in (from_toml, from_set):
+        got = getattr(cfg, field)
+        assert got == expected and type(got) is type(expected), (cfg, field, got)
+        assert set(cfg.diff(StrategyConfig.from_dict(context))) <= {field, "use_local_sgd"}  # nothing else moves
+
+
+def test_paddle_amp_true_is_fp16_with_dynamic_loss_scaling():
+    for cfg in (StrategyConfig.from_dict({"amp": True}), StrategyConfig().with_overrides(["amp=true"])):
+        assert cfg.amp == "fp16" and cfg.loss_scaling_enabled and cfg.dynamic_loss_scaling
+        assert cfg.effective_init_loss_scaling == 32768.0  # Paddle's init_loss_scaling default
+    static = StrategyConfig.from_dict({"amp": True, "amp_configs": {"use_dynamic_loss_scaling": False}})
+    assert static.loss_scaling_enabled and not static.dynamic_loss_scaling
+    assert StrategyConfig.from_dict({"amp": False}) == StrategyConfig()
+    assert StrategyConfig.from_dict({"amp": "bf16"}).amp == "bf16"
+
+
+class _NoComm:
+    """Stands in for the gradient communication: LocalSGD only calls average_tensors on it."""
+
+    def average_tensors(self, tensors):
+        pass
+
+
+def _paddle_localsgd_program(begin_step, k, steps, adaptive=False):
+    """The steps after which Paddle's (Adaptive)LocalSGDOptimizer averages, its program replayed.
+
+    From localsgd_optimizer.py (PaddlePaddle/Paddle f8704b39): the step counter starts at 1;
+    cond(step > begin_step, begin_localsgd, communicate); begin_localsgd = cond(step - last_step
+    == k_steps, communicate); communicate sets last_step = step (adaptive: and the next k, here
+    with constant loss and lr: ceil(sqrt(init_k)) clamped to [1, 16]).  last_step starts at
+    begin_step (fixed k) or 0 (adaptive).
+    """
+    last_step = 0 if adaptive else begin_step
+    init_k = k
+    out = []
+    for step in range(1, steps + 1):
+        if step > begin_step:
+            if step - last_step == k:
+                out.append(step)
+                last_step = step
+                if adaptive:
+                    k = min(16, max(1, math.ceil(math.sqrt(init_k))))
+        else:
+            out.append(step)  # communicate() during warm-up: synchronous
+            last_step = step
+    return out
+
+
+def _our_schedule(cfg, steps):
+    """The steps on which our Local SGD synchronises (gradients averaged) or averages parameters."""
+    import torch
+
+    from suite.strategies.local_sgd import LocalSGD
+
+    local = LocalSGD(cfg, _NoComm(), [])
+    out = []
+    for step in range(1, steps + 1):
+        synchronous = local.communicate_grads(step)
+        averaged = local.after_step(step, torch.tensor(1.0))
+        if synchronous or averaged:
+            out.append(step)
+    return out
+
+
+@pytest.mark.parametrize("begin_step", [0, 1, 3])
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_paddle_begin_step_is_our_warm_steps(begin_step, k):
+    fixed = StrategyConfig().with_overrides(["localsgd=true", f"localsgd_configs.k_steps={k}",
+                                             f"localsgd_configs.begin_step={begin_step}"])
+    assert fixed.local_sgd_is_warm_steps == begin_step
+    assert _our_schedule(fixed, 24) == _paddle_localsgd_program(begin_step, k, 24)
+    adaptive = StrategyConfig.from_dict({"adaptive_localsgd": True, "adaptive_localsgd_configs": {
+        "init_k_steps": k, "begin_step": begin_step}})
+    assert adaptive.local_sgd_is_warm_steps == begin_step
+    assert _our_schedule(adaptive, 24) == _paddle_localsgd_program(begin_step, k, 24, adaptive=True)
+
+
+def test_the_two_begin_steps_must_agree():
+    both = {"localsgd_configs": {"begin_step": 2}, "adaptive_localsgd_configs": {"begin_step": 2}}
+    assert StrategyConfig.from_dict(both).local_sgd_is_warm_steps == 2
+    both["adaptive_localsgd_configs"]["begin_step"] = 3
+    with pytest.raises(ConfigError, match="local_sgd_is_warm_steps' given twice.*localsgd_configs.begin_step"):
+        StrategyConfig.from_dict(both)
+    with pytest.raises(ConfigError, match="given twice"):
+        StrategyConfig.from_dict({"local_sgd_is_warm_steps": 1, "localsgd_configs": {"begin_step": 1}})
+
+
+# Paddle fields we do not implement: refused by name (as TOML and as --set), unless set to "nothing".
+UNIMPLEMENTED = [
+    ({"recompute": True}, "recompute=true", "recompute"),
+    ({"sharding": True, "sharding_configs": {"sharding_degree": 2}}, "sharding=true", "sharding"),
+    ({"pipeline": True}, "pipeline=true", "pipeline"),
+    ({"dgc": True}, "dgc=true", "dgc"),
+    ({"lars": True}, "lars=true", "lars"),
+    ({"lamb": True}, "lamb=true", "lamb"),
+    ({"gradient_merge": True}, "gradient_merge=true", "gradient_merge"),
+    ({"gradient_merge_configs": {"k_steps": 4}}, "gradient_merge_configs.k_steps=4", "gradient_merge_configs"),
+    ({"a_sync": True}, "a_sync=true", "a_sync"),
+    ({"amp": True, "amp_configs": {"use_pure_fp16": True}}, "amp_configs.use_pure_fp16=true",
+     "amp_configs.use_pure_fp16"),
+    ({"build_strategy": {"enable_inplace": True}}, "build_strategy.enable_inplace=true",
+     "build_strategy.enable_inplace"),
+    ({"execution_strategy": {"num_iteration_per_drop_scope": 10}},
+     "execution_strategy.num_iteration_per_drop_scope=10", "execution_strategy.num_iteration_per_drop_scope"),
+]
+
+
+@pytest.mark.parametrize("values,assignment,name", UNIMPLEMENTED, ids=[u[1] for u in UNIMPLEMENTED])
+def test_unimplemented_paddle_field_is_refused_by_name(values, assignment, name):
+    for build in (lambda: StrategyConfig.from_dict(values), lambda: StrategyConfig().with_overrides([assignment])):
+        with pytest.raises(ConfigError) as info:
+            build()
+        message = str(info.value)
+        assert f"Paddle field {name}" in message and "not implemented by fleetbench" in message, message
+
+
+def test_unimplemented_paddle_fields_left_off_ask_for_nothing():
+    off = {"recompute": False, "dgc": False, "sharding": False, "pipeline": False, "gradient_merge_configs": {},
+           "amp_configs": {"custom_white_list": [], "use_pure_fp16": False},
+           "build_strategy": {"enable_inplace": False, "reduce_strategy": 0}}
+    assert StrategyConfig.from_dict(off) == StrategyConfig()
+    assert StrategyConfig().with_overrides(["recompute=false", "build_strategy.reduce_strategy=0"]) == StrategyConfig()
+    with pytest.raises(ConfigError, match="reduce_strategy=1 .*not implemented by fleetbench; allowed only 0"):
+        StrategyConfig.from_dict({"build_strategy": {"reduce_strategy": 1}})
+
+
+def test_unknown_field_of_a_paddle_table_names_the_table():
+    with pytest.raises(ConfigError, match="unknown field 'build_strategy.fuse_everything' of Paddle's "
+                                          "build_strategy; its fields are .*fuse_bn_act_ops"):
+        StrategyConfig().with_overrides(["build_strategy.fuse_everything=true"])
+    with pytest.raises(ConfigError, match="Paddle's build_strategy is a table"):
+        StrategyConfig.from_dict({"build_strategy": True})
+
+
+def test_docs_name_every_paddle_field():
+    from suite.config import PADDLE_FIELDS, PADDLE_UNIMPLEMENTED
+
+    with open(os.path.join(os.path.dirname(DATA), os.pardir, "docs", "config.md")) as fh:
+        doc = fh.read()
+    missing = [k for k in [*PADDLE_FIELDS, *PADDLE_UNIMPLEMENTED] if f"`{k}`" not in doc]
+    assert not missing, f"docs/config.md does not name {missing}"
+
+
+# ---- the CLI: TOML out and back, --list, a Paddle TOML through `fleetbench run` -----------------
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_preset_as_toml_reads_back_to_the_same_config(name, capsys, tmp_path):
+    from suite.cli.main import main
+
+    assert main(["config", "--preset", name, "--format", "toml"]) == 0
+    path = tmp_path / f"{name}.toml"
+    path.write_text(capsys.readouterr().out)
+    assert StrategyConfig.from_toml(str(path)) == StrategyConfig.preset(name)
+    assert main(["config", "--config", str(path)]) == 0
+    assert capsys.readouterr().out.strip() == StrategyConfig.preset(name).describe().strip()
+
+
+def test_toml_out_keeps_inf_floats_and_strings(tmp_path):
+    from suite.config import to_toml
+
+    cfg = StrategyConfig(fuse_all_reduce_ops=True, fuse_grad_size_in_MB=float("inf"), amp="fp16",
+                         init_loss_scaling=0.5, lr=1e-05, grad_comm_dtype="bf16")
+    path = tmp_path / "c.toml"
+    path.write_text(to_toml(cfg))
+    assert StrategyConfig.from_toml(str(path)) == cfg
+
+
+def test_config_list_shows_every_field_with_default_and_help(capsys):
+    from suite.cli.main import main
+    from suite.config import field_names
+
+    assert main(["config", "--list"]) == 0
+    out = capsys.readouterr().out
+    for name in field_names():
+        assert f"  {name} " in out, name
+    assert "'off' | 'bf16' | 'fp16'" in out and "int >= 1, <= 16" in out
+
+
+class _NoRanks:
+    def __init__(self, *a, **k):
+        raise AssertionError("a rank pool was started")
+
+
+def test_paddle_toml_runs_through_fleetbench_run(monkeypatch, capsys, tmp_path):
+    import suite.runtime
+    from suite.cli.main import main
+
+    monkeypatch.setattr(suite.runtime, "RankPool", _NoRanks)
+    # validation happens before any rank starts, so --list proves the Paddle file loads for the case
+    assert main(["run", "--config", PADDLE_TOML, "--case", "mlp/plain", "--list"]) == 0
+    assert "mlp/plain" in capsys.readouterr().out
+    bad = tmp_path / "recompute.toml"
+    bad.write_text(open(PADDLE_TOML).read().replace("recompute = false", "recompute = true"))
+    assert main(["run", "--config", str(bad), "--case", "mlp/plain", "--list"]) == 2
+    assert "Paddle field recompute=True (activation recomputation) is not implemented by fleetbench" in \
+        capsys.readouterr().err

@@ -1,15 +1,19 @@
 """`fleetbench config`: show the resolved config (defaults, a TOML file, presets, --set), or list fields."""
 from __future__ import annotations
 
-from ..config import PRESETS, StrategyConfig
+from ..config import PRESETS, StrategyConfig, field_table, to_toml
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("config", help="print a resolved StrategyConfig, list fields or presets")
-    p.add_argument("--config", help="TOML file with strategy fields (top level or a [strategy] table)")
+    p.add_argument("--config", help="TOML file with strategy fields (top level or a [strategy] table); "
+                   "Paddle 2.x DistributedStrategy names are read too (docs/config.md)")
     p.add_argument("--preset", help=f"a named preset: {', '.join(sorted(PRESETS))}")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one field")
-    p.add_argument("--list", action="store_true", help="every field with its default")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one field (ours or Paddle's, e.g. build_strategy.fuse_bn_act_ops=true)")
+    p.add_argument("--format", choices=("text", "toml"), default="text",
+                   help="text: one field a line, changed ones marked; toml: a file --config reads back")
+    p.add_argument("--list", action="store_true", help="every field with its default, what it accepts, and help")
     p.add_argument("--presets", action="store_true", help="list the presets")
     p.set_defaults(func=main)
 
@@ -21,14 +25,22 @@ def resolve(args) -> StrategyConfig:
     return cfg.with_overrides(getattr(args, "set", []) or [])
 
 
+def _title(args) -> str:
+    parts = [f"--config {args.config}" if getattr(args, "config", None) else "",
+             f"--preset {args.preset}" if getattr(args, "preset", None) else "",
+             " ".join(f"--set {s}" for s in getattr(args, "set", []) or [])]
+    said = " ".join(p for p in parts if p)
+    return "fleetbench strategy" + (f": fleetbench config {said}" if said else " (the all-off default)")
+
+
 def main(args) -> int:
     if args.presets:
         for name, values in sorted(PRESETS.items()):
             print(f"{name:22s} {values}")
         return 0
     if args.list:
-        print(StrategyConfig().describe())
+        print(field_table())
         return 0
     cfg = resolve(args)
-    print(cfg.describe())
+    print(to_toml(cfg, _title(args)) if args.format == "toml" else cfg.describe(), end="\n" if args.format == "text" else "")
     return 0
