@@ -32,6 +32,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable, Literal, Mapping, Optional
 
 __all__ = ["StrategyConfig", "ConfigError", "PRESETS", "FIELD_ALIASES", "PADDLE_FIELDS", "PADDLE_UNIMPLEMENTED",
+           "toml_fields",
            "knob", "FieldSpec", "field_specs", "to_toml"]
 
 
@@ -146,16 +147,7 @@ class StrategyConfig:
 
     @classmethod
     def from_toml(cls, path: str) -> "StrategyConfig":
-        try:
-            with open(path, "rb") as fh:
-                data = tomllib.load(fh)
-        except FileNotFoundError:
-            raise ConfigError(f"config file {path!r} does not exist") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {path!r} is not valid TOML: {exc}") from None
-        if "strategy" in data and isinstance(data["strategy"], dict):
-            data = data["strategy"]
-        return cls.from_dict(data)
+        return cls.from_dict(toml_fields(path))
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "StrategyConfig":
@@ -550,6 +542,33 @@ def _canonical_keys(values: Mapping[str, Any]) -> dict[str, Any]:
         out[canon] = value
         source[canon] = key
     return out
+
+
+def toml_fields(path: str) -> dict[str, Any]:
+    """The fields a TOML file sets explicitly, by our names (a ``[strategy]`` table or the top level).
+
+    Every key is validated (an unknown or unimplemented one is a clear error) and the result is a
+    valid config's fields: ``fleetbench run --config`` applies exactly these on top of each case, so a
+    field the file sets to its default still overrides a case that sets it otherwise.
+    """
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path!r} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path!r} is a directory; expected a TOML file") from None
+    except PermissionError:
+        raise ConfigError(f"config file {path!r} cannot be read (permission denied)") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config file {path!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path!r} is not valid TOML: {exc}") from None
+    if "strategy" in data and isinstance(data["strategy"], dict):
+        data = data["strategy"]
+    fields_ = _canonical_keys(data)
+    StrategyConfig(**fields_)  # the combination must be valid on its own
+    return fields_
 
 
 # ---- parsing --set values ------------------------------------------------------------------

@@ -435,3 +435,33 @@ def test_paddle_toml_runs_through_fleetbench_run(monkeypatch, capsys, tmp_path):
     assert main(["run", "--config", str(bad), "--case", "mlp/plain", "--list"]) == 2
     assert "Paddle field recompute=True (activation recomputation) is not implemented by fleetbench" in \
         capsys.readouterr().err
+
+
+def test_run_config_applies_fields_set_to_their_default(tmp_path, monkeypatch, capsys):
+    """A --config file that sets a field to its default still overrides a case that sets it otherwise."""
+    import argparse
+
+    from suite.cli.run import resolve_cases
+
+    path = tmp_path / "s.toml"
+    path.write_text("[strategy]\nfuse_all_reduce_ops = false\nsync_nccl_allreduce = true\n")
+    args = argparse.Namespace(case=["mlp/fusion"], tag=[], model=[], size="cpu", config=str(path), set=[])
+    (rc,) = resolve_cases(args, 2)
+    assert rc.config.fuse_all_reduce_ops is False  # the case itself sets it True
+
+
+@pytest.mark.parametrize("content,words", [
+    (b"amp = \xff\xfe\n", "is not UTF-8 text"),
+    (None, "is a directory"),
+    (b"amp = [\n", "is not valid TOML"),
+])
+def test_bad_config_files_are_one_clear_error(tmp_path, content, words):
+    from suite.config import toml_fields
+
+    path = tmp_path / "c.toml"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    with pytest.raises(ConfigError, match=words):
+        toml_fields(str(path))

@@ -258,7 +258,7 @@ def test_adaptive_engine_follows_formula_on_rank_averaged_losses(pool2):
     steps = 24
     answers = pool2.run(pair_on_rank, dict(model="mlp", a=None, b=cfg, steps=steps))
     mean_loss = [sum(a["rows"][s]["loss"] for a in answers) / 2 for s in range(steps)]
-    loss0 = mean_loss[1]  # end of warm-up: step W = 2
+    loss0 = mean_loss[0]  # Paddle's loss_0: the rank-averaged loss of step 1, whatever the warm-up (W = 2 here)
     hist = answers[0]["history"]
     assert hist and hist[0]["step"] == 2 + 16
     expect_next, ks = hist[0]["step"], []

@@ -205,7 +205,7 @@ class LocalSGDReference:
         for opt in self.optimizers:
             opt.step()
         mean_loss = sum(losses) / self.world
-        if self.adaptive and self.t == max(self.warm, 1):
+        if self.adaptive and self.t == 1:  # Paddle's loss_0: the rank-averaged loss of step 1
             self.loss0 = mean_loss
         averaged = self.t == self.next_average
         if averaged:

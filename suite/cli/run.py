@@ -19,7 +19,7 @@ import tempfile
 from typing import Optional
 
 from ..cases import CASES, cases_for_model, select_cases
-from ..config import ConfigError, StrategyConfig
+from ..config import ConfigError, StrategyConfig, toml_fields
 
 DEFAULT_RESULTS = os.path.join("results", "runs.jsonl")
 SIZES = ("full", "cpu", "tiny")
@@ -114,7 +114,7 @@ def resolve_cases(args, world: int, local_world: Optional[int] = None) -> list:
     if not cases:
         raise ConfigError("no case matches the selection (--case/--tag/--model); `fleetbench run --list --tag "
                           "nightly-cpu` shows the cases")
-    base = StrategyConfig.from_toml(args.config).diff() if args.config else {}
+    base = toml_fields(args.config) if args.config else {}
     exact = {n for n in args.case if not _is_glob(n)}
     out = []
     for case in cases:

@@ -19,10 +19,11 @@ Adaptive (``use_adaptive_local_sgd``, Paddle's AdaptiveLocalSGD): the first inte
 
     k = ceil(sqrt(lr0 * loss / (lr * loss0) * init_k))   clamped to [1, 16]
 
-with lr0 the initial learning rate, lr the current one, loss0 the rank-averaged loss at the
-end of warm-up (step W, or step 1 when W = 0) and loss the rank-averaged loss of this
+with lr0 the initial learning rate, lr the current one, loss0 the rank-averaged loss of
+step 1 (Paddle's ``layers.cond(step == 1, initialize)`` in ``localsgd_optimizer.py``, whatever
+``begin_step`` is) and loss the rank-averaged loss of this
 averaging step.  Both losses travel inside the averaging collective (a 2-element tensor
-averaged with the parameters: the current loss and this rank's loss at the end of warm-up),
+averaged with the parameters: the current loss and this rank's loss of step 1),
 so adaptive Local SGD runs no collective of its own.
 
 The correctness harness compares against an independent single-process simulation with one
@@ -87,7 +88,7 @@ class LocalSGD:
         self.next_average = self.warm + self.k
         self.lr0 = config.lr
         self.lr_fn = lr_fn or (lambda: config.lr)
-        self.loss0: Optional[float] = None  # rank-averaged loss at the end of warm-up (adaptive)
+        self.loss0: Optional[float] = None  # rank-averaged loss of step 1 (adaptive)
         self._loss0_local: Optional[torch.Tensor] = None
         # One row per averaging: step, the loss and loss0 averaged over ranks (adaptive), the next k.
         self.history: list[dict] = []
@@ -96,7 +97,7 @@ class LocalSGD:
         return step <= self.warm
 
     def after_step(self, step: int, loss: torch.Tensor) -> bool:
-        if self.adaptive and step == max(self.warm, 1):
+        if self.adaptive and step == 1:
             self._loss0_local = loss.detach().float().reshape(1).clone()
         if step != self.next_average:
             return False
