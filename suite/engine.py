@@ -95,6 +95,12 @@ class Engine:
         return info
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if _batch_size(inputs) == 0:  # a shape, read on the host: no device sync
+            raise ValueError(
+                f"rank {self.rank}: empty batch at step {self.steps + 1} (inputs of shape "
+                f"{tuple(getattr(inputs, 'shape', ()))}); every rank must train on at least one sample, "
+                "or its loss is nan and its gradients poison the average: shard the global batch evenly"
+            )
         self.steps += 1
         cfg = self.config
         communicate = self.local_sgd.communicate_grads(self.steps) if self.local_sgd else True
@@ -122,6 +128,17 @@ class Engine:
         if self.local_sgd is not None:
             self.local_sgd.after_step(self.steps, loss.detach())
         return loss.detach()
+
+
+def _batch_size(inputs) -> Optional[int]:
+    """The leading dimension of a tensor (or of the first tensor in a tuple/list/dict), None if unknown."""
+    if isinstance(inputs, torch.Tensor):
+        return inputs.shape[0] if inputs.dim() else None
+    if isinstance(inputs, (list, tuple)) and inputs:
+        return _batch_size(inputs[0])
+    if isinstance(inputs, dict) and inputs:
+        return _batch_size(next(iter(inputs.values())))
+    return None
 
 
 def _ddp_buffer_sync() -> dict:

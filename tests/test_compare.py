@@ -172,3 +172,27 @@ def test_gate_figure_reports_false_alarms_and_the_smallest_slowdown_caught(monke
     assert float(cells[1].split("%")[0]) <= 10 and "(15 pairs)" in cells[1]  # 6 unchanged runs: 15 pairs
     assert cells[-2] == "100%"  # 2x slower: caught in every pair
     assert cells[-1] in ("1.25x", "1.5x"), row  # 1.1x is inside the 10% threshold's noise
+
+
+BAD_PYTEST_BENCHMARK = [
+    ({"machine_info": "x"}, "'machine_info' is 'x'; expected an object"),
+    ({"extra": [1]}, "'extra_info' is [1]; expected an object"),
+    ({"extra": {"steps_per_round": 0}}, "extra_info.steps_per_round is 0"),
+    ({"extra": {"world_size": "two"}}, "world_size='two'"),
+    ({"extra": {"step_times_s": 5}}, "extra_info.step_times_s is 5"),
+    ({"extra": {"verdict": "great"}}, "verdict='great'"),
+]
+
+
+@pytest.mark.parametrize("patch,words", BAD_PYTEST_BENCHMARK, ids=[w for _, w in BAD_PYTEST_BENCHMARK])
+def test_malformed_pytest_benchmark_json_is_one_clear_error(tmp_path, capsys, patch, words):
+    bench = {"name": "test_step[mlp/plain@2]", "stats": {"data": [0.1, 0.1, 0.1]},
+             "extra_info": patch.get("extra", {"case": "mlp/plain", "world_size": 2})}
+    data = {"machine_info": patch.get("machine_info", {}), "benchmarks": [bench]}
+    bad = tmp_path / "pb.json"
+    bad.write_text(json.dumps(data))
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"machine_info": {}, "benchmarks": [dict(bench, extra_info={"case": "mlp/plain"})]}))
+    assert main(["compare", str(good), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err and str(bad) in err, err

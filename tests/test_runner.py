@@ -144,3 +144,23 @@ def test_a_user_model_from_outside_suite_runs_with_check_and_timing(tmp_path):
         assert r["model"] == "my_models:make_spec" and r["size"] == "tiny" and r["backend"] == "gloo"
         assert r["metrics"]["samples_per_s"] > 0
     assert recs["make_spec/plain"]["structure"]["allreduce_ops"] == 4  # fc1/fc2 weight and bias
+
+
+def empty_batch_on_rank() -> str:
+    import torch
+
+    from suite.engine import build_engine
+    from suite.models import get_model
+
+    spec = get_model("mlp", "tiny")
+    engine = build_engine(spec.make(0), spec.loss_fn, StrategyConfig())
+    try:
+        engine.train_step(torch.zeros(0, 3, 16, 16), torch.zeros(0, dtype=torch.long))
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_an_empty_shard_is_a_clear_error_not_a_nan(pool2):
+    for msg in pool2.run(empty_batch_on_rank):
+        assert "empty batch at step 1" in msg and "shard the global batch evenly" in msg, msg

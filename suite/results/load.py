@@ -55,7 +55,14 @@ def _device_of(meta: dict) -> Optional[str]:
     return f"CPU: {cpu}" if cpu else None
 
 
+def _show(value) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _floats(values, where: str, what: str) -> list:
+    if values is not None and not isinstance(values, list):
+        raise ResultsFileError(f"{where}: {what} is {_show(values)}; expected a list of numbers (seconds)")
     out = []
     for v in values or []:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -121,27 +128,45 @@ def _from_pytest_benchmark(path: str, data: dict) -> Side:
         raise ResultsFileError(f"{path}: 'benchmarks' is {type(benches).__name__}; expected a list (pytest-benchmark "
                                f"JSON)")
     machine = data.get("machine_info") or {}
-    side = Side(path, "pytest-benchmark", {}, torch=machine.get("torch"),
-                device=_device_of(machine.get("fleetbench") or {}) or machine.get("cpu", {}).get("brand_raw"))
+    if not isinstance(machine, dict):
+        raise ResultsFileError(f"{path}: 'machine_info' is {_show(machine)}; expected an object (pytest-benchmark JSON)")
+    fb, cpu = machine.get("fleetbench") or {}, machine.get("cpu") or {}
+    side = Side(path, "pytest-benchmark", {}, torch=machine.get("torch") if isinstance(machine.get("torch"), str) else None,
+                device=(_device_of(fb) if isinstance(fb, dict) else None)
+                or (cpu.get("brand_raw") if isinstance(cpu, dict) else None))
     for i, b in enumerate(benches):
         name = b.get("name", f"#{i}") if isinstance(b, dict) else f"#{i}"
         where = f"{path}: benchmark {name}"
         if not isinstance(b, dict) or not isinstance(b.get("stats"), dict):
             raise ResultsFileError(f"{where}: no 'stats' object; not a pytest-benchmark result")
         extra = b.get("extra_info") or {}
+        if not isinstance(extra, dict):
+            raise ResultsFileError(f"{where}: 'extra_info' is {_show(extra)}; expected an object")
         case = extra.get("case") or name
         world = extra.get("world_size", 1)
+        if not isinstance(case, str) or isinstance(world, bool) or not isinstance(world, int) or world < 1:
+            raise ResultsFileError(f"{where}: extra_info case={_show(case)}, world_size={_show(world)}; expected a "
+                                   f"case name and a whole number >= 1")
         if "step_times_s" in extra:
             samples = _floats(extra["step_times_s"], where, "extra_info.step_times_s")
         elif "data" in b["stats"]:
             k = extra.get("steps_per_round", 1)
+            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+                raise ResultsFileError(f"{where}: extra_info.steps_per_round is {_show(k)}; expected a whole "
+                                       f"number >= 1")
             samples = [t / k for t in _floats(b["stats"]["data"], where, "stats.data")]
         else:
             raise ResultsFileError(f"{where}: no per-round data; save results with --benchmark-save-data "
                                    f"(or --benchmark-json, which keeps it)")
         sps = extra.get("samples_per_s")
+        verdict, status = extra.get("verdict", "n/a"), extra.get("status", "ok")
+        if verdict not in ("pass", "fail", "n/a", "error", "skipped") or status not in ("ok", "error", "skipped"):
+            raise ResultsFileError(f"{where}: extra_info verdict={_show(verdict)}, status={_show(status)}; expected "
+                                   f"pass/fail/n/a/error/skipped and ok/error/skipped")
+        error = extra.get("error")
         side.cases[case_key(case, world)] = CaseResult(
-            case_key(case, world), case, int(world), samples, verdict=extra.get("verdict", "n/a"),
-            status=extra.get("status", "ok"), samples_per_s=float(sps) if isinstance(sps, (int, float)) else math.nan,
-            config=extra.get("config") or {}, error=extra.get("error"), where=where)
+            case_key(case, world), case, world, samples, verdict=verdict, status=status,
+            samples_per_s=float(sps) if isinstance(sps, (int, float)) and not isinstance(sps, bool) else math.nan,
+            config=extra.get("config") if isinstance(extra.get("config"), dict) else {},
+            error=error if isinstance(error, str) else None, where=where)
     return side
