@@ -1,0 +1,215 @@
+"""The trial server: one revision's side of `fleetbench ab` (see :mod:`suite.ab.protocol`).
+
+Started as ``python -m suite.cli.main trial-server`` in the revision's worktree with
+``PYTHONPATH=<worktree>``, so every module it and its ranks import is the revision's own.
+It keeps one rank pool (``RankPool``) for its whole life; cases are prepared on it and timed
+window by window, each window a *trial* of the A/B comparison.  The protocol's stdout is a
+private copy of file descriptor 1: fd 1 itself is pointed at stderr, so whatever the ranks or
+libraries print can never corrupt an answer.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from typing import Any, Optional
+
+from .protocol import decode, encode, hello
+
+__all__ = ["serve", "trial_on_rank", "inject_on_rank", "origin_on_rank"]
+
+
+# ---- rank functions (module level: the pool pickles them by reference) ---------------------------
+def origin_on_rank() -> dict:
+    import suite
+
+    from ..runtime.context import current
+
+    return {"rank": current().rank, "suite": os.path.abspath(suite.__file__)}
+
+
+def trial_on_rank(key: str, steps: int, warmup: int = 1) -> dict:
+    """``warmup`` steps not recorded, then one recorded window of ``steps`` steps of the prepared case."""
+    import torch
+
+    from ..measure.timing import _PREPARED, run_window
+
+    if warmup:
+        if key not in _PREPARED:
+            raise KeyError(f"case {key!r} is not prepared on this rank (prepared: {sorted(_PREPARED)})")
+        before = torch.get_num_threads()
+        try:
+            _PREPARED[key].window(warmup, record=False)
+        finally:
+            torch.set_num_threads(before)
+    return run_window(key, steps)
+
+
+def inject_on_rank(key: str, fraction: float) -> bool:
+    """Slow the prepared case's training step by ``fraction`` with busy work (a calibration knob).
+
+    After each real step the rank spins on the CPU for ``fraction`` × the time that step took:
+    a cost proportional to the step that competes for the cores as real work does (not a sleep).
+    Used by ``fleetbench figures gate`` and, through ``FLEETBENCH_AB_INJECT``, by tests; it
+    touches only the prepared engine of this trial process.
+    """
+    from ..measure.timing import _PREPARED
+
+    engine = _PREPARED[key].engine
+    real = engine.train_step
+
+    def slowed(inputs, targets):
+        t0 = time.perf_counter()
+        out = real(inputs, targets)
+        end = time.perf_counter() + fraction * (time.perf_counter() - t0)
+        n = 0
+        while time.perf_counter() < end:
+            n += 1
+        return out
+
+    engine.train_step = slowed
+    return True
+
+
+# ---- the server ----------------------------------------------------------------------------------
+class _State:
+    def __init__(self, nproc: int, timeout: float, pg_timeout: float, device: Optional[str]):
+        self.nproc, self.timeout, self.pg_timeout, self.device = nproc, timeout, pg_timeout, device
+        self.pool = None
+        self.cases: dict[str, Any] = {}  # key -> (runner, resolved case, prepared case)
+        self.metadata: Optional[dict] = None
+        self.backend = "nccl" if device == "cuda" else "gloo"
+
+    def get_pool(self):
+        if self.pool is None:
+            from ..runtime import RankPool
+
+            self.pool = RankPool(self.nproc, device=self.device, timeout=self.timeout, pg_timeout=self.pg_timeout)
+        self.pool.start()
+        return self.pool
+
+
+def _selection(req: dict, nproc: int, names: Optional[list] = None) -> list:
+    from ..cli.run import resolve_cases
+
+    args = argparse.Namespace(case=list(names if names is not None else req.get("cases") or []),
+                              tag=list(req.get("tags") or []), model=list(req.get("models") or []),
+                              size=req.get("size") or "cpu", config=req.get("config"), set=list(req.get("set") or []))
+    return resolve_cases(args, nproc)
+
+
+def _op_select(st: _State, req: dict) -> dict:
+    return {"cases": [{"case": rc.case.name, "model": rc.case.model, "variant": rc.case.variant,
+                       "config": rc.config.to_dict(), "skip": rc.skip} for rc in _selection(req, st.nproc)]}
+
+
+def _runner(st: _State, req: dict):
+    from ..runner import CaseRunner, RunOptions
+
+    if st.metadata is None:
+        from ..measure.metadata import collect
+
+        st.metadata = collect(world_size=st.nproc, backend=st.backend)
+    opts = RunOptions(size=req.get("size") or "cpu", per_rank_batch=req.get("batch"), steps=int(req.get("steps", 5)),
+                      rounds=1, warmup=int(req.get("warmup", 2)), check=bool(req.get("check", True)),
+                      check_steps=int(req.get("check_steps", 3)), timeout=st.timeout, device=st.device or "cpu",
+                      backend=st.backend, utilization=False)
+    return CaseRunner(st.get_pool(), st.nproc, opts, metadata=st.metadata, reporter=False)
+
+
+def _op_prepare(st: _State, req: dict) -> dict:
+    rcs = [rc for rc in _selection(req, st.nproc, [req["case"]]) if rc.case.name == req["case"]]
+    if not rcs:
+        raise ValueError(f"case {req['case']!r} is not in this revision's registry")
+    rc = rcs[0]
+    if rc.skip:
+        raise ValueError(f"case {rc.case.name} cannot run at world size {st.nproc}: {rc.skip}")
+    runner = _runner(st, req)
+    prepared = runner.prepare(rc)
+    inject = float(req.get("inject") or 0.0)
+    if inject:
+        runner.launcher.run(inject_on_rank, dict(key=prepared.key, fraction=inject), timeout=st.timeout)
+    st.cases[prepared.key] = (runner, rc, prepared)
+    return {"key": prepared.key, "describe": prepared.describe, "config": rc.config.to_dict(), "inject": inject}
+
+
+def _op_trial(st: _State, req: dict) -> dict:
+    runner, _, prepared = st.cases[req["key"]]
+    answers = runner.launcher.run(trial_on_rank, dict(key=req["key"], steps=int(req["steps"]),
+                                                      warmup=int(req.get("warmup", 1))), timeout=st.timeout)
+    prepared.windows.append(answers)
+    window = [a["window_s"] for a in answers]
+    return {"window_s": window, "step_s": max(window) / int(req["steps"]), "losses": answers[0]["losses"]}
+
+
+def _op_structure(st: _State, req: dict) -> dict:
+    runner, rc, prepared = st.cases[req["key"]]
+    check = runner.check(rc)
+    rec = runner.record(rc, check, prepared.metrics())
+    import json
+
+    return {"record": json.loads(rec.to_json())}
+
+
+def _op_close(st: _State, req: dict) -> dict:
+    entry = st.cases.pop(req["key"], None)
+    if entry is not None:
+        entry[2].close()
+    return {"closed": entry is not None}
+
+
+def _op_origin(st: _State, req: dict) -> dict:
+    return {"ranks": st.get_pool().run(origin_on_rank, timeout=st.timeout)}
+
+
+def _op_start(st: _State, req: dict) -> dict:
+    pool = st.get_pool()
+    return {"nproc": pool.nproc, "pids": pool.pids}
+
+
+OPS = {"select": _op_select, "start": _op_start, "origin": _op_origin, "prepare": _op_prepare,
+       "trial": _op_trial, "structure": _op_structure, "close": _op_close}
+
+
+def serve(nproc: int, timeout: float = 600.0, pg_timeout: float = 120.0, device: Optional[str] = None) -> int:
+    # The protocol gets a private copy of stdout; fd 1 goes to stderr for everything else.
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    out.write(encode(hello()))
+    st = _State(nproc, timeout, pg_timeout, device)
+    try:
+        for line in sys.stdin:
+            if not line.strip():
+                continue
+            try:
+                req = decode(line)
+                rid = req.get("id")
+            except Exception as exc:  # noqa: BLE001 - a broken line is answered, not fatal
+                out.write(encode({"id": None, "ok": False, "kind": "ProtocolError",
+                                  "error": f"not a JSON request: {exc}"}))
+                continue
+            op = req.get("op")
+            if op == "shutdown":
+                out.write(encode({"id": rid, "ok": True}))
+                break
+            fn = OPS.get(op)
+            if fn is None:
+                out.write(encode({"id": rid, "ok": False, "kind": "ProtocolError",
+                                  "error": f"unknown op {op!r}; this server speaks {sorted(OPS) + ['shutdown']}"}))
+                continue
+            try:
+                answer = fn(st, req)
+                answer.update(id=rid, ok=True)
+            except Exception as exc:  # noqa: BLE001 - every failure is an answer
+                from ..runner import short_error
+
+                answer = {"id": rid, "ok": False, "kind": type(exc).__name__, "error": short_error(exc, 4000),
+                          "traceback": traceback.format_exc()[-6000:]}
+            out.write(encode(answer))
+    finally:
+        if st.pool is not None:
+            st.pool.close()
+    return 0

@@ -1,0 +1,179 @@
+"""The sequential ABBA statistics of `fleetbench ab`.
+
+Trials of BASE (A) and HEAD (B) alternate in blocks of four, each block ``ABBA`` or ``BAAB``
+(drawn at random, seeded): a linear drift of the machine within a block hits both sides
+alike.  Each block gives one number, the log ratio of HEAD's to BASE's step time
+
+    d = log( mean(HEAD's two trials) / mean(BASE's two trials) )       (> 0: HEAD slower)
+
+Blocks, not steps, are the samples: steps of one window are autocorrelated, blocks far less
+(``lag1`` reports the lag-1 autocorrelation of the block series, which the figure checks).
+The estimate is the 20%-trimmed mean of the ``d`` (robust to a block hit by a burst of load),
+with a bootstrap interval (``scipy.stats.bootstrap``, BCa) at ``confidence`` (default 99%).
+
+Sequential rule, with the equivalence margin δ (default 2%, on the ratio: ±log(1+δ)):
+after at least ``min_blocks`` blocks, after every block,
+
+- the whole interval above +δ  -> **slower**;
+- the whole interval below −δ  -> **faster**;
+- the whole interval inside ±δ -> **same** (equivalent within the margin);
+
+otherwise another block, until the time budget per case (or ``max_blocks``) is spent: then
+**inconclusive**, with the interval so far.  Looking after every block is a sequential test:
+its false-alarm rate is measured, not assumed (``fleetbench figures gate``).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+
+__all__ = ["SeqOptions", "Sequential", "block_log_ratio", "interval", "decide", "lag1", "VERDICTS",
+           "describe_verdict"]
+
+VERDICTS = ("slower", "faster", "same", "inconclusive")
+
+
+@dataclass(frozen=True)
+class SeqOptions:
+    delta: float = 0.02  # equivalence margin on the step-time ratio (0.02: ±2%)
+    confidence: float = 0.99  # of the bootstrap interval
+    min_blocks: int = 8  # no decision before this many blocks
+    max_blocks: int = 2000
+    budget_s: float = 180.0  # timed blocks per case, seconds (prepare and check not counted)
+    trim: float = 0.2  # trimmed mean of the block log ratios
+    n_resamples: int = 2000
+    seed: int = 0
+
+    def __post_init__(self):
+        if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
+            raise ValueError(f"--delta {self.delta!r}: must be a fraction in (0, 1) (0.02 = 2%)")
+        if not (0.5 < self.confidence < 1):
+            raise ValueError(f"--confidence {self.confidence!r}: must be in (0.5, 1)")
+        if not (isinstance(self.min_blocks, int) and self.min_blocks >= 3):
+            raise ValueError(f"--min-blocks {self.min_blocks!r}: must be a whole number >= 3")
+        if self.max_blocks < self.min_blocks:
+            raise ValueError(f"--max-blocks {self.max_blocks}: must be >= --min-blocks ({self.min_blocks})")
+        if not (math.isfinite(self.budget_s) and self.budget_s > 0):
+            raise ValueError(f"--budget {self.budget_s!r}: must be a finite number of seconds > 0")
+        if not (0 <= self.trim < 0.5):
+            raise ValueError(f"trim {self.trim!r}: must be in [0, 0.5)")
+
+
+def block_log_ratio(base_trials: Sequence[float], head_trials: Sequence[float]) -> float:
+    """log(mean(head) / mean(base)); a ValueError for a trial time that is not a finite positive number."""
+    for t in list(base_trials) + list(head_trials):
+        if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+            raise ValueError(f"trial time {t!r} is not a finite positive number of seconds")
+    return math.log(float(np.mean(head_trials)) / float(np.mean(base_trials)))
+
+
+def _trimmed(x, axis=-1, trim: float = 0.2):
+    from scipy.stats import trim_mean
+
+    return trim_mean(x, trim, axis=axis)
+
+
+def interval(d: Sequence[float], opts: SeqOptions = SeqOptions(), rng: Optional[np.random.Generator] = None
+             ) -> tuple[float, float, float]:
+    """(estimate, low, high) of the block log ratios: trimmed mean and its bootstrap interval."""
+    from scipy.stats import bootstrap
+
+    a = np.asarray(d, dtype=float)
+    if a.size == 0 or not np.all(np.isfinite(a)):
+        raise ValueError("block log ratios must be finite and non-empty")
+    est = float(_trimmed(a, trim=opts.trim))
+    if a.size < 3 or np.ptp(a) == 0:
+        return est, (est if np.ptp(a) == 0 else -math.inf), (est if np.ptp(a) == 0 else math.inf)
+    rng = rng if rng is not None else np.random.default_rng(opts.seed)
+
+    def stat(x, axis=-1):
+        return _trimmed(x, axis=axis, trim=opts.trim)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for method in ("BCa", "percentile"):
+            res = bootstrap((a,), stat, confidence_level=opts.confidence, n_resamples=opts.n_resamples,
+                            method=method, vectorized=True, random_state=rng)
+            lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+            if math.isfinite(lo) and math.isfinite(hi):
+                return est, lo, hi
+    return est, -math.inf, math.inf
+
+
+def decide(lo: float, hi: float, delta: float) -> Optional[str]:
+    """The verdict an interval (log scale) gives against the margin ±log(1+δ), or None (keep going)."""
+    margin = math.log1p(delta)
+    if lo > margin:
+        return "slower"
+    if hi < -margin:
+        return "faster"
+    if -margin < lo and hi < margin:
+        return "same"
+    return None
+
+
+def lag1(d: Sequence[float]) -> float:
+    """Lag-1 autocorrelation of a series (nan for fewer than 3 points or no variance)."""
+    a = np.asarray(d, dtype=float)
+    if a.size < 3:
+        return math.nan
+    a = a - a.mean()
+    den = float(np.dot(a, a))
+    return float(np.dot(a[:-1], a[1:]) / den) if den > 0 else math.nan
+
+
+@dataclass
+class Sequential:
+    """Blocks in, a verdict out as soon as the interval decides (see the module docstring)."""
+
+    opts: SeqOptions = field(default_factory=SeqOptions)
+    d: list = field(default_factory=list)
+    estimate: float = math.nan
+    low: float = -math.inf
+    high: float = math.inf
+    verdict: Optional[str] = None
+
+    def __post_init__(self):
+        self._rng = np.random.default_rng(self.opts.seed)
+
+    def add(self, d: float) -> Optional[str]:
+        if not math.isfinite(d):
+            raise ValueError(f"block log ratio {d!r} is not finite")
+        self.d.append(float(d))
+        if len(self.d) >= self.opts.min_blocks:
+            self.estimate, self.low, self.high = interval(self.d, self.opts, self._rng)
+            self.verdict = decide(self.low, self.high, self.opts.delta)
+        return self.verdict
+
+    def finish(self) -> str:
+        """The verdict when blocks stop coming: the decision, or inconclusive."""
+        if self.verdict is None:
+            if self.d and len(self.d) < self.opts.min_blocks:
+                self.estimate, self.low, self.high = interval(self.d, self.opts, self._rng)
+            self.verdict = "inconclusive"
+        return self.verdict
+
+    @property
+    def ratio(self) -> float:
+        return math.exp(self.estimate) if math.isfinite(self.estimate) else math.nan
+
+    @property
+    def ratio_ci(self) -> tuple[float, float]:
+        return (math.exp(self.low) if math.isfinite(self.low) else 0.0,
+                math.exp(self.high) if math.isfinite(self.high) else math.inf)
+
+
+def describe_verdict(verdict: str, ratio: float, ci: tuple, delta: float) -> str:
+    lo, hi = ci
+    span = f"HEAD/BASE step time {ratio:.3f} [{lo:.3f}, {hi:.3f}]"
+    if verdict == "slower":
+        return f"slower: {span}, the whole interval above +{delta:.0%}"
+    if verdict == "faster":
+        return f"faster: {span}, the whole interval below -{delta:.0%}"
+    if verdict == "same":
+        return f"same: {span}, the whole interval inside ±{delta:.0%}"
+    return f"inconclusive: {span} still straddles ±{delta:.0%} (more blocks, or a larger --budget, would decide)"

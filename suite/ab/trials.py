@@ -1,0 +1,402 @@
+"""One A/B comparison: two revisions' trial servers, case by case, trials in randomised ABBA blocks.
+
+:func:`run_ab` is `fleetbench ab`: both revisions as worktrees, one trial server each, the
+cases both revisions have, and per case (:func:`compare_case`):
+
+1. the case prepared on both servers (engine built and warmed up on each revision's ranks);
+2. the **structural gate**: one window on each side, then each revision's correctness check
+   and record; the records' structures (``suite.results.structure``) must be identical, any
+   difference is "structure changed" (exit 1) whatever the timings say, and a check verdict
+   that went pass -> fail fails too;
+3. the **timing**: blocks of four trials (``ABBA`` or ``BAAB``, at random), each trial a
+   discarded warm-up step then one timed window of ``steps`` steps; the sequential statistics
+   of :mod:`suite.ab.stats` decide slower / faster / same, or inconclusive when the budget is spent.
+
+Exit status (as `fleetbench compare`): 0 nothing worse; 1 a case slower, a structure changed,
+a check verdict pass -> fail, or a case that runs on BASE and errors on HEAD; 2 input that
+cannot be used (a revision unknown or older than the trial protocol, a selection that matches
+nothing).
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional
+
+from .client import ProtocolMismatch, TrialError, TrialServer
+from .stats import SeqOptions, Sequential, describe_verdict, lag1
+from .worktrees import RevisionError, Worktrees
+
+__all__ = ["AbOptions", "CaseOutcome", "AbReport", "Side", "compare_case", "run_ab", "start_side", "AbInputError",
+           "inject_from_env"]
+
+GOOD = ("pass", "n/a")
+INJECT_ENV = "FLEETBENCH_AB_INJECT"
+
+
+class AbInputError(ValueError):
+    """Input `ab` cannot use (exit status 2)."""
+
+
+@dataclass
+class AbOptions:
+    cases: list = field(default_factory=list)
+    tags: list = field(default_factory=list)
+    models: list = field(default_factory=list)
+    sets: list = field(default_factory=list)
+    config: Optional[str] = None  # a TOML file, absolute path
+    size: str = "cpu"
+    batch: Optional[int] = None
+    nproc: int = 2
+    device: Optional[str] = None
+    steps: int = 5  # steps per trial window
+    trial_warmup: int = 1  # discarded steps before each trial
+    warmup: int = 2  # warm-up steps when a case is prepared
+    check: bool = True
+    check_steps: int = 3
+    timeout: float = 600.0
+    seq: SeqOptions = field(default_factory=SeqOptions)
+    inject_base: float = 0.0  # busy work injected into BASE's step (calibration only)
+    inject_head: float = 0.0
+    python: Optional[str] = None
+
+    def selection(self) -> dict:
+        return {"cases": list(self.cases), "tags": list(self.tags), "models": list(self.models),
+                "set": list(self.sets), "config": self.config, "size": self.size}
+
+
+def inject_from_env(opts: AbOptions) -> AbOptions:
+    """``FLEETBENCH_AB_INJECT=head=0.10`` (or ``base=…,head=…``): busy work in that side's step, for calibration."""
+    text = os.environ.get(INJECT_ENV, "").strip()
+    if not text:
+        return opts
+    for part in text.split(","):
+        side, _, value = part.partition("=")
+        try:
+            frac = float(value)
+        except ValueError:
+            raise AbInputError(f"{INJECT_ENV}={text!r}: expected side=fraction, e.g. head=0.10") from None
+        if side.strip() not in ("base", "head") or not (0 <= frac < 10):
+            raise AbInputError(f"{INJECT_ENV}={text!r}: expected base=F or head=F with 0 <= F < 10")
+        setattr(opts, f"inject_{side.strip()}", frac)
+    return opts
+
+
+@dataclass
+class Side:
+    """One revision: its label, commit, worktree and trial server."""
+
+    label: str  # BASE | HEAD | a commit label in bisection
+    rev: str
+    commit: str
+    subject: str
+    root: str
+    server: Optional[TrialServer] = None
+    inject: float = 0.0
+    prepared: dict = field(default_factory=dict)  # case -> key
+    records: dict = field(default_factory=dict)  # case -> record (structure, verdict)
+
+    def describe(self) -> dict:
+        return {"rev": self.rev, "commit": self.commit, "subject": self.subject, "inject": self.inject}
+
+
+@dataclass
+class CaseOutcome:
+    case: str
+    world: int
+    verdict: str = "inconclusive"  # timing: slower | faster | same | inconclusive | error
+    status: str = "ok"  # ok | structure changed | check worse | error
+    ratio: float = math.nan  # HEAD / BASE step time (> 1: HEAD slower)
+    ci: tuple = (math.nan, math.nan)
+    base_ms: float = math.nan  # median trial step time
+    head_ms: float = math.nan
+    blocks: int = 0
+    seconds: float = 0.0  # timed blocks
+    lag1: float = math.nan
+    log_ratios: list = field(default_factory=list)
+    structure_diff: list = field(default_factory=list)
+    check: str = ""
+    error: Optional[str] = None
+    failures: list = field(default_factory=list)
+    summary: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class AbReport:
+    base: dict
+    head: dict
+    options: dict
+    cases: list = field(default_factory=list)  # CaseOutcome
+    only: list = field(default_factory=list)  # cases on one side only, or skipped
+    warnings: list = field(default_factory=list)
+
+    @property
+    def failures(self) -> list:
+        return [f for c in self.cases for f in c.failures]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failures else 0
+
+    def to_dict(self) -> dict:
+        from .protocol import PROTOCOL, VERSION
+
+        return {"kind": "fleetbench.ab", "protocol": f"{PROTOCOL}/{VERSION}", "base": self.base, "head": self.head,
+                "options": self.options, "cases": [c.to_dict() for c in self.cases], "only": self.only,
+                "warnings": self.warnings, "failures": self.failures, "exit_code": self.exit_code}
+
+
+# ---- one case ---------------------------------------------------------------------------------------
+def _prepare(side: Side, case: str, opts: AbOptions) -> str:
+    if case not in side.prepared:
+        ans = side.server.request("prepare", case=case, batch=opts.batch, warmup=opts.warmup, steps=opts.steps,
+                                  check=opts.check, check_steps=opts.check_steps, inject=side.inject,
+                                  **opts.selection())
+        key = ans["key"]
+        trial = side.server.request("trial", key=key, steps=opts.steps, warmup=0)  # the structure's window
+        _finite_losses(trial, side, case)
+        side.records[case] = side.server.request("structure", key=key)["record"]
+        side.prepared[case] = key
+    return side.prepared[case]
+
+
+def _finite_losses(ans: dict, side: Side, case: str) -> None:
+    for i, v in enumerate(ans.get("losses") or [], 1):
+        if isinstance(v, str) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise TrialError(f"{side.label}: {case}: non-finite loss {v!r} at step {i} of a trial window",
+                             kind="NonFiniteLoss")
+
+
+def close_case(side: Side, case: str) -> None:
+    key = side.prepared.pop(case, None)
+    side.records.pop(case, None)
+    if key is not None and side.server is not None and side.server.proc.poll() is None:
+        try:
+            side.server.request("close", key=key)
+        except TrialError:
+            pass
+
+
+def _trial(side: Side, case: str, opts: AbOptions) -> float:
+    ans = side.server.request("trial", key=side.prepared[case], steps=opts.steps, warmup=opts.trial_warmup)
+    _finite_losses(ans, side, case)
+    t = ans["step_s"]
+    if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+        raise TrialError(f"{side.label}: {case}: trial time {t!r} is not a finite positive number", kind="BadTime")
+    return float(t)
+
+
+def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
+                 say: Callable[[str], None] = lambda m: None, seq: Optional[SeqOptions] = None) -> CaseOutcome:
+    """Structure, check and timing of one case on both sides (see the module docstring)."""
+    seq = seq or opts.seq
+    out = CaseOutcome(case, world)
+    # -- prepare and the structural gate
+    errors = {}
+    for side in (base, head):
+        try:
+            _prepare(side, case, opts)
+        except TrialError as exc:
+            errors[side.label] = exc
+    if errors:
+        out.verdict, out.status = "error", "error"
+        out.error = "; ".join(f"{k}: {str(e).splitlines()[0][:300]}" for k, e in errors.items())
+        if head.label in errors and base.label not in errors:
+            out.failures.append(f"{case}@{world}: runs on {base.label}, errors on {head.label} ({out.error})")
+        out.summary = out.error
+        return out
+    brec, hrec = base.records[case], head.records[case]
+    from ..results.structure import structure_diff
+
+    out.structure_diff = structure_diff(brec.get("structure") or {}, hrec.get("structure") or {})
+    out.check = f"{brec.get('verdict')} -> {hrec.get('verdict')}"
+    if out.structure_diff:
+        out.status = "structure changed"
+        out.failures.append(f"{case}@{world}: structure changed ({len(out.structure_diff)} difference(s)): "
+                            + "; ".join(out.structure_diff[:6]) + (" …" if len(out.structure_diff) > 6 else ""))
+    if brec.get("verdict") in GOOD and hrec.get("verdict") in ("fail", "error"):
+        out.status = "check worse" if out.status == "ok" else out.status + ", check worse"
+        out.failures.append(f"{case}@{world}: correctness verdict went from {brec.get('verdict')} to "
+                            f"{hrec.get('verdict')}")
+    say(f"  {case}@{world}: structure {'identical' if not out.structure_diff else 'CHANGED'}, check {out.check}")
+
+    # -- the timing: randomised ABBA blocks until the interval decides or the budget is spent
+    rng = random.Random(f"{seq.seed}:{case}:{world}")
+    s = Sequential(seq)
+    times = {base.label: [], head.label: []}
+    t0 = time.monotonic()
+    last_say = t0
+    try:
+        while True:
+            order = (base, head, head, base) if rng.random() < 0.5 else (head, base, base, head)
+            got = {base.label: [], head.label: []}
+            for side in order:
+                got[side.label].append(_trial(side, case, opts))
+            for k, v in got.items():
+                times[k] += v
+            from .stats import block_log_ratio
+
+            verdict = s.add(block_log_ratio(got[base.label], got[head.label]))
+            elapsed = time.monotonic() - t0
+            if verdict is not None or elapsed >= seq.budget_s or len(s.d) >= seq.max_blocks:
+                break
+            if time.monotonic() - last_say > 15:
+                last_say = time.monotonic()
+                say(f"    {len(s.d)} blocks, {elapsed:.0f} s: HEAD/BASE {s.ratio:.3f} "
+                    f"[{s.ratio_ci[0]:.3f}, {s.ratio_ci[1]:.3f}]")
+    except TrialError as exc:
+        out.verdict, out.status = "error", ("error" if out.status == "ok" else out.status + ", error")
+        out.error = str(exc).splitlines()[0][:500]
+        out.failures.append(f"{case}@{world}: timing failed: {out.error}")
+    out.seconds = time.monotonic() - t0
+    if out.verdict != "error":
+        out.verdict = s.finish()
+    out.blocks = len(s.d)
+    out.log_ratios = list(s.d)
+    out.lag1 = lag1(s.d)
+    out.ratio, out.ci = s.ratio, s.ratio_ci
+    if times[base.label]:
+        out.base_ms = statistics.median(times[base.label]) * 1e3
+        out.head_ms = statistics.median(times[head.label]) * 1e3
+    if out.verdict == "slower":
+        out.failures.append(f"{case}@{world}: slower: HEAD/BASE step time {out.ratio:.3f} "
+                            f"[{out.ci[0]:.3f}, {out.ci[1]:.3f}] over {out.blocks} blocks (margin ±{seq.delta:.0%})")
+    if out.verdict != "error":
+        out.summary = describe_verdict(out.verdict, out.ratio, out.ci, seq.delta) + f" ({out.blocks} blocks, " \
+                                                                                    f"{out.seconds:.0f} s)"
+    say(f"  {case}@{world}: {out.summary or out.error}")
+    return out
+
+
+# ---- a whole comparison -------------------------------------------------------------------------------
+def start_side(wt: Worktrees, label: str, rev: str, opts: AbOptions, inject: float = 0.0, wait: bool = True,
+               commit: Optional[str] = None) -> Side:
+    commit = commit or wt.resolve(rev)
+    wt.check_protocol(commit, label)
+    root = wt.add(commit, label.lower())
+    log = os.path.join(wt.dir, f"{label.lower()}-{commit[:10]}-{len(wt.paths)}.log")
+    server = TrialServer(root, label, nproc=opts.nproc, python=opts.python, timeout=opts.timeout,
+                         device=opts.device, log_path=log, wait=wait)
+    return Side(label, rev, commit, wt.subject(commit), root, server, inject)
+
+
+def ready(*sides: Side) -> None:
+    """Hellos, then both rank pools started at once, then where every rank imported suite from."""
+    for s in sides:
+        s.server.ready()
+    rids = [(s, s.server.send("start")) for s in sides]
+    for s, rid in rids:
+        s.server.receive(rid, "starting the rank pool")
+    for s in sides:
+        for r in s.server.request("origin")["ranks"]:
+            if not os.path.realpath(r["suite"]).startswith(os.path.realpath(s.root) + os.sep):
+                raise TrialError(f"{s.label}: rank {r['rank']} imported suite from {r['suite']}, not from the "
+                                 f"revision's worktree {s.root}", kind="ImportPath")
+
+
+def select(side: Side, opts: AbOptions) -> list:
+    try:
+        return side.server.request("select", **opts.selection())["cases"]
+    except TrialError as exc:
+        raise AbInputError(f"{side.label} ({side.commit[:10]}): {str(exc).split(': ', 1)[-1]}") from None
+
+
+def common_cases(base: Side, head: Side, opts: AbOptions, report: AbReport) -> list[str]:
+    bsel, hsel = select(base, opts), select(head, opts)
+    bnames = {c["case"]: c for c in bsel}
+    hnames = {c["case"]: c for c in hsel}
+    names = []
+    for name in dict.fromkeys(list(bnames) + list(hnames)):
+        if name not in bnames or name not in hnames:
+            report.only.append({"case": name, "why": f"only in {'HEAD' if name not in bnames else 'BASE'}"})
+        elif bnames[name]["skip"] or hnames[name]["skip"]:
+            report.only.append({"case": name, "why": f"skipped: {bnames[name]['skip'] or hnames[name]['skip']}"})
+        else:
+            if bnames[name]["config"] != hnames[name]["config"]:
+                diff = sorted(k for k in set(bnames[name]["config"]) | set(hnames[name]["config"])
+                              if bnames[name]["config"].get(k) != hnames[name]["config"].get(k))
+                report.warnings.append(f"{name}: configs differ between the revisions in {', '.join(diff)}")
+            names.append(name)
+    if not names:
+        raise AbInputError("no case of the selection runs on both revisions at world size "
+                           f"{opts.nproc}" + (f" ({'; '.join(o['case'] + ': ' + o['why'] for o in report.only)})"
+                                              if report.only else ""))
+    return names
+
+
+def run_ab(repo: str, base_rev: str, head_rev: str, opts: AbOptions,
+           say: Callable[[str], None] = lambda m: None) -> AbReport:
+    """`fleetbench ab BASE HEAD` (see the module docstring); raises AbInputError/RevisionError for exit 2."""
+    with Worktrees(repo) as wt:
+        bc, hc = wt.resolve(base_rev), wt.resolve(head_rev)
+        wt.check_protocol(bc, "BASE")
+        wt.check_protocol(hc, "HEAD")
+        sides: list[Side] = []
+        try:
+            sides.append(start_side(wt, "BASE", base_rev, opts, opts.inject_base, wait=False, commit=bc))
+            sides.append(start_side(wt, "HEAD", head_rev, opts, opts.inject_head, wait=False, commit=hc))
+            base, head = sides
+            say(f"fleetbench ab: BASE {base_rev} ({bc[:10]} {base.subject[:60]})\n"
+                f"               HEAD {head_rev} ({hc[:10]} {head.subject[:60]})")
+            for s in sides:
+                if s.inject:
+                    say(f"  note: busy work of {s.inject:.0%} of each step injected into {s.label} ({INJECT_ENV}): "
+                        f"a calibration run")
+            try:
+                ready(base, head)
+            except ProtocolMismatch as exc:
+                raise AbInputError(str(exc)) from None
+            report = AbReport(base.describe(), head.describe(), _options_dict(opts))
+            names = common_cases(base, head, opts, report)
+            say(f"  {len(names)} case(s) at world size {opts.nproc}, size {opts.size}; trials of {opts.steps} steps, "
+                f"margin ±{opts.seq.delta:.0%}, {opts.seq.confidence:.0%} interval, budget {opts.seq.budget_s:.0f} s "
+                f"per case")
+            for name in names:
+                try:
+                    report.cases.append(compare_case(base, head, name, opts.nproc, opts, say))
+                finally:
+                    for s in sides:
+                        close_case(s, name)
+            return report
+        finally:
+            for s in sides:
+                if s.server is not None:
+                    s.server.close()
+
+
+def _options_dict(opts: AbOptions) -> dict:
+    d = asdict(opts)
+    d["seq"] = asdict(opts.seq)
+    return d
+
+
+def format_table(report: AbReport) -> str:
+    """The people's table: one line per case, then the structure diffs and why the gate fails."""
+    rows = [("case", "verdict", "HEAD/BASE [interval]", "BASE ms", "HEAD ms", "blocks", "s", "structure", "check")]
+    for c in report.cases:
+        ci = f"{c.ratio:.3f} [{c.ci[0]:.3f}, {c.ci[1]:.3f}]" if math.isfinite(c.ratio) else "-"
+        rows.append((f"{c.case}@{c.world}", c.verdict, ci, _ms(c.base_ms), _ms(c.head_ms), str(c.blocks),
+                     f"{c.seconds:.0f}", "changed" if c.structure_diff else ("identical" if c.check else "-"),
+                     c.check or "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+    for c in report.cases:
+        if c.structure_diff:
+            lines.append(f"\nstructure changed: {c.case}@{c.world}")
+            lines += [f"  {d}" for d in c.structure_diff]
+        if c.error:
+            lines.append(f"\nerror: {c.case}@{c.world}: {c.error}")
+    for o in report.only:
+        lines.append(f"not compared: {o['case']}: {o['why']}")
+    return "\n".join(lines)
+
+
+def _ms(x: float) -> str:
+    return f"{x:.2f}" if isinstance(x, float) and math.isfinite(x) else "-"
