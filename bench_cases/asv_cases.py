@@ -1,60 +1,103 @@
-"""asv benchmarks: the step time of every case of the matrix (lower is better).
+"""asv benchmarks: the step time of every case of the matrix (lower is better), with its spread.
 
-asv reads every increase as a regression, so the tracked figure is a time: seconds per
-step (the slowest rank's window over its steps, median over rounds).  Parameters come from
-the case registry (``suite.cases``): case name × world size, narrowed by the environment
-variables FLEETBENCH_BENCH_CASES / _TAGS / _WORLDS (comma-separated; default: the smoke
-tag at each case's world sizes).  A (case, world size) pair the case does not run at is
-skipped (setup raises NotImplementedError, asv's way of saying "n/a").
+``StepTime.time_step`` is a ``time_`` benchmark, so asv stores for each case a statistic
+*with its spread*: the median and its 99% interval, the quartiles and the number of samples
+(``stats``: ``ci_99_a``, ``ci_99_b``, ``q_25``, ``q_75``, ``repeat``), and, with
+``asv run --record-samples``, the samples themselves.  asv's own regression detection reads
+them: ``asv compare`` tests the samples (Mann–Whitney) or the intervals before it calls a
+change significant, and the dashboard's step detection weights each point by its interval.
+A ``track_`` value (what this benchmark was before) carries none of that, so two unchanged
+runs of a noisy machine looked like a +1019% regression.
 
-Cases run through the same runner as ``fleetbench run`` (``suite.runner``): ranks are spawned
-processes (``RankPool``) started in ``setup`` and closed in ``teardown``; the engine is built
-and warmed up there too (``CaseRunner.prepare``), so the tracked rounds time steps only.
+What a sample is: one timed window of the case on its ranks, in seconds per step (the slowest
+rank's window over its steps), the same figure ``fleetbench run`` records.  asv times a
+``time_`` benchmark with its ``timer``; here the timer is the ranks' own clock
+(:func:`rank_clock`, advanced by each window's time), so the round trip from asv's process to
+the ranks and back is not in the samples.  ``number = 1`` (one window per sample, no
+calibration), ``repeat`` = FLEETBENCH_BENCH_ROUNDS windows per process, ``rounds`` =
+FLEETBENCH_BENCH_PROCESSES processes (default 2: samples of two separate rank pools are
+pooled, so part of the between-run noise is in the spread), no warm-up loop (the engine is
+warmed up when the case is prepared).
+
+Parameters come from the case registry (``suite.cases``): case name × world size, narrowed by
+FLEETBENCH_BENCH_CASES / _TAGS / _WORLDS (comma-separated; default: the smoke tag at each
+case's world sizes).  A (case, world size) pair the case does not run at is skipped (setup
+raises NotImplementedError, asv's way of saying "n/a").
+
+The ranks (``RankPool``) and the prepared case are started on the first timed call and kept
+for the process (asv re-runs ``setup`` before every sample, so setup only validates);
+they run through the same runner as ``fleetbench run`` (``suite.runner``).
 """
 from __future__ import annotations
 
+import atexit
 import os
-import statistics
 
 from bench_cases._matrix import bench_device, env_selection, resolve, run_options, selected_matrix
 
 ROUNDS = int(os.environ.get("FLEETBENCH_BENCH_ROUNDS", "5"))
 STEPS = int(os.environ.get("FLEETBENCH_BENCH_STEPS", "5"))
+PROCESSES = int(os.environ.get("FLEETBENCH_BENCH_PROCESSES", "2"))
 
 _PAIRS = {(c.name, w): c for c, w in selected_matrix(*env_selection())}
+_CLOCK = [0.0]  # seconds per step, summed over every window timed in this process
+_LIVE: dict = {}  # (case, world) -> (pool, prepared case)
+
+
+def rank_clock() -> float:
+    """asv's timer for StepTime: the ranks' own seconds per step, accumulated window by window."""
+    return _CLOCK[0]
+
+
+def _close_all() -> None:
+    for pool, _ in _LIVE.values():
+        pool.close()
+    _LIVE.clear()
+
+
+atexit.register(_close_all)
 
 
 class StepTime:
-    """Seconds per training step of a case at a world size."""
+    """Seconds per training step of a case at a world size (samples: the ranks' timed windows)."""
 
     params = [sorted({n for n, _ in _PAIRS}), sorted({w for _, w in _PAIRS})]
     param_names = ["case", "world_size"]
-    timeout = 1800.0  # multi-rank: rank start, engine build, warm-up and the rounds
-    unit = "seconds"
+    timeout = 1800.0  # multi-rank: rank start, engine build, warm-up and the windows
+    number = 1
+    repeat = ROUNDS
+    rounds = PROCESSES
+    warmup_time = 0.0
+    min_run_count = 1
+    timer = staticmethod(rank_clock)
 
     def setup(self, case, world_size):
-        self.pool = self.prepared = None
         c = _PAIRS.get((case, world_size))
         if c is None:
             raise NotImplementedError(f"{case} is not run at world size {world_size}")
         rc = resolve(c, world_size)
         if rc.skip:
             raise NotImplementedError(rc.skip)
-        from suite.runner import CaseRunner
-        from suite.runtime import RankPool
 
-        self.pool = RankPool(world_size, device=bench_device()[0], timeout=self.timeout / 2, pg_timeout=120.0)
-        runner = CaseRunner(self.pool, world_size, run_options(STEPS, ROUNDS, check=False, timeout=self.timeout / 2))
-        self.prepared = runner.prepare(rc)
+    def _prepared(self, case, world_size):
+        key = (case, world_size)
+        if key not in _LIVE:
+            for other in list(_LIVE):  # one rank pool alive at a time
+                _LIVE.pop(other)[0].close()
+            from suite.runner import CaseRunner
+            from suite.runtime import RankPool
 
-    def teardown(self, case, world_size):
-        if getattr(self, "pool", None) is not None:
-            self.pool.close()
+            rc = resolve(_PAIRS[key], world_size)
+            pool = RankPool(world_size, device=bench_device()[0], timeout=self.timeout / 2, pg_timeout=120.0)
+            try:
+                runner = CaseRunner(pool, world_size, run_options(STEPS, ROUNDS, check=False,
+                                                                  timeout=self.timeout / 2))
+                _LIVE[key] = (pool, runner.prepare(rc))
+            except BaseException:
+                pool.close()
+                raise
+        return _LIVE[key][1]
 
-    def track_step_time(self, case, world_size):
-        for _ in range(ROUNDS):
-            self.prepared.window()
-        windows = [max(a["window_s"] for a in answers) / STEPS for answers in self.prepared.windows]
-        return statistics.median(windows)
-
-    track_step_time.unit = "seconds"
+    def time_step(self, case, world_size):
+        answers = self._prepared(case, world_size).window()
+        _CLOCK[0] += max(a["window_s"] for a in answers) / STEPS

@@ -30,6 +30,17 @@ def origin_on_rank() -> dict:
     return {"rank": current().rank, "suite": os.path.abspath(suite.__file__)}
 
 
+def pin_on_rank() -> list:
+    """Pin this rank to one core (rank r -> the r-th allowed core, wrapping), so both revisions' rank r
+    run on the same core: a symmetric placement, not one the scheduler draws differently per pool."""
+    from ..runtime.context import current
+
+    allowed = sorted(os.sched_getaffinity(0))
+    core = allowed[current().rank % len(allowed)]
+    os.sched_setaffinity(0, {core})
+    return [core]
+
+
 def trial_on_rank(key: str, steps: int, warmup: int = 1) -> dict:
     """``warmup`` steps not recorded, then one recorded window of ``steps`` steps of the prepared case."""
     import torch
@@ -141,7 +152,9 @@ def _op_trial(st: _State, req: dict) -> dict:
                                                       warmup=int(req.get("warmup", 1))), timeout=st.timeout)
     prepared.windows.append(answers)
     window = [a["window_s"] for a in answers]
-    return {"window_s": window, "step_s": max(window) / int(req["steps"]), "losses": answers[0]["losses"]}
+    steps = [max(ts) for ts in zip(*(a["step_times_s"] for a in answers))]  # per step, the slowest rank
+    return {"window_s": window, "step_s": max(window) / int(req["steps"]), "step_times_s": steps,
+            "losses": answers[0]["losses"]}
 
 
 def _op_structure(st: _State, req: dict) -> dict:
@@ -166,7 +179,8 @@ def _op_origin(st: _State, req: dict) -> dict:
 
 def _op_start(st: _State, req: dict) -> dict:
     pool = st.get_pool()
-    return {"nproc": pool.nproc, "pids": pool.pids}
+    cores = pool.run(pin_on_rank, timeout=st.timeout) if req.get("pin") else None
+    return {"nproc": pool.nproc, "pids": pool.pids, "cores": cores}
 
 
 OPS = {"select": _op_select, "start": _op_start, "origin": _op_origin, "prepare": _op_prepare,

@@ -47,6 +47,7 @@ class SeqOptions:
     trim: float = 0.2  # trimmed mean of the block log ratios
     n_resamples: int = 2000
     seed: int = 0
+    split: Optional[float] = None  # bisection: a log ratio; above it "slower", below it "same" (two regions)
 
     def __post_init__(self):
         if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
@@ -146,7 +147,11 @@ class Sequential:
         self.d.append(float(d))
         if len(self.d) >= self.opts.min_blocks:
             self.estimate, self.low, self.high = interval(self.d, self.opts, self._rng)
-            self.verdict = decide(self.low, self.high, self.opts.delta)
+            if self.opts.split is None:
+                self.verdict = decide(self.low, self.high, self.opts.delta)
+            else:
+                self.verdict = "slower" if self.low > self.opts.split else "same" if self.high < self.opts.split \
+                    else None
         return self.verdict
 
     def finish(self) -> str:

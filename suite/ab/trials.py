@@ -100,8 +100,11 @@ class Side:
     prepared: dict = field(default_factory=dict)  # case -> key
     records: dict = field(default_factory=dict)  # case -> record (structure, verdict)
 
+    origins: list = field(default_factory=list)  # where the server and each rank imported suite from
+
     def describe(self) -> dict:
-        return {"rev": self.rev, "commit": self.commit, "subject": self.subject, "inject": self.inject}
+        return {"rev": self.rev, "commit": self.commit, "subject": self.subject, "inject": self.inject,
+                "worktree": self.root, "imported_from": self.origins}
 
 
 @dataclass
@@ -117,6 +120,7 @@ class CaseOutcome:
     blocks: int = 0
     seconds: float = 0.0  # timed blocks
     lag1: float = math.nan
+    estimate: float = math.nan  # trimmed mean of the block log ratios
     log_ratios: list = field(default_factory=list)
     structure_diff: list = field(default_factory=list)
     check: str = ""
@@ -261,14 +265,18 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
     out.blocks = len(s.d)
     out.log_ratios = list(s.d)
     out.lag1 = lag1(s.d)
-    out.ratio, out.ci = s.ratio, s.ratio_ci
+    out.ratio, out.ci, out.estimate = s.ratio, s.ratio_ci, s.estimate
     if times[base.label]:
         out.base_ms = statistics.median(times[base.label]) * 1e3
         out.head_ms = statistics.median(times[head.label]) * 1e3
-    if out.verdict == "slower":
+    if out.verdict == "slower" and seq.split is None:
         out.failures.append(f"{case}@{world}: slower: HEAD/BASE step time {out.ratio:.3f} "
                             f"[{out.ci[0]:.3f}, {out.ci[1]:.3f}] over {out.blocks} blocks (margin ±{seq.delta:.0%})")
-    if out.verdict != "error":
+    if out.verdict != "error" and seq.split is not None:
+        out.summary = (f"{out.verdict if out.verdict == 'inconclusive' else ('bad' if out.verdict == 'slower' else 'good')}"
+                       f": HEAD/GOOD step time {out.ratio:.3f} [{out.ci[0]:.3f}, {out.ci[1]:.3f}] against the split "
+                       f"{math.exp(seq.split):.3f} ({out.blocks} blocks, {out.seconds:.0f} s)")
+    elif out.verdict != "error":
         out.summary = describe_verdict(out.verdict, out.ratio, out.ci, seq.delta) + f" ({out.blocks} blocks, " \
                                                                                     f"{out.seconds:.0f} s)"
     say(f"  {case}@{world}: {out.summary or out.error}")
@@ -295,7 +303,9 @@ def ready(*sides: Side) -> None:
     for s, rid in rids:
         s.server.receive(rid, "starting the rank pool")
     for s in sides:
+        s.origins = [{"process": "server", "suite": s.server.hello.get("suite")}]
         for r in s.server.request("origin")["ranks"]:
+            s.origins.append({"process": f"rank {r['rank']}", "suite": r["suite"]})
             if not os.path.realpath(r["suite"]).startswith(os.path.realpath(s.root) + os.sep):
                 raise TrialError(f"{s.label}: rank {r['rank']} imported suite from {r['suite']}, not from the "
                                  f"revision's worktree {s.root}", kind="ImportPath")

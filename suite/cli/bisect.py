@@ -1,3 +1,64 @@
-"""placeholder"""
-def add_parser(sub):
-    pass
+"""`fleetbench bisect GOOD BAD --case X`: the first slow commit between two revisions, by `ab` comparisons.
+
+Each commit tested is compared with GOOD by the A/B harness of `fleetbench ab` (same options);
+slower is bad, same or faster is good; inconclusive is tested again with twice the budget
+(--retries), then reported.  Exit 0: the first slow commit is named; 1: no commit could be
+named (BAD not slower, or a commit stayed inconclusive); 2: input it cannot use.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+
+def add_parser(sub) -> None:
+    from .ab import add_selection
+
+    p = sub.add_parser("bisect", help="find the first slow commit between GOOD and BAD with `ab` comparisons")
+    p.add_argument("good", help="a revision where the case is fast")
+    p.add_argument("bad", help="a later revision where it is slow")
+    add_selection(p)
+    p.add_argument("--retries", type=int, default=1,
+                   help="times an inconclusive commit is tested again, each with twice the budget (default 1)")
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    from ..ab.bisect import run_bisect
+    from ..ab.client import TrialError
+    from ..ab.trials import AbInputError
+    from ..ab.worktrees import RevisionError
+    from .ab import _terminate_cleanly, options
+
+    _terminate_cleanly()
+    if len(args.case) != 1 or any(ch in args.case[0] for ch in "*?["):
+        print("fleetbench bisect: error: name exactly one case with --case (e.g. --case mlp/plain)", file=sys.stderr)
+        return 2
+    say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
+    try:
+        if args.retries < 0:
+            raise ValueError(f"--retries {args.retries}: must be >= 0")
+        opts = options(args)
+        report = run_bisect(args.repo, args.good, args.bad, args.case[0], opts, retries=args.retries, say=say)
+    except (AbInputError, RevisionError, ValueError, TrialError) as exc:
+        print(f"fleetbench bisect: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        from ..results.records import jsonable
+
+        print(json.dumps(jsonable(report.to_dict()), indent=1, allow_nan=False))
+        return report.exit_code
+    print()
+    for t in report.tests:
+        ratio = f"{t['ratio']:.3f} [{t['ci'][0]:.3f}, {t['ci'][1]:.3f}]" if math.isfinite(t["ratio"]) else "-"
+        print(f"  {t['commit'][:10]}  {t['class']:12s}  HEAD/GOOD {ratio}  {t['blocks']} blocks  "
+              f"{t['subject'][:60]}")
+    if math.isfinite(report.split):
+        print(f"  (bad: the interval above a HEAD/GOOD ratio of {report.split:.3f}, half BAD's slowdown in log scale)")
+    if report.first_slow:
+        subject = next(c["subject"] for c in report.commits if c["commit"] == report.first_slow)
+        print(f"\nfirst slow commit: {report.first_slow} {subject}")
+    else:
+        print(f"\nno commit named: {report.undecided}")
+    return report.exit_code

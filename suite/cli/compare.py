@@ -3,7 +3,8 @@
 Each side is the suite's records (JSON lines from `fleetbench run`) or a pytest-benchmark
 JSON file (saved with --benchmark-save-data or written by --benchmark-json).  Prints a table
 of the change per case (speedup > 1: HEAD faster) with a noise-aware verdict from the
-per-step samples.  Exit 0: nothing worse; 1: a case slower beyond the threshold, a verdict
+per-window samples, and the exact structural gate.  For two git revisions, `fleetbench ab`
+is the sharper gate (trials interleaved in time); see docs/figures/gate.md for both.  Exit 0: nothing worse; 1: a case slower beyond the threshold, a verdict
 that went pass -> fail, or a case that errors on HEAD only; 2: input it cannot use.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ def add_parser(sub) -> None:
     p.add_argument("--base-run-id", help="only this run of BASE (records files)")
     p.add_argument("--head-run-id", help="only this run of HEAD (records files)")
     p.add_argument("--markdown", metavar="PATH", help="also write the table as Markdown here")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON (for machines) instead of a table")
     p.set_defaults(func=main)
 
 
@@ -43,6 +45,15 @@ def main(args) -> int:
     except (ResultsFileError, ValueError) as exc:
         print(f"fleetbench compare: error: {exc}", file=sys.stderr)
         return 2
+    if args.json:
+        import json
+
+        from ..results.records import jsonable
+
+        print(json.dumps(jsonable(cmp.to_dict(base, head, opts)), indent=1, allow_nan=False))
+        for w in cmp.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        return cmp.exit_code
     import pandas as pd
 
     frame = cmp.frame()

@@ -1,8 +1,14 @@
 """Comparing two sides case by case: the table and the exit status of `fleetbench compare`.
 
-Exit status: 0 nothing worse; 1 a case slower beyond the threshold, a correctness verdict
-that went from pass to fail, or a case that ran on BASE and errors on HEAD; 2 input that
-cannot be used (raised as ResultsFileError / ValueError by the caller's loaders).
+Samples are per timed window (``suite.results.load``); a side without window times (an old
+record) falls back to per-step samples, and the row says so.  The structural gate is exact:
+when both sides recorded a case's structure (``suite.results.structure``), any difference
+is "structure changed", whatever the timings say.
+
+Exit status: 0 nothing worse; 1 a case slower beyond the threshold, a structure changed, a
+correctness verdict that went from pass to fail, or a case that ran on BASE and errors on
+HEAD; 2 input that cannot be used (raised as ResultsFileError / ValueError by the caller's
+loaders).
 A case on one side only is listed, not failed, unless ``strict``.
 """
 from __future__ import annotations
@@ -10,8 +16,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .gate import GateOptions, gate_samples
+from .gate import MIN_SAMPLES, GateOptions, gate_samples, min_p_value
 from .load import Side
+from .structure import structure_diff
 
 __all__ = ["Comparison", "compare_sides"]
 
@@ -27,12 +34,28 @@ class Comparison:
     def frame(self):
         import pandas as pd
 
-        cols = ["case", "world", "base_ms", "head_ms", "speedup", "ci", "p_slower", "verdict", "change", "status"]
+        cols = ["case", "world", "base_ms", "head_ms", "speedup", "ci", "p_slower", "n", "verdict", "change",
+                "structure", "status"]
         return pd.DataFrame(self.rows, columns=cols)
 
     @property
     def exit_code(self) -> int:
         return 1 if self.failures else 0
+
+    def to_dict(self, base=None, head=None, opts=None) -> dict:
+        """The comparison for machines (`fleetbench compare --json`)."""
+        import dataclasses
+
+        return {"kind": "fleetbench.compare", "samples": "per window (seconds per step of each timed window)",
+                "base": _side_info(base), "head": _side_info(head),
+                "options": dataclasses.asdict(opts) if opts is not None else None, "rows": self.rows,
+                "warnings": self.warnings, "failures": self.failures, "exit_code": self.exit_code}
+
+
+def _side_info(side) -> "dict | None":
+    if side is None:
+        return None
+    return {"path": side.path, "kind": side.kind, "torch": side.torch, "device": side.device, "run_ids": side.run_ids}
 
 
 def _fmt_ms(x: float) -> float:
@@ -51,7 +74,8 @@ def compare_sides(base: Side, head: Side, opts: GateOptions = GateOptions(), str
         one = b or h
         row = {"case": one.case, "world": one.world_size, "base_ms": math.nan, "head_ms": math.nan,
                "speedup": math.nan, "ci": "", "p_slower": math.nan,
-               "verdict": f"{b.verdict if b else '-'} -> {h.verdict if h else '-'}", "change": "", "status": "ok"}
+               "n": "", "verdict": f"{b.verdict if b else '-'} -> {h.verdict if h else '-'}", "change": "",
+               "structure": "", "structure_diff": [], "status": "ok"}
         if b is None or h is None:
             row["change"] = "only in HEAD" if b is None else "only in BASE"
             if strict:
@@ -77,7 +101,23 @@ def compare_sides(base: Side, head: Side, opts: GateOptions = GateOptions(), str
             row["change"] = f"{b.status} -> {h.status}"
             cmp.rows.append(row)
             continue
-        g = gate_samples(b.samples, h.samples, opts)
+        if b.structure and h.structure:
+            diff = structure_diff(b.structure, h.structure)
+            row["structure"] = "changed" if diff else "identical"
+            row["structure_diff"] = diff
+            if diff:
+                row["status"] = "FAIL"
+                cmp.failures.append(f"{key}: structure changed ({len(diff)} difference(s)): " + "; ".join(diff[:6])
+                                    + (" …" if len(diff) > 6 else ""))
+        else:
+            row["structure"] = "not recorded"
+        windows = len(b.windows) >= MIN_SAMPLES and len(h.windows) >= MIN_SAMPLES
+        bs, hs = (b.windows, h.windows) if windows else (b.samples, h.samples)
+        row["n"] = f"{len(bs)}/{len(hs)} {'windows' if windows else 'steps'}"
+        if not windows and b.samples and h.samples:
+            cmp.warnings.append(f"{key}: fewer than {MIN_SAMPLES} timed windows on a side; compared per-step "
+                                f"samples, whose p-values are overconfident (steps of one window are not independent)")
+        g = gate_samples(bs, hs, opts)
         row.update(base_ms=_fmt_ms(g["base_median_s"]), head_ms=_fmt_ms(g["head_median_s"]),
                    speedup=round(g["speedup"], 3) if math.isfinite(g["speedup"]) else math.nan,
                    ci=f"[{g['ci_low']:.2f}, {g['ci_high']:.2f}]" if math.isfinite(g["ci_low"]) else "",
@@ -87,7 +127,9 @@ def compare_sides(base: Side, head: Side, opts: GateOptions = GateOptions(), str
             cmp.failures.append(f"{key}: {1 / g['speedup']:.2f}x slower (speedup {g['speedup']:.3f}, 95% interval "
                                 f"[{g['ci_low']:.3f}, {g['ci_high']:.3f}], p={g['p_slower']:.2g}; threshold "
                                 f"{opts.threshold:.0%})")
-        elif g["change"] == "too few samples" and strict:
+        if g["change"] == "too few samples" and opts.method == "mwu" and min_p_value(len(bs), len(hs)) >= opts.alpha:
+            row["change"] = f"too few {'windows' if windows else 'samples'} for alpha {opts.alpha:g}"
+        if g["change"] == "too few samples" and strict:
             row["status"] = "FAIL"
             cmp.failures.append(f"{key}: too few samples to compare (--strict)")
         cmp.rows.append(row)

@@ -1,6 +1,12 @@
 """The regression gate's statistics: is HEAD slower than BASE, beyond noise and beyond a threshold?
 
-For each case the per-step time samples of the two sides are compared:
+For each case the time samples of the two sides are compared: one sample per timed *window*
+(seconds per step of the window), not per step.  The steps of one window are autocorrelated
+(ranks wait for each other, load comes in bursts), so a test on per-step samples treats
+dozens of dependent numbers as independent and its p-values are overconfident; windows are
+far closer to independent.  Most of the noise still lies *between* separate runs, which no
+test on one pair of runs can see: that is what the threshold is for, and why the gate between
+two revisions is `fleetbench ab` (trials interleaved in time), not this comparison.
 
 - speedup = median(BASE) / median(HEAD) (> 1: HEAD is faster), with a bootstrap 95% interval
   (the two sides resampled independently);
@@ -20,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["GateOptions", "gate_samples", "MIN_SAMPLES"]
+__all__ = ["GateOptions", "gate_samples", "MIN_SAMPLES", "min_p_value"]
 
 MIN_SAMPLES = 3
 
@@ -51,7 +57,8 @@ def gate_samples(base, head, opts: GateOptions = GateOptions()) -> dict:
     """Compare two sets of per-step seconds; returns speedup, interval, p-values and a change verdict.
 
     ``change`` is "slower", "faster", "same" or "too few samples" (fewer than MIN_SAMPLES finite
-    positive samples on a side; nan/inf samples are dropped and counted).
+    positive samples on a side, or, with ``mwu``, too few for any p-value below alpha: 5 windows
+    a side at alpha 0.01; nan/inf samples are dropped and counted).
     """
     b, h = _finite(base), _finite(head)
     out = {"n_base": int(b.size), "n_head": int(h.size), "dropped": int(len(list(base)) - b.size
@@ -81,4 +88,14 @@ def gate_samples(base, head, opts: GateOptions = GateOptions()) -> dict:
         slower = hi < slow_line
         faster = lo > fast_line
     out["change"] = "slower" if slower else "faster" if faster else "same"
+    if opts.method == "mwu" and min_p_value(b.size, h.size) >= opts.alpha:
+        # no arrangement of so few samples reaches alpha: the test cannot say "slower" at all
+        out["change"] = "too few samples"
     return out
+
+
+def min_p_value(n_base: int, n_head: int) -> float:
+    """The smallest one-sided Mann–Whitney p-value ``n_base`` and ``n_head`` samples can give: 1/C(n+m, n)."""
+    from math import comb
+
+    return 1.0 / comb(n_base + n_head, n_base) if n_base and n_head else 1.0

@@ -1,8 +1,12 @@
 """Reading one side of a comparison: the suite's records (JSON lines) or pytest-benchmark JSON.
 
-Both become a :class:`Side`: per case (keyed ``model/variant@world``) the per-step time
-samples, the correctness verdict and the throughput, plus what the results were measured
-on (torch version, device).  Anything that cannot be used raises :class:`ResultsFileError`
+Both become a :class:`Side`: per case (keyed ``model/variant@world``) the per-window time
+samples (seconds per step of each timed window: a record's ``metrics.window_s`` over its
+``steps_per_window``; a pytest-benchmark round over its ``steps_per_round``), the per-step
+samples, the structure, the correctness verdict and the throughput, plus what the results
+were measured on (torch version, device).  The gate compares windows, not steps: the steps
+of one window are autocorrelated, and treating them as independent samples made the test
+overconfident.  Anything that cannot be used raises :class:`ResultsFileError`
 naming the file, the line or the benchmark, and what is wrong.
 """
 from __future__ import annotations
@@ -28,6 +32,8 @@ class CaseResult:
     case: str
     world_size: int
     samples: list  # per-step seconds (every rank's steps)
+    windows: list = field(default_factory=list)  # per window: seconds per step (the gate's samples)
+    structure: dict = field(default_factory=dict)  # exact facts (suite.results.structure)
     verdict: str = "n/a"  # pass | fail | n/a | error | skipped
     status: str = "ok"
     samples_per_s: float = math.nan
@@ -112,9 +118,14 @@ def _from_records(path: str, run_id: Optional[str]) -> Side:
         where = f"{path}:{lineno}"
         m = rec.metrics or {}
         samples = _floats(m.get("step_times_s"), where, "metrics.step_times_s")
+        k = m.get("steps_per_window")
+        windows = []
+        if isinstance(k, int) and not isinstance(k, bool) and k >= 1:
+            windows = [w / k for w in _floats(m.get("window_s"), where, "metrics.window_s")]
         sps = m.get("samples_per_s")
         side.cases[case_key(rec.case, rec.world_size)] = CaseResult(  # the last record of a case wins
-            case_key(rec.case, rec.world_size), rec.case, rec.world_size, samples, verdict=rec.verdict,
+            case_key(rec.case, rec.world_size), rec.case, rec.world_size, samples, windows=windows,
+            structure=rec.structure or {}, verdict=rec.verdict,
             status=rec.status, samples_per_s=float(sps) if isinstance(sps, (int, float)) else math.nan,
             config=rec.config, error=rec.error, where=where)
         side.torch = rec.metadata.get("torch") or side.torch
@@ -147,17 +158,21 @@ def _from_pytest_benchmark(path: str, data: dict) -> Side:
         if not isinstance(case, str) or isinstance(world, bool) or not isinstance(world, int) or world < 1:
             raise ResultsFileError(f"{where}: extra_info case={_show(case)}, world_size={_show(world)}; expected a "
                                    f"case name and a whole number >= 1")
-        if "step_times_s" in extra:
-            samples = _floats(extra["step_times_s"], where, "extra_info.step_times_s")
-        elif "data" in b["stats"]:
+        windows = []
+        if "data" in b["stats"]:  # each round is one window of steps_per_round steps
             k = extra.get("steps_per_round", 1)
             if isinstance(k, bool) or not isinstance(k, int) or k < 1:
                 raise ResultsFileError(f"{where}: extra_info.steps_per_round is {_show(k)}; expected a whole "
                                        f"number >= 1")
-            samples = [t / k for t in _floats(b["stats"]["data"], where, "stats.data")]
+            windows = [t / k for t in _floats(b["stats"]["data"], where, "stats.data")]
+        if "step_times_s" in extra:
+            samples = _floats(extra["step_times_s"], where, "extra_info.step_times_s")
+        elif windows:
+            samples = list(windows)
         else:
             raise ResultsFileError(f"{where}: no per-round data; save results with --benchmark-save-data "
                                    f"(or --benchmark-json, which keeps it)")
+        structure = extra.get("structure") if isinstance(extra.get("structure"), dict) else {}
         sps = extra.get("samples_per_s")
         verdict, status = extra.get("verdict", "n/a"), extra.get("status", "ok")
         if verdict not in ("pass", "fail", "n/a", "error", "skipped") or status not in ("ok", "error", "skipped"):
@@ -165,7 +180,8 @@ def _from_pytest_benchmark(path: str, data: dict) -> Side:
                                    f"pass/fail/n/a/error/skipped and ok/error/skipped")
         error = extra.get("error")
         side.cases[case_key(case, world)] = CaseResult(
-            case_key(case, world), case, world, samples, verdict=verdict, status=status,
+            case_key(case, world), case, world, samples, windows=windows, structure=structure, verdict=verdict,
+            status=status,
             samples_per_s=float(sps) if isinstance(sps, (int, float)) and not isinstance(sps, bool) else math.nan,
             config=extra.get("config") if isinstance(extra.get("config"), dict) else {},
             error=error if isinstance(error, str) else None, where=where)

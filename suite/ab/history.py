@@ -1,0 +1,130 @@
+"""History alerts: change-point detection over each case's stored asv series.
+
+The nightly gate is `fleetbench ab` against the last good commit; the history is watched
+separately.  For every benchmark and parameter combination of a machine's asv results, the
+series of nightly values (ordered by commit date, one point per commit: the median step time
+that asv stored) is fitted with **asv's own step detection** (``asv.step_detect``: a
+piecewise-constant fit, each point weighted by its 99% interval as ``asv publish`` weights
+it), the same code that draws the dashboard's regressions page.  An alert is raised only
+for an upward step whose new level **persists**: at least ``persist`` nights (default 2) at
+the end of the series, and larger than ``threshold`` (asv's relative threshold, default 5%).
+A single slow night is never an alert; neither is a step that has since gone back down.
+
+Why asv's step detection and not Apache Otava (E-divisive means): it reads the very series
+and weights asv stores and publishes, so an alert is what the dashboard shows; it needs no
+new dependency (Otava would bring its own pinned stack, and its defaults (a window of 50
+points, p 0.001) are made for long histories, while a nightly history starts short).
+
+    python -m suite.ab.history --results results/asv --machine cpu-test [--persist 2] [--markdown alerts.md]
+
+Exit status: 0 no alert; 1 at least one alert (the nightly reports it, the gate does not
+read it); 2 unusable input.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass, field
+from typing import Optional
+
+__all__ = ["Alert", "series", "alerts", "main"]
+
+
+@dataclass
+class Alert:
+    benchmark: str
+    params: tuple
+    before: float  # level before the step (seconds)
+    after: float  # level after it
+    first_commit: str  # first commit of the new level
+    nights: int  # points at the new level, up to the latest
+    commits: list = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float:
+        return self.after / self.before if self.before else math.inf
+
+    def line(self) -> str:
+        return (f"{self.benchmark}{list(self.params)}: {self.ratio:.2f}x slower ({self.before * 1e3:.2f} -> "
+                f"{self.after * 1e3:.2f} ms) since {self.first_commit[:10]}, {self.nights} night(s) in a row")
+
+
+def series(results_dir: str, machine: str) -> dict:
+    """{(benchmark, params): [(date, commit, value, weight)]} ordered by commit date (one point per commit)."""
+    from asv import results as asv_results
+    from asv._stats import get_weight
+
+    points: dict = {}
+    for res in asv_results.iter_results_for_machine(results_dir, machine):
+        for key in res.get_all_result_keys():
+            params = res.get_result_params(key)
+            values = res.get_result_value(key, params)
+            stats = res.get_result_stats(key, params)
+            import itertools
+
+            combos = list(itertools.product(*params)) if params else [()]
+            for combo, value, st in zip(combos, values, stats):
+                if value is None or (isinstance(value, float) and math.isnan(value)):
+                    continue
+                points.setdefault((key, tuple(combo)), {})[res.commit_hash] = (res.date or 0, res.commit_hash,
+                                                                              float(value), get_weight(st))
+    return {k: sorted(v.values()) for k, v in points.items()}
+
+
+def alerts(results_dir: str, machine: str, persist: int = 2, threshold: float = 0.05) -> tuple[list, int]:
+    """(alerts, number of series looked at)."""
+    from asv.step_detect import detect_regressions, detect_steps
+
+    found = []
+    all_series = series(results_dir, machine)
+    for (bench, params), pts in all_series.items():
+        y = [p[2] for p in pts]
+        w = [p[3] for p in pts]
+        if len(y) < persist + 1:
+            continue
+        steps = detect_steps(y, w)
+        last_v, best_v, jumps = detect_regressions(steps, threshold)
+        if not jumps:
+            continue
+        before_idx, after_idx, before_v, _ = jumps[-1]
+        if after_idx is None:
+            continue
+        nights = len(y) - after_idx
+        latest_level = steps[-1][2]
+        if nights >= persist and latest_level > before_v * (1 + threshold):
+            found.append(Alert(bench, params, before_v, latest_level, pts[after_idx][1], nights,
+                               [p[1] for p in pts[after_idx:]]))
+    return found, len(all_series)
+
+
+def main(argv: Optional[list] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m suite.ab.history", description=__doc__.split("\n\n")[0])
+    p.add_argument("--results", default="results/asv", help="asv results directory")
+    p.add_argument("--machine", required=True, help="asv machine name")
+    p.add_argument("--persist", type=int, default=2, help="nights a new level must last before it alerts (default 2)")
+    p.add_argument("--threshold", type=float, default=0.05, help="smallest relative step that alerts (default 0.05)")
+    p.add_argument("--markdown", help="also write the alerts here")
+    args = p.parse_args(argv)
+    import os
+
+    if not os.path.isdir(os.path.join(args.results, args.machine)):
+        print(f"history: error: no asv results for machine {args.machine!r} under {args.results}", file=sys.stderr)
+        return 2
+    if args.persist < 1:
+        print(f"history: error: --persist {args.persist}: must be >= 1", file=sys.stderr)
+        return 2
+    found, n = alerts(args.results, args.machine, args.persist, args.threshold)
+    lines = [f"history alerts ({args.machine}: {n} series, asv step detection, a new level lasting >= "
+             f"{args.persist} nights, > {args.threshold:.0%}): {len(found) or 'none'}"]
+    lines += [f"- {a.line()}" for a in found]
+    text = "\n".join(lines)
+    print(text)
+    if args.markdown:
+        with open(args.markdown, "w") as fh:
+            fh.write(text + "\n")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,305 @@
+"""`fleetbench ab` and `fleetbench bisect` end to end on a throw-away git repository.
+
+The repository is this project's current tree (tracked and untracked-but-not-ignored files,
+so uncommitted work is what is tested), committed as BASE, then:
+
+    BASE -> NEUTRAL1 (a comment) -> SLOW (the training step ~10% slower: busy work) -> NEUTRAL2
+    BASE -> BUCKET   (only the fusion case's bucket size changes)
+    BASE -> OLD      (the trial server removed: a revision older than the protocol)
+
+Timings are the acceptance behaviour and are built to hold on a loaded 2-core machine: tiny
+size, world 2, windows of 4 steps, a sequential stop with a generous budget, a test timeout.
+Statistics, protocol refusals and worktree clean-up are tested without timing.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SLOW_PATCH = '''
+
+# --- tests/test_ab.py: a training step about 10% slower (busy work proportional to the step) ---
+import time as _slow_time
+
+_real_train_step = Engine.train_step
+
+
+def _slow_train_step(self, inputs, targets):
+    t0 = _slow_time.perf_counter()
+    out = _real_train_step(self, inputs, targets)
+    end = _slow_time.perf_counter() + 0.10 * (_slow_time.perf_counter() - t0)
+    while _slow_time.perf_counter() < end:
+        pass
+    return out
+
+
+Engine.train_step = _slow_train_step
+'''
+
+
+def _git(repo, *args):
+    out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, f"git {args}: {out.stderr}"
+    return out.stdout.strip()
+
+
+def _commit(repo, message):
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", message)
+    return _git(repo, "rev-parse", "HEAD")
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ab") / "repo"
+    files = subprocess.run(["git", "-C", REPO, "ls-files", "-co", "--exclude-standard", "-z"], capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    for f in filter(None, files):
+        src = os.path.join(REPO, f)
+        if os.path.isfile(src):
+            os.makedirs(os.path.dirname(root / f), exist_ok=True)
+            shutil.copy2(src, root / f)
+    _git(REPO, "--version")
+    subprocess.run(["git", "init", "-q", "-b", "main", str(root)], check=True)
+    _git(root, "config", "user.email", "ab@test")
+    _git(root, "config", "user.name", "ab test")
+    c = {"base": _commit(root, "base: the current tree")}
+    with open(root / "README.md", "a") as fh:
+        fh.write("\n<!-- neutral 1 -->\n")
+    c["neutral1"] = _commit(root, "neutral 1: a comment")
+    with open(root / "suite" / "engine.py", "a") as fh:
+        fh.write(SLOW_PATCH)
+    c["slow"] = _commit(root, "slow: busy work in the training step")
+    with open(root / "README.md", "a") as fh:
+        fh.write("\n<!-- neutral 2 -->\n")
+    c["neutral2"] = _commit(root, "neutral 2: a comment")
+    _git(root, "checkout", "-q", "-b", "bucket", c["base"])
+    cases = (root / "suite" / "cases.py").read_text()
+    old = 'Variant("fusion", {"fuse_all_reduce_ops": True, "fuse_grad_size_in_MB": 25.0}'
+    assert old in cases, "the fusion case's definition moved: update this test"
+    (root / "suite" / "cases.py").write_text(cases.replace(old, old.replace("25.0", "2.0")))
+    c["bucket"] = _commit(root, "bucket: fusion buckets of 2 MB")
+    _git(root, "checkout", "-q", "-b", "old", c["base"])
+    shutil.rmtree(root / "suite" / "ab")
+    c["old"] = _commit(root, "old: no trial server")
+    _git(root, "checkout", "-q", "main")
+    return root, c
+
+
+def _fleetbench(*args, timeout=600):
+    proc = subprocess.run([sys.executable, "-m", "suite.cli.main", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, PYTHONPATH=REPO))
+    return proc
+
+
+FAST = ["--size", "tiny", "--nproc", "2", "--steps", "4", "--check-steps", "2", "--json"]
+
+
+def _ab(root, base, head, *extra, timeout=600):
+    proc = _fleetbench("ab", base, head, "--repo", str(root), *FAST, *extra, timeout=timeout)
+    assert proc.returncode in (0, 1, 2), proc.stderr[-3000:]
+    try:
+        out = json.loads(proc.stdout) if proc.returncode != 2 else None
+    except json.JSONDecodeError:
+        pytest.fail(f"not JSON: {proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return proc, out
+
+
+def _no_worktrees_left(root):
+    listed = _git(root, "worktree", "list", "--porcelain")
+    assert listed.count("worktree ") == 1, listed
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_ab_answers_slower_for_a_commit_that_slows_the_step_10_percent(repo):
+    root, c = repo
+    proc, out = _ab(root, c["base"], c["slow"], "--case", "mlp/plain", "--no-check", "--budget", "240")
+    (case,) = out["cases"]
+    assert case["verdict"] == "slower", (case["summary"], proc.stderr[-3000:])
+    assert proc.returncode == 1 and out["exit_code"] == 1
+    assert 1.02 < case["ratio"] < 1.5 and case["ci"][0] > 1.02, case
+    assert all(math.isfinite(d) for d in case["log_ratios"]) and case["blocks"] == len(case["log_ratios"])
+    assert case["structure_diff"] == []  # busy work changes no structural fact
+    _no_worktrees_left(root)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_ab_of_a_commit_against_itself_is_same_or_inconclusive_and_passes(repo):
+    root, c = repo
+    proc, out = _ab(root, c["base"], c["base"], "--case", "mlp/plain", "--budget", "45")
+    (case,) = out["cases"]
+    assert case["verdict"] in ("same", "inconclusive"), (case["summary"], proc.stderr[-3000:])
+    assert proc.returncode == 0 and out["failures"] == []
+    # the structural gate saw identical facts, the bit-for-bit loss trajectory included
+    assert case["structure_diff"] == [] and case["check"] == "pass -> pass", case
+    # each revision ran from its own worktree: server and ranks imported suite from there, not the installed one
+    for side in ("base", "head"):
+        info = out[side]
+        assert info["commit"] == c["base"]
+        assert len(info["imported_from"]) == 3, info  # the server and both ranks
+        for origin in info["imported_from"]:
+            assert origin["suite"].startswith(info["worktree"] + os.sep), (origin, info["worktree"])
+            assert not origin["suite"].startswith(REPO + os.sep)
+        assert not os.path.exists(info["worktree"]), "the worktree must be removed afterwards"
+    assert out["base"]["worktree"] != out["head"]["worktree"]
+    _no_worktrees_left(root)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_ab_reports_structure_changed_for_a_bucket_size_change(repo):
+    root, c = repo
+    proc, out = _ab(root, c["base"], c["bucket"], "--case", "mlp/fusion", "--budget", "10", "--min-blocks", "3")
+    (case,) = out["cases"]
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert case["status"].startswith("structure changed"), case
+    assert any(d.startswith("buckets") for d in case["structure_diff"]), case["structure_diff"]
+    assert any("structure changed" in f for f in out["failures"])
+    # and the table for people shows the diff
+    table = _fleetbench("ab", c["base"], c["bucket"], "--repo", str(root), "--case", "mlp/fusion", "--size", "tiny",
+                        "--no-check", "--budget", "5", "--min-blocks", "3")
+    assert table.returncode == 1
+    assert "structure changed: mlp/fusion@2" in table.stdout and "buckets:" in table.stdout, table.stdout[-3000:]
+    _no_worktrees_left(root)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_bisect_names_the_slow_commit_among_four(repo):
+    root, c = repo
+    proc = _fleetbench("bisect", c["base"], c["neutral2"], "--case", "mlp/plain", "--repo", str(root), *FAST,
+                       "--no-check", "--budget", "150", timeout=1100)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["first_slow"] == c["slow"], (out["tests"], out["undecided"], proc.stderr[-3000:])
+    assert proc.returncode == 0
+    classes = {t["commit"]: t["class"] for t in out["tests"]}
+    assert classes[c["neutral1"]] == "good" and classes[c["slow"]] == "bad", classes
+    _no_worktrees_left(root)
+
+
+# ---- refusals (no timing) ------------------------------------------------------------------------------
+def test_a_revision_older_than_the_protocol_is_refused_clearly(repo):
+    root, c = repo
+    proc = _fleetbench("ab", c["old"], c["base"], "--repo", str(root), "--case", "mlp/plain", timeout=120)
+    assert proc.returncode == 2
+    assert "older than the trial protocol" in proc.stderr and c["old"][:10] in proc.stderr, proc.stderr
+    proc = _fleetbench("ab", "no-such-rev", c["base"], "--repo", str(root), timeout=120)
+    assert proc.returncode == 2 and "'no-such-rev' is not a commit" in proc.stderr, proc.stderr
+    _no_worktrees_left(root)
+
+
+def _fake_server(tmp_path, hello_line):
+    root = tmp_path / "fake"
+    (root / "suite" / "cli").mkdir(parents=True)
+    (root / "suite" / "__init__.py").write_text("")
+    (root / "suite" / "cli" / "__init__.py").write_text("")
+    (root / "suite" / "cli" / "main.py").write_text(
+        "import sys\nif __name__ == '__main__':\n    sys.stdout.write(" + repr(hello_line) + " + '\\n')\n"
+        "    sys.stdout.flush()\n    sys.stdin.readline()\n")
+    return root
+
+
+def test_the_client_refuses_a_server_of_another_protocol_version(tmp_path):
+    from suite.ab.client import ProtocolMismatch, TrialServer
+
+    root = _fake_server(tmp_path, json.dumps({"protocol": "fleetbench-trial", "version": 99,
+                                              "suite": str(tmp_path / "fake" / "suite" / "__init__.py")}))
+    with pytest.raises(ProtocolMismatch, match="speaks fleetbench-trial version 99"):
+        TrialServer(str(root), "HEAD", start_timeout=60)
+
+
+def test_the_client_refuses_a_server_that_imported_suite_from_elsewhere(tmp_path):
+    from suite.ab.client import TrialError, TrialServer
+
+    root = _fake_server(tmp_path, json.dumps({"protocol": "fleetbench-trial", "version": 1,
+                                              "suite": os.path.join(REPO, "suite", "__init__.py")}))
+    with pytest.raises(TrialError, match="PYTHONPATH did not win"):
+        TrialServer(str(root), "HEAD", start_timeout=60)
+
+
+def test_the_client_says_a_revision_has_no_trial_server(tmp_path):
+    from suite.ab.client import ProtocolMismatch, TrialServer
+
+    root = tmp_path / "nothing"
+    (root / "suite" / "cli").mkdir(parents=True)
+    (root / "suite" / "__init__.py").write_text("")
+    (root / "suite" / "cli" / "__init__.py").write_text("")
+    (root / "suite" / "cli" / "main.py").write_text(
+        "import argparse\nargparse.ArgumentParser().add_subparsers().add_parser('run')\n"
+        "p = argparse.ArgumentParser(prog='fleetbench'); s = p.add_subparsers(); s.add_parser('run')\n"
+        "p.parse_args()\n")
+    with pytest.raises(ProtocolMismatch, match="has no trial server"):
+        TrialServer(str(root), "BASE", start_timeout=60)
+
+
+# ---- statistics (no timing) -----------------------------------------------------------------------------
+def test_the_interval_decides_three_ways_against_the_margin():
+    from suite.ab.stats import decide
+
+    m = math.log1p(0.02)
+    assert decide(m + 0.001, m + 0.05, 0.02) == "slower"
+    assert decide(-m - 0.05, -m - 0.001, 0.02) == "faster"
+    assert decide(-m + 0.001, m - 0.001, 0.02) == "same"
+    assert decide(0.0, m + 0.01, 0.02) is None  # straddles +delta: keep going
+    assert decide(-m - 0.01, m + 0.01, 0.02) is None
+
+
+def test_sequential_blocks_stop_on_the_verdict_and_refuse_nan():
+    import numpy as np
+
+    from suite.ab.stats import SeqOptions, Sequential, block_log_ratio
+
+    rng = np.random.default_rng(3)
+    for effect, want in ((0.10, "slower"), (-0.10, "faster"), (0.0, "same")):
+        s = Sequential(SeqOptions(delta=0.02, min_blocks=8, seed=1))
+        for _ in range(400):
+            if s.add(rng.normal(math.log1p(effect), 0.03)) is not None:
+                break
+        assert s.finish() == want, (effect, s.ratio, s.ratio_ci, len(s.d))
+        assert len(s.d) < 400
+    s = Sequential(SeqOptions(min_blocks=8))
+    for _ in range(5):
+        s.add(0.01)
+    assert s.finish() == "inconclusive"  # too few blocks to decide anything
+    with pytest.raises(ValueError):
+        block_log_ratio([0.1, float("nan")], [0.1, 0.1])
+    with pytest.raises(ValueError):
+        block_log_ratio([0.1, 0.1], [float("inf"), 0.1])
+    with pytest.raises(ValueError):
+        Sequential().add(float("nan"))
+    assert block_log_ratio([0.1, 0.1], [0.11, 0.11]) == pytest.approx(math.log(1.1))
+
+
+def test_bisection_split_classifies_two_ways():
+    from suite.ab.stats import SeqOptions, Sequential
+
+    split = math.log(1.05)
+    for effect, want in ((0.10, "slower"), (0.0, "same")):
+        s = Sequential(SeqOptions(split=split, min_blocks=8, seed=2))
+        import numpy as np
+
+        rng = np.random.default_rng(5)
+        for _ in range(200):
+            if s.add(rng.normal(math.log1p(effect), 0.03)) is not None:
+                break
+        assert s.finish() == want
+
+
+def test_ab_options_are_validated_before_anything_starts(repo):
+    root, c = repo
+    for bad in (["--delta", "0"], ["--budget", "nan"], ["--min-blocks", "1"], ["--steps", "0"]):
+        proc = _fleetbench("ab", c["base"], c["base"], "--repo", str(root), "--case", "mlp/plain", *bad, timeout=120)
+        assert proc.returncode == 2, (bad, proc.stderr)
+        assert "fleetbench ab: error:" in proc.stderr, proc.stderr
+    _no_worktrees_left(root)
