@@ -1,7 +1,8 @@
 """`fleetbench bisect GOOD BAD --case X`: the first slow commit, found with the A/B harness.
 
-1. BAD is compared with GOOD by `ab`'s own rule (:func:`suite.ab.trials.compare_case`); unless
-   it is *slower*, there is nothing to bisect and the report says so.
+1. BAD is compared with GOOD by `ab`'s own rule (:func:`suite.ab.trials.compare_case`), over at
+   least :data:`MEASURE_BLOCKS` blocks; unless it is *slower*, there is nothing to bisect and the
+   report says so.
 2. The slowdown measured there (the trimmed mean ``e`` of the block log ratios) sets the
    *split*, half-way in log scale (``e/2``: half of a 10% slowdown is about 4.9%).  Each commit
    between GOOD and BAD (first-parent line) is compared with GOOD and classified: the whole
@@ -26,7 +27,9 @@ from .client import ProtocolMismatch
 from .trials import AbInputError, AbOptions, CaseOutcome, Side, close_case, compare_case, ready, select, start_side
 from .worktrees import Worktrees, first_parent_range
 
-__all__ = ["BisectReport", "run_bisect"]
+__all__ = ["BisectReport", "run_bisect", "MEASURE_BLOCKS"]
+
+MEASURE_BLOCKS = 24  # blocks at least for BAD against GOOD, whose slowdown sets the split
 
 
 @dataclass
@@ -74,10 +77,11 @@ def run_bisect(repo: str, good: str, bad: str, case: str, opts: AbOptions, retri
             if case not in names:
                 raise AbInputError(f"case {case} does not run on GOOD at world size {opts.nproc}")
 
-            def test(i: int, split: Optional[float]) -> CaseOutcome:
+            def test(i: int, split: Optional[float], min_blocks: Optional[int] = None) -> CaseOutcome:
                 commit = commits[i]
                 head: Optional[Side] = None
-                seq = dataclasses.replace(opts.seq, split=split)
+                seq = dataclasses.replace(opts.seq, split=split, min_blocks=min_blocks or opts.seq.min_blocks,
+                                          max_blocks=max(opts.seq.max_blocks, min_blocks or 0))
                 try:
                     wt.check_protocol(commit, f"commit {i + 1}/{len(commits)}")
                     head = start_side(wt, commit[:10], commit, opts, opts.inject_head, commit=commit)
@@ -102,7 +106,9 @@ def run_bisect(repo: str, good: str, bad: str, case: str, opts: AbOptions, retri
                 return o
 
             last = len(commits) - 1
-            o = test(last, None)  # BAD against GOOD, by ab's own rule
+            # BAD against GOOD, by ab's own rule, with enough blocks that the slowdown (hence the split) is
+            # measured, not just detected: a sequential stop at the first look overstates it.
+            o = test(last, None, max(MEASURE_BLOCKS, opts.seq.min_blocks))
             if o.verdict != "slower":
                 report.undecided = f"BAD {bc[:10]} is {o.verdict} against GOOD, not slower: nothing to bisect"
                 return report

@@ -28,7 +28,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
-__all__ = ["Alert", "series", "alerts", "main"]
+__all__ = ["Alert", "series", "alerts", "alerts_in", "main"]
 
 
 @dataclass
@@ -73,11 +73,16 @@ def series(results_dir: str, machine: str) -> dict:
 
 
 def alerts(results_dir: str, machine: str, persist: int = 2, threshold: float = 0.05) -> tuple[list, int]:
-    """(alerts, number of series looked at)."""
+    """(alerts, number of series looked at) for one machine's asv results."""
+    all_series = series(results_dir, machine)
+    return alerts_in(all_series, persist, threshold), len(all_series)
+
+
+def alerts_in(all_series: dict, persist: int = 2, threshold: float = 0.05) -> list:
+    """The alerts of ``{(benchmark, params): [(date, commit, value, weight)]}`` (see the module docstring)."""
     from asv.step_detect import detect_regressions, detect_steps
 
     found = []
-    all_series = series(results_dir, machine)
     for (bench, params), pts in all_series.items():
         y = [p[2] for p in pts]
         w = [p[3] for p in pts]
@@ -95,7 +100,7 @@ def alerts(results_dir: str, machine: str, persist: int = 2, threshold: float = 
         if nights >= persist and latest_level > before_v * (1 + threshold):
             found.append(Alert(bench, params, before_v, latest_level, pts[after_idx][1], nights,
                                [p[1] for p in pts[after_idx:]]))
-    return found, len(all_series)
+    return found
 
 
 def main(argv: Optional[list] = None) -> int:

@@ -12,7 +12,7 @@ The estimate is the 20%-trimmed mean of the ``d`` (robust to a block hit by a bu
 with a bootstrap interval (``scipy.stats.bootstrap``, BCa) at ``confidence`` (default 99%).
 
 Sequential rule, with the equivalence margin δ (default 2%, on the ratio: ±log(1+δ)):
-after at least ``min_blocks`` blocks, after every block,
+after at least ``min_blocks`` blocks (default 10), after every block,
 
 - the whole interval above +δ  -> **slower**;
 - the whole interval below −δ  -> **faster**;
@@ -41,7 +41,7 @@ VERDICTS = ("slower", "faster", "same", "inconclusive")
 class SeqOptions:
     delta: float = 0.02  # equivalence margin on the step-time ratio (0.02: ±2%)
     confidence: float = 0.99  # of the bootstrap interval
-    min_blocks: int = 8  # no decision before this many blocks
+    min_blocks: int = 10  # no decision before this many blocks
     max_blocks: int = 2000
     budget_s: float = 180.0  # timed blocks per case, seconds (prepare and check not counted)
     trim: float = 0.2  # trimmed mean of the block log ratios

@@ -253,8 +253,9 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
                 break
             if time.monotonic() - last_say > 15:
                 last_say = time.monotonic()
-                say(f"    {len(s.d)} blocks, {elapsed:.0f} s: HEAD/BASE {s.ratio:.3f} "
-                    f"[{s.ratio_ci[0]:.3f}, {s.ratio_ci[1]:.3f}]")
+                say(f"    {len(s.d)} blocks, {elapsed:.0f} s: " + (
+                    f"HEAD/BASE {s.ratio:.3f} [{s.ratio_ci[0]:.3f}, {s.ratio_ci[1]:.3f}]" if len(s.d) >= seq.min_blocks
+                    else f"no verdict before {seq.min_blocks} blocks"))
     except TrialError as exc:
         out.verdict, out.status = "error", ("error" if out.status == "ok" else out.status + ", error")
         out.error = str(exc).splitlines()[0][:500]

@@ -42,7 +42,7 @@ def add_selection(p) -> None:
     p.add_argument("--confidence", type=float, default=0.99, help="bootstrap interval level (default 0.99)")
     p.add_argument("--budget", type=float, default=180.0,
                    help="seconds of timed blocks per case before the verdict is inconclusive (default 180)")
-    p.add_argument("--min-blocks", type=int, default=8, help="blocks before any verdict (default 8)")
+    p.add_argument("--min-blocks", type=int, default=10, help="blocks before any verdict (default 10)")
     p.add_argument("--max-blocks", type=int, default=2000, help="blocks at most per case (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="seed of the block orders and the bootstrap")
     p.add_argument("--repo", default=".", help="the git repository of the revisions (default: the current one)")
