@@ -1,8 +1,10 @@
 """The nightly pipeline end to end on CPU (`.ci/nightly`, what `make nightly-cpu` and the GPU
 workflow run): records and traces, a pytest-benchmark pass of bench_cases with raw data, an asv
-results file for this commit and the dashboard `asv publish` builds, the report, and the
-regression gate failing the job against (seeded, impossibly fast) last good results.
-The GPU workflow is linted with actionlint."""
+results file for this commit (a statistic with its spread and the samples) and the dashboard
+`asv publish` builds, the report, the gate (`fleetbench ab LAST_GOOD_COMMIT HEAD`) failing the
+job because HEAD's trials are made twice as slow (FLEETBENCH_AB_INJECT: busy work in HEAD's
+step, in its trial server only), and the history alerts step.  The GPU workflow is linted
+with actionlint."""
 from __future__ import annotations
 
 import glob
@@ -22,15 +24,13 @@ def test_gpu_workflow_is_linted_and_runs_the_nightly_pipeline_on_a_schedule():
     out = subprocess.run([lint, WORKFLOW], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     text = open(WORKFLOW).read()
-    for words in ("schedule:", "self-hosted", "gpu", ".ci/nightly", "NIGHTLY_DEVICE: cuda", "results/last-good"):
+    for words in ("schedule:", "self-hosted", "gpu", ".ci/nightly", "NIGHTLY_DEVICE: cuda", "results/last-good",
+                  "fetch-depth: 0"):
         assert words in text, words
 
 
-def _seed_last_good(path):
-    from suite.results.records import CaseRecord, append_record
-
-    append_record(str(path), CaseRecord("mlp/plain", "mlp", 2, {}, "last-good", verdict="n/a", metrics={
-        "step_times_s": [1e-5] * 12, "samples_per_s": 3.2e6}, metadata={"torch": __import__("torch").__version__}))
+def _head():
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
 
 def test_nightly_cpu_pipeline_end_to_end(tmp_path):
@@ -38,21 +38,28 @@ def test_nightly_cpu_pipeline_end_to_end(tmp_path):
     conf.update(repo=REPO, benchmark_dir=os.path.join(REPO, "bench_cases"), results_dir=str(tmp_path / "asv"),
                  html_dir=str(tmp_path / "html"), env_dir=str(tmp_path / "asv-env"))
     (tmp_path / "asv.conf.json").write_text(json.dumps(conf))
-    last_good = tmp_path / "last-good" / "runs.jsonl"
-    _seed_last_good(last_good)
+    last_good = tmp_path / "last-good" / "commit"
+    last_good.parent.mkdir()
+    last_good.write_text(_head() + "\n")  # the last good commit is this one: only the injected busy work differs
     seeded = last_good.read_bytes()
     out_dir = tmp_path / "out"
     env = dict(os.environ, HOME=str(tmp_path), PY=sys.executable, NIGHTLY_CASES="mlp/plain", NIGHTLY_WORLDS="2",
                NIGHTLY_ROUNDS="2", NIGHTLY_STEPS="2", NIGHTLY_QUICK="1", NIGHTLY_OUT=str(out_dir),
                NIGHTLY_LAST_GOOD=str(last_good), NIGHTLY_ASV_CONFIG=str(tmp_path / "asv.conf.json"),
-               NIGHTLY_MACHINE="cpu-test", MPLCONFIGDIR=str(tmp_path / "mpl"))
+               NIGHTLY_MACHINE="cpu-test", MPLCONFIGDIR=str(tmp_path / "mpl"), NIGHTLY_AB_BUDGET="90",
+               NIGHTLY_AB_ARGS="--steps 3", FLEETBENCH_AB_INJECT="head=1.0")
     proc = subprocess.run([os.path.join(REPO, ".ci", "nightly")], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=900)
     log = proc.stdout + proc.stderr
-    # the gate fails the job: HEAD is far slower than the seeded last good results
-    assert proc.returncode == 1, log
-    assert "regression gate: FAIL" in log and "mlp/plain@2" in log, log[-3000:]
-    assert last_good.read_bytes() == seeded, "a failed night must not become the last good results"
+    # the gate fails the job: HEAD's trials are twice as slow as the last good commit's
+    assert proc.returncode == 1, log[-5000:]
+    assert "ab gate: FAIL" in log and "mlp/plain@2: slower" in log, log[-5000:]
+    assert last_good.read_bytes() == seeded, "a failed night must not become the last good commit"
+    ab = json.load(open(out_dir / "ab-w2.json"))
+    assert ab["base"]["commit"] == ab["head"]["commit"] == _head() and ab["head"]["inject"] == 1.0
+    (case,) = ab["cases"]
+    assert case["verdict"] == "slower" and case["structure_diff"] == [] and ab["exit_code"] == 1, case
+    assert "history alerts (cpu-test" in log and (out_dir / "history-alerts.md").exists(), log[-3000:]
 
     recs = [json.loads(line) for line in open(out_dir / "runs.jsonl")]
     assert [(r["case"], r["world_size"], r["status"]) for r in recs] == [("mlp/plain", 2, "ok")]
@@ -69,12 +76,16 @@ def test_nightly_cpu_pipeline_end_to_end(tmp_path):
     asv = json.load(open(results[0]))
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     assert asv["commit_hash"] == commit
-    value = asv["results"]["asv_cases.StepTime.track_step_time"][0]
-    assert isinstance(value[0], (int, float)) and value[0] > 0, value
+    cols = asv["result_columns"]
+    row = dict(zip(cols, asv["results"]["asv_cases.StepTime.time_step"]))
+    assert isinstance(row["result"][0], (int, float)) and row["result"][0] > 0, row
+    # a statistic with its spread, and the samples (the ranks' windows, seconds per step)
+    assert row["stats_q_25"][0] <= row["result"][0] <= row["stats_q_75"][0], row
+    assert row["samples"][0] and all(0 < x < 60 for x in row["samples"][0]), row
     assert os.path.exists(tmp_path / "html" / "index.html")
     assert os.path.exists(tmp_path / "html" / "index.json")
 
     page = open(out_dir / "report" / "index.html").read()
     assert "mlp/plain" in page and "throughput_w2.png" in page
     assert glob.glob(str(out_dir / "report" / "traces" / "*.json"))
-    assert "| mlp/plain | 2 |" in (out_dir / "compare.md").read_text() or "mlp/plain" in (out_dir / "compare.md").read_text()
+    assert "mlp/plain@2: slower" in (out_dir / "gate.md").read_text()

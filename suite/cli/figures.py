@@ -45,8 +45,11 @@ def main(args) -> int:
     from ..runtime import RankPool
 
     module = importlib.import_module("suite.figures." + args.name)
-    with RankPool(args.nproc, timeout=args.timeout) as pool:
-        text = module.run(pool, args)
+    if not getattr(module, "USES_POOL", True):  # the figure starts its own processes (e.g. ab's trial servers)
+        text = module.run(None, args)
+    else:
+        with RankPool(args.nproc, timeout=args.timeout) as pool:
+            text = module.run(pool, args)
     text = f"{text}\n\n_{machine_line(args.nproc)}_\n"
     print(text)
     if args.out:

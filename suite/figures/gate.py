@@ -1,63 +1,253 @@
-"""The regression gate's sensitivity on this machine: false alarms and the smallest slowdown caught.
+"""The regression gates' measured sensitivity on this machine: `fleetbench ab` and `fleetbench compare`.
 
-Separate runs of ``mlp/plain`` (each one ``time_on_rank`` call, as separate nightly runs
-are), some unchanged, some slowed by a sleep in every step sized from a calibration run to
-make the step 1.1x, 1.25x, 1.5x and 2x slower.  Every pair of unchanged runs is gated (a
-"slower" is a false alarm); every slowed run is gated against every unchanged one.  Reported
-per threshold: the false-alarm rate, the detection rate per slowdown, and the smallest
-slowdown caught in >= 95% of pairs.
+For each case (default ``mlp/plain`` and ``resnet/plain``) at ``--nproc`` ranks, long A/B runs
+are made exactly as `fleetbench ab` makes them: two trial servers (two interpreters, two rank
+pools, the current tree), trials of ``--steps`` steps alternating in randomised ABBA blocks.
+Each run is one *pair* of fresh servers: A/A pairs (nothing changed) and pairs whose HEAD has
+busy work injected into every training step, costing 2%, 5% or 10% of the step
+(``suite.ab.server.inject_on_rank``: CPU spent in the trial process, proportional to the step,
+like a real regression; not a sleep).
 
-    fleetbench figures gate --nproc 2 --rounds 5 --steps 5
+**ab.**  A comparison's verdict depends only on the sequence of its block log ratios.  The
+blocks of a run are close to independent (the lag-1 autocorrelation of each run is shown),
+so sequential comparisons are simulated by drawing blocks at random from one run (with
+replacement) and applying `ab`'s rule (``suite.ab.stats.Sequential``, the default margin,
+interval and minimum) until it decides or the budget (in blocks: the budget over that run's
+seconds per block) is spent.  Resampling *within* a pair keeps what is particular to that
+pair of processes; rates are averaged over pairs.  Each run's own first blocks, read as `ab`
+reads them, are shown too (one real comparison per pair).
+
+**compare.**  Separate runs are groups of ``--rounds`` consecutive trials (windows) of one
+server; two runs from *different* servers are two separate runs (different processes, at
+different times), compared as `fleetbench compare` does: per-window samples, Mann–Whitney at
+alpha 0.01 and a threshold on the median ratio.
+
+    fleetbench figures gate --nproc 2 --steps 5 --rounds 5
+
+Settings (environment): FLEETBENCH_GATE_CASES (comma-separated), FLEETBENCH_GATE_BLOCKS (blocks
+per run, default 60), FLEETBENCH_GATE_PAIRS (A/A pairs per case, default 3),
+FLEETBENCH_GATE_SLOW_PAIRS (pairs per slowdown, default 2), FLEETBENCH_GATE_SIMS (simulated
+comparisons per pair, default 100), FLEETBENCH_GATE_BUDGET (ab's budget per comparison,
+seconds, default 180), FLEETBENCH_GATE_SIZE (default tiny).
 """
 from __future__ import annotations
 
 import itertools
+import math
 import os
+import random
 import statistics
+import sys
+import time
+from dataclasses import dataclass, field
 
-from ..results.gate import GateOptions, gate_samples
-from ..measure.timing import time_on_rank
-from ..workload import WorkloadSpec
+import numpy as np
 
-DESCRIPTION = "regression gate: false-alarm rate over unchanged reruns, smallest slowdown caught at 95%"
+DESCRIPTION = "regression gates: false alarms and detection of 2/5/10% slowdowns, ab and compare"
 
-SLOWDOWNS = (1.1, 1.25, 1.5, 2.0)
-THRESHOLDS = (0.05, 0.10, 0.25, 0.5)
+USES_POOL = False  # the trial servers are the figure's processes; `figures` starts no pool for it
+SLOWDOWNS = (0.02, 0.05, 0.10)
+THRESHOLDS = (0.05, 0.10, 0.25)
 
 
-def _run(pool, args, straggler_ms: float = 0.0) -> list:
-    answers = pool.run(time_on_rank, dict(
-        workload_spec=WorkloadSpec("mlp", per_rank_batch=16), warmup=2, steps=args.steps, rounds=args.rounds,
-        variants=[{"name": "plain", "config": {"straggler_ms": straggler_ms}}]), timeout=args.timeout)
-    return [t for a in answers for t in a["variants"]["plain"]["step_times"]]
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, str(default)))
+
+
+@dataclass
+class Run:
+    """One pair of fresh trial servers, ``blocks`` ABBA blocks, HEAD slowed by ``inject``."""
+
+    case: str
+    inject: float
+    d: list = field(default_factory=list)  # block log ratios
+    base_trials: list = field(default_factory=list)  # seconds per step, in time order
+    head_trials: list = field(default_factory=list)
+    seconds: float = 0.0  # wall time of the blocks
+    setup_s: float = 0.0  # servers started, case prepared
+
+    @property
+    def block_s(self) -> float:
+        return self.seconds / max(1, len(self.d))
+
+
+def long_run(case: str, inject: float, blocks: int, args, seed: int, say) -> Run:
+    from ..ab.client import TrialServer
+    from ..ab.stats import block_log_ratio
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    size = os.environ.get("FLEETBENCH_GATE_SIZE", "tiny")
+    run = Run(case, inject)
+    t0 = time.monotonic()
+    servers = [TrialServer(root, label, nproc=args.nproc, timeout=args.timeout, wait=False) for label in ("A", "B")]
+    try:
+        for s in servers:
+            s.ready()
+        for s, rid in [(s, s.send("start")) for s in servers]:
+            s.receive(rid, "starting the rank pool")
+        keys = [s.request("prepare", case=case, size=size, warmup=2, check=False, inject=inj)["key"]
+                for s, inj in zip(servers, (0.0, inject))]
+        run.setup_s = time.monotonic() - t0
+        rng = random.Random(seed)
+        t1 = time.monotonic()
+        for _ in range(blocks):
+            order = (0, 1, 1, 0) if rng.random() < 0.5 else (1, 0, 0, 1)
+            got = {0: [], 1: []}
+            for i in order:
+                got[i].append(servers[i].request("trial", key=keys[i], steps=args.steps, warmup=1)["step_s"])
+            run.base_trials += got[0]
+            run.head_trials += got[1]
+            run.d.append(block_log_ratio(got[0], got[1]))
+        run.seconds = time.monotonic() - t1
+    finally:
+        for s in servers:
+            s.close()
+    say(f"  {case} +{inject:.0%}: {blocks} blocks in {run.seconds:.0f} s ({run.block_s:.2f} s a block; setup "
+        f"{run.setup_s:.0f} s), mean log ratio {np.mean(run.d):+.4f}")
+    return run
+
+
+def simulate(run: Run, sims: int, budget_s: float, seed: int, opts=None) -> dict:
+    """Sequential comparisons drawn from one run's blocks: verdict counts and blocks to a verdict."""
+    from ..ab.stats import SeqOptions, Sequential
+
+    opts = opts or SeqOptions()
+    rng = np.random.default_rng(seed)
+    limit = max(opts.min_blocks, int(budget_s / run.block_s))
+    counts = {"slower": 0, "faster": 0, "same": 0, "inconclusive": 0}
+    used = []
+    d = np.asarray(run.d)
+    for k in range(sims):
+        s = Sequential(SeqOptions(delta=opts.delta, confidence=opts.confidence, min_blocks=opts.min_blocks,
+                                  seed=int(rng.integers(1 << 30))))
+        draws = d[rng.integers(0, d.size, size=limit)]
+        for x in draws:
+            if s.add(float(x)) is not None:
+                break
+        counts[s.finish()] += 1
+        used.append(len(s.d))
+    return {"counts": counts, "blocks": used, "limit": limit}
+
+
+def direct(run: Run, budget_s: float) -> str:
+    """The verdict `ab` would have given on this run's own blocks, in order."""
+    from ..ab.stats import SeqOptions, Sequential
+
+    s = Sequential(SeqOptions())
+    limit = max(s.opts.min_blocks, int(budget_s / run.block_s))
+    for x in run.d[:limit]:
+        if s.add(x) is not None:
+            break
+    return s.finish() + ("" if s.verdict != "inconclusive" or len(s.d) >= limit else f" (run ended at {len(s.d)})")
+
+
+def _compare_runs(runs: list[Run], rounds: int) -> tuple[list, dict]:
+    """Separate runs of ``rounds`` windows: (unchanged runs as (server id, samples), {inject: slowed runs})."""
+    unchanged, slowed = [], {}
+    for i, r in enumerate(runs):
+        chunks = lambda xs: [xs[j:j + rounds] for j in range(0, len(xs) - rounds + 1, rounds)]  # noqa: E731
+        unchanged += [((i, "A"), c) for c in chunks(r.base_trials)]
+        if r.inject == 0:
+            unchanged += [((i, "B"), c) for c in chunks(r.head_trials)]
+        else:
+            slowed.setdefault(r.inject, []).extend(((i, "B"), c) for c in chunks(r.head_trials))
+    return unchanged, slowed
+
+
+def compare_rates(runs: list[Run], rounds: int, seed: int, max_pairs: int = 2000) -> list[str]:
+    from ..results.gate import GateOptions, gate_samples
+
+    unchanged, slowed = _compare_runs(runs, rounds)
+    rng = random.Random(seed)
+    aa = [(a, b) for a, b in itertools.combinations(unchanged, 2) if a[0] != b[0]]
+    aa = rng.sample(aa, min(max_pairs, len(aa)))
+    lines = []
+    for thr in THRESHOLDS:
+        opts = GateOptions(threshold=thr)
+        fa = sum(gate_samples(a[1], b[1], opts)["change"] == "slower" for a, b in aa)
+        cells = [f"{fa / max(1, len(aa)):.1%} of {len(aa)}"]
+        for f in SLOWDOWNS:
+            pairs = [(u, h) for h in slowed.get(f, []) for u in unchanged if u[0] != h[0]]
+            pairs = rng.sample(pairs, min(max_pairs, len(pairs)))
+            hit = sum(gate_samples(u[1], h[1], opts)["change"] == "slower" for u, h in pairs)
+            cells.append(f"{hit / max(1, len(pairs)):.0%} of {len(pairs)}" if pairs else "-")
+        lines.append(f"| {thr:.0%} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _rate(n: int, total: int) -> str:
+    return f"{n / total:.1%} ({n}/{total})" if total else "-"
 
 
 def run(pool, args) -> str:
-    n_same = int(os.environ.get("FLEETBENCH_GATE_RUNS", "8"))
-    n_slow = int(os.environ.get("FLEETBENCH_GATE_SLOW_RUNS", "4"))
-    calib = statistics.median(_run(pool, args))
-    unchanged, slowed = [], {s: [] for s in SLOWDOWNS}
-    for i in range(max(n_same, n_slow)):  # interleave the levels so drifts of the machine hit them alike
-        if i < n_same:
-            unchanged.append(_run(pool, args))
-        if i < n_slow:
-            for s in SLOWDOWNS:
-                slowed[s].append(_run(pool, args, straggler_ms=(s - 1.0) * calib * 1e3))
-    lines = [f"### Regression gate sensitivity (mlp/plain, {pool.nproc} ranks, {args.rounds} rounds x {args.steps} "
-             f"steps per run; step {calib * 1e3:.1f} ms at calibration)", "",
-             "| threshold | false alarms (unchanged pairs) | " + " | ".join(f"caught at {s}x" for s in SLOWDOWNS)
-             + " | smallest slowdown caught >= 95% |", "|---" * (3 + len(SLOWDOWNS)) + "|"]
-    pairs = list(itertools.combinations(unchanged, 2))
-    for thr in THRESHOLDS:
-        opts = GateOptions(threshold=thr)
-        false = sum(gate_samples(a, b, opts)["change"] == "slower" for a, b in pairs) / max(1, len(pairs))
-        caught = {}
-        for s in SLOWDOWNS:
-            res = [gate_samples(u, h, opts)["change"] == "slower" for h in slowed[s] for u in unchanged]
-            caught[s] = sum(res) / max(1, len(res))
-        smallest = next((f"{s}x" for s in SLOWDOWNS if caught[s] >= 0.95), "none of those tried")
-        lines.append(f"| {thr:.0%} | {false:.1%} ({len(pairs)} pairs) | "
-                     + " | ".join(f"{caught[s]:.0%}" for s in SLOWDOWNS) + f" | {smallest} |")
-    lines += ["", "Mann-Whitney U (alpha 0.01) on per-step samples plus the threshold on the median ratio; "
-              "the slowdown is a sleep in every step (the nominal factor, sized from the calibration run)."]
-    return "\n".join(lines)
+    from ..ab.stats import SeqOptions, lag1
+
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    cases = [c for c in os.environ.get("FLEETBENCH_GATE_CASES", "mlp/plain,resnet/plain").split(",") if c]
+    blocks = _env_int("FLEETBENCH_GATE_BLOCKS", 60)
+    pairs_aa = _env_int("FLEETBENCH_GATE_PAIRS", 3)
+    pairs_slow = _env_int("FLEETBENCH_GATE_SLOW_PAIRS", 2)
+    sims = _env_int("FLEETBENCH_GATE_SIMS", 100)
+    budget = float(os.environ.get("FLEETBENCH_GATE_BUDGET", "180"))
+    seq = SeqOptions()
+    t_start = time.monotonic()
+    out = [f"### `fleetbench ab`: false alarms and detection ({args.nproc} ranks, trials of {args.steps} steps, "
+           f"margin ±{seq.delta:.0%}, {seq.confidence:.0%} bootstrap interval, decisions from {seq.min_blocks} "
+           f"blocks, budget {budget:.0f} s per comparison)", "",
+           "| case | change injected | pairs x blocks (s a block) | lag-1 autocorr. of blocks | simulated comparisons |"
+           " slower | same | faster | inconclusive | median time to stop | each pair's own first blocks |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    all_runs: dict = {}
+    summary = []
+    for ci, case in enumerate(cases):
+        runs = []
+        plan = [0.0] * pairs_aa + [f for f in SLOWDOWNS for _ in range(pairs_slow)]
+        order = random.Random(ci).sample(plan, len(plan))  # levels interleaved in time
+        for k, f in enumerate(order):
+            runs.append(long_run(case, f, blocks, args, seed=1000 * ci + k, say=say))
+        all_runs[case] = runs
+        for f in (0.0,) + SLOWDOWNS:
+            rs = [r for r in runs if r.inject == f]
+            if not rs:
+                continue
+            counts = {"slower": 0, "faster": 0, "same": 0, "inconclusive": 0}
+            used_s = []
+            for j, r in enumerate(rs):
+                sim = simulate(r, sims, budget, seed=17 * j + int(f * 1000))
+                for k2, v in sim["counts"].items():
+                    counts[k2] += v
+                used_s += [n * r.block_s for n in sim["blocks"]]
+            total = sum(counts.values())
+            lags = [lag1(r.d) for r in rs]
+            label = "none (A/A)" if f == 0 else f"+{f:.0%}"
+            out.append(f"| {case} | {label} | {len(rs)} x {blocks} ({statistics.mean(r.block_s for r in rs):.2f}) | "
+                       f"{', '.join(f'{x:+.2f}' for x in lags)} | {total} | {_rate(counts['slower'], total)} | "
+                       f"{_rate(counts['same'], total)} | {_rate(counts['faster'], total)} | "
+                       f"{_rate(counts['inconclusive'], total)} | {statistics.median(used_s):.0f} s | "
+                       f"{', '.join(direct(r, budget) for r in rs)} |")
+            summary.append((case, f, counts, total))
+    out += ["", "Goal: a 5% slowdown caught in >= 95% of comparisons with <= 1% false alarms per case, within 3 "
+            "minutes per case."]
+    for case in cases:
+        fa = next((c for k, f, c, t in summary if k == case and f == 0), None)
+        five = next((c for k, f, c, t in summary if k == case and f == 0.05), None)
+        if fa and five:
+            fa_rate = fa["slower"] / max(1, sum(fa.values()))
+            hit = five["slower"] / max(1, sum(five.values()))
+            ok = fa_rate <= 0.01 and hit >= 0.95
+            out.append(f"- {case}: false alarms {fa_rate:.1%}, 5% caught {hit:.0%}: goal "
+                       f"{'met' if ok else 'missed'}.")
+    out += ["", f"### `fleetbench compare` on separate runs ({args.rounds} windows a run, per-window samples, "
+            f"Mann-Whitney alpha 0.01 plus the threshold)", ""]
+    for case in cases:
+        out += [f"{case}:", "", "| threshold | false alarms (unchanged pairs) | "
+                + " | ".join(f"caught at +{f:.0%}" for f in SLOWDOWNS) + " |",
+                "|---" * (2 + len(SLOWDOWNS)) + "|"]
+        out += compare_rates(all_runs[case], args.rounds, seed=5) + [""]
+    minutes = (time.monotonic() - t_start) / 60
+    out += [f"Runs: each pair is two fresh trial servers (their own interpreters and rank pools); levels interleaved "
+            f"in time. Slowdowns are busy work in the HEAD server's training step (a fraction of the step's own "
+            f"time). ab rates: sequential comparisons simulated by resampling a pair's blocks ({sims} per pair); "
+            f"compare rates: every pair of separate runs from different servers (up to 2000). "
+            f"Measured in {minutes:.0f} minutes."]
+    return "\n".join(out)

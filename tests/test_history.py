@@ -1,0 +1,109 @@
+"""History: asv stores each case's step time with its spread, and unchanged reruns are no regression.
+
+Two asv passes of the nightly's asv step (the same flags: existing environment, the commit hash
+set, --record-samples) are recorded back to back for two commits of unchanged code; asv's own
+detection must not call that a regression: `asv compare` marks nothing worse, and the
+dashboard's regressions list (`asv publish`'s step detection) is empty, as are the nightly's
+history alerts.  The alert rule itself (a new level that lasts two nights) is tested on series.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+
+
+def _git(repo, *args):
+    out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_unchanged_asv_passes_are_not_a_regression_for_asv(tmp_path):
+    # a repository with two commits of the same code (asv needs real commits for their dates and order)
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    _git(repo, "config", "user.email", "h@test")
+    _git(repo, "config", "user.name", "history test")
+    commits = []
+    for i in range(2):
+        _git(repo, "commit", "-q", "--allow-empty", "-m", f"night {i + 1}: nothing changed")
+        commits.append(_git(repo, "rev-parse", "HEAD"))
+    conf = json.load(open(os.path.join(REPO, "asv.conf.json")))
+    conf.update(repo=str(repo), benchmark_dir=os.path.join(REPO, "bench_cases"), results_dir=str(tmp_path / "asv"),
+                html_dir=str(tmp_path / "html"), env_dir=str(tmp_path / "asv-env"), branches=["main"])
+    cfg = tmp_path / "asv.conf.json"
+    cfg.write_text(json.dumps(conf))
+    env = dict(os.environ, HOME=str(tmp_path), FLEETBENCH_BENCH_CASES="mlp/plain", FLEETBENCH_BENCH_WORLDS="2",
+               FLEETBENCH_BENCH_ROUNDS="5", FLEETBENCH_BENCH_STEPS="3", FLEETBENCH_BENCH_SIZE="tiny")
+    asv = os.path.join(BIN, "asv")
+
+    def run(*args, timeout=600):
+        p = subprocess.run([asv, *args, "--config", str(cfg)], cwd=REPO, env=env, capture_output=True, text=True,
+                           timeout=timeout)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        return p.stdout
+
+    run("machine", "--machine", "cpu-test", "--yes")
+    for c in commits:  # the nightly's asv step, twice
+        run("run", "-E", "existing:same", "--set-commit-hash", c, "--machine", "cpu-test", "--launch-method", "spawn",
+            "--show-stderr", "--record-samples")
+    # what asv stored: a statistic with its spread, and the samples (the ranks' timed windows)
+    for path in glob.glob(str(tmp_path / "asv" / "cpu-test" / "*.json")):
+        if path.endswith("machine.json"):
+            continue
+        doc = json.load(open(path))
+        row = dict(zip(doc["result_columns"], doc["results"]["asv_cases.StepTime.time_step"]))
+        samples = row["samples"][0]
+        assert len(samples) == 10, row  # 5 windows in each of 2 processes
+        assert row["stats_ci_99_a"][0] <= row["result"][0] <= row["stats_ci_99_b"][0], row
+        assert row["stats_q_25"][0] < row["stats_q_75"][0], row
+
+    out = run("compare", commits[0], commits[1], "--machine", "cpu-test")
+    assert "time_step" in out, out
+    worse = [ln for ln in out.splitlines() if ln.startswith("+")]
+    assert not worse and "PERFORMANCE DECREASED" not in out, out
+
+    run("publish")
+    regressions = json.load(open(tmp_path / "html" / "regressions.json"))
+    assert regressions["regressions"] == [], regressions
+
+    hist = subprocess.run([sys.executable, "-m", "suite.ab.history", "--results", str(tmp_path / "asv"),
+                           "--machine", "cpu-test"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert hist.returncode == 0 and "1 series" in hist.stdout and ": none" in hist.stdout, hist.stdout + hist.stderr
+
+
+def _series(values):
+    return {("asv_cases.StepTime.time_step", ("mlp/plain", "2")):
+            [(i, f"{i:040d}", v, 1 / (0.02 * v)) for i, v in enumerate(values)]}
+
+
+def test_a_history_alert_needs_a_new_level_that_lasts_two_nights():
+    from suite.ab.history import alerts_in
+
+    rng = random.Random(7)
+    flat = [0.05 * (1 + rng.gauss(0, 0.01)) for _ in range(12)]
+    assert alerts_in(_series(flat)) == []
+    assert alerts_in(_series(flat + [0.06])) == [], "one slow night is no alert"
+    (alert,) = alerts_in(_series(flat + [0.06, 0.0605]))
+    assert alert.nights == 2 and alert.first_commit == f"{12:040d}" and 1.15 < alert.ratio < 1.25, alert
+    assert alerts_in(_series(flat + [0.06, 0.0605, 0.05, 0.0501])) == [], "a step gone back down is no alert"
+    assert alerts_in(_series(flat + [0.0502, 0.0503])) == [], "a step below the threshold is no alert"
+    (alert,) = alerts_in(_series(flat + [0.06, 0.0605]), persist=1)
+    assert alerts_in(_series(flat + [0.06, 0.0605]), persist=3) == []
+
+
+def test_history_refuses_a_machine_without_results(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "suite.ab.history", "--results", str(tmp_path), "--machine", "nope"],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "no asv results for machine 'nope'" in p.stderr, p.stderr
