@@ -87,6 +87,10 @@ def repo(tmp_path_factory):
     assert old in cases, "the fusion case's definition moved: update this test"
     (root / "suite" / "cases.py").write_text(cases.replace(old, old.replace("25.0", "2.0")))
     c["bucket"] = _commit(root, "bucket: fusion buckets of 2 MB")
+    _git(root, "checkout", "-q", "-b", "broken", c["base"])
+    with open(root / "suite" / "ab" / "server.py", "a") as fh:
+        fh.write("\nraise RuntimeError('broken on purpose')\n")
+    c["broken"] = _commit(root, "broken: the trial server cannot start")
     _git(root, "checkout", "-q", "-b", "old", c["base"])
     shutil.rmtree(root / "suite" / "ab")
     c["old"] = _commit(root, "old: no trial server")
@@ -196,6 +200,17 @@ def test_a_revision_older_than_the_protocol_is_refused_clearly(repo):
     assert "older than the trial protocol" in proc.stderr and c["old"][:10] in proc.stderr, proc.stderr
     proc = _fleetbench("ab", "no-such-rev", c["base"], "--repo", str(root), timeout=120)
     assert proc.returncode == 2 and "'no-such-rev' is not a commit" in proc.stderr, proc.stderr
+    _no_worktrees_left(root)
+
+
+@pytest.mark.timeout(600)
+def test_a_head_that_cannot_start_fails_the_gate_and_a_base_that_cannot_is_unusable(repo):
+    root, c = repo
+    proc, out = _ab(root, c["base"], c["broken"], "--case", "mlp/plain", "--no-check")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert any("HEAD's trial server failed" in f and "broken on purpose" in f for f in out["failures"]), out
+    proc = _fleetbench("ab", c["broken"], c["base"], "--repo", str(root), "--case", "mlp/plain", timeout=300)
+    assert proc.returncode == 2 and "BASE cannot be measured" in proc.stderr, proc.stderr[-3000:]
     _no_worktrees_left(root)
 
 

@@ -140,10 +140,11 @@ class AbReport:
     cases: list = field(default_factory=list)  # CaseOutcome
     only: list = field(default_factory=list)  # cases on one side only, or skipped
     warnings: list = field(default_factory=list)
+    errors: list = field(default_factory=list)  # failures not tied to one case (HEAD's server would not start)
 
     @property
     def failures(self) -> list:
-        return [f for c in self.cases for f in c.failures]
+        return list(self.errors) + [f for c in self.cases for f in c.failures]
 
     @property
     def exit_code(self) -> int:
@@ -297,19 +298,39 @@ def start_side(wt: Worktrees, label: str, rev: str, opts: AbOptions, inject: flo
 
 
 def ready(*sides: Side) -> None:
-    """Hellos, then both rank pools started at once, then where every rank imported suite from."""
+    """Hellos, then the rank pools started at once, then where every rank imported suite from."""
+    errors = start_all(*sides)
+    if errors:
+        raise next(iter(errors.values()))
+
+
+def start_all(*sides: Side) -> dict:
+    """Like :func:`ready`, but each side's failure is returned ({label: TrialError}), not raised."""
+    errors: dict = {}
     for s in sides:
-        s.server.ready()
-    rids = [(s, s.server.send("start")) for s in sides]
-    for s, rid in rids:
-        s.server.receive(rid, "starting the rank pool")
+        try:
+            s.server.ready()
+        except TrialError as exc:
+            errors[s.label] = exc
+    sent = []
     for s in sides:
-        s.origins = [{"process": "server", "suite": s.server.hello.get("suite")}]
-        for r in s.server.request("origin")["ranks"]:
-            s.origins.append({"process": f"rank {r['rank']}", "suite": r["suite"]})
-            if not os.path.realpath(r["suite"]).startswith(os.path.realpath(s.root) + os.sep):
-                raise TrialError(f"{s.label}: rank {r['rank']} imported suite from {r['suite']}, not from the "
-                                 f"revision's worktree {s.root}", kind="ImportPath")
+        if s.label not in errors:
+            try:
+                sent.append((s, s.server.send("start")))
+            except TrialError as exc:
+                errors[s.label] = exc
+    for s, rid in sent:
+        try:
+            s.server.receive(rid, "starting the rank pool")
+            s.origins = [{"process": "server", "suite": s.server.hello.get("suite")}]
+            for r in s.server.request("origin")["ranks"]:
+                s.origins.append({"process": f"rank {r['rank']}", "suite": r["suite"]})
+                if not os.path.realpath(r["suite"]).startswith(os.path.realpath(s.root) + os.sep):
+                    raise TrialError(f"{s.label}: rank {r['rank']} imported suite from {r['suite']}, not from the "
+                                     f"revision's worktree {s.root}", kind="ImportPath")
+        except TrialError as exc:
+            errors[s.label] = exc
+    return errors
 
 
 def select(side: Side, opts: AbOptions) -> list:
@@ -360,11 +381,16 @@ def run_ab(repo: str, base_rev: str, head_rev: str, opts: AbOptions,
                 if s.inject:
                     say(f"  note: busy work of {s.inject:.0%} of each step injected into {s.label} ({INJECT_ENV}): "
                         f"a calibration run")
-            try:
-                ready(base, head)
-            except ProtocolMismatch as exc:
-                raise AbInputError(str(exc)) from None
+            errors = start_all(base, head)
+            for label, exc in errors.items():
+                if isinstance(exc, ProtocolMismatch):
+                    raise AbInputError(str(exc))
+            if "BASE" in errors:
+                raise AbInputError(f"BASE cannot be measured: {errors['BASE']}")
             report = AbReport(base.describe(), head.describe(), _options_dict(opts))
+            if "HEAD" in errors:  # BASE runs, HEAD does not even start: HEAD is broken, a failure
+                report.errors.append(f"HEAD's trial server failed: {errors['HEAD']}")
+                return report
             names = common_cases(base, head, opts, report)
             say(f"  {len(names)} case(s) at world size {opts.nproc}, size {opts.size}; trials of {opts.steps} steps, "
                 f"margin ±{opts.seq.delta:.0%}, {opts.seq.confidence:.0%} interval, budget {opts.seq.budget_s:.0f} s "
@@ -406,6 +432,8 @@ def format_table(report: AbReport) -> str:
             lines.append(f"\nerror: {c.case}@{c.world}: {c.error}")
     for o in report.only:
         lines.append(f"not compared: {o['case']}: {o['why']}")
+    for e in report.errors:
+        lines.append(f"\nerror: {e}")
     return "\n".join(lines)
 
 
