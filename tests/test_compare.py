@@ -25,12 +25,17 @@ def noisy(seed: int, n: int = 40, median: float = 0.05, slow: float = 1.0) -> li
     return x.tolist()
 
 
-def write_records(path, cases: dict, torch_version="2.4.0", run_id="r1"):
+def write_records(path, cases: dict, torch_version="2.4.0", run_id="r1", steps_per_window=8, structure=None):
+    """Records as `run` writes them: per-step samples, and windows of ``steps_per_window`` steps."""
     for (name, world), (samples, verdict) in cases.items():
         status = "error" if verdict == "error" else "ok"
+        k = steps_per_window
+        windows = [float(sum(samples[i:i + k])) for i in range(0, len(samples) - k + 1, k)]
         append_record(str(path), CaseRecord(
             name, name.split("/")[0], world, {"data_parallel": "suite"}, run_id, status=status, verdict=verdict,
-            metrics={"step_times_s": samples, "samples_per_s": 32 / float(np.median(samples))} if samples else {},
+            metrics={"step_times_s": samples, "samples_per_s": 32 / float(np.median(samples)), "window_s": windows,
+                     "steps_per_window": k} if samples else {},
+            structure=(structure or {}).get(name, {}),
             metadata={"torch": torch_version, "cpu": "test cpu", "gpu": {"available": False}},
             error="RuntimeError: boom" if status == "error" else None))
 
@@ -144,34 +149,76 @@ def test_unusable_input_exits_2_naming_file_and_line(tmp_path, capsys, content, 
     assert "no such results file" in capsys.readouterr().err
 
 
-class _FakePool:
-    """Answers time_on_rank with synthetic noise; a sleep adds its milliseconds to every step."""
+def test_compare_gates_on_windows_not_steps(tmp_path, capsys):
+    """Steps of one window share the window's level (load comes in bursts): per-step samples look like
+    hundreds of independent numbers; the gate counts windows."""
+    rng = np.random.default_rng(4)
 
-    nproc = 2
+    def run(level: float, windows: int = 5, k: int = 40) -> list:
+        return [float(x) for w in range(windows) for x in 0.05 * level * rng.lognormal(0, 0.25) * rng.lognormal(
+            0, 0.02, k)]
 
-    def __init__(self):
-        self.calls = 0
+    base, head = tmp_path / "b.jsonl", tmp_path / "h.jsonl"
+    write_records(base, {("mlp/plain", 2): (run(1.0), "pass")}, steps_per_window=40)
+    write_records(head, {("mlp/plain", 2): (run(1.30), "pass")}, steps_per_window=40)
+    assert main(["compare", str(base), str(head), "--json"]) in (0, 1)
+    doc = json.loads(capsys.readouterr().out)
+    (row,) = doc["rows"]
+    assert row["n"] == "5/5 windows", row
+    assert doc["kind"] == "fleetbench.compare" and doc["exit_code"] in (0, 1)
+    # too few windows for alpha 0.01 (3 a side: the smallest p is 1/20) is said, not called "same"
+    write_records(tmp_path / "b3.jsonl", {("mlp/plain", 2): (run(1.0, windows=3), "pass")}, steps_per_window=40)
+    write_records(tmp_path / "h3.jsonl", {("mlp/plain", 2): (run(3.0, windows=3), "pass")}, steps_per_window=40)
+    assert main(["compare", str(tmp_path / "b3.jsonl"), str(tmp_path / "h3.jsonl"), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    assert row["change"] == "too few windows for alpha 0.01" and row["n"] == "3/3 windows", row
 
-    def run(self, fn, kwargs, timeout=None):
-        self.calls += 1
-        sleep = kwargs["variants"][0]["config"]["straggler_ms"] / 1e3
-        samples = [t + sleep for t in noisy(self.calls, n=kwargs["rounds"] * kwargs["steps"])]
-        return [{"variants": {"plain": {"step_times": samples}}}] * self.nproc
+
+def test_compare_structure_changed_fails_whatever_the_timings(tmp_path, capsys):
+    base, head, same = tmp_path / "b.jsonl", tmp_path / "h.jsonl", tmp_path / "s.jsonl"
+    facts = {"allreduce_ops": 1, "buckets": [{"params": 8, "bytes": 12_000_000, "comm": 0}]}
+    write_records(base, {("mlp/fusion", 2): (noisy(1), "pass")}, structure={"mlp/fusion": facts})
+    write_records(same, {("mlp/fusion", 2): (noisy(2), "pass")}, structure={"mlp/fusion": dict(facts)})
+    changed = {"allreduce_ops": 6, "buckets": [{"params": 2, "bytes": 2_000_000, "comm": 0}] * 6}
+    write_records(head, {("mlp/fusion", 2): (noisy(2), "pass")}, structure={"mlp/fusion": changed})
+    assert main(["compare", str(base), str(same)]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(base), str(head)]) == 1
+    err = capsys.readouterr().err
+    assert "mlp/fusion@2: structure changed" in err and "allreduce_ops: 1 -> 6" in err, err
+    assert main(["compare", str(base), str(head), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["rows"][0]["structure"] == "changed" and doc["rows"][0]["structure_diff"][0].startswith("allreduce")
+    assert doc["exit_code"] == 1 and any("structure changed" in f for f in doc["failures"])
 
 
-def test_gate_figure_reports_false_alarms_and_the_smallest_slowdown_caught(monkeypatch):
-    import argparse
-
+def test_gate_figure_simulation_counts_false_alarms_and_detections():
+    """The figure's arithmetic on synthetic runs (no processes): ab's rule over resampled blocks, and
+    compare over separate runs."""
     from suite.figures import gate as figure
 
-    monkeypatch.setenv("FLEETBENCH_GATE_RUNS", "6")
-    monkeypatch.setenv("FLEETBENCH_GATE_SLOW_RUNS", "3")
-    text = figure.run(_FakePool(), argparse.Namespace(rounds=8, steps=5, timeout=60))
-    row = next(line for line in text.splitlines() if line.startswith("| 10% |"))
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    assert float(cells[1].split("%")[0]) <= 10 and "(15 pairs)" in cells[1]  # 6 unchanged runs: 15 pairs
-    assert cells[-2] == "100%"  # 2x slower: caught in every pair
-    assert cells[-1] in ("1.25x", "1.5x"), row  # 1.1x is inside the 10% threshold's noise
+    rng = np.random.default_rng(0)
+
+    def fake(inject: float, n: int = 80) -> "figure.Run":
+        r = figure.Run("mlp/plain", inject)
+        r.d = list(rng.normal(math.log1p(inject), 0.03, n))
+        r.base_trials = list(0.05 * rng.lognormal(0, 0.03, 2 * n))
+        r.head_trials = list(0.05 * (1 + inject) * rng.lognormal(0, 0.03, 2 * n))
+        r.seconds = 1.0 * n
+        return r
+
+    aa = figure.simulate(fake(0.0), sims=60, budget_s=120, seed=1)
+    assert sum(aa["counts"].values()) == 60 and aa["counts"]["slower"] <= 3, aa["counts"]
+    ten = figure.simulate(fake(0.10), sims=60, budget_s=120, seed=2)
+    assert ten["counts"]["slower"] >= 57, ten["counts"]
+    assert figure.direct(fake(0.10), budget_s=120) == "slower"
+    lines = figure.compare_rates([fake(0.0), fake(0.0), fake(0.10), fake(0.05), fake(0.02)], rounds=5, seed=1,
+                                 max_pairs=60)
+    assert len(lines) == len(figure.THRESHOLDS) and lines[0].startswith("| 5% |"), lines
+    cells = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert cells[1].endswith("of 60") and float(cells[1].split("%")[0]) <= 5, lines  # unchanged pairs
+    assert int(cells[-1].split("%")[0]) >= 75, lines  # +10% against a 5% threshold: mostly caught
+    assert int(cells[-3].split("%")[0]) <= 25, lines  # +2%: inside the threshold
 
 
 BAD_PYTEST_BENCHMARK = [
