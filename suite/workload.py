@@ -69,15 +69,19 @@ class Workload:
         self._timing: dict[int, tuple] = {}
 
     # -- data ------------------------------------------------------------------------------
-    def shard_of(self, step: int, rank: int) -> tuple[Any, Any]:
-        """Rank ``rank``'s shard of the global batch of ``step`` (0-based), on this rank's device."""
+    def shard_of(self, step: int, rank: int, dtype: Optional[torch.dtype] = None) -> tuple[Any, Any]:
+        """Rank ``rank``'s shard of the global batch of ``step`` (0-based), on this rank's device;
+        floating-point inputs in ``dtype`` when given (the float64 check)."""
         idx = shard(step_indices(len(self.data), step, self.global_batch, self.ws.seed), rank, self.world)
         x, y = self.data.get(idx)
-        return prepare(self.data, x, self.device), y.to(self.device)
+        x = prepare(self.data, x, self.device)
+        if dtype is not None and isinstance(x, torch.Tensor) and x.is_floating_point():
+            x = x.to(dtype)
+        return x, y.to(self.device)
 
-    def shards(self, step: int) -> list[tuple[Any, Any]]:
+    def shards(self, step: int, dtype: Optional[torch.dtype] = None) -> list[tuple[Any, Any]]:
         """Every rank's shard of ``step`` (the check's reference runs them all)."""
-        return [self.shard_of(step, r) for r in range(self.world)]
+        return [self.shard_of(step, r, dtype) for r in range(self.world)]
 
     def batch(self, i: int) -> tuple[Any, Any]:
         """This rank's shard of timing batch ``i`` (cycling over :data:`TIMING_BATCHES`, kept on the device)."""
@@ -88,12 +92,14 @@ class Workload:
         return self._timing[key]
 
     # -- model and engine --------------------------------------------------------------------
-    def module(self, seed: Optional[int] = None) -> torch.nn.Module:
-        """A fresh model, initialised from ``seed`` (default: the workload's), on this rank's device."""
-        return self.spec.make(self.ws.seed if seed is None else seed, self.device)
+    def module(self, seed: Optional[int] = None, dtype: Optional[torch.dtype] = None) -> torch.nn.Module:
+        """A fresh model, initialised from ``seed`` (default: the workload's), on this rank's device
+        (in ``dtype`` when given: the float64 check)."""
+        module = self.spec.make(self.ws.seed if seed is None else seed, self.device)
+        return module.to(dtype) if dtype is not None else module
 
-    def engine(self, config: StrategyConfig, seed: Optional[int] = None) -> Engine:
-        return build_engine(self.module(seed), self.spec.loss_fn, config)
+    def engine(self, config: StrategyConfig, seed: Optional[int] = None, dtype: Optional[torch.dtype] = None) -> Engine:
+        return build_engine(self.module(seed, dtype), self.spec.loss_fn, config)
 
     def describe(self) -> dict:
         tensors, elements = count_parameters(self.spec)

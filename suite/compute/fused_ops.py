@@ -43,14 +43,19 @@ log = logging.getLogger("suite.compute.fused_ops")
 # ---------------------------------------------------------------------------------------
 # The arithmetic (plain functions, so torch.compile can take them as they are)
 # ---------------------------------------------------------------------------------------
+def _acc(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in the accumulation dtype: at least float32 (half precision is upcast; float64 stays float64)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def _bcast(v: torch.Tensor, ndim: int) -> torch.Tensor:
     return v.view([1, -1] + [1] * (ndim - 2))
 
 
 def bn_relu_train_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float):
-    """Batch statistics; returns (y, mean, biased var, invstd).  Statistics in fp32."""
+    """Batch statistics; returns (y, mean, biased var, invstd).  Statistics in at least fp32."""
     dims = [0] + list(range(2, x.dim()))
-    xf = x.float()
+    xf = _acc(x)
     var, mean = torch.var_mean(xf, dim=dims, correction=0)
     invstd = torch.rsqrt(var + eps)
     scale = invstd * weight
@@ -65,11 +70,11 @@ def bn_relu_train_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, b
     nd = x.dim()
     dims = [0] + list(range(2, nd))
     n = x.numel() // x.shape[1]
-    xf = x.float()
+    xf = _acc(x)
     scale = invstd * weight
     shift = bias - mean * scale
     mask = (xf * _bcast(scale, nd) + _bcast(shift, nd)) > 0  # the forward's expression: the same mask
-    gy = torch.where(mask, dy.float(), 0.0)
+    gy = torch.where(mask, _acc(dy), 0.0)
     xhat = (xf - _bcast(mean, nd)) * _bcast(invstd, nd)
     dbias = gy.sum(dims)
     dweight = (gy * xhat).sum(dims)
@@ -79,10 +84,10 @@ def bn_relu_train_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, b
 
 def bn_relu_eval_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, running_mean: torch.Tensor,
                      running_var: torch.Tensor, eps: float):
-    invstd = torch.rsqrt(running_var.float() + eps)
+    invstd = torch.rsqrt(_acc(running_var) + eps)
     scale = invstd * weight
-    shift = bias - running_mean.float() * scale
-    y = torch.relu(x.float() * _bcast(scale, x.dim()) + _bcast(shift, x.dim()))
+    shift = bias - _acc(running_mean) * scale
+    y = torch.relu(_acc(x) * _bcast(scale, x.dim()) + _bcast(shift, x.dim()))
     return y.to(x.dtype), invstd
 
 
@@ -90,12 +95,12 @@ def bn_relu_eval_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bi
                      running_mean: torch.Tensor, invstd: torch.Tensor):
     nd = x.dim()
     dims = [0] + list(range(2, nd))
-    xf = x.float()
+    xf = _acc(x)
     scale = invstd * weight
-    shift = bias - running_mean.float() * scale
+    shift = bias - _acc(running_mean) * scale
     mask = (xf * _bcast(scale, nd) + _bcast(shift, nd)) > 0
-    gy = torch.where(mask, dy.float(), 0.0)
-    xhat = (xf - _bcast(running_mean.float(), nd)) * _bcast(invstd, nd)
+    gy = torch.where(mask, _acc(dy), 0.0)
+    xhat = (xf - _bcast(_acc(running_mean), nd)) * _bcast(invstd, nd)
     return (gy * _bcast(scale, nd)).to(x.dtype), (gy * xhat).sum(dims), gy.sum(dims)
 
 
@@ -183,7 +188,7 @@ class BatchNormReLUFunction(torch.autograd.Function):
         C = x.shape[1]
         w = weight if weight is not None else torch.ones(C, device=x.device)
         b = bias if bias is not None else torch.zeros(C, device=x.device)
-        w, b = w.detach().float(), b.detach().float()
+        w, b = _acc(w.detach()), _acc(b.detach())
         if use_batch_stats:
             y, mean, var, invstd = kernels("bn_relu_train_fwd", x, w, b, eps)
             if running_mean is not None:
