@@ -93,6 +93,9 @@ class FakeCuda:
             self._local.stream = old
             self._log("exit", s.name)
 
+    def record_stream(self, tensor: torch.Tensor, stream: FakeStream) -> None:
+        self._log("record_stream", tensor.data_ptr(), stream.name)
+
     # device
     def synchronize(self, device=None) -> None:
         self.synced_at = self.clock

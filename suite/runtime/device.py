@@ -203,6 +203,16 @@ class Platform:
         ev.record(stream if stream is not None else self.current_stream())
         return ev
 
+    def record_stream(self, tensor: torch.Tensor, stream) -> None:
+        """Tell the caching allocator that ``tensor`` is in use on ``stream`` until the work queued there
+        now is done (``Tensor.record_stream``), so freeing it elsewhere cannot recycle it early; CPU: no-op."""
+        if not self.is_cuda:
+            return
+        if self.cuda_api is not None:
+            self.cuda_api.record_stream(tensor, stream)
+        else:
+            tensor.record_stream(stream)
+
     # -- timing ------------------------------------------------------------------------
     def mark(self, stream=None):
         """A point in time on the device's queue: a timing event recorded on ``stream`` (default: the

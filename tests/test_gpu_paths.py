@@ -1,0 +1,159 @@
+"""The CUDA paths, exercised on CPU through a fake platform (tests/fakes.py), and static guards.
+
+What a fake can show: which thread issues each collective, in which order, on which stream, and
+that every stream wait / event record / record_stream the CUDA semantics need is made, in order.
+What it cannot show (real NCCL timing, a real hang): ``fleetbench doctor`` on a GPU (docs/gpu.md).
+"""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
+
+
+def _record_collectives(api, calls: list):
+    """Wrap every collective of suite.comm.collectives to note (thread, op, group, current stream)."""
+    from suite.comm import collectives as C
+    from suite.runtime.groups import label_of
+
+    saved = {op: getattr(C, op) for op in COLLECTIVES}
+    for op, orig in saved.items():
+        def wrapped(*args, _orig=orig, _op=op, **kwargs):
+            group = kwargs.get("group")
+            stream = api.current_stream().name if api is not None else None
+            calls.append((threading.current_thread().name, _op, label_of(group), stream))
+            if api is not None:
+                api._log("collective", _op, label_of(group))
+            return _orig(*args, **kwargs)
+
+        setattr(C, op, wrapped)
+
+    def restore() -> None:
+        for op, orig in saved.items():
+            setattr(C, op, orig)
+
+    return restore
+
+
+def _net(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.ReLU(),
+                               torch.nn.Linear(8, 4))
+
+
+def _grads(net, x):
+    net.zero_grad(set_to_none=True)
+    net(x).square().sum().backward()
+    return [p.grad.clone() for p in net.parameters()]
+
+
+def bucketed_order_on_rank(fake: bool, config: dict) -> dict:
+    """One step of the bucketed path (and one average_tensors) on a fake-CUDA or the real CPU platform."""
+    from dataclasses import replace
+
+    from suite.comm.bucketed import BucketedGradSync
+    from suite.config import StrategyConfig
+    from suite.runtime import context
+
+    from tests.fakes import FakeCuda, fake_cuda_platform
+
+    ctx = context.current()
+    api = FakeCuda() if fake else None
+    if fake:
+        context.set_current(replace(ctx, platform=fake_cuda_platform(api, ctx.local_rank)))
+    calls: list = []
+    restore = _record_collectives(api, calls)
+    sync = None
+    try:
+        world, rank = ctx.world_size, ctx.rank
+        xs = [torch.randn(5, 6, generator=torch.Generator().manual_seed(100 + r)) for r in range(world)]
+        want = [sum(g) / world for g in zip(*(_grads(_net(), x) for x in xs))]  # the exact average, local
+
+        net = _net()
+        sync = BucketedGradSync(net, StrategyConfig.from_dict(config))
+        sync.begin_step()
+        net(xs[rank]).square().sum().backward()
+        step_calls = len(calls)
+        sync.finish_step()
+        err = max(float((p.grad - w).abs().max()) for p, w in zip(net.parameters(), want))
+
+        tensors = [torch.full((7,), float(rank + 1)), torch.full((3, 2), float(rank + 1))]
+        sync.average_tensors(tensors)
+        avg_err = max(float((t - (world + 1) / 2).abs().max()) for t in tensors)
+        return {"calls": calls, "step_calls": step_calls, "log": api.log if api else [],
+                "buckets": [(b.index, b.comm_index, b.flat.data_ptr()) for b in sync.buckets],
+                "main": threading.current_thread().name, "grad_err": err, "avg_err": avg_err}
+    finally:
+        restore()
+        if sync is not None:
+            sync.close()
+        context.set_current(ctx)
+
+
+HIER = dict(fuse_all_reduce_ops=True, fuse_grad_size_in_layers=1, sync_nccl_allreduce=False, nccl_comm_num=2,
+            use_hierarchical_allreduce=True, hierarchical_allreduce_inter_nranks=2)
+
+
+def test_cuda_hierarchical_overlap_issues_collectives_from_the_hook_in_bucket_order_on_side_streams(pool4):
+    """Issue 11, defect 1: on CUDA no worker thread may issue a collective (NCCL's wait would block the
+    default stream backward uses, and threads of two communicators could order differently per rank)."""
+    answers = pool4.run(bucketed_order_on_rank, dict(fake=True, config=HIER))
+    for a in answers:
+        assert a["grad_err"] < 1e-5 and a["avg_err"] < 1e-6, a
+        threads = {c[0] for c in a["calls"]}
+        assert threads == {a["main"]}, f"collectives issued from {threads}; only the hook's/caller's thread may"
+        buckets = a["buckets"]
+        assert len(buckets) == 3 and [c for _, c, _ in buckets] == [0, 1, 0]
+        # the step: per bucket in order, the three steps on that communicator's groups, on its side stream
+        step = a["calls"][:a["step_calls"]]
+        assert [(op, g.split(".")[0]) for _, op, g, _ in step] == [
+            (op, f"{lvl}{c}") for _, c, _ in buckets
+            for op, lvl in (("reduce_scatter", "intra"), ("all_reduce", "inter"), ("all_gather", "intra"))]
+        side_of = {}
+        for (_, c, _), k in zip(buckets, range(0, len(step), 3)):
+            streams = {s for *_, s in step[k:k + 3]}
+            assert len(streams) == 1 and streams != {"default"}, streams
+            side_of.setdefault(c, streams.pop())
+        assert side_of[0] != side_of[1], "each communicator has its own side stream"
+
+        # the stream protocol, in log order
+        log = [e[1:] for e in a["log"]]
+        launches = [i for i, e in enumerate(log) if e[0] == "wait_stream"]
+        assert len(launches) == 4  # three buckets, then average_tensors' one fused chunk
+        launches = launches[:3]
+        for (bi, c, ptr), i in zip(buckets, launches):
+            side = side_of[c]
+            assert log[i] == ("wait_stream", side, "default"), "the side stream waits for the producing stream"
+            assert log[i + 1] == ("enter", side)
+            assert [e[0] for e in log[i + 2:i + 5]] == ["collective"] * 3
+            assert log[i + 5][0] == "record" and log[i + 5][2] == side
+            assert log[i + 6] == ("exit", side)
+        events = [log[i + 5][1] for i in launches]
+        completions = [e for e in log if e[0] in ("wait_event", "record_stream")]
+        assert completions[:6] == [x for (bi, c, ptr), ev in zip(buckets, events)
+                                   for x in (("wait_event", "default", ev), ("record_stream", ptr, side_of[c]))]
+        # all three launched before the first completion: the chains overlap backward, nothing waits in it
+        assert log.index(completions[0]) > launches[-1] + 6
+        # average_tensors takes the same path from the caller's thread
+        assert all(s != "default" for *_, s in a["calls"][a["step_calls"]:])
+
+
+def test_cpu_hierarchical_overlap_keeps_the_worker_threads(pool4):
+    """On gloo the CPU path is unchanged: each communicator's chains run on its own worker thread."""
+    answers = pool4.run(bucketed_order_on_rank, dict(fake=False, config=HIER))
+    for a in answers:
+        assert a["grad_err"] < 1e-5 and a["avg_err"] < 1e-6, a
+        threads = {c[0] for c in a["calls"]}  # (the workers may still be issuing when backward returns)
+        assert threads == {"fleetbench-comm0_0", "fleetbench-comm1_0"}, threads
+
+
+def test_cuda_flat_overlap_on_two_communicators_issues_in_bucket_order_from_one_thread(pool2):
+    cfg = dict(fuse_all_reduce_ops=True, fuse_grad_size_in_layers=1, sync_nccl_allreduce=False, nccl_comm_num=2)
+    for a in pool2.run(bucketed_order_on_rank, dict(fake=True, config=cfg)):
+        assert a["grad_err"] < 1e-5 and a["avg_err"] < 1e-6, a
+        step = a["calls"][:a["step_calls"]]
+        assert {c[0] for c in step} == {a["main"]}
+        assert [(op, g) for _, op, g, _ in step] == [("all_reduce", f"comm{c}") for _, c, _ in a["buckets"]]
