@@ -157,3 +157,68 @@ def test_cuda_flat_overlap_on_two_communicators_issues_in_bucket_order_from_one_
         step = a["calls"][:a["step_calls"]]
         assert {c[0] for c in step} == {a["main"]}
         assert [(op, g) for _, op, g, _ in step] == [("all_reduce", f"comm{c}") for _, c, _ in a["buckets"]]
+
+
+# -- collective spans: device time from CUDA events, not host clocks (defect 5) -------------------------
+@pytest.fixture
+def one_rank_world():
+    """A one-rank gloo world in this process, with a rank context on a fake CUDA platform."""
+    import torch.distributed as dist
+
+    from suite.runtime import context
+
+    from .fakes import FakeCuda, fake_cuda_platform
+
+    api = FakeCuda()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    context.set_current(context.RankContext(0, 1, 0, 1, fake_cuda_platform(api)))
+    try:
+        yield api
+    finally:
+        context.set_current(None)
+        dist.destroy_process_group()
+
+
+def test_cuda_collective_spans_take_device_time_from_events(one_rank_world, monkeypatch):
+    """Under NCCL a call returns when the work is queued: host clocks would show ~0 s.  The fake device
+    spends 0.5 s in each collective while the host returns at once; the spans must show 0.5 s."""
+    import time
+
+    import torch.distributed as dist
+
+    from suite.comm import collectives as C
+
+    api = one_rank_world
+    real = dist.all_reduce
+
+    def queued(tensor, *args, **kwargs):
+        api.clock += 0.5  # the device works for 0.5 s after the host call returned
+        return real(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(dist, "all_reduce", queued)
+    C.STATS.record_spans(True)
+    try:
+        api.synchronize()
+        t0, anchor = time.perf_counter(), None
+        from suite.runtime.context import current
+
+        p = current().platform
+        anchor = p.mark()
+        C.all_reduce(torch.ones(4))
+        work = C.all_reduce(torch.ones(4), async_op=True)
+        work.wait()
+        p.synchronize()
+        C.STATS.resolve_spans(p, anchor, t0)
+        spans = list(C.STATS.spans)
+    finally:
+        C.STATS.record_spans(False)
+    assert len(spans) == 2
+    for s in spans:
+        assert s.t_end - s.t_launch == pytest.approx(0.5), s
+    assert spans[1].t_launch - t0 == pytest.approx(0.5)  # the second starts after the first on the device
+    # the async end event sits on a timing stream of the group that waited for the work, not the caller's
+    rec = [e for e in api.log if e[1] == "record"]
+    assert [e[3] for e in rec] == ["default", "default", "default", "default", rec[-1][3]]
+    assert rec[-1][3] != "default"
+    entered = [e for e in api.log if e[1] == "enter"]
+    assert entered and entered[-1][2] == rec[-1][3]
