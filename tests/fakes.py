@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
+import time
 import types
 from dataclasses import dataclass
 
@@ -65,6 +66,7 @@ class FakeCuda:
         self._local = threading.local()
         self.default = FakeStream(self, "default")
         self.clock = 0.0  # seconds; tests advance it to stand for device time
+        self.busy = 0.0  # seconds of queued device work a synchronize waits for (really sleeps)
         self.synced_at = None
         self.n = device_count
         self.allocated = allocated
@@ -93,11 +95,18 @@ class FakeCuda:
             self._local.stream = old
             self._log("exit", s.name)
 
+    def pin_memory(self, tensor: torch.Tensor) -> torch.Tensor:
+        self._log("pin", tuple(tensor.shape))
+        return tensor
+
     def record_stream(self, tensor: torch.Tensor, stream: FakeStream) -> None:
         self._log("record_stream", tensor.data_ptr(), stream.name)
 
     # device
     def synchronize(self, device=None) -> None:
+        if self.busy:  # queued device work the host now waits for
+            time.sleep(self.busy)
+            self.busy = 0.0
         self.synced_at = self.clock
         self._log("synchronize")
 

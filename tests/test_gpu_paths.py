@@ -222,3 +222,65 @@ def test_cuda_collective_spans_take_device_time_from_events(one_rank_world, monk
     assert rec[-1][3] != "default"
     entered = [e for e in api.log if e[1] == "enter"]
     assert entered and entered[-1][2] == rec[-1][3]
+
+
+# -- the reader's CUDA paths (defects 4, 8) ---------------------------------------------------------------
+def _source(n: int = 12, batch: int = 4):
+    from suite.data.reader import BatchSource, EncodedImages
+    from suite.data.synthetic import SyntheticImages
+
+    return BatchSource(EncodedImages.from_dataset(SyntheticImages(n, 1)), batch, 0, 1, seed=1)
+
+
+def test_double_buffer_on_cuda_sets_the_device_in_its_thread_and_syncs_streams():
+    """The prefetch thread must set the rank's device before it touches CUDA (else a context on GPU 0,
+    as torch's pin-memory thread avoids); copies run on a side stream the consumer waits for."""
+    from suite.data.reader import OptimizedReader, PlainReader
+    from suite.runtime.device import Platform
+
+    from .fakes import FakeCuda, fake_cuda_platform
+
+    api = FakeCuda()
+    with PlainReader(_source(), Platform("cpu", "gloo")) as plain:
+        want = [(x.clone(), y.clone()) for x, y in plain.epoch(0)]
+    with OptimizedReader(_source(), fake_cuda_platform(api, local_rank=5), double_buffer=True) as reader:
+        got = list(reader.epoch(0))
+    assert len(got) == len(want) == 3
+    for (x, y), (wx, wy) in zip(got, want):
+        assert torch.equal(x, wx) and torch.equal(y, wy)
+    prefetch = [e for e in api.log if e[0] == "fleetbench-reader-prefetch"]
+    assert prefetch[0][1] == "set_device", prefetch[:3]  # before any pinning or stream use
+    assert {e[1] for e in prefetch[1:]} == {"pin", "enter", "record", "exit"}
+    consumer = [e[1:] for e in api.log if e[0] == "MainThread"]
+    records = [e[2] for e in prefetch if e[1] == "record"]
+    assert [e[2] for e in consumer if e[0] == "wait_event"] == records  # every copy waited on, in order
+    assert all(e[1] == "default" for e in consumer if e[0] == "wait_event")
+    assert sum(1 for e in consumer if e[0] == "record_stream") == 2 * len(records)  # x and y of each batch
+
+
+def test_data_wait_excludes_the_previous_steps_queued_gpu_work():
+    """A blocking .to(device) waits for the stream's queued work; timing from before that wait counts the
+    previous step's GPU time as data wait.  timed_next synchronizes before its timer starts."""
+    import time
+
+    from suite.data.reader import timed_next
+
+    from .fakes import FakeCuda, fake_cuda_platform
+
+    api = FakeCuda()
+    p = fake_cuda_platform(api)
+
+    def batches():
+        while True:
+            api.synchronize()  # the plain reader's blocking copy: waits for whatever the stream holds
+            yield torch.zeros(1)
+
+    it = batches()
+    api.busy = 0.3  # the previous step's kernels, still queued
+    t0 = time.perf_counter()
+    next(it)
+    naive = time.perf_counter() - t0
+    assert naive >= 0.25  # what the old timer measured: the previous step's GPU time
+    api.busy = 0.3
+    _, wait = timed_next(it, p)
+    assert wait < 0.1, wait

@@ -203,6 +203,13 @@ class Platform:
         ev.record(stream if stream is not None else self.current_stream())
         return ev
 
+    def pin(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A page-locked copy of a host tensor, so a non-blocking copy to the GPU is truly asynchronous;
+        the tensor itself on CPU."""
+        if not self.is_cuda:
+            return tensor
+        return self.cuda_api.pin_memory(tensor) if self.cuda_api is not None else tensor.pin_memory()
+
     def record_stream(self, tensor: torch.Tensor, stream) -> None:
         """Tell the caching allocator that ``tensor`` is in use on ``stream`` until the work queued there
         now is done (``Tensor.record_stream``), so freeing it elsewhere cannot recycle it early; CPU: no-op."""
