@@ -284,3 +284,69 @@ def test_data_wait_excludes_the_previous_steps_queued_gpu_work():
     api.busy = 0.3
     _, wait = timed_next(it, p)
     assert wait < 0.1, wait
+
+
+# -- static guard: every tensor created in rank-side code names its device (defect 2) --------------------
+FACTORIES = {"zeros", "empty", "ones", "full", "tensor", "arange", "rand", "randn", "randint", "randperm"}
+
+# (module path under suite/, enclosing function) -> why a tensor without device= is right there.
+HOST_SIDE = {
+    ("data/synthetic.py", "SyntheticImages.__init__"): "the dataset lives on the host; prepare() moves batches",
+    ("data/synthetic.py", "SyntheticTokens.__init__"): "the dataset lives on the host; prepare() moves batches",
+    ("data/synthetic.py", "step_indices"): "host indices into the host dataset (seeded CPU generator)",
+    ("data/reader.py", "shard_epoch"): "host indices into the host dataset (seeded CPU generator)",
+    ("figures/local_sgd.py", "quality_on_rank"): "host indices into the host dataset (data.get)",
+    ("figures/compute.py", "saved_bytes_rows"): "runs in the parent process (one forward, bytes saved), no rank",
+    ("models/transformer.py", "TinyTransformer.__init__"): "module construction; ModelSpec.make moves it .to(device)",
+    ("compute/fused_optim.py", "FlatOptimizer.state"): "the step count, a CPU scalar as in torch.optim (non-capturable)",
+    ("check/harness.py", "check_on_rank"): "host floats (losses already fetched with .item()) compared on the host",
+}
+# Real defects outside this change's files (owners told); the strict xfail below turns red once fixed.
+KNOWN_DEFECTS = {
+    ("runtime/probes.py", "allreduce_rank_sum"): "a collective on a CPU tensor: fails under NCCL",
+}
+
+
+def _tensors_without_device() -> set:
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent / "suite"
+    found = set()
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        stack: list = []
+
+        class Visitor(ast.NodeVisitor):
+            def generic_visit(self, node):
+                scoped = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                if scoped:
+                    stack.append(node.name)
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr in FACTORIES and isinstance(node.func.value, ast.Name)
+                        and node.func.value.id == "torch" and not any(k.arg == "device" for k in node.keywords)):
+                    found.add((rel, ".".join(stack) or "<module>", node.lineno, node.func.attr))
+                super().generic_visit(node)
+                if scoped:
+                    stack.pop()
+
+        Visitor().visit(ast.parse(path.read_text(), str(path)))
+    return found
+
+
+def test_every_tensor_created_in_rank_side_code_names_its_device():
+    """On NCCL a collective on a tensor made without device= raises "No backend type associated with
+    device type cpu"; an optimizer benchmark made so silently runs on the CPU of a GPU machine."""
+    found = _tensors_without_device()
+    bad = sorted(f"suite/{rel}:{line} {fn}: torch.{name}(...) without device="
+                 for rel, fn, line, name in found if (rel, fn) not in HOST_SIDE and (rel, fn) not in KNOWN_DEFECTS)
+    assert not bad, "\n".join(bad)
+    stale = sorted(k for k in HOST_SIDE if not any((rel, fn) == k for rel, fn, _, _ in found))
+    assert not stale, f"allow-list entries that match nothing any more (remove them): {stale}"
+
+
+@pytest.mark.xfail(strict=True, reason="known: suite/runtime/probes.py allreduce_rank_sum (outside issue 11's "
+                                       "helper files) reduces a CPU tensor; fix it and drop it from KNOWN_DEFECTS")
+def test_known_device_defects_are_fixed():
+    found = {(rel, fn) for rel, fn, _, _ in _tensors_without_device()}
+    assert not (found & set(KNOWN_DEFECTS)), sorted(found & set(KNOWN_DEFECTS))
