@@ -7,7 +7,8 @@
   does for an event that has not completed.
 - :func:`fake_cuda_platform`: a ``Platform`` that takes its CUDA branches (``is_cuda``) through a
   ``FakeCuda``, while its tensors stay on the CPU (``device`` is the CPU) so gloo can carry them.
-- :class:`FakeNvml`: a ``pynvml`` module stand-in with per-index utilization and names.
+- :class:`FakeNvml`: a ``pynvml`` module stand-in with per-index utilization and names (device i has
+  UUID ``GPU-fake-i``).
 """
 from __future__ import annotations
 
@@ -179,6 +180,13 @@ class FakeNvml(types.ModuleType):
             raise ValueError(f"NVML index {i} out of range")
         self.handles_asked.append(i)
         return i
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        uuids = [f"GPU-fake-{i}" for i in range(len(self.names))]
+        if uuid not in uuids:
+            raise ValueError(f"NVML: no device with UUID {uuid}")
+        self.handles_asked.append(uuids.index(uuid))
+        return uuids.index(uuid)
 
     def nvmlDeviceGetUtilizationRates(self, h):
         return types.SimpleNamespace(gpu=self.util[h], memory=0)

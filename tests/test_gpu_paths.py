@@ -7,6 +7,7 @@ What it cannot show (real NCCL timing, a real hang): ``fleetbench doctor`` on a 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -350,3 +351,68 @@ def test_every_tensor_created_in_rank_side_code_names_its_device():
 def test_known_device_defects_are_fixed():
     found = {(rel, fn) for rel, fn, _, _ in _tensors_without_device()}
     assert not (found & set(KNOWN_DEFECTS)), sorted(found & set(KNOWN_DEFECTS))
+
+
+# -- NVML: the GPUs this process sees, one sampler per node (defect 9) -----------------------------------
+def _nvml(monkeypatch, n: int = 4):
+    import sys
+
+    from .fakes import FakeNvml
+
+    fake = FakeNvml([f"GPU {i}" for i in range(n)])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    return fake
+
+
+def _sample(monkeypatch) -> dict:
+    from suite.measure.utilization import UtilizationSampler
+
+    s = UtilizationSampler(interval=0.02, device="cuda")
+    with s:
+        time.sleep(0.15)
+    return s.summary()
+
+
+
+@pytest.mark.parametrize("visible, want", [("2,3", [2, 3]), ("GPU-fake-3,GPU-fake-0", [3, 0]), ("1,-1,2", [1])])
+def test_nvml_samples_the_visible_gpus_in_cudas_order(monkeypatch, visible, want):
+    fake = _nvml(monkeypatch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    out = _sample(monkeypatch)
+    assert out["nvml_ids"] == [visible.split(",")[i] for i in range(len(want))]
+    assert [g["util_pct"]["median"] for g in out["gpus"]] == [float(fake.util[i]) for i in want], out["gpus"]
+
+
+def test_nvml_unknown_visible_entry_is_reported_not_replaced(monkeypatch):
+    _nvml(monkeypatch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-elsewhere")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    out = _sample(monkeypatch)
+    assert "gpus" not in out and any("NVML failed" in u and "GPU-elsewhere" in u for u in out["unavailable"])
+
+
+def test_only_local_rank_0_samples_under_torchrun(monkeypatch):
+    fake = _nvml(monkeypatch)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    out = _sample(monkeypatch)
+    assert fake.inits == 0 and out["n"] == 0 and out["sampled"] is False
+    assert any("local rank 0 samples" in u for u in out["unavailable"])
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    out = _sample(monkeypatch)
+    assert fake.inits == 1 and out["n"] > 0 and len(out["gpus"]) == 4
+
+
+def test_metadata_names_the_visible_gpus(monkeypatch):
+    from suite.measure.metadata import gpu_info
+
+    fake = _nvml(monkeypatch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: f"cuda {i}")
+    info = gpu_info()
+    assert info["count"] == 2 and info["names"] == ["cuda 0", "cuda 1"]
+    assert [(d["nvml_id"], d["name"]) for d in info["nvml"]] == [("1", "GPU 1"), ("3", "GPU 3")]
+    assert fake.handles_asked == [1, 3]
