@@ -416,3 +416,20 @@ def test_metadata_names_the_visible_gpus(monkeypatch):
     assert info["count"] == 2 and info["names"] == ["cuda 0", "cuda 1"]
     assert [(d["nvml_id"], d["name"]) for d in info["nvml"]] == [("1", "GPU 1"), ("3", "GPU 3")]
     assert fake.handles_asked == [1, 3]
+
+
+# -- the emulated cluster is CPU-only (defect 9) -----------------------------------------------------------
+def test_emulated_cluster_ranks_see_no_gpu_and_cuda_is_refused():
+    import types
+
+    from suite.cluster.launch import apply_cluster_args, rank_env
+    from suite.cluster.spec import parse_cluster
+    from suite.config import ConfigError
+
+    spec = parse_cluster("2x2:inter=200mbit")
+    cluster = types.SimpleNamespace(spec=spec, node_of_rank=lambda r: types.SimpleNamespace(index=r // 2))
+    for r in range(4):
+        assert rank_env(cluster, r)["CUDA_VISIBLE_DEVICES"] == ""  # so the ranks pick CPU/gloo
+    args = types.SimpleNamespace(cluster="2x2:inter=200mbit", device="cuda", nproc=2, set=[])
+    with pytest.raises(ConfigError, match="bypass its rate-limited links"):
+        apply_cluster_args(args)
