@@ -433,3 +433,24 @@ def test_emulated_cluster_ranks_see_no_gpu_and_cuda_is_refused():
     args = types.SimpleNamespace(cluster="2x2:inter=200mbit", device="cuda", nproc=2, set=[])
     with pytest.raises(ConfigError, match="bypass its rate-limited links"):
         apply_cluster_args(args)
+
+
+# -- traces: overlapping collectives are async events ------------------------------------------------------
+def test_trace_draws_overlapping_collectives_as_async_begin_end_pairs():
+    from suite.report.trace import chrome_trace
+
+    step = {"t0": 1.0, "t1": 1.1, "forward": [1.0, 1.02], "grads": [("w", 1.05), ("b", 1.06)],
+            "comm": [{"op": "all_reduce", "group": "comm0", "nbytes": 64, "t0": 1.050, "t1": 1.090},
+                     {"op": "all_reduce", "group": "comm0", "nbytes": 32, "t0": 1.060, "t1": 1.080}]}  # overlapping
+    trace = chrome_trace([{"rank": 0, "steps": [step], "buckets": [["w"], ["b"]]}])
+    comm = [e for e in trace["traceEvents"] if e.get("cat") == "comm"]
+    assert all(e["ph"] in ("b", "e") for e in comm), [e["ph"] for e in comm]
+    begins = {e["id"]: e for e in comm if e["ph"] == "b"}
+    ends = {e["id"]: e for e in comm if e["ph"] == "e"}
+    assert len(begins) == len(ends) == 2 and begins.keys() == ends.keys()
+    for i, b in begins.items():
+        e = ends[i]
+        assert (b["name"], b["cat"], b["pid"]) == (e["name"], e["cat"], e["pid"]) and e["ts"] >= b["ts"]
+    spans = sorted((b["ts"], ends[i]["ts"]) for i, b in begins.items())
+    assert spans == [(1050000.0, 1090000.0), (1060000.0, 1080000.0)]
+    assert begins[min(begins)]["args"] == {"bytes": 64, "group": "comm0", "step": 1}
