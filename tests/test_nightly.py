@@ -24,6 +24,10 @@ def test_gpu_workflow_is_linted_and_runs_the_nightly_pipeline_on_a_schedule():
     text = open(WORKFLOW).read()
     for words in ("schedule:", "self-hosted", "gpu", ".ci/nightly", "NIGHTLY_DEVICE: cuda", "results/last-good"):
         assert words in text, words
+    # the self-check runs first and stops the job; GPUs are counted by torch (CUDA_VISIBLE_DEVICES, no MIG lines)
+    assert "fleetbench doctor --device cuda" in text
+    assert text.index("fleetbench doctor") < text.index("run: .ci/nightly")
+    assert "torch.cuda.device_count()" in text and "nvidia-smi --list-gpus" not in text
 
 
 def _seed_last_good(path):
