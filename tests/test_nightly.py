@@ -24,6 +24,10 @@ def test_gpu_workflow_is_linted_and_runs_the_nightly_pipeline_on_a_schedule():
     text = open(WORKFLOW).read()
     for words in ("schedule:", "self-hosted", "gpu", ".ci/nightly", "NIGHTLY_DEVICE: cuda", "results/last-good"):
         assert words in text, words
+    # the self-check runs first and stops the job; GPUs are counted by torch (CUDA_VISIBLE_DEVICES, no MIG lines)
+    assert text.index("run: .venv/bin/fleetbench doctor --device cuda") < text.index("run: .ci/nightly")
+    assert 'n=$(.venv/bin/python -c "import torch; print(torch.cuda.device_count())")' in text
+    assert "n=$(nvidia-smi" not in text
 
 
 def _seed_last_good(path):

@@ -16,6 +16,7 @@ COMMANDS = {
     "comm": "suite.cli.comm",
     "cluster": "suite.cli.cluster_cmd",
     "predict": "suite.cli.predict",
+    "doctor": "suite.cli.doctor",
 }
 
 

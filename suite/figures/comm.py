@@ -69,19 +69,22 @@ def comm_alone_on_rank(model: str, variants: list[dict], rounds: int = 5, reps: 
     from ..comm.bucketed import BucketedGradSync
     from ..comm.factory import build_grad_sync
     from ..models import get_model
+    from ..runtime.context import current
     from ..runtime.groups import comm_groups
 
+    platform = current().platform
+    device = platform.device  # NCCL carries only tensors on the rank's GPU
     spec = get_model(model)
     runners = []
     for v in variants:
         if v["name"] == "single":
             net = spec.make(0)
-            flat = torch.zeros(sum(p.numel() for p in net.parameters() if p.requires_grad))
+            flat = torch.zeros(sum(p.numel() for p in net.parameters() if p.requires_grad), device=device)
             g = comm_groups(1)[0]
             runners.append((v["name"], lambda flat=flat, g=g: C.all_reduce(flat.div_(1.0), group=g)))
             continue
         cfg = StrategyConfig.from_dict(v["config"])
-        net = spec.make(0)
+        net = spec.make(0, device)
         sync = build_grad_sync(net, cfg)
         if isinstance(sync, BucketedGradSync):
             def run(sync=sync) -> None:
@@ -103,6 +106,7 @@ def comm_alone_on_rank(model: str, variants: list[dict], rounds: int = 5, reps: 
             t0 = time.perf_counter()
             for _ in range(reps):
                 run()
+            platform.synchronize()  # NCCL calls return once queued: the clock stops when the work is done
             dist.barrier()
             times[name].append((time.perf_counter() - t0) / reps)
     return {"times": times}

@@ -46,7 +46,8 @@ def cpu_model() -> str:
 
 
 def gpu_info() -> dict:
-    """GPU names, clocks and driver through NVML where present; otherwise why not."""
+    """GPU names, clocks and driver through NVML where present; otherwise why not.  Only the GPUs this
+    process sees (``CUDA_VISIBLE_DEVICES``), counted by torch, in torch's order."""
     import torch
 
     if not torch.cuda.is_available():
@@ -56,13 +57,15 @@ def gpu_info() -> dict:
     try:
         import pynvml
 
+        from .utilization import visible_nvml_handles
+
         pynvml.nvmlInit()
         try:
             info["driver"] = pynvml.nvmlSystemGetDriverVersion()
             devs = []
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for nvml_id, h in visible_nvml_handles(pynvml):  # the GPUs torch sees, in its order
                 devs.append({
+                    "nvml_id": nvml_id,
                     "name": pynvml.nvmlDeviceGetName(h),
                     "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
                     "max_sm_clock_mhz": pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),

@@ -1,9 +1,14 @@
 """Utilization sampled in a background thread while a case runs.
 
-On CUDA: every GPU's utilization (%), memory used (bytes) and power (W) through NVML
-(``pynvml``, imported lazily).  On CPU: the host's CPU utilization (%) from ``/proc/stat``
-deltas (psutil is not a dependency).  What cannot be sampled says why, plainly, in the
-summary's ``unavailable`` field; sampling never fails a case.
+On CUDA: the utilization (%), memory used (bytes) and power (W) of every GPU this process can
+see, through NVML (``pynvml``, imported lazily).  ``gpus[i]`` is ``cuda:i``: NVML numbers the
+machine's GPUs itself, so the visible ones are found from ``CUDA_VISIBLE_DEVICES`` (indices or
+``GPU-``/``MIG-`` UUIDs; :func:`visible_nvml_handles`).  On CPU: the host's CPU utilization (%)
+from ``/proc/stat`` deltas (psutil is not a dependency).  What cannot be sampled says why,
+plainly, in the summary's ``unavailable`` field; sampling never fails a case.
+
+Under torchrun every rank runs the same code; only local rank 0 of each node samples (one
+sampler per machine: they would all sample the same GPUs and host).
 
     with UtilizationSampler(interval=0.2) as sampler:
         ...                       # the case runs
@@ -11,12 +16,43 @@ summary's ``unavailable`` field; sampling never fails a case.
 """
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
 from typing import Optional
 
-__all__ = ["UtilizationSampler", "read_proc_stat", "cpu_busy_fraction"]
+__all__ = ["UtilizationSampler", "read_proc_stat", "cpu_busy_fraction", "visible_nvml_handles", "samples_here"]
+
+
+def visible_nvml_handles(nvml, environ: Optional[dict] = None) -> list[tuple[str, object]]:
+    """``[(NVML id, handle)]`` of the GPUs this process sees, in CUDA's order (``cuda:0`` first).
+
+    ``CUDA_VISIBLE_DEVICES`` lists NVML indices or UUIDs (``GPU-…``, ``MIG-…``); unset, every GPU.
+    Indices are CUDA's enumeration order, which is NVML's (PCI bus order) on a node of identical GPUs
+    or with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``.  An entry NVML does not know raises: no other GPU is
+    sampled in its place."""
+    env = os.environ if environ is None else environ
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return [(str(i), nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(nvml.nvmlDeviceGetCount())]
+    out = []
+    for token in (t.strip() for t in visible.split(",")):
+        if not token:
+            continue
+        if token.lstrip("-").isdigit():
+            if int(token) < 0:
+                break  # CUDA stops at the first invalid entry
+            out.append((token, nvml.nvmlDeviceGetHandleByIndex(int(token))))
+        else:
+            out.append((token, nvml.nvmlDeviceGetHandleByUUID(token)))
+    return out
+
+
+def samples_here(environ: Optional[dict] = None) -> bool:
+    """False on every torchrun rank but local rank 0 (one sampler per node)."""
+    env = os.environ if environ is None else environ
+    return env.get("LOCAL_RANK", "0") == "0"
 
 
 def read_proc_stat(path: str = "/proc/stat") -> Optional[tuple[int, int]]:
@@ -54,13 +90,18 @@ class UtilizationSampler:
         self._thread: Optional[threading.Thread] = None
         self._nvml = None
         self._handles: list = []
+        self._nvml_ids: list = []
+        self.active = samples_here()
         self.t_start = self.t_stop = None
 
     # -- life cycle ------------------------------------------------------------------
     def start(self) -> "UtilizationSampler":
+        self.t_start = time.time()
+        if not self.active:
+            self.unavailable.append("not sampled on this rank: local rank 0 samples this node's GPUs and host")
+            return self
         if self.device == "cuda":
             self._init_nvml()
-        self.t_start = time.time()
         self._thread = threading.Thread(target=self._loop, name="fleetbench-utilization", daemon=True)
         self._thread.start()
         return self
@@ -88,7 +129,9 @@ class UtilizationSampler:
             import pynvml
 
             pynvml.nvmlInit()
-            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            pairs = visible_nvml_handles(pynvml)
+            self._nvml_ids = [i for i, _ in pairs]
+            self._handles = [h for _, h in pairs]
             self._nvml = pynvml
         except Exception as exc:  # noqa: BLE001 - NVML is optional
             self.unavailable.append(f"GPU utilization unavailable: NVML failed ({type(exc).__name__}: {exc})")
@@ -122,8 +165,10 @@ class UtilizationSampler:
     def summary(self) -> dict:
         """Medians and maxima over the samples, plus the raw samples (small: a few per second)."""
         out: dict = {"interval_s": self.interval, "n": len(self.samples), "device": self.device,
-                     "unavailable": list(self.unavailable)}
-        if self.device != "cuda":
+                     "unavailable": list(self.unavailable), "sampled": self.active}
+        if self._nvml_ids:
+            out["nvml_ids"] = list(self._nvml_ids)  # gpus[i] is cuda:i, NVML's nvml_ids[i]
+        if self.device != "cuda" and self.active:
             out["unavailable"].append("GPU utilization unavailable: no CUDA device (CPU run)")
         cpu = [s["cpu_util_pct"] for s in self.samples if "cpu_util_pct" in s]
         if cpu:

@@ -61,8 +61,7 @@ def init_rank(
     platform = select_platform(device, local_rank, local_world_size)
     threads = default_threads(local_world_size, num_threads)
     torch.set_num_threads(threads)
-    if platform.is_cuda:
-        torch.cuda.set_device(platform.device)
+    platform.set_device()  # this thread's current GPU (other threads set theirs: Platform.set_device)
     timeout = datetime.timedelta(seconds=pg_timeout)
     kwargs = dict(backend=platform.backend, rank=rank, world_size=world_size, timeout=timeout)
     if store is not None:
