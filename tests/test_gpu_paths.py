@@ -302,10 +302,7 @@ HOST_SIDE = {
     ("compute/fused_optim.py", "FlatOptimizer.state"): "the step count, a CPU scalar as in torch.optim (non-capturable)",
     ("check/harness.py", "check_on_rank"): "host floats (losses already fetched with .item()) compared on the host",
 }
-# Real defects outside this change's files (owners told); the strict xfail below turns red once fixed.
-KNOWN_DEFECTS = {
-    ("runtime/probes.py", "allreduce_rank_sum"): "a collective on a CPU tensor: fails under NCCL",
-}
+
 
 
 def _tensors_without_device() -> set:
@@ -340,17 +337,10 @@ def test_every_tensor_created_in_rank_side_code_names_its_device():
     device type cpu"; an optimizer benchmark made so silently runs on the CPU of a GPU machine."""
     found = _tensors_without_device()
     bad = sorted(f"suite/{rel}:{line} {fn}: torch.{name}(...) without device="
-                 for rel, fn, line, name in found if (rel, fn) not in HOST_SIDE and (rel, fn) not in KNOWN_DEFECTS)
+                 for rel, fn, line, name in found if (rel, fn) not in HOST_SIDE)
     assert not bad, "\n".join(bad)
     stale = sorted(k for k in HOST_SIDE if not any((rel, fn) == k for rel, fn, _, _ in found))
     assert not stale, f"allow-list entries that match nothing any more (remove them): {stale}"
-
-
-@pytest.mark.xfail(strict=True, reason="known: suite/runtime/probes.py allreduce_rank_sum (outside issue 11's "
-                                       "helper files) reduces a CPU tensor; fix it and drop it from KNOWN_DEFECTS")
-def test_known_device_defects_are_fixed():
-    found = {(rel, fn) for rel, fn, _, _ in _tensors_without_device()}
-    assert not (found & set(KNOWN_DEFECTS)), sorted(found & set(KNOWN_DEFECTS))
 
 
 # -- NVML: the GPUs this process sees, one sampler per node (defect 9) -----------------------------------

@@ -51,7 +51,9 @@ def test_records_carry_utilization_memory_and_busbw(real_run):
         util = r.metrics["utilization"]
         assert util["n"] >= 1 and 0 <= util["cpu_util_pct"]["median"] <= 100, util
         assert any("GPU utilization unavailable" in u for u in util["unavailable"])
-        assert r.metrics["peak_memory_bytes"] > 1e6  # a torch process holds far more than a megabyte
+        # the window's peak above its start (platform.memory_window; tested on a known allocation in test_platform)
+        assert r.metrics["peak_memory_kind"] in ("process_rss", "process_rss_lifetime_peak")
+        assert isinstance(r.metrics["peak_memory_bytes"], int) and r.metrics["peak_memory_bytes"] >= 0
         assert len(r.metrics["step_times_s"]) == 2 * 2 * 2  # rounds x steps x ranks
     plain = by["mlp/plain"].metrics
     assert plain["exposed_comm_s"] == plain["step_time_s"]["median"] - plain["compute_s"]
