@@ -444,3 +444,53 @@ def test_trace_draws_overlapping_collectives_as_async_begin_end_pairs():
     spans = sorted((b["ts"], ends[i]["ts"]) for i, b in begins.items())
     assert spans == [(1050000.0, 1090000.0), (1060000.0, 1080000.0)]
     assert begins[min(begins)]["args"] == {"bytes": 64, "group": "comm0", "step": 1}
+
+
+# -- profile and trace: gradient-ready times and forward marks from device events (defect 5) ----------------
+def _device_time_passes_between_marks(monkeypatch, api, seconds: float = 1.0):
+    """Every mark first lets ``seconds`` of device time pass: a stand-in for kernels that the host only
+    queued (host clocks would put every gradient at the start of backward)."""
+    from suite.runtime.context import current
+
+    platform = current().platform
+    real = type(platform).mark
+
+    def mark(self, stream=None):
+        api.clock += seconds
+        return real(self, stream)
+
+    monkeypatch.setattr(type(platform), "mark", mark)
+
+
+def test_profile_gradient_ready_times_come_from_device_events(one_rank_world, monkeypatch):
+    from suite.cluster.profile import record_profile
+    from suite.workload import WorkloadSpec, drop_workloads
+
+    _device_time_passes_between_marks(monkeypatch, one_rank_world)
+    drop_workloads()
+    try:
+        prof = record_profile(WorkloadSpec("mlp", "tiny", per_rank_batch=4, dataset_size=16), steps=1, warmup=0)
+    finally:
+        drop_workloads()
+    ready = [p["ready_s"] for p in prof["params"]]
+    # marks: forward start, forward end, one per gradient (10 in the MLP), backward end, optimizer end
+    assert prof["forward_s"] == pytest.approx(1.0)
+    assert sorted(ready) == pytest.approx([float(k) for k in range(1, 11)]), ready
+    assert prof["backward_s"] == pytest.approx(11.0) and prof["optimizer_s"] == pytest.approx(1.0)
+
+
+def test_trace_marks_come_from_device_events(one_rank_world, monkeypatch):
+    from suite.measure.trace import trace_on_rank
+    from suite.workload import WorkloadSpec, drop_workloads
+
+    _device_time_passes_between_marks(monkeypatch, one_rank_world)
+    drop_workloads()
+    try:
+        out = trace_on_rank(WorkloadSpec("mlp", "tiny", per_rank_batch=4, dataset_size=16), {}, steps=1, warmup=0)
+    finally:
+        drop_workloads()
+    (step,) = out["steps"]
+    f0, f1 = step["forward"]
+    assert f1 - f0 == pytest.approx(1.0)
+    times = [t for _, t in step["grads"]]
+    assert [b - a for a, b in zip(times, times[1:])] == pytest.approx([1.0] * (len(times) - 1))
