@@ -14,7 +14,7 @@ Construction (in this order):
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -64,7 +64,7 @@ class Engine:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             ids = [device.index] if device.type == "cuda" else None
-            self.model = DDP(model, device_ids=ids, process_group=group,
+            self.model: torch.nn.Module = DDP(model, device_ids=ids, process_group=group,
                              find_unused_parameters=config.find_unused_parameters, **_ddp_buffer_sync())
         else:
             self.model = model
@@ -81,7 +81,7 @@ class Engine:
         self.steps = 0
 
     def describe(self) -> dict:
-        info = {"data_parallel": self.config.data_parallel, "init_broadcasts": self.init_broadcasts}
+        info: dict[str, Any] = {"data_parallel": self.config.data_parallel, "init_broadcasts": self.init_broadcasts}
         if self.grad_sync is not None:
             info.update(self.grad_sync.describe())
         if self.fusion_report:

@@ -28,7 +28,7 @@ import os
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
 
 from .cases import BASELINE, Case
 from .config import StrategyConfig
@@ -37,9 +37,13 @@ from .results.records import CaseRecord
 from .results.structure import structure_of
 from .workload import WorkloadSpec
 
+if TYPE_CHECKING:
+    from .check.harness import CheckResult
+
 __all__ = ["RunOptions", "ResolvedCase", "CaseRunner", "PreparedCase", "new_run_id", "short_error"]
 
-Outcome = Union[dict, Exception, None]
+Checked = Union["CheckResult", Exception, None]  # a check's verdict, the error that stopped it, or no check
+Outcome = Union[dict, Exception, None]  # a timing's metrics, the error that stopped it, or nothing (torchrun)
 
 
 @dataclass(frozen=True)
@@ -180,7 +184,7 @@ class CaseRunner:
         return StrategyConfig().with_overrides(list(self.opts.baseline_overrides))
 
     # ---- check ----------------------------------------------------------------------------
-    def check(self, rc: ResolvedCase) -> Outcome:
+    def check(self, rc: ResolvedCase) -> Checked:
         """The case's CheckResult, the exception that stopped it, or None (no check asked)."""
         if not self.opts.check:
             return None
@@ -275,7 +279,7 @@ class CaseRunner:
         rec.status, rec.verdict, rec.error = "skipped", "skipped", rc.skip
         return rec
 
-    def record(self, rc: ResolvedCase, check: Outcome, measured: Outcome, fallback: Optional[str] = None) -> CaseRecord:
+    def record(self, rc: ResolvedCase, check: Checked, measured: Outcome, fallback: Optional[str] = None) -> CaseRecord:
         """One case's record from its check and its timing (either may be an exception)."""
         rec = self._base_record(rc)
         rec.fallback = fallback
@@ -304,7 +308,7 @@ class CaseRunner:
     # ---- one model, then the whole selection ------------------------------------------------------
     def run_model(self, model_rcs: list[ResolvedCase], progress: Callable[[ResolvedCase, str, float], None]
                   ) -> list[CaseRecord]:
-        checks: dict[str, Outcome] = {}
+        checks: dict[str, Checked] = {}
         for rc in model_rcs:
             t0 = time.perf_counter()
             checks[rc.case.name] = res = self.check(rc)
@@ -374,7 +378,7 @@ class CaseRunner:
         return PreparedCase(self, rc, key, (answers or [{}])[0].get("describe", {}))
 
 
-def _check_line(res: Outcome) -> str:
+def _check_line(res: Checked) -> str:
     if res is None:
         return "skipped (--no-check)"
     if isinstance(res, Exception):

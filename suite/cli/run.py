@@ -16,7 +16,7 @@ import math
 import os
 import sys
 import tempfile
-from typing import Optional
+from typing import Any, Optional
 
 from ..cases import CASES, cases_for_model, select_cases
 from ..config import ConfigError, StrategyConfig, toml_fields
@@ -188,6 +188,8 @@ def main(args) -> int:
         utilization=not args.no_utilization, device=device, backend=backend, baseline_overrides=tuple(args.set),
         results_dir=os.path.dirname(os.path.abspath(args.results)))
 
+    launcher: Any
+    cluster: Any = None  # an emulated cluster, taken down after the launcher
     if env:
         from ..runtime.launch import init_from_env
         from ..runtime.torchrun import TorchrunLauncher
@@ -198,14 +200,13 @@ def main(args) -> int:
     else:
         from .. import runtime
 
-        cluster_kw, cluster = {}, None
+        cluster_kw: dict = {}
         if cluster_spec is not None:
             from ..cluster.launch import start_cluster
 
             cluster, cluster_kw = start_cluster(cluster_spec)
         launcher = runtime.RankPool(args.nproc, device=device, timeout=args.timeout, pg_timeout=args.pg_timeout,
                                     **cluster_kw)
-        launcher.cluster = cluster  # taken down with the launcher
         reporter = True
     records: list = []
     try:
@@ -231,8 +232,8 @@ def main(args) -> int:
             records += batch
     finally:
         launcher.close()
-        if getattr(launcher, "cluster", None) is not None:
-            launcher.cluster.down()
+        if cluster is not None:
+            cluster.down()
         if env:
             from ..runtime.launch import shutdown
 
@@ -341,9 +342,8 @@ def print_table(records) -> None:
     from rich.table import Table
 
     table = Table(title="fleetbench run", show_lines=False)
-    for col, just in (("case", "left"), ("verdict", "left"), ("samples/s", "right"), ("speedup vs plain", "right"),
-                      ("step ms (median, IQR)", "right"), ("collectives/step", "right")):
-        table.add_column(col, justify=just)
+    for col in ("case", "verdict", "samples/s", "speedup vs plain", "step ms (median, IQR)", "collectives/step"):
+        table.add_column(col, justify="left" if col in ("case", "verdict") else "right")
     for r in records:
         m = r.metrics or {}
         sps = m.get("samples_per_s")
