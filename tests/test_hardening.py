@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import selectors
 import signal
 import stat
@@ -189,3 +190,135 @@ def test_a_local_pool_listens_on_no_address_beyond_loopback_and_keeps_its_store_
     finally:
         pool.close()
     assert not os.path.exists(os.path.dirname(second)), "the store survived close()"
+
+
+# ---- report: traces, Markdown, figures ---------------------------------------------------------
+HOSTILE_CASE = "mlp/<script>alert(1)</script>|x"
+HOSTILE_RUN = "<img src=x onerror=alert(1)>"
+HOSTILE_ERROR = "boom | <b>bold</b> [click](javascript:alert(1)) `tick`\nsecond line"
+
+
+def _record(case, world=2, run_id="r1", status="ok", error=None, **metrics):
+    from suite.results.records import CaseRecord
+
+    base = {"samples_per_s": 100.0, "samples_per_s_ci": [90.0, 110.0], "step_time_s": {"median": 0.02},
+            "step_times_s": [0.02, 0.021, 0.019, 0.02, 0.022]}
+    return CaseRecord(case, case.split("/")[0], world, {"data_parallel": "suite"}, run_id, status=status,
+                      verdict="pass" if status == "ok" else "error", metrics={**base, **metrics} if status == "ok"
+                      else {}, metadata={"torch": "2.4.0", "cpu": "test cpu", "gpu": {"available": False}},
+                      error=error)
+
+
+def _unescaped_pipes(line: str) -> int:
+    n, i = 0, 0
+    while i < len(line):
+        if line[i] == "\\":
+            i += 2
+            continue
+        n += line[i] == "|"
+        i += 1
+    return n
+
+
+def test_report_copies_only_traces_from_the_results_traces_folder(tmp_path, capsys):
+    from suite.report.page import build_report
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP SECRET")
+    results = tmp_path / "results"
+    (results / "traces" / "r1").mkdir(parents=True)
+    (results / "traces" / "r1" / "ok@2.json").write_text('{"traceEvents": []}')
+    os.symlink(secret, results / "traces" / "r1" / "link@2.json")
+    records = [
+        _record("mlp/ok", trace_file="traces/r1/ok@2.json"),
+        _record("mlp/absolute", trace_file=str(secret)),
+        _record("mlp/dotdot", trace_file="traces/../../secret.txt"),
+        _record("mlp/symlink", trace_file="traces/r1/link@2.json"),
+        _record("mlp/outside", trace_file="../secret.txt"),
+    ]
+    out = tmp_path / "report"
+    data = build_report(records, str(out), str(results))
+    err = capsys.readouterr().err
+    copied = sorted(p.name for p in (out / "traces").iterdir())
+    assert copied == ["ok@2.json"], copied
+    for p in out.rglob("*"):
+        if p.is_file() and p.suffix != ".png":
+            assert "TOP SECRET" not in p.read_text(errors="replace"), p
+    for case, path in [("mlp/absolute", str(secret)), ("mlp/dotdot", "traces/../../secret.txt"),
+                       ("mlp/symlink", "traces/r1/link@2.json"), ("mlp/outside", "../secret.txt")]:
+        line = [ln for ln in err.splitlines() if f"{case}@2" in ln]
+        assert len(line) == 1 and repr(path) in line[0] and "warning" in line[0], err
+    assert data["traces"] == ["traces/ok@2.json"]
+
+    # traces/ itself a symlink out of the results directory: nothing in it is the results' own
+    other = tmp_path / "other"
+    (other / "traces").mkdir(parents=True)
+    (other / "traces" / "x.json").write_text("TOP SECRET")
+    results2 = tmp_path / "results2"
+    results2.mkdir()
+    os.symlink(other / "traces", results2 / "traces")
+    data = build_report([_record("mlp/linkeddir", trace_file="traces/x.json")], str(tmp_path / "r2"), str(results2))
+    assert data["traces"] == [] and "mlp/linkeddir@2" in capsys.readouterr().err
+
+
+def test_report_markdown_and_html_show_hostile_names_as_text(tmp_path, capsys):
+    from suite.report.page import build_report
+
+    records = [_record(HOSTILE_CASE, run_id=HOSTILE_RUN),
+               _record("mlp/plain", run_id=HOSTILE_RUN),
+               _record("mlp/<img src=x onerror=alert(2)>", run_id="r2", status="error", error=HOSTILE_ERROR)]
+    out = tmp_path / "report"
+    build_report(records, str(out), str(tmp_path))
+    md = (out / "summary.md").read_text()
+    page = (out / "index.html").read_text()
+    for text in (md, page):
+        assert "<script" not in text and "<img src=x" not in text and "<b>" not in text, text
+    assert not re.search(r"(?<!\\)\]\(javascript:", md), md  # the link is shown, not made
+    table = [ln for ln in md.splitlines() if ln.startswith("|")]
+    assert len({_unescaped_pipes(ln) for ln in table}) == 1, table  # no row got an extra cell
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;\\|x" in md
+    errors = [ln for ln in md.splitlines() if ln.startswith("- error:")]
+    assert len(errors) == 1 and "second line" not in md and "boom \\| &lt;b&gt;" in errors[0], md
+
+
+def test_compare_markdown_escapes_case_names_and_verdicts(tmp_path, capsys):
+    from suite.cli.main import main
+    from suite.results.records import append_record
+
+    base, head = tmp_path / "base.jsonl", tmp_path / "head.jsonl"
+    for path in (base, head):
+        append_record(str(path), _record(HOSTILE_CASE))
+        append_record(str(path), _record("mlp/plain\nnext | line"))
+        rec = _record("mlp/verdict")
+        rec.verdict = "<img src=x onerror=alert(1)>|"
+        append_record(str(path), rec)
+    md_path = tmp_path / "cmp.md"
+    assert main(["compare", str(base), str(head), "--markdown", str(md_path)]) in (0, 1)
+    md = md_path.read_text()
+    assert "<script" not in md and "<img" not in md, md
+    lines = md.strip().splitlines()
+    assert len(lines) == 2 + 3, lines  # header, rule, one line per case (the newline did not split a row)
+    assert len({_unescaped_pipes(ln) for ln in lines}) == 1, lines
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;\\|x" in md
+
+
+def test_figures_draw_dollar_signs_in_names_as_text(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from suite.report import figures as F
+    from suite.report.page import build_report
+
+    names = ["mlp/$x^2$", "mlp/a$b", "mlp/$\\frac{$", "mlp/x\\$y$", "mlp/$_$"]
+    records = [_record(n, world=w) for n in names for w in (1, 2)]
+    records += [_record("mlp/$local_sgd$", world=2, losses=[1.0, 0.5]), _record("mlp/plain", world=2,
+                                                                                losses=[1.0, 0.6])]
+    build_report(records, str(tmp_path / "report"), str(tmp_path))  # mathtext raised here
+    assert (tmp_path / "report" / "throughput_w2.png").exists()
+    fig = F.throughput_figure(F.latest(records), 2)
+    try:
+        fig.canvas.draw()
+        # what each tick label shows: (text, drawn as math?) as matplotlib decides it
+        shown = sorted(t._preprocess_math(t.get_text()) for t in fig.axes[0].get_xticklabels())
+        assert shown == sorted((r.case, False) for r in records if r.world_size == 2), shown
+    finally:
+        plt.close(fig)
