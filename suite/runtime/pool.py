@@ -279,6 +279,15 @@ class RankPool:
         if self._started_once:
             self.restarts += 1
         self._started_once = True
+        try:
+            self._spawn()
+            ready = self._collect("__ready__", "starting and joining the process group", self.start_timeout)
+        except BaseException:  # a failed or interrupted start leaves no rank, store or pipe behind
+            self.close()
+            raise
+        self.pids = [ready[r] for r in range(self.nproc)]
+
+    def _spawn(self) -> None:
         if self.store_host is not None or self.store_netns is not None:
             # Emulated cluster: ranks in other network namespaces reach the store over the network.
             # Port 0: the OS picks a free port, so two runs side by side never collide.
@@ -315,8 +324,6 @@ class RankPool:
                 p.start()
         finally:
             watch_r.close()
-        ready = self._collect("__ready__", "starting and joining the process group", self.start_timeout)
-        self.pids = [ready[r] for r in range(self.nproc)]
 
     def close(self) -> None:
         """Stop every rank (politely, then by force) and forget them."""
@@ -327,7 +334,8 @@ class RankPool:
                 pass
         deadline = time.monotonic() + 3.0
         for p in self._procs:
-            p.join(timeout=max(0.0, deadline - time.monotonic()))
+            if p.pid is not None:  # started
+                p.join(timeout=max(0.0, deadline - time.monotonic()))
         for p in self._procs:
             if p.is_alive():
                 tree = _descendants(p.pid) if p.pid else []  # its reader workers etc. go with it
