@@ -13,6 +13,7 @@ import json
 import os
 import re
 import selectors
+import shutil
 import signal
 import stat
 import subprocess
@@ -96,6 +97,8 @@ def _kill_parent_and_watch(sig: int, *flags: str) -> dict:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        if info["store"]:  # when the ranks were killed here (the test failed), their store is still there
+            shutil.rmtree(os.path.dirname(info["store"]), ignore_errors=True)
 
 
 def test_ranks_and_their_children_die_within_2s_of_a_killed_parent():
@@ -322,3 +325,191 @@ def test_figures_draw_dollar_signs_in_names_as_text(tmp_path):
         assert shown == sorted((r.case, False) for r in records if r.world_size == 2), shown
     finally:
         plt.close(fig)
+
+
+# ---- numbers and files checked before any rank starts ------------------------------------------
+GOOD_PROFILE = {"forward_s": 0.01, "backward_s": 0.02, "optimizer_s": 0.005, "per_rank_batch": 16, "model": "mlp",
+                "buffers": [64], "params": [{"name": "w", "nbytes": 4096, "ready_s": 0.01}]}
+
+
+def _profile_with(**change) -> str:
+    d = json.loads(json.dumps(GOOD_PROFILE))
+    for key, value in change.items():
+        if key.startswith("param_"):
+            d["params"][0][key[6:]] = value
+        else:
+            d[key] = value
+    return json.dumps(d)
+
+
+PROFILE_TEXTS = {  # file content -> words the one error line must hold
+    "list": ("[]", ["expected a JSON object"]),
+    "params-int": (_profile_with(params=3), ["params is int"]),
+    "param-not-object": (_profile_with(params=[1]), ["params[0] is 1"]),
+    "nbytes-float": (_profile_with(param_nbytes=1.5), ["nbytes is 1.5"]),
+    "nbytes-bool": (_profile_with(param_nbytes=True), ["nbytes is True"]),
+    "nbytes-negative": (_profile_with(param_nbytes=-1), ["nbytes is -1"]),
+    "forward-nan": (_profile_with(forward_s="__NaN__"), ["forward_s is nan"]),
+    "forward-negative": (_profile_with(forward_s=-0.1), ["forward_s is -0.1"]),
+    "forward-string": (_profile_with(forward_s="fast"), ["forward_s is 'fast'"]),
+    "backward-infinity": (_profile_with(backward_s="__Infinity__"), ["backward_s is inf"]),
+    "backward-overflow": (_profile_with(backward_s="__1e400__"), ["backward_s is inf"]),
+    "ready-nan": (_profile_with(param_ready_s="__NaN__"), ["ready_s is nan"]),
+    "ready-negative": (_profile_with(param_ready_s=-1), ["ready_s is -1"]),
+    "batch-zero": (_profile_with(per_rank_batch=0), ["per_rank_batch is 0"]),
+    "batch-float": (_profile_with(per_rank_batch=2.5), ["per_rank_batch is 2.5"]),
+    "buffers-negative": (_profile_with(buffers=[-1]), ["buffers[0] is -1"]),
+    "buffers-string": (_profile_with(buffers="x"), ["buffers is str"]),
+    "model-number": (_profile_with(model=3), ["model is 3"]),
+    "all-zero": (_profile_with(forward_s=0, backward_s=0, optimizer_s=0, params=[]), ["is 0"]),
+    "nested": ("[" * 100000 + "]" * 100000, ["nested too deeply"]),
+    "not-json": ("{forward_s: 1}", ["not valid JSON"]),
+    "empty": ("", ["not valid JSON"]),
+}
+
+
+def _bad_inputs(tmp: Path) -> list:
+    """(argv, words) for every bad numeric option and unusable file of comm, predict, cluster, compare."""
+    from suite.results.records import append_record
+
+    good = tmp / "good.jsonl"
+    append_record(str(good), _record("mlp/plain"))
+    binary = tmp / "binary.json"
+    binary.write_bytes(b"\xff\xfe\x00{not text")
+    folder = tmp / "folder.json"
+    folder.mkdir()
+    huge = tmp / "huge.json"  # sparse: no disk space, but more than any profile
+    with open(huge, "wb") as fh:
+        fh.truncate(65 * 2**20)
+    prof = tmp / "profile.json"
+    prof.write_text(json.dumps(GOOD_PROFILE))
+    P = ["predict", "--cluster", "2x2:inter=1gbit", "--profile", str(prof)]
+    M = ["predict", "--cluster", "2x2:inter=1gbit", "--model", "mlp"]
+    C = ["compare", str(good), str(good)]
+    cases = [
+        (["comm", "--timeout", "-5"], ["--timeout -5", "> 0"]),
+        (["comm", "--timeout", "nan"], ["--timeout nan", "finite"]),
+        (["comm", "--timeout", "inf"], ["--timeout inf", "finite"]),
+        (["comm", "--timeout", "0"], ["--timeout 0", "> 0"]),
+        (["comm", "-b", "64G"], ["--min-bytes 64G", "--max-bytes 16M"]),
+        (["comm", "-b", "1024G", "-e", "1024G"], ["--max-bytes 1024G", "memory is available", "largest message"]),
+        (["comm", "-e", "1024G"], ["--max-bytes 1024G", "memory is available"]),
+        (["comm", "-e", "9" * 400 + "G"], ["--max-bytes 999", "too large"]),
+        (["comm", "-b", "0.1"], ["--min-bytes 0.1", "at least 1 byte"]),
+        (["comm", "-b", "nan"], ["--min-bytes nan", "expected a number of bytes"]),
+        (["comm", "--nproc", "100000"], ["--nproc 100000", "<= "]),
+        (["comm", "--nproc", "1"], ["--nproc 1", "at least 2"]),
+        (["comm", "--inter-nranks", "0"], ["--inter-nranks 0", ">= 1"]),
+        (["comm", "--inter-nranks", "-2"], ["--inter-nranks -2", ">= 1"]),
+        (["comm", "-f", "1"], ["--step-factor 1", ">= 2"]),
+        (["comm", "-n", "0"], ["--iters 0", ">= 1"]),
+        (["comm", "-w", "-1"], ["--warmup -1", ">= 0"]),
+        (["comm", "--cluster", "0x2:inter=1gbit"], ["--cluster '0x2:inter=1gbit'", "nodes=0"]),
+        (M + ["--per-rank-batch", "0"], ["--per-rank-batch 0", ">= 1"]),
+        (M + ["--per-rank-batch", "-3"], ["--per-rank-batch -3", ">= 1"]),
+        (M + ["--nproc", "0"], ["--nproc 0", ">= 1"]),
+        (M + ["--nproc", "100000"], ["--nproc 100000", "<= "]),
+        (M + ["--save-profile", str(folder)], ["--save-profile", "is a directory"]),
+        (M + ["--save-profile", str(tmp / "no" / "such" / "dir.json")], ["--save-profile", "does not exist"]),
+        (P + ["--inter-lat", "nan"], ["--inter-lat nan", "finite"]),
+        (P + ["--inter-lat", "-1"], ["--inter-lat -1", ">= 0"]),
+        (P + ["--inter-lat", "inf"], ["--inter-lat inf", "finite"]),
+        (P + ["--intra-lat", "-1"], ["--intra-lat -1", ">= 0"]),
+        (P + ["--bucket-mb", "0"], ["--bucket-mb 0", "> 0"]),
+        (P + ["--bucket-mb", "inf"], ["--bucket-mb inf", "finite"]),
+        (P + ["--bucket-mb", "nan"], ["--bucket-mb nan", "finite"]),
+        (P + ["--local-sgd-k", "0"], ["--local-sgd-k 0", ">= 1"]),
+        (P + ["--per-rank-batch", "0"], ["--per-rank-batch 0", ">= 1"]),
+        (P + ["--nproc", "-1"], ["--nproc -1", ">= 1"]),
+        (["predict", "--cluster", "0x2:inter=1gbit", "--profile", str(prof)], ["--cluster '0x2:inter=1gbit'"]),
+        (["predict", "--cluster", "2x2:inter=0mbit", "--profile", str(prof)], ["inter='0mbit'"]),
+        (["predict", "--cluster", "2x2:inter=1gbit", "--profile", str(binary)], ["--profile", "not UTF-8"]),
+        (["predict", "--cluster", "2x2:inter=1gbit", "--profile", str(folder)], ["--profile", "is a directory"]),
+        (["predict", "--cluster", "2x2:inter=1gbit", "--profile", "/dev/null"], ["--profile", "not a regular file"]),
+        (["predict", "--cluster", "2x2:inter=1gbit", "--profile", str(huge)], ["--profile", "a profile is at most"]),
+        (["predict", "--cluster", "2x2:inter=1gbit", "--profile", str(tmp / "missing.json")],
+         ["--profile", "No such file"]),
+        (["cluster", "up", "0x2:inter=1gbit"], ["'0x2:inter=1gbit'", "nodes=0"]),
+        (["cluster", "up", "2x0:inter=1gbit"], ["'2x0:inter=1gbit'", "ranks per node=0"]),
+        (["cluster", "up", "2x2:inter=nanmbit"], ["inter='nanmbit'"]),
+        (["cluster", "up", "2x2:inter=-1gbit"], ["inter='-1gbit'"]),
+        (["cluster", "up", "99x99:inter=1gbit"], ["'99x99:inter=1gbit'", "at most"]),
+        (C + ["--threshold", "nan"], ["--threshold nan"]),
+        (C + ["--threshold", "-1"], ["--threshold -1"]),
+        (C + ["--threshold", "inf"], ["--threshold inf"]),
+        (C + ["--alpha", "0"], ["--alpha 0"]),
+        (C + ["--alpha", "nan"], ["--alpha nan"]),
+        (C + ["--markdown", str(folder)], ["--markdown", "is a directory"]),
+        (["compare", str(folder), str(good)], [str(folder), "directory"]),
+        (["compare", str(good), str(binary)], [str(binary), "not a text file"]),
+    ]
+    for name, (text, words) in PROFILE_TEXTS.items():
+        path = tmp / f"profile-{name}.json"
+        for token in ("NaN", "Infinity", "1e400"):
+            text = text.replace(f'"__{token}__"', token)
+        path.write_text(text)
+        cases.append((["predict", "--cluster", "2x2:inter=1gbit", "--profile", str(path)], ["--profile", *words]))
+    return cases
+
+
+def test_every_bad_number_or_file_is_one_line_exit_2_before_any_rank(tmp_path, monkeypatch, capsys):
+    import suite.cli.predict
+    import suite.cluster.emulate
+    import suite.runtime
+    from suite.cli.main import main
+
+    class NoRanks:
+        def __init__(self, *a, **k):
+            raise AssertionError("a rank pool was started despite bad input")
+
+    def no_measuring(*a, **k):
+        raise AssertionError("a profile was measured despite bad input")
+
+    monkeypatch.setattr(suite.runtime, "RankPool", NoRanks)
+    monkeypatch.setattr(suite.cli.predict, "measure_profile", no_measuring)
+    # No cluster may come up: and a bad value must be named even where none could be emulated.
+    monkeypatch.setattr(suite.cluster.emulate, "unavailable_reason", lambda: "not here (test)")
+    problems = []
+    for argv, words in _bad_inputs(tmp_path):
+        shown = " ".join(a if len(a) < 60 else a[:20] + "…" for a in argv)
+        try:
+            code = main(argv)
+        except BaseException as exc:  # noqa: BLE001 - a traceback is what this test looks for
+            capsys.readouterr()
+            problems.append(f"{shown}: raised {type(exc).__name__}: {str(exc)[:120]}")
+            continue
+        err = capsys.readouterr().err
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        if code != 2 or len(lines) != 1 or "Traceback" in err or not all(w in err for w in words):
+            problems.append(f"{shown}: exit {code}, stderr {err[:300]!r}; expected one line with {words}")
+    assert not problems, "\n".join(problems)
+
+
+def test_a_good_profile_file_still_predicts(tmp_path, capsys):
+    from suite.cli.main import main
+
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(GOOD_PROFILE))
+    assert main(["predict", "--cluster", "2x2:inter=1gbit", "--profile", str(path), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows and all(r["step_s"] > 0 for r in rows)
+
+
+def test_an_interrupted_start_leaves_no_rank_and_no_store(monkeypatch):
+    from suite.runtime import RankPool
+
+    pool = RankPool(2, num_threads=1, timeout=120)
+    seen = {}
+
+    def interrupted(*a, **k):  # Ctrl-C while the ranks join the process group
+        seen.update(pids=[p.pid for p in pool._procs], store=getattr(pool, "store_path", None))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pool, "_collect", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            pool.start()
+        assert seen["pids"] and not [p for p in seen["pids"] if _alive(p)], seen
+        assert seen["store"] and not os.path.exists(os.path.dirname(seen["store"])), seen
+    finally:
+        pool.close()

@@ -35,6 +35,11 @@ def main(args) -> int:
     from ..results.load import load_side
     from ..results.records import ResultsFileError
 
+    from .predict import unwritable
+
+    if args.markdown and unwritable(args.markdown):  # found out now, not after the comparison
+        print(f"fleetbench compare: error: --markdown {args.markdown!r}: {unwritable(args.markdown)}", file=sys.stderr)
+        return 2
     try:
         opts = GateOptions(threshold=args.threshold, alpha=args.alpha, method=args.method)
         base = load_side(args.base, args.base_run_id)
