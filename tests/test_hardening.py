@@ -15,6 +15,7 @@ import re
 import selectors
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -168,6 +169,33 @@ def _off_host_listeners(pids) -> list[str]:
             if not (addr.is_loopback or (mapped is not None and mapped.is_loopback)):
                 bad.append(f"pid {pid} listens on [{addr}]:{port}")
     return bad
+
+
+def test_a_local_pool_binds_gloo_to_loopback_whatever_the_environment_says(monkeypatch):
+    from suite.runtime import RankPool
+    from suite.runtime.probes import allreduce_rank_sum
+
+    others = [n for _, n in socket.if_nameindex() if n != "lo" and _ipv4_of(n)]
+    if not others:
+        pytest.skip("this machine has no network interface with an address besides loopback")
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", others[0])  # e.g. left over from a multi-node set-up
+    pool = RankPool(2, num_threads=1, timeout=120)
+    try:
+        assert pool.run(allreduce_rank_sum) == [1.0, 1.0]
+        assert not _off_host_listeners(pool.pids), _off_host_listeners(pool.pids)
+    finally:
+        pool.close()
+
+
+def _ipv4_of(ifname: str):
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:  # SIOCGIFADDR
+            return fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", ifname.encode()[:15]))[20:24]
+        except OSError:
+            return None
 
 
 def test_a_local_pool_listens_on_no_address_beyond_loopback_and_keeps_its_store_private():

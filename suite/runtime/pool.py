@@ -301,7 +301,12 @@ class RankPool:
             os.close(os.open(self.store_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
             store_at = ("file", self.store_path)
         env = dict(self.opts.env)
-        env.setdefault("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", _loopback_ifname()))
+        if store_at[0] == "file":
+            # Local ranks talk only to each other: gloo binds the loopback interface, also when the
+            # environment names another one (only an explicit env= of this pool can change it).
+            env.setdefault("GLOO_SOCKET_IFNAME", _loopback_ifname())
+        else:
+            env.setdefault("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", _loopback_ifname()))
         opts = [_Options(self.opts.device, self.opts.pg_timeout, self.opts.num_threads,
                          {**env, **(self.rank_env[r] if self.rank_env else {})},
                          self.rank_netns[r] if self.rank_netns else None) for r in range(self.nproc)]
@@ -493,8 +498,18 @@ def _master_store(host: str, timeout: float, netns: Optional[str]):
 
 
 def _loopback_ifname() -> str:
+    """The loopback interface's name (flag IFF_LOOPBACK), "lo" when it cannot be told."""
     try:
         names = [n for _, n in socket.if_nameindex()]
     except OSError:
         return "lo"
-    return "lo" if "lo" in names else (names[0] if names else "lo")
+    if "lo" in names:
+        return "lo"
+    for name in names:
+        try:
+            with open(f"/sys/class/net/{name}/flags") as fh:
+                if int(fh.read().strip(), 16) & 0x8:  # IFF_LOOPBACK
+                    return name
+        except (OSError, ValueError):
+            continue
+    return "lo"
