@@ -226,7 +226,7 @@ def main(args) -> int:
                     runner.say(f"  skip  {rec.case}: {rec.error}")
                 elif rec.metrics and reporter:
                     runner.say(f"      {rec.case:28s} {rec.samples_per_s:9.1f} samples/s   speedup "
-                               f"{rec.metrics.get('speedup', float('nan')):.2f}x")
+                               f"{rec.metrics.get('speedup', float('nan')):.2f}x{_allreduce_counts(rec.describe)}")
                 if reporter:
                     _append(args.results, rec)
             records += batch
@@ -248,6 +248,14 @@ def main(args) -> int:
         if any(r.verdict in ("fail", "error") for r in records):
             return 1
     return 0
+
+
+def _allreduce_counts(describe: dict) -> str:
+    """Paddle's log line in short: the allreduces a step issues before and after fusion (as fleetbench counts them)."""
+    before, after = describe.get("allreduce_ops_before_fusion"), describe.get("allreduce_ops")
+    if not isinstance(before, int) or not before:
+        return ""
+    return f"   allreduce ops {before} before fusion, {after} after"
 
 
 _FALLBACK: dict = {}
