@@ -151,10 +151,34 @@ def transformer(size: str = "cpu") -> ModelSpec:
                      _tokens(128, 32), "tokens", size, 16, description="2-layer Transformer LM (vocab 128, 32 tokens)")
 
 
+def resnet50(size: str = "cpu", **options: Any) -> ModelSpec:
+    """ResNet-50, torchvision's layout (``suite.models.resnet50``); sizes there."""
+    from .resnet50 import resnet50_spec
+
+    return resnet50_spec(size, **options)
+
+
+def gpt2(size: str = "cpu", **options: Any) -> ModelSpec:
+    """GPT-2 small, Hugging Face's parameter names (``suite.models.gpt2``); sizes there."""
+    from .gpt2 import gpt2_spec
+
+    return gpt2_spec(size, **options)
+
+
+def bert(size: str = "cpu", **options: Any) -> ModelSpec:
+    """BERT-base with a masked-LM head, Hugging Face's parameter names (``suite.models.bert``); sizes there."""
+    from .bert import bert_spec
+
+    return bert_spec(size, **options)
+
+
 MODELS: dict[str, Callable[..., ModelSpec]] = {
     "resnet": resnet,
     "mlp": mlp,
     "transformer": transformer,
+    "resnet50": resnet50,
+    "gpt2": gpt2,
+    "bert": bert,
 }
 
 
