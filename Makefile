@@ -13,7 +13,7 @@ ARGS ?=
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --disable-pip-version-check $(FIND_LINKS) -c $(CONSTRAINTS) -e '.[dev]'
+	$(PIP) install -q --disable-pip-version-check $(FIND_LINKS) -c $(CONSTRAINTS) -e '.[dev,hf]'
 	touch $@
 
 setup: $(VENV)/.installed
