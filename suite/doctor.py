@@ -28,8 +28,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Optional
 
 import torch
 
@@ -117,6 +117,12 @@ def allreduce_exact_on_rank(comm_num: int, counts: list, dtypes: list) -> dict:
     return {"rows": rows, "unsupported": unsupported}
 
 
+def _grad(p: torch.nn.Parameter) -> torch.Tensor:
+    if p.grad is None:
+        raise RuntimeError("a parameter received no gradient")
+    return p.grad
+
+
 def _net(device) -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
@@ -144,13 +150,13 @@ def bucketed_on_rank(config: dict, steps: int = 3) -> dict:
     worst, scale, launched_in_backward = 0.0, 0.0, True
     try:
         for step in range(steps):
-            want = None
+            total: list[torch.Tensor] = []
             for r in range(world):
                 ref.zero_grad(set_to_none=True)
                 ref(_input(r, step, device)).square().mean().backward()
-                g = [p.grad.detach().clone() for p in ref.parameters()]
-                want = g if want is None else [a + b for a, b in zip(want, g)]
-            want = [w / world for w in want]
+                g = [_grad(p).detach().clone() for p in ref.parameters()]
+                total = g if not total else [a + b for a, b in zip(total, g)]
+            want = [w / world for w in total]
             for p in net.parameters():
                 if p.grad is not None:
                     p.grad.zero_()
@@ -162,7 +168,7 @@ def bucketed_on_rank(config: dict, steps: int = 3) -> dict:
             launches = [t for kind, _, t in sync.events if kind == "launch"]
             launched_in_backward &= len(launches) == len(sync.buckets) and max(launches) <= after_backward
             for p, w in zip(net.parameters(), want):
-                worst = max(worst, float((p.grad - w).abs().max()))
+                worst = max(worst, float((_grad(p) - w).abs().max()))
                 scale = max(scale, float(w.abs().max()))
         ctx.platform.synchronize()
         return {"max_error": worst, "scale": scale, "buckets": len(sync.buckets),
@@ -229,7 +235,7 @@ def memory_window_on_rank(mib: int = 64) -> dict:
     return dict(mem.as_dict(), expected=mib * 2**20)
 
 
-def torchrun_probe() -> None:
+def torchrun_probe() -> float:
     """Run under torchrun by the doctor: rank 1 raises while rank 0 waits in an allreduce it never joins."""
     import torch.distributed as dist
 
@@ -253,7 +259,7 @@ def _within(r: dict) -> bool:
     return r["max_error"] <= 1e-5 * max(1.0, r["scale"]) and r["max_error"] == r["max_error"]
 
 
-def item_platform(ctx: "DoctorRun") -> Item:
+def item_platform(ctx: DoctorRun) -> Item:
     from .runtime.device import cuda_device_count
 
     n = cuda_device_count()
@@ -265,7 +271,7 @@ def item_platform(ctx: "DoctorRun") -> Item:
     return Item("platform", PASS, nums)
 
 
-def item_allreduce(ctx: "DoctorRun") -> Item:
+def item_allreduce(ctx: DoctorRun) -> Item:
     out = ctx.call(allreduce_exact_on_rank, dict(comm_num=3, counts=[1031, 262147], dtypes=["float32"]))
     rows = out[0]["rows"]
     wrong = sum(r["wrong"] for a in out for r in a["rows"])
@@ -275,7 +281,7 @@ def item_allreduce(ctx: "DoctorRun") -> Item:
                 f"{groups}: {wrong} wrong of {len(rows)} x {rows[0]['elements'] if rows else 0} elements per rank")
 
 
-def item_half(ctx: "DoctorRun") -> Item:
+def item_half(ctx: DoctorRun) -> Item:
     out = ctx.call(allreduce_exact_on_rank, dict(comm_num=1, counts=[1031, 65537], dtypes=["float16", "bfloat16"]))
     parts, status = [], PASS
     for name in ("float16", "bfloat16"):
@@ -299,7 +305,7 @@ def item_half(ctx: "DoctorRun") -> Item:
 BUCKETED = dict(fuse_all_reduce_ops=True, fuse_grad_size_in_layers=1, sync_nccl_allreduce=False, nccl_comm_num=2)
 
 
-def item_bucketed(ctx: "DoctorRun") -> Item:
+def item_bucketed(ctx: DoctorRun) -> Item:
     out = ctx.call(bucketed_on_rank, dict(config=BUCKETED))
     r = max(out, key=lambda a: a["max_error"])
     hooked = all(a["launched_in_backward"] for a in out)
@@ -309,7 +315,7 @@ def item_bucketed(ctx: "DoctorRun") -> Item:
                 f"{'all launched from the backward hooks' if hooked else 'NOT all launched in backward'}")
 
 
-def item_hierarchical(ctx: "DoctorRun") -> Item:
+def item_hierarchical(ctx: DoctorRun) -> Item:
     rpn = 2 if ctx.nproc >= 4 and ctx.nproc % 2 == 0 else 1
     cfg = dict(BUCKETED, use_hierarchical_allreduce=True, hierarchical_allreduce_inter_nranks=rpn)
     out = ctx.call(bucketed_on_rank, dict(config=cfg), timeout=ctx.hang_timeout)
@@ -322,7 +328,7 @@ def item_hierarchical(ctx: "DoctorRun") -> Item:
                 f"{_fmt_err(r)}")
 
 
-def item_reader(ctx: "DoctorRun") -> Item:
+def item_reader(ctx: DoctorRun) -> Item:
     out = ctx.call(reader_copy_on_rank)
     same = all(a["identical"] for a in out)
     cuda = out[0]["cuda_copier"]
@@ -333,7 +339,7 @@ def item_reader(ctx: "DoctorRun") -> Item:
                 f"{'bit-for-bit the plain reader' if same else 'DIFFERENT from the plain reader'}")
 
 
-def item_events(ctx: "DoctorRun") -> Item:
+def item_events(ctx: DoctorRun) -> Item:
     if ctx.device != "cuda":
         return Item("CUDA event timing vs host clock", NA, "CPU: marks are host timestamps")
     out = ctx.call(event_timing_on_rank)
@@ -345,7 +351,7 @@ def item_events(ctx: "DoctorRun") -> Item:
                 f"ratio {ratio:.3f}; host clock without a synchronize: {worst['queued_s'] * 1e3:.1f} ms")
 
 
-def item_nvml(ctx: "DoctorRun") -> Item:
+def item_nvml(ctx: DoctorRun) -> Item:
     if ctx.device != "cuda":
         return Item("NVML", NA, "no GPU")
     from .measure.utilization import visible_nvml_handles
@@ -372,7 +378,7 @@ def item_nvml(ctx: "DoctorRun") -> Item:
                 f"{', '.join(sorted(set(names)))}; utilization {util} %")
 
 
-def item_memory(ctx: "DoctorRun") -> Item:
+def item_memory(ctx: DoctorRun) -> Item:
     out = ctx.call(memory_window_on_rank)
     r = out[0]
     if r["kind"] == "process_rss_lifetime_peak":
@@ -385,7 +391,7 @@ def item_memory(ctx: "DoctorRun") -> Item:
                 f"for a {want / 2**20:.0f} MiB allocation")
 
 
-def item_torchrun(ctx: "DoctorRun") -> Item:
+def item_torchrun(ctx: DoctorRun) -> Item:
     device = ctx.device if (ctx.device == "cpu" or torch.cuda.device_count() >= 2) else "cpu"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -425,7 +431,7 @@ class DoctorRun:
         self.pool = RankPool(nproc, device=device, timeout=CALL_TIMEOUT, pg_timeout=PG_TIMEOUT,
                              num_threads=1 if device == "cpu" else None)
 
-    def call(self, fn, kwargs: Optional[dict] = None, timeout: Optional[float] = None) -> list:
+    def call(self, fn, kwargs: dict | None = None, timeout: float | None = None) -> list:
         return self.pool.run(fn, kwargs or {}, timeout=timeout or CALL_TIMEOUT)
 
     def close(self) -> None:
@@ -453,8 +459,8 @@ def default_nproc(device: str) -> int:
     return 4  # two emulated nodes of two ranks: the hierarchical item has an inter-node level
 
 
-def run_doctor(nproc: Optional[int] = None, device: Optional[str] = None, hang_timeout: float = 30.0,
-               items: Optional[list] = None, on_item: Optional[Callable[[Item], None]] = None) -> Report:
+def run_doctor(nproc: int | None = None, device: str | None = None, hang_timeout: float = 30.0,
+               items: list | None = None, on_item: Callable[[Item], None] | None = None) -> Report:
     from .runtime.device import select_platform
 
     t0 = time.monotonic()

@@ -14,7 +14,8 @@ Construction (in this order):
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -30,7 +31,7 @@ __all__ = ["Engine", "build_engine"]
 
 
 class Engine:
-    def __init__(self, model: torch.nn.Module, loss_fn: Callable, config: Optional[StrategyConfig] = None,
+    def __init__(self, model: torch.nn.Module, loss_fn: Callable, config: StrategyConfig | None = None,
                  group=None):
         if not dist.is_initialized():
             raise RuntimeError(
@@ -59,7 +60,7 @@ class Engine:
         self._has_buffers = any(b.numel() for b in model.buffers())
 
         # 3. gradient communication.
-        self.grad_sync: Optional[GradSync] = build_grad_sync(model, config, group)
+        self.grad_sync: GradSync | None = build_grad_sync(model, config, group)
         if config.data_parallel == "ddp":
             from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -130,7 +131,7 @@ class Engine:
         return loss.detach()
 
 
-def _batch_size(inputs) -> Optional[int]:
+def _batch_size(inputs) -> int | None:
     """The leading dimension of a tensor (or of the first tensor in a tuple/list/dict), None if unknown."""
     if isinstance(inputs, torch.Tensor):
         return inputs.shape[0] if inputs.dim() else None
@@ -152,14 +153,14 @@ def _ddp_buffer_sync() -> dict:
     return {"broadcast_buffers": True}
 
 
-def _local_world_size() -> Optional[int]:
+def _local_world_size() -> int | None:
     import os
 
     v = os.environ.get("LOCAL_WORLD_SIZE")
     return int(v) if v and "TORCHELASTIC_RUN_ID" in os.environ else None
 
 
-def build_engine(model: torch.nn.Module, loss_fn: Callable, config: Optional[StrategyConfig] = None,
+def build_engine(model: torch.nn.Module, loss_fn: Callable, config: StrategyConfig | None = None,
                  group=None) -> Engine:
     """Compose the strategies ``config`` enables around ``model``; see :class:`Engine`."""
     return Engine(model, loss_fn, config, group)

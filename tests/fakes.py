@@ -25,13 +25,13 @@ from suite.runtime.device import Platform
 
 
 class FakeStream:
-    def __init__(self, api: "FakeCuda", name: str):
+    def __init__(self, api: FakeCuda, name: str):
         self.api, self.name = api, name
 
-    def wait_stream(self, other: "FakeStream") -> None:
+    def wait_stream(self, other: FakeStream) -> None:
         self.api._log("wait_stream", self.name, other.name)
 
-    def wait_event(self, event: "FakeEvent") -> None:
+    def wait_event(self, event: FakeEvent) -> None:
         self.api._log("wait_event", self.name, event.name)
 
     def __repr__(self) -> str:
@@ -39,18 +39,18 @@ class FakeStream:
 
 
 class FakeEvent:
-    def __init__(self, api: "FakeCuda", enable_timing: bool = False):
+    def __init__(self, api: FakeCuda, enable_timing: bool = False):
         self.api, self.enable_timing = api, enable_timing
         self.name = f"ev{next(api._ids)}"
         self.t = None
         self.stream = None
 
-    def record(self, stream: "FakeStream" = None) -> None:
+    def record(self, stream: FakeStream = None) -> None:
         stream = stream if stream is not None else self.api.current_stream()
         self.stream, self.t = stream.name, self.api.clock
         self.api._log("record", self.name, stream.name)
 
-    def elapsed_time(self, other: "FakeEvent") -> float:
+    def elapsed_time(self, other: FakeEvent) -> float:
         if not (self.enable_timing and other.enable_timing):
             raise RuntimeError("Both events must be created with argument 'enable_timing=True'")
         if self.api.synced_at is None or max(self.t, other.t) > self.api.synced_at:

@@ -58,7 +58,6 @@ def bucketed_order_on_rank(fake: bool, config: dict) -> dict:
     from suite.comm.bucketed import BucketedGradSync
     from suite.config import StrategyConfig
     from suite.runtime import context
-
     from tests.fakes import FakeCuda, fake_cuda_platform
 
     ctx = context.current()
@@ -125,7 +124,7 @@ def test_cuda_hierarchical_overlap_issues_collectives_from_the_hook_in_bucket_or
         launches = [i for i, e in enumerate(log) if e[0] == "wait_stream"]
         assert len(launches) == 4  # three buckets, then average_tensors' one fused chunk
         launches = launches[:3]
-        for (bi, c, ptr), i in zip(buckets, launches):
+        for (_bi, c, _ptr), i in zip(buckets, launches):
             side = side_of[c]
             assert log[i] == ("wait_stream", side, "default"), "the side stream waits for the producing stream"
             assert log[i + 1] == ("enter", side)
@@ -299,7 +298,11 @@ HOST_SIDE = {
     ("figures/local_sgd.py", "quality_on_rank"): "host indices into the host dataset (data.get)",
     ("figures/compute.py", "saved_bytes_rows"): "runs in the parent process (one forward, bytes saved), no rank",
     ("models/transformer.py", "TinyTransformer.__init__"): "module construction; ModelSpec.make moves it .to(device)",
-    ("compute/fused_optim.py", "FlatOptimizer.state"): "the step count, a CPU scalar as in torch.optim (non-capturable)",
+    ("models/gpt2.py", "Conv1D.__init__"): "module construction; ModelSpec.make moves it .to(device)",
+    ("models/bert.py", "BertLMPredictionHead.__init__"): "module construction; ModelSpec.make moves it .to(device)",
+    ("data/synthetic.py", "SyntheticMaskedTokens.__init__"): "the host dataset; batches are moved by prepare()",
+    ("compute/fused_optim.py", "FlatOptimizer.state"):
+        "the step count, a CPU scalar as in torch.optim (non-capturable)",
     ("check/harness.py", "check_on_rank"): "host floats (losses already fetched with .item()) compared on the host",
 }
 
@@ -316,7 +319,7 @@ def _tensors_without_device() -> set:
         stack: list = []
 
         class Visitor(ast.NodeVisitor):
-            def generic_visit(self, node):
+            def generic_visit(self, node, rel=rel, stack=stack):
                 scoped = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
                 if scoped:
                     stack.append(node.name)

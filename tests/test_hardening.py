@@ -127,7 +127,7 @@ def _listening_sockets() -> dict[int, str]:
     import ipaddress
 
     out = {}
-    for name, v6 in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             lines = Path(name).read_text().splitlines()[1:]
         except OSError:

@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-from suite.workload import WorkloadSpec
 from suite import StrategyConfig
 from suite.check.errors import finite_le, max_finite, rel_error
 from suite.check.harness import run_check, summarize
-
-import torch
+from suite.workload import WorkloadSpec
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -38,7 +37,7 @@ def _check_with(patch: str, model: str = "mlp") -> dict:
         C.all_reduce(tensor, group=group)  # sums, forgets to divide by the world size
 
     def skip_one(self):
-        for name, p in self.named_params[1:]:  # the first parameter is never reduced
+        for _, p in self.named_params[1:]:  # the first parameter is never reduced
             self._allreduce_average(p.grad, self.group)
 
     try:

@@ -12,13 +12,13 @@ import time
 
 import pytest
 
-from suite.workload import WorkloadSpec
 from suite.cli.main import build_parser
 from suite.cli.run import resolve_cases
-from suite.runner import CaseRunner, RunOptions
+from suite.measure.timing import time_on_rank
 from suite.results.gate import GateOptions, gate_samples
 from suite.results.records import read_records
-from suite.measure.timing import time_on_rank
+from suite.runner import CaseRunner, RunOptions
+from suite.workload import WorkloadSpec
 
 STEPS = 2  # traced steps
 MLP_PARAMS = 10  # the MLP's parameter tensors: plain data parallel allreduces each one (one bucket each)

@@ -92,7 +92,7 @@ def test_full_and_cpu_sizes():
 
     r_full, r_cpu = get_model("resnet50", "full"), get_model("resnet50", "cpu")
     assert r_full.per_rank_batch == 32  # PyTorch's DDP benchmark
-    assert (R50["full"]["image_size"], R50["full"]["classes"]) == (224, 1000)  # (drawing it takes 0.6 GB)
+    assert (R50["full"].image_size, R50["full"].classes) == (224, 1000)  # (drawing it takes 0.6 GB)
     x, y = r_cpu.dataset(2, 0).get(torch.arange(2))
     assert x.shape[-1] < 224 and x.shape[1] == 3  # cpu: lower resolution, same parameters
     assert int(r_cpu.dataset(64, 0).targets.max()) >= 10  # the 1000 classes of the full model

@@ -103,7 +103,7 @@ def test_cuda_memory_window_is_the_peak_above_the_start():
     assert mem.as_dict() == {"start_bytes": 5_000, "peak_bytes": 8_000, "peak_above_start_bytes": 3_000,
                              "kind": "cuda_allocated"}
     with pytest.raises(RuntimeError, match="still open"):
-        p.memory_window().peak_above_start
+        _ = p.memory_window().peak_above_start
 
 
 def test_cuda_streams_and_device_per_thread():

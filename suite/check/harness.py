@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 
@@ -148,7 +149,7 @@ def summarize(config: StrategyConfig, answers: list[dict]) -> CheckResult:
 
 
 def run_check(launcher: Any, workload_spec: WorkloadSpec, config: StrategyConfig, steps: int = 3,
-              fn: Callable[..., dict] = check_on_rank, timeout: Optional[float] = None) -> Optional[CheckResult]:
+              fn: Callable[..., dict] = check_on_rank, timeout: float | None = None) -> CheckResult | None:
     """Run the check through ``launcher`` (a RankPool, or the torchrun launcher) and summarise it.
 
     None on a non-reporting torchrun rank (rank 0 reports)."""

@@ -50,6 +50,7 @@ def main(args) -> int:
         print(f"fleetbench cluster: error: cannot emulate a cluster here: {reason}", file=sys.stderr)
         return 2
     if args.action == "up":
+        assert spec is not None  # parsed above for "up"
         try:
             cl = EmulatedCluster(spec, owner_pid=0, remove_at_exit=False).up()
         except ClusterUnavailable as exc:

@@ -5,7 +5,6 @@ import math
 import os
 import re
 import sys
-from typing import Optional
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 MAX_SIZE = 2**50  # a message size past any memory: refused while parsing (the memory bound comes later)
@@ -14,7 +13,7 @@ MAX_SIZE = 2**50  # a message size past any memory: refused while parsing (the m
 _HELD_PER_BYTE = {"float32": 3 + 2 * 8 / 4, "float64": 3 + 2 * 8 / 8}
 
 
-def check_number(option: str, value, *, minimum=None, above=None, maximum=None, unit: str = "") -> Optional[str]:
+def check_number(option: str, value, *, minimum=None, above=None, maximum=None, unit: str = "") -> str | None:
     """None when ``value`` is a finite number within the bounds, else one line naming the option, the
     value and what is allowed (``minimum``/``maximum`` inclusive, ``above`` exclusive)."""
     shown = f"{value:g}" if isinstance(value, float) else str(value)
@@ -40,7 +39,7 @@ def max_local_ranks() -> int:
     return max(32, os.cpu_count() or 1)
 
 
-def available_memory() -> Optional[int]:
+def available_memory() -> int | None:
     """Bytes of memory available for new allocations (MemAvailable), or None when unknown."""
     try:
         with open("/proc/meminfo") as fh:
@@ -62,7 +61,7 @@ def format_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-def parse_size(text: str, option: Optional[str] = None) -> int:
+def parse_size(text: str, option: str | None = None) -> int:
     """'8', '1K', '16M', '1GiB' -> bytes; errors name ``option`` when given."""
     what = f"{option} {text}" if option else f"size {text!r}"
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMG]?)(?:I?B)?\s*", text.upper())

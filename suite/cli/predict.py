@@ -20,7 +20,8 @@ MAX_PROFILE_BYTES = 64 * 2**20  # a profile is a few KB; refuse to read a huge f
 
 def add_parser(sub) -> None:
     p = sub.add_parser("predict", help="predict step time per communication setting on a cluster (cost model)")
-    p.add_argument("--cluster", required=True, help="NxR:inter=RATE[,intra=RATE], e.g. 64x8:inter=200gbit,intra=2400gbit")
+    p.add_argument("--cluster", required=True,
+                   help="NxR:inter=RATE[,intra=RATE], e.g. 64x8:inter=200gbit,intra=2400gbit")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--profile", help="a profile JSON file (as written by --save-profile)")
     src.add_argument("--model", help="measure a profile of this model now (a registry name such as resnet50 or "

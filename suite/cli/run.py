@@ -16,7 +16,7 @@ import math
 import os
 import sys
 import tempfile
-from typing import Any, Optional
+from typing import Any
 
 from ..cases import CASES, cases_for_model, select_cases
 from ..config import ConfigError, StrategyConfig, toml_fields
@@ -98,7 +98,7 @@ def model_cases(models: list[str], size: str) -> list:
     return pool
 
 
-def resolve_cases(args, world: int, local_world: Optional[int] = None) -> list:
+def resolve_cases(args, world: int, local_world: int | None = None) -> list:
     """Every selected case with its validated config, as :class:`suite.runner.ResolvedCase`.
 
     A case that cannot run at ``world`` ranks is skipped with its reason when a tag, a glob or a
@@ -135,7 +135,7 @@ def resolve_cases(args, world: int, local_world: Optional[int] = None) -> list:
     return out
 
 
-def _platform_choice(device: Optional[str], local_world: int) -> tuple[str, str]:
+def _platform_choice(device: str | None, local_world: int) -> tuple[str, str]:
     """(device type, backend) the ranks will use, decided before any rank starts."""
     from ..runtime.device import CudaUnavailable, select_platform
 

@@ -18,7 +18,7 @@ bypass them, so the figures would describe the GPU box, not the cluster.  The ra
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 from .emulate import NODE_IF, EmulatedCluster
 from .spec import ClusterSpec

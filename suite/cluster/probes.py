@@ -14,7 +14,7 @@ from ..comm import collectives as C
 from ..runtime.context import current
 from ..runtime.groups import comm_groups, node_groups
 
-__all__ = ["two_level_allreduce", "timed_allreduce", "check_two_level"]  # noqa: E501
+__all__ = ["two_level_allreduce", "timed_allreduce", "check_two_level"]
 
 
 def two_level_allreduce(t: torch.Tensor, ranks_per_node: int, mode: str = "scatter") -> None:

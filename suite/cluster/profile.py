@@ -44,7 +44,7 @@ def record_profile(workload_spec: WorkloadSpec, steps: int = 6, warmup: int = 2,
         return hook
 
     handles = [p.register_post_accumulate_grad_hook(hook_for(n)) for n, p in named]
-    parts = {"forward_s": [], "backward_s": [], "optimizer_s": []}
+    parts: dict[str, list[float]] = {"forward_s": [], "backward_s": [], "optimizer_s": []}
     try:
         for s in range(warmup + steps):
             x, y = wl.batch(s)

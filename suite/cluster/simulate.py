@@ -28,8 +28,8 @@ compete with compute for the cores, which is one source of prediction error).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
 
 from . import costmodel as cm
 
@@ -70,7 +70,7 @@ class Profile:
                 "params": [{"name": p.name, "nbytes": p.nbytes, "ready_s": p.ready_s} for p in self.params]}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Profile":
+    def from_dict(cls, d: dict) -> Profile:
         """A profile from its JSON form, every field checked: times are finite seconds >= 0 (their sum
         > 0), sizes whole numbers of bytes >= 0, ``per_rank_batch`` a whole number >= 1; a ValueError
         names the field, the value and what is allowed."""
@@ -125,7 +125,7 @@ def _whole(value, what: str, minimum: int) -> int:
 @dataclass(frozen=True)
 class Setting:
     name: str
-    bucket_mb: Optional[float] = 32.0
+    bucket_mb: float | None = 32.0
     overlap: bool = True
     comm_num: int = 1
     hierarchical: bool = False
@@ -150,7 +150,7 @@ DEFAULT_SETTINGS = (
 )
 
 
-def make_buckets(params: Sequence[ParamGrad], bucket_mb: Optional[float]) -> list[Bucket]:
+def make_buckets(params: Sequence[ParamGrad], bucket_mb: float | None) -> list[Bucket]:
     """Buckets in ready order; a bucket closes when adding the next gradient would pass the cap
     (a gradient larger than the cap gets a bucket of its own).  None: one bucket per parameter."""
     order = sorted(params, key=lambda p: p.ready_s)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -113,7 +113,7 @@ class BucketedGradSync(GradSync):
         self._inflight: list[tuple[int, Callable[[], None]]] = []
         self._next = 0
         self._armed = False
-        self.events: Optional[list] = None  # (kind, bucket, time) when recording: "hook", "launch", "wait"
+        self.events: list | None = None  # (kind, bucket, time) when recording: "hook", "launch", "wait"
         log.info(fusion_log_line(len(self.params), len(self.buckets)))
 
     # -- the engine's calls --------------------------------------------------------

@@ -23,7 +23,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -39,7 +39,7 @@ class CommStats:
     bytes: Counter = field(default_factory=Counter)  # (group label, op) -> bytes
     # When recording: one Span per collective (t_end is filled when it completes: on return for
     # synchronous calls, on Work.wait() for asynchronous ones).  None: not recording, no overhead.
-    spans: Optional[list] = None
+    spans: list | None = None
 
     def reset(self) -> None:
         self.calls.clear()
@@ -65,10 +65,10 @@ class CommStats:
             "bytes": {f"{g}/{op}": n for (g, op), n in sorted(self.bytes.items())},
         }
 
-    def total(self, op: Optional[str] = None, group_prefix: str = "") -> int:
+    def total(self, op: str | None = None, group_prefix: str = "") -> int:
         return sum(n for (g, o), n in self.calls.items() if (op is None or o == op) and g.startswith(group_prefix))
 
-    def total_bytes(self, op: Optional[str] = None) -> int:
+    def total_bytes(self, op: str | None = None) -> int:
         return sum(n for (g, o), n in self.bytes.items() if op is None or o == op)
 
 
@@ -87,7 +87,7 @@ class Span:
     group: str
     nbytes: int
     t_launch: float
-    t_end: Optional[float] = None
+    t_end: float | None = None
     ev_launch: Any = None
     ev_end: Any = None
     platform: Any = field(default=None, repr=False)
@@ -133,7 +133,7 @@ class _TimedWork:
         return getattr(self._work, name)
 
 
-def _count(op: str, group, tensor: torch.Tensor) -> Optional[Span]:
+def _count(op: str, group, tensor: torch.Tensor) -> Span | None:
     label = label_of(group)
     nbytes = tensor.numel() * tensor.element_size()
     with _LOCK:
@@ -151,7 +151,7 @@ def _count(op: str, group, tensor: torch.Tensor) -> Optional[Span]:
     return span
 
 
-def _done(span: Optional[Span], work, async_op: bool):
+def _done(span: Span | None, work, async_op: bool):
     """Stamp a synchronous call's end; time an asynchronous call's completion (only when recording)."""
     if span is None:
         return work

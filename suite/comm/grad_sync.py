@@ -16,8 +16,6 @@ hierarchical allreduce live in their own modules; ``suite.comm.factory.build_gra
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.distributed as dist
 
@@ -28,7 +26,7 @@ __all__ = ["GradSync", "PlainGradSync", "NoGradSync", "COMM_DTYPES", "trainable_
 
 # The wire dtype of each grad_comm_dtype: half precision casts; "fp32" (full precision) sends tensors in
 # their own dtype (float32 for ordinary models, float64 in the BatchNorm models' float64 check).
-COMM_DTYPES: dict[str, Optional[torch.dtype]] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+COMM_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def trainable_params(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:

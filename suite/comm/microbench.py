@@ -117,7 +117,8 @@ def allreduce_sweep_on_rank(sizes: list[int], variants: list[str], inter_nranks:
                 run(buf)
             platform.synchronize()  # NCCL calls return once queued: the clock stops when the work is done
             dist.barrier()
-            rows.append({"bytes": count * esize, "count": count, "variant": v, "seconds": (time.perf_counter() - t0) / iters,
+            seconds = (time.perf_counter() - t0) / iters
+            rows.append({"bytes": count * esize, "count": count, "variant": v, "seconds": seconds,
                          "wrong": wrong})
     return {"rank": rank, "world": world, "rows": rows, "dtype": dtype}
 

@@ -29,10 +29,12 @@ in the autocast dtype; BN and ReLU run in the dtype they are given, BN's statist
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.conv import _ConvNd
 
 __all__ = ["BatchNormReLUFunction", "AddReLUFunction", "ReLUConvFunction", "BatchNormReLU", "AddReLU",
            "ReLUDepthwiseConv", "Kernels", "EAGER", "is_depthwise"]
@@ -113,7 +115,7 @@ def add_relu_bwd(dy: torch.Tensor, mask: torch.Tensor):
     return torch.where(mask, dy, 0.0)
 
 
-def relu_conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride, padding, dilation,
+def relu_conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride, padding, dilation,
                   groups: int):
     r = torch.relu(x)
     z = torch.ops.aten.convolution(r, weight, bias, stride, padding, dilation, False, [0] * len(stride), groups)
@@ -129,14 +131,14 @@ def relu_conv_bwd(dz: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, has_b
     return dx, gw, gb
 
 
-_EAGER = {
+_EAGER: dict[str, Callable[..., Any]] = {
     "bn_relu_train_fwd": bn_relu_train_fwd, "bn_relu_train_bwd": bn_relu_train_bwd,
     "bn_relu_eval_fwd": bn_relu_eval_fwd, "bn_relu_eval_bwd": bn_relu_eval_bwd,
     "add_relu_fwd": add_relu_fwd, "add_relu_bwd": add_relu_bwd,
     "relu_conv_fwd": relu_conv_fwd, "relu_conv_bwd": relu_conv_bwd,
 }
 
-_COMPILED: dict = {}
+_COMPILED: dict[str, Callable[..., Any]] = {}
 
 
 class Kernels:
@@ -243,7 +245,7 @@ class AddReLUFunction(torch.autograd.Function):
         return out[0], out[1], None
 
 
-def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+def _autocast_dtype(device_type: str) -> torch.dtype | None:
     if torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return None
@@ -293,6 +295,7 @@ class BatchNormReLU(nn.Module):
         self.bias = bn.bias
         self.register_buffer("running_mean", bn.running_mean)
         self.register_buffer("running_var", bn.running_var)
+        self.num_batches_tracked: torch.Tensor | None
         self.register_buffer("num_batches_tracked", bn.num_batches_tracked)
         self.train(bn.training)
         self.source = type(bn).__name__
@@ -329,7 +332,7 @@ class AddReLU(nn.Module):
         return torch.relu(a + b)
 
 
-def is_depthwise(conv: nn.Module) -> bool:
+def is_depthwise(conv: nn.Module | None) -> bool:
     return (isinstance(conv, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) and conv.groups > 1
             and conv.groups == conv.in_channels and conv.out_channels % conv.in_channels == 0)
 
@@ -337,7 +340,7 @@ def is_depthwise(conv: nn.Module) -> bool:
 class ReLUDepthwiseConv(nn.Module):
     """A ReLU fused into the depthwise conv after it; shares the conv's weight and bias."""
 
-    def __init__(self, conv: nn.Module, kernels: Kernels = EAGER):
+    def __init__(self, conv: _ConvNd, kernels: Kernels = EAGER):
         super().__init__()
         if conv.padding_mode != "zeros" or (isinstance(conv.padding, str) and conv.padding != "valid"):
             raise ValueError(f"padding={conv.padding!r}, padding_mode={conv.padding_mode!r} (fused: zeros, explicit)")

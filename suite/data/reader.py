@@ -41,7 +41,7 @@ import queue
 import threading
 import time
 import zlib
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 import torch
 
@@ -83,7 +83,7 @@ class EncodedImages:
         self.targets = targets.clone()
 
     @classmethod
-    def from_dataset(cls, dataset, level: int = 1) -> "EncodedImages":
+    def from_dataset(cls, dataset, level: int = 1) -> EncodedImages:
         if getattr(dataset, "kind", None) != "images":
             raise ReaderError(f"the reader reads image datasets; got kind={getattr(dataset, 'kind', None)!r}")
         return cls(dataset.inputs, dataset.targets, level)
@@ -220,7 +220,7 @@ class _EpochBatches(torch.utils.data.Dataset):
 class _KeySampler(torch.utils.data.Sampler):
     """(epoch, batch) keys for epochs ``first`` .. ``last`` (None: forever, the infinite reader)."""
 
-    def __init__(self, batches_per_epoch: int, first: int, last: Optional[int]):
+    def __init__(self, batches_per_epoch: int, first: int, last: int | None):
         self.n, self.first, self.last = batches_per_epoch, first, last
 
     def __iter__(self):
@@ -405,7 +405,7 @@ class OptimizedReader:
         self.batches_per_epoch = source.batches_per_epoch
         self._copier = CudaCopier(platform) if (double_buffer and platform.is_cuda) else None
         self._dataset = _EpochBatches(source, return_uint8)
-        self._stream = None  # the infinite reader's one pipeline
+        self._stream: Iterator | None = None  # the infinite reader's one pipeline
         self._next_epoch = 0
         self._open: list = []  # prefetchers / loader iterators to close
         self.pipelines_started = 0  # 1 for the infinite reader, one per epoch otherwise
@@ -414,7 +414,7 @@ class OptimizedReader:
         self.worker_kind = "none" if num_workers == 0 else ("process" if _processes_allowed() else "thread")
 
     # -- host side: decoded batches, in order -------------------------------------------
-    def _host_batches(self, first: int, last: Optional[int]) -> Iterator:
+    def _host_batches(self, first: int, last: int | None) -> Iterator:
         if self.num_workers == 0:
             sampler = _KeySampler(self.batches_per_epoch, first, last)
             return (self._dataset[key] for key in sampler)
@@ -428,9 +428,9 @@ class OptimizedReader:
             num_workers=self.num_workers, persistent_workers=False, timeout=self.timeout,
             worker_init_fn=_worker_init, prefetch_factor=2,
         )
-        it = iter(loader)
-        self._open.append(it)
-        return it
+        loader_it = iter(loader)
+        self._open.append(loader_it)
+        return loader_it
 
     # -- to the device ------------------------------------------------------------------
     def _to_device(self, batch):
@@ -449,7 +449,7 @@ class OptimizedReader:
             x = normalize(x)  # uint8 -> float32, normalized on the device
         return x, y
 
-    def _pipeline(self, first: int, last: Optional[int]) -> Iterator:
+    def _pipeline(self, first: int, last: int | None) -> Iterator:
         self.pipelines_started += 1
         host = self._host_batches(first, last)
         if not self.double_buffer:
@@ -525,7 +525,8 @@ class DaliReader:  # pragma: no cover - needs CUDA and nvidia-dali; not testable
 
         self.source, self.platform = source, platform
         self.batches_per_epoch = source.batches_per_epoch
-        self._epoch, self._b, self._indices, self._started = 0, 0, [], False
+        self._epoch, self._b, self._started = 0, 0, False
+        self._indices: list = []
 
         def feed():  # called in order by DALI, one batch per call; StopIteration ends the epoch
             if self._b >= self.batches_per_epoch:

@@ -10,11 +10,10 @@ per-rank shards, so every rank has the same number of samples.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
-__all__ = ["SyntheticImages", "SyntheticTokens", "SyntheticMaskedTokens", "IGNORE_INDEX", "make_dataset", "normalize", "step_indices", "shard",
+__all__ = ["SyntheticImages", "SyntheticTokens", "SyntheticMaskedTokens", "IGNORE_INDEX", "make_dataset", "normalize",
+           "step_indices", "shard",
            "IMAGE_MEAN", "IMAGE_STD"]
 
 IMAGE_MEAN = 0.5
@@ -85,7 +84,7 @@ class SyntheticMaskedTokens:
     kind = "masked_tokens"
 
     def __init__(self, size: int = 2048, seed: int = 0, vocab: int = 128, seq_len: int = 32,
-                 mask_id: Optional[int] = None, mask_prob: float = 0.15):
+                 mask_id: int | None = None, mask_prob: float = 0.15):
         if vocab < 2:
             raise ValueError(f"vocab={vocab!r}: needs at least one content id besides [MASK]")
         mask_id = vocab - 1 if mask_id is None else mask_id

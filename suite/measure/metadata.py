@@ -9,7 +9,6 @@ import platform
 import socket
 import subprocess
 from functools import lru_cache
-from typing import Optional
 
 __all__ = ["collect", "git_info", "cpu_model", "gpu_info", "machine_line", "machine_name", "ENV_PREFIXES"]
 
@@ -20,7 +19,7 @@ ENV_PREFIXES = ("NCCL_", "OMP_", "GLOO_", "MKL_", "CUDA_VISIBLE_DEVICES", "TORCH
 def git_info() -> dict:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-    def git(*args: str) -> Optional[str]:
+    def git(*args: str) -> str | None:
         try:
             out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
         except (OSError, subprocess.TimeoutExpired):
@@ -79,7 +78,7 @@ def gpu_info() -> dict:
     return info
 
 
-def collect(world_size: Optional[int] = None, backend: Optional[str] = None, threads: Optional[int] = None) -> dict:
+def collect(world_size: int | None = None, backend: str | None = None, threads: int | None = None) -> dict:
     import torch
 
     nccl = None
@@ -105,7 +104,7 @@ def collect(world_size: Optional[int] = None, backend: Optional[str] = None, thr
     }
 
 
-def machine_line(world_size: Optional[int] = None) -> str:
+def machine_line(world_size: int | None = None) -> str:
     """One line naming the machine, for figures written into the README."""
     import torch
 

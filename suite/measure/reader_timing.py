@@ -13,7 +13,7 @@ that head start small; the per-step data wait is reported as a median, which it 
 """
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 

@@ -88,7 +88,7 @@ def trace_on_rank(workload_spec: WorkloadSpec, config: dict, steps: int = 3, war
             if record:
                 C.STATS.resolve_spans(platform, anchor, t0)
 
-                def at(m) -> float:
+                def at(m, t0=t0, anchor=anchor) -> float:
                     return t0 + platform.elapsed(anchor, m) + offset
 
                 spans = list(C.STATS.spans or [])

@@ -20,12 +20,11 @@ import os
 import statistics
 import threading
 import time
-from typing import Optional
 
 __all__ = ["UtilizationSampler", "read_proc_stat", "cpu_busy_fraction", "visible_nvml_handles", "samples_here"]
 
 
-def visible_nvml_handles(nvml, environ: Optional[dict] = None) -> list[tuple[str, object]]:
+def visible_nvml_handles(nvml, environ: dict | None = None) -> list[tuple[str, object]]:
     """``[(NVML id, handle)]`` of the GPUs this process sees, in CUDA's order (``cuda:0`` first).
 
     ``CUDA_VISIBLE_DEVICES`` lists NVML indices or UUIDs (``GPU-…``, ``MIG-…``); unset, every GPU.
@@ -49,13 +48,13 @@ def visible_nvml_handles(nvml, environ: Optional[dict] = None) -> list[tuple[str
     return out
 
 
-def samples_here(environ: Optional[dict] = None) -> bool:
+def samples_here(environ: dict | None = None) -> bool:
     """False on every torchrun rank but local rank 0 (one sampler per node)."""
     env = os.environ if environ is None else environ
     return env.get("LOCAL_RANK", "0") == "0"
 
 
-def read_proc_stat(path: str = "/proc/stat") -> Optional[tuple[int, int]]:
+def read_proc_stat(path: str = "/proc/stat") -> tuple[int, int] | None:
     """(busy, total) jiffies of all CPUs, or None where /proc/stat is absent."""
     try:
         with open(path) as fh:
@@ -70,7 +69,7 @@ def read_proc_stat(path: str = "/proc/stat") -> Optional[tuple[int, int]]:
     return total - idle, total
 
 
-def cpu_busy_fraction(before: tuple[int, int], after: tuple[int, int]) -> Optional[float]:
+def cpu_busy_fraction(before: tuple[int, int], after: tuple[int, int]) -> float | None:
     busy = after[0] - before[0]
     total = after[1] - before[1]
     return busy / total if total > 0 else None
@@ -87,15 +86,16 @@ class UtilizationSampler:
         self.samples: list[dict] = []
         self.unavailable: list[str] = []
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         self._nvml = None
         self._handles: list = []
         self._nvml_ids: list = []
         self.active = samples_here()
-        self.t_start = self.t_stop = None
+        self.t_start: float | None = None
+        self.t_stop: float | None = None
 
     # -- life cycle ------------------------------------------------------------------
-    def start(self) -> "UtilizationSampler":
+    def start(self) -> UtilizationSampler:
         self.t_start = time.time()
         if not self.active:
             self.unavailable.append("not sampled on this rank: local rank 0 samples this node's GPUs and host")
@@ -118,7 +118,7 @@ class UtilizationSampler:
                 pass
             self._nvml = None
 
-    def __enter__(self) -> "UtilizationSampler":
+    def __enter__(self) -> UtilizationSampler:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -155,7 +155,8 @@ class UtilizationSampler:
                 for h in self._handles:
                     try:
                         u = self._nvml.nvmlDeviceGetUtilizationRates(h)
-                        gpus.append({"util_pct": float(u.gpu), "mem_used": int(self._nvml.nvmlDeviceGetMemoryInfo(h).used),
+                        used = int(self._nvml.nvmlDeviceGetMemoryInfo(h).used)
+                        gpus.append({"util_pct": float(u.gpu), "mem_used": used,
                                      "power_w": self._nvml.nvmlDeviceGetPowerUsage(h) / 1e3})
                     except Exception as exc:  # noqa: BLE001
                         gpus.append({"error": f"{type(exc).__name__}: {exc}"})

@@ -21,8 +21,9 @@ import importlib
 import inspect
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -79,7 +80,7 @@ class ModelSpec:
             torch.manual_seed(seed)
             return self.build().to(device)
 
-    def dataset(self, n: Optional[int] = None, seed: int = 0) -> Any:
+    def dataset(self, n: int | None = None, seed: int = 0) -> Any:
         return self.make_data(n or self.dataset_size, seed)
 
 

@@ -20,6 +20,7 @@ At 12 layers, hidden 768, 12 heads, FFN 3072, vocab 30522, 512 positions, 2 toke
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -242,11 +243,19 @@ def _masked_tokens(vocab: int, seq_len: int, mask_id: int):
 # cpu:  the same module and parameters (vocab 30522, 512 positions: 109,514,298 parameters,
 #       417.8 MiB of fp32 gradients); only the sequence and the batch shrink.
 # tiny: for tests: the same module tree at 2 layers, hidden 32, vocab 256.
-SIZES = {
-    "full": {"dims": BERT_BASE, "seq_len": 512, "per_rank_batch": 8, "dataset_size": 256},
-    "cpu": {"dims": BERT_BASE, "seq_len": 64, "per_rank_batch": 2, "dataset_size": 256},
-    "tiny": {"dims": BertDims(vocab=256, positions=64, hidden=32, layers=2, heads=2, intermediate=128),
-             "seq_len": 16, "per_rank_batch": 4, "dataset_size": 256},
+class BertSize(NamedTuple):
+    """What a size sets: the layout (``dims``), the sequence length, the batch per rank, the synthetic set."""
+
+    dims: BertDims
+    seq_len: int
+    per_rank_batch: int
+    dataset_size: int
+
+
+SIZES: dict[str, BertSize] = {
+    "full": BertSize(BERT_BASE, 512, 8, 256),
+    "cpu": BertSize(BERT_BASE, 64, 2, 256),
+    "tiny": BertSize(BertDims(vocab=256, positions=64, hidden=32, layers=2, heads=2, intermediate=128), 16, 4, 256),
 }
 
 
@@ -261,10 +270,10 @@ def bert_spec(size: str = "cpu"):
     from . import ModelSpec
 
     s = SIZES[size]
-    dims, seq = s["dims"], s["seq_len"]
+    dims, seq = s.dims, s.seq_len
     return ModelSpec(
         "bert", lambda: BertForMaskedLM(dims), masked_lm_loss, _masked_tokens(dims.vocab, seq, MASK_ID),
-        "masked_tokens", size, s["per_rank_batch"], dataset_size=s["dataset_size"],
+        "masked_tokens", size, s.per_rank_batch, dataset_size=s.dataset_size,
         description=(f"BERT masked LM ({dims.layers} layers, hidden {dims.hidden}, {dims.heads} heads, FFN "
                      f"{dims.intermediate}, vocab {dims.vocab}, {dims.positions} positions, tied decoder), "
                      f"{seq} tokens, 15% masked"),

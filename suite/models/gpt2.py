@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -150,11 +151,19 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 # cpu:  the same module and parameters (vocab 50257, position table 1024 long: 124,439,808
 #       parameters, 474.7 MiB of fp32 gradients); only the sequence and the batch shrink.
 # tiny: for tests: the same module tree at 2 layers, d_model 32, vocab 256.
-SIZES = {
-    "full": {"dims": GPT2_SMALL, "seq_len": 1024, "per_rank_batch": 8, "dataset_size": 256},
-    "cpu": {"dims": GPT2_SMALL, "seq_len": 64, "per_rank_batch": 2, "dataset_size": 256},
-    "tiny": {"dims": GPT2Dims(vocab=256, positions=64, d_model=32, layers=2, heads=2), "seq_len": 16,
-             "per_rank_batch": 4, "dataset_size": 256},
+class GPT2Size(NamedTuple):
+    """What a size sets: the layout (``dims``), the sequence length, the batch per rank, the synthetic set."""
+
+    dims: GPT2Dims
+    seq_len: int
+    per_rank_batch: int
+    dataset_size: int
+
+
+SIZES: dict[str, GPT2Size] = {
+    "full": GPT2Size(GPT2_SMALL, 1024, 8, 256),
+    "cpu": GPT2Size(GPT2_SMALL, 64, 2, 256),
+    "tiny": GPT2Size(GPT2Dims(vocab=256, positions=64, d_model=32, layers=2, heads=2), 16, 4, 256),
 }
 
 
@@ -168,10 +177,10 @@ def gpt2_spec(size: str = "cpu"):
     from . import ModelSpec, _tokens
 
     s = SIZES[size]
-    dims, seq = s["dims"], s["seq_len"]
+    dims, seq = s.dims, s.seq_len
     return ModelSpec(
         "gpt2", lambda: GPT2LMHeadModel(dims), lm_loss, _tokens(dims.vocab, seq), "tokens", size,
-        s["per_rank_batch"], dataset_size=s["dataset_size"],
+        s.per_rank_batch, dataset_size=s.dataset_size,
         description=(f"GPT-2 ({dims.layers} layers, d_model {dims.d_model}, {dims.heads} heads, vocab {dims.vocab}, "
                      f"{dims.positions} positions, tied embeddings), {seq} tokens"),
     )

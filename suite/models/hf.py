@@ -49,10 +49,10 @@ def _import_transformers(ref: str) -> Any:
 @functools.cache
 def _logits_classes() -> dict:
     """Subclasses of the Hugging Face models whose forward takes token ids and returns the logits."""
-    transformers = _import_transformers("hf:")
+    transformers: Any = _import_transformers("hf:")
 
     class GPT2LogitsLMHeadModel(transformers.GPT2LMHeadModel):
-        def forward(self, tokens):  # noqa: D401 - the engine calls model(inputs)
+        def forward(self, tokens):
             return super().forward(input_ids=tokens, use_cache=False).logits
 
     class BertLogitsForMaskedLM(transformers.BertForMaskedLM):
@@ -90,20 +90,23 @@ def hf_model(config_class_name: str, size: str = "cpu"):
     if not transformers_available():
         raise ModelError(f"model {ref!r} needs the transformers package, which is not installed; "
                          f"install it with: pip install transformers")
+    s: Any  # the size's NamedTuple (GPT2Size or BertSize)
     if config_class_name == "GPT2Config":
-        from .gpt2 import SIZES, lm_loss
         from . import _tokens
+        from .gpt2 import SIZES as GPT2_SIZES
+        from .gpt2 import lm_loss
 
-        s = SIZES[size]
-        dims, seq = s["dims"], s["seq_len"]
+        s = GPT2_SIZES[size]
+        dims, seq = s.dims, s.seq_len
         make_config, loss, data, kind = _gpt2_config, lm_loss, _tokens(dims.vocab, seq), "tokens"
         what = (f"transformers GPT2LMHeadModel ({dims.layers} layers, d_model {dims.d_model}, vocab {dims.vocab}, "
                 f"{dims.positions} positions), {seq} tokens")
     else:
-        from .bert import MASK_ID, SIZES, _masked_tokens, masked_lm_loss
+        from .bert import MASK_ID, _masked_tokens, masked_lm_loss
+        from .bert import SIZES as BERT_SIZES
 
-        s = SIZES[size]
-        dims, seq = s["dims"], s["seq_len"]
+        s = BERT_SIZES[size]
+        dims, seq = s.dims, s.seq_len
         make_config, loss, data, kind = (_bert_config, masked_lm_loss, _masked_tokens(dims.vocab, seq, MASK_ID),
                                          "masked_tokens")
         what = (f"transformers BertForMaskedLM ({dims.layers} layers, hidden {dims.hidden}, vocab {dims.vocab}, "
@@ -115,5 +118,5 @@ def hf_model(config_class_name: str, size: str = "cpu"):
         model.train()  # from_config models start in eval mode in some versions; the engine trains
         return model
 
-    return ModelSpec(ref, build, loss, data, kind, size, s["per_rank_batch"], dataset_size=s["dataset_size"],
+    return ModelSpec(ref, build, loss, data, kind, size, s.per_rank_batch, dataset_size=s.dataset_size,
                      description=what)

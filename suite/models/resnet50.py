@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -36,7 +36,7 @@ class Bottleneck(nn.Module):
 
     expansion = 4
 
-    def __init__(self, in_channels: int, planes: int, stride: int = 1, downsample: Optional[nn.Module] = None):
+    def __init__(self, in_channels: int, planes: int, stride: int = 1, downsample: nn.Module | None = None):
         super().__init__()
         out_channels = planes * self.expansion
         self.conv1 = nn.Conv2d(in_channels, planes, kernel_size=1, bias=False)
@@ -61,6 +61,11 @@ class Bottleneck(nn.Module):
 
 
 class ResNet50(nn.Module):
+    layer1: nn.Sequential  # added by name in __init__ (torchvision's names)
+    layer2: nn.Sequential
+    layer3: nn.Sequential
+    layer4: nn.Sequential
+
     def __init__(self, num_classes: int = 1000, width: int = 64, in_channels: int = 3):
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, width, kernel_size=7, stride=2, padding=3, bias=False)
@@ -122,10 +127,20 @@ def load_layout(path: str = LAYOUT_PATH) -> list[list]:
 #       and the batch shrink (see resnet50_spec for the step time measured).
 # tiny: for tests: the same module tree and 161 tensors (3-4-6-3 bottlenecks), channels / 8,
 #       10 classes, 32 px.
-SIZES = {
-    "full": {"image_size": 224, "per_rank_batch": 32, "classes": 1000, "width": 64, "dataset_size": 512},
-    "cpu": {"image_size": 64, "per_rank_batch": 8, "classes": 1000, "width": 64, "dataset_size": 256},
-    "tiny": {"image_size": 32, "per_rank_batch": 4, "classes": 10, "width": 8, "dataset_size": 256},
+class ResNet50Size(NamedTuple):
+    """What a size sets: input resolution, batch per rank, classes, base width, the synthetic set."""
+
+    image_size: int
+    per_rank_batch: int
+    classes: int
+    width: int
+    dataset_size: int
+
+
+SIZES: dict[str, ResNet50Size] = {
+    "full": ResNet50Size(image_size=224, per_rank_batch=32, classes=1000, width=64, dataset_size=512),
+    "cpu": ResNet50Size(image_size=64, per_rank_batch=8, classes=1000, width=64, dataset_size=256),
+    "tiny": ResNet50Size(image_size=32, per_rank_batch=4, classes=10, width=8, dataset_size=256),
 }
 
 
@@ -141,11 +156,11 @@ def resnet50_spec(size: str = "cpu", signal: float = 0.6):
     from . import ModelSpec, _ce, _images
 
     s = SIZES[size]
-    classes, width = s["classes"], s["width"]
+    classes, width = s.classes, s.width
     return ModelSpec(
         "resnet50", lambda: ResNet50(num_classes=classes, width=width), _ce,
-        _images(s["image_size"], classes=classes, signal=signal), "images", size, s["per_rank_batch"],
-        dataset_size=s["dataset_size"], has_batchnorm=True,
+        _images(s.image_size, classes=classes, signal=signal), "images", size, s.per_rank_batch,
+        dataset_size=s.dataset_size, has_batchnorm=True,
         description=(f"ResNet-50 (torchvision layout, 3-4-6-3 bottlenecks, width {width}, {classes} classes, "
-                     f"{s['image_size']} px)"),
+                     f"{s.image_size} px)"),
     )

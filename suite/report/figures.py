@@ -12,12 +12,11 @@ as plain text (:func:`plain`): a ``$`` in a name must not start matplotlib's mat
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 __all__ = ["latest", "throughput_figure", "breakdown_figure", "scaling_figure", "local_sgd_figure",
            "scaling_table", "plain"]
@@ -64,7 +63,7 @@ def breakdown_figure(recs: dict, world: int):
     rows = sorted(((c, r) for (c, w), r in recs.items() if w == world), key=lambda cr: cr[0])
     fig, ax = plt.subplots(figsize=(max(5, 0.7 * len(rows) + 2), 4))
     xs = list(range(len(rows)))
-    parts = {"compute": [], "exposed communication": [], "data wait": [], "other": []}
+    parts: dict[str, list[float]] = {"compute": [], "exposed communication": [], "data wait": [], "other": []}
     for _, r in rows:
         m = r.metrics
         step = _num((m.get("step_time_s") or {}).get("median"))
@@ -118,7 +117,7 @@ def scaling_figure(recs: dict):
     return fig
 
 
-def local_sgd_figure(recs: dict) -> Optional[object]:
+def local_sgd_figure(recs: dict) -> object | None:
     """Throughput against final loss for Local SGD settings and their baseline; None without records."""
     pts = []
     for (case, w), r in sorted(recs.items()):

@@ -18,7 +18,6 @@ import re
 import shutil
 import sys
 import urllib.parse
-from typing import Optional
 
 __all__ = ["build_report", "md_text", "trace_source"]
 
@@ -38,7 +37,7 @@ def _md_link_target(path: str) -> str:
     return urllib.parse.quote(path, safe="/@")
 
 
-def trace_source(results_dir: str, rel) -> tuple[Optional[str], str]:
+def trace_source(results_dir: str, rel) -> tuple[str | None, str]:
     """(the file to copy, "") when ``rel`` names a regular file inside ``results_dir/traces`` (after
     resolving symlinks), else (None, why)."""
     if not isinstance(rel, str) or not rel:

@@ -39,9 +39,9 @@ def chrome_trace(answers: list[dict], title: str = "") -> dict:
                            "args": {"name": f"communicator {g}"}})
         buckets = a.get("buckets") or []
         for i, s in enumerate(a["steps"]):
-            def span(name, t0, t1, tid=COMPUTE_TID, cat="compute", args=None):
+            def span(name, t0, t1, tid=COMPUTE_TID, cat="compute", args=None, pid=pid, step=i + 1):
                 events.append({"ph": "X", "name": name, "cat": cat, "pid": pid, "tid": tid, "ts": _us(t0),
-                               "dur": max(0.0, _us(t1) - _us(t0)), "args": dict(args or {}, step=i + 1)})
+                               "dur": max(0.0, _us(t1) - _us(t0)), "args": dict(args or {}, step=step)})
 
             span(f"step {i + 1}", s["t0"], s["t1"], cat="step")
             grads = dict(s["grads"])
@@ -66,7 +66,8 @@ def chrome_trace(answers: list[dict], title: str = "") -> dict:
                 ts = [grads[n] for n in names if n in grads]
                 if ts and len(ts) == len(names):
                     events.append({"ph": "i", "s": "t", "name": f"bucket {b} ready", "cat": "bucket", "pid": pid,
-                                   "tid": COMPUTE_TID, "ts": _us(max(ts)), "args": {"step": i + 1, "params": len(names)}})
+                                   "tid": COMPUTE_TID, "ts": _us(max(ts)),
+                                   "args": {"step": i + 1, "params": len(names)}})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"title": title, "window_s": [t_lo, t_hi], "ranks": len(answers),
                           "steps": len(answers[0]["steps"]) if answers else 0,

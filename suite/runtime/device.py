@@ -28,8 +28,9 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import torch
 
@@ -69,13 +70,13 @@ class MemoryWindow:
     through ``/proc/self/clear_refs`` where the kernel allows, else the process's lifetime peak and
     ``kind`` says so)."""
 
-    def __init__(self, platform: "Platform"):
+    def __init__(self, platform: Platform):
         self.platform = platform
         self.start_bytes = 0
-        self.peak_bytes: Optional[int] = None
+        self.peak_bytes: int | None = None
         self.kind = ""
 
-    def open(self) -> "MemoryWindow":
+    def open(self) -> MemoryWindow:
         p = self.platform
         if p.is_cuda:
             p.synchronize()
@@ -87,7 +88,7 @@ class MemoryWindow:
             self.kind = "process_rss" if _reset_rss_peak() else "process_rss_lifetime_peak"
         return self
 
-    def close(self) -> "MemoryWindow":
+    def close(self) -> MemoryWindow:
         p = self.platform
         if p.is_cuda:
             p.synchronize()
@@ -106,14 +107,14 @@ class MemoryWindow:
         return {"start_bytes": self.start_bytes, "peak_bytes": self.peak_bytes,
                 "peak_above_start_bytes": self.peak_above_start, "kind": self.kind}
 
-    def __enter__(self) -> "MemoryWindow":
+    def __enter__(self) -> MemoryWindow:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
 
-def _proc_status(field_name: str) -> Optional[int]:
+def _proc_status(field_name: str) -> int | None:
     try:
         with open("/proc/self/status") as fh:
             for line in fh:
@@ -188,7 +189,7 @@ class Platform:
         """The calling thread's current stream; None on CPU."""
         return self.cuda.current_stream(self.device) if self.is_cuda else None
 
-    def use_stream(self, stream) -> "contextlib.AbstractContextManager":
+    def use_stream(self, stream) -> contextlib.AbstractContextManager:
         """Queue work on ``stream`` inside the block (``torch.cuda.stream``); a null context on CPU."""
         if self.is_cuda and stream is not None:
             return self.cuda.stream(stream)
@@ -249,7 +250,7 @@ class Platform:
         return info
 
 
-def select_platform(device: Optional[str] = None, local_rank: int = 0, local_world_size: int = 1) -> Platform:
+def select_platform(device: str | None = None, local_rank: int = 0, local_world_size: int = 1) -> Platform:
     """NCCL on this rank's GPU where CUDA is available, gloo on CPU where it is not; ``device`` overrides.
 
     Never falls back to CPU on a machine with CUDA unless asked (``device='cpu'``): a GPU machine with
@@ -273,7 +274,7 @@ def select_platform(device: Optional[str] = None, local_rank: int = 0, local_wor
     return Platform("cuda", "nccl", local_rank)
 
 
-def default_threads(local_world_size: int, num_threads: Optional[int] = None) -> int:
+def default_threads(local_world_size: int, num_threads: int | None = None) -> int:
     """Intra-op threads per rank: ``num_threads`` if set, else cores / local ranks (at least 1)."""
     if num_threads:
         return num_threads

@@ -25,8 +25,8 @@ Nothing outlives the parent and nothing listens on the network for a local run:
 from __future__ import annotations
 
 import multiprocessing as mp
-import pickle
 import os
+import pickle
 import queue
 import shutil
 import signal
@@ -36,8 +36,9 @@ import threading
 import time
 import traceback
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 __all__ = ["RankPool", "RankFailure", "RankError", "RankFn", "fn_name", "check_rank_fn"]
 
@@ -79,11 +80,11 @@ def check_rank_fn(fn: Any) -> None:
 
 @dataclass
 class _Options:
-    device: Optional[str]
+    device: str | None
     pg_timeout: float
-    num_threads: Optional[int]
+    num_threads: int | None
     env: dict = field(default_factory=dict)
-    netns: Optional[str] = None  # network namespace the rank enters first (emulated cluster node)
+    netns: str | None = None  # network namespace the rank enters first (emulated cluster node)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -131,7 +132,7 @@ def _kill_descendants() -> None:
             pass
 
 
-def _orphaned(store_dir: Optional[str]) -> None:
+def _orphaned(store_dir: str | None) -> None:
     """The parent is gone: take this rank's processes down and leave no store behind."""
     try:
         if store_dir:
@@ -141,7 +142,7 @@ def _orphaned(store_dir: Optional[str]) -> None:
         os._exit(3)
 
 
-def _watch_parent(conn, store_dir: Optional[str]) -> None:
+def _watch_parent(conn, store_dir: str | None) -> None:
     """A thread that blocks on the pipe from the parent: it only ever ends in EOF, when the parent's
     write end is closed, which the kernel does when the parent process dies."""
 
@@ -171,6 +172,7 @@ def _worker(rank: int, world: int, store_at: tuple, cmd_q, res_q, opts: _Options
 
         from .launch import init_rank
 
+        store: dist.Store
         if store_at[0] == "file":
             store = dist.FileStore(store_at[1], world)
             store.set_timeout(_td(opts.pg_timeout))
@@ -226,17 +228,17 @@ class RankPool:
         self,
         nproc: int,
         *,
-        device: Optional[str] = None,
+        device: str | None = None,
         timeout: float = 300.0,
         pg_timeout: float = 60.0,
         start_timeout: float = 120.0,
-        num_threads: Optional[int] = None,
-        env: Optional[dict] = None,
+        num_threads: int | None = None,
+        env: dict | None = None,
         grace: float = 5.0,
-        rank_netns: Optional[list] = None,
-        rank_env: Optional[list] = None,
-        store_host: Optional[str] = None,
-        store_netns: Optional[str] = None,
+        rank_netns: list | None = None,
+        rank_env: list | None = None,
+        store_host: str | None = None,
+        store_netns: str | None = None,
     ):
         """``rank_netns``/``rank_env`` (one entry per rank) start rank r inside network namespace
         ``rank_netns[r]`` with ``rank_env[r]`` added to its environment; the rendezvous store then
@@ -251,10 +253,10 @@ class RankPool:
         self.opts = _Options(device=device, pg_timeout=pg_timeout, num_threads=num_threads, env=dict(env or {}))
         self._procs: list = []
         self._cmd_qs: list = []
-        self._res_q = None
-        self._store = None  # the TCPStore server (emulated cluster only)
-        self._watch_w = None  # write end of the pipe every rank watches (EOF: the parent is gone)
-        self.store_path: Optional[str] = None  # the FileStore of a local pool (in a private directory)
+        self._res_q: Any = None  # the spawn context's Queue of (call id, rank, ok, payload)
+        self._store: Any = None  # the TCPStore server (emulated cluster only)
+        self._watch_w: Any = None  # write end of the pipe every rank watches (EOF: the parent is gone)
+        self.store_path: str | None = None  # the FileStore of a local pool (in a private directory)
         self._call = 0
         self.pids: list[int] = []
         self.restarts = 0
@@ -274,7 +276,6 @@ class RankPool:
         if self.alive:
             return
         self.close()
-        import torch.distributed as dist
 
         if self._started_once:
             self.restarts += 1
@@ -368,7 +369,7 @@ class RankPool:
         self._watch_w, self.store_path = None, None
         _LIVE_POOLS.discard(self)
 
-    def __enter__(self) -> "RankPool":
+    def __enter__(self) -> RankPool:
         self.start()
         return self
 
@@ -382,8 +383,8 @@ class RankPool:
             pass
 
     # ---- calls ----------------------------------------------------------------------
-    def run(self, fn: RankFn, kwargs: Optional[dict] = None, *, timeout: Optional[float] = None,
-            per_rank: Optional[list[dict]] = None) -> list[Any]:
+    def run(self, fn: RankFn, kwargs: dict | None = None, *, timeout: float | None = None,
+            per_rank: list[dict] | None = None) -> list[Any]:
         """Run ``fn(**kwargs)`` on every rank; return the results in rank order.
 
         ``per_rank`` adds rank-specific keyword arguments.  Raises :class:`RankError` when
@@ -412,7 +413,7 @@ class RankPool:
     def _collect(self, call_id: Any, what: str, timeout: float, raw: bool = False) -> dict[int, Any]:
         deadline = time.monotonic() + timeout
         got: dict[int, tuple[bool, Any]] = {}
-        first_error_at: Optional[float] = None
+        first_error_at: float | None = None
         while len(got) < self.nproc:
             try:
                 cid, rank, ok, payload = self._res_q.get(timeout=0.2)
@@ -445,7 +446,7 @@ class RankPool:
             return {r: p for r, (ok, p) in got.items()}
         return got
 
-    def _fail(self, ranks: list[int], what: str, why: str, got: Optional[dict] = None) -> None:
+    def _fail(self, ranks: list[int], what: str, why: str, got: dict | None = None) -> None:
         detail = ""
         for r, (ok, payload) in sorted((got or {}).items()):
             if not ok:
@@ -457,7 +458,7 @@ class RankPool:
 
 # Pools whose ranks are running: a child forked from this process (without exec) must not keep
 # their watch pipes open, or the ranks would outlive this process as long as that child lives.
-_LIVE_POOLS: "weakref.WeakSet[RankPool]" = weakref.WeakSet()
+_LIVE_POOLS: weakref.WeakSet[RankPool] = weakref.WeakSet()
 
 
 def _close_watch_pipes_in_child() -> None:
@@ -475,7 +476,7 @@ def _close_watch_pipes_in_child() -> None:
 os.register_at_fork(after_in_child=_close_watch_pipes_in_child)
 
 
-def _master_store(host: str, timeout: float, netns: Optional[str]):
+def _master_store(host: str, timeout: float, netns: str | None):
     """The rendezvous store's server, listening in ``netns`` when given (made from a helper thread
     that enters it: the socket stays there, this process's threads stay where they are)."""
     import torch.distributed as dist

@@ -24,7 +24,8 @@ import pickle
 import sys
 import time
 import traceback
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch.distributed as dist
 
@@ -37,7 +38,7 @@ POLL_S = 0.05
 
 
 class TorchrunLauncher:
-    def __init__(self, ctx, store=None, report_timeout: Optional[float] = None, timeout: float = 3600.0,
+    def __init__(self, ctx, store=None, report_timeout: float | None = None, timeout: float = 3600.0,
                  exit_fn: Callable[[int], Any] = os._exit):
         """``store``: the rendezvous store (default: the default process group's); ``report_timeout``:
         how long a failing rank waits for the others (default: the process group's timeout, at most
@@ -51,8 +52,8 @@ class TorchrunLauncher:
         self.exit_fn = exit_fn
         self._call = 0
 
-    def run(self, fn: RankFn, kwargs: Optional[dict] = None, *, timeout: Optional[float] = None,
-            per_rank: Optional[list[dict]] = None) -> Optional[list[Any]]:
+    def run(self, fn: RankFn, kwargs: dict | None = None, *, timeout: float | None = None,
+            per_rank: list[dict] | None = None) -> list[Any] | None:
         check_rank_fn(fn)
         ref = fn_name(fn)
         kw = dict(kwargs or {})
@@ -66,8 +67,8 @@ class TorchrunLauncher:
         except Exception:  # noqa: BLE001 - reported through the store
             ok, payload = False, traceback.format_exc()
         if ok and rank != 0:
-            self.store.set(f"{prefix}/result{rank}", pickle.dumps(payload))
-        self.store.set(f"{prefix}/status{rank}", pickle.dumps((ok, None if ok else payload)))
+            self.store.set(f"{prefix}/result{rank}", pickle.dumps(payload))  # type: ignore[arg-type]  # bytes work
+        self.store.set(f"{prefix}/status{rank}", pickle.dumps((ok, None if ok else payload)))  # type: ignore[arg-type]
 
         statuses = self._collect(prefix, ok, timeout or self.timeout)
         missing = [r for r in range(self.nproc) if r not in statuses]
