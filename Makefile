@@ -9,11 +9,11 @@ CONSTRAINTS := constraints.txt
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 ARGS ?=
 
-.PHONY: run test setup bench asv-smoke nightly-cpu figures clean-venv
+.PHONY: run test lint setup bench asv-smoke nightly-cpu figures clean-venv
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --disable-pip-version-check $(FIND_LINKS) -c $(CONSTRAINTS) -e '.[dev]'
+	$(PIP) install -q --disable-pip-version-check $(FIND_LINKS) -c $(CONSTRAINTS) -e '.[dev,hf]'
 	touch $@
 
 setup: $(VENV)/.installed
@@ -21,8 +21,13 @@ setup: $(VENV)/.installed
 run: setup
 	$(VENV)/bin/fleetbench run $(ARGS)
 
-test: setup
+# Lint, type check, then the tests (CI runs this through .ci/run).
+test: setup lint
 	$(PY) -m pytest tests $(ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check suite tests bench_cases
+	$(VENV)/bin/mypy
 
 bench: setup
 	$(PY) -m pytest bench_cases --benchmark-only $(ARGS)

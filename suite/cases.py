@@ -27,8 +27,8 @@ finished case fills, whatever the strategy; ``Case.records`` adds the case-speci
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Optional
 
 __all__ = ["Case", "VARIANTS", "CASES", "select_cases", "BASELINE", "RECORDED", "WORLD_SIZES", "get_case",
            "matrix", "cases_for_model", "model_label", "PUBLISHED_MODELS"]
@@ -81,12 +81,12 @@ class Case:
     config: dict
     description: str
     tags: tuple = ()
-    per_rank_batch: Optional[int] = None  # None: the model's own at the run's size
+    per_rank_batch: int | None = None  # None: the model's own at the run's size
     min_world: int = 1
     world_sizes: tuple = WORLD_SIZES  # where the matrix runs it (min_world and up)
     records: tuple = RECORDED  # metrics keys the case's record carries
 
-    def applies_to_world(self, world: int) -> Optional[str]:
+    def applies_to_world(self, world: int) -> str | None:
         """None when the case runs at ``world`` ranks, else why not."""
         if world < self.min_world:
             return f"needs at least {self.min_world} ranks"
@@ -119,7 +119,8 @@ VARIANTS: list[Variant] = [
             needs_batchnorm=True),
     Variant("fused_broadcast", {"fuse_broadcast_ops": True}, "broadcasts over flat buckets", models=("resnet",),
             default_on=("resnet",), needs_batchnorm=True),
-    Variant("fused_optimizer", {"fuse_all_optimizer_ops": True}, "one optimizer update over flat buffers", default_on=("mlp",)),
+    Variant("fused_optimizer", {"fuse_all_optimizer_ops": True}, "one optimizer update over flat buffers",
+            default_on=("mlp",)),
     # precision
     Variant("amp_bf16", {"amp": "bf16"}, "bf16 autocast", default_on=("resnet",), records=("losses",)),
     Variant("grad_bf16", {"grad_comm_dtype": "bf16"}, "gradients communicated in bf16", models=("mlp",),
@@ -175,14 +176,14 @@ def get_case(name: str) -> Case:
                      f"(`fleetbench run --list --tag nightly-cpu` lists them)")
 
 
-def matrix(cases: Iterable[Case], world_sizes: Optional[Iterable[int]] = None) -> list[tuple[Case, int]]:
+def matrix(cases: Iterable[Case], world_sizes: Iterable[int] | None = None) -> list[tuple[Case, int]]:
     """(case, world size) pairs of the benchmark matrix; ``world_sizes`` narrows each case's own."""
     keep = None if world_sizes is None else set(world_sizes)
     return [(c, w) for c in cases for w in c.world_sizes if keep is None or w in keep]
 
 
 def select_cases(names: Iterable[str] = (), tags: Iterable[str] = (), models: Iterable[str] = (),
-                 cases: Optional[list[Case]] = None) -> list[Case]:
+                 cases: list[Case] | None = None) -> list[Case]:
     """Cases matching any of ``names`` (globs allowed) and any of ``tags`` and ``models``.
 
     With neither names nor tags: the ``default`` tag, or, when ``models`` are named, every

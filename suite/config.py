@@ -28,8 +28,9 @@ import tomllib
 import types
 import typing
 import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Literal, Mapping, Optional
+from typing import Any, Literal
 
 __all__ = ["StrategyConfig", "ConfigError", "PRESETS", "FIELD_ALIASES", "PADDLE_FIELDS", "PADDLE_UNIMPLEMENTED",
            "toml_fields",
@@ -48,8 +49,8 @@ FIELD_ALIASES = {
 }
 
 
-def knob(default: Any, help: str, *, ge: Optional[float] = None, gt: Optional[float] = None,
-         le: Optional[float] = None, allow_inf: bool = False) -> Any:
+def knob(default: Any, help: str, *, ge: float | None = None, gt: float | None = None,
+         le: float | None = None, allow_inf: bool = False) -> Any:
     """A StrategyConfig field: its default, one line of help and its numeric range.
 
     ``ge``/``gt`` are the lower bound (inclusive/exclusive), ``le`` the inclusive upper one;
@@ -141,24 +142,24 @@ class StrategyConfig:
 
     # ---- construction -------------------------------------------------------------
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> "StrategyConfig":
+    def from_dict(cls, values: Mapping[str, Any]) -> StrategyConfig:
         """Fields by our names, their aliases, or Paddle's (nested tables or dotted keys)."""
         return cls(**_canonical_keys(values))
 
     @classmethod
-    def from_toml(cls, path: str) -> "StrategyConfig":
+    def from_toml(cls, path: str) -> StrategyConfig:
         return cls.from_dict(toml_fields(path))
 
     @classmethod
-    def preset(cls, name: str, **overrides: Any) -> "StrategyConfig":
+    def preset(cls, name: str, **overrides: Any) -> StrategyConfig:
         if name not in PRESETS:
             raise ConfigError(f"preset {name!r} is unknown; allowed: {', '.join(sorted(PRESETS))}")
         return cls.from_dict({**PRESETS[name], **overrides})
 
-    def replace(self, **changes: Any) -> "StrategyConfig":
+    def replace(self, **changes: Any) -> StrategyConfig:
         return dataclasses.replace(self, **_canonical_keys(changes))
 
-    def with_overrides(self, assignments: list[str]) -> "StrategyConfig":
+    def with_overrides(self, assignments: list[str]) -> StrategyConfig:
         """Apply ``key=value`` strings (the CLI's ``--set``), parsed by the field's type.
 
         Keys are our field names, their aliases, or Paddle's (dotted for a table:
@@ -176,7 +177,7 @@ class StrategyConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def diff(self, other: Optional["StrategyConfig"] = None) -> dict[str, Any]:
+    def diff(self, other: StrategyConfig | None = None) -> dict[str, Any]:
         """Fields that differ from ``other`` (default: the all-off default config)."""
         base = other or StrategyConfig()
         return {k: v for k, v in self.to_dict().items() if getattr(base, k) != v}
@@ -224,7 +225,7 @@ class StrategyConfig:
     def compute_fusion_enabled(self) -> bool:
         return self.fuse_bn_act_ops or self.fuse_elewise_add_act_ops or self.fuse_relu_depthwise_conv
 
-    def resolve_inter_nranks(self, world_size: int, local_world_size: Optional[int] = None) -> int:
+    def resolve_inter_nranks(self, world_size: int, local_world_size: int | None = None) -> int:
         if self.hierarchical_allreduce_inter_nranks is not None:
             return self.hierarchical_allreduce_inter_nranks
         if local_world_size is not None:
@@ -234,7 +235,7 @@ class StrategyConfig:
             f"a divisor of the world size {world_size}; it defaults to LOCAL_WORLD_SIZE only under torchrun"
         )
 
-    def check_world(self, world_size: int, local_world_size: Optional[int] = None, torchrun: bool = False) -> None:
+    def check_world(self, world_size: int, local_world_size: int | None = None, torchrun: bool = False) -> None:
         """Checks that need the world size; called before any rank is started (or any step is run)."""
         if not isinstance(world_size, int) or world_size < 1:
             raise ConfigError(f"world size {world_size!r}: must be a whole number >= 1")
@@ -246,7 +247,8 @@ class StrategyConfig:
                     f"into whole nodes: allowed values are the divisors of {world_size} "
                     f"({', '.join(str(d) for d in _divisors(world_size))})"
                 )
-            if torchrun and local_world_size and self.hierarchical_allreduce_inter_nranks not in (None, local_world_size):
+            given = self.hierarchical_allreduce_inter_nranks
+            if torchrun and local_world_size and given not in (None, local_world_size):
                 warnings.warn(
                     f"hierarchical_allreduce_inter_nranks={self.hierarchical_allreduce_inter_nranks} differs from "
                     f"torchrun's LOCAL_WORLD_SIZE={local_world_size}: nodes will be emulated as blocks of "
@@ -267,12 +269,12 @@ class FieldSpec:
     name: str
     type: type  # bool, int, float or str
     optional: bool  # None allowed
-    choices: Optional[tuple]  # from Literal[...]
+    choices: tuple | None  # from Literal[...]
     default: Any
     help: str
-    ge: Optional[float] = None
-    gt: Optional[float] = None
-    le: Optional[float] = None
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
     allow_inf: bool = False
 
     def allowed(self) -> str:
@@ -370,7 +372,7 @@ def _paddle_amp(name: str, value: Any) -> Any:
 
 
 # Paddle name -> (our field, conversion of the value or None).
-PADDLE_FIELDS: dict[str, tuple[str, Optional[Callable[[str, Any], Any]]]] = {
+PADDLE_FIELDS: dict[str, tuple[str, Callable[[str, Any], Any] | None]] = {
     "amp": ("amp", _paddle_amp),
     "amp_configs.init_loss_scaling": ("init_loss_scaling", None),
     "amp_configs.incr_every_n_steps": ("incr_every_n_steps", None),
@@ -765,7 +767,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "use_hierarchical_allreduce": True,
     },
     # Best practices' Local SGD advice: k of 2 to 4 after a warm-up.
-    "paddle_local_sgd": {"use_local_sgd": True, "local_sgd_steps": 4, "local_sgd_is_warm_steps": 1, "optimizer": "momentum"},
+    "paddle_local_sgd": {"use_local_sgd": True, "local_sgd_steps": 4, "local_sgd_is_warm_steps": 1,
+                         "optimizer": "momentum"},
     # Paddle's AMP defaults: fp16 with dynamic loss scaling.
     "paddle_amp": {"amp": "fp16"},
 }

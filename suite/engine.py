@@ -14,7 +14,8 @@ Construction (in this order):
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -30,7 +31,7 @@ __all__ = ["Engine", "build_engine"]
 
 
 class Engine:
-    def __init__(self, model: torch.nn.Module, loss_fn: Callable, config: Optional[StrategyConfig] = None,
+    def __init__(self, model: torch.nn.Module, loss_fn: Callable, config: StrategyConfig | None = None,
                  group=None):
         if not dist.is_initialized():
             raise RuntimeError(
@@ -59,12 +60,12 @@ class Engine:
         self._has_buffers = any(b.numel() for b in model.buffers())
 
         # 3. gradient communication.
-        self.grad_sync: Optional[GradSync] = build_grad_sync(model, config, group)
+        self.grad_sync: GradSync | None = build_grad_sync(model, config, group)
         if config.data_parallel == "ddp":
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             ids = [device.index] if device.type == "cuda" else None
-            self.model = DDP(model, device_ids=ids, process_group=group,
+            self.model: torch.nn.Module = DDP(model, device_ids=ids, process_group=group,
                              find_unused_parameters=config.find_unused_parameters, **_ddp_buffer_sync())
         else:
             self.model = model
@@ -81,7 +82,7 @@ class Engine:
         self.steps = 0
 
     def describe(self) -> dict:
-        info = {"data_parallel": self.config.data_parallel, "init_broadcasts": self.init_broadcasts}
+        info: dict[str, Any] = {"data_parallel": self.config.data_parallel, "init_broadcasts": self.init_broadcasts}
         if self.grad_sync is not None:
             info.update(self.grad_sync.describe())
         if self.fusion_report:
@@ -130,7 +131,7 @@ class Engine:
         return loss.detach()
 
 
-def _batch_size(inputs) -> Optional[int]:
+def _batch_size(inputs) -> int | None:
     """The leading dimension of a tensor (or of the first tensor in a tuple/list/dict), None if unknown."""
     if isinstance(inputs, torch.Tensor):
         return inputs.shape[0] if inputs.dim() else None
@@ -152,14 +153,14 @@ def _ddp_buffer_sync() -> dict:
     return {"broadcast_buffers": True}
 
 
-def _local_world_size() -> Optional[int]:
+def _local_world_size() -> int | None:
     import os
 
     v = os.environ.get("LOCAL_WORLD_SIZE")
     return int(v) if v and "TORCHELASTIC_RUN_ID" in os.environ else None
 
 
-def build_engine(model: torch.nn.Module, loss_fn: Callable, config: Optional[StrategyConfig] = None,
+def build_engine(model: torch.nn.Module, loss_fn: Callable, config: StrategyConfig | None = None,
                  group=None) -> Engine:
     """Compose the strategies ``config`` enables around ``model``; see :class:`Engine`."""
     return Engine(model, loss_fn, config, group)

@@ -27,10 +27,12 @@ import datetime
 import os
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any
 
 from .cases import BASELINE, Case
+from .check.harness import CheckResult
 from .config import StrategyConfig
 from .measure.summary import COMPUTE_ONLY, summarize
 from .results.records import CaseRecord
@@ -39,7 +41,8 @@ from .workload import WorkloadSpec
 
 __all__ = ["RunOptions", "ResolvedCase", "CaseRunner", "PreparedCase", "new_run_id", "short_error"]
 
-Outcome = Union[dict, Exception, None]
+Checked = CheckResult | Exception | None  # a check's verdict, the error that stopped it, or no check
+Outcome = dict | Exception | None  # a timing's metrics, the error that stopped it, or nothing (torchrun)
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ class RunOptions:
     """How cases are run; the CLI's options, typed (argparse stays in ``suite.cli``)."""
 
     size: str = "cpu"
-    per_rank_batch: Optional[int] = None  # None: each model's own at ``size``
+    per_rank_batch: int | None = None  # None: each model's own at ``size``
     steps: int = 5  # steps per timed window
     rounds: int = 5  # interleaved timed rounds
     warmup: int = 2  # warm-up steps per case, not recorded
@@ -56,11 +59,11 @@ class RunOptions:
     timeout: float = 600.0  # bound on every multi-rank call, seconds
     trace_steps: int = 0  # traced steps per case after timing (0: no trace)
     utilization: bool = True
-    device: Optional[str] = None  # "cpu" | "cuda" (what the ranks run on; None: the platform's choice)
+    device: str | None = None  # "cpu" | "cuda" (what the ranks run on; None: the platform's choice)
     backend: str = ""  # "gloo" | "nccl", recorded
     baseline_overrides: tuple = ()  # the run's --set assignments, applied to the baseline too
     results_dir: str = "results"  # traces go to results_dir/traces/RUN_ID/
-    memory_budget: Optional[int] = None  # bytes the ranks' engines may hold at once (None: from the machine)
+    memory_budget: int | None = None  # bytes the ranks' engines may hold at once (None: from the machine)
 
 
 @dataclass(frozen=True)
@@ -69,15 +72,15 @@ class ResolvedCase:
 
     case: Case
     config: StrategyConfig
-    skip: Optional[str] = None
+    skip: str | None = None
 
 
 def new_run_id() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
+    return datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 def short_error(exc: BaseException, limit: int = 300) -> str:
@@ -111,7 +114,7 @@ def _available_memory() -> int:
 class PreparedCase:
     """A case built and warmed up on the ranks, timed window by window by a harness that times rounds itself."""
 
-    runner: "CaseRunner"
+    runner: CaseRunner
     rc: ResolvedCase
     key: str
     describe: dict
@@ -143,8 +146,8 @@ class PreparedCase:
 
 
 class CaseRunner:
-    def __init__(self, launcher: Any, world: int, opts: RunOptions, run_id: Optional[str] = None,
-                 metadata: Optional[dict] = None, say: Optional[Callable[[str], None]] = None,
+    def __init__(self, launcher: Any, world: int, opts: RunOptions, run_id: str | None = None,
+                 metadata: dict | None = None, say: Callable[[str], None] | None = None,
                  reporter: bool = True):
         self.launcher = launcher
         self.world = world
@@ -180,7 +183,7 @@ class CaseRunner:
         return StrategyConfig().with_overrides(list(self.opts.baseline_overrides))
 
     # ---- check ----------------------------------------------------------------------------
-    def check(self, rc: ResolvedCase) -> Outcome:
+    def check(self, rc: ResolvedCase) -> Checked:
         """The case's CheckResult, the exception that stopped it, or None (no check asked)."""
         if not self.opts.check:
             return None
@@ -275,7 +278,7 @@ class CaseRunner:
         rec.status, rec.verdict, rec.error = "skipped", "skipped", rc.skip
         return rec
 
-    def record(self, rc: ResolvedCase, check: Outcome, measured: Outcome, fallback: Optional[str] = None) -> CaseRecord:
+    def record(self, rc: ResolvedCase, check: Checked, measured: Outcome, fallback: str | None = None) -> CaseRecord:
         """One case's record from its check and its timing (either may be an exception)."""
         rec = self._base_record(rc)
         rec.fallback = fallback
@@ -304,7 +307,7 @@ class CaseRunner:
     # ---- one model, then the whole selection ------------------------------------------------------
     def run_model(self, model_rcs: list[ResolvedCase], progress: Callable[[ResolvedCase, str, float], None]
                   ) -> list[CaseRecord]:
-        checks: dict[str, Outcome] = {}
+        checks: dict[str, Checked] = {}
         for rc in model_rcs:
             t0 = time.perf_counter()
             checks[rc.case.name] = res = self.check(rc)
@@ -320,7 +323,7 @@ class CaseRunner:
         return records
 
     def run(self, selected: list[ResolvedCase],
-            progress: Optional[Callable[[ResolvedCase, str, float], None]] = None) -> Iterator[list[CaseRecord]]:
+            progress: Callable[[ResolvedCase, str, float], None] | None = None) -> Iterator[list[CaseRecord]]:
         """Skipped cases first, then each model's records as soon as its interleaved timing is done."""
         skipped = [rc for rc in selected if rc.skip is not None]
         if skipped:
@@ -374,7 +377,7 @@ class CaseRunner:
         return PreparedCase(self, rc, key, (answers or [{}])[0].get("describe", {}))
 
 
-def _check_line(res: Outcome) -> str:
+def _check_line(res: Checked) -> str:
     if res is None:
         return "skipped (--no-check)"
     if isinstance(res, Exception):
@@ -387,7 +390,7 @@ def _check_line(res: Outcome) -> str:
     return f"{res.verdict}{detail}"
 
 
-def _device_label(metadata: dict, device: Optional[str]) -> str:
+def _device_label(metadata: dict, device: str | None) -> str:
     """"cpu", or "cuda: <GPU names>" (what a record says it ran on)."""
     if device == "cuda":
         gpu = metadata.get("gpu") or {}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -39,9 +39,9 @@ class WorkloadSpec:
 
     model: str
     size: str = "cpu"
-    per_rank_batch: Optional[int] = None  # None: the model's own at this size
+    per_rank_batch: int | None = None  # None: the model's own at this size
     seed: int = 0
-    dataset_size: Optional[int] = None  # None: the model's own, at least two global batches
+    dataset_size: int | None = None  # None: the model's own, at least two global batches
     options: tuple = ()  # (key, value) pairs for the model's factory, e.g. (("signal", 0.2),)
 
     def model_spec(self) -> ModelSpec:
@@ -69,15 +69,19 @@ class Workload:
         self._timing: dict[int, tuple] = {}
 
     # -- data ------------------------------------------------------------------------------
-    def shard_of(self, step: int, rank: int) -> tuple[Any, Any]:
-        """Rank ``rank``'s shard of the global batch of ``step`` (0-based), on this rank's device."""
+    def shard_of(self, step: int, rank: int, dtype: torch.dtype | None = None) -> tuple[Any, Any]:
+        """Rank ``rank``'s shard of the global batch of ``step`` (0-based), on this rank's device;
+        floating-point inputs in ``dtype`` when given (the float64 check)."""
         idx = shard(step_indices(len(self.data), step, self.global_batch, self.ws.seed), rank, self.world)
         x, y = self.data.get(idx)
-        return prepare(self.data, x, self.device), y.to(self.device)
+        x = prepare(self.data, x, self.device)
+        if dtype is not None and isinstance(x, torch.Tensor) and x.is_floating_point():
+            x = x.to(dtype)
+        return x, y.to(self.device)
 
-    def shards(self, step: int) -> list[tuple[Any, Any]]:
+    def shards(self, step: int, dtype: torch.dtype | None = None) -> list[tuple[Any, Any]]:
         """Every rank's shard of ``step`` (the check's reference runs them all)."""
-        return [self.shard_of(step, r) for r in range(self.world)]
+        return [self.shard_of(step, r, dtype) for r in range(self.world)]
 
     def batch(self, i: int) -> tuple[Any, Any]:
         """This rank's shard of timing batch ``i`` (cycling over :data:`TIMING_BATCHES`, kept on the device)."""
@@ -88,12 +92,14 @@ class Workload:
         return self._timing[key]
 
     # -- model and engine --------------------------------------------------------------------
-    def module(self, seed: Optional[int] = None) -> torch.nn.Module:
-        """A fresh model, initialised from ``seed`` (default: the workload's), on this rank's device."""
-        return self.spec.make(self.ws.seed if seed is None else seed, self.device)
+    def module(self, seed: int | None = None, dtype: torch.dtype | None = None) -> torch.nn.Module:
+        """A fresh model, initialised from ``seed`` (default: the workload's), on this rank's device
+        (in ``dtype`` when given: the float64 check)."""
+        module = self.spec.make(self.ws.seed if seed is None else seed, self.device)
+        return module.to(dtype) if dtype is not None else module
 
-    def engine(self, config: StrategyConfig, seed: Optional[int] = None) -> Engine:
-        return build_engine(self.module(seed), self.spec.loss_fn, config)
+    def engine(self, config: StrategyConfig, seed: int | None = None, dtype: torch.dtype | None = None) -> Engine:
+        return build_engine(self.module(seed, dtype), self.spec.loss_fn, config)
 
     def describe(self) -> dict:
         tensors, elements = count_parameters(self.spec)
@@ -102,7 +108,7 @@ class Workload:
                 "parameter_tensors": tensors, "parameters": elements}
 
 
-_WORKLOADS: "OrderedDict[WorkloadSpec, Workload]" = OrderedDict()
+_WORKLOADS: OrderedDict[WorkloadSpec, Workload] = OrderedDict()
 _KEEP = 2  # workloads kept per rank (their datasets and device batches); the oldest is dropped
 
 

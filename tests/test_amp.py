@@ -2,7 +2,6 @@
 step with inf/nan on one rank skipped on every rank (found-inf reduced across ranks)."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 from torch import nn

@@ -15,12 +15,11 @@ import pytest
 
 from suite.check.errors import finite_le
 from suite.cluster import costmodel as cm
-from suite.cluster.emulate import (NODE_IF, EmulatedCluster, cleanup, list_namespaces,
-                                   unavailable_reason)
+from suite.cluster.emulate import NODE_IF, EmulatedCluster, cleanup, list_namespaces, unavailable_reason
 from suite.cluster.launch import cluster_pool, pool_kwargs
+from suite.cluster.probes import check_two_level, timed_allreduce
 from suite.cluster.spec import ClusterSpec, ClusterSpecError, parse_cluster, parse_rate
 from suite.runtime.pool import RankFailure
-from suite.cluster.probes import check_two_level, timed_allreduce
 from suite.runtime.probes import crash
 
 _REASON = unavailable_reason()
@@ -65,8 +64,8 @@ def test_parse_cluster_errors_name_the_value(text, words):
 # ---- namespaces --------------------------------------------------------------------------
 def _host_state() -> tuple:
     links = json.loads(subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True).stdout)
-    return sorted((l["ifname"], l.get("mtu"), tuple(sorted(a["local"] for a in l.get("addr_info", []))))
-                  for l in links)
+    return sorted((link["ifname"], link.get("mtu"), tuple(sorted(a["local"] for a in link.get("addr_info", []))))
+                  for link in links)
 
 
 def test_cluster_up_readback_and_down():

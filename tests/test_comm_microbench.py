@@ -4,8 +4,7 @@ from __future__ import annotations
 import pytest
 
 from suite.cli.comm import parse_size
-from suite.comm.microbench import busbw_factor, format_table, merge, parse_variant
-from suite.comm.microbench import allreduce_sweep_on_rank
+from suite.comm.microbench import allreduce_sweep_on_rank, busbw_factor, format_table, merge, parse_variant
 
 VARIANTS = ["flat", "hier", "hier_reduce", "comm3"]
 
@@ -13,7 +12,8 @@ VARIANTS = ["flat", "hier", "hier_reduce", "comm3"]
 def test_nccl_tests_formulas_and_parsing():
     assert busbw_factor(2) == 1.0 and busbw_factor(4) == 1.5 and busbw_factor(8) == 1.75
     answers = [{"world": 4, "dtype": "float32", "rows": [{"bytes": 4_000_000, "count": 1_000_000, "variant": "flat",
-                                                          "seconds": s, "wrong": w}]} for s, w in [(0.002, 0), (0.004, 1)]]
+                                                          "seconds": s, "wrong": w}]}
+               for s, w in [(0.002, 0), (0.004, 1)]]
     (row,) = merge(answers)
     assert row["seconds"] == 0.004 and row["algbw"] == pytest.approx(1.0) and row["busbw"] == pytest.approx(1.5)
     assert row["wrong"] == 1 and "| 4000000 | 1000000 | float32 | flat |" in format_table([row], 4)

@@ -19,10 +19,10 @@ import math
 
 import pytest
 
-from suite.workload import WorkloadSpec
 from suite.check.errors import finite_le, worst_error
 from suite.check.harness import run_check
 from suite.config import StrategyConfig
+from suite.workload import WorkloadSpec
 
 TINY = 1e-6  # MiB: every parameter fills its bucket -> one parameter per bucket
 

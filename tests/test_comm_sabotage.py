@@ -10,10 +10,10 @@ import dataclasses
 import torch
 from torch import nn
 
-from suite.workload import WorkloadSpec
 from suite.check.harness import summarize
 from suite.config import StrategyConfig
 from suite.runtime.pool import RankError
+from suite.workload import WorkloadSpec
 
 FUSED = dict(fuse_all_reduce_ops=True, fuse_grad_size_in_layers=1, sync_nccl_allreduce=False)
 HIER = dict(FUSED, nccl_comm_num=2, use_hierarchical_allreduce=True, hierarchical_allreduce_inter_nranks=2)
@@ -48,7 +48,8 @@ def sabotaged_check_on_rank(kind: str, **kwargs) -> dict:
 def _check(pool, kind, model, values):
     cfg = StrategyConfig(**values)
     answers = pool.run(sabotaged_check_on_rank,
-                       dict(kind=kind, workload_spec=WorkloadSpec(model, per_rank_batch=8), config=cfg.to_dict(), steps=3))
+                       dict(kind=kind, workload_spec=WorkloadSpec(model, per_rank_batch=8), config=cfg.to_dict(),
+                            steps=3))
     return summarize(cfg, answers)
 
 
@@ -107,7 +108,7 @@ def test_unused_parameter_is_a_clear_error_not_a_hang(pool2):
     try:
         answers = pool2.run(awkward_on_rank, dict(config=cfg), timeout=90)
     except RankError as exc:  # pragma: no cover - the message is what matters
-        raise AssertionError(f"expected a returned error, got a raise: {exc}")
+        raise AssertionError(f"expected a returned error, got a raise: {exc}") from exc
     for a in answers:
         assert a["error"] and "'unused.weight'" in a["error"] and "find_unused_parameters" in a["error"], a
 

@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from suite.workload import WorkloadSpec
 from suite.check.harness import run_check
 from suite.config import StrategyConfig
 from suite.models import get_model
+from suite.workload import WorkloadSpec
 
 ALL_FUSION = dict(fuse_bn_act_ops=True, fuse_elewise_add_act_ops=True, fuse_relu_depthwise_conv=True)
 BUCKETED = dict(fuse_all_reduce_ops=True, sync_nccl_allreduce=False)  # the comm teammate's buckets, overlapped

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from typing import Literal, Optional
+from typing import Literal
 
 import pytest
 
@@ -136,7 +136,7 @@ def test_x_or_none_spelling_of_a_field_type():
     @dc.dataclass
     class Spellings:
         a: int | None = None
-        b: Optional[float] = None
+        b: float | None = None
         c: Literal["x", "y"] | None = None
         d: bool = False
 

@@ -7,8 +7,16 @@ import math
 import pytest
 
 from suite.cluster import costmodel as cm
-from suite.cluster.simulate import (Bucket, ParamGrad, Profile, Setting, make_buckets, predict_step,
-                                    predict_table, simulate_comm)
+from suite.cluster.simulate import (
+    Bucket,
+    ParamGrad,
+    Profile,
+    Setting,
+    make_buckets,
+    predict_step,
+    predict_table,
+    simulate_comm,
+)
 from suite.cluster.spec import parse_cluster
 
 B = 1e8  # bytes/s: 100 MB/s node links makes the hand calculations easy

@@ -7,16 +7,15 @@ import math
 import pytest
 import torch
 
-from suite.workload import WorkloadSpec
 from suite.config import ConfigError, StrategyConfig
 from suite.data.synthetic import make_dataset, prepare, shard, step_indices
 from suite.engine import build_engine
-from suite.measure.timing import straggler_for_step
+from suite.measure.timing import straggler_for_step, time_on_rank
 from suite.models import get_model
 from suite.runtime.context import current
-from suite.strategies.fetch import LossFetcher
-from suite.measure.timing import time_on_rank
 from suite.runtime.probes import whoami
+from suite.strategies.fetch import LossFetcher
+from suite.workload import WorkloadSpec
 
 
 def fetch_on_rank(fetch_frequency: int, steps: int, seed: int = 0) -> dict:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from suite.check.errors import finite_le, rel_error, worst_error
-from suite.compute.fused_ops import (AddReLU, BatchNormReLU, Kernels, ReLUDepthwiseConv)
+from suite.compute.fused_ops import AddReLU, BatchNormReLU, Kernels, ReLUDepthwiseConv
 from suite.compute.fusion import apply_compute_fusion, fuse_model
 from suite.compute.saved_bytes import measure_saved
 from suite.config import StrategyConfig
@@ -233,8 +233,8 @@ class Untraceable(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 6, 1, bias=False), nn.BatchNorm2d(6), nn.ReLU(), nn.Conv2d(6, 6, 3, padding=1,
-                                                                                        groups=6))
+        self.stem = nn.Sequential(nn.Conv2d(3, 6, 1, bias=False), nn.BatchNorm2d(6), nn.ReLU(),
+                                  nn.Conv2d(6, 6, 3, padding=1, groups=6))
         self.block = FunctionalNet()
         self.alt = nn.Sequential(nn.Conv2d(3, 3, 1, bias=False), nn.BatchNorm2d(3), nn.ReLU())
 
@@ -267,8 +267,9 @@ def test_sequential_rewrite_when_a_child_is_untraceable():
             return x * 2 if x.sum() > 0 else x
 
     torch.manual_seed(0)
-    plain = nn.Sequential(nn.Conv2d(3, 4, 1, bias=False), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1, groups=4),
-                          Odd(), nn.ReLU(), nn.Conv2d(4, 8, 3, padding=1, groups=4))
+    plain = nn.Sequential(nn.Conv2d(3, 4, 1, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+                          nn.Conv2d(4, 4, 3, padding=1, groups=4), Odd(), nn.ReLU(),
+                          nn.Conv2d(4, 8, 3, padding=1, groups=4))
     fused, report = fuse_model(copy.deepcopy(plain))
     assert "sequential:<root>" in report["method"], report["method"]
     assert isinstance(fused[1], BatchNormReLU) and isinstance(fused[2], nn.Identity)

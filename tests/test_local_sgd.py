@@ -7,11 +7,9 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from typing import Optional
 
 import pytest
 
-from suite.workload import WorkloadSpec
 from suite.check.errors import finite_le, max_finite, worst_error
 from suite.check.harness import run_check
 from suite.comm import collectives as C
@@ -21,7 +19,7 @@ from suite.engine import build_engine
 from suite.models import get_model
 from suite.runtime.context import current
 from suite.strategies.local_sgd import MAX_K, MIN_K, adaptive_k
-
+from suite.workload import WorkloadSpec
 
 # ---------------------------------------------------------------------------------------------
 # rank functions
@@ -46,7 +44,7 @@ def _batches(spec, steps, per_rank_batch, seed, device):
     return out
 
 
-def pair_on_rank(model: str, a: Optional[dict], b: dict, steps: int, per_rank_batch: int = 4, seed: int = 0) -> dict:
+def pair_on_rank(model: str, a: dict | None, b: dict, steps: int, per_rank_batch: int = 4, seed: int = 0) -> dict:
     """Train engine A (config ``a``; None: no engine A) and engine B (config ``b``) side by side on the same data.
 
     Per step: B's parameter and buffer error against A, B's collectives (counted per group

@@ -27,6 +27,10 @@ def test_gpu_workflow_is_linted_and_runs_the_nightly_pipeline_on_a_schedule():
     for words in ("schedule:", "self-hosted", "gpu", ".ci/nightly", "NIGHTLY_DEVICE: cuda", "results/last-good",
                   "fetch-depth: 0"):
         assert words in text, words
+    # the self-check runs first and stops the job; GPUs are counted by torch (CUDA_VISIBLE_DEVICES, no MIG lines)
+    assert text.index("run: .venv/bin/fleetbench doctor --device cuda") < text.index("run: .ci/nightly")
+    assert 'n=$(.venv/bin/python -c "import torch; print(torch.cuda.device_count())")' in text
+    assert "n=$(nvidia-smi" not in text
 
 
 def _head():

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -61,4 +60,49 @@ def test_hierarchical_under_torchrun_takes_local_world_size_as_the_node(tmp_path
     assert rec["config"]["use_hierarchical_allreduce"] is True
     assert rec["config"]["hierarchical_allreduce_inter_nranks"] is None  # resolved from LOCAL_WORLD_SIZE
     # One node of 2 ranks: the hierarchy's intra-node groups carry the gradients.
-    assert any(k.startswith("intra") for k in rec["metrics"]["comm_calls_per_step"]), rec["metrics"]["comm_calls_per_step"]
+    calls = rec["metrics"]["comm_calls_per_step"]
+    assert any(k.startswith("intra") for k in calls), calls
+
+
+FAILING_SCRIPT = '''
+import sys
+import torch
+import torch.distributed as dist
+from suite.runtime.launch import init_from_env, shutdown
+from suite.runtime.torchrun import TorchrunLauncher
+
+
+def boom():
+    if dist.get_rank() == 1:
+        raise ValueError("boom on rank 1")
+    t = torch.ones(1)
+    dist.all_reduce(t)  # rank 0 waits in a collective that rank 1 never joins
+    return t.item()
+
+
+if __name__ == "__main__":
+    ctx = init_from_env(device="cpu", pg_timeout=60)
+    try:
+        TorchrunLauncher(ctx, report_timeout=3).run(boom)
+    finally:
+        shutdown()
+'''
+
+
+def test_a_rank_that_raises_while_its_peer_is_in_a_collective_is_reported_at_once(tmp_path):
+    """Issue 11, defect 6: the failing rank used to enter gather_object while rank 0 sat in an allreduce:
+    the two collectives paired up (garbage on gloo, a hang on NCCL) and the error was never reported;
+    the job ended at the process-group timeout.  Through the store, rank 1's traceback is printed and the
+    job ends within seconds of the report deadline, long before the 60 s process-group timeout."""
+    import time
+
+    script = tmp_path / "failing.py"
+    script.write_text(FAILING_SCRIPT)
+    t0 = time.monotonic()
+    proc = torchrun([str(script)], timeout=120)
+    elapsed = time.monotonic() - t0
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert "ValueError: boom on rank 1" in out, out[-3000:]
+    assert "rank 1 raised" in out, out[-3000:]
+    assert elapsed < 45, f"took {elapsed:.0f} s: the report waited for the process-group timeout"

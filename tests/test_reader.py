@@ -12,14 +12,25 @@ import time
 import pytest
 import torch
 
-from suite.workload import WorkloadSpec
 from suite.config import ConfigError, StrategyConfig
-from suite.data.reader import (BatchSource, CudaCopier, EncodedImages, OptimizedReader, PlainReader, ReaderError,
-                               ReaderTimeout, ReaderUnavailable, _Prefetcher, build_reader, shard_epoch)
+from suite.data.reader import (
+    BatchSource,
+    CudaCopier,
+    EncodedImages,
+    OptimizedReader,
+    PlainReader,
+    ReaderError,
+    ReaderTimeout,
+    ReaderUnavailable,
+    _Prefetcher,
+    build_reader,
+    shard_epoch,
+)
 from suite.data.synthetic import SyntheticImages, SyntheticTokens, normalize
+from suite.measure.reader_timing import measure_reader_on_rank
 from suite.runtime.context import current
 from suite.runtime.device import CudaUnavailable, Platform
-from suite.measure.reader_timing import measure_reader_on_rank
+from suite.workload import WorkloadSpec
 
 CPU = Platform("cpu", "gloo")
 

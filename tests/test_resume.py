@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 
-
 from suite.cli.main import main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

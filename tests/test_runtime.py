@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from suite.workload import WorkloadSpec
-from suite.runtime import RankError, RankFailure, RankPool
 from suite.check.harness import check_on_rank
+from suite.runtime import RankError, RankFailure, RankPool
 from suite.runtime.probes import allreduce_rank_sum, sleep_then_allreduce, whoami
+from suite.workload import WorkloadSpec
 
 
 def test_pool_runs_on_every_rank(pool2):

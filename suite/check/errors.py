@@ -12,7 +12,7 @@ ordinary weights and absolute-like for tensors near zero, as ``allclose``'s atol
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 

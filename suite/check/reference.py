@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 import torch
 
@@ -176,7 +176,7 @@ class LocalSGDReference:
         self.k = self.init_k if self.adaptive else config.local_sgd_steps
         self.lr = config.lr
         self.next_average = self.warm + self.k
-        self.loss0: Optional[float] = None
+        self.loss0: float | None = None
         self.t = 0
         self.ks: list[int] = []
 

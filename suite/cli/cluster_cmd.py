@@ -38,16 +38,19 @@ def main(args) -> int:
         if not rows:
             print("no fleetbench cluster namespaces")
         return 0
-    reason = unavailable_reason()
-    if reason:
-        print(f"fleetbench cluster: error: cannot emulate a cluster here: {reason}", file=sys.stderr)
-        return 2
-    if args.action == "up":
+    spec = None
+    if args.action == "up":  # a bad value is named even where no cluster can be emulated
         try:
             spec = parse_cluster(args.spec)
         except ClusterSpecError as exc:
             print(f"fleetbench cluster: error: {exc}", file=sys.stderr)
             return 2
+    reason = unavailable_reason()
+    if reason:
+        print(f"fleetbench cluster: error: cannot emulate a cluster here: {reason}", file=sys.stderr)
+        return 2
+    if args.action == "up":
+        assert spec is not None  # parsed above for "up"
         try:
             cl = EmulatedCluster(spec, owner_pid=0, remove_at_exit=False).up()
         except ClusterUnavailable as exc:

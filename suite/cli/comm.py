@@ -1,20 +1,78 @@
 """`fleetbench comm`: allreduce micro-benchmarks in the manner of nccl-tests (flat, hierarchical, N communicators)."""
 from __future__ import annotations
 
+import math
+import os
 import re
 import sys
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+MAX_SIZE = 2**50  # a message size past any memory: refused while parsing (the memory bound comes later)
+# Bytes a rank holds per byte of the largest message: the exact-check input and its expected values,
+# the timing buffer, and the int64 index temporaries that build them (8-byte integers per element).
+_HELD_PER_BYTE = {"float32": 3 + 2 * 8 / 4, "float64": 3 + 2 * 8 / 8}
 
 
-def parse_size(text: str) -> int:
-    """'8', '1K', '16M', '1GiB' -> bytes."""
+def check_number(option: str, value, *, minimum=None, above=None, maximum=None, unit: str = "") -> str | None:
+    """None when ``value`` is a finite number within the bounds, else one line naming the option, the
+    value and what is allowed (``minimum``/``maximum`` inclusive, ``above`` exclusive)."""
+    shown = f"{value:g}" if isinstance(value, float) else str(value)
+    kind = "a whole number" if isinstance(value, int) else "a finite number"
+    parts = []
+    if minimum is not None:
+        parts.append(f">= {minimum:g}" if isinstance(minimum, float) else f">= {minimum}")
+    if above is not None:
+        parts.append(f"> {above:g}" if isinstance(above, float) else f"> {above}")
+    if maximum is not None:
+        parts.append(f"<= {maximum:g}" if isinstance(maximum, float) else f"<= {maximum}")
+    allowed = f"must be {kind}" + (" " + " and ".join(parts) if parts else "") + (f" ({unit})" if unit else "")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return f"{option} {shown}: {allowed}"
+    if (minimum is not None and value < minimum) or (above is not None and value <= above) or \
+            (maximum is not None and value > maximum):
+        return f"{option} {shown}: {allowed}"
+    return None
+
+
+def max_local_ranks() -> int:
+    """Ranks are processes on this machine: at most 32 or one per CPU, whichever is more."""
+    return max(32, os.cpu_count() or 1)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available for new allocations (MemAvailable), or None when unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def format_bytes(n: float) -> str:
+    for unit, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= f:
+            return f"{n / f:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def parse_size(text: str, option: str | None = None) -> int:
+    """'8', '1K', '16M', '1GiB' -> bytes; errors name ``option`` when given."""
+    what = f"{option} {text}" if option else f"size {text!r}"
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMG]?)(?:I?B)?\s*", text.upper())
     if not m:
-        raise ValueError(f"size {text!r}: expected a number of bytes with an optional K, M or G suffix")
-    value = int(float(m.group(1)) * _UNITS[m.group(2)])
+        raise ValueError(f"{what}: expected a number of bytes with an optional K, M or G suffix")
+    value = float(m.group(1)) * _UNITS[m.group(2)]
+    if not value <= MAX_SIZE:  # also inf from a number too long for a float
+        raise ValueError(f"{what}: too large; at most {MAX_SIZE // 2**30}G (and what the memory holds)")
+    value = int(value)
     if value < 1:
-        raise ValueError(f"size {text!r}: must be at least 1 byte")
+        raise ValueError(f"{what}: must be at least 1 byte")
     return value
 
 
@@ -57,16 +115,30 @@ def main(args) -> int:
         args.inter_nranks = cluster_spec.ranks_per_node
     if args.nproc < 2:
         return fail(f"--nproc {args.nproc}: an allreduce needs at least 2 ranks")
+    problem = (check_number("--nproc", args.nproc, minimum=2, maximum=max_local_ranks(),
+                            unit="ranks are processes on this machine")
+               or check_number("--inter-nranks", args.inter_nranks, minimum=1, maximum=args.nproc)
+               or check_number("--step-factor", args.step_factor, minimum=2)
+               or check_number("--iters", args.iters, minimum=1)
+               or check_number("--warmup", args.warmup, minimum=0)
+               or check_number("--timeout", args.timeout, above=0, unit="seconds, the bound on the whole sweep"))
+    if problem:
+        return fail(problem)
     try:
-        lo, hi = parse_size(args.min_bytes), parse_size(args.max_bytes)
+        lo, hi = parse_size(args.min_bytes, "--min-bytes"), parse_size(args.max_bytes, "--max-bytes")
     except ValueError as exc:
         return fail(str(exc))
     if lo > hi:
         return fail(f"--min-bytes {args.min_bytes} is larger than --max-bytes {args.max_bytes}")
-    if args.step_factor < 2:
-        return fail(f"--step-factor {args.step_factor}: must be >= 2")
-    if args.iters < 1 or args.warmup < 0:
-        return fail(f"--iters {args.iters} / --warmup {args.warmup}: need iters >= 1, warmup >= 0")
+    largest = max(sizes_between(lo, hi, args.step_factor))
+    avail = available_memory()
+    need = args.nproc * _HELD_PER_BYTE[args.dtype] * largest
+    if avail is not None and need > avail:
+        fits = int(avail / (args.nproc * _HELD_PER_BYTE[args.dtype]))
+        return fail(f"--max-bytes {args.max_bytes}: {args.nproc} ranks each hold about "
+                    f"{_HELD_PER_BYTE[args.dtype]:g}x the largest message ({format_bytes(largest)}) as {args.dtype}, "
+                    f"{format_bytes(need)} in all, but {format_bytes(avail)} of memory is available; the largest "
+                    f"message that fits is about {format_bytes(fits)}")
     hier_ok = args.inter_nranks >= 2 and args.nproc % args.inter_nranks == 0
     if args.variants:
         variants = [v.strip() for v in args.variants.split(",") if v.strip()]

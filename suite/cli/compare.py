@@ -37,6 +37,11 @@ def main(args) -> int:
     from ..results.load import load_side
     from ..results.records import ResultsFileError
 
+    from .predict import unwritable
+
+    if args.markdown and unwritable(args.markdown):  # found out now, not after the comparison
+        print(f"fleetbench compare: error: --markdown {args.markdown!r}: {unwritable(args.markdown)}", file=sys.stderr)
+        return 2
     try:
         opts = GateOptions(threshold=args.threshold, alpha=args.alpha, method=args.method)
         base = load_side(args.base, args.base_run_id)
@@ -64,8 +69,7 @@ def main(args) -> int:
         print(f"warning: {w}", file=sys.stderr)
     if args.markdown:
         with open(args.markdown, "w") as fh:
-            fh.write(frame.to_markdown(index=False) if _has_tabulate() else frame.to_string(index=False))
-            fh.write("\n")
+            fh.write(markdown_table(frame))
     if cmp.failures:
         print(f"\nregression gate: FAIL ({len(cmp.failures)})", file=sys.stderr)
         for f in cmp.failures:
@@ -75,9 +79,20 @@ def main(args) -> int:
     return 0
 
 
-def _has_tabulate() -> bool:
-    try:
-        import tabulate  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def markdown_table(frame) -> str:
+    """The comparison as a Markdown table; every cell escaped (case names and verdicts come from the
+    results files, which are untrusted: no HTML, links or extra cells get through)."""
+    from ..report.page import md_text
+
+    def cell(v) -> str:
+        if isinstance(v, float):
+            return md_text(format(v, "g"))
+        return md_text(v)
+
+    cols = list(frame.columns)
+    numeric = {c for c in cols if frame[c].dtype.kind in "iuf"}
+    lines = ["| " + " | ".join(md_text(c) for c in cols) + " |",
+             "|" + "|".join("---:" if c in numeric else "---" for c in cols) + "|"]
+    for row in frame.itertuples(index=False):
+        lines.append("| " + " | ".join(cell(v) for v in row) + " |")
+    return "\n".join(lines) + "\n"

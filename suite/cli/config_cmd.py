@@ -42,5 +42,6 @@ def main(args) -> int:
         print(field_table())
         return 0
     cfg = resolve(args)
-    print(to_toml(cfg, _title(args)) if args.format == "toml" else cfg.describe(), end="\n" if args.format == "text" else "")
+    text = to_toml(cfg, _title(args)) if args.format == "toml" else cfg.describe()
+    print(text, end="\n" if args.format == "text" else "")
     return 0

@@ -16,6 +16,7 @@ COMMANDS = {
     "comm": "suite.cli.comm",
     "cluster": "suite.cli.cluster_cmd",
     "predict": "suite.cli.predict",
+    "doctor": "suite.cli.doctor",
     "ab": "suite.cli.ab",
     "bisect": "suite.cli.bisect",
     "trial-server": "suite.cli.trial_server",  # hidden: one revision's side of `ab` (JSON lines)

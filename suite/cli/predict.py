@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 import sys
+
+MAX_PROFILE_BYTES = 64 * 2**20  # a profile is a few KB; refuse to read a huge file (or a device) whole
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("predict", help="predict step time per communication setting on a cluster (cost model)")
-    p.add_argument("--cluster", required=True, help="NxR:inter=RATE[,intra=RATE], e.g. 64x8:inter=200gbit,intra=2400gbit")
+    p.add_argument("--cluster", required=True,
+                   help="NxR:inter=RATE[,intra=RATE], e.g. 64x8:inter=200gbit,intra=2400gbit")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--profile", help="a profile JSON file (as written by --save-profile)")
     src.add_argument("--model", help="measure a profile of this model now (a registry name such as resnet50 or "
@@ -60,10 +65,51 @@ def measure_profile(model: str, nproc: int, per_rank_batch: int | None, size: st
     return summarize_profile(answers)
 
 
+def read_json_file(path: str):
+    """The JSON value in the regular file ``path``; ValueError saying what is wrong (missing, a
+    directory or device, too large, not UTF-8 text, not JSON)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ValueError(exc.strerror or str(exc)) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ValueError("is a directory; give a profile JSON file")
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError("is not a regular file (a device or a pipe); give a profile JSON file")
+    if st.st_size > MAX_PROFILE_BYTES:
+        raise ValueError(f"is {st.st_size} bytes; a profile is at most {MAX_PROFILE_BYTES // 2**20} MiB")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    except OSError as exc:
+        raise ValueError(exc.strerror or str(exc)) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise ValueError("not usable JSON: nested too deeply") from None
+
+
+def unwritable(path: str):
+    """Why ``path`` cannot be written as a file (None when it can, as far as can be told beforehand)."""
+    if os.path.isdir(path):
+        return "is a directory; give a file name"
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        return f"the directory {parent} does not exist"
+    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        return "not writable"
+    return None
+
+
 def main(args) -> int:
     from ..cluster import costmodel as cm
     from ..cluster.simulate import Profile, predict_step, predict_table
     from ..cluster.spec import ClusterSpecError, parse_cluster
+    from .comm import check_number, max_local_ranks
 
     def fail(msg: str) -> int:
         print(f"fleetbench predict: error: {msg}", file=sys.stderr)
@@ -73,17 +119,20 @@ def main(args) -> int:
         spec = parse_cluster(args.cluster, emulate=False)
     except ClusterSpecError as exc:
         return fail(str(exc))
-    for name in ("inter_lat", "intra_lat", "bucket_mb"):
-        v = getattr(args, name)
-        if not (v >= 0 and math.isfinite(v)) or (name == "bucket_mb" and v == 0):
-            return fail(f"--{name.replace('_', '-')} {v}: must be a finite number > 0")
-    if args.local_sgd_k < 1:
-        return fail(f"--local-sgd-k {args.local_sgd_k}: must be >= 1")
+    problem = (check_number("--inter-lat", args.inter_lat, minimum=0.0, unit="µs")
+               or check_number("--intra-lat", args.intra_lat, minimum=0.0, unit="µs")
+               or check_number("--bucket-mb", args.bucket_mb, above=0.0, unit="MiB")
+               or check_number("--local-sgd-k", args.local_sgd_k, minimum=1)
+               or (check_number("--per-rank-batch", args.per_rank_batch, minimum=1)
+                   if args.per_rank_batch is not None else None)  # None: the model's own at its size
+               or (check_number("--nproc", args.nproc, minimum=1, maximum=max_local_ranks())
+                   if args.nproc is not None else None))
+    if problem:
+        return fail(problem)
     if args.profile:
         try:
-            with open(args.profile) as fh:
-                profile = Profile.from_dict(json.load(fh))
-        except (OSError, ValueError) as exc:
+            profile = Profile.from_dict(read_json_file(args.profile))
+        except ValueError as exc:
             return fail(f"--profile {args.profile!r}: {exc}")
     else:
         from ..models import ModelError, get_model
@@ -92,15 +141,20 @@ def main(args) -> int:
             get_model(args.model, args.size)
         except ModelError as exc:
             return fail(str(exc))
-        if args.per_rank_batch is not None and args.per_rank_batch < 1:
-            return fail(f"--per-rank-batch {args.per_rank_batch}: must be >= 1")
-        nproc = args.nproc or min(4, spec.ranks_per_node)
-        if nproc < 1:
-            return fail(f"--nproc {nproc}: must be >= 1")
+        if args.save_profile:
+            why = unwritable(args.save_profile)
+            if why:  # found out now, not after the measurement
+                return fail(f"--save-profile {args.save_profile!r}: {why}")
+        nproc = args.nproc if args.nproc is not None else min(4, spec.ranks_per_node)
         raw = measure_profile(args.model, nproc, args.per_rank_batch, args.size)
         if args.save_profile:
-            with open(args.save_profile, "w") as fh:
-                json.dump(raw, fh, indent=1)
+            try:
+                with open(args.save_profile, "w") as fh:
+                    json.dump(raw, fh, indent=1)
+            except OSError as exc:  # the measurement is kept: printed instead
+                print(json.dumps(raw), file=sys.stderr)
+                return fail(f"--save-profile {args.save_profile!r}: {exc.strerror or exc}; the measured profile "
+                            f"is printed above")
         profile = Profile.from_dict(raw)
     cluster = cm.Cluster(spec.nodes, spec.ranks_per_node, spec.inter_bps / 8,
                          spec.intra_bps / 8 if spec.intra_bps else math.inf,

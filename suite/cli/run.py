@@ -16,7 +16,7 @@ import math
 import os
 import sys
 import tempfile
-from typing import Optional
+from typing import Any
 
 from ..cases import CASES, cases_for_model, select_cases
 from ..config import ConfigError, StrategyConfig, toml_fields
@@ -98,7 +98,7 @@ def model_cases(models: list[str], size: str) -> list:
     return pool
 
 
-def resolve_cases(args, world: int, local_world: Optional[int] = None) -> list:
+def resolve_cases(args, world: int, local_world: int | None = None) -> list:
     """Every selected case with its validated config, as :class:`suite.runner.ResolvedCase`.
 
     A case that cannot run at ``world`` ranks is skipped with its reason when a tag, a glob or a
@@ -135,7 +135,7 @@ def resolve_cases(args, world: int, local_world: Optional[int] = None) -> list:
     return out
 
 
-def _platform_choice(device: Optional[str], local_world: int) -> tuple[str, str]:
+def _platform_choice(device: str | None, local_world: int) -> tuple[str, str]:
     """(device type, backend) the ranks will use, decided before any rank starts."""
     from ..runtime.device import CudaUnavailable, select_platform
 
@@ -188,6 +188,8 @@ def main(args) -> int:
         utilization=not args.no_utilization, device=device, backend=backend, baseline_overrides=tuple(args.set),
         results_dir=os.path.dirname(os.path.abspath(args.results)))
 
+    launcher: Any
+    cluster: Any = None  # an emulated cluster, taken down after the launcher
     if env:
         from ..runtime.launch import init_from_env
         from ..runtime.torchrun import TorchrunLauncher
@@ -198,14 +200,13 @@ def main(args) -> int:
     else:
         from .. import runtime
 
-        cluster_kw, cluster = {}, None
+        cluster_kw: dict = {}
         if cluster_spec is not None:
             from ..cluster.launch import start_cluster
 
             cluster, cluster_kw = start_cluster(cluster_spec)
         launcher = runtime.RankPool(args.nproc, device=device, timeout=args.timeout, pg_timeout=args.pg_timeout,
                                     **cluster_kw)
-        launcher.cluster = cluster  # taken down with the launcher
         reporter = True
     records: list = []
     try:
@@ -225,14 +226,14 @@ def main(args) -> int:
                     runner.say(f"  skip  {rec.case}: {rec.error}")
                 elif rec.metrics and reporter:
                     runner.say(f"      {rec.case:28s} {rec.samples_per_s:9.1f} samples/s   speedup "
-                               f"{rec.metrics.get('speedup', float('nan')):.2f}x")
+                               f"{rec.metrics.get('speedup', float('nan')):.2f}x{_allreduce_counts(rec.describe)}")
                 if reporter:
                     _append(args.results, rec)
             records += batch
     finally:
         launcher.close()
-        if getattr(launcher, "cluster", None) is not None:
-            launcher.cluster.down()
+        if cluster is not None:
+            cluster.down()
         if env:
             from ..runtime.launch import shutdown
 
@@ -247,6 +248,14 @@ def main(args) -> int:
         if any(r.verdict in ("fail", "error") for r in records):
             return 1
     return 0
+
+
+def _allreduce_counts(describe: dict) -> str:
+    """Paddle's log line in short: the allreduces a step issues before and after fusion (as fleetbench counts them)."""
+    before, after = describe.get("allreduce_ops_before_fusion"), describe.get("allreduce_ops")
+    if not isinstance(before, int) or not before:
+        return ""
+    return f"   allreduce ops {before} before fusion, {after} after"
 
 
 _FALLBACK: dict = {}
@@ -341,9 +350,8 @@ def print_table(records) -> None:
     from rich.table import Table
 
     table = Table(title="fleetbench run", show_lines=False)
-    for col, just in (("case", "left"), ("verdict", "left"), ("samples/s", "right"), ("speedup vs plain", "right"),
-                      ("step ms (median, IQR)", "right"), ("collectives/step", "right")):
-        table.add_column(col, justify=just)
+    for col in ("case", "verdict", "samples/s", "speedup vs plain", "step ms (median, IQR)", "collectives/step"):
+        table.add_column(col, justify="left" if col in ("case", "verdict") else "right")
     for r in records:
         m = r.metrics or {}
         sps = m.get("samples_per_s")

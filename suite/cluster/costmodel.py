@@ -58,7 +58,7 @@ class Cluster:
     def world(self) -> int:
         return self.nodes * self.ranks_per_node
 
-    def with_(self, **changes) -> "Cluster":
+    def with_(self, **changes) -> Cluster:
         return replace(self, **changes)
 
 

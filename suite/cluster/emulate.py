@@ -32,7 +32,6 @@ import signal
 import subprocess
 import threading
 from dataclasses import dataclass
-from typing import Optional
 
 from .spec import ClusterSpec
 
@@ -63,7 +62,7 @@ def _has_cap_net_admin() -> bool:
     return os.geteuid() == 0
 
 
-def unavailable_reason() -> Optional[str]:
+def unavailable_reason() -> str | None:
     """Why an emulated cluster cannot be made here, or None when it can."""
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
@@ -113,7 +112,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def cleanup(run_id: Optional[str] = None, all_runs: bool = False) -> list[str]:
+def cleanup(run_id: str | None = None, all_runs: bool = False) -> list[str]:
     """Remove leftover namespaces: those of ``run_id``, every fleetbench one (``all_runs``), or by
     default those whose owner process is gone (clusters of a live run are left alone)."""
     removed = []
@@ -128,7 +127,7 @@ def cleanup(run_id: Optional[str] = None, all_runs: bool = False) -> list[str]:
 
 
 # ---- always remove: atexit and signals ------------------------------------------------
-_ACTIVE: dict[str, "EmulatedCluster"] = {}
+_ACTIVE: dict[str, EmulatedCluster] = {}
 _LOCK = threading.Lock()
 _HOOKS_INSTALLED = False
 _PREVIOUS: dict[int, object] = {}
@@ -186,7 +185,7 @@ class EmulatedCluster:
     ``fleetbench cluster up``) marks a cluster no process owns: ``cleanup`` removes it.
     """
 
-    def __init__(self, spec: ClusterSpec, *, owner_pid: Optional[int] = None, mtu: int = 1500,
+    def __init__(self, spec: ClusterSpec, *, owner_pid: int | None = None, mtu: int = 1500,
                  tbf_latency_ms: float = 50.0, remove_at_exit: bool = True):
         self.spec = spec
         owner = os.getpid() if owner_pid is None else owner_pid
@@ -218,7 +217,7 @@ class EmulatedCluster:
         _run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{bps}bit",
               "burst", str(burst), "latency", f"{self.tbf_latency_ms:g}ms"])
 
-    def up(self) -> "EmulatedCluster":
+    def up(self) -> EmulatedCluster:
         if self.is_up:
             return self
         reason = unavailable_reason()
@@ -254,7 +253,7 @@ class EmulatedCluster:
             raise
         return self
 
-    def set_rates(self, inter_bps: int, intra_bps: Optional[int] = None) -> None:
+    def set_rates(self, inter_bps: int, intra_bps: int | None = None) -> None:
         """Change the link rates of a running cluster (ranks keep running)."""
         from dataclasses import replace
 
@@ -278,7 +277,7 @@ class EmulatedCluster:
         _ACTIVE.pop(self.run_id, None)
         return removed
 
-    def __enter__(self) -> "EmulatedCluster":
+    def __enter__(self) -> EmulatedCluster:
         return self.up()
 
     def __exit__(self, *exc) -> None:
@@ -290,7 +289,7 @@ class EmulatedCluster:
         present = sorted(name for name, rid, _ in list_namespaces() if rid == self.run_id)
         out: dict = {"namespaces": present, "nodes": [], "switch": {}}
         for node in self.nodes:
-            links = {l["ifname"]: l for l in _json(["ip", "-j", "-n", node.netns, "addr", "show"])}
+            links = {link["ifname"]: link for link in _json(["ip", "-j", "-n", node.netns, "addr", "show"])}
             nic = links.get(NODE_IF, {})
             addrs = [f"{a['local']}/{a['prefixlen']}" for a in nic.get("addr_info", []) if a.get("family") == "inet"]
             out["nodes"].append({
@@ -305,15 +304,15 @@ class EmulatedCluster:
         sw_links = _json(["ip", "-j", "-n", self.switch_ns, "link", "show"])
         out["switch"] = {
             "netns": self.switch_ns,
-            "bridge": [l["ifname"] for l in sw_links if l.get("linkinfo", {}).get("info_kind") == "bridge"
-                       or l["ifname"] == BRIDGE],
-            "ports": {l["ifname"]: l.get("master") for l in sw_links if l["ifname"].startswith("p")},
+            "bridge": [link["ifname"] for link in sw_links if link.get("linkinfo", {}).get("info_kind") == "bridge"
+                       or link["ifname"] == BRIDGE],
+            "ports": {link["ifname"]: link.get("master") for link in sw_links if link["ifname"].startswith("p")},
             "port_rates_bps": {f"p{n.index}": _tbf_rate(self.switch_ns, f"p{n.index}") for n in self.nodes},
         }
         return out
 
 
-def _tbf_rate(ns: str, dev: str) -> Optional[int]:
+def _tbf_rate(ns: str, dev: str) -> int | None:
     """The tbf rate on ``dev`` in bit/s (tc -j reports bytes/s), None without a tbf."""
     for q in _json(["tc", "-j", "-n", ns, "qdisc", "show", "dev", dev]):
         if q.get("kind") == "tbf" and q.get("root", False):

@@ -6,18 +6,24 @@ NCCL) bound to the node's interface, and the rendezvous store listening on node 
 node 0's namespace.  :func:`cluster_pool` brings a cluster up with such a pool and takes both
 down again, whatever happens.
 
+The emulated cluster runs on CPU (gloo) only.  Its links are rate-limited veth pairs between
+network namespaces; NCCL on one host would move the data through shared memory, P2P or NVLink and
+bypass them, so the figures would describe the GPU box, not the cluster.  The ranks get an empty
+``CUDA_VISIBLE_DEVICES`` (they see no GPU, so the platform is CPU/gloo), and ``--device cuda`` with
+``--cluster`` is refused before anything starts.
+
     with cluster_pool(parse_cluster("2x2:inter=200mbit"), timeout=300) as (cluster, pool):
         pool.run(timed_allreduce, {...})
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 from .emulate import NODE_IF, EmulatedCluster
 from .spec import ClusterSpec
 
-__all__ = ["pool_kwargs", "cluster_pool", "rank_env", "apply_cluster_args", "start_cluster"]
+__all__ = ["pool_kwargs", "cluster_pool", "rank_env", "apply_cluster_args", "start_cluster", "refuse_cuda"]
 
 
 def rank_env(cluster: EmulatedCluster, rank: int) -> dict:
@@ -28,6 +34,7 @@ def rank_env(cluster: EmulatedCluster, rank: int) -> dict:
         "FLEETBENCH_CLUSTER": str(cluster.spec),
         "FLEETBENCH_NODE": str(node.index),
         "FLEETBENCH_RANKS_PER_NODE": str(cluster.spec.ranks_per_node),
+        "CUDA_VISIBLE_DEVICES": "",  # CPU/gloo: NCCL would bypass the emulated links (module docstring)
     }
 
 
@@ -47,6 +54,7 @@ def cluster_pool(spec: ClusterSpec, **pool_options) -> Iterator[tuple]:
     """An emulated cluster and a started rank pool on it; the pool is closed before the cluster goes."""
     from ..runtime.pool import RankPool
 
+    refuse_cuda(pool_options.get("device"))
     cluster = EmulatedCluster(spec)
     pool = None
     try:
@@ -76,6 +84,10 @@ def apply_cluster_args(args, under_torchrun: bool = False) -> ClusterSpec:
         raise ConfigError(str(exc)) from None
     if under_torchrun:
         raise ConfigError(f"--cluster {args.cluster!r}: not under torchrun (the real machines are the cluster)")
+    try:
+        refuse_cuda(getattr(args, "device", None))
+    except ValueError as exc:
+        raise ConfigError(f"--cluster {args.cluster!r}: {exc}") from None
     reason = unavailable_reason()
     if reason:
         raise ConfigError(f"--cluster {args.cluster!r}: cannot emulate a cluster here: {reason}")
@@ -85,6 +97,13 @@ def apply_cluster_args(args, under_torchrun: bool = False) -> ClusterSpec:
             s.split("=", 1)[0].strip() == "hierarchical_allreduce_inter_nranks" for s in sets):
         sets.append(f"hierarchical_allreduce_inter_nranks={spec.ranks_per_node}")
     return spec
+
+
+def refuse_cuda(device) -> None:
+    """The emulated cluster is CPU-only (see the module docstring)."""
+    if device == "cuda":
+        raise ValueError("an emulated cluster runs on CPU (gloo): NCCL on one host would bypass its rate-limited "
+                         "links (shared memory, P2P, NVLink); drop --device cuda, or run on real nodes under torchrun")
 
 
 def start_cluster(spec: ClusterSpec) -> tuple:

@@ -7,8 +7,6 @@ Paddle's (intra reduce, inter allreduce, intra broadcast).  Every collective goe
 """
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.distributed as dist
 
@@ -16,7 +14,7 @@ from ..comm import collectives as C
 from ..runtime.context import current
 from ..runtime.groups import comm_groups, node_groups
 
-__all__ = ["two_level_allreduce", "timed_allreduce", "check_two_level"]  # noqa: E501
+__all__ = ["two_level_allreduce", "timed_allreduce", "check_two_level"]
 
 
 def two_level_allreduce(t: torch.Tensor, ranks_per_node: int, mode: str = "scatter") -> None:
@@ -40,7 +38,7 @@ def _one(variant: str, bufs: list, ranks_per_node: int, comms: list) -> None:
         g = node_groups(ranks_per_node)
         for b in bufs:
             if g.ranks_per_node > 1:
-                shard = torch.empty(b.numel() // g.ranks_per_node, dtype=b.dtype)
+                shard = torch.empty(b.numel() // g.ranks_per_node, dtype=b.dtype, device=b.device)
                 C.reduce_scatter(shard, b, group=g.intra)
                 C.all_gather(b, shard, group=g.intra)
     elif variant.startswith("flat_comm"):
@@ -63,6 +61,8 @@ def timed_allreduce(sizes: list, variants: list, rounds: int = 5, warmup: int = 
     slowest rank per round).
     """
     ranks_per_node = max(1, ranks_per_node)
+    platform = current().platform
+    device = platform.device  # NCCL carries only tensors on the rank's GPU
     kmax = max([int(v[len("flat_comm"):]) for v in variants if v.startswith("flat_comm")] or [1])
     comms = comm_groups(kmax) if kmax > 1 else [None]
     if any(v in ("hier", "hier_reduce", "intra_only") for v in variants):
@@ -72,7 +72,7 @@ def timed_allreduce(sizes: list, variants: list, rounds: int = 5, warmup: int = 
         numel = max(ranks_per_node * buffers, int(size) // 4)
         numel -= numel % (ranks_per_node * buffers)
         per = numel // buffers
-        data[size] = [torch.ones(per) for _ in range(buffers)]
+        data[size] = [torch.ones(per, device=device) for _ in range(buffers)]
     out: dict = {f"{v}/{s}": [] for v in variants for s in sizes}
     order = list(variants)
     for r in range(warmup + rounds):
@@ -80,11 +80,11 @@ def timed_allreduce(sizes: list, variants: list, rounds: int = 5, warmup: int = 
             for v in order:
                 bufs = data[size]
                 dist.barrier()
-                t0 = time.perf_counter()
+                t0 = platform.now()
                 for _ in range(repeat):
                     _one(v, bufs, ranks_per_node, comms[:int(v[len("flat_comm"):])] if v.startswith("flat_comm")
                          else comms)
-                t1 = time.perf_counter()
+                t1 = platform.now()  # synchronizes: NCCL calls return once queued
                 if r >= warmup:
                     out[f"{v}/{size}"].append((t1 - t0) / repeat)
                 for b in bufs:
@@ -96,8 +96,9 @@ def timed_allreduce(sizes: list, variants: list, rounds: int = 5, warmup: int = 
 def check_two_level(ranks_per_node: int, mode: str = "scatter") -> float:
     """Largest |error| of the two-level allreduce against the exact sum (integers: exact in fp32)."""
     ctx = current()
-    t = torch.arange(8 * ranks_per_node, dtype=torch.float32) + ctx.rank
+    device = ctx.platform.device
+    t = torch.arange(8 * ranks_per_node, dtype=torch.float32, device=device) + ctx.rank
     two_level_allreduce(t, ranks_per_node, mode)
     w = ctx.world_size
-    expect = w * torch.arange(8 * ranks_per_node, dtype=torch.float32) + w * (w - 1) / 2
+    expect = w * torch.arange(8 * ranks_per_node, dtype=torch.float32, device=device) + w * (w - 1) / 2
     return float((t - expect).abs().max())

@@ -4,7 +4,10 @@ On every rank of a pool, the case's model trains with no gradient communication
 (``data_parallel='none'``: the plain engine minus its allreduces), all ranks stepping at once
 so they compete for the cores as they do in a real run.  Each step is timed in three parts
 (forward, backward, optimizer), and a post-accumulate-grad hook on every parameter records
-when its gradient became ready, measured from the start of backward.  Buffers (BatchNorm
+when its gradient became ready, measured from the start of backward.  Every point is a
+``platform.mark`` (a CUDA timing event on the current stream, a host timestamp on CPU), read after
+the step's one synchronize: on CUDA a hook runs when its kernels are queued, so a host clock
+would see every gradient ready at the start of backward.  Buffers (BatchNorm
 statistics) are listed too: the suite's engine broadcasts them from rank 0 before each forward.
 
 The parent takes, per part, the median over steps on each rank and then the slowest rank
@@ -13,7 +16,6 @@ The parent takes, per part, the median over steps on each rank and then the slow
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch.distributed as dist
 
@@ -33,40 +35,38 @@ def record_profile(workload_spec: WorkloadSpec, steps: int = 6, warmup: int = 2,
     loss_fn = wl.spec.loss_fn
     module, opt = engine.module, engine.optimizer
     named = trainable_params(module)
-    clock = {"bw0": 0.0}
     ready: dict[str, list] = {n: [] for n, _ in named}
-    seen: dict[str, float] = {}
+    seen: dict[str, object] = {}  # name -> the mark taken when its gradient was accumulated
 
     def hook_for(name):
         def hook(_p):
-            seen[name] = time.perf_counter() - clock["bw0"]
+            seen[name] = platform.mark()
         return hook
 
     handles = [p.register_post_accumulate_grad_hook(hook_for(n)) for n, p in named]
-    parts = {"forward_s": [], "backward_s": [], "optimizer_s": []}
+    parts: dict[str, list[float]] = {"forward_s": [], "backward_s": [], "optimizer_s": []}
     try:
         for s in range(warmup + steps):
             x, y = wl.batch(s)
             seen.clear()
             dist.barrier()
-            t0 = time.perf_counter()
+            platform.synchronize()
+            m0 = platform.mark()
             loss = loss_fn(module(x), y)
-            platform.synchronize()
-            t1 = time.perf_counter()
-            clock["bw0"] = t1
+            m1 = platform.mark()
             loss.backward()
-            platform.synchronize()
-            t2 = time.perf_counter()
+            m2 = platform.mark()
             opt.step()
             opt.zero_grad(set_to_none=False)
+            m3 = platform.mark()
             platform.synchronize()
-            t3 = time.perf_counter()
             if s >= warmup:
-                parts["forward_s"].append(t1 - t0)
-                parts["backward_s"].append(t2 - t1)
-                parts["optimizer_s"].append(t3 - t2)
+                backward = platform.elapsed(m1, m2)
+                parts["forward_s"].append(platform.elapsed(m0, m1))
+                parts["backward_s"].append(backward)
+                parts["optimizer_s"].append(platform.elapsed(m2, m3))
                 for n, _ in named:
-                    ready[n].append(seen.get(n, t2 - t1))
+                    ready[n].append(platform.elapsed(m1, seen[n]) if n in seen else backward)
     finally:
         for h in handles:
             h.remove()

@@ -28,8 +28,8 @@ compete with compute for the cores, which is one source of prediction error).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
 
 from . import costmodel as cm
 
@@ -70,25 +70,62 @@ class Profile:
                 "params": [{"name": p.name, "nbytes": p.nbytes, "ready_s": p.ready_s} for p in self.params]}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Profile":
+    def from_dict(cls, d: dict) -> Profile:
+        """A profile from its JSON form, every field checked: times are finite seconds >= 0 (their sum
+        > 0), sizes whole numbers of bytes >= 0, ``per_rank_batch`` a whole number >= 1; a ValueError
+        names the field, the value and what is allowed."""
+        if not isinstance(d, dict):
+            raise ValueError(f"profile: expected a JSON object with forward_s, backward_s, optimizer_s and params, "
+                             f"got {type(d).__name__}")
         for key in ("forward_s", "backward_s", "optimizer_s", "params"):
             if key not in d:
                 raise ValueError(f"profile: field {key!r} is missing; a profile has forward_s, backward_s, "
                                  f"optimizer_s and params [{{name, nbytes, ready_s}}]")
-        params = tuple(ParamGrad(str(p["name"]), int(p["nbytes"]), float(p["ready_s"])) for p in d["params"])
-        for p in params:
-            if p.nbytes < 0 or not (0 <= p.ready_s <= d["backward_s"] * 1.5 + 1e-3):
-                raise ValueError(f"profile: parameter {p.name!r} has nbytes={p.nbytes}, ready_s={p.ready_s}; "
-                                 f"expected nbytes >= 0 and 0 <= ready_s <= backward_s ({d['backward_s']})")
-        return cls(float(d["forward_s"]), float(d["backward_s"]), float(d["optimizer_s"]), params,
-                   int(d.get("per_rank_batch", 1)), str(d.get("model", "")),
-                   tuple(int(b) for b in d.get("buffers", ())))
+        fwd, bwd, opt = (_seconds(d[k], k) for k in ("forward_s", "backward_s", "optimizer_s"))
+        if fwd + bwd + opt <= 0:
+            raise ValueError("profile: forward_s + backward_s + optimizer_s is 0; a step takes some time")
+        if not isinstance(d["params"], list):
+            raise ValueError(f"profile: params is {type(d['params']).__name__}; expected a list of "
+                             f"{{name, nbytes, ready_s}}")
+        params = []
+        for i, p in enumerate(d["params"]):
+            if not isinstance(p, dict) or any(k not in p for k in ("name", "nbytes", "ready_s")):
+                raise ValueError(f"profile: params[{i}] is {p!r:.80}; expected {{name, nbytes, ready_s}}")
+            name = p["name"]
+            if not isinstance(name, str):
+                raise ValueError(f"profile: params[{i}].name is {name!r:.80}; expected a string")
+            nbytes = _whole(p["nbytes"], f"params[{i}] ({name!r:.40}) nbytes", 0)
+            ready = _seconds(p["ready_s"], f"params[{i}] ({name!r:.40}) ready_s")
+            if ready > bwd * 1.5 + 1e-3:
+                raise ValueError(f"profile: parameter {name!r:.40} has ready_s={ready}; expected "
+                                 f"0 <= ready_s <= backward_s ({bwd})")
+            params.append(ParamGrad(name, nbytes, ready))
+        model = d.get("model", "")
+        if not isinstance(model, str):
+            raise ValueError(f"profile: model is {model!r:.80}; expected a string")
+        buffers = d.get("buffers", [])
+        if not isinstance(buffers, list):
+            raise ValueError(f"profile: buffers is {type(buffers).__name__}; expected a list of byte counts")
+        return cls(fwd, bwd, opt, tuple(params), _whole(d.get("per_rank_batch", 1), "per_rank_batch", 1), model,
+                   tuple(_whole(b, f"buffers[{i}]", 0) for i, b in enumerate(buffers)))
+
+
+def _seconds(value, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"profile: {what} is {value!r:.80}; expected a finite number of seconds >= 0")
+    return float(value)
+
+
+def _whole(value, what: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"profile: {what} is {value!r:.80}; expected a whole number >= {minimum}")
+    return value
 
 
 @dataclass(frozen=True)
 class Setting:
     name: str
-    bucket_mb: Optional[float] = 32.0
+    bucket_mb: float | None = 32.0
     overlap: bool = True
     comm_num: int = 1
     hierarchical: bool = False
@@ -113,7 +150,7 @@ DEFAULT_SETTINGS = (
 )
 
 
-def make_buckets(params: Sequence[ParamGrad], bucket_mb: Optional[float]) -> list[Bucket]:
+def make_buckets(params: Sequence[ParamGrad], bucket_mb: float | None) -> list[Bucket]:
     """Buckets in ready order; a bucket closes when adding the next gradient would pass the cap
     (a gradient larger than the cap gets a bucket of its own).  None: one bucket per parameter."""
     order = sorted(params, key=lambda p: p.ready_s)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 __all__ = ["ClusterSpec", "ClusterSpecError", "parse_cluster", "parse_rate", "format_rate", "MAX_RANKS"]
 
@@ -32,7 +31,7 @@ class ClusterSpec:
     nodes: int
     ranks_per_node: int
     inter_bps: int  # bit/s, each direction of a node's link to the switch
-    intra_bps: Optional[int] = None  # bit/s shared by the ranks of one node; None = unlimited
+    intra_bps: int | None = None  # bit/s shared by the ranks of one node; None = unlimited
 
     @property
     def world_size(self) -> int:

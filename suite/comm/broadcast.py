@@ -38,7 +38,7 @@ def broadcast_tensors(tensors: list[torch.Tensor], src: int = 0, group=None, fus
         return len(tensors)
     cap = bucket_mb * 2**20
     buckets: list[list[torch.Tensor]] = []
-    by_kind: dict = {}
+    by_kind: dict[tuple, tuple[list[torch.Tensor], int]] = {}
     for t in tensors:
         key = (t.dtype, t.device)
         cur = by_kind.get(key)

@@ -16,9 +16,20 @@ as soon as one of them is set):
   communicator ``i % nccl_comm_num``.  On gloo each group has its own worker threads.
 - ``use_hierarchical_allreduce``: each bucket goes through ``suite.comm.hierarchical``
   (intra reduce-scatter, inter allreduce, intra allgather) on communicator c's node groups
-  (``node_groups(ranks_per_node, c)``).  With overlap, the three-step chain of a bucket runs
-  on communicator c's own worker thread (one thread per communicator, buckets in order), so it
-  proceeds while backward computes; without overlap it runs inline.
+  (``node_groups(ranks_per_node, c)``).  Without overlap the chain runs inline.  With overlap:
+
+  - CPU (gloo): the chain of a bucket runs on communicator c's own worker thread (one thread per
+    communicator, buckets in order), so it proceeds while backward computes (gloo blocks the
+    calling thread for each step).
+  - CUDA (NCCL): ``Work.wait()`` blocks the calling thread's *current stream*, not the CPU, so a
+    worker thread (whose current stream is the default stream backward also uses) would make
+    backward wait for every chain, and threads of several communicators could queue in different
+    orders on different ranks through that shared stream: a cross-rank wait cycle, a hang.  So the
+    chain is queued from the hook itself, in bucket order, on communicator c's side stream: the
+    side stream first waits for the stream that produced the gradients, the three steps are issued
+    inside ``torch.cuda.stream(side)``, an event is recorded there; completion makes the current
+    stream wait for that event and records the bucket's buffer as used on the side stream.  No
+    thread issues a collective but the hook's and the caller's, always in bucket order.
 
 Parameters with ``requires_grad=False`` are skipped.  A parameter whose hook did not fire in
 a step (unused) is reduced as zeros with ``find_unused_parameters=True`` (DDP's behaviour),
@@ -29,12 +40,13 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
 from ..config import StrategyConfig
+from ..runtime.device import Platform
 from ..runtime.groups import comm_groups, label_of, node_groups
 from .buckets import Bucket, fusion_log_line, log, param_owners, plan_buckets
 from .grad_sync import GradSync
@@ -60,6 +72,7 @@ class BucketedGradSync(GradSync):
     def __init__(self, model: torch.nn.Module, config: StrategyConfig, group=None):
         super().__init__(model, config, group)
         ctx = _rank_context()
+        self.platform: Platform = ctx.platform if ctx is not None else Platform("cpu", "gloo")
         self.wait_timeout = (ctx.pg_timeout if ctx else 60.0) + 30.0
         self.fuse = config.fuse_all_reduce_ops
         self.overlap = not config.sync_nccl_allreduce
@@ -95,11 +108,12 @@ class BucketedGradSync(GradSync):
             for k, p in enumerate(b.params):
                 self._slot[id(p)] = (b.index, k)
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
-        self._executors: dict[int, cf.ThreadPoolExecutor] = {}
+        self._executors: dict[int, cf.ThreadPoolExecutor] = {}  # CPU: one worker thread per communicator
+        self._side_streams: dict = {}  # CUDA: one side stream per communicator
         self._inflight: list[tuple[int, Callable[[], None]]] = []
         self._next = 0
         self._armed = False
-        self.events: Optional[list] = None  # (kind, bucket, time) when recording: "hook", "launch", "wait"
+        self.events: list | None = None  # (kind, bucket, time) when recording: "hook", "launch", "wait"
         log.info(fusion_log_line(len(self.params), len(self.buckets)))
 
     # -- the engine's calls --------------------------------------------------------
@@ -254,6 +268,8 @@ class BucketedGradSync(GradSync):
         if not asynchronous:
             chain()
             return lambda: None
+        if self.platform.is_cuda:
+            return self._queue_on_side_stream(flat, comm, chain)
         ex = self._executors.get(comm)
         if ex is None:
             ex = self._executors[comm] = cf.ThreadPoolExecutor(1, thread_name_prefix=f"fleetbench-comm{comm}")
@@ -266,6 +282,24 @@ class BucketedGradSync(GradSync):
                 raise RuntimeError(
                     f"hierarchical allreduce on communicator {comm} did not finish within {self.wait_timeout:.0f} s"
                 ) from None
+
+        return complete
+
+    def _queue_on_side_stream(self, flat: torch.Tensor, comm: int, chain: Callable[[], None]) -> Callable[[], None]:
+        """CUDA: queue ``chain`` now, from this thread, on communicator ``comm``'s side stream (see the
+        module docstring); returns its completion (the current stream waits for it: no CPU wait)."""
+        p = self.platform
+        side = self._side_streams.get(comm)
+        if side is None:
+            side = self._side_streams[comm] = p.new_stream()
+        side.wait_stream(p.current_stream())  # the bucket's gradients were produced on the current stream
+        with p.use_stream(side):
+            chain()
+            done = p.record_event(side)
+
+        def complete() -> None:
+            p.current_stream().wait_event(done)
+            p.record_stream(flat, side)  # the buffer was used on the side stream
 
         return complete
 

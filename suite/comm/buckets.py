@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 
@@ -60,7 +59,7 @@ def plan_buckets(named_params: list[tuple[str, torch.nn.Parameter]], owners: dic
     """Group parameters into buckets (see the module docstring).  Pure: no tensors allocated."""
     cap_bytes = cap_mb * MiB
     plans: list[BucketPlan] = []
-    cur: Optional[BucketPlan] = None
+    cur: BucketPlan | None = None
     cur_kind = None
     for i in reversed(range(len(named_params))):
         name, p = named_params[i]
@@ -97,7 +96,7 @@ class Bucket:
     params: list[torch.nn.Parameter]
     layers: list[str]
     comm_index: int  # which communicator (round-robin over nccl_comm_num)
-    flat: torch.Tensor = field(repr=False, default=None)
+    flat: torch.Tensor = field(repr=False, default=None)  # type: ignore[assignment]  # set by allocate()
     views: list[torch.Tensor] = field(repr=False, default_factory=list)
     offsets: list[int] = field(default_factory=list)
     numel: int = 0  # elements the parameters use (the buffer may be longer: padding)
@@ -107,7 +106,7 @@ class Bucket:
 
     @classmethod
     def allocate(cls, index: int, named: list[tuple[str, torch.nn.Parameter]], layers: list[str], comm_index: int,
-                 pad_to: int = 1) -> "Bucket":
+                 pad_to: int = 1) -> Bucket:
         params = [p for _, p in named]
         numel = sum(p.numel() for p in params)
         padded = -(-numel // pad_to) * pad_to if pad_to > 1 else numel

@@ -2,8 +2,20 @@
 
 The counts are structural evidence that tests use (one allreduce per bucket per step,
 spread over ``nccl_comm_num`` groups, no collective between Local SGD averagings …) and
-that records carry (bytes communicated).  Optional span recording (start/end wall
-times per collective) feeds the Perfetto trace.
+that records carry (bytes communicated).  Optional span recording (launch/end times per
+collective) feeds the Perfetto trace.
+
+Span times.  On CPU (gloo) a collective runs while the call blocks, so host clocks are right.
+On CUDA (NCCL) a call returns once the work is *queued* and ``Work.wait()`` only makes a stream
+wait, so host clocks would show near-zero collectives.  There each span holds two timing events
+(``Platform.mark``): one on the calling stream before the launch, one that completes when the
+collective does — after a synchronous call, on the calling stream (which NCCL made wait for it);
+after an asynchronous one, on a timing stream of the span's group that waits for the work (so the
+caller's stream is not held back).  They are turned into times after the step's synchronize:
+
+    p.synchronize(); t0 = time.perf_counter(); anchor = p.mark()
+    ...the step...
+    p.synchronize(); STATS.resolve_spans(p, anchor, t0)   # span.t_launch / t_end, host seconds
 """
 from __future__ import annotations
 
@@ -11,7 +23,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -27,7 +39,7 @@ class CommStats:
     bytes: Counter = field(default_factory=Counter)  # (group label, op) -> bytes
     # When recording: one Span per collective (t_end is filled when it completes: on return for
     # synchronous calls, on Work.wait() for asynchronous ones).  None: not recording, no overhead.
-    spans: Optional[list] = None
+    spans: list | None = None
 
     def reset(self) -> None:
         self.calls.clear()
@@ -38,16 +50,25 @@ class CommStats:
     def record_spans(self, on: bool = True) -> None:
         self.spans = [] if on else None
 
+    def resolve_spans(self, platform, anchor, anchor_time: float) -> None:
+        """Set every event-timed span's ``t_launch``/``t_end`` to ``anchor_time`` plus its events' device
+        time since ``anchor`` (a mark taken when ``anchor_time`` was read).  Call after a synchronize."""
+        for span in self.spans or []:
+            if span.ev_launch is not None:
+                span.t_launch = anchor_time + platform.elapsed(anchor, span.ev_launch)
+            if span.ev_end is not None:
+                span.t_end = anchor_time + platform.elapsed(anchor, span.ev_end)
+
     def snapshot(self) -> dict:
         return {
             "calls": {f"{g}/{op}": n for (g, op), n in sorted(self.calls.items())},
             "bytes": {f"{g}/{op}": n for (g, op), n in sorted(self.bytes.items())},
         }
 
-    def total(self, op: Optional[str] = None, group_prefix: str = "") -> int:
+    def total(self, op: str | None = None, group_prefix: str = "") -> int:
         return sum(n for (g, o), n in self.calls.items() if (op is None or o == op) and g.startswith(group_prefix))
 
-    def total_bytes(self, op: Optional[str] = None) -> int:
+    def total_bytes(self, op: str | None = None) -> int:
         return sum(n for (g, o), n in self.bytes.items() if op is None or o == op)
 
 
@@ -57,13 +78,40 @@ _LOCK = threading.Lock()  # collectives may be issued from communicator worker t
 
 @dataclass
 class Span:
-    """One recorded collective: host times (``time.perf_counter``) of launch and completion."""
+    """One recorded collective: times (``time.perf_counter`` seconds) of launch and completion.
+
+    On CUDA ``ev_launch``/``ev_end`` are timing events and the times are host stand-ins until
+    :meth:`CommStats.resolve_spans` sets them from the events."""
 
     op: str
     group: str
     nbytes: int
     t_launch: float
-    t_end: Optional[float] = None
+    t_end: float | None = None
+    ev_launch: Any = None
+    ev_end: Any = None
+    platform: Any = field(default=None, repr=False)
+
+
+_TIMING_STREAMS: dict = {}  # (CUDA API, group label) -> a stream that only waits for that group's async collectives
+
+
+def _platform():
+    from ..runtime.context import _CURRENT
+
+    return _CURRENT.platform if _CURRENT is not None else None
+
+
+def _mark_end_of_async(span: Span, work) -> None:
+    """CUDA: an event on the group's timing stream that completes when ``work`` does."""
+    p = span.platform
+    key = (id(p.cuda), span.group)
+    ts = _TIMING_STREAMS.get(key)
+    if ts is None:
+        ts = _TIMING_STREAMS[key] = p.new_stream()
+    with p.use_stream(ts):
+        work.wait()  # NCCL: makes the timing stream (current in this block) wait for the collective
+        span.ev_end = p.mark(ts)
 
 
 class _TimedWork:
@@ -85,26 +133,37 @@ class _TimedWork:
         return getattr(self._work, name)
 
 
-def _count(op: str, group, tensor: torch.Tensor) -> Optional[Span]:
+def _count(op: str, group, tensor: torch.Tensor) -> Span | None:
     label = label_of(group)
     nbytes = tensor.numel() * tensor.element_size()
     with _LOCK:
         STATS.calls[(label, op)] += 1
         STATS.bytes[(label, op)] += nbytes
-        if STATS.spans is not None:
-            span = Span(op, label, nbytes, time.perf_counter())
-            STATS.spans.append(span)
-            return span
-    return None
+        if STATS.spans is None:
+            return None
+    span = Span(op, label, nbytes, time.perf_counter())
+    p = _platform()
+    if p is not None and p.is_cuda:
+        span.platform = p
+        span.ev_launch = p.mark()  # on the calling stream, which NCCL's stream waits for at launch
+    with _LOCK:
+        STATS.spans.append(span)
+    return span
 
 
-def _done(span: Optional[Span], work, async_op: bool):
-    """Stamp a synchronous call's end now; wrap an asynchronous call's Work (only when recording)."""
+def _done(span: Span | None, work, async_op: bool):
+    """Stamp a synchronous call's end; time an asynchronous call's completion (only when recording)."""
     if span is None:
         return work
+    cuda = span.platform is not None
     if async_op and work is not None:
+        if cuda:
+            _mark_end_of_async(span, work)
+            return work
         return _TimedWork(work, span)
     span.t_end = time.perf_counter()
+    if cuda:
+        span.ev_end = span.platform.mark()  # the calling stream waited for the collective
     return work
 
 

@@ -1,8 +1,6 @@
 """Choosing the gradient communication a config asks for (the one place that knows every GradSync)."""
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from ..config import StrategyConfig
@@ -12,7 +10,7 @@ from .grad_sync import GradSync, NoGradSync, PlainGradSync
 __all__ = ["build_grad_sync"]
 
 
-def build_grad_sync(model: torch.nn.Module, config: StrategyConfig, group=None) -> Optional[GradSync]:
+def build_grad_sync(model: torch.nn.Module, config: StrategyConfig, group=None) -> GradSync | None:
     """The gradient communication the config asks for (None for DDP, which does its own)."""
     if config.data_parallel == "none":
         return NoGradSync(model, config, group)

@@ -24,7 +24,9 @@ from . import collectives as C
 
 __all__ = ["GradSync", "PlainGradSync", "NoGradSync", "COMM_DTYPES", "trainable_params"]
 
-COMM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# The wire dtype of each grad_comm_dtype: half precision casts; "fp32" (full precision) sends tensors in
+# their own dtype (float32 for ordinary models, float64 in the BatchNorm models' float64 check).
+COMM_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def trainable_params(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
@@ -51,7 +53,7 @@ class GradSync:
         self.named_params = trainable_params(model)
         self.params = [p for _, p in self.named_params]
         self.comm_dtype = COMM_DTYPES[config.grad_comm_dtype]
-        if self.comm_dtype != torch.float32 and self.params:
+        if self.comm_dtype is not None and self.params:
             from .dtype_probe import check_reducible  # a clear error if the backend cannot sum this dtype
 
             check_reducible(self.comm_dtype, group, "grad_comm_dtype", config.grad_comm_dtype, self.params[0].device)
@@ -101,7 +103,7 @@ class GradSync:
         In place when no cast is needed; otherwise divided in full precision first, then cast, so large
         (loss-scaled) gradients stay in fp16's range.  The caller copies a cast result back.
         """
-        if self.comm_dtype != tensor.dtype:
+        if self.comm_dtype is not None and self.comm_dtype != tensor.dtype:
             return tensor.div(self.world).to(self.comm_dtype)
         return tensor.div_(self.world)
 

@@ -17,8 +17,11 @@ Two schedules, both summing over the whole world:
   local rank 0, inter-node allreduce among local ranks 0, intra-node broadcast.  Kept for the
   micro-benchmark, where the two are compared.
 
-Every step is waited on before the next (the caller decides *when* the chain runs: inline,
-or on a communicator's worker thread for overlap).
+Every step is waited on before the next.  The caller decides *where* the chain runs: inline,
+on a communicator's worker thread for overlap on CPU (gloo's wait blocks the thread), or queued
+from the backward hook on a communicator's side stream on CUDA (NCCL's wait blocks the current
+stream, not the thread: see ``suite.comm.bucketed``).  The shard is allocated on the current
+stream, so inside ``torch.cuda.stream(side)`` it belongs to the side stream that uses it.
 """
 from __future__ import annotations
 

@@ -79,8 +79,8 @@ def _runner(kind: str, param: int):
     return run
 
 
-def _exact_inputs(count: int, rank: int, dtype) -> torch.Tensor:
-    return ((torch.arange(count) % 7 + 1) * (rank + 1)).to(dtype)
+def _exact_inputs(count: int, rank: int, dtype, device) -> torch.Tensor:
+    return ((torch.arange(count, device=device) % 7 + 1) * (rank + 1)).to(dtype)
 
 
 def allreduce_sweep_on_rank(sizes: list[int], variants: list[str], inter_nranks: int = 2, iters: int = 20,
@@ -89,9 +89,10 @@ def allreduce_sweep_on_rank(sizes: list[int], variants: list[str], inter_nranks:
     from ..runtime.context import current
 
     ctx = current()
-    world, rank = ctx.world_size, ctx.rank
+    world, rank, platform = ctx.world_size, ctx.rank, ctx.platform
+    device = platform.device  # NCCL carries only tensors on the rank's GPU
     dt = DTYPES[dtype]
-    esize = torch.empty((), dtype=dt).element_size()
+    esize = dt.itemsize
     pad = inter_nranks if any(v.startswith("hier") for v in variants) else 1  # the reduce-scatter needs it
     runners = {v: _runner(*parse_variant(v, world, inter_nranks)) for v in variants}
     expected_scale = world * (world + 1) // 2
@@ -101,20 +102,23 @@ def allreduce_sweep_on_rank(sizes: list[int], variants: list[str], inter_nranks:
         for v in variants:
             run = runners[v]
             # exact verification on its own run
-            x = _exact_inputs(count, rank, dt)
+            x = _exact_inputs(count, rank, dt, device)
             run(x)
-            want = (torch.arange(count) % 7 + 1).to(dt) * expected_scale
+            want = (torch.arange(count, device=device) % 7 + 1).to(dt) * expected_scale
             wrong = int((x != want).sum().item())
             # timing on zeros
-            buf = torch.zeros(count, dtype=dt)
+            buf = torch.zeros(count, dtype=dt, device=device)
             for _ in range(warmup):
                 run(buf)
+            platform.synchronize()
             dist.barrier()
             t0 = time.perf_counter()
             for _ in range(iters):
                 run(buf)
+            platform.synchronize()  # NCCL calls return once queued: the clock stops when the work is done
             dist.barrier()
-            rows.append({"bytes": count * esize, "count": count, "variant": v, "seconds": (time.perf_counter() - t0) / iters,
+            seconds = (time.perf_counter() - t0) / iters
+            rows.append({"bytes": count * esize, "count": count, "variant": v, "seconds": seconds,
                          "wrong": wrong})
     return {"rank": rank, "world": world, "rows": rows, "dtype": dtype}
 

@@ -29,10 +29,12 @@ in the autocast dtype; BN and ReLU run in the dtype they are given, BN's statist
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.conv import _ConvNd
 
 __all__ = ["BatchNormReLUFunction", "AddReLUFunction", "ReLUConvFunction", "BatchNormReLU", "AddReLU",
            "ReLUDepthwiseConv", "Kernels", "EAGER", "is_depthwise"]
@@ -43,14 +45,19 @@ log = logging.getLogger("suite.compute.fused_ops")
 # ---------------------------------------------------------------------------------------
 # The arithmetic (plain functions, so torch.compile can take them as they are)
 # ---------------------------------------------------------------------------------------
+def _acc(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in the accumulation dtype: at least float32 (half precision is upcast; float64 stays float64)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def _bcast(v: torch.Tensor, ndim: int) -> torch.Tensor:
     return v.view([1, -1] + [1] * (ndim - 2))
 
 
 def bn_relu_train_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float):
-    """Batch statistics; returns (y, mean, biased var, invstd).  Statistics in fp32."""
+    """Batch statistics; returns (y, mean, biased var, invstd).  Statistics in at least fp32."""
     dims = [0] + list(range(2, x.dim()))
-    xf = x.float()
+    xf = _acc(x)
     var, mean = torch.var_mean(xf, dim=dims, correction=0)
     invstd = torch.rsqrt(var + eps)
     scale = invstd * weight
@@ -65,11 +72,11 @@ def bn_relu_train_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, b
     nd = x.dim()
     dims = [0] + list(range(2, nd))
     n = x.numel() // x.shape[1]
-    xf = x.float()
+    xf = _acc(x)
     scale = invstd * weight
     shift = bias - mean * scale
     mask = (xf * _bcast(scale, nd) + _bcast(shift, nd)) > 0  # the forward's expression: the same mask
-    gy = torch.where(mask, dy.float(), 0.0)
+    gy = torch.where(mask, _acc(dy), 0.0)
     xhat = (xf - _bcast(mean, nd)) * _bcast(invstd, nd)
     dbias = gy.sum(dims)
     dweight = (gy * xhat).sum(dims)
@@ -79,10 +86,10 @@ def bn_relu_train_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, b
 
 def bn_relu_eval_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, running_mean: torch.Tensor,
                      running_var: torch.Tensor, eps: float):
-    invstd = torch.rsqrt(running_var.float() + eps)
+    invstd = torch.rsqrt(_acc(running_var) + eps)
     scale = invstd * weight
-    shift = bias - running_mean.float() * scale
-    y = torch.relu(x.float() * _bcast(scale, x.dim()) + _bcast(shift, x.dim()))
+    shift = bias - _acc(running_mean) * scale
+    y = torch.relu(_acc(x) * _bcast(scale, x.dim()) + _bcast(shift, x.dim()))
     return y.to(x.dtype), invstd
 
 
@@ -90,12 +97,12 @@ def bn_relu_eval_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bi
                      running_mean: torch.Tensor, invstd: torch.Tensor):
     nd = x.dim()
     dims = [0] + list(range(2, nd))
-    xf = x.float()
+    xf = _acc(x)
     scale = invstd * weight
-    shift = bias - running_mean.float() * scale
+    shift = bias - _acc(running_mean) * scale
     mask = (xf * _bcast(scale, nd) + _bcast(shift, nd)) > 0
-    gy = torch.where(mask, dy.float(), 0.0)
-    xhat = (xf - _bcast(running_mean.float(), nd)) * _bcast(invstd, nd)
+    gy = torch.where(mask, _acc(dy), 0.0)
+    xhat = (xf - _bcast(_acc(running_mean), nd)) * _bcast(invstd, nd)
     return (gy * _bcast(scale, nd)).to(x.dtype), (gy * xhat).sum(dims), gy.sum(dims)
 
 
@@ -108,7 +115,7 @@ def add_relu_bwd(dy: torch.Tensor, mask: torch.Tensor):
     return torch.where(mask, dy, 0.0)
 
 
-def relu_conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride, padding, dilation,
+def relu_conv_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride, padding, dilation,
                   groups: int):
     r = torch.relu(x)
     z = torch.ops.aten.convolution(r, weight, bias, stride, padding, dilation, False, [0] * len(stride), groups)
@@ -124,14 +131,14 @@ def relu_conv_bwd(dz: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, has_b
     return dx, gw, gb
 
 
-_EAGER = {
+_EAGER: dict[str, Callable[..., Any]] = {
     "bn_relu_train_fwd": bn_relu_train_fwd, "bn_relu_train_bwd": bn_relu_train_bwd,
     "bn_relu_eval_fwd": bn_relu_eval_fwd, "bn_relu_eval_bwd": bn_relu_eval_bwd,
     "add_relu_fwd": add_relu_fwd, "add_relu_bwd": add_relu_bwd,
     "relu_conv_fwd": relu_conv_fwd, "relu_conv_bwd": relu_conv_bwd,
 }
 
-_COMPILED: dict = {}
+_COMPILED: dict[str, Callable[..., Any]] = {}
 
 
 class Kernels:
@@ -183,7 +190,7 @@ class BatchNormReLUFunction(torch.autograd.Function):
         C = x.shape[1]
         w = weight if weight is not None else torch.ones(C, device=x.device)
         b = bias if bias is not None else torch.zeros(C, device=x.device)
-        w, b = w.detach().float(), b.detach().float()
+        w, b = _acc(w.detach()), _acc(b.detach())
         if use_batch_stats:
             y, mean, var, invstd = kernels("bn_relu_train_fwd", x, w, b, eps)
             if running_mean is not None:
@@ -238,7 +245,7 @@ class AddReLUFunction(torch.autograd.Function):
         return out[0], out[1], None
 
 
-def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+def _autocast_dtype(device_type: str) -> torch.dtype | None:
     if torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return None
@@ -288,6 +295,7 @@ class BatchNormReLU(nn.Module):
         self.bias = bn.bias
         self.register_buffer("running_mean", bn.running_mean)
         self.register_buffer("running_var", bn.running_var)
+        self.num_batches_tracked: torch.Tensor | None
         self.register_buffer("num_batches_tracked", bn.num_batches_tracked)
         self.train(bn.training)
         self.source = type(bn).__name__
@@ -324,7 +332,7 @@ class AddReLU(nn.Module):
         return torch.relu(a + b)
 
 
-def is_depthwise(conv: nn.Module) -> bool:
+def is_depthwise(conv: nn.Module | None) -> bool:
     return (isinstance(conv, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) and conv.groups > 1
             and conv.groups == conv.in_channels and conv.out_channels % conv.in_channels == 0)
 
@@ -332,7 +340,7 @@ def is_depthwise(conv: nn.Module) -> bool:
 class ReLUDepthwiseConv(nn.Module):
     """A ReLU fused into the depthwise conv after it; shares the conv's weight and bias."""
 
-    def __init__(self, conv: nn.Module, kernels: Kernels = EAGER):
+    def __init__(self, conv: _ConvNd, kernels: Kernels = EAGER):
         super().__init__()
         if conv.padding_mode != "zeros" or (isinstance(conv.padding, str) and conv.padding != "valid"):
             raise ValueError(f"padding={conv.padding!r}, padding_mode={conv.padding_mode!r} (fused: zeros, explicit)")

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Optional
 
 import torch
 
@@ -46,7 +45,7 @@ class _Group:
     """Parameters that share flat buffers: one dtype, one device, in ``offsets`` order."""
 
     def __init__(self, params: list[torch.nn.Parameter], offsets: list[int], size: int, numel: int,
-                 flat_grad: Optional[torch.Tensor], bucket=None):
+                 flat_grad: torch.Tensor | None, bucket=None):
         p0 = params[0]
         self.params = params
         self.offsets = offsets
@@ -106,7 +105,7 @@ class FlatOptimizer:
 
     def __init__(self, params: list[torch.nn.Parameter], kind: str, lr: float, momentum: float = 0.0,
                  weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 buckets: Optional[list] = None):
+                 buckets: list | None = None):
         if kind not in _STATE_NAMES:
             raise ValueError(f"optimizer={kind!r}: the fused optimizer supports 'sgd', 'momentum', 'adam'")
         params = [p for p in params if p.requires_grad]
@@ -121,10 +120,10 @@ class FlatOptimizer:
         for g in self.groups:
             for name in _STATE_NAMES[kind]:
                 g.state[name] = torch.zeros_like(g.flat_param)
-        self._state_views: Optional[dict] = None
+        self._state_views: dict | None = None
 
     # ---- construction --------------------------------------------------------------------
-    def _build_groups(self, params: list[torch.nn.Parameter], buckets: Optional[list]) -> list[_Group]:
+    def _build_groups(self, params: list[torch.nn.Parameter], buckets: list | None) -> list[_Group]:
         if buckets and _buckets_cover(buckets, params):
             self.grads_from = "gradient buckets"
             return [_Group(list(b.params), list(b.offsets), b.flat.numel(), b.numel, b.flat, bucket=b)

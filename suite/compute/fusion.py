@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import logging
 import operator
-from typing import Optional
 
 import torch
 import torch.fx as fx
 from torch import nn
+from torch.nn.modules.conv import _ConvNd
 
 from ..config import StrategyConfig
 from .fused_ops import AddReLU, BatchNormReLU, Kernels, ReLUDepthwiseConv, is_depthwise
@@ -65,10 +65,10 @@ class _Pass:
         self.report[pattern]["skipped"].append(f"{where}: {why}")
 
     @staticmethod
-    def _module(gm: nn.Module, node: fx.Node) -> Optional[nn.Module]:
+    def _module(gm: nn.Module, node: fx.Node) -> nn.Module | None:
         if node.op != "call_module":
             return None
-        return gm.get_submodule(node.target)
+        return gm.get_submodule(str(node.target))
 
     def _is_relu(self, gm: nn.Module, node: fx.Node) -> bool:
         if node.op == "call_module":
@@ -81,7 +81,9 @@ class _Pass:
 
     @staticmethod
     def _relu_input(node: fx.Node) -> fx.Node:
-        return node.args[0] if node.args else node.kwargs.get("input")
+        arg = node.args[0] if node.args else node.kwargs.get("input")
+        assert isinstance(arg, fx.Node), f"ReLU input {arg!r} is not a graph node"
+        return arg
 
     def _is_add(self, node: fx.Node) -> bool:
         if node.op == "call_function" and node.target in _ADD_FUNCS:
@@ -116,7 +118,7 @@ class _Pass:
                     self.report["bn_act"]["found"] += 1
                     if not self.enabled["bn_act"]:
                         continue
-                    _set_submodule(gm, node.target, BatchNormReLU(mod, self.kernels))
+                    _set_submodule(gm, str(node.target), BatchNormReLU(mod, self.kernels))
                     relu.replace_all_uses_with(node)
                     self._erase(graph, relu)
                     self.report["bn_act"]["fused"] += 1
@@ -150,8 +152,8 @@ class _Pass:
             # ReLU -> depthwise conv
             if self._is_relu(gm, node):
                 users = list(node.users)
-                convs = [u for u in users if isinstance(self._module(gm, u), nn.Module)
-                         and is_depthwise(self._module(gm, u)) and u.args and u.args[0] is node]
+                convs = [u for u in users if (m := self._module(gm, u)) is not None
+                         and is_depthwise(m) and u.args and u.args[0] is node]
                 if not convs:
                     continue
                 self.report["relu_depthwise_conv"]["found"] += 1
@@ -159,6 +161,7 @@ class _Pass:
                     continue
                 conv_node = convs[0]
                 conv = self._module(gm, conv_node)
+                assert isinstance(conv, _ConvNd)  # is_depthwise held
                 if len(users) != 1:
                     self._skip("relu_depthwise_conv", where, "the ReLU output has other users besides the conv")
                     continue
@@ -192,7 +195,7 @@ class _Pass:
                     self.report["bn_act"]["fused"] += 1
                     i += 2
                     continue
-            elif type(a) is nn.ReLU and is_depthwise(b):
+            elif type(a) is nn.ReLU and isinstance(b, _ConvNd) and is_depthwise(b):
                 self.report["relu_depthwise_conv"]["found"] += 1
                 if self.enabled["relu_depthwise_conv"]:
                     try:
@@ -246,9 +249,10 @@ def _restore_missing_state(original: nn.Module, gm: nn.Module) -> None:
         owner_path, _, attr = key.rpartition(".")
         owner = gm
         for part in owner_path.split(".") if owner_path else []:
-            if part not in owner._modules or owner._modules[part] is None:
-                owner._modules[part] = nn.Module()
-            owner = owner._modules[part]
+            child = owner._modules.get(part)
+            if child is None:
+                child = owner._modules[part] = nn.Module()
+            owner = child
         if isinstance(value, nn.Parameter):
             owner.register_parameter(attr, value)
         else:

@@ -11,8 +11,8 @@ Parameters (and anything else passed as ``exclude``) are left out of both: they 
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 import torch
 

@@ -9,7 +9,8 @@ they are decoded and augmented); *how* it gets them to the device is the reader'
   ``reader_return_uint8`` (uint8 batches go to the device and are converted and normalized
   there, a quarter of the bytes to move), ``use_double_buffer`` (the next batch is prepared
   and copied while the current step runs: a background thread; on CUDA pinned memory, a side
-  stream and non-blocking copies), ``use_infinite_reader`` (one pipeline for the whole run:
+  stream and non-blocking copies; the thread sets the rank's device first, as torch's pin-memory
+  thread does, or it would create a context on GPU 0), ``use_infinite_reader`` (one pipeline for the whole run:
   persistent workers, no refill at each epoch), ``reader_num_workers`` (decode in worker
   processes, torch DataLoader; in worker threads inside a daemonic process such as the rank
   pool's ranks, which may not start children).
@@ -26,6 +27,11 @@ The "decode" is real: samples are stored zlib-compressed and decompressed per sa
 Everything a reader yields is bit-for-bit the same whatever the knobs.
 
 Every wait is bounded (``timeout``); a background thread never blocks shutdown.
+
+Timing the data wait: :func:`timed_next` synchronizes the device *before* its timer starts.  On
+CUDA a step's kernels are only queued when it returns; a blocking ``.to(device)`` (the plain
+reader's copy) waits for them, so a timer started before the synchronize would count the previous
+step's GPU work as data wait.
 """
 from __future__ import annotations
 
@@ -33,17 +39,19 @@ import importlib.util
 import math
 import queue
 import threading
+import time
 import zlib
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 import torch
 
 from ..config import StrategyConfig
-from ..runtime.device import Platform, require_cuda
+from ..runtime.device import CudaUnavailable, Platform, require_cuda
 from .synthetic import normalize
 
 __all__ = ["BatchSource", "EncodedImages", "PlainReader", "OptimizedReader", "build_reader", "ReaderError",
-           "ReaderTimeout", "ReaderUnavailable", "shard_epoch", "augment", "CudaCopier", "reader_knobs_on"]
+           "ReaderTimeout", "ReaderUnavailable", "shard_epoch", "augment", "CudaCopier", "reader_knobs_on",
+           "timed_next"]
 
 DEFAULT_TIMEOUT = 120.0
 
@@ -75,7 +83,7 @@ class EncodedImages:
         self.targets = targets.clone()
 
     @classmethod
-    def from_dataset(cls, dataset, level: int = 1) -> "EncodedImages":
+    def from_dataset(cls, dataset, level: int = 1) -> EncodedImages:
         if getattr(dataset, "kind", None) != "images":
             raise ReaderError(f"the reader reads image datasets; got kind={getattr(dataset, 'kind', None)!r}")
         return cls(dataset.inputs, dataset.targets, level)
@@ -212,7 +220,7 @@ class _EpochBatches(torch.utils.data.Dataset):
 class _KeySampler(torch.utils.data.Sampler):
     """(epoch, batch) keys for epochs ``first`` .. ``last`` (None: forever, the infinite reader)."""
 
-    def __init__(self, batches_per_epoch: int, first: int, last: Optional[int]):
+    def __init__(self, batches_per_epoch: int, first: int, last: int | None):
         self.n, self.first, self.last = batches_per_epoch, first, last
 
     def __iter__(self):
@@ -281,27 +289,41 @@ class CudaCopier:
     """Pinned host memory, a side stream and non-blocking copies (CUDA only).
 
     ``copy(batch)`` runs on the side stream and returns the device batch with an event;
-    ``ready(batch, event)`` makes the current stream wait for it before use."""
+    ``ready(batch, event)`` makes the current stream wait for it before use, and records the
+    batch as used there (it was allocated on the side stream)."""
 
     def __init__(self, platform: Platform):
-        require_cuda("use_double_buffer's pinned-memory side-stream copy")
+        if not platform.is_cuda:
+            raise CudaUnavailable(f"use_double_buffer's pinned-memory side-stream copy needs a CUDA platform; "
+                                  f"this rank runs on {platform.device_type} (torch {torch.__version__})")
+        self.platform = platform
         self.device = platform.device
-        self.stream = torch.cuda.Stream(self.device)
+        self.stream = platform.new_stream()
 
     def copy(self, tensors):
-        pinned = [t.pin_memory() for t in tensors]
-        with torch.cuda.stream(self.stream):
+        p = self.platform
+        pinned = [p.pin(t) for t in tensors]
+        with p.use_stream(self.stream):
             out = [t.to(self.device, non_blocking=True) for t in pinned]
-            event = torch.cuda.Event()
-            event.record(self.stream)
+            event = p.record_event(self.stream)
         return out, event
 
     def ready(self, tensors, event):
-        cur = torch.cuda.current_stream(self.device)
+        p = self.platform
+        cur = p.current_stream()
         cur.wait_event(event)
         for t in tensors:
-            t.record_stream(cur)
+            p.record_stream(t, cur)
         return tensors
+
+
+def timed_next(batches: Iterator, platform: Platform):
+    """``(next(batches), seconds the step waited for it)``, the device synchronized before the timer
+    starts (see the module docstring).  Raises StopIteration like ``next``."""
+    platform.synchronize()
+    t0 = time.perf_counter()
+    batch = next(batches)
+    return batch, time.perf_counter() - t0
 
 
 class _Prefetcher:
@@ -312,8 +334,10 @@ class _Prefetcher:
 
     _END = object()
 
-    def __init__(self, items: Iterator, prepare, depth: int = 1, timeout: float = DEFAULT_TIMEOUT):
-        self.items, self.prepare, self.timeout = items, prepare, timeout
+    def __init__(self, items: Iterator, prepare, depth: int = 1, timeout: float = DEFAULT_TIMEOUT,
+                 on_start=None):
+        """``on_start`` runs first in the thread (the rank's ``platform.set_device``)."""
+        self.items, self.prepare, self.timeout, self.on_start = items, prepare, timeout, on_start
         self.q: queue.Queue = queue.Queue(maxsize=depth)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="fleetbench-reader-prefetch", daemon=True)
@@ -330,6 +354,8 @@ class _Prefetcher:
 
     def _run(self) -> None:
         try:
+            if self.on_start is not None:
+                self.on_start()
             for item in self.items:
                 if self.stop.is_set() or not self._put(("ok", self.prepare(item))):
                     return
@@ -379,7 +405,7 @@ class OptimizedReader:
         self.batches_per_epoch = source.batches_per_epoch
         self._copier = CudaCopier(platform) if (double_buffer and platform.is_cuda) else None
         self._dataset = _EpochBatches(source, return_uint8)
-        self._stream = None  # the infinite reader's one pipeline
+        self._stream: Iterator | None = None  # the infinite reader's one pipeline
         self._next_epoch = 0
         self._open: list = []  # prefetchers / loader iterators to close
         self.pipelines_started = 0  # 1 for the infinite reader, one per epoch otherwise
@@ -388,7 +414,7 @@ class OptimizedReader:
         self.worker_kind = "none" if num_workers == 0 else ("process" if _processes_allowed() else "thread")
 
     # -- host side: decoded batches, in order -------------------------------------------
-    def _host_batches(self, first: int, last: Optional[int]) -> Iterator:
+    def _host_batches(self, first: int, last: int | None) -> Iterator:
         if self.num_workers == 0:
             sampler = _KeySampler(self.batches_per_epoch, first, last)
             return (self._dataset[key] for key in sampler)
@@ -402,9 +428,9 @@ class OptimizedReader:
             num_workers=self.num_workers, persistent_workers=False, timeout=self.timeout,
             worker_init_fn=_worker_init, prefetch_factor=2,
         )
-        it = iter(loader)
-        self._open.append(it)
-        return it
+        loader_it = iter(loader)
+        self._open.append(loader_it)
+        return loader_it
 
     # -- to the device ------------------------------------------------------------------
     def _to_device(self, batch):
@@ -423,12 +449,12 @@ class OptimizedReader:
             x = normalize(x)  # uint8 -> float32, normalized on the device
         return x, y
 
-    def _pipeline(self, first: int, last: Optional[int]) -> Iterator:
+    def _pipeline(self, first: int, last: int | None) -> Iterator:
         self.pipelines_started += 1
         host = self._host_batches(first, last)
         if not self.double_buffer:
             return (self._finish(self._to_device(b)) for b in host)
-        pre = _Prefetcher(host, self._to_device, self.depth, self.timeout)
+        pre = _Prefetcher(host, self._to_device, self.depth, self.timeout, on_start=self.platform.set_device)
         self._open.append(pre)
 
         def gen():
@@ -499,7 +525,8 @@ class DaliReader:  # pragma: no cover - needs CUDA and nvidia-dali; not testable
 
         self.source, self.platform = source, platform
         self.batches_per_epoch = source.batches_per_epoch
-        self._epoch, self._b, self._indices, self._started = 0, 0, [], False
+        self._epoch, self._b, self._started = 0, 0, False
+        self._indices: list = []
 
         def feed():  # called in order by DALI, one batch per call; StopIteration ends the epoch
             if self._b >= self.batches_per_epoch:
@@ -530,8 +557,11 @@ class DaliReader:  # pragma: no cover - needs CUDA and nvidia-dali; not testable
             x_t, y_t = x_out.as_tensor(), y_out.as_tensor()
             x = torch.empty(x_t.shape(), dtype=torch.float32, device=self.platform.device)
             y = torch.empty(y_t.shape(), dtype=torch.int64, device=self.platform.device)
-            feed_ndarray(x_t, x)
-            feed_ndarray(y_t, y)
+            # On the current stream, where x and y were allocated and will be used: without cuda_stream
+            # DALI copies on an internal stream the training step does not wait for.
+            stream = self.platform.current_stream()
+            feed_ndarray(x_t, x, cuda_stream=stream)
+            feed_ndarray(y_t, y, cuda_stream=stream)
             yield x, y.reshape(-1)
 
     def close(self) -> None:

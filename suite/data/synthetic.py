@@ -1,17 +1,19 @@
-"""Deterministic, seeded synthetic data: uint8 images with labels, and token sequences.
+"""Deterministic, seeded synthetic data: uint8 images with labels, token sequences, and
+masked token sequences.
 
 The same seed gives the same bytes on every rank and every machine.  Images are a noisy
 copy of a per-class template (so models learn and losses fall); token sequences follow a
-seeded Markov chain (so next-token prediction is learnable).  A global batch is drawn per
-step from a reshuffled permutation and split into contiguous per-rank shards, so every
-rank has the same number of samples.
+seeded Markov chain (so next-token prediction is learnable); masked sequences follow such a
+chain too, with about 15% of the positions replaced by a [MASK] id (masked-LM pre-training).
+A global batch is drawn per step from a reshuffled permutation and split into contiguous
+per-rank shards, so every rank has the same number of samples.
 """
 from __future__ import annotations
 
-
 import torch
 
-__all__ = ["SyntheticImages", "SyntheticTokens", "make_dataset", "normalize", "step_indices", "shard",
+__all__ = ["SyntheticImages", "SyntheticTokens", "SyntheticMaskedTokens", "IGNORE_INDEX", "make_dataset", "normalize",
+           "step_indices", "shard",
            "IMAGE_MEAN", "IMAGE_STD"]
 
 IMAGE_MEAN = 0.5
@@ -56,6 +58,57 @@ class SyntheticTokens:
             seqs[:, t] = succ[seqs[:, t - 1], pick]
         self.inputs = seqs[:, :-1].contiguous()
         self.targets = seqs[:, 1:].contiguous()
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def get(self, indices: torch.Tensor):
+        return self.inputs[indices], self.targets[indices]
+
+
+IGNORE_INDEX = -100  # the target of an unmasked position (cross-entropy's ignore_index)
+
+
+class SyntheticMaskedTokens:
+    """Masked-LM samples: ``inputs`` has [MASK] (``mask_id``) at the masked positions; ``targets``
+    holds the original token there and ``IGNORE_INDEX`` (-100) everywhere else.
+
+    The original sequences follow a seeded Markov chain over every id but ``mask_id`` (so the
+    masked tokens are predictable from their neighbours and [MASK] never occurs as content).
+    Each position is masked with probability ``mask_prob``; a sequence that drew no masked
+    position gets one at a random place, so every sample contributes to the loss (a batch with
+    no target would make cross-entropy's mean 0/0 = nan).  Deterministic for a seed.
+    """
+
+    kind = "masked_tokens"
+
+    def __init__(self, size: int = 2048, seed: int = 0, vocab: int = 128, seq_len: int = 32,
+                 mask_id: int | None = None, mask_prob: float = 0.15):
+        if vocab < 2:
+            raise ValueError(f"vocab={vocab!r}: needs at least one content id besides [MASK]")
+        mask_id = vocab - 1 if mask_id is None else mask_id
+        if not 0 <= mask_id < vocab:
+            raise ValueError(f"mask_id={mask_id!r}: must be an id of the vocabulary [0, {vocab})")
+        if not 0.0 < mask_prob < 1.0:
+            raise ValueError(f"mask_prob={mask_prob!r}: a probability in (0, 1)")
+        g = torch.Generator().manual_seed(seed)
+        content = vocab - 1  # ids other than mask_id, numbered 0..content-1
+        succ = torch.randint(0, content, (content, 4), generator=g)
+        seqs = torch.empty(size, seq_len, dtype=torch.int64)
+        seqs[:, 0] = torch.randint(0, content, (size,), generator=g)
+        for t in range(1, seq_len):
+            pick = torch.randint(0, 4, (size,), generator=g)
+            seqs[:, t] = succ[seqs[:, t - 1], pick]
+        tokens = seqs + (seqs >= mask_id).to(torch.int64)  # skip over mask_id
+        masked = torch.rand(size, seq_len, generator=g) < mask_prob
+        fallback = torch.randint(0, seq_len, (size,), generator=g)
+        none = ~masked.any(dim=1)
+        masked[none, fallback[none]] = True
+        self.inputs = torch.where(masked, torch.full_like(tokens, mask_id), tokens)
+        self.targets = torch.where(masked, tokens, torch.full_like(tokens, IGNORE_INDEX))
+        self.mask_id = mask_id
+        self.vocab = vocab
         self.size = size
 
     def __len__(self) -> int:

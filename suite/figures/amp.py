@@ -2,9 +2,9 @@
 communication (``grad_comm_dtype``)."""
 from __future__ import annotations
 
-from .compute import timing_table
 from ..measure.timing import time_on_rank
 from ..workload import WorkloadSpec
+from .compute import timing_table
 
 DESCRIPTION = "AMP (bf16) vs fp32 step time; gradient bytes communicated with/without bf16 gradient communication"
 

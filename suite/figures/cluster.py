@@ -21,9 +21,9 @@ import importlib.util
 import os
 import statistics
 
-from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
 from ..cluster.probes import timed_allreduce
 from ..cluster.profile import record_profile
+from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
 from ..measure.timing import time_on_rank
 from ..workload import WorkloadSpec
 
@@ -111,7 +111,7 @@ def _strategy_variants(ranks_per_node: int) -> list[tuple]:
     """(name, config, predict Setting) of the training variants this branch can run."""
     from ..cluster.simulate import Setting
 
-    out = [("plain", {}, Setting("plain", bucket_mb=None, overlap=False))]
+    out: list[tuple] = [("plain", {}, Setting("plain", bucket_mb=None, overlap=False))]
     if importlib.util.find_spec("suite.comm.bucketed") is not None:
         fused = {"fuse_all_reduce_ops": True, "fuse_grad_size_in_MB": 16.0}
         out += [

@@ -19,6 +19,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -60,41 +62,55 @@ def strategy_variants(model: str, nproc: int) -> list[dict]:
     return out
 
 
+def _collectives_of(sync) -> Callable[[], None]:
+    """One step's gradient collectives of ``sync``, with no compute around them."""
+    from ..comm.bucketed import BucketedGradSync
+
+    if isinstance(sync, BucketedGradSync):
+        def bucketed() -> None:
+            pending = [sync._start(b.flat, b.comm_index, asynchronous=sync.overlap) for b in sync.buckets]
+            for complete in pending:
+                complete()
+
+        return bucketed
+
+    def per_parameter() -> None:
+        for p in sync.params:
+            sync._allreduce_average(p.detach(), sync.group)
+
+    return per_parameter
+
+
 def comm_alone_on_rank(model: str, variants: list[dict], rounds: int = 5, reps: int = 5) -> dict:
     """Seconds per step of each variant's gradient collectives with no compute around them.
 
     ``{"name": "single"}`` is one allreduce of the total gradient bytes on one communicator.
     """
     from ..comm import collectives as C
-    from ..comm.bucketed import BucketedGradSync
     from ..comm.factory import build_grad_sync
     from ..models import get_model
+    from ..runtime.context import current
     from ..runtime.groups import comm_groups
 
+    platform = current().platform
+    device = platform.device  # NCCL carries only tensors on the rank's GPU
     spec = get_model(model)
-    runners = []
+    runners: list[tuple[str, Callable[[], Any]]] = []
     for v in variants:
         if v["name"] == "single":
             net = spec.make(0)
-            flat = torch.zeros(sum(p.numel() for p in net.parameters() if p.requires_grad))
+            flat = torch.zeros(sum(p.numel() for p in net.parameters() if p.requires_grad), device=device)
             g = comm_groups(1)[0]
-            runners.append((v["name"], lambda flat=flat, g=g: C.all_reduce(flat.div_(1.0), group=g)))
+            def single(flat=flat, g=g) -> None:
+                C.all_reduce(flat.div_(1.0), group=g)
+
+            runners.append((v["name"], single))
             continue
         cfg = StrategyConfig.from_dict(v["config"])
-        net = spec.make(0)
-        sync = build_grad_sync(net, cfg)
-        if isinstance(sync, BucketedGradSync):
-            def run(sync=sync) -> None:
-                pending = [sync._start(b.flat, b.comm_index, asynchronous=sync.overlap) for b in sync.buckets]
-                for complete in pending:
-                    complete()
-        else:
-            def run(sync=sync) -> None:
-                for p in sync.params:
-                    sync._allreduce_average(p.detach(), sync.group)
-        runners.append((v["name"], run))
+        net = spec.make(0, device)
+        runners.append((v["name"], _collectives_of(build_grad_sync(net, cfg))))
     times: dict[str, list[float]] = {n: [] for n, _ in runners}
-    for name, run in runners:  # warm-up
+    for _, run in runners:  # warm-up
         run()
     for r in range(rounds):
         order = runners[r % len(runners):] + runners[:r % len(runners)]
@@ -103,6 +119,7 @@ def comm_alone_on_rank(model: str, variants: list[dict], rounds: int = 5, reps: 
             t0 = time.perf_counter()
             for _ in range(reps):
                 run()
+            platform.synchronize()  # NCCL calls return once queued: the clock stops when the work is done
             dist.barrier()
             times[name].append((time.perf_counter() - t0) / reps)
     return {"times": times}
@@ -143,7 +160,8 @@ def strategy_table(pool, model: str, args) -> str:
     lines = [f"**{model}**, {args.nproc} ranks, gradients {_size(_grad_mb(model))} "
              f"(bucket 1/10 = {_size(_grad_mb(model) / 10)}); {args.rounds} rounds x {args.steps} steps",
              "",
-             "| strategy | step (ms) | speedup over DDP [95% CI] | exposed comm (ms) | comm alone (ms) | overlap eff. |",
+             "| strategy | step (ms) | speedup over DDP [95% CI] | exposed comm (ms) | comm alone (ms) "
+             "| overlap eff. |",
              "|---|---:|---|---:|---:|---:|"]
     for v in variants:
         name = v["name"]
@@ -164,7 +182,7 @@ def strategy_table(pool, model: str, args) -> str:
 
 
 def fused_vs_single(pool, model: str, args) -> str:
-    variants = [{"name": "single"},
+    variants: list[dict[str, Any]] = [{"name": "single"},
                 {"name": "fused 1/10 (overlap, 1 comm)", "config": dict(fuse_all_reduce_ops=True,
                                                                          fuse_grad_size_in_MB=_grad_mb(model) / 10,
                                                                          sync_nccl_allreduce=False)},
@@ -187,7 +205,7 @@ def fused_vs_single(pool, model: str, args) -> str:
 def bucket_sweep(pool, model: str, args) -> str:
     total = _grad_mb(model)
     fracs = [("1/50", 1 / 50), ("1/10", 1 / 10), ("1/3", 1 / 3), ("all (1 bucket)", math.inf)]
-    variants = [{"name": "ddp", "config": {"data_parallel": "ddp"}}]
+    variants: list[dict[str, Any]] = [{"name": "ddp", "config": {"data_parallel": "ddp"}}]
     for label, f in fracs:
         mb = math.inf if f == math.inf else total * f
         variants.append({"name": f"bucket {label}", "config": dict(fuse_all_reduce_ops=True, fuse_grad_size_in_MB=mb,

@@ -3,7 +3,6 @@ backward; eager and compiled), and the fused optimizer against torch's loop, for
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 
@@ -16,7 +15,7 @@ DESCRIPTION = ("compute fusion on/off on the ResNet (step time, saved-activation
                "fused optimizer vs torch loop/foreach/fused")
 
 ALL = dict(fuse_bn_act_ops=True, fuse_elewise_add_act_ops=True, fuse_relu_depthwise_conv=True)
-FUSION_VARIANTS = [
+FUSION_VARIANTS: list[tuple[str, dict]] = [
     ("unfused", {}),
     ("bn_act", dict(fuse_bn_act_ops=True)),
     ("elewise_add_act", dict(fuse_elewise_add_act_ops=True)),
@@ -44,9 +43,10 @@ def timing_table(answers: list, names: list, global_batch: int, steps: int, base
         st = s["step_time_s"]
         sp = paired_speedup(base["window_s"], s["window_s"])
         extra = "".join(f" {fn(name, s)} |" for fn in extra_cols.values())
+        (lo, hi), (sp_lo, sp_hi) = s["samples_per_s_ci"], sp["ci"]
         rows.append(f"| {name} | {st['median'] * 1e3:.2f} [{st['q25'] * 1e3:.2f}, {st['q75'] * 1e3:.2f}] | "
-                    f"{s['samples_per_s']:.0f} {_fmt_ci(*s['samples_per_s_ci'], 0)} | "
-                    f"{sp['speedup']:.3f} {_fmt_ci(*sp['ci'], 3)} |{extra}")
+                    f"{s['samples_per_s']:.0f} {_fmt_ci(lo, hi, 0)} | "
+                    f"{sp['speedup']:.3f} {_fmt_ci(sp_lo, sp_hi, 3)} |{extra}")
     return head + "\n".join(rows)
 
 
@@ -73,7 +73,10 @@ def saved_bytes_rows(model: str = "resnet", batch: int = 16, scale: int = 1) -> 
             net, report = fuse_model(net, bn_act=cfg.get("fuse_bn_act_ops", False),
                                      elewise_add_act=cfg.get("fuse_elewise_add_act_ops", False),
                                      relu_depthwise_conv=cfg.get("fuse_relu_depthwise_conv", False))
-        _, sb = measure_saved(lambda: net(x), exclude=list(net.parameters()))
+        def forward(net: torch.nn.Module = net) -> torch.Tensor:
+            return net(x)
+
+        _, sb = measure_saved(forward, exclude=list(net.parameters()))
         fused = sum(r["fused"] for k, r in report.items() if isinstance(r, dict) and "fused" in r) if report else 0
         out[name] = {"saved": sb.saved, "unique": sb.unique, "tensors": sb.tensors, "fused_ops": fused}
     return out
@@ -86,20 +89,24 @@ def optimizer_bench_on_rank(model: str = "resnet", rounds: int = 7, steps: int =
     from ..compute.fused_optim import FlatOptimizer
     from ..config import StrategyConfig
     from ..models import get_model
+    from ..runtime.context import current
     from ..strategies.optim import torch_optimizer
 
+    platform = current().platform  # on a GPU runner the optimizers run on the rank's GPU
+    device = platform.device
     spec = get_model(model)
     results: dict = {}
     impls = ["loop", "foreach", "fused", "flat (ours)"]
     for kind in ("sgd", "momentum", "adam"):
         cfg = StrategyConfig(optimizer=kind, weight_decay=1e-4)
-        variants = {}
+        variants: dict[str, tuple] = {}
         for impl in impls:
-            net = spec.make(0)
+            net = spec.make(0, device)
             params = [p for p in net.parameters() if p.requires_grad]
             g = torch.Generator().manual_seed(1)
-            for p in params:
-                p.grad = torch.randn(p.shape, generator=g) * 1e-3
+            for p in params:  # drawn on the host (the same values on any device), then moved
+                p.grad = torch.randn(p.shape, generator=g, device="cpu").mul_(1e-3).to(device)
+            opt: torch.optim.Optimizer | FlatOptimizer
             if impl == "flat (ours)":
                 opt = FlatOptimizer(params, kind, lr=cfg.lr, momentum=cfg.momentum if kind == "momentum" else 0.0,
                                     weight_decay=cfg.weight_decay)
@@ -113,14 +120,14 @@ def optimizer_bench_on_rank(model: str = "resnet", rounds: int = 7, steps: int =
             order = impls[r % len(impls):] + impls[:r % len(impls)]
             for impl in order:
                 opt, times = variants[impl]
-                t0 = time.perf_counter()
+                t0 = platform.now()  # synchronizes: the device's queued work is not counted, nor left out
                 for _ in range(steps):
                     opt.step()
-                times.append((time.perf_counter() - t0) / steps)
+                times.append((platform.now() - t0) / steps)
         results[kind] = {impl: variants[impl][1] for impl in impls}
     nparams = sum(1 for p in spec.make(0).parameters())
     numel = sum(p.numel() for p in spec.make(0).parameters())
-    return {"results": results, "tensors": nparams, "numel": numel}
+    return {"results": results, "tensors": nparams, "numel": numel, "device": str(device)}
 
 
 def _optimizer_table(res: dict) -> str:
@@ -170,10 +177,12 @@ def run(pool, args) -> str:
         "Saved bytes: one forward of the batch under `saved_tensors_hooks`, parameters excluded. "
         "'sum' counts a tensor each time an op saves it (the per-op measure of the tests); 'distinct "
         "storages' is the activation memory actually kept alive.",
-        f"### Fused optimizer vs torch.optim (rank 0; step() alone; ResNet: {opt['tensors']} tensors, "
+        f"### Fused optimizer vs torch.optim (rank 0 on {opt['device']}; step() alone; "
+        f"ResNet: {opt['tensors']} tensors, "
         f"{opt['numel']:,} elements)",
         _optimizer_table(opt),
-        f"### Fused optimizer vs torch.optim (rank 0; step() alone; MLP: {opt_mlp['tensors']} tensors, "
+        f"### Fused optimizer vs torch.optim (rank 0 on {opt_mlp['device']}; step() alone; "
+        f"MLP: {opt_mlp['tensors']} tensors, "
         f"{opt_mlp['numel']:,} elements)",
         _optimizer_table(opt_mlp),
     ])

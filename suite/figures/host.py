@@ -5,8 +5,8 @@ from __future__ import annotations
 import statistics
 
 from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
-from ..runtime.device import default_threads
 from ..measure.timing import time_on_rank
+from ..runtime.device import default_threads
 from ..workload import WorkloadSpec
 
 DESCRIPTION = "fetch_frequency 1 vs N (host syncs) and num_threads swept: samples/s"

@@ -90,7 +90,8 @@ def run(pool, args) -> str:
     lines = [
         f"**Local SGD** ({MODEL}, momentum SGD, {nproc} ranks, global batch {gb}, warm-up W=1; windows of "
         f"{steps} steps, {args.rounds} interleaved rounds; stragglers: one seeded random rank sleeps "
-        f"{STRAGGLER_MS:g} ms each step; quality after {QUALITY_STEPS} steps from the same start on the same batches of harder images, the class template being {QUALITY_SIGNAL:.0%} of each pixel)",
+        f"{STRAGGLER_MS:g} ms each step; quality after {QUALITY_STEPS} steps from the same start on the same batches "
+        f"of harder images, the class template being {QUALITY_SIGNAL:.0%} of each pixel)",
         "",
         "| variant | samples/s [95% CI] | speedup vs sync | with stragglers: samples/s | speedup vs sync | "
         "final train loss | held-out loss | held-out acc | averagings |",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import statistics
 
-from ..measure.stats import bootstrap_median_ci, describe, paired_speedup, window_seconds
 from ..measure.reader_timing import measure_reader_on_rank
+from ..measure.stats import bootstrap_median_ci, describe, paired_speedup, window_seconds
 from ..workload import WorkloadSpec
 
 DESCRIPTION = "reader options in a data-bound case: samples/s, data wait per step (plain vs each option)"
@@ -40,7 +40,8 @@ def run(pool, args) -> str:
     lines = [
         f"**Reader, data-bound** ({MODEL}, {pool.nproc} ranks, batch {PER_RANK_BATCH} per rank, dataset "
         f"{DATASET_SIZE} zlib-compressed images, augmentation {DECODE_WORK} passes per sample; a window is one epoch "
-        f"= {steps} steps, {args.rounds} interleaved rounds; workers are {first[VARIANTS[-1][0]]['worker_kind']}s here)",
+        f"= {steps} steps, {args.rounds} interleaved rounds; "
+        f"workers are {first[VARIANTS[-1][0]]['worker_kind']}s here)",
         "",
         "| reader | samples/s [95% CI] | speedup vs plain | data wait per step, median (IQR) ms | "
         "step time median ms |",

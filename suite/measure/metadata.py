@@ -9,7 +9,6 @@ import platform
 import socket
 import subprocess
 from functools import lru_cache
-from typing import Optional
 
 __all__ = ["collect", "git_info", "cpu_model", "gpu_info", "machine_line", "machine_name", "ENV_PREFIXES"]
 
@@ -20,7 +19,7 @@ ENV_PREFIXES = ("NCCL_", "OMP_", "GLOO_", "MKL_", "CUDA_VISIBLE_DEVICES", "TORCH
 def git_info() -> dict:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-    def git(*args: str) -> Optional[str]:
+    def git(*args: str) -> str | None:
         try:
             out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10)
         except (OSError, subprocess.TimeoutExpired):
@@ -46,7 +45,8 @@ def cpu_model() -> str:
 
 
 def gpu_info() -> dict:
-    """GPU names, clocks and driver through NVML where present; otherwise why not."""
+    """GPU names, clocks and driver through NVML where present; otherwise why not.  Only the GPUs this
+    process sees (``CUDA_VISIBLE_DEVICES``), counted by torch, in torch's order."""
     import torch
 
     if not torch.cuda.is_available():
@@ -56,13 +56,15 @@ def gpu_info() -> dict:
     try:
         import pynvml
 
+        from .utilization import visible_nvml_handles
+
         pynvml.nvmlInit()
         try:
             info["driver"] = pynvml.nvmlSystemGetDriverVersion()
             devs = []
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            for nvml_id, h in visible_nvml_handles(pynvml):  # the GPUs torch sees, in its order
                 devs.append({
+                    "nvml_id": nvml_id,
                     "name": pynvml.nvmlDeviceGetName(h),
                     "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
                     "max_sm_clock_mhz": pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
@@ -76,7 +78,7 @@ def gpu_info() -> dict:
     return info
 
 
-def collect(world_size: Optional[int] = None, backend: Optional[str] = None, threads: Optional[int] = None) -> dict:
+def collect(world_size: int | None = None, backend: str | None = None, threads: int | None = None) -> dict:
     import torch
 
     nccl = None
@@ -102,7 +104,7 @@ def collect(world_size: Optional[int] = None, backend: Optional[str] = None, thr
     }
 
 
-def machine_line(world_size: Optional[int] = None) -> str:
+def machine_line(world_size: int | None = None) -> str:
     """One line naming the machine, for figures written into the README."""
     import torch
 

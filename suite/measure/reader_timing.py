@@ -13,13 +13,12 @@ that head start small; the per-step data wait is reported as a median, which it 
 """
 from __future__ import annotations
 
-import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
 from ..config import StrategyConfig
-from ..data.reader import build_reader
+from ..data.reader import build_reader, timed_next
 from ..runtime.context import current
 from ..runtime.device import default_threads
 from ..workload import WorkloadSpec, workload
@@ -61,9 +60,9 @@ def measure_reader_on_rank(workload_spec: WorkloadSpec, variants: list[dict], wa
         waits = []
 
         def step() -> torch.Tensor:
-            t = time.perf_counter()
-            x, y = next(r["stream"])
-            waits.append(time.perf_counter() - t)  # the time this step waited for its batch
+            # the time this step waited for its batch, the previous step's device work excluded
+            (x, y), wait = timed_next(r["stream"], ctx.platform)
+            waits.append(wait)
             return r["engine"].train_step(x, y)
 
         w = timed_window(ctx.platform, n, step, r["config"].fetch_frequency)

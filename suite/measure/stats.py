@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["describe", "window_seconds", "paired_speedup", "bootstrap_median_ci", "busbw"]
 

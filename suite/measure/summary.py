@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Optional
 
 from .stats import bootstrap_median_ci, busbw, describe, paired_speedup, window_seconds
 
@@ -26,7 +25,7 @@ __all__ = ["variant_summary", "summarize", "first_nonfinite", "COMPUTE_ONLY"]
 COMPUTE_ONLY = "none"  # the variant without gradient communication: compute alone
 
 
-def first_nonfinite(losses: list) -> Optional[int]:
+def first_nonfinite(losses: list) -> int | None:
     """The 1-based index of the first loss that is nan or ±inf (or not a number at all), else None."""
     for i, v in enumerate(losses, 1):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
@@ -69,7 +68,7 @@ def variant_summary(answers: list[dict], variant: str, global_batch: int, steps:
 
 
 def summarize(answers: list[dict], names: list[str], global_batch: int, steps: int, world: int,
-              baseline: Optional[str] = None) -> dict[str, dict]:
+              baseline: str | None = None) -> dict[str, dict]:
     """Metrics per variant of one interleaved timing call (see the module docstring)."""
     out = {n: variant_summary(answers, n, global_batch, steps) for n in names}
     if baseline is not None and baseline in out:

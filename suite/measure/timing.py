@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -43,25 +43,19 @@ def straggler_for_step(step: int, world: int, seed: int = 0) -> int:
 
 
 class StepClock:
-    """Marks step boundaries without syncing the device; converts them to seconds at the end."""
+    """Marks step boundaries without syncing the device (``platform.mark``: a CUDA timing event on the
+    current stream, a host timestamp on CPU); converts them to seconds after one synchronize at the end."""
 
     def __init__(self, platform):
-        self.cuda = platform.is_cuda
+        self.platform = platform
         self.marks: list = []
 
     def mark(self) -> None:
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            self.marks.append(ev)
-        else:
-            self.marks.append(time.perf_counter())
+        self.marks.append(self.platform.mark())
 
     def durations(self) -> list[float]:
-        if self.cuda:
-            torch.cuda.synchronize()
-            return [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks, self.marks[1:])]
-        return [b - a for a, b in zip(self.marks, self.marks[1:])]
+        self.platform.synchronize()
+        return [self.platform.elapsed(a, b) for a, b in zip(self.marks, self.marks[1:])]
 
 
 @dataclass
@@ -90,15 +84,6 @@ def timed_window(platform, n: int, step: Callable[[], torch.Tensor], fetch_frequ
     return Window(time.perf_counter() - t0, clock.durations(), fetcher.values, fetcher.fetches)
 
 
-def _peak_memory(platform) -> int:
-    """CUDA: peak bytes allocated in the window; CPU: the rank process's peak RSS (all variants share it)."""
-    if platform.is_cuda:
-        return int(torch.cuda.max_memory_allocated(platform.device))
-    import resource
-
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
-
-
 class TimedCase:
     """One case's engine on one workload, and everything its recorded windows measured on this rank."""
 
@@ -117,7 +102,8 @@ class TimedCase:
         self.host_syncs = 0
         self.threads_observed: set = set()  # torch.get_num_threads() inside the recorded windows
         self.straggler_sleeps = 0  # steps this rank slept in the recorded windows
-        self.peak_memory = 0
+        self.peak_memory = 0  # the largest peak above a window's start (platform.memory_window)
+        self.peak_memory_kind = ""
 
     def window(self, n: int, record: bool = True) -> Window:
         """``n`` steps between two barriers; recorded windows add to this case's figures."""
@@ -126,8 +112,7 @@ class TimedCase:
         torch.set_num_threads(self.threads)
         C.STATS.reset()
         sleeps = 0
-        if platform.is_cuda:
-            torch.cuda.reset_peak_memory_stats(platform.device)
+        memory = platform.memory_window()  # this window's peak above what was in use at its start
 
         def step() -> torch.Tensor:
             nonlocal sleeps
@@ -139,6 +124,7 @@ class TimedCase:
             return self.engine.train_step(x, y)
 
         w = timed_window(platform, n, step, cfg.fetch_frequency)
+        memory.close()
         if record:
             self.windows.append(w.seconds)
             self.step_times.extend(w.step_times)
@@ -146,7 +132,8 @@ class TimedCase:
             self.host_syncs += w.host_syncs
             self.threads_observed.add(torch.get_num_threads())
             self.straggler_sleeps += sleeps
-            self.peak_memory = max(self.peak_memory, _peak_memory(platform))
+            self.peak_memory = max(self.peak_memory, memory.peak_above_start)
+            self.peak_memory_kind = memory.kind
             snap = C.STATS.snapshot()
             self.comm_calls = {k: v / n for k, v in snap["calls"].items()}
             self.comm_bytes = {k: v / n for k, v in snap["bytes"].items()}
@@ -159,8 +146,7 @@ class TimedCase:
             "comm_calls_per_step": self.comm_calls, "comm_bytes_per_step": self.comm_bytes,
             "host_syncs": self.host_syncs, "describe": self.engine.describe(),
             "threads_observed": sorted(self.threads_observed), "straggler_sleeps": self.straggler_sleeps,
-            "peak_memory_bytes": self.peak_memory,
-            "peak_memory_kind": "cuda_max_allocated" if self.wl.platform.is_cuda else "process_max_rss",
+            "peak_memory_bytes": self.peak_memory, "peak_memory_kind": self.peak_memory_kind,
         }
 
 

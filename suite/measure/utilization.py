@@ -1,9 +1,14 @@
 """Utilization sampled in a background thread while a case runs.
 
-On CUDA: every GPU's utilization (%), memory used (bytes) and power (W) through NVML
-(``pynvml``, imported lazily).  On CPU: the host's CPU utilization (%) from ``/proc/stat``
-deltas (psutil is not a dependency).  What cannot be sampled says why, plainly, in the
-summary's ``unavailable`` field; sampling never fails a case.
+On CUDA: the utilization (%), memory used (bytes) and power (W) of every GPU this process can
+see, through NVML (``pynvml``, imported lazily).  ``gpus[i]`` is ``cuda:i``: NVML numbers the
+machine's GPUs itself, so the visible ones are found from ``CUDA_VISIBLE_DEVICES`` (indices or
+``GPU-``/``MIG-`` UUIDs; :func:`visible_nvml_handles`).  On CPU: the host's CPU utilization (%)
+from ``/proc/stat`` deltas (psutil is not a dependency).  What cannot be sampled says why,
+plainly, in the summary's ``unavailable`` field; sampling never fails a case.
+
+Under torchrun every rank runs the same code; only local rank 0 of each node samples (one
+sampler per machine: they would all sample the same GPUs and host).
 
     with UtilizationSampler(interval=0.2) as sampler:
         ...                       # the case runs
@@ -11,15 +16,45 @@ summary's ``unavailable`` field; sampling never fails a case.
 """
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
-from typing import Optional
 
-__all__ = ["UtilizationSampler", "read_proc_stat", "cpu_busy_fraction"]
+__all__ = ["UtilizationSampler", "read_proc_stat", "cpu_busy_fraction", "visible_nvml_handles", "samples_here"]
 
 
-def read_proc_stat(path: str = "/proc/stat") -> Optional[tuple[int, int]]:
+def visible_nvml_handles(nvml, environ: dict | None = None) -> list[tuple[str, object]]:
+    """``[(NVML id, handle)]`` of the GPUs this process sees, in CUDA's order (``cuda:0`` first).
+
+    ``CUDA_VISIBLE_DEVICES`` lists NVML indices or UUIDs (``GPU-…``, ``MIG-…``); unset, every GPU.
+    Indices are CUDA's enumeration order, which is NVML's (PCI bus order) on a node of identical GPUs
+    or with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``.  An entry NVML does not know raises: no other GPU is
+    sampled in its place."""
+    env = os.environ if environ is None else environ
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return [(str(i), nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(nvml.nvmlDeviceGetCount())]
+    out = []
+    for token in (t.strip() for t in visible.split(",")):
+        if not token:
+            continue
+        if token.lstrip("-").isdigit():
+            if int(token) < 0:
+                break  # CUDA stops at the first invalid entry
+            out.append((token, nvml.nvmlDeviceGetHandleByIndex(int(token))))
+        else:
+            out.append((token, nvml.nvmlDeviceGetHandleByUUID(token)))
+    return out
+
+
+def samples_here(environ: dict | None = None) -> bool:
+    """False on every torchrun rank but local rank 0 (one sampler per node)."""
+    env = os.environ if environ is None else environ
+    return env.get("LOCAL_RANK", "0") == "0"
+
+
+def read_proc_stat(path: str = "/proc/stat") -> tuple[int, int] | None:
     """(busy, total) jiffies of all CPUs, or None where /proc/stat is absent."""
     try:
         with open(path) as fh:
@@ -34,7 +69,7 @@ def read_proc_stat(path: str = "/proc/stat") -> Optional[tuple[int, int]]:
     return total - idle, total
 
 
-def cpu_busy_fraction(before: tuple[int, int], after: tuple[int, int]) -> Optional[float]:
+def cpu_busy_fraction(before: tuple[int, int], after: tuple[int, int]) -> float | None:
     busy = after[0] - before[0]
     total = after[1] - before[1]
     return busy / total if total > 0 else None
@@ -51,16 +86,22 @@ class UtilizationSampler:
         self.samples: list[dict] = []
         self.unavailable: list[str] = []
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         self._nvml = None
         self._handles: list = []
-        self.t_start = self.t_stop = None
+        self._nvml_ids: list = []
+        self.active = samples_here()
+        self.t_start: float | None = None
+        self.t_stop: float | None = None
 
     # -- life cycle ------------------------------------------------------------------
-    def start(self) -> "UtilizationSampler":
+    def start(self) -> UtilizationSampler:
+        self.t_start = time.time()
+        if not self.active:
+            self.unavailable.append("not sampled on this rank: local rank 0 samples this node's GPUs and host")
+            return self
         if self.device == "cuda":
             self._init_nvml()
-        self.t_start = time.time()
         self._thread = threading.Thread(target=self._loop, name="fleetbench-utilization", daemon=True)
         self._thread.start()
         return self
@@ -77,7 +118,7 @@ class UtilizationSampler:
                 pass
             self._nvml = None
 
-    def __enter__(self) -> "UtilizationSampler":
+    def __enter__(self) -> UtilizationSampler:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -88,7 +129,9 @@ class UtilizationSampler:
             import pynvml
 
             pynvml.nvmlInit()
-            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            pairs = visible_nvml_handles(pynvml)
+            self._nvml_ids = [i for i, _ in pairs]
+            self._handles = [h for _, h in pairs]
             self._nvml = pynvml
         except Exception as exc:  # noqa: BLE001 - NVML is optional
             self.unavailable.append(f"GPU utilization unavailable: NVML failed ({type(exc).__name__}: {exc})")
@@ -112,7 +155,8 @@ class UtilizationSampler:
                 for h in self._handles:
                     try:
                         u = self._nvml.nvmlDeviceGetUtilizationRates(h)
-                        gpus.append({"util_pct": float(u.gpu), "mem_used": int(self._nvml.nvmlDeviceGetMemoryInfo(h).used),
+                        used = int(self._nvml.nvmlDeviceGetMemoryInfo(h).used)
+                        gpus.append({"util_pct": float(u.gpu), "mem_used": used,
                                      "power_w": self._nvml.nvmlDeviceGetPowerUsage(h) / 1e3})
                     except Exception as exc:  # noqa: BLE001
                         gpus.append({"error": f"{type(exc).__name__}: {exc}"})
@@ -122,8 +166,10 @@ class UtilizationSampler:
     def summary(self) -> dict:
         """Medians and maxima over the samples, plus the raw samples (small: a few per second)."""
         out: dict = {"interval_s": self.interval, "n": len(self.samples), "device": self.device,
-                     "unavailable": list(self.unavailable)}
-        if self.device != "cuda":
+                     "unavailable": list(self.unavailable), "sampled": self.active}
+        if self._nvml_ids:
+            out["nvml_ids"] = list(self._nvml_ids)  # gpus[i] is cuda:i, NVML's nvml_ids[i]
+        if self.device != "cuda" and self.active:
             out["unavailable"].append("GPU utilization unavailable: no CUDA device (CPU run)")
         cpu = [s["cpu_util_pct"] for s in self.samples if "cpu_util_pct" in s]
         if cpu:

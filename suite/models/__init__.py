@@ -21,8 +21,9 @@ import importlib
 import inspect
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -79,7 +80,7 @@ class ModelSpec:
             torch.manual_seed(seed)
             return self.build().to(device)
 
-    def dataset(self, n: Optional[int] = None, seed: int = 0) -> Any:
+    def dataset(self, n: int | None = None, seed: int = 0) -> Any:
         return self.make_data(n or self.dataset_size, seed)
 
 
@@ -151,10 +152,34 @@ def transformer(size: str = "cpu") -> ModelSpec:
                      _tokens(128, 32), "tokens", size, 16, description="2-layer Transformer LM (vocab 128, 32 tokens)")
 
 
+def resnet50(size: str = "cpu", **options: Any) -> ModelSpec:
+    """ResNet-50, torchvision's layout (``suite.models.resnet50``); sizes there."""
+    from .resnet50 import resnet50_spec
+
+    return resnet50_spec(size, **options)
+
+
+def gpt2(size: str = "cpu", **options: Any) -> ModelSpec:
+    """GPT-2 small, Hugging Face's parameter names (``suite.models.gpt2``); sizes there."""
+    from .gpt2 import gpt2_spec
+
+    return gpt2_spec(size, **options)
+
+
+def bert(size: str = "cpu", **options: Any) -> ModelSpec:
+    """BERT-base with a masked-LM head, Hugging Face's parameter names (``suite.models.bert``); sizes there."""
+    from .bert import bert_spec
+
+    return bert_spec(size, **options)
+
+
 MODELS: dict[str, Callable[..., ModelSpec]] = {
     "resnet": resnet,
     "mlp": mlp,
     "transformer": transformer,
+    "resnet50": resnet50,
+    "gpt2": gpt2,
+    "bert": bert,
 }
 
 

@@ -19,6 +19,7 @@ class TinyTransformer(nn.Module):
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab)
         mask = torch.triu(torch.ones(seq_len, seq_len, dtype=torch.bool), diagonal=1)  # True = masked
+        self.causal_mask: torch.Tensor
         self.register_buffer("causal_mask", mask, persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -6,20 +6,20 @@
 - the Local SGD trade-off: throughput against the final loss, per setting.
 
 ``latest(records)`` keeps the last record of each (case, world size); every figure reads
-only ``metrics`` the run wrote, so what is drawn is what was recorded.
+only ``metrics`` the run wrote, so what is drawn is what was recorded.  Case names are drawn
+as plain text (:func:`plain`): a ``$`` in a name must not start matplotlib's mathtext.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 __all__ = ["latest", "throughput_figure", "breakdown_figure", "scaling_figure", "local_sgd_figure",
-           "scaling_table"]
+           "scaling_table", "plain"]
 
 
 def latest(records) -> dict:
@@ -29,6 +29,12 @@ def latest(records) -> dict:
         if r.status == "ok" and r.metrics:
             out[(r.case, r.world_size)] = r
     return out
+
+
+def plain(text) -> str:
+    """``text`` for a matplotlib label, shown as it is: every ``$`` escaped, so mathtext never parses
+    it (matplotlib counts ``$`` against ``\\$`` and shows ``\\$`` as ``$`` in text that is not math)."""
+    return str(text).replace("$", r"\$")
 
 
 def _num(x) -> float:
@@ -45,7 +51,7 @@ def throughput_figure(recs: dict, world: int):
     err = [[max(0.0, v - _num(c[0])) for v, c in zip(vals, ci)], [max(0.0, _num(c[1]) - v) for v, c in zip(vals, ci)]]
     colors = ["#888888" if c.endswith("/plain") else "#1f77b4" for c, _ in rows]
     ax.bar(xs, vals, yerr=err, color=colors, capsize=3)
-    ax.set_xticks(xs, [c for c, _ in rows], rotation=45, ha="right")
+    ax.set_xticks(xs, [plain(c) for c, _ in rows], rotation=45, ha="right")
     ax.set_ylabel("samples/s (median, 95% interval)")
     ax.set_title(f"throughput at world size {world} (grey: plain data parallel, the baseline)")
     fig.tight_layout()
@@ -57,7 +63,7 @@ def breakdown_figure(recs: dict, world: int):
     rows = sorted(((c, r) for (c, w), r in recs.items() if w == world), key=lambda cr: cr[0])
     fig, ax = plt.subplots(figsize=(max(5, 0.7 * len(rows) + 2), 4))
     xs = list(range(len(rows)))
-    parts = {"compute": [], "exposed communication": [], "data wait": [], "other": []}
+    parts: dict[str, list[float]] = {"compute": [], "exposed communication": [], "data wait": [], "other": []}
     for _, r in rows:
         m = r.metrics
         step = _num((m.get("step_time_s") or {}).get("median"))
@@ -76,7 +82,7 @@ def breakdown_figure(recs: dict, world: int):
     for (name, vals), color in zip(parts.items(), ("#2ca02c", "#d62728", "#ff7f0e", "#bbbbbb")):
         ax.bar(xs, vals, bottom=bottom, label=name, color=color)
         bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.set_xticks(xs, [c for c, _ in rows], rotation=45, ha="right")
+    ax.set_xticks(xs, [plain(c) for c, _ in rows], rotation=45, ha="right")
     ax.set_ylabel("ms per step (median)")
     ax.set_title(f"step breakdown at world size {world}")
     ax.legend(fontsize=8)
@@ -100,7 +106,7 @@ def scaling_figure(recs: dict):
     table = scaling_table(recs)
     fig, ax = plt.subplots(figsize=(6, 4))
     for case, rows in table.items():
-        ax.plot([w for w, _, _ in rows], [e for _, _, e in rows], marker="o", label=case)
+        ax.plot([w for w, _, _ in rows], [e for _, _, e in rows], marker="o", label=plain(case))
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("world size")
     ax.set_ylabel("scaling efficiency (throughput(n) / (n · throughput(1)))")
@@ -111,7 +117,7 @@ def scaling_figure(recs: dict):
     return fig
 
 
-def local_sgd_figure(recs: dict) -> Optional[object]:
+def local_sgd_figure(recs: dict) -> object | None:
     """Throughput against final loss for Local SGD settings and their baseline; None without records."""
     pts = []
     for (case, w), r in sorted(recs.items()):
@@ -125,7 +131,7 @@ def local_sgd_figure(recs: dict) -> Optional[object]:
     fig, ax = plt.subplots(figsize=(6, 4))
     for name, sps, loss in pts:
         ax.scatter([loss], [sps])
-        ax.annotate(name, (loss, sps), fontsize=8)
+        ax.annotate(plain(name), (loss, sps), fontsize=8)
     ax.set_xlabel("final training loss (lower is better)")
     ax.set_ylabel("samples/s")
     ax.set_title("Local SGD: throughput against loss")

@@ -3,6 +3,10 @@
 ``build_report(records, out_dir, results_dir)`` writes ``index.html``, ``summary.md``, the
 PNGs, ``report_data.json`` (the numbers every plot was drawn from) and copies the runs'
 Perfetto traces into ``traces/``.
+
+Records are untrusted input (a results file can be edited or crafted): only trace files inside
+the results directory's own ``traces/`` folder are copied (symlinks resolved), and every text
+from a record is escaped for the page it goes into (:func:`md_text` for Markdown).
 """
 from __future__ import annotations
 
@@ -10,11 +14,47 @@ import html
 import json
 import math
 import os
+import re
 import shutil
+import sys
+import urllib.parse
 
-from . import figures as F
+__all__ = ["build_report", "md_text", "trace_source"]
 
-__all__ = ["build_report"]
+_MD_PUNCT = re.compile(r"([\\`*~\[\]|])")
+
+
+def md_text(value) -> str:
+    """Untrusted text as one Markdown table cell or list line: HTML-escaped (no tags, entities or
+    autolinks), the characters of links, code spans, emphasis and table cells backslash-escaped,
+    line breaks as ``<br>``."""
+    text = html.escape(str(value), quote=True)
+    text = _MD_PUNCT.sub(r"\\\1", text)
+    return re.sub(r"\r\n|\r|\n", "<br>", text)
+
+
+def _md_link_target(path: str) -> str:
+    return urllib.parse.quote(path, safe="/@")
+
+
+def trace_source(results_dir: str, rel) -> tuple[str | None, str]:
+    """(the file to copy, "") when ``rel`` names a regular file inside ``results_dir/traces`` (after
+    resolving symlinks), else (None, why)."""
+    if not isinstance(rel, str) or not rel:
+        return None, "is not a path"
+    if os.path.isabs(rel):
+        return None, "is an absolute path; only files under the results directory's traces/ are copied"
+    root = os.path.join(os.path.realpath(results_dir), "traces")
+    try:
+        src = os.path.realpath(os.path.join(results_dir, rel))
+    except ValueError as exc:  # an embedded NUL byte
+        return None, f"is not a usable path ({exc})"
+    if os.path.commonpath([root, src]) != root:
+        return None, f"resolves to {src!r}, outside {root}; only files under the results directory's traces/ " \
+                     "are copied"
+    if not os.path.isfile(src):
+        return None, "does not exist" if not os.path.exists(src) else "is not a regular file"
+    return src, ""
 
 
 def _fmt(x, spec=".1f") -> str:
@@ -23,6 +63,8 @@ def _fmt(x, spec=".1f") -> str:
 
 def build_report(records, out_dir: str, results_dir: str = ".") -> dict:
     import matplotlib.pyplot as plt
+
+    from . import figures as F
 
     os.makedirs(out_dir, exist_ok=True)
     recs = F.latest(records)
@@ -54,15 +96,20 @@ def build_report(records, out_dir: str, results_dir: str = ".") -> dict:
     save(lsgd, "local_sgd.png", "Local SGD trade-off")
 
     traces = []
+    data["warnings"] = []
     for (case, w), r in sorted(recs.items()):
         rel = r.metrics.get("trace_file")
         if rel:
-            src = os.path.join(results_dir, rel)
-            if os.path.exists(src):
-                dst = os.path.join("traces", os.path.basename(rel))
-                os.makedirs(os.path.join(out_dir, "traces"), exist_ok=True)
-                shutil.copyfile(src, os.path.join(out_dir, dst))
-                traces.append((f"{case}@{w}", dst))
+            src, why = trace_source(results_dir, rel)
+            if src is None:
+                msg = f"record {case}@{w} (run {r.run_id}): trace_file {rel!r} {why}; not copied"
+                print(f"fleetbench report: warning: {msg}", file=sys.stderr)
+                data["warnings"].append(msg)
+                continue
+            dst = os.path.join("traces", os.path.basename(src))
+            os.makedirs(os.path.join(out_dir, "traces"), exist_ok=True)
+            shutil.copyfile(src, os.path.join(out_dir, dst))
+            traces.append((f"{case}@{w}", dst))
     data["traces"] = [t for _, t in traces]
 
     errors = [r for r in records if r.status == "error"]
@@ -82,13 +129,15 @@ def build_report(records, out_dir: str, results_dir: str = ".") -> dict:
     if lsgd is None:
         notes.append("No Local SGD records: the trade-off plot is omitted.")
 
-    md = ["# fleetbench report", "", f"runs: {', '.join(runs)}", "",
+    m = md_text
+    md = ["# fleetbench report", "", f"runs: {', '.join(m(x) for x in runs)}", "",
           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    md += ["| " + " | ".join(r) + " |" for r in rows]
+    md += ["| " + " | ".join(m(c) for c in r) + " |" for r in rows]
     md += [""] + [f"![{t}]({f})" for t, f in plots]
-    md += [""] + [f"- trace {c}: [{t}]({t}) (open in https://ui.perfetto.dev)" for c, t in traces]
-    md += [""] + [f"- error: {r.case}@{r.world_size}: {(r.error or '').splitlines()[0] if r.error else ''}"
-                  for r in errors]
+    md += [""] + [f"- trace {m(c)}: [{m(t)}]({_md_link_target(t)}) (open in https://ui.perfetto.dev)"
+                  for c, t in traces]
+    md += [""] + [f"- error: {m(r.case)}@{m(r.world_size)}: "
+                  f"{m((r.error or '').splitlines()[0]) if (r.error or '').strip() else ''}" for r in errors]
     md += [""] + [f"_{n}_" for n in notes]
     with open(os.path.join(out_dir, "summary.md"), "w") as fh:
         fh.write("\n".join(md) + "\n")
@@ -106,7 +155,7 @@ def build_report(records, out_dir: str, results_dir: str = ".") -> dict:
             for c, t in traces) + "</ul>")
     if errors:
         body.append("<h2>Errors</h2><ul>" + "".join(
-            f"<li>{e(r.case)}@{r.world_size}: {e((r.error or '')[:300])}</li>" for r in errors) + "</ul>")
+            f"<li>{e(r.case)}@{e(str(r.world_size))}: {e((r.error or '')[:300])}</li>" for r in errors) + "</ul>")
     body += [f"<p><i>{e(n)}</i></p>" for n in notes]
     with open(os.path.join(out_dir, "index.html"), "w") as fh:
         fh.write("<!doctype html><html><head><meta charset='utf-8'><title>fleetbench report</title></head><body>"

@@ -1,16 +1,21 @@
 """Chrome/Perfetto trace JSON from the ranks' traced steps (``suite.measure.trace``).
 
 One process per rank; in it one track (thread) for compute (step, forward, backward,
-optimizer spans) and one per communicator (each collective a span, named by its op),
-plus instant marks when a bucket's gradients are all ready, as Horovod's timeline shows.
-Timestamps are wall-clock microseconds.  Open the file in https://ui.perfetto.dev or
-chrome://tracing.
+optimizer spans, complete ``X`` events) and one per communicator, plus instant marks when a
+bucket's gradients are all ready, as Horovod's timeline shows.  Timestamps are wall-clock
+microseconds.  Open the file in https://ui.perfetto.dev or chrome://tracing.
+
+Collectives are *async* events (``"ph": "b"`` / ``"e"`` pairs with one ``id`` each), not ``X``
+spans: collectives of one communicator overlap (several buckets in flight; on CUDA the spans come
+from device events), and Perfetto draws overlapping ``X`` events of one thread as a wrong nesting.
+Async events get their own rows, overlaps shown side by side.
 """
 from __future__ import annotations
 
-__all__ = ["chrome_trace", "COMPUTE_TID"]
+__all__ = ["chrome_trace", "COMPUTE_TID", "COMM_CAT"]
 
 COMPUTE_TID = 0
+COMM_CAT = "comm"
 
 
 def _us(t: float) -> float:
@@ -19,6 +24,7 @@ def _us(t: float) -> float:
 
 def chrome_trace(answers: list[dict], title: str = "") -> dict:
     events: list = []
+    next_id = 0
     labels = sorted({c["group"] for a in answers for s in a["steps"] for c in s["comm"]})
     tid_of = {g: i + 1 for i, g in enumerate(labels)}
     t_lo = min((s["t0"] for a in answers for s in a["steps"]), default=0.0)
@@ -33,9 +39,9 @@ def chrome_trace(answers: list[dict], title: str = "") -> dict:
                            "args": {"name": f"communicator {g}"}})
         buckets = a.get("buckets") or []
         for i, s in enumerate(a["steps"]):
-            def span(name, t0, t1, tid=COMPUTE_TID, cat="compute", args=None):
+            def span(name, t0, t1, tid=COMPUTE_TID, cat="compute", args=None, pid=pid, step=i + 1):
                 events.append({"ph": "X", "name": name, "cat": cat, "pid": pid, "tid": tid, "ts": _us(t0),
-                               "dur": max(0.0, _us(t1) - _us(t0)), "args": dict(args or {}, step=i + 1)})
+                               "dur": max(0.0, _us(t1) - _us(t0)), "args": dict(args or {}, step=step)})
 
             span(f"step {i + 1}", s["t0"], s["t1"], cat="step")
             grads = dict(s["grads"])
@@ -49,13 +55,19 @@ def chrome_trace(answers: list[dict], title: str = "") -> dict:
             if opt_start is not None:
                 span("optimizer", opt_start, s["t1"])
             for c in s["comm"]:
-                span(c["op"], c["t0"], c["t1"], tid=tid_of[c["group"]], cat="comm",
-                     args={"bytes": c["nbytes"], "group": c["group"]})
+                next_id += 1
+                common = {"name": c["op"], "cat": COMM_CAT, "pid": pid, "tid": tid_of[c["group"]],
+                          "id": next_id}
+                t0, t1 = _us(c["t0"]), _us(c["t1"])
+                events.append(dict(common, ph="b", ts=t0, args={"bytes": c["nbytes"], "group": c["group"],
+                                                                 "step": i + 1}))
+                events.append(dict(common, ph="e", ts=max(t0, t1), args={"step": i + 1}))
             for b, names in enumerate(buckets):
                 ts = [grads[n] for n in names if n in grads]
                 if ts and len(ts) == len(names):
                     events.append({"ph": "i", "s": "t", "name": f"bucket {b} ready", "cat": "bucket", "pid": pid,
-                                   "tid": COMPUTE_TID, "ts": _us(max(ts)), "args": {"step": i + 1, "params": len(names)}})
+                                   "tid": COMPUTE_TID, "ts": _us(max(ts)),
+                                   "args": {"step": i + 1, "params": len(names)}})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"title": title, "window_s": [t_lo, t_hi], "ranks": len(answers),
                           "steps": len(answers[0]["steps"]) if answers else 0,

@@ -19,8 +19,9 @@ import fcntl
 import json
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any
 
 __all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "MAX_LINE_BYTES", "CaseRecord", "ResultsFileError",
            "append_record", "read_records", "iter_records", "jsonable"]
@@ -47,15 +48,15 @@ class CaseRecord:
     verdict: str = "n/a"  # pass | fail | n/a | error | skipped
     tags: list = field(default_factory=list)
     timestamp: str = ""
-    size: Optional[str] = None  # full | cpu | tiny (None: a schema-1 record, size unknown)
+    size: str | None = None  # full | cpu | tiny (None: a schema-1 record, size unknown)
     backend: str = ""  # gloo | nccl
     device: str = ""  # "cpu", or "cuda" with the GPU's name
-    check: Optional[dict] = None  # CheckResult.to_dict()
+    check: dict | None = None  # CheckResult.to_dict()
     metrics: dict = field(default_factory=dict)  # samples_per_s, step_time_s, speedup, step_times_s …
     describe: dict = field(default_factory=dict)  # what the engine set up (buckets, fusion counts …)
     structure: dict = field(default_factory=dict)  # exact facts the structural gate compares
-    fallback: Optional[str] = None  # why the case was timed alone rather than interleaved with its model's cases
-    error: Optional[str] = None
+    fallback: str | None = None  # why the case was timed alone rather than interleaved with its model's cases
+    error: str | None = None
     metadata: dict = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
     kind: str = "fleetbench.case"
@@ -66,7 +67,7 @@ class CaseRecord:
         return json.dumps(jsonable(dataclasses.asdict(self)), sort_keys=True, allow_nan=False)
 
     @classmethod
-    def from_dict(cls, data: Any, where: str = "") -> "CaseRecord":
+    def from_dict(cls, data: Any, where: str = "") -> CaseRecord:
         if not isinstance(data, dict):
             raise ResultsFileError(f"{where}: expected a JSON object, got {type(data).__name__}")
         if data.get("kind") != "fleetbench.case":
@@ -163,7 +164,7 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _upgrade_v1(rec: "CaseRecord") -> None:
+def _upgrade_v1(rec: CaseRecord) -> None:
     """A schema-1 record in schema 2's terms (in memory only; the file is never rewritten)."""
     from .structure import structure_of
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from .device import Platform
 
@@ -21,10 +20,10 @@ class RankContext:
     threads: int = 1
 
 
-_CURRENT: Optional[RankContext] = None
+_CURRENT: RankContext | None = None
 
 
-def set_current(ctx: Optional[RankContext]) -> None:
+def set_current(ctx: RankContext | None) -> None:
     global _CURRENT
     _CURRENT = ctx
 

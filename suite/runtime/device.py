@@ -1,21 +1,41 @@
-"""Device, backend and timer: the one place that knows CPU from CUDA.
+"""Device, backend, streams, events, memory and timers: the one place that knows CPU from CUDA.
 
-Everything else asks this module, so the CPU path tested here is the code that runs on
-GPU runners.  CUDA-only pieces (streams, events, NVML) are reached lazily through
-:func:`require_cuda`, which on a machine without a GPU raises a clear
-:class:`CudaUnavailable` naming what was asked for.
+Everything else asks the :class:`Platform` object, so the CPU path tested here is the code that
+runs on GPU runners, and the CUDA branches are reachable from CPU tests: every CUDA call goes
+through ``platform.cuda`` (``torch.cuda`` unless a test injects a fake, see ``tests/fakes.py``).
+
+What the CUDA semantics are (torch 2.13, checked against its sources), and why the API is shaped so:
+
+- Kernels are *queued*; the host returns at once.  Host clocks around device work measure queuing,
+  so device time is read from timing events (:meth:`Platform.mark`, :meth:`Platform.elapsed`),
+  resolved after a synchronize.
+- ``Work.wait()`` of an NCCL collective blocks the calling thread's *current stream*, not the CPU.
+- A stream switch (:meth:`Platform.use_stream`) is per thread; a thread starts on the default stream
+  of the current device, which is device 0 unless the thread sets it (:meth:`Platform.set_device`,
+  as torch's pin-memory thread does).
+
+On CPU every operation runs synchronously: streams are ``None``, stream operations are no-ops and
+marks are host timestamps, so callers need no ``if cuda`` of their own.
+
+    p = ctx.platform
+    a = p.mark(); ...device work...; b = p.mark()
+    p.synchronize(); seconds = p.elapsed(a, b)
+    with p.memory_window() as mem: ...steps...
+    mem.peak_above_start          # bytes above what was allocated when the window opened
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import time
-from dataclasses import dataclass
-from typing import Iterator, Optional
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-__all__ = ["Platform", "CudaUnavailable", "require_cuda", "select_platform", "default_threads"]
+__all__ = ["Platform", "CudaUnavailable", "require_cuda", "select_platform", "default_threads", "HostMark",
+           "MemoryWindow", "cuda_device_count"]
 
 
 class CudaUnavailable(RuntimeError):
@@ -30,11 +50,108 @@ def require_cuda(what: str) -> None:
         )
 
 
+def cuda_device_count() -> int:
+    """GPUs this process may use, as torch counts them (honours CUDA_VISIBLE_DEVICES; 0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@dataclass(frozen=True)
+class HostMark:
+    """A CPU-platform mark: a host timestamp (``time.perf_counter``)."""
+
+    t: float
+
+
+class MemoryWindow:
+    """Peak memory of a window, above what was in use when it opened (see :meth:`Platform.memory_window`).
+
+    CUDA: bytes allocated by the caching allocator (``memory_allocated`` at the start, the peak reset
+    there).  CPU: the process's resident set (VmRSS at the start; the high-water mark VmHWM reset
+    through ``/proc/self/clear_refs`` where the kernel allows, else the process's lifetime peak and
+    ``kind`` says so)."""
+
+    def __init__(self, platform: Platform):
+        self.platform = platform
+        self.start_bytes = 0
+        self.peak_bytes: int | None = None
+        self.kind = ""
+
+    def open(self) -> MemoryWindow:
+        p = self.platform
+        if p.is_cuda:
+            p.synchronize()
+            p.cuda.reset_peak_memory_stats(p.device)
+            self.start_bytes = int(p.cuda.memory_allocated(p.device))
+            self.kind = "cuda_allocated"
+        else:
+            self.start_bytes = _proc_status("VmRSS") or 0
+            self.kind = "process_rss" if _reset_rss_peak() else "process_rss_lifetime_peak"
+        return self
+
+    def close(self) -> MemoryWindow:
+        p = self.platform
+        if p.is_cuda:
+            p.synchronize()
+            self.peak_bytes = int(p.cuda.max_memory_allocated(p.device))
+        else:
+            self.peak_bytes = _proc_status("VmHWM") or _ru_maxrss()
+        return self
+
+    @property
+    def peak_above_start(self) -> int:
+        if self.peak_bytes is None:
+            raise RuntimeError("memory window still open: read peak_above_start after close() (or the with block)")
+        return max(0, self.peak_bytes - self.start_bytes)
+
+    def as_dict(self) -> dict:
+        return {"start_bytes": self.start_bytes, "peak_bytes": self.peak_bytes,
+                "peak_above_start_bytes": self.peak_above_start, "kind": self.kind}
+
+    def __enter__(self) -> MemoryWindow:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _proc_status(field_name: str) -> int | None:
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field_name + ":"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _reset_rss_peak() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0: write 5 to /proc/self/clear_refs)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _ru_maxrss() -> int:
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
 @dataclass(frozen=True)
 class Platform:
     device_type: str  # "cpu" | "cuda"
     backend: str  # "gloo" | "nccl"
     local_rank: int = 0
+    # The torch.cuda API the CUDA branches call; None = torch.cuda.  Tests inject a recording fake.
+    cuda_api: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def cuda(self):
+        return torch.cuda if self.cuda_api is None else self.cuda_api
 
     @property
     def device(self) -> torch.device:
@@ -46,47 +163,118 @@ class Platform:
     def is_cuda(self) -> bool:
         return self.device_type == "cuda"
 
+    # -- host and device ---------------------------------------------------------------
     def synchronize(self) -> None:
         """Wait for queued device work (a no-op on CPU, where ops run synchronously)."""
         if self.is_cuda:
-            torch.cuda.synchronize(self.device)
+            self.cuda.synchronize(self.device)
 
     def now(self) -> float:
         """A timestamp (seconds) that is exact for device work: synchronizes first."""
         self.synchronize()
         return time.perf_counter()
 
-    def stream(self) -> "contextlib.AbstractContextManager":
-        """A side stream context on CUDA; a null context on CPU."""
+    def set_device(self) -> None:
+        """Make this rank's GPU the current device of the calling thread (call first in every thread
+        that touches CUDA: a new thread starts on device 0 and would create a context there)."""
         if self.is_cuda:
-            return torch.cuda.stream(torch.cuda.Stream(self.device))
+            self.cuda.set_device(self.device)
+
+    # -- streams (None on CPU) ---------------------------------------------------------
+    def new_stream(self):
+        """A new side stream on this rank's device; None on CPU."""
+        return self.cuda.Stream(self.device) if self.is_cuda else None
+
+    def current_stream(self):
+        """The calling thread's current stream; None on CPU."""
+        return self.cuda.current_stream(self.device) if self.is_cuda else None
+
+    def use_stream(self, stream) -> contextlib.AbstractContextManager:
+        """Queue work on ``stream`` inside the block (``torch.cuda.stream``); a null context on CPU."""
+        if self.is_cuda and stream is not None:
+            return self.cuda.stream(stream)
         return contextlib.nullcontext()
 
+    def record_event(self, stream=None):
+        """A (non-timing) event recorded on ``stream`` (default: current) for another stream to wait on;
+        None on CPU."""
+        if not self.is_cuda:
+            return None
+        ev = self.cuda.Event()
+        ev.record(stream if stream is not None else self.current_stream())
+        return ev
+
+    def pin(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A page-locked copy of a host tensor, so a non-blocking copy to the GPU is truly asynchronous;
+        the tensor itself on CPU."""
+        if not self.is_cuda:
+            return tensor
+        return self.cuda_api.pin_memory(tensor) if self.cuda_api is not None else tensor.pin_memory()
+
+    def record_stream(self, tensor: torch.Tensor, stream) -> None:
+        """Tell the caching allocator that ``tensor`` is in use on ``stream`` until the work queued there
+        now is done (``Tensor.record_stream``), so freeing it elsewhere cannot recycle it early; CPU: no-op."""
+        if not self.is_cuda:
+            return
+        if self.cuda_api is not None:
+            self.cuda_api.record_stream(tensor, stream)
+        else:
+            tensor.record_stream(stream)
+
+    # -- timing ------------------------------------------------------------------------
+    def mark(self, stream=None):
+        """A point in time on the device's queue: a timing event recorded on ``stream`` (default: the
+        current stream) on CUDA, a host timestamp on CPU.  Never synchronizes."""
+        if not self.is_cuda:
+            return HostMark(time.perf_counter())
+        ev = self.cuda.Event(enable_timing=True)
+        ev.record(stream if stream is not None else self.current_stream())
+        return ev
+
+    def elapsed(self, a, b) -> float:
+        """Seconds from mark ``a`` to mark ``b``.  On CUDA both must have completed: call after
+        :meth:`synchronize` (``elapsed_time`` raises on an event that has not)."""
+        if isinstance(a, HostMark) and isinstance(b, HostMark):
+            return b.t - a.t
+        return a.elapsed_time(b) / 1e3  # milliseconds -> seconds
+
+    # -- memory ------------------------------------------------------------------------
+    def memory_window(self) -> MemoryWindow:
+        """Open a peak-memory window now; ``close()`` it (or use it as a context manager) at the end."""
+        return MemoryWindow(self).open()
+
     def describe(self) -> dict:
-        info = {"device_type": self.device_type, "backend": self.backend}
+        info = {"device_type": self.device_type, "backend": self.backend, "device": str(self.device)}
         if self.is_cuda:
-            info["device_name"] = torch.cuda.get_device_name(self.device)
+            info["device_name"] = self.cuda.get_device_name(self.device)
         return info
 
 
-def select_platform(device: Optional[str] = None, local_rank: int = 0, local_world_size: int = 1) -> Platform:
-    """NCCL where CUDA has a GPU for every local rank, else gloo on CPU; ``device`` overrides."""
+def select_platform(device: str | None = None, local_rank: int = 0, local_world_size: int = 1) -> Platform:
+    """NCCL on this rank's GPU where CUDA is available, gloo on CPU where it is not; ``device`` overrides.
+
+    Never falls back to CPU on a machine with CUDA unless asked (``device='cpu'``): a GPU machine with
+    fewer visible GPUs than local ranks is an error naming both counts, not a silent CPU run."""
     if device not in (None, "cpu", "cuda"):
         raise ValueError(f"--device {device!r}: allowed values are 'cpu' and 'cuda'")
-    if device == "cuda" or (device is None and torch.cuda.is_available()):
-        if device == "cuda":
-            require_cuda("--device cuda")
-        n = torch.cuda.device_count()
-        if n >= local_world_size:
-            return Platform("cuda", "nccl", local_rank)
-        if device == "cuda":
-            raise CudaUnavailable(
-                f"--device cuda with {local_world_size} local ranks needs a GPU per rank; this machine has {n}"
-            )
-    return Platform("cpu", "gloo", local_rank)
+    if device == "cpu":
+        return Platform("cpu", "gloo", local_rank)
+    if device == "cuda":
+        require_cuda("--device cuda")
+    elif not torch.cuda.is_available():
+        return Platform("cpu", "gloo", local_rank)
+    n = cuda_device_count()
+    if n < local_world_size:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise CudaUnavailable(
+            f"{local_world_size} local ranks need a GPU each; torch sees {n} on this machine"
+            + (f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else "")
+            + ": start at most that many ranks per node, or ask for the CPU with --device cpu"
+        )
+    return Platform("cuda", "nccl", local_rank)
 
 
-def default_threads(local_world_size: int, num_threads: Optional[int] = None) -> int:
+def default_threads(local_world_size: int, num_threads: int | None = None) -> int:
     """Intra-op threads per rank: ``num_threads`` if set, else cores / local ranks (at least 1)."""
     if num_threads:
         return num_threads

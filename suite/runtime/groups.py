@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import dataclass
-from typing import Optional
 
 import torch.distributed as dist
 
@@ -25,7 +24,7 @@ def _timeout() -> datetime.timedelta:
     return datetime.timedelta(seconds=_CURRENT.pg_timeout if _CURRENT else 60.0)
 
 
-def label_of(group: Optional["dist.ProcessGroup"]) -> str:
+def label_of(group: dist.ProcessGroup | None) -> str:
     if group is None or group is dist.group.WORLD:
         return "world"
     return _LABELS.get(id(group), "group")
@@ -38,7 +37,7 @@ def _new_group(ranks: list[int], label: str):
     return group
 
 
-def comm_groups(n: int, parent: Optional["dist.ProcessGroup"] = None) -> list:
+def comm_groups(n: int, parent: dist.ProcessGroup | None = None) -> list:
     """``n`` communicators over the same ranks (Paddle's ``nccl_comm_num``).
 
     On CUDA each NCCL communicator runs its collectives on its own stream; on gloo each
@@ -55,8 +54,8 @@ def comm_groups(n: int, parent: Optional["dist.ProcessGroup"] = None) -> list:
 class NodeGroups:
     """This rank's groups for the hierarchical allreduce over nodes of ``ranks_per_node`` ranks."""
 
-    intra: "dist.ProcessGroup"  # the ranks of this rank's node
-    inter: "dist.ProcessGroup"  # the ranks with this rank's local index, one per node
+    intra: dist.ProcessGroup  # the ranks of this rank's node
+    inter: dist.ProcessGroup  # the ranks with this rank's local index, one per node
     node: int
     local_index: int
     ranks_per_node: int
@@ -75,7 +74,8 @@ def node_groups(ranks_per_node: int, comm_index: int = 0) -> NodeGroups:
     key = ("nodes", ranks_per_node, comm_index, world)
     if key not in _CACHE:
         nodes = world // ranks_per_node
-        mine_intra = mine_inter = None
+        mine_intra: tuple | None = None
+        mine_inter: tuple | None = None
         for n in range(nodes):
             ranks = list(range(n * ranks_per_node, (n + 1) * ranks_per_node))
             g = _new_group(ranks, f"intra{comm_index}.node{n}")
@@ -86,6 +86,7 @@ def node_groups(ranks_per_node: int, comm_index: int = 0) -> NodeGroups:
             g = _new_group(ranks, f"inter{comm_index}.local{i}")
             if rank in ranks:
                 mine_inter = (g, tuple(ranks))
+        assert mine_intra is not None and mine_inter is not None  # every rank is in one node and one column
         _CACHE[key] = NodeGroups(
             intra=mine_intra[0], inter=mine_inter[0], node=rank // ranks_per_node,
             local_index=rank % ranks_per_node, ranks_per_node=ranks_per_node, nodes=nodes,

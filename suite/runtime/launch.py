@@ -4,7 +4,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -27,7 +27,7 @@ class TorchrunEnv:
     master_port: int
 
 
-def torchrun_env(environ: Optional[dict] = None) -> Optional[TorchrunEnv]:
+def torchrun_env(environ: dict | None = None) -> TorchrunEnv | None:
     """The world torchrun describes in the environment, or None when not under torchrun."""
     env = os.environ if environ is None else environ
     if not all(v in env for v in TORCHRUN_VARS[:5]):
@@ -51,20 +51,19 @@ def init_rank(
     local_rank: int,
     local_world_size: int,
     *,
-    store: Optional["dist.Store"] = None,
-    device: Optional[str] = None,
+    store: dist.Store | None = None,
+    device: str | None = None,
     pg_timeout: float = 60.0,
-    num_threads: Optional[int] = None,
+    num_threads: int | None = None,
     torchrun: bool = False,
 ) -> RankContext:
     """Initialise the default process group (bounded by ``pg_timeout``) and this rank's context."""
     platform = select_platform(device, local_rank, local_world_size)
     threads = default_threads(local_world_size, num_threads)
     torch.set_num_threads(threads)
-    if platform.is_cuda:
-        torch.cuda.set_device(platform.device)
+    platform.set_device()  # this thread's current GPU (other threads set theirs: Platform.set_device)
     timeout = datetime.timedelta(seconds=pg_timeout)
-    kwargs = dict(backend=platform.backend, rank=rank, world_size=world_size, timeout=timeout)
+    kwargs: dict[str, Any] = dict(backend=platform.backend, rank=rank, world_size=world_size, timeout=timeout)
     if store is not None:
         kwargs["store"] = store
     else:
@@ -86,7 +85,7 @@ def init_rank(
     return ctx
 
 
-def init_from_env(device: Optional[str] = None, pg_timeout: float = 60.0, num_threads: Optional[int] = None) -> RankContext:
+def init_from_env(device: str | None = None, pg_timeout: float = 60.0, num_threads: int | None = None) -> RankContext:
     """Join the world torchrun set up (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR)."""
     env = torchrun_env()
     if env is None:

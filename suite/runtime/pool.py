@@ -9,18 +9,36 @@ down, and the next call starts a fresh pool: nothing ever hangs.
 Rank functions are passed as function objects: module-level functions, which pickle by
 reference (module and name), so a spawned rank imports them; a lambda or a closure is
 refused with a clear error before anything is sent.
+
+Nothing outlives the parent and nothing listens on the network for a local run:
+
+- every rank watches a pipe whose only write end the parent holds (the pool keeps it, whatever
+  thread started the pool); when the parent process dies (SIGKILL, SIGTERM, a crash) the
+  kernel closes it, the rank reads EOF at once, kills its own descendants (reader workers, …)
+  and exits, in the middle of a call too;
+- local ranks meet through a ``FileStore`` in a private temporary directory (mode 0700, a
+  fresh one on every start, removed when the pool closes or is torn down after a rank died),
+  and gloo binds the loopback interface: no socket of the run listens beyond 127.0.0.1/::1.
+  Only ranks in emulated cluster nodes (``store_netns``/``store_host``) use a TCPStore, which
+  then listens inside node 0's network namespace.
 """
 from __future__ import annotations
 
 import multiprocessing as mp
-import pickle
 import os
+import pickle
 import queue
+import shutil
+import signal
 import socket
+import tempfile
+import threading
 import time
 import traceback
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 __all__ = ["RankPool", "RankFailure", "RankError", "RankFn", "fn_name", "check_rank_fn"]
 
@@ -62,16 +80,89 @@ def check_rank_fn(fn: Any) -> None:
 
 @dataclass
 class _Options:
-    device: Optional[str]
+    device: str | None
     pg_timeout: float
-    num_threads: Optional[int]
+    num_threads: int | None
     env: dict = field(default_factory=dict)
-    netns: Optional[str] = None  # network namespace the rank enters first (emulated cluster node)
+    netns: str | None = None  # network namespace the rank enters first (emulated cluster node)
 
 
-def _worker(rank: int, world: int, host: str, port: int, cmd_q, res_q, opts: _Options) -> None:
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (children, their children, …), read from /proc."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+            ppid = int(stat.rsplit(b")", 1)[1].split()[1])  # the name in (…) may hold spaces and ')'
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), ()):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _kill_descendants() -> None:
+    """Stop the whole tree below this process first (so nothing forks away meanwhile), then kill it."""
+    me, stopped = os.getpid(), set()
+    for _ in range(5):
+        new = [p for p in _descendants(me) if p not in stopped]
+        if not new:
+            break
+        for p in new:
+            try:
+                os.kill(p, signal.SIGSTOP)
+            except OSError:
+                pass
+            stopped.add(p)
+    for p in stopped:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _orphaned(store_dir: str | None) -> None:
+    """The parent is gone: take this rank's processes down and leave no store behind."""
+    try:
+        if store_dir:
+            shutil.rmtree(store_dir, ignore_errors=True)
+        _kill_descendants()
+    finally:
+        os._exit(3)
+
+
+def _watch_parent(conn, store_dir: str | None) -> None:
+    """A thread that blocks on the pipe from the parent: it only ever ends in EOF, when the parent's
+    write end is closed, which the kernel does when the parent process dies."""
+
+    def watch():
+        try:
+            while True:
+                conn.recv_bytes()
+        except BaseException:  # noqa: BLE001 - EOFError (the parent is gone) or the pipe broke
+            pass
+        _orphaned(store_dir)
+
+    threading.Thread(target=watch, name="fleetbench-parent-watch", daemon=True).start()
+
+
+def _worker(rank: int, world: int, store_at: tuple, cmd_q, res_q, opts: _Options, watch=None) -> None:
     os.environ.update(opts.env)
     parent = os.getppid()
+    store_dir = os.path.dirname(store_at[1]) if store_at[0] == "file" else None
+    if watch is not None:
+        _watch_parent(watch, store_dir)
     try:
         if opts.netns:
             from .netns import enter_netns
@@ -81,7 +172,13 @@ def _worker(rank: int, world: int, host: str, port: int, cmd_q, res_q, opts: _Op
 
         from .launch import init_rank
 
-        store = dist.TCPStore(host, port, world_size=None, is_master=False, timeout=_td(opts.pg_timeout))
+        store: dist.Store
+        if store_at[0] == "file":
+            store = dist.FileStore(store_at[1], world)
+            store.set_timeout(_td(opts.pg_timeout))
+        else:
+            _, host, port = store_at
+            store = dist.TCPStore(host, port, world_size=None, is_master=False, timeout=_td(opts.pg_timeout))
         init_rank(
             rank, world, rank, world, store=store, device=opts.device, pg_timeout=opts.pg_timeout,
             num_threads=opts.num_threads,
@@ -95,7 +192,7 @@ def _worker(rank: int, world: int, host: str, port: int, cmd_q, res_q, opts: _Op
             msg = cmd_q.get(timeout=1.0)
         except queue.Empty:
             if os.getppid() != parent:  # the parent is gone: do not linger
-                os._exit(3)
+                _orphaned(store_dir)
             continue
         if msg is None:
             break
@@ -131,21 +228,22 @@ class RankPool:
         self,
         nproc: int,
         *,
-        device: Optional[str] = None,
+        device: str | None = None,
         timeout: float = 300.0,
         pg_timeout: float = 60.0,
         start_timeout: float = 120.0,
-        num_threads: Optional[int] = None,
-        env: Optional[dict] = None,
+        num_threads: int | None = None,
+        env: dict | None = None,
         grace: float = 5.0,
-        rank_netns: Optional[list] = None,
-        rank_env: Optional[list] = None,
-        store_host: str = "127.0.0.1",
-        store_netns: Optional[str] = None,
+        rank_netns: list | None = None,
+        rank_env: list | None = None,
+        store_host: str | None = None,
+        store_netns: str | None = None,
     ):
         """``rank_netns``/``rank_env`` (one entry per rank) start rank r inside network namespace
         ``rank_netns[r]`` with ``rank_env[r]`` added to its environment; the rendezvous store then
-        listens on ``store_host`` inside ``store_netns`` (see ``suite.cluster.launch``)."""
+        listens on ``store_host`` inside ``store_netns`` (see ``suite.cluster.launch``).  Without
+        ``store_host``/``store_netns`` the ranks meet through a file store (no network listener)."""
         if not isinstance(nproc, int) or nproc < 1:
             raise ValueError(f"nproc={nproc!r}: must be a whole number >= 1")
         self.nproc = nproc
@@ -155,8 +253,10 @@ class RankPool:
         self.opts = _Options(device=device, pg_timeout=pg_timeout, num_threads=num_threads, env=dict(env or {}))
         self._procs: list = []
         self._cmd_qs: list = []
-        self._res_q = None
-        self._store = None
+        self._res_q: Any = None  # the spawn context's Queue of (call id, rank, ok, payload)
+        self._store: Any = None  # the TCPStore server (emulated cluster only)
+        self._watch_w: Any = None  # write end of the pipe every rank watches (EOF: the parent is gone)
+        self.store_path: str | None = None  # the FileStore of a local pool (in a private directory)
         self._call = 0
         self.pids: list[int] = []
         self.restarts = 0
@@ -176,32 +276,60 @@ class RankPool:
         if self.alive:
             return
         self.close()
-        import torch.distributed as dist
 
         if self._started_once:
             self.restarts += 1
         self._started_once = True
-        host = self.store_host
-        # Port 0: the OS picks a free port, so two runs side by side never collide.
-        self._store = _master_store(host, self.opts.pg_timeout, self.store_netns)
-        port = self._store.port
+        try:
+            self._spawn()
+            ready = self._collect("__ready__", "starting and joining the process group", self.start_timeout)
+        except BaseException:  # a failed or interrupted start leaves no rank, store or pipe behind
+            self.close()
+            raise
+        self.pids = [ready[r] for r in range(self.nproc)]
+
+    def _spawn(self) -> None:
+        if self.store_host is not None or self.store_netns is not None:
+            # Emulated cluster: ranks in other network namespaces reach the store over the network.
+            # Port 0: the OS picks a free port, so two runs side by side never collide.
+            host = self.store_host or "127.0.0.1"
+            self._store = _master_store(host, self.opts.pg_timeout, self.store_netns)
+            store_at: tuple = ("tcp", host, self._store.port)
+        else:
+            # A fresh file in a private directory (mkdtemp: mode 0700) on every start: no listener.
+            store_dir = tempfile.mkdtemp(prefix="fleetbench-store-")
+            self.store_path = os.path.join(store_dir, "store")
+            os.close(os.open(self.store_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            store_at = ("file", self.store_path)
         env = dict(self.opts.env)
-        env.setdefault("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", _loopback_ifname()))
+        if store_at[0] == "file":
+            # Local ranks talk only to each other: gloo binds the loopback interface, also when the
+            # environment names another one (only an explicit env= of this pool can change it).
+            env.setdefault("GLOO_SOCKET_IFNAME", _loopback_ifname())
+        else:
+            env.setdefault("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", _loopback_ifname()))
         opts = [_Options(self.opts.device, self.opts.pg_timeout, self.opts.num_threads,
                          {**env, **(self.rank_env[r] if self.rank_env else {})},
                          self.rank_netns[r] if self.rank_netns else None) for r in range(self.nproc)]
         ctx = mp.get_context("spawn")
         self._res_q = ctx.Queue()
         self._cmd_qs = [ctx.Queue() for _ in range(self.nproc)]
+        # Spawned ranks inherit only the read end (multiprocessing passes exactly the fds it sends);
+        # the write end stays here, so the ranks see EOF when this process dies, whichever thread
+        # started them (prctl's parent-death signal would follow the starting *thread* instead).
+        watch_r, self._watch_w = ctx.Pipe(duplex=False)
         self._procs = [
-            ctx.Process(target=_worker, args=(r, self.nproc, host, port, self._cmd_qs[r], self._res_q, opts[r]),
+            ctx.Process(target=_worker,
+                        args=(r, self.nproc, store_at, self._cmd_qs[r], self._res_q, opts[r], watch_r),
                         daemon=True, name=f"fleetbench-rank{r}")
             for r in range(self.nproc)
         ]
-        for p in self._procs:
-            p.start()
-        ready = self._collect("__ready__", "starting and joining the process group", self.start_timeout)
-        self.pids = [ready[r] for r in range(self.nproc)]
+        _LIVE_POOLS.add(self)
+        try:
+            for p in self._procs:
+                p.start()
+        finally:
+            watch_r.close()
 
     def close(self) -> None:
         """Stop every rank (politely, then by force) and forget them."""
@@ -212,10 +340,17 @@ class RankPool:
                 pass
         deadline = time.monotonic() + 3.0
         for p in self._procs:
-            p.join(timeout=max(0.0, deadline - time.monotonic()))
+            if p.pid is not None:  # started
+                p.join(timeout=max(0.0, deadline - time.monotonic()))
         for p in self._procs:
             if p.is_alive():
+                tree = _descendants(p.pid) if p.pid else []  # its reader workers etc. go with it
                 p.kill()
+                for pid in tree:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
                 p.join(timeout=5.0)
         for q in self._cmd_qs + ([self._res_q] if self._res_q is not None else []):
             try:
@@ -223,9 +358,18 @@ class RankPool:
                 q.close()
             except Exception:  # noqa: BLE001
                 pass
+        if self._watch_w is not None:
+            try:
+                self._watch_w.close()
+            except Exception:  # noqa: BLE001
+                pass
+        if self.store_path is not None:
+            shutil.rmtree(os.path.dirname(self.store_path), ignore_errors=True)
         self._procs, self._cmd_qs, self._res_q, self._store, self.pids = [], [], None, None, []
+        self._watch_w, self.store_path = None, None
+        _LIVE_POOLS.discard(self)
 
-    def __enter__(self) -> "RankPool":
+    def __enter__(self) -> RankPool:
         self.start()
         return self
 
@@ -239,8 +383,8 @@ class RankPool:
             pass
 
     # ---- calls ----------------------------------------------------------------------
-    def run(self, fn: RankFn, kwargs: Optional[dict] = None, *, timeout: Optional[float] = None,
-            per_rank: Optional[list[dict]] = None) -> list[Any]:
+    def run(self, fn: RankFn, kwargs: dict | None = None, *, timeout: float | None = None,
+            per_rank: list[dict] | None = None) -> list[Any]:
         """Run ``fn(**kwargs)`` on every rank; return the results in rank order.
 
         ``per_rank`` adds rank-specific keyword arguments.  Raises :class:`RankError` when
@@ -269,7 +413,7 @@ class RankPool:
     def _collect(self, call_id: Any, what: str, timeout: float, raw: bool = False) -> dict[int, Any]:
         deadline = time.monotonic() + timeout
         got: dict[int, tuple[bool, Any]] = {}
-        first_error_at: Optional[float] = None
+        first_error_at: float | None = None
         while len(got) < self.nproc:
             try:
                 cid, rank, ok, payload = self._res_q.get(timeout=0.2)
@@ -302,7 +446,7 @@ class RankPool:
             return {r: p for r, (ok, p) in got.items()}
         return got
 
-    def _fail(self, ranks: list[int], what: str, why: str, got: Optional[dict] = None) -> None:
+    def _fail(self, ranks: list[int], what: str, why: str, got: dict | None = None) -> None:
         detail = ""
         for r, (ok, payload) in sorted((got or {}).items()):
             if not ok:
@@ -312,7 +456,27 @@ class RankPool:
                           ranks, what)
 
 
-def _master_store(host: str, timeout: float, netns: Optional[str]):
+# Pools whose ranks are running: a child forked from this process (without exec) must not keep
+# their watch pipes open, or the ranks would outlive this process as long as that child lives.
+_LIVE_POOLS: weakref.WeakSet[RankPool] = weakref.WeakSet()
+
+
+def _close_watch_pipes_in_child() -> None:
+    for pool in list(_LIVE_POOLS):
+        w = pool._watch_w
+        if w is not None:
+            try:
+                w.close()
+            except Exception:  # noqa: BLE001
+                pass
+        # The ranks and the store belong to the parent: this copy of the pool must not stop or remove them.
+        pool._watch_w, pool._procs, pool._cmd_qs, pool._res_q, pool.store_path = None, [], [], None, None
+
+
+os.register_at_fork(after_in_child=_close_watch_pipes_in_child)
+
+
+def _master_store(host: str, timeout: float, netns: str | None):
     """The rendezvous store's server, listening in ``netns`` when given (made from a helper thread
     that enters it: the socket stays there, this process's threads stay where they are)."""
     import torch.distributed as dist
@@ -335,8 +499,18 @@ def _master_store(host: str, timeout: float, netns: Optional[str]):
 
 
 def _loopback_ifname() -> str:
+    """The loopback interface's name (flag IFF_LOOPBACK), "lo" when it cannot be told."""
     try:
         names = [n for _, n in socket.if_nameindex()]
     except OSError:
         return "lo"
-    return "lo" if "lo" in names else (names[0] if names else "lo")
+    if "lo" in names:
+        return "lo"
+    for name in names:
+        try:
+            with open(f"/sys/class/net/{name}/flags") as fh:
+                if int(fh.read().strip(), 16) & 0x8:  # IFF_LOOPBACK
+                    return name
+        except (OSError, ValueError):
+            continue
+    return "lo"

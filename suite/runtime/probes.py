@@ -17,7 +17,8 @@ def whoami() -> dict:
 
 
 def allreduce_rank_sum() -> float:
-    t = torch.tensor([float(current().rank)])
+    ctx = current()
+    t = torch.tensor([float(ctx.rank)], device=ctx.platform.device)
     dist.all_reduce(t)
     return t.item()
 

@@ -1,50 +1,124 @@
-"""The launcher used under torchrun: every rank runs the function itself; rank 0 gathers.
+"""The launcher used under torchrun: every rank runs the function itself; rank 0 collects.
 
-It offers the rank pool's ``run(fn, kwargs)`` so ``fleetbench run`` drives both the same
-way.  A function that raises on a rank is reported by rank 0 with that rank's traceback.
+It offers the rank pool's ``run(fn, kwargs)`` so ``fleetbench run`` drives both the same way.
+
+Outcomes travel through the c10d store (TCP), never through a collective.  A rank whose function
+raised may have left its peers inside a collective (an allreduce it never joined): any collective of
+its own (``gather_object``) would pair with theirs — garbage exchanged on gloo, a hang on NCCL until the
+watchdog kills every process, and the error never reported.  So each rank writes its outcome (ok, or
+its traceback) to the store and polls for the others':
+
+- every rank reported: a function that raised anywhere raises :class:`RankError` on every rank (the
+  same path everywhere, the world still usable), naming each rank's traceback; otherwise rank 0 gets
+  every rank's result (read from the store, then deleted);
+- a rank that raised, or saw another rank's error, waits at most ``report_timeout`` for the others;
+  one that succeeded waits at most the call's ``timeout``.  A rank still missing then is stuck in a
+  collective: the world cannot be used any more, so this rank prints the report (its own traceback,
+  the errors seen, the missing ranks) and exits at once with status 1, and torchrun's agent stops the
+  others.  Nothing waits for the NCCL watchdog.
 """
 from __future__ import annotations
 
+import os
+import pickle
+import sys
+import time
 import traceback
-from typing import Any, Optional
+from collections.abc import Callable
+from typing import Any
 
 import torch.distributed as dist
 
 from .pool import RankError, RankFn, check_rank_fn, fn_name
 
-__all__ = ["TorchrunLauncher"]
+__all__ = ["TorchrunLauncher", "EXIT_WORLD_BROKEN"]
+
+EXIT_WORLD_BROKEN = 1
+POLL_S = 0.05
 
 
 class TorchrunLauncher:
-    def __init__(self, ctx):
+    def __init__(self, ctx, store=None, report_timeout: float | None = None, timeout: float = 3600.0,
+                 exit_fn: Callable[[int], Any] = os._exit):
+        """``store``: the rendezvous store (default: the default process group's); ``report_timeout``:
+        how long a failing rank waits for the others (default: the process group's timeout, at most
+        60 s); ``timeout``: how long a succeeding rank waits (a call's ``timeout`` overrides it)."""
         self.ctx = ctx
         self.nproc = ctx.world_size
         self.is_reporter = ctx.rank == 0
+        self.store = store if store is not None else dist.distributed_c10d._get_default_store()
+        self.report_timeout = report_timeout if report_timeout is not None else min(ctx.pg_timeout, 60.0)
+        self.timeout = timeout
+        self.exit_fn = exit_fn
+        self._call = 0
 
-    def run(self, fn: RankFn, kwargs: Optional[dict] = None, *, timeout: Optional[float] = None,
-            per_rank: Optional[list[dict]] = None) -> Optional[list[Any]]:
+    def run(self, fn: RankFn, kwargs: dict | None = None, *, timeout: float | None = None,
+            per_rank: list[dict] | None = None) -> list[Any] | None:
         check_rank_fn(fn)
         ref = fn_name(fn)
         kw = dict(kwargs or {})
         if per_rank is not None:
             kw.update(per_rank[self.ctx.rank])
+        self._call += 1  # every rank makes the same calls in the same order: the same key prefix
+        prefix = f"fleetbench/torchrun/call{self._call}"
+        rank = self.ctx.rank
         try:
-            out = (True, fn(**kw))
-        except Exception:  # noqa: BLE001 - reported by rank 0
-            out = (False, traceback.format_exc())
-        gathered = [None] * self.nproc if self.is_reporter else None
-        dist.gather_object(out, gathered, dst=0)
-        errors = {r: payload for r, (ok, payload) in enumerate(gathered) if not ok} if self.is_reporter else {}
-        # Every rank must take the same path afterwards: rank 0 tells them whether the call failed.
-        box = [errors]
-        dist.broadcast_object_list(box, src=0)
-        errors = box[0]
+            ok, payload = True, fn(**kw)
+        except Exception:  # noqa: BLE001 - reported through the store
+            ok, payload = False, traceback.format_exc()
+        if ok and rank != 0:
+            self.store.set(f"{prefix}/result{rank}", pickle.dumps(payload))  # type: ignore[arg-type]  # bytes work
+        self.store.set(f"{prefix}/status{rank}", pickle.dumps((ok, None if ok else payload)))  # type: ignore[arg-type]
+
+        statuses = self._collect(prefix, ok, timeout or self.timeout)
+        missing = [r for r in range(self.nproc) if r not in statuses]
+        errors = {r: tb for r, (good, tb) in statuses.items() if not good}
+        if missing:
+            self._abort(ref, missing, errors)
         if errors:
             first = min(errors)
             raise RankError(f"{ref} raised on rank(s) {sorted(errors)}; rank {first}:\n{errors[first]}", errors)
         if not self.is_reporter:
             return None
-        return [payload for _, payload in gathered]
+        results = [payload]
+        for r in range(1, self.nproc):
+            key = f"{prefix}/result{r}"
+            results.append(pickle.loads(self.store.get(key)))
+            self.store.delete_key(key)
+        return results
+
+    def _collect(self, prefix: str, ok: bool, timeout: float) -> dict:
+        """Every rank's (ok, traceback) that arrives in time: ``timeout`` while all is well,
+        ``report_timeout`` from the moment this rank or another is known to have failed."""
+        statuses: dict = {}
+        start = time.monotonic()
+        failed_at = None if ok else start
+        while len(statuses) < self.nproc:
+            for r in range(self.nproc):
+                key = f"{prefix}/status{r}"
+                if r not in statuses and self.store.check([key]):
+                    statuses[r] = pickle.loads(self.store.get(key))
+                    if not statuses[r][0] and failed_at is None:
+                        failed_at = time.monotonic()
+            if len(statuses) == self.nproc:
+                break
+            now = time.monotonic()
+            if (failed_at is not None and now - failed_at > self.report_timeout) or now - start > timeout:
+                break
+            time.sleep(POLL_S)
+        return statuses
+
+    def _abort(self, ref: str, missing: list, errors: dict) -> None:
+        waited = f"{self.report_timeout:.0f} s after the first error" if errors else "the call's timeout"
+        lines = [f"fleetbench (torchrun rank {self.ctx.rank}): {ref}: rank(s) {missing} did not report within "
+                 f"{waited}; they are most likely stuck in a collective that the failing rank(s) left. "
+                 f"The process group cannot be used any more: this rank exits and torchrun stops the others."]
+        for r, tb in sorted(errors.items()):
+            lines.append(f"--- rank {r} raised:\n{tb}")
+        print("\n".join(lines), file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        self.exit_fn(EXIT_WORLD_BROKEN)
+        raise SystemExit(EXIT_WORLD_BROKEN)  # an exit_fn that returns (tests) still leaves the call
 
     def close(self) -> None:
         pass

@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from typing import Optional
 
 import torch
 
@@ -47,7 +46,7 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _SUPPORT: dict = {}
 
 
-def autocast_dtype(amp: str) -> Optional[torch.dtype]:
+def autocast_dtype(amp: str) -> torch.dtype | None:
     return _DTYPES.get(amp)
 
 

@@ -32,7 +32,7 @@ model and one optimizer per rank (``suite.check.reference.LocalSGDReference``).
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 
@@ -74,7 +74,7 @@ class LocalSGD:
     """
 
     def __init__(self, config: StrategyConfig, grad_sync, params: list[torch.nn.Parameter],
-                 lr_fn: Optional[Callable[[], float]] = None):
+                 lr_fn: Callable[[], float] | None = None):
         if grad_sync is None:
             raise ValueError("Local SGD averages parameters through the suite's gradient communication; "
                              "data_parallel must be 'suite'")
@@ -88,8 +88,8 @@ class LocalSGD:
         self.next_average = self.warm + self.k
         self.lr0 = config.lr
         self.lr_fn = lr_fn or (lambda: config.lr)
-        self.loss0: Optional[float] = None  # rank-averaged loss of step 1 (adaptive)
-        self._loss0_local: Optional[torch.Tensor] = None
+        self.loss0: float | None = None  # rank-averaged loss of step 1 (adaptive)
+        self._loss0_local: torch.Tensor | None = None
         # One row per averaging: step, the loss and loss0 averaged over ranks (adaptive), the next k.
         self.history: list[dict] = []
 
@@ -104,12 +104,13 @@ class LocalSGD:
         tensors = [p.data for p in self.params]
         extra = None
         if self.adaptive:
+            assert self._loss0_local is not None  # recorded at step 1, before any averaging
             extra = torch.cat([loss.detach().float().reshape(1), self._loss0_local.to(loss.device)])
             tensors.append(extra)
         with torch.no_grad():
             self.grad_sync.average_tensors(tensors)
-        row = {"step": step}
-        if self.adaptive:
+        row: dict[str, float] = {"step": step}
+        if extra is not None:
             mean_loss, mean_loss0 = extra.tolist()  # one host sync per averaging: the schedule lives on the host
             if self.loss0 is None:
                 self.loss0 = mean_loss0

@@ -1,8 +1,6 @@
 """The optimizer a config asks for: torch.optim (per-parameter), or the fused flat one."""
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from ..config import StrategyConfig
@@ -23,7 +21,7 @@ def torch_optimizer(params, config: StrategyConfig, **impl) -> torch.optim.Optim
     raise ValueError(f"optimizer={config.optimizer!r}")  # unreachable: the config validated it
 
 
-def build_optimizer(model: torch.nn.Module, config: StrategyConfig, grad_sync: Optional[object] = None):
+def build_optimizer(model: torch.nn.Module, config: StrategyConfig, grad_sync: object | None = None):
     if config.fuse_all_optimizer_ops:
         from ..compute.fused_optim import build_fused_optimizer
 

@@ -1,0 +1,538 @@
+"""`fleetbench doctor`: a first-run self-check of every path that differs between CPU and GPU.
+
+In under two minutes it exercises each path with exact checks and prints one row per item (pass,
+fail, or "not applicable here" with the reason), the numbers it saw, and the versions:
+
+- platform: the device and backend chosen, the GPUs torch sees (CUDA_VISIBLE_DEVICES honoured);
+- allreduce on each communicator (the world and comm0..comm2): inputs whose sums are exact in
+  floating point (nccl-tests' method), zero wrong elements allowed;
+- half-precision allreduce (fp16, bf16): exact small integers;
+- bucketed overlap (2 communicators): gradients equal the exact average, every bucket launched from
+  the backward hooks;
+- hierarchical allreduce with overlap on 2 communicators, several steps, under a short timeout
+  (on NCCL a worker-thread design hangs here: issue 11);
+- the reader's device copy (double buffer + uint8): bit-for-bit the plain reader's batches;
+- CUDA event timing against the host clock (CUDA only);
+- NVML: the visible GPUs found, in torch's order (CUDA only);
+- memory window: the peak above the start of a window, for a known allocation;
+- the torchrun error path: a rank that raises while its peer is inside a collective is reported
+  within seconds (a real torchrun job of 2 ranks).
+
+The same code runs on CPU (gloo) and on CUDA (NCCL); CUDA-only items say "not applicable here" on
+CPU.  Exit status 0 when nothing failed.  ``--json`` prints the same report as JSON.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+__all__ = ["Item", "Report", "run_doctor", "format_table", "PASS", "FAIL", "NA"]
+
+PASS, FAIL, NA = "pass", "fail", "not applicable here"
+CALL_TIMEOUT = 30.0  # per check; a hang fails its item, the pool restarts for the next
+PG_TIMEOUT = 30.0
+
+
+@dataclass
+class Item:
+    item: str
+    status: str
+    numbers: str
+    seconds: float = 0.0
+
+
+@dataclass
+class Report:
+    platform: str
+    nproc: int
+    versions: dict
+    items: list = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not any(i.status == FAIL for i in self.items)
+
+    def as_dict(self) -> dict:
+        return {"ok": self.ok, "platform": self.platform, "nproc": self.nproc, "versions": self.versions,
+                "seconds": round(self.seconds, 2), "items": [asdict(i) for i in self.items]}
+
+
+# ---------------------------------------------------------------------------------------------
+# rank functions (run on every rank of the doctor's pool)
+# ---------------------------------------------------------------------------------------------
+def _exact(count: int, rank: int, dtype: torch.dtype, device, half: bool) -> tuple:
+    """Inputs and their exact sum over the world: nccl-tests' (rank+1)·(i mod 7 + 1) in fp32; in half
+    precision (i mod 3 + 1) + (rank mod 2), so every partial sum stays an integer the type holds."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    i = torch.arange(count, device=device)
+    if half:
+        x = (i % 3 + 1 + rank % 2).to(dtype)
+        want = (i % 3 + 1) * world + sum(r % 2 for r in range(world))
+    else:
+        x = ((i % 7 + 1) * (rank + 1)).to(dtype)
+        want = (i % 7 + 1) * (world * (world + 1) // 2)
+    return x, want.to(dtype)
+
+
+def allreduce_exact_on_rank(comm_num: int, counts: list, dtypes: list) -> dict:
+    """Allreduce exact inputs on the world and on each of ``comm_num`` communicators; wrong elements per
+    (group, dtype), or why a dtype cannot be reduced by this backend."""
+    import torch.distributed as dist
+
+    from .comm import collectives as C
+    from .runtime.context import current
+    from .runtime.groups import comm_groups, label_of
+
+    ctx = current()
+    groups = [None] + comm_groups(comm_num)
+    rows, unsupported = [], {}
+    for name in dtypes:
+        dtype = getattr(torch, name)
+        half = dtype in (torch.float16, torch.bfloat16)
+        for g in groups:
+            wrong = elements = 0
+            for n in counts:
+                x, want = _exact(n, ctx.rank, dtype, ctx.platform.device, half)
+                try:
+                    C.all_reduce(x, group=g)
+                except RuntimeError as exc:
+                    unsupported[name] = str(exc).splitlines()[0][:160]
+                    break
+                wrong += int((x != want).sum().item())
+                elements += n
+            if name in unsupported:
+                break
+            rows.append({"group": label_of(g), "dtype": name, "wrong": wrong, "elements": elements})
+    dist.barrier()
+    return {"rows": rows, "unsupported": unsupported}
+
+
+def _grad(p: torch.nn.Parameter) -> torch.Tensor:
+    if p.grad is None:
+        raise RuntimeError("a parameter received no gradient")
+    return p.grad
+
+
+def _net(device) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                               torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).to(device)
+
+
+def _input(rank: int, step: int, device) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(16, 32, generator=g, device="cpu").to(device)  # the same values on any device
+
+
+def bucketed_on_rank(config: dict, steps: int = 3) -> dict:
+    """``steps`` steps of the bucketed path: the worst gradient error against the exact average (every
+    rank's gradients recomputed here), and whether every bucket was launched from the hooks."""
+    from .comm.bucketed import BucketedGradSync
+    from .config import StrategyConfig
+    from .runtime.context import current
+
+    ctx = current()
+    device, world, rank = ctx.platform.device, ctx.world_size, ctx.rank
+    ref = _net(device)
+    net = _net(device)
+    sync = BucketedGradSync(net, StrategyConfig.from_dict(config))
+    sync.events = []
+    worst, scale, launched_in_backward = 0.0, 0.0, True
+    try:
+        for step in range(steps):
+            total: list[torch.Tensor] = []
+            for r in range(world):
+                ref.zero_grad(set_to_none=True)
+                ref(_input(r, step, device)).square().mean().backward()
+                g = [_grad(p).detach().clone() for p in ref.parameters()]
+                total = g if not total else [a + b for a, b in zip(total, g)]
+            want = [w / world for w in total]
+            for p in net.parameters():
+                if p.grad is not None:
+                    p.grad.zero_()
+            sync.events.clear()
+            sync.begin_step()
+            net(_input(rank, step, device)).square().mean().backward()
+            after_backward = time.perf_counter()
+            sync.finish_step()
+            launches = [t for kind, _, t in sync.events if kind == "launch"]
+            launched_in_backward &= len(launches) == len(sync.buckets) and max(launches) <= after_backward
+            for p, w in zip(net.parameters(), want):
+                worst = max(worst, float((_grad(p) - w).abs().max()))
+                scale = max(scale, float(w.abs().max()))
+        ctx.platform.synchronize()
+        return {"max_error": worst, "scale": scale, "buckets": len(sync.buckets),
+                "comms": sorted({b.comm_index for b in sync.buckets}), "launched_in_backward": launched_in_backward,
+                "describe": sync.describe().get("hierarchical")}
+    finally:
+        sync.close()
+
+
+def reader_copy_on_rank() -> dict:
+    """The optimized reader (double buffer, uint8 to the device) against the plain one, bit for bit."""
+    from .data.reader import BatchSource, EncodedImages, OptimizedReader, PlainReader
+    from .data.synthetic import SyntheticImages
+    from .runtime.context import current
+
+    ctx = current()
+    data = EncodedImages.from_dataset(SyntheticImages(48, 3))
+
+    def batches(reader):
+        with reader:
+            return [(x.cpu(), y.cpu(), str(x.device)) for x, y in reader.epoch(0)]
+
+    src = lambda: BatchSource(data, 8, ctx.rank, ctx.world_size, seed=3)  # noqa: E731
+    plain = batches(PlainReader(src(), ctx.platform))
+    opt_reader = OptimizedReader(src(), ctx.platform, return_uint8=True, double_buffer=True)
+    copier = opt_reader._copier is not None
+    fast = batches(opt_reader)
+    same = len(plain) == len(fast) and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+                                           for a, b in zip(plain, fast))
+    return {"batches": len(plain), "identical": same, "device": fast[0][2] if fast else "-",
+            "cuda_copier": copier}
+
+
+def event_timing_on_rank(matmuls: int = 40, n: int = 2048) -> dict:
+    """CUDA: device time of queued matmuls from timing events vs the host clock around a synchronize."""
+    from .runtime.context import current
+
+    p = current().platform
+    if not p.is_cuda:
+        return {"applicable": False}
+    a = torch.randn(n, n, device=p.device)
+    for _ in range(3):
+        a @ a  # warm-up (cuBLAS handles, clocks)
+    p.synchronize()
+    t0 = time.perf_counter()
+    start = p.mark()
+    for _ in range(matmuls):
+        a @ a
+    end = p.mark()
+    queued = time.perf_counter() - t0  # the host returns once the kernels are queued
+    p.synchronize()
+    host = time.perf_counter() - t0
+    return {"applicable": True, "event_s": p.elapsed(start, end), "host_s": host, "queued_s": queued}
+
+
+def memory_window_on_rank(mib: int = 64) -> dict:
+    """The peak above a window's start for one known allocation (touched, then freed)."""
+    from .runtime.context import current
+
+    p = current().platform
+    with p.memory_window() as mem:
+        x = torch.ones(mib * 2**20 // 4, device=p.device)
+        del x
+    return dict(mem.as_dict(), expected=mib * 2**20)
+
+
+def torchrun_probe() -> float:
+    """Run under torchrun by the doctor: rank 1 raises while rank 0 waits in an allreduce it never joins."""
+    import torch.distributed as dist
+
+    from .runtime.context import current
+
+    if dist.get_rank() == 1:
+        raise ValueError("fleetbench-doctor: deliberate error on rank 1")
+    t = torch.ones(1, device=current().platform.device)
+    dist.all_reduce(t)
+    return t.item()  # on NCCL the allreduce is only queued: .item() is where rank 0 waits
+
+
+# ---------------------------------------------------------------------------------------------
+# the items (parent side)
+# ---------------------------------------------------------------------------------------------
+def _fmt_err(r: dict) -> str:
+    return f"max |error| {r['max_error']:.2e} (gradients up to {r['scale']:.2e})"
+
+
+def _within(r: dict) -> bool:
+    return r["max_error"] <= 1e-5 * max(1.0, r["scale"]) and r["max_error"] == r["max_error"]
+
+
+def item_platform(ctx: DoctorRun) -> Item:
+    from .runtime.device import cuda_device_count
+
+    n = cuda_device_count()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    vis = f", CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else ""
+    nums = f"{ctx.device}/{ctx.backend}, {ctx.nproc} ranks; torch sees {n} GPU(s){vis}"
+    if ctx.device == "cuda" and n < ctx.nproc:
+        return Item("platform", FAIL, nums + f": {ctx.nproc} ranks need {ctx.nproc} GPUs")
+    return Item("platform", PASS, nums)
+
+
+def item_allreduce(ctx: DoctorRun) -> Item:
+    out = ctx.call(allreduce_exact_on_rank, dict(comm_num=3, counts=[1031, 262147], dtypes=["float32"]))
+    rows = out[0]["rows"]
+    wrong = sum(r["wrong"] for a in out for r in a["rows"])
+    groups = ", ".join(r["group"] for r in rows)
+    status = PASS if wrong == 0 and len(rows) == 4 else FAIL
+    return Item("allreduce on each communicator (fp32, exact)", status,
+                f"{groups}: {wrong} wrong of {len(rows)} x {rows[0]['elements'] if rows else 0} elements per rank")
+
+
+def item_half(ctx: DoctorRun) -> Item:
+    out = ctx.call(allreduce_exact_on_rank, dict(comm_num=1, counts=[1031, 65537], dtypes=["float16", "bfloat16"]))
+    parts, status = [], PASS
+    for name in ("float16", "bfloat16"):
+        rows = [r for a in out for r in a["rows"] if r["dtype"] == name]
+        why = out[0]["unsupported"].get(name)
+        if why:
+            parts.append(f"{name}: {ctx.backend} cannot reduce it ({why})")
+            # gloo's half support is a CPU limitation; NCCL must reduce both
+            status = FAIL if ctx.backend == "nccl" else (status if status == FAIL else NA)
+        else:
+            wrong = sum(r["wrong"] for r in rows)
+            groups = ", ".join(r["group"] for r in out[0]["rows"] if r["dtype"] == name)
+            parts.append(f"{name}: {wrong} wrong ({groups}; {rows[0]['elements']} elements each per rank)")
+            if wrong:
+                status = FAIL
+    if status == NA and any("wrong" in p for p in parts):
+        status = PASS  # one half type checked exactly; the other is named as unsupported here
+    return Item("half-precision allreduce (exact)", status, "; ".join(parts))
+
+
+BUCKETED = dict(fuse_all_reduce_ops=True, fuse_grad_size_in_layers=1, sync_nccl_allreduce=False, nccl_comm_num=2)
+
+
+def item_bucketed(ctx: DoctorRun) -> Item:
+    out = ctx.call(bucketed_on_rank, dict(config=BUCKETED))
+    r = max(out, key=lambda a: a["max_error"])
+    hooked = all(a["launched_in_backward"] for a in out)
+    ok = all(_within(a) for a in out) and hooked
+    return Item("bucketed overlap (2 communicators)", PASS if ok else FAIL,
+                f"{r['buckets']} buckets on comms {r['comms']}, 3 steps; {_fmt_err(r)}; "
+                f"{'all launched from the backward hooks' if hooked else 'NOT all launched in backward'}")
+
+
+def item_hierarchical(ctx: DoctorRun) -> Item:
+    rpn = 2 if ctx.nproc >= 4 and ctx.nproc % 2 == 0 else 1
+    cfg = dict(BUCKETED, use_hierarchical_allreduce=True, hierarchical_allreduce_inter_nranks=rpn)
+    out = ctx.call(bucketed_on_rank, dict(config=cfg), timeout=ctx.hang_timeout)
+    r = max(out, key=lambda a: a["max_error"])
+    hooked = all(a["launched_in_backward"] for a in out)
+    ok = all(_within(a) for a in out) and hooked
+    nodes = (r.get("describe") or {}).get("nodes")
+    return Item("hierarchical overlap (2 communicators, no hang)", PASS if ok else FAIL,
+                f"{nodes} node(s) of {rpn}; {r['buckets']} buckets, 3 steps within {ctx.hang_timeout:.0f} s; "
+                f"{_fmt_err(r)}")
+
+
+def item_reader(ctx: DoctorRun) -> Item:
+    out = ctx.call(reader_copy_on_rank)
+    same = all(a["identical"] for a in out)
+    cuda = out[0]["cuda_copier"]
+    path = "pinned memory, side stream, event" if cuda else "host path (no CUDA copier on CPU)"
+    ok = same and cuda == (ctx.device == "cuda")
+    return Item("reader device copy (double buffer, uint8)", PASS if ok else FAIL,
+                f"{out[0]['batches']} batches/rank on {out[0]['device']}, {path}: "
+                f"{'bit-for-bit the plain reader' if same else 'DIFFERENT from the plain reader'}")
+
+
+def item_events(ctx: DoctorRun) -> Item:
+    if ctx.device != "cuda":
+        return Item("CUDA event timing vs host clock", NA, "CPU: marks are host timestamps")
+    out = ctx.call(event_timing_on_rank)
+    worst = max(out, key=lambda a: abs(a["event_s"] - a["host_s"]) / a["host_s"])
+    ratio = worst["event_s"] / worst["host_s"]
+    ok = all(0.8 <= a["event_s"] / a["host_s"] <= 1.02 for a in out)
+    return Item("CUDA event timing vs host clock", PASS if ok else FAIL,
+                f"events {worst['event_s'] * 1e3:.1f} ms, host (synchronized) {worst['host_s'] * 1e3:.1f} ms, "
+                f"ratio {ratio:.3f}; host clock without a synchronize: {worst['queued_s'] * 1e3:.1f} ms")
+
+
+def item_nvml(ctx: DoctorRun) -> Item:
+    if ctx.device != "cuda":
+        return Item("NVML", NA, "no GPU")
+    from .measure.utilization import visible_nvml_handles
+
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            pairs = visible_nvml_handles(pynvml)
+            names = [pynvml.nvmlDeviceGetName(h) for _, h in pairs]
+            util = [pynvml.nvmlDeviceGetUtilizationRates(h).gpu for _, h in pairs]
+            driver = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as exc:  # noqa: BLE001 - reported as the item's failure
+        return Item("NVML", FAIL, f"{type(exc).__name__}: {exc}")
+    names = [n.decode() if isinstance(n, bytes) else n for n in names]
+    ctx.versions["driver"] = driver.decode() if isinstance(driver, bytes) else driver
+    n = torch.cuda.device_count()
+    ok = len(pairs) == n
+    return Item("NVML", PASS if ok else FAIL,
+                f"{len(pairs)} visible GPU(s) (torch sees {n}), NVML ids {[i for i, _ in pairs]}: "
+                f"{', '.join(sorted(set(names)))}; utilization {util} %")
+
+
+def item_memory(ctx: DoctorRun) -> Item:
+    out = ctx.call(memory_window_on_rank)
+    r = out[0]
+    if r["kind"] == "process_rss_lifetime_peak":
+        return Item("memory window", NA, "this kernel refuses /proc/self/clear_refs: the CPU peak cannot be reset")
+    got, want = r["peak_above_start_bytes"], r["expected"]
+    # CUDA: the caching allocator's exact bytes; CPU: resident pages, give or take the interpreter's own
+    ok = (want <= got <= want * 1.25) if r["kind"] == "cuda_allocated" else (0.9 * want <= got <= 4 * want)
+    return Item("memory window (peak above start)", PASS if ok else FAIL,
+                f"{r['kind']}: {got / 2**20:.1f} MiB above a start of {r['start_bytes'] / 2**20:.1f} MiB "
+                f"for a {want / 2**20:.0f} MiB allocation")
+
+
+def item_torchrun(ctx: DoctorRun) -> Item:
+    device = ctx.device if (ctx.device == "cpu" or torch.cuda.device_count() >= 2) else "cpu"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "suite.doctor", "torchrun-probe", "--device", device]
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=90, cwd=root)
+    except subprocess.TimeoutExpired:
+        return Item("torchrun error path", FAIL, "the job did not end within 90 s (the error was not reported)")
+    took = time.monotonic() - t0
+    out = proc.stdout + proc.stderr
+    reported = "deliberate error on rank 1" in out and "rank 1 raised" in out
+    ok = proc.returncode != 0 and reported and took < 60
+    return Item("torchrun error path", PASS if ok else FAIL,
+                f"2 ranks ({device}): rank 1's error {'reported' if reported else 'NOT reported'}, job ended "
+                f"in {took:.1f} s with exit status {proc.returncode}")
+
+
+ITEMS: list[Callable] = [item_platform, item_allreduce, item_half, item_bucketed, item_hierarchical, item_reader,
+                         item_events, item_nvml, item_memory, item_torchrun]
+
+
+# ---------------------------------------------------------------------------------------------
+# running
+# ---------------------------------------------------------------------------------------------
+class DoctorRun:
+    """The doctor's pool and settings, handed to every item."""
+
+    def __init__(self, nproc: int, device: str, hang_timeout: float, versions: dict):
+        from .runtime.pool import RankPool
+
+        self.nproc, self.device, self.hang_timeout, self.versions = nproc, device, hang_timeout, versions
+        self.backend = "nccl" if device == "cuda" else "gloo"
+        self.pool = RankPool(nproc, device=device, timeout=CALL_TIMEOUT, pg_timeout=PG_TIMEOUT,
+                             num_threads=1 if device == "cpu" else None)
+
+    def call(self, fn, kwargs: dict | None = None, timeout: float | None = None) -> list:
+        return self.pool.run(fn, kwargs or {}, timeout=timeout or CALL_TIMEOUT)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def versions() -> dict:
+    import platform as _platform
+
+    from .measure.metadata import git_info
+
+    nccl = None
+    if torch.cuda.is_available():
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # noqa: BLE001
+            nccl = None
+    return {"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl,
+            "python": _platform.python_version(), "commit": (git_info().get("commit") or "unknown")[:10]}
+
+
+def default_nproc(device: str) -> int:
+    if device == "cuda":
+        return torch.cuda.device_count()
+    return 4  # two emulated nodes of two ranks: the hierarchical item has an inter-node level
+
+
+def run_doctor(nproc: int | None = None, device: str | None = None, hang_timeout: float = 30.0,
+               items: list | None = None, on_item: Callable[[Item], None] | None = None) -> Report:
+    from .runtime.device import select_platform
+
+    t0 = time.monotonic()
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    nproc = nproc or default_nproc(device)
+    platform = select_platform(device, 0, nproc)  # a GPU machine with too few GPUs is an error, named
+    report = Report(f"{platform.device_type}/{platform.backend}", nproc, versions())
+    run = DoctorRun(nproc, device, hang_timeout, report.versions)
+    try:
+        for fn in items or ITEMS:
+            s = time.monotonic()
+            try:
+                item = fn(run)
+            except Exception as exc:  # noqa: BLE001 - a check that raised or hung is that item's failure
+                name = fn.__name__.replace("item_", "")
+                lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+                why = lines[0] if lines else type(exc).__name__
+                if len(lines) > 1:
+                    why += " … " + lines[-1]
+                item = Item(name, FAIL, f"{type(exc).__name__}: {why[:400]}")
+            item.seconds = round(time.monotonic() - s, 2)
+            report.items.append(item)
+            if on_item is not None:
+                on_item(item)
+    finally:
+        run.close()
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+def format_table(report: Report) -> str:
+    v = report.versions
+    head = (f"fleetbench doctor: {report.platform}, {report.nproc} ranks; torch {v['torch']}, CUDA {v['cuda'] or '-'}, "
+            f"NCCL {v['nccl'] or '-'}, driver {v.get('driver') or '-'}, Python {v['python']}, commit {v['commit']}")
+    rows = [("item", "result", "s", "numbers")] + [(i.item, i.status, f"{i.seconds:.1f}", i.numbers)
+                                                   for i in report.items]
+    w = [max(len(r[k]) for r in rows) for k in range(3)]
+    lines = [head, ""]
+    for n, r in enumerate(rows):
+        lines.append(f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:>{w[2]}}  {r[3]}")
+        if n == 0:
+            lines.append(f"{'-' * w[0]}  {'-' * w[1]}  {'-' * w[2]}  {'-' * 40}")
+    failed = [i.item for i in report.items if i.status == FAIL]
+    lines += ["", f"{'FAIL: ' + ', '.join(failed) if failed else 'all checks passed'} "
+                  f"({len(report.items)} items, {report.seconds:.0f} s)"]
+    return "\n".join(lines)
+
+
+def to_json(report: Report) -> str:
+    return json.dumps(report.as_dict(), indent=2)
+
+
+def _torchrun_main(argv: list) -> int:
+    """``python -m suite.doctor torchrun-probe --device D`` under torchrun (the error-path item)."""
+    import argparse
+
+    from .runtime.launch import init_from_env, shutdown
+    from .runtime.torchrun import TorchrunLauncher
+
+    p = argparse.ArgumentParser(prog="python -m suite.doctor torchrun-probe")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    args = p.parse_args(argv)
+    ctx = init_from_env(device=args.device, pg_timeout=60.0)
+    try:
+        TorchrunLauncher(ctx, report_timeout=5.0).run(torchrun_probe)
+    finally:
+        shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["torchrun-probe"]:
+        sys.exit(_torchrun_main(sys.argv[2:]))
+    sys.exit("usage: python -m suite.doctor torchrun-probe [--device cpu|cuda] (or: fleetbench doctor)")

@@ -1,0 +1,499 @@
+"""The CUDA paths, exercised on CPU through a fake platform (tests/fakes.py), and static guards.
+
+What a fake can show: which thread issues each collective, in which order, on which stream, and
+that every stream wait / event record / record_stream the CUDA semantics need is made, in order.
+What it cannot show (real NCCL timing, a real hang): ``fleetbench doctor`` on a GPU (docs/gpu.md).
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
+
+
+def _record_collectives(api, calls: list):
+    """Wrap every collective of suite.comm.collectives to note (thread, op, group, current stream)."""
+    from suite.comm import collectives as C
+    from suite.runtime.groups import label_of
+
+    saved = {op: getattr(C, op) for op in COLLECTIVES}
+    for op, orig in saved.items():
+        def wrapped(*args, _orig=orig, _op=op, **kwargs):
+            group = kwargs.get("group")
+            stream = api.current_stream().name if api is not None else None
+            calls.append((threading.current_thread().name, _op, label_of(group), stream))
+            if api is not None:
+                api._log("collective", _op, label_of(group))
+            return _orig(*args, **kwargs)
+
+        setattr(C, op, wrapped)
+
+    def restore() -> None:
+        for op, orig in saved.items():
+            setattr(C, op, orig)
+
+    return restore
+
+
+def _net(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.ReLU(),
+                               torch.nn.Linear(8, 4))
+
+
+def _grads(net, x):
+    net.zero_grad(set_to_none=True)
+    net(x).square().sum().backward()
+    return [p.grad.clone() for p in net.parameters()]
+
+
+def bucketed_order_on_rank(fake: bool, config: dict) -> dict:
+    """One step of the bucketed path (and one average_tensors) on a fake-CUDA or the real CPU platform."""
+    from dataclasses import replace
+
+    from suite.comm.bucketed import BucketedGradSync
+    from suite.config import StrategyConfig
+    from suite.runtime import context
+    from tests.fakes import FakeCuda, fake_cuda_platform
+
+    ctx = context.current()
+    api = FakeCuda() if fake else None
+    if fake:
+        context.set_current(replace(ctx, platform=fake_cuda_platform(api, ctx.local_rank)))
+    calls: list = []
+    restore = _record_collectives(api, calls)
+    sync = None
+    try:
+        world, rank = ctx.world_size, ctx.rank
+        xs = [torch.randn(5, 6, generator=torch.Generator().manual_seed(100 + r)) for r in range(world)]
+        want = [sum(g) / world for g in zip(*(_grads(_net(), x) for x in xs))]  # the exact average, local
+
+        net = _net()
+        sync = BucketedGradSync(net, StrategyConfig.from_dict(config))
+        sync.begin_step()
+        net(xs[rank]).square().sum().backward()
+        step_calls = len(calls)
+        sync.finish_step()
+        err = max(float((p.grad - w).abs().max()) for p, w in zip(net.parameters(), want))
+
+        tensors = [torch.full((7,), float(rank + 1)), torch.full((3, 2), float(rank + 1))]
+        sync.average_tensors(tensors)
+        avg_err = max(float((t - (world + 1) / 2).abs().max()) for t in tensors)
+        return {"calls": calls, "step_calls": step_calls, "log": api.log if api else [],
+                "buckets": [(b.index, b.comm_index, b.flat.data_ptr()) for b in sync.buckets],
+                "main": threading.current_thread().name, "grad_err": err, "avg_err": avg_err}
+    finally:
+        restore()
+        if sync is not None:
+            sync.close()
+        context.set_current(ctx)
+
+
+HIER = dict(fuse_all_reduce_ops=True, fuse_grad_size_in_layers=1, sync_nccl_allreduce=False, nccl_comm_num=2,
+            use_hierarchical_allreduce=True, hierarchical_allreduce_inter_nranks=2)
+
+
+def test_cuda_hierarchical_overlap_issues_collectives_from_the_hook_in_bucket_order_on_side_streams(pool4):
+    """Issue 11, defect 1: on CUDA no worker thread may issue a collective (NCCL's wait would block the
+    default stream backward uses, and threads of two communicators could order differently per rank)."""
+    answers = pool4.run(bucketed_order_on_rank, dict(fake=True, config=HIER))
+    for a in answers:
+        assert a["grad_err"] < 1e-5 and a["avg_err"] < 1e-6, a
+        threads = {c[0] for c in a["calls"]}
+        assert threads == {a["main"]}, f"collectives issued from {threads}; only the hook's/caller's thread may"
+        buckets = a["buckets"]
+        assert len(buckets) == 3 and [c for _, c, _ in buckets] == [0, 1, 0]
+        # the step: per bucket in order, the three steps on that communicator's groups, on its side stream
+        step = a["calls"][:a["step_calls"]]
+        assert [(op, g.split(".")[0]) for _, op, g, _ in step] == [
+            (op, f"{lvl}{c}") for _, c, _ in buckets
+            for op, lvl in (("reduce_scatter", "intra"), ("all_reduce", "inter"), ("all_gather", "intra"))]
+        side_of = {}
+        for (_, c, _), k in zip(buckets, range(0, len(step), 3)):
+            streams = {s for *_, s in step[k:k + 3]}
+            assert len(streams) == 1 and streams != {"default"}, streams
+            side_of.setdefault(c, streams.pop())
+        assert side_of[0] != side_of[1], "each communicator has its own side stream"
+
+        # the stream protocol, in log order
+        log = [e[1:] for e in a["log"]]
+        launches = [i for i, e in enumerate(log) if e[0] == "wait_stream"]
+        assert len(launches) == 4  # three buckets, then average_tensors' one fused chunk
+        launches = launches[:3]
+        for (_bi, c, _ptr), i in zip(buckets, launches):
+            side = side_of[c]
+            assert log[i] == ("wait_stream", side, "default"), "the side stream waits for the producing stream"
+            assert log[i + 1] == ("enter", side)
+            assert [e[0] for e in log[i + 2:i + 5]] == ["collective"] * 3
+            assert log[i + 5][0] == "record" and log[i + 5][2] == side
+            assert log[i + 6] == ("exit", side)
+        events = [log[i + 5][1] for i in launches]
+        completions = [e for e in log if e[0] in ("wait_event", "record_stream")]
+        assert completions[:6] == [x for (bi, c, ptr), ev in zip(buckets, events)
+                                   for x in (("wait_event", "default", ev), ("record_stream", ptr, side_of[c]))]
+        # all three launched before the first completion: the chains overlap backward, nothing waits in it
+        assert log.index(completions[0]) > launches[-1] + 6
+        # average_tensors takes the same path from the caller's thread
+        assert all(s != "default" for *_, s in a["calls"][a["step_calls"]:])
+
+
+def test_cpu_hierarchical_overlap_keeps_the_worker_threads(pool4):
+    """On gloo the CPU path is unchanged: each communicator's chains run on its own worker thread."""
+    answers = pool4.run(bucketed_order_on_rank, dict(fake=False, config=HIER))
+    for a in answers:
+        assert a["grad_err"] < 1e-5 and a["avg_err"] < 1e-6, a
+        threads = {c[0] for c in a["calls"]}  # (the workers may still be issuing when backward returns)
+        assert threads == {"fleetbench-comm0_0", "fleetbench-comm1_0"}, threads
+
+
+def test_cuda_flat_overlap_on_two_communicators_issues_in_bucket_order_from_one_thread(pool2):
+    cfg = dict(fuse_all_reduce_ops=True, fuse_grad_size_in_layers=1, sync_nccl_allreduce=False, nccl_comm_num=2)
+    for a in pool2.run(bucketed_order_on_rank, dict(fake=True, config=cfg)):
+        assert a["grad_err"] < 1e-5 and a["avg_err"] < 1e-6, a
+        step = a["calls"][:a["step_calls"]]
+        assert {c[0] for c in step} == {a["main"]}
+        assert [(op, g) for _, op, g, _ in step] == [("all_reduce", f"comm{c}") for _, c, _ in a["buckets"]]
+
+
+# -- collective spans: device time from CUDA events, not host clocks (defect 5) -------------------------
+@pytest.fixture
+def one_rank_world():
+    """A one-rank gloo world in this process, with a rank context on a fake CUDA platform."""
+    import torch.distributed as dist
+
+    from suite.runtime import context
+
+    from .fakes import FakeCuda, fake_cuda_platform
+
+    api = FakeCuda()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    context.set_current(context.RankContext(0, 1, 0, 1, fake_cuda_platform(api)))
+    try:
+        yield api
+    finally:
+        context.set_current(None)
+        dist.destroy_process_group()
+
+
+def test_cuda_collective_spans_take_device_time_from_events(one_rank_world, monkeypatch):
+    """Under NCCL a call returns when the work is queued: host clocks would show ~0 s.  The fake device
+    spends 0.5 s in each collective while the host returns at once; the spans must show 0.5 s."""
+    import time
+
+    import torch.distributed as dist
+
+    from suite.comm import collectives as C
+
+    api = one_rank_world
+    real = dist.all_reduce
+
+    def queued(tensor, *args, **kwargs):
+        api.clock += 0.5  # the device works for 0.5 s after the host call returned
+        return real(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(dist, "all_reduce", queued)
+    C.STATS.record_spans(True)
+    try:
+        api.synchronize()
+        t0, anchor = time.perf_counter(), None
+        from suite.runtime.context import current
+
+        p = current().platform
+        anchor = p.mark()
+        C.all_reduce(torch.ones(4))
+        work = C.all_reduce(torch.ones(4), async_op=True)
+        work.wait()
+        p.synchronize()
+        C.STATS.resolve_spans(p, anchor, t0)
+        spans = list(C.STATS.spans)
+    finally:
+        C.STATS.record_spans(False)
+    assert len(spans) == 2
+    for s in spans:
+        assert s.t_end - s.t_launch == pytest.approx(0.5), s
+    assert spans[1].t_launch - t0 == pytest.approx(0.5)  # the second starts after the first on the device
+    # the async end event sits on a timing stream of the group that waited for the work, not the caller's
+    rec = [e for e in api.log if e[1] == "record"]
+    assert [e[3] for e in rec] == ["default", "default", "default", "default", rec[-1][3]]
+    assert rec[-1][3] != "default"
+    entered = [e for e in api.log if e[1] == "enter"]
+    assert entered and entered[-1][2] == rec[-1][3]
+
+
+# -- the reader's CUDA paths (defects 4, 8) ---------------------------------------------------------------
+def _source(n: int = 12, batch: int = 4):
+    from suite.data.reader import BatchSource, EncodedImages
+    from suite.data.synthetic import SyntheticImages
+
+    return BatchSource(EncodedImages.from_dataset(SyntheticImages(n, 1)), batch, 0, 1, seed=1)
+
+
+def test_double_buffer_on_cuda_sets_the_device_in_its_thread_and_syncs_streams():
+    """The prefetch thread must set the rank's device before it touches CUDA (else a context on GPU 0,
+    as torch's pin-memory thread avoids); copies run on a side stream the consumer waits for."""
+    from suite.data.reader import OptimizedReader, PlainReader
+    from suite.runtime.device import Platform
+
+    from .fakes import FakeCuda, fake_cuda_platform
+
+    api = FakeCuda()
+    with PlainReader(_source(), Platform("cpu", "gloo")) as plain:
+        want = [(x.clone(), y.clone()) for x, y in plain.epoch(0)]
+    with OptimizedReader(_source(), fake_cuda_platform(api, local_rank=5), double_buffer=True) as reader:
+        got = list(reader.epoch(0))
+    assert len(got) == len(want) == 3
+    for (x, y), (wx, wy) in zip(got, want):
+        assert torch.equal(x, wx) and torch.equal(y, wy)
+    prefetch = [e for e in api.log if e[0] == "fleetbench-reader-prefetch"]
+    assert prefetch[0][1] == "set_device", prefetch[:3]  # before any pinning or stream use
+    assert {e[1] for e in prefetch[1:]} == {"pin", "enter", "record", "exit"}
+    consumer = [e[1:] for e in api.log if e[0] == "MainThread"]
+    records = [e[2] for e in prefetch if e[1] == "record"]
+    assert [e[2] for e in consumer if e[0] == "wait_event"] == records  # every copy waited on, in order
+    assert all(e[1] == "default" for e in consumer if e[0] == "wait_event")
+    assert sum(1 for e in consumer if e[0] == "record_stream") == 2 * len(records)  # x and y of each batch
+
+
+def test_data_wait_excludes_the_previous_steps_queued_gpu_work():
+    """A blocking .to(device) waits for the stream's queued work; timing from before that wait counts the
+    previous step's GPU time as data wait.  timed_next synchronizes before its timer starts."""
+    import time
+
+    from suite.data.reader import timed_next
+
+    from .fakes import FakeCuda, fake_cuda_platform
+
+    api = FakeCuda()
+    p = fake_cuda_platform(api)
+
+    def batches():
+        while True:
+            api.synchronize()  # the plain reader's blocking copy: waits for whatever the stream holds
+            yield torch.zeros(1)
+
+    it = batches()
+    api.busy = 0.3  # the previous step's kernels, still queued
+    t0 = time.perf_counter()
+    next(it)
+    naive = time.perf_counter() - t0
+    assert naive >= 0.25  # what the old timer measured: the previous step's GPU time
+    api.busy = 0.3
+    _, wait = timed_next(it, p)
+    assert wait < 0.1, wait
+
+
+# -- static guard: every tensor created in rank-side code names its device (defect 2) --------------------
+FACTORIES = {"zeros", "empty", "ones", "full", "tensor", "arange", "rand", "randn", "randint", "randperm"}
+
+# (module path under suite/, enclosing function) -> why a tensor without device= is right there.
+HOST_SIDE = {
+    ("data/synthetic.py", "SyntheticImages.__init__"): "the dataset lives on the host; prepare() moves batches",
+    ("data/synthetic.py", "SyntheticTokens.__init__"): "the dataset lives on the host; prepare() moves batches",
+    ("data/synthetic.py", "step_indices"): "host indices into the host dataset (seeded CPU generator)",
+    ("data/reader.py", "shard_epoch"): "host indices into the host dataset (seeded CPU generator)",
+    ("figures/local_sgd.py", "quality_on_rank"): "host indices into the host dataset (data.get)",
+    ("figures/compute.py", "saved_bytes_rows"): "runs in the parent process (one forward, bytes saved), no rank",
+    ("models/transformer.py", "TinyTransformer.__init__"): "module construction; ModelSpec.make moves it .to(device)",
+    ("models/gpt2.py", "Conv1D.__init__"): "module construction; ModelSpec.make moves it .to(device)",
+    ("models/bert.py", "BertLMPredictionHead.__init__"): "module construction; ModelSpec.make moves it .to(device)",
+    ("data/synthetic.py", "SyntheticMaskedTokens.__init__"): "the host dataset; batches are moved by prepare()",
+    ("compute/fused_optim.py", "FlatOptimizer.state"):
+        "the step count, a CPU scalar as in torch.optim (non-capturable)",
+    ("check/harness.py", "check_on_rank"): "host floats (losses already fetched with .item()) compared on the host",
+}
+
+
+
+def _tensors_without_device() -> set:
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent / "suite"
+    found = set()
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        stack: list = []
+
+        class Visitor(ast.NodeVisitor):
+            def generic_visit(self, node, rel=rel, stack=stack):
+                scoped = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                if scoped:
+                    stack.append(node.name)
+                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                        and node.func.attr in FACTORIES and isinstance(node.func.value, ast.Name)
+                        and node.func.value.id == "torch" and not any(k.arg == "device" for k in node.keywords)):
+                    found.add((rel, ".".join(stack) or "<module>", node.lineno, node.func.attr))
+                super().generic_visit(node)
+                if scoped:
+                    stack.pop()
+
+        Visitor().visit(ast.parse(path.read_text(), str(path)))
+    return found
+
+
+def test_every_tensor_created_in_rank_side_code_names_its_device():
+    """On NCCL a collective on a tensor made without device= raises "No backend type associated with
+    device type cpu"; an optimizer benchmark made so silently runs on the CPU of a GPU machine."""
+    found = _tensors_without_device()
+    bad = sorted(f"suite/{rel}:{line} {fn}: torch.{name}(...) without device="
+                 for rel, fn, line, name in found if (rel, fn) not in HOST_SIDE)
+    assert not bad, "\n".join(bad)
+    stale = sorted(k for k in HOST_SIDE if not any((rel, fn) == k for rel, fn, _, _ in found))
+    assert not stale, f"allow-list entries that match nothing any more (remove them): {stale}"
+
+
+# -- NVML: the GPUs this process sees, one sampler per node (defect 9) -----------------------------------
+def _nvml(monkeypatch, n: int = 4):
+    import sys
+
+    from .fakes import FakeNvml
+
+    fake = FakeNvml([f"GPU {i}" for i in range(n)])
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    return fake
+
+
+def _sample(monkeypatch) -> dict:
+    from suite.measure.utilization import UtilizationSampler
+
+    s = UtilizationSampler(interval=0.02, device="cuda")
+    with s:
+        time.sleep(0.15)
+    return s.summary()
+
+
+
+@pytest.mark.parametrize("visible, want", [("2,3", [2, 3]), ("GPU-fake-3,GPU-fake-0", [3, 0]), ("1,-1,2", [1])])
+def test_nvml_samples_the_visible_gpus_in_cudas_order(monkeypatch, visible, want):
+    fake = _nvml(monkeypatch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    out = _sample(monkeypatch)
+    assert out["nvml_ids"] == [visible.split(",")[i] for i in range(len(want))]
+    assert [g["util_pct"]["median"] for g in out["gpus"]] == [float(fake.util[i]) for i in want], out["gpus"]
+
+
+def test_nvml_unknown_visible_entry_is_reported_not_replaced(monkeypatch):
+    _nvml(monkeypatch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-elsewhere")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    out = _sample(monkeypatch)
+    assert "gpus" not in out and any("NVML failed" in u and "GPU-elsewhere" in u for u in out["unavailable"])
+
+
+def test_only_local_rank_0_samples_under_torchrun(monkeypatch):
+    fake = _nvml(monkeypatch)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    out = _sample(monkeypatch)
+    assert fake.inits == 0 and out["n"] == 0 and out["sampled"] is False
+    assert any("local rank 0 samples" in u for u in out["unavailable"])
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    out = _sample(monkeypatch)
+    assert fake.inits == 1 and out["n"] > 0 and len(out["gpus"]) == 4
+
+
+def test_metadata_names_the_visible_gpus(monkeypatch):
+    from suite.measure.metadata import gpu_info
+
+    fake = _nvml(monkeypatch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: f"cuda {i}")
+    info = gpu_info()
+    assert info["count"] == 2 and info["names"] == ["cuda 0", "cuda 1"]
+    assert [(d["nvml_id"], d["name"]) for d in info["nvml"]] == [("1", "GPU 1"), ("3", "GPU 3")]
+    assert fake.handles_asked == [1, 3]
+
+
+# -- the emulated cluster is CPU-only (defect 9) -----------------------------------------------------------
+def test_emulated_cluster_ranks_see_no_gpu_and_cuda_is_refused():
+    import types
+
+    from suite.cluster.launch import apply_cluster_args, rank_env
+    from suite.cluster.spec import parse_cluster
+    from suite.config import ConfigError
+
+    spec = parse_cluster("2x2:inter=200mbit")
+    cluster = types.SimpleNamespace(spec=spec, node_of_rank=lambda r: types.SimpleNamespace(index=r // 2))
+    for r in range(4):
+        assert rank_env(cluster, r)["CUDA_VISIBLE_DEVICES"] == ""  # so the ranks pick CPU/gloo
+    args = types.SimpleNamespace(cluster="2x2:inter=200mbit", device="cuda", nproc=2, set=[])
+    with pytest.raises(ConfigError, match="bypass its rate-limited links"):
+        apply_cluster_args(args)
+
+
+# -- traces: overlapping collectives are async events ------------------------------------------------------
+def test_trace_draws_overlapping_collectives_as_async_begin_end_pairs():
+    from suite.report.trace import chrome_trace
+
+    step = {"t0": 1.0, "t1": 1.1, "forward": [1.0, 1.02], "grads": [("w", 1.05), ("b", 1.06)],
+            "comm": [{"op": "all_reduce", "group": "comm0", "nbytes": 64, "t0": 1.050, "t1": 1.090},
+                     {"op": "all_reduce", "group": "comm0", "nbytes": 32, "t0": 1.060, "t1": 1.080}]}  # overlapping
+    trace = chrome_trace([{"rank": 0, "steps": [step], "buckets": [["w"], ["b"]]}])
+    comm = [e for e in trace["traceEvents"] if e.get("cat") == "comm"]
+    assert all(e["ph"] in ("b", "e") for e in comm), [e["ph"] for e in comm]
+    begins = {e["id"]: e for e in comm if e["ph"] == "b"}
+    ends = {e["id"]: e for e in comm if e["ph"] == "e"}
+    assert len(begins) == len(ends) == 2 and begins.keys() == ends.keys()
+    for i, b in begins.items():
+        e = ends[i]
+        assert (b["name"], b["cat"], b["pid"]) == (e["name"], e["cat"], e["pid"]) and e["ts"] >= b["ts"]
+    spans = sorted((b["ts"], ends[i]["ts"]) for i, b in begins.items())
+    assert spans == [(1050000.0, 1090000.0), (1060000.0, 1080000.0)]
+    assert begins[min(begins)]["args"] == {"bytes": 64, "group": "comm0", "step": 1}
+
+
+# -- profile and trace: gradient-ready times and forward marks from device events (defect 5) ----------------
+def _device_time_passes_between_marks(monkeypatch, api, seconds: float = 1.0):
+    """Every mark first lets ``seconds`` of device time pass: a stand-in for kernels that the host only
+    queued (host clocks would put every gradient at the start of backward)."""
+    from suite.runtime.context import current
+
+    platform = current().platform
+    real = type(platform).mark
+
+    def mark(self, stream=None):
+        api.clock += seconds
+        return real(self, stream)
+
+    monkeypatch.setattr(type(platform), "mark", mark)
+
+
+def test_profile_gradient_ready_times_come_from_device_events(one_rank_world, monkeypatch):
+    from suite.cluster.profile import record_profile
+    from suite.workload import WorkloadSpec, drop_workloads
+
+    _device_time_passes_between_marks(monkeypatch, one_rank_world)
+    drop_workloads()
+    try:
+        prof = record_profile(WorkloadSpec("mlp", "tiny", per_rank_batch=4, dataset_size=16), steps=1, warmup=0)
+    finally:
+        drop_workloads()
+    ready = [p["ready_s"] for p in prof["params"]]
+    # marks: forward start, forward end, one per gradient (10 in the MLP), backward end, optimizer end
+    assert prof["forward_s"] == pytest.approx(1.0)
+    assert sorted(ready) == pytest.approx([float(k) for k in range(1, 11)]), ready
+    assert prof["backward_s"] == pytest.approx(11.0) and prof["optimizer_s"] == pytest.approx(1.0)
+
+
+def test_trace_marks_come_from_device_events(one_rank_world, monkeypatch):
+    from suite.measure.trace import trace_on_rank
+    from suite.workload import WorkloadSpec, drop_workloads
+
+    _device_time_passes_between_marks(monkeypatch, one_rank_world)
+    drop_workloads()
+    try:
+        out = trace_on_rank(WorkloadSpec("mlp", "tiny", per_rank_batch=4, dataset_size=16), {}, steps=1, warmup=0)
+    finally:
+        drop_workloads()
+    (step,) = out["steps"]
+    f0, f1 = step["forward"]
+    assert f1 - f0 == pytest.approx(1.0)
+    times = [t for _, t in step["grads"]]
+    assert [b - a for a, b in zip(times, times[1:])] == pytest.approx([1.0] * (len(times) - 1))
