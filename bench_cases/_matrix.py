@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 from suite.cases import Case, matrix, select_cases
 from suite.config import ConfigError, StrategyConfig
@@ -10,7 +10,7 @@ from suite.config import ConfigError, StrategyConfig
 __all__ = ["selected_matrix", "resolve", "split_csv", "env_selection", "bench_device", "run_options"]
 
 
-def split_csv(text: Optional[str]) -> list[str]:
+def split_csv(text: str | None) -> list[str]:
     return [t.strip() for t in (text or "").split(",") if t.strip()]
 
 

@@ -199,7 +199,7 @@ def test_gate_figure_simulation_counts_false_alarms_and_detections():
 
     rng = np.random.default_rng(0)
 
-    def fake(inject: float, n: int = 80) -> "figure.Run":
+    def fake(inject: float, n: int = 80) -> figure.Run:
         r = figure.Run("mlp/plain", inject)
         r.d = list(rng.normal(math.log1p(inject), 0.03, n))
         r.base_trials = list(0.05 * rng.lognormal(0, 0.03, 2 * n))

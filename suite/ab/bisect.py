@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 from .client import ProtocolMismatch
 from .trials import AbInputError, AbOptions, CaseOutcome, Side, close_case, compare_case, ready, select, start_side
@@ -39,8 +39,8 @@ class BisectReport:
     bad: str
     commits: list  # [{"commit", "subject"}], oldest first (after GOOD, up to BAD)
     tests: list = field(default_factory=list)  # [{"commit", "subject", "verdict", "ratio", "ci", "blocks", ...}]
-    first_slow: Optional[str] = None
-    undecided: Optional[str] = None  # why no commit is named
+    first_slow: str | None = None
+    undecided: str | None = None  # why no commit is named
     range: tuple = ()  # (last known good, first known bad)
     split: float = math.nan  # the HEAD/GOOD step-time ratio that separates good from bad
 
@@ -77,9 +77,9 @@ def run_bisect(repo: str, good: str, bad: str, case: str, opts: AbOptions, retri
             if case not in names:
                 raise AbInputError(f"case {case} does not run on GOOD at world size {opts.nproc}")
 
-            def test(i: int, split: Optional[float], min_blocks: Optional[int] = None) -> CaseOutcome:
+            def test(i: int, split: float | None, min_blocks: int | None = None) -> CaseOutcome:
                 commit = commits[i]
-                head: Optional[Side] = None
+                head: Side | None = None
                 seq = dataclasses.replace(opts.seq, split=split, min_blocks=min_blocks or opts.seq.min_blocks,
                                           max_blocks=max(opts.seq.max_blocks, min_blocks or 0))
                 try:

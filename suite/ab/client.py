@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Optional
+from typing import Any
 
 from .protocol import PROTOCOL, SUPPORTED_VERSIONS, VERSION, decode, encode
 
@@ -39,9 +39,9 @@ def _under(path: str, root: str) -> bool:
 
 
 class TrialServer:
-    def __init__(self, root: str, label: str, nproc: int = 2, python: Optional[str] = None, timeout: float = 600.0,
-                 start_timeout: float = 180.0, device: Optional[str] = None, log_path: Optional[str] = None,
-                 env: Optional[dict] = None, wait: bool = True):
+    def __init__(self, root: str, label: str, nproc: int = 2, python: str | None = None, timeout: float = 600.0,
+                 start_timeout: float = 180.0, device: str | None = None, log_path: str | None = None,
+                 env: dict | None = None, wait: bool = True):
         self.root, self.label, self.nproc, self.timeout = os.path.abspath(root), label, nproc, timeout
         if log_path is None:
             import tempfile
@@ -61,12 +61,14 @@ class TrialServer:
         # A session of its own: a Ctrl-C in the terminal reaches `ab`, which shuts the servers down in order.
         self.proc = subprocess.Popen(cmd, cwd=self.root, env=child_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._log, text=True, bufsize=1, start_new_session=True)
-        self._lines: "queue.Queue[Optional[str]]" = queue.Queue()
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self._stdin, self._stdout = self.proc.stdin, self.proc.stdout
+        self._lines: queue.Queue[str | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True, name=f"trial-{label}")
         self._reader.start()
         self._id = 0
         self.start_timeout = start_timeout
-        self.hello: Optional[dict] = None
+        self.hello: dict | None = None
         if wait:
             self.ready()
 
@@ -79,7 +81,7 @@ class TrialServer:
     # ---- plumbing ---------------------------------------------------------------------------------
     def _read(self) -> None:
         try:
-            for line in self.proc.stdout:
+            for line in self._stdout:
                 self._lines.put(line)
         finally:
             self._lines.put(None)
@@ -122,9 +124,10 @@ class TrialServer:
             raise ProtocolMismatch(f"{self.label}: the trial server did not introduce itself as {PROTOCOL} "
                                    f"(first line: {str(msg)[:200]})")
         if msg.get("version") not in SUPPORTED_VERSIONS:
+            ours = ", ".join(map(str, SUPPORTED_VERSIONS))
             raise ProtocolMismatch(f"{self.label}: the revision's trial server speaks {PROTOCOL} version "
-                                   f"{msg.get('version')}, this fleetbench speaks {', '.join(map(str, SUPPORTED_VERSIONS))}"
-                                   f": run `fleetbench ab` from a checkout whose protocol matches")
+                                   f"{msg.get('version')}, this fleetbench speaks {ours}: run `fleetbench ab` from "
+                                   f"a checkout whose protocol matches")
         if not _under(str(msg.get("suite", "")), self.root):
             raise TrialError(f"{self.label}: the trial server imported suite from {msg.get('suite')}, not from the "
                              f"revision's worktree {self.root} (PYTHONPATH did not win over the installed fleetbench)",
@@ -137,14 +140,14 @@ class TrialServer:
                              f"ends:\n{self.log_tail()}", kind="ServerDied")
         self._id += 1
         try:
-            self.proc.stdin.write(encode({"id": self._id, "op": op, **fields}))
-            self.proc.stdin.flush()
+            self._stdin.write(encode({"id": self._id, "op": op, **fields}))
+            self._stdin.flush()
         except (BrokenPipeError, OSError):
             raise TrialError(f"{self.label}: the trial server closed its input; its log ends:\n{self.log_tail()}",
                              kind="ServerDied") from None
         return self._id
 
-    def receive(self, rid: int, what: str, timeout: Optional[float] = None) -> dict:
+    def receive(self, rid: int, what: str, timeout: float | None = None) -> dict:
         deadline = time.monotonic() + (timeout or self.timeout)
         while True:
             msg = self._next_line(max(1.0, deadline - time.monotonic()), what)
@@ -155,16 +158,16 @@ class TrialServer:
                              traceback=msg.get("traceback", ""))
         return msg
 
-    def request(self, op: str, timeout: Optional[float] = None, **fields: Any) -> dict:
+    def request(self, op: str, timeout: float | None = None, **fields: Any) -> dict:
         return self.receive(self.send(op, **fields), f"{op} {fields.get('case') or fields.get('key') or ''}".strip(),
                             timeout)
 
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
-                self.proc.stdin.write(encode({"id": -1, "op": "shutdown"}))
-                self.proc.stdin.flush()
-                self.proc.stdin.close()
+                self._stdin.write(encode({"id": -1, "op": "shutdown"}))
+                self._stdin.flush()
+                self._stdin.close()
             except (BrokenPipeError, OSError, ValueError):
                 pass
             try:
@@ -181,7 +184,7 @@ class TrialServer:
         except OSError:
             pass
 
-    def __enter__(self) -> "TrialServer":
+    def __enter__(self) -> TrialServer:
         return self
 
     def __exit__(self, *exc) -> None:

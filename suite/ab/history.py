@@ -26,7 +26,6 @@ import argparse
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Optional
 
 __all__ = ["Alert", "series", "alerts", "alerts_in", "main"]
 
@@ -103,7 +102,7 @@ def alerts_in(all_series: dict, persist: int = 2, threshold: float = 0.05) -> li
     return found
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: list | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m suite.ab.history", description=__doc__.split("\n\n")[0])
     p.add_argument("--results", default="results/asv", help="asv results directory")
     p.add_argument("--machine", required=True, help="asv machine name")

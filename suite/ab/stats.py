@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
 
 import numpy as np
 
@@ -47,7 +47,7 @@ class SeqOptions:
     trim: float = 0.2  # trimmed mean of the block log ratios
     n_resamples: int = 2000
     seed: int = 0
-    split: Optional[float] = None  # bisection: a log ratio; above it "slower", below it "same" (two regions)
+    split: float | None = None  # bisection: a log ratio; above it "slower", below it "same" (two regions)
 
     def __post_init__(self):
         if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
@@ -78,7 +78,7 @@ def _trimmed(x, axis=-1, trim: float = 0.2):
     return trim_mean(x, trim, axis=axis)
 
 
-def interval(d: Sequence[float], opts: SeqOptions = SeqOptions(), rng: Optional[np.random.Generator] = None
+def interval(d: Sequence[float], opts: SeqOptions = SeqOptions(), rng: np.random.Generator | None = None
              ) -> tuple[float, float, float]:
     """(estimate, low, high) of the block log ratios: trimmed mean and its bootstrap interval."""
     from scipy.stats import bootstrap
@@ -105,7 +105,7 @@ def interval(d: Sequence[float], opts: SeqOptions = SeqOptions(), rng: Optional[
     return est, -math.inf, math.inf
 
 
-def decide(lo: float, hi: float, delta: float) -> Optional[str]:
+def decide(lo: float, hi: float, delta: float) -> str | None:
     """The verdict an interval (log scale) gives against the margin ±log(1+δ), or None (keep going)."""
     margin = math.log1p(delta)
     if lo > margin:
@@ -136,12 +136,12 @@ class Sequential:
     estimate: float = math.nan
     low: float = -math.inf
     high: float = math.inf
-    verdict: Optional[str] = None
+    verdict: str | None = None
 
     def __post_init__(self):
         self._rng = np.random.default_rng(self.opts.seed)
 
-    def add(self, d: float) -> Optional[str]:
+    def add(self, d: float) -> str | None:
         if not math.isfinite(d):
             raise ValueError(f"block log ratio {d!r} is not finite")
         self.d.append(float(d))

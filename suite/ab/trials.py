@@ -24,12 +24,12 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional
 
 from .client import ProtocolMismatch, TrialError, TrialServer
 from .stats import SeqOptions, Sequential, describe_verdict, lag1
-from .worktrees import RevisionError, Worktrees
+from .worktrees import Worktrees
 
 __all__ = ["AbOptions", "CaseOutcome", "AbReport", "Side", "compare_case", "run_ab", "start_side", "AbInputError",
            "inject_from_env"]
@@ -48,11 +48,11 @@ class AbOptions:
     tags: list = field(default_factory=list)
     models: list = field(default_factory=list)
     sets: list = field(default_factory=list)
-    config: Optional[str] = None  # a TOML file, absolute path
+    config: str | None = None  # a TOML file, absolute path
     size: str = "cpu"
-    batch: Optional[int] = None
+    batch: int | None = None
     nproc: int = 2
-    device: Optional[str] = None
+    device: str | None = None
     steps: int = 5  # steps per trial window
     trial_warmup: int = 1  # discarded steps before each trial
     warmup: int = 2  # warm-up steps when a case is prepared
@@ -62,7 +62,7 @@ class AbOptions:
     seq: SeqOptions = field(default_factory=SeqOptions)
     inject_base: float = 0.0  # busy work injected into BASE's step (calibration only)
     inject_head: float = 0.0
-    python: Optional[str] = None
+    python: str | None = None
 
     def selection(self) -> dict:
         return {"cases": list(self.cases), "tags": list(self.tags), "models": list(self.models),
@@ -95,7 +95,7 @@ class Side:
     commit: str
     subject: str
     root: str
-    server: Optional[TrialServer] = None
+    server: TrialServer
     inject: float = 0.0
     prepared: dict = field(default_factory=dict)  # case -> key
     records: dict = field(default_factory=dict)  # case -> record (structure, verdict)
@@ -124,7 +124,7 @@ class CaseOutcome:
     log_ratios: list = field(default_factory=list)
     structure_diff: list = field(default_factory=list)
     check: str = ""
-    error: Optional[str] = None
+    error: str | None = None
     failures: list = field(default_factory=list)
     summary: str = ""
 
@@ -182,7 +182,7 @@ def _finite_losses(ans: dict, side: Side, case: str) -> None:
 def close_case(side: Side, case: str) -> None:
     key = side.prepared.pop(case, None)
     side.records.pop(case, None)
-    if key is not None and side.server is not None and side.server.proc.poll() is None:
+    if key is not None and side.server.proc.poll() is None:
         try:
             side.server.request("close", key=key)
         except TrialError:
@@ -199,7 +199,7 @@ def _trial(side: Side, case: str, opts: AbOptions) -> float:
 
 
 def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
-                 say: Callable[[str], None] = lambda m: None, seq: Optional[SeqOptions] = None) -> CaseOutcome:
+                 say: Callable[[str], None] = lambda m: None, seq: SeqOptions | None = None) -> CaseOutcome:
     """Structure, check and timing of one case on both sides (see the module docstring)."""
     seq = seq or opts.seq
     out = CaseOutcome(case, world)
@@ -235,13 +235,13 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
     # -- the timing: randomised ABBA blocks until the interval decides or the budget is spent
     rng = random.Random(f"{seq.seed}:{case}:{world}")
     s = Sequential(seq)
-    times = {base.label: [], head.label: []}
+    times: dict[str, list[float]] = {base.label: [], head.label: []}
     t0 = time.monotonic()
     last_say = t0
     try:
         while True:
             order = (base, head, head, base) if rng.random() < 0.5 else (head, base, base, head)
-            got = {base.label: [], head.label: []}
+            got: dict[str, list[float]] = {base.label: [], head.label: []}
             for side in order:
                 got[side.label].append(_trial(side, case, opts))
             for k, v in got.items():
@@ -275,9 +275,9 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
         out.failures.append(f"{case}@{world}: slower: HEAD/BASE step time {out.ratio:.3f} "
                             f"[{out.ci[0]:.3f}, {out.ci[1]:.3f}] over {out.blocks} blocks (margin ±{seq.delta:.0%})")
     if out.verdict != "error" and seq.split is not None:
-        out.summary = (f"{out.verdict if out.verdict == 'inconclusive' else ('bad' if out.verdict == 'slower' else 'good')}"
-                       f": HEAD/GOOD step time {out.ratio:.3f} [{out.ci[0]:.3f}, {out.ci[1]:.3f}] against the split "
-                       f"{math.exp(seq.split):.3f} ({out.blocks} blocks, {out.seconds:.0f} s)")
+        kind = out.verdict if out.verdict == "inconclusive" else ("bad" if out.verdict == "slower" else "good")
+        out.summary = (f"{kind}: HEAD/GOOD step time {out.ratio:.3f} [{out.ci[0]:.3f}, {out.ci[1]:.3f}] against "
+                       f"the split {math.exp(seq.split):.3f} ({out.blocks} blocks, {out.seconds:.0f} s)")
     elif out.verdict != "error":
         out.summary = describe_verdict(out.verdict, out.ratio, out.ci, seq.delta) + f" ({out.blocks} blocks, " \
                                                                                     f"{out.seconds:.0f} s)"
@@ -287,10 +287,11 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
 
 # ---- a whole comparison -------------------------------------------------------------------------------
 def start_side(wt: Worktrees, label: str, rev: str, opts: AbOptions, inject: float = 0.0, wait: bool = True,
-               commit: Optional[str] = None) -> Side:
+               commit: str | None = None) -> Side:
     commit = commit or wt.resolve(rev)
     wt.check_protocol(commit, label)
     root = wt.add(commit, label.lower())
+    assert wt.dir is not None  # made by add()
     log = os.path.join(wt.dir, f"{label.lower()}-{commit[:10]}-{len(wt.paths)}.log")
     server = TrialServer(root, label, nproc=opts.nproc, python=opts.python, timeout=opts.timeout,
                          device=opts.device, log_path=log, wait=wait)
@@ -322,7 +323,7 @@ def start_all(*sides: Side) -> dict:
     for s, rid in sent:
         try:
             s.server.receive(rid, "starting the rank pool")
-            s.origins = [{"process": "server", "suite": s.server.hello.get("suite")}]
+            s.origins = [{"process": "server", "suite": (s.server.hello or {}).get("suite")}]
             for r in s.server.request("origin")["ranks"]:
                 s.origins.append({"process": f"rank {r['rank']}", "suite": r["suite"]})
                 if not os.path.realpath(r["suite"]).startswith(os.path.realpath(s.root) + os.sep):
@@ -382,7 +383,7 @@ def run_ab(repo: str, base_rev: str, head_rev: str, opts: AbOptions,
                     say(f"  note: busy work of {s.inject:.0%} of each step injected into {s.label} ({INJECT_ENV}): "
                         f"a calibration run")
             errors = start_all(base, head)
-            for label, exc in errors.items():
+            for exc in errors.values():
                 if isinstance(exc, ProtocolMismatch):
                     raise AbInputError(str(exc))
             if "BASE" in errors:
@@ -404,8 +405,7 @@ def run_ab(repo: str, base_rev: str, head_rev: str, opts: AbOptions,
             return report
         finally:
             for s in sides:
-                if s.server is not None:
-                    s.server.close()
+                s.server.close()
 
 
 def _options_dict(opts: AbOptions) -> dict:

@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-from typing import Optional
 
 from .protocol import MARKER_PATH, PROTOCOL, VERSION
 
@@ -50,10 +49,10 @@ def first_parent_range(repo: str, good: str, bad: str) -> list[str]:
 
 
 class Worktrees:
-    def __init__(self, repo: str, tmp_parent: Optional[str] = None):
+    def __init__(self, repo: str, tmp_parent: str | None = None):
         self.repo = repo_root(repo)
         self.tmp_parent = tmp_parent
-        self.dir: Optional[str] = None
+        self.dir: str | None = None
         self.paths: list[str] = []
 
     def resolve(self, rev: str) -> str:
@@ -100,7 +99,7 @@ class Worktrees:
             self.dir = None
         subprocess.run(["git", "-C", self.repo, "worktree", "prune"], capture_output=True)
 
-    def __enter__(self) -> "Worktrees":
+    def __enter__(self) -> Worktrees:
         return self
 
     def __exit__(self, *exc) -> None:

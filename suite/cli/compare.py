@@ -4,7 +4,8 @@ Each side is the suite's records (JSON lines from `fleetbench run`) or a pytest-
 JSON file (saved with --benchmark-save-data or written by --benchmark-json).  Prints a table
 of the change per case (speedup > 1: HEAD faster) with a noise-aware verdict from the
 per-window samples, and the exact structural gate.  For two git revisions, `fleetbench ab`
-is the sharper gate (trials interleaved in time); see docs/figures/gate.md for both.  Exit 0: nothing worse; 1: a case slower beyond the threshold, a verdict
+is the sharper gate (trials interleaved in time); see docs/figures/gate.md for both.
+Exit 0: nothing worse; 1: a case slower beyond the threshold, a structure changed, a verdict
 that went pass -> fail, or a case that errors on HEAD only; 2: input it cannot use.
 """
 from __future__ import annotations
@@ -36,7 +37,6 @@ def main(args) -> int:
     from ..results.gate import GateOptions
     from ..results.load import load_side
     from ..results.records import ResultsFileError
-
     from .predict import unwritable
 
     if args.markdown and unwritable(args.markdown):  # found out now, not after the comparison

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Optional
 
 # Sub-commands: name -> module in suite.cli (each has add_parser(subparsers) and main(args) -> int).
 COMMANDS = {
@@ -29,12 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Benchmarks and correctness checks of Paddle Fleet's data-parallel strategies on PyTorch.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module in COMMANDS.items():
+    for module in COMMANDS.values():
         importlib.import_module(module).add_parser(sub)
     return parser
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:

@@ -4,8 +4,6 @@ Not for people: `fleetbench ab` starts it in each revision's worktree; see suite
 """
 from __future__ import annotations
 
-import argparse
-
 
 def add_parser(sub) -> None:
     p = sub.add_parser("trial-server",  # no help=: argparse then leaves it out of `fleetbench --help`

@@ -33,7 +33,6 @@ seconds, default 180), FLEETBENCH_GATE_SIZE (default tiny).
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import random
 import statistics
@@ -92,7 +91,7 @@ def long_run(case: str, inject: float, blocks: int, args, seed: int, say) -> Run
         t1 = time.monotonic()
         for _ in range(blocks):
             order = (0, 1, 1, 0) if rng.random() < 0.5 else (1, 0, 0, 1)
-            got = {0: [], 1: []}
+            got: dict[int, list[float]] = {0: [], 1: []}
             for i in order:
                 got[i].append(servers[i].request("trial", key=keys[i], steps=args.steps, warmup=1)["step_s"])
             run.base_trials += got[0]
@@ -117,7 +116,7 @@ def simulate(run: Run, sims: int, budget_s: float, seed: int, opts=None) -> dict
     counts = {"slower": 0, "faster": 0, "same": 0, "inconclusive": 0}
     used = []
     d = np.asarray(run.d)
-    for k in range(sims):
+    for _ in range(sims):
         s = Sequential(SeqOptions(delta=opts.delta, confidence=opts.confidence, min_blocks=opts.min_blocks,
                                   seed=int(rng.integers(1 << 30))))
         draws = d[rng.integers(0, d.size, size=limit)]
@@ -143,7 +142,8 @@ def direct(run: Run, budget_s: float) -> str:
 
 def _compare_runs(runs: list[Run], rounds: int) -> tuple[list, dict]:
     """Separate runs of ``rounds`` windows: (unchanged runs as (server id, samples), {inject: slowed runs})."""
-    unchanged, slowed = [], {}
+    unchanged: list = []
+    slowed: dict = {}
     for i, r in enumerate(runs):
         chunks = lambda xs: [xs[j:j + rounds] for j in range(0, len(xs) - rounds + 1, rounds)]  # noqa: E731
         unchanged += [((i, "A"), c) for c in chunks(r.base_trials)]

@@ -52,7 +52,7 @@ class Comparison:
                 "warnings": self.warnings, "failures": self.failures, "exit_code": self.exit_code}
 
 
-def _side_info(side) -> "dict | None":
+def _side_info(side) -> dict | None:
     if side is None:
         return None
     return {"path": side.path, "kind": side.kind, "torch": side.torch, "device": side.device, "run_ids": side.run_ids}
@@ -62,7 +62,8 @@ def _fmt_ms(x: float) -> float:
     return round(x * 1e3, 3) if isinstance(x, float) and math.isfinite(x) else math.nan
 
 
-def compare_sides(base: Side, head: Side, opts: GateOptions = GateOptions(), strict: bool = False) -> Comparison:
+def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, strict: bool = False) -> Comparison:
+    opts = opts if opts is not None else GateOptions()
     cmp = Comparison(rows=[])
     if base.torch and head.torch and base.torch != head.torch:
         cmp.warnings.append(f"torch versions differ: BASE {base.torch}, HEAD {head.torch}")
@@ -72,6 +73,7 @@ def compare_sides(base: Side, head: Side, opts: GateOptions = GateOptions(), str
     for key in sorted(keys):
         b, h = base.cases.get(key), head.cases.get(key)
         one = b or h
+        assert one is not None  # the key came from one of the sides
         row = {"case": one.case, "world": one.world_size, "base_ms": math.nan, "head_ms": math.nan,
                "speedup": math.nan, "ci": "", "p_slower": math.nan,
                "n": "", "verdict": f"{b.verdict if b else '-'} -> {h.verdict if h else '-'}", "change": "",
@@ -92,7 +94,8 @@ def compare_sides(base: Side, head: Side, opts: GateOptions = GateOptions(), str
         if h.status == "error" or h.verdict == "error":
             if b.status != "error" and b.verdict != "error":
                 row["status"] = "FAIL"
-                cmp.failures.append(f"{key}: ran on BASE, errors on HEAD ({(h.error or '').splitlines()[0][:120] if h.error else 'no detail'})")
+                detail = h.error.splitlines()[0][:120] if h.error else "no detail"
+                cmp.failures.append(f"{key}: ran on BASE, errors on HEAD ({detail})")
             else:
                 row["change"] = "error on both sides"
             cmp.rows.append(row)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -61,7 +62,7 @@ def gate_samples(base, head, opts: GateOptions = GateOptions()) -> dict:
     a side at alpha 0.01; nan/inf samples are dropped and counted).
     """
     b, h = _finite(base), _finite(head)
-    out = {"n_base": int(b.size), "n_head": int(h.size), "dropped": int(len(list(base)) - b.size
+    out: dict[str, Any] = {"n_base": int(b.size), "n_head": int(h.size), "dropped": int(len(list(base)) - b.size
                                                                           + len(list(head)) - h.size),
            "base_median_s": float(np.median(b)) if b.size else math.nan,
            "head_median_s": float(np.median(h)) if h.size else math.nan,

@@ -15,7 +15,6 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Optional
 
 from .records import ResultsFileError, read_records
 
@@ -38,7 +37,7 @@ class CaseResult:
     status: str = "ok"
     samples_per_s: float = math.nan
     config: dict = field(default_factory=dict)
-    error: Optional[str] = None
+    error: str | None = None
     where: str = ""  # file:line or file:benchmark name
 
 
@@ -47,13 +46,13 @@ class Side:
     path: str
     kind: str  # "records" | "pytest-benchmark"
     cases: dict  # key -> CaseResult
-    torch: Optional[str] = None
-    device: Optional[str] = None  # GPU names, or the CPU model
+    torch: str | None = None
+    device: str | None = None  # GPU names, or the CPU model
     run_ids: list = field(default_factory=list)
     records: list = field(default_factory=list)  # the CaseRecords (records files only)
 
 
-def _device_of(meta: dict) -> Optional[str]:
+def _device_of(meta: dict) -> str | None:
     gpu = meta.get("gpu") or {}
     if gpu.get("available"):
         return "GPU: " + ", ".join(gpu.get("names") or [])
@@ -77,7 +76,7 @@ def _floats(values, where: str, what: str) -> list:
     return out
 
 
-def load_side(path: str, run_id: Optional[str] = None) -> Side:
+def load_side(path: str, run_id: str | None = None) -> Side:
     """Read ``path``: a pytest-benchmark JSON file, or a records file (last record per case wins)."""
     if os.path.isdir(path):
         raise ResultsFileError(f"{path}: is a directory; give a results file (records .jsonl or pytest-benchmark "
@@ -102,7 +101,7 @@ def load_side(path: str, run_id: Optional[str] = None) -> Side:
     return _from_records(path, run_id)
 
 
-def _from_records(path: str, run_id: Optional[str]) -> Side:
+def _from_records(path: str, run_id: str | None) -> Side:
     records = read_records(path)  # errors name the file and line
     with open(path, encoding="utf-8") as fh:
         linenos = [i for i, line in enumerate(fh, 1) if line.strip()]
@@ -140,9 +139,11 @@ def _from_pytest_benchmark(path: str, data: dict) -> Side:
                                f"JSON)")
     machine = data.get("machine_info") or {}
     if not isinstance(machine, dict):
-        raise ResultsFileError(f"{path}: 'machine_info' is {_show(machine)}; expected an object (pytest-benchmark JSON)")
+        raise ResultsFileError(f"{path}: 'machine_info' is {_show(machine)}; expected an object "
+                               f"(pytest-benchmark JSON)")
     fb, cpu = machine.get("fleetbench") or {}, machine.get("cpu") or {}
-    side = Side(path, "pytest-benchmark", {}, torch=machine.get("torch") if isinstance(machine.get("torch"), str) else None,
+    torch_version = machine.get("torch") if isinstance(machine.get("torch"), str) else None
+    side = Side(path, "pytest-benchmark", {}, torch=torch_version,
                 device=(_device_of(fb) if isinstance(fb, dict) else None)
                 or (cpu.get("brand_raw") if isinstance(cpu, dict) else None))
     for i, b in enumerate(benches):
@@ -172,17 +173,18 @@ def _from_pytest_benchmark(path: str, data: dict) -> Side:
         else:
             raise ResultsFileError(f"{where}: no per-round data; save results with --benchmark-save-data "
                                    f"(or --benchmark-json, which keeps it)")
-        structure = extra.get("structure") if isinstance(extra.get("structure"), dict) else {}
+        structure = extra.get("structure")
+        structure = structure if isinstance(structure, dict) else {}
         sps = extra.get("samples_per_s")
         verdict, status = extra.get("verdict", "n/a"), extra.get("status", "ok")
         if verdict not in ("pass", "fail", "n/a", "error", "skipped") or status not in ("ok", "error", "skipped"):
             raise ResultsFileError(f"{where}: extra_info verdict={_show(verdict)}, status={_show(status)}; expected "
                                    f"pass/fail/n/a/error/skipped and ok/error/skipped")
-        error = extra.get("error")
+        error, config = extra.get("error"), extra.get("config")
         side.cases[case_key(case, world)] = CaseResult(
             case_key(case, world), case, world, samples, windows=windows, structure=structure, verdict=verdict,
             status=status,
             samples_per_s=float(sps) if isinstance(sps, (int, float)) and not isinstance(sps, bool) else math.nan,
-            config=extra.get("config") if isinstance(extra.get("config"), dict) else {},
+            config=config if isinstance(config, dict) else {},
             error=error if isinstance(error, str) else None, where=where)
     return side

@@ -9,7 +9,7 @@ check's per-step losses); :func:`structure_diff` lists every difference between 
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 __all__ = ["structure_of", "structure_diff"]
 
@@ -18,7 +18,7 @@ _DESCRIBE_KEYS = ("strategy", "allreduce_ops_before_fusion", "allreduce_ops", "f
                   "nccl_comm_num", "hierarchical", "init_broadcasts")
 
 
-def structure_of(describe: Optional[dict], metrics: Optional[dict], check: Optional[dict],
+def structure_of(describe: dict | None, metrics: dict | None, check: dict | None,
                  deterministic: bool = False) -> dict:
     """The structural facts of one case (see the module docstring).
 
