@@ -1,35 +1,41 @@
 """`fleetbench bisect GOOD BAD --case X`: the first slow commit, found with the A/B harness.
 
-1. BAD is compared with GOOD by `ab`'s own rule (:func:`suite.ab.trials.compare_case`), over at
-   least :data:`MEASURE_BLOCKS` blocks; unless it is *slower*, there is nothing to bisect and the
-   report says so.
-2. The slowdown measured there (the trimmed mean ``e`` of the block log ratios) sets the
-   *split*, half-way in log scale (``e/2``: half of a 10% slowdown is about 4.9%).  Each commit
-   between GOOD and BAD (first-parent line) is compared with GOOD and classified: the whole
-   interval above the split is *bad* (it has the slowdown), the whole interval below it *good*.
-   Two regions, not three: a commit is either like GOOD or like BAD, so "same within ±δ" is
-   not needed, and both kinds of commit decide in a few blocks.
-3. An *inconclusive* commit (its interval still straddles the split when the budget is spent)
-   is tested again with twice the budget (``retries`` times); if it stays inconclusive the
-   bisection stops and says so, with the range the first slow commit lies in.
+1. GOOD and BAD each get a trial server, kept up for the whole bisection (each case prepared
+   once).  BAD is compared with GOOD by `ab`'s own rule (:func:`suite.ab.trials.compare_case`);
+   unless it is *slower*, there is nothing to bisect and the report says so.
+2. The commits of BAD's first-parent line after GOOD are bisected.  A commit tested gets its
+   own worktree and server, and its trials are interleaved with *both* GOOD's and BAD's in
+   blocks of six, ``ABCCBA`` with the three roles drawn at random each block (a mirror
+   sequence: a linear drift within the block hits the three alike).  The block statistic is
+   where the commit lies between the two, at the same moment::
 
-GOOD's trial server stays up for the whole bisection (its case prepared once); each commit
-tested gets its own worktree and server, removed after its comparison.
+       x = log(commit) - (log(GOOD) + log(BAD)) / 2        (each the mean of its two trials)
+
+   The whole interval of ``x`` (``suite.ab.stats``: trimmed mean, bootstrap) above 0 -> *bad*
+   (like BAD), below 0 -> *good* (like GOOD).  Measured against both ends at once, the
+   classification does not depend on how large the slowdown looks at any one moment (busy
+   work costs more wall time on a loaded machine than on a quiet one).
+3. An *inconclusive* commit (its interval still straddles 0 when the budget is spent) is tested
+   again with twice the budget (``retries`` times); if it stays inconclusive the bisection
+   stops and says so, with the range the first slow commit lies in (exit 1).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .client import ProtocolMismatch
-from .trials import AbInputError, AbOptions, CaseOutcome, Side, close_case, compare_case, ready, select, start_side
+import numpy as np
+
+from .client import ProtocolMismatch, TrialError
+from .stats import SeqOptions, Sequential
+from .trials import AbInputError, AbOptions, Side, _prepare, _trial, close_case, compare_case, ready, select, start_side
 from .worktrees import Worktrees, first_parent_range
 
-__all__ = ["BisectReport", "run_bisect", "MEASURE_BLOCKS"]
-
-MEASURE_BLOCKS = 24  # blocks at least for BAD against GOOD, whose slowdown sets the split
+__all__ = ["BisectReport", "run_bisect", "classify"]
 
 
 @dataclass
@@ -38,11 +44,11 @@ class BisectReport:
     good: str
     bad: str
     commits: list  # [{"commit", "subject"}], oldest first (after GOOD, up to BAD)
-    tests: list = field(default_factory=list)  # [{"commit", "subject", "verdict", "ratio", "ci", "blocks", ...}]
+    tests: list = field(default_factory=list)  # [{"commit", "subject", "class", "position", "ci", "blocks", ...}]
     first_slow: str | None = None
     undecided: str | None = None  # why no commit is named
     range: tuple = ()  # (last known good, first known bad)
-    split: float = math.nan  # the HEAD/GOOD step-time ratio that separates good from bad
+    bad_ratio: float = math.nan  # BAD/GOOD step time, as ab measured it
 
     @property
     def exit_code(self) -> int:
@@ -52,6 +58,32 @@ class BisectReport:
         d = dataclasses.asdict(self)
         d.update(kind="fleetbench.bisect", exit_code=self.exit_code)
         return d
+
+
+def classify(good: Side, bad: Side, cand: Side, case: str, opts: AbOptions, seq: SeqOptions,
+             say: Callable[[str], None] = lambda m: None) -> dict:
+    """Blocks of six trials until the candidate's position between GOOD and BAD is decided (see above)."""
+    _prepare(cand, case, opts)
+    s = Sequential(dataclasses.replace(seq, split=0.0))
+    rng = random.Random(f"{seq.seed}:{cand.commit}")
+    t0 = time.monotonic()
+    while True:
+        roles = [good, bad, cand]
+        rng.shuffle(roles)
+        got: dict[str, list[float]] = {good.label: [], bad.label: [], cand.label: []}
+        for side in roles + roles[::-1]:
+            got[side.label].append(_trial(side, case, opts))
+        lg, lb, lc = (math.log(float(np.mean(got[x.label]))) for x in (good, bad, cand))
+        verdict = s.add(lc - (lg + lb) / 2)
+        if verdict is not None or time.monotonic() - t0 >= seq.budget_s or len(s.d) >= seq.max_blocks:
+            break
+    s.finish()
+    cls = {"slower": "bad", "same": "good"}.get(s.verdict or "", "inconclusive")
+    lo, hi = s.ratio_ci
+    out = {"class": cls, "position": s.ratio, "ci": [lo, hi], "blocks": len(s.d), "seconds": time.monotonic() - t0}
+    say(f"  {case}: {cls}: commit / midpoint(GOOD, BAD) step time {s.ratio:.3f} [{lo:.3f}, {hi:.3f}] "
+        f"({len(s.d)} blocks, {out['seconds']:.0f} s)")
+    return out
 
 
 def run_bisect(repo: str, good: str, bad: str, case: str, opts: AbOptions, retries: int = 1,
@@ -66,62 +98,62 @@ def run_bisect(repo: str, good: str, bad: str, case: str, opts: AbOptions, retri
         report = BisectReport(case, gc, bc, [{"commit": c, "subject": wt.subject(c)} for c in commits],
                               range=(gc, bc))
         say(f"fleetbench bisect: {case}, {len(commits)} commit(s) after GOOD {gc[:10]} up to BAD {bc[:10]}")
-        base = start_side(wt, "GOOD", good, opts, opts.inject_base, commit=gc)
+        sides: list[Side] = []
         try:
+            sides.append(start_side(wt, "GOOD", good, opts, opts.inject_base, wait=False, commit=gc))
+            sides.append(start_side(wt, "BAD", bad, opts, opts.inject_head, wait=False, commit=bc))
+            g, b = sides
             try:
-                ready(base)
+                ready(g, b)
             except ProtocolMismatch as exc:
                 raise AbInputError(str(exc)) from None
-            names = [c["case"] for c in select(base, dataclasses.replace(opts, cases=[case], tags=[], models=[]))
+            names = [c["case"] for c in select(g, dataclasses.replace(opts, cases=[case], tags=[], models=[]))
                      if not c["skip"]]
             if case not in names:
                 raise AbInputError(f"case {case} does not run on GOOD at world size {opts.nproc}")
-
-            def test(i: int, split: float | None, min_blocks: int | None = None) -> CaseOutcome:
-                commit = commits[i]
-                head: Side | None = None
-                seq = dataclasses.replace(opts.seq, split=split, min_blocks=min_blocks or opts.seq.min_blocks,
-                                          max_blocks=max(opts.seq.max_blocks, min_blocks or 0))
-                try:
-                    wt.check_protocol(commit, f"commit {i + 1}/{len(commits)}")
-                    head = start_side(wt, commit[:10], commit, opts, opts.inject_head, commit=commit)
-                    ready(head)
-                    for attempt in range(retries + 1):
-                        say(f"  testing {commit[:10]} ({i + 1}/{len(commits)}: {wt.subject(commit)[:60]})"
-                            + (f", again with a budget of {seq.budget_s:.0f} s" if attempt else ""))
-                        o = compare_case(base, head, case, opts.nproc, opts, say, seq=seq)
-                        if o.verdict != "inconclusive":
-                            break
-                        seq = dataclasses.replace(seq, budget_s=seq.budget_s * 2)
-                finally:
-                    if head is not None:
-                        close_case(head, case)
-                        head.server.close()
-                        wt.drop(head.root)
-                kind = {"slower": "bad", "same": "good", "faster": "good"}.get(o.verdict, o.verdict) \
-                    if split is not None else o.verdict
-                report.tests.append({"commit": commit, "subject": wt.subject(commit), "verdict": o.verdict,
-                                     "class": kind, "ratio": o.ratio, "ci": list(o.ci), "blocks": o.blocks,
-                                     "seconds": o.seconds, "structure_diff": o.structure_diff, "error": o.error})
-                return o
-
-            last = len(commits) - 1
-            # BAD against GOOD, by ab's own rule, with enough blocks that the slowdown (hence the split) is
-            # measured, not just detected: a sequential stop at the first look overstates it.
-            o = test(last, None, max(MEASURE_BLOCKS, opts.seq.min_blocks))
+            o = compare_case(g, b, case, opts.nproc, opts, say)  # BAD against GOOD, by ab's own rule
+            report.bad_ratio = o.ratio
+            report.tests.append({"commit": bc, "subject": wt.subject(bc), "class": "bad" if o.verdict == "slower"
+                                 else o.verdict, "position": math.nan, "ratio": o.ratio, "ci": list(o.ci),
+                                 "blocks": o.blocks, "seconds": o.seconds, "against": "GOOD"})
             if o.verdict != "slower":
                 report.undecided = f"BAD {bc[:10]} is {o.verdict} against GOOD, not slower: nothing to bisect"
                 return report
-            split = o.estimate / 2
-            report.split = math.exp(split)
-            say(f"  BAD is slower ({o.ratio:.3f}); commits are bad above a HEAD/GOOD ratio of {report.split:.3f}")
-            lo, hi = -1, last  # commits[lo] good (-1: GOOD itself), commits[hi] bad
+
+            def test(i: int) -> str:
+                commit = commits[i]
+                cand: Side | None = None
+                seq = opts.seq
+                res: dict = {}
+                try:
+                    wt.check_protocol(commit, f"commit {i + 1}/{len(commits)}")
+                    cand = start_side(wt, commit[:10], commit, opts, 0.0, commit=commit)
+                    ready(cand)
+                    for attempt in range(retries + 1):
+                        say(f"  testing {commit[:10]} ({i + 1}/{len(commits)}: {wt.subject(commit)[:60]})"
+                            + (f", again with a budget of {seq.budget_s:.0f} s" if attempt else ""))
+                        res = classify(g, b, cand, case, opts, seq, say)
+                        if res["class"] != "inconclusive":
+                            break
+                        seq = dataclasses.replace(seq, budget_s=seq.budget_s * 2)
+                except TrialError as exc:
+                    res = {"class": "error", "error": str(exc).splitlines()[0][:300]}
+                finally:
+                    if cand is not None:
+                        close_case(cand, case)
+                        cand.server.close()
+                        wt.drop(cand.root)
+                report.tests.append({"commit": commit, "subject": wt.subject(commit), "against": "GOOD and BAD",
+                                     **res})
+                return res["class"]
+
+            lo, hi = -1, len(commits) - 1  # commits[lo] good (-1: GOOD itself), commits[hi] bad
             while hi - lo > 1:
                 mid = (lo + hi) // 2
-                v = test(mid, split).verdict
-                if v == "slower":
+                v = test(mid)
+                if v == "bad":
                     hi = mid
-                elif v in ("same", "faster"):
+                elif v == "good":
                     lo = mid
                 else:
                     report.undecided = (f"{commits[mid][:10]} stayed {v} after {retries + 1} attempt(s); the first "
@@ -133,5 +165,6 @@ def run_bisect(repo: str, good: str, bad: str, case: str, opts: AbOptions, retri
                 report.first_slow = commits[hi]
             return report
         finally:
-            close_case(base, case)
-            base.server.close()
+            for s in sides:
+                close_case(s, case)
+                s.server.close()

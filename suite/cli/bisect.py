@@ -51,11 +51,13 @@ def main(args) -> int:
         return report.exit_code
     print()
     for t in report.tests:
-        ratio = f"{t['ratio']:.3f} [{t['ci'][0]:.3f}, {t['ci'][1]:.3f}]" if math.isfinite(t["ratio"]) else "-"
-        print(f"  {t['commit'][:10]}  {t['class']:12s}  HEAD/GOOD {ratio}  {t['blocks']} blocks  "
-              f"{t['subject'][:60]}")
-    if math.isfinite(report.split):
-        print(f"  (bad: the interval above a HEAD/GOOD ratio of {report.split:.3f}, half BAD's slowdown in log scale)")
+        if t.get("against") == "GOOD":
+            what = f"BAD/GOOD {t['ratio']:.3f} [{t['ci'][0]:.3f}, {t['ci'][1]:.3f}]"
+        elif "position" in t and math.isfinite(t["position"]):
+            what = f"commit/midpoint {t['position']:.3f} [{t['ci'][0]:.3f}, {t['ci'][1]:.3f}]"
+        else:
+            what = t.get("error", "-")
+        print(f"  {t['commit'][:10]}  {t['class']:12s}  {what}  {t.get('blocks', 0)} blocks  {t['subject'][:60]}")
     if report.first_slow:
         subject = next(c["subject"] for c in report.commits if c["commit"] == report.first_slow)
         print(f"\nfirst slow commit: {report.first_slow} {subject}")
