@@ -44,7 +44,8 @@ def test_nightly_cpu_pipeline_end_to_end(tmp_path):
     (tmp_path / "asv.conf.json").write_text(json.dumps(conf))
     last_good = tmp_path / "last-good" / "commit"
     last_good.parent.mkdir()
-    last_good.write_text(_head() + "\n")  # the last good commit is this one: only the injected busy work differs
+    head = _head()
+    last_good.write_text(head + "\n")  # the last good commit is this one: only the injected busy work differs
     seeded = last_good.read_bytes()
     out_dir = tmp_path / "out"
     env = dict(os.environ, HOME=str(tmp_path), PY=sys.executable, NIGHTLY_CASES="mlp/plain", NIGHTLY_WORLDS="2",
@@ -60,7 +61,7 @@ def test_nightly_cpu_pipeline_end_to_end(tmp_path):
     assert "ab gate: FAIL" in log and "mlp/plain@2: slower" in log, log[-5000:]
     assert last_good.read_bytes() == seeded, "a failed night must not become the last good commit"
     ab = json.load(open(out_dir / "ab-w2.json"))
-    assert ab["base"]["commit"] == ab["head"]["commit"] == _head() and ab["head"]["inject"] == 1.0
+    assert ab["base"]["commit"] == ab["head"]["commit"] == head and ab["head"]["inject"] == 1.0
     (case,) = ab["cases"]
     assert case["verdict"] == "slower" and case["structure_diff"] == [] and ab["exit_code"] == 1, case
     assert "history alerts (cpu-test" in log and (out_dir / "history-alerts.md").exists(), log[-3000:]
