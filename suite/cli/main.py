@@ -47,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fleetbench {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"fleetbench {args.command}: interrupted; finished cases are kept in the results file",
-              file=sys.stderr)
+        kept = "; finished cases are kept in the results file" if args.command == "run" else ""
+        print(f"fleetbench {args.command}: interrupted{kept}", file=sys.stderr)
         return 130
 
 

@@ -28,7 +28,9 @@ Settings (environment): FLEETBENCH_GATE_CASES (comma-separated), FLEETBENCH_GATE
 per run, default 60), FLEETBENCH_GATE_PAIRS (A/A pairs per case, default 3),
 FLEETBENCH_GATE_SLOW_PAIRS (pairs per slowdown, default 2), FLEETBENCH_GATE_SIMS (simulated
 comparisons per pair, default 100), FLEETBENCH_GATE_BUDGET (ab's budget per comparison,
-seconds, default 180), FLEETBENCH_GATE_SIZE (default tiny).
+seconds, default 180), FLEETBENCH_GATE_SIZE (default tiny); FLEETBENCH_GATE_SAVE=PATH keeps every run
+(block log ratios and trial times, JSON) as it is measured, FLEETBENCH_GATE_LOAD=PATH reads them
+back instead of measuring (the rates and tables are recomputed from the saved runs).
 """
 from __future__ import annotations
 
@@ -64,6 +66,7 @@ class Run:
     head_trials: list = field(default_factory=list)
     seconds: float = 0.0  # wall time of the blocks
     setup_s: float = 0.0  # servers started, case prepared
+    load: list = field(default_factory=list)  # the machine's 1-minute load average before and after the blocks
 
     @property
     def block_s(self) -> float:
@@ -88,6 +91,7 @@ def long_run(case: str, inject: float, blocks: int, args, seed: int, say) -> Run
                 for s, inj in zip(servers, (0.0, inject))]
         run.setup_s = time.monotonic() - t0
         rng = random.Random(seed)
+        run.load.append(os.getloadavg()[0])
         t1 = time.monotonic()
         for _ in range(blocks):
             order = (0, 1, 1, 0) if rng.random() < 0.5 else (1, 0, 0, 1)
@@ -98,6 +102,7 @@ def long_run(case: str, inject: float, blocks: int, args, seed: int, say) -> Run
             run.head_trials += got[1]
             run.d.append(block_log_ratio(got[0], got[1]))
         run.seconds = time.monotonic() - t1
+        run.load.append(os.getloadavg()[0])
     finally:
         for s in servers:
             s.close()
@@ -175,6 +180,22 @@ def compare_rates(runs: list[Run], rounds: int, seed: int, max_pairs: int = 2000
     return lines
 
 
+def _save(path: str, runs: list) -> None:
+    import dataclasses
+    import json
+
+    with open(path + ".tmp", "w") as fh:
+        json.dump([dataclasses.asdict(r) for r in runs], fh)
+    os.replace(path + ".tmp", path)
+
+
+def _load(path: str) -> list:
+    import json
+
+    with open(path) as fh:
+        return [Run(**r) for r in json.load(fh)]
+
+
 def _rate(n: int, total: int) -> str:
     return f"{n / total:.1%} ({n}/{total})" if total else "-"
 
@@ -190,6 +211,8 @@ def run(pool, args) -> str:
     sims = _env_int("FLEETBENCH_GATE_SIMS", 100)
     budget = float(os.environ.get("FLEETBENCH_GATE_BUDGET", "180"))
     seq = SeqOptions()
+    save, load = os.environ.get("FLEETBENCH_GATE_SAVE"), os.environ.get("FLEETBENCH_GATE_LOAD")
+    loaded = _load(load) if load else []
     t_start = time.monotonic()
     out = [f"### `fleetbench ab`: false alarms and detection ({args.nproc} ranks, trials of {args.steps} steps, "
            f"margin ±{seq.delta:.0%}, {seq.confidence:.0%} bootstrap interval, decisions from {seq.min_blocks} "
@@ -200,11 +223,14 @@ def run(pool, args) -> str:
     all_runs: dict = {}
     summary = []
     for ci, case in enumerate(cases):
-        runs = []
-        plan = [0.0] * pairs_aa + [f for f in SLOWDOWNS for _ in range(pairs_slow)]
-        order = random.Random(ci).sample(plan, len(plan))  # levels interleaved in time
-        for k, f in enumerate(order):
-            runs.append(long_run(case, f, blocks, args, seed=1000 * ci + k, say=say))
+        runs = [r for r in loaded if r.case == case]
+        if not runs:
+            plan = [0.0] * pairs_aa + [f for f in SLOWDOWNS for _ in range(pairs_slow)]
+            order = random.Random(ci).sample(plan, len(plan))  # levels interleaved in time
+            for k, f in enumerate(order):
+                runs.append(long_run(case, f, blocks, args, seed=1000 * ci + k, say=say))
+                if save:
+                    _save(save, [r for rs in all_runs.values() for r in rs] + runs)
         all_runs[case] = runs
         for f in (0.0,) + SLOWDOWNS:
             rs = [r for r in runs if r.inject == f]
@@ -245,6 +271,11 @@ def run(pool, args) -> str:
                 "|---" * (2 + len(SLOWDOWNS)) + "|"]
         out += compare_rates(all_runs[case], args.rounds, seed=5) + [""]
     minutes = (time.monotonic() - t_start) / 60
+    loads = [x for rs in all_runs.values() for r in rs for x in r.load]
+    if loads:
+        out += [f"Machine load (1-minute load average on {os.cpu_count()} cores) during the runs: "
+                f"{min(loads):.1f} to {max(loads):.1f}; figures measured under load are not the machine's "
+                f"sensitivity, only the harness's."]
     out += [f"Runs: each pair is two fresh trial servers (their own interpreters and rank pools); levels interleaved "
             f"in time. Slowdowns are busy work in the HEAD server's training step (a fraction of the step's own "
             f"time). ab rates: sequential comparisons simulated by resampling a pair's blocks ({sims} per pair); "
