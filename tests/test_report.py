@@ -307,3 +307,16 @@ def test_scaling_and_local_sgd_drawn_when_their_data_exists(tmp_path):
         assert names == ["mlp/local_sgd@2", "mlp/plain@1", "mlp/plain@2"], names
     finally:
         F.plt.close(fig)
+
+
+def test_fleetbench_report_names_the_failures(tmp_path, capsys):
+    from suite.cli.main import main
+    from suite.results.records import append_record
+
+    path = tmp_path / "runs.jsonl"
+    for r in _records():
+        append_record(str(path), r)
+    assert main(["report", str(path), "--out", str(tmp_path / "report")]) == 0
+    out = capsys.readouterr().out
+    assert "2 failure(s) or error(s), listed first: mlp/ddp@2 error, mlp/fusion@2 fail" in out, out
+    assert (tmp_path / "report" / "index.html").exists()
