@@ -253,8 +253,8 @@ HOW_TO_READ = [
     "in the run. Negative: the strategy changes compute too (e.g. compute fusion), so the split does not apply.",
     "<strong>Collectives/step</strong> counts the collectives fleetbench issued per step (torch DDP's own are "
     "not counted). <strong>busbw</strong> (nccl-tests' bus bandwidth over the exposed time) is shown only "
-    "where it is a bandwidth: exposed communication positive, measurable, and allreduce messages of 1 MB or "
-    "more on average; elsewhere the cell says why on hover.",
+    "where it is a bandwidth: exposed communication positive, measurable, and allreduce messages of 256 kB "
+    "or more on average; elsewhere the cell says why on hover.",
     "A verdict is the correctness check against the reference that fits the strategy: <em>pass</em>, "
     "<em>fail</em> (message at the top), <em>error</em> (the case did not finish), <em>n/a</em> (nothing to "
     "check, e.g. <code>none</code>). The last record of each case and world size is the one shown.",
