@@ -31,7 +31,7 @@ def what_a_round_is(k: int | str) -> str:
 class Timed:
     """The benchmarks that ran: (group, steps per round) each, for the note after pytest-benchmark's tables."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.runs: list[tuple[str, int]] = []
 
     def add(self, group: str, steps: int) -> None:
