@@ -29,6 +29,8 @@ lint: setup
 	$(VENV)/bin/ruff check suite tests bench_cases
 	$(VENV)/bin/mypy
 
+# pytest-benchmark over the smoke cases at world size 2 (about a minute on 2 cores); one table per model and
+# world size; e.g. ARGS='--fleetbench-tag default' for more (docs/benchmarks.md).
 bench: setup
 	$(PY) -m pytest bench_cases --benchmark-only $(ARGS)
 

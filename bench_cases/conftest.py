@@ -2,8 +2,15 @@
 
 Options (also settable through FLEETBENCH_BENCH_CASES / _TAGS / _WORLDS, comma-separated):
 ``--fleetbench-case`` (name or glob, repeatable), ``--fleetbench-tag`` (default smoke),
-``--fleetbench-world`` (repeatable; default each case's world sizes), ``--fleetbench-steps``
-(K steps per timed round), ``--fleetbench-rounds``, ``--fleetbench-no-check``.
+``--fleetbench-world`` (repeatable; default each case's world sizes, and for the smoke tag
+``suite.cases.SMOKE_WORLD_SIZES``), ``--fleetbench-steps`` (K steps per timed round),
+``--fleetbench-rounds``, ``--fleetbench-no-check``.
+
+Parameters are ``case`` (the case's name, a string) and ``world`` (an int), so the saved JSON holds
+``"params": {"case": "mlp/plain", "world": 2}`` and test ids read ``test_step[mlp/plain@2]``.  Each
+benchmark's ``group`` is its model and world size: pytest-benchmark prints one table per group, so
+only cases that share a baseline are compared side by side.  What a round measures is said in each
+group's name, in ``extra_info`` and in a note after the tables.
 """
 from __future__ import annotations
 
@@ -16,30 +23,64 @@ from bench_cases._matrix import env_selection, selected_matrix
 CALL_TIMEOUT = float(os.environ.get("FLEETBENCH_BENCH_CALL_TIMEOUT", "600"))
 
 
+def what_a_round_is(k: int | str) -> str:
+    return (f"one window of {k} training steps on every rank between two barriers, plus the round trip from "
+            f"pytest to the ranks and back")
+
+
+class Timed:
+    """The benchmarks that ran: (group, steps per round) each, for the note after pytest-benchmark's tables."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[str, int]] = []
+
+    def add(self, group: str, steps: int) -> None:
+        self.runs.append((group, steps))
+
+    @staticmethod
+    def round(steps: int) -> str:
+        return what_a_round_is(steps)
+
+
+_TIMED = pytest.StashKey[Timed]()
+
+
 def pytest_addoption(parser):
     g = parser.getgroup("fleetbench")
     g.addoption("--fleetbench-case", action="append", default=[], help="case name or glob (repeatable)")
     g.addoption("--fleetbench-tag", action="append", default=[], help="cases with this tag (default: smoke)")
-    g.addoption("--fleetbench-world", action="append", type=int, default=[], help="world size (repeatable)")
+    g.addoption("--fleetbench-world", action="append", type=int, default=[],
+                help="world size (repeatable; default: each case's, and 2 for the smoke tag)")
     g.addoption("--fleetbench-steps", type=int, default=5, help="steps per timed round (default 5)")
     g.addoption("--fleetbench-rounds", type=int, default=5, help="timed rounds (default 5)")
     g.addoption("--fleetbench-no-check", action="store_true", help="skip the correctness verdict")
 
 
-def _selection(config):
+def selection(config) -> tuple[list, list, list]:
+    """(cases, tags, worlds) from the options, then the environment; by default the smoke cases at the
+    smoke world sizes (a few cases, about a minute on a 2-core machine)."""
+    from suite.cases import SMOKE_WORLD_SIZES
+
     cases, tags, worlds = env_selection()
-    return (config.getoption("fleetbench_case") or cases, config.getoption("fleetbench_tag") or tags,
-            config.getoption("fleetbench_world") or worlds)
+    cases = config.getoption("fleetbench_case") or cases
+    tags = config.getoption("fleetbench_tag") or tags
+    worlds = config.getoption("fleetbench_world") or worlds
+    if not cases and not tags:
+        tags = ["smoke"]
+    if not cases and tags == ["smoke"] and not worlds:
+        worlds = list(SMOKE_WORLD_SIZES)
+    return cases, tags, worlds
 
 
 def pytest_generate_tests(metafunc):
-    if "case_world" in metafunc.fixturenames:
+    if {"case", "world"} <= set(metafunc.fixturenames):
         try:
-            pairs = selected_matrix(*_selection(metafunc.config))
+            pairs = selected_matrix(*selection(metafunc.config))
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
         pairs.sort(key=lambda cw: cw[1])  # one world size after the other: one pool alive at a time
-        metafunc.parametrize("case_world", pairs, ids=[f"{c.name}@{w}" for c, w in pairs])
+        metafunc.parametrize(["case", "world"], [(c.name, w) for c, w in pairs],
+                             ids=[f"{c.name}@{w}" for c, w in pairs])
 
 
 class _Pools:
@@ -83,6 +124,29 @@ def rank_pools(pytestconfig):
     pools = _Pools(pytestconfig)
     yield pools
     pools.close()
+
+
+@pytest.fixture
+def timed(pytestconfig) -> Timed:
+    """Where a benchmark notes its group and steps per round, and says what a round is."""
+    return pytestconfig.stash.setdefault(_TIMED, Timed())
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter):
+    """After pytest-benchmark's tables: what their rounds measured."""
+    timed = terminalreporter.config.stash.get(_TIMED, None)
+    if timed is None or not timed.runs:
+        return
+    steps = " or ".join(str(k) for k in sorted({k for _, k in timed.runs}))
+    tr = terminalreporter
+    tr.section("fleetbench: what the tables above measure", sep="-")
+    tr.write_line(f"A round (Min, Max, Mean, Median ..., in the unit shown) is {what_a_round_is(steps)}.")
+    tr.write_line("Per-step time is about a round over its steps; the ranks' own window times (no round trip) are in "
+                  "extra_info['rank_window_s'], the round trip in extra_info['round_trip_s'], every rank's step "
+                  "times in extra_info['step_times_s'] (seconds).")
+    tr.write_line("One table per group: a model at one world size. Compare cases within a group only; "
+                  "`fleetbench run` states speedups over plain with intervals.")
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):

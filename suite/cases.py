@@ -6,8 +6,9 @@ list.  Case names are ``model/variant`` (``resnet/overlap``); every case of a mo
 measured interleaved with that model's baseline (``plain``: plain data parallel), so its
 speedup is paired round by round.
 
-Tags: ``default`` (the short list ``fleetbench run`` runs), ``smoke`` (CI), ``nightly-cpu``,
-``nightly-gpu``.
+Tags: ``default`` (the short list ``fleetbench run`` runs), ``smoke`` (a handful of cases for CI
+and ``make bench``, listed in ``SMOKE`` and timed at ``SMOKE_WORLD_SIZES`` by the benchmark
+harnesses), ``nightly-cpu``, ``nightly-gpu``.
 
 Which variants a model gets: the three small models (``resnet``, ``mlp``, ``transformer``)
 name theirs explicitly (``Variant.models``); every other model, the published ones
@@ -31,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 __all__ = ["Case", "VARIANTS", "CASES", "select_cases", "BASELINE", "RECORDED", "WORLD_SIZES", "get_case",
-           "matrix", "cases_for_model", "model_label", "PUBLISHED_MODELS"]
+           "matrix", "cases_for_model", "model_label", "PUBLISHED_MODELS", "SMOKE", "SMOKE_WORLD_SIZES"]
 
 BASELINE = "plain"
 
@@ -62,7 +63,7 @@ class Variant:
     models: tuple = SMALL_MODELS  # which of the small models get it (others: by data kind)
     tags: tuple = ("nightly-cpu", "nightly-gpu")
     min_world: int = 1
-    default_on: tuple = ()  # models on which the case is in the short `default` list (and `smoke`)
+    default_on: tuple = ()  # models on which the case is in the short `default` list
     records: tuple = ()  # what this variant records beyond RECORDED
     kinds: tuple = DATA_KINDS  # data kinds of other models it applies to
     needs_batchnorm: bool = False  # applies only to models with BatchNorm (compute fusion, fused broadcast)
@@ -94,6 +95,10 @@ class Case:
 
 
 ALL_TAGS = ("default", "smoke", "nightly-cpu", "nightly-gpu")
+# The `smoke` tag: a few cases, distinct from `default`, that a benchmark harness times in about a minute
+# on a 2-core machine (pytest-benchmark's default selection; `make bench`), at these world sizes.
+SMOKE = ("mlp/plain", "mlp/overlap", "resnet/plain", "resnet/compute_fusion")
+SMOKE_WORLD_SIZES = (2,)
 _N = ("nightly-cpu", "nightly-gpu")
 _RM = ("resnet", "mlp")
 
@@ -150,7 +155,8 @@ def cases_for_model(ref: str, kind: str, has_batchnorm: bool, tags: tuple = ()) 
     for v in VARIANTS:
         if not v.applies(ref, kind, has_batchnorm):
             continue
-        extra = ("default", "smoke") if ref in v.default_on else ()
+        extra: tuple = ("default",) if ref in v.default_on else ()
+        extra += ("smoke",) if f"{label}/{v.name}" in SMOKE else ()
         out.append(Case(f"{label}/{v.name}", ref, v.name, dict(v.config), v.description,
                         (tuple(v.tags) + extra) if not tags else tags, min_world=v.min_world,
                         world_sizes=tuple(w for w in WORLD_SIZES if w >= v.min_world),

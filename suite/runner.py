@@ -20,6 +20,9 @@
 
 Harnesses that time rounds themselves (pytest-benchmark, asv) use :meth:`prepare` and
 :class:`PreparedCase` instead of :meth:`measure`; the summary and the record are the same.
+
+A display follows the run through ``on_progress``: called with a :class:`Progress` before and after
+each check, each timing group and each trace (the runner itself prints only through ``say``).
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ from .results.records import CaseRecord
 from .results.structure import structure_of
 from .workload import WorkloadSpec
 
-__all__ = ["RunOptions", "ResolvedCase", "CaseRunner", "PreparedCase", "new_run_id", "short_error"]
+__all__ = ["RunOptions", "ResolvedCase", "CaseRunner", "PreparedCase", "Progress", "new_run_id", "short_error"]
 
 Checked = CheckResult | Exception | None  # a check's verdict, the error that stopped it, or no check
 Outcome = dict | Exception | None  # a timing's metrics, the error that stopped it, or nothing (torchrun)
@@ -73,6 +76,27 @@ class ResolvedCase:
     case: Case
     config: StrategyConfig
     skip: str | None = None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the runner is about to do or has done, for a progress display.
+
+    ``event``: "check" / "checked" (``case``; ``done`` of ``total`` runnable cases checked, ``detail`` the
+    verdict line), "timing" / "timed" (one timing group of ``model``: group ``done`` of ``total``, its
+    ``variants`` interleaved for ``rounds`` rounds of ``steps`` steps; on "timed", ``detail`` is "" or why
+    it failed), "trace" (``case``).  ``seconds``: how long the step took ("checked", "timed")."""
+
+    event: str
+    model: str
+    case: str = ""
+    done: int = 0
+    total: int = 0
+    variants: tuple = ()
+    rounds: int = 0
+    steps: int = 0
+    detail: str = ""
+    seconds: float = 0.0
 
 
 def new_run_id() -> str:
@@ -148,8 +172,10 @@ class PreparedCase:
 class CaseRunner:
     def __init__(self, launcher: Any, world: int, opts: RunOptions, run_id: str | None = None,
                  metadata: dict | None = None, say: Callable[[str], None] | None = None,
-                 reporter: bool = True):
+                 reporter: bool = True, on_progress: Callable[[Progress], None] | None = None):
         self.launcher = launcher
+        self.on_progress = on_progress
+        self._checks = [0, 0]  # cases checked, cases to check (set by run())
         self.world = world
         self.opts = opts
         self.run_id = run_id or new_run_id()
@@ -165,6 +191,10 @@ class CaseRunner:
     def say(self, msg: str) -> None:
         if self.reporter and self._say is not None:
             self._say(msg)
+
+    def _progress(self, event: str, model: str, **kw: Any) -> None:
+        if self.reporter and self.on_progress is not None:
+            self.on_progress(Progress(event, model, **kw))
 
     # ---- what the ranks are sent ------------------------------------------------------------
     def per_rank_batch(self, case: Case) -> int:
@@ -235,16 +265,31 @@ class CaseRunner:
                 s["utilization"] = util
         return out
 
+    def _timed(self, model_rcs: list[ResolvedCase], names: list[str], group: int, groups: int) -> dict[str, dict]:
+        """:meth:`_time`, with progress before and after."""
+        kw = dict(done=group, total=groups, variants=tuple(names), rounds=self.opts.rounds, steps=self.opts.steps)
+        model = model_rcs[0].case.model
+        self._progress("timing", model, **kw)
+        t0 = time.perf_counter()
+        try:
+            out = self._time(model_rcs, names)
+        except Exception as exc:
+            self._progress("timed", model, detail=short_error(exc), seconds=time.perf_counter() - t0, **kw)
+            raise
+        self._progress("timed", model, seconds=time.perf_counter() - t0, **kw)
+        return out
+
     def measure(self, model_rcs: list[ResolvedCase]) -> tuple[dict[str, Outcome], dict[str, str]]:
         """Metrics per variant (or the exception that stopped it), and per variant why it was timed alone."""
         out: dict[str, Outcome] = {}
         fallback: dict[str, str] = {}
         compute_group = [COMPUTE_ONLY] if any(rc.case.variant == COMPUTE_ONLY for rc in model_rcs) else []
-        for group in self.groups(model_rcs):
+        groups = self.groups(model_rcs)
+        for gi, group in enumerate(groups, 1):
             # exposed communication needs the compute-only variant in every group's timing
             names = list(dict.fromkeys(group + compute_group))
             try:
-                got = self._time(model_rcs, names)
+                got = self._timed(model_rcs, names, gi, len(groups))
                 for n in group:
                     out.setdefault(n, got.get(n))
                 if COMPUTE_ONLY in got:
@@ -257,7 +302,7 @@ class CaseRunner:
                 if n == BASELINE and BASELINE in out:
                     continue
                 try:
-                    pair = self._time(model_rcs, list(dict.fromkeys([BASELINE, n])))
+                    pair = self._timed(model_rcs, list(dict.fromkeys([BASELINE, n])), gi, len(groups))
                     out[n] = pair.get(n)
                     out.setdefault(BASELINE, pair.get(BASELINE))
                     fallback[n] = f"{why}; timed alone with the baseline"
@@ -310,7 +355,11 @@ class CaseRunner:
         checks: dict[str, Checked] = {}
         for rc in model_rcs:
             t0 = time.perf_counter()
+            self._progress("check", rc.case.model, case=rc.case.name, done=self._checks[0], total=self._checks[1])
             checks[rc.case.name] = res = self.check(rc)
+            self._checks[0] += 1
+            self._progress("checked", rc.case.model, case=rc.case.name, done=self._checks[0], total=self._checks[1],
+                           detail=_check_line(res), seconds=time.perf_counter() - t0)
             progress(rc, _check_line(res), time.perf_counter() - t0)
         measured, fallback = self.measure(model_rcs)
         records = []
@@ -318,6 +367,7 @@ class CaseRunner:
             rec = self.record(rc, checks.get(rc.case.name), measured.get(rc.case.variant),
                               fallback.get(rc.case.variant))
             if self.opts.trace_steps and rec.status == "ok":
+                self._progress("trace", rc.case.model, case=rc.case.name, steps=self.opts.trace_steps)
                 self.trace(rc, rec)
             records.append(rec)
         return records
@@ -330,6 +380,7 @@ class CaseRunner:
             yield [self.skipped(rc) for rc in skipped]
         runnable = [rc for rc in selected if rc.skip is None]
         done = [0]
+        self._checks = [0, len(runnable)]
 
         def _progress(rc: ResolvedCase, line: str, seconds: float) -> None:
             done[0] += 1

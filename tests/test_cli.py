@@ -3,6 +3,7 @@ table with a verdict and a throughput per case and appends records."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -68,6 +69,9 @@ def test_run_prints_verdicts_and_throughput_and_appends_records(capsys, tmp_path
     out = capsys.readouterr().out
     assert code == 0, out
     assert "speedup vs plain" in out and f"appended to {path}" in out
+    # not a terminal: one plain line per step, the timing included
+    assert "      timing mlp, one group: 3 variant(s) interleaved (plain, none, ddp), 2 round(s) x 2 step(s)" in out
+    assert "timed mlp one group in " in out and ": 2/2 rounds done" in out
     recs = [json.loads(line) for line in path.read_text().splitlines()]
     by = {r["case"]: r for r in recs}
     assert set(by) == {"mlp/plain", "mlp/ddp", "mlp/none"}
@@ -81,3 +85,80 @@ def test_run_prints_verdicts_and_throughput_and_appends_records(capsys, tmp_path
     # Plain data parallel: one allreduce per parameter gradient per step (the MLP has 10 tensors).
     calls = by["mlp/plain"]["metrics"]["comm_calls_per_step"]
     assert calls.get("world/all_reduce") == 10.0, calls
+
+
+def test_version_names_the_package_version_and_the_commit(capsys):
+    import subprocess
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out.strip()
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))).stdout.strip()
+    assert out.startswith(f"fleetbench {version('fleetbench')}, commit {commit[:12]}"), out
+
+
+def test_the_runner_reports_progress_per_check_and_per_timing_group():
+    from suite.runner import CaseRunner, RunOptions
+    from tests.test_runner import FakeLauncher, _rc
+
+    events = []
+    runner = CaseRunner(FakeLauncher(), 2, RunOptions(check=False, utilization=False, rounds=3, steps=4),
+                        metadata={"torch": "test", "gpu": {"available": False}}, on_progress=events.append)
+    rcs = [_rc("mlp/plain"), _rc("mlp/overlap"), _rc("resnet/plain")]
+    list(runner.run(rcs))
+    seen = [(p.event, p.model, p.case, p.done, p.total) for p in events]
+    assert seen == [("check", "mlp", "mlp/plain", 0, 3), ("checked", "mlp", "mlp/plain", 1, 3),
+                    ("check", "mlp", "mlp/overlap", 1, 3), ("checked", "mlp", "mlp/overlap", 2, 3),
+                    ("timing", "mlp", "", 1, 1), ("timed", "mlp", "", 1, 1),
+                    ("check", "resnet", "resnet/plain", 2, 3), ("checked", "resnet", "resnet/plain", 3, 3),
+                    ("timing", "resnet", "", 1, 1), ("timed", "resnet", "", 1, 1)], seen
+    timing = [p for p in events if p.event == "timing"][0]
+    assert timing.variants == ("plain", "overlap") and (timing.rounds, timing.steps) == (3, 4)
+    # a failed interleaved timing is reported, then each case timed alone
+    events.clear()
+    runner = CaseRunner(FakeLauncher(fail_interleaved=True), 2, RunOptions(check=False, utilization=False),
+                        metadata={"torch": "test"}, on_progress=events.append)
+    list(runner.run([_rc("mlp/plain"), _rc("mlp/overlap"), _rc("mlp/fusion")]))
+    timed = [(p.variants, bool(p.detail)) for p in events if p.event == "timed"]
+    assert timed == [(("plain", "overlap", "fusion"), True), (("plain",), False), (("plain", "overlap"), False),
+                     (("plain", "fusion"), False)], timed
+    assert "rank(s) [1] died" in [p for p in events if p.event == "timed"][0].detail
+
+
+def test_the_runner_does_not_import_rich():
+    import subprocess
+    import sys
+
+    code = "import sys, suite.runner; print('rich' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_progress_on_a_terminal_is_a_live_display_with_the_step_under_way():
+    import io
+
+    from rich.console import Console
+
+    from suite.cli.run import RunDisplay
+    from suite.runner import Progress
+
+    buf = io.StringIO()
+    display = RunDisplay(live=True, console=Console(file=buf, force_terminal=True, width=160))
+    display.start(2)
+    display.say("[1/2] mlp/plain check pass")
+    display.event(Progress("check", "mlp", case="mlp/overlap", done=1, total=2))
+    display._progress.refresh()
+    display.event(Progress("timing", "mlp", done=1, total=2, variants=("plain", "overlap"), rounds=3, steps=5))
+    display._progress.refresh()
+    display.event(Progress("timed", "mlp", done=1, total=2, variants=("plain", "overlap"), rounds=3, steps=5,
+                           seconds=2.5))
+    display.stop()
+    out = buf.getvalue()
+    assert "\x1b[" in out  # drawn with terminal control sequences, not plain lines
+    for words in ("[1/2] mlp/plain check pass", "checking mlp/overlap", "cases checked",
+                  "timing mlp, group 1/2: 2 variant(s) interleaved (plain, overlap), 3 round(s) x 5 step(s)",
+                  "timed mlp group 1/2 in 2.5s: 3/3 rounds done"):
+        assert words in out, (words, out)

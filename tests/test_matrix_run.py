@@ -63,7 +63,7 @@ def test_records_carry_utilization_memory_and_busbw(real_run):
 
 def test_report_plots_hold_the_runs_data(real_run):
     from suite.report import figures as F
-    from suite.report.page import build_report
+    from suite.report.page import build_report, png_size
 
     recs = F.latest(real_run["records"])
     fig = F.throughput_figure(recs, 2)
@@ -73,18 +73,27 @@ def test_report_plots_hold_the_runs_data(real_run):
     stacks: dict = {}
     for p in fig.axes[0].patches:
         stacks[round(p.get_x(), 6)] = stacks.get(round(p.get_x(), 6), 0.0) + p.get_height()
-    expected = sorted(1e3 * max(r.metrics["step_time_s"]["median"], r.metrics["compute_s"]) for r in recs.values())
+    # compute (the none case's step, capped at the case's) + exposed communication = the case's median step
+    expected = sorted(1e3 * r.metrics["step_time_s"]["median"] for r in recs.values())
     assert sorted(stacks.values()) == pytest.approx(expected)
+    fig = F.speedup_figure(recs, "mlp")  # plain is the baseline (1 by definition): only none is drawn
+    assert [p.get_width() for p in fig.axes[0].patches] == pytest.approx([recs[("mlp/none", 2)].metrics["speedup"]])
 
     out = str(real_run["out"] / "report")
     data = build_report(real_run["records"], out, os.path.dirname(real_run["results"]))
     page = open(os.path.join(out, "index.html")).read()
     for name in data["plots"]:
         assert os.path.getsize(os.path.join(out, name)) > 1000 and f"src='{name}'" in page
-    assert {"throughput_w2.png", "breakdown_w2.png"} <= set(data["plots"])
+        assert png_size(os.path.join(out, name))[0] <= 1400
+    assert {"throughput_w2.png", "breakdown_w2.png", data["models"]["mlp"]["speedup_plot"]} <= set(data["plots"])
+    assert "scaling.png" not in data["plots"]  # one world size: no scaling chart
     assert data["cases"]["mlp/plain@2"]["samples_per_s"] == recs[("mlp/plain", 2)].metrics["samples_per_s"]
     assert "mlp/plain" in open(os.path.join(out, "summary.md")).read()
     assert len(data["traces"]) == 2 and all(os.path.exists(os.path.join(out, t)) for t in data["traces"])
+    # the run's own metadata on top, no failure
+    commit = real_run["records"][0].metadata["git"]["commit"]
+    assert data["runs"][0]["commit"].startswith(commit[:12]) and f">{commit[:12]}" in page
+    assert data["problems"] == [] and "class='allgood'" in page
 
 
 def test_trace_has_compute_and_one_allreduce_span_per_bucket_per_step_on_every_rank(real_run):

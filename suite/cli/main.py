@@ -22,11 +22,42 @@ COMMANDS = {
 }
 
 
+def version_line() -> str:
+    """``fleetbench 0.1.0, commit 0123456789ab`` (and whether the checkout has uncommitted changes)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from ..measure.metadata import git_info
+
+    try:
+        text = f"fleetbench {version('fleetbench')}"
+    except PackageNotFoundError:
+        from .. import __version__
+
+        text = f"fleetbench {__version__} (not installed)"
+    git = git_info()
+    commit = git.get("commit")
+    if not commit:
+        return text + ", commit unknown (not a git checkout)"
+    return text + f", commit {commit[:12]}" + (" with uncommitted changes" if git.get("dirty") else "")
+
+
+class _Version(argparse.Action):
+    """``--version``: the line is computed only when asked (it runs git)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_line())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fleetbench",
         description="Benchmarks and correctness checks of Paddle Fleet's data-parallel strategies on PyTorch.",
     )
+    parser.add_argument("--version", action=_Version, help="the package version and the git commit, then exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMANDS.values():
         importlib.import_module(module).add_parser(sub)

@@ -1,7 +1,9 @@
 """`fleetbench report RESULTS...`: an HTML page and a Markdown summary with plots, and the runs' traces.
 
 Reads records files (a corrupt one is an error naming the file and line); the last record
-of each case and world size is reported.  Traces are the ones `fleetbench run --trace-steps`
+of each case and world size is reported: failures and errors first, with their messages, then
+the runs' metadata, then one table and one speedup plot per model (``suite.report.page``;
+``docs/report.md`` says how to read it).  Traces are the ones `fleetbench run --trace-steps`
 wrote next to the results.
 """
 from __future__ import annotations
@@ -37,6 +39,9 @@ def main(args) -> int:
         return 2
     results_dir = os.path.dirname(os.path.abspath(args.results[0]))
     data = build_report(records, args.out, results_dir)
+    bad = [p for p in data["problems"] if p["kind"] in ("fail", "error")]
     print(f"report: {os.path.join(args.out, 'index.html')} and summary.md ({len(data['plots'])} plot(s), "
-          f"{len(data['traces'])} trace(s))")
+          f"{len(data['traces'])} trace(s))"
+          + (f"; {len(bad)} failure(s) or error(s), listed first: "
+             + ", ".join(f"{p['case']}@{p['world']} {p['verdict']}" for p in bad) if bad else ""))
     return 0

@@ -209,8 +209,9 @@ def main(args) -> int:
                                     **cluster_kw)
         reporter = True
     records: list = []
+    display = RunDisplay(live=sys.stdout.isatty() and reporter)
     try:
-        runner = CaseRunner(launcher, world, opts, reporter=reporter, say=lambda m: print(m, flush=True))
+        runner = CaseRunner(launcher, world, opts, reporter=reporter, say=display.say, on_progress=display.event)
         if resume is not None:
             runner.run_id, done = resume
             kept = [rc.case.name for rc in selected if rc.case.name in done]
@@ -220,6 +221,7 @@ def main(args) -> int:
         runnable = sum(1 for rc in selected if rc.skip is None)
         runner.say(f"fleetbench run {runner.run_id}: {runnable} case(s) on {world} rank(s), size {args.size}, "
                    f"{device}/{backend}; results -> {args.results}")
+        display.start(runnable)
         for batch in runner.run(selected):
             for rec in batch:
                 if rec.status == "skipped":
@@ -231,6 +233,7 @@ def main(args) -> int:
                     _append(args.results, rec)
             records += batch
     finally:
+        display.stop()
         launcher.close()
         if cluster is not None:
             cluster.down()
@@ -248,6 +251,74 @@ def main(args) -> int:
         if any(r.verdict in ("fail", "error") for r in records):
             return 1
     return 0
+
+
+class RunDisplay:
+    """What a run is doing while it runs (the runner's ``say`` lines and its :class:`~suite.runner.Progress`).
+
+    On a terminal (``live``): a rich progress display under the printed lines: cases checked out of all,
+    and the current step (the case being checked, or the model group being timed: its variants, rounds and
+    steps, with the time elapsed; the ranks time their rounds without reporting each, so rounds are counted
+    done when the group's timing returns).  Otherwise one plain line per step, so CI logs stay readable.
+    """
+
+    def __init__(self, live: bool = False, console=None):
+        self.live = live
+        self.console = console
+        self._progress: Any = None
+        self._cases: Any = None
+        self._step: Any = None
+
+    def start(self, cases: int) -> None:
+        if not self.live:
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                  MofNCompleteColumn(), TimeElapsedColumn(),
+                                  console=self.console or Console(), transient=True)
+        self._cases = self._progress.add_task("cases checked", total=max(cases, 1))
+        self._step = self._progress.add_task("starting the ranks", total=None)
+        self._progress.start()
+
+    def stop(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def say(self, msg: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(msg, markup=False, highlight=False, soft_wrap=True)
+        else:
+            print(msg, flush=True)
+
+    def event(self, p) -> None:
+        group = f"group {p.done}/{p.total}" if p.total > 1 else "one group"
+        what = (f"{p.model}, {group}: {len(p.variants)} variant(s) interleaved ({', '.join(p.variants)}), "
+                f"{p.rounds} round(s) x {p.steps} step(s)")
+        if self._progress is None:
+            if p.event == "timing":
+                self.say(f"      timing {what} ...")
+            elif p.event == "timed":
+                self.say(f"      timed {p.model} {group} in {p.seconds:.1f}s: "
+                         + (f"failed ({p.detail})" if p.detail else f"{p.rounds}/{p.rounds} rounds done"))
+            elif p.event == "trace":
+                self.say(f"      tracing {p.case} ({p.steps} step(s))")
+            return
+        bar = self._progress
+        if p.event == "check":
+            bar.update(self._step, description=f"checking {p.case}", total=None, completed=0)
+        elif p.event == "checked":
+            bar.update(self._cases, completed=p.done)
+        elif p.event == "timing":
+            bar.update(self._step, description=f"timing {what}", total=p.rounds, completed=0)
+        elif p.event == "timed":
+            bar.update(self._step, completed=p.rounds if not p.detail else 0)
+            self.say(f"      timed {p.model} {group} in {p.seconds:.1f}s: "
+                     + (f"failed ({p.detail})" if p.detail else f"{p.rounds}/{p.rounds} rounds done"))
+        elif p.event == "trace":
+            bar.update(self._step, description=f"tracing {p.case} ({p.steps} step(s))", total=None, completed=0)
 
 
 def _allreduce_counts(describe: dict) -> str:
@@ -372,4 +443,4 @@ def print_table(records) -> None:
         table)
 
 
-__all__ = ["add_parser", "main", "resolve_cases", "model_cases", "print_table", "DEFAULT_RESULTS"]
+__all__ = ["add_parser", "main", "resolve_cases", "model_cases", "print_table", "DEFAULT_RESULTS", "RunDisplay"]

@@ -1,13 +1,20 @@
-"""The report's plots, drawn from records (matplotlib, Agg backend): each function returns a Figure.
+"""The report's plots, drawn from records (matplotlib, Agg backend): each function returns a Figure, or
+None when there is nothing meaningful to draw (the page then shows no chart rather than an empty one).
 
-- throughput per strategy against the baseline, with the 95% intervals the run measured;
-- the step broken down into compute, exposed communication and data wait;
-- scaling over world sizes: efficiency = throughput(n) / (n · throughput(1));
-- the Local SGD trade-off: throughput against the final loss, per setting.
+- speedup over the plain baseline per model (:func:`speedup_figure`), with the paired 95% intervals
+  the run measured: speedups are comparable across models, throughputs are not;
+- throughput (samples/s) per model at one world size (:func:`throughput_figure`), one panel per model,
+  each on its own axis;
+- the step broken into compute and exposed communication (:func:`breakdown_figure`), only for models
+  whose ``none`` case (compute alone) ran: without it the split is unknown;
+- scaling over world sizes (:func:`scaling_figure`): efficiency = throughput(n) / (n · throughput(1)),
+  only for cases recorded at world size 1 and at least one other;
+- the Local SGD trade-off (:func:`local_sgd_figure`): throughput against the final loss, per setting.
 
-``latest(records)`` keeps the last record of each (case, world size); every figure reads
-only ``metrics`` the run wrote, so what is drawn is what was recorded.  Case names are drawn
-as plain text (:func:`plain`): a ``$`` in a name must not start matplotlib's mathtext.
+``latest(records)`` keeps the last ok record of each (case, world size); every figure reads only
+``metrics`` the run wrote, so what is drawn is what was recorded.  Case names are drawn as plain text
+(:func:`plain`): a ``$`` in a name must not start matplotlib's mathtext.  Figures are at most
+:data:`MAX_WIDTH_PX` pixels wide when saved at :data:`DPI` (the page is read in a 1400 px window).
 """
 from __future__ import annotations
 
@@ -17,9 +24,21 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
 
-__all__ = ["latest", "throughput_figure", "breakdown_figure", "scaling_figure", "local_sgd_figure",
-           "scaling_table", "plain"]
+__all__ = ["latest", "throughput_figure", "speedup_figure", "breakdown_figure", "scaling_figure",
+           "local_sgd_figure", "scaling_table", "plain", "num", "busbw_measurable", "DPI", "MAX_WIDTH_PX",
+           "BASELINE_VARIANT", "COMPUTE_VARIANT", "variant_of", "order_key"]
+
+DPI = 90
+MAX_WIDTH_PX = 1300  # a figure saved at DPI is never wider than this (the page's window is 1400 px)
+BASELINE_VARIANT = "plain"
+COMPUTE_VARIANT = "none"
+# busbw is a bandwidth: it means something only where communication is exposed, measurably, and
+# where messages are large enough that their time is not just latency
+MIN_EXPOSED_FRACTION = 0.10  # exposed communication at least this share of the step
+MIN_BYTES_PER_CALL = 256e3  # mean allreduce message at least this large (smaller ones measure mostly latency)
+_WORLD_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
 def latest(records) -> dict:
@@ -37,82 +56,174 @@ def plain(text) -> str:
     return str(text).replace("$", r"\$")
 
 
-def _num(x) -> float:
-    return float(x) if isinstance(x, (int, float)) else math.nan
+def num(x) -> float:
+    """A recorded number as a float (records keep nan/inf as the strings "nan", "inf", "-inf"); nan otherwise."""
+    if isinstance(x, bool):
+        return math.nan
+    if isinstance(x, (int, float)):
+        return float(x)
+    if x in ("nan", "inf", "-inf"):
+        return float(x)
+    return math.nan
+
+
+
+def variant_of(case: str) -> str:
+    return case.split("/", 1)[-1]
+
+
+def _figure(width_in: float, height_in: float, rows: int = 1, cols: int = 1):
+    width_in = min(width_in, MAX_WIDTH_PX / DPI)
+    fig, axes = plt.subplots(rows, cols, figsize=(width_in, height_in), squeeze=False)
+    return fig, [ax for row in axes for ax in row]
+
+
+def _by_model(rows: list) -> dict:
+    out: dict = {}
+    for case, r in rows:
+        out.setdefault(r.model, []).append((case, r))
+    return out
+
+
+def order_key(case: str) -> tuple:
+    """The baseline first, then `none`, then the rest by name."""
+    v = variant_of(case)
+    return (v != BASELINE_VARIANT, v != COMPUTE_VARIANT, case)
 
 
 def throughput_figure(recs: dict, world: int):
-    """Bars of samples/s per case at ``world`` ranks, with intervals; the baseline drawn apart."""
-    rows = sorted(((c, r) for (c, w), r in recs.items() if w == world), key=lambda cr: cr[0])
-    fig, ax = plt.subplots(figsize=(max(5, 0.7 * len(rows) + 2), 4))
-    xs = list(range(len(rows)))
-    vals = [_num(r.metrics.get("samples_per_s")) for _, r in rows]
-    ci = [r.metrics.get("samples_per_s_ci") or [v, v] for (_, r), v in zip(rows, vals)]
-    err = [[max(0.0, v - _num(c[0])) for v, c in zip(vals, ci)], [max(0.0, _num(c[1]) - v) for v, c in zip(vals, ci)]]
-    colors = ["#888888" if c.endswith("/plain") else "#1f77b4" for c, _ in rows]
-    ax.bar(xs, vals, yerr=err, color=colors, capsize=3)
-    ax.set_xticks(xs, [plain(c) for c, _ in rows], rotation=45, ha="right")
-    ax.set_ylabel("samples/s (median, 95% interval)")
-    ax.set_title(f"throughput at world size {world} (grey: plain data parallel, the baseline)")
+    """Bars of samples/s per case at ``world`` ranks with their intervals, one panel per model (models
+    never share an axis: their samples differ); the baseline drawn grey.  None without data."""
+    rows = [(c, r) for (c, w), r in recs.items() if w == world and math.isfinite(num(r.metrics.get("samples_per_s")))]
+    models = _by_model(sorted(rows, key=lambda cr: (cr[1].model, order_key(cr[0]))))
+    if not models:
+        return None
+    widest = max(len(v) for v in models.values())
+    fig, axes = _figure(max(6.0, 0.55 * widest + 2.5), 3.6 * len(models), rows=len(models))
+    for ax, (model, mrows) in zip(axes, models.items()):
+        xs = list(range(len(mrows)))
+        vals = [num(r.metrics.get("samples_per_s")) for _, r in mrows]
+        ci = [r.metrics.get("samples_per_s_ci") or [v, v] for (_, r), v in zip(mrows, vals)]
+        err = [[max(0.0, v - num(c[0])) if math.isfinite(num(c[0])) else 0.0 for v, c in zip(vals, ci)],
+               [max(0.0, num(c[1]) - v) if math.isfinite(num(c[1])) else 0.0 for v, c in zip(vals, ci)]]
+        colors = ["#888888" if variant_of(c) == BASELINE_VARIANT else "#1f77b4" for c, _ in mrows]
+        ax.bar(xs, vals, yerr=err, color=colors, capsize=3)
+        ax.set_xticks(xs, [plain(c) for c, _ in mrows], rotation=30, ha="right")
+        ax.set_ylabel("samples/s")
+        ax.set_title(plain(f"{model}: throughput at world size {world} (median over rounds, 95% interval; "
+                           f"grey: the plain baseline)"), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def speedup_figure(recs: dict, model: str):
+    """Horizontal bars of speedup over the plain baseline per case of ``model``, one colour per world size,
+    with the paired 95% intervals; a line at 1 (> 1: faster than plain).  None when no case of the model
+    has a speedup (the baseline's own is 1 by definition and is not drawn)."""
+    rows = [(c, w, r) for (c, w), r in recs.items()
+            if r.model == model and variant_of(c) != BASELINE_VARIANT and math.isfinite(num(r.metrics.get("speedup")))]
+    if not rows:
+        return None
+    rows.sort(key=lambda cwr: (order_key(cwr[0]), cwr[1]), reverse=True)  # barh draws bottom-up
+    worlds = sorted({w for _, w, _ in rows})
+    color = {w: _WORLD_COLORS[i % len(_WORLD_COLORS)] for i, w in enumerate(worlds)}
+    fig, axes = _figure(9.5, max(2.2, 0.32 * len(rows) + 1.4))
+    ax = axes[0]
+    ys = list(range(len(rows)))
+    vals = [num(r.metrics.get("speedup")) for _, _, r in rows]
+    ci = [r.metrics.get("speedup_ci") or [v, v] for (_, _, r), v in zip(rows, vals)]
+    err = [[max(0.0, v - num(c[0])) if math.isfinite(num(c[0])) else 0.0 for v, c in zip(vals, ci)],
+           [max(0.0, num(c[1]) - v) if math.isfinite(num(c[1])) else 0.0 for v, c in zip(vals, ci)]]
+    bars = ax.barh(ys, vals, xerr=err, color=[color[w] for _, w, _ in rows], capsize=2, height=0.7)
+    for bar, (_, _, r) in zip(bars, rows):
+        if r.verdict in ("fail", "error"):
+            bar.set_hatch("//")
+            bar.set_edgecolor("#c00000")
+    labels = [plain(f"{c} @{w}" + (f" ({r.verdict})" if r.verdict in ("fail", "error") else ""))
+              for c, w, r in rows]
+    ax.set_yticks(ys, labels, fontsize=8)
+    ax.axvline(1.0, color="black", lw=0.8, ls="--")
+    ax.set_xlabel("speedup over plain data parallel (> 1: faster), paired 95% interval")
+    handles = [Patch(color=color[w], label=f"world size {w}") for w in worlds]
+    if any(r.verdict in ("fail", "error") for _, _, r in rows):
+        handles.append(Patch(facecolor="white", edgecolor="#c00000", hatch="//", label="check failed or error"))
+    ax.legend(handles=handles, fontsize=8, loc="lower right")
+    ax.set_title(plain(f"{model}: speedup over the plain baseline"), fontsize=10)
     fig.tight_layout()
     return fig
 
 
 def breakdown_figure(recs: dict, world: int):
-    """Stacked bars per case: compute, exposed communication, data wait, other (ms per step)."""
-    rows = sorted(((c, r) for (c, w), r in recs.items() if w == world), key=lambda cr: cr[0])
-    fig, ax = plt.subplots(figsize=(max(5, 0.7 * len(rows) + 2), 4))
-    xs = list(range(len(rows)))
-    parts: dict[str, list[float]] = {"compute": [], "exposed communication": [], "data wait": [], "other": []}
-    for _, r in rows:
-        m = r.metrics
-        step = _num((m.get("step_time_s") or {}).get("median"))
-        compute = _num(m.get("compute_s"))
-        exposed = max(0.0, _num(m.get("exposed_comm_s"))) if math.isfinite(_num(m.get("exposed_comm_s"))) else math.nan
-        wait = _num(m.get("data_wait_s"))
-        wait = wait if math.isfinite(wait) else 0.0
-        if not math.isfinite(compute):  # no `none` case in the run: the whole step, unsplit
-            compute, exposed = 0.0, 0.0
-            other = step
-        else:
-            other = max(0.0, step - compute - exposed - wait)
-        for k, v in zip(parts, (compute, exposed, wait, other)):
-            parts[k].append(1e3 * v)
-    bottom = [0.0] * len(rows)
-    for (name, vals), color in zip(parts.items(), ("#2ca02c", "#d62728", "#ff7f0e", "#bbbbbb")):
-        ax.bar(xs, vals, bottom=bottom, label=name, color=color)
-        bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.set_xticks(xs, [plain(c) for c, _ in rows], rotation=45, ha="right")
-    ax.set_ylabel("ms per step (median)")
-    ax.set_title(f"step breakdown at world size {world}")
-    ax.legend(fontsize=8)
+    """Stacked bars per case: compute (the model's ``none`` case: the same step without communication) and
+    exposed communication (the rest of the step), ms per step (median); one panel per model, and only
+    models whose ``none`` case ran (without it the split is unknown).  None when no model qualifies.
+
+    A case whose step is shorter than the ``none`` case's (its strategy changes compute too, e.g. compute
+    fusion) is drawn as its whole step, hatched: its exposed communication is negative."""
+    rows = [(c, r) for (c, w), r in recs.items() if w == world and math.isfinite(num(r.metrics.get("compute_s")))
+            and math.isfinite(num((r.metrics.get("step_time_s") or {}).get("median")))]
+    models = _by_model(sorted(rows, key=lambda cr: (cr[1].model, order_key(cr[0]))))
+    if not models:
+        return None
+    widest = max(len(v) for v in models.values())
+    fig, axes = _figure(max(6.0, 0.55 * widest + 2.5), 3.6 * len(models), rows=len(models))
+    for ax, (model, mrows) in zip(axes, models.items()):
+        xs = list(range(len(mrows)))
+        compute, exposed, below = [], [], []
+        for _, r in mrows:
+            step = num(r.metrics["step_time_s"]["median"])
+            comp = num(r.metrics["compute_s"])
+            compute.append(1e3 * min(comp, step))
+            exposed.append(1e3 * max(0.0, step - comp))
+            below.append(step < comp)
+        bars = ax.bar(xs, compute, color="#2ca02c")
+        for bar, b in zip(bars, below):
+            if b:
+                bar.set_hatch("//")
+        ax.bar(xs, exposed, bottom=compute, color="#d62728")
+        ax.set_xticks(xs, [plain(c) for c, _ in mrows], rotation=30, ha="right")
+        ax.set_ylabel("ms per step (median)")
+        ax.set_title(plain(f"{model}: step breakdown at world size {world}"), fontsize=10)
+        handles = [Patch(color="#2ca02c", label="compute (the none case's step)"),
+                   Patch(color="#d62728", label="exposed communication")]
+        if any(below):
+            handles.append(Patch(facecolor="#2ca02c", hatch="//", label="step below the none case's"))
+        ax.legend(handles=handles, fontsize=8)
     fig.tight_layout()
     return fig
 
 
 def scaling_table(recs: dict) -> dict:
-    """case -> [(world, samples/s, efficiency vs world size 1)], for cases recorded at world size 1."""
+    """case -> [(world, samples/s, efficiency vs world size 1)], for cases recorded at world size 1 and another."""
     out: dict = {}
     for (case, w), r in sorted(recs.items()):
         one = recs.get((case, 1))
         if one is None:
             continue
-        t1, tn = _num(one.metrics.get("samples_per_s")), _num(r.metrics.get("samples_per_s"))
+        t1, tn = num(one.metrics.get("samples_per_s")), num(r.metrics.get("samples_per_s"))
         out.setdefault(case, []).append((w, tn, tn / (w * t1) if t1 > 0 else math.nan))
     return {c: rows for c, rows in out.items() if len(rows) > 1}
 
 
 def scaling_figure(recs: dict):
+    """Scaling efficiency over world sizes, one panel per model; None when no case has world size 1 and another."""
     table = scaling_table(recs)
-    fig, ax = plt.subplots(figsize=(6, 4))
+    models: dict = {}
     for case, rows in table.items():
-        ax.plot([w for w, _, _ in rows], [e for _, _, e in rows], marker="o", label=plain(case))
-    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-    ax.set_xlabel("world size")
-    ax.set_ylabel("scaling efficiency (throughput(n) / (n · throughput(1)))")
-    ax.set_title("scaling over world sizes" + ("" if table else " (no case recorded at world size 1)"))
-    if table:
-        ax.legend(fontsize=8)
+        model = recs[(case, rows[0][0])].model
+        models.setdefault(model, []).append((case, rows))
+    if not models:
+        return None
+    fig, axes = _figure(9.5, 3.8 * len(models), rows=len(models))
+    for ax, (model, cases) in zip(axes, models.items()):
+        for case, rows in cases:
+            ax.plot([w for w, _, _ in rows], [e for _, _, e in rows], marker="o", label=plain(case))
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xticks(sorted({w for _, rows in cases for w, _, _ in rows}))
+        ax.set_xlabel("world size")
+        ax.set_ylabel("throughput(n) / (n · throughput(1))")
+        ax.set_title(plain(f"{model}: scaling efficiency over world sizes"), fontsize=10)
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     return fig
 
@@ -120,20 +231,48 @@ def scaling_figure(recs: dict):
 def local_sgd_figure(recs: dict) -> object | None:
     """Throughput against final loss for Local SGD settings and their baseline; None without records."""
     pts = []
+    with_lsgd = {r.model for (c, _), r in recs.items() if "local_sgd" in variant_of(c)}
     for (case, w), r in sorted(recs.items()):
-        variant = case.split("/", 1)[-1]
-        if "local_sgd" in variant or (variant == "plain" and any("local_sgd" in c for c, _ in recs)):
+        variant = variant_of(case)
+        if "local_sgd" in variant or (variant == BASELINE_VARIANT and r.model in with_lsgd):
             losses = [x for x in r.metrics.get("losses") or [] if isinstance(x, (int, float))]
-            if losses:
-                pts.append((f"{case}@{w}", _num(r.metrics.get("samples_per_s")), losses[-1]))
+            if losses and math.isfinite(losses[-1]):
+                pts.append((f"{case}@{w}", num(r.metrics.get("samples_per_s")), losses[-1]))
     if not any("local_sgd" in p[0] for p in pts):
         return None
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, axes = _figure(7.5, 4.2)
+    ax = axes[0]
     for name, sps, loss in pts:
         ax.scatter([loss], [sps])
         ax.annotate(plain(name), (loss, sps), fontsize=8)
     ax.set_xlabel("final training loss (lower is better)")
     ax.set_ylabel("samples/s")
-    ax.set_title("Local SGD: throughput against loss")
+    ax.set_title("Local SGD: throughput against loss", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def busbw_measurable(metrics: dict) -> tuple[bool, str]:
+    """(True, "") when the record's busbw means something, else (False, why not).
+
+    busbw divides the allreduce bytes by the exposed communication time: it is a bandwidth only where
+    that time is positive, a measurable share of the step (at least MIN_EXPOSED_FRACTION of it and above
+    half the interquartile range of the step times, the spread of the measurement) and spent on messages
+    of at least MIN_BYTES_PER_CALL on average (smaller messages measure latency, not bandwidth)."""
+    if not math.isfinite(num(metrics.get("busbw_GBps"))):
+        return False, "not recorded (no none case, or no allreduce counted by fleetbench)"
+    exposed = num(metrics.get("exposed_comm_s"))
+    st = metrics.get("step_time_s") or {}
+    step, iqr = num(st.get("median")), num(st.get("iqr"))
+    if not exposed > 0:
+        return False, "no exposed communication"
+    if math.isfinite(step) and exposed < MIN_EXPOSED_FRACTION * step:
+        return False, f"exposed communication under {MIN_EXPOSED_FRACTION:.0%} of the step"
+    if math.isfinite(iqr) and exposed < iqr / 2:
+        return False, "exposed communication within the step times' spread (half the IQR)"
+    calls = sum(num(v) for k, v in (metrics.get("comm_calls_per_step") or {}).items() if k.endswith("/all_reduce"))
+    nbytes = sum(num(v) for k, v in (metrics.get("comm_bytes_per_step") or {}).items() if k.endswith("/all_reduce"))
+    if calls > 0 and nbytes / calls < MIN_BYTES_PER_CALL:
+        return False, (f"allreduce messages of {nbytes / calls / 1e3:.0f} kB on average: their time is mostly "
+                       f"latency, not bandwidth")
+    return True, ""

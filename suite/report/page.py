@@ -2,7 +2,23 @@
 
 ``build_report(records, out_dir, results_dir)`` writes ``index.html``, ``summary.md``, the
 PNGs, ``report_data.json`` (the numbers every plot was drawn from) and copies the runs'
-Perfetto traces into ``traces/``.
+Perfetto traces into ``traces/``.  The last record of each (case, world size) is reported.
+
+The page, top to bottom (``docs/report.md`` explains how to read it):
+
+1. failures and errors, in colour, each with its messages (the check's, the record's error, why
+   the case was timed alone, a trace that could not be taken); cases that did not run;
+2. run metadata: commit (and whether the tree was dirty), torch, CUDA, NCCL, device, backend,
+   host, size, world size, run id, date: one column per run;
+3. a short "how to read this";
+4. per model: a table (verdict, throughput and speedup over plain with their 95% intervals,
+   step time, exposed communication, collectives per step, busbw where it means something) and a
+   speedup plot;
+5. throughput per model, the step breakdown (only where a ``none`` case ran), scaling (only with
+   world size 1 and another), the Local SGD trade-off (only with Local SGD records), traces.
+
+A chart without data is not drawn; the page says why.  Images are at most
+``figures.MAX_WIDTH_PX`` wide and scale down with the window.
 
 Records are untrusted input (a results file can be edited or crafted): only trace files inside
 the results directory's own ``traces/`` folder are copied (symlinks resolved), and every text
@@ -10,16 +26,18 @@ from a record is escaped for the page it goes into (:func:`md_text` for Markdown
 """
 from __future__ import annotations
 
+import hashlib
 import html
 import json
 import math
 import os
 import re
 import shutil
+import struct
 import sys
 import urllib.parse
 
-__all__ = ["build_report", "md_text", "trace_source"]
+__all__ = ["build_report", "md_text", "trace_source", "png_size"]
 
 _MD_PUNCT = re.compile(r"([\\`*~\[\]|])")
 
@@ -57,8 +75,213 @@ def trace_source(results_dir: str, rel) -> tuple[str | None, str]:
     return src, ""
 
 
+def png_size(path: str) -> tuple[int, int]:
+    """(width, height) in pixels of a PNG file, from its header."""
+    with open(path, "rb") as fh:
+        head = fh.read(24)
+    if head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
+        raise ValueError(f"{path}: not a PNG file")
+    return struct.unpack(">II", head[16:24])
+
+
+# ---- numbers as text ------------------------------------------------------------------------------
 def _fmt(x, spec=".1f") -> str:
-    return format(x, spec) if isinstance(x, (int, float)) and math.isfinite(x) else "-"
+    from .figures import num
+
+    v = num(x)
+    return format(v, spec) if math.isfinite(v) else "-"
+
+
+def _ci(value, ci, spec: str, suffix: str = "") -> str:
+    from .figures import num
+
+    v = num(value)
+    if not math.isfinite(v):
+        return "-"
+    text = format(v, spec) + suffix
+    if isinstance(ci, list) and len(ci) == 2 and all(math.isfinite(num(c)) for c in ci):
+        text += f" [{format(num(ci[0]), spec)}, {format(num(ci[1]), spec)}]"
+    return text
+
+
+def _first_line(text) -> str:
+    lines = [ln for ln in str(text or "").splitlines() if ln.strip()]
+    return lines[0] if lines else ""
+
+
+def _slug(text: str) -> str:
+    """A file-name- and id-safe form of an untrusted name (with a short hash: distinct names stay distinct)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(text)).strip("._")[:40] or "x"
+    return f"{safe}-{hashlib.sha1(str(text).encode()).hexdigest()[:6]}"
+
+
+# ---- what the page is made of -----------------------------------------------------------------------
+def _final(records) -> dict:
+    """(case, world) -> the last record of it, whatever its status."""
+    out: dict = {}
+    for r in records:
+        out[(r.case, r.world_size)] = r
+    return out
+
+
+def _problems(final: dict) -> list[dict]:
+    """Failures and errors first (with every message the record carries), then notes on passing cases
+    (timed alone, a trace that could not be taken), then cases that did not run."""
+    out = []
+    for (case, w), r in sorted(final.items()):
+        check = r.check or {}
+        messages = []
+        if check.get("message"):
+            messages.append(("check", str(check["message"])))
+        if r.error:
+            skipped = r.status == "skipped" or r.verdict == "skipped"
+            messages.append(("error" if r.status == "error" else "why" if skipped else "timing", str(r.error)))
+        if r.fallback:
+            messages.append(("timed alone", str(r.fallback)))
+        if r.metrics.get("trace_error"):
+            messages.append(("trace", str(r.metrics["trace_error"])))
+        if r.status == "skipped" or r.verdict == "skipped":
+            kind = "skipped"
+        elif r.status == "error" or r.verdict == "error":
+            kind = "error"
+        elif r.verdict == "fail":
+            kind = "fail"
+        elif r.fallback or r.metrics.get("trace_error"):
+            kind = "note"
+        else:
+            continue
+        if kind in ("fail", "error") and not messages:
+            messages.append(("record", "no message recorded"))
+        if kind == "note":
+            messages = [m for m in messages if m[0] != "check"]
+        out.append({"case": case, "world": w, "run_id": r.run_id, "kind": kind, "verdict": r.verdict,
+                    "messages": messages})
+    rank = {"fail": 0, "error": 0, "note": 1, "skipped": 2}
+    return sorted(out, key=lambda p: rank[p["kind"]])
+
+
+def _runs(records) -> list[dict]:
+    """One entry per run id (in order of appearance): what it ran on, from its records' metadata."""
+    by: dict = {}
+    for r in records:
+        by.setdefault(r.run_id, []).append(r)
+    out = []
+    for run_id, rs in by.items():
+        meta: dict = next((r.metadata for r in rs if r.metadata), {}) or {}
+        git = meta.get("git") or {}
+        gpu = meta.get("gpu") or {}
+        stamps = sorted(r.timestamp for r in rs if r.timestamp)
+        commit = git.get("commit")
+        dirty = git.get("dirty")
+        verdicts: dict = {}
+        for r in _final(rs).values():
+            verdicts[r.verdict] = verdicts.get(r.verdict, 0) + 1
+        cpu = meta.get("cpu") or ""
+        if meta.get("cpu_count"):
+            cpu = f"{cpu} ({meta['cpu_count']} cores)"
+        out.append({
+            "run id": run_id,
+            "date": stamps[0] + (f" to {stamps[-1]}" if stamps and stamps[-1] != stamps[0] else "") if stamps else "-",
+            "commit": (commit[:12] if isinstance(commit, str) else "unknown")
+                      + (f" ({git['branch']})" if git.get("branch") else ""),
+            "dirty": "yes: uncommitted changes" if dirty is True else "no" if dirty is False else "unknown",
+            "torch": meta.get("torch") or "-",
+            "CUDA / NCCL": f"{meta.get('cuda') or 'none'} / {meta.get('nccl') or 'none'}",
+            "device": ", ".join(sorted({r.device for r in rs if r.device})) or "-",
+            "backend": ", ".join(sorted({r.backend for r in rs if r.backend})) or (meta.get("backend") or "-"),
+            "GPU": ", ".join(gpu.get("names") or []) if gpu.get("available") else (gpu.get("reason") or "-"),
+            "host": meta.get("host") or "-",
+            "CPU": cpu or "-",
+            "python": meta.get("python") or "-",
+            "size": ", ".join(sorted({str(r.size) for r in rs if r.size})) or "unknown",
+            "world size": ", ".join(str(w) for w in sorted({r.world_size for r in rs})),
+            "cases": f"{len(_final(rs))}: " + ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())),
+        })
+    return out
+
+
+HEAD = ["case", "world", "verdict", "samples/s [95% CI]", "speedup vs plain [95% CI]", "step ms median (IQR)",
+        "exposed comm ms", "collectives/step", "allreduce MB/step", "busbw GB/s", "peak memory MB"]
+
+
+def _row(r) -> tuple[list[str], dict]:
+    """The table's cells for one record, and the reasons behind cells left empty."""
+    from . import figures as F
+
+    m = r.metrics or {}
+    st = m.get("step_time_s") or {}
+    why: dict = {}
+    step = F.num(st.get("median"))
+    step_txt = f"{1e3 * step:.1f} ({1e3 * F.num(st.get('iqr')):.1f})" if math.isfinite(step) else "-"
+    if F.variant_of(r.case) == F.BASELINE_VARIANT and math.isfinite(F.num(m.get("speedup"))):
+        speedup = "1 (the baseline)"
+    else:
+        speedup = _ci(m.get("speedup"), m.get("speedup_ci"), ".2f", "×")
+    exposed = F.num(m.get("exposed_comm_s"))
+    if math.isfinite(exposed):
+        exposed_txt = f"{1e3 * exposed:.1f}"
+    else:
+        exposed_txt = "-"
+        if m:
+            why["exposed"] = "no none case ran with this model: compute alone was not measured"
+    calls = m.get("comm_calls_per_step") or {}
+    ncalls = sum(F.num(v) for v in calls.values() if math.isfinite(F.num(v)))
+    ar_bytes = sum(F.num(v) for k, v in (m.get("comm_bytes_per_step") or {}).items() if k.endswith("/all_reduce"))
+    ok, reason = F.busbw_measurable(m) if m else (False, "")
+    if not ok and reason and math.isfinite(F.num(m.get("busbw_GBps"))):
+        why["busbw"] = reason
+    mem = F.num(m.get("peak_memory_bytes"))
+    cells = [r.case, str(r.world_size), r.verdict, _ci(m.get("samples_per_s"), m.get("samples_per_s_ci"), ".1f"),
+             speedup if m else "-", step_txt, exposed_txt, f"{ncalls:.3g}" if m else "-",
+             f"{ar_bytes / 1e6:.2f}" if m and ar_bytes else ("0" if m else "-"),
+             _fmt(m.get("busbw_GBps"), ".3f") if ok else "-", f"{mem / 2**20:.1f}" if math.isfinite(mem) else "-"]
+    if calls:
+        why["calls"] = ", ".join(f"{k}: {F.num(v):g}" for k, v in sorted(calls.items()))
+    return cells, why
+
+
+HOW_TO_READ = [
+    "Every case is timed interleaved with its model's baseline, plain data parallel (one allreduce per "
+    "gradient after backward), round by round in one process group. <strong>Speedup</strong> is the "
+    "baseline's window time over the case's, paired round by round: above 1 is faster than plain. The "
+    "bracket is its 95% bootstrap interval: an interval that contains 1 is no measured difference.",
+    "<strong>samples/s</strong> is the global batch times the steps of a window over the slowest rank's "
+    "window, median over rounds, with its 95% interval. Throughputs of different models are not comparable; "
+    "each model has its own table and plots.",
+    "<strong>Exposed communication</strong> is the case's median step minus the step of the model's "
+    "<code>none</code> case (the same step with no gradient communication); it needs a <code>none</code> case "
+    "in the run. Negative: the strategy changes compute too (e.g. compute fusion), so the split does not apply.",
+    "<strong>Collectives/step</strong> counts the collectives fleetbench issued per step (torch DDP's own are "
+    "not counted). <strong>busbw</strong> (nccl-tests' bus bandwidth over the exposed time) is shown only "
+    "where it is a bandwidth: exposed communication positive, measurable, and allreduce messages of 256 kB "
+    "or more on average; elsewhere the cell says why on hover.",
+    "A verdict is the correctness check against the reference that fits the strategy: <em>pass</em>, "
+    "<em>fail</em> (message at the top), <em>error</em> (the case did not finish), <em>n/a</em> (nothing to "
+    "check, e.g. <code>none</code>). The last record of each case and world size is the one shown.",
+]
+
+
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 16px; max-width: 1360px; color: #222; }
+h1 { margin-bottom: 4px; } h2 { margin-top: 28px; border-bottom: 1px solid #ccc; }
+table { border-collapse: collapse; margin: 8px 0; font-size: 13px; }
+th, td { border: 1px solid #ccc; padding: 3px 6px; text-align: right; vertical-align: top; }
+td { white-space: nowrap; }
+th { background: #f2f2f2; } td:first-child, th:first-child { text-align: left; }
+td.verdict { text-align: center; font-weight: 600; }
+.v-pass { color: #1a7f37; } .v-fail, .v-error { color: #fff; background: #c62828; } .v-n\\/a { color: #777; }
+.v-skipped { color: #777; font-style: italic; }
+tr.bad td { background: #fdecea; } tr.bad td.verdict { background: #c62828; }
+.problem { border-left: 6px solid #c62828; background: #fdecea; padding: 6px 10px; margin: 6px 0; }
+.problem.note { border-color: #e6a100; background: #fff6dd; }
+.problem.skipped { border-color: #999; background: #f4f4f4; }
+.problem pre { white-space: pre-wrap; word-break: break-word; margin: 4px 0; font-size: 12px; }
+.allgood { border-left: 6px solid #1a7f37; background: #e8f5e9; padding: 6px 10px; }
+.meta th { text-align: left; } .meta td { text-align: left; }
+img { max-width: 100%; height: auto; display: block; margin: 8px 0; }
+.note-line { color: #555; font-style: italic; }
+td[title] { text-decoration: underline dotted; cursor: help; }
+"""
 
 
 def build_report(records, out_dir: str, results_dir: str = ".") -> dict:
@@ -67,37 +290,54 @@ def build_report(records, out_dir: str, results_dir: str = ".") -> dict:
     from . import figures as F
 
     os.makedirs(out_dir, exist_ok=True)
-    recs = F.latest(records)
+    final = _final(records)
+    # what is drawn: the final record of each (case, world), where it has numbers
+    recs = {k: r for k, r in final.items() if r.status == "ok" and r.metrics}
     worlds = sorted({w for _, w in recs})
-    plots: list = []  # (title, file)
-    data: dict = {"cases": {}, "scaling": {}, "plots": []}
-    for (case, w), r in sorted(recs.items()):
+    models = list(dict.fromkeys(r.model for _, r in sorted(final.items())))
+    data: dict = {"cases": {}, "scaling": {}, "plots": [], "models": {}, "warnings": []}
+    for (case, w), r in sorted(final.items()):
         m = r.metrics
         data["cases"][f"{case}@{w}"] = {k: m.get(k) for k in ("samples_per_s", "samples_per_s_ci", "speedup",
                                                                  "speedup_ci", "compute_s", "exposed_comm_s",
                                                                  "data_wait_s", "busbw_GBps", "peak_memory_bytes")}
-        data["cases"][f"{case}@{w}"].update(verdict=r.verdict, step_median_s=(m.get("step_time_s") or {}).get("median"),
-                                             run_id=r.run_id)
+        data["cases"][f"{case}@{w}"].update(verdict=r.verdict, status=r.status, model=r.model, run_id=r.run_id,
+                                             step_median_s=(m.get("step_time_s") or {}).get("median"),
+                                             busbw_shown=F.busbw_measurable(m)[0] if m else False)
 
-    def save(fig, name: str, title: str) -> None:
+    images: dict = {}  # file -> (width, height)
+
+    def save(fig, name: str) -> str | None:
         if fig is None:
-            return
-        fig.savefig(os.path.join(out_dir, name), dpi=90)
+            return None
+        fig.savefig(os.path.join(out_dir, name), dpi=F.DPI)
         plt.close(fig)
-        plots.append((title, name))
+        images[name] = png_size(os.path.join(out_dir, name))
         data["plots"].append(name)
+        return name
 
-    for w in worlds:
-        save(F.throughput_figure(recs, w), f"throughput_w{w}.png", f"Throughput at world size {w}")
-        save(F.breakdown_figure(recs, w), f"breakdown_w{w}.png", f"Step breakdown at world size {w}")
+    notes: list[str] = []
+    speedup_plot: dict = {}
+    for model in models:
+        speedup_plot[model] = save(F.speedup_figure(recs, model), f"speedup_{_slug(model)}.png")
+    throughput_plots = [(w, save(F.throughput_figure(recs, w), f"throughput_w{w}.png")) for w in worlds]
+    breakdown_plots = [(w, save(F.breakdown_figure(recs, w), f"breakdown_w{w}.png")) for w in worlds]
+    no_none = [m for m in models if not any(r.model == m and math.isfinite(F.num(r.metrics.get("compute_s")))
+                                            for r in recs.values())]
+    if no_none:
+        notes.append(f"No step breakdown for {', '.join(no_none)}: no none case (compute alone) ran with "
+                     f"{'it' if len(no_none) == 1 else 'them'}, so compute and communication cannot be told apart.")
     data["scaling"] = {c: rows for c, rows in F.scaling_table(recs).items()}
-    save(F.scaling_figure(recs), "scaling.png", "Scaling over world sizes")
-    lsgd = F.local_sgd_figure(recs)
-    save(lsgd, "local_sgd.png", "Local SGD trade-off")
+    scaling = save(F.scaling_figure(recs), "scaling.png")
+    if scaling is None:
+        notes.append("No scaling plot: no case was recorded both at world size 1 and at another world size.")
+    lsgd = save(F.local_sgd_figure(recs), "local_sgd.png")
+    if lsgd is None:
+        notes.append("No Local SGD records: the trade-off plot is omitted.")
+    data["images"] = {k: list(v) for k, v in images.items()}
 
-    traces = []
-    data["warnings"] = []
-    for (case, w), r in sorted(recs.items()):
+    traces: dict = {}  # (case, world) -> copied file
+    for (case, w), r in sorted(final.items()):
         rel = r.metrics.get("trace_file")
         if rel:
             src, why = trace_source(results_dir, rel)
@@ -109,57 +349,152 @@ def build_report(records, out_dir: str, results_dir: str = ".") -> dict:
             dst = os.path.join("traces", os.path.basename(src))
             os.makedirs(os.path.join(out_dir, "traces"), exist_ok=True)
             shutil.copyfile(src, os.path.join(out_dir, dst))
-            traces.append((f"{case}@{w}", dst))
-    data["traces"] = [t for _, t in traces]
+            traces[(case, w)] = dst
+    data["traces"] = list(traces.values())
 
-    errors = [r for r in records if r.status == "error"]
-    rows = []
-    for (case, w), r in sorted(recs.items()):
-        m = r.metrics
-        st = m.get("step_time_s") or {}
-        rows.append([case, str(w), r.verdict, _fmt(m.get("samples_per_s")), _fmt(m.get("speedup"), ".2f"),
-                     _fmt(1e3 * st["median"] if isinstance(st.get("median"), (int, float)) else None),
-                     _fmt(1e3 * m["exposed_comm_s"] if isinstance(m.get("exposed_comm_s"), (int, float)) else None),
-                     _fmt(m.get("busbw_GBps"), ".3f")])
-    head = ["case", "world", "verdict", "samples/s", "speedup vs plain", "step ms", "exposed comm ms", "busbw GB/s"]
-    runs = sorted({r.run_id for r in records})
-    notes = []
-    if not any(isinstance(r.metrics.get("data_wait_s"), (int, float)) for r in recs.values()):
-        notes.append("Data wait is not measured by these records (shown as 0 in the breakdown).")
-    if lsgd is None:
-        notes.append("No Local SGD records: the trade-off plot is omitted.")
+    problems = _problems(final)
+    runs = _runs(records)
+    data["problems"] = problems
+    data["runs"] = runs
+    tables: dict = {}
+    for model in models:
+        rows = sorted(((c, w), r) for (c, w), r in final.items() if r.model == model)
+        rows.sort(key=lambda kr: (kr[0][1], F.order_key(kr[0][0])))
+        tables[model] = [(r, *_row(r)) for _, r in rows]
+        data["models"][model] = {"cases": [f"{r.case}@{r.world_size}" for _, r in rows],
+                                 "speedup_plot": speedup_plot[model]}
+    bad = [p for p in problems if p["kind"] in ("fail", "error")]
+    counts: dict = {}
+    for r in final.values():
+        counts[r.verdict] = counts.get(r.verdict, 0) + 1
+    summary = (f"{len(final)} case(s) over {len(runs)} run(s): "
+               + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())))
 
-    m = md_text
-    md = ["# fleetbench report", "", f"runs: {', '.join(m(x) for x in runs)}", "",
-          "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    md += ["| " + " | ".join(m(c) for c in r) + " |" for r in rows]
-    md += [""] + [f"![{t}]({f})" for t, f in plots]
-    md += [""] + [f"- trace {m(c)}: [{m(t)}]({_md_link_target(t)}) (open in https://ui.perfetto.dev)"
-                  for c, t in traces]
-    md += [""] + [f"- error: {m(r.case)}@{m(r.world_size)}: "
-                  f"{m((r.error or '').splitlines()[0]) if (r.error or '').strip() else ''}" for r in errors]
-    md += [""] + [f"_{n}_" for n in notes]
-    with open(os.path.join(out_dir, "summary.md"), "w") as fh:
-        fh.write("\n".join(md) + "\n")
-
-    e = html.escape
-    body = [f"<h1>fleetbench report</h1><p>runs: {e(', '.join(runs))}</p>", "<table border=1 cellpadding=4><tr>"
-            + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr>"]
-    body += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>" for r in rows]
-    body.append("</table>")
-    for t, f in plots:
-        body.append(f"<h2>{e(t)}</h2><img src='{e(f)}' alt='{e(t)}'>")
-    if traces:
-        body.append("<h2>Traces</h2><ul>" + "".join(
-            f"<li><a href='{e(t)}'>{e(c)}</a> (Chrome/Perfetto JSON: open in https://ui.perfetto.dev)</li>"
-            for c, t in traces) + "</ul>")
-    if errors:
-        body.append("<h2>Errors</h2><ul>" + "".join(
-            f"<li>{e(r.case)}@{e(str(r.world_size))}: {e((r.error or '')[:300])}</li>" for r in errors) + "</ul>")
-    body += [f"<p><i>{e(n)}</i></p>" for n in notes]
-    with open(os.path.join(out_dir, "index.html"), "w") as fh:
-        fh.write("<!doctype html><html><head><meta charset='utf-8'><title>fleetbench report</title></head><body>"
-                 + "\n".join(body) + "</body></html>\n")
+    _write_markdown(out_dir, summary, problems, runs, tables, images, traces, notes)
+    _write_html(out_dir, summary, bad, problems, runs, tables, speedup_plot, throughput_plots, breakdown_plots,
+                scaling, lsgd, images, traces, notes)
     with open(os.path.join(out_dir, "report_data.json"), "w") as fh:
         json.dump(data, fh, indent=1, default=str)
     return data
+
+
+def _write_markdown(out_dir, summary, problems, runs, tables, images, traces, notes) -> None:
+    m = md_text
+    md = ["# fleetbench report", "", m(summary), ""]
+    bad = [p for p in problems if p["kind"] in ("fail", "error")]
+    md += ["## Failures and errors", ""] if bad else ["No failures or errors.", ""]
+    for p in problems:
+        label = {"fail": "fail", "error": "error", "note": "note", "skipped": "not run"}[p["kind"]]
+        text = "; ".join(f"{k}: {_first_line(v)}" for k, v in p["messages"])
+        md.append(f"- {label}: {m(p['case'])}@{m(p['world'])} (run {m(p['run_id'])}): {m(text)}")
+    md += ["", "## Runs", ""]
+    for run in runs:
+        md.append("- " + "; ".join(f"{k}: {m(v)}" for k, v in run.items()))
+    for model, rows in tables.items():
+        md += ["", f"## {m(model)}", "", "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+        md += ["| " + " | ".join(m(c) for c in cells) + " |" for _, cells, _ in rows]
+    md += [""] + [f"![{f}]({f})" for f in images]
+    md += [""] + [f"- trace {m(c)}@{m(w)}: [{m(t)}]({_md_link_target(t)}) (open in https://ui.perfetto.dev)"
+                  for (c, w), t in traces.items()]
+    md += [""] + [f"_{m(n)}_" for n in notes]
+    with open(os.path.join(out_dir, "summary.md"), "w") as fh:
+        fh.write("\n".join(md) + "\n")
+
+
+def _img(name: str | None, alt: str, images: dict) -> str:
+    if name is None:
+        return ""
+    e = html.escape
+    w, h = images[name]
+    return f"<img src='{e(name)}' alt='{e(alt)}' width='{w}' height='{h}'>"
+
+
+def _write_html(out_dir, summary, bad, problems, runs, tables, speedup_plot, throughput_plots, breakdown_plots,
+                scaling, lsgd, images, traces, notes) -> None:
+    e = html.escape
+    body = [f"<h1>fleetbench report</h1><p>{e(summary)}</p>"]
+
+    # 1. failures and errors, then notes and cases not run
+    body.append("<section id='problems'>")
+    if bad:
+        body.append(f"<h2>Failures and errors ({len(bad)})</h2>")
+    else:
+        body.append("<p class='allgood'>No failures or errors: every case reported passed its check or has "
+                    "none to pass (n/a).</p>")
+    for p in problems:
+        if p["kind"] == "note" and not any(q["kind"] == "note" for q in problems[:problems.index(p)]):
+            body.append("<h3>Notes</h3>")
+        if p["kind"] == "skipped" and not any(q["kind"] == "skipped" for q in problems[:problems.index(p)]):
+            body.append("<h3>Not run</h3>")
+        cls = {"fail": "fail", "error": "error", "note": "note", "skipped": "skipped"}[p["kind"]]
+        msgs = "".join(f"<div><em>{e(k)}:</em><pre>{e(v)}</pre></div>" for k, v in p["messages"])
+        body.append(f"<div class='problem {cls}' data-case='{e(p['case'])}@{e(str(p['world']))}'>"
+                    f"<strong>{e(p['case'])}</strong> at world size {e(str(p['world']))}: "
+                    f"<span class='v-{e(p['verdict'])}'>{e(p['verdict'])}</span> (run {e(p['run_id'])}){msgs}</div>")
+    body.append("</section>")
+
+    # 2. run metadata, one column per run
+    keys = list(runs[0]) if runs else []
+    body.append("<section id='metadata'><h2>Runs</h2><table class='meta'>")
+    for k in keys:
+        body.append(f"<tr><th>{e(k)}</th>" + "".join(f"<td>{e(str(run[k]))}</td>" for run in runs) + "</tr>")
+    body.append("</table></section>")
+
+    # 3. how to read
+    body.append("<section id='how-to-read'><h2>How to read this</h2><ul>"
+                + "".join(f"<li>{t}</li>" for t in HOW_TO_READ)
+                + "<li>More in <code>docs/report.md</code>.</li></ul></section>")
+
+    # 4. per model
+    for model, rows in tables.items():
+        body.append(f"<section class='model' id='model-{e(_slug(model))}' data-model='{e(model)}'>"
+                    f"<h2>{e(model)}</h2><table><tr>" + "".join(f"<th>{e(h)}</th>" for h in HEAD)
+                    + "<th>trace</th></tr>")
+        reasons: dict = {}
+        for r, cells, why in rows:
+            tds = []
+            for i, c in enumerate(cells):
+                title = {6: why.get("exposed"), 7: why.get("calls"), 9: why.get("busbw")}.get(i)
+                attr = f" title='{e(title)}'" if title else ""
+                cls = f" class='verdict v-{e(c)}'" if i == 2 else ""
+                tds.append(f"<td{cls}{attr}>{e(c)}</td>")
+            if why.get("busbw"):
+                reasons.setdefault(why["busbw"], []).append(f"{r.case}@{r.world_size}")
+            t = traces.get((r.case, r.world_size))
+            tds.append(f"<td><a href='{e(t)}'>trace</a></td>" if t else "<td>-</td>")
+            row_cls = " class='bad'" if r.verdict in ("fail", "error") else ""
+            body.append(f"<tr{row_cls}>" + "".join(tds) + "</tr>")
+        body.append("</table>")
+        for why, cases in reasons.items():
+            body.append(f"<p class='note-line'>busbw not shown for {e(', '.join(cases))}: {e(why)}.</p>")
+        if speedup_plot.get(model):
+            body.append(_img(speedup_plot[model], f"{model}: speedup over plain", images))
+        else:
+            body.append("<p class='note-line'>No speedup plot: no case of this model has a speedup over plain "
+                        "(the baseline alone, or no timing finished).</p>")
+        body.append("</section>")
+
+    # 5. the rest
+    body.append("<section id='plots'>")
+    for w, name in throughput_plots:
+        if name:
+            body.append(f"<h2>Throughput at world size {w}</h2>"
+                        + _img(name, f"throughput at world size {w}, one panel per model", images))
+    for w, name in breakdown_plots:
+        if name:
+            body.append(f"<h2>Step breakdown at world size {w}</h2>"
+                        + _img(name, f"step breakdown at world size {w}", images))
+    if scaling:
+        body.append("<h2>Scaling over world sizes</h2>" + _img(scaling, "scaling efficiency", images))
+    if lsgd:
+        body.append("<h2>Local SGD trade-off</h2>" + _img(lsgd, "Local SGD: throughput against loss", images))
+    body.append("</section>")
+    if traces:
+        body.append("<section id='traces'><h2>Traces</h2><ul>" + "".join(
+            f"<li><a href='{e(t)}'>{e(c)}@{e(str(w))}</a> (Chrome/Perfetto JSON: open in https://ui.perfetto.dev)"
+            "</li>" for (c, w), t in traces.items()) + "</ul></section>")
+    body += [f"<p class='note-line'>{e(n)}</p>" for n in notes]
+    with open(os.path.join(out_dir, "index.html"), "w") as fh:
+        fh.write("<!doctype html><html><head><meta charset='utf-8'><title>fleetbench report</title>"
+                 f"<meta name='viewport' content='width=device-width'><style>{CSS}</style></head><body>\n"
+                 + "\n".join(body) + "\n</body></html>\n")

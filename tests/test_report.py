@@ -1,0 +1,322 @@
+"""`fleetbench report`'s page, parsed as HTML: failures and errors at the top with their messages, run
+metadata, one table per model with speedups and their intervals, images that fit a 1400 px window, and no
+chart without data (or with numbers that mean nothing: busbw of latency-bound messages, a step breakdown
+without a `none` case, scaling without world size 1).
+
+Records are crafted here (no ranks); tests/test_matrix_run.py builds a report from a real run.
+"""
+from __future__ import annotations
+
+import html.parser
+import os
+
+import pytest
+
+from suite.report import figures as F
+from suite.report.page import build_report, png_size
+from suite.results.records import CaseRecord
+
+META = {"git": {"commit": "0123456789abcdef0123456789abcdef01234567", "branch": "main", "dirty": True},
+        "torch": "2.4.1+cpu", "cuda": None, "nccl": None, "python": "3.11.7", "host": "bench-host-7",
+        "cpu": "Test CPU", "cpu_count": 2, "gpu": {"available": False, "reason": "CUDA unavailable (no GPU)"},
+        "backend": "gloo", "world_size": 2}
+
+
+def _metrics(step_ms: float, speedup: float | None = None, ci=None, compute_ms: float | None = None,
+             calls: dict | None = None, nbytes: dict | None = None, world: int = 2) -> dict:
+    step = step_ms / 1e3
+    m = {"samples_per_s": 32 * world / step, "samples_per_s_ci": [0.9 * 32 * world / step, 1.1 * 32 * world / step],
+         "step_time_s": {"median": step, "iqr": 0.1 * step, "n": 12}, "step_times_s": [step] * 12,
+         "comm_calls_per_step": calls or {}, "comm_bytes_per_step": nbytes or {}, "peak_memory_bytes": 2**20,
+         "speedup": speedup if speedup is not None else 1.0, "speedup_ci": ci or [speedup or 1.0] * 2}
+    if compute_ms is not None:
+        from suite.measure.stats import busbw
+
+        m["compute_s"] = compute_ms / 1e3
+        m["exposed_comm_s"] = step - compute_ms / 1e3
+        ar = sum(v for k, v in (nbytes or {}).items() if k.endswith("/all_reduce"))
+        m["busbw_GBps"] = busbw(ar, m["exposed_comm_s"], world) / 1e9
+    return m
+
+
+def _rec(case: str, world: int = 2, run_id: str = "run-a", verdict: str = "pass", status: str = "ok",
+         check_message: str = "", error: str | None = None, fallback: str | None = None, **metrics) -> CaseRecord:
+    model = case.split("/")[0]
+    check = {"verdict": verdict, "message": check_message} if verdict in ("pass", "fail") else None
+    return CaseRecord(case, model, world, {}, run_id, status=status, verdict=verdict, size="cpu", backend="gloo",
+                      device="cpu", timestamp="2026-01-02T03:04:05+00:00", check=check,
+                      metrics=metrics.get("m", {}) if status == "ok" else {}, error=error, fallback=fallback,
+                      metadata=META)
+
+
+MLP_BYTES = {"world/all_reduce": 16e6}  # 10 allreduces of 1.6 MB: bandwidth-bound
+RESNET_BYTES = {"world/all_reduce": 51e3}  # 29 allreduces of 1.8 kB: latency-bound
+FAIL_MESSAGE = "step 3: non-finite loss on rank(s) [0, 1]; parameter error inf > 1e-05"
+ERROR_TEXT = "RankFailure: rank 1 died\nTraceback line\nsecond line of the error"
+
+
+def _records() -> list[CaseRecord]:
+    mc = {"world/all_reduce": 10.0}
+    rc = {"world/all_reduce": 29.0}
+    return [
+        _rec("mlp/plain", m=_metrics(60, 1.0, [1.0, 1.0], 30, mc, MLP_BYTES)),
+        _rec("mlp/none", verdict="n/a", m=_metrics(30, 2.0, [1.8, 2.2], 30)),
+        _rec("mlp/overlap", m=_metrics(46, 1.3, [1.1, 1.5], 30, {"world/all_reduce": 1.0}, MLP_BYTES)),
+        _rec("mlp/fusion", verdict="fail", check_message=FAIL_MESSAGE,
+             m=_metrics(50, 1.2, [1.0, 1.4], 30, {"world/all_reduce": 1.0}, MLP_BYTES)),
+        _rec("mlp/multicomm", fallback="interleaved timing of 3 variants failed (RankFailure: boom); timed alone",
+             m=_metrics(40, 1.5, [1.4, 1.6], 30, {"world/all_reduce": 4.0}, MLP_BYTES)),
+        _rec("mlp/ddp", status="error", verdict="error", error=ERROR_TEXT),
+        _rec("mlp/hierarchical", world=1, run_id="run-b", status="skipped", verdict="skipped",
+             error="needs at least 2 ranks"),
+        _rec("resnet/plain", m=_metrics(80, 1.0, [1.0, 1.0], None, rc, RESNET_BYTES)),
+        _rec("resnet/overlap", m=_metrics(60, 1.33, [1.2, 1.45], None, {"world/all_reduce": 1.0}, RESNET_BYTES)),
+        # a third model with its baseline only: no speedup plot for it
+        _rec("transformer/plain", m=_metrics(90, 1.0, [1.0, 1.0])),
+    ]
+
+
+class Page(html.parser.HTMLParser):
+    """What the tests read from index.html: sections in order, problem boxes, tables, images, the CSS."""
+
+    def __init__(self):
+        super().__init__()
+        self.sections: list[dict] = []  # {"id", "class", "text", "tables": [[row cells]], "rows": [attrs]}
+        self.problems: list[dict] = []  # {"class", "case", "text"}
+        self.images: list[dict] = []
+        self.style = ""
+        self._stack: list[str] = []
+        self._section: dict | None = None
+        self._problem: dict | None = None
+        self._cell: list | None = None
+        self._cell_attrs: dict = {}
+        self._in_style = False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "section":
+            self._section = {"id": a.get("id", ""), "class": a.get("class", ""), "model": a.get("data-model"),
+                             "text": "", "tables": [], "rows": []}
+            self.sections.append(self._section)
+        elif tag == "div" and "problem" in (a.get("class") or "").split():
+            self._problem = {"class": a["class"], "case": a.get("data-case"), "text": ""}
+            self.problems.append(self._problem)
+        elif tag == "table" and self._section is not None:
+            self._section["tables"].append([])
+        elif tag == "tr" and self._section is not None and self._section["tables"]:
+            self._section["tables"][-1].append([])
+            self._section["rows"].append(a)
+        elif tag in ("td", "th"):
+            self._cell, self._cell_attrs = [], a
+        elif tag == "img":
+            self.images.append(a)
+        elif tag == "style":
+            self._in_style = True
+        if tag not in ("img", "meta", "br"):
+            self._stack.append(tag)
+
+    def handle_endtag(self, tag):
+        if tag == "section":
+            self._section = None
+        elif tag == "div" and self._problem is not None and self._stack.count("div") == 1:
+            self._problem = None
+        elif tag in ("td", "th") and self._cell is not None and self._section is not None:
+            self._section["tables"][-1][-1].append(("".join(self._cell).strip(), self._cell_attrs))
+            self._cell = None
+        elif tag == "style":
+            self._in_style = False
+        if tag in self._stack:
+            while self._stack and self._stack.pop() != tag:
+                pass
+
+    def handle_data(self, data):
+        if self._in_style:
+            self.style += data
+        if self._section is not None:
+            self._section["text"] += data
+        if self._problem is not None:
+            self._problem["text"] += data
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("report")
+    data = build_report(_records(), str(out), str(out))
+    page = Page()
+    page.feed((out / "index.html").read_text())
+    return {"out": out, "data": data, "page": page, "md": (out / "summary.md").read_text()}
+
+
+def _section(page: Page, sid: str) -> dict:
+    found = [s for s in page.sections if s["id"] == sid]
+    assert len(found) == 1, [s["id"] for s in page.sections]
+    return found[0]
+
+
+def _table(section: dict) -> dict:
+    """(case, world) -> {header: (text, attrs)} of a model's table."""
+    rows = section["tables"][0]
+    head = [c for c, _ in rows[0]]
+    return {(r[0][0], int(r[1][0])): dict(zip(head, r)) for r in rows[1:]}
+
+
+def test_failures_and_errors_come_first_in_colour_with_their_messages(report):
+    page = report["page"]
+    assert page.sections[0]["id"] == "problems", [s["id"] for s in page.sections]
+    bad = [p for p in page.problems if {"fail", "error"} & set(p["class"].split())]
+    assert [p["case"] for p in bad] == ["mlp/ddp@2", "mlp/fusion@2"]
+    assert page.problems[:2] == bad  # before the notes and the cases that did not run
+    fusion, ddp = bad[1]["text"], bad[0]["text"]
+    assert FAIL_MESSAGE in fusion and "fail" in fusion
+    for line in ERROR_TEXT.splitlines():  # the whole error, not only its first line
+        assert line in ddp
+    note = [p for p in page.problems if "note" in p["class"].split()]
+    assert [p["case"] for p in note] == ["mlp/multicomm@2"] and "timed alone" in note[0]["text"]
+    skipped = [p for p in page.problems if "skipped" in p["class"].split()]
+    assert [p["case"] for p in skipped] == ["mlp/hierarchical@1"] and "needs at least 2 ranks" in skipped[0]["text"]
+    # in colour: the boxes and the failing rows have a red background
+    assert "#c62828" in page.style.split(".problem {")[1].split("}")[0]
+    assert "background" in page.style.split("tr.bad td {")[1].split("}")[0]
+    mlp = [s for s in page.sections if s["model"] == "mlp"][0]
+    rows = {r[0][0]: attrs for r, attrs in zip(mlp["tables"][0][1:], mlp["rows"][1:])}
+    assert rows["mlp/fusion"].get("class") == "bad" and rows["mlp/plain"].get("class") is None
+    # the Markdown summary lists them too, first line of each message
+    md = report["md"]
+    assert md.index("- fail: mlp/fusion@2") < md.index("## Runs") and "- error: mlp/ddp@2" in md
+    assert "second line of the error" not in md
+
+
+def test_run_metadata_on_top(report):
+    page = report["page"]
+    ids = [s["id"] for s in page.sections]
+    assert ids.index("metadata") < min(i for i, s in enumerate(page.sections) if s["class"] == "model")
+    table = _section(page, "metadata")["tables"][0]
+    fields = {row[0][0]: [c for c, _ in row[1:]] for row in table}
+    assert fields["run id"] == ["run-a", "run-b"]
+    expected = {"commit": "0123456789ab (main)", "dirty": "yes: uncommitted changes", "torch": "2.4.1+cpu",
+                "CUDA / NCCL": "none / none", "device": "cpu", "backend": "gloo", "host": "bench-host-7",
+                "size": "cpu", "date": "2026-01-02T03:04:05+00:00"}
+    for key, value in expected.items():
+        assert fields[key][0] == value, (key, fields[key])
+    assert fields["world size"] == ["2", "1"]
+
+
+def test_one_table_per_model_with_speedup_intervals_exposed_comm_and_collectives(report):
+    page = report["page"]
+    models = [s["model"] for s in page.sections if s["class"] == "model"]
+    assert models == ["mlp", "resnet", "transformer"]
+    mlp = _table([s for s in page.sections if s["model"] == "mlp"][0])
+    assert set(mlp) == {("mlp/plain", 2), ("mlp/none", 2), ("mlp/overlap", 2), ("mlp/fusion", 2),
+                        ("mlp/multicomm", 2), ("mlp/ddp", 2), ("mlp/hierarchical", 1)}
+    row = mlp[("mlp/overlap", 2)]
+    assert row["speedup vs plain [95% CI]"][0] == "1.30× [1.10, 1.50]"
+    assert row["exposed comm ms"][0] == "16.0" and row["collectives/step"][0] == "1"
+    assert row["samples/s [95% CI]"][0].count("[") == 1
+    assert row["verdict"][1]["class"] == "verdict v-pass"
+    assert mlp[("mlp/fusion", 2)]["verdict"][1]["class"] == "verdict v-fail"
+    assert mlp[("mlp/ddp", 2)]["verdict"][0] == "error" and mlp[("mlp/ddp", 2)]["samples/s [95% CI]"][0] == "-"
+    assert mlp[("mlp/plain", 2)]["speedup vs plain [95% CI]"][0] == "1 (the baseline)"
+    resnet = _table([s for s in page.sections if s["model"] == "resnet"][0])
+    # no `none` case for resnet: exposed communication unknown, and said why
+    cell = resnet[("resnet/overlap", 2)]["exposed comm ms"]
+    assert cell[0] == "-" and "none case" in cell[1]["title"]
+
+
+def test_busbw_only_where_it_is_a_bandwidth(report):
+    page = report["page"]
+    mlp = _table([s for s in page.sections if s["model"] == "mlp"][0])
+    # 16 MB over 16 ms exposed at 2 ranks: 16e6 / 0.016 * 2 * 1 / 2 / 1e9 = 1.0 GB/s
+    assert mlp[("mlp/overlap", 2)]["busbw GB/s"][0] == "1.000"
+    assert mlp[("mlp/none", 2)]["busbw GB/s"][0] == "-"
+    # latency-bound: 1.8 kB per allreduce; the figure exists in the record but is not shown
+    rec = _records()[7]
+    rec.metrics.update(compute_s=0.02, exposed_comm_s=0.06, busbw_GBps=0.0009)
+    shown, why = F.busbw_measurable(rec.metrics)
+    assert not shown and "latency" in why
+    small = _metrics(31, 1.0, None, 30, {"world/all_reduce": 1.0}, MLP_BYTES)  # 1 ms exposed of 31
+    assert F.busbw_measurable(small) == (False, "exposed communication under 10% of the step")
+    assert F.busbw_measurable(_metrics(60, 1.0, None, 30, {"world/all_reduce": 10.0}, MLP_BYTES))[0]
+
+
+def test_images_fit_a_1400_px_window_and_exist(report):
+    out, page = report["out"], report["page"]
+    assert page.images, "no image on the page"
+    for img in page.images:
+        path = os.path.join(out, img["src"])
+        w, h = png_size(path)
+        assert w <= 1400 and int(img["width"]) == w and int(img["height"]) == h, (img, w, h)
+    assert "max-width: 100%" in page.style.split("img {")[1].split("}")[0]
+    # a model with many cases still fits: 53 cases at one world size
+    many = {(f"mlp/v{i:02d}", 2): _rec(f"mlp/v{i:02d}", m=_metrics(50 + i, 1.0 + i / 100, None, 30))
+            for i in range(53)}
+    for fig in (F.throughput_figure(many, 2), F.breakdown_figure(many, 2), F.speedup_figure(many, "mlp")):
+        assert fig.get_size_inches()[0] * F.DPI <= F.MAX_WIDTH_PX <= 1400
+        F.plt.close(fig)
+
+
+def test_no_chart_without_data(report):
+    data = report["data"]
+    plots = set(data["plots"])
+    # speedups per model, not a mixed throughput axis; none for the model that only has its baseline
+    speedup = {m: v["speedup_plot"] for m, v in data["models"].items()}
+    assert speedup["mlp"] and speedup["resnet"] and speedup["transformer"] is None
+    assert "No speedup plot" in [s for s in report["page"].sections if s["model"] == "transformer"][0]["text"]
+    # no world size 1 next to another world size: no scaling chart; no Local SGD: no trade-off chart
+    assert "scaling.png" not in plots and "local_sgd.png" not in plots
+    assert "No scaling plot" in report["out"].joinpath("index.html").read_text()
+    # the breakdown only for the model whose `none` case ran
+    recs = {(r.case, r.world_size): r for r in _records() if r.status == "ok"}
+    fig = F.breakdown_figure(recs, 2)
+    assert [ax.get_title().split(":")[0] for ax in fig.axes] == ["mlp"]
+    F.plt.close(fig)
+    assert F.breakdown_figure({k: r for k, r in recs.items() if r.model == "resnet"}, 2) is None
+    assert F.scaling_figure(recs) is None and F.throughput_figure(recs, 4) is None
+    # every chart drawn has data in every panel
+    for name in plots:
+        assert os.path.getsize(report["out"] / name) > 1000
+    for fig in (F.throughput_figure(recs, 2), F.speedup_figure(recs, "mlp"), F.breakdown_figure(recs, 2)):
+        for ax in fig.axes:
+            heights = [abs(p.get_height()) + abs(p.get_width()) for p in ax.patches]
+            assert heights and all(h > 0 for h in heights), ax.get_title()
+        F.plt.close(fig)
+
+
+def test_throughput_panels_keep_models_apart(report):
+    recs = {(r.case, r.world_size): r for r in _records() if r.status == "ok"}
+    fig = F.throughput_figure(recs, 2)
+    try:
+        for ax in fig.axes:
+            models = {t.get_text().split("/")[0] for t in ax.get_xticklabels()}
+            assert len(models) == 1, models
+        assert len(fig.axes) == 3
+    finally:
+        F.plt.close(fig)
+
+
+def test_scaling_and_local_sgd_drawn_when_their_data_exists(tmp_path):
+    recs = [_rec("mlp/plain", world=w, m=_metrics(60 / w ** 0.5, world=w) | {"losses": [2.0, 1.5]}) for w in (1, 2)]
+    recs.append(_rec("mlp/local_sgd", world=2, m=_metrics(40, 1.5, world=2) | {"losses": [2.0, 1.6]}))
+    recs.append(_rec("resnet/plain", world=2, m=_metrics(80, world=2) | {"losses": [2.0, 1.9]}))
+    data = build_report(recs, str(tmp_path), str(tmp_path))
+    assert {"scaling.png", "local_sgd.png"} <= set(data["plots"])
+    fig = F.local_sgd_figure(F.latest(recs))
+    try:  # the trade-off shows the Local SGD model's baseline, not every model's
+        names = sorted(t.get_text() for t in fig.axes[0].texts)
+        assert names == ["mlp/local_sgd@2", "mlp/plain@1", "mlp/plain@2"], names
+    finally:
+        F.plt.close(fig)
+
+
+def test_fleetbench_report_names_the_failures(tmp_path, capsys):
+    from suite.cli.main import main
+    from suite.results.records import append_record
+
+    path = tmp_path / "runs.jsonl"
+    for r in _records():
+        append_record(str(path), r)
+    assert main(["report", str(path), "--out", str(tmp_path / "report")]) == 0
+    out = capsys.readouterr().out
+    assert "2 failure(s) or error(s), listed first: mlp/ddp@2 error, mlp/fusion@2 fail" in out, out
+    assert (tmp_path / "report" / "index.html").exists()
