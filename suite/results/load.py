@@ -160,12 +160,15 @@ def _from_pytest_benchmark(path: str, data: dict) -> Side:
             raise ResultsFileError(f"{where}: extra_info case={_show(case)}, world_size={_show(world)}; expected a "
                                    f"case name and a whole number >= 1")
         windows = []
-        if "data" in b["stats"]:  # each round is one window of steps_per_round steps
+        if "data" in b["stats"] or "window_s" in extra:  # each round is one window of steps_per_round steps
             k = extra.get("steps_per_round", 1)
             if isinstance(k, bool) or not isinstance(k, int) or k < 1:
                 raise ResultsFileError(f"{where}: extra_info.steps_per_round is {_show(k)}; expected a whole "
                                        f"number >= 1")
-            windows = [t / k for t in _floats(b["stats"]["data"], where, "stats.data")]
+            if "window_s" in extra:  # the ranks' own windows (the slowest rank's), without the round trip
+                windows = [t / k for t in _floats(extra["window_s"], where, "extra_info.window_s")]
+            else:
+                windows = [t / k for t in _floats(b["stats"]["data"], where, "stats.data")]
         if "step_times_s" in extra:
             samples = _floats(extra["step_times_s"], where, "extra_info.step_times_s")
         elif windows:
