@@ -272,6 +272,8 @@ def run(pool, args) -> str:
         out += compare_rates(all_runs[case], args.rounds, seed=5) + [""]
     minutes = (time.monotonic() - t_start) / 60
     loads = [x for rs in all_runs.values() for r in rs for x in r.load]
+    blocks_min = sum(r.seconds for rs in all_runs.values() for r in rs) / 60
+    setup_min = sum(r.setup_s for rs in all_runs.values() for r in rs) / 60
     if loads:
         out += [f"Machine load (1-minute load average on {os.cpu_count()} cores) during the runs: "
                 f"{min(loads):.1f} to {max(loads):.1f}; figures measured under load are not the machine's "
@@ -280,5 +282,7 @@ def run(pool, args) -> str:
             f"in time. Slowdowns are busy work in the HEAD server's training step (a fraction of the step's own "
             f"time). ab rates: sequential comparisons simulated by resampling a pair's blocks ({sims} per pair); "
             f"compare rates: every pair of separate runs from different servers (up to 2000). "
-            f"Measured in {minutes:.0f} minutes."]
+            f"The runs took {blocks_min:.0f} minutes of timed blocks and {setup_min:.0f} of server start-up "
+            f"(summed over pairs); this table took {minutes:.0f} minutes"
+            + (" (recomputed from saved runs)." if loaded else ".")]
     return "\n".join(out)
