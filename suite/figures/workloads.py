@@ -108,6 +108,16 @@ def _ci(sp: dict) -> str:
     return f"{sp['speedup']:.3f} [{sp['ci'][0]:.3f}, {sp['ci'][1]:.3f}]"
 
 
+def fresh_ranks(pool) -> None:
+    """Stop the ranks; the pool starts fresh ones on its next call.
+
+    Every group runs in new rank processes: nothing a previous group built (or its allocator's
+    history) weighs on the next, and an engine with bucketed gradients, which stays alive after
+    its job until ``BucketedGradSync.close()`` (its gradient hooks hold it; see the report of the
+    workloads issue), cannot pile up: at ``cpu`` size each such GPT-2 engine holds ~1 GB per rank."""
+    pool.close()
+
+
 def measure_model(pool, model: str, size: str, args) -> dict:
     """Every group's interleaved timing; per variant its summary, group index, and the group's DDP windows."""
     from ..models import get_model
@@ -121,6 +131,7 @@ def measure_model(pool, model: str, size: str, args) -> dict:
         answers = pool.run(time_on_rank, dict(workload_spec=WorkloadSpec(model, size), variants=variants,
                                               warmup=2, steps=args.steps, rounds=args.rounds),
                            timeout=args.timeout)
+        fresh_ranks(pool)
         summary = summarize(answers, names, spec.per_rank_batch * world, args.steps, world, baseline=BASE)
         for n in names:
             s = summary[n]
@@ -199,6 +210,7 @@ def alone_on_rank(model: str, size: str, variants: list[str], rounds: int = 5, r
     device = platform.device
     net = get_model(model, size).make(0, device)
     runners: list[tuple[str, Callable[[], Any]]] = []
+    syncs: list[Any] = []
     for name in variants:
         if name == "single":
             flat = torch.zeros(sum(p.numel() for p in net.parameters() if p.requires_grad), device=device)
@@ -210,26 +222,33 @@ def alone_on_rank(model: str, size: str, variants: list[str], rounds: int = 5, r
             runners.append((name, single))
             continue
         sync = build_grad_sync(net, StrategyConfig.from_dict(variant_config(model, name)))
+        if hasattr(sync, "close"):
+            syncs.append(sync)
         runners.append((name, _collectives_of(sync)))
     nbytes = 4 * sum(p.numel() for p in net.parameters() if p.requires_grad)
     times: dict[str, list[float]] = {n: [] for n, _ in runners}
-    for _, run in runners:  # warm-up
-        run()
-    for r in range(rounds):
-        for name, run in runners[r % len(runners):] + runners[:r % len(runners)]:
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                run()
-            platform.synchronize()
-            dist.barrier()
-            times[name].append((time.perf_counter() - t0) / reps)
+    try:
+        for _, run in runners:  # warm-up
+            run()
+        for r in range(rounds):
+            for name, run in runners[r % len(runners):] + runners[:r % len(runners)]:
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    run()
+                platform.synchronize()
+                dist.barrier()
+                times[name].append((time.perf_counter() - t0) / reps)
+    finally:
+        for sync in syncs:
+            sync.close()  # its hooks and worker threads; else the buckets outlive this call
     return {"times": times, "bytes": nbytes}
 
 
 def alone_table(pool, model: str, size: str, args) -> str:
     answers = pool.run(alone_on_rank, dict(model=model, size=size, variants=list(ALONE), rounds=args.rounds,
                                            reps=args.steps), timeout=args.timeout)
+    fresh_ranks(pool)
     per = {n: [max(ts) for ts in zip(*(a["times"][n] for a in answers))] for n in ALONE}  # slowest rank
     nbytes = answers[0]["bytes"]
     factor = 2 * (pool.nproc - 1) / pool.nproc
