@@ -240,6 +240,18 @@ def _predict_rows(cluster, pool, model_name, ws, batch, profile, cal, rounds, st
     return rows
 
 
+def _dump_raw(terms, pred, hier_rows, comm_rows) -> None:
+    """FLEETBENCH_CLUSTER_RAW=FILE: everything measured so far, rewritten after every model (a long run that
+    fails late keeps its rows)."""
+    import json
+    from dataclasses import asdict
+
+    path = os.environ.get("FLEETBENCH_CLUSTER_RAW")
+    if path:
+        with open(path, "w") as fh:
+            json.dump({"terms": terms, "pred": [asdict(r) for r in pred], "hier": hier_rows, "comm": comm_rows}, fh)
+
+
 def _terms_row(cal) -> str:
     a_small = cal.alpha_table[0][1] if cal.alpha_table else math.nan
     a_big = cal.alpha_table[-1][1] if cal.alpha_table else math.nan
@@ -286,6 +298,7 @@ def run(pool, args) -> str:
                         continue
                     ws, batch, profile = profiles[m]
                     pred += _predict_rows(cl, p, m, ws, batch, profile, cal, rounds, steps, PLANS[m].one_at_a_time)
+                    _dump_raw(terms, pred, hier_rows, comm_rows)
     out = [
         "## Emulated cluster: the model against namespaces + tbf links",
         "",
