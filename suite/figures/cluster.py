@@ -29,6 +29,7 @@ import os
 import statistics
 from dataclasses import dataclass
 
+from ..cluster.extrapolate import extrapolation_markdown
 from ..cluster.probes import timed_allreduce
 from ..cluster.profile import record_profile
 from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
@@ -359,5 +360,12 @@ def run(pool, args) -> str:
         "| cluster | Mbit/s | buckets | 1 comm ms (model) | 2 comms ms (model) | speedup [95% CI] | model speedup |",
         "|---|---:|---:|---:|---:|---:|---:|",
         *comm_rows,
+        "",
+        "### Beyond this machine: EXTRAPOLATION (predictions, not measurements)",
+        "",
+        "Regenerated from the same model (`python -m suite.cluster.extrapolate`); its inputs are published "
+        "figures, not this machine's calibration (see `docs/cluster.md`).",
+        "",
+        extrapolation_markdown(),
     ]
     return "\n".join(out)
