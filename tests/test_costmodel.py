@@ -338,3 +338,15 @@ def test_comm_calibrate_and_predict_calibration_refuse_bad_use(tmp_path, capsys)
                  str(cpath), "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert all(math.isfinite(r["step_s"]) and r["step_s"] > 0.35 for r in rows)
+
+
+def test_gloo_lanes_let_one_communicator_run_two_collectives_at_once():
+    cl = C22.with_(inter_lat=0.01, async_lanes=2)  # latency part 0.06 s, bandwidth part 1.5 s each
+    bs = [Bucket(int(1e8), 0.0), Bucket(int(1e8), 0.0)]
+    assert close(simulate_comm(bs, cl, comm_num=1), 0.06 + 3.0)  # both in flight: latencies overlap
+    assert close(simulate_comm(bs, cl.with_(async_lanes=1), comm_num=1), 2 * 1.56)
+    # the two-level chain runs on one thread per communicator: one at a time whatever the lanes
+    h = cm.allreduce(1e8, cl, hierarchical=True)
+    assert close(simulate_comm(bs, cl, comm_num=1, hierarchical=True), 2 * h)
+    with pytest.raises(ValueError, match="async_lanes"):
+        cm.Cluster(2, 2, B, async_lanes=0)

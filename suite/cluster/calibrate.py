@@ -55,6 +55,7 @@ DEFAULT_SIZES = {
     "hier": [MiB, 4 * MiB, 16 * MiB],
 }
 CPU_FIT_MIN = MiB  # sizes from which CPU time is fitted as linear in bytes
+GLOO_LANES = 2  # ProcessGroupGloo's worker threads per process group (torch's default Options._threads)
 
 
 def usable_cores() -> int:
@@ -164,7 +165,7 @@ class Calibration:
                           alpha_table=tuple((float(m), float(a)) for m, a in self.alpha_table),
                           bcast_table=tuple((float(m), float(a)) for m, a in self.bcast_table),
                           cpu_per_byte=self.cpu_per_byte, cpu_per_byte_hier=self.cpu_per_byte_hier,
-                          cores=float(self.cores), bcast_tree=True)
+                          cores=float(self.cores), bcast_tree=True, async_lanes=GLOO_LANES)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

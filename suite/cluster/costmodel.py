@@ -50,6 +50,9 @@ class Cluster:
     cpu_per_byte: float = 0.0
     cpu_per_byte_hier: float = 0.0
     cores: float = math.inf
+    # collectives one communicator progresses at once when launched asynchronously: 1 for NCCL (one
+    # stream), 2 for gloo (ProcessGroupGloo runs two worker threads per process group)
+    async_lanes: int = 1
 
     def __post_init__(self) -> None:
         for name in ("nodes", "ranks_per_node"):
@@ -64,6 +67,8 @@ class Cluster:
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"Cluster.{name}={v!r}: must be a finite number >= 0")
+        if not (isinstance(self.async_lanes, int) and self.async_lanes >= 1):
+            raise ValueError(f"Cluster.async_lanes={self.async_lanes!r}: must be a whole number >= 1")
         if not (self.cores > 0):
             raise ValueError(f"Cluster.cores={self.cores!r}: must be > 0 (math.inf: no shared cores)")
         for name in ("alpha_table", "bcast_table"):

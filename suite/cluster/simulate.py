@@ -252,44 +252,41 @@ def simulate_comm(buckets: Sequence[Bucket], cluster: cm.Cluster, *, comm_num: i
     queues: list[list] = [[] for _ in range(k)]
     for i, (b, (lat, bw)) in enumerate(zip(buckets, costs)):
         queues[i % k].append([max(b.ready_s, start_s), lat, bw, b.nbytes, None])
-    # per communicator: the job in progress [ready, latency left, bandwidth work left, bytes, start] or None
-    active: list = [None] * k
+    # per communicator: the jobs in progress [ready, latency left, bandwidth work left, bytes, start], at most
+    # ``lanes`` of them (gloo's worker threads; the two-level chain runs on one thread per communicator)
+    lanes = 1 if hierarchical else max(1, cluster.async_lanes)
+    active: list[list] = [[] for _ in range(k)]
     t = min(q[0][0] for q in queues if q)
     finish = t
     eps = 1e-15
     for _ in range(100_000):
-        for c in range(k):  # start the next job on an idle communicator if it is ready
-            if active[c] is None and queues[c] and queues[c][0][0] <= t + eps:
-                active[c] = queues[c].pop(0)
-                active[c][4] = t
-        if all(a is None for a in active) and not any(queues):
+        for c in range(k):  # start the next jobs on a communicator with a free lane, in order, when ready
+            while len(active[c]) < lanes and queues[c] and queues[c][0][0] <= t + eps:
+                job = queues[c].pop(0)
+                job[4] = t
+                active[c].append(job)
+        if not any(active) and not any(queues):
             return finish
-        sharing = sum(1 for a in active if a is not None and a[1] <= eps and a[2] > eps)
+        sharing = sum(1 for jobs in active for a in jobs if a[1] <= eps and a[2] > eps)
         # next event: a latency part ends, a bandwidth part ends, or a job becomes ready
         candidates = []
         for c in range(k):
-            a = active[c]
-            if a is not None:
-                if a[1] > eps:
-                    candidates.append(a[1])
-                else:
-                    candidates.append(a[2] * max(1, sharing))
-            elif queues[c]:
+            for a in active[c]:
+                candidates.append(a[1] if a[1] > eps else a[2] * max(1, sharing))
+            if len(active[c]) < lanes and queues[c]:
                 candidates.append(max(0.0, queues[c][0][0] - t))
         dt = max(0.0, min(candidates))
         for c in range(k):
-            a = active[c]
-            if a is None:
-                continue
-            if a[1] > eps:
-                a[1] -= dt
-            else:
-                a[2] -= dt / max(1, sharing)
-            if a[1] <= eps and a[2] <= eps:
-                active[c] = None
-                finish = t + dt
-                if spans is not None:
-                    spans.append((a[4], finish, a[3]))
+            for a in list(active[c]):
+                if a[1] > eps:
+                    a[1] -= dt
+                else:
+                    a[2] -= dt / max(1, sharing)
+                if a[1] <= eps and a[2] <= eps:
+                    active[c].remove(a)
+                    finish = t + dt
+                    if spans is not None:
+                        spans.append((a[4], finish, a[3]))
         t += dt
     raise RuntimeError("bucket simulation did not converge")  # pragma: no cover
 

@@ -24,6 +24,7 @@ nothing measured below feeds it.
 from __future__ import annotations
 
 import gc
+import json
 import math
 import os
 import statistics
@@ -82,45 +83,20 @@ def _fmt_ci(x: float, ci) -> str:
     return f"{x:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
 
 
-def _hier_rows(cluster, pool, cal, sizes, rounds) -> list[str]:
-    from ..cluster import costmodel as cm
-
-    spec = cluster.spec
-    model = cal.cluster_model()
-    res = pool.run(timed_allreduce,
-                   {"sizes": sizes, "variants": ["flat", "hier"], "rounds": rounds, "warmup": 1,
-                    "ranks_per_node": spec.ranks_per_node})
-    rows = []
-    for n in sizes:
-        flat, hier = (_slowest(res, f"{v}/{n}") for v in ("flat", "hier"))
-        sp = paired_speedup(flat, hier)
-        pred_flat = cm.ring_allreduce(n, model)
-        pred_hier = cm.hierarchical_allreduce(n, model)["total"]
-        pred_sp = pred_flat / pred_hier
-        mf, mh = statistics.median(flat), statistics.median(hier)
-        rows.append(
-            f"| {spec.nodes}x{spec.ranks_per_node} | {spec.inter_bps / 1e6:g} | {n / MB:g} "
-            f"| {mf * 1e3:.1f} (model {pred_flat * 1e3:.1f}) | {mh * 1e3:.1f} (model {pred_hier * 1e3:.1f}, "
-            f"{pred_hier / mh - 1:+.0%}) | {_fmt_ci(sp['speedup'], sp['ci'])} | {pred_sp:.2f} "
-            f"| {cm.hierarchical_speedup_bound(model):.2f} |")
-    return rows
+# ---- measurement (on the emulated cluster) ------------------------------------------------------------
+def _measure_hier(cluster, pool, sizes, rounds) -> list[dict]:
+    res = pool.run(timed_allreduce, {"sizes": sizes, "variants": ["flat", "hier"], "rounds": rounds, "warmup": 1,
+                                     "ranks_per_node": cluster.spec.ranks_per_node})
+    return [{"cluster": str(cluster.spec), "bytes": n, "flat": _slowest(res, f"flat/{n}"),
+             "hier": _slowest(res, f"hier/{n}")} for n in sizes]
 
 
-def _comm_num_row(cluster, pool, cal, rounds, total=16 * MB, buffers=4) -> str:
-    from ..cluster.simulate import Bucket, simulate_comm
-
-    spec = cluster.spec
-    model = cal.cluster_model()
+def _measure_comm_num(cluster, pool, rounds, total=16 * MB, buffers=4) -> dict:
     res = pool.run(timed_allreduce,
                    {"sizes": [total], "variants": ["flat_comm1", "flat_comm2"], "rounds": rounds, "warmup": 1,
-                    "ranks_per_node": spec.ranks_per_node, "buffers": buffers})
-    one, two = _slowest(res, f"flat_comm1/{total}"), _slowest(res, f"flat_comm2/{total}")
-    sp = paired_speedup(one, two)
-    bs = [Bucket(total // buffers, 0.0)] * buffers
-    p1, p2 = simulate_comm(bs, model, comm_num=1), simulate_comm(bs, model, comm_num=2)
-    return (f"| {spec.nodes}x{spec.ranks_per_node} | {spec.inter_bps / 1e6:g} | {buffers} x {total / buffers / MB:g} "
-            f"| {statistics.median(one) * 1e3:.1f} (model {p1 * 1e3:.1f}) | {statistics.median(two) * 1e3:.1f} "
-            f"(model {p2 * 1e3:.1f}) | {_fmt_ci(sp['speedup'], sp['ci'])} | {p1 / p2:.2f} |")
+                    "ranks_per_node": cluster.spec.ranks_per_node, "buffers": buffers})
+    return {"cluster": str(cluster.spec), "bytes": total, "buffers": buffers,
+            "one": _slowest(res, f"flat_comm1/{total}"), "two": _slowest(res, f"flat_comm2/{total}")}
 
 
 def strategy_variants(ranks_per_node: int, k: int = 4) -> list[tuple]:
@@ -146,6 +122,99 @@ def strategy_variants(ranks_per_node: int, k: int = 4) -> list[tuple]:
     ]
 
 
+NO_COMM = "no communication"  # the compute baseline timed alongside every setting (data_parallel='none')
+
+
+def _measure_model(pool, ws, variants, rounds, steps, one_at_a_time: bool) -> dict:
+    """Per setting: seconds per step of each window, and of the no-communication windows timed interleaved
+    with it ({name: {"measured": [...], "compute": [...]}})."""
+    none = {"name": NO_COMM, "config": {"data_parallel": "none"}}
+
+    def per_step(answers, name, n):
+        return [w / n for w in window_seconds(answers, name)]
+
+    if not one_at_a_time:
+        answers = pool.run(time_on_rank, {"workload_spec": ws, "warmup": 1, "steps": steps, "rounds": rounds,
+                                          "variants": [none] + [{"name": n, "config": c} for n, c, _ in variants]})
+        base = per_step(answers, NO_COMM, steps)
+        return {n: {"measured": per_step(answers, n, steps), "compute": base} for n, _, _ in variants}
+    out: dict = {}
+    for name, config, setting in variants:
+        n = setting.local_sgd_k if setting.local_sgd_k else 2
+        answers = pool.run(time_on_rank, {"workload_spec": ws, "warmup": 1, "steps": n, "rounds": rounds,
+                                          "variants": [none, {"name": name, "config": config}]})
+        out[name] = {"measured": per_step(answers, name, n), "compute": per_step(answers, NO_COMM, n)}
+        pool.run(_collect_garbage)
+    return out
+
+
+def measure_profile(pool, model_name, plan, ranks_per_node) -> dict:
+    from ..cluster.profile import summarize_profile
+
+    batch = plan.batch.get(ranks_per_node, min(plan.batch.values()))
+    ws = WorkloadSpec(model_name, "cpu", batch)
+    prof = summarize_profile(pool.run(record_profile, {"workload_spec": ws, "steps": plan.profile_steps,
+                                                        "warmup": 1}))
+    pool.run(_collect_garbage)
+    return {"batch": batch, "profile": prof}
+
+
+def _dump(raw: dict) -> None:
+    """FLEETBENCH_CLUSTER_RAW=FILE: everything measured so far, rewritten as it grows (a long run that fails
+    late keeps what it measured; ``python -m suite.figures.cluster FILE`` renders it with the current model)."""
+    import json
+
+    path = os.environ.get("FLEETBENCH_CLUSTER_RAW")
+    if path:
+        with open(path, "w") as fh:
+            json.dump(raw, fh)
+
+
+def measure(rates, shapes, models, sizes, rounds, steps, timeout) -> dict:
+    """Every measurement of the figure (calibrations, profiles, settings, probes) as plain data."""
+    from ..cluster.calibrate import calibrate_on_pool
+    from ..cluster.launch import cluster_pool
+    from ..cluster.spec import parse_cluster
+
+    raw: dict = {"rounds": rounds, "steps": steps, "calibrations": {}, "profiles": {}, "runs": [], "hier": [],
+                 "comm": []}
+    for shape in shapes:
+        spec = parse_cluster(f"{shape}:inter={rates[0]}bit")
+        with cluster_pool(spec, timeout=timeout, pg_timeout=900.0, num_threads=1) as (cl, p):
+            todo = [m for m in models if not PLANS[m].shapes or shape in PLANS[m].shapes]
+            # profiles need no network: once per shape (how a step divides; its length is re-measured per rate)
+            for m in todo:
+                raw["profiles"][f"{shape}/{m}"] = measure_profile(p, m, PLANS[m], spec.ranks_per_node)
+                _dump(raw)
+            for rate in rates:
+                cl.set_rates(rate)
+                key = str(cl.spec)
+                cal = calibrate_on_pool(p, cl.spec)  # micro-benchmarks only, just before the runs of this rate
+                raw["calibrations"][key] = json.loads(cal.to_json())
+                raw["hier"] += _measure_hier(cl, p, sizes, rounds)
+                raw["comm"].append(_measure_comm_num(cl, p, rounds))
+                _dump(raw)
+                for m in todo:
+                    plan = PLANS[m]
+                    if plan.rates and rate not in plan.rates:
+                        continue
+                    prof = raw["profiles"][f"{shape}/{m}"]
+                    ws = WorkloadSpec(m, "cpu", prof["batch"])
+                    res = _measure_model(p, ws, strategy_variants(spec.ranks_per_node),
+                                         min(rounds, 3) if plan.one_at_a_time else rounds, steps, plan.one_at_a_time)
+                    for name, r in res.items():
+                        raw["runs"].append({"model": m, "shape": shape, "cluster": key, "setting": name,
+                                            "batch": prof["batch"], "one_at_a_time": plan.one_at_a_time, **r})
+                    pool_gc(p)
+                    _dump(raw)
+    return raw
+
+
+def pool_gc(pool) -> None:
+    pool.run(_collect_garbage)
+
+
+# ---- rendering (the current model over the measurements) -------------------------------------------------
 @dataclass
 class PredRow:
     model: str
@@ -171,32 +240,6 @@ class PredRow:
                 f"| {self.predicted_s * 1e3:.1f} | {self.contention_s * 1e3:.0f} | {self.error:+.1%} | {ok} |")
 
 
-NO_COMM = "no communication"  # the compute baseline timed alongside every setting (data_parallel='none')
-
-
-def _measure_model(pool, ws, variants, rounds, steps, one_at_a_time: bool) -> dict:
-    """Seconds per step, per window, of every variant (name -> list), and of the no-communication baseline
-    timed interleaved with them (NO_COMM -> list; with one setting at a time, NO_COMM + name -> list)."""
-    none = {"name": NO_COMM, "config": {"data_parallel": "none"}}
-
-    def per_step(answers, name, n):
-        return [w / n for w in window_seconds(answers, name)]
-
-    if not one_at_a_time:
-        answers = pool.run(time_on_rank, {"workload_spec": ws, "warmup": 1, "steps": steps, "rounds": rounds,
-                                          "variants": [none] + [{"name": n, "config": c} for n, c, _ in variants]})
-        return {n: per_step(answers, n, steps) for n in [NO_COMM] + [v[0] for v in variants]}
-    out: dict = {}
-    for name, config, setting in variants:
-        n = setting.local_sgd_k if setting.local_sgd_k else 2
-        answers = pool.run(time_on_rank, {"workload_spec": ws, "warmup": 1, "steps": n, "rounds": rounds,
-                                          "variants": [none, {"name": name, "config": config}]})
-        out[name] = per_step(answers, name, n)
-        out[NO_COMM + name] = per_step(answers, NO_COMM, n)
-        pool.run(_collect_garbage)
-    return out
-
-
 def scaled_profile(profile, compute_s: float):
     """The profile's parts and ready times scaled to a compute time measured alongside the settings (the
     profile says how a step divides, the interleaved no-communication windows how long it takes now)."""
@@ -210,115 +253,99 @@ def scaled_profile(profile, compute_s: float):
                    params=tuple(ParamGrad(q.name, q.nbytes, q.ready_s * k) for q in profile.params))
 
 
-def measure_profile(pool, model_name, plan, ranks_per_node):
-    from ..cluster.profile import summarize_profile
-    from ..cluster.simulate import Profile
+def prediction_rows(raw: dict) -> list[PredRow]:
+    from ..cluster.calibrate import Calibration
+    from ..cluster.simulate import Profile, predict_step
 
-    batch = plan.batch.get(ranks_per_node, min(plan.batch.values()))
-    ws = WorkloadSpec(model_name, "cpu", batch)
-    profile = Profile.from_dict(summarize_profile(
-        pool.run(record_profile, {"workload_spec": ws, "steps": plan.profile_steps, "warmup": 1})))
-    pool.run(_collect_garbage)
-    return ws, batch, profile
-
-
-def _predict_rows(cluster, pool, model_name, ws, batch, profile, cal, rounds, steps, one_at_a_time) -> list[PredRow]:
-    from ..cluster.simulate import predict_step
-
-    spec = cluster.spec
-    shape = f"{spec.nodes}x{spec.ranks_per_node}"
-    model = cal.cluster_model()
-    variants = strategy_variants(spec.ranks_per_node)
-    measured = _measure_model(pool, ws, variants, min(rounds, 3) if one_at_a_time else rounds, steps,
-                              one_at_a_time)
     rows = []
-    for name, _, setting in variants:
-        compute = statistics.median(measured[NO_COMM + name] if one_at_a_time else measured[NO_COMM])
+    for run in raw["runs"]:
+        cal = Calibration.from_dict(raw["calibrations"][run["cluster"]])
+        model = cal.cluster_model()
+        profile = Profile.from_dict(raw["profiles"][f"{run['shape']}/{run['model']}"]["profile"])
+        setting = {n: st for n, _, st in strategy_variants(cal.ranks_per_node)}[run["setting"]]
+        compute = statistics.median(run["compute"])
         pred = predict_step(scaled_profile(profile, compute), model, setting)
-        rows.append(PredRow(model_name, shape, spec.inter_bps / 1e6, name, batch, compute, measured[name],
-                            pred["step_s"], pred["contention_s"]))
-    pool.run(_collect_garbage)
+        rows.append(PredRow(run["model"], run["shape"], _mbit(cal), run["setting"],
+                            run["batch"], compute, run["measured"], pred["step_s"], pred["contention_s"]))
     return rows
 
 
-def _dump_raw(terms, pred, hier_rows, comm_rows) -> None:
-    """FLEETBENCH_CLUSTER_RAW=FILE: everything measured so far, rewritten after every model (a long run that
-    fails late keeps its rows)."""
-    import json
-    from dataclasses import asdict
+def _mbit(cal) -> float:
+    from ..cluster.spec import parse_cluster
 
-    path = os.environ.get("FLEETBENCH_CLUSTER_RAW")
-    if path:
-        with open(path, "w") as fh:
-            json.dump({"terms": terms, "pred": [asdict(r) for r in pred], "hier": hier_rows, "comm": comm_rows}, fh)
+    return parse_cluster(cal.cluster).inter_bps / 1e6
 
 
-def _terms_row(cal) -> str:
-    a_small = cal.alpha_table[0][1] if cal.alpha_table else math.nan
-    a_big = cal.alpha_table[-1][1] if cal.alpha_table else math.nan
-    b_small = cal.bcast_table[0][1] if cal.bcast_table else math.nan
-    return (f"| {cal.cluster} | {a_small * 1e6:.0f} | {a_big * 1e6:.0f} | {b_small * 1e6:.0f} "
-            f"| {cal.intra_lat * 1e6:.0f} | {cal.intra_bw / 1e6:.0f} | {cal.cpu_per_byte * 1e9:.2f} "
-            f"| {cal.cpu_per_byte_hier * 1e9:.2f} | {cal.cores} |")
+def _hier_rows(raw: dict) -> list[str]:
+    from ..cluster import costmodel as cm
+    from ..cluster.calibrate import Calibration
+
+    rows = []
+    for h in raw["hier"]:
+        cal = Calibration.from_dict(raw["calibrations"][h["cluster"]])
+        model = cal.cluster_model()
+        n, flat, hier = h["bytes"], h["flat"], h["hier"]
+        sp = paired_speedup(flat, hier)
+        pred_flat = cm.ring_allreduce(n, model)
+        pred_hier = cm.hierarchical_allreduce(n, model)["total"]
+        mf, mh = statistics.median(flat), statistics.median(hier)
+        rows.append(
+            f"| {cal.nodes}x{cal.ranks_per_node} | {_mbit(cal):g} | {n / MB:g} "
+            f"| {mf * 1e3:.1f} (model {pred_flat * 1e3:.1f}) | {mh * 1e3:.1f} (model {pred_hier * 1e3:.1f}, "
+            f"{pred_hier / mh - 1:+.0%}) | {_fmt_ci(sp['speedup'], sp['ci'])} | {pred_flat / pred_hier:.2f} "
+            f"| {cm.hierarchical_speedup_bound(model):.2f} |")
+    return rows
 
 
-def run(pool, args) -> str:
-    from ..cluster.calibrate import calibrate_on_pool, usable_cores
-    from ..cluster.emulate import unavailable_reason
-    from ..cluster.launch import cluster_pool
-    from ..cluster.spec import parse_cluster, parse_rate
+def _comm_rows(raw: dict) -> list[str]:
+    from ..cluster.calibrate import Calibration
+    from ..cluster.simulate import Bucket, simulate_comm
 
-    reason = unavailable_reason()
-    if reason:
-        return f"## Emulated cluster\n\nNot measured: cannot emulate a cluster here: {reason}."
-    rounds = max(3, args.rounds)
-    steps = 4 * math.ceil(max(4, args.steps) / 4)
-    sizes = [int(float(x)) for x in _env_list("FLEETBENCH_CLUSTER_SIZES", "1e6,4e6,16e6")]
-    rates = [parse_rate(r) for r in _env_list("FLEETBENCH_CLUSTER_RATES", "100mbit,1gbit")]
-    shapes = _env_list("FLEETBENCH_CLUSTER_SHAPES", "2x2,2x4")
-    models = _env_list("FLEETBENCH_CLUSTER_MODELS", "mlp,resnet,resnet50,gpt2")
-    unknown = [m for m in models if m not in PLANS]
-    if unknown:
-        raise ValueError(f"FLEETBENCH_CLUSTER_MODELS: {', '.join(unknown)} unknown; allowed: {', '.join(PLANS)}")
-    timeout = max(getattr(args, "timeout", 1800.0), 3600.0)
-    terms, hier_rows, comm_rows, pred = [], [], [], []
-    for shape in shapes:
-        spec = parse_cluster(f"{shape}:inter={rates[0]}bit")
-        with cluster_pool(spec, timeout=timeout, pg_timeout=900.0, num_threads=1) as (cl, p):
-            todo = [m for m in models if not PLANS[m].shapes or shape in PLANS[m].shapes]
-            # profiles need no network: once per shape (how a step divides; its length is re-measured per rate)
-            profiles = {m: measure_profile(p, m, PLANS[m], spec.ranks_per_node) for m in todo}
-            for rate in rates:
-                cl.set_rates(rate)
-                cal = calibrate_on_pool(p, cl.spec)  # micro-benchmarks only, just before the runs of this rate
-                terms.append(_terms_row(cal))
-                hier_rows += _hier_rows(cl, p, cal, sizes, rounds)
-                comm_rows.append(_comm_num_row(cl, p, cal, rounds))
-                for m in todo:
-                    if PLANS[m].rates and rate not in PLANS[m].rates:
-                        continue
-                    ws, batch, profile = profiles[m]
-                    pred += _predict_rows(cl, p, m, ws, batch, profile, cal, rounds, steps, PLANS[m].one_at_a_time)
-                    _dump_raw(terms, pred, hier_rows, comm_rows)
+    rows = []
+    for c in raw["comm"]:
+        cal = Calibration.from_dict(raw["calibrations"][c["cluster"]])
+        model = cal.cluster_model()
+        total, buffers = c["bytes"], c["buffers"]
+        sp = paired_speedup(c["one"], c["two"])
+        bs = [Bucket(total // buffers, 0.0)] * buffers
+        p1, p2 = simulate_comm(bs, model, comm_num=1), simulate_comm(bs, model, comm_num=2)
+        rows.append(f"| {cal.nodes}x{cal.ranks_per_node} | {_mbit(cal):g} "
+                    f"| {buffers} x {total / buffers / MB:g} | {statistics.median(c['one']) * 1e3:.1f} "
+                    f"(model {p1 * 1e3:.1f}) | {statistics.median(c['two']) * 1e3:.1f} (model {p2 * 1e3:.1f}) "
+                    f"| {_fmt_ci(sp['speedup'], sp['ci'])} | {p1 / p2:.2f} |")
+    return rows
+
+
+def _terms_row(d: dict) -> str:
+    a, b = d["alpha_table"], d["bcast_table"]
+    return (f"| {d['cluster']} | {a[0][1] * 1e6:.0f} | {a[-1][1] * 1e6:.0f} | {b[0][1] * 1e6:.0f} "
+            f"| {d['intra_lat'] * 1e6:.0f} | {d['intra_bw'] / 1e6:.0f} | {d['cpu_per_byte'] * 1e9:.2f} "
+            f"| {d['cpu_per_byte_hier'] * 1e9:.2f} | {d['cores']} |")
+
+
+def render(raw: dict) -> str:
+    pred = prediction_rows(raw)
+    rounds, steps = raw["rounds"], raw["steps"]
+    cores = sorted({d["cores"] for d in raw["calibrations"].values()})
     out = [
         "## Emulated cluster: the model against namespaces + tbf links",
         "",
         "Links are veth pairs through a switch namespace, each node's link limited by tbf in both directions "
         "(netem is absent from this kernel: no added latency). The model is calibrated per cluster and rate from "
         "collective micro-benchmarks on the same ranks only (`fleetbench comm --cluster SPEC --calibrate FILE`, "
-        "`suite/cluster/calibrate.py`), never from the runs it is checked against: link bandwidth = tbf rate x "
-        "TCP payload efficiency (1448/1514); per-message latency as a function of size (flat allreduce and "
-        "broadcast sweeps); the intra-node phases' own alpha and bandwidth (reduce-scatter + allgather on "
-        "every node's group at once); the CPU seconds a rank spends per byte allreduced (the contention term: "
-        f"ranks compute and communicate on the same {usable_cores()} cores). "
-        "Medians over rounds; 95% bootstrap intervals.",
+        "`suite/cluster/calibrate.py`), run just before that rate's training runs and never fitted on them: link "
+        "bandwidth = tbf rate x TCP payload efficiency (1448/1514); per-message latency as a function of size "
+        "(flat allreduce and broadcast sweeps); the intra-node phases' own alpha and bandwidth (reduce-scatter + "
+        "allgather on every node's group at once); the CPU seconds a rank spends per byte allreduced (the "
+        f"contention term: ranks compute and communicate on the same {', '.join(map(str, cores))} cores); "
+        "gloo's two worker threads per communicator. Medians over rounds; 95% bootstrap intervals.",
         "",
         "### Calibrated terms",
         "",
         "| cluster | alpha small (µs/step) | alpha at the largest size (µs/step) | broadcast alpha (µs/step) "
         "| intra alpha (µs/step) | intra MB/s | CPU ns/B flat | CPU ns/B two-level | cores |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-        *terms,
+        *[_terms_row(d) for d in raw["calibrations"].values()],
     ]
     if pred:
         misses = [r for r in pred if abs(r.error) > AIM]
@@ -327,10 +354,13 @@ def run(pool, args) -> str:
             "",
             "### `fleetbench predict` against measured training steps",
             "",
-            f"Every setting, {rounds} rounds (large models: {min(rounds, 3)}, one setting at a time) of windows of "
-            f"{steps} steps (large models: 2; Local SGD: 4, so a window holds one averaging); per-rank batch in the "
-            "table (2x4 puts 8 ranks on 2 cores, so resnet50's batch halves there). 'contention' is the model's "
-            "CPU-contention term inside the prediction. Error = predicted / measured - 1. "
+            f"Every setting; small models: {rounds} interleaved rounds of windows of {steps} steps; resnet50 and "
+            f"gpt2: {min(rounds, 3)} rounds, one setting at a time (one engine in memory), windows of 2 steps "
+            "(Local SGD: 4, so every window holds one averaging). Per-rank batch in the table (2x4 puts 8 ranks on 2 "
+            "cores: resnet50's batch halves there). 'compute' is the median of no-communication windows "
+            "(`data_parallel='none'`) timed interleaved with the setting; the profile (measured once per shape) "
+            "says how it divides into forward, backward, optimizer and gradient-ready times. 'contention' is the "
+            "model's CPU-contention term inside the prediction. Error = predicted / measured - 1. "
             f"**{len(pred) - len(misses)} of {len(pred)} rows within {AIM:.0%}**; worst |error| {worst:.0%}.",
             "",
             "| model | cluster | Mbit/s | setting | batch | compute ms | measured step ms [95% CI] | predicted ms "
@@ -345,7 +375,7 @@ def run(pool, args) -> str:
         "",
         "### Flat ring against two-level allreduce (the calibrated model, intra-node phases included)",
         "",
-        "The flat model reproduces its own calibration sweep at these sizes (its latency table is fitted on flat "
+        "The flat model gives back its own calibration sweep at these sizes (its latency table is fitted on flat "
         "allreduces); the two-level model is not fitted on two-level runs: its intra-node phases come from the "
         "reduce-scatter + allgather sweep, its inter-node phase from the link and the latency table. 'bound' "
         "counts only the inter-node link (1.5x for 2x2, 1.75x for 2x4).",
@@ -353,13 +383,13 @@ def run(pool, args) -> str:
         "| cluster | Mbit/s | MB | flat ms (model) | two-level ms (model, error) | speedup [95% CI] | model speedup "
         "| bound |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
-        *hier_rows,
+        *_hier_rows(raw),
         "",
         "### nccl_comm_num 1 against 2 (four 4 MB buckets launched at once)",
         "",
         "| cluster | Mbit/s | buckets | 1 comm ms (model) | 2 comms ms (model) | speedup [95% CI] | model speedup |",
         "|---|---:|---:|---:|---:|---:|---:|",
-        *comm_rows,
+        *_comm_rows(raw),
         "",
         "### Beyond this machine: EXTRAPOLATION (predictions, not measurements)",
         "",
@@ -369,3 +399,30 @@ def run(pool, args) -> str:
         extrapolation_markdown(),
     ]
     return "\n".join(out)
+
+
+def run(pool, args) -> str:
+    from ..cluster.emulate import unavailable_reason
+    from ..cluster.spec import parse_rate
+
+    reason = unavailable_reason()
+    if reason:
+        return f"## Emulated cluster\n\nNot measured: cannot emulate a cluster here: {reason}."
+    rounds = max(3, args.rounds)
+    steps = 4 * math.ceil(max(4, args.steps) / 4)
+    sizes = [int(float(x)) for x in _env_list("FLEETBENCH_CLUSTER_SIZES", "1e6,4e6,16e6")]
+    rates = [parse_rate(r) for r in _env_list("FLEETBENCH_CLUSTER_RATES", "100mbit,1gbit")]
+    shapes = _env_list("FLEETBENCH_CLUSTER_SHAPES", "2x2,2x4")
+    models = _env_list("FLEETBENCH_CLUSTER_MODELS", "mlp,resnet,resnet50,gpt2")
+    unknown = [m for m in models if m not in PLANS]
+    if unknown:
+        raise ValueError(f"FLEETBENCH_CLUSTER_MODELS: {', '.join(unknown)} unknown; allowed: {', '.join(PLANS)}")
+    timeout = max(getattr(args, "timeout", 1800.0), 3600.0)
+    return render(measure(rates, shapes, models, sizes, rounds, steps, timeout))
+
+
+if __name__ == "__main__":
+    import sys
+
+    with open(sys.argv[1]) as fh:
+        print(render(json.load(fh)))
