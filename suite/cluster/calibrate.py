@@ -177,7 +177,7 @@ class Calibration:
         if missing:
             raise ValueError(f"calibration: field(s) {', '.join(missing)} missing; written by fleetbench comm "
                              f"--cluster … --calibrate FILE")
-        c = cls(**{n: d[n] for n in names if n in d})
+        c = cls(**{n: d[n] for n in names if n in d})  # other keys (e.g. a figure's notes) are ignored
         for name in ("inter_bw", "intra_bw", "cores"):
             v = getattr(c, name)
             if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):

@@ -189,8 +189,9 @@ def measure(rates, shapes, models, sizes, rounds, steps, timeout) -> dict:
             for rate in rates:
                 cl.set_rates(rate)
                 key = str(cl.spec)
+                load0 = os.getloadavg()[0]
                 cal = calibrate_on_pool(p, cl.spec)  # micro-benchmarks only, just before the runs of this rate
-                raw["calibrations"][key] = json.loads(cal.to_json())
+                raw["calibrations"][key] = {**json.loads(cal.to_json()), "load": [load0, os.getloadavg()[0]]}
                 raw["hier"] += _measure_hier(cl, p, sizes, rounds)
                 raw["comm"].append(_measure_comm_num(cl, p, rounds))
                 _dump(raw)
@@ -200,11 +201,14 @@ def measure(rates, shapes, models, sizes, rounds, steps, timeout) -> dict:
                         continue
                     prof = raw["profiles"][f"{shape}/{m}"]
                     ws = WorkloadSpec(m, "cpu", prof["batch"])
+                    load0 = os.getloadavg()[0]
                     res = _measure_model(p, ws, strategy_variants(spec.ranks_per_node),
                                          min(rounds, 3) if plan.one_at_a_time else rounds, steps, plan.one_at_a_time)
+                    load = [load0, os.getloadavg()[0]]  # the machine's 1-minute load average around the runs
                     for name, r in res.items():
                         raw["runs"].append({"model": m, "shape": shape, "cluster": key, "setting": name,
-                                            "batch": prof["batch"], "one_at_a_time": plan.one_at_a_time, **r})
+                                            "batch": prof["batch"], "one_at_a_time": plan.one_at_a_time,
+                                            "load": load, **r})
                     pool_gc(p)
                     _dump(raw)
     return raw
