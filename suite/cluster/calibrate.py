@@ -22,7 +22,9 @@ system: ``time.process_time``) is read around each block:
   size n the ring's 2(p-1) steps each move m = n/p bytes; what the measured time has beyond
   the link's (tbf rate x TCP payload efficiency) and the intra edges' share is divided over
   the steps: ``alpha(m) = (T - 2(p-1)·max(m/inter_bw, m/intra_bw)) / 2(p-1)``, floored at 0.
-  Between sizes it is interpolated linearly in log m, beyond the ends held constant;
+  The sizes whose bytes take under 10% of the time measure the same latency and share their
+  median.  Between sizes it is interpolated linearly in log m, beyond the ends held constant
+  (at the large sizes it also holds what the link delivers below its nominal rate);
 - ``bcast_table``: the same for broadcast, ``ceil(log2 p)`` steps (gloo's broadcast is a tree),
   bandwidth part n/inter_bw;
 - ``cpu_per_byte`` (flat) and ``cpu_per_byte_hier``: CPU seconds a rank spends per byte of
@@ -209,6 +211,19 @@ def _weighted_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return a, b
 
 
+LATENCY_BOUND = 0.1  # sizes whose bytes take under this share of the time measure the latency alone
+
+
+def _pool_latency_bound(pts: list[tuple]) -> list:
+    """[[size, alpha]] from (size, residual alpha, share of the time spent moving bytes): the sizes where moving
+    bytes is under LATENCY_BOUND of the time all measure the same per-step latency, so they share the median of
+    their residuals (one noisy size cannot bend the small-message latency); the others keep their own, floored
+    at 0."""
+    small = [a for _, a, share in pts if share < LATENCY_BOUND]
+    pooled = statistics.median(small) if small else None
+    return [[m, max(0.0, pooled if (pooled is not None and share < LATENCY_BOUND) else a)] for m, a, share in pts]
+
+
 def _cpu_slope(rows: list[dict]) -> float:
     pts = [(r["bytes"], r["cpu_seconds"]) for r in rows if r["bytes"] >= CPU_FIT_MIN]
     if len(pts) < 2:
@@ -245,18 +260,22 @@ def fit(spec: ClusterSpec, rows: list[dict], cores: int | None = None, mtu: int 
     alpha_table = []
     if p > 1:
         steps = 2 * (p - 1)
+        pts = []
         for r in by["allreduce"]:
             m = r["bytes"] / p
             move = m / inter_bw if N > 1 else 0.0
             move = max(move, m / intra_bw if R > 1 else 0.0)
-            alpha_table.append([m, max(0.0, (r["seconds"] - steps * move) / steps)])
+            pts.append((m, (r["seconds"] - steps * move) / steps, steps * move / r["seconds"]))
+        alpha_table = _pool_latency_bound(pts)
     bcast_table = []
     if p > 1:
         tree = math.ceil(math.log2(p))
+        pts = []
         for r in by["broadcast"]:
             n = r["bytes"]
             move = n / inter_bw if N > 1 else (n / intra_bw if math.isfinite(intra_bw) else 0.0)
-            bcast_table.append([n, max(0.0, (r["seconds"] - move) / tree)])
+            pts.append((n, (r["seconds"] - move) / tree, move / r["seconds"]))
+        bcast_table = _pool_latency_bound(pts)
     return Calibration(
         cluster=str(spec), nodes=N, ranks_per_node=R, inter_bw=inter_bw, intra_lat=intra_lat,
         intra_bw=intra_bw if math.isfinite(intra_bw) else 1e15,

@@ -230,6 +230,13 @@ class PredRow:
     measured: list  # seconds per step, one per window
     predicted_s: float
     contention_s: float
+    compute: list  # seconds per step of the no-communication windows timed alongside
+    load: list  # the machine's 1-minute load average before and after the runs
+
+    @property
+    def compute_spread(self) -> float:
+        """(slowest - fastest) / median of the interleaved no-communication windows: the machine's own noise."""
+        return (max(self.compute) - min(self.compute)) / statistics.median(self.compute)
 
     @property
     def error(self) -> float:
@@ -241,7 +248,8 @@ class PredRow:
         ok = "yes" if abs(self.error) <= AIM else "**no**"
         return (f"| {self.model} | {self.shape} | {self.mbit:g} | {self.setting} | {self.batch} "
                 f"| {self.compute_s * 1e3:.0f} | {meas * 1e3:.1f} [{lo * 1e3:.1f}, {hi * 1e3:.1f}] "
-                f"| {self.predicted_s * 1e3:.1f} | {self.contention_s * 1e3:.0f} | {self.error:+.1%} | {ok} |")
+                f"| {self.predicted_s * 1e3:.1f} | {self.contention_s * 1e3:.0f} | {self.error:+.1%} | {ok} "
+                f"| {self.compute_spread:.0%} | {max(self.load) if self.load else math.nan:.1f} |")
 
 
 def scaled_profile(profile, compute_s: float):
@@ -257,20 +265,29 @@ def scaled_profile(profile, compute_s: float):
                    params=tuple(ParamGrad(q.name, q.nbytes, q.ready_s * k) for q in profile.params))
 
 
+def _calibration(raw: dict, key: str):
+    """The terms fitted (by the current ``fit``) on the micro-benchmark rows the run kept for ``key``."""
+    from ..cluster.calibrate import fit
+    from ..cluster.spec import parse_cluster
+
+    d = raw["calibrations"][key]
+    return fit(parse_cluster(d["cluster"]), d["rows"], cores=d["cores"])
+
+
 def prediction_rows(raw: dict) -> list[PredRow]:
-    from ..cluster.calibrate import Calibration
     from ..cluster.simulate import Profile, predict_step
 
     rows = []
     for run in raw["runs"]:
-        cal = Calibration.from_dict(raw["calibrations"][run["cluster"]])
+        cal = _calibration(raw, run["cluster"])
         model = cal.cluster_model()
         profile = Profile.from_dict(raw["profiles"][f"{run['shape']}/{run['model']}"]["profile"])
         setting = {n: st for n, _, st in strategy_variants(cal.ranks_per_node)}[run["setting"]]
         compute = statistics.median(run["compute"])
         pred = predict_step(scaled_profile(profile, compute), model, setting)
         rows.append(PredRow(run["model"], run["shape"], _mbit(cal), run["setting"],
-                            run["batch"], compute, run["measured"], pred["step_s"], pred["contention_s"]))
+                            run["batch"], compute, run["measured"], pred["step_s"], pred["contention_s"],
+                            run["compute"], run.get("load", [])))
     return rows
 
 
@@ -282,11 +299,10 @@ def _mbit(cal) -> float:
 
 def _hier_rows(raw: dict) -> list[str]:
     from ..cluster import costmodel as cm
-    from ..cluster.calibrate import Calibration
 
     rows = []
     for h in raw["hier"]:
-        cal = Calibration.from_dict(raw["calibrations"][h["cluster"]])
+        cal = _calibration(raw, h["cluster"])
         model = cal.cluster_model()
         n, flat, hier = h["bytes"], h["flat"], h["hier"]
         sp = paired_speedup(flat, hier)
@@ -302,12 +318,11 @@ def _hier_rows(raw: dict) -> list[str]:
 
 
 def _comm_rows(raw: dict) -> list[str]:
-    from ..cluster.calibrate import Calibration
     from ..cluster.simulate import Bucket, simulate_comm
 
     rows = []
     for c in raw["comm"]:
-        cal = Calibration.from_dict(raw["calibrations"][c["cluster"]])
+        cal = _calibration(raw, c["cluster"])
         model = cal.cluster_model()
         total, buffers = c["bytes"], c["buffers"]
         sp = paired_speedup(c["one"], c["two"])
@@ -320,11 +335,15 @@ def _comm_rows(raw: dict) -> list[str]:
     return rows
 
 
-def _terms_row(d: dict) -> str:
+def _terms_row(raw: dict, key: str) -> str:
+    from dataclasses import asdict
+
+    load = raw["calibrations"][key].get("load") or [math.nan]
+    d = asdict(_calibration(raw, key))
     a, b = d["alpha_table"], d["bcast_table"]
     return (f"| {d['cluster']} | {a[0][1] * 1e6:.0f} | {a[-1][1] * 1e6:.0f} | {b[0][1] * 1e6:.0f} "
             f"| {d['intra_lat'] * 1e6:.0f} | {d['intra_bw'] / 1e6:.0f} | {d['cpu_per_byte'] * 1e9:.2f} "
-            f"| {d['cpu_per_byte_hier'] * 1e9:.2f} | {d['cores']} |")
+            f"| {d['cpu_per_byte_hier'] * 1e9:.2f} | {d['cores']} | {max(load):.1f} |")
 
 
 def render(raw: dict) -> str:
@@ -347,9 +366,9 @@ def render(raw: dict) -> str:
         "### Calibrated terms",
         "",
         "| cluster | alpha small (µs/step) | alpha at the largest size (µs/step) | broadcast alpha (µs/step) "
-        "| intra alpha (µs/step) | intra MB/s | CPU ns/B flat | CPU ns/B two-level | cores |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-        *[_terms_row(d) for d in raw["calibrations"].values()],
+        "| intra alpha (µs/step) | intra MB/s | CPU ns/B flat | CPU ns/B two-level | cores | load |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *[_terms_row(raw, key) for key in raw["calibrations"]],
     ]
     if pred:
         misses = [r for r in pred if abs(r.error) > AIM]
@@ -367,9 +386,13 @@ def render(raw: dict) -> str:
             "model's CPU-contention term inside the prediction. Error = predicted / measured - 1. "
             f"**{len(pred) - len(misses)} of {len(pred)} rows within {AIM:.0%}**; worst |error| {worst:.0%}.",
             "",
+            "'compute spread' is (slowest - fastest) / median of those no-communication windows, the machine's "
+            "own noise during the row, and 'load' the 1-minute load average around the runs (2 cores: above 2, "
+            "other processes took turns on them).",
+            "",
             "| model | cluster | Mbit/s | setting | batch | compute ms | measured step ms [95% CI] | predicted ms "
-            "| contention ms | error | within 15% |",
-            "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|",
+            "| contention ms | error | within 15% | compute spread | load |",
+            "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
             *[r.markdown() for r in pred],
         ]
         if misses:
