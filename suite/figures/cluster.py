@@ -54,13 +54,19 @@ class ModelPlan:
     shapes: tuple = ()  # () = every shape of the figure
     rates: tuple = ()  # bit/s; () = every rate
     profile_steps: int = 6
+    rounds_factor: int = 1  # rounds = the figure's rounds times this (cheap, noise-prone models get more)
+    steps_factor: int = 1  # window steps = the figure's steps times this
+
+
 
 
 # 2x4 puts 8 ranks on 2 cores: the large models' batches shrink with the ranks per node (the same images per
 # node step); GPT-2 (124 M parameters, 475 MiB of gradients) only on 2x2 at 1 Gbit/s.
 PLANS = {
     "mlp": ModelPlan({2: 16, 4: 16}),
-    "resnet": ModelPlan({2: 16, 4: 16}),
+    # a step of the small ResNet is ~0.1 s, so its windows are short and a burst of load moves a median of
+    # three: more and longer windows (still cheap)
+    "resnet": ModelPlan({2: 16, 4: 16}, rounds_factor=3, steps_factor=2),
     "resnet50": ModelPlan({2: 4, 4: 2}, one_at_a_time=True, profile_steps=3),
     "gpt2": ModelPlan({2: 1}, one_at_a_time=True, shapes=("2x2",), rates=(10**9,), profile_steps=3),
 }
@@ -202,13 +208,14 @@ def measure(rates, shapes, models, sizes, rounds, steps, timeout) -> dict:
                     prof = raw["profiles"][f"{shape}/{m}"]
                     ws = WorkloadSpec(m, "cpu", prof["batch"])
                     load0 = os.getloadavg()[0]
-                    res = _measure_model(p, ws, strategy_variants(spec.ranks_per_node),
-                                         min(rounds, 3) if plan.one_at_a_time else rounds, steps, plan.one_at_a_time)
+                    n_rounds = min(rounds, 3) if plan.one_at_a_time else rounds * plan.rounds_factor
+                    res = _measure_model(p, ws, strategy_variants(spec.ranks_per_node), n_rounds,
+                                         steps * plan.steps_factor, plan.one_at_a_time)
                     load = [load0, os.getloadavg()[0]]  # the machine's 1-minute load average around the runs
                     for name, r in res.items():
                         raw["runs"].append({"model": m, "shape": shape, "cluster": key, "setting": name,
                                             "batch": prof["batch"], "one_at_a_time": plan.one_at_a_time,
-                                            "load": load, **r})
+                                            "rounds": n_rounds, "load": load, **r})
                     pool_gc(p)
                     _dump(raw)
     return raw
@@ -377,7 +384,9 @@ def render(raw: dict) -> str:
             "",
             "### `fleetbench predict` against measured training steps",
             "",
-            f"Every setting; small models: {rounds} interleaved rounds of windows of {steps} steps; resnet50 and "
+            f"Every setting; small models: {rounds} interleaved rounds of windows of {steps} steps (the small "
+            f"ResNet, whose steps are short: {rounds * PLANS['resnet'].rounds_factor} rounds of "
+            f"{steps * PLANS['resnet'].steps_factor}); resnet50 and "
             f"gpt2: {min(rounds, 3)} rounds, one setting at a time (one engine in memory), windows of 2 steps "
             "(Local SGD: 4, so every window holds one averaging). Per-rank batch in the table (2x4 puts 8 ranks on 2 "
             "cores: resnet50's batch halves there). 'compute' is the median of no-communication windows "
