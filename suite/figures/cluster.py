@@ -405,8 +405,14 @@ def render(raw: dict) -> str:
             *[r.markdown() for r in pred],
         ]
         if misses:
-            out += ["", "Rows outside 15%: " + "; ".join(f"{r.model} {r.shape} {r.mbit:g} Mbit/s {r.setting} "
-                                                        f"({r.error:+.0%})" for r in misses) + "."]
+            out += ["", "Rows outside 15%, with what was measured alongside them:", ""]
+            for r in misses:
+                noisy = r.compute_spread > abs(r.error)
+                out.append(f"- {r.model} {r.shape} {r.mbit:g} Mbit/s, {r.setting}: {r.error:+.0%}; the "
+                           f"no-communication windows timed with it vary by {r.compute_spread:.0%} (slowest - fastest over the median)"
+                           + (", more than the error: the machine's noise during the row is larger than the miss"
+                              if noisy else ", less than the error")
+                           + f"; load average {max(r.load) if r.load else math.nan:.1f} on {cores[0]} cores.")
     out += [
         "",
         "### Flat ring against two-level allreduce (the calibrated model, intra-node phases included)",
