@@ -409,7 +409,8 @@ def render(raw: dict) -> str:
             for r in misses:
                 noisy = r.compute_spread > abs(r.error)
                 out.append(f"- {r.model} {r.shape} {r.mbit:g} Mbit/s, {r.setting}: {r.error:+.0%}; the "
-                           f"no-communication windows timed with it vary by {r.compute_spread:.0%} (slowest - fastest over the median)"
+                           f"no-communication windows timed with it vary by {r.compute_spread:.0%} "
+                           "(slowest - fastest over the median)"
                            + (", more than the error: the machine's noise during the row is larger than the miss"
                               if noisy else ", less than the error")
                            + f"; load average {max(r.load) if r.load else math.nan:.1f} on {cores[0]} cores.")
