@@ -348,7 +348,7 @@ def _terms_row(raw: dict, key: str) -> str:
     load = raw["calibrations"][key].get("load") or [math.nan]
     d = asdict(_calibration(raw, key))
     a, b = d["alpha_table"], d["bcast_table"]
-    return (f"| {d['cluster']} | {a[0][1] * 1e6:.0f} | {a[-1][1] * 1e6:.0f} | {b[0][1] * 1e6:.0f} "
+    return (f"| {key} | {a[0][1] * 1e6:.0f} | {a[-1][1] * 1e6:.0f} | {b[0][1] * 1e6:.0f} "
             f"| {d['intra_lat'] * 1e6:.0f} | {d['intra_bw'] / 1e6:.0f} | {d['cpu_per_byte'] * 1e9:.2f} "
             f"| {d['cpu_per_byte_hier'] * 1e9:.2f} | {d['cores']} | {max(load):.1f} |")
 
