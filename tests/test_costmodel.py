@@ -361,3 +361,29 @@ def test_one_noisy_small_size_does_not_bend_the_small_message_latency():
             for n, a in ((1024, 3e-3), (4096, 1e-3), (16384, 1.1e-3))]  # wire time: under 10% of each
     cal = fit(spec, rows, cores=2)
     assert all(close(a, 1.1e-3, 1e-6) for _, a in cal.alpha_table)  # the median of the three, for all three
+
+
+def test_cluster_figure_renders_kept_measurements_with_the_current_model():
+    """The figure's measurements are plain data; rendering re-fits the kept micro-benchmark rows, predicts
+    every setting, and lists each row outside 15% with the noise measured alongside it."""
+    from suite.figures import cluster as fig
+
+    spec = parse_cluster("2x2:inter=800mbit")
+    rows = _synthetic_rows(spec, lambda m: 1e-3, 5e-4, 3e-4, 2e8, 2e-9)
+    prof = Profile(0.01, 0.03, 0.005, tuple(ParamGrad(f"l{i}.weight", 2**20, 0.003 * (10 - i)) for i in range(10)),
+                   per_rank_batch=16, buffers=(4096,))
+    raw = {"rounds": 3, "steps": 4, "hier": [], "comm": [],
+           "calibrations": {str(spec): {"cluster": str(spec), "rows": rows, "cores": 2, "load": [1.0, 1.2]}},
+           "profiles": {"2x2/mlp": {"batch": 16, "profile": prof.to_dict()}},
+           "runs": [{"model": "mlp", "shape": "2x2", "cluster": str(spec), "setting": name, "batch": 16,
+                     "measured": [1.0], "compute": [0.09, 0.1, 0.11], "load": [1.0, 1.5]}
+                    for name, _, _ in fig.strategy_variants(2)]}
+    predicted = [r.predicted_s for r in fig.prediction_rows(raw)]
+    assert all(math.isfinite(p) and p > 0.1 for p in predicted)
+    for run, p in zip(raw["runs"], predicted):
+        run["measured"] = [p * 1.05] * 3
+    raw["runs"][0]["measured"] = [predicted[0] * 1.5] * 3
+    text = fig.render(raw)
+    assert "**5 of 6 rows within 15%**" in text
+    assert "- mlp 2x2 800 Mbit/s, plain: -33%; the no-communication windows timed with it vary by 20%" in text
+    assert "**EXTRAPOLATION**" in text and "| 2x2:inter=800mbit | 1000 |" in text
