@@ -55,6 +55,10 @@ class ModelPlan:
     rates: tuple = ()  # bit/s; () = every rate
     profile_steps: int = 6
     rounds_factor: int = 1  # rounds = the figure's rounds times this (cheap, noise-prone models get more)
+    # one setting at a time: the no-communication baseline interleaved in the same call (two engines per rank in
+    # memory), or timed in a call of its own just before the setting (one engine: GPT-2's 475 MiB of gradients
+    # twice over, on 4 ranks, with other work on the machine, was killed for memory)
+    paired_baseline: bool = True
     steps_factor: int = 1  # window steps = the figure's steps times this
 
 
@@ -68,13 +72,21 @@ PLANS = {
     # three: more and longer windows (still cheap)
     "resnet": ModelPlan({2: 16, 4: 16}, rounds_factor=3, steps_factor=2),
     "resnet50": ModelPlan({2: 4, 4: 2}, one_at_a_time=True, profile_steps=3),
-    "gpt2": ModelPlan({2: 1}, one_at_a_time=True, shapes=("2x2",), rates=(10**9,), profile_steps=3),
+    "gpt2": ModelPlan({2: 1}, one_at_a_time=True, shapes=("2x2",), rates=(10**9,), profile_steps=3,
+                      paired_baseline=False),
 }
 
 
 def _collect_garbage() -> None:
-    """Rank function: free the last engines (their hooks hold reference cycles) before the next model."""
+    """Rank function: free the last engines (their hooks hold reference cycles) before the next model, and hand
+    the freed heap back to the system (glibc keeps it otherwise: the next model's engines would come on top)."""
+    import ctypes
+
     gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to hand back
+        pass
 
 
 def _env_list(name: str, default: str) -> list[str]:
@@ -131,7 +143,7 @@ def strategy_variants(ranks_per_node: int, k: int = 4) -> list[tuple]:
 NO_COMM = "no communication"  # the compute baseline timed alongside every setting (data_parallel='none')
 
 
-def _measure_model(pool, ws, variants, rounds, steps, one_at_a_time: bool) -> dict:
+def _measure_model(pool, ws, variants, rounds, steps, one_at_a_time: bool, paired: bool = True) -> dict:
     """Per setting: seconds per step of each window, and of the no-communication windows timed interleaved
     with it ({name: {"measured": [...], "compute": [...]}})."""
     none = {"name": NO_COMM, "config": {"data_parallel": "none"}}
@@ -147,9 +159,18 @@ def _measure_model(pool, ws, variants, rounds, steps, one_at_a_time: bool) -> di
     out: dict = {}
     for name, config, setting in variants:
         n = setting.local_sgd_k if setting.local_sgd_k else 2
-        answers = pool.run(time_on_rank, {"workload_spec": ws, "warmup": 1, "steps": n, "rounds": rounds,
-                                          "variants": [none, {"name": name, "config": config}]})
-        out[name] = {"measured": per_step(answers, name, n), "compute": per_step(answers, NO_COMM, n)}
+        mine = {"name": name, "config": config}
+        if paired:
+            answers = pool.run(time_on_rank, {"workload_spec": ws, "warmup": 1, "steps": n, "rounds": rounds,
+                                              "variants": [none, mine]})
+            out[name] = {"measured": per_step(answers, name, n), "compute": per_step(answers, NO_COMM, n)}
+        else:
+            base = pool.run(time_on_rank, {"workload_spec": ws, "warmup": 1, "steps": n, "rounds": rounds,
+                                           "variants": [none]})
+            pool.run(_collect_garbage)
+            answers = pool.run(time_on_rank, {"workload_spec": ws, "warmup": 1, "steps": n, "rounds": rounds,
+                                              "variants": [mine]})
+            out[name] = {"measured": per_step(answers, name, n), "compute": per_step(base, NO_COMM, n)}
         pool.run(_collect_garbage)
     return out
 
@@ -210,7 +231,7 @@ def measure(rates, shapes, models, sizes, rounds, steps, timeout) -> dict:
                     load0 = os.getloadavg()[0]
                     n_rounds = min(rounds, 3) if plan.one_at_a_time else rounds * plan.rounds_factor
                     res = _measure_model(p, ws, strategy_variants(spec.ranks_per_node), n_rounds,
-                                         steps * plan.steps_factor, plan.one_at_a_time)
+                                         steps * plan.steps_factor, plan.one_at_a_time, plan.paired_baseline)
                     load = [load0, os.getloadavg()[0]]  # the machine's 1-minute load average around the runs
                     for name, r in res.items():
                         raw["runs"].append({"model": m, "shape": shape, "cluster": key, "setting": name,
@@ -388,7 +409,8 @@ def render(raw: dict) -> str:
             f"ResNet, whose steps are short: {rounds * PLANS['resnet'].rounds_factor} rounds of "
             f"{steps * PLANS['resnet'].steps_factor}); resnet50 and "
             f"gpt2: {min(rounds, 3)} rounds, one setting at a time (one engine in memory), windows of 2 steps "
-            "(Local SGD: 4, so every window holds one averaging). Per-rank batch in the table (2x4 puts 8 ranks on 2 "
+            "(Local SGD: 4, so every window holds one averaging; gpt2's no-communication windows are timed just "
+            "before each setting, not interleaved, to keep one engine per rank in memory). Per-rank batch in the table (2x4 puts 8 ranks on 2 "
             "cores: resnet50's batch halves there). 'compute' is the median of no-communication windows "
             "(`data_parallel='none'`) timed interleaved with the setting; the profile (measured once per shape) "
             "says how it divides into forward, backward, optimizer and gradient-ready times. 'contention' is the "
