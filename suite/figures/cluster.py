@@ -316,6 +316,10 @@ def prediction_rows(raw: dict) -> list[PredRow]:
         rows.append(PredRow(run["model"], run["shape"], _mbit(cal), run["setting"],
                             run["batch"], compute, run["measured"], pred["step_s"], pred["contention_s"],
                             run["compute"], run.get("load", [])))
+    order = [n for n, _, _ in strategy_variants(2)]
+    models = list(PLANS)
+    rows.sort(key=lambda r: (r.shape, r.mbit, models.index(r.model) if r.model in models else len(models),
+                             order.index(r.setting) if r.setting in order else len(order)))
     return rows
 
 
