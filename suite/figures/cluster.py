@@ -203,15 +203,21 @@ def measure(rates, shapes, models, sizes, rounds, steps, timeout) -> dict:
     from ..cluster.launch import cluster_pool
     from ..cluster.spec import parse_cluster
 
+    from ..runtime.pool import RankFailure
+
     raw: dict = {"rounds": rounds, "steps": steps, "calibrations": {}, "profiles": {}, "runs": [], "hier": [],
-                 "comm": []}
+                 "comm": [], "failures": []}
     for shape in shapes:
         spec = parse_cluster(f"{shape}:inter={rates[0]}bit")
         with cluster_pool(spec, timeout=timeout, pg_timeout=900.0, num_threads=1) as (cl, p):
             todo = [m for m in models if not PLANS[m].shapes or shape in PLANS[m].shapes]
             # profiles need no network: once per shape (how a step divides; its length is re-measured per rate)
-            for m in todo:
-                raw["profiles"][f"{shape}/{m}"] = measure_profile(p, m, PLANS[m], spec.ranks_per_node)
+            for m in list(todo):
+                try:
+                    raw["profiles"][f"{shape}/{m}"] = measure_profile(p, m, PLANS[m], spec.ranks_per_node)
+                except RankFailure as exc:  # e.g. killed for memory: the other models still run
+                    raw["failures"].append({"model": m, "cluster": shape, "what": "profile", "error": str(exc)})
+                    todo.remove(m)
                 _dump(raw)
             for rate in rates:
                 cl.set_rates(rate)
@@ -230,8 +236,13 @@ def measure(rates, shapes, models, sizes, rounds, steps, timeout) -> dict:
                     ws = WorkloadSpec(m, "cpu", prof["batch"])
                     load0 = os.getloadavg()[0]
                     n_rounds = min(rounds, 3) if plan.one_at_a_time else rounds * plan.rounds_factor
-                    res = _measure_model(p, ws, strategy_variants(spec.ranks_per_node), n_rounds,
-                                         steps * plan.steps_factor, plan.one_at_a_time, plan.paired_baseline)
+                    try:
+                        res = _measure_model(p, ws, strategy_variants(spec.ranks_per_node), n_rounds,
+                                             steps * plan.steps_factor, plan.one_at_a_time, plan.paired_baseline)
+                    except RankFailure as exc:  # the pool restarts on its next call; the other models still run
+                        raw["failures"].append({"model": m, "cluster": key, "what": "settings", "error": str(exc)})
+                        _dump(raw)
+                        continue
                     load = [load0, os.getloadavg()[0]]  # the machine's 1-minute load average around the runs
                     for name, r in res.items():
                         raw["runs"].append({"model": m, "shape": shape, "cluster": key, "setting": name,
@@ -441,6 +452,10 @@ def render(raw: dict) -> str:
                            + (", more than the error: the machine's noise during the row is larger than the miss"
                               if noisy else ", less than the error")
                            + f"; load average {max(r.load) if r.load else math.nan:.1f} on {cores[0]} cores.")
+    for f in raw.get("failures", []):
+        out += ["", f"Not measured: {f['model']} on {f['cluster']} ({f['what']}): {f['error'].splitlines()[0]}"
+                + (" (exit code -9: killed, on Linux usually by the kernel's out-of-memory killer)"
+                   if "exit code -9" in f["error"] else "")]
     out += [
         "",
         "### Flat ring against two-level allreduce (the calibrated model, intra-node phases included)",
