@@ -202,7 +202,6 @@ def measure(rates, shapes, models, sizes, rounds, steps, timeout) -> dict:
     from ..cluster.calibrate import calibrate_on_pool
     from ..cluster.launch import cluster_pool
     from ..cluster.spec import parse_cluster
-
     from ..runtime.pool import RankFailure
 
     raw: dict = {"rounds": rounds, "steps": steps, "calibrations": {}, "profiles": {}, "runs": [], "hier": [],
