@@ -404,6 +404,7 @@ def render(raw: dict) -> str:
         "allgather on every node's group at once); the CPU seconds a rank spends per byte allreduced (the "
         f"contention term: ranks compute and communicate on the same {', '.join(map(str, cores))} cores); "
         "gloo's two worker threads per communicator. Medians over rounds; 95% bootstrap intervals.",
+        *(["", "Measured in parts: " + "; ".join(raw["notes"]) + "."] if raw.get("notes") else []),
         "",
         "### Calibrated terms",
         "",
