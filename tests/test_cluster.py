@@ -15,6 +15,7 @@ import pytest
 
 from suite.check.errors import finite_le
 from suite.cluster import costmodel as cm
+from suite.cluster.calibrate import calibrate_on_pool
 from suite.cluster.emulate import NODE_IF, EmulatedCluster, cleanup, list_namespaces, unavailable_reason
 from suite.cluster.launch import cluster_pool, pool_kwargs
 from suite.cluster.probes import check_two_level, timed_allreduce
@@ -155,6 +156,18 @@ def test_flat_allreduce_follows_ring_formula_and_teardown_after_kill():
         assert abs(predicted - 0.1255) < 0.001
         ratio = measured / predicted
         assert math.isfinite(ratio) and 0.5 <= ratio <= 2.0, (measured, predicted)
+        # calibration (fleetbench comm --calibrate) on the same ranks, a few small sizes: every term finite,
+        # and the model built from them gives back the flat allreduces it was fitted on
+        sizes = {"allreduce": [4096, 65536], "broadcast": [1024], "intra": [65536, 262144], "hier": [65536, 262144]}
+        cal = calibrate_on_pool(pool, spec, sizes=sizes, iters=2, rounds=1)
+        assert [r["kind"] for r in cal.rows] == ["allreduce"] * 2 + ["broadcast"] + ["intra"] * 2 + ["hier"] * 2
+        for name in ("intra_lat", "intra_bw", "cpu_per_byte", "cpu_per_byte_hier"):
+            assert math.isfinite(getattr(cal, name)) and getattr(cal, name) >= 0, (name, cal)
+        assert cal.intra_bw > 0 and len(cal.alpha_table) == 2 and len(cal.bcast_table) == 1
+        model = cal.cluster_model()
+        for r in cal.rows[:2]:
+            fitted = cm.ring_allreduce(r["bytes"], model)
+            assert math.isfinite(fitted) and fitted >= r["seconds"] * (1 - 1e-9), (r, fitted)  # alpha floored at 0
         with pytest.raises(RankFailure):
             pool.run(crash, {"rank": 1}, timeout=60)
     assert not [n_ for n_, rid, _ in list_namespaces() if rid == cl.run_id]

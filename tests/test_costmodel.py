@@ -2,6 +2,7 @@
 whose answers are known (no overlap possible, perfect overlap, one slow bucket, shared links)."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -11,12 +12,12 @@ from suite.cluster.simulate import (
     Bucket,
     ParamGrad,
     Profile,
-    Setting,
     make_buckets,
     predict_step,
     predict_table,
     simulate_comm,
 )
+from suite.cluster.simulate import Setting as _Setting
 from suite.cluster.spec import parse_cluster
 
 B = 1e8  # bytes/s: 100 MB/s node links makes the hand calculations easy
@@ -91,6 +92,10 @@ C22 = cm.Cluster(2, 2, B)  # an allreduce of n bytes costs 1.5 n / 1e8 s, no lat
 def _profile(params, f=0.1, b=0.2, o=0.05):
     return Profile(f, b, o, tuple(ParamGrad(f"p{i}", int(n), t) for i, (n, t) in enumerate(params)),
                    per_rank_batch=8)
+
+
+def Setting(name, **kw):  # the tests below list their gradients in ready order
+    return _Setting(name, **{"bucket_rule": "ready", **kw})
 
 
 def test_make_buckets_in_ready_order_with_cap():
@@ -188,3 +193,197 @@ def test_predict_cli_from_profile(tmp_path, capsys):
     assert "| setting |" in capsys.readouterr().out
     assert main(["predict", "--cluster", "2x2:inter=1kbit", "--profile", str(path)]) == 2
     assert "inter='1kbit'" in capsys.readouterr().err
+
+
+# ---- calibrated terms (suite.cluster.calibrate) ----------------------------------------------
+def test_latency_table_interpolates_in_log_size_and_splits_latency_from_bytes():
+    cl = cm.Cluster(2, 2, B, alpha_table=((1e3, 1e-3), (1e6, 0.0)))
+    assert close(cm.step_alpha(cl, 1e3), 1e-3) and close(cm.step_alpha(cl, 1e6), 0.0)
+    assert close(cm.step_alpha(cl, math.sqrt(1e9)), 0.5e-3)  # halfway in log size
+    assert close(cm.step_alpha(cl, 10.0), 1e-3) and close(cm.step_alpha(cl, 1e9), 0.0)  # held beyond the ends
+    # 4 kB over 4 ranks: 6 steps of 1 kB, each alpha(1 kB) + 1e3/B
+    assert close(cm.ring_allreduce(4e3, cl), 6 * (1e-3 + 1e-5))
+    lat, bw = cm.latency_bandwidth_split(4e3, cl)
+    assert close(lat, 6e-3) and close(bw, 6e-5)
+    # a large bucket carries no latency part: the old split (alpha at n -> 0) would have charged 6 ms
+    lat, bw = cm.latency_bandwidth_split(4e9, cl)
+    assert close(lat, 0.0) and close(bw, 1.5 * 4e9 / B)
+
+
+def test_intra_node_terms_and_tree_broadcast():
+    cl = cm.Cluster(2, 2, B, intra_bw=1e9, intra_lat=1e-3)
+    h = cm.hierarchical_allreduce(N_BYTES, cl)
+    # one intra step of n/2 = 5e7 bytes at 1e9 B/s plus its alpha, before and after the inter phase (1.0 s)
+    assert close(h["reduce_scatter"], 1e-3 + 0.05) and close(h["total"], 2 * 0.051 + 1.0)
+    tree = cl.with_(bcast_tree=True, bcast_table=((1e3, 2e-3),))
+    assert close(cm.broadcast(1e3, tree), 2 * 2e-3 + 1e3 / B)  # ceil(log2 4) = 2 steps
+    assert close(cm.broadcast(1e3, tree.with_(nodes=4)), 3 * 2e-3 + 1e3 / B)  # 8 ranks: 3 steps
+
+
+def _synthetic_rows(spec, alpha, bcast_alpha, intra_lat, intra_bw, cpu):
+    """Micro-benchmark rows that a cluster with these terms would give (what fit must recover)."""
+    inter_bw = spec.inter_bps / 8 * cm.tcp_payload_efficiency()
+    p, R = spec.world_size, spec.ranks_per_node
+    rows = []
+    for n in (1024, 65536, 1 << 20, 1 << 24):
+        m = n / p
+        rows.append({"kind": "allreduce", "bytes": n, "seconds": 2 * (p - 1) * (alpha(m) + m / inter_bw),
+                     "cpu_seconds": 1e-4 + cpu * n})
+    for n in (1024, 8192):
+        rows.append({"kind": "broadcast", "bytes": n, "seconds": 2 * bcast_alpha + n / inter_bw, "cpu_seconds": 0.0})
+    for n in (1 << 18, 1 << 20, 1 << 22):
+        rows.append({"kind": "intra", "bytes": n, "seconds": 2 * (R - 1) * (intra_lat + n / R / intra_bw),
+                     "cpu_seconds": 0.0})
+        rows.append({"kind": "hier", "bytes": n, "seconds": 1.0, "cpu_seconds": 2e-4 + 2 * cpu * n})
+    return rows
+
+
+def test_fit_recovers_the_terms_that_made_the_rows():
+    from suite.cluster.calibrate import Calibration, fit
+
+    spec = parse_cluster("2x2:inter=800mbit")
+
+    def alpha(m):
+        return 1e-3 if m < 1e4 else 2e-4
+
+    rows = _synthetic_rows(spec, alpha, 5e-4, 3e-4, 2e8, 2e-9)
+    cal = fit(spec, rows, cores=2)
+    assert close(cal.intra_lat, 3e-4, 1e-6) and close(cal.intra_bw, 2e8, 1e-6)
+    assert [round(m) for m, _ in cal.alpha_table] == [256, 16384, 262144, 4194304]
+    assert all(close(a, alpha(m), 1e-6) for m, a in cal.alpha_table)
+    assert all(close(a, 5e-4, 1e-6) for _, a in cal.bcast_table)
+    assert close(cal.cpu_per_byte, 2e-9, 1e-6) and close(cal.cpu_per_byte_hier, 4e-9, 1e-6)
+    # the model built from the terms gives back the flat allreduces it was fitted on
+    model = cal.cluster_model()
+    for r in rows:
+        if r["kind"] == "allreduce":
+            assert close(cm.ring_allreduce(r["bytes"], model), r["seconds"], 1e-6), r
+    # JSON round trip; a damaged file is refused with the field named
+    back = Calibration.from_dict(json.loads(cal.to_json()))
+    assert back.cluster_model() == model
+    bad = json.loads(cal.to_json())
+    bad["intra_bw"] = -1
+    with pytest.raises(ValueError, match="intra_bw"):
+        Calibration.from_dict(bad)
+    del bad["alpha_table"]
+    with pytest.raises(ValueError, match="alpha_table"):
+        Calibration.from_dict(bad)
+    with pytest.raises(ValueError, match="finite"):
+        fit(spec, [{**rows[0], "seconds": math.nan}])
+
+
+def test_engine_buckets_match_the_engines_plan():
+    """The prediction's buckets are the ones suite.comm.buckets forms (reverse registration order, the
+    crossing gradient stays in, the layer cap), for a real model's parameters."""
+    from suite.cluster.simulate import engine_buckets
+    from suite.comm.buckets import param_owners, plan_buckets
+    from suite.comm.grad_sync import trainable_params
+    from suite.models import get_model
+
+    for model, cap_mb, cap_layers in (("resnet", 0.01, 50), ("resnet", 16.0, 3), ("mlp", 4.0, 50)):
+        module = get_model(model, "cpu").build()
+        named = trainable_params(module)
+        plans = plan_buckets(named, param_owners(module), True, cap_mb, cap_layers)
+        params = [ParamGrad(n, p.numel() * 4, 0.001 * (len(named) - i)) for i, (n, p) in enumerate(named)]
+        got = engine_buckets(params, cap_mb, cap_layers)
+        assert [b.names for b in got] == [tuple(named[i][0] for i in pl.members) for pl in plans], model
+        assert [b.nbytes for b in got] == [pl.nbytes for pl in plans]
+        readies = [b.ready_s for b in got]
+        assert readies == sorted(readies)  # launched in bucket order: a bucket waits for the one before
+
+
+def test_contention_stretches_overlapped_backward_only_on_shared_cores():
+    prof = _profile([(1e8, 0.0)], f=0.1, b=2.0, o=0.05)  # 1.5 s allreduce from t=0, inside a 2 s backward
+    cl = C22.with_(cpu_per_byte=1e-9)  # 0.1 CPU s per rank for 1e8 bytes
+    ov = Setting("o", bucket_mb=None, overlap=True)
+    assert close(predict_step(prof, cl, ov)["step_s"], 2.15)  # cores = inf: communication has its own
+    r = predict_step(prof, cl.with_(cores=2.0), ov)
+    # 4 ranks fill 2 cores: their 4 x 0.1 CPU s are shared by 2 cores: backward 0.2 s longer
+    assert close(r["contention_s"], 0.2) and close(r["step_s"], 2.35)
+    # 8 cores for 4 ranks: the spare cores absorb it
+    assert close(predict_step(prof, cl.with_(cores=8.0), ov)["contention_s"], 0.0)
+    # communication after backward (no overlap) competes with nothing
+    sync = predict_step(prof, cl.with_(cores=2.0), Setting("s", bucket_mb=None, overlap=False))
+    assert close(sync["contention_s"], 0.0) and close(sync["step_s"], 2.15 + 1.5)
+
+
+def test_local_sgd_averages_parameters_in_registration_chunks_without_buffers():
+    from suite.cluster.simulate import average_chunks
+
+    ps = [ParamGrad("a", 3 * 2**20, 0.3), ParamGrad("b", 2**20, 0.1), ParamGrad("c", 2**20, 0.2)]
+    assert [c.names for c in average_chunks(ps, 2.0)] == [("a",), ("b", "c")]
+    assert [c.names for c in average_chunks(ps, None)] == [("a",), ("b",), ("c",)]
+    prof = Profile(0.1, 0.2, 0.05, (ParamGrad("w", int(1e8), 0.2),), buffers=(10**6,))
+    k4 = _Setting("l", bucket_mb=None, overlap=False, local_sgd_k=4)
+    assert close(predict_step(prof, C22, k4)["step_s"], 0.35 + 1.5 / 4)  # no buffer broadcast between averagings
+    plain = _Setting("p", bucket_mb=None, overlap=False)
+    assert close(predict_step(prof, C22, plain)["step_s"], 0.35 + 1.5 + cm.broadcast(1e6, C22))
+
+
+def test_comm_calibrate_and_predict_calibration_refuse_bad_use(tmp_path, capsys):
+    from suite.cli.main import main
+    from suite.cluster.calibrate import fit
+
+    assert main(["comm", "--calibrate", str(tmp_path / "c.json")]) == 2
+    assert "--calibrate needs --cluster" in capsys.readouterr().err
+    spec = parse_cluster("2x2:inter=800mbit")
+    cal = fit(spec, _synthetic_rows(spec, lambda m: 1e-3, 5e-4, 3e-4, 2e8, 2e-9), cores=2)
+    cpath, ppath = tmp_path / "cal.json", tmp_path / "p.json"
+    cpath.write_text(cal.to_json())
+    ppath.write_text(json.dumps(_profile([(1e8, 0.2), (1e6, 0.1)]).to_dict()))
+    assert main(["predict", "--cluster", "2x4:inter=800mbit", "--profile", str(ppath), "--calibration",
+                 str(cpath)]) == 2
+    assert "fitted on 2x2:inter=800mbit" in capsys.readouterr().err
+    assert main(["predict", "--cluster", "2x2:inter=800mbit", "--profile", str(ppath), "--calibration",
+                 str(cpath), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert all(math.isfinite(r["step_s"]) and r["step_s"] > 0.35 for r in rows)
+
+
+def test_gloo_lanes_let_one_communicator_run_two_collectives_at_once():
+    cl = C22.with_(inter_lat=0.01, async_lanes=2)  # latency part 0.06 s, bandwidth part 1.5 s each
+    bs = [Bucket(int(1e8), 0.0), Bucket(int(1e8), 0.0)]
+    assert close(simulate_comm(bs, cl, comm_num=1), 0.06 + 3.0)  # both in flight: latencies overlap
+    assert close(simulate_comm(bs, cl.with_(async_lanes=1), comm_num=1), 2 * 1.56)
+    # the two-level chain runs on one thread per communicator: one at a time whatever the lanes
+    h = cm.allreduce(1e8, cl, hierarchical=True)
+    assert close(simulate_comm(bs, cl, comm_num=1, hierarchical=True), 2 * h)
+    with pytest.raises(ValueError, match="async_lanes"):
+        cm.Cluster(2, 2, B, async_lanes=0)
+
+
+def test_one_noisy_small_size_does_not_bend_the_small_message_latency():
+    from suite.cluster.calibrate import fit
+
+    spec = parse_cluster("2x2:inter=800mbit")
+    bw = 1e8 * cm.tcp_payload_efficiency()
+    rows = [{"kind": "allreduce", "bytes": n, "seconds": 6 * (a + n / 4 / bw), "cpu_seconds": 0.0}
+            for n, a in ((1024, 3e-3), (4096, 1e-3), (16384, 1.1e-3))]  # wire time: under 10% of each
+    cal = fit(spec, rows, cores=2)
+    assert all(close(a, 1.1e-3, 1e-6) for _, a in cal.alpha_table)  # the median of the three, for all three
+
+
+def test_cluster_figure_renders_kept_measurements_with_the_current_model():
+    """The figure's measurements are plain data; rendering re-fits the kept micro-benchmark rows, predicts
+    every setting, and lists each row outside 15% with the noise measured alongside it."""
+    from suite.figures import cluster as fig
+
+    spec = parse_cluster("2x2:inter=800mbit")
+    rows = _synthetic_rows(spec, lambda m: 1e-3, 5e-4, 3e-4, 2e8, 2e-9)
+    prof = Profile(0.01, 0.03, 0.005, tuple(ParamGrad(f"l{i}.weight", 2**20, 0.003 * (10 - i)) for i in range(10)),
+                   per_rank_batch=16, buffers=(4096,))
+    raw = {"rounds": 3, "steps": 4, "hier": [], "comm": [],
+           "calibrations": {str(spec): {"cluster": str(spec), "rows": rows, "cores": 2, "load": [1.0, 1.2]}},
+           "profiles": {"2x2/mlp": {"batch": 16, "profile": prof.to_dict()}},
+           "runs": [{"model": "mlp", "shape": "2x2", "cluster": str(spec), "setting": name, "batch": 16,
+                     "measured": [1.0], "compute": [0.09, 0.1, 0.11], "load": [1.0, 1.5]}
+                    for name, _, _ in fig.strategy_variants(2)]}
+    predicted = [r.predicted_s for r in fig.prediction_rows(raw)]
+    assert all(math.isfinite(p) and p > 0.1 for p in predicted)
+    for run, p in zip(raw["runs"], predicted):
+        run["measured"] = [p * 1.05] * 3
+    raw["runs"][0]["measured"] = [predicted[0] * 1.5] * 3
+    text = fig.render(raw)
+    assert "**5 of 6 rows within 15%**" in text
+    assert "- mlp 2x2 800 Mbit/s, plain: -33%; the no-communication windows timed with it vary by 20%" in text
+    assert "**EXTRAPOLATION**" in text and "| 2x2:inter=800mbit | 1000 |" in text

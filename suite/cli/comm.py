@@ -93,7 +93,48 @@ def add_parser(sub) -> None:
     p.add_argument("--cluster", metavar="NxR:inter=RATE[,intra=RATE]",
                    help="run the ranks on an emulated cluster (network namespaces; root): N nodes of R ranks; "
                         "sets --nproc to N*R and --inter-nranks to R")
+    p.add_argument("--calibrate", metavar="FILE",
+                   help="with --cluster: run the cost model's calibration micro-benchmarks instead (flat allreduce, "
+                        "broadcast, the two-level allreduce's intra-node phases, CPU time per byte) and write the "
+                        "fitted terms to FILE as JSON (fleetbench predict --calibration FILE)")
+    p.add_argument("--rounds", type=int, default=5, help="with --calibrate: timed blocks per size (median taken)")
     p.set_defaults(func=main)
+
+
+def calibrate_main(args, cluster_spec, fail) -> int:
+    """``--calibrate FILE``: the calibration micro-benchmarks on the emulated cluster, fitted, written."""
+    from ..cluster.calibrate import calibrate_on_pool
+    from ..cluster.launch import start_cluster
+    from ..runtime import RankPool
+    from .predict import unwritable
+
+    why = unwritable(args.calibrate)
+    if why:
+        return fail(f"--calibrate {args.calibrate!r}: {why}")
+    problem = (check_number("--iters", args.iters, minimum=1) or check_number("--rounds", args.rounds, minimum=1)
+               or check_number("--timeout", args.timeout, above=0, unit="seconds"))
+    if problem:
+        return fail(problem)
+    cluster, pool_kw = start_cluster(cluster_spec)
+    try:
+        with RankPool(cluster_spec.world_size, timeout=args.timeout, num_threads=1, **pool_kw) as pool:
+            cal = calibrate_on_pool(pool, cluster_spec, iters=args.iters, rounds=args.rounds)
+    finally:
+        cluster.down()
+    with open(args.calibrate, "w") as fh:
+        fh.write(cal.to_json())
+    print(f"# fleetbench comm --calibrate: {cluster_spec}, {args.rounds} blocks per size (medians of the slowest "
+          f"rank)")
+    print("| kind | bytes | time (us) | CPU per rank (us) |\n|---|---:|---:|---:|")
+    for r in cal.rows:
+        print(f"| {r['kind']} | {r['bytes']} | {r['seconds'] * 1e6:.1f} | {r['cpu_seconds'] * 1e6:.1f} |")
+    print(f"\nintra-node phases: alpha {cal.intra_lat * 1e6:.0f} us per step, {cal.intra_bw / 1e6:.0f} MB/s per edge; "
+          f"link {cal.inter_bw / 1e6:.1f} MB/s payload; CPU {cal.cpu_per_byte * 1e9:.2f} ns/B flat, "
+          f"{cal.cpu_per_byte_hier * 1e9:.2f} ns/B two-level, {cal.cores} cores")
+    print("alpha per ring step (message bytes: us): "
+          + ", ".join(f"{int(m)}: {a * 1e6:.0f}" for m, a in cal.alpha_table))
+    print(f"fitted terms written to {args.calibrate}")
+    return 0
 
 
 def main(args) -> int:
@@ -113,6 +154,10 @@ def main(args) -> int:
         except ConfigError as exc:
             return fail(str(exc))
         args.inter_nranks = cluster_spec.ranks_per_node
+    if getattr(args, "calibrate", None):
+        if cluster_spec is None:
+            return fail("--calibrate needs --cluster: the terms are fitted on an emulated cluster")
+        return calibrate_main(args, cluster_spec, fail)
     if args.nproc < 2:
         return fail(f"--nproc {args.nproc}: an allreduce needs at least 2 ranks")
     problem = (check_number("--nproc", args.nproc, minimum=2, maximum=max_local_ranks(),

@@ -33,6 +33,9 @@ def add_parser(sub) -> None:
     p.add_argument("--save-profile", help="write the measured profile here")
     p.add_argument("--inter-lat", type=float, default=100.0, help="alpha of an inter-node message step, µs (100)")
     p.add_argument("--intra-lat", type=float, default=50.0, help="alpha of an intra-node message step, µs (50)")
+    p.add_argument("--calibration", help="fitted terms of this emulated cluster (fleetbench comm --cluster SPEC "
+                   "--calibrate FILE): calibrated latency per message size, intra-node phases, CPU contention; "
+                   "its shape and rates must be --cluster's")
     p.add_argument("--bucket-mb", type=float, default=16.0, help="fused bucket size of the fused settings, MiB")
     p.add_argument("--local-sgd-k", type=int, default=4, help="Local SGD averaging period of its row")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
@@ -159,11 +162,24 @@ def main(args) -> int:
     cluster = cm.Cluster(spec.nodes, spec.ranks_per_node, spec.inter_bps / 8,
                          spec.intra_bps / 8 if spec.intra_bps else math.inf,
                          args.inter_lat * 1e-6, args.intra_lat * 1e-6)
+    note = f"alpha inter {args.inter_lat:g} µs, intra {args.intra_lat:g} µs"
+    if getattr(args, "calibration", None):
+        from ..cluster.calibrate import Calibration
+
+        try:
+            cal = Calibration.from_dict(read_json_file(args.calibration))
+        except (ValueError, TypeError) as exc:
+            return fail(f"--calibration {args.calibration!r}: {exc}")
+        if cal.cluster != str(spec):
+            return fail(f"--calibration {args.calibration!r} was fitted on {cal.cluster}, not {spec}: calibrate "
+                        f"on the cluster predicted (fleetbench comm --cluster {spec} --calibrate FILE)")
+        cluster = cal.cluster_model()
+        note = f"calibrated terms of {args.calibration}"
     rows = settings(args.bucket_mb, args.local_sgd_k)
     if args.json:
         print(json.dumps([predict_step(profile, cluster, s) for s in rows], indent=1))
         return 0
-    print(f"Predicted on {spec} (alpha inter {args.inter_lat:g} µs, intra {args.intra_lat:g} µs; model "
+    print(f"Predicted on {spec} ({note}; model "
           f"{profile.model or '?'}, {len(profile.params)} gradients, {profile.grad_bytes / 2**20:.1f} MiB, compute "
           f"{profile.compute_s * 1e3:.1f} ms per step of {profile.per_rank_batch} samples per rank). "
           f"Rates are link payload rates; the model is an extrapolation, not a measurement.\n")

@@ -27,7 +27,8 @@ from .spec import ClusterSpec
 
 __all__ = ["Cluster", "ring_allreduce", "hierarchical_allreduce", "hierarchical_allreduce_reduce_bcast",
            "broadcast", "allgather", "reduce_scatter", "ring_step_time", "hierarchical_speedup_bound",
-           "allreduce", "tcp_payload_efficiency", "from_spec", "latency_bandwidth_split"]
+           "allreduce", "tcp_payload_efficiency", "from_spec", "latency_bandwidth_split", "step_alpha",
+           "without_latency", "comm_cpu_seconds", "interp_log"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,19 @@ class Cluster:
     inter_lat: float = 0.0  # alpha of a message step that crosses nodes, seconds
     intra_lat: float = 0.0  # alpha of a message step inside a node, seconds
     intra_shared: bool = False  # intra_bw is one bus per node (loopback) instead of per rank pair
+    # Calibrated per-message latency (``suite.cluster.calibrate``): ((message bytes, seconds per step), …),
+    # interpolated in log size; empty: ``inter_lat`` for every size.
+    alpha_table: tuple = ()
+    bcast_table: tuple = ()  # the same for a broadcast's tree steps; empty: max(inter_lat, intra_lat)
+    bcast_tree: bool = False  # broadcast as a binomial tree (gloo) instead of a pipelined chain (NCCL)
+    # CPU contention (emulated cluster): CPU seconds a rank spends per byte allreduced (flat / two-level),
+    # and the cores every rank of the machine shares (math.inf: communication has its own, as on GPUs).
+    cpu_per_byte: float = 0.0
+    cpu_per_byte_hier: float = 0.0
+    cores: float = math.inf
+    # collectives one communicator progresses at once when launched asynchronously: 1 for NCCL (one
+    # stream), 2 for gloo (ProcessGroupGloo runs two worker threads per process group)
+    async_lanes: int = 1
 
     def __post_init__(self) -> None:
         for name in ("nodes", "ranks_per_node"):
@@ -49,10 +63,18 @@ class Cluster:
             v = getattr(self, name)
             if not (v > 0):
                 raise ValueError(f"Cluster.{name}={v!r}: must be > 0 bytes/s (math.inf for free)")
-        for name in ("inter_lat", "intra_lat"):
+        for name in ("inter_lat", "intra_lat", "cpu_per_byte", "cpu_per_byte_hier"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
-                raise ValueError(f"Cluster.{name}={v!r}: must be a finite number of seconds >= 0")
+                raise ValueError(f"Cluster.{name}={v!r}: must be a finite number >= 0")
+        if not (isinstance(self.async_lanes, int) and self.async_lanes >= 1):
+            raise ValueError(f"Cluster.async_lanes={self.async_lanes!r}: must be a whole number >= 1")
+        if not (self.cores > 0):
+            raise ValueError(f"Cluster.cores={self.cores!r}: must be > 0 (math.inf: no shared cores)")
+        for name in ("alpha_table", "bcast_table"):
+            for pt in getattr(self, name):
+                if len(pt) != 2 or not all(math.isfinite(x) and x >= 0 for x in pt):
+                    raise ValueError(f"Cluster.{name} entry {pt!r}: expected (bytes, seconds), finite, >= 0")
 
     @property
     def world(self) -> int:
@@ -80,6 +102,36 @@ def from_spec(spec: ClusterSpec, *, mtu: int = 1500, intra_bw: float = math.inf,
     return Cluster(spec.nodes, spec.ranks_per_node, spec.inter_bps / 8 * eff, intra_bw, inter_lat, intra_lat)
 
 
+def interp_log(table, m: float) -> float:
+    """Linear interpolation of ``((size, value), …)`` (sorted by size) in log size; held beyond the ends."""
+    if not table:
+        return 0.0
+    if m <= table[0][0]:
+        return float(table[0][1])
+    if m >= table[-1][0]:
+        return float(table[-1][1])
+    for (x0, y0), (x1, y1) in zip(table, table[1:]):
+        if x0 <= m <= x1:
+            if x1 == x0:
+                return float(y1)
+            w = (math.log(m) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return float(y0 + w * (y1 - y0))
+    return float(table[-1][1])  # pragma: no cover
+
+
+def step_alpha(cl: Cluster, m: float) -> float:
+    """alpha of one message step of m bytes that crosses nodes: the calibrated table at m, or ``inter_lat``."""
+    if cl.alpha_table:
+        return interp_log(cl.alpha_table, m)
+    return cl.inter_lat
+
+
+def without_latency(cl: Cluster) -> Cluster:
+    """The same cluster with every alpha 0 (what is left is moving bytes)."""
+    return cl.with_(inter_lat=0.0, intra_lat=0.0, alpha_table=tuple((m, 0.0) for m, _ in cl.alpha_table),
+                    bcast_table=tuple((m, 0.0) for m, _ in cl.bcast_table))
+
+
 def _intra_time(cl: Cluster, m: float, edges: int) -> float:
     """Time for ``edges`` intra-node ring edges of one node to each carry m bytes at once."""
     if edges <= 0 or m <= 0:
@@ -99,7 +151,7 @@ def ring_step_time(cl: Cluster, m: float) -> float:
     if N > 1:
         inter = m / cl.inter_bw
         intra = _intra_time(cl, m, R - 1)
-        return cl.inter_lat + max(inter, intra)
+        return step_alpha(cl, m) + max(inter, intra)
     return cl.intra_lat + _intra_time(cl, m, R)
 
 
@@ -141,6 +193,13 @@ def broadcast(n: float, cl: Cluster) -> float:
     p, N, R = cl.world, cl.nodes, cl.ranks_per_node
     if p == 1 or n <= 0:
         return 0.0
+    if cl.bcast_tree:
+        # gloo: a binomial tree, ceil(log2 p) steps; each step's alpha calibrated (bcast_table), the
+        # bytes cross a node link once (the tree's first step), the intra steps run at once
+        steps = math.ceil(math.log2(p))
+        alpha = interp_log(cl.bcast_table, n) if cl.bcast_table else max(cl.inter_lat, cl.intra_lat)
+        move = n / cl.inter_bw if N > 1 else _intra_time(cl, n, 1)
+        return steps * alpha + move
     if N > 1:
         return (p - 1) * max(cl.inter_lat, cl.intra_lat) + max(n / cl.inter_bw, _intra_time(cl, n, R - 1))
     return (p - 1) * cl.intra_lat + _intra_time(cl, n, R - 1)
@@ -169,7 +228,8 @@ def hierarchical_allreduce(n: float, cl: Cluster) -> dict:
         return {"reduce_scatter": 0.0, "inter_allreduce": 0.0, "allgather": 0.0, "total": 0.0}
     node = _node_only(cl)
     rs = (R - 1) * ring_step_time(node, n / R) if R > 1 else 0.0
-    inter = 2 * (N - 1) * (cl.inter_lat + (n / N) / cl.inter_bw) if N > 1 else 0.0
+    # alpha at the message each of the R flows sends per step (n/(R·N)), as in the flat ring's table
+    inter = 2 * (N - 1) * (step_alpha(cl, n / (R * N)) + (n / N) / cl.inter_bw) if N > 1 else 0.0
     ag = rs
     return {"reduce_scatter": rs, "inter_allreduce": inter, "allgather": ag, "total": rs + inter + ag}
 
@@ -191,7 +251,7 @@ def hierarchical_allreduce_reduce_bcast(n: float, cl: Cluster) -> dict:
         return {"reduce": 0.0, "inter_allreduce": 0.0, "broadcast": 0.0, "total": 0.0}
     node = _node_only(cl)
     red = broadcast(n, node) if R > 1 else 0.0
-    inter = 2 * (N - 1) * (cl.inter_lat + (n / N) / cl.inter_bw) if N > 1 else 0.0
+    inter = 2 * (N - 1) * (step_alpha(cl, n / N) + (n / N) / cl.inter_bw) if N > 1 else 0.0
     return {"reduce": red, "inter_allreduce": inter, "broadcast": red, "total": 2 * red + inter}
 
 
@@ -207,11 +267,13 @@ def allreduce(n: float, cl: Cluster, hierarchical: bool = False, variant: str = 
 
 
 def latency_bandwidth_split(n: float, cl: Cluster, hierarchical: bool = False, variant: str = "rs_ag") -> tuple:
-    """(latency part, bandwidth part) of :func:`allreduce`: the time with n -> 0 is the latency part
-    (it does not shrink when collectives share a link), the rest is moving bytes (it does)."""
+    """(latency part, bandwidth part) of :func:`allreduce`: the alpha terms at this size (they do not
+    shrink when collectives share a link) and the rest, moving bytes (it does)."""
+    if n <= 0:
+        return 0.0, 0.0
     total = allreduce(n, cl, hierarchical, variant)
-    lat = allreduce(1e-12, cl, hierarchical, variant) if n > 0 else 0.0
-    return lat, max(0.0, total - lat)
+    bw = allreduce(n, without_latency(cl), hierarchical, variant)
+    return max(0.0, total - bw), bw
 
 
 def hierarchical_speedup_bound(cl: Cluster) -> float:
@@ -220,3 +282,8 @@ def hierarchical_speedup_bound(cl: Cluster) -> float:
     if N < 2:
         return math.nan
     return ((p - 1) / p) / ((N - 1) / N)
+
+
+def comm_cpu_seconds(n: float, cl: Cluster, hierarchical: bool = False) -> float:
+    """CPU seconds one rank spends allreducing n bytes (the calibrated contention term; 0 without it)."""
+    return n * (cl.cpu_per_byte_hier if hierarchical else cl.cpu_per_byte)

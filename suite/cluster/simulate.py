@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 from . import costmodel as cm
 
-__all__ = ["Profile", "ParamGrad", "Setting", "Bucket", "make_buckets", "simulate_comm", "predict_step",
-           "predict_table", "DEFAULT_SETTINGS"]
+__all__ = ["Profile", "ParamGrad", "Setting", "Bucket", "make_buckets", "engine_buckets", "average_chunks",
+           "simulate_comm", "contention_s", "predict_step", "predict_table", "DEFAULT_SETTINGS"]
 
 MiB = 1024 * 1024
 
@@ -131,6 +131,11 @@ class Setting:
     hierarchical: bool = False
     local_sgd_k: int = 0  # 0: synchronous data parallel; k >= 1: Local SGD averaging every k steps
     variant: str = "rs_ag"
+    # "engine": buckets as the suite's engine plans them (suite.comm.buckets: reverse registration order,
+    # the gradient that crosses the cap stays in, at most ``layers_cap`` layers, launched in bucket order);
+    # "ready": in ready order, closed before the cap is passed (the older, engine-independent rule)
+    bucket_rule: str = "engine"
+    layers_cap: int = 50
 
 
 @dataclass(frozen=True)
@@ -171,79 +176,180 @@ def make_buckets(params: Sequence[ParamGrad], bucket_mb: float | None) -> list[B
     return out
 
 
+def engine_buckets(params: Sequence[ParamGrad], bucket_mb: float | None, layers_cap: int = 50) -> list[Bucket]:
+    """Buckets as ``suite.comm.buckets.plan_buckets`` forms them from a profile whose parameters are in
+    registration order: walked in reverse, a bucket closes once its bytes reach the cap (the gradient
+    that crosses it stays in) or before a parameter of a new layer when it holds ``layers_cap`` layers
+    (a layer: the name without its last component).  A bucket is launched when it is complete and
+    every earlier bucket was launched (bucket order), so its ready time is the running maximum."""
+    cap = math.inf if bucket_mb is None else bucket_mb * MiB
+    out: list[Bucket] = []
+    cur: list[ParamGrad] = []
+    layers: list[str] = []
+    size = 0
+
+    def close() -> None:
+        nonlocal cur, layers, size
+        if cur:
+            ready = max(q.ready_s for q in cur)
+            if out:
+                ready = max(ready, out[-1].ready_s)
+            out.append(Bucket(size, ready, tuple(q.name for q in cur)))
+        cur, layers, size = [], [], 0
+
+    for p in reversed(params):
+        layer = p.name.rsplit(".", 1)[0]
+        if bucket_mb is None or (cur and layer not in layers and len(layers) >= layers_cap):
+            close()
+        cur.append(p)
+        if layer not in layers:
+            layers.append(layer)
+        size += p.nbytes
+        if size >= cap:
+            close()
+    close()
+    return out
+
+
+def average_chunks(params: Sequence[ParamGrad], bucket_mb: float | None) -> list[Bucket]:
+    """Local SGD's parameter averaging (``average_tensors``): chunks in registration order, closed once
+    they reach the cap (fusion off: one per tensor), all launched at once after the optimizer step."""
+    cap = 0.0 if bucket_mb is None else bucket_mb * MiB
+    out: list[Bucket] = []
+    size, names = 0, []
+    for p in params:
+        size += p.nbytes
+        names.append(p.name)
+        if size >= cap:
+            out.append(Bucket(size, 0.0, tuple(names)))
+            size, names = 0, []
+    if names:
+        out.append(Bucket(size, 0.0, tuple(names)))
+    return out
+
+
 def simulate_comm(buckets: Sequence[Bucket], cluster: cm.Cluster, *, comm_num: int = 1, hierarchical: bool = False,
-                  serial: bool = False, variant: str = "rs_ag", start_s: float = 0.0) -> float:
+                  serial: bool = False, variant: str = "rs_ag", start_s: float = 0.0,
+                  spans: list | None = None) -> float:
     """When the last bucket's allreduce finishes (seconds, same clock as the ready times).
 
     ``serial``: the buckets run one after another from ``start_s`` in ready order (no overlap);
     otherwise bucket i joins communicator i mod comm_num's queue at max(ready, start_s), and
-    communicators share the link (processor sharing of the bandwidth parts).
+    communicators share the link (processor sharing of the bandwidth parts).  ``spans``, when
+    given, receives (start, end, bytes) of every bucket's allreduce.
     """
     if not buckets:
         return start_s
     costs = [cm.latency_bandwidth_split(b.nbytes, cluster, hierarchical, variant) for b in buckets]
     if serial:
-        return start_s + sum(lat + bw for lat, bw in costs)
+        t = start_s
+        for b, (lat, bw) in zip(buckets, costs):
+            if spans is not None:
+                spans.append((t, t + lat + bw, b.nbytes))
+            t += lat + bw
+        return t
     k = max(1, int(comm_num))
     queues: list[list] = [[] for _ in range(k)]
     for i, (b, (lat, bw)) in enumerate(zip(buckets, costs)):
-        queues[i % k].append([max(b.ready_s, start_s), lat, bw])
-    # per communicator: the job in progress [ready, latency left, bandwidth work left] or None
-    active: list = [None] * k
+        queues[i % k].append([max(b.ready_s, start_s), lat, bw, b.nbytes, None])
+    # per communicator: the jobs in progress [ready, latency left, bandwidth work left, bytes, start], at most
+    # ``lanes`` of them (gloo's worker threads; the two-level chain runs on one thread per communicator)
+    lanes = 1 if hierarchical else max(1, cluster.async_lanes)
+    active: list[list] = [[] for _ in range(k)]
     t = min(q[0][0] for q in queues if q)
     finish = t
     eps = 1e-15
     for _ in range(100_000):
-        for c in range(k):  # start the next job on an idle communicator if it is ready
-            if active[c] is None and queues[c] and queues[c][0][0] <= t + eps:
-                active[c] = queues[c].pop(0)
-        if all(a is None for a in active) and not any(queues):
+        for c in range(k):  # start the next jobs on a communicator with a free lane, in order, when ready
+            while len(active[c]) < lanes and queues[c] and queues[c][0][0] <= t + eps:
+                job = queues[c].pop(0)
+                job[4] = t
+                active[c].append(job)
+        if not any(active) and not any(queues):
             return finish
-        sharing = sum(1 for a in active if a is not None and a[1] <= eps and a[2] > eps)
+        sharing = sum(1 for jobs in active for a in jobs if a[1] <= eps and a[2] > eps)
         # next event: a latency part ends, a bandwidth part ends, or a job becomes ready
         candidates = []
         for c in range(k):
-            a = active[c]
-            if a is not None:
-                if a[1] > eps:
-                    candidates.append(a[1])
-                else:
-                    candidates.append(a[2] * max(1, sharing))
-            elif queues[c]:
+            for a in active[c]:
+                candidates.append(a[1] if a[1] > eps else a[2] * max(1, sharing))
+            if len(active[c]) < lanes and queues[c]:
                 candidates.append(max(0.0, queues[c][0][0] - t))
         dt = max(0.0, min(candidates))
         for c in range(k):
-            a = active[c]
-            if a is None:
-                continue
-            if a[1] > eps:
-                a[1] -= dt
-            else:
-                a[2] -= dt / max(1, sharing)
-            if a[1] <= eps and a[2] <= eps:
-                active[c] = None
-                finish = t + dt
+            for a in list(active[c]):
+                if a[1] > eps:
+                    a[1] -= dt
+                else:
+                    a[2] -= dt / max(1, sharing)
+                if a[1] <= eps and a[2] <= eps:
+                    active[c].remove(a)
+                    finish = t + dt
+                    if spans is not None:
+                        spans.append((a[4], finish, a[3]))
         t += dt
     raise RuntimeError("bucket simulation did not converge")  # pragma: no cover
 
 
+def _buckets(profile: Profile, setting: Setting) -> list[Bucket]:
+    if setting.bucket_rule == "engine":
+        return engine_buckets(profile.params, setting.bucket_mb, setting.layers_cap)
+    if setting.bucket_rule == "ready":
+        return make_buckets(profile.params, setting.bucket_mb)
+    raise ValueError(f"Setting.bucket_rule={setting.bucket_rule!r}: allowed engine, ready")
+
+
+def contention_s(spans: Sequence[tuple], cluster: cm.Cluster, until: float, hierarchical: bool) -> float:
+    """How much longer computation running until ``until`` takes because the allreduces in ``spans``
+    (start, end, bytes) ran on the same cores (0 where communication has cores of its own).
+
+    Every rank spends ``cpu_per_byte`` CPU seconds per byte it allreduces (calibrated); the part of a
+    bucket that runs before ``until`` is its share of [start, end].  The world's p ranks compute at
+    once on ``cores`` cores: when they fill them (p >= cores) the comm work of all p ranks, p·w, is
+    shared over the cores, so computation ends p·w/cores later; idle cores (p < cores) absorb it first.
+    """
+    if not math.isfinite(cluster.cores):
+        return 0.0
+    p, cores = cluster.world, cluster.cores
+    work, busy = 0.0, 0.0
+    for start, end, nbytes in spans:
+        if end <= start or start >= until:
+            continue
+        frac = (min(end, until) - start) / (end - start)
+        work += frac * cm.comm_cpu_seconds(nbytes, cluster, hierarchical)
+        busy += min(end, until) - start
+    spare = max(0.0, cores - p) * busy
+    return max(0.0, p * work - spare) / cores
+
+
 def predict_step(profile: Profile, cluster: cm.Cluster, setting: Setting) -> dict:
     """Predicted step time (seconds, averaged over a Local SGD period), throughput, efficiency."""
-    buckets = make_buckets(profile.params, setting.bucket_mb)
+    buckets = _buckets(profile, setting)
     comm_alone = sum(cm.allreduce(b.nbytes, cluster, setting.hierarchical, setting.variant) for b in buckets)
     f, b, o = profile.forward_s, profile.backward_s, profile.optimizer_s
     # buffers (BatchNorm statistics) are broadcast one by one before each communicating step
     bufs = sum(cm.broadcast(n, cluster) for n in profile.buffers)
+    contention = 0.0
     if setting.local_sgd_k:
-        # parameters (same bytes as the gradients) averaged every k-th step, all ready at once
-        avg = simulate_comm([Bucket(x.nbytes, 0.0) for x in buckets], cluster, comm_num=setting.comm_num,
-                            hierarchical=setting.hierarchical, serial=not setting.overlap,
+        # parameters (same bytes as the gradients) averaged every k-th step, all launched at once after the
+        # optimizer step; between averagings nothing is communicated (buffers stay local too)
+        chunks = average_chunks(profile.params, setting.bucket_mb) if setting.bucket_rule == "engine" else \
+            [Bucket(x.nbytes, 0.0) for x in buckets]
+        avg = simulate_comm(chunks, cluster, comm_num=setting.comm_num, hierarchical=setting.hierarchical,
                             variant=setting.variant)
-        step = f + b + o + (avg + bufs) / setting.local_sgd_k
+        step = f + b + o + avg / setting.local_sgd_k
     elif setting.overlap:
+        spans: list = []
         done = simulate_comm(buckets, cluster, comm_num=setting.comm_num, hierarchical=setting.hierarchical,
-                             variant=setting.variant)
-        step = bufs + f + max(b, done) + o
+                             variant=setting.variant, spans=spans)
+        contention = contention_s(spans, cluster, b, setting.hierarchical)
+        if contention > 0:
+            # backward stretched by the comm's CPU work; its gradients become ready correspondingly later
+            scale = (b + contention) / b if b > 0 else 1.0
+            late = [Bucket(x.nbytes, x.ready_s * scale, x.names) for x in buckets]
+            done = simulate_comm(late, cluster, comm_num=setting.comm_num, hierarchical=setting.hierarchical,
+                                 variant=setting.variant)
+        step = bufs + f + max(b + contention, done) + o
     else:
         done = simulate_comm(buckets, cluster, hierarchical=setting.hierarchical, serial=True,
                              variant=setting.variant, start_s=b)
@@ -255,6 +361,7 @@ def predict_step(profile: Profile, cluster: cm.Cluster, setting: Setting) -> dic
         "step_s": step,
         "exposed_comm_s": step - profile.compute_s,
         "comm_alone_s": comm_alone,
+        "contention_s": contention,
         "throughput": world * profile.per_rank_batch / step if step > 0 else math.inf,
         "scaling_efficiency": profile.compute_s / step if step > 0 else math.nan,
     }
