@@ -1,42 +1,17 @@
 """`fleetbench comm`: allreduce micro-benchmarks in the manner of nccl-tests (flat, hierarchical, N communicators)."""
 from __future__ import annotations
 
-import math
 import os
 import re
 import sys
+
+from .checks import check_number, max_local_ranks
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 MAX_SIZE = 2**50  # a message size past any memory: refused while parsing (the memory bound comes later)
 # Bytes a rank holds per byte of the largest message: the exact-check input and its expected values,
 # the timing buffer, and the int64 index temporaries that build them (8-byte integers per element).
 _HELD_PER_BYTE = {"float32": 3 + 2 * 8 / 4, "float64": 3 + 2 * 8 / 8}
-
-
-def check_number(option: str, value, *, minimum=None, above=None, maximum=None, unit: str = "") -> str | None:
-    """None when ``value`` is a finite number within the bounds, else one line naming the option, the
-    value and what is allowed (``minimum``/``maximum`` inclusive, ``above`` exclusive)."""
-    shown = f"{value:g}" if isinstance(value, float) else str(value)
-    kind = "a whole number" if isinstance(value, int) else "a finite number"
-    parts = []
-    if minimum is not None:
-        parts.append(f">= {minimum:g}" if isinstance(minimum, float) else f">= {minimum}")
-    if above is not None:
-        parts.append(f"> {above:g}" if isinstance(above, float) else f"> {above}")
-    if maximum is not None:
-        parts.append(f"<= {maximum:g}" if isinstance(maximum, float) else f"<= {maximum}")
-    allowed = f"must be {kind}" + (" " + " and ".join(parts) if parts else "") + (f" ({unit})" if unit else "")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return f"{option} {shown}: {allowed}"
-    if (minimum is not None and value < minimum) or (above is not None and value <= above) or \
-            (maximum is not None and value > maximum):
-        return f"{option} {shown}: {allowed}"
-    return None
-
-
-def max_local_ranks() -> int:
-    """Ranks are processes on this machine: at most 32 or one per CPU, whichever is more."""
-    return max(32, os.cpu_count() or 1)
 
 
 def available_memory() -> int | None:
@@ -106,7 +81,7 @@ def calibrate_main(args, cluster_spec, fail) -> int:
     from ..cluster.calibrate import calibrate_on_pool
     from ..cluster.launch import start_cluster
     from ..runtime import RankPool
-    from .predict import unwritable
+    from .checks import unwritable
 
     why = unwritable(args.calibrate)
     if why:

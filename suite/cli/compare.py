@@ -37,7 +37,7 @@ def main(args) -> int:
     from ..results.gate import GateOptions
     from ..results.load import load_side
     from ..results.records import ResultsFileError
-    from .predict import unwritable
+    from .checks import unwritable
 
     if args.markdown and unwritable(args.markdown):  # found out now, not after the comparison
         print(f"fleetbench compare: error: --markdown {args.markdown!r}: {unwritable(args.markdown)}", file=sys.stderr)

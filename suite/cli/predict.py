@@ -96,23 +96,11 @@ def read_json_file(path: str):
         raise ValueError("not usable JSON: nested too deeply") from None
 
 
-def unwritable(path: str):
-    """Why ``path`` cannot be written as a file (None when it can, as far as can be told beforehand)."""
-    if os.path.isdir(path):
-        return "is a directory; give a file name"
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        return f"the directory {parent} does not exist"
-    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        return "not writable"
-    return None
-
-
 def main(args) -> int:
     from ..cluster import costmodel as cm
     from ..cluster.simulate import Profile, predict_step, predict_table
     from ..cluster.spec import ClusterSpecError, parse_cluster
-    from .comm import check_number, max_local_ranks
+    from .checks import check_number, max_local_ranks, unwritable
 
     def fail(msg: str) -> int:
         print(f"fleetbench predict: error: {msg}", file=sys.stderr)

@@ -1,0 +1,47 @@
+"""Checks shared by the sub-commands' arguments: numbers in range, local rank counts, writable paths.
+
+Each returns one line naming the option or path, the value and what is allowed (None when fine), so a
+command can refuse bad input before any rank starts.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+
+def check_number(option: str, value, *, minimum=None, above=None, maximum=None, unit: str = "") -> str | None:
+    """None when ``value`` is a finite number within the bounds, else one line naming the option, the
+    value and what is allowed (``minimum``/``maximum`` inclusive, ``above`` exclusive)."""
+    shown = f"{value:g}" if isinstance(value, float) else str(value)
+    kind = "a whole number" if isinstance(value, int) else "a finite number"
+    parts = []
+    if minimum is not None:
+        parts.append(f">= {minimum:g}" if isinstance(minimum, float) else f">= {minimum}")
+    if above is not None:
+        parts.append(f"> {above:g}" if isinstance(above, float) else f"> {above}")
+    if maximum is not None:
+        parts.append(f"<= {maximum:g}" if isinstance(maximum, float) else f"<= {maximum}")
+    allowed = f"must be {kind}" + (" " + " and ".join(parts) if parts else "") + (f" ({unit})" if unit else "")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return f"{option} {shown}: {allowed}"
+    if (minimum is not None and value < minimum) or (above is not None and value <= above) or \
+            (maximum is not None and value > maximum):
+        return f"{option} {shown}: {allowed}"
+    return None
+
+
+def max_local_ranks() -> int:
+    """Ranks are processes on this machine: at most 32 or one per CPU, whichever is more."""
+    return max(32, os.cpu_count() or 1)
+
+
+def unwritable(path: str):
+    """Why ``path`` cannot be written as a file (None when it can, as far as can be told beforehand)."""
+    if os.path.isdir(path):
+        return "is a directory; give a file name"
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        return f"the directory {parent} does not exist"
+    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        return "not writable"
+    return None
