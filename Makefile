@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 # The environment is pinned: a regression suite compares runs, and torch changes between versions.
 CONSTRAINTS := constraints.txt
-# Where a machine keeps prebuilt wheels (this workplace keeps torch's CPU wheel there).
+# Where a machine keeps prebuilt wheels (e.g. torch's CPU wheel).
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 ARGS ?=
 
@@ -56,6 +56,7 @@ figures: setup
 	$(VENV)/bin/fleetbench figures local_sgd --nproc 2 --rounds 5 --steps 16 --out $(FIGURES)/local_sgd.md
 	$(VENV)/bin/fleetbench figures reader    --nproc 1 --rounds 5            --out $(FIGURES)/reader.md
 	$(VENV)/bin/fleetbench figures host      --nproc 2 --rounds 5 --steps 20 --out $(FIGURES)/host.md
+	$(VENV)/bin/fleetbench figures workloads --nproc 2 --rounds 3 --steps 3 --out $(FIGURES)/workloads.md
 	$(VENV)/bin/fleetbench figures gate      --nproc 2 --rounds 5 --steps 5  --out $(FIGURES)/gate.md
 	FLEETBENCH_CLUSTER_RAW=$(FIGURES)/cluster-raw.json $(VENV)/bin/fleetbench figures cluster --rounds 3 --steps 4 --out $(FIGURES)/cluster.md
 
