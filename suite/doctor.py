@@ -441,15 +441,9 @@ class DoctorRun:
 def versions() -> dict:
     import platform as _platform
 
-    from .measure.metadata import git_info
+    from .measure.metadata import git_info, nccl_version
 
-    nccl = None
-    if torch.cuda.is_available():
-        try:
-            nccl = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception:  # noqa: BLE001
-            nccl = None
-    return {"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl,
+    return {"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl_version(),
             "python": _platform.python_version(), "commit": (git_info().get("commit") or "unknown")[:10]}
 
 

@@ -78,15 +78,22 @@ def gpu_info() -> dict:
     return info
 
 
+def nccl_version() -> str | None:
+    """NCCL's version as torch reports it, or None without CUDA (or a torch built without NCCL)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    try:
+        return ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def collect(world_size: int | None = None, backend: str | None = None, threads: int | None = None) -> dict:
     import torch
 
-    nccl = None
-    if torch.cuda.is_available():
-        try:
-            nccl = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception:  # noqa: BLE001
-            nccl = None
+    nccl = nccl_version()
     return {
         "git": git_info(),
         "torch": torch.__version__,

@@ -85,6 +85,17 @@ def _by_model(rows: list) -> dict:
     return out
 
 
+def _model_panels(rows: list):
+    """One panel per model (a row per model), wide enough for its most cases: (figure, axes, rows by
+    model), or None without rows."""
+    models = _by_model(sorted(rows, key=lambda cr: (cr[1].model, order_key(cr[0]))))
+    if not models:
+        return None
+    widest = max(len(v) for v in models.values())
+    fig, axes = _figure(max(6.0, 0.55 * widest + 2.5), 3.6 * len(models), rows=len(models))
+    return fig, axes, models
+
+
 def order_key(case: str) -> tuple:
     """The baseline first, then `none`, then the rest by name."""
     v = variant_of(case)
@@ -95,11 +106,10 @@ def throughput_figure(recs: dict, world: int):
     """Bars of samples/s per case at ``world`` ranks with their intervals, one panel per model (models
     never share an axis: their samples differ); the baseline drawn grey.  None without data."""
     rows = [(c, r) for (c, w), r in recs.items() if w == world and math.isfinite(num(r.metrics.get("samples_per_s")))]
-    models = _by_model(sorted(rows, key=lambda cr: (cr[1].model, order_key(cr[0]))))
-    if not models:
+    panels = _model_panels(rows)
+    if panels is None:
         return None
-    widest = max(len(v) for v in models.values())
-    fig, axes = _figure(max(6.0, 0.55 * widest + 2.5), 3.6 * len(models), rows=len(models))
+    fig, axes, models = panels
     for ax, (model, mrows) in zip(axes, models.items()):
         xs = list(range(len(mrows)))
         vals = [num(r.metrics.get("samples_per_s")) for _, r in mrows]
@@ -162,11 +172,10 @@ def breakdown_figure(recs: dict, world: int):
     fusion) is drawn as its whole step, hatched: its exposed communication is negative."""
     rows = [(c, r) for (c, w), r in recs.items() if w == world and math.isfinite(num(r.metrics.get("compute_s")))
             and math.isfinite(num((r.metrics.get("step_time_s") or {}).get("median")))]
-    models = _by_model(sorted(rows, key=lambda cr: (cr[1].model, order_key(cr[0]))))
-    if not models:
+    panels = _model_panels(rows)
+    if panels is None:
         return None
-    widest = max(len(v) for v in models.values())
-    fig, axes = _figure(max(6.0, 0.55 * widest + 2.5), 3.6 * len(models), rows=len(models))
+    fig, axes, models = panels
     for ax, (model, mrows) in zip(axes, models.items()):
         xs = list(range(len(mrows)))
         compute, exposed, below = [], [], []
