@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import threading
 import time
 import types
@@ -208,3 +209,24 @@ class FakeNvml(types.ModuleType):
 
     def nvmlSystemGetDriverVersion(self):
         return "999.1"
+
+
+@contextlib.contextmanager
+def captured_log(name: str):
+    """The messages logged at INFO and above by logger ``name`` inside the block (a list, filled as they come);
+    the logger's handlers and level are restored afterwards."""
+    messages: list[str] = []
+
+    class _Keep(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    logger = logging.getLogger(name)
+    handler, level = _Keep(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)

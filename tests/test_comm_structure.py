@@ -7,11 +7,10 @@ plus the 4 MiB weight that crosses the cap, then one layer each).
 """
 from __future__ import annotations
 
-import logging
-
 import pytest
 
 from suite.config import StrategyConfig
+from tests.fakes import captured_log
 
 MLP_PARAMS = 10
 MLP_GRAD_BYTES = 4 * (768 * 1024 + 1024 + 3 * (1024 * 1024 + 1024) + 1024 * 10 + 10)
@@ -29,22 +28,9 @@ def structure_on_rank(model: str, config: dict, steps: int = 2, record: bool = T
 
     ctx = current()
     rank, world = ctx.rank, ctx.world_size
-    records: list[str] = []
-
-    class _Keep(logging.Handler):
-        def emit(self, record):
-            records.append(record.getMessage())
-
-    logger = logging.getLogger("suite.comm.buckets")
-    handler, old_level = _Keep(), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
+    with captured_log("suite.comm.buckets") as records:
         spec = get_model(model)
         engine = build_engine(spec.make(rank), spec.loss_fn, StrategyConfig.from_dict(config))
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
     sync = engine.grad_sync
     if drop_grads_after_begin:  # autograd then creates fresh .grad tensors; the hooks must restore the views
         original = sync.begin_step

@@ -17,8 +17,6 @@ FleetX's ``examples/resnet`` scripts: Paddle's static ResNet-50 with ``class_dim
 """
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
 
@@ -26,6 +24,7 @@ from suite.comm.buckets import MiB, fusion_log_line, param_owners, plan_buckets
 from suite.comm.grad_sync import trainable_params
 from suite.config import StrategyConfig
 from suite.models.resnet50 import ResNet50
+from tests.fakes import captured_log
 
 PADDLE_LOGGED = {(32, 50): 5, (16, 50): 6}  # (fuse_grad_size_in_MB, _fuse_grad_size_in_TFLOPS): ops after fusion
 FLEETX_CLASSES = 10  # class_dim in FleetX's examples/resnet/train_fleet_static_{overlap,op_fusion}.py
@@ -204,21 +203,8 @@ def ops_on_rank(config: dict) -> dict:
 
     ctx = current()
     spec = get_model("resnet50", "tiny")
-    lines: list[str] = []
-
-    class _Keep(logging.Handler):
-        def emit(self, record):
-            lines.append(record.getMessage())
-
-    logger = logging.getLogger("suite.comm.buckets")
-    handler, level = _Keep(), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
+    with captured_log("suite.comm.buckets") as lines:
         engine = build_engine(spec.make(0), spec.loss_fn, StrategyConfig.from_dict(config))
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
     data = make_dataset(spec, 64, 0)
     x, y = data.get(shard(step_indices(len(data), 0, 4 * ctx.world_size, 0), ctx.rank, ctx.world_size))
     C.STATS.reset()
