@@ -387,3 +387,35 @@ def test_cluster_figure_renders_kept_measurements_with_the_current_model():
     assert "**5 of 6 rows within 15%**" in text
     assert "- mlp 2x2 800 Mbit/s, plain: -33%; the no-communication windows timed with it vary by 20%" in text
     assert "**EXTRAPOLATION**" in text and "| 2x2:inter=800mbit | 1000 |" in text
+
+
+def test_cluster_figure_rechecks_the_misses_and_says_whether_they_repeat():
+    """Rows outside 15% are re-measured in fresh ranks (kept as data like the rest); the figure says per miss
+    whether the re-measurements repeat it, and for a latency-bound row what share of the charged latency the
+    measured step leaves."""
+    from suite.figures import cluster as fig
+
+    spec = parse_cluster("2x2:inter=800mbit")
+    rows = _synthetic_rows(spec, lambda m: 1e-3, 5e-4, 3e-4, 2e8, 2e-9)
+    prof = Profile(0.01, 0.03, 0.005, tuple(ParamGrad(f"l{i}.weight", 2**20, 0.003 * (10 - i)) for i in range(10)),
+                   per_rank_batch=16, buffers=(4096,))
+    cal = {"cluster": str(spec), "rows": rows, "cores": 2, "load": [1.0, 1.2]}
+    runs = [{"model": "mlp", "shape": "2x2", "cluster": str(spec), "setting": name, "batch": 16,
+             "measured": [1.0], "compute": [0.1, 0.1, 0.1], "load": [1.0, 1.5]}
+            for name, _, _ in fig.strategy_variants(2)]
+    raw = {"rounds": 3, "steps": 4, "hier": [], "comm": [], "calibrations": {str(spec): cal},
+           "profiles": {"2x2/mlp": {"batch": 16, "profile": prof.to_dict()}}, "runs": runs}
+    predicted = [r.predicted_s for r in fig.prediction_rows(raw)]
+    for run, p in zip(runs, predicted):
+        run["measured"] = [p] * 3
+    runs[0]["measured"] = [predicted[0] * 1.5] * 3  # plain: a -33% miss
+    assert fig.to_recheck(raw) == [("mlp", str(spec))]
+    again = [dict(run, measured=[p * 1.02] * 3) for run, p in zip(runs, predicted)]
+    raw["rechecks"] = [{"model": "mlp", "cluster": str(spec), "repeat": 1, "calibration": cal, "runs": again}]
+    text = fig.render(raw)
+    assert "measured again 1 time(s) in fresh ranks with fresh calibrations: -2% (within 15% every time: the miss " \
+           "is the first measurement's, it does not repeat)" in text, text
+    assert "| mlp | 2x2 | 800 | plain | again 1 |" in text and "6 of 6 rows within 15%" in text
+    # the latency share the measured step leaves: (measured - prediction without latency) / latency charged
+    row = fig.PredRow("m", "2x4", 100, "plain", 16, 0.05, [0.5], 0.6, 0.0, [0.05], [], latency_s=0.5)
+    assert row.latency_bound and close(row.latency_used, 0.8, 1e-12)
