@@ -133,6 +133,7 @@ def test_ab_answers_slower_for_a_commit_that_slows_the_step_10_percent(repo):
     assert case["verdict"] == "slower", (case["summary"], proc.stderr[-3000:])
     assert proc.returncode == 1 and out["exit_code"] == 1
     assert 1.02 < case["ratio"] < 1.5 and case["ci"][0] > 1.02, case
+    assert case["pairs"] >= 3 and "pairs of trial servers" in case["summary"], case  # rotation is the default
     assert all(math.isfinite(d) for d in case["log_ratios"]) and case["blocks"] == len(case["log_ratios"])
     assert case["structure_diff"] == []  # busy work changes no structural fact
     _no_worktrees_left(root)
@@ -300,6 +301,35 @@ def test_sequential_blocks_stop_on_the_verdict_and_refuse_nan():
     assert block_log_ratio([0.1, 0.1], [0.11, 0.11]) == pytest.approx(math.log(1.1))
 
 
+def test_rotation_decides_over_whole_pairs_of_servers_with_a_t_interval():
+    """With --rotate N the pairs of trial servers are the samples: no verdict before min_pairs whole pairs, and the
+    interval is Student's t over the pairs' trimmed means (t(2 df, 0.995) = 9.925 from the tables)."""
+    import numpy as np
+
+    from suite.ab.stats import SeqOptions, Sequential, pair_interval
+
+    est, lo, hi = pair_interval([[0.10] * 5, [0.12] * 5, [0.08] * 5], SeqOptions(confidence=0.99))
+    half = 9.925 * 0.02 / math.sqrt(3)
+    assert est == pytest.approx(0.10) and lo == pytest.approx(0.10 - half, rel=1e-3) and \
+        hi == pytest.approx(0.10 + half, rel=1e-3)
+    s = Sequential(SeqOptions(rotate=5, min_pairs=3))
+    verdicts = [s.add(0.5 + 0.01 * (i % 3)) for i in range(15)]  # a 65% slowdown, decided only at the 15th block
+    assert verdicts[:14] == [None] * 14 and verdicts[14] == "slower", verdicts
+    assert [len(g) for g in s.pairs] == [5, 5, 5] and s.pair_done
+    # a per-pair bias that one pair cannot average out: blocks say +5% with tiny noise, pairs disagree by +-4%
+    rng = np.random.default_rng(0)
+    s = Sequential(SeqOptions(rotate=5, min_pairs=3))
+    for bias in (0.09, 0.01, 0.05):
+        for _ in range(5):
+            s.add(bias + rng.normal(0, 0.001))
+    assert s.finish() == "inconclusive" and s.low < math.log1p(0.02) < s.high, (s.low, s.high)
+    one = Sequential(SeqOptions(min_blocks=10))
+    for bias in (0.09, 0.01, 0.05):
+        for _ in range(5):
+            one.add(bias + rng.normal(0, 0.001))
+    assert one.finish() == "slower"  # blocks as samples: the same data looks decisive
+
+
 def test_bisection_split_classifies_two_ways():
     from suite.ab.stats import SeqOptions, Sequential
 
@@ -317,7 +347,7 @@ def test_bisection_split_classifies_two_ways():
 
 def test_ab_options_are_validated_before_anything_starts(repo):
     root, c = repo
-    for bad in (["--delta", "0"], ["--budget", "nan"], ["--min-blocks", "1"], ["--steps", "0"]):
+    for bad in (["--delta", "0"], ["--budget", "nan"], ["--min-blocks", "1"], ["--steps", "0"], ["--rotate", "1"]):
         proc = _fleetbench("ab", c["base"], c["base"], "--repo", str(root), "--case", "mlp/plain", *bad, timeout=120)
         assert proc.returncode == 2, (bad, proc.stderr)
         assert "fleetbench ab: error:" in proc.stderr, proc.stderr

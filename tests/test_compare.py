@@ -243,3 +243,39 @@ def test_malformed_pytest_benchmark_json_is_one_clear_error(tmp_path, capsys, pa
     assert main(["compare", str(good), str(bad)]) == 2
     err = capsys.readouterr().err
     assert words in err and "Traceback" not in err and str(bad) in err, err
+
+
+def test_gate_figure_separates_a_per_process_bias_from_a_pairs_sampling_error():
+    """tau (the spread of pairs' mean log ratios beyond their blocks' noise) is found when pairs differ and not
+    when they do not; a fresh-pair simulation does not take one short pair's sampling error for a bias, which
+    resampling within that pair does."""
+    from suite.figures import gate as figure
+
+    rng = np.random.default_rng(3)
+
+    def pair(inject: float, bias: float, n: int = 60, sd: float = 0.05) -> figure.Run:
+        r = figure.Run("mlp/plain", inject)
+        r.d = list(math.log1p(inject) + bias + rng.normal(0, sd, n))
+        r.seconds = 1.5 * n
+        return r
+
+    biased = [pair(0.0, b) for b in rng.normal(0, 0.03, 12)]
+    est = figure.process_spread(biased)
+    assert 0.015 < est["tau"] < 0.05 and est["p"] < 0.01 and est["df"] == 12, est
+    plain = [pair(0.0, 0.0) for _ in range(12)]
+    est0 = figure.process_spread(plain)
+    assert est0["tau"] < 0.01 and est0["p"] > 0.01, est0
+    # two A/A pairs of 30 blocks whose means came out at +-3%: resampling within the first takes its +3% for
+    # the truth; fresh pairs (tau = 0, as estimated) centre A/A on 0, as A and B are the same code
+    lucky = []
+    for shift in (0.03, -0.03):
+        r = pair(0.0, 0.0, n=30, sd=0.03)
+        r.d = list(np.asarray(r.d) - np.mean(r.d) + shift)
+        lucky.append(r)
+    within = figure.simulate(lucky[0], sims=30, budget_s=60, seed=1)["counts"]["slower"]
+    fresh = figure.simulate_level(lucky, sims=30, budget_s=60, seed=1, tau=0.0)
+    assert within >= 8, within  # 12 of 30 with this seed
+    assert fresh["counts"]["slower"] <= 1 and fresh["mu"] == 0.0, fresh["counts"]
+    slowed = [pair(0.10, 0.0, n=30), pair(0.10, 0.0, n=30)]
+    ten = figure.simulate_level(slowed, sims=40, budget_s=90, seed=2, tau=0.01)
+    assert ten["counts"]["slower"] >= 38 and abs(ten["mu"] - math.log1p(0.10)) < 0.03, ten

@@ -68,7 +68,8 @@ def classify(good: Side, bad: Side, cand: Side, case: str, opts: AbOptions, seq:
     _prepare(cand, case, opts)
     # 95%, not ab's 99%: a bisection step chooses between two hypotheses, and a wrong step is caught when the
     # named commit is checked; the blocks it saves are many on a loaded machine.
-    s = Sequential(dataclasses.replace(seq, split=0.0, confidence=min(seq.confidence, CLASSIFY_CONFIDENCE)))
+    # one trio of servers per commit: blocks are the samples here (rotation applies to the GOOD/BAD comparison)
+    s = Sequential(dataclasses.replace(seq, split=0.0, confidence=min(seq.confidence, CLASSIFY_CONFIDENCE), rotate=0))
     rng = random.Random(f"{seq.seed}:{cand.commit}")
     t0 = time.monotonic()
     while True:

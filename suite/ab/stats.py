@@ -21,6 +21,13 @@ after at least ``min_blocks`` blocks (default 10), after every block,
 otherwise another block, until the time budget per case (or ``max_blocks``) is spent: then
 **inconclusive**, with the interval so far.  Looking after every block is a sequential test:
 its false-alarm rate is measured, not assumed (``fleetbench figures gate``).
+
+Rotation (``rotate`` = N, `ab --rotate N`): two processes of the same code can differ in speed by
+a few percent for as long as they live (``fleetbench figures gate`` measures this spread, tau), a
+bias no number of blocks from one pair of trial servers averages out.  With rotation, after every
+N blocks both servers are replaced by fresh processes and the case is prepared again; each pair's
+trimmed mean is one sample, the estimate is their mean and the interval a Student t interval over
+the pairs (:func:`pair_interval`), decided after whole pairs from ``min_pairs`` on.
 """
 from __future__ import annotations
 
@@ -31,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["SeqOptions", "Sequential", "block_log_ratio", "interval", "decide", "lag1", "VERDICTS",
+__all__ = ["SeqOptions", "Sequential", "block_log_ratio", "interval", "pair_interval", "decide", "lag1", "VERDICTS",
            "describe_verdict"]
 
 VERDICTS = ("slower", "faster", "same", "inconclusive")
@@ -48,6 +55,8 @@ class SeqOptions:
     n_resamples: int = 2000
     seed: int = 0
     split: float | None = None  # bisection: a log ratio; above it "slower", below it "same" (two regions)
+    rotate: int = 0  # blocks per pair of trial servers (0: one pair for the whole comparison); see pair_interval
+    min_pairs: int = 3  # with rotation: server pairs before any verdict
 
     def __post_init__(self):
         if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
@@ -62,6 +71,11 @@ class SeqOptions:
             raise ValueError(f"--budget {self.budget_s!r}: must be a finite number of seconds > 0")
         if not (0 <= self.trim < 0.5):
             raise ValueError(f"trim {self.trim!r}: must be in [0, 0.5)")
+        if not (isinstance(self.rotate, int) and (self.rotate == 0 or self.rotate >= 2)):
+            raise ValueError(f"--rotate {self.rotate!r}: must be 0 (one pair of trial servers) or a whole number "
+                             f">= 2 (blocks per pair)")
+        if not (isinstance(self.min_pairs, int) and self.min_pairs >= 2):
+            raise ValueError(f"min_pairs {self.min_pairs!r}: must be a whole number >= 2")
 
 
 def block_log_ratio(base_trials: Sequence[float], head_trials: Sequence[float]) -> float:
@@ -105,6 +119,27 @@ def interval(d: Sequence[float], opts: SeqOptions = SeqOptions(), rng: np.random
     return est, -math.inf, math.inf
 
 
+def pair_interval(groups: Sequence[Sequence[float]], opts: SeqOptions = SeqOptions()) -> tuple[float, float, float]:
+    """(estimate, low, high) over pairs of trial servers: each pair's trimmed mean of its block log ratios,
+    their mean, and a Student t interval over the pairs (G - 1 degrees of freedom).
+
+    Two processes of the same code can differ in speed for as long as they live (memory layout, placement):
+    a bias shared by all blocks of one pair, which more blocks from that pair cannot average out.  With
+    rotation (``SeqOptions.rotate``) every pair is a fresh draw of that bias, and the pairs, not the blocks,
+    are the independent samples."""
+    from scipy.stats import t as student_t
+
+    means = np.asarray([float(_trimmed(np.asarray(g, dtype=float), trim=opts.trim)) for g in groups if len(g)])
+    if means.size == 0 or not np.all(np.isfinite(means)):
+        raise ValueError("pair means must be finite and non-empty")
+    est = float(means.mean())
+    if means.size < 2:
+        return est, -math.inf, math.inf
+    half = float(student_t.ppf(0.5 + opts.confidence / 2, means.size - 1)) * float(means.std(ddof=1)) \
+        / math.sqrt(means.size)
+    return est, est - half, est + half
+
+
 def decide(lo: float, hi: float, delta: float) -> str | None:
     """The verdict an interval (log scale) gives against the margin ±log(1+δ), or None (keep going)."""
     margin = math.log1p(delta)
@@ -137,27 +172,50 @@ class Sequential:
     low: float = -math.inf
     high: float = math.inf
     verdict: str | None = None
+    pairs: list = field(default_factory=list)  # with rotation: the blocks of each pair of trial servers
 
     def __post_init__(self):
         self._rng = np.random.default_rng(self.opts.seed)
+
+    @property
+    def pair_done(self) -> bool:
+        """With rotation: the current pair of trial servers has run its blocks (time for a fresh pair)."""
+        return bool(self.opts.rotate) and bool(self.pairs) and len(self.pairs[-1]) >= self.opts.rotate
 
     def add(self, d: float) -> str | None:
         if not math.isfinite(d):
             raise ValueError(f"block log ratio {d!r} is not finite")
         self.d.append(float(d))
-        if len(self.d) >= self.opts.min_blocks:
+        if self.opts.rotate:
+            if not self.pairs or len(self.pairs[-1]) >= self.opts.rotate:
+                self.pairs.append([])
+            self.pairs[-1].append(float(d))
+            if not self.pair_done or len(self.pairs) < self.opts.min_pairs:
+                return None  # decisions only over whole pairs
+            self.estimate, self.low, self.high = pair_interval(self.pairs, self.opts)
+        elif len(self.d) >= self.opts.min_blocks:
             self.estimate, self.low, self.high = interval(self.d, self.opts, self._rng)
-            if self.opts.split is None:
-                self.verdict = decide(self.low, self.high, self.opts.delta)
-            else:
-                self.verdict = "slower" if self.low > self.opts.split else "same" if self.high < self.opts.split \
-                    else None
+        else:
+            return None
+        if self.opts.split is None:
+            self.verdict = decide(self.low, self.high, self.opts.delta)
+        else:
+            self.verdict = "slower" if self.low > self.opts.split else "same" if self.high < self.opts.split \
+                else None
         return self.verdict
 
     def finish(self) -> str:
         """The verdict when blocks stop coming: the decision, or inconclusive."""
         if self.verdict is None:
-            if self.d and len(self.d) < self.opts.min_blocks:
+            if self.opts.rotate and self.pairs:
+                groups = [g for g in self.pairs if len(g) >= self.opts.rotate]
+                if len(groups) < 2:
+                    groups = [g for g in self.pairs if g]
+                if len(groups) >= 2:
+                    self.estimate, self.low, self.high = pair_interval(groups, self.opts)
+                else:  # one pair of servers so far: its blocks' interval, for the report (no verdict rests on it)
+                    self.estimate, self.low, self.high = interval(self.d, self.opts, self._rng)
+            elif self.d and len(self.d) < self.opts.min_blocks:
                 self.estimate, self.low, self.high = interval(self.d, self.opts, self._rng)
             self.verdict = "inconclusive"
         return self.verdict

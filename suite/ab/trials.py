@@ -9,8 +9,10 @@ cases both revisions have, and per case (:func:`compare_case`):
    difference is "structure changed" (exit 1) whatever the timings say, and a check verdict
    that went pass -> fail fails too;
 3. the **timing**: blocks of four trials (``ABBA`` or ``BAAB``, at random), each trial a
-   discarded warm-up step then one timed window of ``steps`` steps; the sequential statistics
-   of :mod:`suite.ab.stats` decide slower / faster / same, or inconclusive when the budget is spent.
+   discarded warm-up step then one timed window of ``steps`` steps; with rotation
+   (``SeqOptions.rotate`` = N) both servers are replaced by fresh processes every N blocks
+   (:func:`fresh_pair`); the sequential statistics of :mod:`suite.ab.stats` decide slower /
+   faster / same, or inconclusive when the budget is spent.
 
 Exit status (as `fleetbench compare`): 0 nothing worse; 1 a case slower, a structure changed,
 a check verdict pass -> fail, or a case that runs on BASE and errors on HEAD; 2 input that
@@ -118,7 +120,8 @@ class CaseOutcome:
     base_ms: float = math.nan  # median trial step time
     head_ms: float = math.nan
     blocks: int = 0
-    seconds: float = 0.0  # timed blocks
+    pairs: int = 1  # pairs of trial servers the blocks came from (rotation: a fresh pair every --rotate blocks)
+    seconds: float = 0.0  # timed blocks, and with rotation the fresh pairs' start-up
     lag1: float = math.nan
     estimate: float = math.nan  # trimmed mean of the block log ratios
     log_ratios: list = field(default_factory=list)
@@ -159,10 +162,11 @@ class AbReport:
 
 
 # ---- one case ---------------------------------------------------------------------------------------
-def _prepare(side: Side, case: str, opts: AbOptions) -> str:
+def _prepare(side: Side, case: str, opts: AbOptions, check: bool | None = None) -> str:
     if case not in side.prepared:
         ans = side.server.request("prepare", case=case, batch=opts.batch, warmup=opts.warmup, steps=opts.steps,
-                                  check=opts.check, check_steps=opts.check_steps, inject=side.inject,
+                                  check=opts.check if check is None else check, check_steps=opts.check_steps,
+                                  inject=side.inject,
                                   **opts.selection())
         key = ans["key"]
         trial = side.server.request("trial", key=key, steps=opts.steps, warmup=0)  # the structure's window
@@ -187,6 +191,22 @@ def close_case(side: Side, case: str) -> None:
             side.server.request("close", key=key)
         except TrialError:
             pass
+
+
+def fresh_pair(base: Side, head: Side, case: str, opts: AbOptions, n: int) -> None:
+    """Rotation: both trial servers replaced by fresh processes (new interpreters and rank pools) and the case
+    prepared again on each; the first pair's structure records stay the ones the gate compared."""
+    records = {s.label: s.records.get(case) for s in (base, head)}
+    for side in (base, head):
+        close_case(side, case)
+        side.server.close()
+        log = f"{os.path.splitext(side.server.log_path)[0]}-pair{n}.log"
+        side.server = TrialServer(side.root, side.label, nproc=opts.nproc, python=opts.python, timeout=opts.timeout,
+                                  device=opts.device, log_path=log, wait=False)
+    ready(base, head)
+    for side in (base, head):
+        _prepare(side, case, opts, check=False)  # checked on the first pair; the gate keeps its records
+        side.records[case] = records[side.label] or side.records[case]
 
 
 def _trial(side: Side, case: str, opts: AbOptions) -> float:
@@ -252,10 +272,14 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
             elapsed = time.monotonic() - t0
             if verdict is not None or elapsed >= seq.budget_s or len(s.d) >= seq.max_blocks:
                 break
+            if s.pair_done:
+                fresh_pair(base, head, case, opts, len(s.pairs) + 1)
             if time.monotonic() - last_say > 15:
                 last_say = time.monotonic()
-                say(f"    {len(s.d)} blocks, {elapsed:.0f} s: " + (
-                    f"HEAD/BASE {s.ratio:.3f} [{s.ratio_ci[0]:.3f}, {s.ratio_ci[1]:.3f}]" if len(s.d) >= seq.min_blocks
+                say(f"    {len(s.d)} blocks" + (f" from {len(s.pairs)} pairs" if seq.rotate else "")
+                    + f", {elapsed:.0f} s: " + (
+                    f"HEAD/BASE {s.ratio:.3f} [{s.ratio_ci[0]:.3f}, {s.ratio_ci[1]:.3f}]" if math.isfinite(s.estimate)
+                    else f"no verdict before {seq.min_pairs} pairs" if seq.rotate
                     else f"no verdict before {seq.min_blocks} blocks"))
     except TrialError as exc:
         out.verdict, out.status = "error", ("error" if out.status == "ok" else out.status + ", error")
@@ -265,6 +289,7 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
     if out.verdict != "error":
         out.verdict = s.finish()
     out.blocks = len(s.d)
+    out.pairs = max(1, len(s.pairs))
     out.log_ratios = list(s.d)
     out.lag1 = lag1(s.d)
     out.ratio, out.ci, out.estimate = s.ratio, s.ratio_ci, s.estimate
@@ -279,8 +304,8 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
         out.summary = (f"{kind}: HEAD/GOOD step time {out.ratio:.3f} [{out.ci[0]:.3f}, {out.ci[1]:.3f}] against "
                        f"the split {math.exp(seq.split):.3f} ({out.blocks} blocks, {out.seconds:.0f} s)")
     elif out.verdict != "error":
-        out.summary = describe_verdict(out.verdict, out.ratio, out.ci, seq.delta) + f" ({out.blocks} blocks, " \
-                                                                                    f"{out.seconds:.0f} s)"
+        out.summary = describe_verdict(out.verdict, out.ratio, out.ci, seq.delta) + f" ({out.blocks} blocks" + (
+            f" from {out.pairs} pairs of trial servers" if seq.rotate else "") + f", {out.seconds:.0f} s)"
     say(f"  {case}@{world}: {out.summary or out.error}")
     return out
 

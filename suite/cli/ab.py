@@ -44,6 +44,11 @@ def add_selection(p) -> None:
                    help="seconds of timed blocks per case before the verdict is inconclusive (default 180)")
     p.add_argument("--min-blocks", type=int, default=10, help="blocks before any verdict (default 10)")
     p.add_argument("--max-blocks", type=int, default=2000, help="blocks at most per case (default 2000)")
+    p.add_argument("--rotate", type=int, default=5, metavar="N",
+                   help="a fresh pair of trial servers every N blocks, the pairs being the samples (t interval over "
+                        "pairs): two processes of the same code can differ in speed for their whole life "
+                        "(docs/figures/gate.md measures it); 0 = one pair per comparison, blocks as samples "
+                        "(default 5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the block orders and the bootstrap")
     p.add_argument("--repo", default=".", help="the git repository of the revisions (default: the current one)")
     p.add_argument("--python", help="interpreter of the trial servers (default: this one)")
@@ -77,7 +82,7 @@ def options(args):
         device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= args.nproc else "cpu"
     size = args.size or ("full" if device == "cuda" else "cpu")
     seq = SeqOptions(delta=args.delta, confidence=args.confidence, min_blocks=args.min_blocks,
-                     max_blocks=args.max_blocks, budget_s=args.budget, seed=args.seed)
+                     max_blocks=args.max_blocks, budget_s=args.budget, seed=args.seed, rotate=args.rotate)
     cases = list(args.case)
     if not (cases or args.tag or args.model):
         args.tag = ["default"]

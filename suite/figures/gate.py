@@ -9,13 +9,17 @@ busy work injected into every training step, costing 2%, 5% or 10% of the step
 like a real regression; not a sleep).
 
 **ab.**  A comparison's verdict depends only on the sequence of its block log ratios.  The
-blocks of a run are close to independent (the lag-1 autocorrelation of each run is shown),
-so sequential comparisons are simulated by drawing blocks at random from one run (with
-replacement) and applying `ab`'s rule (``suite.ab.stats.Sequential``, the default margin,
-interval and minimum) until it decides or the budget (in blocks: the budget over that run's
-seconds per block) is spent.  Resampling *within* a pair keeps what is particular to that
-pair of processes; rates are averaged over pairs.  Each run's own first blocks, read as `ab`
-reads them, are shown too (one real comparison per pair).
+blocks of a run are close to independent (the lag-1 autocorrelation of each run is shown).
+What is particular to a pair of processes is measured, not assumed: :func:`process_spread`
+estimates tau, the spread of the pairs' mean log ratios beyond their blocks' own noise (a
+random-effects estimate with Cochran's Q test).  Each simulated comparison is a fresh pair
+(:func:`simulate_level`): a pair bias drawn with that tau, then blocks drawn from the level's
+runs about their own pair's mean, fed to `ab`'s rule (``suite.ab.stats.Sequential``, default
+margin, interval and minimum) until it decides or the budget (in blocks) is spent.  The
+earlier method (:func:`simulate`: all of a comparison's blocks from one measured pair) is shown
+beside it: a pair's own bias and sampling error decide every comparison drawn from it, so with
+few pairs it reports the pairs one happened to get.  Each run's own first blocks, read as `ab` reads them, are shown too
+(one real comparison per pair).
 
 **compare.**  Separate runs are groups of ``--rounds`` consecutive trials (windows) of one
 server; two runs from *different* servers are two separate runs (different processes, at
@@ -27,7 +31,8 @@ alpha 0.01 and a threshold on the median ratio.
 Settings (environment): FLEETBENCH_GATE_CASES (comma-separated), FLEETBENCH_GATE_BLOCKS (blocks
 per run, default 60), FLEETBENCH_GATE_PAIRS (A/A pairs per case, default 3),
 FLEETBENCH_GATE_SLOW_PAIRS (pairs per slowdown, default 2), FLEETBENCH_GATE_SIMS (simulated
-comparisons per pair, default 100), FLEETBENCH_GATE_BUDGET (ab's budget per comparison,
+comparisons per pair, default 100), FLEETBENCH_GATE_ROTATE (the `ab --rotate` value simulated beside
+one pair of servers, default 5), FLEETBENCH_GATE_BUDGET (ab's budget per comparison,
 seconds, default 180), FLEETBENCH_GATE_SIZE (default tiny); FLEETBENCH_GATE_SAVE=PATH keeps every run
 (block log ratios and trial times, JSON) as it is measured, FLEETBENCH_GATE_LOAD=PATH reads them
 back instead of measuring (the rates and tables are recomputed from the saved runs).
@@ -35,6 +40,7 @@ back instead of measuring (the rates and tables are recomputed from the saved ru
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import random
 import statistics
@@ -133,6 +139,80 @@ def simulate(run: Run, sims: int, budget_s: float, seed: int, opts=None) -> dict
     return {"counts": counts, "blocks": used, "limit": limit}
 
 
+def process_spread(runs: list[Run]) -> dict:
+    """How much the mean block log ratio of a pair of fresh servers varies beyond its blocks' own noise.
+
+    One-way random effects over pairs: pair j's mean m_j = mu_level + b_j + noise, with var(noise) =
+    s_j^2 / n_j (the blocks are close to independent) and b_j ~ (0, tau^2) the pair's own bias (what
+    differs between two processes of the same code).  A/A pairs have mu = 0 by construction (A and B
+    are the same code in a random ABBA order); a slowed level's mu is estimated from its pairs.
+    Method of moments: tau^2 = max(0, sum(dev^2) / df - mean(s_j^2 / n_j)); Cochran's Q = sum(dev^2 /
+    (s_j^2 / n_j)) tests tau = 0 (chi-square with df degrees of freedom)."""
+    from scipy.stats import chi2
+
+    devs, noise = [], []
+    df = 0
+    for inject in sorted({r.inject for r in runs}):
+        rs = [r for r in runs if r.inject == inject and len(r.d) >= 3]
+        if not rs or (inject != 0 and len(rs) < 2):
+            continue
+        means = [float(np.mean(r.d)) for r in rs]
+        center = 0.0 if inject == 0 else float(np.mean(means))
+        devs += [m - center for m in means]
+        noise += [float(np.var(r.d, ddof=1)) / len(r.d) for r in rs]
+        df += len(rs) if inject == 0 else len(rs) - 1
+    if df == 0:
+        return {"tau": math.nan, "q": math.nan, "df": 0, "p": math.nan, "pairs": 0}
+    tau2 = max(0.0, sum(x * x for x in devs) / df - float(np.mean(noise)))
+    q = sum(x * x / v for x, v in zip(devs, noise))
+    return {"tau": math.sqrt(tau2), "q": q, "df": df, "p": float(chi2.sf(q, df)), "pairs": len(devs)}
+
+
+def effect_scale(runs: list[Run]) -> float:
+    """k in (measured mean log ratio) = k * log(1 + injected fraction), least squares over the slowed pairs."""
+    slowed = [(math.log1p(r.inject), float(np.mean(r.d))) for r in runs if r.inject > 0 and r.d]
+    den = sum(x * x for x, _ in slowed)
+    return sum(x * y for x, y in slowed) / den if den > 0 else 1.0
+
+
+def simulate_level(runs: list[Run], sims: int, budget_s: float, seed: int, tau: float, opts=None,
+                   rotate: int = 0, scale: float | None = None) -> dict:
+    """Sequential comparisons of one level, each with fresh pairs of servers: a pair bias b ~ N(0, tau^2), then
+    blocks mu + b + a residual drawn from the level's runs (each block's deviation from its own pair's mean,
+    widened by sqrt(n / (n - 1))); A/A: mu = 0 and the residuals symmetrised (A and B are exchangeable),
+    a slowdown: mu = k * log(1 + f), with k fitted over all slowed pairs of the case (:func:`effect_scale`:
+    busy work of f of the training step costs a little less than f of the whole step, and one level's two
+    pairs alone would carry their biases into mu).  Unlike :func:`simulate`, a pair's own sampling error is
+    not taken for a property of the pair.  ``rotate`` = N is `ab --rotate N`: a fresh pair (a new bias, and the
+    runs' mean start-up time) every N blocks, decided over pairs.  The budget counts blocks and start-ups."""
+    from ..ab.stats import SeqOptions, Sequential
+
+    opts = opts or SeqOptions()
+    rng = np.random.default_rng(seed)
+    inject = runs[0].inject
+    res = np.concatenate([(np.asarray(r.d) - np.mean(r.d)) * math.sqrt(len(r.d) / (len(r.d) - 1)) for r in runs])
+    if inject == 0:
+        res = np.concatenate([res, -res])
+    mu = 0.0 if inject == 0 else (scale if scale is not None else effect_scale(runs)) * math.log1p(inject)
+    block_s = float(np.mean([r.block_s for r in runs]))
+    setup_s = float(np.mean([r.setup_s for r in runs]))
+    counts = {"slower": 0, "faster": 0, "same": 0, "inconclusive": 0}
+    used = []
+    for _ in range(sims):
+        s = Sequential(SeqOptions(delta=opts.delta, confidence=opts.confidence, min_blocks=opts.min_blocks,
+                                  seed=int(rng.integers(1 << 30)), rotate=rotate))
+        bias, t = rng.normal(0.0, tau), 0.0
+        while True:
+            t += block_s
+            if s.add(float(mu + bias + res[rng.integers(0, res.size)])) is not None or t >= budget_s:
+                break
+            if s.pair_done:
+                bias, t = rng.normal(0.0, tau), t + setup_s
+        counts[s.finish()] += 1
+        used.append(t)
+    return {"counts": counts, "seconds": used, "mu": mu}
+
+
 def direct(run: Run, budget_s: float) -> str:
     """The verdict `ab` would have given on this run's own blocks, in order."""
     from ..ab.stats import SeqOptions, Sequential
@@ -209,18 +289,21 @@ def run(pool, args) -> str:
     pairs_aa = _env_int("FLEETBENCH_GATE_PAIRS", 3)
     pairs_slow = _env_int("FLEETBENCH_GATE_SLOW_PAIRS", 2)
     sims = _env_int("FLEETBENCH_GATE_SIMS", 100)
+    rotate = _env_int("FLEETBENCH_GATE_ROTATE", 5)
     budget = float(os.environ.get("FLEETBENCH_GATE_BUDGET", "180"))
     seq = SeqOptions()
     save, load = os.environ.get("FLEETBENCH_GATE_SAVE"), os.environ.get("FLEETBENCH_GATE_LOAD")
     loaded = _load(load) if load else []
     t_start = time.monotonic()
     out = [f"### `fleetbench ab`: false alarms and detection ({args.nproc} ranks, trials of {args.steps} steps, "
-           f"margin ±{seq.delta:.0%}, {seq.confidence:.0%} bootstrap interval, decisions from {seq.min_blocks} "
-           f"blocks, budget {budget:.0f} s per comparison)", "",
-           "| case | change injected | pairs x blocks (s a block) | lag-1 autocorr. of blocks | simulated comparisons |"
-           " slower | same | faster | inconclusive | median time to stop | each pair's own first blocks |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           f"margin ±{seq.delta:.0%}, {seq.confidence:.0%} intervals, decisions from {seq.min_blocks} blocks or with "
+           f"--rotate from {seq.min_pairs} whole pairs, budget {budget:.0f} s per comparison)", "",
+           "| case | change injected | ab | pairs x blocks measured (s a block) | lag-1 autocorr. of blocks "
+           "| each pair's HEAD/BASE | simulated comparisons | slower | same | faster | inconclusive "
+           "| median time to stop | slower, resampling within a pair | each pair's own first blocks |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     all_runs: dict = {}
+    spreads: dict = {}
     summary = []
     for ci, case in enumerate(cases):
         runs = [r for r in loaded if r.case == case]
@@ -232,37 +315,53 @@ def run(pool, args) -> str:
                 if save:
                     _save(save, [r for rs in all_runs.values() for r in rs] + runs)
         all_runs[case] = runs
+        spread = process_spread(runs)
+        spreads[case] = spread
         for f in (0.0,) + SLOWDOWNS:
             rs = [r for r in runs if r.inject == f]
             if not rs:
                 continue
-            counts = {"slower": 0, "faster": 0, "same": 0, "inconclusive": 0}
-            used_s = []
-            for j, r in enumerate(rs):
-                sim = simulate(r, sims, budget, seed=17 * j + int(f * 1000))
-                for k2, v in sim["counts"].items():
-                    counts[k2] += v
-                used_s += [n * r.block_s for n in sim["blocks"]]
-            total = sum(counts.values())
+            tau = spread["tau"] if math.isfinite(spread["tau"]) else 0.0
+            n_within = max(10, sims // 3)  # the earlier method, for contrast: fewer comparisons
+            within = sum(simulate(r, n_within, budget, seed=17 * j + int(f * 1000))["counts"]["slower"]
+                         for j, r in enumerate(rs))
             lags = [lag1(r.d) for r in rs]
             label = "none (A/A)" if f == 0 else f"+{f:.0%}"
-            out.append(f"| {case} | {label} | {len(rs)} x {blocks} ({statistics.mean(r.block_s for r in rs):.2f}) | "
-                       f"{', '.join(f'{x:+.2f}' for x in lags)} | {total} | {_rate(counts['slower'], total)} | "
-                       f"{_rate(counts['same'], total)} | {_rate(counts['faster'], total)} | "
-                       f"{_rate(counts['inconclusive'], total)} | {statistics.median(used_s):.0f} s | "
-                       f"{', '.join(direct(r, budget) for r in rs)} |")
-            summary.append((case, f, counts, total))
+            for rot in (0, rotate):
+                sim = simulate_level(rs, sims * len(rs), budget, seed=int(f * 1000) + 7, tau=tau, rotate=rot,
+                                     scale=effect_scale(runs))
+                counts = sim["counts"]
+                total = sum(counts.values())
+                out.append(f"| {case} | {label} | {f'--rotate {rot}' if rot else 'one pair'} | {len(rs)} x "
+                           f"{round(statistics.mean(len(r.d) for r in rs))} "
+                           f"({statistics.mean(r.block_s for r in rs):.2f}) | "
+                           f"{', '.join(f'{x:+.2f}' for x in lags)} | "
+                           f"{', '.join(f'{math.expm1(float(np.mean(r.d))):+.1%}' for r in rs)} | {total} | "
+                           f"{_rate(counts['slower'], total)} | {_rate(counts['same'], total)} | "
+                           f"{_rate(counts['faster'], total)} | {_rate(counts['inconclusive'], total)} | "
+                           f"{statistics.median(sim['seconds']):.0f} s | "
+                           + (f"{_rate(within, n_within * len(rs))} | {', '.join(direct(r, budget) for r in rs)} |"
+                              if not rot else "- | - |"))
+                summary.append((case, f, rot, counts, total))
+    for case, sp in spreads.items():
+        out += ["", f"{case}: the pairs' mean log ratios vary by tau = {sp['tau']:.2%} beyond their blocks' own noise "
+                    f"(random effects over {sp['pairs']} pairs; Cochran's Q = {sp['q']:.1f} on {sp['df']} degrees of "
+                    f"freedom, p = {sp['p']:.2g}: " + ("evidence of a per-process bias)" if sp["p"] < 0.05 else
+                                                        "no evidence of a per-process bias)")
+                + f"; the injected busy work costs {effect_scale(all_runs[case]):.2f} x its nominal fraction "
+                  "(fitted over the slowed pairs; the simulated slowdowns use it)."]
     out += ["", "Goal: a 5% slowdown caught in >= 95% of comparisons with <= 1% false alarms per case, within 3 "
             "minutes per case."]
     for case in cases:
-        fa = next((c for k, f, c, t in summary if k == case and f == 0), None)
-        five = next((c for k, f, c, t in summary if k == case and f == 0.05), None)
-        if fa and five:
-            fa_rate = fa["slower"] / max(1, sum(fa.values()))
-            hit = five["slower"] / max(1, sum(five.values()))
-            ok = fa_rate <= 0.01 and hit >= 0.95
-            out.append(f"- {case}: false alarms {fa_rate:.1%}, 5% caught {hit:.0%}: goal "
-                       f"{'met' if ok else 'missed'}.")
+        for rot in (0, rotate):
+            fa = next((c for k, f, r, c, t in summary if k == case and f == 0 and r == rot), None)
+            five = next((c for k, f, r, c, t in summary if k == case and f == 0.05 and r == rot), None)
+            if fa and five:
+                fa_rate = fa["slower"] / max(1, sum(fa.values()))
+                hit = five["slower"] / max(1, sum(five.values()))
+                ok = fa_rate <= 0.01 and hit >= 0.95
+                out.append(f"- {case}, {f'--rotate {rot}' if rot else 'one pair of servers'}: false alarms "
+                           f"{fa_rate:.1%}, 5% caught {hit:.0%}: goal {'met' if ok else 'missed'}.")
     out += ["", f"### `fleetbench compare` on separate runs ({args.rounds} windows a run, per-window samples, "
             f"Mann-Whitney alpha 0.01 plus the threshold)", ""]
     for case in cases:
@@ -280,7 +379,11 @@ def run(pool, args) -> str:
                 f"sensitivity, only the harness's."]
     out += [f"Runs: each pair is two fresh trial servers (their own interpreters and rank pools); levels interleaved "
             f"in time. Slowdowns are busy work in the HEAD server's training step (a fraction of the step's own "
-            f"time). ab rates: sequential comparisons simulated by resampling a pair's blocks ({sims} per pair); "
+            f"time). ab rates: sequential comparisons simulated ({sims} per pair measured), each as a fresh pair of "
+            f"servers: a pair bias drawn with the measured tau, then blocks resampled from the level's runs about "
+            f"their own pair's mean (A/A: about 0). 'resampling within a pair' is the earlier method, which draws "
+            f"all of a comparison's blocks from one measured pair, so that pair's own bias and sampling error decide "
+            f"every comparison drawn from it (with few pairs, the rate is that of the pairs one happened to get); "
             f"compare rates: every pair of separate runs from different servers (up to 2000). "
             f"The runs took {blocks_min:.0f} minutes of timed blocks and {setup_min:.0f} of server start-up "
             f"(summed over pairs); this table took {minutes:.0f} minutes"
