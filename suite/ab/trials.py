@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -123,7 +124,7 @@ class CaseOutcome:
     pairs: int = 1  # pairs of trial servers the blocks came from (rotation: a fresh pair every --rotate blocks)
     seconds: float = 0.0  # timed blocks, and with rotation the fresh pairs' start-up
     lag1: float = math.nan
-    estimate: float = math.nan  # trimmed mean of the block log ratios
+    estimate: float = math.nan  # trimmed mean of the block log ratios (rotation: mean of the pairs' trimmed means)
     log_ratios: list = field(default_factory=list)
     structure_diff: list = field(default_factory=list)
     check: str = ""
@@ -200,7 +201,7 @@ def fresh_pair(base: Side, head: Side, case: str, opts: AbOptions, n: int) -> No
     for side in (base, head):
         close_case(side, case)
         side.server.close()
-        log = f"{os.path.splitext(side.server.log_path)[0]}-pair{n}.log"
+        log = re.sub(r"(-pair\d+)?\.log$", f"-pair{n}.log", side.server.log_path)
         side.server = TrialServer(side.root, side.label, nproc=opts.nproc, python=opts.python, timeout=opts.timeout,
                                   device=opts.device, log_path=log, wait=False)
     ready(base, head)
