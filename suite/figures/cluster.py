@@ -371,12 +371,10 @@ def _calibration(raw: dict, key: str, d: dict | None = None):
 
 def _predicted_row(raw: dict, run: dict, cal_dict: dict) -> PredRow:
     """One measured setting against the model fitted on ``cal_dict`` (the calibration taken with it)."""
-    from ..cluster.calibrate import fit
     from ..cluster.costmodel import without_latency
     from ..cluster.simulate import Profile, predict_step
-    from ..cluster.spec import parse_cluster
 
-    cal = fit(parse_cluster(cal_dict["cluster"]), cal_dict["rows"], cores=cal_dict["cores"])
+    cal = _calibration(raw, run["cluster"], cal_dict)
     profile = Profile.from_dict(raw["profiles"][f"{run['shape']}/{run['model']}"]["profile"])
     setting = {n: st for n, _, st in strategy_variants(cal.ranks_per_node)}[run["setting"]]
     compute = statistics.median(run["compute"])

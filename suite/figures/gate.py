@@ -316,7 +316,8 @@ def run(pool, args) -> str:
                     _save(save, [r for rs in all_runs.values() for r in rs] + runs)
         all_runs[case] = runs
         spread = process_spread(runs)
-        spreads[case] = spread
+        scale = effect_scale(runs)
+        spreads[case] = (spread, scale)
         for f in (0.0,) + SLOWDOWNS:
             rs = [r for r in runs if r.inject == f]
             if not rs:
@@ -329,7 +330,7 @@ def run(pool, args) -> str:
             label = "none (A/A)" if f == 0 else f"+{f:.0%}"
             for rot in (0, rotate):
                 sim = simulate_level(rs, sims * len(rs), budget, seed=int(f * 1000) + 7, tau=tau, rotate=rot,
-                                     scale=effect_scale(runs))
+                                     scale=scale)
                 counts = sim["counts"]
                 total = sum(counts.values())
                 out.append(f"| {case} | {label} | {f'--rotate {rot}' if rot else 'one pair'} | {len(rs)} x "
@@ -343,12 +344,12 @@ def run(pool, args) -> str:
                            + (f"{_rate(within, n_within * len(rs))} | {', '.join(direct(r, budget) for r in rs)} |"
                               if not rot else "- | - |"))
                 summary.append((case, f, rot, counts, total))
-    for case, sp in spreads.items():
+    for case, (sp, scale) in spreads.items():
         out += ["", f"{case}: the pairs' mean log ratios vary by tau = {sp['tau']:.2%} beyond their blocks' own noise "
                     f"(random effects over {sp['pairs']} pairs; Cochran's Q = {sp['q']:.1f} on {sp['df']} degrees of "
                     f"freedom, p = {sp['p']:.2g}: " + ("evidence of a per-process bias)" if sp["p"] < 0.05 else
                                                         "no evidence of a per-process bias)")
-                + f"; the injected busy work costs {effect_scale(all_runs[case]):.2f} x its nominal fraction "
+                + f"; the injected busy work costs {scale:.2f} x its nominal fraction "
                   "(fitted over the slowed pairs; the simulated slowdowns use it)."]
     out += ["", "Goal: a 5% slowdown caught in >= 95% of comparisons with <= 1% false alarms per case, within 3 "
             "minutes per case."]
