@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -26,8 +27,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SLOW_PATCH = '''
 
-# --- tests/test_ab.py: a training step about 10% slower (busy work proportional to the step; the bisect
-# test asks for more through FLEETBENCH_TEST_SLOWDOWN) ---
+# --- tests/test_ab.py: a training step about 10% slower (busy work proportional to the step;
+# FLEETBENCH_TEST_SLOWDOWN sets another fraction, for trying the tests by hand) ---
 import os as _slow_os
 import time as _slow_time
 
@@ -135,7 +136,7 @@ def test_ab_answers_slower_for_a_commit_that_slows_the_step_10_percent(repo):
     assert case["verdict"] == "slower", (case["summary"], proc.stderr[-3000:])
     assert proc.returncode == 1 and out["exit_code"] == 1
     assert 1.02 < case["ratio"] < 1.5 and case["ci"][0] > 1.02, case
-    assert case["pairs"] >= 3 and "pairs of trial servers" in case["summary"], case  # rotation is the default
+    assert case["pairs"] >= 3 and "pairs of preparations" in case["summary"], case  # rotation is the default
     assert all(math.isfinite(d) for d in case["log_ratios"]) and case["blocks"] == len(case["log_ratios"])
     assert case["structure_diff"] == []  # busy work changes no structural fact
     _no_worktrees_left(root)
@@ -187,20 +188,20 @@ def test_ab_reports_structure_changed_for_a_bucket_size_change(repo):
 @pytest.mark.timeout(1200)
 def test_bisect_names_the_slow_commit_among_four(repo):
     root, c = repo
-    # A 50% slow commit, not the ab test's 10%: bisection classifies each commit with one trio of servers, and
-    # two processes of the same code differ by tau ~3.7% here (docs/figures/gate.md), so a commit half-way
-    # between ends 10% apart (4.8% from each) can land on the wrong side (at 10% this test failed once in 7 runs;
-    # its message was not kept).
-    # --rotate 0: one pair of servers for the BAD-against-GOOD comparison (the rotation is the ab test's).
+    # The ab test's ~10% slow commit: a commit half-way between ends 10% apart sits 4.8% from each, and two
+    # preparations of the same code differ by a few percent for as long as they run (docs/figures/gate.md), so each
+    # commit is classified over groups of --rotate blocks on fresh preparations (with one preparation, blocks as
+    # samples, this test failed once in seven runs).
     proc = _fleetbench("bisect", c["base"], c["neutral2"], "--case", "mlp/plain", "--repo", str(root), *FAST,
-                       "--no-check", "--budget", "150", "--rotate", "0", timeout=1100,
-                       env={"FLEETBENCH_TEST_SLOWDOWN": "0.5"})
+                       "--no-check", "--budget", "150", timeout=1100)
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     assert out["first_slow"] == c["slow"], (out["tests"], out["undecided"], proc.stderr[-3000:])
     assert proc.returncode == 0
     classes = {t["commit"]: t["class"] for t in out["tests"]}
     assert classes[c["neutral1"]] == "good" and classes[c["slow"]] == "bad", classes
+    # each classification rested on at least three groups of fresh preparations (the samples of its interval)
+    assert all(t["groups"] >= 3 for t in out["tests"] if t["against"] == "GOOD and BAD"), out["tests"]
     _no_worktrees_left(root)
 
 
@@ -308,8 +309,8 @@ def test_sequential_blocks_stop_on_the_verdict_and_refuse_nan():
     assert block_log_ratio([0.1, 0.1], [0.11, 0.11]) == pytest.approx(math.log(1.1))
 
 
-def test_rotation_decides_over_whole_pairs_of_servers_with_a_t_interval():
-    """With --rotate N the pairs of trial servers are the samples: no verdict before min_pairs whole pairs, and the
+def test_rotation_decides_over_whole_pairs_of_preparations_with_a_t_interval():
+    """With --rotate N the pairs of preparations are the samples: no verdict before min_pairs whole pairs, and the
     interval is Student's t over the pairs' trimmed means (t(2 df, 0.995) = 9.925 from the tables)."""
     import numpy as np
 
@@ -323,7 +324,7 @@ def test_rotation_decides_over_whole_pairs_of_servers_with_a_t_interval():
     verdicts = [s.add(0.5 + 0.01 * (i % 3)) for i in range(15)]  # a 65% slowdown, decided only at the 15th block
     assert verdicts[:14] == [None] * 14 and verdicts[14] == "slower", verdicts
     assert [len(g) for g in s.pairs] == [5, 5, 5] and s.pair_done
-    # a per-pair bias that one pair cannot average out: blocks say +5% with tiny noise, pairs disagree by +-4%
+    # a per-preparation bias that one pair cannot average out: blocks say +5% with tiny noise, pairs disagree by +-4%
     rng = np.random.default_rng(0)
     s = Sequential(SeqOptions(rotate=5, min_pairs=3))
     for bias in (0.09, 0.01, 0.05):
@@ -335,6 +336,48 @@ def test_rotation_decides_over_whole_pairs_of_servers_with_a_t_interval():
         for _ in range(5):
             one.add(bias + rng.normal(0, 0.001))
     assert one.finish() == "slower"  # blocks as samples: the same data looks decisive
+
+
+class _FakeServer:
+    """Answers a trial server's requests in memory: a step time of `speed` per step, one key per preparation."""
+
+    def __init__(self, speed):
+        self.speed, self.requests, self.n = speed, [], 0
+        self.proc = types.SimpleNamespace(poll=lambda: None)
+
+    def request(self, op, **fields):
+        self.requests.append((op, fields))
+        if op == "prepare":
+            self.n += 1
+            return {"key": f"k{self.n}"}
+        if op == "trial":
+            return {"step_s": self.speed, "losses": [1.0]}
+        if op == "structure":
+            return {"record": {"structure": {"prep": self.n}, "verdict": "pass" if self.n == 1 else "n/a"}}
+        return {}
+
+
+def test_rotation_prepares_the_case_afresh_every_n_blocks_and_keeps_the_first_records():
+    """compare_case with --rotate 3: after every 3 blocks each side's preparation is closed and a new one made
+    without the check; the structure the gate compared (the first preparation's) is what the sides keep."""
+    from suite.ab.stats import SeqOptions
+    from suite.ab.trials import AbOptions, Side, compare_case
+
+    base, head = (Side(label, label, label, "", "/nowhere", _FakeServer(speed)) for label, speed in
+                  (("BASE", 0.100), ("HEAD", 0.125)))
+    opts = AbOptions(seq=SeqOptions(rotate=3, min_pairs=3, budget_s=60))
+    out = compare_case(base, head, "mlp/plain", 2, opts)
+    assert out.verdict == "slower" and out.pairs == 3 and out.blocks == 9, out
+    assert out.ratio == pytest.approx(1.25)
+    for side in (base, head):
+        ops = [op for op, _ in side.server.requests]
+        prepares = [f for op, f in side.server.requests if op == "prepare"]
+        assert len(prepares) == 3 and [f["check"] for f in prepares] == [True, False, False], prepares
+        assert ops.count("close") == 2  # the first two preparations closed before the next (the last by the caller)
+        assert [f["key"] for op, f in side.server.requests if op == "close"] == ["k1", "k2"]
+        # 12 trials per pair of preparations: 1 structure window + 3 blocks x 2 trials per side, per preparation
+        assert ops.count("trial") == 3 * (1 + 3 * 2)
+        assert side.records["mlp/plain"]["structure"] == {"prep": 1}, side.records  # the gate's, not the last one's
 
 
 def test_bisection_split_classifies_two_ways():

@@ -11,10 +11,15 @@
 
        x = log(commit) - (log(GOOD) + log(BAD)) / 2        (each the mean of its two trials)
 
-   The whole interval of ``x`` (``suite.ab.stats``: trimmed mean, bootstrap, at 95%) above 0 ->
-   *bad* (like BAD), below 0 -> *good* (like GOOD).  Measured against both ends at once, the
-   classification does not depend on how large the slowdown looks at any one moment (busy
-   work costs more wall time on a loaded machine than on a quiet one).
+   The whole interval of ``x`` at 95% above 0 -> *bad* (like BAD), below 0 -> *good* (like
+   GOOD).  Measured against both ends at once, the classification does not depend on how large
+   the slowdown looks at any one moment (busy work costs more wall time on a loaded machine
+   than on a quiet one).  With rotation (``--rotate N``, as `ab`) the case is prepared afresh on
+   all three servers every N blocks (:func:`suite.ab.trials.fresh_preparations`) and the groups'
+   trimmed means are the samples of a Student t interval (``suite.ab.stats.pair_interval``): two
+   preparations of the same code differ by a few percent for as long as they run, a bias that
+   blocks of one preparation cannot average out.  ``--rotate 0``: one preparation, blocks as
+   samples, a bootstrap interval.
 3. An *inconclusive* commit (its interval still straddles 0 when the budget is spent) is tested
    again with twice the budget (``retries`` times); if it stays inconclusive the bisection
    stops and says so, with the range the first slow commit lies in (exit 1).
@@ -32,7 +37,19 @@ import numpy as np
 
 from .client import ProtocolMismatch, TrialError
 from .stats import SeqOptions, Sequential
-from .trials import AbInputError, AbOptions, Side, _prepare, _trial, close_case, compare_case, ready, select, start_side
+from .trials import (
+    AbInputError,
+    AbOptions,
+    Side,
+    _prepare,
+    _trial,
+    close_case,
+    compare_case,
+    fresh_preparations,
+    ready,
+    select,
+    start_side,
+)
 from .worktrees import Worktrees, first_parent_range
 
 __all__ = ["BisectReport", "run_bisect", "classify", "CLASSIFY_CONFIDENCE"]
@@ -68,8 +85,8 @@ def classify(good: Side, bad: Side, cand: Side, case: str, opts: AbOptions, seq:
     _prepare(cand, case, opts)
     # 95%, not ab's 99%: a bisection step chooses between two hypotheses, and a wrong step is caught when the
     # named commit is checked; the blocks it saves are many on a loaded machine.
-    # one trio of servers per commit: blocks are the samples here (rotation applies to the GOOD/BAD comparison)
-    s = Sequential(dataclasses.replace(seq, split=0.0, confidence=min(seq.confidence, CLASSIFY_CONFIDENCE), rotate=0))
+    # with rotation (seq.rotate = N): groups of N blocks, each on fresh preparations of all three, are the samples
+    s = Sequential(dataclasses.replace(seq, split=0.0, confidence=min(seq.confidence, CLASSIFY_CONFIDENCE)))
     rng = random.Random(f"{seq.seed}:{cand.commit}")
     t0 = time.monotonic()
     while True:
@@ -82,12 +99,17 @@ def classify(good: Side, bad: Side, cand: Side, case: str, opts: AbOptions, seq:
         verdict = s.add(lc - (lg + lb) / 2)
         if verdict is not None or time.monotonic() - t0 >= seq.budget_s or len(s.d) >= seq.max_blocks:
             break
+        if s.pair_done:
+            fresh_preparations((good, bad, cand), case, opts)
     s.finish()
     cls = {"slower": "bad", "same": "good"}.get(s.verdict or "", "inconclusive")
     lo, hi = s.ratio_ci
-    out = {"class": cls, "position": s.ratio, "ci": [lo, hi], "blocks": len(s.d), "seconds": time.monotonic() - t0}
+    groups = len(s.pairs) if seq.rotate else 1
+    out = {"class": cls, "position": s.ratio, "ci": [lo, hi], "blocks": len(s.d), "groups": groups,
+           "seconds": time.monotonic() - t0}
     say(f"  {case}: {cls}: commit / midpoint(GOOD, BAD) step time {s.ratio:.3f} [{lo:.3f}, {hi:.3f}] "
-        f"({len(s.d)} blocks, {out['seconds']:.0f} s)")
+        f"({len(s.d)} blocks" + (f" in {groups} groups of fresh preparations" if seq.rotate else "")
+        + f", {out['seconds']:.0f} s)")
     return out
 
 

@@ -22,12 +22,13 @@ otherwise another block, until the time budget per case (or ``max_blocks``) is s
 **inconclusive**, with the interval so far.  Looking after every block is a sequential test:
 its false-alarm rate is measured, not assumed (``fleetbench figures gate``).
 
-Rotation (``rotate`` = N, `ab --rotate N`): two processes of the same code can differ in speed by
-a few percent for as long as they live (``fleetbench figures gate`` measures this spread, tau), a
-bias no number of blocks from one pair of trial servers averages out.  With rotation, after every
-N blocks both servers are replaced by fresh processes and the case is prepared again; each pair's
-trimmed mean is one sample, the estimate is their mean and the interval a Student t interval over
-the pairs (:func:`pair_interval`), decided after whole pairs from ``min_pairs`` on.
+Rotation (``rotate`` = N, `ab --rotate N`): two preparations of the same case (engine, model,
+buffers, data) can differ in speed by a few percent for as long as they run (``fleetbench figures
+gate`` measures this spread, tau, between preparations in the same processes and between
+processes), a bias no number of blocks from one preparation averages out.  With rotation, after
+every N blocks the case is prepared afresh on both servers; each pair of preparations' trimmed
+mean is one sample, the estimate is their mean and the interval a Student t interval over the
+pairs (:func:`pair_interval`), decided after whole pairs from ``min_pairs`` on.
 """
 from __future__ import annotations
 
@@ -55,8 +56,8 @@ class SeqOptions:
     n_resamples: int = 2000
     seed: int = 0
     split: float | None = None  # bisection: a log ratio; above it "slower", below it "same" (two regions)
-    rotate: int = 0  # blocks per pair of trial servers (0: one pair for the whole comparison); see pair_interval
-    min_pairs: int = 3  # with rotation: server pairs before any verdict
+    rotate: int = 0  # blocks per pair of preparations (0: one for the whole comparison); see pair_interval
+    min_pairs: int = 3  # with rotation: pairs of preparations before any verdict
 
     def __post_init__(self):
         if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
@@ -72,8 +73,8 @@ class SeqOptions:
         if not (0 <= self.trim < 0.5):
             raise ValueError(f"trim {self.trim!r}: must be in [0, 0.5)")
         if not (isinstance(self.rotate, int) and (self.rotate == 0 or self.rotate >= 2)):
-            raise ValueError(f"--rotate {self.rotate!r}: must be 0 (one pair of trial servers) or a whole number "
-                             f">= 2 (blocks per pair)")
+            raise ValueError(f"--rotate {self.rotate!r}: must be 0 (one preparation) or a whole number "
+                             f">= 2 (blocks per pair of preparations)")
         if not (isinstance(self.min_pairs, int) and self.min_pairs >= 2):
             raise ValueError(f"min_pairs {self.min_pairs!r}: must be a whole number >= 2")
 
@@ -120,13 +121,13 @@ def interval(d: Sequence[float], opts: SeqOptions = SeqOptions(), rng: np.random
 
 
 def pair_interval(groups: Sequence[Sequence[float]], opts: SeqOptions = SeqOptions()) -> tuple[float, float, float]:
-    """(estimate, low, high) over pairs of trial servers: each pair's trimmed mean of its block log ratios,
+    """(estimate, low, high) over pairs of preparations: each pair's trimmed mean of its block log ratios,
     their mean, and a Student t interval over the pairs (G - 1 degrees of freedom).
 
-    Two processes of the same code can differ in speed for as long as they live (memory layout, placement):
-    a bias shared by all blocks of one pair, which more blocks from that pair cannot average out.  With
-    rotation (``SeqOptions.rotate``) every pair is a fresh draw of that bias, and the pairs, not the blocks,
-    are the independent samples."""
+    Two preparations of the same code can differ in speed for as long as they run (memory layout of the
+    engine's tensors, placement): a bias shared by all blocks of one pair, which more blocks from that pair
+    cannot average out.  With rotation (``SeqOptions.rotate``) every pair is a fresh draw of that bias, and
+    the pairs, not the blocks, are the independent samples."""
     from scipy.stats import t as student_t
 
     means = np.asarray([float(_trimmed(np.asarray(g, dtype=float), trim=opts.trim)) for g in groups if len(g)])
@@ -172,14 +173,14 @@ class Sequential:
     low: float = -math.inf
     high: float = math.inf
     verdict: str | None = None
-    pairs: list = field(default_factory=list)  # with rotation: the blocks of each pair of trial servers
+    pairs: list = field(default_factory=list)  # with rotation: the blocks of each pair of preparations
 
     def __post_init__(self):
         self._rng = np.random.default_rng(self.opts.seed)
 
     @property
     def pair_done(self) -> bool:
-        """With rotation: the current pair of trial servers has run its blocks (time for a fresh pair)."""
+        """With rotation: the current pair of preparations has run its blocks (time for fresh ones)."""
         return bool(self.opts.rotate) and bool(self.pairs) and len(self.pairs[-1]) >= self.opts.rotate
 
     def add(self, d: float) -> str | None:
@@ -213,7 +214,7 @@ class Sequential:
                     groups = [g for g in self.pairs if g]
                 if len(groups) >= 2:
                     self.estimate, self.low, self.high = pair_interval(groups, self.opts)
-                else:  # one pair of servers so far: its blocks' interval, for the report (no verdict rests on it)
+                else:  # one pair of preparations so far: its blocks' interval, for the report (no verdict rests on it)
                     self.estimate, self.low, self.high = interval(self.d, self.opts, self._rng)
             elif self.d and len(self.d) < self.opts.min_blocks:
                 self.estimate, self.low, self.high = interval(self.d, self.opts, self._rng)

@@ -10,8 +10,8 @@ cases both revisions have, and per case (:func:`compare_case`):
    that went pass -> fail fails too;
 3. the **timing**: blocks of four trials (``ABBA`` or ``BAAB``, at random), each trial a
    discarded warm-up step then one timed window of ``steps`` steps; with rotation
-   (``SeqOptions.rotate`` = N) both servers are replaced by fresh processes every N blocks
-   (:func:`fresh_pair`); the sequential statistics of :mod:`suite.ab.stats` decide slower /
+   (``SeqOptions.rotate`` = N) the case is prepared afresh on both servers every N blocks
+   (:func:`fresh_preparations`); the sequential statistics of :mod:`suite.ab.stats` decide slower /
    faster / same, or inconclusive when the budget is spent.
 
 Exit status (as `fleetbench compare`): 0 nothing worse; 1 a case slower, a structure changed,
@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 import os
 import random
-import re
 import statistics
 import time
 from collections.abc import Callable
@@ -35,7 +34,7 @@ from .stats import SeqOptions, Sequential, describe_verdict, lag1
 from .worktrees import Worktrees
 
 __all__ = ["AbOptions", "CaseOutcome", "AbReport", "Side", "compare_case", "run_ab", "start_side", "AbInputError",
-           "inject_from_env"]
+           "inject_from_env", "fresh_preparations"]
 
 GOOD = ("pass", "n/a")
 INJECT_ENV = "FLEETBENCH_AB_INJECT"
@@ -121,8 +120,8 @@ class CaseOutcome:
     base_ms: float = math.nan  # median trial step time
     head_ms: float = math.nan
     blocks: int = 0
-    pairs: int = 1  # pairs of trial servers the blocks came from (rotation: a fresh pair every --rotate blocks)
-    seconds: float = 0.0  # timed blocks, and with rotation the fresh pairs' start-up
+    pairs: int = 1  # pairs of preparations the blocks came from (rotation: fresh ones every --rotate blocks)
+    seconds: float = 0.0  # timed blocks, and with rotation the fresh preparations
     lag1: float = math.nan
     estimate: float = math.nan  # trimmed mean of the block log ratios (rotation: mean of the pairs' trimmed means)
     log_ratios: list = field(default_factory=list)
@@ -194,20 +193,15 @@ def close_case(side: Side, case: str) -> None:
             pass
 
 
-def fresh_pair(base: Side, head: Side, case: str, opts: AbOptions, n: int) -> None:
-    """Rotation: both trial servers replaced by fresh processes (new interpreters and rank pools) and the case
-    prepared again on each; the first pair's structure records stay the ones the gate compared."""
-    records = {s.label: s.records.get(case) for s in (base, head)}
-    for side in (base, head):
+def fresh_preparations(sides: tuple[Side, ...], case: str, opts: AbOptions) -> None:
+    """Rotation: the case closed and prepared again on each side's server (a new engine, model, buffers and data
+    in the same processes), without a second check: the first preparation's structure records and verdicts stay
+    the ones the gate compared."""
+    for side in sides:
+        record = side.records.get(case)
         close_case(side, case)
-        side.server.close()
-        log = re.sub(r"(-pair\d+)?\.log$", f"-pair{n}.log", side.server.log_path)
-        side.server = TrialServer(side.root, side.label, nproc=opts.nproc, python=opts.python, timeout=opts.timeout,
-                                  device=opts.device, log_path=log, wait=False)
-    ready(base, head)
-    for side in (base, head):
-        _prepare(side, case, opts, check=False)  # checked on the first pair; the gate keeps its records
-        side.records[case] = records[side.label] or side.records[case]
+        _prepare(side, case, opts, check=False)
+        side.records[case] = record or side.records[case]
 
 
 def _trial(side: Side, case: str, opts: AbOptions) -> float:
@@ -274,7 +268,7 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
             if verdict is not None or elapsed >= seq.budget_s or len(s.d) >= seq.max_blocks:
                 break
             if s.pair_done:
-                fresh_pair(base, head, case, opts, len(s.pairs) + 1)
+                fresh_preparations((base, head), case, opts)
             if time.monotonic() - last_say > 15:
                 last_say = time.monotonic()
                 say(f"    {len(s.d)} blocks" + (f" from {len(s.pairs)} pairs" if seq.rotate else "")
@@ -306,7 +300,7 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
                        f"the split {math.exp(seq.split):.3f} ({out.blocks} blocks, {out.seconds:.0f} s)")
     elif out.verdict != "error":
         out.summary = describe_verdict(out.verdict, out.ratio, out.ci, seq.delta) + f" ({out.blocks} blocks" + (
-            f" from {out.pairs} pairs of trial servers" if seq.rotate else "") + f", {out.seconds:.0f} s)"
+            f" from {out.pairs} pairs of preparations" if seq.rotate else "") + f", {out.seconds:.0f} s)"
     say(f"  {case}@{world}: {out.summary or out.error}")
     return out
 

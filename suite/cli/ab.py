@@ -45,10 +45,10 @@ def add_selection(p) -> None:
     p.add_argument("--min-blocks", type=int, default=10, help="blocks before any verdict (default 10)")
     p.add_argument("--max-blocks", type=int, default=2000, help="blocks at most per case (default 2000)")
     p.add_argument("--rotate", type=int, default=5, metavar="N",
-                   help="a fresh pair of trial servers every N blocks, the pairs being the samples (t interval over "
-                        "pairs): two processes of the same code can differ in speed for their whole life "
-                        "(docs/figures/gate.md measures it); 0 = one pair per comparison, blocks as samples "
-                        "(default 5)")
+                   help="the case prepared afresh on both servers every N blocks, the pairs of preparations being "
+                        "the samples (t interval over pairs): two preparations of the same code can differ in "
+                        "speed for as long as they run (docs/figures/gate.md measures it); 0 = one preparation "
+                        "per comparison, blocks as samples (default 5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the block orders and the bootstrap")
     p.add_argument("--repo", default=".", help="the git repository of the revisions (default: the current one)")
     p.add_argument("--python", help="interpreter of the trial servers (default: this one)")
