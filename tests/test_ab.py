@@ -342,8 +342,12 @@ class _FakeServer:
     """Answers a trial server's requests in memory: a step time of `speed` per step, one key per preparation."""
 
     def __init__(self, speed):
-        self.speed, self.requests, self.n = speed, [], 0
+        self.speed, self.requests, self.n, self.closed = speed, [], 0, False
         self.proc = types.SimpleNamespace(poll=lambda: None)
+        self.log_path = "/nowhere/base.log"
+
+    def close(self):
+        self.closed = True
 
     def request(self, op, **fields):
         self.requests.append((op, fields))
@@ -365,9 +369,9 @@ def test_rotation_prepares_the_case_afresh_every_n_blocks_and_keeps_the_first_re
 
     base, head = (Side(label, label, label, "", "/nowhere", _FakeServer(speed)) for label, speed in
                   (("BASE", 0.100), ("HEAD", 0.125)))
-    opts = AbOptions(seq=SeqOptions(rotate=3, min_pairs=3, budget_s=60))
+    opts = AbOptions(seq=SeqOptions(rotate=3, min_pairs=3, budget_s=60, restart=0))
     out = compare_case(base, head, "mlp/plain", 2, opts)
-    assert out.verdict == "slower" and out.pairs == 3 and out.blocks == 9, out
+    assert out.verdict == "slower" and out.pairs == 3 and out.blocks == 9 and out.servers == 1, out
     assert out.ratio == pytest.approx(1.25)
     for side in (base, head):
         ops = [op for op, _ in side.server.requests]
@@ -378,6 +382,32 @@ def test_rotation_prepares_the_case_afresh_every_n_blocks_and_keeps_the_first_re
         # 12 trials per pair of preparations: 1 structure window + 3 blocks x 2 trials per side, per preparation
         assert ops.count("trial") == 3 * (1 + 3 * 2)
         assert side.records["mlp/plain"]["structure"] == {"prep": 1}, side.records  # the gate's, not the last one's
+
+
+def test_rotation_restarts_the_servers_every_kth_time(monkeypatch):
+    """--restart 2: the second rotation is fresh trial servers (the old ones closed, the case prepared on the new
+    ones without the check), the others fresh preparations; the gate's records stay the first preparation's."""
+    from suite.ab import trials
+    from suite.ab.stats import SeqOptions
+
+    started = []
+
+    def server(root, label, **kw):
+        started.append((label, kw["log_path"]))
+        return _FakeServer(0.100 if label == "BASE" else 0.125)
+
+    monkeypatch.setattr(trials, "TrialServer", server)
+    monkeypatch.setattr(trials, "ready", lambda *sides: None)
+    base, head = (trials.Side(label, label, label, "", "/nowhere", _FakeServer(speed)) for label, speed in
+                  (("BASE", 0.100), ("HEAD", 0.125)))
+    first = base.server
+    opts = trials.AbOptions(seq=SeqOptions(rotate=3, min_pairs=4, budget_s=60, restart=2))
+    out = trials.compare_case(base, head, "mlp/plain", 2, opts)
+    assert out.verdict == "slower" and out.pairs == 4 and out.servers == 2, out  # rotations: prep, servers, prep
+    assert [label for label, _ in started] == ["BASE", "HEAD"] and started[0][1].endswith("-servers2.log"), started
+    assert first.closed and base.server is not first
+    assert [f["check"] for op, f in base.server.requests if op == "prepare"] == [False, False]
+    assert base.records["mlp/plain"]["structure"] == {"prep": 1}  # the first server's first preparation
 
 
 def test_bisection_split_classifies_two_ways():
@@ -397,7 +427,8 @@ def test_bisection_split_classifies_two_ways():
 
 def test_ab_options_are_validated_before_anything_starts(repo):
     root, c = repo
-    for bad in (["--delta", "0"], ["--budget", "nan"], ["--min-blocks", "1"], ["--steps", "0"], ["--rotate", "1"]):
+    for bad in (["--delta", "0"], ["--budget", "nan"], ["--min-blocks", "1"], ["--steps", "0"], ["--rotate", "1"],
+                ["--restart", "-1"]):
         proc = _fleetbench("ab", c["base"], c["base"], "--repo", str(root), "--case", "mlp/plain", *bad, timeout=120)
         assert proc.returncode == 2, (bad, proc.stderr)
         assert "fleetbench ab: error:" in proc.stderr, proc.stderr

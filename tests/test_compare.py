@@ -279,3 +279,39 @@ def test_gate_figure_separates_a_per_process_bias_from_a_pairs_sampling_error():
     slowed = [pair(0.10, 0.0, n=30), pair(0.10, 0.0, n=30)]
     ten = figure.simulate_level(slowed, sims=40, budget_s=90, seed=2, tau=0.01)
     assert ten["counts"]["slower"] >= 38 and abs(ten["mu"] - math.log1p(0.10)) < 0.03, ten
+
+
+def test_gate_figure_splits_the_spread_between_preparations_and_processes():
+    """prep_spread finds a bias that changes with each fresh preparation (tau_prep) apart from one that stays with
+    the servers (tau_process); the simulation redraws only the preparation part at a fresh preparation, so a
+    process bias stays in every block of a comparison with --rotate (false alarms) but not with fresh servers."""
+    from suite.figures import gate as figure
+
+    rng = np.random.default_rng(7)
+
+    def pair(process: float, prep_sd: float, groups: int = 6, n: int = 10, sd: float = 0.04) -> figure.Run:
+        r = figure.Run("mlp/plain", 0.0)
+        for g in range(groups):
+            r.d += list(process + rng.normal(0, prep_sd) + rng.normal(0, sd, n))
+            r.group += [g] * n
+        r.seconds, r.setup_s, r.prep_s = 1.0 * groups * n, 20.0, [0.5] * (groups - 1)
+        return r
+
+    per_prep = figure.prep_spread([pair(0.0, 0.03) for _ in range(6)])
+    assert 0.015 < per_prep["tau_prep"] < 0.05 and per_prep["p"] < 0.01, per_prep
+    assert per_prep["tau_process"] < 0.015 and per_prep["groups"] == 36 and per_prep["df"] == 30, per_prep
+    per_process = figure.prep_spread([pair(b, 0.0) for b in (0.05, -0.04, 0.03, -0.05, 0.0, 0.04)])
+    assert per_process["tau_prep"] < 0.01 and 0.02 < per_process["tau_process"] < 0.07, per_process
+    assert per_process["anova_p"] < 0.01, per_process
+    assert math.isnan(figure.prep_spread([figure.Run("mlp/plain", 0.0, d=[0.0] * 10)])["tau_prep"])
+    # the same A/A runs, simulated with a process part only: fresh preparations cannot average it out
+    runs = [pair(0.0, 0.0) for _ in range(3)]
+    kw = dict(sims=60, budget_s=300, seed=3, tau=0.0, rotate=5, tau_process=0.08)
+    preps = figure.simulate_level(runs, fresh="preparations", **kw)
+    servers = figure.simulate_level(runs, fresh="servers", **kw)
+    wrong = lambda c: c["slower"] + c["faster"]  # noqa: E731
+    assert wrong(preps["counts"]) >= 30 and wrong(servers["counts"]) <= 6, (preps["counts"], servers["counts"])
+    # and each rotation is charged its own measured cost: a preparation 0.5 s, a pair of servers 20 s
+    assert np.median(preps["seconds"]) < np.median(servers["seconds"]), (preps["seconds"], servers["seconds"])
+    with pytest.raises(ValueError, match="fresh="):
+        figure.simulate_level(runs, fresh="threads", **kw)

@@ -15,10 +15,11 @@
    GOOD).  Measured against both ends at once, the classification does not depend on how large
    the slowdown looks at any one moment (busy work costs more wall time on a loaded machine
    than on a quiet one).  With rotation (``--rotate N``, as `ab`) the case is prepared afresh on
-   all three servers every N blocks (:func:`suite.ab.trials.fresh_preparations`) and the groups'
-   trimmed means are the samples of a Student t interval (``suite.ab.stats.pair_interval``): two
-   preparations of the same code differ by a few percent for as long as they run, a bias that
-   blocks of one preparation cannot average out.  ``--rotate 0``: one preparation, blocks as
+   all three servers every N blocks, every ``--restart``-th time on fresh servers
+   (:func:`suite.ab.trials.rotate`), and the groups' trimmed means are the samples of a Student
+   t interval (``suite.ab.stats.pair_interval``): two preparations, and two processes, of the
+   same code differ by a few percent for as long as they run, a bias that blocks of one
+   preparation cannot average out.  ``--rotate 0``: one preparation, blocks as
    samples, a bootstrap interval.
 3. An *inconclusive* commit (its interval still straddles 0 when the budget is spent) is tested
    again with twice the budget (``retries`` times); if it stays inconclusive the bisection
@@ -45,8 +46,8 @@ from .trials import (
     _trial,
     close_case,
     compare_case,
-    fresh_preparations,
     ready,
+    rotate,
     select,
     start_side,
 )
@@ -88,6 +89,7 @@ def classify(good: Side, bad: Side, cand: Side, case: str, opts: AbOptions, seq:
     # with rotation (seq.rotate = N): groups of N blocks, each on fresh preparations of all three, are the samples
     s = Sequential(dataclasses.replace(seq, split=0.0, confidence=min(seq.confidence, CLASSIFY_CONFIDENCE)))
     rng = random.Random(f"{seq.seed}:{cand.commit}")
+    restarts = 0
     t0 = time.monotonic()
     while True:
         roles = [good, bad, cand]
@@ -100,13 +102,13 @@ def classify(good: Side, bad: Side, cand: Side, case: str, opts: AbOptions, seq:
         if verdict is not None or time.monotonic() - t0 >= seq.budget_s or len(s.d) >= seq.max_blocks:
             break
         if s.pair_done:
-            fresh_preparations((good, bad, cand), case, opts)
+            restarts += rotate((good, bad, cand), case, opts, s)
     s.finish()
     cls = {"slower": "bad", "same": "good"}.get(s.verdict or "", "inconclusive")
     lo, hi = s.ratio_ci
     groups = len(s.pairs) if seq.rotate else 1
     out = {"class": cls, "position": s.ratio, "ci": [lo, hi], "blocks": len(s.d), "groups": groups,
-           "seconds": time.monotonic() - t0}
+           "restarts": restarts, "seconds": time.monotonic() - t0}
     say(f"  {case}: {cls}: commit / midpoint(GOOD, BAD) step time {s.ratio:.3f} [{lo:.3f}, {hi:.3f}] "
         f"({len(s.d)} blocks" + (f" in {groups} groups of fresh preparations" if seq.rotate else "")
         + f", {out['seconds']:.0f} s)")

@@ -23,12 +23,13 @@ otherwise another block, until the time budget per case (or ``max_blocks``) is s
 its false-alarm rate is measured, not assumed (``fleetbench figures gate``).
 
 Rotation (``rotate`` = N, `ab --rotate N`): two preparations of the same case (engine, model,
-buffers, data) can differ in speed by a few percent for as long as they run (``fleetbench figures
-gate`` measures this spread, tau, between preparations in the same processes and between
-processes), a bias no number of blocks from one preparation averages out.  With rotation, after
-every N blocks the case is prepared afresh on both servers; each pair of preparations' trimmed
-mean is one sample, the estimate is their mean and the interval a Student t interval over the
-pairs (:func:`pair_interval`), decided after whole pairs from ``min_pairs`` on.
+buffers, data) can differ in speed by a few percent for as long as they run, and two pairs of
+processes by a few percent more (``fleetbench figures gate`` measures both spreads), a bias no
+number of blocks from one preparation averages out.  With rotation, after every N blocks the case
+is prepared afresh on both servers, and every ``restart``-th time on fresh servers (which draws
+the processes' part again); each pair of preparations' trimmed mean is one sample, the estimate
+is their mean and the interval a Student t interval over the pairs (:func:`pair_interval`),
+decided after whole pairs from ``min_pairs`` on.
 """
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ class SeqOptions:
     split: float | None = None  # bisection: a log ratio; above it "slower", below it "same" (two regions)
     rotate: int = 0  # blocks per pair of preparations (0: one for the whole comparison); see pair_interval
     min_pairs: int = 3  # with rotation: pairs of preparations before any verdict
+    restart: int = 2  # with rotation: every K-th fresh preparation is on fresh servers (0: never, 1: always)
 
     def __post_init__(self):
         if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
@@ -75,6 +77,9 @@ class SeqOptions:
         if not (isinstance(self.rotate, int) and (self.rotate == 0 or self.rotate >= 2)):
             raise ValueError(f"--rotate {self.rotate!r}: must be 0 (one preparation) or a whole number "
                              f">= 2 (blocks per pair of preparations)")
+        if not (isinstance(self.restart, int) and self.restart >= 0):
+            raise ValueError(f"--restart {self.restart!r}: must be a whole number >= 0 (fresh servers every K-th "
+                             f"rotation; 0: never)")
         if not (isinstance(self.min_pairs, int) and self.min_pairs >= 2):
             raise ValueError(f"min_pairs {self.min_pairs!r}: must be a whole number >= 2")
 
@@ -182,6 +187,11 @@ class Sequential:
     def pair_done(self) -> bool:
         """With rotation: the current pair of preparations has run its blocks (time for fresh ones)."""
         return bool(self.opts.rotate) and bool(self.pairs) and len(self.pairs[-1]) >= self.opts.rotate
+
+    @property
+    def restart_due(self) -> bool:
+        """With rotation and ``restart`` = K: the pair just done is the K-th since fresh servers (restart them)."""
+        return self.pair_done and bool(self.opts.restart) and len(self.pairs) % self.opts.restart == 0
 
     def add(self, d: float) -> str | None:
         if not math.isfinite(d):

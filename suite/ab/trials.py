@@ -11,8 +11,9 @@ cases both revisions have, and per case (:func:`compare_case`):
 3. the **timing**: blocks of four trials (``ABBA`` or ``BAAB``, at random), each trial a
    discarded warm-up step then one timed window of ``steps`` steps; with rotation
    (``SeqOptions.rotate`` = N) the case is prepared afresh on both servers every N blocks
-   (:func:`fresh_preparations`); the sequential statistics of :mod:`suite.ab.stats` decide slower /
-   faster / same, or inconclusive when the budget is spent.
+   (:func:`fresh_preparations`), every ``restart``-th time on fresh servers (:func:`fresh_servers`);
+   the sequential statistics of :mod:`suite.ab.stats` decide slower / faster / same, or
+   inconclusive when the budget is spent.
 
 Exit status (as `fleetbench compare`): 0 nothing worse; 1 a case slower, a structure changed,
 a check verdict pass -> fail, or a case that runs on BASE and errors on HEAD; 2 input that
@@ -24,6 +25,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -34,7 +36,7 @@ from .stats import SeqOptions, Sequential, describe_verdict, lag1
 from .worktrees import Worktrees
 
 __all__ = ["AbOptions", "CaseOutcome", "AbReport", "Side", "compare_case", "run_ab", "start_side", "AbInputError",
-           "inject_from_env", "fresh_preparations"]
+           "inject_from_env", "fresh_preparations", "fresh_servers", "rotate"]
 
 GOOD = ("pass", "n/a")
 INJECT_ENV = "FLEETBENCH_AB_INJECT"
@@ -121,6 +123,7 @@ class CaseOutcome:
     head_ms: float = math.nan
     blocks: int = 0
     pairs: int = 1  # pairs of preparations the blocks came from (rotation: fresh ones every --rotate blocks)
+    servers: int = 1  # pairs of trial servers they ran on (rotation: fresh ones every --restart-th time)
     seconds: float = 0.0  # timed blocks, and with rotation the fresh preparations
     lag1: float = math.nan
     estimate: float = math.nan  # trimmed mean of the block log ratios (rotation: mean of the pairs' trimmed means)
@@ -191,6 +194,32 @@ def close_case(side: Side, case: str) -> None:
             side.server.request("close", key=key)
         except TrialError:
             pass
+
+
+def fresh_servers(sides: tuple[Side, ...], case: str, opts: AbOptions, n: int) -> None:
+    """Rotation's restart: each side's trial server replaced by a fresh process (new interpreter and rank pool)
+    and the case prepared on it without the check; the first preparation's structure records stay the gate's."""
+    records = {s.label: s.records.get(case) for s in sides}
+    for side in sides:
+        close_case(side, case)
+        side.server.close()
+        log = re.sub(r"(-servers\d+)?\.log$", f"-servers{n}.log", side.server.log_path)
+        side.server = TrialServer(side.root, side.label, nproc=opts.nproc, python=opts.python, timeout=opts.timeout,
+                                  device=opts.device, log_path=log, wait=False)
+    ready(*sides)
+    for side in sides:
+        _prepare(side, case, opts, check=False)
+        side.records[case] = records[side.label] or side.records[case]
+
+
+def rotate(sides: tuple[Side, ...], case: str, opts: AbOptions, s: Sequential) -> int:
+    """After a pair (group) of preparations: fresh servers when the restart is due, else fresh preparations.
+    Returns 1 for a restart, 0 otherwise."""
+    if s.restart_due:
+        fresh_servers(sides, case, opts, len(s.pairs) // max(1, s.opts.restart) + 1)
+        return 1
+    fresh_preparations(sides, case, opts)
+    return 0
 
 
 def fresh_preparations(sides: tuple[Side, ...], case: str, opts: AbOptions) -> None:
@@ -268,7 +297,7 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
             if verdict is not None or elapsed >= seq.budget_s or len(s.d) >= seq.max_blocks:
                 break
             if s.pair_done:
-                fresh_preparations((base, head), case, opts)
+                out.servers += rotate((base, head), case, opts, s)
             if time.monotonic() - last_say > 15:
                 last_say = time.monotonic()
                 say(f"    {len(s.d)} blocks" + (f" from {len(s.pairs)} pairs" if seq.rotate else "")
@@ -300,7 +329,8 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
                        f"the split {math.exp(seq.split):.3f} ({out.blocks} blocks, {out.seconds:.0f} s)")
     elif out.verdict != "error":
         out.summary = describe_verdict(out.verdict, out.ratio, out.ci, seq.delta) + f" ({out.blocks} blocks" + (
-            f" from {out.pairs} pairs of preparations" if seq.rotate else "") + f", {out.seconds:.0f} s)"
+            f" from {out.pairs} pairs of preparations on {out.servers} pairs of servers" if seq.rotate else ""
+        ) + f", {out.seconds:.0f} s)"
     say(f"  {case}@{world}: {out.summary or out.error}")
     return out
 

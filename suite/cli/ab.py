@@ -49,6 +49,9 @@ def add_selection(p) -> None:
                         "the samples (t interval over pairs): two preparations of the same code can differ in "
                         "speed for as long as they run (docs/figures/gate.md measures it); 0 = one preparation "
                         "per comparison, blocks as samples (default 5)")
+    p.add_argument("--restart", type=int, default=2, metavar="K",
+                   help="with --rotate: every K-th fresh preparation is on fresh trial servers (new processes), whose "
+                        "own few percent of bias then change too; 1 = fresh servers every time, 0 = never (default 2)")
     p.add_argument("--seed", type=int, default=0, help="seed of the block orders and the bootstrap")
     p.add_argument("--repo", default=".", help="the git repository of the revisions (default: the current one)")
     p.add_argument("--python", help="interpreter of the trial servers (default: this one)")
@@ -82,7 +85,8 @@ def options(args):
         device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= args.nproc else "cpu"
     size = args.size or ("full" if device == "cuda" else "cpu")
     seq = SeqOptions(delta=args.delta, confidence=args.confidence, min_blocks=args.min_blocks,
-                     max_blocks=args.max_blocks, budget_s=args.budget, seed=args.seed, rotate=args.rotate)
+                     max_blocks=args.max_blocks, budget_s=args.budget, seed=args.seed, rotate=args.rotate,
+                     restart=args.restart)
     cases = list(args.case)
     if not (cases or args.tag or args.model):
         args.tag = ["default"]
