@@ -208,8 +208,7 @@ def fresh_servers(sides: tuple[Side, ...], case: str, opts: AbOptions, n: int) -
                                   device=opts.device, log_path=log, wait=False)
     ready(*sides)
     for side in sides:
-        _prepare(side, case, opts, check=False)
-        side.records[case] = records[side.label] or side.records[case]
+        _prepare_again(side, case, opts, records[side.label])
 
 
 def rotate(sides: tuple[Side, ...], case: str, opts: AbOptions, s: Sequential) -> int:
@@ -229,8 +228,13 @@ def fresh_preparations(sides: tuple[Side, ...], case: str, opts: AbOptions) -> N
     for side in sides:
         record = side.records.get(case)
         close_case(side, case)
-        _prepare(side, case, opts, check=False)
-        side.records[case] = record or side.records[case]
+        _prepare_again(side, case, opts, record)
+
+
+def _prepare_again(side: Side, case: str, opts: AbOptions, record: dict | None) -> None:
+    """The case prepared without the check; the structure record the gate compared (``record``) is kept."""
+    _prepare(side, case, opts, check=False)
+    side.records[case] = record or side.records[case]
 
 
 def _trial(side: Side, case: str, opts: AbOptions) -> float:
