@@ -93,9 +93,12 @@ def block_log_ratio(base_trials: Sequence[float], head_trials: Sequence[float]) 
 
 
 def _trimmed(x, axis=-1, trim: float = 0.2):
-    from scipy.stats import trim_mean
-
-    return trim_mean(x, trim, axis=axis)
+    """scipy.stats.trim_mean's rule (int(trim * n) cut from each end of the sorted values), in numpy alone: the
+    gate figure's simulation calls it hundreds of thousands of times, and scipy's wrapper costs 0.3 ms a call."""
+    a = np.sort(np.asarray(x, dtype=float), axis=axis)
+    n = a.shape[axis]
+    cut = int(trim * n)
+    return np.take(a, range(cut, n - cut), axis=axis).mean(axis=axis)
 
 
 def interval(d: Sequence[float], opts: SeqOptions = SeqOptions(), rng: np.random.Generator | None = None
