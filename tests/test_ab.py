@@ -149,7 +149,7 @@ def test_ab_answers_slower_for_a_commit_that_slows_the_step_10_percent(repo):
 @pytest.mark.timeout(900)
 def test_ab_of_a_commit_against_itself_is_same_or_inconclusive_and_passes(repo):
     root, c = repo
-    proc, out = _ab(root, c["base"], c["base"], "--case", "mlp/plain", "--budget", "30")
+    proc, out = _ab(root, c["base"], c["base"], "--case", "mlp/plain", "--budget", "15")
     (case,) = out["cases"]
     assert case["verdict"] in ("same", "inconclusive"), (case["summary"], proc.stderr[-3000:])
     assert proc.returncode == 0 and out["failures"] == []
@@ -172,7 +172,7 @@ def test_ab_of_a_commit_against_itself_is_same_or_inconclusive_and_passes(repo):
 @pytest.mark.timeout(900)
 def test_ab_reports_structure_changed_for_a_bucket_size_change(repo):
     root, c = repo
-    proc, out = _ab(root, c["base"], c["bucket"], "--case", "mlp/fusion", "--budget", "10", "--min-blocks", "3")
+    proc, out = _ab(root, c["base"], c["bucket"], "--case", "mlp/fusion", "--budget", "3", "--min-blocks", "3")
     (case,) = out["cases"]
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert case["status"].startswith("structure changed"), case
@@ -358,7 +358,7 @@ class _FakeServer:
             self.n += 1
             return {"key": f"k{self.n}"}
         if op == "trial":
-            return {"step_s": self.speed, "losses": [1.0]}
+            return {"step_s": self.speed() if callable(self.speed) else self.speed, "losses": [1.0]}
         if op == "structure":
             return {"record": {"structure": {"prep": self.n}, "verdict": "pass" if self.n == 1 else "n/a"}}
         return {}
@@ -411,6 +411,40 @@ def test_rotation_restarts_the_servers_every_kth_time(monkeypatch):
     assert first.closed and base.server is not first
     assert [f["check"] for op, f in base.server.requests if op == "prepare"] == [False, False]
     assert base.records["mlp/plain"]["structure"] == {"prep": 1}  # the first server's first preparation
+
+
+def test_bisect_decides_bad_against_good_from_the_first_commits_blocks():
+    """classify with ``ends``: every block feeds BAD-against-GOOD (ab's rule, 99%, the margin) from the same trials;
+    the blocks go on until both are decided, and stop at once when BAD is not slower (nothing to bisect)."""
+    import numpy as np
+
+    from suite.ab.bisect import classify
+    from suite.ab.stats import SeqOptions, Sequential
+    from suite.ab.trials import AbOptions, Side, _prepare
+
+    seq = SeqOptions(rotate=3, min_pairs=3, budget_s=600, restart=0)
+    opts = AbOptions(seq=seq)
+    rng = np.random.default_rng(3)
+
+    def sides(bad_speed):
+        out = [Side(label, label, label, "", "/nowhere", _FakeServer(speed)) for label, speed in
+               (("GOOD", 0.100), ("BAD", bad_speed), ("c1", 0.100))]
+        for side in out[:2]:
+            _prepare(side, "mlp/plain", opts)  # as run_bisect does (classify prepares the commit)
+        return out
+
+    # BAD 25% slower with 10% noise a trial: the candidate (as fast as GOOD) decides at 95% against 0 before
+    # BAD-against-GOOD decides at 99% against +2%; the blocks go on for the latter
+    g, b, c = sides(lambda: 0.125 * math.exp(rng.normal(0, 0.10)))
+    ends = Sequential(seq)
+    res = classify(g, b, c, "mlp/plain", opts, seq, ends=ends)
+    assert res["class"] == "good" and res["ends"]["verdict"] == "slower", res
+    assert res["blocks"] < res["ends"]["blocks"] and res["ends"]["blocks"] % 3 == 0, res
+    assert res["ends"]["ratio"] == pytest.approx(1.25, rel=0.08) and res["ends"]["ci"][0] > 1.02, res
+    # BAD as fast as GOOD: 'same' after the first three whole groups, and the blocks stop there
+    g, b, c = sides(0.100)
+    res = classify(g, b, c, "mlp/plain", opts, seq, ends=Sequential(seq))
+    assert res["ends"]["verdict"] == "same" and res["blocks"] == 9 and res["class"] == "inconclusive", res
 
 
 def test_bisection_split_classifies_two_ways():

@@ -52,7 +52,7 @@ def test_nightly_cpu_pipeline_end_to_end(tmp_path):
                NIGHTLY_ROUNDS="2", NIGHTLY_STEPS="2", NIGHTLY_QUICK="1", NIGHTLY_OUT=str(out_dir),
                NIGHTLY_LAST_GOOD=str(last_good), NIGHTLY_ASV_CONFIG=str(tmp_path / "asv.conf.json"),
                NIGHTLY_MACHINE="cpu-test", MPLCONFIGDIR=str(tmp_path / "mpl"), NIGHTLY_AB_BUDGET="90",
-               NIGHTLY_AB_ARGS="--steps 3", FLEETBENCH_AB_INJECT="head=1.0")
+               NIGHTLY_AB_ARGS="--steps 3 --rotate 2", FLEETBENCH_AB_INJECT="head=1.0")
     proc = subprocess.run([os.path.join(REPO, ".ci", "nightly")], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=900)
     log = proc.stdout + proc.stderr

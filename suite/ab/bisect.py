@@ -1,8 +1,11 @@
 """`fleetbench bisect GOOD BAD --case X`: the first slow commit, found with the A/B harness.
 
 1. GOOD and BAD each get a trial server, kept up for the whole bisection (each case prepared
-   once).  BAD is compared with GOOD by `ab`'s own rule (:func:`suite.ab.trials.compare_case`);
-   unless it is *slower*, there is nothing to bisect and the report says so.
+   once).  BAD must be *slower* than GOOD by `ab`'s own rule (99%, the margin δ, rotation), or
+   there is nothing to bisect and the report says so.  That verdict comes from the first
+   commit's blocks (step 2: each holds two trials of GOOD and two of BAD), which go on until both
+   it and the commit are decided, and stop as soon as BAD is *same* or *faster*; with one commit
+   after GOOD, `ab` itself (:func:`suite.ab.trials.compare_case`) decides.
 2. The commits of BAD's first-parent line after GOOD are bisected.  A commit tested gets its
    own worktree and server, and its trials are interleaved with *both* GOOD's and BAD's in
    blocks of six, ``ABCCBA`` with the three roles drawn at random each block (a mirror
@@ -37,7 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .client import ProtocolMismatch, TrialError
-from .stats import SeqOptions, Sequential
+from .stats import SeqOptions, Sequential, describe_verdict
 from .trials import (
     AbInputError,
     AbOptions,
@@ -81,12 +84,16 @@ class BisectReport:
 
 
 def classify(good: Side, bad: Side, cand: Side, case: str, opts: AbOptions, seq: SeqOptions,
-             say: Callable[[str], None] = lambda m: None) -> dict:
-    """Blocks of six trials until the candidate's position between GOOD and BAD is decided (see above)."""
+             say: Callable[[str], None] = lambda m: None, ends: Sequential | None = None) -> dict:
+    """Blocks of six trials until the candidate's position between GOOD and BAD is decided (see above).
+
+    ``ends``: BAD against GOOD by `ab`'s own rule, not decided yet (the first commit tested).  Every block already
+    holds two trials of each, so ``log(BAD) - log(GOOD)`` is fed to it from the same blocks, and the blocks go on
+    until both have decided; they stop at once when BAD is *same* or *faster* (nothing to bisect)."""
     _prepare(cand, case, opts)
-    # 95%, not ab's 99%: a bisection step chooses between two hypotheses, and a wrong step is caught when the
-    # named commit is checked; the blocks it saves are many on a loaded machine.
-    # with rotation (seq.rotate = N): groups of N blocks, each on fresh preparations of all three, are the samples
+    # 95%, not ab's 99%: a bisection step chooses between two hypotheses; the blocks it saves are many on a loaded
+    # machine.  With rotation (seq.rotate = N): groups of N blocks, each on fresh preparations of all three, are
+    # the samples.
     s = Sequential(dataclasses.replace(seq, split=0.0, confidence=min(seq.confidence, CLASSIFY_CONFIDENCE)))
     rng = random.Random(f"{seq.seed}:{cand.commit}")
     restarts = 0
@@ -98,20 +105,38 @@ def classify(good: Side, bad: Side, cand: Side, case: str, opts: AbOptions, seq:
         for side in roles + roles[::-1]:
             got[side.label].append(_trial(side, case, opts))
         lg, lb, lc = (math.log(float(np.mean(got[x.label]))) for x in (good, bad, cand))
-        verdict = s.add(lc - (lg + lb) / 2)
-        if verdict is not None or time.monotonic() - t0 >= seq.budget_s or len(s.d) >= seq.max_blocks:
+        fed = []  # the sequentials still taking blocks (a decided one is left as it decided)
+        for seq_, x in ((s, lc - (lg + lb) / 2), (ends, lb - lg)):
+            if seq_ is not None and seq_.verdict is None:
+                seq_.add(x)
+                fed.append(seq_)
+        if ends is not None and ends.verdict in ("same", "faster"):
+            break  # BAD is not slower than GOOD: the candidate's position means nothing
+        if s.verdict is not None and (ends is None or ends.verdict is not None):
             break
-        if s.pair_done:
-            restarts += rotate((good, bad, cand), case, opts, s)
+        if time.monotonic() - t0 >= seq.budget_s or len(s.d) >= seq.max_blocks:
+            break
+        lead = max(fed, key=lambda q: len(q.d))  # the one that has seen every block (both, until one decides)
+        if lead.pair_done:
+            restarts += rotate((good, bad, cand), case, opts, lead)
     s.finish()
+    seconds = time.monotonic() - t0
+    if ends is not None:
+        ends.finish()
     cls = {"slower": "bad", "same": "good"}.get(s.verdict or "", "inconclusive")
     lo, hi = s.ratio_ci
     groups = len(s.pairs) if seq.rotate else 1
     out = {"class": cls, "position": s.ratio, "ci": [lo, hi], "blocks": len(s.d), "groups": groups,
-           "restarts": restarts, "seconds": time.monotonic() - t0}
+           "restarts": restarts, "seconds": seconds}
+    if ends is not None:
+        out["ends"] = {"verdict": ends.verdict, "ratio": ends.ratio, "ci": list(ends.ratio_ci),
+                       "blocks": len(ends.d), "groups": len(ends.pairs) if seq.rotate else 1}
+        say(f"  {case}: BAD against GOOD: " + describe_verdict(ends.verdict or "inconclusive", ends.ratio,
+                                                                ends.ratio_ci, seq.delta)
+            + f" ({len(ends.d)} blocks, shared with the first commit's)")
     say(f"  {case}: {cls}: commit / midpoint(GOOD, BAD) step time {s.ratio:.3f} [{lo:.3f}, {hi:.3f}] "
         f"({len(s.d)} blocks" + (f" in {groups} groups of fresh preparations" if seq.rotate else "")
-        + f", {out['seconds']:.0f} s)")
+        + f", {seconds:.0f} s)")
     return out
 
 
@@ -140,16 +165,22 @@ def run_bisect(repo: str, good: str, bad: str, case: str, opts: AbOptions, retri
                      if not c["skip"]]
             if case not in names:
                 raise AbInputError(f"case {case} does not run on GOOD at world size {opts.nproc}")
-            o = compare_case(g, b, case, opts.nproc, opts, say)  # BAD against GOOD, by ab's own rule
-            report.bad_ratio = o.ratio
-            report.tests.append({"commit": bc, "subject": wt.subject(bc), "class": "bad" if o.verdict == "slower"
-                                 else o.verdict, "position": math.nan, "ratio": o.ratio, "ci": list(o.ci),
-                                 "blocks": o.blocks, "seconds": o.seconds, "against": "GOOD"})
-            if o.verdict != "slower":
-                report.undecided = f"BAD {bc[:10]} is {o.verdict} against GOOD, not slower: nothing to bisect"
-                return report
+            if len(commits) == 1:  # BAD is the only commit after GOOD: ab's verdict is the whole answer
+                o = compare_case(g, b, case, opts.nproc, opts, say)
+                report.bad_ratio = o.ratio
+                report.tests.append({"commit": bc, "subject": wt.subject(bc), "class": "bad" if o.verdict == "slower"
+                                     else o.verdict, "position": math.nan, "ratio": o.ratio, "ci": list(o.ci),
+                                     "blocks": o.blocks, "seconds": o.seconds, "against": "GOOD"})
+                if o.verdict != "slower":
+                    report.undecided = f"BAD {bc[:10]} is {o.verdict} against GOOD, not slower: nothing to bisect"
+                    return report
+            else:  # BAD against GOOD is decided from the first commit's blocks (they hold both): see classify
+                for side in (g, b):
+                    _prepare(side, case, opts)
+            ends: Sequential | None = None if len(commits) == 1 else Sequential(opts.seq)
 
             def test(i: int) -> str:
+                nonlocal ends
                 commit = commits[i]
                 cand: Side | None = None
                 seq = opts.seq
@@ -161,7 +192,20 @@ def run_bisect(repo: str, good: str, bad: str, case: str, opts: AbOptions, retri
                     for attempt in range(retries + 1):
                         say(f"  testing {commit[:10]} ({i + 1}/{len(commits)}: {wt.subject(commit)[:60]})"
                             + (f", again with a budget of {seq.budget_s:.0f} s" if attempt else ""))
-                        res = classify(g, b, cand, case, opts, seq, say)
+                        res = classify(g, b, cand, case, opts, seq, say, ends=ends)
+                        if ends is not None:  # the first commit tested: its blocks decided BAD against GOOD too
+                            e = res.pop("ends")
+                            report.bad_ratio = e["ratio"]
+                            report.tests.insert(0, {"commit": bc, "subject": wt.subject(bc),
+                                                    "class": "bad" if e["verdict"] == "slower" else e["verdict"],
+                                                    "position": math.nan, "ratio": e["ratio"], "ci": e["ci"],
+                                                    "blocks": e["blocks"], "seconds": res["seconds"],
+                                                    "against": "GOOD"})
+                            verdict, ends = e["verdict"], None
+                            if verdict != "slower":
+                                report.undecided = (f"BAD {bc[:10]} is {verdict} against GOOD, not slower: nothing "
+                                                    f"to bisect")
+                                return "nothing"
                         if res["class"] != "inconclusive":
                             break
                         seq = dataclasses.replace(seq, budget_s=seq.budget_s * 2)
@@ -180,6 +224,8 @@ def run_bisect(repo: str, good: str, bad: str, case: str, opts: AbOptions, retri
             while hi - lo > 1:
                 mid = (lo + hi) // 2
                 v = test(mid)
+                if v == "nothing":
+                    return report
                 if v == "bad":
                     hi = mid
                 elif v == "good":
