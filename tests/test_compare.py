@@ -315,3 +315,30 @@ def test_gate_figure_splits_the_spread_between_preparations_and_processes():
     assert np.median(preps["seconds"]) < np.median(servers["seconds"]), (preps["seconds"], servers["seconds"])
     with pytest.raises(ValueError, match="fresh="):
         figure.simulate_level(runs, fresh="threads", **kw)
+
+
+def test_gate_figure_simulates_the_fitted_cost_of_busy_work_and_an_exact_5_percent():
+    """Busy work that costs half its nominal fraction: effect_scale finds 0.5, the simulated +5% level uses it
+    (mu = 0.5 log 1.05), and scale=1.0 (the figure's 'exactly +5% of the measured step time') shifts the blocks by
+    the whole log 1.05, which the default rotation then catches more often."""
+    from suite.figures import gate as figure
+
+    rng = np.random.default_rng(4)
+    runs = []
+    for inject in (0.02, 0.05, 0.05, 0.10):
+        r = figure.Run("mlp/plain", inject)
+        for g in range(5):
+            bias = rng.normal(0, 0.002)
+            for _ in range(10):
+                r.d.append(float(0.5 * math.log1p(inject) + bias + rng.normal(0, 0.01)))
+                r.group.append(g)
+        r.seconds, r.setup_s, r.prep_s = 50.0, 6.0, [0.3] * 4
+        runs.append(r)
+    assert figure.effect_scale(runs) == pytest.approx(0.5, abs=0.05)
+    five = [r for r in runs if r.inject == 0.05]
+    kw = dict(sims=40, budget_s=180, seed=3, tau=0.01, rotate=5, tau_process=0.005, fresh="preparations",
+              servers_every=2)
+    fitted = figure.simulate_level(five, scale=figure.effect_scale(runs), **kw)
+    exact = figure.simulate_level(five, scale=1.0, **kw)
+    assert fitted["mu"] == pytest.approx(0.5 * math.log(1.05), rel=0.1) and exact["mu"] == pytest.approx(math.log(1.05))
+    assert exact["counts"]["slower"] >= 36 and fitted["counts"]["slower"] <= 20, (fitted["counts"], exact["counts"])
