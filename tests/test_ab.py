@@ -445,6 +445,12 @@ def test_bisect_decides_bad_against_good_from_the_first_commits_blocks():
     g, b, c = sides(0.100)
     res = classify(g, b, c, "mlp/plain", opts, seq, ends=Sequential(seq))
     assert res["ends"]["verdict"] == "same" and res["blocks"] == 9 and res["class"] == "inconclusive", res
+    # BAD at the margin: the commit decides, BAD-against-GOOD never does; --max-blocks still ends the blocks
+    capped = SeqOptions(rotate=3, min_pairs=3, budget_s=5, restart=0, max_blocks=30)
+    g, b, c = sides(lambda: 0.103 * math.exp(rng.normal(0, 0.045)))
+    res = classify(g, b, c, "mlp/plain", AbOptions(seq=capped), capped, ends=Sequential(capped))
+    assert res["class"] == "good" and res["blocks"] < 30, res
+    assert res["ends"]["verdict"] == "inconclusive" and res["ends"]["blocks"] == 30, res
 
 
 def test_bisection_split_classifies_two_ways():

@@ -114,9 +114,9 @@ def classify(good: Side, bad: Side, cand: Side, case: str, opts: AbOptions, seq:
             break  # BAD is not slower than GOOD: the candidate's position means nothing
         if s.verdict is not None and (ends is None or ends.verdict is not None):
             break
-        if time.monotonic() - t0 >= seq.budget_s or len(s.d) >= seq.max_blocks:
-            break
         lead = max(fed, key=lambda q: len(q.d))  # the one that has seen every block (both, until one decides)
+        if time.monotonic() - t0 >= seq.budget_s or len(lead.d) >= seq.max_blocks:
+            break
         if lead.pair_done:
             restarts += rotate((good, bad, cand), case, opts, lead)
     s.finish()
