@@ -165,14 +165,19 @@ def run_bisect(repo: str, good: str, bad: str, case: str, opts: AbOptions, retri
                      if not c["skip"]]
             if case not in names:
                 raise AbInputError(f"case {case} does not run on GOOD at world size {opts.nproc}")
+            def ends_decided(verdict: str, ratio: float, ci: list, blocks: int, seconds: float) -> bool:
+                """BAD against GOOD, first in the report; False (and why) when it is not slower."""
+                report.bad_ratio = ratio
+                report.tests.insert(0, {"commit": bc, "subject": wt.subject(bc), "class": "bad" if verdict == "slower"
+                                        else verdict, "position": math.nan, "ratio": ratio, "ci": ci,
+                                        "blocks": blocks, "seconds": seconds, "against": "GOOD"})
+                if verdict != "slower":
+                    report.undecided = f"BAD {bc[:10]} is {verdict} against GOOD, not slower: nothing to bisect"
+                return verdict == "slower"
+
             if len(commits) == 1:  # BAD is the only commit after GOOD: ab's verdict is the whole answer
                 o = compare_case(g, b, case, opts.nproc, opts, say)
-                report.bad_ratio = o.ratio
-                report.tests.append({"commit": bc, "subject": wt.subject(bc), "class": "bad" if o.verdict == "slower"
-                                     else o.verdict, "position": math.nan, "ratio": o.ratio, "ci": list(o.ci),
-                                     "blocks": o.blocks, "seconds": o.seconds, "against": "GOOD"})
-                if o.verdict != "slower":
-                    report.undecided = f"BAD {bc[:10]} is {o.verdict} against GOOD, not slower: nothing to bisect"
+                if not ends_decided(o.verdict, o.ratio, list(o.ci), o.blocks, o.seconds):
                     return report
             else:  # BAD against GOOD is decided from the first commit's blocks (they hold both): see classify
                 for side in (g, b):
@@ -194,17 +199,8 @@ def run_bisect(repo: str, good: str, bad: str, case: str, opts: AbOptions, retri
                             + (f", again with a budget of {seq.budget_s:.0f} s" if attempt else ""))
                         res = classify(g, b, cand, case, opts, seq, say, ends=ends)
                         if ends is not None:  # the first commit tested: its blocks decided BAD against GOOD too
-                            e = res.pop("ends")
-                            report.bad_ratio = e["ratio"]
-                            report.tests.insert(0, {"commit": bc, "subject": wt.subject(bc),
-                                                    "class": "bad" if e["verdict"] == "slower" else e["verdict"],
-                                                    "position": math.nan, "ratio": e["ratio"], "ci": e["ci"],
-                                                    "blocks": e["blocks"], "seconds": res["seconds"],
-                                                    "against": "GOOD"})
-                            verdict, ends = e["verdict"], None
-                            if verdict != "slower":
-                                report.undecided = (f"BAD {bc[:10]} is {verdict} against GOOD, not slower: nothing "
-                                                    f"to bisect")
+                            e, ends = res.pop("ends"), None
+                            if not ends_decided(e["verdict"], e["ratio"], e["ci"], e["blocks"], res["seconds"]):
                                 return "nothing"
                         if res["class"] != "inconclusive":
                             break
