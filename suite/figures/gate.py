@@ -293,14 +293,15 @@ def simulate_level(runs: list[Run], sims: int, budget_s: float, seed: int, tau: 
     used = []
     for _ in range(sims):
         s = Sequential(SeqOptions(delta=opts.delta, confidence=opts.confidence, min_blocks=opts.min_blocks,
-                                  seed=int(rng.integers(1 << 30)), rotate=rotate, restart=0))
+                                  seed=int(rng.integers(1 << 30)), rotate=rotate,
+                                  restart=1 if fresh == "servers" else servers_every))
         proc, bias, t = rng.normal(0.0, tau_process) if tau_process else 0.0, rng.normal(0.0, tau), 0.0
         while True:
             t += block_s
             if s.add(float(mu + proc + bias + res[rng.integers(0, res.size)])) is not None or t >= budget_s:
                 break
             if s.pair_done:
-                restart = fresh == "servers" or (servers_every and len(s.pairs) % servers_every == 0)
+                restart = s.restart_due  # `ab`'s own rule (fresh="servers" is --restart 1)
                 bias, t = rng.normal(0.0, tau), t + (setup_s if restart else cost)
                 if restart and tau_process:
                     proc = rng.normal(0.0, tau_process)
