@@ -9,7 +9,7 @@ CONSTRAINTS := constraints.txt
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 ARGS ?=
 
-.PHONY: run test lint setup bench asv-smoke nightly-cpu figures clean-venv
+.PHONY: run test test-slow lint setup bench asv-smoke nightly-cpu figures clean-venv
 
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,8 +22,14 @@ run: setup
 	$(VENV)/bin/fleetbench run $(ARGS)
 
 # Lint, type check, then the tests (CI runs this through .ci/run).
+# Tests whose verdict depends on the machine's load (marked `statistical`) are left to `make test-slow`.
 test: setup lint
-	$(PY) -m pytest tests $(ARGS)
+	$(PY) -m pytest tests -m "not statistical" $(ARGS)
+
+# The statistical end-to-end tests: ab catching +10%, bisect naming a +10% commit, asv history, kill sweeps,
+# browser checks. Run by the scheduled CPU workflow and by `make nightly-cpu`; best on a quiet machine.
+test-slow: setup
+	$(PY) -m pytest tests -m statistical $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check suite tests bench_cases
