@@ -40,8 +40,9 @@ lint: setup
 bench: setup
 	$(PY) -m pytest bench_cases --benchmark-only $(ARGS)
 
-# The nightly pipeline (.ci/nightly) on CPU over the smoke cases: run, pytest-benchmark, asv, report, gate.
-nightly-cpu: setup
+# The statistical tests (make test-slow), then the nightly pipeline (.ci/nightly) on CPU over the smoke cases:
+# run, pytest-benchmark, asv, report, gate.
+nightly-cpu: setup test-slow
 	PY=$(PY) NIGHTLY_DEVICE=cpu NIGHTLY_TAG=smoke .ci/nightly
 
 # One quick asv pass of mlp/plain at 2 ranks, recorded for this commit, and the dashboard built.
