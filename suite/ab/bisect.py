@@ -26,7 +26,7 @@
    samples, a bootstrap interval.
 3. An *inconclusive* commit (its interval still straddles 0 when the budget is spent) is tested
    again with twice the budget (``retries`` times); if it stays inconclusive the bisection
-   stops and says so, with the range the first slow commit lies in (exit 1).
+   stops and says so, with the range the first slow commit lies in (exit 3, undecided).
 """
 from __future__ import annotations
 
@@ -75,7 +75,13 @@ class BisectReport:
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.first_slow else 1
+        """0: the first slow commit is named, or BAD is not slower than GOOD (nothing to bisect); 3: undecided."""
+        return 0 if self.first_slow or self.nothing_to_bisect else 3
+
+    @property
+    def nothing_to_bisect(self) -> bool:
+        """BAD measured same as or faster than GOOD (inconclusive is undecided, not this)."""
+        return any(t.get("against") == "GOOD" and t.get("class") in ("same", "faster") for t in self.tests)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

@@ -127,6 +127,8 @@ class CaseOutcome:
     seconds: float = 0.0  # timed blocks, and with rotation the fresh preparations
     lag1: float = math.nan
     estimate: float = math.nan  # trimmed mean of the block log ratios (rotation: mean of the pairs' trimmed means)
+    # the smallest slowdown (a fraction) this comparison would have called "slower" at 95% (None: none yet)
+    detectable_slowdown: float | None = None
     log_ratios: list = field(default_factory=list)
     structure_diff: list = field(default_factory=list)
     check: str = ""
@@ -153,8 +155,14 @@ class AbReport:
         return list(self.errors) + [f for c in self.cases for f in c.failures]
 
     @property
+    def inconclusive(self) -> list:
+        return [c for c in self.cases if c.verdict == "inconclusive"]
+
+    @property
     def exit_code(self) -> int:
-        return 1 if self.failures else 0
+        """0 ok or same, 1 regression (slower, a check that got worse, structure changed, HEAD errors),
+        3 undecided (a case inconclusive when its budget was spent); 2 (unusable input) is raised earlier."""
+        return 1 if self.failures else 3 if self.inconclusive else 0
 
     def to_dict(self) -> dict:
         from .protocol import PROTOCOL, VERSION
@@ -321,6 +329,8 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
     out.log_ratios = list(s.d)
     out.lag1 = lag1(s.d)
     out.ratio, out.ci, out.estimate = s.ratio, s.ratio_ci, s.estimate
+    power = s.detectable
+    out.detectable_slowdown = power if math.isfinite(power) else None
     if times[base.label]:
         out.base_ms = statistics.median(times[base.label]) * 1e3
         out.head_ms = statistics.median(times[head.label]) * 1e3
@@ -332,7 +342,7 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
         out.summary = (f"{kind}: HEAD/GOOD step time {out.ratio:.3f} [{out.ci[0]:.3f}, {out.ci[1]:.3f}] against "
                        f"the split {math.exp(seq.split):.3f} ({out.blocks} blocks, {out.seconds:.0f} s)")
     elif out.verdict != "error":
-        out.summary = describe_verdict(out.verdict, out.ratio, out.ci, seq.delta) + f" ({out.blocks} blocks" + (
+        out.summary = describe_verdict(out.verdict, out.ratio, out.ci, seq.delta, power) + f" ({out.blocks} blocks" + (
             f" from {out.pairs} pairs of preparations on {out.servers} pairs of servers" if seq.rotate else ""
         ) + f", {out.seconds:.0f} s)"
     say(f"  {case}@{world}: {out.summary or out.error}")
@@ -470,10 +480,12 @@ def _options_dict(opts: AbOptions) -> dict:
 
 def format_table(report: AbReport) -> str:
     """The people's table: one line per case, then the structure diffs and why the gate fails."""
-    rows = [("case", "verdict", "HEAD/BASE [interval]", "BASE ms", "HEAD ms", "blocks", "s", "structure", "check")]
+    rows = [("case", "verdict", "HEAD/BASE [interval]", "could catch", "BASE ms", "HEAD ms", "blocks", "s",
+             "structure", "check")]
     for c in report.cases:
         ci = f"{c.ratio:.3f} [{c.ci[0]:.3f}, {c.ci[1]:.3f}]" if math.isfinite(c.ratio) else "-"
-        rows.append((f"{c.case}@{c.world}", c.verdict, ci, _ms(c.base_ms), _ms(c.head_ms), str(c.blocks),
+        power = f"≥ {c.detectable_slowdown:.1%}" if c.detectable_slowdown is not None else "-"
+        rows.append((f"{c.case}@{c.world}", c.verdict, ci, power, _ms(c.base_ms), _ms(c.head_ms), str(c.blocks),
                      f"{c.seconds:.0f}", "changed" if c.structure_diff else ("identical" if c.check else "-"),
                      c.check or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

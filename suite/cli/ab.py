@@ -7,8 +7,12 @@ check, then timed trials of the two revisions alternating in randomised ABBA blo
 interval of the per-block log ratio decides (slower / faster / same within ±δ) or the budget
 per case is spent (inconclusive).  See docs/benchmarks.md.
 
-Exit 0: nothing slower; 1: a case slower, a structure changed, a check verdict pass -> fail,
-or a case that errors on HEAD only; 2: input it cannot use.
+Every verdict states its power: the smallest slowdown the comparison would have caught at 95%
+("could have caught ≥ 4.1%"; `detectable_slowdown` per case in --json, a fraction).
+
+Exit 0: ok (every case same or faster); 1: a regression (a case slower, a structure changed, a check
+verdict pass -> fail, or a case that errors on HEAD only); 2: input it cannot use; 3: undecided (a case
+still inconclusive when its budget was spent, and nothing worse).
 """
 from __future__ import annotations
 
@@ -138,6 +142,11 @@ def main(args) -> int:
             print(f"\nab gate: FAIL ({len(report.failures)})")
             for f in report.failures:
                 print(f"  {f}")
+        elif report.inconclusive:
+            print(f"\nab gate: UNDECIDED ({len(report.inconclusive)} case(s) inconclusive; "
+                  f"margin ±{opts.seq.delta:.0%})")
+            for c in report.inconclusive:
+                print(f"  {c.case}@{c.world}: {c.summary}")
         else:
             print(f"\nab gate: ok (margin ±{opts.seq.delta:.0%}, {opts.seq.confidence:.0%} interval)")
     return report.exit_code
