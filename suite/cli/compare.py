@@ -6,7 +6,9 @@ of the change per case (speedup > 1: HEAD faster) with a noise-aware verdict fro
 per-window samples, and the exact structural gate.  For two git revisions, `fleetbench ab`
 is the sharper gate (trials interleaved in time); see docs/figures/gate.md for both.
 Exit 0: nothing worse; 1: a case slower beyond the threshold, a structure changed, a verdict
-that went pass -> fail, or a case that errors on HEAD only; 2: input it cannot use.
+that went pass -> fail, or a case that errors on HEAD only; 2: input it cannot use; 3: undecided
+(a case whose samples cannot support a verdict at the threshold; each row states the smallest
+slowdown its samples could have caught).
 """
 from __future__ import annotations
 
@@ -75,6 +77,15 @@ def main(args) -> int:
         for f in cmp.failures:
             print(f"  {f}", file=sys.stderr)
         return 1
+    if cmp.undecided:
+        print(f"\nregression gate: UNDECIDED ({len(cmp.undecided)} case(s) whose samples cannot support a verdict "
+              f"at the {opts.threshold:.0%} threshold; more windows, or `fleetbench ab` for two revisions)",
+              file=sys.stderr)
+        for r in cmp.undecided:
+            d = r["detectable_slowdown"]
+            print(f"  {r['case']}@{r['world']}: {r['change']}" + (f", could have caught ≥ {d:.0%}" if d else ""),
+                  file=sys.stderr)
+        return 3
     print(f"\nregression gate: ok (threshold {opts.threshold:.0%}, alpha {opts.alpha:g}, {opts.method})")
     return 0
 

@@ -8,7 +8,8 @@ is "structure changed", whatever the timings say.
 Exit status: 0 nothing worse; 1 a case slower beyond the threshold, a structure changed, a
 correctness verdict that went from pass to fail, or a case that ran on BASE and errors on
 HEAD; 2 input that cannot be used (raised as ResultsFileError / ValueError by the caller's
-loaders).
+loaders); 3 undecided: a case whose samples cannot support a verdict at the threshold (too few,
+or an interval across it; ``suite.results.gate``), and nothing worse.
 A case on one side only is listed, not failed, unless ``strict``.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .gate import MIN_SAMPLES, GateOptions, gate_samples, min_p_value
+from .gate import MIN_SAMPLES, UNDECIDED, GateOptions, gate_samples, min_p_value
 from .load import Side
 from .structure import structure_diff
 
@@ -32,15 +33,27 @@ class Comparison:
     failures: list = field(default_factory=list)  # why the gate fails (exit 1)
 
     def frame(self):
+        """The rows for people: the interval and the sample counts as text, the power as a percentage."""
         import pandas as pd
 
-        cols = ["case", "world", "base_ms", "head_ms", "speedup", "ci", "p_slower", "n", "verdict", "change",
-                "structure", "status"]
-        return pd.DataFrame(self.rows, columns=cols)
+        def show(r: dict) -> dict:
+            ci, d = r["ci"], r["detectable_slowdown"]
+            return dict(r, ci=f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "",
+                        n=f"{r['n_base']}/{r['n_head']} {r['samples']}" if r["samples"] else "",
+                        could_catch=f"≥ {d:.0%}" if d is not None else "")
+
+        cols = ["case", "world", "base_ms", "head_ms", "speedup", "ci", "p_slower", "n", "could_catch", "verdict",
+                "change", "structure", "status"]
+        return pd.DataFrame([show(r) for r in self.rows], columns=cols)
+
+    @property
+    def undecided(self) -> list:
+        """Cases whose samples cannot support a verdict at the threshold."""
+        return [r for r in self.rows if str(r["change"]).startswith(UNDECIDED + ("too few",))]
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.failures else 0
+        return 1 if self.failures else 3 if self.undecided else 0
 
     def to_dict(self, base=None, head=None, opts=None) -> dict:
         """The comparison for machines (`fleetbench compare --json`)."""
@@ -58,6 +71,15 @@ def _side_info(side) -> dict | None:
     return {"path": side.path, "kind": side.kind, "torch": side.torch, "device": side.device, "run_ids": side.run_ids}
 
 
+def _same_file(a: str | None, b: str | None) -> bool:
+    import os
+
+    try:
+        return bool(a and b) and os.path.samefile(str(a), str(b))
+    except OSError:
+        return False
+
+
 def _fmt_ms(x: float) -> float:
     return round(x * 1e3, 3) if isinstance(x, float) and math.isfinite(x) else math.nan
 
@@ -69,14 +91,17 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
         cmp.warnings.append(f"torch versions differ: BASE {base.torch}, HEAD {head.torch}")
     if base.device and head.device and base.device != head.device:
         cmp.warnings.append(f"devices differ: BASE {base.device}, HEAD {head.device}")
+    if _same_file(base.path, head.path) and base.run_ids == head.run_ids:
+        cmp.warnings.append(f"BASE and HEAD are the same results ({base.path}): every case compares with itself")
     keys = list(dict.fromkeys(list(base.cases) + list(head.cases)))
     for key in sorted(keys):
         b, h = base.cases.get(key), head.cases.get(key)
         one = b or h
         assert one is not None  # the key came from one of the sides
         row = {"case": one.case, "world": one.world_size, "base_ms": math.nan, "head_ms": math.nan,
-               "speedup": math.nan, "ci": "", "p_slower": math.nan,
-               "n": "", "verdict": f"{b.verdict if b else '-'} -> {h.verdict if h else '-'}", "change": "",
+               "speedup": math.nan, "ci": None, "p_slower": math.nan, "n_base": 0, "n_head": 0, "samples": "",
+               "detectable_slowdown": None, "verdict": f"{b.verdict if b else '-'} -> {h.verdict if h else '-'}",
+               "change": "",
                "structure": "", "structure_diff": [], "status": "ok"}
         if b is None or h is None:
             row["change"] = "only in HEAD" if b is None else "only in BASE"
@@ -116,15 +141,17 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
             row["structure"] = "not recorded"
         windows = len(b.windows) >= MIN_SAMPLES and len(h.windows) >= MIN_SAMPLES
         bs, hs = (b.windows, h.windows) if windows else (b.samples, h.samples)
-        row["n"] = f"{len(bs)}/{len(hs)} {'windows' if windows else 'steps'}"
+        row.update(n_base=len(bs), n_head=len(hs), samples="windows" if windows else "steps")
         if not windows and b.samples and h.samples:
             cmp.warnings.append(f"{key}: fewer than {MIN_SAMPLES} timed windows on a side; compared per-step "
                                 f"samples, whose p-values are overconfident (steps of one window are not independent)")
         g = gate_samples(bs, hs, opts)
         row.update(base_ms=_fmt_ms(g["base_median_s"]), head_ms=_fmt_ms(g["head_median_s"]),
                    speedup=round(g["speedup"], 3) if math.isfinite(g["speedup"]) else math.nan,
-                   ci=f"[{g['ci_low']:.2f}, {g['ci_high']:.2f}]" if math.isfinite(g["ci_low"]) else "",
-                   p_slower=g["p_slower"], change=g["change"])
+                   ci=[round(g["ci_low"], 4), round(g["ci_high"], 4)] if math.isfinite(g["ci_low"]) else None,
+                   p_slower=g["p_slower"], change=g["change"],
+                   detectable_slowdown=(round(g["detectable_slowdown"], 4) if math.isfinite(g["detectable_slowdown"])
+                                        else None))
         if g["change"] == "slower":
             row["status"] = "FAIL"
             cmp.failures.append(f"{key}: {1 / g['speedup']:.2f}x slower (speedup {g['speedup']:.3f}, 95% interval "

@@ -13,11 +13,16 @@ two revisions is `fleetbench ab` (trials interleaved in time), not this comparis
 - ``mwu`` (default): one-sided Mann–Whitney U tests.  HEAD is *slower* when HEAD's steps are
   stochastically larger (p < ``alpha``) **and** the speedup is below 1 / (1 + threshold);
   *faster* symmetrically;
-- ``bootstrap``: *slower* when the whole interval of the speedup lies below 1 / (1 + threshold).
+- ``bootstrap``: the test is the interval itself (it excludes no change).
 
-A significant change smaller than the threshold is "same": on a shared machine a few percent
-move between runs without any code change (see ``fleetbench figures gate`` for the false-alarm
-rate and the smallest slowdown caught).
+A verdict must rest on more than the test, as `ab`'s does on its margin: *slower* needs the whole
+interval below 1 / (1 + threshold) (beyond the threshold with 95% confidence, not only its point
+estimate), and *same* needs the whole interval above it (not slower beyond the threshold).  An
+interval that reaches across the threshold, or too few samples, is **undecided** (exit 3), never
+"same": every row states the smallest slowdown its samples could have caught at 95%
+(``detectable_slowdown``, the same power statement as `ab`'s).  A significant change smaller than
+the threshold is "same": on a shared machine a few percent move between runs without any code
+change (see ``fleetbench figures gate``).
 """
 from __future__ import annotations
 
@@ -27,7 +32,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["GateOptions", "gate_samples", "MIN_SAMPLES", "min_p_value"]
+__all__ = ["GateOptions", "gate_samples", "MIN_SAMPLES", "min_p_value", "UNDECIDED"]
+
+UNDECIDED = ("undecided", "too few samples")  # changes that decide nothing (exit 3)
 
 MIN_SAMPLES = 3
 
@@ -57,9 +64,11 @@ def _finite(xs) -> np.ndarray:
 def gate_samples(base, head, opts: GateOptions = GateOptions()) -> dict:
     """Compare two sets of per-step seconds; returns speedup, interval, p-values and a change verdict.
 
-    ``change`` is "slower", "faster", "same" or "too few samples" (fewer than MIN_SAMPLES finite
-    positive samples on a side, or, with ``mwu``, too few for any p-value below alpha: 5 windows
-    a side at alpha 0.01; nan/inf samples are dropped and counted).
+    ``change`` is "slower", "faster", "same", "undecided" (see the module docstring) or "too few samples"
+    (fewer than MIN_SAMPLES finite positive samples on a side, or, with ``mwu``, too few for any p-value
+    below alpha: 5 windows a side at alpha 0.01; nan/inf samples are dropped and counted).
+    ``detectable_slowdown``: the smallest slowdown (a fraction) these samples would have called slower at
+    95% (inf: none).
     """
     b, h = _finite(base), _finite(head)
     out: dict[str, Any] = {"n_base": int(b.size), "n_head": int(h.size), "dropped": int(len(list(base)) - b.size
@@ -67,7 +76,7 @@ def gate_samples(base, head, opts: GateOptions = GateOptions()) -> dict:
            "base_median_s": float(np.median(b)) if b.size else math.nan,
            "head_median_s": float(np.median(h)) if h.size else math.nan,
            "speedup": math.nan, "ci_low": math.nan, "ci_high": math.nan, "p_slower": math.nan,
-           "p_faster": math.nan}
+           "p_faster": math.nan, "detectable_slowdown": math.inf}
     if b.size < MIN_SAMPLES or h.size < MIN_SAMPLES:
         out["change"] = "too few samples"
         return out
@@ -83,12 +92,21 @@ def gate_samples(base, head, opts: GateOptions = GateOptions()) -> dict:
     out["p_faster"] = float(mannwhitneyu(h, b, alternative="less").pvalue)
     slow_line, fast_line = 1 / (1 + opts.threshold), 1 + opts.threshold
     if opts.method == "mwu":
-        slower = out["p_slower"] < opts.alpha and speedup < slow_line
-        faster = out["p_faster"] < opts.alpha and speedup > fast_line
+        slow_test = out["p_slower"] < opts.alpha and speedup < slow_line
+        fast_test = out["p_faster"] < opts.alpha and speedup > fast_line
     else:
-        slower = hi < slow_line
-        faster = lo > fast_line
-    out["change"] = "slower" if slower else "faster" if faster else "same"
+        slow_test, fast_test = hi < 1, lo > 1
+    # the power statement: the bootstrap interval's width as the standard error of the log speedup
+    if lo > 0 and math.isfinite(hi) and hi > 0:
+        z_c, z_p = 1.959964, 1.644854  # normal quantiles 0.975 (the 95% interval) and 0.95 (the power)
+        se = (math.log(hi) - math.log(lo)) / (2 * z_c)
+        out["detectable_slowdown"] = math.expm1(math.log1p(opts.threshold) + (z_c + z_p) * se)
+    if slow_test:  # significant: slower only if the whole interval is beyond the threshold
+        out["change"] = "slower" if hi < slow_line else "undecided"
+    elif fast_test:
+        out["change"] = "faster"
+    else:  # "same" claims HEAD is not slower beyond the threshold: the whole interval must say so
+        out["change"] = "same" if lo > slow_line else "undecided"
     if opts.method == "mwu" and min_p_value(b.size, h.size) >= opts.alpha:
         # no arrangement of so few samples reaches alpha: the test cannot say "slower" at all
         out["change"] = "too few samples"
