@@ -45,13 +45,15 @@ bench: setup
 nightly-cpu: setup test-slow
 	PY=$(PY) NIGHTLY_DEVICE=cpu NIGHTLY_TAG=smoke .ci/nightly
 
-# One quick asv pass of mlp/plain at 2 ranks, recorded for this commit, and the dashboard built.
+# One asv pass of mlp/plain at 2 ranks (5 timed windows in each of 2 processes, recorded as samples with their
+# spread), recorded for this commit, and the dashboard built to work offline (vendored assets).
 ASV_MACHINE ?= $(shell PYTHONPATH=. $(PY) -m suite.measure.metadata machine-name 2>/dev/null)
 asv-smoke: setup
 	$(VENV)/bin/asv machine --machine $(ASV_MACHINE) --yes
-	FLEETBENCH_BENCH_CASES=mlp/plain FLEETBENCH_BENCH_WORLDS=2 $(VENV)/bin/asv run -E existing:same --quick \
+	FLEETBENCH_BENCH_CASES=mlp/plain FLEETBENCH_BENCH_WORLDS=2 $(VENV)/bin/asv run -E existing:same --record-samples \
 		--set-commit-hash $$(git rev-parse HEAD) --machine $(ASV_MACHINE) --launch-method spawn --show-stderr
 	$(VENV)/bin/asv publish
+	$(VENV)/bin/fleetbench asv-offline results/html
 
 # Every strategy's benchmark figures, as written into the README (takes a while; run on a quiet machine).
 FIGURES := docs/figures

@@ -18,6 +18,7 @@ COMMANDS = {
     "doctor": "suite.cli.doctor",
     "ab": "suite.cli.ab",
     "bisect": "suite.cli.bisect",
+    "asv-offline": "suite.cli.asv_offline",
     "trial-server": "suite.cli.trial_server",  # hidden: one revision's side of `ab` (JSON lines)
 }
 

@@ -1,0 +1,91 @@
+"""The asv dashboard without internet: vendored assets beside the published pages.
+
+asv 0.6's pages load jQuery, flot, stupidtable, blueimp-md5 and Bootstrap from CDNs; offline (a GPU
+cluster's head node, a CI artifact opened later) the dashboard shows only asv's "Can not determine
+continental origin of swallow".  :func:`make_offline` copies the files vendored in
+``suite/report/vendor/asv`` (see its README: versions, licences, hashes) into ``DIR/vendor`` and points
+every page at them.  A page that still loads a script or style from elsewhere is an error naming the
+page and the address (a newer asv adding a CDN asset is caught, not silently half offline).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+
+__all__ = ["ASSETS", "VENDOR", "make_offline", "external_assets", "OfflineError"]
+
+VENDOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vendor", "asv")
+
+# CDN address (as asv 0.6's index.html names it) -> the vendored file, relative to VENDOR
+ASSETS = {
+    "https://code.jquery.com/jquery-3.3.1.min.js": "jquery.min.js",
+    "https://cdnjs.cloudflare.com/ajax/libs/flot/0.8.3/jquery.flot.min.js": "jquery.flot.js",
+    "https://cdnjs.cloudflare.com/ajax/libs/flot/0.8.3/jquery.flot.time.min.js": "jquery.flot.time.js",
+    "https://cdnjs.cloudflare.com/ajax/libs/flot/0.8.3/jquery.flot.selection.min.js": "jquery.flot.selection.js",
+    "https://cdnjs.cloudflare.com/ajax/libs/flot/0.8.3/jquery.flot.categories.min.js": "jquery.flot.categories.js",
+    "https://cdn.jsdelivr.net/npm/flot-orderbars@1.0.0/js/jquery.flot.orderBars.js": "jquery.flot.orderBars.js",
+    "https://cdnjs.cloudflare.com/ajax/libs/stupidtable/1.0.1/stupidtable.min.js": "stupidtable.min.js",
+    "https://cdnjs.cloudflare.com/ajax/libs/blueimp-md5/2.19.0/js/md5.min.js": "md5.min.js",
+    "https://cdn.jsdelivr.net/npm/bootstrap@3.1.1/dist/js/bootstrap.min.js": "bootstrap/js/bootstrap.min.js",
+    "https://cdn.jsdelivr.net/npm/bootstrap@3.1.1/dist/css/bootstrap.min.css": "bootstrap/css/bootstrap.min.css",
+}
+
+# a <script src=…> or <link href=…> tag: the whole tag and its address
+_TAG = re.compile(r"<(script|link)\b[^>]*?\b(?:src|href)\s*=\s*[\"']([^\"']+)[\"'][^>]*>", re.IGNORECASE)
+_SRI = re.compile(r"\s+(?:integrity|crossorigin|referrerpolicy)\s*=\s*[\"'][^\"']*[\"']", re.IGNORECASE)
+
+
+class OfflineError(ValueError):
+    """A page still loads an asset from another host."""
+
+
+def external_assets(html: str) -> list[str]:
+    """Addresses of scripts and styles a page loads from another host (links to other pages are fine)."""
+    out = []
+    for m in _TAG.finditer(html):
+        tag, url = m.group(0), m.group(2)
+        if m.group(1).lower() == "link" and "stylesheet" not in tag.lower() and "icon" not in tag.lower():
+            continue
+        if re.match(r"^(?:[a-z][a-z0-9+.-]*:)?//", url, re.IGNORECASE):
+            out.append(url)
+    return out
+
+
+def _rewrite(html: str) -> str:
+    def local(m: re.Match) -> str:
+        url = m.group(2)
+        if url not in ASSETS:
+            return m.group(0)
+        return _SRI.sub("", m.group(0)).replace(url, "vendor/" + ASSETS[url])
+
+    return _TAG.sub(local, html)
+
+
+def make_offline(html_dir: str) -> list[str]:
+    """Copy the vendored assets into ``html_dir/vendor`` and point every top-level page at them; returns the
+    pages rewritten.  An OfflineError names a page that still loads an asset from elsewhere."""
+    index = os.path.join(html_dir, "index.html")
+    if not os.path.isfile(index):
+        raise OfflineError(f"{html_dir}: no index.html here (run `asv publish` first; this is its html_dir)")
+    dest = os.path.join(html_dir, "vendor")
+    shutil.copytree(VENDOR, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns("README.md"))
+    pages, left = [], []
+    for name in sorted(os.listdir(html_dir)):
+        path = os.path.join(html_dir, name)
+        if not (name.endswith(".html") and os.path.isfile(path) and not os.path.islink(path)):
+            continue
+        with open(path, encoding="utf-8") as fh:
+            html = fh.read()
+        new = _rewrite(html)
+        if new != html:
+            tmp = path + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(new)
+            os.replace(tmp, path)
+            pages.append(name)
+        left += [f"{name}: {url}" for url in external_assets(new)]
+    if left:
+        raise OfflineError("these pages still load assets from other hosts (add them to "
+                           "suite/report/asv_offline.py ASSETS and vendor them): " + "; ".join(left))
+    return pages
