@@ -9,26 +9,33 @@ CONSTRAINTS := constraints.txt
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 ARGS ?=
 
-.PHONY: run test test-slow lint setup bench asv-smoke nightly-cpu figures clean-venv
+.PHONY: run test test-slow lint setup setup-hf bench asv-smoke nightly-cpu figures clean-venv
 
+# pip prints each package as it goes (a fresh install takes a minute or two; torch is the large one).
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --disable-pip-version-check $(FIND_LINKS) -c $(CONSTRAINTS) -e '.[dev,hf]'
+	$(PIP) install --disable-pip-version-check $(FIND_LINKS) -c $(CONSTRAINTS) -e '.[dev]'
+	touch $@
+
+# Hugging Face models (`--model hf:GPT2Config`): transformers, about 180 MB, only when asked (and for the tests).
+$(VENV)/.installed-hf: $(VENV)/.installed
+	$(PIP) install --disable-pip-version-check $(FIND_LINKS) -c $(CONSTRAINTS) -e '.[dev,hf]'
 	touch $@
 
 setup: $(VENV)/.installed
+setup-hf: $(VENV)/.installed-hf
 
 run: setup
 	$(VENV)/bin/fleetbench run $(ARGS)
 
 # Lint, type check, then the tests (CI runs this through .ci/run).
 # Tests whose verdict depends on the machine's load (marked `statistical`) are left to `make test-slow`.
-test: setup lint
+test: setup-hf lint
 	$(PY) -m pytest tests -m "not statistical" $(ARGS)
 
 # The statistical end-to-end tests: ab catching +10%, bisect naming a +10% commit, asv history, kill sweeps,
 # browser checks. Run by the scheduled CPU workflow and by `make nightly-cpu`; best on a quiet machine.
-test-slow: setup
+test-slow: setup-hf
 	$(PY) -m pytest tests -m statistical $(ARGS)
 
 lint: setup
