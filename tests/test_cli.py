@@ -162,3 +162,12 @@ def test_progress_on_a_terminal_is_a_live_display_with_the_step_under_way():
                   "timing mlp, group 1/2: 2 variant(s) interleaved (plain, overlap), 3 round(s) x 5 step(s)",
                   "timed mlp group 1/2 in 2.5s: 3/3 rounds done"):
         assert words in out, (words, out)
+
+
+def test_the_run_table_says_not_resolved_where_the_speedup_interval_spans_one():
+    from suite.cli.run import _speedup_cell
+
+    assert _speedup_cell(0.94, [0.64, 1.86]) == "0.94 [0.64, 1.86] not resolved"
+    assert _speedup_cell(1.30, [1.10, 1.50]) == "1.30 [1.10, 1.50]"
+    assert _speedup_cell(0.80, [0.70, 0.90]) == "0.80 [0.70, 0.90]"
+    assert _speedup_cell(None, [None, None]) == "-"

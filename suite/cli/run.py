@@ -416,6 +416,14 @@ def _resolve_resume(args, world: int) -> tuple[str, set]:
     return run_id, {r.case for r in mine if r.status != "error"}
 
 
+def _speedup_cell(sp, ci) -> str:
+    """The speedup with its interval; "not resolved" where the interval spans 1 (neither faster nor slower)."""
+    if not (isinstance(sp, float) and ci[0] is not None and ci[1] is not None):
+        return "-"
+    cell = f"{sp:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
+    return cell + " not resolved" if ci[0] <= 1 <= ci[1] else cell
+
+
 def print_table(records) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -435,7 +443,7 @@ def print_table(records) -> None:
             r.case,
             r.verdict,
             f"{sps:.1f}" if isinstance(sps, float) else "-",
-            f"{sp:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]" if isinstance(sp, float) and ci[0] is not None else "-",
+            _speedup_cell(sp, ci),
             f"{st['median'] * 1e3:.1f} ({st['iqr'] * 1e3:.1f})" if st.get("n") else "-",
             f"{ar:g}" if m else "-",
         )
