@@ -7,6 +7,7 @@ Records are crafted here (no ranks); tests/test_matrix_run.py builds a report fr
 """
 from __future__ import annotations
 
+import dataclasses
 import html.parser
 import os
 
@@ -232,8 +233,8 @@ def test_busbw_only_where_it_is_a_bandwidth(report):
     assert mlp[("mlp/none", 2)]["busbw GB/s"][0] == "-"
     # latency-bound: 1.8 kB per allreduce; the figure exists in the record but is not shown
     rec = _records()[7]
-    rec.metrics.update(compute_s=0.02, exposed_comm_s=0.06, busbw_GBps=0.0009)
-    shown, why = F.busbw_measurable(rec.metrics)
+    metrics = dataclasses.replace(rec.metrics, compute_s=0.02, exposed_comm_s=0.06, busbw_GBps=0.0009)
+    shown, why = F.busbw_measurable(metrics)
     assert not shown and "latency" in why
     small = _metrics(31, 1.0, None, 30, {"world/all_reduce": 1.0}, MLP_BYTES)  # 1 ms exposed of 31
     assert F.busbw_measurable(small) == (False, "exposed communication under 10% of the step")

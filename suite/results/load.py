@@ -115,7 +115,7 @@ def _from_records(path: str, run_id: str | None) -> Side:
     side.run_ids = list(dict.fromkeys(r.run_id for r in records))
     for rec, lineno in pairs:
         where = f"{path}:{lineno}"
-        m = rec.metrics or {}
+        m = rec.metrics
         samples = _floats(m.get("step_times_s"), where, "metrics.step_times_s")
         k = m.get("steps_per_window")
         windows = []
@@ -124,7 +124,7 @@ def _from_records(path: str, run_id: str | None) -> Side:
         sps = m.get("samples_per_s")
         side.cases[case_key(rec.case, rec.world_size)] = CaseResult(  # the last record of a case wins
             case_key(rec.case, rec.world_size), rec.case, rec.world_size, samples, windows=windows,
-            structure=rec.structure or {}, verdict=rec.verdict,
+            structure=rec.structure.to_dict(), verdict=rec.verdict,
             status=rec.status, samples_per_s=float(sps) if isinstance(sps, (int, float)) else math.nan,
             config=rec.config, error=rec.error, where=where)
         side.torch = rec.metadata.get("torch") or side.torch
