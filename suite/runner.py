@@ -80,6 +80,9 @@ class ResolvedCase:
     config: StrategyConfig
     skip: str | None = None
 
+    def __post_init__(self) -> None:
+        self.config.refuse_unused("run")  # run, ab, nightly and the benchmark harnesses all run cases here
+
 
 @dataclass(frozen=True)
 class Progress:
