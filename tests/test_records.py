@@ -158,7 +158,7 @@ V2_LINE = {  # a schema-2 record as `fleetbench run` wrote it before schema 3
     "config": {"overlap": True}, "run_id": "r2", "status": "ok", "verdict": "pass", "size": "cpu",
     "backend": "gloo", "device": "cpu", "fallback": None, "error": None, "tags": ["default"], "metadata": {},
     "timestamp": "2026-11-20T10:00:00+00:00",
-    "check": {"verdict": "pass", "reference": "SyncReference", "param_error": "inf", "losses": [2.5, 2.25]},
+    "check": {"verdict": "pass", "reference": "DataParallelReference", "param_error": "inf", "losses": [2.5, 2.25]},
     "metrics": {"samples_per_s": 812.5, "samples_per_s_ci": [800.0, 830.0], "speedup": "nan",
                 "speedup_ci": ["nan", "nan"], "window_s": [0.1, 0.11], "steps_per_window": 5,
                 "step_time_s": {"n": 20, "median": 0.02}, "peak_memory_bytes": 123456789, "nonfinite_loss": None,
@@ -182,7 +182,7 @@ def test_schema_2_records_are_read_typed(tmp_path):
     assert m.footprint_bytes is None and m.nonfinite_loss is None and "an_old_metric" not in m
     assert rec.describe.precision is None and rec.describe["buckets"] == [{"params": 4, "bytes": 64, "comm": 0}]
     assert rec.structure.allreduce_ops == 2 and "an_old_fact" not in rec.structure
-    assert rec.check.reference == "SyncReference" and math.isinf(rec.check.param_error)
+    assert rec.check.reference == "DataParallelReference" and math.isinf(rec.check.param_error)
     assert path.read_bytes() == before  # never rewritten
 
 
@@ -224,3 +224,14 @@ def test_check_summary_records_every_field_of_the_check():
     rec = CaseRecord("mlp/plain", "mlp", 2, {}, "r", check=res.to_dict())
     back = CaseRecord.from_dict(json.loads(rec.to_json()), "x")
     assert back.check == CheckSummary(**{**dataclasses.asdict(res)})
+
+
+def test_the_record_shown_in_the_docs_is_a_valid_schema_3_record():
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "benchmarks.md")
+    text = open(path, encoding="utf-8").read()
+    block = text.split("**The record (schema 3).**")[1].split("```json\n")[1].split("```")[0]
+    rec = CaseRecord.from_dict(json.loads(block), path)
+    assert rec.schema_version == SCHEMA_VERSION and rec.describe.precision.cudnn_allow_tf32 is True
+    assert rec.metrics.footprint_bytes == 65536 and rec.structure.allreduce_ops == 2
