@@ -321,3 +321,11 @@ def test_fleetbench_report_names_the_failures(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "2 failure(s) or error(s), listed first: mlp/ddp@2 error, mlp/fusion@2 fail" in out, out
     assert (tmp_path / "report" / "index.html").exists()
+
+
+def test_a_case_the_job_never_got_to_is_listed_with_its_reason():
+    from suite.report.page import _problems
+
+    rec = _rec("mlp/overlap", status="not_run", verdict="not_run", error="the job's time ran out first")
+    (problem,) = _problems({("mlp/overlap", 2): rec})
+    assert problem["kind"] == "skipped" and problem["messages"] == [("why", "the job's time ran out first")]

@@ -135,14 +135,14 @@ def _problems(final: dict) -> list[dict]:
         messages = []
         if check.get("message"):
             messages.append(("check", str(check["message"])))
+        skipped = r.status in ("skipped", "not_run") or r.verdict in ("skipped", "not_run")
         if r.error:
-            skipped = r.status == "skipped" or r.verdict == "skipped"
             messages.append(("error" if r.status == "error" else "why" if skipped else "timing", str(r.error)))
         if r.fallback:
             messages.append(("timed alone", str(r.fallback)))
         if r.metrics.get("trace_error"):
             messages.append(("trace", str(r.metrics["trace_error"])))
-        if r.status == "skipped" or r.verdict == "skipped":
+        if skipped:
             kind = "skipped"
         elif r.status == "error" or r.verdict == "error":
             kind = "error"

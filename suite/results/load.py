@@ -16,7 +16,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from .records import ResultsFileError, read_records
+from .records import STATUSES, VERDICTS, ResultsFileError, read_records
 
 __all__ = ["CaseResult", "Side", "load_side", "case_key"]
 
@@ -180,9 +180,9 @@ def _from_pytest_benchmark(path: str, data: dict) -> Side:
         structure = structure if isinstance(structure, dict) else {}
         sps = extra.get("samples_per_s")
         verdict, status = extra.get("verdict", "n/a"), extra.get("status", "ok")
-        if verdict not in ("pass", "fail", "n/a", "error", "skipped") or status not in ("ok", "error", "skipped"):
+        if verdict not in VERDICTS or status not in STATUSES:
             raise ResultsFileError(f"{where}: extra_info verdict={_show(verdict)}, status={_show(status)}; expected "
-                                   f"pass/fail/n/a/error/skipped and ok/error/skipped")
+                                   f"{'/'.join(VERDICTS)} and {'/'.join(STATUSES)}")
         error, config = extra.get("error"), extra.get("config")
         side.cases[case_key(case, world)] = CaseResult(
             case_key(case, world), case, world, samples, windows=windows, structure=structure, verdict=verdict,
