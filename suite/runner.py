@@ -167,7 +167,7 @@ class PreparedCase:
         wl = self.runner.workload_spec(self.rc.case)
         batch = self.runner.per_rank_batch(self.rc.case)
         return summarize(answers, [self.key], batch * self.runner.world, self.runner.opts.steps, self.runner.world,
-                         baseline=None)[self.key] | {"workload": wl.describe()}
+                         baseline=None)[self.key] | Metrics(workload=wl.describe()).to_dict()
 
     def close(self) -> None:
         from .measure.timing import drop_case
@@ -268,7 +268,7 @@ class CaseRunner:
             util = sampler.summary()
             util["shared_by"] = names  # the variants ran interleaved: one sampling covers them all
             for s in out.values():
-                s["utilization"] = util
+                s.update(Metrics(utilization=util).to_dict())
         return out
 
     def _timed(self, model_rcs: list[ResolvedCase], names: list[str], group: int, groups: int) -> dict[str, dict]:
