@@ -22,14 +22,16 @@ nightly CI) runs it at; world size 1 is one of them wherever the case can run on
 so scaling efficiency (throughput at n / (n · throughput at 1)) can be stated.
 ``fleetbench run`` runs the selected cases at its own ``--nproc``.
 
-What every case records (``RECORDED``): the keys of a ``CaseRecord``'s ``metrics`` that a
-finished case fills, whatever the strategy; ``Case.records`` adds the case-specific ones.
+What a case records (``RECORDED``): the metric names of ``suite.results.records.Metrics``, the one
+list; ``Case.records`` names the case-specific ones a variant adds (e.g. ``compute_s``).
 """
 from __future__ import annotations
 
 import fnmatch
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from .results.records import METRIC_NAMES
 
 __all__ = ["Case", "VARIANTS", "CASES", "select_cases", "BASELINE", "RECORDED", "WORLD_SIZES", "get_case",
            "matrix", "cases_for_model", "model_label", "PUBLISHED_MODELS", "SMOKE", "SMOKE_WORLD_SIZES"]
@@ -39,12 +41,8 @@ BASELINE = "plain"
 # World sizes of the matrix on this kind of machine (CPU ranks); GPU runners use every GPU.
 WORLD_SIZES = (1, 2, 4)
 
-# metrics every finished case records (see suite/cli/run.py and suite/measure/stats.py)
-RECORDED = (
-    "samples_per_s", "samples_per_s_ci", "throughput_per_round", "step_time_s", "step_times_s",
-    "rank_median_step_s", "speedup", "speedup_ci", "exposed_comm_s", "busbw_GBps", "comm_calls_per_step",
-    "comm_bytes_per_step", "peak_memory_bytes", "utilization",
-)
+# the metric names a case's record may carry: the one list, the fields of suite.results.records.Metrics
+RECORDED = METRIC_NAMES
 
 
 SMALL_MODELS = ("resnet", "mlp", "transformer")

@@ -50,14 +50,18 @@ FIELD_ALIASES = {
 
 
 def knob(default: Any, help: str, *, ge: float | None = None, gt: float | None = None,
-         le: float | None = None, allow_inf: bool = False) -> Any:
+         le: float | None = None, allow_inf: bool = False, only: str | None = None) -> Any:
     """A StrategyConfig field: its default, one line of help and its numeric range.
 
     ``ge``/``gt`` are the lower bound (inclusive/exclusive), ``le`` the inclusive upper one;
-    ``allow_inf`` lets a float field be ``inf`` (otherwise refused as out of range).
+    ``allow_inf`` lets a float field be ``inf`` (otherwise refused as out of range); ``only``: the
+    one command that reads the knob (:meth:`StrategyConfig.refuse_unused`: others refuse it set).
     """
     return dataclasses.field(default=default, metadata={"help": help, "ge": ge, "gt": gt, "le": le,
-                                                        "allow_inf": allow_inf})
+                                                        "allow_inf": allow_inf, "only": only})
+
+
+READER = "figures reader"  # the command that reads the reader knobs
 
 
 @dataclass(frozen=True)
@@ -126,11 +130,14 @@ class StrategyConfig:
     weight_decay: float = knob(0.0, "weight decay", ge=0.0)
 
     # ---- reader (Paddle DataLoader options; ours where Paddle has none) ----------
-    use_double_buffer: bool = knob(False, "the next batch copied to the device while this one runs")
-    reader_return_uint8: bool = knob(False, "images travel as uint8, converted to float on the device")
-    use_infinite_reader: bool = knob(False, "one endless reader instead of one per epoch")
-    reader_num_workers: int = knob(0, "DataLoader worker processes (reader_backend = torch)", ge=0, le=64)
-    reader_backend: Literal["torch", "dali"] = knob("torch", "the reader: torch DataLoader or DALI")
+    # Read only by `fleetbench figures reader` (run's cases take synthetic batches already on the
+    # device): any other command refuses them set (refuse_unused) instead of recording them unused.
+    use_double_buffer: bool = knob(False, "the next batch copied to the device while this one runs", only=READER)
+    reader_return_uint8: bool = knob(False, "images travel as uint8, converted to float on the device", only=READER)
+    use_infinite_reader: bool = knob(False, "one endless reader instead of one per epoch", only=READER)
+    reader_num_workers: int = knob(0, "DataLoader worker processes (reader_backend = torch)", ge=0, le=64,
+                                   only=READER)
+    reader_backend: Literal["torch", "dali"] = knob("torch", "the reader: torch DataLoader or DALI", only=READER)
 
     # ---- benchmark conditions (ours) ---------------------------------------------
     straggler_ms: float = knob(0.0, "ours: a seeded random rank sleeps this long each step", ge=0.0)
@@ -176,6 +183,14 @@ class StrategyConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def refuse_unused(self, command: str) -> None:
+        """A knob set away from its default that ``command`` does not read is an error naming the one that does."""
+        for f in fields(self):
+            only, value = f.metadata.get("only"), getattr(self, f.name)
+            if only and only != command and value != f.default:
+                raise ConfigError(f"{f.name}={value!r}: `fleetbench {command}` does not use this knob (it would be "
+                                  f"recorded and ignored); `fleetbench {only}` is the command that reads it")
 
     def diff(self, other: StrategyConfig | None = None) -> dict[str, Any]:
         """Fields that differ from ``other`` (default: the all-off default config)."""

@@ -16,7 +16,9 @@
   interleaved timing fails (a rank died), each case is timed alone with the baseline and the
   record says so (``fallback``);
 - **records** (:meth:`CaseRunner.record`): a schema-versioned ``CaseRecord`` with the size,
-  backend and device it ran on and its structure (``suite.results.structure``).
+  backend and device it ran on and its structure (``suite.results.structure``); its metrics,
+  describe, structure and check typed (``suite.results.records``: a metric name not in
+  ``Metrics`` is an error).
 
 Harnesses that time rounds themselves (pytest-benchmark, asv) use :meth:`prepare` and
 :class:`PreparedCase` instead of :meth:`measure`; the summary and the record are the same.
@@ -26,6 +28,7 @@ each check, each timing group and each trace (the runner itself prints only thro
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import time
@@ -38,7 +41,7 @@ from .cases import BASELINE, Case
 from .check.harness import CheckResult
 from .config import StrategyConfig
 from .measure.summary import COMPUTE_ONLY, summarize
-from .results.records import CaseRecord
+from .results.records import CaseRecord, CheckSummary, Describe, Metrics, Structure
 from .results.structure import structure_of
 from .workload import WorkloadSpec
 
@@ -76,6 +79,9 @@ class ResolvedCase:
     case: Case
     config: StrategyConfig
     skip: str | None = None
+
+    def __post_init__(self) -> None:
+        self.config.refuse_unused("run")  # run, ab, nightly and the benchmark harnesses all run cases here
 
 
 @dataclass(frozen=True)
@@ -161,7 +167,7 @@ class PreparedCase:
         wl = self.runner.workload_spec(self.rc.case)
         batch = self.runner.per_rank_batch(self.rc.case)
         return summarize(answers, [self.key], batch * self.runner.world, self.runner.opts.steps, self.runner.world,
-                         baseline=None)[self.key] | {"workload": wl.describe()}
+                         baseline=None)[self.key] | Metrics(workload=wl.describe()).to_dict()
 
     def close(self) -> None:
         from .measure.timing import drop_case
@@ -262,7 +268,7 @@ class CaseRunner:
             util = sampler.summary()
             util["shared_by"] = names  # the variants ran interleaved: one sampling covers them all
             for s in out.values():
-                s["utilization"] = util
+                s.update(Metrics(utilization=util).to_dict())
         return out
 
     def _timed(self, model_rcs: list[ResolvedCase], names: list[str], group: int, groups: int) -> dict[str, dict]:
@@ -330,23 +336,26 @@ class CaseRunner:
         if isinstance(check, Exception):
             rec.status, rec.verdict, rec.error = "error", "error", short_error(check, 2000)
         elif check is not None:
-            rec.check = check.to_dict()
+            rec.check = CheckSummary.from_dict(check.to_dict(), f"case {rc.case.name}", "check.")
             rec.verdict = check.verdict
         if isinstance(measured, Exception):
             rec.status, rec.verdict = "error", "error"
             rec.error = (rec.error + "\n" if rec.error else "") + short_error(measured, 2000)
         elif isinstance(measured, dict):
             metrics = dict(measured)
-            rec.describe = metrics.pop("describe", {}) or {}
-            rec.metrics = metrics
-            bad = metrics.get("nonfinite_loss")
+            where = f"case {rc.case.name}"
+            rec.describe = Describe.from_dict(metrics.pop("describe", None) or {}, where, "describe.")
+            rec.metrics = Metrics.from_dict(metrics, where, "metrics.")  # a name not in Metrics is an error
+            bad = rec.metrics.nonfinite_loss
             if bad and rec.verdict != "error":
                 rec.verdict = "fail"
                 rec.error = (f"non-finite loss at step {bad['step']} of the timed windows on rank {bad['rank']}")
         deterministic = (self.opts.backend in ("", "gloo") and not rc.config.straggler_ms
                          and rc.config.fusion_backend != "compile")
         if rec.status == "ok":
-            rec.structure = structure_of(rec.describe, rec.metrics, rec.check, deterministic=deterministic)
+            rec.structure = Structure.from_dict(
+                structure_of(rec.describe, rec.metrics, rec.check, deterministic=deterministic),
+                f"case {rc.case.name}", "structure.")
         return rec
 
     # ---- one model, then the whole selection ------------------------------------------------------
@@ -406,7 +415,7 @@ class CaseRunner:
                                                             config=rc.config.to_dict(), steps=self.opts.trace_steps),
                                         timeout=self.opts.timeout)
         except Exception as exc:  # noqa: BLE001 - the timing stands; the trace is reported missing
-            rec.metrics["trace_error"] = short_error(exc)
+            rec.metrics = dataclasses.replace(rec.metrics, trace_error=short_error(exc))
             return
         if answers is None or not self.reporter:
             return
@@ -415,7 +424,7 @@ class CaseRunner:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as fh:
             json.dump(chrome_trace(answers, title=f"{rc.case.name} at world size {self.world}, run {self.run_id}"), fh)
-        rec.metrics["trace_file"] = rel
+        rec.metrics = dataclasses.replace(rec.metrics, trace_file=rel)
 
     def prepare(self, rc: ResolvedCase) -> PreparedCase:
         """Build and warm up the case's engine on every rank, for a harness that times windows itself."""

@@ -2,15 +2,24 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
-from suite.results.records import SCHEMA_VERSION, CaseRecord, ResultsFileError, append_record, read_records
+from suite.results.records import (
+    SCHEMA_VERSION,
+    CaseRecord,
+    Metrics,
+    Precision,
+    ResultsFileError,
+    append_record,
+    read_records,
+)
 
 
 def _rec(name="mlp/plain", sps=100.0):
     return CaseRecord(name, "mlp", 2, {"data_parallel": "suite"}, "run1", verdict="pass",
-                      metrics={"samples_per_s": sps, "ci": [float("inf"), float("nan")]})
+                      metrics={"samples_per_s": sps, "speedup_ci": [float("inf"), float("nan")]})
 
 
 def test_round_trip_and_schema(tmp_path):
@@ -20,8 +29,11 @@ def test_round_trip_and_schema(tmp_path):
     recs = read_records(path)
     assert [r.case for r in recs] == ["a", "b"]
     assert recs[1].samples_per_s == 50.0
-    assert recs[0].schema_version == SCHEMA_VERSION
-    assert recs[0].metrics["ci"] == ["inf", "nan"]  # JSON has no inf/nan: stored as strings
+    assert recs[0].schema_version == SCHEMA_VERSION == 3
+    with open(path) as fh:
+        assert json.loads(fh.readline())["metrics"]["speedup_ci"] == ["inf", "nan"]  # JSON has no inf/nan
+    lo, hi = recs[0].metrics.speedup_ci  # read back as numbers
+    assert isinstance(recs[0].metrics, Metrics) and math.isinf(lo) and lo > 0 and math.isnan(hi)
 
 
 @pytest.mark.parametrize("bad,words", [
@@ -83,7 +95,7 @@ def test_new_records_carry_size_backend_device_and_structure(tmp_path):
     append_record(path, CaseRecord("mlp/plain", "mlp", 2, {}, "r", size="cpu", backend="gloo", device="cpu",
                                    structure={"allreduce_ops": 10}, fallback="timed alone: rank 1 died"))
     (rec,) = read_records(path)
-    assert rec.schema_version == SCHEMA_VERSION == 2
+    assert rec.schema_version == SCHEMA_VERSION
     assert (rec.size, rec.backend, rec.device, rec.structure, rec.fallback) == (
         "cpu", "gloo", "cpu", {"allreduce_ops": 10}, "timed alone: rank 1 died")
 
@@ -99,6 +111,17 @@ WRONG_TYPES = [
     ("metrics", {"step_times_s": ["a"]}, "field 'metrics.step_times_s'"),
     ("metrics", {"samples_per_s": [1]}, "field 'metrics.samples_per_s'"),
     ("metrics", {"trace_file": 3}, "field 'metrics.trace_file'"),
+    ("metrics", {"samples_per_second": 1.0}, "field 'metrics.samples_per_second' is not a metric of schema 3; "
+                                             "allowed: samples_per_s,"),
+    ("metrics", {"peak_memory_bytes": 1.5}, "field 'metrics.peak_memory_bytes' is 1.5; expected a whole number"),
+    ("metrics", {"footprint_bytes": "1 GB"}, "field 'metrics.footprint_bytes' is '1 GB'; expected a whole number"),
+    ("metrics", {"speedup_ci": [1.0]}, "field 'metrics.speedup_ci' is [1.0]; expected a list of two numbers"),
+    ("describe", {"precision": {"cudnn_version": "8.9"}}, "field 'describe.precision.cudnn_version' is '8.9'"),
+    ("describe", {"precision": {"tf32": True}}, "field 'describe.precision.tf32' is not a name of schema 3"),
+    ("structure", {"allreduce_ops": "ten"}, "field 'structure.allreduce_ops' is 'ten'; expected a whole number"),
+    ("check", {"verdict": "pass", "param_error": [1]}, "field 'check.param_error' is [1]; expected a number"),
+    ("check", {"message": "no verdict"}, "check: "),
+    ("status", "pending", "field 'status' is 'pending'; expected one of ok, error, skipped, not_run"),
 ]
 
 
@@ -128,3 +151,87 @@ def test_non_utf8_directories_and_overlong_lines_are_clear_errors(tmp_path, monk
     path.write_text(_rec().to_json()[:-1] + ' ' * 2000 + '}\n')
     with pytest.raises(ResultsFileError, match=r"r.jsonl:1: the line is longer than"):
         read_records(str(path))
+
+
+V2_LINE = {  # a schema-2 record as `fleetbench run` wrote it before schema 3
+    "kind": "fleetbench.case", "schema_version": 2, "case": "mlp/overlap", "model": "mlp", "world_size": 2,
+    "config": {"overlap": True}, "run_id": "r2", "status": "ok", "verdict": "pass", "size": "cpu",
+    "backend": "gloo", "device": "cpu", "fallback": None, "error": None, "tags": ["default"], "metadata": {},
+    "timestamp": "2026-11-20T10:00:00+00:00",
+    "check": {"verdict": "pass", "reference": "DataParallelReference", "param_error": "inf", "losses": [2.5, 2.25]},
+    "metrics": {"samples_per_s": 812.5, "samples_per_s_ci": [800.0, 830.0], "speedup": "nan",
+                "speedup_ci": ["nan", "nan"], "window_s": [0.1, 0.11], "steps_per_window": 5,
+                "step_time_s": {"n": 20, "median": 0.02}, "peak_memory_bytes": 123456789, "nonfinite_loss": None,
+                "comm_calls_per_step": {"world/all_reduce": 2.0}, "an_old_metric": 1},
+    "describe": {"strategy": "bucketed", "overlap": True, "buckets": [{"params": 4, "bytes": 64, "comm": 0}]},
+    "structure": {"strategy": "bucketed", "allreduce_ops": 2, "an_old_fact": 3},
+}
+
+
+def test_schema_2_records_are_read_typed(tmp_path):
+    path = tmp_path / "old.jsonl"
+    path.write_text(json.dumps(V2_LINE) + "\n")
+    before = path.read_bytes()
+    (rec,) = read_records(str(path))
+    assert rec.schema_version == 2 and (rec.size, rec.backend, rec.device) == ("cpu", "gloo", "cpu")
+    m = rec.metrics
+    assert (m.samples_per_s, m.samples_per_s_ci, m.steps_per_window) == (812.5, [800.0, 830.0], 5)
+    assert isinstance(m.peak_memory_bytes, int) and m.peak_memory_bytes == 123456789
+    assert math.isnan(m.speedup) and all(math.isnan(x) for x in m.speedup_ci)  # numbers, not strings
+    assert m.step_time_s == {"n": 20, "median": 0.02} and isinstance(m.step_time_s["n"], int)
+    assert m.footprint_bytes is None and m.nonfinite_loss is None and "an_old_metric" not in m
+    assert rec.describe.precision is None and rec.describe["buckets"] == [{"params": 4, "bytes": 64, "comm": 0}]
+    assert rec.structure.allreduce_ops == 2 and "an_old_fact" not in rec.structure
+    assert rec.check.reference == "DataParallelReference" and math.isinf(rec.check.param_error)
+    assert path.read_bytes() == before  # never rewritten
+
+
+def test_schema_3_carries_precision_footprint_and_not_run(tmp_path):
+    path = str(tmp_path / "r.jsonl")
+    precision = {"matmul_allow_tf32": False, "cudnn_allow_tf32": True, "float32_matmul_precision": "highest",
+                 "cudnn_benchmark": False, "cudnn_deterministic": False, "cudnn_version": 90100}
+    append_record(path, CaseRecord("resnet/plain", "resnet", 2, {}, "r", metrics={"footprint_bytes": 4096,
+                                                                                  "peak_memory_bytes": 512},
+                                   describe={"strategy": "plain", "precision": precision}))
+    append_record(path, CaseRecord("resnet/amp_bf16", "resnet", 2, {}, "r", status="not_run", verdict="not_run",
+                                   error="the job's time ran out before this case"))
+    append_record(path, CaseRecord("resnet/fusion", "resnet", 2, {}, "r", status="skipped", verdict="skipped",
+                                   error="backend cpu (oneDNN) has no fused kernel for this op"))
+    ran, not_run, skipped = read_records(path)
+    assert ran.describe.precision == Precision(**precision) and ran.describe["strategy"] == "plain"
+    assert (ran.metrics.footprint_bytes, ran.metrics.peak_memory_bytes) == (4096, 512)
+    assert json.loads(ran.to_json())["describe"]["precision"] == precision  # flat beside the engine's keys
+    assert (not_run.status, not_run.error) == ("not_run", "the job's time ran out before this case")
+    assert skipped.status == "skipped" and "oneDNN" in skipped.error
+    assert not not_run.metrics and "metrics" in json.loads(not_run.to_json())  # an empty object, not absent
+
+
+def test_a_record_built_in_code_is_validated_too():
+    with pytest.raises(ResultsFileError, match="record mlp/plain: field 'metrics.ips' is not a metric"):
+        CaseRecord("mlp/plain", "mlp", 2, {}, "r", metrics={"ips": 3.0})
+    with pytest.raises(TypeError):
+        Metrics(ips=3.0)  # type: ignore[call-arg]
+
+
+def test_check_summary_records_every_field_of_the_check():
+    import dataclasses
+
+    from suite.check.harness import CheckResult
+    from suite.results.records import CheckSummary
+
+    assert [f.name for f in dataclasses.fields(CheckSummary)] == [f.name for f in dataclasses.fields(CheckResult)]
+    res = CheckResult("pass", reference="SyncReference", param_error=1e-7, loss_error=float("inf"), steps=3)
+    rec = CaseRecord("mlp/plain", "mlp", 2, {}, "r", check=res.to_dict())
+    back = CaseRecord.from_dict(json.loads(rec.to_json()), "x")
+    assert back.check == CheckSummary(**{**dataclasses.asdict(res)})
+
+
+def test_the_record_shown_in_the_docs_is_a_valid_schema_3_record():
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "benchmarks.md")
+    text = open(path, encoding="utf-8").read()
+    block = text.split("**The record (schema 3).**")[1].split("```json\n")[1].split("```")[0]
+    rec = CaseRecord.from_dict(json.loads(block), path)
+    assert rec.schema_version == SCHEMA_VERSION and rec.describe.precision.cudnn_allow_tf32 is True
+    assert rec.metrics.footprint_bytes == 65536 and rec.structure.allreduce_ops == 2

@@ -7,6 +7,7 @@ Records are crafted here (no ranks); tests/test_matrix_run.py builds a report fr
 """
 from __future__ import annotations
 
+import dataclasses
 import html.parser
 import os
 
@@ -232,8 +233,8 @@ def test_busbw_only_where_it_is_a_bandwidth(report):
     assert mlp[("mlp/none", 2)]["busbw GB/s"][0] == "-"
     # latency-bound: 1.8 kB per allreduce; the figure exists in the record but is not shown
     rec = _records()[7]
-    rec.metrics.update(compute_s=0.02, exposed_comm_s=0.06, busbw_GBps=0.0009)
-    shown, why = F.busbw_measurable(rec.metrics)
+    metrics = dataclasses.replace(rec.metrics, compute_s=0.02, exposed_comm_s=0.06, busbw_GBps=0.0009)
+    shown, why = F.busbw_measurable(metrics)
     assert not shown and "latency" in why
     small = _metrics(31, 1.0, None, 30, {"world/all_reduce": 1.0}, MLP_BYTES)  # 1 ms exposed of 31
     assert F.busbw_measurable(small) == (False, "exposed communication under 10% of the step")
@@ -320,3 +321,11 @@ def test_fleetbench_report_names_the_failures(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "2 failure(s) or error(s), listed first: mlp/ddp@2 error, mlp/fusion@2 fail" in out, out
     assert (tmp_path / "report" / "index.html").exists()
+
+
+def test_a_case_the_job_never_got_to_is_listed_with_its_reason():
+    from suite.report.page import _problems
+
+    rec = _rec("mlp/overlap", status="not_run", verdict="not_run", error="the job's time ran out first")
+    (problem,) = _problems({("mlp/overlap", 2): rec})
+    assert problem["kind"] == "skipped" and problem["messages"] == [("why", "the job's time ran out first")]

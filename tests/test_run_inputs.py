@@ -51,6 +51,21 @@ def test_a_results_path_under_a_regular_file_is_refused_before_any_rank(no_ranks
     _one_error(capsys, f"--results {tmp_path}: is a directory")
 
 
+@pytest.mark.parametrize("argv,knob", [
+    (["--set", "use_double_buffer=true"], "use_double_buffer=True"),
+    (["--set", "reader_num_workers=2"], "reader_num_workers=2"),
+    (["--config", "READER_TOML"], "reader_return_uint8=True"),
+])
+def test_a_reader_knob_is_refused_by_run_naming_the_command_that_reads_it(no_ranks, capsys, tmp_path, argv, knob):
+    toml = tmp_path / "reader.toml"
+    toml.write_text("reader_return_uint8 = true\n")
+    argv = [str(toml) if a == "READER_TOML" else a for a in argv]
+    assert main(["run", "--case", "mlp/plain", "--no-check", *argv]) == 2
+    _one_error(capsys, f"{knob}: `fleetbench run` does not use this knob")
+    assert main(["run", "--case", "mlp/plain", *argv]) == 2
+    assert "`fleetbench figures reader` is the command that reads it" in capsys.readouterr().err
+
+
 @pytest.mark.skipif(shutil.which("chattr") is None, reason="chattr is not installed: the immutable-directory case "
                                                            "needs it (root ignores plain permission bits)")
 def test_an_immutable_results_directory_is_refused_before_any_rank(no_ranks, capsys, tmp_path):

@@ -16,6 +16,7 @@ import math
 import os
 import sys
 import tempfile
+from collections.abc import Mapping
 from typing import Any
 
 from ..cases import CASES, cases_for_model, select_cases
@@ -321,7 +322,7 @@ class RunDisplay:
             bar.update(self._step, description=f"tracing {p.case} ({p.steps} step(s))", total=None, completed=0)
 
 
-def _allreduce_counts(describe: dict) -> str:
+def _allreduce_counts(describe: Mapping) -> str:
     """Paddle's log line in short: the allreduces a step issues before and after fusion (as fleetbench counts them)."""
     before, after = describe.get("allreduce_ops_before_fusion"), describe.get("allreduce_ops")
     if not isinstance(before, int) or not before:

@@ -2,7 +2,9 @@
 
 The ranks answer :func:`suite.measure.timing.time_on_rank` (or, per window, the prepared-case
 calls) with, per variant, their window times, per-step times, losses and communication
-counts.  :func:`summarize` folds every rank's answer into one metrics dict per variant:
+counts.  :func:`summarize` folds every rank's answer into one metrics dict per variant, every name
+written through :class:`suite.results.records.Metrics` (the one list of metric names), plus the
+engine's ``describe``:
 
 - throughput per round (global batch × steps / the slowest rank's window), its median with a
   bootstrap interval, per-step time statistics over every rank's steps;
@@ -18,6 +20,7 @@ from __future__ import annotations
 import math
 import statistics
 
+from ..results.records import Metrics
 from .stats import bootstrap_median_ci, busbw, describe, paired_speedup, window_seconds
 
 __all__ = ["variant_summary", "summarize", "first_nonfinite", "COMPUTE_ONLY"]
@@ -44,27 +47,27 @@ def variant_summary(answers: list[dict], variant: str, global_batch: int, steps:
     first = answers[0]["variants"][variant]
     bad = [(a["rank"], i) for a in answers
            for i in [first_nonfinite(a["variants"][variant]["losses"])] if i is not None]
-    return {
-        "samples_per_s": statistics.median(throughput) if throughput else math.nan,
-        "samples_per_s_ci": [lo, hi],
-        "throughput_per_round": throughput,
-        "window_s": windows,
-        "step_time_s": describe(all_steps),
-        "step_times_s": all_steps,
-        "rank_median_step_s": rank_medians,
-        "slowest_rank": slowest,
-        "losses": first["losses"],
-        "nonfinite_loss": {"rank": bad[0][0], "step": bad[0][1]} if bad else None,
-        "comm_calls_per_step": first["comm_calls_per_step"],
-        "comm_bytes_per_step": first["comm_bytes_per_step"],
-        "host_syncs": first["host_syncs"],
-        "threads": first["threads"],
-        "describe": first["describe"],
-        "peak_memory_bytes": max(a["variants"][variant].get("peak_memory_bytes", 0) for a in answers),
-        "peak_memory_kind": first.get("peak_memory_kind", ""),
-        "global_batch": global_batch,
-        "steps_per_window": steps,
-    }
+    metrics = Metrics(
+        samples_per_s=statistics.median(throughput) if throughput else math.nan,
+        samples_per_s_ci=[lo, hi],
+        throughput_per_round=throughput,
+        window_s=windows,
+        step_time_s=describe(all_steps),
+        step_times_s=all_steps,
+        rank_median_step_s=rank_medians,
+        slowest_rank=slowest,
+        losses=first["losses"],
+        nonfinite_loss={"rank": bad[0][0], "step": bad[0][1]} if bad else None,
+        comm_calls_per_step=first["comm_calls_per_step"],
+        comm_bytes_per_step=first["comm_bytes_per_step"],
+        host_syncs=first["host_syncs"],
+        threads=first["threads"],
+        peak_memory_bytes=max(a["variants"][variant].get("peak_memory_bytes", 0) for a in answers),
+        peak_memory_kind=first.get("peak_memory_kind", ""),
+        global_batch=global_batch,
+        steps_per_window=steps,
+    )
+    return metrics.to_dict() | {"describe": first["describe"]}
 
 
 def summarize(answers: list[dict], names: list[str], global_batch: int, steps: int, world: int,
@@ -75,12 +78,12 @@ def summarize(answers: list[dict], names: list[str], global_batch: int, steps: i
         base = window_seconds(answers, baseline)
         for n, s in out.items():
             sp = paired_speedup(base, window_seconds(answers, n))
-            s.update(speedup=sp["speedup"], speedup_ci=sp["ci"], baseline=baseline)
+            s.update(Metrics(speedup=sp["speedup"], speedup_ci=list(sp["ci"]), baseline=baseline).to_dict())
     if COMPUTE_ONLY in out:
         compute = out[COMPUTE_ONLY]["step_time_s"]["median"]
         for s in out.values():
-            s["exposed_comm_s"] = s["step_time_s"]["median"] - compute
-            s["compute_s"] = compute
+            exposed = s["step_time_s"]["median"] - compute
             ar = sum(v for k, v in s["comm_bytes_per_step"].items() if k.endswith("/all_reduce"))
-            s["busbw_GBps"] = busbw(ar, s["exposed_comm_s"], world) / 1e9
+            s.update(Metrics(exposed_comm_s=exposed, compute_s=compute,
+                             busbw_GBps=busbw(ar, exposed, world) / 1e9).to_dict())
     return out

@@ -12,7 +12,7 @@ sampler per machine: they would all sample the same GPUs and host).
 
     with UtilizationSampler(interval=0.2) as sampler:
         ...                       # the case runs
-    record.metrics["utilization"] = sampler.summary()
+    metrics = Metrics(utilization=sampler.summary())
 """
 from __future__ import annotations
 

@@ -37,6 +37,8 @@ import struct
 import sys
 import urllib.parse
 
+from ..results.records import NUMERIC_METRICS
+
 __all__ = ["build_report", "md_text", "trace_source", "png_size"]
 
 _MD_PUNCT = re.compile(r"([\\`*~\[\]|])")
@@ -133,14 +135,14 @@ def _problems(final: dict) -> list[dict]:
         messages = []
         if check.get("message"):
             messages.append(("check", str(check["message"])))
+        skipped = r.status in ("skipped", "not_run") or r.verdict in ("skipped", "not_run")
         if r.error:
-            skipped = r.status == "skipped" or r.verdict == "skipped"
             messages.append(("error" if r.status == "error" else "why" if skipped else "timing", str(r.error)))
         if r.fallback:
             messages.append(("timed alone", str(r.fallback)))
         if r.metrics.get("trace_error"):
             messages.append(("trace", str(r.metrics["trace_error"])))
-        if r.status == "skipped" or r.verdict == "skipped":
+        if skipped:
             kind = "skipped"
         elif r.status == "error" or r.verdict == "error":
             kind = "error"
@@ -298,9 +300,7 @@ def build_report(records, out_dir: str, results_dir: str = ".") -> dict:
     data: dict = {"cases": {}, "scaling": {}, "plots": [], "models": {}, "warnings": []}
     for (case, w), r in sorted(final.items()):
         m = r.metrics
-        data["cases"][f"{case}@{w}"] = {k: m.get(k) for k in ("samples_per_s", "samples_per_s_ci", "speedup",
-                                                                 "speedup_ci", "compute_s", "exposed_comm_s",
-                                                                 "data_wait_s", "busbw_GBps", "peak_memory_bytes")}
+        data["cases"][f"{case}@{w}"] = {k: m.get(k) for k in NUMERIC_METRICS}
         data["cases"][f"{case}@{w}"].update(verdict=r.verdict, status=r.status, model=r.model, run_id=r.run_id,
                                              step_median_s=(m.get("step_time_s") or {}).get("median"),
                                              busbw_shown=F.busbw_measurable(m)[0] if m else False)

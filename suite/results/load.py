@@ -16,7 +16,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from .records import ResultsFileError, read_records
+from .records import STATUSES, VERDICTS, ResultsFileError, read_records
 
 __all__ = ["CaseResult", "Side", "load_side", "case_key"]
 
@@ -115,7 +115,7 @@ def _from_records(path: str, run_id: str | None) -> Side:
     side.run_ids = list(dict.fromkeys(r.run_id for r in records))
     for rec, lineno in pairs:
         where = f"{path}:{lineno}"
-        m = rec.metrics or {}
+        m = rec.metrics
         samples = _floats(m.get("step_times_s"), where, "metrics.step_times_s")
         k = m.get("steps_per_window")
         windows = []
@@ -124,7 +124,7 @@ def _from_records(path: str, run_id: str | None) -> Side:
         sps = m.get("samples_per_s")
         side.cases[case_key(rec.case, rec.world_size)] = CaseResult(  # the last record of a case wins
             case_key(rec.case, rec.world_size), rec.case, rec.world_size, samples, windows=windows,
-            structure=rec.structure or {}, verdict=rec.verdict,
+            structure=rec.structure.to_dict(), verdict=rec.verdict,
             status=rec.status, samples_per_s=float(sps) if isinstance(sps, (int, float)) else math.nan,
             config=rec.config, error=rec.error, where=where)
         side.torch = rec.metadata.get("torch") or side.torch
@@ -180,9 +180,9 @@ def _from_pytest_benchmark(path: str, data: dict) -> Side:
         structure = structure if isinstance(structure, dict) else {}
         sps = extra.get("samples_per_s")
         verdict, status = extra.get("verdict", "n/a"), extra.get("status", "ok")
-        if verdict not in ("pass", "fail", "n/a", "error", "skipped") or status not in ("ok", "error", "skipped"):
+        if verdict not in VERDICTS or status not in STATUSES:
             raise ResultsFileError(f"{where}: extra_info verdict={_show(verdict)}, status={_show(status)}; expected "
-                                   f"pass/fail/n/a/error/skipped and ok/error/skipped")
+                                   f"{'/'.join(VERDICTS)} and {'/'.join(STATUSES)}")
         error, config = extra.get("error"), extra.get("config")
         side.cases[case_key(case, world)] = CaseResult(
             case_key(case, world), case, world, samples, windows=windows, structure=structure, verdict=verdict,

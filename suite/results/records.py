@@ -7,34 +7,267 @@ truncated, non-UTF-8 or hostile file gets an error naming the file, the line and
 and nothing already recorded is rewritten.  A line longer than :data:`MAX_LINE_BYTES` is
 refused without being read whole.
 
-Schema versions: 2 (current) adds ``size``, ``backend``, ``device``, ``structure`` and
-``fallback``; schema-1 records (stored last-good results) are read and upgraded in memory:
-``size`` unknown (None), backend and device from their metadata, ``structure`` derived from
-what they recorded (``suite.results.structure``).
+A record's parts are typed here, once: :class:`Metrics` (its fields are *the* list of metric
+names, :data:`METRIC_NAMES`), :class:`Describe` (what the engine set up, and the precision torch
+ran in), :class:`Structure` (the exact facts the structural gate compares) and
+:class:`CheckSummary` (the correctness check).  A field left ``None`` is absent from the JSON;
+numbers are numbers (JSON has no nan/inf: they are stored as the strings "nan", "inf", "-inf"
+and read back as floats), intervals are ``[lo, hi]`` lists, counts are whole numbers.  Each part
+also reads like a mapping of the fields it carries (``rec.metrics.get("speedup")``).
+
+Schema versions: 3 (current) types the parts (an unknown metric, describe or structure name is
+refused), adds ``describe.precision``, ``metrics.footprint_bytes`` and the status ``not_run`` (a
+case the job never got to; ``error`` says why, as it does for ``skipped``).  2 added ``size``,
+``backend``, ``device``, ``structure`` and ``fallback``.  Schema-1 and -2 records (stored last-good
+results) are read and upgraded in memory, never rewritten: names schema 3 does not know are
+dropped, the rest is validated as in schema 3; for schema 1, ``size`` is unknown (None), backend
+and device come from the metadata, ``structure`` is derived from what was recorded
+(``suite.results.structure``).
 """
 from __future__ import annotations
 
 import dataclasses
 import fcntl
+import functools
 import json
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-__all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "MAX_LINE_BYTES", "CaseRecord", "ResultsFileError",
-           "append_record", "read_records", "iter_records", "jsonable"]
+__all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "MAX_LINE_BYTES", "CaseRecord", "ResultsFileError", "Metrics",
+           "METRIC_NAMES", "NUMERIC_METRICS", "Describe", "Precision", "Structure", "CheckSummary", "STATUSES",
+           "VERDICTS", "append_record", "read_records", "iter_records", "jsonable"]
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 MAX_LINE_BYTES = 8 * 2**20  # one record; a real one is a few KB to a few hundred KB
-STATUSES = ("ok", "error", "skipped")
-VERDICTS = ("pass", "fail", "n/a", "error", "skipped")
+STATUSES = ("ok", "error", "skipped", "not_run")  # skipped / not_run: ``error`` holds the reason
+VERDICTS = ("pass", "fail", "n/a", "error", "skipped", "not_run")
+Interval = list  # [lo, hi]: two numbers
 
 
 class ResultsFileError(ValueError):
     """A results file that cannot be used: names the file, the line and what is wrong."""
+
+
+def _number(v: Any) -> bool:
+    return not isinstance(v, bool) and (isinstance(v, (int, float)) or v in ("nan", "inf", "-inf"))
+
+
+def _to_number(v: Any) -> Any:
+    return float(v) if isinstance(v, str) else v  # "nan"/"inf" back to floats; whole numbers stay ints
+
+
+# a field's annotation (without "| None") -> (check, what is allowed, conversion of a valid value)
+_KINDS: dict[str, tuple] = {
+    "str": (lambda v: isinstance(v, str), "a string", None),
+    "bool": (lambda v: isinstance(v, bool), "true or false", None),
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "a whole number", None),
+    "float": (_number, "a number", _to_number),
+    "list[float]": (lambda v: isinstance(v, list) and all(map(_number, v)), "a list of numbers",
+                    lambda v: [_to_number(x) for x in v]),
+    "Interval": (lambda v: isinstance(v, list) and len(v) == 2 and all(map(_number, v)),
+                 "a list of two numbers [lo, hi]", lambda v: [_to_number(x) for x in v]),
+    "dict[str, float]": (lambda v: isinstance(v, dict) and all(map(_number, v.values())), "an object of numbers",
+                         lambda v: {k: _to_number(x) for k, x in v.items()}),
+    "list[str]": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings", None),
+    "list": (lambda v: isinstance(v, list), "a list", None),
+    "dict": (lambda v: isinstance(v, dict), "an object", None),
+}
+
+
+class _Part(Mapping[str, Any]):
+    """A typed part of a record: a field that is None is absent; reads as a mapping of the present ones."""
+
+    WHAT: ClassVar[str] = "name"
+
+    def __getitem__(self, key: str) -> Any:
+        value = getattr(self, key) if key in _names(type(self)) else None
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k in _names(type(self)) if getattr(self, k) is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def to_dict(self) -> dict:
+        return {k: v.to_dict() if isinstance(v, _Part) else v for k, v in self.items()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping, where: str = "", prefix: str = "", strict: bool = True) -> Any:
+        """Validated and converted; ``strict``: a name this schema does not know is an error (else dropped)."""
+        kw = {}
+        for key, value in data.items():
+            f = _fields(cls).get(key)
+            if f is None:
+                if strict:
+                    raise ResultsFileError(f"{where}: field '{prefix}{key}' is not a {cls.WHAT} of schema "
+                                           f"{SCHEMA_VERSION}; allowed: {', '.join(_names(cls))}")
+                continue
+            optional = f.type.endswith(" | None")
+            if value is None and optional:
+                continue
+            kind = f.type.removesuffix(" | None")
+            if kind in _NESTED:
+                if not isinstance(value, Mapping):
+                    raise ResultsFileError(f"{where}: field '{prefix}{key}' is {_show(value)}; expected an object")
+                kw[key] = _NESTED[kind].from_dict(value, where, f"{prefix}{key}.", strict)
+                continue
+            check, allowed, convert = _KINDS[kind]
+            if not check(value):
+                raise ResultsFileError(f"{where}: field '{prefix}{key}' is {_show(value)}; expected {allowed}"
+                                       + (" or null" if optional else ""))
+            kw[key] = convert(value) if convert else value
+        try:
+            return cls(**kw)
+        except TypeError as exc:  # a required field missing
+            raise ResultsFileError(f"{where}: {prefix.rstrip('.') or cls.__name__}: {exc}") from None
+
+
+@functools.cache
+def _fields(cls: type) -> dict:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+@functools.cache
+def _names(cls: type) -> tuple:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+@dataclass(frozen=True, eq=False)  # equal to any mapping of the same present fields
+class Metrics(_Part):
+    """What a case measured: these fields are the one list of metric names (``METRIC_NAMES``)."""
+
+    WHAT: ClassVar[str] = "metric"
+
+    samples_per_s: float | None = None  # median over rounds of global batch x steps / the slowest rank's window
+    samples_per_s_ci: Interval | None = None  # its bootstrap 95% interval
+    throughput_per_round: list[float] | None = None  # samples/s of each round
+    window_s: list[float] | None = None  # each round's window (the slowest rank's), seconds
+    step_time_s: dict[str, float] | None = None  # per-step seconds over every rank: n, median, q25, q75, iqr, min ..
+    step_times_s: list[float] | None = None  # every rank's per-step seconds
+    rank_median_step_s: list[float] | None = None  # each rank's median step
+    slowest_rank: int | None = None
+    losses: list[float] | None = None  # rank 0's loss per timed step
+    nonfinite_loss: dict | None = None  # {"rank", "step"} of the first nan/inf loss
+    comm_calls_per_step: dict[str, float] | None = None  # per "group label/collective"
+    comm_bytes_per_step: dict[str, float] | None = None
+    host_syncs: int | None = None  # device-to-host syncs in the timed windows
+    threads: int | None = None  # intra-op threads per rank
+    peak_memory_bytes: int | None = None  # transient peak above a window's start (the largest rank's)
+    peak_memory_kind: str | None = None  # what measured it (process_rss, cuda_max_allocated ..)
+    footprint_bytes: int | None = None  # parameters + gradients + buckets + optimizer state, per rank
+    global_batch: int | None = None
+    steps_per_window: int | None = None
+    speedup: float | None = None  # over ``baseline``, paired round by round (> 1 faster)
+    speedup_ci: Interval | None = None
+    baseline: str | None = None
+    exposed_comm_s: float | None = None  # step time - the ``none`` variant's (compute alone)
+    compute_s: float | None = None
+    busbw_GBps: float | None = None  # nccl-tests' bus bandwidth over the exposed communication
+    utilization: dict | None = None  # suite.measure.utilization's summary
+    workload: dict | None = None  # the workload's description (harnesses that time rounds themselves)
+    trace_file: str | None = None  # a path under the results directory's traces/
+    trace_error: str | None = None  # why the trace is missing
+
+
+METRIC_NAMES = _names(Metrics)
+NUMERIC_METRICS = tuple(f.name for f in dataclasses.fields(Metrics)  # numbers and intervals (the report's table)
+                        if f.type.removesuffix(" | None") in ("float", "int", "Interval"))
+
+
+@dataclass(frozen=True, eq=False)
+class Precision(_Part):
+    """The float precision settings torch reported while the case ran (``torch.backends``)."""
+
+    matmul_allow_tf32: bool | None = None
+    cudnn_allow_tf32: bool | None = None
+    float32_matmul_precision: str | None = None  # highest | high | medium
+    cudnn_benchmark: bool | None = None
+    cudnn_deterministic: bool | None = None
+    cudnn_version: int | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Describe(_Part):
+    """What the engine set up (its ``describe()``: strategy, buckets, fusion counts ..), and the precision.
+
+    The engine's keys are its own (each strategy adds some) and stay as they are, at the top level."""
+
+    engine: dict = field(default_factory=dict)
+    precision: Precision | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "precision" and self.precision is not None:
+            return self.precision
+        return self.engine[key]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from (k for k in self.engine if k != "precision")
+        if self.precision is not None:
+            yield "precision"
+
+    @classmethod
+    def from_dict(cls, data: Mapping, where: str = "", prefix: str = "", strict: bool = True) -> Describe:
+        precision = data.get("precision")
+        if precision is not None and not isinstance(precision, Mapping):
+            raise ResultsFileError(f"{where}: field '{prefix}precision' is {_show(precision)}; expected an object")
+        return cls({k: v for k, v in data.items() if k != "precision"},
+                   Precision.from_dict(precision, where, prefix + "precision.", strict) if precision else None)
+
+
+@dataclass(frozen=True, eq=False)
+class Structure(_Part):
+    """The exact facts the structural gate compares (``suite.results.structure``)."""
+
+    WHAT: ClassVar[str] = "structural fact"
+
+    strategy: str | None = None
+    allreduce_ops_before_fusion: int | None = None
+    allreduce_ops: int | None = None
+    fuse_all_reduce_ops: bool | None = None
+    overlap: bool | None = None
+    nccl_comm_num: int | None = None
+    hierarchical: dict | None = None
+    init_broadcasts: int | None = None
+    buckets: list | None = None  # [{"params", "bytes", "comm"}]
+    fused_ops: dict | None = None
+    optimizer_ops: dict | None = None
+    comm_calls_per_step: dict[str, float] | None = None
+    comm_bytes_per_step: dict[str, float] | None = None
+    loss_trajectory: list[str] | None = None  # float.hex of each check loss (deterministic configs only)
+
+
+@dataclass(frozen=True, eq=False)
+class CheckSummary(_Part):
+    """The correctness check as recorded (``suite.check.harness.CheckResult``, field for field)."""
+
+    WHAT: ClassVar[str] = "check field"
+
+    verdict: str  # pass | fail | n/a | error
+    reference: str = ""
+    tolerance_key: str = ""
+    param_tol: float = 0.0
+    loss_tol: float = 0.0
+    param_error: float = math.inf
+    param_error_at: str = ""
+    loss_error: float = math.inf
+    buffer_error: float = 0.0
+    ranks_identical: bool = False
+    steps: int = 0
+    per_step: list = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    precision: str = "float32"  # the dtype the check ran in
+    message: str = ""
+
+
+_NESTED: dict[str, Any] = {"Precision": Precision}
+_PARTS: dict[str, Any] = {"check": CheckSummary, "metrics": Metrics, "describe": Describe, "structure": Structure}
 
 
 @dataclass
@@ -44,17 +277,17 @@ class CaseRecord:
     world_size: int
     config: dict  # the full resolved StrategyConfig
     run_id: str
-    status: str = "ok"  # ok | error | skipped
-    verdict: str = "n/a"  # pass | fail | n/a | error | skipped
+    status: str = "ok"  # ok | error | skipped | not_run (skipped, not_run: ``error`` says why)
+    verdict: str = "n/a"  # pass | fail | n/a | error | skipped | not_run
     tags: list = field(default_factory=list)
     timestamp: str = ""
     size: str | None = None  # full | cpu | tiny (None: a schema-1 record, size unknown)
     backend: str = ""  # gloo | nccl
     device: str = ""  # "cpu", or "cuda" with the GPU's name
-    check: dict | None = None  # CheckResult.to_dict()
-    metrics: dict = field(default_factory=dict)  # samples_per_s, step_time_s, speedup, step_times_s …
-    describe: dict = field(default_factory=dict)  # what the engine set up (buckets, fusion counts …)
-    structure: dict = field(default_factory=dict)  # exact facts the structural gate compares
+    check: CheckSummary | None = None
+    metrics: Metrics = field(default_factory=Metrics)
+    describe: Describe = field(default_factory=Describe)
+    structure: Structure = field(default_factory=Structure)
     fallback: str | None = None  # why the case was timed alone rather than interleaved with its model's cases
     error: str | None = None
     metadata: dict = field(default_factory=dict)
@@ -63,8 +296,15 @@ class CaseRecord:
 
     REQUIRED = ("case", "model", "world_size", "config", "run_id")
 
+    def __post_init__(self) -> None:
+        for name, part in _PARTS.items():  # plain objects (a caller's, a test's) become the typed parts
+            value = getattr(self, name)
+            if isinstance(value, Mapping) and not isinstance(value, part):
+                setattr(self, name, part.from_dict(value, f"record {self.case}", name + "."))
+
     def to_json(self) -> str:
-        return json.dumps(jsonable(dataclasses.asdict(self)), sort_keys=True, allow_nan=False)
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return json.dumps(jsonable(data), sort_keys=True, allow_nan=False)
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "") -> CaseRecord:
@@ -84,15 +324,18 @@ class CaseRecord:
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         _validate(values, where)
+        for name, part in _PARTS.items():  # older schemas: names schema 3 does not know are dropped
+            if values.get(name) is not None:
+                values[name] = part.from_dict(values[name], where, name + ".", strict=version == SCHEMA_VERSION)
         rec = cls(**values)
         if version == 1:
-            _upgrade_v1(rec)
+            _upgrade_v1(rec, where)
         return rec
 
     @property
     def samples_per_s(self) -> float:
-        v = self.metrics.get("samples_per_s")
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+        v = self.metrics.samples_per_s
+        return float(v) if v is not None else math.nan
 
 
 def _is_str_list(v: Any) -> bool:
@@ -123,48 +366,19 @@ _FIELD_CHECKS: dict = {
 }
 
 
-def _number_or_nonfinite(v: Any) -> bool:
-    if isinstance(v, bool):
-        return False
-    return isinstance(v, (int, float)) or v in ("nan", "inf", "-inf")
-
-
-# metrics the readers use: key -> (check, what is allowed)
-_METRIC_CHECKS: dict = {
-    "samples_per_s": (_number_or_nonfinite, "a number"),
-    "speedup": (_number_or_nonfinite, "a number"),
-    "step_times_s": (lambda v: isinstance(v, list) and all(_number_or_nonfinite(x) for x in v),
-                     "a list of numbers (seconds)"),
-    "window_s": (lambda v: isinstance(v, list) and all(_number_or_nonfinite(x) for x in v),
-                 "a list of numbers (seconds)"),
-    "speedup_ci": (lambda v: isinstance(v, list) and len(v) == 2 and all(_number_or_nonfinite(x) for x in v),
-                   "a list of two numbers"),
-    "step_time_s": (lambda v: isinstance(v, dict), "an object"),
-    "comm_calls_per_step": (lambda v: isinstance(v, dict) and all(_number_or_nonfinite(x) for x in v.values()),
-                            "an object of numbers"),
-    "comm_bytes_per_step": (lambda v: isinstance(v, dict) and all(_number_or_nonfinite(x) for x in v.values()),
-                            "an object of numbers"),
-    "trace_file": (lambda v: isinstance(v, str), "a string (a path under the results directory's traces/)"),
-}
-
-
 def _validate(values: dict, where: str) -> None:
     for name, value in values.items():
         check = _FIELD_CHECKS.get(name)
         if check is not None and not check[0](value):
             raise ResultsFileError(f"{where}: field {name!r} is {_show(value)}; expected {check[1]}")
-    for name, value in (values.get("metrics") or {}).items():
-        check = _METRIC_CHECKS.get(name)
-        if check is not None and not check[0](value):
-            raise ResultsFileError(f"{where}: field 'metrics.{name}' is {_show(value)}; expected {check[1]}")
 
 
 def _show(value: Any) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    text = json.dumps(jsonable(value)) if not isinstance(value, str) else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _upgrade_v1(rec: CaseRecord) -> None:
+def _upgrade_v1(rec: CaseRecord, where: str) -> None:
     """A schema-1 record in schema 2's terms (in memory only; the file is never rewritten)."""
     from .structure import structure_of
 
@@ -173,7 +387,8 @@ def _upgrade_v1(rec: CaseRecord) -> None:
     gpu = meta.get("gpu") or {}
     rec.device = rec.device or ("cuda: " + ", ".join(gpu.get("names") or []) if gpu.get("available") else "cpu")
     if not rec.structure and rec.status == "ok":
-        rec.structure = structure_of(rec.describe, rec.metrics, rec.check)
+        rec.structure = Structure.from_dict(structure_of(rec.describe, rec.metrics, rec.check), where, "structure.",
+                                            strict=False)
 
 
 def jsonable(obj: Any) -> Any:
@@ -182,6 +397,8 @@ def jsonable(obj: Any) -> Any:
         if math.isfinite(obj):
             return obj
         return "nan" if obj != obj else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, _Part):
+        return jsonable(obj.to_dict())
     if isinstance(obj, dict):
         return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

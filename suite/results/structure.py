@@ -9,6 +9,7 @@ check's per-step losses); :func:`structure_diff` lists every difference between 
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["structure_of", "structure_diff"]
@@ -18,7 +19,7 @@ _DESCRIBE_KEYS = ("strategy", "allreduce_ops_before_fusion", "allreduce_ops", "f
                   "nccl_comm_num", "hierarchical", "init_broadcasts")
 
 
-def structure_of(describe: dict | None, metrics: dict | None, check: dict | None,
+def structure_of(describe: Mapping | None, metrics: Mapping | None, check: Mapping | None,
                  deterministic: bool = False) -> dict:
     """The structural facts of one case (see the module docstring).
 
