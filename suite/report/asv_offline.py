@@ -43,9 +43,9 @@ class OfflineError(ValueError):
 def external_assets(html: str) -> list[str]:
     """Addresses of scripts and styles a page loads from another host (links to other pages are fine)."""
     out = []
-    for m in _TAG.finditer(html):
-        tag, url = m.group(0), m.group(2)
-        if m.group(1).lower() == "link" and "stylesheet" not in tag.lower() and "icon" not in tag.lower():
+    for found in _TAG.finditer(html):
+        tag, url = found.group(0), found.group(2)
+        if found.group(1).lower() == "link" and "stylesheet" not in tag.lower() and "icon" not in tag.lower():
             continue
         if re.match(r"^(?:[a-z][a-z0-9+.-]*:)?//", url, re.IGNORECASE):
             out.append(url)
@@ -53,11 +53,11 @@ def external_assets(html: str) -> list[str]:
 
 
 def _rewrite(html: str) -> str:
-    def local(m: re.Match) -> str:
-        url = m.group(2)
+    def local(found: re.Match) -> str:
+        url = found.group(2)
         if url not in ASSETS:
-            return m.group(0)
-        return _SRI.sub("", m.group(0)).replace(url, "vendor/" + ASSETS[url])
+            return found.group(0)
+        return _SRI.sub("", found.group(0)).replace(url, "vendor/" + ASSETS[url])
 
     return _TAG.sub(local, html)
 
