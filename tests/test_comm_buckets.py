@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from suite.comm.buckets import fusion_log_line, param_owners, plan_buckets
+from suite.comm.buckets import fusion_log_line, param_owners, plan, plan_buckets
 from suite.comm.grad_sync import trainable_params
 from suite.config import ConfigError, StrategyConfig
 
@@ -45,6 +45,18 @@ def test_frozen_skipped_and_dtypes_split():
     net = _net()
     net[2].to(torch.float64)
     assert _plan(net, fuse=True) == [["2.weight"], ["1.bias", "1.weight", "0.bias", "0.weight"]]
+
+
+def test_the_planner_is_torch_free_tuples():
+    """(bytes, layer, kind) in registration order: walked in reverse, the crossing gradient stays in, a new layer
+    beyond the cap or another kind opens a bucket."""
+    grads = [(10, "a", "f32"), (10, "a", "f32"), (30, "b", "f32"), (5, "c", "f64"), (5, "d", "f64")]
+    members = [pl.members for pl in plan(grads, True, cap_mb=35 / 2**20)]
+    assert members == [[4, 3], [2, 1], [0]]  # kinds split; 30 + 10 crosses 35 B and stays in
+    assert [pl.nbytes for pl in plan(grads, True, cap_mb=35 / 2**20)] == [10, 40, 10]
+    assert [pl.members for pl in plan(grads[:3], True, cap_layers=1)] == [[2], [1, 0]]
+    assert [pl.layers for pl in plan(grads[:3], True)] == [["b", "a"]]
+    assert [pl.members for pl in plan(grads, False)] == [[4], [3], [2], [1], [0]]
 
 
 def test_log_line_is_paddles():

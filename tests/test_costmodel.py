@@ -8,17 +8,14 @@ import math
 import pytest
 
 from suite.cluster import costmodel as cm
-from suite.cluster.simulate import (
-    Bucket,
-    ParamGrad,
-    Profile,
-    make_buckets,
-    predict_step,
-    predict_table,
-    simulate_comm,
-)
-from suite.cluster.simulate import Setting as _Setting
+from suite.cluster.simulate import Bucket, ParamGrad, Profile, make_buckets, predict_table, simulate_comm
+from suite.cluster.simulate import predict_step as _predict_step
 from suite.cluster.spec import parse_cluster
+from suite.config import StrategyConfig
+
+PLAIN = StrategyConfig()
+OVERLAP = StrategyConfig(sync_nccl_allreduce=False)  # fusion off: one allreduce per parameter, overlapped
+REGISTRY = ["plain", "fusion", "overlap", "multicomm", "hierarchical", "local_sgd"]
 
 B = 1e8  # bytes/s: 100 MB/s node links makes the hand calculations easy
 N_BYTES = 1e8
@@ -94,8 +91,8 @@ def _profile(params, f=0.1, b=0.2, o=0.05):
                    per_rank_batch=8)
 
 
-def Setting(name, **kw):  # the tests below list their gradients in ready order
-    return _Setting(name, **{"bucket_rule": "ready", **kw})
+def predict_step(prof, cluster, config):  # the tests below list their gradients in ready order
+    return _predict_step(prof, cluster, config, order="ready")
 
 
 def test_make_buckets_in_ready_order_with_cap():
@@ -111,9 +108,9 @@ def test_no_overlap_possible():
     # every gradient is ready only when backward ends: overlap cannot hide anything
     prof = _profile([(1e8, 0.2), (1e8, 0.2)])
     for k in (1, 2):  # two communicators share the link: no gain without latency to hide
-        r = predict_step(prof, C22, Setting("o", bucket_mb=None, overlap=True, comm_num=k))
+        r = predict_step(prof, C22, OVERLAP.replace(nccl_comm_num=k))
         assert close(r["step_s"], 0.1 + 0.2 + 3.0 + 0.05), (k, r)
-    r = predict_step(prof, C22, Setting("s", bucket_mb=None, overlap=False))
+    r = predict_step(prof, C22, PLAIN)
     assert close(r["step_s"], 3.35)
     assert close(r["scaling_efficiency"], 0.35 / 3.35)
     assert close(r["throughput"], 4 * 8 / 3.35)
@@ -122,21 +119,21 @@ def test_no_overlap_possible():
 def test_perfect_overlap():
     # small buckets ready early in a long backward: communication is hidden entirely
     prof = _profile([(1e6, 0.0), (1e6, 0.05), (1e6, 0.1)], b=0.5)
-    r = predict_step(prof, C22, Setting("o", bucket_mb=None, overlap=True))
+    r = predict_step(prof, C22, OVERLAP)
     assert close(r["step_s"], 0.1 + 0.5 + 0.05) and close(r["scaling_efficiency"], 1.0)
     assert close(r["comm_alone_s"], 3 * 0.015)
-    r = predict_step(prof, C22, Setting("s", bucket_mb=None, overlap=False))
+    r = predict_step(prof, C22, PLAIN)
     assert close(r["step_s"], 0.65 + 0.045)
 
 
 def test_one_slow_bucket():
     # the last bucket (1e8 bytes, ready at the end of backward) alone sets the step
     prof = _profile([(1e6, 0.05), (1e8, 0.2)])
-    r = predict_step(prof, C22, Setting("o", bucket_mb=None, overlap=True))
+    r = predict_step(prof, C22, OVERLAP)
     assert close(r["step_s"], 0.1 + 0.2 + 1.5 + 0.05), r
     # a slow bucket early in backward: hidden up to backward's end
     prof = _profile([(1e7, 0.0), (1e6, 0.2)], b=0.2)  # 0.15 s of comm from t=0, backward 0.2 s
-    r = predict_step(prof, C22, Setting("o", bucket_mb=None, overlap=True))
+    r = predict_step(prof, C22, OVERLAP)
     assert close(r["step_s"], 0.1 + 0.2 + 0.015 + 0.05), r
 
 
@@ -157,13 +154,13 @@ def test_communicators_hide_latency_and_share_bandwidth():
 
 def test_hierarchical_and_local_sgd_settings():
     prof = _profile([(1e8, 0.2)])
-    flat = predict_step(prof, C22, Setting("f", bucket_mb=None, overlap=True))
-    hier = predict_step(prof, C22, Setting("h", bucket_mb=None, overlap=True, hierarchical=True))
+    flat = predict_step(prof, C22, OVERLAP)
+    hier = predict_step(prof, C22, OVERLAP.replace(use_hierarchical_allreduce=True))
     assert close(flat["step_s"], 0.3 + 1.5 + 0.05) and close(hier["step_s"], 0.3 + 1.0 + 0.05)
-    lsgd = predict_step(prof, C22, Setting("l", bucket_mb=None, overlap=False, local_sgd_k=4))
+    lsgd = predict_step(prof, C22, PLAIN.replace(use_local_sgd=True, local_sgd_steps=4))
     assert close(lsgd["step_s"], 0.35 + 1.5 / 4)
     table = predict_table(prof, C22)
-    assert table.count("\n") == 2 + 5 and "Local SGD k=4" in table
+    assert table.count("\n") == 2 + 5 and [line.split(" | ")[0][2:] for line in table.splitlines()[2:]] == REGISTRY
 
 
 def test_profile_round_trip_and_errors():
@@ -186,6 +183,7 @@ def test_predict_cli_from_profile(tmp_path, capsys):
     assert main(["predict", "--cluster", "2x2:inter=800mbit", "--profile", str(path), "--inter-lat", "0",
                  "--intra-lat", "0", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
+    assert [r["setting"] for r in rows] == REGISTRY  # the registry's variants, by name
     plain = rows[0]
     # 800 Mbit/s = 1e8 B/s: per-parameter allreduces after backward: 1.5 s + 0.015 s
     assert plain["buckets"] == 2 and close(plain["step_s"], 0.35 + 1.515)
@@ -272,30 +270,68 @@ def test_fit_recovers_the_terms_that_made_the_rows():
         fit(spec, [{**rows[0], "seconds": math.nan}])
 
 
-def test_engine_buckets_match_the_engines_plan():
-    """The prediction's buckets are the ones suite.comm.buckets forms (reverse registration order, the
-    crossing gradient stays in, the layer cap), for a real model's parameters."""
+def test_one_bucket_planner_for_the_engine_and_the_cost_model(monkeypatch):
+    """The engine (plan_buckets) and the cost model (a profile of the same parameters) plan through the one
+    function suite.comm.buckets.plan and get the same buckets; the cost model's ready times are the running
+    maximum (a bucket is launched after the one before)."""
     from suite.cluster.simulate import engine_buckets
-    from suite.comm.buckets import param_owners, plan_buckets
+    from suite.comm import buckets
     from suite.comm.grad_sync import trainable_params
     from suite.models import get_model
 
+    calls: list = []
+    real = buckets.plan
+
+    def spy(grads, *args):
+        calls.append([(n, layer) for n, layer, _ in grads])
+        return real(grads, *args)
+
+    monkeypatch.setattr(buckets, "plan", spy)
     for model, cap_mb, cap_layers in (("resnet", 0.01, 50), ("resnet", 16.0, 3), ("mlp", 4.0, 50)):
         module = get_model(model, "cpu").build()
         named = trainable_params(module)
-        plans = plan_buckets(named, param_owners(module), True, cap_mb, cap_layers)
+        calls.clear()
+        plans = buckets.plan_buckets(named, buckets.param_owners(module), True, cap_mb, cap_layers)
         params = [ParamGrad(n, p.numel() * 4, 0.001 * (len(named) - i)) for i, (n, p) in enumerate(named)]
         got = engine_buckets(params, cap_mb, cap_layers)
+        assert len(calls) == 2 and calls[0] == calls[1], model  # both through plan, with the same gradients
         assert [b.names for b in got] == [tuple(named[i][0] for i in pl.members) for pl in plans], model
         assert [b.nbytes for b in got] == [pl.nbytes for pl in plans]
-        readies = [b.ready_s for b in got]
-        assert readies == sorted(readies)  # launched in bucket order: a bucket waits for the one before
+        assert len(plans) > 1 and [b.ready_s for b in got] == sorted(b.ready_s for b in got)
+        prof = Profile(0.01, 0.03, 0.005, tuple(params))
+        calls.clear()
+        _predict_step(prof, C22, StrategyConfig(fuse_all_reduce_ops=True, fuse_grad_size_in_MB=cap_mb,
+                                                fuse_grad_size_in_layers=cap_layers))
+        assert len(calls) == 1  # predict_step plans through it too
+
+
+def test_one_list_of_settings_the_registrys():
+    """predict, its table and the extrapolation take the registry's variants (by name, with their configs) from
+    one list; no module keeps a vocabulary of its own."""
+    from suite.cases import VARIANTS
+    from suite.cli import predict
+    from suite.cluster import extrapolate, simulate
+
+    registry = {v.name: StrategyConfig.from_dict(v.config) for v in VARIANTS}
+    got = simulate.registry_settings()
+    assert [n for n, _ in got] == REGISTRY and all(cfg == registry[n] for n, cfg in got)
+    sized = dict(simulate.registry_settings(8.0, 6))
+    assert sized["multicomm"] == registry["multicomm"].replace(fuse_grad_size_in_MB=8.0)
+    assert sized["local_sgd"] == registry["local_sgd"].replace(local_sgd_steps=6)
+    assert sized["plain"] == registry["plain"]
+    assert [n.split(" ")[0] for n, _ in extrapolate.SETTINGS] == ["fusion", "multicomm", "hierarchical", "local_sgd"]
+    assert extrapolate.SETTINGS[1][1] == registry["multicomm"].replace(fuse_grad_size_in_MB=32.0)
+    for gone in ("Setting", "DEFAULT_SETTINGS"):
+        assert not hasattr(simulate, gone), gone
+    assert not hasattr(predict, "settings")
+    with pytest.raises(ValueError, match="data_parallel='ddp'"):
+        _predict_step(_profile([(10, 0.1)]), C22, registry["ddp"], "ddp")
 
 
 def test_contention_stretches_overlapped_backward_only_on_shared_cores():
     prof = _profile([(1e8, 0.0)], f=0.1, b=2.0, o=0.05)  # 1.5 s allreduce from t=0, inside a 2 s backward
     cl = C22.with_(cpu_per_byte=1e-9)  # 0.1 CPU s per rank for 1e8 bytes
-    ov = Setting("o", bucket_mb=None, overlap=True)
+    ov = OVERLAP
     assert close(predict_step(prof, cl, ov)["step_s"], 2.15)  # cores = inf: communication has its own
     r = predict_step(prof, cl.with_(cores=2.0), ov)
     # 4 ranks fill 2 cores: their 4 x 0.1 CPU s are shared by 2 cores: backward 0.2 s longer
@@ -303,7 +339,7 @@ def test_contention_stretches_overlapped_backward_only_on_shared_cores():
     # 8 cores for 4 ranks: the spare cores absorb it
     assert close(predict_step(prof, cl.with_(cores=8.0), ov)["contention_s"], 0.0)
     # communication after backward (no overlap) competes with nothing
-    sync = predict_step(prof, cl.with_(cores=2.0), Setting("s", bucket_mb=None, overlap=False))
+    sync = predict_step(prof, cl.with_(cores=2.0), PLAIN)
     assert close(sync["contention_s"], 0.0) and close(sync["step_s"], 2.15 + 1.5)
 
 
@@ -314,10 +350,9 @@ def test_local_sgd_averages_parameters_in_registration_chunks_without_buffers():
     assert [c.names for c in average_chunks(ps, 2.0)] == [("a",), ("b", "c")]
     assert [c.names for c in average_chunks(ps, None)] == [("a",), ("b",), ("c",)]
     prof = Profile(0.1, 0.2, 0.05, (ParamGrad("w", int(1e8), 0.2),), buffers=(10**6,))
-    k4 = _Setting("l", bucket_mb=None, overlap=False, local_sgd_k=4)
-    assert close(predict_step(prof, C22, k4)["step_s"], 0.35 + 1.5 / 4)  # no buffer broadcast between averagings
-    plain = _Setting("p", bucket_mb=None, overlap=False)
-    assert close(predict_step(prof, C22, plain)["step_s"], 0.35 + 1.5 + cm.broadcast(1e6, C22))
+    k4 = PLAIN.replace(use_local_sgd=True, local_sgd_steps=4)
+    assert close(_predict_step(prof, C22, k4)["step_s"], 0.35 + 1.5 / 4)  # no buffer broadcast between averagings
+    assert close(_predict_step(prof, C22, PLAIN)["step_s"], 0.35 + 1.5 + cm.broadcast(1e6, C22))
 
 
 def test_comm_calibrate_and_predict_calibration_refuse_bad_use(tmp_path, capsys):

@@ -1,4 +1,5 @@
-"""`fleetbench predict`: predicted step time, throughput and scaling efficiency per setting.
+"""`fleetbench predict`: predicted step time, throughput and scaling efficiency per registry variant
+(``suite.cluster.simulate.PREDICTED``: plain, fusion, overlap, multicomm, hierarchical, local_sgd).
 
     fleetbench predict --cluster 8x8:inter=100gbit,intra=2400gbit --profile mlp.json
     fleetbench predict --cluster 2x2:inter=200mbit --model mlp --save-profile mlp.json
@@ -36,25 +37,10 @@ def add_parser(sub) -> None:
     p.add_argument("--calibration", help="fitted terms of this emulated cluster (fleetbench comm --cluster SPEC "
                    "--calibrate FILE): calibrated latency per message size, intra-node phases, CPU contention; "
                    "its shape and rates must be --cluster's")
-    p.add_argument("--bucket-mb", type=float, default=16.0, help="fused bucket size of the fused settings, MiB")
-    p.add_argument("--local-sgd-k", type=int, default=4, help="Local SGD averaging period of its row")
+    p.add_argument("--bucket-mb", type=float, default=16.0, help="bucket size of the fused variants, MiB")
+    p.add_argument("--local-sgd-k", type=int, default=4, help="Local SGD averaging period of local_sgd's row")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     p.set_defaults(func=main)
-
-
-def settings(bucket_mb: float, local_sgd_k: int):
-    from ..cluster.simulate import Setting
-
-    b = bucket_mb
-    return [
-        Setting("plain (per-parameter, after backward)", bucket_mb=None, overlap=False),
-        Setting(f"fused {b:g} MiB, no overlap", bucket_mb=b, overlap=False),
-        Setting(f"fused {b:g} MiB, overlap, nccl_comm_num 1", bucket_mb=b, overlap=True, comm_num=1),
-        Setting(f"fused {b:g} MiB, overlap, nccl_comm_num 2", bucket_mb=b, overlap=True, comm_num=2),
-        Setting(f"fused {b:g} MiB, overlap, nccl_comm_num 2, hierarchical", bucket_mb=b, overlap=True, comm_num=2,
-                hierarchical=True),
-        Setting(f"Local SGD k={local_sgd_k} (fused {b:g} MiB)", bucket_mb=b, overlap=False, local_sgd_k=local_sgd_k),
-    ]
 
 
 def measure_profile(model: str, nproc: int, per_rank_batch: int | None, size: str = "cpu",
@@ -98,7 +84,7 @@ def read_json_file(path: str):
 
 def main(args) -> int:
     from ..cluster import costmodel as cm
-    from ..cluster.simulate import Profile, predict_step, predict_table
+    from ..cluster.simulate import Profile, predict_step, predict_table, registry_settings
     from ..cluster.spec import ClusterSpecError, parse_cluster
     from .checks import check_number, max_local_ranks, unwritable
 
@@ -163,13 +149,14 @@ def main(args) -> int:
                         f"on the cluster predicted (fleetbench comm --cluster {spec} --calibrate FILE)")
         cluster = cal.cluster_model()
         note = f"calibrated terms of {args.calibration}"
-    rows = settings(args.bucket_mb, args.local_sgd_k)
+    rows = registry_settings(args.bucket_mb, args.local_sgd_k)
     if args.json:
-        print(json.dumps([predict_step(profile, cluster, s) for s in rows], indent=1))
+        print(json.dumps([predict_step(profile, cluster, cfg, name) for name, cfg in rows], indent=1))
         return 0
     print(f"Predicted on {spec} ({note}; model "
           f"{profile.model or '?'}, {len(profile.params)} gradients, {profile.grad_bytes / 2**20:.1f} MiB, compute "
-          f"{profile.compute_s * 1e3:.1f} ms per step of {profile.per_rank_batch} samples per rank). "
-          f"Rates are link payload rates; the model is an extrapolation, not a measurement.\n")
+          f"{profile.compute_s * 1e3:.1f} ms per step of {profile.per_rank_batch} samples per rank). The registry's "
+          f"variants, fused ones at {args.bucket_mb:g} MiB, local_sgd at k={args.local_sgd_k}. Rates are link payload "
+          f"rates; the model is an extrapolation, not a measurement.\n")
     print(predict_table(profile, cluster, rows))
     return 0

@@ -2,18 +2,21 @@
 
 A profile (measured on one rank, see ``profile.py``) gives forward, backward and optimizer
 times and, for every parameter, its gradient's size and the moment in backward it became
-ready.  A setting says how gradients travel:
+ready.  A ``StrategyConfig`` says how gradients travel, read as the engine reads it:
 
-- ``bucket_mb``: parameters are packed into buckets in the order they become ready, closed at
-  this many MiB (None: one allreduce per parameter, fleetbench's plain path); a bucket is
-  ready when its last gradient is;
-- ``overlap``: a bucket's allreduce starts when it is ready, during backward (False: all start
-  after backward and each is waited on before the next, Paddle's ``sync_nccl_allreduce``);
-- ``comm_num``: communicators (``nccl_comm_num``); bucket i goes to communicator i mod k; each
-  communicator runs its buckets one after another, different communicators at once;
-- ``hierarchical``: the two-level allreduce instead of the flat ring;
-- ``local_sgd_k``: gradients are not communicated; every k-th step the parameters are
-  averaged after the optimizer step (same buckets and communicators, all ready at once).
+- ``fuse_all_reduce_ops``/``fuse_grad_size_in_MB``/``fuse_grad_size_in_layers``: buckets planned by the
+  engine's own planner (``suite.comm.buckets.plan``), launched in bucket order; fusion off: one
+  allreduce per parameter;
+- ``sync_nccl_allreduce=False``: a bucket's allreduce starts when it is ready, during backward
+  (True: all start after backward and each is waited on before the next);
+- ``nccl_comm_num``: bucket i goes to communicator i mod k; each communicator runs its buckets one
+  after another, different communicators at once;
+- ``use_hierarchical_allreduce``: the two-level allreduce instead of the flat ring;
+- ``use_local_sgd``: gradients are not communicated; every ``local_sgd_steps``-th step the parameters
+  are averaged after the optimizer step (registration-order chunks, all ready at once).
+
+What ``fleetbench predict`` predicts are the registry's variants (``suite.cases.VARIANTS``) named in
+``PREDICTED``, with their configs: the ones that differ only in how gradients travel.
 
 Collectives that run at once share the network: each allreduce's cost is split into a
 latency part (its alpha terms; it does not slow down when shared) followed by a bandwidth
@@ -31,10 +34,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..cases import VARIANTS
+from ..config import StrategyConfig
 from . import costmodel as cm
 
-__all__ = ["Profile", "ParamGrad", "Setting", "Bucket", "make_buckets", "engine_buckets", "average_chunks",
-           "simulate_comm", "contention_s", "predict_step", "predict_table", "DEFAULT_SETTINGS"]
+__all__ = ["Profile", "ParamGrad", "Bucket", "make_buckets", "engine_buckets", "average_chunks", "simulate_comm",
+           "contention_s", "predict_step", "predict_table", "PREDICTED", "registry_settings"]
 
 MiB = 1024 * 1024
 
@@ -123,36 +128,31 @@ def _whole(value, what: str, minimum: int) -> int:
 
 
 @dataclass(frozen=True)
-class Setting:
-    name: str
-    bucket_mb: float | None = 32.0
-    overlap: bool = True
-    comm_num: int = 1
-    hierarchical: bool = False
-    local_sgd_k: int = 0  # 0: synchronous data parallel; k >= 1: Local SGD averaging every k steps
-    variant: str = "rs_ag"
-    # "engine": buckets as the suite's engine plans them (suite.comm.buckets: reverse registration order,
-    # the gradient that crosses the cap stays in, at most ``layers_cap`` layers, launched in bucket order);
-    # "ready": in ready order, closed before the cap is passed (the older, engine-independent rule)
-    bucket_rule: str = "engine"
-    layers_cap: int = 50
-
-
-@dataclass(frozen=True)
 class Bucket:
     nbytes: int
     ready_s: float
     names: tuple = field(default=(), compare=False)
 
 
-DEFAULT_SETTINGS = (
-    Setting("plain (per-parameter, after backward)", bucket_mb=None, overlap=False),
-    Setting("fused 32 MiB, no overlap", bucket_mb=32, overlap=False),
-    Setting("fused 16 MiB, overlap, comm_num 1", bucket_mb=16, overlap=True, comm_num=1),
-    Setting("fused 16 MiB, overlap, comm_num 2", bucket_mb=16, overlap=True, comm_num=2),
-    Setting("… + hierarchical", bucket_mb=16, overlap=True, comm_num=2, hierarchical=True),
-    Setting("Local SGD k=4 (fused 16 MiB)", bucket_mb=16, overlap=False, local_sgd_k=4),
-)
+# The registry's variants the cost model predicts: those that differ from plain only in how gradients travel
+# (the others change the computation a profile measures).
+PREDICTED = ("plain", "fusion", "overlap", "multicomm", "hierarchical", "local_sgd")
+
+
+def registry_settings(bucket_mb: float | None = None, local_sgd_k: int | None = None,
+                      names: Sequence[str] = PREDICTED) -> list[tuple[str, StrategyConfig]]:
+    """(name, config) of the registry's variants ``names``, a fused one's bucket size set to ``bucket_mb`` and
+    Local SGD's period to ``local_sgd_k`` where given."""
+    configs = {v.name: v.config for v in VARIANTS}
+    out = []
+    for name in names:
+        cfg = StrategyConfig.from_dict(configs[name])
+        if bucket_mb is not None and cfg.fuse_all_reduce_ops:
+            cfg = cfg.replace(fuse_grad_size_in_MB=bucket_mb)
+        if local_sgd_k is not None and cfg.use_local_sgd:
+            cfg = cfg.replace(local_sgd_steps=local_sgd_k)
+        out.append((name, cfg))
+    return out
 
 
 def make_buckets(params: Sequence[ParamGrad], bucket_mb: float | None) -> list[Bucket]:
@@ -177,37 +177,18 @@ def make_buckets(params: Sequence[ParamGrad], bucket_mb: float | None) -> list[B
 
 
 def engine_buckets(params: Sequence[ParamGrad], bucket_mb: float | None, layers_cap: int = 50) -> list[Bucket]:
-    """Buckets as ``suite.comm.buckets.plan_buckets`` forms them from a profile whose parameters are in
-    registration order: walked in reverse, a bucket closes once its bytes reach the cap (the gradient
-    that crosses it stays in) or before a parameter of a new layer when it holds ``layers_cap`` layers
-    (a layer: the name without its last component).  A bucket is launched when it is complete and
-    every earlier bucket was launched (bucket order), so its ready time is the running maximum."""
-    cap = math.inf if bucket_mb is None else bucket_mb * MiB
+    """The engine's buckets (``suite.comm.buckets.plan``) of a profile whose parameters are in registration
+    order (a layer: the name without its last component, the module that owns the parameter).  A bucket is
+    launched when it is complete and every earlier bucket was launched, so its ready time is the running
+    maximum."""
+    from ..comm.buckets import plan  # heavy: the module imports torch (for the engine's flat buffers)
+
+    plans = plan([(p.nbytes, p.name.rpartition(".")[0], None) for p in params], bucket_mb is not None,
+                 math.inf if bucket_mb is None else bucket_mb, layers_cap)
     out: list[Bucket] = []
-    cur: list[ParamGrad] = []
-    layers: list[str] = []
-    size = 0
-
-    def close() -> None:
-        nonlocal cur, layers, size
-        if cur:
-            ready = max(q.ready_s for q in cur)
-            if out:
-                ready = max(ready, out[-1].ready_s)
-            out.append(Bucket(size, ready, tuple(q.name for q in cur)))
-        cur, layers, size = [], [], 0
-
-    for p in reversed(params):
-        layer = p.name.rsplit(".", 1)[0]
-        if bucket_mb is None or (cur and layer not in layers and len(layers) >= layers_cap):
-            close()
-        cur.append(p)
-        if layer not in layers:
-            layers.append(layer)
-        size += p.nbytes
-        if size >= cap:
-            close()
-    close()
+    for pl in plans:
+        ready = max([params[i].ready_s for i in pl.members] + [out[-1].ready_s if out else 0.0])
+        out.append(Bucket(pl.nbytes, ready, tuple(params[i].name for i in pl.members)))
     return out
 
 
@@ -229,7 +210,7 @@ def average_chunks(params: Sequence[ParamGrad], bucket_mb: float | None) -> list
 
 
 def simulate_comm(buckets: Sequence[Bucket], cluster: cm.Cluster, *, comm_num: int = 1, hierarchical: bool = False,
-                  serial: bool = False, variant: str = "rs_ag", start_s: float = 0.0,
+                  serial: bool = False, start_s: float = 0.0,
                   spans: list | None = None) -> float:
     """When the last bucket's allreduce finishes (seconds, same clock as the ready times).
 
@@ -240,7 +221,7 @@ def simulate_comm(buckets: Sequence[Bucket], cluster: cm.Cluster, *, comm_num: i
     """
     if not buckets:
         return start_s
-    costs = [cm.latency_bandwidth_split(b.nbytes, cluster, hierarchical, variant) for b in buckets]
+    costs = [cm.latency_bandwidth_split(b.nbytes, cluster, hierarchical) for b in buckets]
     if serial:
         t = start_s
         for b, (lat, bw) in zip(buckets, costs):
@@ -291,14 +272,6 @@ def simulate_comm(buckets: Sequence[Bucket], cluster: cm.Cluster, *, comm_num: i
     raise RuntimeError("bucket simulation did not converge")  # pragma: no cover
 
 
-def _buckets(profile: Profile, setting: Setting) -> list[Bucket]:
-    if setting.bucket_rule == "engine":
-        return engine_buckets(profile.params, setting.bucket_mb, setting.layers_cap)
-    if setting.bucket_rule == "ready":
-        return make_buckets(profile.params, setting.bucket_mb)
-    raise ValueError(f"Setting.bucket_rule={setting.bucket_rule!r}: allowed engine, ready")
-
-
 def contention_s(spans: Sequence[tuple], cluster: cm.Cluster, until: float, hierarchical: bool) -> float:
     """How much longer computation running until ``until`` takes because the allreduces in ``spans``
     (start, end, bytes) ran on the same cores (0 where communication has cores of its own).
@@ -322,41 +295,45 @@ def contention_s(spans: Sequence[tuple], cluster: cm.Cluster, until: float, hier
     return max(0.0, p * work - spare) / cores
 
 
-def predict_step(profile: Profile, cluster: cm.Cluster, setting: Setting) -> dict:
-    """Predicted step time (seconds, averaged over a Local SGD period), throughput, efficiency."""
-    buckets = _buckets(profile, setting)
-    comm_alone = sum(cm.allreduce(b.nbytes, cluster, setting.hierarchical, setting.variant) for b in buckets)
+def predict_step(profile: Profile, cluster: cm.Cluster, config: StrategyConfig, name: str = "",
+                 order: str = "engine") -> dict:
+    """Predicted step time (seconds, averaged over a Local SGD period), throughput, efficiency of ``config``.
+    ``order``: "engine", buckets as the engine plans them; "ready", in ready order, closed before the cap is
+    passed (for a synthetic profile without layers)."""
+    if config.data_parallel != "suite" or config.use_adaptive_local_sgd:
+        raise ValueError(f"{name or config}: the cost model predicts the suite's data parallelism with a fixed "
+                         f"Local SGD period, not data_parallel={config.data_parallel!r} or adaptive Local SGD")
+    if order not in ("engine", "ready"):
+        raise ValueError(f"order={order!r}: allowed engine, ready")
+    mb = config.fuse_grad_size_in_MB if config.fuse_all_reduce_ops else None
+    hier, comm_num, k = config.use_hierarchical_allreduce, config.nccl_comm_num, config.local_sgd_steps
+    buckets = engine_buckets(profile.params, mb, config.fuse_grad_size_in_layers) if order == "engine" else \
+        make_buckets(profile.params, mb)
+    comm_alone = sum(cm.allreduce(b.nbytes, cluster, hier) for b in buckets)
     f, b, o = profile.forward_s, profile.backward_s, profile.optimizer_s
     # buffers (BatchNorm statistics) are broadcast one by one before each communicating step
     bufs = sum(cm.broadcast(n, cluster) for n in profile.buffers)
     contention = 0.0
-    if setting.local_sgd_k:
+    if config.use_local_sgd:
         # parameters (same bytes as the gradients) averaged every k-th step, all launched at once after the
         # optimizer step; between averagings nothing is communicated (buffers stay local too)
-        chunks = average_chunks(profile.params, setting.bucket_mb) if setting.bucket_rule == "engine" else \
-            [Bucket(x.nbytes, 0.0) for x in buckets]
-        avg = simulate_comm(chunks, cluster, comm_num=setting.comm_num, hierarchical=setting.hierarchical,
-                            variant=setting.variant)
-        step = f + b + o + avg / setting.local_sgd_k
-    elif setting.overlap:
+        chunks = average_chunks(profile.params, mb) if order == "engine" else [Bucket(x.nbytes, 0.0) for x in buckets]
+        step = f + b + o + simulate_comm(chunks, cluster, comm_num=comm_num, hierarchical=hier) / k
+    elif not config.sync_nccl_allreduce:
         spans: list = []
-        done = simulate_comm(buckets, cluster, comm_num=setting.comm_num, hierarchical=setting.hierarchical,
-                             variant=setting.variant, spans=spans)
-        contention = contention_s(spans, cluster, b, setting.hierarchical)
+        done = simulate_comm(buckets, cluster, comm_num=comm_num, hierarchical=hier, spans=spans)
+        contention = contention_s(spans, cluster, b, hier)
         if contention > 0:
             # backward stretched by the comm's CPU work; its gradients become ready correspondingly later
             scale = (b + contention) / b if b > 0 else 1.0
             late = [Bucket(x.nbytes, x.ready_s * scale, x.names) for x in buckets]
-            done = simulate_comm(late, cluster, comm_num=setting.comm_num, hierarchical=setting.hierarchical,
-                                 variant=setting.variant)
+            done = simulate_comm(late, cluster, comm_num=comm_num, hierarchical=hier)
         step = bufs + f + max(b + contention, done) + o
     else:
-        done = simulate_comm(buckets, cluster, hierarchical=setting.hierarchical, serial=True,
-                             variant=setting.variant, start_s=b)
-        step = bufs + f + done + o
+        step = bufs + f + simulate_comm(buckets, cluster, hierarchical=hier, serial=True, start_s=b) + o
     world = cluster.world
     return {
-        "setting": setting.name,
+        "setting": name,
         "buckets": len(buckets),
         "step_s": step,
         "exposed_comm_s": step - profile.compute_s,
@@ -367,9 +344,9 @@ def predict_step(profile: Profile, cluster: cm.Cluster, setting: Setting) -> dic
     }
 
 
-def predict_table(profile: Profile, cluster: cm.Cluster, settings: Sequence[Setting] = DEFAULT_SETTINGS) -> str:
-    """Markdown table of :func:`predict_step` for each setting."""
-    rows = [predict_step(profile, cluster, s) for s in settings]
+def predict_table(profile: Profile, cluster: cm.Cluster, settings: Sequence[tuple[str, StrategyConfig]] = ()) -> str:
+    """Markdown table of :func:`predict_step` for each (name, config) (default: :func:`registry_settings`)."""
+    rows = [predict_step(profile, cluster, cfg, name) for name, cfg in settings or registry_settings()]
     lines = [
         "| setting | buckets | step (ms) | exposed comm (ms) | comm alone (ms) | throughput (samples/s) "
         "| scaling efficiency |",

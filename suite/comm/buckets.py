@@ -1,7 +1,8 @@
 """Gradient buckets: which parameters share one fused allreduce, and the flat buffer they live in.
 
-Assignment (:func:`plan_buckets`) walks the trainable parameters in *reverse registration
-order* (roughly the order backward produces their gradients) and closes a bucket when
+Assignment (:func:`plan`, torch-free, which the cost model uses too; :func:`plan_buckets` for a
+model's parameters) walks the trainable parameters in *reverse registration order* (roughly the
+order backward produces their gradients) and closes a bucket when
 
 - its bytes reach ``fuse_grad_size_in_MB`` MiB (the parameter that crosses the cap stays in,
   as in DDP; ``inf`` = no byte cap), or
@@ -22,11 +23,12 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["BucketPlan", "Bucket", "plan_buckets", "param_owners", "fusion_log_line"]
+__all__ = ["BucketPlan", "Bucket", "plan", "plan_buckets", "param_owners", "fusion_log_line"]
 
 log = logging.getLogger("suite.comm.buckets")
 
@@ -51,34 +53,39 @@ class BucketPlan:
     members: list[int]
     layers: list[str]
     nbytes: int
-    numel: int
 
 
-def plan_buckets(named_params: list[tuple[str, torch.nn.Parameter]], owners: dict[int, str], fuse: bool,
-                 cap_mb: float = math.inf, cap_layers: int = 50) -> list[BucketPlan]:
-    """Group parameters into buckets (see the module docstring).  Pure: no tensors allocated."""
+def plan(grads: Sequence[tuple[int, str, Hashable]], fuse: bool, cap_mb: float = math.inf,
+         cap_layers: int = 50) -> list[BucketPlan]:
+    """Group gradients into buckets (see the module docstring): ``grads`` holds (bytes, layer, kind) of each
+    trainable parameter in registration order, a kind being what one flat buffer must share (dtype and
+    device).  Torch-free: the engine plans through :func:`plan_buckets`, the cost model
+    (``suite.cluster.simulate``) from a profile."""
     cap_bytes = cap_mb * MiB
     plans: list[BucketPlan] = []
     cur: BucketPlan | None = None
     cur_kind = None
-    for i in reversed(range(len(named_params))):
-        name, p = named_params[i]
-        kind = (p.dtype, p.device)
-        layer = owners.get(id(p), name)
-        nbytes = p.numel() * p.element_size()
+    for i in reversed(range(len(grads))):
+        nbytes, layer, kind = grads[i]
         new_layer = cur is not None and layer not in cur.layers
         if cur is None or not fuse or kind != cur_kind or (new_layer and len(cur.layers) >= cap_layers):
-            cur = BucketPlan(len(plans), [], [], 0, 0)
+            cur = BucketPlan(len(plans), [], [], 0)
             cur_kind = kind
             plans.append(cur)
         cur.members.append(i)
         if layer not in cur.layers:
             cur.layers.append(layer)
         cur.nbytes += nbytes
-        cur.numel += p.numel()
         if cur.nbytes >= cap_bytes:
             cur = None  # closed: the byte cap is reached
     return plans
+
+
+def plan_buckets(named_params: list[tuple[str, torch.nn.Parameter]], owners: dict[int, str], fuse: bool,
+                 cap_mb: float = math.inf, cap_layers: int = 50) -> list[BucketPlan]:
+    """:func:`plan` of the engine's parameters (a layer: the module that owns it, see :func:`param_owners`)."""
+    return plan([(p.numel() * p.element_size(), owners.get(id(p), name), (p.dtype, p.device))
+                 for name, p in named_params], fuse, cap_mb, cap_layers)
 
 
 def fusion_log_line(before: int, after: int) -> str:

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, replace
 from ..cluster.extrapolate import extrapolation_markdown
 from ..cluster.probes import timed_allreduce
 from ..cluster.profile import record_profile
+from ..config import StrategyConfig
 from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
 from ..measure.timing import time_on_rank
 from ..workload import WorkloadSpec
@@ -122,26 +123,21 @@ def _measure_comm_num(cluster, pool, rounds, total=16 * MB, buffers=4) -> dict:
 
 
 def strategy_variants(ranks_per_node: int, k: int = 4) -> list[tuple]:
-    """(name, engine config, predict Setting) of every setting validated here."""
-    from ..cluster.simulate import Setting
-
+    """(name, engine config, the same as a StrategyConfig for the cost model) of every setting validated here."""
     fused = {"fuse_all_reduce_ops": True, "fuse_grad_size_in_MB": 16.0}
     overlap = {**fused, "sync_nccl_allreduce": False}
-    return [
-        ("plain", {}, Setting("plain", bucket_mb=None, overlap=False)),
-        ("fused 16 MiB", fused, Setting("fused", bucket_mb=16, overlap=False)),
-        ("fused+overlap, comm_num 1", {**overlap, "nccl_comm_num": 1},
-         Setting("ov1", bucket_mb=16, overlap=True, comm_num=1)),
-        ("fused+overlap, comm_num 2", {**overlap, "nccl_comm_num": 2},
-         Setting("ov2", bucket_mb=16, overlap=True, comm_num=2)),
+    variants = [
+        ("plain", {}),
+        ("fused 16 MiB", fused),
+        ("fused+overlap, comm_num 1", {**overlap, "nccl_comm_num": 1}),
+        ("fused+overlap, comm_num 2", {**overlap, "nccl_comm_num": 2}),
         ("fused+overlap, comm_num 2, hierarchical",
          {**overlap, "nccl_comm_num": 2, "use_hierarchical_allreduce": True,
-          "hierarchical_allreduce_inter_nranks": ranks_per_node},
-         Setting("hier", bucket_mb=16, overlap=True, comm_num=2, hierarchical=True)),
+          "hierarchical_allreduce_inter_nranks": ranks_per_node}),
         (f"Local SGD k={k} (fused 16 MiB)",
-         {**fused, "use_local_sgd": True, "local_sgd_steps": k, "local_sgd_is_warm_steps": 1},
-         Setting("lsgd", bucket_mb=16, overlap=False, local_sgd_k=k)),
+         {**fused, "use_local_sgd": True, "local_sgd_steps": k, "local_sgd_is_warm_steps": 1}),
     ]
+    return [(name, config, StrategyConfig.from_dict(config)) for name, config in variants]
 
 
 NO_COMM = "no communication"  # the compute baseline timed alongside every setting (data_parallel='none')
@@ -162,7 +158,7 @@ def _measure_model(pool, ws, variants, rounds, steps, one_at_a_time: bool, paire
         return {n: {"measured": per_step(answers, n, steps), "compute": base} for n, _, _ in variants}
     out: dict = {}
     for name, config, setting in variants:
-        n = setting.local_sgd_k if setting.local_sgd_k else 2
+        n = setting.local_sgd_steps if setting.use_local_sgd else 2
         mine = {"name": name, "config": config}
         if paired:
             answers = pool.run(time_on_rank, {"workload_spec": ws, "warmup": 1, "steps": n, "rounds": rounds,
@@ -379,8 +375,8 @@ def _predicted_row(raw: dict, run: dict, cal_dict: dict) -> PredRow:
     setting = {n: st for n, _, st in strategy_variants(cal.ranks_per_node)}[run["setting"]]
     compute = statistics.median(run["compute"])
     scaled = scaled_profile(profile, compute)
-    pred = predict_step(scaled, cal.cluster_model(), setting)
-    no_alpha = predict_step(scaled, without_latency(cal.cluster_model()), setting)
+    pred = predict_step(scaled, cal.cluster_model(), setting, run["setting"])
+    no_alpha = predict_step(scaled, without_latency(cal.cluster_model()), setting, run["setting"])
     return PredRow(run["model"], run["shape"], _mbit(cal), run["setting"], run["batch"], compute, run["measured"],
                    pred["step_s"], pred["contention_s"], run["compute"], run.get("load", []), run["cluster"],
                    latency_s=pred["step_s"] - no_alpha["step_s"])
