@@ -156,7 +156,7 @@ def bucketed_on_rank(config: dict, steps: int = 3) -> dict:
                 ref(_input(r, step, device)).square().mean().backward()
                 g = [_grad(p).detach().clone() for p in ref.parameters()]
                 total = g if not total else [a + b for a, b in zip(total, g)]
-            want = [w / world for w in total]
+            want = [w * (1.0 / world) for w in total]  # a multiplier: no division by a Python number
             for p in net.parameters():
                 if p.grad is not None:
                     p.grad.zero_()
@@ -179,12 +179,15 @@ def bucketed_on_rank(config: dict, steps: int = 3) -> dict:
 
 
 def reader_copy_on_rank() -> dict:
-    """The optimized reader (double buffer, uint8 to the device) against the plain one, bit for bit."""
+    """The optimized reader (double buffer, uint8 to the device) against the plain one, bit for bit; and
+    the normalization's one formula on every byte value, on the host and on the device."""
     from .data.reader import BatchSource, EncodedImages, OptimizedReader, PlainReader
-    from .data.synthetic import SyntheticImages
+    from .data.synthetic import SyntheticImages, normalize
     from .runtime.context import current
 
     ctx = current()
+    every = torch.arange(256, device="cpu").to(torch.uint8).reshape(1, 1, 16, 16)
+    bytes_same = torch.equal(normalize(every), normalize(every.to(ctx.platform.device)).cpu())
     data = EncodedImages.from_dataset(SyntheticImages(48, 3))
 
     def batches(reader):
@@ -199,7 +202,7 @@ def reader_copy_on_rank() -> dict:
     same = len(plain) == len(fast) and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
                                            for a, b in zip(plain, fast))
     return {"batches": len(plain), "identical": same, "device": fast[0][2] if fast else "-",
-            "cuda_copier": copier}
+            "cuda_copier": copier, "bytes_identical": bytes_same}
 
 
 def event_timing_on_rank(matmuls: int = 40, n: int = 2048) -> dict:
@@ -331,12 +334,14 @@ def item_hierarchical(ctx: DoctorRun) -> Item:
 def item_reader(ctx: DoctorRun) -> Item:
     out = ctx.call(reader_copy_on_rank)
     same = all(a["identical"] for a in out)
+    byte_values = all(a["bytes_identical"] for a in out)
     cuda = out[0]["cuda_copier"]
     path = "pinned memory, side stream, event" if cuda else "host path (no CUDA copier on CPU)"
-    ok = same and cuda == (ctx.device == "cuda")
+    ok = same and byte_values and cuda == (ctx.device == "cuda")
     return Item("reader device copy (double buffer, uint8)", PASS if ok else FAIL,
                 f"{out[0]['batches']} batches/rank on {out[0]['device']}, {path}: "
-                f"{'bit-for-bit the plain reader' if same else 'DIFFERENT from the plain reader'}")
+                f"{'bit-for-bit the plain reader' if same else 'DIFFERENT from the plain reader'}; "
+                f"normalize() of the 256 byte values {'identical' if byte_values else 'DIFFERENT'} on host and device")
 
 
 def item_events(ctx: DoctorRun) -> Item:
