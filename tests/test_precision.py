@@ -91,7 +91,8 @@ def test_the_correctness_check_runs_tf32_off_whatever_the_config_says(pool2):
         pool2.run(apply_precision, dict(config=StrategyConfig()))
     for a in answers:
         p = a["describe"]["precision"]
-        assert (p["matmul_allow_tf32"], p["cudnn_allow_tf32"], p["float32_matmul_precision"]) == (False, False, "highest")
+        strict = (p["matmul_allow_tf32"], p["cudnn_allow_tf32"], p["float32_matmul_precision"])
+        assert strict == (False, False, "highest")
         assert p["cudnn_benchmark"] is True  # not a precision of the arithmetic: left as configured
 
 
