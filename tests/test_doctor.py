@@ -171,3 +171,17 @@ def test_fused_optimizer_and_correctness_check_items_on_cpu(pool2, monkeypatch):
     ctx.call = wrong
     assert D.fused_optimizers_item(ctx, "fused").status == D.FAIL
     assert D.checks_item(ctx, "compute fusion against the unfused model", "", cpu_too=True).status == D.FAIL
+
+
+def test_every_test_docs_gpu_md_cites_exists():
+    import re
+
+    doc = open(os.path.join(ROOT, "docs", "gpu.md"), encoding="utf-8").read()
+    cited = set(re.findall(r"\b(test_\w+)\b", doc)) - {"test_x"}
+    defined = set()
+    for name in os.listdir(os.path.join(ROOT, "tests")):
+        if name.endswith(".py"):
+            defined |= set(re.findall(r"^def (test_\w+)", open(os.path.join(ROOT, "tests", name)).read(), re.M))
+    files = {m for m in re.findall(r"tests/(test_\w+)\.py", doc)}
+    missing = sorted(cited - defined - files)
+    assert len(cited) > 20 and not missing, missing
