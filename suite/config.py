@@ -142,6 +142,24 @@ class StrategyConfig:
     # ---- benchmark conditions (ours) ---------------------------------------------
     straggler_ms: float = knob(0.0, "ours: a seeded random rank sleeps this long each step", ge=0.0)
 
+    # ---- precision (ours; torch.backends switches) --------------------------------
+    # Every default is PyTorch's own, so a run measures what a plain PyTorch program runs unless a
+    # knob says otherwise (PyTorch >= 1.12: fp32 matmuls exact, convolutions allowed TF32; no cuDNN
+    # autotuning, no deterministic-only algorithms).  Applied on every rank before every timed step
+    # (suite.engine.apply_precision); correctness checks always run with TF32 off whatever these say;
+    # records carry the values torch reports on the ranks (describe["precision"]).  No effect on CPU.
+    matmul_allow_tf32: bool = knob(
+        False, "TF32 in fp32 matmuls (torch.backends.cuda.matmul.allow_tf32; PyTorch's default off); one "
+        "cuBLAS setting with float32_matmul_precision: True means at least 'high'")
+    cudnn_allow_tf32: bool = knob(
+        True, "TF32 in cuDNN convolutions (torch.backends.cudnn.allow_tf32; PyTorch's default on)")
+    float32_matmul_precision: Literal["highest", "high", "medium"] = knob(
+        "highest", "torch.set_float32_matmul_precision (PyTorch's default 'highest': no TF32, no bf16 passes)")
+    cudnn_benchmark: bool = knob(False, "cuDNN autotuning per input shape (torch.backends.cudnn.benchmark; "
+                                 "PyTorch's default off)")
+    cudnn_deterministic: bool = knob(False, "deterministic cuDNN algorithms only (torch.backends.cudnn.deterministic;"
+                                     " PyTorch's default off)")
+
     def __post_init__(self) -> None:
         _check_types(self)
         _check_choices_and_ranges(self)

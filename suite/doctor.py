@@ -13,6 +13,9 @@ fail, or "not applicable here" with the reason), the numbers it saw, and the ver
   (on NCCL a worker-thread design hangs here: issue 11);
 - the reader's device copy (double buffer + uint8): bit-for-bit the plain reader's batches;
 - CUDA event timing against the host clock (CUDA only);
+- on CUDA, what one GPU can confirm (``--nproc 1``): the precision switches take effect (TF32 off gives
+  fp32's accuracy, on makes a matmul coarser on TF32 hardware); the fused optimizers against torch.optim;
+  the AMP (fp16, bf16) and compute-fusion correctness checks;
 - NVML: the visible GPUs found, in torch's order (CUDA only);
 - memory window: the peak above the start of a window, for a known allocation;
 - the torchrun error path: a rank that raises while its peer is inside a collective is reported
@@ -156,7 +159,7 @@ def bucketed_on_rank(config: dict, steps: int = 3) -> dict:
                 ref(_input(r, step, device)).square().mean().backward()
                 g = [_grad(p).detach().clone() for p in ref.parameters()]
                 total = g if not total else [a + b for a, b in zip(total, g)]
-            want = [w / world for w in total]
+            want = [w * (1.0 / world) for w in total]  # a multiplier: no division by a Python number
             for p in net.parameters():
                 if p.grad is not None:
                     p.grad.zero_()
@@ -179,12 +182,15 @@ def bucketed_on_rank(config: dict, steps: int = 3) -> dict:
 
 
 def reader_copy_on_rank() -> dict:
-    """The optimized reader (double buffer, uint8 to the device) against the plain one, bit for bit."""
+    """The optimized reader (double buffer, uint8 to the device) against the plain one, bit for bit; and
+    the normalization's one formula on every byte value, on the host and on the device."""
     from .data.reader import BatchSource, EncodedImages, OptimizedReader, PlainReader
-    from .data.synthetic import SyntheticImages
+    from .data.synthetic import SyntheticImages, normalize
     from .runtime.context import current
 
     ctx = current()
+    every = torch.arange(256, device="cpu").to(torch.uint8).reshape(1, 1, 16, 16)
+    bytes_same = torch.equal(normalize(every), normalize(every.to(ctx.platform.device)).cpu())
     data = EncodedImages.from_dataset(SyntheticImages(48, 3))
 
     def batches(reader):
@@ -199,7 +205,27 @@ def reader_copy_on_rank() -> dict:
     same = len(plain) == len(fast) and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
                                            for a, b in zip(plain, fast))
     return {"batches": len(plain), "identical": same, "device": fast[0][2] if fast else "-",
-            "cuda_copier": copier}
+            "cuda_copier": copier, "bytes_identical": bytes_same}
+
+
+def event_timing(p, work: Callable[[], object], repeats: int) -> dict:
+    """Device time of ``repeats`` queued ``work()`` calls from timing marks, and the host clock around them:
+    without a synchronize (queuing only) and after one (the work done)."""
+    p.synchronize()
+    t0 = time.perf_counter()
+    start = p.mark()
+    for _ in range(repeats):
+        work()
+    end = p.mark()
+    queued = time.perf_counter() - t0  # the host returns once the kernels are queued
+    p.synchronize()
+    host = time.perf_counter() - t0
+    return {"event_s": p.elapsed(start, end), "host_s": host, "queued_s": queued}
+
+
+def events_agree(r: dict) -> bool:
+    """Events within 0.8 to 1.02 of the synchronized host clock (the host also counts launch overhead)."""
+    return r["host_s"] > 0 and 0.8 * r["host_s"] <= r["event_s"] <= 1.02 * r["host_s"]
 
 
 def event_timing_on_rank(matmuls: int = 40, n: int = 2048) -> dict:
@@ -212,16 +238,81 @@ def event_timing_on_rank(matmuls: int = 40, n: int = 2048) -> dict:
     a = torch.randn(n, n, device=p.device)
     for _ in range(3):
         a @ a  # warm-up (cuBLAS handles, clocks)
-    p.synchronize()
-    t0 = time.perf_counter()
-    start = p.mark()
-    for _ in range(matmuls):
-        a @ a
-    end = p.mark()
-    queued = time.perf_counter() - t0  # the host returns once the kernels are queued
-    p.synchronize()
-    host = time.perf_counter() - t0
-    return {"applicable": True, "event_s": p.elapsed(start, end), "host_s": host, "queued_s": queued}
+    return dict(event_timing(p, lambda: a @ a, matmuls), applicable=True)
+
+
+def precision_on_rank(n: int = 512) -> dict:
+    """An fp32 matmul and convolution against float64 on the host, with TF32 off (strict) and on, and what
+    torch reports in each; the switches are left at PyTorch's defaults after."""
+    import torch.nn.functional as F
+
+    from .check.errors import rel_error
+    from .config import StrategyConfig
+    from .engine import apply_precision, precision_in_effect
+    from .runtime.context import current
+
+    p = current().platform
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(n, n, generator=g, device="cpu"), torch.randn(n, n, generator=g, device="cpu")
+    x, w = torch.randn(4, 64, 32, 32, generator=g, device="cpu"), torch.randn(64, 64, 3, 3, generator=g, device="cpu")
+    want_mm, want_conv = a.double() @ b.double(), F.conv2d(x.double(), w.double(), padding=1)
+    out: dict = {"tf32_hardware": p.is_cuda and torch.cuda.get_device_capability(p.device) >= (8, 0)}
+    try:
+        for name, tf32 in (("strict", False), ("tf32", True)):
+            apply_precision(StrategyConfig(matmul_allow_tf32=tf32, cudnn_allow_tf32=tf32))
+            mm = (a.to(p.device) @ b.to(p.device)).cpu().double()
+            conv = F.conv2d(x.to(p.device), w.to(p.device), padding=1).cpu().double()
+            out[name] = {"reported": precision_in_effect(p.device_type), "matmul": rel_error(mm, want_mm),
+                         "conv": rel_error(conv, want_conv)}
+    finally:
+        apply_precision(StrategyConfig())
+    return out
+
+
+def precision_verdict(r: dict) -> tuple[bool, str]:
+    """TF32 off gives fp32's accuracy; torch reports each setting as set; on TF32 hardware (compute
+    capability 8.0 and up) TF32 on makes the matmul at least 10 times less accurate.  cuDNN may pick a
+    convolution algorithm without TF32 even when allowed, so the convolution's TF32 error is only shown."""
+    s, t = r["strict"], r["tf32"]
+    switches = [(x["reported"]["matmul_allow_tf32"], x["reported"]["cudnn_allow_tf32"]) for x in (s, t)]
+    reported = switches == [(False, False), (True, True)]
+    strict = s["matmul"] <= 1e-5 and s["conv"] <= 1e-5
+    effect = t["matmul"] >= 10 * max(s["matmul"], 1e-9) if r["tf32_hardware"] else True
+    numbers = (f"TF32 off: matmul {s['matmul']:.1e}, conv {s['conv']:.1e}; TF32 on: matmul {t['matmul']:.1e}, "
+               f"conv {t['conv']:.1e} (relative to float64); torch reports {'each as set' if reported else switches}"
+               + ("" if r["tf32_hardware"] else "; no TF32 hardware here: TF32 on changes nothing"))
+    return reported and strict and effect, numbers
+
+
+def optimizers_on_rank(steps: int = 5) -> dict:
+    """The fused optimizers against torch.optim (its default implementation on this device), per kind."""
+    from .check.errors import worst_error
+    from .compute.fused_optim import build_fused_optimizer
+    from .config import StrategyConfig
+    from .runtime.context import current
+    from .strategies.optim import torch_optimizer
+
+    device = current().platform.device
+    out = {}
+    for kind in ("sgd", "momentum", "adam"):
+        cfg = StrategyConfig(optimizer=kind, lr=0.01, weight_decay=0.01, fuse_all_optimizer_ops=True)
+        ref, fused = _net(device), _net(device)
+        opts: tuple = (torch_optimizer(ref.parameters(), cfg), build_fused_optimizer(fused, cfg, None))
+        for step in range(steps):
+            for net, opt in zip((ref, fused), opts):
+                opt.zero_grad(set_to_none=False)
+                net(_input(0, step, device)).square().mean().backward()
+                opt.step()
+        out[kind] = worst_error(dict(fused.named_parameters()), dict(ref.named_parameters()))[0]
+    return out
+
+
+def model_check_on_rank(model: str, config: dict) -> dict:
+    """The correctness check (engine against its reference) of ``config`` on ``model`` at size tiny."""
+    from .check.harness import check_on_rank as check
+    from .workload import WorkloadSpec
+
+    return check(WorkloadSpec(model, size="tiny", per_rank_batch=4), config, steps=3)
 
 
 def memory_window_on_rank(mib: int = 64) -> dict:
@@ -331,12 +422,14 @@ def item_hierarchical(ctx: DoctorRun) -> Item:
 def item_reader(ctx: DoctorRun) -> Item:
     out = ctx.call(reader_copy_on_rank)
     same = all(a["identical"] for a in out)
+    byte_values = all(a["bytes_identical"] for a in out)
     cuda = out[0]["cuda_copier"]
     path = "pinned memory, side stream, event" if cuda else "host path (no CUDA copier on CPU)"
-    ok = same and cuda == (ctx.device == "cuda")
+    ok = same and byte_values and cuda == (ctx.device == "cuda")
     return Item("reader device copy (double buffer, uint8)", PASS if ok else FAIL,
                 f"{out[0]['batches']} batches/rank on {out[0]['device']}, {path}: "
-                f"{'bit-for-bit the plain reader' if same else 'DIFFERENT from the plain reader'}")
+                f"{'bit-for-bit the plain reader' if same else 'DIFFERENT from the plain reader'}; "
+                f"normalize() of the 256 byte values {'identical' if byte_values else 'DIFFERENT'} on host and device")
 
 
 def item_events(ctx: DoctorRun) -> Item:
@@ -345,10 +438,72 @@ def item_events(ctx: DoctorRun) -> Item:
     out = ctx.call(event_timing_on_rank)
     worst = max(out, key=lambda a: abs(a["event_s"] - a["host_s"]) / a["host_s"])
     ratio = worst["event_s"] / worst["host_s"]
-    ok = all(0.8 <= a["event_s"] / a["host_s"] <= 1.02 for a in out)
+    ok = all(events_agree(a) for a in out)
     return Item("CUDA event timing vs host clock", PASS if ok else FAIL,
                 f"events {worst['event_s'] * 1e3:.1f} ms, host (synchronized) {worst['host_s'] * 1e3:.1f} ms, "
                 f"ratio {ratio:.3f}; host clock without a synchronize: {worst['queued_s'] * 1e3:.1f} ms")
+
+
+def item_precision(ctx: DoctorRun) -> Item:
+    name = "precision settings take effect (TF32)"
+    if ctx.device != "cuda":
+        return Item(name, NA, "CPU: no TF32 (logic: tests/test_doctor.py::test_precision_verdict)")
+    out = ctx.call(precision_on_rank)
+    verdicts = [precision_verdict(a) for a in out]
+    return Item(name, PASS if all(ok for ok, _ in verdicts) else FAIL, verdicts[0][1])
+
+
+def item_fused_optimizers(ctx: DoctorRun) -> Item:
+    name = "fused optimizers vs torch.optim"
+    if ctx.device != "cuda":
+        return Item(name, NA, "CPU: tests/test_fused_optim.py checks them here")
+    return fused_optimizers_item(ctx, name)
+
+
+def fused_optimizers_item(ctx: DoctorRun, name: str) -> Item:
+    out = ctx.call(optimizers_on_rank)
+    worst = {k: max(a[k] for a in out) for k in out[0]}
+    ok = all(v <= 1e-6 for v in worst.values())  # tests/test_fused_optim.py's bound (a few ulp, not bit for bit)
+    return Item(name, PASS if ok else FAIL,
+                "5 steps, worst relative parameter error " + ", ".join(f"{k} {v:.1e}" for k, v in worst.items())
+                + " (bound 1e-6)")
+
+
+# item -> (model, [(label, config)]): each the correctness check of the config on the GPU
+CUDA_CHECKS: dict[str, tuple[str, list]] = {
+    "AMP against its reference": ("transformer", [("fp16", {"amp": "fp16"}), ("bf16", {"amp": "bf16"})]),
+    "compute fusion against the unfused model": ("resnet", [("bn+act, add+act, relu+depthwise", {
+        "fuse_bn_act_ops": True, "fuse_elewise_add_act_ops": True, "fuse_relu_depthwise_conv": True})]),
+}
+
+
+def item_amp(ctx: DoctorRun) -> Item:
+    return checks_item(ctx, "AMP against its reference", "tests/test_amp.py checks it here")
+
+
+def item_compute_fusion(ctx: DoctorRun) -> Item:
+    return checks_item(ctx, "compute fusion against the unfused model", "tests/test_fusion.py checks it here")
+
+
+def checks_item(ctx: DoctorRun, name: str, on_cpu: str, cpu_too: bool = False) -> Item:
+    """The correctness checks of :data:`CUDA_CHECKS` ``name`` on this device (``cpu_too``: also on CPU, for tests)."""
+    from .check.harness import summarize
+    from .config import StrategyConfig
+
+    if ctx.device != "cuda" and not cpu_too:
+        return Item(name, NA, f"CPU: {on_cpu}")
+    model, configs = CUDA_CHECKS[name]
+    parts, ok = [], True
+    for label, config in configs:
+        if config.get("amp") == "bf16" and ctx.device == "cuda" and not torch.cuda.is_bf16_supported():
+            parts.append(f"{label}: this GPU has no bf16")
+            continue
+        answers = ctx.call(model_check_on_rank, dict(model=model, config=config))
+        res = summarize(StrategyConfig.from_dict(config), answers)
+        ok &= res.passed
+        parts.append(f"{label}: {res.verdict}, parameter error {res.param_error:.1e} (tolerance {res.param_tol:g})"
+                     + (f" {res.message}" if res.message else ""))
+    return Item(name, PASS if ok else FAIL, f"{model}, 3 steps; " + "; ".join(parts))
 
 
 def item_nvml(ctx: DoctorRun) -> Item:
@@ -414,7 +569,8 @@ def item_torchrun(ctx: DoctorRun) -> Item:
 
 
 ITEMS: list[Callable] = [item_platform, item_allreduce, item_half, item_bucketed, item_hierarchical, item_reader,
-                         item_events, item_nvml, item_memory, item_torchrun]
+                         item_events, item_precision, item_fused_optimizers, item_amp, item_compute_fusion, item_nvml,
+                         item_memory, item_torchrun]
 
 
 # ---------------------------------------------------------------------------------------------

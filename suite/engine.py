@@ -10,6 +10,12 @@ Construction (in this order):
   3. gradient communication is chosen (``data_parallel``: suite's strategies, torch DDP, none),
   4. the optimizer (torch.optim, or the fused flat one with ``fuse_all_optimizer_ops``),
   5. mixed precision (autocast and loss scaling) and Local SGD's schedule.
+
+Precision (TF32, ``float32_matmul_precision``, cuDNN autotuning and determinism) is process-wide
+state in torch: :func:`apply_precision` sets it from the config at construction and again at the
+start of every step, so engines with different settings can run interleaved in one process;
+``describe()["precision"]`` holds what torch reports after setting it.  The correctness check runs
+its engine on :func:`strict_fp32` of the config (TF32 off).
 """
 from __future__ import annotations
 
@@ -27,7 +33,8 @@ from .config import StrategyConfig
 from .strategies.amp import Amp
 from .strategies.optim import build_optimizer
 
-__all__ = ["Engine", "build_engine"]
+__all__ = ["Engine", "build_engine", "apply_precision", "precision_in_effect", "strict_fp32",
+           "PRECISION_KEYS"]
 
 
 class Engine:
@@ -46,6 +53,8 @@ class Engine:
         config.check_world(self.world_size, local_ws, torchrun=local_ws is not None)
         self.loss_fn = loss_fn
         device = next(iter(model.parameters())).device
+        apply_precision(config)
+        self.precision = precision_in_effect(device.type)  # what torch reports, for the records
 
         # 1. compute fusion: a pass over the user's model.
         self.fusion_report: dict = {}
@@ -82,7 +91,8 @@ class Engine:
         self.steps = 0
 
     def describe(self) -> dict:
-        info: dict[str, Any] = {"data_parallel": self.config.data_parallel, "init_broadcasts": self.init_broadcasts}
+        info: dict[str, Any] = {"data_parallel": self.config.data_parallel, "init_broadcasts": self.init_broadcasts,
+                                "precision": dict(self.precision)}
         if self.grad_sync is not None:
             info.update(self.grad_sync.describe())
         if self.fusion_report:
@@ -104,6 +114,7 @@ class Engine:
             )
         self.steps += 1
         cfg = self.config
+        apply_precision(cfg)  # process-wide in torch: another engine may have run in between
         communicate = self.local_sgd.communicate_grads(self.steps) if self.local_sgd else True
 
         # DDP's rule for buffers (BatchNorm statistics): rank 0's are broadcast before each forward.
@@ -129,6 +140,43 @@ class Engine:
         if self.local_sgd is not None:
             self.local_sgd.after_step(self.steps, loss.detach())
         return loss.detach()
+
+
+PRECISION_KEYS = ("matmul_allow_tf32", "cudnn_allow_tf32", "float32_matmul_precision", "cudnn_benchmark",
+                  "cudnn_deterministic")
+
+
+def apply_precision(config: StrategyConfig) -> None:
+    """Set torch's precision switches from ``config``'s knobs (:data:`PRECISION_KEYS`).
+
+    ``matmul_allow_tf32`` and ``float32_matmul_precision`` are one cuBLAS setting in torch
+    (``allow_tf32 = True`` is precision "high"): True raises "highest" to "high".  Only
+    ``set_float32_matmul_precision`` is called for it; torch 2.13 refuses to read the precision back
+    once its legacy and new APIs were mixed in one process.
+    """
+    cudnn = torch.backends.cudnn
+    precision = config.float32_matmul_precision
+    if precision == "highest" and config.matmul_allow_tf32:
+        precision = "high"
+    torch.set_float32_matmul_precision(precision)
+    cudnn.allow_tf32 = config.cudnn_allow_tf32
+    cudnn.benchmark = config.cudnn_benchmark
+    cudnn.deterministic = config.cudnn_deterministic
+
+
+def precision_in_effect(device_type: str) -> dict:
+    """What torch reports for :data:`PRECISION_KEYS`, and ``cudnn_version`` (None unless on CUDA)."""
+    cudnn = torch.backends.cudnn
+    return {"matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+            "cudnn_allow_tf32": bool(cudnn.allow_tf32),
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "cudnn_benchmark": bool(cudnn.benchmark), "cudnn_deterministic": bool(cudnn.deterministic),
+            "cudnn_version": cudnn.version() if device_type == "cuda" else None}
+
+
+def strict_fp32(config: StrategyConfig) -> StrategyConfig:
+    """``config`` with TF32 off everywhere: what correctness checks run (their tolerances are fp32's)."""
+    return config.replace(matmul_allow_tf32=False, cudnn_allow_tf32=False, float32_matmul_precision="highest")
 
 
 def _batch_size(inputs) -> int | None:

@@ -14,8 +14,11 @@ from suite import doctor as D
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL_ITEMS = ["platform", "allreduce on each communicator", "half-precision allreduce", "bucketed overlap",
-             "hierarchical overlap", "reader device copy", "CUDA event timing vs host clock", "NVML",
-             "memory window", "torchrun error path"]
+             "hierarchical overlap", "reader device copy", "CUDA event timing vs host clock",
+             "precision settings take effect", "fused optimizers vs torch.optim", "AMP against its reference",
+             "compute fusion against the unfused model", "NVML", "memory window", "torchrun error path"]
+CUDA_ONLY = ("CUDA event timing vs host clock", "precision settings take effect", "fused optimizers vs torch.optim",
+             "AMP against its reference", "compute fusion against the unfused model", "NVML")
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +38,10 @@ def test_doctor_on_cpu_passes_every_cpu_item(cpu_report):
     # its duration (under 2 minutes on a quiet machine) is not asserted: the subprocess timeout bounds a hang
     items = {i["item"].split(" (")[0]: i for i in rep["items"]}
     assert list(items) == ALL_ITEMS
-    for name in ("CUDA event timing vs host clock", "NVML"):
-        assert items[name]["status"] == D.NA and items[name]["numbers"], items[name]
+    for name in CUDA_ONLY:  # skipped on CPU, with the reason printed
+        assert items[name]["status"] == D.NA and items[name]["numbers"].startswith(("CPU", "no GPU")), items[name]
     for name, item in items.items():
-        if name not in ("CUDA event timing vs host clock", "NVML", "memory window"):
+        if name not in CUDA_ONLY + ("memory window",):
             assert item["status"] == D.PASS, item
     assert items["memory window"]["status"] in (D.PASS, D.NA)
     assert "0 wrong of" in items["allreduce on each communicator"]["numbers"]
@@ -91,3 +94,94 @@ def test_cli_exit_status_follows_the_report(monkeypatch, capsys):
     monkeypatch.setattr(D, "ITEMS", [_ok, _wrong])
     assert main(["doctor", "--device", "cpu", "--nproc", "1", "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["ok"] is False
+
+
+# -- the single-GPU items' logic, on CPU (issue 22.7); a GPU confirms them with `fleetbench doctor --nproc 1` --
+def test_event_timing_reads_events_after_a_synchronize_and_the_verdict_wants_them_near_the_host_clock():
+    from .fakes import FakeCuda, fake_cuda_platform
+
+    api = FakeCuda()
+    p = fake_cuda_platform(api)
+
+    def work():  # one queued kernel: 10 ms of device time, waited for only at the synchronize
+        api.clock += 0.01
+        api.busy += 0.01
+
+    r = D.event_timing(p, work, 5)
+    assert r["event_s"] == pytest.approx(0.05)  # the fake clock: exact device time, read after the synchronize
+    assert r["queued_s"] <= r["host_s"]
+    kinds = [e[1] for e in api.log]
+    assert kinds.count("record") == 2 and kinds.index("synchronize") < kinds.index("record") and \
+        kinds[-1] == "synchronize", kinds
+    assert D.events_agree({"event_s": 0.099, "host_s": 0.1})
+    assert not D.events_agree({"event_s": 0.002, "host_s": 0.1})  # events that saw queuing only
+    assert not D.events_agree({"event_s": 0.2, "host_s": 0.1})
+    assert not D.events_agree({"event_s": 0.1, "host_s": 0.0})
+
+
+def _run(strict_mm, strict_conv, tf32_mm, tf32_conv, hardware=True, reported=((False, False), (True, True))):
+    keys = ("matmul_allow_tf32", "cudnn_allow_tf32")
+    return {"tf32_hardware": hardware,
+            "strict": {"matmul": strict_mm, "conv": strict_conv, "reported": dict(zip(keys, reported[0]))},
+            "tf32": {"matmul": tf32_mm, "conv": tf32_conv, "reported": dict(zip(keys, reported[1]))}}
+
+
+def test_precision_verdict():
+    assert D.precision_verdict(_run(4e-7, 5e-7, 3e-4, 5e-7))[0]  # Ampere: TF32 coarser; cuDNN's choice is shown only
+    assert not D.precision_verdict(_run(4e-7, 5e-7, 4e-7, 5e-7))[0]  # TF32 asked for, not taken
+    assert not D.precision_verdict(_run(3e-4, 5e-7, 3e-4, 5e-7))[0]  # TF32 not off in strict mode
+    assert not D.precision_verdict(_run(4e-7, 3e-4, 3e-4, 3e-4))[0]  # convolutions not strict
+    assert not D.precision_verdict(_run(4e-7, 5e-7, 3e-4, 5e-7, reported=((False, False), (False, True))))[0]
+    ok, numbers = D.precision_verdict(_run(4e-7, 5e-7, 4e-7, 5e-7, hardware=False))
+    assert ok and "no TF32 hardware" in numbers
+
+
+def _ctx(pool):
+    import types
+
+    return types.SimpleNamespace(device="cpu", nproc=pool.nproc, call=lambda fn, kwargs=None, timeout=None:
+                                 pool.run(fn, kwargs or {}))
+
+
+def test_precision_rank_function_measures_fp32_accuracy_and_reads_what_torch_reports(pool2):
+    for r in pool2.run(D.precision_on_rank, dict(n=128)):
+        ok, numbers = D.precision_verdict(r)
+        assert ok, numbers
+        assert 0 < r["strict"]["matmul"] <= 1e-5 and r["strict"]["reported"]["float32_matmul_precision"] == "highest"
+        assert r["tf32"]["reported"]["float32_matmul_precision"] == "high" and r["tf32_hardware"] is False
+
+
+def test_fused_optimizer_and_correctness_check_items_on_cpu(pool2, monkeypatch):
+    ctx = _ctx(pool2)
+    item = D.fused_optimizers_item(ctx, "fused")
+    assert item.status == D.PASS and "adam" in item.numbers, item
+    item = D.checks_item(ctx, "compute fusion against the unfused model", "", cpu_too=True)
+    assert item.status == D.PASS and "parameter error" in item.numbers, item
+    item = D.checks_item(ctx, "AMP against its reference", "", cpu_too=True)
+    assert item.status == D.PASS and "bf16: pass" in item.numbers, item
+
+    def wrong(fn, kwargs=None, timeout=None):  # an update that drifts: the items must fail
+        out = pool2.run(fn, kwargs or {})
+        if fn is D.optimizers_on_rank:
+            return [dict(a, adam=1e-3) for a in out]
+        for a in out:
+            a["per_step"][-1]["param_error"] = 1.0
+        return out
+
+    ctx.call = wrong
+    assert D.fused_optimizers_item(ctx, "fused").status == D.FAIL
+    assert D.checks_item(ctx, "compute fusion against the unfused model", "", cpu_too=True).status == D.FAIL
+
+
+def test_every_test_docs_gpu_md_cites_exists():
+    import re
+
+    doc = open(os.path.join(ROOT, "docs", "gpu.md"), encoding="utf-8").read()
+    cited = set(re.findall(r"\b(test_\w+)\b", doc)) - {"test_x"}
+    defined = set()
+    for name in os.listdir(os.path.join(ROOT, "tests")):
+        if name.endswith(".py"):
+            defined |= set(re.findall(r"^def (test_\w+)", open(os.path.join(ROOT, "tests", name)).read(), re.M))
+    files = {m for m in re.findall(r"tests/(test_\w+)\.py", doc)}
+    missing = sorted(cited - defined - files)
+    assert len(cited) > 20 and not missing, missing

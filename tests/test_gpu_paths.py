@@ -6,6 +6,7 @@ What it cannot show (real NCCL timing, a real hang): ``fleetbench doctor`` on a 
 """
 from __future__ import annotations
 
+import ast
 import threading
 import time
 
@@ -344,6 +345,148 @@ def test_every_tensor_created_in_rank_side_code_names_its_device():
     assert not bad, "\n".join(bad)
     stale = sorted(k for k in HOST_SIDE if not any((rel, fn) == k for rel, fn, _, _ in found))
     assert not stale, f"allow-list entries that match nothing any more (remove them): {stale}"
+
+
+# -- static guard: no true division by a Python number in code whose values are compared bit for bit ------
+# On CUDA ``tensor / python_number`` is computed as ``a * (1/b)`` (aten/src/ATen/native/cuda/
+# BinaryDivTrueKernel.cu, the CPU-scalar branch, "may lose one bit"); a 0-dim CPU tensor counts as
+# such a scalar (``is_cpu_scalar``).  The CPU kernel divides.  So code whose values are compared across
+# devices or bit for bit multiplies by a constant or divides by a tensor on the device (issue 22.1).
+DIVISION_SCOPE = ("data/", "compute/", "strategies/", "doctor.py")
+DOCTOR_PARENT_SIDE = ("item_", "format_table")  # the doctor's items format host floats; its checks are guarded
+DIV_CALLS = {"div", "div_", "divide", "divide_", "true_divide", "true_divide_", "_foreach_div", "_foreach_div_"}
+SCALAR_BUILTINS = {"float", "int", "len", "max", "min"}
+
+# (module under suite/, enclosing function, the division as written) -> why it divides Python numbers only
+PYTHON_DIVISIONS = {
+    ("compute/fused_ops.py", "BatchNormReLUFunction.forward", "n / max(n - 1, 1)"): "Python ints (Bessel's factor)",
+    ("compute/fused_optim.py", "FlatOptimizer.step", "-lr / bc1"): "Python floats: Adam's step size, passed as value=",
+    ("strategies/local_sgd.py", "adaptive_k", "lr0 * loss / (lr * loss0)"): "Python floats (typed arguments)",
+}
+
+
+def _is_math(node) -> bool:
+    f = node.func if isinstance(node, ast.Call) else node
+    return isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "math"
+
+
+def _python_number(node) -> bool:
+    """Certainly a Python number: a numeric literal, ``math.*``, int/float/len/max/min(), or arithmetic of those."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, (int, float)) and not isinstance(node.value, bool)
+    if isinstance(node, ast.UnaryOp):
+        return _python_number(node.operand)
+    if isinstance(node, ast.BinOp):
+        return _python_number(node.left) and _python_number(node.right)
+    if isinstance(node, ast.Call):
+        return _is_math(node) or (isinstance(node.func, ast.Name) and node.func.id in SCALAR_BUILTINS)
+    return _is_math(node)
+
+
+def _divisions(tree) -> list:
+    """(function, line, expression, numerator, divisor) for every true division in ``tree``."""
+    out: list = []
+
+    def visit(node, stack, device_tensors, python_only):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            stack = stack + [node.name]
+            device_tensors = set()
+        fn = ".".join(stack) or "<module>"
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and any(
+                k.arg == "device" for k in node.value.keywords):  # a tensor made on a named device
+            device_tensors |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        pair = None
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            pair = (node.left, node.right)
+        elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Div):
+            pair = (node.target, node.value)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in DIV_CALLS
+              and not any(k.arg == "rounding_mode" for k in node.keywords)):  # floor/trunc: not true division
+            f = node.func
+            on_torch = isinstance(f.value, ast.Name) and f.value.id == "torch"
+            args = node.args if on_torch else [f.value] + node.args
+            pair = (args[0] if args else None, args[1] if len(args) > 1 else None)
+            if f.attr.startswith("_foreach"):
+                pair = (None, None)  # always reported: a list of divisors is not checked here
+        if pair is not None and not python_only:
+            num, den = pair
+            safe = (num is not None and _python_number(num)) or (
+                isinstance(den, ast.Name) and den.id in device_tensors)
+            if not safe:
+                out.append((fn, node.lineno, ast.unparse(node), num, den))
+        python_only = python_only or (isinstance(node, ast.Call) and _is_math(node))  # math.ceil(n / w): Python ints
+        for child in ast.iter_child_nodes(node):
+            visit(child, stack, device_tensors, python_only)
+
+    visit(tree, [], set(), False)
+    return out
+
+
+def _division_findings(rel: str, source: str) -> list:
+    found = []
+    for fn, line, expr, _, _ in _divisions(ast.parse(source)):
+        if rel == "doctor.py" and fn.startswith(DOCTOR_PARENT_SIDE):
+            continue
+        if (rel, fn, expr) not in PYTHON_DIVISIONS:
+            found.append((rel, fn, line, expr))
+    return found
+
+
+def _suite_sources() -> dict:
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent / "suite"
+    return {p.relative_to(root).as_posix(): p.read_text() for p in sorted(root.rglob("*.py"))
+            if p.relative_to(root).as_posix().startswith(DIVISION_SCOPE)}
+
+
+def test_no_true_division_by_a_python_number_in_data_compute_strategies_and_doctor_checks():
+    """A division by a Python number rounds differently on CUDA than on CPU (see above): the reader's host
+    and device normalizations, the fused Adam against torch.optim, would differ bit for bit on a GPU."""
+    sources = _suite_sources()
+    assert {"data/synthetic.py", "data/reader.py", "compute/fused_optim.py", "doctor.py"} <= set(sources)
+    found = [f for rel, src in sources.items() for f in _division_findings(rel, src)]
+    assert not found, "\n".join(f"suite/{rel}:{line} {fn}: {expr}: true division by what may be a Python number "
+                                 "(CUDA computes a * (1/b)); multiply by a constant or divide by a tensor on the device"
+                                 for rel, fn, line, expr in found)
+    listed = {(rel, fn, expr) for rel, src in sources.items() for fn, _, expr, _, _ in _divisions(ast.parse(src))}
+    stale = sorted(k for k in PYTHON_DIVISIONS if k not in listed)
+    assert not stale, f"allow-list entries that match nothing any more (remove them): {stale}"
+
+
+@pytest.mark.parametrize("snippet", [
+    "def f(x):\n    return x / 255.0",
+    "def f(x, n):\n    x /= n",
+    "def f(x, b):\n    return x / math.sqrt(b)",
+    "def f(v, bc2):\n    return v.div_(math.sqrt(bc2))",
+    "def f(x):\n    return x.div(2)",
+    "def f(x, b):\n    return torch.div(x, b)",
+    "def f(x):\n    return torch.true_divide(x, 3)",
+    "def f(xs, s):\n    torch._foreach_div_(xs, s)",
+    "def f(x, b):\n    d = torch.full((), b)\n    return x / d",  # a 0-dim CPU tensor is a scalar on CUDA
+])
+def test_the_division_guard_flags_an_injected_division(snippet):
+    assert _division_findings("compute/injected.py", "import math\nimport torch\n" + snippet), snippet
+
+
+@pytest.mark.parametrize("snippet", [
+    "def f(x):\n    return x * (1.0 / 255.0)",
+    "def f(n, w):\n    return math.ceil(n / w)",
+    "def f(x):\n    return torch.div(x, 4, rounding_mode='floor')",
+    "def f(v, b):\n    d = torch.full((), b, device=v.device)\n    return v.div_(d)",
+])
+def test_the_division_guard_passes_multipliers_python_arithmetic_and_device_divisors(snippet):
+    assert not _division_findings("compute/injected.py", "import math\nimport torch\n" + snippet), snippet
+
+
+@pytest.mark.parametrize("rel, now, before", [
+    ("data/synthetic.py", "* _TO_UNIT - IMAGE_MEAN) * _INV_STD", "/ 255.0 - IMAGE_MEAN) / IMAGE_STD"),
+    ("compute/fused_optim.py", ".div_(bc2_sqrt)", ".div_(math.sqrt(bc2))"),
+])
+def test_the_division_guard_flags_the_old_normalization_and_the_old_fused_adam(rel, now, before):
+    source = _suite_sources()[rel]
+    assert now in source and not _division_findings(rel, source)
+    assert _division_findings(rel, source.replace(now, before)), f"the guard misses {before!r} in suite/{rel}"
 
 
 # -- NVML: the GPUs this process sees, one sampler per node (defect 9) -----------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..config import StrategyConfig
+from ..engine import strict_fp32
 from ..workload import WorkloadSpec, workload
 from .errors import max_finite, rel_error, worst_error
 from .reference import make_reference
@@ -83,7 +84,7 @@ def check_on_rank(workload_spec: WorkloadSpec, config: dict, steps: int = 3) -> 
     """Train ``steps`` steps with the engine and the reference side by side on this rank."""
     wl = workload(workload_spec)
     world, rank, seed = wl.world, wl.rank, wl.ws.seed
-    cfg = StrategyConfig.from_dict(config)
+    cfg = strict_fp32(StrategyConfig.from_dict(config))  # checks run TF32 off, whatever the timing uses
     dtype = check_precision(cfg, wl.spec.has_batchnorm)
     cast = dtype if dtype != torch.float32 else None
     engine = wl.engine(cfg, seed=seed + 7919 * rank, dtype=cast)  # ranks start different on purpose

@@ -80,7 +80,7 @@ def bn_relu_train_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, b
     xhat = (xf - _bcast(mean, nd)) * _bcast(invstd, nd)
     dbias = gy.sum(dims)
     dweight = (gy * xhat).sum(dims)
-    dx = _bcast(scale, nd) * (gy - (_bcast(dbias, nd) + xhat * _bcast(dweight, nd)) / n)
+    dx = _bcast(scale, nd) * (gy - (_bcast(dbias, nd) + xhat * _bcast(dweight, nd)) * (1.0 / n))  # no / int
     return dx.to(x.dtype), dweight, dbias
 
 

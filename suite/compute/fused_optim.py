@@ -15,9 +15,15 @@ into contiguous buffers and runs one optimizer op over them.  Here:
 - **State** (momentum buffer; Adam's ``exp_avg``, ``exp_avg_sq``) lives in flat buffers laid
   out like the parameters; ``state[p]`` gives per-parameter views for inspection.
 - **The update** is a handful of whole-buffer tensor ops per group, written here, with the
-  exact arithmetic of ``torch.optim`` (SGD, SGD with momentum, Adam; weight decay as
-  torch.optim defines it: added to the gradient, ``g + wd * p``).  It is never a call into
-  torch's ``foreach`` or ``fused`` implementations.
+  operations of ``torch.optim``'s single-tensor path (SGD, SGD with momentum, Adam; weight decay
+  as torch.optim defines it: added to the gradient, ``g + wd * p``).  It is never a call into
+  torch's ``foreach`` or ``fused`` implementations.  Equal to torch.optim within a few ulp, not
+  bit for bit: torch.optim picks its foreach kernels on CUDA (``_default_to_fused_or_foreach``),
+  and kernels may contract ``a + b * c`` into one multiply-add differently.  Adam's bias
+  correction divides by a 0-dim tensor on the parameters' device, a true division on CPU and
+  CUDA alike (as the CPU single-tensor path and CUDA's ``_foreach_div_`` with a scalar list,
+  ``std::divides`` in aten/src/ATen/native/cuda/ForeachBinaryOpScalarList.cu, compute it); a
+  Python number as divisor would be ``a * (1/b)`` on CUDA (BinaryDivTrueKernel.cu).
 
 One difference from torch.optim, by construction: every parameter always has a gradient
 (its view), so a parameter that got no gradient in a step is updated with a zero gradient
@@ -169,7 +175,8 @@ class FlatOptimizer:
                 v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
                 bc1 = 1 - beta1 ** self.step_count
                 bc2 = 1 - beta2 ** self.step_count
-                denom = torch.sqrt(v, out=g.scratch("denom")).div_(math.sqrt(bc2)).add_(hp["eps"])
+                bc2_sqrt = torch.full((), math.sqrt(bc2), dtype=p.dtype, device=p.device)  # see the docstring
+                denom = torch.sqrt(v, out=g.scratch("denom")).div_(bc2_sqrt).add_(hp["eps"])
                 p.addcdiv_(m, denom, value=-lr / bc1)
         return loss
 

@@ -24,7 +24,10 @@ size does not divide.  A rank that got fewer batches would hang in the last coll
 The "decode" is real: samples are stored zlib-compressed and decompressed per sample.
 ``decode_work`` > 0 adds a costly, deterministic augmentation (a per-sample flip and
 ``decode_work`` passes of an integer smoothing filter), for the data-bound benchmark case.
-Everything a reader yields is bit-for-bit the same whatever the knobs.
+Everything a reader yields is bit-for-bit the same whatever the knobs, on CPU and CUDA alike: the
+normalization multiplies by constants (:func:`suite.data.synthetic.normalize`), which rounds the same
+on the host and the device, where a division by a Python number would not.  The DALI backend is
+the exception: its arithmetic is DALI's own (it may fuse into one multiply-add).
 
 Every wait is bounded (``timeout``); a background thread never blocks shutdown.
 
@@ -47,7 +50,7 @@ import torch
 
 from ..config import StrategyConfig
 from ..runtime.device import CudaUnavailable, Platform, require_cuda
-from .synthetic import normalize
+from .synthetic import _INV_STD, _TO_UNIT, IMAGE_MEAN, normalize
 
 __all__ = ["BatchSource", "EncodedImages", "PlainReader", "OptimizedReader", "build_reader", "ReaderError",
            "ReaderTimeout", "ReaderUnavailable", "shard_epoch", "augment", "CudaCopier", "reader_knobs_on",
@@ -539,7 +542,7 @@ class DaliReader:  # pragma: no cover - needs CUDA and nvidia-dali; not testable
         def pipe():
             images, labels = fn.external_source(source=feed, num_outputs=2, batch=True)
             x = fn.cast(images.gpu(), dtype=types.FLOAT)
-            return (x / 255.0 - 0.5) / 0.25, labels.gpu()
+            return (x * _TO_UNIT - IMAGE_MEAN) * _INV_STD, labels.gpu()  # normalize()'s constants
 
         self._pipe = pipe()
         self._pipe.build()

@@ -99,6 +99,7 @@ def collect(world_size: int | None = None, backend: str | None = None, threads: 
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "nccl": nccl,
+        "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
         "python": platform.python_version(),
         "backend": backend,
         "host": socket.gethostname(),

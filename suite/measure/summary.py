@@ -45,6 +45,9 @@ def variant_summary(answers: list[dict], variant: str, global_batch: int, steps:
     slowest = max(range(len(rank_medians)), key=lambda r: rank_medians[r]) if rank_medians else 0
     lo, hi = bootstrap_median_ci(throughput)
     first = answers[0]["variants"][variant]
+    precision = {a["rank"]: a["variants"][variant].get("describe", {}).get("precision") for a in answers}
+    if any(p != precision[answers[0]["rank"]] for p in precision.values()):  # one process-wide state per rank
+        raise ValueError(f"{variant}: the ranks report different precision settings (torch.backends): {precision}")
     bad = [(a["rank"], i) for a in answers
            for i in [first_nonfinite(a["variants"][variant]["losses"])] if i is not None]
     metrics = Metrics(

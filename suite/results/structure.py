@@ -2,10 +2,11 @@
 
 A code change that alters *what* a case does (how many allreduces before and after fusion,
 the buckets and their bytes, the collectives and bytes per step on each process group, the
-fused-op counts, and, where the configuration is deterministic on CPU, the loss trajectory
-bit for bit) is a change whatever the timings say.  :func:`structure_of` extracts those facts
-from what a run records (the engine's ``describe()``, the per-step communication counts, the
-check's per-step losses); :func:`structure_diff` lists every difference between two.
+fused-op counts, the precision settings torch reported (TF32, cuDNN), and, where the
+configuration is deterministic on CPU, the loss trajectory bit for bit) is a change whatever
+the timings say.  :func:`structure_of` extracts those facts from what a run records (the
+engine's ``describe()``, the per-step communication counts, the check's per-step losses);
+:func:`structure_diff` lists every difference between two.
 """
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from typing import Any
 __all__ = ["structure_of", "structure_diff"]
 
 # describe() keys that are structure (what the engine set up), copied as they are
+# ("precision": TF32, matmul precision, cuDNN switches and version, as torch reported them on the ranks)
 _DESCRIBE_KEYS = ("strategy", "allreduce_ops_before_fusion", "allreduce_ops", "fuse_all_reduce_ops", "overlap",
-                  "nccl_comm_num", "hierarchical", "init_broadcasts")
+                  "nccl_comm_num", "hierarchical", "init_broadcasts", "precision")
 
 
 def structure_of(describe: Mapping | None, metrics: Mapping | None, check: Mapping | None,
