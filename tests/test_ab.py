@@ -540,3 +540,38 @@ def test_exit_codes_ok_regression_undecided():
     assert b.exit_code == 0
     b.first_slow, b.tests = "c2", []
     assert b.exit_code == 0
+
+
+def test_ab_accepts_a_structure_change_its_head_acknowledges_and_reports_new_facts_as_new(tmp_path):
+    """HEAD's committed structure-changes.toml names the case and the fact: the change is reported, not failed;
+    a fact BASE did not record yet (an older revision) is "new", not a change."""
+    from suite.ab.stats import SeqOptions
+    from suite.ab.trials import AbOptions, Side, compare_case
+
+    class Server(_FakeServer):
+        def __init__(self, speed, structure):
+            super().__init__(speed)
+            self.structure = structure
+
+        def request(self, op, **fields):
+            if op == "structure":
+                self.requests.append((op, fields))
+                return {"record": {"structure": self.structure, "verdict": "pass"}}
+            return super().request(op, **fields)
+
+    opts = AbOptions(seq=SeqOptions(rotate=3, min_pairs=3, budget_s=60, restart=0))
+
+    def run(head_structure, head_root):
+        base = Side("BASE", "b", "b", "", str(tmp_path / "nowhere"), Server(0.1, {"allreduce_ops": 6}))
+        head = Side("HEAD", "h", "h", "", str(head_root), Server(0.1, head_structure))
+        return compare_case(base, head, "mlp/fusion", 2, opts)
+
+    out = run({"allreduce_ops": 6, "precision": {"cudnn_benchmark": False}}, tmp_path)
+    assert out.structure_diff == [] and out.structure_new == ["precision: new in HEAD"] and out.status == "ok", out
+    out = run({"allreduce_ops": 1}, tmp_path)
+    assert out.status == "structure changed" and any("structure changed" in f for f in out.failures), out
+    (tmp_path / "structure-changes.toml").write_text(
+        '[[change]]\ncase = "mlp/fusion"\nfact = "allreduce_ops"\nwhy = "fused into one bucket"\n')
+    out = run({"allreduce_ops": 1}, tmp_path)
+    assert out.status == "structure changed (acknowledged)" and out.structure_diff == ["allreduce_ops: 6 -> 1"], out
+    assert not any("structure changed" in f for f in out.failures), out.failures

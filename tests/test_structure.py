@@ -1,6 +1,8 @@
 """A case's structure: extracted from what a run records, compared exactly."""
 from __future__ import annotations
 
+import pytest
+
 from suite.results.structure import structure_diff, structure_of
 
 DESCRIBE = {"strategy": "bucketed", "allreduce_ops_before_fusion": 161, "allreduce_ops": 6, "overlap": True,
@@ -42,3 +44,35 @@ def test_a_loss_trajectory_on_one_side_only_is_not_a_difference():
     a = structure_of(DESCRIBE, METRICS, CHECK, deterministic=True)
     b = structure_of(DESCRIBE, METRICS, CHECK, deterministic=False)
     assert structure_diff(a, b) == []
+
+
+def test_a_fact_on_one_side_only_is_new_not_a_change():
+    """A baseline from before a fact existed (e.g. precision, recorded from schema 3) must not fail the gate."""
+    from suite.results.structure import structure_diff, structure_new
+
+    base = {"allreduce_ops": 1, "buckets": [{"params": 2, "bytes": 8, "comm": 0}]}
+    head = dict(base, precision={"matmul_allow_tf32": False})
+    assert structure_diff(base, head) == []
+    assert structure_new(base, head) == ["precision: new in HEAD"]
+    assert structure_new(head, base) == ["precision: recorded by BASE only"]
+    head["allreduce_ops"] = 2
+    assert structure_diff(base, head) == ["allreduce_ops: 1 -> 2"]
+
+
+def test_an_intended_structure_change_is_acknowledged_by_a_committed_file(tmp_path):
+    from suite.results.structure import acknowledged, read_acks
+
+    ack = tmp_path / "structure-changes.toml"
+    assert read_acks(str(ack)) == []  # no file: nothing acknowledged
+    ack.write_text('[[change]]\ncase = "mlp/*"\nfact = "buckets"\nwhy = "32 MB buckets"\n')
+    acks = read_acks(str(ack))
+    assert acknowledged("mlp/fusion", ["buckets: 6 -> 1 (bytes [1] -> [6])"], acks)
+    assert not acknowledged("mlp/fusion", ["buckets: 6 -> 1", "allreduce_ops: 6 -> 1"], acks)  # one not named
+    assert not acknowledged("resnet/fusion", ["buckets: 6 -> 1"], acks)  # another case
+    assert not acknowledged("mlp/fusion", [], acks)
+    ack.write_text('[[change]]\ncase = "mlp/*"\nfact = "buckets"\n')
+    with pytest.raises(ValueError, match="exactly case, fact and why"):
+        read_acks(str(ack))
+    ack.write_text('oops = 1\n')
+    with pytest.raises(ValueError, match=r"only \[\[change\]\] tables"):
+        read_acks(str(ack))

@@ -131,6 +131,7 @@ class CaseOutcome:
     detectable_slowdown: float | None = None
     log_ratios: list = field(default_factory=list)
     structure_diff: list = field(default_factory=list)
+    structure_new: list = field(default_factory=list)  # facts one side does not record: new, not changed
     check: str = ""
     error: str | None = None
     failures: list = field(default_factory=list)
@@ -274,11 +275,15 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
         out.summary = out.error
         return out
     brec, hrec = base.records[case], head.records[case]
-    from ..results.structure import structure_diff
+    from ..results.structure import ACK_FILE, acknowledged, read_acks, structure_diff, structure_new
 
-    out.structure_diff = structure_diff(brec.get("structure") or {}, hrec.get("structure") or {})
+    bs, hs = brec.get("structure") or {}, hrec.get("structure") or {}
+    out.structure_diff = structure_diff(bs, hs)
+    out.structure_new = structure_new(bs, hs)
     out.check = f"{brec.get('verdict')} -> {hrec.get('verdict')}"
-    if out.structure_diff:
+    if out.structure_diff and acknowledged(case, out.structure_diff, read_acks(os.path.join(head.root, ACK_FILE))):
+        out.status = "structure changed (acknowledged)"
+    elif out.structure_diff:
         out.status = "structure changed"
         out.failures.append(f"{case}@{world}: structure changed ({len(out.structure_diff)} difference(s)): "
                             + "; ".join(out.structure_diff[:6]) + (" …" if len(out.structure_diff) > 6 else ""))
@@ -492,8 +497,11 @@ def format_table(report: AbReport) -> str:
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
     for c in report.cases:
         if c.structure_diff:
-            lines.append(f"\nstructure changed: {c.case}@{c.world}")
+            lines.append(f"\n{c.status}: {c.case}@{c.world}")
             lines += [f"  {d}" for d in c.structure_diff]
+        if c.structure_new:
+            lines.append(f"\nnew structural facts (not compared): {c.case}@{c.world}")
+            lines += [f"  {d}" for d in c.structure_new]
         if c.error:
             lines.append(f"\nerror: {c.case}@{c.world}: {c.error}")
     for o in report.only:

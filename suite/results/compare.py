@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from .gate import MIN_SAMPLES, UNDECIDED, GateOptions, gate_samples, min_p_value
 from .load import Side
-from .structure import structure_diff
+from .structure import structure_diff, structure_new
 
 __all__ = ["Comparison", "compare_sides"]
 
@@ -131,6 +131,10 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
             continue
         if b.structure and h.structure:
             diff = structure_diff(b.structure, h.structure)
+            new = structure_new(b.structure, h.structure)
+            if new:
+                cmp.warnings.append(f"{key}: structural facts on one side only (new, not a change): "
+                                    + "; ".join(new))
             row["structure"] = "changed" if diff else "identical"
             row["structure_diff"] = diff
             if diff:

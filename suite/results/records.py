@@ -241,6 +241,7 @@ class Structure(_Part):
     comm_calls_per_step: dict[str, float] | None = None
     comm_bytes_per_step: dict[str, float] | None = None
     loss_trajectory: list[str] | None = None  # float.hex of each check loss (deterministic configs only)
+    precision: dict | None = None  # the Precision values torch reported: a precision change is a structure change
 
 
 @dataclass(frozen=True, eq=False)

@@ -13,7 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["structure_of", "structure_diff"]
+__all__ = ["structure_of", "structure_diff", "structure_new", "acknowledged", "read_acks", "ACK_FILE"]
+
+# An intended structure change, committed with it: `ab` and the nightly gate accept the listed facts' changes.
+ACK_FILE = "structure-changes.toml"
 
 # describe() keys that are structure (what the engine set up), copied as they are
 # ("precision": TF32, matmul precision, cuDNN switches and version, as torch reported them on the ranks)
@@ -29,7 +32,9 @@ def structure_of(describe: Mapping | None, metrics: Mapping | None, check: Mappi
     no compiled kernels), so the check's loss trajectory is part of the structure.
     """
     describe, metrics = describe or {}, metrics or {}
-    out: dict[str, Any] = {k: describe[k] for k in _DESCRIBE_KEYS if k in describe}
+    # typed parts (the record's Precision) are copied as plain values: structure facts are JSON-like
+    out: dict[str, Any] = {k: dict(describe[k]) if isinstance(describe[k], Mapping) else describe[k]
+                           for k in _DESCRIBE_KEYS if k in describe}
     if isinstance(describe.get("buckets"), list):
         out["buckets"] = [{"params": b.get("params"), "bytes": b.get("bytes"), "comm": b.get("comm")}
                           for b in describe["buckets"] if isinstance(b, dict)]
@@ -51,13 +56,15 @@ def structure_of(describe: Mapping | None, metrics: Mapping | None, check: Mappi
 def structure_diff(base: dict, head: dict) -> list[str]:
     """Every difference between two structures, one readable line each (empty: identical).
 
-    A fact present on one side only counts as a difference, except the loss trajectory, which
-    is compared only when both sides recorded one (it is recorded only where deterministic).
+    Only facts both sides recorded are compared: a fact one side does not record (an older revision
+    that did not record it yet, or the loss trajectory, recorded only where deterministic) is "new"
+    (:func:`structure_new`), not a change, so a gate's baseline from before the fact existed is not
+    stuck on it.
     """
     lines: list[str] = []
     keys = list(dict.fromkeys(list(base) + list(head)))
     for k in keys:
-        if k == "loss_trajectory" and (k not in base or k not in head):
+        if k not in base or k not in head:
             continue
         b, h = base.get(k, "<absent>"), head.get(k, "<absent>")
         if b == h:
@@ -77,3 +84,51 @@ def structure_diff(base: dict, head: dict) -> list[str]:
         else:
             lines.append(f"{k}: {b} -> {h}")
     return lines
+
+
+def structure_new(base: dict, head: dict) -> list[str]:
+    """Facts recorded on one side only, one line each: reported as "new", never as a change."""
+    return [f"{k}: new in HEAD" if k in head else f"{k}: recorded by BASE only"
+            for k in dict.fromkeys(list(base) + list(head)) if (k in base) != (k in head)
+            and k != "loss_trajectory"]
+
+
+def read_acks(path: str) -> list[dict]:
+    """The acknowledged structure changes of a revision (its ``structure-changes.toml``; none if absent):
+
+        [[change]]
+        case = "mlp/fusion"        # a case name or glob
+        fact = "buckets"           # the structural fact (the part of a difference line before '.' or ':')
+        why = "bucket size 32 MB"  # required: what the change is for
+    """
+    import os
+    import tomllib
+
+    if not os.path.isfile(path):
+        return []
+    with open(path, "rb") as fh:
+        try:
+            doc = tomllib.load(fh)
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"{path}: not valid TOML ({exc})") from None
+    changes = doc.get("change", [])
+    if set(doc) - {"change"} or not isinstance(changes, list):
+        raise ValueError(f"{path}: only [[change]] tables are allowed, found {sorted(doc)}")
+    for i, c in enumerate(changes):
+        if not (isinstance(c, dict) and set(c) == {"case", "fact", "why"} and all(isinstance(v, str) and v
+                                                                                  for v in c.values())):
+            raise ValueError(f"{path}: change {i + 1} must have exactly case, fact and why, as non-empty strings; "
+                             f"got {c!r}")
+    return changes
+
+
+def acknowledged(case: str, diff: list[str], acks: list[dict]) -> bool:
+    """Every difference of this case is a fact an acknowledgement names (and there is one)."""
+    import fnmatch
+    import re
+
+    def fact(line: str) -> str:
+        return re.split(r"[.:]", line, maxsplit=1)[0]
+
+    names = {a["fact"] for a in acks if fnmatch.fnmatchcase(case, a["case"])}
+    return bool(diff) and all(fact(d) in names for d in diff)
