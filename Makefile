@@ -45,7 +45,7 @@ nightly-cpu: setup
 	PY=$(PY) NIGHTLY_DEVICE=cpu NIGHTLY_TAG=smoke .ci/nightly
 
 # One quick asv pass of mlp/plain at 2 ranks, recorded for this commit, and the dashboard built.
-ASV_MACHINE ?= $(shell PYTHONPATH=. $(PY) -m suite.measure.metadata machine-name 2>/dev/null)
+ASV_MACHINE ?= $(shell PYTHONPATH=. $(PY) -m suite.cli.main machine-name 2>/dev/null)
 asv-smoke: setup
 	$(VENV)/bin/asv machine --machine $(ASV_MACHINE) --yes
 	FLEETBENCH_BENCH_CASES=mlp/plain FLEETBENCH_BENCH_WORLDS=2 $(VENV)/bin/asv run -E existing:same --quick \

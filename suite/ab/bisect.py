@@ -75,7 +75,8 @@ class BisectReport:
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.first_slow else 1
+        """The shared exit-code table: 0 the first slow commit named, 3 undecided (none could be named)."""
+        return 0 if self.first_slow else 3
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)

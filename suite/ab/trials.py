@@ -29,7 +29,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from .client import ProtocolMismatch, TrialError, TrialServer
 from .stats import SeqOptions, Sequential, describe_verdict, lag1
@@ -67,6 +67,7 @@ class AbOptions:
     inject_base: float = 0.0  # busy work injected into BASE's step (calibration only)
     inject_head: float = 0.0
     python: str | None = None
+    total_budget_s: float | None = None  # one budget for every case: shared out, left-over to inconclusive ones
 
     def selection(self) -> dict:
         return {"cases": list(self.cases), "tags": list(self.tags), "models": list(self.models),
@@ -154,7 +155,11 @@ class AbReport:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.failures else 0
+        """The exit-code table of compare/ab/bisect/nightly: 0 ok or same, 1 regression, 3 undecided (a case
+        inconclusive, nothing worse); 2 (unusable input) is raised before a report exists."""
+        if self.failures:
+            return 1
+        return 3 if any(c.verdict == "inconclusive" for c in self.cases) else 0
 
     def to_dict(self) -> dict:
         from .protocol import PROTOCOL, VERSION
@@ -447,15 +452,32 @@ def run_ab(repo: str, base_rev: str, head_rev: str, opts: AbOptions,
                 report.errors.append(f"HEAD's trial server failed: {errors['HEAD']}")
                 return report
             names = common_cases(base, head, opts, report)
+            total = opts.total_budget_s
             say(f"  {len(names)} case(s) at world size {opts.nproc}, size {opts.size}; trials of {opts.steps} steps, "
-                f"margin ±{opts.seq.delta:.0%}, {opts.seq.confidence:.0%} interval, budget {opts.seq.budget_s:.0f} s "
-                f"per case")
-            for name in names:
+                f"margin ±{opts.seq.delta:.0%}, {opts.seq.confidence:.0%} interval, budget "
+                + (f"{total:.0f} s in total" if total else f"{opts.seq.budget_s:.0f} s per case"))
+            spent = 0.0
+
+            def one(name: str, left: int) -> CaseOutcome:
+                # under a total budget each case gets an equal share of what is left
+                seq = opts.seq if not total else replace(opts.seq, budget_s=max(1.0, (total - spent) / left))
                 try:
-                    report.cases.append(compare_case(base, head, name, opts.nproc, opts, say))
+                    return compare_case(base, head, name, opts.nproc, opts, say, seq)
                 finally:
                     for s in sides:
                         close_case(s, name)
+
+            for i, name in enumerate(names):
+                report.cases.append(one(name, len(names) - i))
+                spent += report.cases[-1].seconds
+            # Time left over from cases that decided early goes to the inconclusive ones: each compared again (a
+            # fresh sequential comparison, with its own interval) with an equal share of what is left.
+            again = [i for i, c in enumerate(report.cases) if c.verdict == "inconclusive" and not c.failures]
+            while total and again and (total - spent) / len(again) >= 0.25 * total / len(names):
+                i = again.pop(0)
+                say(f"  {names[i]}: inconclusive; compared again with the time left over ({total - spent:.0f} s)")
+                report.cases[i] = one(names[i], len(again) + 1)
+                spent += report.cases[i].seconds
             return report
         finally:
             for s in sides:

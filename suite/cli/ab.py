@@ -7,17 +7,19 @@ check, then timed trials of the two revisions alternating in randomised ABBA blo
 interval of the per-block log ratio decides (slower / faster / same within ±δ) or the budget
 per case is spent (inconclusive).  See docs/benchmarks.md.
 
-Exit 0: nothing slower; 1: a case slower, a structure changed, a check verdict pass -> fail,
-or a case that errors on HEAD only; 2: input it cannot use.
+Exit codes (the table compare, ab, bisect and nightly share): 0 nothing slower (same or faster);
+1 a regression: a case slower, a structure changed, a check verdict pass -> fail, or a case that
+errors on HEAD only; 2 input it cannot use; 3 undecided: a case inconclusive and nothing worse.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
 
-SIZES = ("full", "cpu", "tiny")
+from ..selection import SIZES
 
 
 def add_selection(p) -> None:
@@ -25,8 +27,10 @@ def add_selection(p) -> None:
     p.add_argument("--case", action="append", default=[], metavar="NAME", help="case name or glob; repeatable")
     p.add_argument("--tag", action="append", default=[], help="cases with this tag; repeatable")
     p.add_argument("--model", action="append", default=[], metavar="MODEL", help="every case of this model")
-    p.add_argument("--nproc", type=int, default=2, help="ranks of each revision (default 2)")
-    p.add_argument("--device", choices=("cpu", "cuda"), help="the ranks' device (default: cpu unless CUDA is there)")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="ranks of each revision, the world size (default: 2 on CPU, every GPU on CUDA)")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="the ranks' device (default: cuda where torch sees a "
+                   "GPU, then one for every rank or an error; else cpu)")
     p.add_argument("--size", choices=SIZES, help="model size (default: cpu on CPU, full on CUDA)")
     p.add_argument("--config", help="TOML file of strategy fields applied on top of every case")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a strategy field; repeatable")
@@ -64,6 +68,9 @@ def add_parser(sub) -> None:
     p.add_argument("base", help="BASE revision (commit, branch, tag, HEAD~3 …)")
     p.add_argument("head", help="HEAD revision")
     add_selection(p)
+    p.add_argument("--total-budget", type=float, default=None, metavar="SECONDS",
+                   help="one budget of timed blocks for all cases (instead of --budget per case): each case gets an "
+                        "equal share of what is left, and time left over goes to the inconclusive cases")
     p.set_defaults(func=main)
 
 
@@ -71,19 +78,22 @@ def options(args):
     """AbOptions from the command line; a ValueError (exit 2) for anything out of range."""
     from ..ab.stats import SeqOptions
     from ..ab.trials import AbOptions, inject_from_env
+    from ..config import ConfigError
+    from ..models import default_size
+    from ..selection import choose_platform, default_worlds
 
     for name in ("nproc", "steps", "check_steps"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 1")
     for name in ("trial_warmup", "warmup"):
         if getattr(args, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 0")
-    device = args.device
-    if device is None:
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= args.nproc else "cpu"
-    size = args.size or ("full" if device == "cuda" else "cpu")
+    try:
+        device = choose_platform(args.device, args.nproc or 1)[0]
+        args.nproc = args.nproc or default_worlds(device)[0]
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    size = args.size or default_size(device)
     seq = SeqOptions(delta=args.delta, confidence=args.confidence, min_blocks=args.min_blocks,
                      max_blocks=args.max_blocks, budget_s=args.budget, seed=args.seed, rotate=args.rotate,
                      restart=args.restart)
@@ -94,7 +104,10 @@ def options(args):
                      config=os.path.abspath(args.config) if args.config else None, size=size, batch=args.batch,
                      nproc=args.nproc, device=None if device == "cpu" else device, steps=args.steps,
                      trial_warmup=args.trial_warmup, warmup=args.warmup, check=not args.no_check,
-                     check_steps=args.check_steps, timeout=args.timeout, seq=seq, python=args.python)
+                     check_steps=args.check_steps, timeout=args.timeout, seq=seq, python=args.python,
+                     total_budget_s=getattr(args, "total_budget", None))
+    if opts.total_budget_s is not None and not (math.isfinite(opts.total_budget_s) and opts.total_budget_s > 0):
+        raise ValueError(f"--total-budget {opts.total_budget_s!r}: must be a finite number of seconds > 0")
     return inject_from_env(opts)
 
 
@@ -138,6 +151,9 @@ def main(args) -> int:
             print(f"\nab gate: FAIL ({len(report.failures)})")
             for f in report.failures:
                 print(f"  {f}")
+        elif report.exit_code == 3:
+            print(f"\nab gate: undecided ({sum(c.verdict == 'inconclusive' for c in report.cases)} case(s) "
+                  f"inconclusive: not a pass, not a regression)")
         else:
             print(f"\nab gate: ok (margin ±{opts.seq.delta:.0%}, {opts.seq.confidence:.0%} interval)")
     return report.exit_code

@@ -2,8 +2,9 @@
 
 Each commit tested is compared with GOOD by the A/B harness of `fleetbench ab` (same options);
 slower is bad, same or faster is good; inconclusive is tested again with twice the budget
-(--retries), then reported.  Exit 0: the first slow commit is named; 1: no commit could be
-named (BAD not slower, or a commit stayed inconclusive); 2: input it cannot use.
+(--retries), then reported.  Exit codes (the table compare, ab, bisect and nightly share): 0 the
+first slow commit is named; 2 input it cannot use; 3 undecided: no commit could be named (BAD not
+slower, or a commit stayed inconclusive).
 """
 from __future__ import annotations
 

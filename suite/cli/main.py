@@ -18,6 +18,8 @@ COMMANDS = {
     "doctor": "suite.cli.doctor",
     "ab": "suite.cli.ab",
     "bisect": "suite.cli.bisect",
+    "history": "suite.cli.history",
+    "machine-name": "suite.cli.machine_name",
     "trial-server": "suite.cli.trial_server",  # hidden: one revision's side of `ab` (JSON lines)
 }
 
