@@ -42,7 +42,7 @@ bench: setup
 
 # The nightly pipeline (.ci/nightly) on CPU over the smoke cases: run, pytest-benchmark, asv, report, gate.
 nightly-cpu: setup
-	PY=$(PY) NIGHTLY_DEVICE=cpu NIGHTLY_TAG=smoke .ci/nightly
+	PY=$(PY) .ci/nightly --device cpu --tag smoke
 
 # One quick asv pass of mlp/plain at 2 ranks, recorded for this commit, and the dashboard built.
 ASV_MACHINE ?= $(shell PYTHONPATH=. $(PY) -m suite.cli.main machine-name 2>/dev/null)
