@@ -478,3 +478,30 @@ def test_ab_options_are_validated_before_anything_starts(repo):
         assert proc.returncode == 2, (bad, proc.stderr)
         assert "fleetbench ab: error:" in proc.stderr, proc.stderr
     _no_worktrees_left(root)
+
+
+def test_a_total_budget_is_shared_out_and_left_over_time_goes_to_inconclusive_cases():
+    from suite.ab.stats import SeqOptions
+    from suite.ab.trials import CaseOutcome, compare_all
+
+    calls = []
+    script = {"a": ["same"], "b": ["inconclusive", "slower"], "c": ["inconclusive", "inconclusive"]}
+    used = {"a": 0.1, "b": 0.5, "c": 0.5}  # the fraction of its budget a comparison spends
+
+    def compare(name, seq):
+        calls.append((name, seq.budget_s))
+        verdict = script[name].pop(0)
+        return CaseOutcome(name, 2, verdict=verdict, seconds=used[name] * seq.budget_s,
+                           failures=["slower"] if verdict == "slower" else [])
+
+    out = compare_all(["a", "b", "c"], compare, SeqOptions(budget_s=999.0), total=300.0)
+    # first pass: an equal share of what is left (a: 300/3, spends 10; b: 290/2, spends 72.5; c: 217.5, spends
+    # 108.75); then the 108.75 s left over to the inconclusive b and c in turn (54.375 each; b spends 27.1875,
+    # so c gets the remaining 81.5625)
+    assert calls == [("a", 100.0), ("b", 145.0), ("c", 217.5), ("b", 54.375), ("c", 81.5625)], calls
+    assert [c.verdict for c in out] == ["same", "slower", "inconclusive"]
+    # without a total budget each case gets --budget, once
+    calls.clear()
+    script.update(a=["same"], b=["inconclusive"], c=["same"])
+    compare_all(["a", "b", "c"], compare, SeqOptions(budget_s=50.0))
+    assert calls == [("a", 50.0), ("b", 50.0), ("c", 50.0)]

@@ -456,32 +456,41 @@ def run_ab(repo: str, base_rev: str, head_rev: str, opts: AbOptions,
             say(f"  {len(names)} case(s) at world size {opts.nproc}, size {opts.size}; trials of {opts.steps} steps, "
                 f"margin ±{opts.seq.delta:.0%}, {opts.seq.confidence:.0%} interval, budget "
                 + (f"{total:.0f} s in total" if total else f"{opts.seq.budget_s:.0f} s per case"))
-            spent = 0.0
 
-            def one(name: str, left: int) -> CaseOutcome:
-                # under a total budget each case gets an equal share of what is left
-                seq = opts.seq if not total else replace(opts.seq, budget_s=max(1.0, (total - spent) / left))
+            def one(name: str, seq: SeqOptions) -> CaseOutcome:
                 try:
                     return compare_case(base, head, name, opts.nproc, opts, say, seq)
                 finally:
                     for s in sides:
                         close_case(s, name)
 
-            for i, name in enumerate(names):
-                report.cases.append(one(name, len(names) - i))
-                spent += report.cases[-1].seconds
-            # Time left over from cases that decided early goes to the inconclusive ones: each compared again (a
-            # fresh sequential comparison, with its own interval) with an equal share of what is left.
-            again = [i for i, c in enumerate(report.cases) if c.verdict == "inconclusive" and not c.failures]
-            while total and again and (total - spent) / len(again) >= 0.25 * total / len(names):
-                i = again.pop(0)
-                say(f"  {names[i]}: inconclusive; compared again with the time left over ({total - spent:.0f} s)")
-                report.cases[i] = one(names[i], len(again) + 1)
-                spent += report.cases[i].seconds
+            report.cases = compare_all(names, one, opts.seq, total, say)
             return report
         finally:
             for s in sides:
                 s.server.close()
+
+
+def compare_all(names: list[str], compare: Callable[[str, SeqOptions], CaseOutcome], seq: SeqOptions,
+                total: float | None = None, say: Callable[[str], None] = lambda m: None) -> list[CaseOutcome]:
+    """Every case compared with ``seq``'s budget each, or under one ``total`` budget: each case gets an equal share
+    of what is left, then the time left over goes to the cases that came out inconclusive, each compared again (a
+    fresh sequential comparison with its own interval) with an equal share of the rest, while a share is at least a
+    quarter of the first one."""
+    if not total:
+        return [compare(n, seq) for n in names]
+    out: list[CaseOutcome] = []
+    spent = 0.0
+    for i, name in enumerate(names):
+        out.append(compare(name, replace(seq, budget_s=max(1.0, (total - spent) / (len(names) - i)))))
+        spent += out[-1].seconds
+    again = [i for i, c in enumerate(out) if c.verdict == "inconclusive" and not c.failures]
+    while again and (total - spent) / len(again) >= 0.25 * total / len(names):
+        i = again.pop(0)
+        say(f"  {names[i]}: inconclusive; compared again with the time left over ({total - spent:.0f} s)")
+        out[i] = compare(names[i], replace(seq, budget_s=(total - spent) / (len(again) + 1)))
+        spent += out[i].seconds
+    return out
 
 
 def _options_dict(opts: AbOptions) -> dict:
