@@ -8,6 +8,7 @@ the benchmarks read (``fleetbench nightly`` sets them for its asv stage):
 ==============================  ==================================================================
 FLEETBENCH_BENCH_CASES          case names or globs, comma-separated
 FLEETBENCH_BENCH_TAGS           case tags, comma-separated (default: ``smoke``)
+FLEETBENCH_BENCH_MODELS         models, comma-separated (every case of each)
 FLEETBENCH_BENCH_WORLDS         world sizes, comma-separated (default one: 2 on CPU, every GPU on CUDA)
 FLEETBENCH_BENCH_DEVICE         cpu | cuda (default: cuda where torch sees a GPU)
 FLEETBENCH_BENCH_SIZE           full | cpu | tiny (default: the device's)
@@ -31,10 +32,11 @@ def split_csv(text: str | None, sep: str = ",") -> list[str]:
     return [t.strip() for t in (text or "").split(sep) if t.strip()]
 
 
-def make_selection(cases=(), tags=(), worlds=(), device=None, size=None, config=None, sets=()) -> Selection:
+def make_selection(cases=(), tags=(), worlds=(), device=None, size=None, config=None, sets=(), models=()) -> Selection:
     """The harnesses' selection: by default the smoke cases (a minute on a 2-core machine)."""
-    return Selection(cases=tuple(cases), tags=tuple(tags), worlds=tuple(worlds), device=device or None,
-                     size=size or None, config=config or None, sets=tuple(sets), default_tag="smoke")
+    return Selection(cases=tuple(cases), tags=tuple(tags), models=tuple(models), worlds=tuple(worlds),
+                     device=device or None, size=size or None, config=config or None, sets=tuple(sets),
+                     default_tag="smoke")
 
 
 def env_selection() -> Selection:
@@ -43,7 +45,7 @@ def env_selection() -> Selection:
     return make_selection(split_csv(env("FLEETBENCH_BENCH_CASES")), split_csv(env("FLEETBENCH_BENCH_TAGS")),
                           [int(w) for w in split_csv(env("FLEETBENCH_BENCH_WORLDS"))], env("FLEETBENCH_BENCH_DEVICE"),
                           env("FLEETBENCH_BENCH_SIZE"), env("FLEETBENCH_BENCH_CONFIG"),
-                          split_csv(env("FLEETBENCH_BENCH_SET"), ";"))
+                          split_csv(env("FLEETBENCH_BENCH_SET"), ";"), split_csv(env("FLEETBENCH_BENCH_MODELS")))
 
 
 def run_options(resolved: Resolved, steps: int, rounds: int, check: bool = True, timeout: float = 600.0):

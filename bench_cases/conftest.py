@@ -1,7 +1,7 @@
 """pytest-benchmark set-up: the case matrix as parameters, a session-scoped rank pool, machine info.
 
 Options (each falls back to its FLEETBENCH_BENCH_* variable, listed in ``_matrix.py``):
-``--fleetbench-case`` (name or glob, repeatable), ``--fleetbench-tag`` (default smoke),
+``--fleetbench-case`` (name or glob, repeatable), ``--fleetbench-tag`` (default smoke), ``--fleetbench-model``,
 ``--fleetbench-world`` (repeatable; default one: 2 on CPU, every GPU on CUDA), ``--fleetbench-device``,
 ``--fleetbench-size``, ``--fleetbench-config``, ``--fleetbench-set`` (repeatable), ``--fleetbench-steps``
 (K steps per timed round), ``--fleetbench-rounds``, ``--fleetbench-no-check``.  The selection is resolved
@@ -51,6 +51,7 @@ def pytest_addoption(parser):
     g = parser.getgroup("fleetbench")
     g.addoption("--fleetbench-case", action="append", default=[], help="case name or glob (repeatable)")
     g.addoption("--fleetbench-tag", action="append", default=[], help="cases with this tag (default: smoke)")
+    g.addoption("--fleetbench-model", action="append", default=[], help="every case of this model (repeatable)")
     g.addoption("--fleetbench-world", action="append", type=int, default=[],
                 help="world size (repeatable; default one: 2 on CPU, every GPU on CUDA)")
     g.addoption("--fleetbench-device", choices=("cpu", "cuda"), help="default: cuda where torch sees a GPU")
@@ -73,7 +74,7 @@ def resolved(config):
         sel = make_selection(opt("fleetbench_case") or env.cases, opt("fleetbench_tag") or env.tags,
                              opt("fleetbench_world") or env.worlds, opt("fleetbench_device") or env.device,
                              opt("fleetbench_size") or env.size, opt("fleetbench_config") or env.config,
-                             opt("fleetbench_set") or env.sets)
+                             opt("fleetbench_set") or env.sets, opt("fleetbench_model") or env.models)
         try:
             config.stash[_RESOLVED] = sel.resolve()
         except ConfigError as exc:

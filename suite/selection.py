@@ -14,7 +14,6 @@ not split it) is skipped there with its reason.  The default device is decided h
 """
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass, field
 
 from .cases import CASES, Case, cases_for_model, select_cases
@@ -185,6 +184,3 @@ class Resolved:
 
     def find(self, name: str, world: int) -> ResolvedCase | None:
         return next((rc for rc in self.at.get(world, ()) if rc.case.name == name), None)
-
-    def names(self, pattern: str = "*") -> list[str]:
-        return [rc.case.name for rc in self.at[self.worlds[0]] if fnmatch.fnmatchcase(rc.case.name, pattern)]

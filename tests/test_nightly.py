@@ -216,3 +216,77 @@ def test_the_gate_fails_the_night_when_head_is_twice_as_slow(tmp_path):
     state = json.load(open(out_dir / "nightly.json"))
     assert state["status"] == 1 and state["stages"]["gate"]["exit"] == 1
     assert state["gate"]["worlds"]["2"]["cases"] == ["mlp/plain"]
+
+
+def _fake_night(tmp_path, monkeypatch, codes: dict, cancel_at: str | None = None, *extra: str):
+    """A night whose stage commands are recorded, not run: ``codes`` maps a command's first words to its exit."""
+    from suite.cli import nightly
+    from suite.cli.main import build_parser
+
+    calls = []
+
+    def call(self, cmd, stdout=None, env=None):
+        calls.append((cmd, env))
+        key = cmd[3] if cmd[1:3] == ["-m", "suite.cli.main"] else "pytest" if "pytest" in cmd else "asv"
+        if cancel_at == key:
+            raise KeyboardInterrupt
+        if key == "ab" and stdout is not None:
+            stdout.write(json.dumps({"cases": [{"case": "mlp/plain", "world": 2, "verdict": "inconclusive",
+                                                "ci": [0.9, 1.1], "ratio": 1.0, "blocks": 12, "structure_diff": [],
+                                                "check": "n/a -> n/a"}], "failures": []}))
+        return codes.get(key, 0)
+
+    monkeypatch.setattr(nightly.Night, "call", call)
+    head = _head()
+    before = subprocess.run(["git", "rev-parse", "HEAD~1"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    good = tmp_path / "good"
+    good.write_text(before + "\n")
+    args = build_parser().parse_args(
+        ["nightly", "--device", "cpu", "--case", "mlp/plain", "--set", "fetch_frequency=2", "--size", "tiny",
+         "--worlds", "2", "--out", str(tmp_path / "out"), "--last-good", str(good), "--machine", "m",
+         "--gate-budget", "2", *extra])
+    code = args.func(args)
+    state = json.load(open(tmp_path / "out" / "nightly.json"))
+    return code, calls, state, good.read_text().strip(), before
+
+
+def test_every_stage_gets_the_same_selection_and_an_undecided_gate_keeps_the_last_good_commit(tmp_path, monkeypatch):
+    code, calls, state, good, before = _fake_night(tmp_path, monkeypatch, {"ab": 3})
+    assert code == 3 and state["status"] == 3 and state["stages"]["gate"]["exit"] == 3
+    assert good == before  # an undecided gate never advances the last good commit
+    run, ab = (next(c for c, _ in calls if c[1:4] == ["-m", "suite.cli.main", name]) for name in ("run", "ab"))
+    for cmd in (run, ab):
+        assert cmd[cmd.index("--case") + 1] == "mlp/plain" and cmd[cmd.index("--set") + 1] == "fetch_frequency=2"
+        assert cmd[cmd.index("--size") + 1] == "tiny" and cmd[cmd.index("--device") + 1] == "cpu"
+        assert cmd[cmd.index("--nproc") + 1] == "2"
+    assert ab[ab.index("--total-budget") + 1] == "120"  # the whole gate budget: one world size, one case
+    pyb = next(c for c, _ in calls if "pytest" in c)
+    for opt, value in (("--fleetbench-case", "mlp/plain"), ("--fleetbench-set", "fetch_frequency=2"),
+                       ("--fleetbench-size", "tiny"), ("--fleetbench-device", "cpu"), ("--fleetbench-world", "2")):
+        assert pyb[pyb.index(opt) + 1] == value, opt
+    asv_env = next(env for c, env in calls if c[1:2] == ["run"] and c[0].endswith("asv"))
+    assert (asv_env["FLEETBENCH_BENCH_CASES"], asv_env["FLEETBENCH_BENCH_SET"], asv_env["FLEETBENCH_BENCH_SIZE"],
+            asv_env["FLEETBENCH_BENCH_WORLDS"], asv_env["FLEETBENCH_BENCH_DEVICE"]) == \
+        ("mlp/plain", "fetch_frequency=2", "tiny", "2", "cpu")
+    assert "mlp/plain@2: inconclusive" in (tmp_path / "out" / "gate.md").read_text()
+    assert "ab gate: UNDECIDED (exit 3)" in (tmp_path / "out" / "gate.md").read_text()
+
+
+def test_exit_codes_and_the_last_good_commit(tmp_path, monkeypatch):
+    (tmp_path / "a").mkdir()
+    code, _, state, good, before = _fake_night(tmp_path / "a", monkeypatch, {"ab": 1, "run": 3})
+    assert code == 1 and state["status"] == 1 and good == before  # a regression outranks an undecided stage
+    (tmp_path / "b").mkdir()
+    code, _, state, good, _ = _fake_night(tmp_path / "b", monkeypatch, {"history": 1})
+    assert code == 0 and state["stages"]["history"]["exit"] == 0  # an alert is reported, not the gate
+    assert good == _head() == state["commit"]  # a night with every stage ok is the new last good commit
+    (tmp_path / "c").mkdir()
+    code, _, state, _, _ = _fake_night(tmp_path / "c", monkeypatch, {"report": 2, "pytest": 5})
+    assert code == 1 and state["stages"]["report"]["exit"] == 2 and state["stages"]["pytest-benchmark"]["exit"] == 1
+
+
+def test_a_cancelled_night_keeps_the_stages_that_ended(tmp_path, monkeypatch):
+    code, calls, state, _, _ = _fake_night(tmp_path, monkeypatch, {}, "asv")
+    assert code == 130 and state["status"] == "cancelled"
+    assert state["stages"]["run"]["exit"] == 0 and state["stages"]["pytest-benchmark"]["exit"] == 0
+    assert state["stages"]["asv"]["exit"] == "cancelled" and "gate" not in state["stages"]

@@ -90,7 +90,7 @@ def plan_of(args):
     from ..config import ConfigError
     from ..measure.metadata import machine_name
     from ..nightly import NightlyOptions, last_night, make_plan
-    from ..selection import Selection
+    from ..selection import Selection, choose_platform
     from .checks import check_number
 
     for opt, value, low in (("--rounds", args.rounds, 1), ("--steps", args.steps, 1), ("--persist", args.persist, 1)):
@@ -101,13 +101,14 @@ def plan_of(args):
         problem = value is not None and check_number(opt, value, above=0.0, unit="minutes")
         if problem:
             raise ConfigError(problem)
-    tags = tuple(args.tag) or (() if (args.case or args.model) else
-                               ("nightly-gpu",) if args.device == "cuda" else ("smoke",))
+    # the device first (a plan only declares it), for the default tag
+    device = args.device or (None if args.plan else choose_platform(None)[0])
+    tags = tuple(args.tag) or (() if (args.case or args.model) else ("nightly-gpu",) if device == "cuda" else
+                               ("smoke",))
     sel = Selection(cases=tuple(args.case), tags=tags, models=tuple(args.model), size=args.size,
-                    worlds=_worlds(args.worlds), device=args.device, config=args.config, sets=tuple(args.set))
+                    worlds=_worlds(args.worlds), device=device, sets=tuple(args.set),
+                    config=os.path.abspath(args.config) if args.config else None)
     resolved = sel.resolve(probe=not args.plan)
-    if args.device is None and not args.plan:
-        args.device = resolved.device
     gate = [rc.case.name for rc in resolved.at[resolved.worlds[0]] if "gate" in rc.case.tags
             and any(fnmatch.fnmatchcase(rc.case.name, g) for g in args.gate_case or ["*"])]
     if not gate:
@@ -152,7 +153,8 @@ class Night:
     def __init__(self, args, resolved, plan):
         self.args, self.resolved, self.plan = args, resolved, plan
         self.py = sys.executable
-        self.out = args.out
+        self.out = os.path.abspath(args.out)  # the stages run in the checkout's root
+        args.asv_config = os.path.abspath(args.asv_config)
         self.env = dict(os.environ, PYTHONPATH=ROOT + (os.pathsep + os.environ["PYTHONPATH"]
                                                        if os.environ.get("PYTHONPATH") else ""))
         self.commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
@@ -226,13 +228,14 @@ class Night:
             self.py, "-m", "pytest", "bench_cases", "--benchmark-only", "-q", "-p", "no:cacheprovider",
             *self.selection_options("--fleetbench-"), *worlds, "--fleetbench-rounds", str(self.args.rounds),
             "--fleetbench-steps", str(self.args.steps), *(["--fleetbench-no-check"] if self.args.quick else []),
-            "--benchmark-storage", "file://" + os.path.abspath(os.path.join(self.out, "pytest-benchmark")),
-            "--benchmark-json", os.path.abspath(os.path.join(self.out, "pytest-benchmark.json"))]))
+            "--benchmark-storage", "file://" + os.path.join(self.out, "pytest-benchmark"),
+            "--benchmark-json", os.path.join(self.out, "pytest-benchmark.json")]))
 
     def asv_env(self) -> dict:
         """The selection for asv, through the variables bench_cases/_matrix.py documents (asv passes no arguments)."""
         sel = self.resolved.selection
         return dict(self.env, FLEETBENCH_BENCH_CASES=",".join(sel.cases), FLEETBENCH_BENCH_TAGS=",".join(sel.tags),
+                    FLEETBENCH_BENCH_MODELS=",".join(sel.models),
                     FLEETBENCH_BENCH_WORLDS=",".join(map(str, self.resolved.worlds)),
                     FLEETBENCH_BENCH_DEVICE=self.resolved.device, FLEETBENCH_BENCH_SIZE=self.resolved.size,
                     FLEETBENCH_BENCH_CONFIG=os.path.abspath(sel.config) if sel.config else "",
@@ -298,7 +301,7 @@ class Night:
         return _worst(codes)
 
     def history_stage(self) -> int:
-        conf = os.path.abspath(self.args.asv_config)
+        conf = self.args.asv_config
         with open(conf) as fh:
             results = os.path.join(os.path.dirname(conf), json.load(fh).get("results_dir", "results"))
         code = self.call(self.fleetbench("history", "--results", results, "--machine", self.plan.machine,

@@ -19,7 +19,7 @@ import tempfile
 from typing import Any
 
 from ..config import ConfigError
-from ..selection import SIZES
+from ..selection import SIZES, Selection
 
 DEFAULT_RESULTS = os.path.join("results", "runs.jsonl")
 
@@ -75,12 +75,10 @@ def _seconds(name: str, value: float) -> None:
         raise ConfigError(f"--{name} {value}: must be a finite number of seconds > 0")
 
 
-def selection(args, worlds: tuple = ()):
-    """The typed selection of a command's options (run, ab, bisect, nightly share these names)."""
-    from ..selection import Selection
-
+def selection(args) -> Selection:
+    """The typed selection of run's options (not resolved: see :meth:`Selection.resolve`)."""
     return Selection(cases=tuple(args.case), tags=tuple(args.tag), models=tuple(args.model), size=args.size,
-                     worlds=worlds, device=args.device, config=args.config, sets=tuple(args.set))
+                     device=args.device, config=args.config, sets=tuple(args.set))
 
 
 def main(args) -> int:
