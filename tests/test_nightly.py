@@ -237,7 +237,6 @@ def _fake_night(tmp_path, monkeypatch, codes: dict, cancel_at: str | None = None
         return codes.get(key, 0)
 
     monkeypatch.setattr(nightly.Night, "call", call)
-    head = _head()
     before = subprocess.run(["git", "rev-parse", "HEAD~1"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     good = tmp_path / "good"
     good.write_text(before + "\n")
