@@ -12,7 +12,8 @@ import sys
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("cluster", help="emulated multi-node cluster (network namespaces): up, down, cleanup, status")
+    p = sub.add_parser("cluster", help="emulated multi-node cluster (network namespaces): up, down, cleanup, status; "
+                                       "extrapolate (the cost model to real clusters)")
     csub = p.add_subparsers(dest="action", metavar="ACTION")
     up = csub.add_parser("up", help="bring a cluster up and leave it (NxR:inter=RATE[,intra=RATE])")
     up.add_argument("spec", help="e.g. 2x2:inter=200mbit")
