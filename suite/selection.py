@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from .cases import CASES, Case, cases_for_model, select_cases
 from .config import ConfigError, StrategyConfig, toml_fields
+from .models import MODELS, ModelError, default_size, get_model
 from .runner import ResolvedCase
 
 __all__ = ["Selection", "Resolved", "choose_platform", "default_worlds", "resolve_at", "SIZES", "DEVICES"]
@@ -65,8 +66,6 @@ def _is_glob(name: str) -> bool:
 
 def _pool(models: tuple[str, ...], size: str) -> list[Case]:
     """The case pool: the registry, plus every applicable variant of each non-registry model named."""
-    from .models import MODELS, ModelError, get_model
-
     pool = list(CASES)
     known = {c.model for c in CASES}
     for ref in models:
@@ -128,8 +127,6 @@ class Selection:
         worlds = (world,) if world is not None else self.worlds
         device, backend = choose_platform(self.device, local_world or max(worlds or (1,)) if probe else 1, probe)
         worlds = worlds or default_worlds(device)
-        from .models import default_size
-
         size = self.size or default_size(device)
         base = self.base_cases(size)
         at = {w: resolve_at(self, base, w, local_world) for w in worlds}
