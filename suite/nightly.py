@@ -12,7 +12,8 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["STAGES", "ROUGH_STEP_S", "NightlyOptions", "StagePlan", "Plan", "make_plan", "last_night", "STATE_FILE"]
+__all__ = ["STAGES", "ROUGH_STEP_S", "NightlyOptions", "StagePlan", "Plan", "make_plan", "last_night", "STATE_FILE",
+           "finished_stages"]
 
 STAGES = ("run", "pytest-benchmark", "asv", "report", "gate", "history")
 STATE_FILE = "nightly.json"  # in the results directory: tonight's stages as each ends (durations, exit codes)
@@ -130,6 +131,14 @@ def last_night(out_dir: str, machine: str) -> dict | None:
     return state
 
 
+def finished_stages(state: dict | None) -> dict:
+    """The stages a night finished (cancelled ones left out), over those it carried from earlier nights: a night
+    cancelled half-way still leaves estimates for every stage."""
+    state = state or {}
+    layers = (state.get("earlier") or {}, state.get("stages") or {})
+    return {k: v for layer in layers for k, v in layer.items() if isinstance(v, dict) and v.get("exit") != "cancelled"}
+
+
 def make_plan(resolved, gate_names: list[str], machine: str, o: NightlyOptions, last: dict | None = None) -> Plan:
     """The plan of a night over ``resolved`` (a :class:`suite.selection.Resolved`); ``gate_names`` the cases the
     gate compares (at every world size where they run)."""
@@ -140,7 +149,7 @@ def make_plan(resolved, gate_names: list[str], machine: str, o: NightlyOptions, 
     stages = []
     for name in STAGES:
         rough = _rough(name, runnable, gate, models, resolved.device, o)
-        done = (last or {}).get("stages", {}).get(name)
+        done = finished_stages(last).get(name)
         if isinstance(done, dict) and isinstance(done.get("seconds"), (int, float)) and done.get("pairs"):
             now = len(gate) if name == "gate" else len(runnable)
             scale = now / done["pairs"]

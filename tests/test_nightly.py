@@ -284,8 +284,20 @@ def test_exit_codes_and_the_last_good_commit(tmp_path, monkeypatch):
     assert code == 1 and state["stages"]["report"]["exit"] == 2 and state["stages"]["pytest-benchmark"]["exit"] == 1
 
 
-def test_a_cancelled_night_keeps_the_stages_that_ended(tmp_path, monkeypatch):
+def test_a_cancelled_night_keeps_the_stages_that_ended_and_the_earlier_estimates(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    earlier = {"machine": "m", "stages": {name: {"seconds": 60.0, "pairs": 1, "exit": 0} for name in
+                                          ("run", "pytest-benchmark", "asv", "report", "gate", "history")}}
+    (out / "nightly.json").write_text(json.dumps(earlier))
     code, calls, state, _, _ = _fake_night(tmp_path, monkeypatch, {}, "asv")
     assert code == 130 and state["status"] == "cancelled"
     assert state["stages"]["run"]["exit"] == 0 and state["stages"]["pytest-benchmark"]["exit"] == 0
     assert state["stages"]["asv"]["exit"] == "cancelled" and "gate" not in state["stages"]
+    capsys.readouterr()
+    # the next plan: tonight's finished stages, the earlier night's for the cancelled and the missing ones
+    assert main(["nightly", "--plan", "--device", "cpu", "--case", "mlp/plain", "--worlds", "2", "--out", str(out),
+                 "--machine", "m"]) == 0
+    rows = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines() if " min  (ends at" in ln}
+    assert all("last night's" in rows[name] for name in rows), "\n".join(rows.values())
+    assert rows["asv"].split()[1] == "1.0" and rows["history"].split()[1] == "1.0"

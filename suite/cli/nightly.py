@@ -32,6 +32,9 @@ import subprocess
 import sys
 import time
 
+from ..config import ConfigError
+from ..nightly import NightlyOptions, finished_stages, last_night, make_plan
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -72,8 +75,6 @@ def add_parser(sub) -> None:
 
 
 def _worlds(text: str | None) -> tuple[int, ...]:
-    from ..config import ConfigError
-
     out = []
     for w in (text or "").replace(" ", ",").split(","):
         if w.strip():
@@ -87,9 +88,7 @@ def plan_of(args):
     """(resolved selection, plan, last night) of the options; nothing is run, and with --plan nothing probed."""
     import fnmatch
 
-    from ..config import ConfigError
     from ..measure.metadata import machine_name
-    from ..nightly import NightlyOptions, last_night, make_plan
     from ..selection import Selection, choose_platform
     from .checks import check_number
 
@@ -122,9 +121,7 @@ def plan_of(args):
 
 
 def main(args) -> int:
-    from ..config import ConfigError
-
-    resolved, plan, _ = plan_of(args)
+    resolved, plan, last = plan_of(args)
     if args.plan:
         print("\n".join(plan.lines()))
     if args.limit is not None:
@@ -136,7 +133,7 @@ def main(args) -> int:
                               f"cases or world sizes, or lower --rounds/--steps/--gate-budget")
     if args.plan:
         return 0
-    return Night(args, resolved, plan).run()
+    return Night(args, resolved, plan, last).run()
 
 
 def _code(rc: int) -> int:
@@ -150,7 +147,9 @@ def _worst(codes) -> int:
 
 
 class Night:
-    def __init__(self, args, resolved, plan):
+    """One night: the stages in order, the state (``nightly.json``) saved as each ends."""
+
+    def __init__(self, args, resolved, plan, last: dict | None = None):
         self.args, self.resolved, self.plan = args, resolved, plan
         self.py = sys.executable
         self.out = os.path.abspath(args.out)  # the stages run in the checkout's root
@@ -161,7 +160,7 @@ class Night:
                                      check=True).stdout.strip()
         self.state: dict = {"machine": plan.machine, "commit": self.commit, "device": resolved.device,
                             "worlds": list(resolved.worlds), "started": time.time(), "stages": {},
-                            "status": None}
+                            "status": None, "earlier": finished_stages(last)}
 
     # -- bookkeeping ------------------------------------------------------------------------------------
     def save(self) -> None:
