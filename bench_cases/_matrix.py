@@ -1,9 +1,9 @@
 """What both harnesses share: the selection (``suite/selection.py``) and the runner's options.
 
 pytest-benchmark takes its selection as ``--fleetbench-*`` options (``conftest.py``); asv runs the
-benchmarks in processes of its own and passes them no arguments, so for asv (and as pytest's
-fallback) the selection comes from the environment.  These are the only environment variables
-the benchmarks read (``fleetbench nightly`` sets them for its asv stage):
+benchmarks in processes of its own and passes them no arguments, so for asv the selection comes
+from the environment.  These are the only environment variables the benchmarks read (``fleetbench
+nightly`` sets them for its asv stage):
 
 ==============================  ==================================================================
 FLEETBENCH_BENCH_CASES          case names or globs, comma-separated
@@ -14,9 +14,8 @@ FLEETBENCH_BENCH_DEVICE         cpu | cuda (default: cuda where torch sees a GPU
 FLEETBENCH_BENCH_SIZE           full | cpu | tiny (default: the device's)
 FLEETBENCH_BENCH_CONFIG         a TOML file of strategy fields applied on top of every case
 FLEETBENCH_BENCH_SET            ``KEY=VALUE`` strategy fields, separated by ``;``
-FLEETBENCH_BENCH_ROUNDS/_STEPS  asv: windows per process, steps per window (default 5 / 5)
+FLEETBENCH_BENCH_ROUNDS/_STEPS  windows per process, steps per window (default 5 / 5)
 FLEETBENCH_BENCH_PROCESSES      asv: processes whose samples are pooled (default 2)
-FLEETBENCH_BENCH_CALL_TIMEOUT   pytest-benchmark: bound on each multi-rank call, seconds (default 600)
 ==============================  ==================================================================
 """
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """pytest-benchmark set-up: the case matrix as parameters, a session-scoped rank pool, machine info.
 
-Options (each falls back to its FLEETBENCH_BENCH_* variable, listed in ``_matrix.py``):
+Options (pytest has a command line, so no environment variable is read here; asv's are in ``_matrix.py``):
 ``--fleetbench-case`` (name or glob, repeatable), ``--fleetbench-tag`` (default smoke), ``--fleetbench-model``,
 ``--fleetbench-world`` (repeatable; default one: 2 on CPU, every GPU on CUDA), ``--fleetbench-device``,
 ``--fleetbench-size``, ``--fleetbench-config``, ``--fleetbench-set`` (repeatable), ``--fleetbench-steps``
-(K steps per timed round), ``--fleetbench-rounds``, ``--fleetbench-no-check``.  The selection is resolved
+(K steps per timed round), ``--fleetbench-rounds``, ``--fleetbench-no-check``, ``--fleetbench-timeout``
+(bound on each multi-rank call, seconds).  The selection is resolved
 once (``suite/selection.py``), as ``fleetbench run`` resolves its own.
 
 Parameters are ``case`` (the case's name, a string) and ``world`` (an int), so the saved JSON holds
@@ -15,13 +16,9 @@ group's name, in ``extra_info`` and in a note after the tables.
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from bench_cases._matrix import env_selection, make_selection
-
-CALL_TIMEOUT = float(os.environ.get("FLEETBENCH_BENCH_CALL_TIMEOUT", "600"))
+from bench_cases._matrix import make_selection
 
 
 def what_a_round_is(k: int | str) -> str:
@@ -62,6 +59,7 @@ def pytest_addoption(parser):
     g.addoption("--fleetbench-steps", type=int, default=5, help="steps per timed round (default 5)")
     g.addoption("--fleetbench-rounds", type=int, default=5, help="timed rounds (default 5)")
     g.addoption("--fleetbench-no-check", action="store_true", help="skip the correctness verdict")
+    g.addoption("--fleetbench-timeout", type=float, default=600.0, help="bound on each multi-rank call, seconds")
 
 
 def resolved(config):
@@ -69,12 +67,10 @@ def resolved(config):
     if _RESOLVED not in config.stash:
         from suite.config import ConfigError
 
-        env = env_selection()
         opt = config.getoption
-        sel = make_selection(opt("fleetbench_case") or env.cases, opt("fleetbench_tag") or env.tags,
-                             opt("fleetbench_world") or env.worlds, opt("fleetbench_device") or env.device,
-                             opt("fleetbench_size") or env.size, opt("fleetbench_config") or env.config,
-                             opt("fleetbench_set") or env.sets, opt("fleetbench_model") or env.models)
+        sel = make_selection(opt("fleetbench_case"), opt("fleetbench_tag"), opt("fleetbench_world"),
+                             opt("fleetbench_device"), opt("fleetbench_size"), opt("fleetbench_config"),
+                             opt("fleetbench_set"), opt("fleetbench_model"))
         try:
             config.stash[_RESOLVED] = sel.resolve()
         except ConfigError as exc:
@@ -103,7 +99,8 @@ class _Pools:
         if self.pool is not None and self.pool.nproc != world:
             self.close()
         if self.pool is None:
-            self.pool = RankPool(world, device=resolved(self.config).device, timeout=CALL_TIMEOUT, pg_timeout=120.0)
+            self.pool = RankPool(world, device=resolved(self.config).device,
+                                 timeout=self.config.getoption("fleetbench_timeout"), pg_timeout=120.0)
         return self.pool
 
     def runner(self, world: int):
@@ -112,9 +109,9 @@ class _Pools:
 
         pool = self.get(world)
         if self._runner is None or self._runner.launcher is not pool:
-            opts = run_options(resolved(self.config), self.config.getoption("fleetbench_steps"),
-                               self.config.getoption("fleetbench_rounds"),
-                               check=not self.config.getoption("fleetbench_no_check"), timeout=CALL_TIMEOUT)
+            opt = self.config.getoption
+            opts = run_options(resolved(self.config), opt("fleetbench_steps"), opt("fleetbench_rounds"),
+                               check=not opt("fleetbench_no_check"), timeout=opt("fleetbench_timeout"))
             self._runner = CaseRunner(pool, world, opts)
         return self._runner
 
