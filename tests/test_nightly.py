@@ -301,3 +301,22 @@ def test_a_cancelled_night_keeps_the_stages_that_ended_and_the_earlier_estimates
     rows = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines() if " min  (ends at" in ln}
     assert all("last night's" in rows[name] for name in rows), "\n".join(rows.values())
     assert rows["asv"].split()[1] == "1.0" and rows["history"].split()[1] == "1.0"
+
+
+def test_a_stage_running_past_the_limit_is_stopped_and_the_night_ends_with_2(tmp_path, monkeypatch, capsys):
+    import time
+
+    from suite.cli import nightly
+
+    def slow_run(self):  # the limit is as good as reached when the stage starts
+        self.deadline = time.monotonic() + 1.0
+        return self.call([sys.executable, "-c", "import time; time.sleep(120)"])
+
+    monkeypatch.setattr(nightly.Night, "run_stage", slow_run)
+    out = tmp_path / "out"
+    assert main(["nightly", "--device", "cpu", "--case", "mlp/plain", "--worlds", "2", "--out", str(out),
+                 "--machine", "m", "--limit", "10000"]) == 2
+    assert "over --limit 10000 min; what finished is kept in" in capsys.readouterr().err
+    state = json.load(open(out / "nightly.json"))
+    assert state["status"] == "over the limit" and state["stages"]["run"]["exit"] == "cancelled"
+    assert list(state["stages"]) == ["run"]

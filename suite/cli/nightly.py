@@ -14,9 +14,10 @@ Stages, each a fleetbench (or pytest, asv) command over one selection (``suite/s
 ``--plan`` prints the stages, the cases × world sizes, the gate's cases and budget and each stage's
 estimated duration (``suite/nightly.py``), and runs nothing; ``--device cuda`` is then declared, not
 probed (no GPU needed).  ``--limit MINUTES`` refuses (exit 2) a night whose estimate does not fit, naming
-the stage, before anything runs.  The state (``nightly.json`` in ``--out``: each stage's duration and exit
-code, the gate's verdict) is written as each stage ends, so a cancelled job keeps what it measured, and
-the next night's estimates read it.
+the stage, before anything runs; a night that still reaches the limit stops its running stage like a
+cancel (what it finished is kept) and ends with exit 2.  The state (``nightly.json`` in ``--out``: each
+stage's duration and exit code, the gate's verdict) is written as each stage ends, so a cancelled job
+keeps what it measured, and the next night's estimates read it.
 
 Exit codes (the table compare, ab, bisect and nightly share): 0 every stage ok; 1 a regression (a case
 failed its check or errored, a benchmark failed, the gate found a case slower or a structure changed);
@@ -153,6 +154,7 @@ class Night:
         self.args, self.resolved, self.plan = args, resolved, plan
         self.py = sys.executable
         self.out = os.path.abspath(args.out)  # the stages run in the checkout's root
+        self.deadline = None if args.limit is None else time.monotonic() + args.limit * 60.0
         args.asv_config = os.path.abspath(args.asv_config)
         self.env = dict(os.environ, PYTHONPATH=ROOT + (os.pathsep + os.environ["PYTHONPATH"]
                                                        if os.environ.get("PYTHONPATH") else ""))
@@ -170,17 +172,20 @@ class Night:
         os.replace(path + ".tmp", path)
 
     def call(self, cmd: list, stdout=None, env: dict | None = None) -> int:
-        """A stage's command; on a cancel (SIGINT/SIGTERM) the child gets SIGINT and a few seconds to clean up."""
+        """A stage's command, bounded by --limit; on a cancel (SIGINT/SIGTERM) or at the limit the child gets
+        SIGINT and a few seconds to clean up (what it finished is kept), then the night ends."""
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env or self.env, stdout=stdout)
         try:
-            return proc.wait()
-        except KeyboardInterrupt:
+            return proc.wait(timeout=None if self.deadline is None else max(1.0, self.deadline - time.monotonic()))
+        except (KeyboardInterrupt, subprocess.TimeoutExpired) as exc:
             proc.send_signal(signal.SIGINT)
             try:
                 proc.wait(timeout=6)
             except (subprocess.TimeoutExpired, KeyboardInterrupt):
                 proc.kill()
                 proc.wait()
+            if isinstance(exc, subprocess.TimeoutExpired):
+                raise OverLimit from None
             raise
 
     def stage(self, name: str, fn, **facts) -> int:
@@ -190,9 +195,9 @@ class Night:
         t0 = time.monotonic()
         try:
             code = fn()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             entry.update(seconds=time.monotonic() - t0, exit="cancelled")
-            self.state["status"] = "cancelled"
+            self.state["status"] = "over the limit" if isinstance(exc, OverLimit) else "cancelled"
             self.save()
             raise
         entry.update(seconds=time.monotonic() - t0, exit=code)
@@ -316,7 +321,7 @@ class Night:
               f"worlds {' '.join(map(str, self.resolved.worlds))}, out {self.out}; plan "
               f"{self.plan.seconds / 60:.0f} min", flush=True)
         n_pairs = len(self.resolved.matrix(runnable=True))
-        signal.signal(signal.SIGTERM, _interrupt)  # a CI cancel unwinds like Ctrl-C: state saved, children told
+        previous = signal.signal(signal.SIGTERM, _interrupt)  # a CI cancel unwinds like Ctrl-C: state saved
         self.save()
         try:
             codes = {
@@ -334,14 +339,22 @@ class Night:
                     fh.write(self.commit + "\n")
                 os.replace(self.args.last_good + ".tmp", self.args.last_good)
             codes["history"] = self.stage("history", self.history_stage)
-        except KeyboardInterrupt:
-            print("fleetbench nightly: cancelled; what finished is kept in " + self.out, file=sys.stderr)
-            return 130
+        except KeyboardInterrupt as exc:
+            over = isinstance(exc, OverLimit)
+            print(f"fleetbench nightly: {f'over --limit {self.args.limit:g} min' if over else 'cancelled'}; what "
+                  f"finished is kept in {self.out}", file=sys.stderr)
+            return 2 if over else 130
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         status = _worst(codes.values())
         self.state["status"] = status
         self.save()
         print(f"== nightly: status {status} (" + ", ".join(f"{k} {v}" for k, v in codes.items()) + ")")
         return status
+
+
+class OverLimit(KeyboardInterrupt):
+    """The night reached --limit: the running stage is stopped like a cancel, and the night ends (exit 2)."""
 
 
 def _interrupt(signum, frame):
