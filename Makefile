@@ -47,14 +47,14 @@ lint: setup
 bench: setup
 	$(PY) -m pytest bench_cases --benchmark-only $(ARGS)
 
-# The statistical tests (make test-slow), then the nightly pipeline (.ci/nightly) on CPU over the smoke cases:
-# run, pytest-benchmark, asv, report, gate.
+# The statistical tests (make test-slow), then the nightly pipeline (fleetbench nightly) on CPU over the smoke
+# cases: run, pytest-benchmark, asv, report, gate.
 nightly-cpu: setup test-slow
-	PY=$(PY) NIGHTLY_DEVICE=cpu NIGHTLY_TAG=smoke .ci/nightly
+	PY=$(PY) .ci/nightly --device cpu --tag smoke
 
 # One asv pass of mlp/plain at 2 ranks (5 timed windows in each of 2 processes, recorded as samples with their
 # spread), recorded for this commit, and the dashboard built to work offline (vendored assets).
-ASV_MACHINE ?= $(shell PYTHONPATH=. $(PY) -m suite.measure.metadata machine-name 2>/dev/null)
+ASV_MACHINE ?= $(shell PYTHONPATH=. $(PY) -m suite.cli.main machine-name 2>/dev/null)
 asv-smoke: setup
 	$(VENV)/bin/asv machine --machine $(ASV_MACHINE) --yes
 	FLEETBENCH_BENCH_CASES=mlp/plain FLEETBENCH_BENCH_WORLDS=2 $(VENV)/bin/asv run -E existing:same --record-samples \

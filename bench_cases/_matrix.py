@@ -1,58 +1,56 @@
-"""What both harnesses share: the case selection, a case resolved at a world size, the runner's options."""
+"""What both harnesses share: the selection (``suite/selection.py``) and the runner's options.
+
+pytest-benchmark takes its selection as ``--fleetbench-*`` options (``conftest.py``); asv runs the
+benchmarks in processes of its own and passes them no arguments, so for asv the selection comes
+from the environment.  These are the only environment variables the benchmarks read (``fleetbench
+nightly`` sets them for its asv stage):
+
+==============================  ==================================================================
+FLEETBENCH_BENCH_CASES          case names or globs, comma-separated
+FLEETBENCH_BENCH_TAGS           case tags, comma-separated (default: ``smoke``)
+FLEETBENCH_BENCH_MODELS         models, comma-separated (every case of each)
+FLEETBENCH_BENCH_WORLDS         world sizes, comma-separated (default one: 2 on CPU, every GPU on CUDA)
+FLEETBENCH_BENCH_DEVICE         cpu | cuda (default: cuda where torch sees a GPU)
+FLEETBENCH_BENCH_SIZE           full | cpu | tiny (default: the device's)
+FLEETBENCH_BENCH_CONFIG         a TOML file of strategy fields applied on top of every case
+FLEETBENCH_BENCH_SET            ``KEY=VALUE`` strategy fields, separated by ``;``
+FLEETBENCH_BENCH_ROUNDS/_STEPS  windows per process, steps per window (default 5 / 5)
+FLEETBENCH_BENCH_PROCESSES      asv: processes whose samples are pooled (default 2)
+==============================  ==================================================================
+"""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 
-from suite.cases import Case, matrix, select_cases
-from suite.config import ConfigError, StrategyConfig
+from suite.selection import Resolved, Selection
 
-__all__ = ["selected_matrix", "resolve", "split_csv", "env_selection", "bench_device", "run_options"]
+__all__ = ["split_csv", "env_selection", "make_selection", "run_options"]
 
 
-def split_csv(text: str | None) -> list[str]:
-    return [t.strip() for t in (text or "").split(",") if t.strip()]
+def split_csv(text: str | None, sep: str = ",") -> list[str]:
+    return [t.strip() for t in (text or "").split(sep) if t.strip()]
 
 
-def selected_matrix(cases: Iterable[str] = (), tags: Iterable[str] = (), worlds: Iterable[int] = ()) -> list:
-    """(case, world) pairs: the named cases (globs) or tagged ones, at the given world sizes (default: each case's)."""
-    chosen = select_cases(list(cases), list(tags) or ([] if cases else ["smoke"]))
-    return matrix(chosen, list(worlds) or None)
+def make_selection(cases=(), tags=(), worlds=(), device=None, size=None, config=None, sets=(), models=()) -> Selection:
+    """The harnesses' selection: by default the smoke cases (a minute on a 2-core machine)."""
+    return Selection(cases=tuple(cases), tags=tuple(tags), models=tuple(models), worlds=tuple(worlds),
+                     device=device or None, size=size or None, config=config or None, sets=tuple(sets),
+                     default_tag="smoke")
 
 
-def resolve(case: Case, world: int):
-    """The case with its validated config at ``world`` ranks (``skip`` set when it cannot run there)."""
-    from suite.runner import ResolvedCase
-
-    cfg = StrategyConfig.from_dict(case.config)
-    why = case.applies_to_world(world)
-    if why is None:
-        try:
-            cfg.check_world(world)
-        except ConfigError as exc:
-            why = str(exc)
-    return ResolvedCase(case, cfg, why)
+def env_selection() -> Selection:
+    """The selection the FLEETBENCH_BENCH_* variables state (see the table above)."""
+    env = os.environ.get
+    return make_selection(split_csv(env("FLEETBENCH_BENCH_CASES")), split_csv(env("FLEETBENCH_BENCH_TAGS")),
+                          [int(w) for w in split_csv(env("FLEETBENCH_BENCH_WORLDS"))], env("FLEETBENCH_BENCH_DEVICE"),
+                          env("FLEETBENCH_BENCH_SIZE"), env("FLEETBENCH_BENCH_CONFIG"),
+                          split_csv(env("FLEETBENCH_BENCH_SET"), ";"), split_csv(env("FLEETBENCH_BENCH_MODELS")))
 
 
-def env_selection() -> tuple[list, list, list]:
-    """(cases, tags, worlds) from FLEETBENCH_BENCH_CASES / _TAGS / _WORLDS (comma-separated)."""
-    return (split_csv(os.environ.get("FLEETBENCH_BENCH_CASES")), split_csv(os.environ.get("FLEETBENCH_BENCH_TAGS")),
-            [int(w) for w in split_csv(os.environ.get("FLEETBENCH_BENCH_WORLDS"))])
-
-
-def bench_device() -> tuple[str, str]:
-    """(device type, backend) of the benchmark's ranks: CUDA wherever it is available (never a silent CPU run)."""
-    import torch
-
-    return ("cuda", "nccl") if torch.cuda.is_available() else ("cpu", "gloo")
-
-
-def run_options(steps: int, rounds: int, check: bool = True, timeout: float = 600.0):
-    """The runner's options for a benchmark harness (size from FLEETBENCH_BENCH_SIZE, else the device's default)."""
-    from suite.models import default_size
+def run_options(resolved: Resolved, steps: int, rounds: int, check: bool = True, timeout: float = 600.0):
+    """The runner's options for a benchmark harness, on the selection's platform and size."""
     from suite.runner import RunOptions
 
-    device, backend = bench_device()
-    size = os.environ.get("FLEETBENCH_BENCH_SIZE") or default_size(device)
-    return RunOptions(size=size, steps=steps, rounds=rounds, check=check, timeout=timeout, device=device,
-                      backend=backend, utilization=False)
+    return RunOptions(size=resolved.size, steps=steps, rounds=rounds, check=check, timeout=timeout,
+                      device=resolved.device, backend=resolved.backend, utilization=False,
+                      baseline_overrides=resolved.selection.sets)

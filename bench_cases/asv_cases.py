@@ -19,10 +19,10 @@ FLEETBENCH_BENCH_PROCESSES processes (default 2: samples of two separate rank po
 pooled, so part of the between-run noise is in the spread), no warm-up loop (the engine is
 warmed up when the case is prepared).
 
-Parameters come from the case registry (``suite.cases``): case name × world size, narrowed by
-FLEETBENCH_BENCH_CASES / _TAGS / _WORLDS (comma-separated; default: the smoke tag at each
-case's world sizes).  A (case, world size) pair the case does not run at is skipped (setup
-raises NotImplementedError, asv's way of saying "n/a").
+Parameters come from the selection (``suite/selection.py``) the FLEETBENCH_BENCH_* variables
+state (``_matrix.py`` lists them; default: the smoke tag at the device's default world size):
+case name × world size.  A (case, world size) pair the case does not run at is skipped (setup
+raises NotImplementedError with the reason, asv's way of saying "n/a").
 
 The ranks (``RankPool``) and the prepared case are started on the first timed call and kept
 for the process (asv re-runs ``setup`` before every sample, so setup only validates);
@@ -33,13 +33,14 @@ from __future__ import annotations
 import atexit
 import os
 
-from bench_cases._matrix import bench_device, env_selection, resolve, run_options, selected_matrix
+from bench_cases._matrix import env_selection, run_options
 
 ROUNDS = int(os.environ.get("FLEETBENCH_BENCH_ROUNDS", "5"))
 STEPS = int(os.environ.get("FLEETBENCH_BENCH_STEPS", "5"))
 PROCESSES = int(os.environ.get("FLEETBENCH_BENCH_PROCESSES", "2"))
 
-_PAIRS = {(c.name, w): c for c, w in selected_matrix(*env_selection())}
+_RESOLVED = env_selection().resolve()
+_PAIRS = {(rc.case.name, w): rc for rc, w in _RESOLVED.matrix()}
 _CLOCK = [0.0]  # seconds per step, summed over every window timed in this process
 _LIVE: dict = {}  # (case, world) -> (pool, prepared case)
 
@@ -72,10 +73,9 @@ class StepTime:
     timer = staticmethod(rank_clock)
 
     def setup(self, case, world_size):
-        c = _PAIRS.get((case, world_size))
-        if c is None:
+        rc = _PAIRS.get((case, world_size))
+        if rc is None:
             raise NotImplementedError(f"{case} is not run at world size {world_size}")
-        rc = resolve(c, world_size)
         if rc.skip:
             raise NotImplementedError(rc.skip)
 
@@ -87,10 +87,10 @@ class StepTime:
             from suite.runner import CaseRunner
             from suite.runtime import RankPool
 
-            rc = resolve(_PAIRS[key], world_size)
-            pool = RankPool(world_size, device=bench_device()[0], timeout=self.timeout / 2, pg_timeout=120.0)
+            rc = _PAIRS[key]
+            pool = RankPool(world_size, device=_RESOLVED.device, timeout=self.timeout / 2, pg_timeout=120.0)
             try:
-                runner = CaseRunner(pool, world_size, run_options(STEPS, ROUNDS, check=False,
+                runner = CaseRunner(pool, world_size, run_options(_RESOLVED, STEPS, ROUNDS, check=False,
                                                                   timeout=self.timeout / 2))
                 _LIVE[key] = (pool, runner.prepare(rc))
             except BaseException:

@@ -1,10 +1,12 @@
 """pytest-benchmark set-up: the case matrix as parameters, a session-scoped rank pool, machine info.
 
-Options (also settable through FLEETBENCH_BENCH_CASES / _TAGS / _WORLDS, comma-separated):
-``--fleetbench-case`` (name or glob, repeatable), ``--fleetbench-tag`` (default smoke),
-``--fleetbench-world`` (repeatable; default each case's world sizes, and for the smoke tag
-``suite.cases.SMOKE_WORLD_SIZES``), ``--fleetbench-steps`` (K steps per timed round),
-``--fleetbench-rounds``, ``--fleetbench-no-check``.
+Options (pytest has a command line, so no environment variable is read here; asv's are in ``_matrix.py``):
+``--fleetbench-case`` (name or glob, repeatable), ``--fleetbench-tag`` (default smoke), ``--fleetbench-model``,
+``--fleetbench-world`` (repeatable; default one: 2 on CPU, every GPU on CUDA), ``--fleetbench-device``,
+``--fleetbench-size``, ``--fleetbench-config``, ``--fleetbench-set`` (repeatable), ``--fleetbench-steps``
+(K steps per timed round), ``--fleetbench-rounds``, ``--fleetbench-no-check``, ``--fleetbench-timeout``
+(bound on each multi-rank call, seconds).  The selection is resolved
+once (``suite/selection.py``), as ``fleetbench run`` resolves its own.
 
 Parameters are ``case`` (the case's name, a string) and ``world`` (an int), so the saved JSON holds
 ``"params": {"case": "mlp/plain", "world": 2}`` and test ids read ``test_step[mlp/plain@2]``.  Each
@@ -14,13 +16,9 @@ group's name, in ``extra_info`` and in a note after the tables.
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from bench_cases._matrix import env_selection, selected_matrix
-
-CALL_TIMEOUT = float(os.environ.get("FLEETBENCH_BENCH_CALL_TIMEOUT", "600"))
+from bench_cases._matrix import make_selection
 
 
 def what_a_round_is(k: int | str) -> str:
@@ -43,44 +41,48 @@ class Timed:
 
 
 _TIMED = pytest.StashKey[Timed]()
+_RESOLVED = pytest.StashKey[object]()
 
 
 def pytest_addoption(parser):
     g = parser.getgroup("fleetbench")
     g.addoption("--fleetbench-case", action="append", default=[], help="case name or glob (repeatable)")
     g.addoption("--fleetbench-tag", action="append", default=[], help="cases with this tag (default: smoke)")
+    g.addoption("--fleetbench-model", action="append", default=[], help="every case of this model (repeatable)")
     g.addoption("--fleetbench-world", action="append", type=int, default=[],
-                help="world size (repeatable; default: each case's, and 2 for the smoke tag)")
+                help="world size (repeatable; default one: 2 on CPU, every GPU on CUDA)")
+    g.addoption("--fleetbench-device", choices=("cpu", "cuda"), help="default: cuda where torch sees a GPU")
+    g.addoption("--fleetbench-size", choices=("full", "cpu", "tiny"), help="model size (default: the device's)")
+    g.addoption("--fleetbench-config", help="TOML file of strategy fields applied on top of every case")
+    g.addoption("--fleetbench-set", action="append", default=[], metavar="KEY=VALUE",
+                help="a strategy field applied on top of every case (repeatable)")
     g.addoption("--fleetbench-steps", type=int, default=5, help="steps per timed round (default 5)")
     g.addoption("--fleetbench-rounds", type=int, default=5, help="timed rounds (default 5)")
     g.addoption("--fleetbench-no-check", action="store_true", help="skip the correctness verdict")
+    g.addoption("--fleetbench-timeout", type=float, default=600.0, help="bound on each multi-rank call, seconds")
 
 
-def selection(config) -> tuple[list, list, list]:
-    """(cases, tags, worlds) from the options, then the environment; by default the smoke cases at the
-    smoke world sizes (a few cases, about a minute on a 2-core machine)."""
-    from suite.cases import SMOKE_WORLD_SIZES
+def resolved(config):
+    """The selection of the options (then the environment), resolved once per session."""
+    if _RESOLVED not in config.stash:
+        from suite.config import ConfigError
 
-    cases, tags, worlds = env_selection()
-    cases = config.getoption("fleetbench_case") or cases
-    tags = config.getoption("fleetbench_tag") or tags
-    worlds = config.getoption("fleetbench_world") or worlds
-    if not cases and not tags:
-        tags = ["smoke"]
-    if not cases and tags == ["smoke"] and not worlds:
-        worlds = list(SMOKE_WORLD_SIZES)
-    return cases, tags, worlds
+        opt = config.getoption
+        sel = make_selection(opt("fleetbench_case"), opt("fleetbench_tag"), opt("fleetbench_world"),
+                             opt("fleetbench_device"), opt("fleetbench_size"), opt("fleetbench_config"),
+                             opt("fleetbench_set"), opt("fleetbench_model"))
+        try:
+            config.stash[_RESOLVED] = sel.resolve()
+        except ConfigError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    return config.stash[_RESOLVED]
 
 
 def pytest_generate_tests(metafunc):
     if {"case", "world"} <= set(metafunc.fixturenames):
-        try:
-            pairs = selected_matrix(*selection(metafunc.config))
-        except ValueError as exc:
-            raise pytest.UsageError(str(exc)) from None
-        pairs.sort(key=lambda cw: cw[1])  # one world size after the other: one pool alive at a time
-        metafunc.parametrize(["case", "world"], [(c.name, w) for c, w in pairs],
-                             ids=[f"{c.name}@{w}" for c, w in pairs])
+        pairs = resolved(metafunc.config).matrix()  # world by world: one pool alive at a time
+        metafunc.parametrize(["case", "world"], [(rc.case.name, w) for rc, w in pairs],
+                             ids=[f"{rc.case.name}@{w}" for rc, w in pairs])
 
 
 class _Pools:
@@ -92,13 +94,13 @@ class _Pools:
         self._runner = None
 
     def get(self, world: int):
-        from bench_cases._matrix import bench_device
         from suite.runtime import RankPool
 
         if self.pool is not None and self.pool.nproc != world:
             self.close()
         if self.pool is None:
-            self.pool = RankPool(world, device=bench_device()[0], timeout=CALL_TIMEOUT, pg_timeout=120.0)
+            self.pool = RankPool(world, device=resolved(self.config).device,
+                                 timeout=self.config.getoption("fleetbench_timeout"), pg_timeout=120.0)
         return self.pool
 
     def runner(self, world: int):
@@ -107,8 +109,9 @@ class _Pools:
 
         pool = self.get(world)
         if self._runner is None or self._runner.launcher is not pool:
-            opts = run_options(self.config.getoption("fleetbench_steps"), self.config.getoption("fleetbench_rounds"),
-                               check=not self.config.getoption("fleetbench_no_check"), timeout=CALL_TIMEOUT)
+            opt = self.config.getoption
+            opts = run_options(resolved(self.config), opt("fleetbench_steps"), opt("fleetbench_rounds"),
+                               check=not opt("fleetbench_no_check"), timeout=opt("fleetbench_timeout"))
             self._runner = CaseRunner(pool, world, opts)
         return self._runner
 
@@ -117,6 +120,12 @@ class _Pools:
             self.pool.close()
             self.pool = None
         self._runner = None
+
+
+@pytest.fixture(scope="session")
+def selection(pytestconfig):
+    """The resolved selection (suite.selection.Resolved): the cases' configs at each world size."""
+    return resolved(pytestconfig)
 
 
 @pytest.fixture(scope="session")

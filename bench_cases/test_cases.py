@@ -17,8 +17,6 @@ import time
 
 import pytest
 
-from bench_cases._matrix import resolve
-from suite.cases import get_case
 from suite.results.records import jsonable
 
 UNITS = {
@@ -34,9 +32,9 @@ UNITS = {
 }
 
 
-def test_step(benchmark, rank_pools, timed, case: str, world: int):
-    c = get_case(case)
-    rc = resolve(c, world)
+def test_step(benchmark, selection, rank_pools, timed, case: str, world: int):
+    rc = selection.find(case, world)
+    c = rc.case
     if rc.skip:
         pytest.skip(f"{case} does not run at world size {world}: {rc.skip}")
     runner = rank_pools.runner(world)

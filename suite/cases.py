@@ -7,8 +7,9 @@ measured interleaved with that model's baseline (``plain``: plain data parallel)
 speedup is paired round by round.
 
 Tags: ``default`` (the short list ``fleetbench run`` runs), ``smoke`` (a handful of cases for CI
-and ``make bench``, listed in ``SMOKE`` and timed at ``SMOKE_WORLD_SIZES`` by the benchmark
-harnesses), ``nightly-cpu``, ``nightly-gpu``.
+and ``make bench``, listed in ``SMOKE`` and timed at the default world size by the benchmark
+harnesses), ``nightly-cpu``, ``nightly-gpu``, ``gate`` (the cases the nightly's regression gate compares:
+a few per model, every strategy family ``Variant.family`` covered).
 
 Which variants a model gets: the three small models (``resnet``, ``mlp``, ``transformer``)
 name theirs explicitly (``Variant.models``); every other model, the published ones
@@ -17,10 +18,11 @@ variant that applies to its data kind (images, tokens, masked tokens) and to whe
 BatchNorm (compute fusion and fused broadcasts need it).  A user model's cases are named
 ``<function>/<variant>``.
 
-World sizes: each case names the world sizes the benchmark matrix (asv, pytest-benchmark,
-nightly CI) runs it at; world size 1 is one of them wherever the case can run on one rank,
-so scaling efficiency (throughput at n / (n · throughput at 1)) can be stated.
-``fleetbench run`` runs the selected cases at its own ``--nproc``.
+World sizes are the runner's, not the case's: the selection (``suite/selection.py``) runs every
+selected case at the requested world sizes (default one: 2 on CPU, every GPU on CUDA) and skips
+a case where it cannot run (``min_world``, with the reason).  ``Case.world_config`` adapts a
+case's config to a world size: ``*/hierarchical`` on one host uses two emulated nodes of half the
+ranks each (from 4 ranks up), and the real machines (LOCAL_WORLD_SIZE) under torchrun.
 
 What a case records (``RECORDED``): the metric names of ``suite.results.records.Metrics``, the one
 list; ``Case.records`` names the case-specific ones a variant adds (e.g. ``compute_s``).
@@ -33,13 +35,10 @@ from dataclasses import dataclass
 
 from .results.records import METRIC_NAMES
 
-__all__ = ["Case", "VARIANTS", "CASES", "select_cases", "BASELINE", "RECORDED", "WORLD_SIZES", "get_case",
-           "matrix", "cases_for_model", "model_label", "PUBLISHED_MODELS", "SMOKE", "SMOKE_WORLD_SIZES"]
+__all__ = ["Case", "VARIANTS", "FAMILIES", "CASES", "select_cases", "BASELINE", "RECORDED", "get_case",
+           "cases_for_model", "model_label", "PUBLISHED_MODELS", "SMOKE"]
 
 BASELINE = "plain"
-
-# World sizes of the matrix on this kind of machine (CPU ranks); GPU runners use every GPU.
-WORLD_SIZES = (1, 2, 4)
 
 # the metric names a case's record may carry: the one list, the fields of suite.results.records.Metrics
 RECORDED = METRIC_NAMES
@@ -65,6 +64,8 @@ class Variant:
     records: tuple = ()  # what this variant records beyond RECORDED
     kinds: tuple = DATA_KINDS  # data kinds of other models it applies to
     needs_batchnorm: bool = False  # applies only to models with BatchNorm (compute fusion, fused broadcast)
+    family: str = "communication"  # the strategy family (FAMILIES); the gate covers every one
+    gate_on: tuple = ()  # models on which the case is in the nightly's `gate` tag
 
     def applies(self, model: str, kind: str, has_batchnorm: bool) -> bool:
         if model in SMALL_MODELS:
@@ -82,7 +83,6 @@ class Case:
     tags: tuple = ()
     per_rank_batch: int | None = None  # None: the model's own at the run's size
     min_world: int = 1
-    world_sizes: tuple = WORLD_SIZES  # where the matrix runs it (min_world and up)
     records: tuple = RECORDED  # metrics keys the case's record carries
 
     def applies_to_world(self, world: int) -> str | None:
@@ -91,25 +91,43 @@ class Case:
             return f"needs at least {self.min_world} ranks"
         return None
 
+    def world_config(self, world: int, local_world: int | None = None) -> dict:
+        """Config fields that depend on the world size (applied under a user's --config/--set).
 
-ALL_TAGS = ("default", "smoke", "nightly-cpu", "nightly-gpu")
+        A hierarchical case's nodes: the real machines under torchrun (``local_world``, its
+        LOCAL_WORLD_SIZE); on one host, two emulated nodes of half the ranks each from 4 ranks up
+        (e.g. 4 + 4 on one 8-GPU host), the case's own below."""
+        if not self.config.get("use_hierarchical_allreduce"):
+            return {}
+        if local_world is not None:
+            return {"hierarchical_allreduce_inter_nranks": local_world}
+        if world >= 4 and world % 2 == 0:
+            return {"hierarchical_allreduce_inter_nranks": world // 2}
+        return {}
+
+
+ALL_TAGS = ("default", "smoke", "nightly-cpu", "nightly-gpu", "gate")
+# Strategy families.  The `gate` tag: a few cases per model family (small CPU models and the published ones,
+# convolutional and transformer) chosen so that every strategy family is compared by the nightly's gate.
+FAMILIES = ("baseline", "communication", "compute", "precision", "method", "host")
 # The `smoke` tag: a few cases, distinct from `default`, that a benchmark harness times in about a minute
-# on a 2-core machine (pytest-benchmark's default selection; `make bench`), at these world sizes.
+# on a 2-core machine (pytest-benchmark's default selection; `make bench`) at the CPU's default world size.
 SMOKE = ("mlp/plain", "mlp/overlap", "resnet/plain", "resnet/compute_fusion")
-SMOKE_WORLD_SIZES = (2,)
 _N = ("nightly-cpu", "nightly-gpu")
 _RM = ("resnet", "mlp")
 
 VARIANTS: list[Variant] = [
     Variant("none", {"data_parallel": "none"}, "no gradient communication: compute alone", default_on=_RM,
-            records=("compute_s",)),
-    Variant(BASELINE, {}, "plain data parallel: one allreduce per gradient after backward", default_on=_RM),
-    Variant("ddp", {"data_parallel": "ddp"}, "torch DDP (baseline implementation)", default_on=_RM),
+            records=("compute_s",), family="baseline"),
+    Variant(BASELINE, {}, "plain data parallel: one allreduce per gradient after backward", default_on=_RM,
+            family="baseline", gate_on=("mlp", "resnet50", "gpt2")),
+    Variant("ddp", {"data_parallel": "ddp"}, "torch DDP (baseline implementation)", default_on=_RM,
+            family="baseline"),
     # communication
     Variant("fusion", {"fuse_all_reduce_ops": True, "fuse_grad_size_in_MB": 25.0},
-            "allreduce fusion: 25 MB buckets, synchronous", default_on=("mlp",)),
+            "allreduce fusion: 25 MB buckets, synchronous", default_on=("mlp",), gate_on=("resnet50",)),
     Variant("overlap", {"fuse_all_reduce_ops": True, "fuse_grad_size_in_MB": 25.0, "sync_nccl_allreduce": False},
-            "bucketed allreduce overlapped with backward", default_on=_RM),
+            "bucketed allreduce overlapped with backward", default_on=_RM, gate_on=("mlp", "gpt2", "bert")),
     Variant("multicomm", {"fuse_all_reduce_ops": True, "fuse_grad_size_in_MB": 4.0, "sync_nccl_allreduce": False,
                           "nccl_comm_num": 2}, "overlap on 2 communicators", default_on=("mlp",)),
     Variant("hierarchical", {"fuse_all_reduce_ops": True, "use_hierarchical_allreduce": True,
@@ -119,22 +137,24 @@ VARIANTS: list[Variant] = [
     Variant("compute_fusion", {"fuse_bn_act_ops": True, "fuse_elewise_add_act_ops": True,
                                "fuse_relu_depthwise_conv": True},
             "bn+act, add+act and relu+depthwise-conv fusion", models=("resnet",), default_on=("resnet",),
-            needs_batchnorm=True),
+            needs_batchnorm=True, family="compute", gate_on=("resnet", "resnet50")),
     Variant("fused_broadcast", {"fuse_broadcast_ops": True}, "broadcasts over flat buckets", models=("resnet",),
-            default_on=("resnet",), needs_batchnorm=True),
+            default_on=("resnet",), needs_batchnorm=True, family="compute"),
     Variant("fused_optimizer", {"fuse_all_optimizer_ops": True}, "one optimizer update over flat buffers",
-            default_on=("mlp",)),
+            default_on=("mlp",), family="compute", gate_on=("gpt2",)),
     # precision
-    Variant("amp_bf16", {"amp": "bf16"}, "bf16 autocast", default_on=("resnet",), records=("losses",)),
+    Variant("amp_bf16", {"amp": "bf16"}, "bf16 autocast", default_on=("resnet",), records=("losses",),
+            family="precision", gate_on=("resnet50", "bert")),
     Variant("grad_bf16", {"grad_comm_dtype": "bf16"}, "gradients communicated in bf16", models=("mlp",),
-            default_on=("mlp",)),
+            default_on=("mlp",), family="precision", gate_on=("mlp",)),
     # training method and host
     Variant("local_sgd", {"use_local_sgd": True, "local_sgd_steps": 4, "local_sgd_is_warm_steps": 1},
-            "Local SGD, k=4 after 1 warm-up step", default_on=("mlp",), records=("losses",)),
+            "Local SGD, k=4 after 1 warm-up step", default_on=("mlp",), records=("losses",), family="method",
+            gate_on=("mlp", "gpt2")),
     Variant("adaptive_local_sgd", {"use_adaptive_local_sgd": True, "local_sgd_is_warm_steps": 1},
-            "adaptive Local SGD", tags=_N, records=("losses",)),
+            "adaptive Local SGD", tags=_N, records=("losses",), family="method"),
     Variant("fetch_10", {"fetch_frequency": 10}, "losses fetched to the host every 10 steps", models=("mlp",),
-            default_on=("mlp",)),
+            default_on=("mlp",), family="host", gate_on=("mlp", "bert")),
 ]
 
 def model_label(ref: str) -> str:
@@ -155,9 +175,9 @@ def cases_for_model(ref: str, kind: str, has_batchnorm: bool, tags: tuple = ()) 
             continue
         extra: tuple = ("default",) if ref in v.default_on else ()
         extra += ("smoke",) if f"{label}/{v.name}" in SMOKE else ()
+        extra += ("gate",) if ref in v.gate_on else ()
         out.append(Case(f"{label}/{v.name}", ref, v.name, dict(v.config), v.description,
                         (tuple(v.tags) + extra) if not tags else tags, min_world=v.min_world,
-                        world_sizes=tuple(w for w in WORLD_SIZES if w >= v.min_world),
                         records=RECORDED + tuple(v.records)))
     return out
 
@@ -178,12 +198,6 @@ def get_case(name: str) -> Case:
             return c
     raise ValueError(f"case {name!r} is unknown; cases are model/variant, e.g. mlp/plain "
                      f"(`fleetbench run --list --tag nightly-cpu` lists them)")
-
-
-def matrix(cases: Iterable[Case], world_sizes: Iterable[int] | None = None) -> list[tuple[Case, int]]:
-    """(case, world size) pairs of the benchmark matrix; ``world_sizes`` narrows each case's own."""
-    keep = None if world_sizes is None else set(world_sizes)
-    return [(c, w) for c in cases for w in c.world_sizes if keep is None or w in keep]
 
 
 def select_cases(names: Iterable[str] = (), tags: Iterable[str] = (), models: Iterable[str] = (),

@@ -553,7 +553,7 @@ def item_torchrun(ctx: DoctorRun) -> Item:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "suite.doctor", "torchrun-probe", "--device", device]
+           "-m", "suite.cli.main", "torchrun-probe", "--device", device]
     t0 = time.monotonic()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=90, cwd=root)
@@ -664,25 +664,14 @@ def to_json(report: Report) -> str:
     return json.dumps(report.as_dict(), indent=2)
 
 
-def _torchrun_main(argv: list) -> int:
-    """``python -m suite.doctor torchrun-probe --device D`` under torchrun (the error-path item)."""
-    import argparse
-
+def torchrun_probe_main(device: str) -> int:
+    """``fleetbench torchrun-probe --device D`` (hidden) under torchrun: the error-path item's job."""
     from .runtime.launch import init_from_env, shutdown
     from .runtime.torchrun import TorchrunLauncher
 
-    p = argparse.ArgumentParser(prog="python -m suite.doctor torchrun-probe")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    args = p.parse_args(argv)
-    ctx = init_from_env(device=args.device, pg_timeout=60.0)
+    ctx = init_from_env(device=device, pg_timeout=60.0)
     try:
         TorchrunLauncher(ctx, report_timeout=5.0).run(torchrun_probe)
     finally:
         shutdown()
     return 0
-
-
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["torchrun-probe"]:
-        sys.exit(_torchrun_main(sys.argv[2:]))
-    sys.exit("usage: python -m suite.doctor torchrun-probe [--device cpu|cuda] (or: fleetbench doctor)")

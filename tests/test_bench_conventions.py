@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from suite.cases import SMOKE, SMOKE_WORLD_SIZES, select_cases
+from suite.cases import SMOKE, select_cases
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,7 +25,6 @@ def test_smoke_is_a_handful_of_cases_distinct_from_default():
     default = [c.name for c in select_cases(tags=["default"])]
     assert sorted(smoke) == sorted(SMOKE) and len(smoke) <= 6
     assert set(smoke) < set(default)
-    assert SMOKE_WORLD_SIZES == (2,)
 
 
 def test_the_default_bench_selection_is_the_smoke_cases_at_world_size_2():
@@ -33,10 +32,13 @@ def test_the_default_bench_selection_is_the_smoke_cases_at_world_size_2():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ids = sorted(line.split("[", 1)[1].rstrip("]") for line in proc.stdout.splitlines() if "test_step[" in line)
     assert ids == sorted(f"{name}@2" for name in SMOKE), proc.stdout
-    # a tag named explicitly keeps each case's world sizes
-    proc = _pytest_bench("--collect-only", "-q", "--fleetbench-case", "mlp/plain", timeout=120)
+    # requested world sizes replace the default one; a case that cannot run at a size is collected (and skipped
+    # with its reason when run)
+    proc = _pytest_bench("--collect-only", "-q", "--fleetbench-case", "mlp/*", "--fleetbench-world", "1",
+                         "--fleetbench-world", "4", timeout=120)
     ids = sorted(line.split("[", 1)[1].rstrip("]") for line in proc.stdout.splitlines() if "test_step[" in line)
-    assert ids == ["mlp/plain@1", "mlp/plain@2", "mlp/plain@4"], proc.stdout
+    assert "mlp/plain@1" in ids and "mlp/plain@4" in ids and "mlp/hierarchical@4" in ids, proc.stdout
+    assert "mlp/hierarchical@1" in ids and not any(i.endswith("@2") for i in ids), proc.stdout
 
 
 def test_saved_json_has_plain_params_groups_and_says_what_a_round_is(tmp_path):

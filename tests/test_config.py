@@ -439,14 +439,11 @@ def test_paddle_toml_runs_through_fleetbench_run(monkeypatch, capsys, tmp_path):
 
 def test_run_config_applies_fields_set_to_their_default(tmp_path, monkeypatch, capsys):
     """A --config file that sets a field to its default still overrides a case that sets it otherwise."""
-    import argparse
-
-    from suite.cli.run import resolve_cases
+    from suite.selection import Selection
 
     path = tmp_path / "s.toml"
     path.write_text("[strategy]\nfuse_all_reduce_ops = false\nsync_nccl_allreduce = true\n")
-    args = argparse.Namespace(case=["mlp/fusion"], tag=[], model=[], size="cpu", config=str(path), set=[])
-    (rc,) = resolve_cases(args, 2)
+    (rc,) = Selection(cases=("mlp/fusion",), size="cpu", device="cpu", config=str(path)).resolve(2).at[2]
     assert rc.config.fuse_all_reduce_ops is False  # the case itself sets it True
 
 

@@ -76,7 +76,7 @@ def test_two_unchanged_asv_passes_are_not_a_regression_for_asv(tmp_path):
     worse = [ln for ln in out.splitlines() if ln.startswith("+")]
     assert not worse and "PERFORMANCE DECREASED" not in out, out
 
-    hist = subprocess.run([sys.executable, "-m", "suite.ab.history", "--results", str(tmp_path / "asv"),
+    hist = subprocess.run([sys.executable, "-m", "suite.cli.main", "history", "--results", str(tmp_path / "asv"),
                            "--machine", "cpu-test"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert hist.returncode == 0 and "1 series" in hist.stdout and ": none" in hist.stdout, hist.stdout + hist.stderr
 
@@ -128,6 +128,6 @@ def test_a_history_alert_needs_a_new_level_that_lasts_two_nights():
 
 
 def test_history_refuses_a_machine_without_results(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "suite.ab.history", "--results", str(tmp_path), "--machine", "nope"],
-                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    p = subprocess.run([sys.executable, "-m", "suite.cli.main", "history", "--results", str(tmp_path),
+                        "--machine", "nope"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "no asv results for machine 'nope'" in p.stderr, p.stderr

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from suite.cli.main import build_parser
-from suite.cli.run import resolve_cases
+from suite.cli.run import selection
 from suite.measure.timing import time_on_rank
 from suite.results.gate import GateOptions, gate_samples
 from suite.results.records import read_records
@@ -35,7 +35,8 @@ def real_run(pool2, tmp_path_factory):
     args.size = "cpu"
     opts = RunOptions(steps=2, rounds=2, warmup=1, check=False, trace_steps=STEPS, timeout=300,
                       results_dir=str(out))
-    records = [r for batch in CaseRunner(pool2, 2, opts).run(resolve_cases(args, 2)) for r in batch]
+    selected = selection(args).resolve(2).at[2]
+    records = [r for batch in CaseRunner(pool2, 2, opts).run(selected) for r in batch]
     t_end = time.time()
     from suite.results.records import append_record
 

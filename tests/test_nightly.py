@@ -1,9 +1,10 @@
-"""The nightly pipeline end to end on CPU (`.ci/nightly`, what `make nightly-cpu` and the GPU
-workflow run): records and traces, a pytest-benchmark pass of bench_cases with raw data, an asv
-results file for this commit (a statistic with its spread and the samples) and the dashboard
-`asv publish` builds, the report, the gate (`fleetbench ab LAST_GOOD_COMMIT HEAD`) failing the
-job because HEAD's trials are made twice as slow (FLEETBENCH_AB_INJECT: busy work in HEAD's
-step, in its trial server only), and the history alerts step.  The workflows are validated against
+"""The nightly pipeline, `fleetbench nightly` (what `.ci/nightly` execs, `make nightly-cpu` and the GPU workflow
+run): its plan (stages, cases x world sizes, the gate's cases and budget, estimated durations) without a GPU, the
+limit that refuses a night that does not fit, the gate cases covering every strategy family, and the pipeline end
+to end on CPU: records and traces, a pytest-benchmark pass of bench_cases with raw data, an asv results file for
+this commit (a statistic with its spread and the samples) and the dashboard `asv publish` builds, the report, the
+state written as each stage ends, and the history alerts step.  The gate failing the job when HEAD's trials are
+made twice as slow (FLEETBENCH_AB_INJECT) depends on timing: `statistical`.  The workflows are validated against
 GitHub's schema in tests/test_workflows.py."""
 from __future__ import annotations
 
@@ -13,6 +14,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+import suite.runtime.device as device_mod
+from suite.cases import CASES, FAMILIES, PUBLISHED_MODELS, SMALL_MODELS, VARIANTS
+from suite.cli.main import main
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 WORKFLOW = os.path.join(REPO, ".github", "workflows", "nightly-gpu.yml")
@@ -20,46 +27,142 @@ WORKFLOW = os.path.join(REPO, ".github", "workflows", "nightly-gpu.yml")
 
 def test_gpu_workflow_runs_the_nightly_pipeline_on_a_schedule():
     text = open(WORKFLOW).read()
-    for words in ("schedule:", "self-hosted", "gpu", ".ci/nightly", "NIGHTLY_DEVICE: cuda", "results/last-good",
-                  "fetch-depth: 0"):
+    for words in ("schedule:", "self-hosted", "gpu", ".ci/nightly --device cuda", "results/last-good",
+                  "results/nightly/nightly.json", "fetch-depth: 0", "--limit 330", "--gate-budget"):
         assert words in text, words
-    # the self-check runs first and stops the job; GPUs are counted by torch (CUDA_VISIBLE_DEVICES, no MIG lines)
-    assert text.index("run: .venv/bin/fleetbench doctor --device cuda") < text.index("run: .ci/nightly")
+    # the self-check runs first and stops the job; the plan (refused over the limit) comes before the night
+    assert text.index("run: .venv/bin/fleetbench doctor --device cuda") < text.index(".ci/nightly --device cuda")
+    assert text.index("--limit 330 --plan") < text.index("--limit 330\n")
+    # GPUs are counted by torch (CUDA_VISIBLE_DEVICES, no MIG lines)
     assert 'n=$(.venv/bin/python -c "import torch; print(torch.cuda.device_count())")' in text
     assert "n=$(nvidia-smi" not in text
+    # the wrapper only execs the command
+    wrapper = open(os.path.join(REPO, ".ci", "nightly")).read()
+    assert 'exec "$PY" -m suite.cli.main nightly "$@"' in wrapper and "NIGHTLY_" not in wrapper
+
+
+def _no_gpu_probe(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("a plan must not probe the GPU")
+
+    monkeypatch.setattr(device_mod, "select_platform", refuse)
+    monkeypatch.setattr(device_mod, "cuda_device_count", refuse)
+
+
+def test_plan_on_cuda_needs_no_gpu_and_lists_every_case_at_1_and_8_the_gate_and_the_stages(monkeypatch, capsys,
+                                                                                            tmp_path):
+    _no_gpu_probe(monkeypatch)
+    assert main(["nightly", "--plan", "--device", "cuda", "--worlds", "1,8", "--out", str(tmp_path),
+                 "--machine", "gpu-test"]) == 0
+    out = capsys.readouterr().out
+    every = out.splitlines()
+    gate_at = next(i for i, ln in enumerate(every) if ln.startswith("gate: "))
+    lines, gate_lines = every[every.index("cases x world sizes:"):gate_at], every[gate_at:]
+    gpu = [c for c in CASES if "nightly-gpu" in c.tags]
+    for c in gpu:
+        assert f"  {c.name}@8" in lines, c.name  # every case at 8, no skip
+        at1 = [ln for ln in lines if ln.startswith(f"  {c.name}@1")]
+        assert len(at1) == 1 and (("[skip: needs at least 2 ranks]" in at1[0]) == (c.min_world > 1)), at1
+    assert sum(f"  {c.name}@8" in lines for c in gpu if c.variant == "hierarchical") == 6
+    stages = [ln.split() for ln in every[every.index("stages (estimated duration):") + 1:] if ln.startswith("  ")]
+    assert [s[0] for s in stages[:6]] == ["run", "pytest-benchmark", "asv", "report", "gate", "history"]
+    assert all(s[2] == "min" and float(s[1]) > 0 for s in stages[:6]), stages
+    assert "rough step times" in out and "no earlier night recorded" in out
+    gate = [c.name for c in gpu if "gate" in c.tags]
+    assert f"gate: {2 * len(gate)} (case, world) pair(s), one total budget of 30 min" in out
+    assert all(f"  {n}@1" in gate_lines and f"  {n}@8" in gate_lines for n in gate)
+
+
+def test_a_limit_below_the_estimate_exits_2_naming_the_stage_before_anything_runs(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("nothing may run"))
+    # a night (not only a plan) is refused before any stage starts
+    assert main(["nightly", "--device", "cpu", "--tag", "nightly-cpu", "--out", str(tmp_path), "--limit", "5"]) == 2
+    assert "stage 'run' would end at" in capsys.readouterr().err
+    _no_gpu_probe(monkeypatch)
+    argv = ["nightly", "--device", "cuda", "--worlds", "1,8", "--out", str(tmp_path), "--machine", "gpu-test"]
+    assert main(argv + ["--plan", "--limit", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "--limit 5 min: the plan does not fit: stage 'run' would end at" in err and err.count("error:") == 1
+    # a limit the run stage fits in, but not the whole night: the stage named is a later one
+    state = {"machine": "gpu-test", "stages": {"run": {"seconds": 60.0, "pairs": 150}}}
+    (tmp_path / "nightly.json").write_text(json.dumps(state))
+    assert main(argv + ["--plan", "--limit", "5"]) == 2
+    assert "stage 'pytest-benchmark' would end at" in capsys.readouterr().err
+    assert main(argv + ["--plan", "--limit", "100000"]) == 0
+
+
+def test_last_nights_stages_on_the_same_machine_are_the_estimates(capsys, tmp_path):
+    state = {"machine": "m1", "stages": {"run": {"seconds": 600.0, "pairs": 4}, "report": {"seconds": 120.0},
+                                         "gate": {"seconds": 900.0, "pairs": 1, "budget_s": 600.0}}}
+    (tmp_path / "nightly.json").write_text(json.dumps(state))
+    argv = ["nightly", "--plan", "--device", "cpu", "--case", "mlp/plain", "--case", "mlp/overlap", "--worlds", "2",
+            "--out", str(tmp_path), "--gate-budget", "5"]
+    assert main(argv + ["--machine", "m1"]) == 0
+    rows = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines() if " min  (ends at" in ln}
+    assert rows["run"].split()[1] == "5.0" and "last night's 10.0 min for 4 pair(s)" in rows["run"]  # 2 of 4 pairs
+    assert rows["report"].split()[1] == "2.0"
+    # the gate: tonight's budget (5 min) plus last night's 5 min beyond its budget for 1 pair, now 2 pairs
+    assert rows["gate"].split()[1] == "15.0", rows["gate"]
+    assert "rough step times" in rows["asv"]
+    assert main(argv + ["--machine", "m2"]) == 0  # another machine's night is not an estimate
+    assert "last night" not in capsys.readouterr().out
+
+
+def test_bad_nightly_input_is_one_clear_error(capsys, tmp_path):
+    for argv, words in [(["--worlds", "1,x"], "--worlds '1,x': 'x' is not a whole number >= 1"),
+                        (["--gate-budget", "0"], "--gate-budget 0"),
+                        (["--case", "mlp/none"], "the gate has no case"),
+                        (["--case", "*/hierarchical", "--worlds", "1"], "world size 1: no selected case can run")]:
+        assert main(["nightly", "--plan", "--device", "cpu", "--out", str(tmp_path), *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert words in err and err.count("error:") == 1, err
+
+
+def test_every_strategy_family_has_a_gate_case_among_small_and_published_models():
+    family = {v.name: v.family for v in VARIANTS}
+    assert set(family.values()) == set(FAMILIES)
+    for models in (SMALL_MODELS, tuple(PUBLISHED_MODELS)):
+        covered = {family[c.variant] for c in CASES if "gate" in c.tags and c.model in models}
+        assert covered == set(FAMILIES), (models, set(FAMILIES) - covered)
+    assert len([c for c in CASES if "gate" in c.tags]) <= 3 * len(SMALL_MODELS + tuple(PUBLISHED_MODELS))
 
 
 def _head():
     return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
 
-def test_nightly_cpu_pipeline_end_to_end(tmp_path):
+def _night(tmp_path, last_good: str | None, *extra: str, env: dict | None = None):
     conf = json.load(open(os.path.join(REPO, "asv.conf.json")))
     conf.update(repo=REPO, benchmark_dir=os.path.join(REPO, "bench_cases"), results_dir=str(tmp_path / "asv"),
                  html_dir=str(tmp_path / "html"), env_dir=str(tmp_path / "asv-env"))
     (tmp_path / "asv.conf.json").write_text(json.dumps(conf))
-    last_good = tmp_path / "last-good" / "commit"
-    last_good.parent.mkdir()
-    head = _head()
-    last_good.write_text(head + "\n")  # the last good commit is this one: only the injected busy work differs
-    seeded = last_good.read_bytes()
+    good = tmp_path / "last-good" / "commit"
+    if last_good:
+        good.parent.mkdir()
+        good.write_text(last_good + "\n")
     out_dir = tmp_path / "out"
-    env = dict(os.environ, HOME=str(tmp_path), PY=sys.executable, NIGHTLY_CASES="mlp/plain", NIGHTLY_WORLDS="2",
-               NIGHTLY_ROUNDS="2", NIGHTLY_STEPS="2", NIGHTLY_QUICK="1", NIGHTLY_OUT=str(out_dir),
-               NIGHTLY_LAST_GOOD=str(last_good), NIGHTLY_ASV_CONFIG=str(tmp_path / "asv.conf.json"),
-               NIGHTLY_MACHINE="cpu-test", MPLCONFIGDIR=str(tmp_path / "mpl"), NIGHTLY_AB_BUDGET="90",
-               NIGHTLY_AB_ARGS="--steps 3 --rotate 2", FLEETBENCH_AB_INJECT="head=1.0")
-    proc = subprocess.run([os.path.join(REPO, ".ci", "nightly")], cwd=REPO, env=env, capture_output=True, text=True,
+    env = dict(os.environ, HOME=str(tmp_path), PY=sys.executable, MPLCONFIGDIR=str(tmp_path / "mpl"), **(env or {}))
+    proc = subprocess.run([os.path.join(REPO, ".ci", "nightly"), "--device", "cpu", "--case", "mlp/plain",
+                           "--worlds", "2", "--rounds", "2", "--steps", "2", "--quick", "--out", str(out_dir),
+                           "--last-good", str(good), "--asv-config", str(tmp_path / "asv.conf.json"),
+                           "--machine", "cpu-test", *extra], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=900)
-    log = proc.stdout + proc.stderr
-    # the gate fails the job: HEAD's trials are twice as slow as the last good commit's
-    assert proc.returncode == 1, log[-5000:]
-    assert "ab gate: FAIL" in log and "mlp/plain@2: slower" in log, log[-5000:]
-    assert last_good.read_bytes() == seeded, "a failed night must not become the last good commit"
-    ab = json.load(open(out_dir / "ab-w2.json"))
-    assert ab["base"]["commit"] == ab["head"]["commit"] == head and ab["head"]["inject"] == 1.0
-    (case,) = ab["cases"]
-    assert case["verdict"] == "slower" and case["structure_diff"] == [] and ab["exit_code"] == 1, case
+    return proc, proc.stdout + proc.stderr, out_dir, good
+
+
+def test_nightly_cpu_pipeline_end_to_end(tmp_path):
+    """Quick mode, no last good commit: every stage runs and writes its output, the night becomes the baseline
+    (no verdict here depends on timing)."""
+    head = _head()
+    proc, log, out_dir, good = _night(tmp_path, None)
+    assert proc.returncode == 0, log[-5000:]
+    assert good.read_text().strip() == head, "a night with every stage ok becomes the last good commit"
+    assert "no last good commit" in log and "this night's commit becomes the baseline" in log
+    state = json.load(open(out_dir / "nightly.json"))
+    assert state["machine"] == "cpu-test" and state["commit"] == head and state["status"] == 0
+    assert list(state["stages"]) == ["run", "pytest-benchmark", "asv", "report", "gate", "history"]
+    assert all(st["exit"] == 0 and st["seconds"] > 0 for st in state["stages"].values()), state["stages"]
+    assert state["stages"]["run"]["pairs"] == 1
     assert "history alerts (cpu-test" in log and (out_dir / "history-alerts.md").exists(), log[-3000:]
 
     recs = [json.loads(line) for line in open(out_dir / "runs.jsonl")]
@@ -75,8 +178,7 @@ def test_nightly_cpu_pipeline_end_to_end(tmp_path):
     results = [f for f in glob.glob(str(tmp_path / "asv" / "cpu-test" / "*.json")) if not f.endswith("machine.json")]
     assert len(results) == 1, results
     asv = json.load(open(results[0]))
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    assert asv["commit_hash"] == commit
+    assert asv["commit_hash"] == head
     cols = asv["result_columns"]
     row = dict(zip(cols, asv["results"]["asv_cases.StepTime.time_step"]))
     assert isinstance(row["result"][0], (int, float)) and row["result"][0] > 0, row
@@ -86,8 +188,134 @@ def test_nightly_cpu_pipeline_end_to_end(tmp_path):
     assert row["samples"][0] and all(0 < x < 60 for x in row["samples"][0]), row
     assert os.path.exists(tmp_path / "html" / "index.html")
     assert os.path.exists(tmp_path / "html" / "index.json")
+    # and made to work offline (vendored assets, no CDN): fleetbench asv-offline
+    assert os.path.exists(tmp_path / "html" / "vendor" / "jquery.min.js")
+    assert "code.jquery.com" not in open(tmp_path / "html" / "index.html").read()
 
     page = open(out_dir / "report" / "index.html").read()
     assert "mlp/plain" in page and "throughput_w2.png" in page
     assert glob.glob(str(out_dir / "report" / "traces" / "*.json"))
+
+
+@pytest.mark.statistical
+def test_the_gate_fails_the_night_when_head_is_twice_as_slow(tmp_path):
+    """The last good commit is this one and HEAD's trials are made twice as slow (busy work in HEAD's trial server
+    only): the gate must find mlp/plain slower, fail the job and keep the last good commit."""
+    head = _head()
+    proc, log, out_dir, good = _night(tmp_path, head, "--gate-budget", "1.5", "--ab-args", "--steps 3 --rotate 2",
+                                      env={"FLEETBENCH_AB_INJECT": "head=1.0"})
+    assert proc.returncode == 1, log[-5000:]
+    assert "ab gate: FAIL" in log and "mlp/plain@2: slower" in log, log[-5000:]
+    assert good.read_text().strip() == head, "a failed night must not become the last good commit"
+    ab = json.load(open(out_dir / "ab-w2.json"))
+    assert ab["base"]["commit"] == ab["head"]["commit"] == head and ab["head"]["inject"] == 1.0
+    (case,) = ab["cases"]
+    assert case["verdict"] == "slower" and case["structure_diff"] == [] and ab["exit_code"] == 1, case
     assert "mlp/plain@2: slower" in (out_dir / "gate.md").read_text()
+    state = json.load(open(out_dir / "nightly.json"))
+    assert state["status"] == 1 and state["stages"]["gate"]["exit"] == 1
+    assert state["gate"]["worlds"]["2"]["cases"] == ["mlp/plain"]
+
+
+def _fake_night(tmp_path, monkeypatch, codes: dict, cancel_at: str | None = None, *extra: str):
+    """A night whose stage commands are recorded, not run: ``codes`` maps a command's first words to its exit."""
+    from suite.cli import nightly
+    from suite.cli.main import build_parser
+
+    calls = []
+
+    def call(self, cmd, stdout=None, env=None):
+        calls.append((cmd, env))
+        key = cmd[3] if cmd[1:3] == ["-m", "suite.cli.main"] else "pytest" if "pytest" in cmd else "asv"
+        if cancel_at == key:
+            raise KeyboardInterrupt
+        if key == "ab" and stdout is not None:
+            stdout.write(json.dumps({"cases": [{"case": "mlp/plain", "world": 2, "verdict": "inconclusive",
+                                                "ci": [0.9, 1.1], "ratio": 1.0, "blocks": 12, "structure_diff": [],
+                                                "check": "n/a -> n/a"}], "failures": []}))
+        return codes.get(key, 0)
+
+    monkeypatch.setattr(nightly.Night, "call", call)
+    before = subprocess.run(["git", "rev-parse", "HEAD~1"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    good = tmp_path / "good"
+    good.write_text(before + "\n")
+    args = build_parser().parse_args(
+        ["nightly", "--device", "cpu", "--case", "mlp/plain", "--set", "fetch_frequency=2", "--size", "tiny",
+         "--worlds", "2", "--out", str(tmp_path / "out"), "--last-good", str(good), "--machine", "m",
+         "--gate-budget", "2", *extra])
+    code = args.func(args)
+    state = json.load(open(tmp_path / "out" / "nightly.json"))
+    return code, calls, state, good.read_text().strip(), before
+
+
+def test_every_stage_gets_the_same_selection_and_an_undecided_gate_keeps_the_last_good_commit(tmp_path, monkeypatch):
+    code, calls, state, good, before = _fake_night(tmp_path, monkeypatch, {"ab": 3})
+    assert code == 3 and state["status"] == 3 and state["stages"]["gate"]["exit"] == 3
+    assert good == before  # an undecided gate never advances the last good commit
+    run, ab = (next(c for c, _ in calls if c[1:4] == ["-m", "suite.cli.main", name]) for name in ("run", "ab"))
+    for cmd in (run, ab):
+        assert cmd[cmd.index("--case") + 1] == "mlp/plain" and cmd[cmd.index("--set") + 1] == "fetch_frequency=2"
+        assert cmd[cmd.index("--size") + 1] == "tiny" and cmd[cmd.index("--device") + 1] == "cpu"
+        assert cmd[cmd.index("--nproc") + 1] == "2"
+    assert ab[ab.index("--total-budget") + 1] == "120"  # the whole gate budget: one world size, one case
+    pyb = next(c for c, _ in calls if "pytest" in c)
+    for opt, value in (("--fleetbench-case", "mlp/plain"), ("--fleetbench-set", "fetch_frequency=2"),
+                       ("--fleetbench-size", "tiny"), ("--fleetbench-device", "cpu"), ("--fleetbench-world", "2")):
+        assert pyb[pyb.index(opt) + 1] == value, opt
+    asv_env = next(env for c, env in calls if c[1:2] == ["run"] and c[0].endswith("asv"))
+    assert (asv_env["FLEETBENCH_BENCH_CASES"], asv_env["FLEETBENCH_BENCH_SET"], asv_env["FLEETBENCH_BENCH_SIZE"],
+            asv_env["FLEETBENCH_BENCH_WORLDS"], asv_env["FLEETBENCH_BENCH_DEVICE"]) == \
+        ("mlp/plain", "fetch_frequency=2", "tiny", "2", "cpu")
+    assert "mlp/plain@2: inconclusive" in (tmp_path / "out" / "gate.md").read_text()
+    assert "ab gate: UNDECIDED (exit 3)" in (tmp_path / "out" / "gate.md").read_text()
+
+
+def test_exit_codes_and_the_last_good_commit(tmp_path, monkeypatch):
+    (tmp_path / "a").mkdir()
+    code, _, state, good, before = _fake_night(tmp_path / "a", monkeypatch, {"ab": 1, "run": 3})
+    assert code == 1 and state["status"] == 1 and good == before  # a regression outranks an undecided stage
+    (tmp_path / "b").mkdir()
+    code, _, state, good, _ = _fake_night(tmp_path / "b", monkeypatch, {"history": 1})
+    assert code == 0 and state["stages"]["history"]["exit"] == 0  # an alert is reported, not the gate
+    assert good == _head() == state["commit"]  # a night with every stage ok is the new last good commit
+    (tmp_path / "c").mkdir()
+    code, _, state, _, _ = _fake_night(tmp_path / "c", monkeypatch, {"report": 2, "pytest": 5})
+    assert code == 1 and state["stages"]["report"]["exit"] == 2 and state["stages"]["pytest-benchmark"]["exit"] == 1
+
+
+def test_a_cancelled_night_keeps_the_stages_that_ended_and_the_earlier_estimates(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    earlier = {"machine": "m", "stages": {name: {"seconds": 60.0, "pairs": 1, "exit": 0} for name in
+                                          ("run", "pytest-benchmark", "asv", "report", "gate", "history")}}
+    (out / "nightly.json").write_text(json.dumps(earlier))
+    code, calls, state, _, _ = _fake_night(tmp_path, monkeypatch, {}, "asv")
+    assert code == 130 and state["status"] == "cancelled"
+    assert state["stages"]["run"]["exit"] == 0 and state["stages"]["pytest-benchmark"]["exit"] == 0
+    assert state["stages"]["asv"]["exit"] == "cancelled" and "gate" not in state["stages"]
+    capsys.readouterr()
+    # the next plan: tonight's finished stages, the earlier night's for the cancelled and the missing ones
+    assert main(["nightly", "--plan", "--device", "cpu", "--case", "mlp/plain", "--worlds", "2", "--out", str(out),
+                 "--machine", "m"]) == 0
+    rows = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines() if " min  (ends at" in ln}
+    assert all("last night's" in rows[name] for name in rows), "\n".join(rows.values())
+    assert rows["asv"].split()[1] == "1.0" and rows["history"].split()[1] == "1.0"
+
+
+def test_a_stage_running_past_the_limit_is_stopped_and_the_night_ends_with_2(tmp_path, monkeypatch, capsys):
+    import time
+
+    from suite.cli import nightly
+
+    def slow_run(self):  # the limit is as good as reached when the stage starts
+        self.deadline = time.monotonic() + 1.0
+        return self.call([sys.executable, "-c", "import time; time.sleep(120)"])
+
+    monkeypatch.setattr(nightly.Night, "run_stage", slow_run)
+    out = tmp_path / "out"
+    assert main(["nightly", "--device", "cpu", "--case", "mlp/plain", "--worlds", "2", "--out", str(out),
+                 "--machine", "m", "--limit", "10000"]) == 2
+    assert "over --limit 10000 min; what finished is kept in" in capsys.readouterr().err
+    state = json.load(open(out / "nightly.json"))
+    assert state["status"] == "over the limit" and state["stages"]["run"]["exit"] == "cancelled"
+    assert list(state["stages"]) == ["run"]

@@ -15,19 +15,19 @@ and weights asv stores and publishes, so an alert is what the dashboard shows; i
 new dependency (Otava would bring its own pinned stack, and its defaults (a window of 50
 points, p 0.001) are made for long histories, while a nightly history starts short).
 
-    python -m suite.ab.history --results results/asv --machine cpu-test [--persist 2] [--markdown alerts.md]
+    fleetbench history --results results/asv --machine cpu-test [--persist 2] [--markdown alerts.md]
 
 Exit status: 0 no alert; 1 at least one alert (the nightly reports it, the gate does not
 read it); 2 unusable input.
 """
 from __future__ import annotations
 
-import argparse
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 
-__all__ = ["Alert", "series", "alerts", "alerts_in", "main"]
+__all__ = ["Alert", "series", "alerts", "alerts_in", "report"]
 
 
 @dataclass
@@ -102,33 +102,21 @@ def alerts_in(all_series: dict, persist: int = 2, threshold: float = 0.05) -> li
     return found
 
 
-def main(argv: list | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m suite.ab.history", description=__doc__.split("\n\n")[0])
-    p.add_argument("--results", default="results/asv", help="asv results directory")
-    p.add_argument("--machine", required=True, help="asv machine name")
-    p.add_argument("--persist", type=int, default=2, help="nights a new level must last before it alerts (default 2)")
-    p.add_argument("--threshold", type=float, default=0.05, help="smallest relative step that alerts (default 0.05)")
-    p.add_argument("--markdown", help="also write the alerts here")
-    args = p.parse_args(argv)
-    import os
-
-    if not os.path.isdir(os.path.join(args.results, args.machine)):
-        print(f"history: error: no asv results for machine {args.machine!r} under {args.results}", file=sys.stderr)
+def report(results: str, machine: str, persist: int = 2, threshold: float = 0.05, markdown: str | None = None) -> int:
+    """``fleetbench history``: print (and write to ``markdown``) the alerts; the exit status above."""
+    if not os.path.isdir(os.path.join(results, machine)):
+        print(f"history: error: no asv results for machine {machine!r} under {results}", file=sys.stderr)
         return 2
-    if args.persist < 1:
-        print(f"history: error: --persist {args.persist}: must be >= 1", file=sys.stderr)
+    if persist < 1:
+        print(f"history: error: --persist {persist}: must be >= 1", file=sys.stderr)
         return 2
-    found, n = alerts(args.results, args.machine, args.persist, args.threshold)
-    lines = [f"history alerts ({args.machine}: {n} series, asv step detection, a new level lasting >= "
-             f"{args.persist} nights, > {args.threshold:.0%}): {len(found) or 'none'}"]
+    found, n = alerts(results, machine, persist, threshold)
+    lines = [f"history alerts ({machine}: {n} series, asv step detection, a new level lasting >= "
+             f"{persist} nights, > {threshold:.0%}): {len(found) or 'none'}"]
     lines += [f"- {a.line()}" for a in found]
     text = "\n".join(lines)
     print(text)
-    if args.markdown:
-        with open(args.markdown, "w") as fh:
+    if markdown:
+        with open(markdown, "w") as fh:
             fh.write(text + "\n")
     return 1 if found else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,7 +9,6 @@ libraries print can never corrupt an answer.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -103,12 +102,12 @@ class _State:
 
 
 def _selection(req: dict, nproc: int, names: list | None = None) -> list:
-    from ..cli.run import resolve_cases
+    from ..selection import Selection, resolve_at
 
-    args = argparse.Namespace(case=list(names if names is not None else req.get("cases") or []),
-                              tag=list(req.get("tags") or []), model=list(req.get("models") or []),
-                              size=req.get("size") or "cpu", config=req.get("config"), set=list(req.get("set") or []))
-    return resolve_cases(args, nproc)
+    sel = Selection(cases=tuple(names if names is not None else req.get("cases") or ()),
+                    tags=tuple(req.get("tags") or ()), models=tuple(req.get("models") or ()),
+                    size=req.get("size") or "cpu", config=req.get("config"), sets=tuple(req.get("set") or ()))
+    return resolve_at(sel, sel.base_cases(sel.size or "cpu"), nproc)
 
 
 def _op_select(st: _State, req: dict) -> dict:

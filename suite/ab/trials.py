@@ -29,7 +29,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from .client import ProtocolMismatch, TrialError, TrialServer
 from .stats import SeqOptions, Sequential, describe_verdict, lag1
@@ -67,6 +67,7 @@ class AbOptions:
     inject_base: float = 0.0  # busy work injected into BASE's step (calibration only)
     inject_head: float = 0.0
     python: str | None = None
+    total_budget_s: float | None = None  # one budget for every case: shared out, left-over to inconclusive ones
 
     def selection(self) -> dict:
         return {"cases": list(self.cases), "tags": list(self.tags), "models": list(self.models),
@@ -462,19 +463,45 @@ def run_ab(repo: str, base_rev: str, head_rev: str, opts: AbOptions,
                 report.errors.append(f"HEAD's trial server failed: {errors['HEAD']}")
                 return report
             names = common_cases(base, head, opts, report)
+            total = opts.total_budget_s
             say(f"  {len(names)} case(s) at world size {opts.nproc}, size {opts.size}; trials of {opts.steps} steps, "
-                f"margin ±{opts.seq.delta:.0%}, {opts.seq.confidence:.0%} interval, budget {opts.seq.budget_s:.0f} s "
-                f"per case")
-            for name in names:
+                f"margin ±{opts.seq.delta:.0%}, {opts.seq.confidence:.0%} interval, budget "
+                + (f"{total:.0f} s in total" if total else f"{opts.seq.budget_s:.0f} s per case"))
+
+            def one(name: str, seq: SeqOptions) -> CaseOutcome:
                 try:
-                    report.cases.append(compare_case(base, head, name, opts.nproc, opts, say))
+                    return compare_case(base, head, name, opts.nproc, opts, say, seq)
                 finally:
                     for s in sides:
                         close_case(s, name)
+
+            report.cases = compare_all(names, one, opts.seq, total, say)
             return report
         finally:
             for s in sides:
                 s.server.close()
+
+
+def compare_all(names: list[str], compare: Callable[[str, SeqOptions], CaseOutcome], seq: SeqOptions,
+                total: float | None = None, say: Callable[[str], None] = lambda m: None) -> list[CaseOutcome]:
+    """Every case compared with ``seq``'s budget each, or under one ``total`` budget: each case gets an equal share
+    of what is left, then the time left over goes to the cases that came out inconclusive, each compared again (a
+    fresh sequential comparison with its own interval) with an equal share of the rest, while a share is at least a
+    quarter of the first one."""
+    if not total:
+        return [compare(n, seq) for n in names]
+    out: list[CaseOutcome] = []
+    spent = 0.0
+    for i, name in enumerate(names):
+        out.append(compare(name, replace(seq, budget_s=max(1.0, (total - spent) / (len(names) - i)))))
+        spent += out[-1].seconds
+    again = [i for i, c in enumerate(out) if c.verdict == "inconclusive" and not c.failures]
+    while again and (total - spent) / len(again) >= 0.25 * total / len(names):
+        i = again.pop(0)
+        say(f"  {names[i]}: inconclusive; compared again with the time left over ({total - spent:.0f} s)")
+        out[i] = compare(names[i], replace(seq, budget_s=(total - spent) / (len(again) + 1)))
+        spent += out[i].seconds
+    return out
 
 
 def _options_dict(opts: AbOptions) -> dict:

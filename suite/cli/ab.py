@@ -10,18 +10,19 @@ per case is spent (inconclusive).  See docs/benchmarks.md.
 Every verdict states its power: the smallest slowdown the comparison would have caught at 95%
 ("could have caught ≥ 4.1%"; `detectable_slowdown` per case in --json, a fraction).
 
-Exit 0: ok (every case same or faster); 1: a regression (a case slower, a structure changed, a check
-verdict pass -> fail, or a case that errors on HEAD only); 2: input it cannot use; 3: undecided (a case
-still inconclusive when its budget was spent, and nothing worse).
+Exit codes (the table compare, ab, bisect and nightly share): 0 nothing slower (same or faster);
+1 a regression: a case slower, a structure changed, a check verdict pass -> fail, or a case that
+errors on HEAD only; 2 input it cannot use; 3 undecided: a case inconclusive and nothing worse.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
 
-SIZES = ("full", "cpu", "tiny")
+from ..selection import SIZES
 
 
 def add_selection(p) -> None:
@@ -29,8 +30,10 @@ def add_selection(p) -> None:
     p.add_argument("--case", action="append", default=[], metavar="NAME", help="case name or glob; repeatable")
     p.add_argument("--tag", action="append", default=[], help="cases with this tag; repeatable")
     p.add_argument("--model", action="append", default=[], metavar="MODEL", help="every case of this model")
-    p.add_argument("--nproc", type=int, default=2, help="ranks of each revision (default 2)")
-    p.add_argument("--device", choices=("cpu", "cuda"), help="the ranks' device (default: cpu unless CUDA is there)")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="ranks of each revision, the world size (default: 2 on CPU, every GPU on CUDA)")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="the ranks' device (default: cuda where torch sees a "
+                   "GPU, then one for every rank or an error; else cpu)")
     p.add_argument("--size", choices=SIZES, help="model size (default: cpu on CPU, full on CUDA)")
     p.add_argument("--config", help="TOML file of strategy fields applied on top of every case")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a strategy field; repeatable")
@@ -68,6 +71,9 @@ def add_parser(sub) -> None:
     p.add_argument("base", help="BASE revision (commit, branch, tag, HEAD~3 …)")
     p.add_argument("head", help="HEAD revision")
     add_selection(p)
+    p.add_argument("--total-budget", type=float, default=None, metavar="SECONDS",
+                   help="one budget of timed blocks for all cases (instead of --budget per case): each case gets an "
+                        "equal share of what is left, and time left over goes to the inconclusive cases")
     p.set_defaults(func=main)
 
 
@@ -75,19 +81,22 @@ def options(args):
     """AbOptions from the command line; a ValueError (exit 2) for anything out of range."""
     from ..ab.stats import SeqOptions
     from ..ab.trials import AbOptions, inject_from_env
+    from ..config import ConfigError
+    from ..models import default_size
+    from ..selection import choose_platform, default_worlds
 
     for name in ("nproc", "steps", "check_steps"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 1")
     for name in ("trial_warmup", "warmup"):
         if getattr(args, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 0")
-    device = args.device
-    if device is None:
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= args.nproc else "cpu"
-    size = args.size or ("full" if device == "cuda" else "cpu")
+    try:
+        device = choose_platform(args.device, args.nproc or 1)[0]
+        args.nproc = args.nproc or default_worlds(device)[0]
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    size = args.size or default_size(device)
     seq = SeqOptions(delta=args.delta, confidence=args.confidence, min_blocks=args.min_blocks,
                      max_blocks=args.max_blocks, budget_s=args.budget, seed=args.seed, rotate=args.rotate,
                      restart=args.restart)
@@ -98,7 +107,10 @@ def options(args):
                      config=os.path.abspath(args.config) if args.config else None, size=size, batch=args.batch,
                      nproc=args.nproc, device=None if device == "cpu" else device, steps=args.steps,
                      trial_warmup=args.trial_warmup, warmup=args.warmup, check=not args.no_check,
-                     check_steps=args.check_steps, timeout=args.timeout, seq=seq, python=args.python)
+                     check_steps=args.check_steps, timeout=args.timeout, seq=seq, python=args.python,
+                     total_budget_s=getattr(args, "total_budget", None))
+    if opts.total_budget_s is not None and not (math.isfinite(opts.total_budget_s) and opts.total_budget_s > 0):
+        raise ValueError(f"--total-budget {opts.total_budget_s!r}: must be a finite number of seconds > 0")
     return inject_from_env(opts)
 
 

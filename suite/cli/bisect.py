@@ -2,9 +2,9 @@
 
 Each commit tested is compared with GOOD by the A/B harness of `fleetbench ab` (same options);
 slower is bad, same or faster is good; inconclusive is tested again with twice the budget
-(--retries), then reported.  Exit 0: the first slow commit is named, or BAD is not slower than GOOD
-(same or faster: nothing to bisect); 2: input it cannot use; 3: undecided (BAD inconclusive against GOOD,
-or a commit stayed inconclusive).
+(--retries), then reported.  Exit codes (the table compare, ab, bisect and nightly share): 0 the
+first slow commit is named, or BAD is not slower than GOOD (same or faster: nothing to bisect); 2 input
+it cannot use; 3 undecided (BAD inconclusive against GOOD, or a commit stayed inconclusive).
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`fleetbench cluster up|down|cleanup|status`: the emulated cluster by hand.
+"""`fleetbench cluster up|down|cleanup|status|extrapolate`: the emulated cluster by hand, and the cost
+model's extrapolation to real clusters (``suite.cluster.extrapolate``: Markdown tables, no measurement).
 
 ``up SPEC`` leaves a cluster standing (owned by no process, so ``cleanup`` removes it) and
 prints its namespaces; run a program in a node with ``ip netns exec fbc-…-n0 …``.  Runs of
@@ -11,7 +12,8 @@ import sys
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("cluster", help="emulated multi-node cluster (network namespaces): up, down, cleanup, status")
+    p = sub.add_parser("cluster", help="emulated multi-node cluster (network namespaces): up, down, cleanup, status; "
+                                       "extrapolate (the cost model to real clusters)")
     csub = p.add_subparsers(dest="action", metavar="ACTION")
     up = csub.add_parser("up", help="bring a cluster up and leave it (NxR:inter=RATE[,intra=RATE])")
     up.add_argument("spec", help="e.g. 2x2:inter=200mbit")
@@ -21,6 +23,7 @@ def add_parser(sub) -> None:
     clean = csub.add_parser("cleanup", help="remove leftover clusters (whose owner process is gone)")
     clean.add_argument("--all", action="store_true", help="also clusters of live runs")
     csub.add_parser("status", help="list fleetbench cluster namespaces")
+    csub.add_parser("extrapolate", help="print the cost model's extrapolation tables (published figures as inputs)")
     p.set_defaults(func=main)
 
 
@@ -29,8 +32,13 @@ def main(args) -> int:
     from ..cluster.spec import ClusterSpecError, parse_cluster
 
     if args.action is None:
-        print("fleetbench cluster: error: give an action: up, down, cleanup, status", file=sys.stderr)
+        print("fleetbench cluster: error: give an action: up, down, cleanup, status, extrapolate", file=sys.stderr)
         return 2
+    if args.action == "extrapolate":
+        from ..cluster.extrapolate import extrapolation_markdown
+
+        print(extrapolation_markdown())
+        return 0
     if args.action == "status":
         rows = list_namespaces()
         for name, rid, owner in rows:

@@ -15,6 +15,10 @@ def add_parser(sub) -> None:
                    help="seconds the hierarchical-overlap item may take before it counts as a hang (default 30)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of the table")
     p.set_defaults(func=main)
+    # hidden (no help=): the job doctor's torchrun item starts under torchrun
+    probe = sub.add_parser("torchrun-probe", description="the error-path job of doctor's torchrun item")
+    probe.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    probe.set_defaults(func=_probe)
 
 
 def main(args) -> int:
@@ -32,3 +36,9 @@ def main(args) -> int:
         raise ConfigError(str(exc)) from None
     print(to_json(report) if args.json else format_table(report), flush=True)
     return 0 if report.ok else 1
+
+
+def _probe(args) -> int:
+    from ..doctor import torchrun_probe_main
+
+    return torchrun_probe_main(args.device)

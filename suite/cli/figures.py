@@ -25,6 +25,10 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=int, default=5, help="steps per timed window (default 5)")
     p.add_argument("--out", help="also write the Markdown here")
     p.add_argument("--timeout", type=float, default=1800.0, help="bound on each multi-rank call, seconds")
+    p.add_argument("--raw", metavar="FILE", help="render kept measurements (a figure's raw JSON) with the current "
+                   "code instead of measuring (figures with render_kept: cluster)")
+    p.add_argument("--recheck", action="store_true", help="with --raw: measure again the rows the figure "
+                   "flags (cluster: outside 15%%; needs root) and add them to FILE")
     p.set_defaults(func=main)
 
 
@@ -41,10 +45,17 @@ def main(args) -> int:
     if args.nproc < 1:
         print(f"fleetbench figures: error: --nproc {args.nproc}: must be >= 1", file=sys.stderr)
         return 2
+    module = importlib.import_module("suite.figures." + args.name)
+    if args.raw:
+        if not hasattr(module, "render_kept"):
+            print(f"fleetbench figures: error: --raw: figure set {args.name!r} cannot render kept measurements",
+                  file=sys.stderr)
+            return 2
+        print(module.render_kept(args.raw, args.recheck))
+        return 0
     from ..measure.metadata import machine_line
     from ..runtime import RankPool
 
-    module = importlib.import_module("suite.figures." + args.name)
     if not getattr(module, "USES_POOL", True):  # the figure starts its own processes (e.g. ab's trial servers)
         text = module.run(None, args)
     else:

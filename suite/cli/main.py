@@ -19,6 +19,9 @@ COMMANDS = {
     "ab": "suite.cli.ab",
     "bisect": "suite.cli.bisect",
     "asv-offline": "suite.cli.asv_offline",
+    "history": "suite.cli.history",
+    "nightly": "suite.cli.nightly",
+    "machine-name": "suite.cli.machine_name",
     "trial-server": "suite.cli.trial_server",  # hidden: one revision's side of `ab` (JSON lines)
 }
 

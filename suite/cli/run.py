@@ -19,16 +19,16 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
-from ..cases import CASES, cases_for_model, select_cases
-from ..config import ConfigError, StrategyConfig, toml_fields
+from ..config import ConfigError
+from ..selection import SIZES, Selection
 
 DEFAULT_RESULTS = os.path.join("results", "runs.jsonl")
-SIZES = ("full", "cpu", "tiny")
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("run", help="run cases: correctness verdict, throughput, speedup over plain data parallel")
-    p.add_argument("--nproc", type=int, default=2, help="local ranks to spawn (default 2; ignored under torchrun)")
+    p.add_argument("--nproc", type=int, default=None, help="local ranks to spawn, the world size (default: 2 on "
+                   "CPU, every GPU on CUDA; ignored under torchrun)")
     p.add_argument("--device", choices=("cpu", "cuda"), help="override the device (default: cuda where CUDA has "
                    "a GPU for every local rank, else cpu; with CUDA present, fewer GPUs than ranks is an error)")
     p.add_argument("--case", action="append", default=[], metavar="NAME",
@@ -76,75 +76,10 @@ def _seconds(name: str, value: float) -> None:
         raise ConfigError(f"--{name} {value}: must be a finite number of seconds > 0")
 
 
-def _is_glob(name: str) -> bool:
-    return any(ch in name for ch in "*?[")
-
-
-def model_cases(models: list[str], size: str) -> list:
-    """The case pool: the registry, plus every applicable variant of each non-registry model named."""
-    from ..models import MODELS, ModelError, get_model
-
-    pool = list(CASES)
-    known = {c.model for c in CASES}
-    for ref in models:
-        if ref in known:
-            continue
-        try:
-            spec = get_model(ref, size)
-        except ModelError as exc:
-            raise ConfigError(str(exc)) from None
-        if ref in MODELS:  # registered, but with no case of its own in the registry
-            raise ConfigError(f"--model {ref!r} has no cases in the registry (suite/cases.py)")
-        pool += cases_for_model(ref, spec.data, spec.has_batchnorm, tags=("user",))
-    return pool
-
-
-def resolve_cases(args, world: int, local_world: int | None = None) -> list:
-    """Every selected case with its validated config, as :class:`suite.runner.ResolvedCase`.
-
-    A case that cannot run at ``world`` ranks is skipped with its reason when a tag, a glob or a
-    model selected it, and is an error when it was named exactly (``--case mlp/hierarchical``).
-    """
-    from ..runner import ResolvedCase
-
-    pool = model_cases(args.model, args.size or "cpu")
-    try:
-        cases = select_cases(args.case, args.tag, args.model, cases=pool)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    if not cases:
-        raise ConfigError("no case matches the selection (--case/--tag/--model); `fleetbench run --list --tag "
-                          "nightly-cpu` shows the cases")
-    base = toml_fields(args.config) if args.config else {}
-    exact = {n for n in args.case if not _is_glob(n)}
-    out = []
-    for case in cases:
-        try:
-            cfg = StrategyConfig.from_dict({**case.config, **base}).with_overrides(args.set)
-        except ConfigError as exc:
-            raise ConfigError(f"case {case.name}: {exc}") from None
-        why = case.applies_to_world(world)
-        if why is None:
-            try:
-                # Under torchrun (local_world given) the hierarchy's nodes default to the real machines.
-                cfg.check_world(world, local_world, torchrun=local_world is not None)
-            except ConfigError as exc:
-                why = str(exc)
-        if why is not None and case.name in exact:
-            raise ConfigError(f"case {case.name} cannot run at world size {world}: {why}")
-        out.append(ResolvedCase(case, cfg, why))
-    return out
-
-
-def _platform_choice(device: str | None, local_world: int) -> tuple[str, str]:
-    """(device type, backend) the ranks will use, decided before any rank starts."""
-    from ..runtime.device import CudaUnavailable, select_platform
-
-    try:
-        platform = select_platform(device, 0, local_world)
-    except (CudaUnavailable, ValueError) as exc:
-        raise ConfigError(str(exc)) from None
-    return platform.device_type, platform.backend
+def selection(args) -> Selection:
+    """The typed selection of run's options (not resolved: see :meth:`Selection.resolve`)."""
+    return Selection(cases=tuple(args.case), tags=tuple(args.tag), models=tuple(args.model), size=args.size,
+                     device=args.device, config=args.config, sets=tuple(args.set))
 
 
 def main(args) -> int:
@@ -156,8 +91,8 @@ def main(args) -> int:
         from ..cluster.launch import apply_cluster_args
 
         cluster_spec = apply_cluster_args(args, under_torchrun=env is not None)
-    world = env.world_size if env else args.nproc
-    _positive("nproc", args.nproc)
+    if args.nproc is not None:
+        _positive("nproc", args.nproc)
     for name in ("steps", "rounds", "check_steps"):
         _positive(name.replace("_", "-"), getattr(args, name))
     _positive("warmup", args.warmup, 0)
@@ -166,13 +101,12 @@ def main(args) -> int:
     _seconds("pg-timeout", args.pg_timeout)
     if args.batch is not None:
         _positive("batch", args.batch)
-    device, backend = _platform_choice(args.device, env.local_world_size if env else args.nproc)
-    if args.size is None:
-        from ..models import default_size
-
-        args.size = default_size(device)
     # every config validated before any rank starts
-    selected = resolve_cases(args, world, env.local_world_size if env else None)
+    resolved = selection(args).resolve(env.world_size if env else args.nproc,
+                                       env.local_world_size if env else None)
+    device, backend, world = resolved.device, resolved.backend, resolved.worlds[0]
+    args.size, args.nproc = resolved.size, args.nproc or world
+    selected = resolved.at[world]
     if args.list:
         for rc in selected:
             print(f"{rc.case.name:32s} {','.join(rc.case.tags):40s} {rc.case.description}"
@@ -452,4 +386,4 @@ def print_table(records) -> None:
         table)
 
 
-__all__ = ["add_parser", "main", "resolve_cases", "model_cases", "print_table", "DEFAULT_RESULTS", "RunDisplay"]
+__all__ = ["add_parser", "main", "selection", "print_table", "DEFAULT_RESULTS", "RunDisplay"]

@@ -16,7 +16,7 @@ Inputs are published figures, each named where it is used:
   backward 2/3 minus a 3 ms optimizer; gradients ready evenly through backward, the larger
   ones (late layers) first).  It is synthetic: only its totals are published figures.
 
-    python -m suite.cluster.extrapolate        # prints the Markdown tables
+    fleetbench cluster extrapolate        # prints the Markdown tables
 """
 from __future__ import annotations
 
@@ -96,7 +96,3 @@ def extrapolation_markdown() -> str:
                 cells.append(f"{r['step_s'] * 1e3:.0f} / {r['scaling_efficiency']:.0%}")
             out.append(f"| {nodes} x {GPUS_PER_NODE} | {g} | " + " | ".join(cells) + " |")
     return "\n".join(out)
-
-
-if __name__ == "__main__":
-    print(extrapolation_markdown())

@@ -188,7 +188,7 @@ def measure_profile(pool, model_name, plan, ranks_per_node) -> dict:
 
 def _dump(raw: dict) -> None:
     """FLEETBENCH_CLUSTER_RAW=FILE: everything measured so far, rewritten as it grows (a long run that fails
-    late keeps what it measured; ``python -m suite.figures.cluster FILE`` renders it with the current model)."""
+    late keeps what it measured; ``fleetbench figures cluster --raw FILE`` renders it with the current model)."""
     import json
 
     path = os.environ.get("FLEETBENCH_CLUSTER_RAW")
@@ -594,7 +594,7 @@ def render(raw: dict) -> str:
         "",
         "### Beyond this machine: EXTRAPOLATION (predictions, not measurements)",
         "",
-        "Regenerated from the same model (`python -m suite.cluster.extrapolate`); its inputs are published "
+        "Regenerated from the same model (`fleetbench cluster extrapolate`); its inputs are published "
         "figures, not this machine's calibration (see `docs/cluster.md`).",
         "",
         extrapolation_markdown(),
@@ -624,18 +624,13 @@ def run(pool, args) -> str:
     return render(recheck(raw, rounds, steps, timeout, repeats) if repeats > 0 else raw)
 
 
-if __name__ == "__main__":
-    import sys
-
-    # python -m suite.figures.cluster RAW            renders kept measurements with the current model
-    # python -m suite.figures.cluster --recheck RAW  measures the rows outside 15% again (FLEETBENCH_CLUSTER_RECHECKS
-    #                                                times, default 2; needs root), adds them to RAW, renders
-    if sys.argv[1] == "--recheck":
-        with open(sys.argv[2]) as fh:
-            kept = json.load(fh)
-        os.environ.setdefault("FLEETBENCH_CLUSTER_RAW", sys.argv[2])
+def render_kept(path: str, recheck_rows: bool = False) -> str:
+    """``fleetbench figures cluster --raw FILE``: the kept measurements rendered with the current model;
+    with ``--recheck``, the rows outside 15% measured again first (FLEETBENCH_CLUSTER_RECHECKS times,
+    default 2; needs root) and added to FILE."""
+    with open(path) as fh:
+        kept = json.load(fh)
+    if recheck_rows:
+        os.environ.setdefault("FLEETBENCH_CLUSTER_RAW", path)
         recheck(kept, kept["rounds"], kept["steps"], 3600.0, int(os.environ.get("FLEETBENCH_CLUSTER_RECHECKS", "2")))
-        print(render(kept))
-    else:
-        with open(sys.argv[1]) as fh:
-            print(render(json.load(fh)))
+    return render(kept)

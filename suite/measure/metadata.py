@@ -133,10 +133,3 @@ def machine_name() -> str:
     else:
         text = f"cpu-{os.cpu_count()}x{cpu_model()}"
     return re.sub(r"[^A-Za-z0-9.+_-]+", "-", text).strip("-")[:80]
-
-
-if __name__ == "__main__":  # `python -m suite.measure.metadata machine-name` (used by .ci/nightly)
-    import sys
-
-    if sys.argv[1:] == ["machine-name"]:
-        print(machine_name())

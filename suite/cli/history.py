@@ -1,0 +1,19 @@
+"""`fleetbench history`: change-point alerts over each case's stored asv series (see ``suite.ab.history``)."""
+from __future__ import annotations
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("history", help="history alerts: asv's step detection over each case's nightly series "
+                                       "(exit 1 on an alert; reported by the nightly, never its gate)")
+    p.add_argument("--results", default="results/asv", help="asv results directory (default results/asv)")
+    p.add_argument("--machine", required=True, help="asv machine name (`fleetbench machine-name`)")
+    p.add_argument("--persist", type=int, default=2, help="nights a new level must last before it alerts (default 2)")
+    p.add_argument("--threshold", type=float, default=0.05, help="smallest relative step that alerts (default 0.05)")
+    p.add_argument("--markdown", help="also write the alerts here")
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    from ..ab.history import report
+
+    return report(args.results, args.machine, args.persist, args.threshold, args.markdown)

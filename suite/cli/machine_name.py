@@ -1,0 +1,14 @@
+"""`fleetbench machine-name`: asv's machine name for this host (the GPU model and count, or the CPU's)."""
+from __future__ import annotations
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("machine-name", help="print asv's machine name for this host (GPU model and count, or CPU)")
+    p.set_defaults(func=main)
+
+
+def main(args) -> int:
+    from ..measure.metadata import machine_name
+
+    print(machine_name())
+    return 0

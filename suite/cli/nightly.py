@@ -1,0 +1,388 @@
+"""`fleetbench nightly`: the nightly pipeline, the same on GPU runners and on CPU (`make nightly-cpu`).
+
+Stages, each a fleetbench (or pytest, asv) command over one selection (``suite/selection.py``):
+
+1. ``run``: `fleetbench run` of the selected cases at each world size (records, traces);
+2. ``pytest-benchmark``: bench_cases with the raw data (JSON);
+3. ``asv``: results recorded for this commit (with samples), then `asv publish` (the dashboard);
+4. ``report``: `fleetbench report` (HTML page, Markdown summary, plots, traces);
+5. ``gate``: `fleetbench ab LAST_GOOD HEAD` over the selected cases tagged ``gate`` (every strategy family)
+   at each world size, under one total budget; a night whose every stage is ok (exit 0) makes this commit
+   the last good one (an inconclusive gate never does);
+6. ``history``: change-point alerts over asv's stored series (`fleetbench history`), reported, never the gate.
+
+``--plan`` prints the stages, the cases × world sizes, the gate's cases and budget and each stage's
+estimated duration (``suite/nightly.py``), and runs nothing; ``--device cuda`` is then declared, not
+probed (no GPU needed).  ``--limit MINUTES`` refuses (exit 2) a night whose estimate does not fit, naming
+the stage, before anything runs; a night that still reaches the limit stops its running stage like a
+cancel (what it finished is kept) and ends with exit 2.  The state (``nightly.json`` in ``--out``: each
+stage's duration and exit code, the gate's verdict) is written as each stage ends, so a cancelled job
+keeps what it measured, and the next night's estimates read it.
+
+Exit codes (the table compare, ab, bisect and nightly share): 0 every stage ok; 1 a regression (a case
+failed its check or errored, a benchmark failed, the gate found a case slower or a structure changed);
+2 unusable input (or a stage that could not run); 3 undecided (the gate inconclusive, nothing worse).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+from ..config import ConfigError
+from ..nightly import NightlyOptions, finished_stages, last_night, make_plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("nightly", help="the nightly pipeline: run, pytest-benchmark, asv, report, gate (ab against "
+                                       "the last good commit), history alerts; --plan shows it with estimates")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda where torch sees a GPU, else cpu")
+    p.add_argument("--case", action="append", default=[], metavar="NAME", help="case name or glob; repeatable")
+    p.add_argument("--tag", action="append", default=[],
+                   help="cases with this tag; repeatable (default: nightly-gpu on CUDA, smoke on CPU)")
+    p.add_argument("--model", action="append", default=[], metavar="MODEL", help="every case of this model")
+    p.add_argument("--worlds", help="world sizes, comma-separated (default one: 2 on CPU, every GPU on CUDA)")
+    p.add_argument("--size", choices=("full", "cpu", "tiny"), help="model size (default: the device's)")
+    p.add_argument("--config", help="TOML file of strategy fields applied on top of every case")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a strategy field; repeatable")
+    p.add_argument("--rounds", type=int, default=3, help="timed rounds (default 3)")
+    p.add_argument("--steps", type=int, default=3, help="steps per round (default 3)")
+    p.add_argument("--out", default=os.path.join("results", "nightly"), help="output directory (default "
+                   "results/nightly; keep nightly.json in it between nights for the estimates)")
+    p.add_argument("--last-good", default=os.path.join("results", "last-good", "commit"),
+                   help="file holding the last good commit (default results/last-good/commit)")
+    p.add_argument("--gate-budget", type=float, default=30.0, metavar="MINUTES",
+                   help="the gate's timed trials, all cases and world sizes together (default 30)")
+    p.add_argument("--gate-case", action="append", default=[], metavar="GLOB",
+                   help="narrows the gate to these of the selected cases tagged gate (default: all of them); "
+                        "repeatable")
+    p.add_argument("--ab-args", default="", help="more `fleetbench ab` options, e.g. \"--delta 0.03 --steps 10\"")
+    p.add_argument("--persist", type=int, default=2, help="nights a new level must last before a history alert")
+    p.add_argument("--asv-config", default="asv.conf.json", help="asv config (default asv.conf.json)")
+    p.add_argument("--machine", help="asv machine name (default: `fleetbench machine-name`)")
+    p.add_argument("--quick", action="store_true", help="a smoke pass: no correctness checks, asv --quick")
+    p.add_argument("--plan", action="store_true", help="print the plan (stages, cases x world sizes, the gate, "
+                   "estimated durations) and exit; --device cuda is declared, not probed")
+    p.add_argument("--limit", type=float, metavar="MINUTES",
+                   help="the job's time limit: a plan whose estimate exceeds it is refused (exit 2) before anything "
+                        "runs, naming the stage that does not fit")
+    p.set_defaults(func=main)
+
+
+def _worlds(text: str | None) -> tuple[int, ...]:
+    out = []
+    for w in (text or "").replace(" ", ",").split(","):
+        if w.strip():
+            if not w.strip().isdigit() or int(w) < 1:
+                raise ConfigError(f"--worlds {text!r}: {w.strip()!r} is not a whole number >= 1")
+            out.append(int(w))
+    return tuple(dict.fromkeys(out))
+
+
+def plan_of(args):
+    """(resolved selection, plan, last night) of the options; nothing is run, and with --plan nothing probed."""
+    import fnmatch
+
+    from ..measure.metadata import machine_name
+    from ..selection import Selection, choose_platform
+    from .checks import check_number
+
+    for opt, value, low in (("--rounds", args.rounds, 1), ("--steps", args.steps, 1), ("--persist", args.persist, 1)):
+        problem = check_number(opt, value, minimum=low)
+        if problem:
+            raise ConfigError(problem)
+    for opt, value in (("--gate-budget", args.gate_budget), ("--limit", args.limit)):
+        problem = value is not None and check_number(opt, value, above=0.0, unit="minutes")
+        if problem:
+            raise ConfigError(problem)
+    # the device first (a plan only declares it), for the default tag
+    device = args.device or (None if args.plan else choose_platform(None)[0])
+    tags = tuple(args.tag) or (() if (args.case or args.model) else ("nightly-gpu",) if device == "cuda" else
+                               ("smoke",))
+    sel = Selection(cases=tuple(args.case), tags=tags, models=tuple(args.model), size=args.size,
+                    worlds=_worlds(args.worlds), device=device, sets=tuple(args.set),
+                    config=os.path.abspath(args.config) if args.config else None)
+    resolved = sel.resolve(probe=not args.plan)
+    gate = [rc.case.name for rc in resolved.at[resolved.worlds[0]] if "gate" in rc.case.tags
+            and any(fnmatch.fnmatchcase(rc.case.name, g) for g in args.gate_case or ["*"])]
+    if not gate:
+        raise ConfigError("the gate has no case: none of the selected cases is tagged gate (`fleetbench run --list "
+                          "--tag gate` lists them)" + (" and matches --gate-case" if args.gate_case else ""))
+    machine = args.machine or machine_name()
+    last = last_night(args.out, machine)
+    opts = NightlyOptions(rounds=args.rounds, steps=args.steps, check=not args.quick,
+                          gate_budget_s=args.gate_budget * 60.0)
+    return resolved, make_plan(resolved, gate, machine, opts, last), last
+
+
+def main(args) -> int:
+    resolved, plan, last = plan_of(args)
+    if args.plan:
+        print("\n".join(plan.lines()))
+    if args.limit is not None:
+        over = plan.over(args.limit * 60.0)
+        if over is not None:
+            stage, end = over
+            raise ConfigError(f"--limit {args.limit:g} min: the plan does not fit: stage {stage.name!r} would end "
+                              f"at {end / 60:.1f} min (the whole night {plan.seconds / 60:.1f} min); select fewer "
+                              f"cases or world sizes, or lower --rounds/--steps/--gate-budget")
+    if args.plan:
+        return 0
+    return Night(args, resolved, plan, last).run()
+
+
+def _code(rc: int) -> int:
+    """A stage's exit status on the shared table (anything unknown counts as a failure)."""
+    return rc if rc in (0, 1, 2, 3) else 1
+
+
+def _asv_html_dir(conf: str) -> str:
+    """asv.conf.json's html_dir (relative to the config file's folder, as asv reads it)."""
+    with open(conf) as fh:
+        html = json.load(fh).get("html_dir", "html")
+    return os.path.join(os.path.dirname(os.path.abspath(conf)), html)
+
+
+def _worst(codes) -> int:
+    codes = set(codes)
+    return next((c for c in (1, 2, 3) if c in codes), 0)
+
+
+class Night:
+    """One night: the stages in order, the state (``nightly.json``) saved as each ends."""
+
+    def __init__(self, args, resolved, plan, last: dict | None = None):
+        self.args, self.resolved, self.plan = args, resolved, plan
+        self.py = sys.executable
+        self.out = os.path.abspath(args.out)  # the stages run in the checkout's root
+        self.deadline = None if args.limit is None else time.monotonic() + args.limit * 60.0
+        args.asv_config = os.path.abspath(args.asv_config)
+        self.env = dict(os.environ, PYTHONPATH=ROOT + (os.pathsep + os.environ["PYTHONPATH"]
+                                                       if os.environ.get("PYTHONPATH") else ""))
+        self.commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                     check=True).stdout.strip()
+        self.state: dict = {"machine": plan.machine, "commit": self.commit, "device": resolved.device,
+                            "worlds": list(resolved.worlds), "started": time.time(), "stages": {},
+                            "status": None, "earlier": finished_stages(last)}
+
+    # -- bookkeeping ------------------------------------------------------------------------------------
+    def save(self) -> None:
+        path = os.path.join(self.out, "nightly.json")
+        with open(path + ".tmp", "w") as fh:
+            json.dump(self.state, fh, indent=1)
+        os.replace(path + ".tmp", path)
+
+    def call(self, cmd: list, stdout=None, env: dict | None = None) -> int:
+        """A stage's command, bounded by --limit; on a cancel (SIGINT/SIGTERM) or at the limit the child gets
+        SIGINT and a few seconds to clean up (what it finished is kept), then the night ends."""
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env or self.env, stdout=stdout)
+        try:
+            return proc.wait(timeout=None if self.deadline is None else max(1.0, self.deadline - time.monotonic()))
+        except (KeyboardInterrupt, subprocess.TimeoutExpired) as exc:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=6)
+            except (subprocess.TimeoutExpired, KeyboardInterrupt):
+                proc.kill()
+                proc.wait()
+            if isinstance(exc, subprocess.TimeoutExpired):
+                raise OverLimit from None
+            raise
+
+    def stage(self, name: str, fn, **facts) -> int:
+        print(f"== {name}", flush=True)
+        entry = {"started": time.time(), "exit": None, **facts}
+        self.state["stages"][name] = entry
+        t0 = time.monotonic()
+        try:
+            code = fn()
+        except KeyboardInterrupt as exc:
+            entry.update(seconds=time.monotonic() - t0, exit="cancelled")
+            self.state["status"] = "over the limit" if isinstance(exc, OverLimit) else "cancelled"
+            self.save()
+            raise
+        entry.update(seconds=time.monotonic() - t0, exit=code)
+        self.save()
+        return code
+
+    # -- the stages -------------------------------------------------------------------------------------
+    def selection_options(self, prefix: str = "--") -> list:
+        sel, out = self.resolved.selection, []
+        for opt, values in (("case", sel.cases), ("tag", sel.tags), ("model", sel.models), ("set", sel.sets)):
+            for v in values:
+                out += [f"{prefix}{opt}", v]
+        for opt, value in (("size", self.resolved.size), ("config", sel.config), ("device", self.resolved.device)):
+            if value:
+                out += [f"{prefix}{opt}", value]
+        return out
+
+    def fleetbench(self, *args: str) -> list:
+        return [self.py, "-m", "suite.cli.main", *args]
+
+    def run_stage(self) -> int:
+        codes = [self.call(self.fleetbench(
+            "run", "--nproc", str(w), *self.selection_options(), "--rounds", str(self.args.rounds), "--steps",
+            str(self.args.steps), "--warmup", "1", "--trace-steps", "2", "--results",
+            os.path.join(self.out, "runs.jsonl"), *(["--no-check"] if self.args.quick else [])))
+            for w in self.resolved.worlds]
+        return _worst(_code(c) for c in codes)
+
+    def pytest_stage(self) -> int:
+        worlds = [x for w in self.resolved.worlds for x in ("--fleetbench-world", str(w))]
+        return _code(self.call([
+            self.py, "-m", "pytest", "bench_cases", "--benchmark-only", "-q", "-p", "no:cacheprovider",
+            *self.selection_options("--fleetbench-"), *worlds, "--fleetbench-rounds", str(self.args.rounds),
+            "--fleetbench-steps", str(self.args.steps), *(["--fleetbench-no-check"] if self.args.quick else []),
+            "--benchmark-storage", "file://" + os.path.join(self.out, "pytest-benchmark"),
+            "--benchmark-json", os.path.join(self.out, "pytest-benchmark.json")]))
+
+    def asv_env(self) -> dict:
+        """The selection for asv, through the variables bench_cases/_matrix.py documents (asv passes no arguments)."""
+        sel = self.resolved.selection
+        return dict(self.env, FLEETBENCH_BENCH_CASES=",".join(sel.cases), FLEETBENCH_BENCH_TAGS=",".join(sel.tags),
+                    FLEETBENCH_BENCH_MODELS=",".join(sel.models),
+                    FLEETBENCH_BENCH_WORLDS=",".join(map(str, self.resolved.worlds)),
+                    FLEETBENCH_BENCH_DEVICE=self.resolved.device, FLEETBENCH_BENCH_SIZE=self.resolved.size,
+                    FLEETBENCH_BENCH_CONFIG=os.path.abspath(sel.config) if sel.config else "",
+                    FLEETBENCH_BENCH_SET=";".join(sel.sets), FLEETBENCH_BENCH_ROUNDS=str(self.args.rounds),
+                    FLEETBENCH_BENCH_STEPS=str(self.args.steps))
+
+    def asv_stage(self) -> int:
+        asv, conf, env = os.path.join(os.path.dirname(self.py), "asv"), self.args.asv_config, self.asv_env()
+        with open(os.devnull, "w") as null:
+            if self.call([asv, "machine", "--machine", self.plan.machine, "--yes", "--config", conf], null, env):
+                return 2
+        # --record-samples: every case's samples (its timed windows) are stored with the statistic and its spread
+        code = self.call([asv, "run", "-E", "existing:same", "--set-commit-hash", self.commit, "--machine",
+                          self.plan.machine, "--launch-method", "spawn", "--config", conf, "--show-stderr",
+                          "--record-samples", *(["--quick"] if self.args.quick else [])], env=env)
+        published = self.call([asv, "publish", "--config", conf], env=env)
+        offline = published or self.call(self.fleetbench("asv-offline", _asv_html_dir(conf)))  # offline dashboard
+        return _worst([1 if code else 0, 2 if published or offline else 0])
+
+    def report_stage(self) -> int:
+        return _code(self.call(self.fleetbench("report", os.path.join(self.out, "runs.jsonl"), "--out",
+                                               os.path.join(self.out, "report"))))
+
+    def last_good(self) -> str | None:
+        try:
+            with open(self.args.last_good) as fh:
+                good = fh.read().strip()
+        except OSError:
+            print(f"no last good commit at {self.args.last_good}: this night's commit becomes the baseline")
+            return None
+        ok = subprocess.run(["git", "cat-file", "-e", f"{good}^{{commit}}"], cwd=ROOT, capture_output=True)
+        if ok.returncode:
+            print(f"last good commit {good[:10]} (from {self.args.last_good}) is not in this repository: no gate "
+                  f"tonight")
+            return None
+        return good
+
+    def gate_stage(self) -> int:
+        good = self.last_good()
+        gate = self.state["gate"] = {"last_good": good, "worlds": {}}
+        if good is None:
+            return 0
+        codes = []
+        for w in self.resolved.worlds:
+            names = [c for c, cw in self.plan.gate if cw == w]
+            if not names:
+                continue
+            share = self.plan.gate_budget_s * len(names) / len(self.plan.gate)
+            path = os.path.join(self.out, f"ab-w{w}.json")
+            sel = self.resolved.selection
+            extra = [x for s in sel.sets for x in ("--set", s)] + (["--config", sel.config] if sel.config else [])
+            with open(path, "w") as fh:
+                code = self.call(self.fleetbench(
+                    "ab", good, self.commit, "--nproc", str(w), "--device", self.resolved.device, "--size",
+                    self.resolved.size, *[x for n in names for x in ("--case", n)], *extra, "--total-budget",
+                    f"{share:.0f}", *(["--no-check"] if self.args.quick else []), *shlex.split(self.args.ab_args),
+                    "--json"), stdout=fh)
+            codes.append(_code(code))
+            gate["worlds"][str(w)] = {"exit": code, "cases": names, "budget_s": share}
+            lines = _gate_lines(path, code)
+            with open(os.path.join(self.out, "gate.md"), "a") as fh:
+                fh.write("\n".join(lines) + "\n")
+            print("\n".join(lines), flush=True)
+            self.save()  # the verdict of each world size is kept as it comes
+        return _worst(codes)
+
+    def history_stage(self) -> int:
+        conf = self.args.asv_config
+        with open(conf) as fh:
+            results = os.path.join(os.path.dirname(conf), json.load(fh).get("results_dir", "results"))
+        code = self.call(self.fleetbench("history", "--results", results, "--machine", self.plan.machine,
+                                         "--persist", str(self.args.persist), "--markdown",
+                                         os.path.join(self.out, "history-alerts.md")))
+        if code == 1:
+            print(f"history alert: see {self.out}/history-alerts.md (an alert is reported, not the gate)")
+        return 2 if code == 2 else 0
+
+    def run(self) -> int:
+        os.makedirs(self.out, exist_ok=True)
+        print(f"== nightly: commit {self.commit[:10]}, device {self.resolved.device}, machine {self.plan.machine}, "
+              f"worlds {' '.join(map(str, self.resolved.worlds))}, out {self.out}; plan "
+              f"{self.plan.seconds / 60:.0f} min", flush=True)
+        n_pairs = len(self.resolved.matrix(runnable=True))
+        previous = signal.signal(signal.SIGTERM, _interrupt)  # a CI cancel unwinds like Ctrl-C: state saved
+        self.save()
+        try:
+            codes = {
+                "run": self.stage("run", self.run_stage, pairs=n_pairs),
+                "pytest-benchmark": self.stage("pytest-benchmark", self.pytest_stage, pairs=n_pairs),
+                "asv": self.stage("asv", self.asv_stage, pairs=n_pairs),
+                "report": self.stage("report", self.report_stage),
+                "gate": self.stage("gate", self.gate_stage, pairs=len(self.plan.gate),
+                                   budget_s=self.plan.gate_budget_s),
+            }
+            status = _worst(codes.values())
+            if status == 0:  # only a night with every stage ok (a decided gate) becomes the last good commit
+                os.makedirs(os.path.dirname(os.path.abspath(self.args.last_good)), exist_ok=True)
+                with open(self.args.last_good + ".tmp", "w") as fh:
+                    fh.write(self.commit + "\n")
+                os.replace(self.args.last_good + ".tmp", self.args.last_good)
+            codes["history"] = self.stage("history", self.history_stage)
+        except KeyboardInterrupt as exc:
+            over = isinstance(exc, OverLimit)
+            print(f"fleetbench nightly: {f'over --limit {self.args.limit:g} min' if over else 'cancelled'}; what "
+                  f"finished is kept in {self.out}", file=sys.stderr)
+            return 2 if over else 130
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        status = _worst(codes.values())
+        self.state["status"] = status
+        self.save()
+        print(f"== nightly: status {status} (" + ", ".join(f"{k} {v}" for k, v in codes.items()) + ")")
+        return status
+
+
+class OverLimit(KeyboardInterrupt):
+    """The night reached --limit: the running stage is stopped like a cancel, and the night ends (exit 2)."""
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _gate_lines(path: str, code: int) -> list[str]:
+    """The gate's verdict in Markdown lines, from `ab --json`'s output."""
+    try:
+        with open(path) as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        return [f"ab gate: no result (exit {code}; the log above says why)"]
+    lines = []
+    for c in doc["cases"]:
+        lo, hi = c["ci"]
+        lines.append(f"- {c['case']}@{c['world']}: {c['verdict']} (HEAD/BASE {c['ratio']:.3f} [{lo:.3f}, {hi:.3f}], "
+                     f"{c['blocks']} blocks), structure {'CHANGED' if c['structure_diff'] else 'identical'}, "
+                     f"check {c['check']}")
+    lines += [f"  FAIL {f}" for f in doc["failures"]]
+    word = {0: "ok", 1: "FAIL", 3: "UNDECIDED"}.get(code, "UNUSABLE")
+    return lines + [f"ab gate: {word} (exit {code})"]

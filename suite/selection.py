@@ -1,0 +1,183 @@
+"""The selection: which cases, at which world sizes, with which configs, on which platform.
+
+One typed, frozen :class:`Selection` (what a command's options say) resolved once
+(:meth:`Selection.resolve`) into :class:`Resolved`: the platform, the model size, the world
+sizes and, per world size, every selected case with its validated config (or why it is skipped
+there).  ``fleetbench run``, ``ab`` (and its trial servers), ``nightly``, pytest-benchmark and asv
+(``bench_cases/``) all select through here; argparse stays in ``suite/cli``.
+
+World sizes: the requested ones *replace* each case's; by default there is one, 2 on CPU and the
+GPU count on CUDA (:func:`default_worlds`).  A requested size that applies to no selected case is
+an error naming the size; a case that cannot run at a size (``min_world``, a hierarchy that does
+not split it) is skipped there with its reason.  The default device is decided here only
+(:func:`choose_platform`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .cases import CASES, Case, cases_for_model, select_cases
+from .config import ConfigError, StrategyConfig, toml_fields
+from .models import MODELS, ModelError, default_size, get_model
+from .runner import ResolvedCase
+
+__all__ = ["Selection", "Resolved", "choose_platform", "default_worlds", "resolve_at", "SIZES", "DEVICES"]
+
+SIZES = ("full", "cpu", "tiny")
+DEVICES = ("cpu", "cuda")
+CPU_WORLD = 2  # the default world size on CPU
+
+
+def choose_platform(device: str | None, local_world: int = 1, probe: bool = True) -> tuple[str, str]:
+    """(device type, backend) of the ranks: the one place the default device is decided.
+
+    ``device`` None: CUDA where torch sees a GPU (then a GPU for every local rank, or an error naming
+    both counts: never a silent CPU run), else the CPU.  ``probe=False`` (a plan) takes ``device`` as
+    declared and looks at no GPU (None then means the CPU)."""
+    if device not in (None, *DEVICES):
+        raise ConfigError(f"--device {device!r}: allowed values are {', '.join(DEVICES)}")
+    if not probe:
+        return ("cuda", "nccl") if device == "cuda" else ("cpu", "gloo")
+    from .runtime.device import CudaUnavailable, select_platform
+
+    try:
+        platform = select_platform(device, 0, local_world)
+    except (CudaUnavailable, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
+    return platform.device_type, platform.backend
+
+
+def default_worlds(device: str) -> tuple[int, ...]:
+    """One world size: 2 on CPU, every GPU torch sees on CUDA."""
+    if device != "cuda":
+        return (CPU_WORLD,)
+    from .runtime.device import cuda_device_count
+
+    n = cuda_device_count()
+    if n < 1:
+        raise ConfigError("--device cuda with no world size given: torch sees no GPU here to count; give the "
+                          "world sizes (e.g. --worlds 1,8)")
+    return (n,)
+
+
+def _is_glob(name: str) -> bool:
+    return any(ch in name for ch in "*?[")
+
+
+def _pool(models: tuple[str, ...], size: str) -> list[Case]:
+    """The case pool: the registry, plus every applicable variant of each non-registry model named."""
+    pool = list(CASES)
+    known = {c.model for c in CASES}
+    for ref in models:
+        if ref in known:
+            continue
+        try:
+            spec = get_model(ref, size)
+        except ModelError as exc:
+            raise ConfigError(str(exc)) from None
+        if ref in MODELS:  # registered, but with no case of its own in the registry
+            raise ConfigError(f"--model {ref!r} has no cases in the registry (suite/cases.py)")
+        pool += cases_for_model(ref, spec.data, spec.has_batchnorm, tags=("user",))
+    return pool
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What to run, as a command's options say it (nothing resolved yet).
+
+    ``cases`` are names or globs, ``tags`` and ``models`` select as ``fleetbench run`` does (with
+    none of the three: ``default_tag``); ``worlds`` empty means the device's default; ``device``
+    None means CUDA where there is a GPU; ``size`` None the device's default; ``config`` a TOML
+    file and ``sets`` ``KEY=VALUE`` overrides applied on top of every case."""
+
+    cases: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+    models: tuple[str, ...] = ()
+    size: str | None = None
+    worlds: tuple[int, ...] = ()
+    device: str | None = None
+    config: str | None = None
+    sets: tuple[str, ...] = ()
+    default_tag: str = "default"
+
+    def __post_init__(self) -> None:
+        if self.size is not None and self.size not in SIZES:
+            raise ConfigError(f"--size {self.size!r}: allowed values are {', '.join(SIZES)}")
+        for w in self.worlds:
+            if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+                raise ConfigError(f"world size {w!r}: must be a whole number >= 1")
+
+    def base_cases(self, size: str) -> list[Case]:
+        """The selected cases of the registry (and of user models), before any world size."""
+        tags = list(self.tags) or ([] if (self.cases or self.models) else [self.default_tag])
+        try:
+            out = select_cases(list(self.cases), tags, list(self.models), cases=_pool(self.models, size))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if not out:
+            raise ConfigError("no case matches the selection (--case/--tag/--model); `fleetbench run --list --tag "
+                              "nightly-cpu` shows the cases")
+        return out
+
+    def resolve(self, world: int | None = None, local_world: int | None = None, probe: bool = True) -> Resolved:
+        """Platform, size, world sizes and every case's config at each, all validated (no rank started).
+
+        ``world`` (a launcher's own, e.g. ``--nproc`` or torchrun's) replaces ``worlds``; ``local_world``
+        is torchrun's LOCAL_WORLD_SIZE (the hierarchy's nodes are then the real machines)."""
+        worlds = (world,) if world is not None else self.worlds
+        device, backend = choose_platform(self.device, local_world or max(worlds or (1,)) if probe else 1, probe)
+        worlds = worlds or default_worlds(device)
+        size = self.size or default_size(device)
+        base = self.base_cases(size)
+        at = {w: resolve_at(self, base, w, local_world) for w in worlds}
+        for w, rcs in at.items():
+            if all(rc.skip for rc in rcs):
+                why = "; ".join(sorted({rc.skip for rc in rcs if rc.skip}))
+                raise ConfigError(f"world size {w}: no selected case can run at it ({why})")
+        return Resolved(self, device, backend, size, tuple(worlds), at)
+
+
+def resolve_at(sel: Selection, cases: list[Case], world: int, local_world: int | None = None) -> list[ResolvedCase]:
+    """Each case with its validated config at ``world`` ranks (``skip`` set when it cannot run there).
+
+    A case that cannot run there is skipped with its reason when a tag, a glob or a model selected it,
+    and is an error when it was named exactly (``--case mlp/hierarchical``)."""
+    base = toml_fields(sel.config) if sel.config else {}
+    exact = {n for n in sel.cases if not _is_glob(n)}
+    out = []
+    for case in cases:
+        try:
+            cfg = StrategyConfig.from_dict({**case.config, **case.world_config(world, local_world), **base}
+                                           ).with_overrides(list(sel.sets))
+        except ConfigError as exc:
+            raise ConfigError(f"case {case.name}: {exc}") from None
+        why = case.applies_to_world(world)
+        if why is None:
+            try:
+                # Under torchrun (local_world given) the hierarchy's nodes default to the real machines.
+                cfg.check_world(world, local_world, torchrun=local_world is not None)
+            except ConfigError as exc:
+                why = str(exc)
+        if why is not None and case.name in exact:
+            raise ConfigError(f"case {case.name} cannot run at world size {world}: {why}")
+        out.append(ResolvedCase(case, cfg, why))
+    return out
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A selection resolved: platform, size, world sizes and the cases at each (``at[world]``)."""
+
+    selection: Selection
+    device: str
+    backend: str
+    size: str
+    worlds: tuple[int, ...]
+    at: dict = field(default_factory=dict)  # world -> [ResolvedCase]
+
+    def matrix(self, runnable: bool = False) -> list[tuple[ResolvedCase, int]]:
+        """(case, world) pairs, world by world; ``runnable`` leaves out the skipped ones."""
+        return [(rc, w) for w in self.worlds for rc in self.at[w] if not (runnable and rc.skip)]
+
+    def find(self, name: str, world: int) -> ResolvedCase | None:
+        return next((rc for rc in self.at.get(world, ()) if rc.case.name == name), None)

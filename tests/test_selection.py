@@ -1,0 +1,117 @@
+"""The selection layer (suite/selection.py): world sizes from the runner, the default device decided in one
+place, and the guards that keep argparse and entry points inside suite/cli."""
+from __future__ import annotations
+
+import ast
+import os
+
+import pytest
+
+import suite.runtime.device as device_mod
+from suite.cases import CASES, VARIANTS
+from suite.config import ConfigError
+from suite.selection import Selection
+from tests.fakes import fake_cuda_platform
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _py_files(*dirs: str):
+    for d in dirs:
+        for root, _, files in os.walk(os.path.join(ROOT, d)):
+            for f in files:
+                if f.endswith(".py"):
+                    yield os.path.join(root, f)
+
+
+def test_no_module_outside_suite_cli_imports_argparse_or_suite_cli():
+    cli = os.path.join(ROOT, "suite", "cli") + os.sep
+    offenders = []
+    for path in _py_files("suite", "bench_cases"):
+        if path.startswith(cli):
+            continue
+        rel = os.path.relpath(path, ROOT)
+        pkg = rel[:-3].replace(os.sep, ".").rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                mod = node.module or ""
+                if node.level:  # relative: resolve against the package
+                    base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                    mod = ".".join(base + ([mod] if mod else []))
+                names = [mod] + [f"{mod}.{a.name}" for a in node.names]
+            if any(n == "argparse" or n == "suite.cli" or n.startswith("suite.cli.") for n in names):
+                offenders.append(f"{rel}:{node.lineno}")
+    assert not offenders, f"argparse / suite.cli imported outside suite/cli: {offenders}"
+
+
+def test_no_python_m_entry_point_but_suite_cli_main():
+    main = os.path.join(ROOT, "suite", "cli", "main.py")
+    offenders = []
+    for path in _py_files("suite"):
+        tree = ast.parse(open(path, encoding="utf-8").read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and "__name__" in ast.unparse(node.test) and "__main__" in \
+                    ast.unparse(node.test):
+                offenders.append(os.path.relpath(path, ROOT))
+        if path.endswith("__main__.py"):
+            offenders.append(os.path.relpath(path, ROOT))
+    assert [p for p in offenders if p != os.path.relpath(main, ROOT)] == [], offenders
+    assert os.path.relpath(main, ROOT) in offenders  # the guard sees the one that is allowed
+
+
+def test_requested_world_sizes_replace_the_cases_and_skip_with_a_reason():
+    r = Selection(cases=("mlp/*",), device="cpu", worlds=(1, 3)).resolve()
+    assert r.worlds == (1, 3) and r.device == "cpu" and r.size == "cpu"
+    at1 = {rc.case.name: rc.skip for rc in r.at[1]}
+    at3 = {rc.case.name: rc.skip for rc in r.at[3]}
+    assert at1["mlp/hierarchical"] == "needs at least 2 ranks" and at1["mlp/plain"] is None
+    assert "does not split world size 3" in at3["mlp/hierarchical"] and at3["mlp/overlap"] is None
+    assert {w for _, w in r.matrix()} == {1, 3}
+    # a size no selected case can run at is an error naming the size
+    with pytest.raises(ConfigError, match="world size 1: no selected case can run at it"):
+        Selection(cases=("*/hierarchical",), device="cpu", worlds=(1, 4)).resolve()
+
+
+def test_default_world_is_two_on_cpu_and_every_gpu_on_cuda(monkeypatch):
+    assert Selection(tags=("smoke",), device="cpu").resolve().worlds == (2,)
+    monkeypatch.setattr(device_mod, "select_platform", lambda d, r, n: fake_cuda_platform(backend="nccl"))
+    monkeypatch.setattr(device_mod, "cuda_device_count", lambda: 8)
+    r = Selection(tags=("smoke",)).resolve()
+    assert (r.device, r.backend, r.worlds, r.size) == ("cuda", "nccl", (8,), "full")
+
+
+def test_nightly_gpu_selection_at_worlds_1_and_8_runs_every_applicable_case_at_8(monkeypatch):
+    """What an 8-GPU runner selects (through the fake CUDA platform): every nightly-gpu case at 8,
+    `*/hierarchical` as two emulated nodes of 4 GPUs; at 1 only the ones that need more ranks are skipped."""
+    asked = []
+
+    def fake_select(device, rank, local_world):
+        asked.append((device, local_world))
+        return fake_cuda_platform(backend="nccl")
+
+    monkeypatch.setattr(device_mod, "select_platform", fake_select)
+    monkeypatch.setattr(device_mod, "cuda_device_count", lambda: 8)
+    r = Selection(tags=("nightly-gpu",), device="cuda", worlds=(1, 8)).resolve()
+    assert asked == [("cuda", 8)]  # one GPU per local rank at the largest world size
+    gpu_cases = [c.name for c in CASES if "nightly-gpu" in c.tags]
+    assert [rc.case.name for rc in r.at[8]] == gpu_cases
+    assert all(rc.skip is None for rc in r.at[8]), [(rc.case.name, rc.skip) for rc in r.at[8] if rc.skip]
+    hier = [rc for rc in r.at[8] if rc.case.variant == "hierarchical"]
+    assert len(hier) == len({c.model for c in CASES if c.variant == "hierarchical"}) >= 6
+    assert all(rc.config.hierarchical_allreduce_inter_nranks == 4 for rc in hier)
+    skipped1 = {rc.case.name for rc in r.at[1] if rc.skip}
+    assert skipped1 == {c.name for c in CASES if "nightly-gpu" in c.tags and c.min_world > 1}
+    # under torchrun the nodes are the real machines (LOCAL_WORLD_SIZE)
+    r = Selection(cases=("mlp/hierarchical",), device="cuda").resolve(world=16, local_world=8)
+    assert r.at[16][0].config.hierarchical_allreduce_inter_nranks == 8
+    # a user's own split wins
+    r = Selection(cases=("mlp/hierarchical",), device="cuda", sets=("hierarchical_allreduce_inter_nranks=2",)
+                  ).resolve(world=8)
+    assert r.at[8][0].config.hierarchical_allreduce_inter_nranks == 2
+
+
+def test_every_variant_is_selected_somewhere():
+    assert {c.variant for c in CASES} == {v.name for v in VARIANTS}
