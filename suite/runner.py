@@ -31,7 +31,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import re
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -45,7 +47,8 @@ from .results.records import CaseRecord, CheckSummary, Describe, Metrics, Struct
 from .results.structure import structure_of
 from .workload import WorkloadSpec
 
-__all__ = ["RunOptions", "ResolvedCase", "CaseRunner", "PreparedCase", "Progress", "new_run_id", "short_error"]
+__all__ = ["RunOptions", "ResolvedCase", "CaseRunner", "PreparedCase", "Progress", "new_run_id", "short_error",
+           "backend_lacks", "unused_parameters"]
 
 Checked = CheckResult | Exception | None  # a check's verdict, the error that stopped it, or no check
 Outcome = dict | Exception | None  # a timing's metrics, the error that stopped it, or nothing (torchrun)
@@ -121,6 +124,59 @@ def short_error(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _raised(exc: BaseException) -> list[tuple[str, str]]:
+    """Per rank that raised (or for ``exc`` itself): the file of the innermost frame and the error's first line."""
+    if not getattr(exc, "tracebacks", None):  # raised here, not on a rank (its message may quote a rank's)
+        stack = traceback.extract_tb(exc.__traceback__)
+        return [(stack[-1].filename if stack else "", "".join(traceback.format_exception_only(exc)).split("\n")[0])]
+    out = []
+    for text in exc.tracebacks.values():  # type: ignore[attr-defined]
+        lines = text.splitlines()
+        frames = [i for i, ln in enumerate(lines) if ln.startswith('  File "')]
+        last = frames[-1] if frames else -1
+        first = next((ln for ln in lines[last + 1:] if ln.strip() and not ln.startswith(" ")), "")
+        out.append((lines[last].split('"')[1] if frames else "", first))
+    return out
+
+
+# Errors that mean the device's backend has no kernel for what the case asks (not a bug in the case or
+# the model), matched on the first line of the error; anything else stays an error.
+BACKEND_LACKS = (
+    re.compile(r"RuntimeError: could not create a primitive descriptor"),  # oneDNN: e.g. a bf16 LSTM on CPU
+    re.compile(r"(RuntimeError|NotImplementedError): .*not implemented for '(BFloat16|Half|ComplexHalf|Float8\w*)'"),
+    re.compile(r"NotImplementedError: Could not run 'aten::\S+' with arguments from the '\w+' backend"),
+)
+
+
+def backend_lacks(exc: BaseException, device: str) -> str | None:
+    """Why the case cannot run on ``device`` when every rank's error says its backend lacks a kernel, else None.
+
+    Narrow on purpose, so a real bug is never recorded as skipped: a pattern of :data:`BACKEND_LACKS`, or a
+    NotImplementedError raised inside torch (not a model's own, nor a module without ``forward``)."""
+    import torch
+
+    torch_dir = os.path.dirname(torch.__file__) + os.sep
+    reasons = []
+    for where, first in _raised(exc):
+        inside_torch = where.startswith(torch_dir) and 'missing the required "forward"' not in first
+        if any(p.match(first) for p in BACKEND_LACKS) or (first.startswith("NotImplementedError:") and inside_torch):
+            reasons.append(first.split(": ", 1)[1].split(". ")[0].strip())  # its first sentence
+        else:
+            return None
+    return f"the {device} backend cannot run this: {reasons[0]}" if reasons else None
+
+
+def unused_parameters(exc: BaseException) -> str | None:
+    """The message for parameters that got no gradient (fleetbench's or torch DDP's), the fix first; else None."""
+    for _, first in _raised(exc):
+        msg = first.split(": ", 1)[-1]
+        if msg.startswith("set find_unused_parameters"):
+            return msg
+        if "find_unused_parameters" in msg:
+            return f"set find_unused_parameters=true: torch DDP says {msg}"
+    return None
+
+
 def _engine_bytes(model_ref: str, size: str) -> int:
     """A bound on one engine's memory on one rank: parameters, gradients, flat buckets, optimizer state."""
     from .models import count_parameters, get_model
@@ -193,6 +249,22 @@ class CaseRunner:
             metadata = collect(world_size=world, backend=opts.backend or None)
         self.metadata = metadata
         self._batches: dict[str, int] = {}
+        self._unused_said = False  # the unused-parameter message is said once per run, then named
+
+    def brief(self, exc: BaseException) -> str:
+        """:func:`short_error`; the unused-parameter message, said in full once per run, is named after that."""
+        msg = unused_parameters(exc)
+        if msg is None:
+            return short_error(exc)
+        if not self._unused_said:
+            self._unused_said = True
+            self.say(msg)
+        return "parameters without a gradient: find_unused_parameters (see above)"
+
+    def _not_timed(self, check: Checked) -> bool:
+        """A check that stopped where timing would stop too: a kernel missing, parameters without a gradient."""
+        return isinstance(check, Exception) and bool(
+            backend_lacks(check, self.opts.device or "cpu") or unused_parameters(check))
 
     def say(self, msg: str) -> None:
         if self.reporter and self._say is not None:
@@ -280,17 +352,24 @@ class CaseRunner:
         try:
             out = self._time(model_rcs, names)
         except Exception as exc:
-            self._progress("timed", model, detail=short_error(exc), seconds=time.perf_counter() - t0, **kw)
+            self._progress("timed", model, detail=self.brief(exc), seconds=time.perf_counter() - t0, **kw)
             raise
         self._progress("timed", model, seconds=time.perf_counter() - t0, **kw)
         return out
 
-    def measure(self, model_rcs: list[ResolvedCase]) -> tuple[dict[str, Outcome], dict[str, str]]:
-        """Metrics per variant (or the exception that stopped it), and per variant why it was timed alone."""
+    def measure(self, model_rcs: list[ResolvedCase], drop: frozenset = frozenset()
+                ) -> tuple[dict[str, Outcome], dict[str, str]]:
+        """Metrics per variant (or the exception that stopped it), and per variant why it was timed alone.
+
+        Variants in ``drop`` are not timed; without the baseline (dropped, or failing alone) the others
+        are timed without it (no speedup)."""
         out: dict[str, Outcome] = {}
         fallback: dict[str, str] = {}
+        model_rcs = [rc for rc in model_rcs if rc.case.variant not in drop]
+        if not model_rcs:
+            return out, fallback
         compute_group = [COMPUTE_ONLY] if any(rc.case.variant == COMPUTE_ONLY for rc in model_rcs) else []
-        groups = self.groups(model_rcs)
+        groups = [g for g in ([n for n in g if n not in drop] for g in self.groups(model_rcs)) if g]
         for gi, group in enumerate(groups, 1):
             # exposed communication needs the compute-only variant in every group's timing
             names = list(dict.fromkeys(group + compute_group))
@@ -302,20 +381,34 @@ class CaseRunner:
                     out.setdefault(COMPUTE_ONLY, got[COMPUTE_ONLY])
                 continue
             except Exception as exc:  # noqa: BLE001 - fall back to one case at a time
-                why = f"interleaved timing of {len(names)} variants failed ({short_error(exc)})"
+                why = f"interleaved timing of {len(names)} variants failed ({self.brief(exc)})"
                 self.say(f"      {why}; timing each case alone with the baseline")
             for n in names:
                 if n == BASELINE and BASELINE in out:
                     continue
+                base = [] if BASELINE in drop or isinstance(out.get(BASELINE), Exception) else [BASELINE]
                 try:
-                    pair = self._timed(model_rcs, list(dict.fromkeys([BASELINE, n])), gi, len(groups))
+                    pair = self._timed(model_rcs, list(dict.fromkeys(base + [n])), gi, len(groups))
                     out[n] = pair.get(n)
                     out.setdefault(BASELINE, pair.get(BASELINE))
-                    fallback[n] = f"{why}; timed alone with the baseline"
+                    fallback[n] = f"{why}; timed alone " + ("with the baseline" if base else "(no baseline: it failed)")
                 except Exception as exc:  # noqa: BLE001
                     out[n] = exc
                     fallback[n] = why
         return out, fallback
+
+    def _check_line(self, res: Checked) -> str:
+        if res is None:
+            return "skipped (--no-check)"
+        if isinstance(res, Exception):
+            lacks = backend_lacks(res, self.opts.device or "cpu")
+            return f"skipped: {lacks}" if lacks else f"error: {self.brief(res)}"
+        detail = ""
+        if res.verdict in ("pass", "fail"):
+            detail = f" (param err {res.param_error:.2g}, loss err {res.loss_error:.2g})"
+        if res.verdict == "fail":
+            detail += f": {res.message}"
+        return f"{res.verdict}{detail}"
 
     # ---- records ------------------------------------------------------------------------------
     def _base_record(self, rc: ResolvedCase) -> CaseRecord:
@@ -333,12 +426,18 @@ class CaseRunner:
         """One case's record from its check and its timing (either may be an exception)."""
         rec = self._base_record(rc)
         rec.fallback = fallback
+        device = self.opts.device or "cpu"
         if isinstance(check, Exception):
-            rec.status, rec.verdict, rec.error = "error", "error", short_error(check, 2000)
+            lacks = backend_lacks(check, device)
+            rec.status = rec.verdict = "skipped" if lacks else "error"
+            rec.error = lacks or unused_parameters(check) or short_error(check, 2000)
         elif check is not None:
             rec.check = CheckSummary.from_dict(check.to_dict(), f"case {rc.case.name}", "check.")
             rec.verdict = check.verdict
-        if isinstance(measured, Exception):
+        if isinstance(measured, Exception) and rec.verdict not in ("error", "fail") and backend_lacks(measured, device):
+            rec.status = rec.verdict = "skipped"  # the check passed or did not run; the timing met the gap
+            rec.error = backend_lacks(measured, device)
+        elif isinstance(measured, Exception):
             rec.status, rec.verdict = "error", "error"
             rec.error = (rec.error + "\n" if rec.error else "") + short_error(measured, 2000)
         elif isinstance(measured, dict):
@@ -367,10 +466,12 @@ class CaseRunner:
             self._progress("check", rc.case.model, case=rc.case.name, done=self._checks[0], total=self._checks[1])
             checks[rc.case.name] = res = self.check(rc)
             self._checks[0] += 1
+            line = self._check_line(res)
             self._progress("checked", rc.case.model, case=rc.case.name, done=self._checks[0], total=self._checks[1],
-                           detail=_check_line(res), seconds=time.perf_counter() - t0)
-            progress(rc, _check_line(res), time.perf_counter() - t0)
-        measured, fallback = self.measure(model_rcs)
+                           detail=line, seconds=time.perf_counter() - t0)
+            progress(rc, line, time.perf_counter() - t0)
+        drop = frozenset(rc.case.variant for rc in model_rcs if self._not_timed(checks.get(rc.case.name)))
+        measured, fallback = self.measure(model_rcs, drop)
         records = []
         for rc in model_rcs:
             rec = self.record(rc, checks.get(rc.case.name), measured.get(rc.case.variant),
@@ -435,19 +536,6 @@ class CaseRunner:
                                                        config=rc.config.to_dict(), warmup=self.opts.warmup),
                                     timeout=self.opts.timeout)
         return PreparedCase(self, rc, key, (answers or [{}])[0].get("describe", {}))
-
-
-def _check_line(res: Checked) -> str:
-    if res is None:
-        return "skipped (--no-check)"
-    if isinstance(res, Exception):
-        return f"error: {short_error(res)}"
-    detail = ""
-    if res.verdict in ("pass", "fail"):
-        detail = f" (param err {res.param_error:.2g}, loss err {res.loss_error:.2g})"
-    if res.verdict == "fail":
-        detail += f": {res.message}"
-    return f"{res.verdict}{detail}"
 
 
 def _device_label(metadata: dict, device: str | None) -> str:

@@ -162,8 +162,10 @@ def main(args) -> int:
                 if rec.status == "skipped":
                     runner.say(f"  skip  {rec.case}: {rec.error}")
                 elif rec.metrics and reporter:
-                    runner.say(f"      {rec.case:28s} {rec.samples_per_s:9.1f} samples/s   speedup "
-                               f"{rec.metrics.get('speedup', float('nan')):.2f}x{_allreduce_counts(rec.describe)}")
+                    sp = rec.metrics.get("speedup")  # none without the baseline (it could not run)
+                    sp_text = "no baseline" if sp is None else f"speedup {sp:.2f}x"
+                    runner.say(f"      {rec.case:28s} {rec.samples_per_s:9.1f} samples/s   {sp_text}"
+                               f"{_allreduce_counts(rec.describe)}")
                 if reporter:
                     _append(args.results, rec)
             records += batch

@@ -49,7 +49,7 @@ from ..config import StrategyConfig
 from ..runtime.device import Platform
 from ..runtime.groups import comm_groups, label_of, node_groups
 from .buckets import Bucket, fusion_log_line, log, param_owners, plan_buckets
-from .grad_sync import GradSync
+from .grad_sync import GradSync, unused_parameters_error
 from .hierarchical import hierarchical_all_reduce
 
 __all__ = ["BucketedGradSync"]
@@ -138,12 +138,7 @@ class BucketedGradSync(GradSync):
         if missing:
             if not self.config.find_unused_parameters:
                 self._drain()  # what was launched completes on every rank; nothing is left hanging
-                names = ", ".join(repr(b.names[k]) for b, k in missing)
-                raise RuntimeError(
-                    f"parameter(s) {names} received no gradient in this step. Every rank must reduce the same "
-                    f"buckets, so fleetbench stops here instead of hanging: set find_unused_parameters=True "
-                    f"(their gradients are then reduced as zeros, as DDP does) or freeze them (requires_grad=False)"
-                )
+                raise unused_parameters_error([b.names[k] for b, k in missing])
             with torch.no_grad():
                 for b, k in missing:
                     b.bind(k)

@@ -22,11 +22,19 @@ import torch.distributed as dist
 from ..config import StrategyConfig
 from . import collectives as C
 
-__all__ = ["GradSync", "PlainGradSync", "NoGradSync", "COMM_DTYPES", "trainable_params"]
+__all__ = ["GradSync", "PlainGradSync", "NoGradSync", "COMM_DTYPES", "trainable_params", "unused_parameters_error"]
 
 # The wire dtype of each grad_comm_dtype: half precision casts; "fp32" (full precision) sends tensors in
 # their own dtype (float32 for ordinary models, float64 in the BatchNorm models' float64 check).
 COMM_DTYPES: dict[str, torch.dtype | None] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def unused_parameters_error(names: list[str]) -> RuntimeError:
+    """The error for parameters without a gradient in a step; the fix first (a terminal may cut the rest)."""
+    return RuntimeError(
+        f"set find_unused_parameters=true (gradients that are missing are then reduced as zeros, as DDP does) "
+        f"or freeze those parameters (requires_grad=False): {', '.join(map(repr, names))} received no gradient "
+        f"in this step, and every rank must reduce the same gradients, so fleetbench stops here instead of hanging")
 
 
 def trainable_params(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
@@ -112,11 +120,7 @@ class GradSync:
         if self.config.find_unused_parameters:
             p.grad = torch.zeros_like(p)
             return p.grad
-        raise RuntimeError(
-            f"parameter {name!r} received no gradient in this step. Every rank must reduce the same "
-            f"gradients, so fleetbench stops here instead of hanging: set find_unused_parameters=True "
-            f"(its gradient is then reduced as zeros, as DDP does) or freeze it (requires_grad=False)"
-        )
+        raise unused_parameters_error([name])
 
 
 class PlainGradSync(GradSync):

@@ -47,3 +47,65 @@ def make_spec(size: str = "cpu") -> ModelSpec:
 
 def not_a_spec(size: str = "cpu"):
     return {"model": "nope"}
+
+
+# oneDNN's message where the CPU has no bf16 LSTM kernel (torch's CPU builds on CPUs without AVX512-BF16).
+ONEDNN_LSTM = "could not create a primitive descriptor for the LSTM forward propagation primitive"
+
+
+class Tagger(nn.Module):
+    """A real LSTM classifier.  Under bf16 autocast on CPU it raises oneDNN's message for a missing bf16 LSTM
+    kernel: where the kernel is missing the LSTM itself raises it; where this torch build has it (AVX512-BF16,
+    as on the machine these tests were written on) a stand-in raises the same message after the real call, so
+    the outcome does not depend on the CPU."""
+
+    def __init__(self, features: int, hidden: int, classes: int):
+        super().__init__()
+        self.lstm = nn.LSTM(features, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        if x.device.type == "cpu" and torch.is_autocast_enabled("cpu") \
+                and torch.get_autocast_dtype("cpu") == torch.bfloat16:
+            raise RuntimeError(ONEDNN_LSTM)  # the stand-in (see the class docstring)
+        return self.head(out[:, -1])
+
+
+class Sequences(Blobs):
+    """Blobs as sequences of 4 steps of 8 features."""
+
+    def __init__(self, n: int, seed: int):
+        super().__init__(n, seed)
+        self.inputs = self.inputs.reshape(n, 4, 8)
+
+
+def make_lstm(size: str = "cpu") -> ModelSpec:
+    hidden = {"full": 1024, "cpu": 128, "tiny": 16}[size]
+    return ModelSpec("lstm", lambda: Tagger(8, hidden, 4), nn.functional.cross_entropy,
+                     lambda n, seed: Sequences(n, seed), data="other", size=size, per_rank_batch=8, dataset_size=256)
+
+
+class Spare(TwoLayer):
+    """A parameter the forward never uses: no gradient in any step."""
+
+    def __init__(self, features: int, hidden: int, classes: int):
+        super().__init__(features, hidden, classes)
+        self.spare = nn.Linear(hidden, classes)
+
+
+def make_spare(size: str = "cpu") -> ModelSpec:
+    return ModelSpec("spare", lambda: Spare(32, 16, 4), nn.functional.cross_entropy, lambda n, seed: Blobs(n, seed),
+                     data="other", size=size, per_rank_batch=8, dataset_size=256)
+
+
+class Buggy(TwoLayer):
+    """An ordinary bug: a shape mismatch in the forward (an error, never skipped)."""
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)) @ torch.ones(3, 3))
+
+
+def make_buggy(size: str = "cpu") -> ModelSpec:
+    return ModelSpec("buggy", lambda: Buggy(32, 16, 4), nn.functional.cross_entropy, lambda n, seed: Blobs(n, seed),
+                     data="other", size=size, per_rank_batch=8, dataset_size=256)
