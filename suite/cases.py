@@ -87,6 +87,13 @@ class Case:
     world_sizes: tuple = WORLD_SIZES  # where the matrix runs it (min_world and up)
     records: tuple = RECORDED  # metrics keys the case's record carries
 
+    def config_for(self, torchrun: bool = False) -> dict:
+        """The config overrides; under torchrun a hierarchical case's nodes are the real machines
+        (``hierarchical_allreduce_inter_nranks`` left unset: LOCAL_WORLD_SIZE), not emulated blocks."""
+        if torchrun and self.config.get("use_hierarchical_allreduce"):
+            return {k: v for k, v in self.config.items() if k != "hierarchical_allreduce_inter_nranks"}
+        return dict(self.config)
+
     def applies_to_world(self, world: int) -> str | None:
         """None when the case runs at ``world`` ranks, else why not."""
         if world < self.min_world:

@@ -66,7 +66,7 @@ class RunOptions:
     backend: str = ""  # "gloo" | "nccl", recorded
     baseline_overrides: tuple = ()  # the run's --set assignments, applied to the baseline too
     results_dir: str = "results"  # traces go to results_dir/traces/RUN_ID/
-    memory_budget: int | None = None  # bytes the ranks' engines may hold at once (None: from the machine)
+    memory_budget: int | None = None  # bytes all ranks' engines may hold at once (None: probed on every rank)
 
 
 @dataclass(frozen=True)
@@ -123,15 +123,13 @@ def _engine_bytes(model_ref: str, size: str) -> int:
     return 4 * 4 * elements  # fp32; four copies (params, grads/buckets, momentum, scratch)
 
 
-def _available_memory() -> int:
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 * 2**30
+def free_memory_on_rank() -> int:
+    """A rank function: the bytes this rank's engines may fill (its GPU's free memory on CUDA, its share of
+    its host's available RAM on CPU; ``Platform.free_memory``)."""
+    from .runtime.context import current
+
+    ctx = current()
+    return ctx.platform.free_memory(ctx.local_world_size)
 
 
 @dataclass
@@ -227,13 +225,23 @@ class CaseRunner:
 
     # ---- timing -----------------------------------------------------------------------------
     def groups(self, rcs: list[ResolvedCase]) -> list[list[str]]:
-        """Variants timed together (each group with the baseline), bounded by the ranks' memory."""
+        """Variants timed together (each group with the baseline), bounded by the ranks' memory.
+
+        Decided once and the same on every rank: the budget is the least any rank may fill (every rank
+        probed, on every host: GPU memory on CUDA, host RAM shared by the local ranks on CPU), and under
+        torchrun rank 0's plan is sent to every rank (``TorchrunLauncher.share``), so ranks on hosts with
+        different free memory still build the same engines and issue collectives in the same order."""
         names = [rc.case.variant for rc in rcs if rc.case.variant != BASELINE]
-        budget = self.opts.memory_budget or int(0.6 * _available_memory())
-        per_engine = _engine_bytes(rcs[0].case.model, self.opts.size) * self.world
-        fit = max(2, budget // max(per_engine, 1))  # engines of one model that fit at once, baseline included
+        if self.opts.memory_budget:
+            budget = self.opts.memory_budget // self.world
+        else:
+            free = self.launcher.run(free_memory_on_rank, timeout=self.opts.timeout)
+            budget = int(0.6 * min(free)) if free else 0  # None: a torchrun rank other than 0 (gets rank 0's plan)
+        fit = max(2, budget // max(_engine_bytes(rcs[0].case.model, self.opts.size), 1))  # baseline included
         size = max(1, int(fit) - 1)
-        return [[BASELINE] + names[i:i + size] for i in range(0, len(names), size)] or [[BASELINE]]
+        plan = [[BASELINE] + names[i:i + size] for i in range(0, len(names), size)] or [[BASELINE]]
+        share = getattr(self.launcher, "share", None)
+        return share(plan) if share is not None else plan
 
     def _time(self, model_rcs: list[ResolvedCase], names: list[str]) -> dict[str, dict]:
         from .measure.timing import time_on_rank

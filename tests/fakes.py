@@ -73,6 +73,7 @@ class FakeCuda:
         self.n = device_count
         self.allocated = allocated
         self.peak = allocated
+        self.free_bytes = 16 * 2**30  # what mem_get_info reports free
         self.Stream = lambda device=None: FakeStream(self, f"side{next(self._ids)}")
         self.Event = lambda enable_timing=False: FakeEvent(self, enable_timing)
 
@@ -141,6 +142,9 @@ class FakeCuda:
 
     def max_memory_allocated(self, device=None) -> int:
         return self.peak
+
+    def mem_get_info(self, device=None) -> tuple[int, int]:
+        return self.free_bytes, 2 * self.free_bytes
 
 
 @dataclass(frozen=True)

@@ -119,7 +119,8 @@ def resolve_cases(args, world: int, local_world: int | None = None) -> list:
     out = []
     for case in cases:
         try:
-            cfg = StrategyConfig.from_dict({**case.config, **base}).with_overrides(args.set)
+            cfg = StrategyConfig.from_dict({**case.config_for(local_world is not None), **base})
+            cfg = cfg.with_overrides(args.set)
         except ConfigError as exc:
             raise ConfigError(f"case {case.name}: {exc}") from None
         why = case.applies_to_world(world)

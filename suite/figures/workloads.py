@@ -81,11 +81,12 @@ def groups(model: str, size: str, world: int, rows: tuple | None = None, budget:
     """Variants timed together: each group is DDP, ``none`` and as many rows as the ranks' memory holds.
 
     The bound is the runner's (``suite.runner``): 16 bytes per parameter per engine per rank."""
-    from ..runner import _available_memory, _engine_bytes
+    from ..runner import _engine_bytes
+    from ..runtime.device import host_available_memory
 
     if budget is None:
         gb = os.environ.get("FLEETBENCH_FIGURE_MEMORY_GB")
-        budget = int(float(gb) * 2**30) if gb else int(0.6 * _available_memory())
+        budget = int(float(gb) * 2**30) if gb else int(0.6 * host_available_memory())
     rows = rows_for(model) if rows is None else rows
     per_engine = _engine_bytes(model, size) * world
     per_group = max(1, budget // max(per_engine, 1) - 2)  # engines besides DDP and none

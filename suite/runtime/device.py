@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 __all__ = ["Platform", "CudaUnavailable", "require_cuda", "select_platform", "default_threads", "HostMark",
-           "MemoryWindow", "cuda_device_count"]
+           "MemoryWindow", "cuda_device_count", "host_available_memory"]
 
 
 class CudaUnavailable(RuntimeError):
@@ -133,6 +133,18 @@ def _reset_rss_peak() -> bool:
         return True
     except OSError:
         return False
+
+
+def host_available_memory() -> int:
+    """The host's available RAM (``MemAvailable``), bytes; 8 GiB where /proc/meminfo cannot be read."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * 2**30
 
 
 def _ru_maxrss() -> int:
@@ -242,6 +254,13 @@ class Platform:
     def memory_window(self) -> MemoryWindow:
         """Open a peak-memory window now; ``close()`` it (or use it as a context manager) at the end."""
         return MemoryWindow(self).open()
+
+    def free_memory(self, local_ranks: int = 1) -> int:
+        """Bytes this rank may fill: its GPU's free memory (``mem_get_info``) on CUDA; on CPU its share of
+        the host's available RAM, which the ``local_ranks`` ranks on the host share."""
+        if self.is_cuda:
+            return int(self.cuda.mem_get_info(self.device)[0])
+        return host_available_memory() // max(1, local_ranks)
 
     def describe(self) -> dict:
         info = {"device_type": self.device_type, "backend": self.backend, "device": str(self.device)}

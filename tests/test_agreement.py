@@ -1,0 +1,77 @@
+"""Agreement across ranks and hosts (issue 22, item 5): decisions that shape engines or collective order
+are made once and shared, and a rank error under NCCL leaves no orphaned collective for the next case."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from tests.test_public_api import HERE, ROOT, torchrun
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_hosts_with_different_free_memory_build_the_same_groups(tmp_path):
+    """Two torchrun agents ("hosts", one rank each) whose free-memory probes differ by a factor of 2**40:
+    each used to split the variants by its own memory (one group on host 0, one variant per group on host
+    1: different engines, collectives out of order).  Both now time the groups the tightest host allows."""
+    out = tmp_path / "groups"
+    port = _free_port()
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
+               GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
+    agents = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node),
+         "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
+         os.path.join(HERE, "scripts", "two_hosts.py"), str(out)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
+    try:
+        logs = [a.communicate(timeout=180)[0] for a in agents]
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                a.kill()
+                a.wait()
+    assert all(a.returncode == 0 for a in agents), "\n".join(log[-2000:] for log in logs)
+    got = [json.loads((tmp_path / f"groups.{r}").read_text()) for r in range(2)]
+    assert {g["host"] for g in got} == {"0", "1"}
+    expected = [["plain", "ddp"], ["plain", "fusion"], ["plain", "overlap"]]  # host 1 holds one engine besides
+    assert got[0]["groups"] == got[1]["groups"] == expected, got
+
+
+def test_a_rank_error_rebuilds_the_world_so_no_orphaned_collective_pairs_with_the_next(tmp_path):
+    """Rank 0 leaves an allreduce queued (as an NCCL rank does: collectives are asynchronous) while rank 1
+    raises.  Reusing the process group, the next call's allreduce pairs with the orphan (gloo here fails or
+    hangs until its timeout); after the rebuild the next allreduce sums what this call sent.  The rebuild is
+    forced on gloo (``rebuild_on_error=True``); under NCCL it is the default."""
+    out = tmp_path / "sums.json"
+    proc = torchrun([os.path.join(HERE, "scripts", "rebuild.py"), str(out)], timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got == {"sums": [3.0, 3.0], "rebuilds": 1}, got
+
+
+def test_hierarchical_cases_under_torchrun_take_the_nodes_from_local_world_size():
+    """`*/hierarchical` emulates nodes of 2 ranks on one machine; under torchrun (LOCAL_WORLD_SIZE known) its
+    nodes are the real machines: 2 hosts of 4 ranks -> inter_nranks 4, not 2; a --set value still wins."""
+    from suite.cli.run import resolve_cases
+
+    class Args:
+        case, tag, model, set, config, size = ["mlp/hierarchical"], [], [], [], None, "tiny"
+
+    (local,) = resolve_cases(Args, 8)
+    assert local.config.resolve_inter_nranks(8) == 2 and local.skip is None
+    (multi,) = resolve_cases(Args, 8, local_world=4)
+    assert multi.config.hierarchical_allreduce_inter_nranks is None and multi.skip is None
+    assert multi.config.resolve_inter_nranks(8, 4) == 4
+    Args.set = ["hierarchical_allreduce_inter_nranks=2"]
+    with pytest.warns(UserWarning, match="differs from torchrun's LOCAL_WORLD_SIZE=4"):
+        (given,) = resolve_cases(Args, 8, local_world=4)
+    assert given.config.hierarchical_allreduce_inter_nranks == 2
