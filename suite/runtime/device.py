@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 __all__ = ["Platform", "CudaUnavailable", "require_cuda", "select_platform", "default_threads", "HostMark",
-           "MemoryWindow", "cuda_device_count", "host_available_memory"]
+           "MemoryWindow", "cuda_device_count", "host_available_memory", "platform_of"]
 
 
 class CudaUnavailable(RuntimeError):
@@ -291,6 +292,13 @@ def select_platform(device: str | None = None, local_rank: int = 0, local_world_
             + ": start at most that many ranks per node, or ask for the CPU with --device cpu"
         )
     return Platform("cuda", "nccl", local_rank)
+
+
+def platform_of(tensors, group=None) -> Platform:
+    """The platform of a user's own process group (no fleetbench rank context): the device of the first of
+    ``tensors`` (the parameters) and the group's backend, so NCCL on GPUs takes the CUDA paths."""
+    dev = next((t.device for t in tensors), torch.device("cpu"))
+    return Platform("cuda" if dev.type == "cuda" else "cpu", str(dist.get_backend(group)), dev.index or 0)
 
 
 def default_threads(local_world_size: int, num_threads: int | None = None) -> int:
