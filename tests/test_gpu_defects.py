@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import types
 
+import pytest
 import torch
 
 from suite.runtime.device import Platform, platform_of
@@ -48,3 +49,93 @@ def test_bucketed_sync_without_a_rank_context_asks_the_process_group(pool2):
     context it used to assume CPU/gloo whatever the group; now the group's backend (here a stand-in) counts."""
     got = pool2.run(bucketed_platform_without_context_on_rank)
     assert got == [{"device_type": "cpu", "backend": "the-groups-backend"}] * 2, got
+
+
+# ---- ab's injected slowdown: on the device, x% of the measured step (call-sequence tests on the fake) ----
+def test_busy_on_cuda_queues_a_spin_kernel_on_the_current_stream_sized_by_event_timing():
+    """Locks the call sequence only: the fake's clock stands for the GPU's, so the event calibration is exact."""
+    from tests.fakes import FakeCuda, fake_cuda_platform
+
+    api = FakeCuda()
+    api.spin_hz = 2.0e9  # this fake GPU spins 2e9 cycles a second
+    p = fake_cuda_platform(api)
+    p.spin_rate()  # calibrated once: a spin timed between two events, one synchronize
+    assert len(api.entries("synchronize")) == 1
+    api.log.clear()
+    with p.use_stream(side := p.new_stream()):
+        p.busy(0.01)
+    (work,) = api.entries("sleep")
+    assert work[3] == side.name  # the step's (current) stream, where the spin delays what follows
+    assert abs(work[2] - 0.01 * 2.0e9) <= 1, work  # 10 ms of this GPU's cycles
+    assert not api.entries("synchronize")  # the host does not wait
+
+
+def test_busy_on_cpu_spins_the_host_until_the_time_is_spent(monkeypatch):
+    import suite.runtime.device as device
+
+    clock = iter(i * 1e-3 for i in range(10_000))  # a host clock that advances 1 ms a reading
+    monkeypatch.setattr(device.time, "perf_counter", lambda: next(clock))
+    Platform("cpu", "gloo").busy(0.010)
+    assert next(clock) == pytest.approx(11e-3)  # readings at 0 (the start), 1, … 10 ms (the end): 11 taken
+
+
+def test_injected_slowdown_is_a_fraction_of_the_measured_step_queued_after_the_step(monkeypatch):
+    """inject_on_rank measures the prepared case's step (a calibration window, StepClock's times) and adds
+    fraction x its median to every later step, after the step's own work, on the device."""
+    from suite.ab import server
+    from suite.measure import timing
+    from suite.measure.timing import Window
+    from tests.fakes import FakeCuda, fake_cuda_platform
+
+    api = FakeCuda()
+    platform = fake_cuda_platform(api)
+    platform.spin_rate()  # calibrated once, before the log is read
+
+    class Prepared:
+        wl = types.SimpleNamespace(platform=platform)
+        engine = types.SimpleNamespace(train_step=lambda x, y: api._log("step") or "loss")
+
+        def window(self, n, record=True):
+            assert not record and n == 5
+            return Window(1.0, [0.10, 0.30, 0.20, 0.20, 0.25], [], 0)
+
+    monkeypatch.setitem(timing._PREPARED, "k", Prepared())
+    assert server.inject_on_rank("k", 0.05) == {"step_s": 0.20, "added_s": 0.05 * 0.20}
+    api.log.clear()
+    assert Prepared.engine.train_step(None, None) == "loss"
+    kinds = [e[1] for e in api.log]
+    assert kinds == ["step", "sleep"], api.log
+    assert abs(api.log[1][2] - 0.01 * api.spin_hz) <= 1  # 5% of the 0.2 s median step
+
+
+def test_ab_refuses_too_few_gpus_instead_of_running_on_the_cpu(monkeypatch):
+    import argparse
+
+    from suite.cli import ab
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    args = argparse.Namespace(nproc=2, steps=5, check_steps=3, trial_warmup=1, warmup=2, device=None)
+    try:
+        ab.options(args)
+    except ValueError as exc:
+        assert "--nproc 2" in str(exc) and "torch sees 1" in str(exc), exc
+    else:
+        raise AssertionError("ab chose a device with 2 ranks on 1 GPU")
+
+
+def test_injection_runs_on_real_ranks(pool2):
+    """The real path on CPU ranks: calibration window, then slowed windows (no timing asserted)."""
+    from suite.ab.server import inject_on_rank
+    from suite.measure.timing import drop_case, prepare_case, run_window
+    from suite.workload import WorkloadSpec
+
+    key = "inject-test"
+    pool2.run(prepare_case, dict(key=key, workload_spec=WorkloadSpec("mlp", "tiny"), config={}, warmup=1))
+    try:
+        got = pool2.run(inject_on_rank, dict(key=key, fraction=0.5, calibration_steps=3))
+        assert all(g["step_s"] > 0 and g["added_s"] == 0.5 * g["step_s"] for g in got), got
+        windows = pool2.run(run_window, dict(key=key, steps=2))
+        assert all(len(w["step_times_s"]) == 2 for w in windows)
+    finally:
+        pool2.run(drop_case, dict(key=key))

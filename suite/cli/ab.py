@@ -78,11 +78,12 @@ def options(args):
     for name in ("trial_warmup", "warmup"):
         if getattr(args, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 0")
-    device = args.device
-    if device is None:
-        import torch
+    from ..runtime.device import CudaUnavailable, select_platform
 
-        device = "cuda" if torch.cuda.is_available() and torch.cuda.device_count() >= args.nproc else "cpu"
+    try:  # with CUDA present, fewer GPUs than --nproc is an error naming both, never a silent CPU run
+        device = select_platform(args.device, 0, args.nproc).device_type
+    except CudaUnavailable as exc:
+        raise ValueError(f"--nproc {args.nproc}: {exc}") from None
     size = args.size or ("full" if device == "cuda" else "cpu")
     seq = SeqOptions(delta=args.delta, confidence=args.confidence, min_blocks=args.min_blocks,
                      max_blocks=args.max_blocks, budget_s=args.budget, seed=args.seed, rotate=args.rotate,

@@ -154,6 +154,9 @@ def _ru_maxrss() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
+_SPIN_RATE: dict = {}  # (CUDA API, device) -> torch.cuda._sleep cycles per second
+
+
 @dataclass(frozen=True)
 class Platform:
     device_type: str  # "cpu" | "cuda"
@@ -250,6 +253,34 @@ class Platform:
         if isinstance(a, HostMark) and isinstance(b, HostMark):
             return b.t - a.t
         return a.elapsed_time(b) / 1e3  # milliseconds -> seconds
+
+    # -- injected work ---------------------------------------------------------------
+    def busy(self, seconds: float) -> None:
+        """Add ``seconds`` of work where this rank's step runs, never a sleep of the host.  CUDA: a spin
+        kernel (``torch.cuda._sleep``, cycles) queued on the current (compute) stream, its cycles per second
+        measured once with timing events; the host returns at once, as with any kernel.  CPU: a busy loop
+        on the host, which competes for the cores as real work does."""
+        if seconds <= 0:
+            return
+        if not self.is_cuda:
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                pass
+            return
+        self.cuda._sleep(max(1, int(seconds * self.spin_rate())))
+
+    def spin_rate(self) -> float:
+        """Cycles of ``torch.cuda._sleep`` per second on this GPU, timed with events (cached per device)."""
+        key = (id(self.cuda), str(self.device))
+        if key not in _SPIN_RATE:
+            self.cuda._sleep(1000)  # the first launch pays for loading the kernel
+            cycles = 20_000_000  # ~10 ms at the clocks of current GPUs
+            a = self.mark()
+            self.cuda._sleep(cycles)
+            b = self.mark()
+            self.synchronize()
+            _SPIN_RATE[key] = cycles / self.elapsed(a, b)
+        return _SPIN_RATE[key]
 
     # -- memory ------------------------------------------------------------------------
     def memory_window(self) -> MemoryWindow:
