@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from suite.runtime.device import Platform, platform_of
+from tests.test_gpu_paths import one_rank_world  # noqa: F401 - the fixture: a one-rank world on fake CUDA
 
 
 def test_platform_of_a_users_process_group_is_the_parameters_device_and_the_groups_backend(monkeypatch):
@@ -139,3 +140,27 @@ def test_injection_runs_on_real_ranks(pool2):
         assert all(len(w["step_times_s"]) == 2 for w in windows)
     finally:
         pool2.run(drop_case, dict(key=key))
+
+
+# ---- what a collective's start mark means -------------------------------------------------------------
+@pytest.mark.usefixtures("one_rank_world")
+def test_collective_spans_say_what_their_start_marks():
+    """On CUDA the start is a mark on the calling stream (NCCL's own stream is not reachable from Python):
+    the span and the trace say so, rather than passing it off as the kernel's start."""
+    from suite.comm import collectives as C
+    from suite.report.trace import chrome_trace
+
+    C.STATS.record_spans(True)
+    try:
+        C.all_reduce(torch.ones(4))
+        (span,) = C.STATS.spans
+    finally:
+        C.STATS.record_spans(False)
+    assert span.ev_launch is not None and span.ev_launch.stream == "default"  # the calling stream
+    assert "calling stream reached the collective" in span.start_means and "queueing" in span.start_means
+    comm = {"op": "all_reduce", "group": "world", "nbytes": 16, "start": span.start_means, "t0": 1.0, "t1": 2.0}
+    trace = chrome_trace([{"rank": 0, "steps": [{"t0": 0.0, "t1": 3.0, "forward": None, "grads": [],
+                                                  "comm": [comm]}], "buckets": []}])
+    (begin,) = [e for e in trace["traceEvents"] if e.get("ph") == "b"]
+    assert begin["args"]["start"] == span.start_means
+    assert "inside the call" in C.Span("all_reduce", "world", 16, 0.0).start_means  # gloo: host time is right
