@@ -59,7 +59,7 @@ class RunOptions:
     warmup: int = 2  # warm-up steps per case, not recorded
     check: bool = True
     check_steps: int = 3
-    timeout: float = 600.0  # bound on every multi-rank call, seconds
+    timeout: float | None = None  # bound on every multi-rank call, seconds (None: scaled, CaseRunner.call_timeout)
     trace_steps: int = 0  # traced steps per case after timing (0: no trace)
     utilization: bool = True
     device: str | None = None  # "cpu" | "cuda" (what the ranks run on; None: the platform's choice)
@@ -123,6 +123,20 @@ def _engine_bytes(model_ref: str, size: str) -> int:
     return 4 * 4 * elements  # fp32; four copies (params, grads/buckets, momentum, scratch)
 
 
+BASE_TIMEOUT_S = 600.0  # a multi-rank call's bound before its steps: ranks, engines, data
+SIZE_STEP_FACTOR = {"tiny": 0.25, "cpu": 1.0, "full": 4.0}  # longer inputs and batches per step at each size
+
+
+def step_allowance_s(model_ref: str, size: str, device: str | None = None) -> float:
+    """A generous bound on one training step of one engine: on CPU 1 s per 10 M parameters (at least 1 s),
+    times the size's factor; a tenth of that on a GPU.  Rough on purpose: it only has to keep a slow but
+    healthy call from being killed (a hang in a collective ends sooner, at the process-group timeout)."""
+    from .models import count_parameters, get_model
+
+    _, elements = count_parameters(get_model(model_ref, size))
+    return max(1.0, elements / 1e7) * SIZE_STEP_FACTOR.get(size, 1.0) * (0.1 if device == "cuda" else 1.0)
+
+
 def free_memory_on_rank() -> int:
     """A rank function: the bytes this rank's engines may fill (its GPU's free memory on CUDA, its share of
     its host's available RAM on CPU; ``Platform.free_memory``)."""
@@ -147,7 +161,7 @@ class PreparedCase:
         from .measure.timing import run_window
 
         answers = self.runner.launcher.run(run_window, dict(key=self.key, steps=self.runner.opts.steps),
-                                           timeout=self.runner.opts.timeout)
+                                           timeout=self.runner.call_timeout(self.rc.case.model, self.runner.opts.steps))
         self.windows.append(answers)
         return answers
 
@@ -155,7 +169,8 @@ class PreparedCase:
         """The summary of every window run so far, as ``fleetbench run`` would record it (no baseline)."""
         from .measure.timing import prepared_result
 
-        answers = self.runner.launcher.run(prepared_result, dict(key=self.key), timeout=self.runner.opts.timeout)
+        answers = self.runner.launcher.run(prepared_result, dict(key=self.key),
+                                           timeout=self.runner.call_timeout(self.rc.case.model, 0))
         wl = self.runner.workload_spec(self.rc.case)
         batch = self.runner.per_rank_batch(self.rc.case)
         return summarize(answers, [self.key], batch * self.runner.world, self.runner.opts.steps, self.runner.world,
@@ -164,7 +179,7 @@ class PreparedCase:
     def close(self) -> None:
         from .measure.timing import drop_case
 
-        self.runner.launcher.run(drop_case, dict(key=self.key), timeout=self.runner.opts.timeout)
+        self.runner.launcher.run(drop_case, dict(key=self.key), timeout=self.runner.call_timeout(self.rc.case.model, 0))
 
 
 class CaseRunner:
@@ -185,6 +200,7 @@ class CaseRunner:
             metadata = collect(world_size=world, backend=opts.backend or None)
         self.metadata = metadata
         self._batches: dict[str, int] = {}
+        self._allowance: dict[str, float] = {}
 
     def say(self, msg: str) -> None:
         if self.reporter and self._say is not None:
@@ -207,6 +223,15 @@ class CaseRunner:
     def workload_spec(self, case: Case) -> WorkloadSpec:
         return WorkloadSpec(case.model, self.opts.size, self.per_rank_batch(case))
 
+    def call_timeout(self, model: str, steps: int, variants: int = 1) -> float:
+        """The bound on one multi-rank call: ``--timeout`` when given, else 600 s plus ``steps`` x ``variants``
+        x the model's step allowance (:func:`step_allowance_s`), so GPT-2 ``full`` with every variant fits."""
+        if self.opts.timeout is not None:
+            return self.opts.timeout
+        if model not in self._allowance:
+            self._allowance[model] = step_allowance_s(model, self.opts.size, self.opts.device)
+        return BASE_TIMEOUT_S + steps * variants * self._allowance[model]
+
     def baseline_config(self) -> StrategyConfig:
         return StrategyConfig().with_overrides(list(self.opts.baseline_overrides))
 
@@ -218,8 +243,10 @@ class CaseRunner:
         from .check.harness import run_check
 
         try:
+            # every rank's steps, then the reference's (every rank's shard in one process)
+            timeout = self.call_timeout(rc.case.model, self.opts.check_steps, variants=self.world + 1)
             return run_check(self.launcher, self.workload_spec(rc.case), rc.config, steps=self.opts.check_steps,
-                             timeout=self.opts.timeout)
+                             timeout=timeout)
         except Exception as exc:  # noqa: BLE001 - a failed case is reported, the run goes on
             return exc
 
@@ -235,7 +262,7 @@ class CaseRunner:
         if self.opts.memory_budget:
             budget = self.opts.memory_budget // self.world
         else:
-            free = self.launcher.run(free_memory_on_rank, timeout=self.opts.timeout)
+            free = self.launcher.run(free_memory_on_rank, timeout=self.call_timeout(rcs[0].case.model, 0))
             budget = int(0.6 * min(free)) if free else 0  # None: a torchrun rank other than 0 (gets rank 0's plan)
         fit = max(2, budget // max(_engine_bytes(rcs[0].case.model, self.opts.size), 1))  # baseline included
         size = max(1, int(fit) - 1)
@@ -258,7 +285,8 @@ class CaseRunner:
                 dict(workload_spec=self.workload_spec(case), warmup=self.opts.warmup, steps=self.opts.steps,
                      rounds=self.opts.rounds,
                      variants=[{"name": n, "config": configs[n].to_dict()} for n in names]),
-                timeout=self.opts.timeout)
+                timeout=self.call_timeout(case.model, self.opts.warmup + self.opts.rounds * self.opts.steps,
+                                          len(names)))
         finally:
             if sampler is not None:
                 sampler.stop()
@@ -412,7 +440,7 @@ class CaseRunner:
         try:
             answers = self.launcher.run(trace_on_rank, dict(workload_spec=self.workload_spec(rc.case),
                                                             config=rc.config.to_dict(), steps=self.opts.trace_steps),
-                                        timeout=self.opts.timeout)
+                                        timeout=self.call_timeout(rc.case.model, self.opts.trace_steps + 1))
         except Exception as exc:  # noqa: BLE001 - the timing stands; the trace is reported missing
             rec.metrics["trace_error"] = short_error(exc)
             return
@@ -432,7 +460,7 @@ class CaseRunner:
         key = f"{rc.case.name}@{self.world}"
         answers = self.launcher.run(prepare_case, dict(key=key, workload_spec=self.workload_spec(rc.case),
                                                        config=rc.config.to_dict(), warmup=self.opts.warmup),
-                                    timeout=self.opts.timeout)
+                                    timeout=self.call_timeout(rc.case.model, self.opts.warmup))
         return PreparedCase(self, rc, key, (answers or [{}])[0].get("describe", {}))
 
 

@@ -164,3 +164,20 @@ def test_collective_spans_say_what_their_start_marks():
     (begin,) = [e for e in trace["traceEvents"] if e.get("ph") == "b"]
     assert begin["args"]["start"] == span.start_means
     assert "inside the call" in C.Span("all_reduce", "world", 16, 0.0).start_means  # gloo: host time is right
+
+
+# ---- the per-call timeout ---------------------------------------------------------------------------------
+def test_the_per_call_timeout_scales_with_steps_variants_and_model_and_a_given_one_wins():
+    """600 s for every call was too short for GPT-2 `full` with its 13 variants interleaved."""
+    from suite.runner import CaseRunner, RunOptions
+
+    def runner(**kw):
+        return CaseRunner(None, 8, RunOptions(size="full", device="cuda", **kw), metadata={})
+
+    r = runner()
+    one = r.call_timeout("gpt2", steps=1) - 600
+    assert one > 0
+    assert r.call_timeout("gpt2", steps=27, variants=13) - 600 == pytest.approx(27 * 13 * one)  # steps x variants
+    assert r.call_timeout("gpt2", 27, 13) > 1800  # the default run (2 + 5 x 5 steps), every variant at once
+    assert r.call_timeout("mlp", 1) - 600 < one  # a smaller model, a smaller allowance
+    assert runner(timeout=42.0).call_timeout("gpt2", 27, 13) == 42.0  # --timeout given: exactly that
