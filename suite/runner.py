@@ -278,7 +278,8 @@ class CaseRunner:
         configs.setdefault(BASELINE, self.baseline_config())
         case = model_rcs[0].case
         device = self.opts.device or "cpu"
-        sampler = UtilizationSampler(device=device).start() if (self.opts.utilization and self.reporter) else None
+        # every node's local rank 0 samples (UtilizationSampler.active); under torchrun that is not only rank 0
+        sampler = UtilizationSampler(device=device).start() if self.opts.utilization else None
         try:
             answers = self.launcher.run(
                 time_on_rank,
@@ -290,12 +291,16 @@ class CaseRunner:
         finally:
             if sampler is not None:
                 sampler.stop()
+        util = sampler.summary() if sampler is not None else None
+        gather = getattr(self.launcher, "gather", None)  # torchrun: every node's sampler, to rank 0
+        nodes = gather(util if sampler is not None and sampler.active else None) if gather and util else None
         if answers is None:  # a non-reporting torchrun rank
             return {}
         out = summarize(answers, names, self.per_rank_batch(case) * self.world, self.opts.steps, self.world,
                         baseline=BASELINE)
-        if sampler is not None:
-            util = sampler.summary()
+        if util is not None and self.reporter:
+            if nodes is not None:
+                util["nodes"] = [{k: v for k, v in u.items() if k != "samples"} for u in nodes if u is not None]
             util["shared_by"] = names  # the variants ran interleaved: one sampling covers them all
             for s in out.values():
                 s["utilization"] = util

@@ -44,6 +44,7 @@ def test_two_hosts_with_different_free_memory_build_the_same_groups(tmp_path):
     assert {g["host"] for g in got} == {"0", "1"}
     expected = [["plain", "ddp"], ["plain", "fusion"], ["plain", "overlap"]]  # host 1 holds one engine besides
     assert got[0]["groups"] == got[1]["groups"] == expected, got
+    assert got[0]["gathered"] == ["0", "1"] and got[1]["gathered"] is None  # every node's value on rank 0
 
 
 def test_a_rank_error_rebuilds_the_world_so_no_orphaned_collective_pairs_with_the_next(tmp_path):

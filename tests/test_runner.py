@@ -99,6 +99,21 @@ def test_a_failed_interleaved_timing_is_recorded_as_a_fallback():
     assert all(r.fallback is None for r in interleaved)
 
 
+def test_utilization_of_every_node_reaches_the_record():
+    """Under torchrun each node's local rank 0 samples its GPUs; the runner gathers them to rank 0 (the
+    launcher's ``gather``), so node 1's GPUs are in the record, not only rank 0's node."""
+    class TorchrunLike(FakeLauncher):
+        def gather(self, value):
+            node1 = {"sampled": True, "host": "node1", "gpus": [{"util_pct": {"median": 77.0}}], "samples": [1]}
+            return [value, None, node1, None]  # ranks 0..3 on 2 nodes: local ranks 0 send, the others None
+
+    runner = CaseRunner(TorchrunLike(), 2, RunOptions(check=False, utilization=True), metadata=META)
+    (rec,) = runner.run_model([_rc("mlp/plain")], lambda *a: None)
+    nodes = rec.metrics["utilization"]["nodes"]
+    assert [n["host"] for n in nodes] == [rec.metrics["utilization"]["host"], "node1"], nodes
+    assert nodes[1]["gpus"][0]["util_pct"]["median"] == 77.0 and "samples" not in nodes[1]
+
+
 def test_a_non_finite_loss_fails_the_case_naming_the_step():
     rcs = [_rc("mlp/plain"), _rc("mlp/overlap")]
     records = _runner(FakeLauncher(losses=(1.0, float("nan"), 0.5))).run_model(rcs, lambda *a: None)

@@ -108,6 +108,21 @@ class TorchrunLauncher:
         self.store.wait([key], datetime.timedelta(seconds=self.timeout))
         return pickle.loads(self.store.get(key))
 
+    def gather(self, value: Any) -> list | None:
+        """Every rank's ``value`` on rank 0, in rank order (through the store); None on the other ranks."""
+        self._call += 1
+        prefix = f"fleetbench/torchrun/call{self._call}/gathered"
+        if not self.is_reporter:
+            self.store.set(f"{prefix}{self.ctx.rank}", pickle.dumps(value))  # type: ignore[arg-type]  # bytes work
+            return None
+        out = [value]
+        for r in range(1, self.nproc):
+            key = f"{prefix}{r}"
+            self.store.wait([key], datetime.timedelta(seconds=self.timeout))
+            out.append(pickle.loads(self.store.get(key)))
+            self.store.delete_key(key)
+        return out
+
     def rebuild(self) -> None:
         """Abort every communicator and build a new default process group over a fresh prefix of the same
         store, on every rank (all of them reported, so all of them are here).  NCCL: ``_abort_process_group``

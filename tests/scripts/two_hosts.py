@@ -2,7 +2,7 @@
 
 Started by two torchrun agents (``--nnodes 2 --node_rank N``), one rank each.  Each host's free-memory
 probe is faked from its node rank (torchrun's GROUP_RANK): node 0 has a terabyte, node 1 almost nothing.
-Each rank writes the groups its runner decided to ``OUT.RANK``."""
+Each rank writes the groups its runner decided to ``OUT.RANK``, and what ``gather`` brought it."""
 import json
 import os
 import sys
@@ -33,7 +33,8 @@ if __name__ == "__main__":
         runner = CaseRunner(launcher, ctx.world_size, RunOptions(size="tiny", check=False, utilization=False),
                             metadata={}, reporter=ctx.rank == 0)
         plan = runner.groups(resolve_cases(Args, ctx.world_size, ctx.local_world_size))
+        hosts = launcher.gather(os.environ["GROUP_RANK"])  # what each node's sampler would send to rank 0
         with open(f"{sys.argv[1]}.{ctx.rank}", "w") as fh:
-            json.dump({"host": os.environ["GROUP_RANK"], "groups": plan}, fh)
+            json.dump({"host": os.environ["GROUP_RANK"], "groups": plan, "gathered": hosts}, fh)
     finally:
         shutdown()
