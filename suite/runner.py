@@ -235,6 +235,24 @@ class CaseRunner:
     def baseline_config(self) -> StrategyConfig:
         return StrategyConfig().with_overrides(list(self.opts.baseline_overrides))
 
+    def recover(self, exc: BaseException) -> None:
+        """After a rank error under NCCL, a peer of the failing rank may hold a collective queued on its NCCL
+        stream that the next case's first collective would pair with: every rank aborts its communicators
+        and joins a new world before the next call (``rebuild_world_on_rank``; the torchrun launcher does
+        it itself).  If that fails, the pool is closed, and its next call starts fresh ranks."""
+        from .runtime.pool import RankError
+
+        if not (isinstance(exc, RankError) and self.opts.backend == "nccl") or hasattr(self.launcher, "rebuild"):
+            return
+        from .runtime.torchrun import rebuild_world_on_rank
+
+        try:
+            self.launcher.run(rebuild_world_on_rank, dict(tag=uuid.uuid4().hex), timeout=BASE_TIMEOUT_S)
+        except Exception as again:  # noqa: BLE001 - fresh ranks instead
+            self.say(f"      rebuilding the process group after a rank error failed ({short_error(again)}); "
+                     f"restarting the ranks")
+            self.launcher.close()
+
     # ---- check ----------------------------------------------------------------------------
     def check(self, rc: ResolvedCase) -> Checked:
         """The case's CheckResult, the exception that stopped it, or None (no check asked)."""
@@ -248,6 +266,7 @@ class CaseRunner:
             return run_check(self.launcher, self.workload_spec(rc.case), rc.config, steps=self.opts.check_steps,
                              timeout=timeout)
         except Exception as exc:  # noqa: BLE001 - a failed case is reported, the run goes on
+            self.recover(exc)
             return exc
 
     # ---- timing -----------------------------------------------------------------------------
@@ -337,6 +356,7 @@ class CaseRunner:
                     out.setdefault(COMPUTE_ONLY, got[COMPUTE_ONLY])
                 continue
             except Exception as exc:  # noqa: BLE001 - fall back to one case at a time
+                self.recover(exc)
                 why = f"interleaved timing of {len(names)} variants failed ({short_error(exc)})"
                 self.say(f"      {why}; timing each case alone with the baseline")
             for n in names:
@@ -348,6 +368,7 @@ class CaseRunner:
                     out.setdefault(BASELINE, pair.get(BASELINE))
                     fallback[n] = f"{why}; timed alone with the baseline"
                 except Exception as exc:  # noqa: BLE001
+                    self.recover(exc)
                     out[n] = exc
                     fallback[n] = why
         return out, fallback
@@ -447,6 +468,7 @@ class CaseRunner:
                                                             config=rc.config.to_dict(), steps=self.opts.trace_steps),
                                         timeout=self.call_timeout(rc.case.model, self.opts.trace_steps + 1))
         except Exception as exc:  # noqa: BLE001 - the timing stands; the trace is reported missing
+            self.recover(exc)
             rec.metrics["trace_error"] = short_error(exc)
             return
         if answers is None or not self.reporter:

@@ -76,3 +76,68 @@ def test_hierarchical_cases_under_torchrun_take_the_nodes_from_local_world_size(
     with pytest.warns(UserWarning, match="differs from torchrun's LOCAL_WORLD_SIZE=4"):
         (given,) = resolve_cases(Args, 8, local_world=4)
     assert given.config.hierarchical_allreduce_inter_nranks == 2
+
+
+_PENDING: list = []
+
+
+def leave_one_queued_on_rank() -> int:
+    """Rank 0 queues an allreduce rank 1 never joins (as an NCCL rank's asynchronous launch leaves it)."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        _PENDING.append(dist.all_reduce(torch.full((1,), 100.0), async_op=True))
+        return 0
+    raise ValueError("boom on rank 1")
+
+
+def reduce_rank_on_rank() -> float:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.full((1,), float(dist.get_rank() + 1))
+    dist.all_reduce(t)
+    return t.item()
+
+
+def test_a_rank_pool_world_is_rebuilt_in_place_after_a_rank_error():
+    """The rank pool's side (the single-host GPU nightly): `rebuild_world_on_rank` on every rank, then the next
+    allreduce sums what it was sent.  A pool of its own: the orphaned collective must not reach the session's."""
+    from suite.runtime import RankPool
+    from suite.runtime.pool import RankError
+    from suite.runtime.torchrun import rebuild_world_on_rank
+
+    pool = RankPool(2, timeout=120, pg_timeout=20, num_threads=1)
+    try:
+        with pytest.raises(RankError, match="boom on rank 1"):
+            pool.run(leave_one_queued_on_rank)
+        assert pool.run(rebuild_world_on_rank, {"tag": "test"}) == [True, True]
+        assert pool.run(reduce_rank_on_rank, timeout=60) == [3.0, 3.0]
+    finally:
+        pool.close()
+
+
+def test_the_runner_rebuilds_the_world_after_a_rank_error_under_nccl():
+    from suite.runner import CaseRunner, RunOptions
+    from suite.runtime.pool import RankError
+    from suite.runtime.torchrun import rebuild_world_on_rank
+    from tests.test_runner import FakeLauncher, _rc
+
+    class Launcher(FakeLauncher):
+        def run(self, fn, kwargs=None, timeout=None):
+            if fn is rebuild_world_on_rank:
+                self.calls.append("rebuild")
+                return [True, True]
+            names = [v["name"] for v in kwargs["variants"]] if kwargs and "variants" in kwargs else []
+            if len(names) > 2:
+                self.calls.append(names)
+                raise RankError("time_on_rank raised on rank(s) [1]", {1: "boom"})
+            return super().run(fn, kwargs, timeout)
+
+    for backend, rebuilt in (("nccl", True), ("gloo", False)):
+        launcher = Launcher()
+        runner = CaseRunner(launcher, 2, RunOptions(check=False, utilization=False, backend=backend), metadata={})
+        runner.run_model([_rc("mlp/plain"), _rc("mlp/overlap"), _rc("mlp/fusion")], lambda *a: None)
+        assert launcher.calls[0] == ["plain", "overlap", "fusion"]
+        assert (launcher.calls[1] == "rebuild") is rebuilt, launcher.calls  # before the next call, under NCCL

@@ -36,10 +36,39 @@ import torch.distributed as dist
 
 from .pool import RankError, RankFn, check_rank_fn, fn_name
 
-__all__ = ["TorchrunLauncher", "EXIT_WORLD_BROKEN"]
+__all__ = ["TorchrunLauncher", "EXIT_WORLD_BROKEN", "rebuild_world", "rebuild_world_on_rank"]
 
 EXIT_WORLD_BROKEN = 1
 POLL_S = 0.05
+
+
+def rebuild_world(store, tag: str) -> None:
+    """Abort every communicator of this process and build a new default process group over the prefix
+    ``tag`` of ``store``; every rank calls it with the same ``tag``.  NCCL: ``_abort_process_group``
+    (``ncclCommAbort`` on every communicator, torch's ``distributed_c10d.py``), since destroying would wait
+    for an orphaned collective; gloo: ``destroy_process_group``.  Cached groups are dropped, so the next
+    engines ask for new ones."""
+    from . import groups
+    from .context import current
+
+    ctx = current()
+    groups.reset()
+    if ctx.platform.backend == "nccl":
+        dist.distributed_c10d._abort_process_group()
+    else:
+        dist.destroy_process_group()
+    kwargs: dict[str, Any] = dict(backend=ctx.platform.backend, rank=ctx.rank, world_size=ctx.world_size,
+                                  store=dist.PrefixStore(f"fleetbench/world/{tag}", store),
+                                  timeout=datetime.timedelta(seconds=ctx.pg_timeout))
+    if ctx.platform.is_cuda:
+        kwargs["device_id"] = ctx.platform.device
+    dist.init_process_group(**kwargs)
+
+
+def rebuild_world_on_rank(tag: str) -> bool:
+    """A rank function: :func:`rebuild_world` over the store the world was built on (a rank pool's)."""
+    rebuild_world(dist.distributed_c10d._get_default_store(), tag)
+    return True
 
 
 class TorchrunLauncher:
@@ -124,26 +153,9 @@ class TorchrunLauncher:
         return out
 
     def rebuild(self) -> None:
-        """Abort every communicator and build a new default process group over a fresh prefix of the same
-        store, on every rank (all of them reported, so all of them are here).  NCCL: ``_abort_process_group``
-        (ncclCommAbort on every communicator, torch's ``distributed_c10d.py``): destroying would wait for the
-        orphaned collective.  Cached groups are dropped; the next engines ask for new ones."""
-        from . import groups
-
-        groups.reset()
-        c10d = dist.distributed_c10d
-        if self.ctx.platform.backend == "nccl":
-            c10d._abort_process_group()
-        else:
-            dist.destroy_process_group()
+        """:func:`rebuild_world` on every rank (all of them reported, so all of them are here)."""
         self.rebuilds += 1
-        kwargs: dict[str, Any] = dict(
-            backend=self.ctx.platform.backend, rank=self.ctx.rank, world_size=self.nproc,
-            store=dist.PrefixStore(f"fleetbench/torchrun/world{self.rebuilds}", self.store),
-            timeout=datetime.timedelta(seconds=self.ctx.pg_timeout))
-        if self.ctx.platform.is_cuda:
-            kwargs["device_id"] = self.ctx.platform.device
-        dist.init_process_group(**kwargs)
+        rebuild_world(self.store, f"torchrun{self.rebuilds}")
 
     def _collect(self, prefix: str, ok: bool, timeout: float) -> dict:
         """Every rank's (ok, traceback) that arrives in time: ``timeout`` while all is well,
