@@ -19,27 +19,33 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_hosts_with_different_free_memory_build_the_same_groups(tmp_path):
-    """Two torchrun agents ("hosts", one rank each) whose free-memory probes differ by a factor of 2**40:
-    each used to split the variants by its own memory (one group on host 0, one variant per group on host
-    1: different engines, collectives out of order).  Both now time the groups the tightest host allows."""
-    out = tmp_path / "groups"
+def _two_agents(script_args: list[str], cwds: list, timeout: float = 180) -> list[str]:
+    """Two torchrun agents on this machine standing for two hosts (one rank each, node ranks 0 and 1),
+    each in its own working directory; every agent's output, after both ended (asserted status 0)."""
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
                GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
     agents = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(node),
-         "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
-         os.path.join(HERE, "scripts", "two_hosts.py"), str(out)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
+         "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port), *script_args],
+        cwd=str(cwds[node]), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
     try:
-        logs = [a.communicate(timeout=180)[0] for a in agents]
+        logs = [a.communicate(timeout=timeout)[0] for a in agents]
     finally:
         for a in agents:
             if a.poll() is None:
                 a.kill()
                 a.wait()
     assert all(a.returncode == 0 for a in agents), "\n".join(log[-2000:] for log in logs)
+    return logs
+
+
+def test_two_hosts_with_different_free_memory_build_the_same_groups(tmp_path):
+    """Two torchrun agents ("hosts", one rank each) whose free-memory probes differ by a factor of 2**40:
+    each used to split the variants by its own memory (one group on host 0, one variant per group on host
+    1: different engines, collectives out of order).  Both now time the groups the tightest host allows."""
+    out = tmp_path / "groups"
+    _two_agents([os.path.join(HERE, "scripts", "two_hosts.py"), str(out)], [ROOT, ROOT])
     got = [json.loads((tmp_path / f"groups.{r}").read_text()) for r in range(2)]
     assert {g["host"] for g in got} == {"0", "1"}
     expected = [["plain", "ddp"], ["plain", "fusion"], ["plain", "overlap"]]  # host 1 holds one engine besides
@@ -76,6 +82,25 @@ def test_hierarchical_cases_under_torchrun_take_the_nodes_from_local_world_size(
     with pytest.warns(UserWarning, match="differs from torchrun's LOCAL_WORLD_SIZE=4"):
         (given,) = resolve_cases(Args, 8, local_world=4)
     assert given.config.hierarchical_allreduce_inter_nranks == 2
+
+
+
+def test_resume_under_torchrun_is_decided_by_rank_0_not_by_each_hosts_results_file(tmp_path):
+    """`fleetbench run --resume FILE` on two hosts: only rank 0's host holds the results file.  Each rank used
+    to read its own host's (the other host's rank stopped: no such file) and so select other cases; now rank
+    0 decides and every rank runs what is left, the same cases."""
+    from suite.results.records import CaseRecord, append_record
+
+    hosts = [tmp_path / "host0", tmp_path / "host1"]
+    for h in hosts:
+        h.mkdir()
+    append_record(str(hosts[0] / "runs.jsonl"), CaseRecord("mlp/plain", "mlp", 2, {}, "run-x", verdict="pass"))
+    _two_agents(["-m", "suite.cli.main", "run", "--case", "mlp/plain", "--case", "mlp/ddp", "--size", "tiny",
+                 "--resume", "runs.jsonl", "--rounds", "1", "--steps", "1", "--warmup", "0", "--no-check",
+                 "--no-utilization"], hosts)
+    recs = [json.loads(line) for line in (hosts[0] / "runs.jsonl").read_text().splitlines()]
+    assert [(r["case"], r["run_id"]) for r in recs] == [("mlp/plain", "run-x"), ("mlp/ddp", "run-x")], recs
+    assert not (hosts[1] / "runs.jsonl").exists()  # rank 1 writes nothing
 
 
 _PENDING: list = []

@@ -180,7 +180,8 @@ def main(args) -> int:
             print(f"{rc.case.name:32s} {','.join(rc.case.tags):40s} {rc.case.description}"
                   + (f"  [skip: {rc.skip}]" if rc.skip else ""))
         return 0
-    resume = _resolve_resume(args, world) if args.resume else None
+    # under torchrun only rank 0 reads the results file (its host's); the others get its answer below
+    resume = _resolve_resume(args, world) if args.resume and not (env and env.rank) else None
     _check_results_file(args.results)
 
     from ..runner import CaseRunner, RunOptions
@@ -200,6 +201,7 @@ def main(args) -> int:
         ctx = init_from_env(device=device, pg_timeout=args.pg_timeout)
         launcher = TorchrunLauncher(ctx)
         reporter = ctx.rank == 0
+        resume = launcher.share(resume)
     else:
         from .. import runtime
 
