@@ -65,14 +65,14 @@ class RunOptions:
     warmup: int = 2  # warm-up steps per case, not recorded
     check: bool = True
     check_steps: int = 3
-    timeout: float = 600.0  # bound on every multi-rank call, seconds
+    timeout: float | None = None  # bound on every multi-rank call, seconds (None: scaled, CaseRunner.call_timeout)
     trace_steps: int = 0  # traced steps per case after timing (0: no trace)
     utilization: bool = True
     device: str | None = None  # "cpu" | "cuda" (what the ranks run on; None: the platform's choice)
     backend: str = ""  # "gloo" | "nccl", recorded
     baseline_overrides: tuple = ()  # the run's --set assignments, applied to the baseline too
     results_dir: str = "results"  # traces go to results_dir/traces/RUN_ID/
-    memory_budget: int | None = None  # bytes the ranks' engines may hold at once (None: from the machine)
+    memory_budget: int | None = None  # bytes all ranks' engines may hold at once (None: probed on every rank)
 
 
 @dataclass(frozen=True)
@@ -185,15 +185,27 @@ def _engine_bytes(model_ref: str, size: str) -> int:
     return 4 * 4 * elements  # fp32; four copies (params, grads/buckets, momentum, scratch)
 
 
-def _available_memory() -> int:
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 * 2**30
+BASE_TIMEOUT_S = 600.0  # a multi-rank call's bound before its steps: ranks, engines, data
+SIZE_STEP_FACTOR = {"tiny": 0.25, "cpu": 1.0, "full": 4.0}  # longer inputs and batches per step at each size
+
+
+def step_allowance_s(model_ref: str, size: str, device: str | None = None) -> float:
+    """A generous bound on one training step of one engine: on CPU 1 s per 10 M parameters (at least 1 s),
+    times the size's factor; a tenth of that on a GPU.  Rough on purpose: it only has to keep a slow but
+    healthy call from being killed (a hang in a collective ends sooner, at the process-group timeout)."""
+    from .models import count_parameters, get_model
+
+    _, elements = count_parameters(get_model(model_ref, size))
+    return max(1.0, elements / 1e7) * SIZE_STEP_FACTOR.get(size, 1.0) * (0.1 if device == "cuda" else 1.0)
+
+
+def free_memory_on_rank() -> int:
+    """A rank function: the bytes this rank's engines may fill (its GPU's free memory on CUDA, its share of
+    its host's available RAM on CPU; ``Platform.free_memory``)."""
+    from .runtime.context import current
+
+    ctx = current()
+    return ctx.platform.free_memory(ctx.local_world_size)
 
 
 @dataclass
@@ -211,7 +223,7 @@ class PreparedCase:
         from .measure.timing import run_window
 
         answers = self.runner.launcher.run(run_window, dict(key=self.key, steps=self.runner.opts.steps),
-                                           timeout=self.runner.opts.timeout)
+                                           timeout=self.runner.call_timeout(self.rc.case.model, self.runner.opts.steps))
         self.windows.append(answers)
         return answers
 
@@ -219,7 +231,8 @@ class PreparedCase:
         """The summary of every window run so far, as ``fleetbench run`` would record it (no baseline)."""
         from .measure.timing import prepared_result
 
-        answers = self.runner.launcher.run(prepared_result, dict(key=self.key), timeout=self.runner.opts.timeout)
+        answers = self.runner.launcher.run(prepared_result, dict(key=self.key),
+                                           timeout=self.runner.call_timeout(self.rc.case.model, 0))
         wl = self.runner.workload_spec(self.rc.case)
         batch = self.runner.per_rank_batch(self.rc.case)
         return summarize(answers, [self.key], batch * self.runner.world, self.runner.opts.steps, self.runner.world,
@@ -228,7 +241,7 @@ class PreparedCase:
     def close(self) -> None:
         from .measure.timing import drop_case
 
-        self.runner.launcher.run(drop_case, dict(key=self.key), timeout=self.runner.opts.timeout)
+        self.runner.launcher.run(drop_case, dict(key=self.key), timeout=self.runner.call_timeout(self.rc.case.model, 0))
 
 
 class CaseRunner:
@@ -265,6 +278,7 @@ class CaseRunner:
         """A check that stopped where timing would stop too: a kernel missing, parameters without a gradient."""
         return isinstance(check, Exception) and bool(
             backend_lacks(check, self.opts.device or "cpu") or unused_parameters(check))
+        self._allowance: dict[str, float] = {}
 
     def say(self, msg: str) -> None:
         if self.reporter and self._say is not None:
@@ -287,8 +301,35 @@ class CaseRunner:
     def workload_spec(self, case: Case) -> WorkloadSpec:
         return WorkloadSpec(case.model, self.opts.size, self.per_rank_batch(case))
 
+    def call_timeout(self, model: str, steps: int, variants: int = 1) -> float:
+        """The bound on one multi-rank call: ``--timeout`` when given, else 600 s plus ``steps`` x ``variants``
+        x the model's step allowance (:func:`step_allowance_s`), so GPT-2 ``full`` with every variant fits."""
+        if self.opts.timeout is not None:
+            return self.opts.timeout
+        if model not in self._allowance:
+            self._allowance[model] = step_allowance_s(model, self.opts.size, self.opts.device)
+        return BASE_TIMEOUT_S + steps * variants * self._allowance[model]
+
     def baseline_config(self) -> StrategyConfig:
         return StrategyConfig().with_overrides(list(self.opts.baseline_overrides))
+
+    def recover(self, exc: BaseException) -> None:
+        """After a rank error under NCCL, a peer of the failing rank may hold a collective queued on its NCCL
+        stream that the next case's first collective would pair with: every rank aborts its communicators
+        and joins a new world before the next call (``rebuild_world_on_rank``; the torchrun launcher does
+        it itself).  If that fails, the pool is closed, and its next call starts fresh ranks."""
+        from .runtime.pool import RankError
+
+        if not (isinstance(exc, RankError) and self.opts.backend == "nccl") or hasattr(self.launcher, "rebuild"):
+            return
+        from .runtime.torchrun import rebuild_world_on_rank
+
+        try:
+            self.launcher.run(rebuild_world_on_rank, dict(tag=uuid.uuid4().hex), timeout=BASE_TIMEOUT_S)
+        except Exception as again:  # noqa: BLE001 - fresh ranks instead
+            self.say(f"      rebuilding the process group after a rank error failed ({short_error(again)}); "
+                     f"restarting the ranks")
+            self.launcher.close()
 
     # ---- check ----------------------------------------------------------------------------
     def check(self, rc: ResolvedCase) -> Checked:
@@ -298,20 +339,33 @@ class CaseRunner:
         from .check.harness import run_check
 
         try:
+            # every rank's steps, then the reference's (every rank's shard in one process)
+            timeout = self.call_timeout(rc.case.model, self.opts.check_steps, variants=self.world + 1)
             return run_check(self.launcher, self.workload_spec(rc.case), rc.config, steps=self.opts.check_steps,
-                             timeout=self.opts.timeout)
+                             timeout=timeout)
         except Exception as exc:  # noqa: BLE001 - a failed case is reported, the run goes on
+            self.recover(exc)
             return exc
 
     # ---- timing -----------------------------------------------------------------------------
     def groups(self, rcs: list[ResolvedCase]) -> list[list[str]]:
-        """Variants timed together (each group with the baseline), bounded by the ranks' memory."""
+        """Variants timed together (each group with the baseline), bounded by the ranks' memory.
+
+        Decided once and the same on every rank: the budget is the least any rank may fill (every rank
+        probed, on every host: GPU memory on CUDA, host RAM shared by the local ranks on CPU), and under
+        torchrun rank 0's plan is sent to every rank (``TorchrunLauncher.share``), so ranks on hosts with
+        different free memory still build the same engines and issue collectives in the same order."""
         names = [rc.case.variant for rc in rcs if rc.case.variant != BASELINE]
-        budget = self.opts.memory_budget or int(0.6 * _available_memory())
-        per_engine = _engine_bytes(rcs[0].case.model, self.opts.size) * self.world
-        fit = max(2, budget // max(per_engine, 1))  # engines of one model that fit at once, baseline included
+        if self.opts.memory_budget:
+            budget = self.opts.memory_budget // self.world
+        else:
+            free = self.launcher.run(free_memory_on_rank, timeout=self.call_timeout(rcs[0].case.model, 0))
+            budget = int(0.6 * min(free)) if free else 0  # None: a torchrun rank other than 0 (gets rank 0's plan)
+        fit = max(2, budget // max(_engine_bytes(rcs[0].case.model, self.opts.size), 1))  # baseline included
         size = max(1, int(fit) - 1)
-        return [[BASELINE] + names[i:i + size] for i in range(0, len(names), size)] or [[BASELINE]]
+        plan = [[BASELINE] + names[i:i + size] for i in range(0, len(names), size)] or [[BASELINE]]
+        share = getattr(self.launcher, "share", None)
+        return share(plan) if share is not None else plan
 
     def _time(self, model_rcs: list[ResolvedCase], names: list[str]) -> dict[str, dict]:
         from .measure.timing import time_on_rank
@@ -321,23 +375,29 @@ class CaseRunner:
         configs.setdefault(BASELINE, self.baseline_config())
         case = model_rcs[0].case
         device = self.opts.device or "cpu"
-        sampler = UtilizationSampler(device=device).start() if (self.opts.utilization and self.reporter) else None
+        # every node's local rank 0 samples (UtilizationSampler.active); under torchrun that is not only rank 0
+        sampler = UtilizationSampler(device=device).start() if self.opts.utilization else None
         try:
             answers = self.launcher.run(
                 time_on_rank,
                 dict(workload_spec=self.workload_spec(case), warmup=self.opts.warmup, steps=self.opts.steps,
                      rounds=self.opts.rounds,
                      variants=[{"name": n, "config": configs[n].to_dict()} for n in names]),
-                timeout=self.opts.timeout)
+                timeout=self.call_timeout(case.model, self.opts.warmup + self.opts.rounds * self.opts.steps,
+                                          len(names)))
         finally:
             if sampler is not None:
                 sampler.stop()
+        util = sampler.summary() if sampler is not None else None
+        gather = getattr(self.launcher, "gather", None)  # torchrun: every node's sampler, to rank 0
+        nodes = gather(util if sampler is not None and sampler.active else None) if gather and util else None
         if answers is None:  # a non-reporting torchrun rank
             return {}
         out = summarize(answers, names, self.per_rank_batch(case) * self.world, self.opts.steps, self.world,
                         baseline=BASELINE)
-        if sampler is not None:
-            util = sampler.summary()
+        if util is not None and self.reporter:
+            if nodes is not None:
+                util["nodes"] = [{k: v for k, v in u.items() if k != "samples"} for u in nodes if u is not None]
             util["shared_by"] = names  # the variants ran interleaved: one sampling covers them all
             for s in out.values():
                 s.update(Metrics(utilization=util).to_dict())
@@ -381,6 +441,7 @@ class CaseRunner:
                     out.setdefault(COMPUTE_ONLY, got[COMPUTE_ONLY])
                 continue
             except Exception as exc:  # noqa: BLE001 - fall back to one case at a time
+                self.recover(exc)
                 why = f"interleaved timing of {len(names)} variants failed ({self.brief(exc)})"
                 self.say(f"      {why}; timing each case alone with the baseline")
             for n in names:
@@ -393,6 +454,7 @@ class CaseRunner:
                     out.setdefault(BASELINE, pair.get(BASELINE))
                     fallback[n] = f"{why}; timed alone " + ("with the baseline" if base else "(no baseline: it failed)")
                 except Exception as exc:  # noqa: BLE001
+                    self.recover(exc)
                     out[n] = exc
                     fallback[n] = why
         return out, fallback
@@ -514,8 +576,9 @@ class CaseRunner:
         try:
             answers = self.launcher.run(trace_on_rank, dict(workload_spec=self.workload_spec(rc.case),
                                                             config=rc.config.to_dict(), steps=self.opts.trace_steps),
-                                        timeout=self.opts.timeout)
+                                        timeout=self.call_timeout(rc.case.model, self.opts.trace_steps + 1))
         except Exception as exc:  # noqa: BLE001 - the timing stands; the trace is reported missing
+            self.recover(exc)
             rec.metrics = dataclasses.replace(rec.metrics, trace_error=short_error(exc))
             return
         if answers is None or not self.reporter:
@@ -534,7 +597,7 @@ class CaseRunner:
         key = f"{rc.case.name}@{self.world}"
         answers = self.launcher.run(prepare_case, dict(key=key, workload_spec=self.workload_spec(rc.case),
                                                        config=rc.config.to_dict(), warmup=self.opts.warmup),
-                                    timeout=self.opts.timeout)
+                                    timeout=self.call_timeout(rc.case.model, self.opts.warmup))
         return PreparedCase(self, rc, key, (answers or [{}])[0].get("describe", {}))
 
 

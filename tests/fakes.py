@@ -73,6 +73,8 @@ class FakeCuda:
         self.n = device_count
         self.allocated = allocated
         self.peak = allocated
+        self.free_bytes = 16 * 2**30  # what mem_get_info reports free
+        self.spin_hz = 1.5e9  # torch.cuda._sleep cycles per second of device time
         self.Stream = lambda device=None: FakeStream(self, f"side{next(self._ids)}")
         self.Event = lambda enable_timing=False: FakeEvent(self, enable_timing)
 
@@ -141,6 +143,14 @@ class FakeCuda:
 
     def max_memory_allocated(self, device=None) -> int:
         return self.peak
+
+    def _sleep(self, cycles: int) -> None:
+        """A spin kernel of ``cycles`` on the current stream; the fake device runs ``spin_hz`` cycles a second."""
+        self.clock += cycles / self.spin_hz
+        self._log("sleep", cycles, self.current_stream().name)
+
+    def mem_get_info(self, device=None) -> tuple[int, int]:
+        return self.free_bytes, 2 * self.free_bytes
 
 
 @dataclass(frozen=True)

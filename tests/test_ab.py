@@ -88,7 +88,7 @@ def repo(tmp_path_factory):
     c["neutral2"] = _commit(root, "neutral 2: a comment")
     _git(root, "checkout", "-q", "-b", "bucket", c["base"])
     cases = (root / "suite" / "cases.py").read_text()
-    old = 'Variant("fusion", {"fuse_all_reduce_ops": True, "fuse_grad_size_in_MB": 25.0}'
+    old = 'Variant("fusion", {"fuse_all_reduce_ops": True, "fuse_grad_size_in_MB": 25.0, **_FB}'
     assert old in cases, "the fusion case's definition moved: update this test"
     (root / "suite" / "cases.py").write_text(cases.replace(old, old.replace("25.0", "2.0")))
     c["bucket"] = _commit(root, "bucket: fusion buckets of 2 MB")

@@ -180,3 +180,75 @@ def test_average_tensors_uses_the_same_path(pool4):
         assert sorted(k.split(".")[0] + "/" + k.split("/")[1] for k in a["calls"]) == [
             "inter0/all_reduce", "inter1/all_reduce", "intra0/all_gather", "intra0/reduce_scatter",
             "intra1/all_gather", "intra1/reduce_scatter"], a["calls"]
+
+
+def broadcasts_per_step_on_rank(model: str, config: dict) -> float:
+    """Broadcasts one training step issues (rank 0's BatchNorm buffers before the forward)."""
+    from suite.comm import collectives as C
+    from suite.data.synthetic import make_dataset, prepare, shard, step_indices
+    from suite.engine import build_engine
+    from suite.models import get_model
+    from suite.runtime.context import current
+
+    ctx = current()
+    spec = get_model(model)
+    engine = build_engine(spec.make(ctx.rank), spec.loss_fn, StrategyConfig.from_dict(config))
+    data = make_dataset(spec, 64, 0)
+    x, y = data.get(shard(step_indices(len(data), 0, 8 * ctx.world_size, 0), ctx.rank, ctx.world_size))
+    C.STATS.reset()
+    engine.train_step(prepare(data, x, ctx.platform.device), y)
+    calls = C.STATS.snapshot()["calls"]
+    if hasattr(engine.grad_sync, "close"):
+        engine.grad_sync.close()
+    return sum(v for k, v in calls.items() if k.endswith("/broadcast"))
+
+
+def test_variants_compared_with_ddp_coalesce_buffer_broadcasts_and_plain_does_not(pool2):
+    """Issue 27: the knob keeps Paddle's default (per tensor); fusion, overlap, multicomm and hierarchical
+    broadcast the ResNet's 21 buffers as 2 flat buckets (fp32 statistics, int64 counters), as DDP coalesces
+    its own; plain keeps 21 broadcasts."""
+    from suite.cases import get_case
+
+    assert StrategyConfig().fuse_broadcast_ops is False
+    compared = ("fusion", "overlap", "multicomm", "hierarchical")
+    assert all(get_case(f"{m}/{v}").config["fuse_broadcast_ops"] is True
+               for m in ("resnet", "mlp", "resnet50", "gpt2") for v in compared)
+    for variant, expected in (("plain", 21), ("overlap", 2)):  # what the setting does, on the ranks
+        config = get_case(f"resnet/{variant}").config
+        got = pool2.run(broadcasts_per_step_on_rank, {"model": "resnet", "config": config})
+        assert got == [expected, expected], (variant, got)
+
+
+def footprint_on_rank(config: dict) -> int:
+    """The MLP engine's footprint after one step (gradients and optimizer state exist)."""
+    from suite.data.synthetic import make_dataset, prepare, shard, step_indices
+    from suite.engine import build_engine
+    from suite.measure.timing import footprint_bytes
+    from suite.models import get_model
+    from suite.runtime.context import current
+
+    ctx = current()
+    spec = get_model("mlp")
+    engine = build_engine(spec.make(ctx.rank), spec.loss_fn, StrategyConfig.from_dict(config))
+    data = make_dataset(spec, 64, 0)
+    x, y = data.get(shard(step_indices(len(data), 0, 8 * ctx.world_size, 0), ctx.rank, ctx.world_size))
+    engine.train_step(prepare(data, x, ctx.platform.device), y)
+    got = footprint_bytes(engine)
+    if hasattr(engine.grad_sync, "close"):
+        engine.grad_sync.close()
+    return got
+
+
+@pytest.mark.parametrize("config,copies", [
+    ({}, 2),  # parameters + gradients (SGD keeps no state)
+    ({"fuse_all_reduce_ops": True, "sync_nccl_allreduce": False}, 2),  # gradients are views into the buckets
+    ({"optimizer": "momentum"}, 3),  # + one momentum buffer
+    ({"optimizer": "adam"}, 4),  # + two moments (and torch.optim's `step`: a 4-byte tensor per parameter)
+    ({"fuse_all_optimizer_ops": True, "optimizer": "momentum"}, 3),  # flat buffers; parameters are views
+], ids=["plain-sgd", "buckets-sgd", "momentum", "adam", "fused-momentum"])
+def test_footprint_counts_parameters_gradients_buckets_and_optimizer_state_once(pool2, config, copies):
+    """``footprint_bytes``: what the engine holds between steps, in copies of the MLP's fp32 parameters
+    (known by hand: MLP_GRAD_BYTES); shared storage (views into buckets or flat buffers) counted once."""
+    got = pool2.run(footprint_on_rank, {"config": config})
+    steps = 4 * MLP_PARAMS if config.get("optimizer") == "adam" else 0
+    assert got == [copies * MLP_GRAD_BYTES + steps] * 2, (got, copies * MLP_GRAD_BYTES)

@@ -13,7 +13,7 @@ import suite.runtime
 from suite.cases import get_case
 from suite.cli.main import main
 from suite.config import StrategyConfig
-from suite.runner import CaseRunner, ResolvedCase, RunOptions
+from suite.runner import CaseRunner, ResolvedCase, RunOptions, free_memory_on_rank
 from suite.runtime.pool import RankFailure
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,10 +40,12 @@ class FakeLauncher:
 
     nproc = 2
 
-    def __init__(self, fail_interleaved=False, losses=(1.0, 0.9)):
-        self.fail_interleaved, self.losses, self.calls = fail_interleaved, losses, []
+    def __init__(self, fail_interleaved=False, losses=(1.0, 0.9), free=(2**40, 2**40)):
+        self.fail_interleaved, self.losses, self.calls, self.free = fail_interleaved, losses, [], free
 
     def run(self, fn, kwargs=None, timeout=None):
+        if fn is free_memory_on_rank:  # the memory probe: each rank's free bytes
+            return list(self.free)
         names = [v["name"] for v in kwargs["variants"]]
         self.calls.append(names)
         if self.fail_interleaved and len(names) > 2:
@@ -64,6 +66,25 @@ def test_groups_are_bounded_by_memory_and_each_holds_the_baseline():
     assert tight == [["plain", "overlap", "fusion"], ["plain", "multicomm", "ddp"]], tight
 
 
+def test_groups_come_from_the_rank_with_the_least_free_memory():
+    """Probed on every rank: one rank with room for 2 engines bounds the groups, however roomy the other."""
+    rcs = [_rc(n) for n in ("mlp/plain", "mlp/overlap", "mlp/fusion", "mlp/ddp")]
+    # ~67.5 MB per engine per rank; 0.6 x 230 MB = 138 MB holds two (the baseline and one variant)
+    plan = _runner(FakeLauncher(free=(2**40, 230_000_000))).groups(rcs)
+    assert plan == [["plain", "overlap"], ["plain", "fusion"], ["plain", "ddp"]], plan
+
+
+def test_free_memory_is_the_gpus_under_cuda_and_a_share_of_the_host_on_cpu():
+    from suite.runtime.device import Platform, host_available_memory
+    from tests.fakes import FakeCuda, fake_cuda_platform
+
+    api = FakeCuda()
+    api.free_bytes = 5 * 2**30
+    assert fake_cuda_platform(api).free_memory(local_ranks=8) == 5 * 2**30  # its own GPU, not shared
+    host = host_available_memory()
+    assert abs(Platform("cpu", "gloo").free_memory(local_ranks=4) - host // 4) < host // 8  # the RAM is shared
+
+
 def test_a_failed_interleaved_timing_is_recorded_as_a_fallback():
     rcs = [_rc("mlp/plain"), _rc("mlp/overlap"), _rc("mlp/fusion")]
     launcher = FakeLauncher(fail_interleaved=True)
@@ -76,6 +97,21 @@ def test_a_failed_interleaved_timing_is_recorded_as_a_fallback():
         assert "rank(s) [1] died" in by[name].fallback and "timed alone with the baseline" in by[name].fallback
     interleaved = _runner(FakeLauncher()).run_model(rcs, lambda *a: None)
     assert all(r.fallback is None for r in interleaved)
+
+
+def test_utilization_of_every_node_reaches_the_record():
+    """Under torchrun each node's local rank 0 samples its GPUs; the runner gathers them to rank 0 (the
+    launcher's ``gather``), so node 1's GPUs are in the record, not only rank 0's node."""
+    class TorchrunLike(FakeLauncher):
+        def gather(self, value):
+            node1 = {"sampled": True, "host": "node1", "gpus": [{"util_pct": {"median": 77.0}}], "samples": [1]}
+            return [value, None, node1, None]  # ranks 0..3 on 2 nodes: local ranks 0 send, the others None
+
+    runner = CaseRunner(TorchrunLike(), 2, RunOptions(check=False, utilization=True), metadata=META)
+    (rec,) = runner.run_model([_rc("mlp/plain")], lambda *a: None)
+    nodes = rec.metrics["utilization"]["nodes"]
+    assert [n["host"] for n in nodes] == [rec.metrics["utilization"]["host"], "node1"], nodes
+    assert nodes[1]["gpus"][0]["util_pct"]["median"] == 77.0 and "samples" not in nodes[1]
 
 
 def test_a_non_finite_loss_fails_the_case_naming_the_step():

@@ -135,7 +135,10 @@ def test_figure_groups_are_memory_bounded_and_each_carries_the_baseline():
     from suite.runner import _engine_bytes
 
     rows = rows_for("resnet50")
-    assert "overlap_fused_broadcast" in rows and "overlap_fused_broadcast" not in rows_for("gpt2")
+    assert rows == rows_for("gpt2") and "overlap" in rows  # the registry's cases, nothing beside them
+    from suite.figures.workloads import variant_config
+    assert variant_config("resnet50", "overlap")["fuse_broadcast_ops"] is True  # the registry's config, coalesced
+    assert "fuse_broadcast_ops" not in variant_config("resnet50", "plain")
     per_engine = _engine_bytes("gpt2", "cpu") * 2  # ~4 GB at world 2 (124M parameters, 16 bytes each)
     for engines, per_group in ((4, 2), (3, 1), (1, 1), (100, len(rows))):
         plan = groups("gpt2", "cpu", 2, rows, budget=engines * per_engine)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 import traceback
 from typing import Any
 
@@ -57,30 +56,40 @@ def trial_on_rank(key: str, steps: int, warmup: int = 1) -> dict:
     return run_window(key, steps)
 
 
-def inject_on_rank(key: str, fraction: float) -> bool:
-    """Slow the prepared case's training step by ``fraction`` with busy work (a calibration knob).
+def inject_on_rank(key: str, fraction: float, calibration_steps: int = 5) -> dict:
+    """Slow the prepared case's training step by ``fraction`` of its measured step time (a calibration knob).
 
-    After each real step the rank spins on the CPU for ``fraction`` × the time that step took:
-    a cost proportional to the step that competes for the cores as real work does (not a sleep).
-    Used by ``fleetbench figures gate`` and, through ``FLEETBENCH_AB_INJECT``, by tests; it
-    touches only the prepared engine of this trial process.
+    First a window of ``calibration_steps`` steps, not recorded, measures the step as the timing does
+    (``StepClock``: host time on CPU, CUDA events on the GPU); then every step adds ``fraction`` × that
+    median through ``Platform.busy``: on a GPU a spin kernel on the compute stream after the step's
+    kernels (a host spin would overlap the GPU's work and slow nothing), on CPU busy work on the host.
+    So "+5%" is 5% of the step the trials measure.  Used by ``fleetbench figures gate`` and, through
+    ``FLEETBENCH_AB_INJECT``, by tests; it touches only the prepared engine of this trial process.
     """
+    import statistics
+
+    import torch
+
     from ..measure.timing import _PREPARED
 
-    engine = _PREPARED[key].engine
-    real = engine.train_step
+    tc = _PREPARED[key]
+    before = torch.get_num_threads()
+    try:
+        step_s = statistics.median(tc.window(calibration_steps, record=False).step_times)
+    finally:
+        torch.set_num_threads(before)
+    added = fraction * step_s
+    platform, real = tc.wl.platform, tc.engine.train_step
+    if platform.is_cuda:
+        platform.spin_rate()  # the spin kernel's calibration (one synchronize) now, not inside a timed step
 
     def slowed(inputs, targets):
-        t0 = time.perf_counter()
         out = real(inputs, targets)
-        end = time.perf_counter() + fraction * (time.perf_counter() - t0)
-        n = 0
-        while time.perf_counter() < end:
-            n += 1
+        platform.busy(added)
         return out
 
-    setattr(engine, "train_step", slowed)  # noqa: B010 - an instance attribute over the method, on purpose
-    return True
+    setattr(tc.engine, "train_step", slowed)  # noqa: B010 - an instance attribute over the method, on purpose
+    return {"step_s": step_s, "added_s": added}
 
 
 # ---- the server ----------------------------------------------------------------------------------

@@ -50,7 +50,8 @@ def add_parser(sub) -> None:
     p.add_argument("--check-steps", type=int, default=3, help="steps of the correctness check (default 3)")
     p.add_argument("--no-check", action="store_true", help="skip the correctness check")
     p.add_argument("--results", default=DEFAULT_RESULTS, help=f"JSON-lines results file (default {DEFAULT_RESULTS})")
-    p.add_argument("--timeout", type=float, default=600.0, help="bound on each multi-rank call, seconds")
+    p.add_argument("--timeout", type=float, default=None, help="bound on each multi-rank call, seconds (default: "
+                   "600 s plus an allowance scaled by the call's steps x variants x the model's size)")
     p.add_argument("--pg-timeout", type=float, default=120.0, help="bound on each collective wait, seconds")
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
     p.add_argument("--resume", metavar="RESULTS_FILE_OR_RUN_ID",
@@ -97,7 +98,8 @@ def main(args) -> int:
         _positive(name.replace("_", "-"), getattr(args, name))
     _positive("warmup", args.warmup, 0)
     _positive("trace-steps", args.trace_steps, 0)
-    _seconds("timeout", args.timeout)
+    if args.timeout is not None:
+        _seconds("timeout", args.timeout)
     _seconds("pg-timeout", args.pg_timeout)
     if args.batch is not None:
         _positive("batch", args.batch)
@@ -112,7 +114,8 @@ def main(args) -> int:
             print(f"{rc.case.name:32s} {','.join(rc.case.tags):40s} {rc.case.description}"
                   + (f"  [skip: {rc.skip}]" if rc.skip else ""))
         return 0
-    resume = _resolve_resume(args, world) if args.resume else None
+    # under torchrun only rank 0 reads the results file (its host's); the others get its answer below
+    resume = _resolve_resume(args, world) if args.resume and not (env and env.rank) else None
     _check_results_file(args.results)
 
     from ..runner import CaseRunner, RunOptions
@@ -132,6 +135,7 @@ def main(args) -> int:
         ctx = init_from_env(device=device, pg_timeout=args.pg_timeout)
         launcher = TorchrunLauncher(ctx)
         reporter = ctx.rank == 0
+        resume = launcher.share(resume)
     else:
         from .. import runtime
 
@@ -140,8 +144,8 @@ def main(args) -> int:
             from ..cluster.launch import start_cluster
 
             cluster, cluster_kw = start_cluster(cluster_spec)
-        launcher = runtime.RankPool(args.nproc, device=device, timeout=args.timeout, pg_timeout=args.pg_timeout,
-                                    **cluster_kw)
+        launcher = runtime.RankPool(args.nproc, device=device, timeout=args.timeout or 600.0,
+                                    pg_timeout=args.pg_timeout, **cluster_kw)
         reporter = True
     records: list = []
     display = RunDisplay(live=sys.stdout.isatty() and reporter)

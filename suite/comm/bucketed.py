@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import StrategyConfig
-from ..runtime.device import Platform
+from ..runtime.device import Platform, platform_of
 from ..runtime.groups import comm_groups, label_of, node_groups
 from .buckets import Bucket, fusion_log_line, log, param_owners, plan_buckets
 from .grad_sync import GradSync, unused_parameters_error
@@ -72,7 +72,9 @@ class BucketedGradSync(GradSync):
     def __init__(self, model: torch.nn.Module, config: StrategyConfig, group=None):
         super().__init__(model, config, group)
         ctx = _rank_context()
-        self.platform: Platform = ctx.platform if ctx is not None else Platform("cpu", "gloo")
+        # a user's own process group: the parameters' device and the group's backend (on NCCL the CUDA paths,
+        # never collectives from worker threads)
+        self.platform: Platform = ctx.platform if ctx is not None else platform_of(self.params, group)
         self.wait_timeout = (ctx.pg_timeout if ctx else 60.0) + 30.0
         self.fuse = config.fuse_all_reduce_ops
         self.overlap = not config.sync_nccl_allreduce

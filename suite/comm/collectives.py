@@ -11,7 +11,19 @@ wait, so host clocks would show near-zero collectives.  There each span holds tw
 (``Platform.mark``): one on the calling stream before the launch, one that completes when the
 collective does — after a synchronous call, on the calling stream (which NCCL made wait for it);
 after an asynchronous one, on a timing stream of the span's group that waits for the work (so the
-caller's stream is not held back).  They are turned into times after the step's synchronize:
+caller's stream is not held back).
+
+What the start means on CUDA.  NCCL runs each collective on its communicator's own internal stream,
+which torch does not expose to Python.  At launch ``ProcessGroupNCCL::collective`` records an event
+on the *calling* stream and makes the NCCL stream wait for it (``syncStream`` in
+torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp); its own start event (``ncclStartEvent_``, on the
+NCCL stream) exists only with TORCH_NCCL_ENABLE_TIMING and is not readable per call.  So the start
+mark is when the calling stream reached the collective (its inputs ready); the NCCL kernel starts
+then, or when the communicator's earlier collectives end: a span is queueing behind the same
+communicator plus the collective itself.  Each span says so (``Span.start_means``, carried into the
+trace's event arguments).
+
+Times are resolved after the step's synchronize:
 
     p.synchronize(); t0 = time.perf_counter(); anchor = p.mark()
     ...the step...
@@ -91,6 +103,13 @@ class Span:
     ev_launch: Any = None
     ev_end: Any = None
     platform: Any = field(default=None, repr=False)
+
+    @property
+    def start_means(self) -> str:
+        if self.platform is not None:  # CUDA: see the module docstring
+            return ("the calling stream reached the collective (inputs ready); NCCL's stream starts it then or "
+                    "after this communicator's earlier collectives: queueing + collective")
+        return "the call entered (gloo runs the collective inside the call, or on its worker thread when async)"
 
 
 _TIMING_STREAMS: dict = {}  # (CUDA API, group label) -> a stream that only waits for that group's async collectives

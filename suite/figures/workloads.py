@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..cases import PUBLISHED_MODELS, get_case
+from ..cases import get_case
 from ..config import StrategyConfig
 from ..measure.stats import bootstrap_median_ci, window_seconds
 from ..measure.summary import COMPUTE_ONLY, summarize
@@ -43,10 +43,6 @@ DESCRIPTION = ("published workloads (resnet50, gpt2 at cpu size): speedup over D
 MODELS = ("resnet50", "gpt2")
 BASE = "ddp"
 ROWS = ("plain", "fusion", "overlap", "multicomm", "fused_optimizer", "grad_bf16")
-# Not a registry case: on a BatchNorm model the engine broadcasts rank 0's buffers before every forward
-# (DDP's rule), one broadcast per tensor (159 on ResNet-50) unless fuse_broadcast_ops packs them, as DDP
-# coalesces its own.  Overlap with fused broadcasts is the like-for-like comparison with DDP there.
-EXTRA = {"overlap_fused_broadcast": ("overlap", {"fuse_broadcast_ops": True})}
 # The gradient collectives timed alone (table 2): one allreduce of every byte, then the cases' own paths.
 ALONE = ("single", "fusion", "overlap", "multicomm", "plain")
 LABELS = {
@@ -54,7 +50,6 @@ LABELS = {
     "fusion": "fused, synchronous (25 MB buckets)", "overlap": "overlap, 1 communicator (25 MB buckets)",
     "multicomm": "overlap, 2 communicators (4 MB buckets)", "fused_optimizer": "fused optimizer (plain comm)",
     "grad_bf16": "bf16 gradient communication (plain comm)", "single": "one allreduce of all gradient bytes",
-    "overlap_fused_broadcast": "overlap, 1 communicator + fused buffer broadcasts (not a registry case)",
 }
 MiB = 2**20
 
@@ -64,15 +59,13 @@ def figure_size(args: Any = None) -> str:
 
 
 def rows_for(model: str) -> tuple:
-    """The rows of a model's table: the registry's cases, and overlap + fused broadcasts on BatchNorm models."""
-    return ROWS + (tuple(EXTRA) if PUBLISHED_MODELS.get(model, ("", False))[1] else ())
+    """The rows of a model's table: the registry's cases (on a BatchNorm model, fusion, overlap and multicomm
+    broadcast its buffers over flat buckets, as DDP coalesces its own; plain broadcasts per tensor)."""
+    return ROWS
 
 
 def variant_config(model: str, variant: str) -> dict:
-    """The registry case's config (the figure measures what ``fleetbench run`` runs), or an EXTRA row's."""
-    if variant in EXTRA:
-        base, extra = EXTRA[variant]
-        return dict(get_case(f"{model}/{base}").config, **extra)
+    """The registry case's config: the figure measures what ``fleetbench run`` runs."""
     return dict(get_case(f"{model}/{variant}").config)
 
 
@@ -81,11 +74,12 @@ def groups(model: str, size: str, world: int, rows: tuple | None = None, budget:
     """Variants timed together: each group is DDP, ``none`` and as many rows as the ranks' memory holds.
 
     The bound is the runner's (``suite.runner``): 16 bytes per parameter per engine per rank."""
-    from ..runner import _available_memory, _engine_bytes
+    from ..runner import _engine_bytes
+    from ..runtime.device import host_available_memory
 
     if budget is None:
         gb = os.environ.get("FLEETBENCH_FIGURE_MEMORY_GB")
-        budget = int(float(gb) * 2**30) if gb else int(0.6 * _available_memory())
+        budget = int(float(gb) * 2**30) if gb else int(0.6 * host_available_memory())
     rows = rows_for(model) if rows is None else rows
     per_engine = _engine_bytes(model, size) * world
     per_group = max(1, budget // max(per_engine, 1) - 2)  # engines besides DDP and none
@@ -181,12 +175,9 @@ def strategy_table(model: str, measured: dict, args, world: int) -> tuple[str, d
         d = ov.get("describe", {})
         lines += ["", f"- Allreduce ops {d.get('allreduce_ops_before_fusion')} before fusion, "
                       f"{d.get('allreduce_ops')} after (overlap's 25 MB buckets)."]
-        for n in ("overlap", *EXTRA):
-            if n in v:
-                s = v[n]
-                met = "met" if s["speedup"] >= 1 else "not met"
-                lines.append(f"- Aim (overlap + bucketing at least as fast as DDP), {n}: speedup {s['speedup']:.3f} "
-                             f"[{s['speedup_ci'][0]:.3f}, {s['speedup_ci'][1]:.3f}]: **{met}** on this run.")
+        met = "met" if ov["speedup"] >= 1 else "not met"
+        lines.append(f"- Aim (overlap + bucketing at least as fast as DDP), overlap: speedup {ov['speedup']:.3f} "
+                     f"[{ov['speedup_ci'][0]:.3f}, {ov['speedup_ci'][1]:.3f}]: **{met}** on this run.")
     return "\n".join(lines), ov
 
 

@@ -12,6 +12,10 @@ engine's ``describe``:
 - exposed communication (step time − the ``none`` variant's, when it ran) and the bus
   bandwidth over that exposed time (nccl-tests' busbw formula);
 - the first non-finite loss, if any (a non-finite loss is a failed case, named by its step).
+- memory, two figures: ``peak_memory_bytes`` is the *transient* peak (the largest rise above what was in
+  use when a window opened: activations, temporaries; the name is kept from earlier records) and
+  ``footprint_bytes`` what the engine holds between steps (parameters, gradients, buckets, optimizer
+  state); both the largest over ranks.
 
 Everything here is plain arithmetic on numbers; nothing imports torch.
 """
@@ -67,6 +71,7 @@ def variant_summary(answers: list[dict], variant: str, global_batch: int, steps:
         threads=first["threads"],
         peak_memory_bytes=max(a["variants"][variant].get("peak_memory_bytes", 0) for a in answers),
         peak_memory_kind=first.get("peak_memory_kind", ""),
+        footprint_bytes=max(a["variants"][variant].get("footprint_bytes", 0) for a in answers),
         global_batch=global_batch,
         steps_per_window=steps,
     )

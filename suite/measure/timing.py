@@ -34,7 +34,7 @@ from ..strategies.fetch import LossFetcher
 from ..workload import Workload, WorkloadSpec, workload
 
 __all__ = ["time_on_rank", "prepare_case", "run_window", "drop_case", "prepared_cases", "straggler_for_step",
-           "StepClock", "Window", "timed_window", "TimedCase"]
+           "StepClock", "Window", "timed_window", "TimedCase", "footprint_bytes"]
 
 
 def straggler_for_step(step: int, world: int, seed: int = 0) -> int:
@@ -84,6 +84,27 @@ def timed_window(platform, n: int, step: Callable[[], torch.Tensor], fetch_frequ
     return Window(time.perf_counter() - t0, clock.durations(), fetcher.values, fetcher.fetches)
 
 
+def footprint_bytes(engine) -> int:
+    """Bytes the engine holds between steps on this rank: parameters, gradients, gradient buckets and
+    optimizer state (torch.optim's per-parameter state, or a fused optimizer's flat buffers), each storage
+    counted once (a gradient that is a view into a bucket adds nothing).  DDP's own buckets are internal to
+    its reducer: only the gradients (views into them when ``gradient_as_bucket_view``) are seen."""
+    opt = engine.optimizer
+    tensors = [t for p in engine.module.parameters() for t in (p.data, p.grad)]
+    tensors += [b.flat for b in getattr(engine.grad_sync, "buckets", None) or []]
+    if hasattr(opt, "groups"):  # a fused optimizer: flat parameters, gradients, state and scratch per group
+        held = [v for g in opt.groups for v in vars(g).values()]
+    else:  # torch.optim: per-parameter state
+        held = list(opt.state.values())
+    tensors += [t for v in held for t in (v.values() if isinstance(v, dict) else [v])]
+    storages = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            st = t.untyped_storage()
+            storages[(str(t.device), st.data_ptr())] = st.nbytes()
+    return sum(storages.values())
+
+
 class TimedCase:
     """One case's engine on one workload, and everything its recorded windows measured on this rank."""
 
@@ -102,7 +123,9 @@ class TimedCase:
         self.host_syncs = 0
         self.threads_observed: set = set()  # torch.get_num_threads() inside the recorded windows
         self.straggler_sleeps = 0  # steps this rank slept in the recorded windows
-        self.peak_memory = 0  # the largest peak above a window's start (platform.memory_window)
+        # transient memory: the largest peak above a window's start (platform.memory_window), recorded as
+        # ``peak_memory_bytes``; what the engine holds between steps is ``footprint_bytes``
+        self.peak_memory = 0
         self.peak_memory_kind = ""
 
     def window(self, n: int, record: bool = True) -> Window:
@@ -147,6 +170,7 @@ class TimedCase:
             "host_syncs": self.host_syncs, "describe": self.engine.describe(),
             "threads_observed": sorted(self.threads_observed), "straggler_sleeps": self.straggler_sleeps,
             "peak_memory_bytes": self.peak_memory, "peak_memory_kind": self.peak_memory_kind,
+            "footprint_bytes": footprint_bytes(self.engine),
         }
 
 

@@ -96,7 +96,8 @@ def trace_on_rank(workload_spec: WorkloadSpec, config: dict, steps: int = 3, war
                     "t0": t0 + offset, "t1": t1 + offset,
                     "forward": [at(marks["fwd"][0]), at(marks["fwd"][-1])] if marks["fwd"] else None,
                     "grads": [(n, at(m)) for n, m in marks["grads"]],
-                    "comm": [{"op": s.op, "group": s.group, "nbytes": s.nbytes, "t0": s.t_launch + offset,
+                    "comm": [{"op": s.op, "group": s.group, "nbytes": s.nbytes, "start": s.start_means,
+                              "t0": s.t_launch + offset,
                               "t1": (s.t_end if s.t_end is not None else t1) + offset} for s in spans],
                 })
     finally:

@@ -8,7 +8,9 @@ from ``/proc/stat`` deltas (psutil is not a dependency).  What cannot be sampled
 plainly, in the summary's ``unavailable`` field; sampling never fails a case.
 
 Under torchrun every rank runs the same code; only local rank 0 of each node samples (one
-sampler per machine: they would all sample the same GPUs and host).
+sampler per machine: they would all sample the same GPUs and host), and the runner gathers every
+node's summary to rank 0 (``utilization["nodes"]``, each with its ``host``), so every node's GPUs
+are seen, not only rank 0's.
 
     with UtilizationSampler(interval=0.2) as sampler:
         ...                       # the case runs
@@ -17,6 +19,7 @@ sampler per machine: they would all sample the same GPUs and host).
 from __future__ import annotations
 
 import os
+import socket
 import statistics
 import threading
 import time
@@ -166,7 +169,7 @@ class UtilizationSampler:
     def summary(self) -> dict:
         """Medians and maxima over the samples, plus the raw samples (small: a few per second)."""
         out: dict = {"interval_s": self.interval, "n": len(self.samples), "device": self.device,
-                     "unavailable": list(self.unavailable), "sampled": self.active}
+                     "unavailable": list(self.unavailable), "sampled": self.active, "host": socket.gethostname()}
         if self._nvml_ids:
             out["nvml_ids"] = list(self._nvml_ids)  # gpus[i] is cuda:i, NVML's nvml_ids[i]
         if self.device != "cuda" and self.active:

@@ -59,8 +59,10 @@ def chrome_trace(answers: list[dict], title: str = "") -> dict:
                 common = {"name": c["op"], "cat": COMM_CAT, "pid": pid, "tid": tid_of[c["group"]],
                           "id": next_id}
                 t0, t1 = _us(c["t0"]), _us(c["t1"])
-                events.append(dict(common, ph="b", ts=t0, args={"bytes": c["nbytes"], "group": c["group"],
-                                                                 "step": i + 1}))
+                args = {"bytes": c["nbytes"], "group": c["group"], "step": i + 1}
+                if c.get("start"):  # what the span's start marks (suite.comm.collectives.Span.start_means)
+                    args["start"] = c["start"]
+                events.append(dict(common, ph="b", ts=t0, args=args))
                 events.append(dict(common, ph="e", ts=max(t0, t1), args={"step": i + 1}))
             for b, names in enumerate(buckets):
                 ts = [grads[n] for n in names if n in grads]

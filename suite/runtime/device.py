@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 __all__ = ["Platform", "CudaUnavailable", "require_cuda", "select_platform", "default_threads", "HostMark",
-           "MemoryWindow", "cuda_device_count"]
+           "MemoryWindow", "cuda_device_count", "host_available_memory", "platform_of"]
 
 
 class CudaUnavailable(RuntimeError):
@@ -135,10 +136,25 @@ def _reset_rss_peak() -> bool:
         return False
 
 
+def host_available_memory() -> int:
+    """The host's available RAM (``MemAvailable``), bytes; 8 GiB where /proc/meminfo cannot be read."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * 2**30
+
+
 def _ru_maxrss() -> int:
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+_SPIN_RATE: dict = {}  # (CUDA API, device) -> torch.cuda._sleep cycles per second
 
 
 @dataclass(frozen=True)
@@ -238,10 +254,45 @@ class Platform:
             return b.t - a.t
         return a.elapsed_time(b) / 1e3  # milliseconds -> seconds
 
+    # -- injected work ---------------------------------------------------------------
+    def busy(self, seconds: float) -> None:
+        """Add ``seconds`` of work where this rank's step runs, never a sleep of the host.  CUDA: a spin
+        kernel (``torch.cuda._sleep``, cycles) queued on the current (compute) stream, its cycles per second
+        measured once with timing events; the host returns at once, as with any kernel.  CPU: a busy loop
+        on the host, which competes for the cores as real work does."""
+        if seconds <= 0:
+            return
+        if not self.is_cuda:
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                pass
+            return
+        self.cuda._sleep(max(1, int(seconds * self.spin_rate())))
+
+    def spin_rate(self) -> float:
+        """Cycles of ``torch.cuda._sleep`` per second on this GPU, timed with events (cached per device)."""
+        key = (id(self.cuda), str(self.device))
+        if key not in _SPIN_RATE:
+            self.cuda._sleep(1000)  # the first launch pays for loading the kernel
+            cycles = 20_000_000  # ~10 ms at the clocks of current GPUs
+            a = self.mark()
+            self.cuda._sleep(cycles)
+            b = self.mark()
+            self.synchronize()
+            _SPIN_RATE[key] = cycles / self.elapsed(a, b)
+        return _SPIN_RATE[key]
+
     # -- memory ------------------------------------------------------------------------
     def memory_window(self) -> MemoryWindow:
         """Open a peak-memory window now; ``close()`` it (or use it as a context manager) at the end."""
         return MemoryWindow(self).open()
+
+    def free_memory(self, local_ranks: int = 1) -> int:
+        """Bytes this rank may fill: its GPU's free memory (``mem_get_info``) on CUDA; on CPU its share of
+        the host's available RAM, which the ``local_ranks`` ranks on the host share."""
+        if self.is_cuda:
+            return int(self.cuda.mem_get_info(self.device)[0])
+        return host_available_memory() // max(1, local_ranks)
 
     def describe(self) -> dict:
         info = {"device_type": self.device_type, "backend": self.backend, "device": str(self.device)}
@@ -272,6 +323,13 @@ def select_platform(device: str | None = None, local_rank: int = 0, local_world_
             + ": start at most that many ranks per node, or ask for the CPU with --device cpu"
         )
     return Platform("cuda", "nccl", local_rank)
+
+
+def platform_of(tensors, group=None) -> Platform:
+    """The platform of a user's own process group (no fleetbench rank context): the device of the first of
+    ``tensors`` (the parameters) and the group's backend, so NCCL on GPUs takes the CUDA paths."""
+    dev = next((t.device for t in tensors), torch.device("cpu"))
+    return Platform("cuda" if dev.type == "cuda" else "cpu", str(dist.get_backend(group)), dev.index or 0)
 
 
 def default_threads(local_world_size: int, num_threads: int | None = None) -> int:

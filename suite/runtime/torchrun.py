@@ -9,8 +9,12 @@ watchdog kills every process, and the error never reported.  So each rank writes
 its traceback) to the store and polls for the others':
 
 - every rank reported: a function that raised anywhere raises :class:`RankError` on every rank (the
-  same path everywhere, the world still usable), naming each rank's traceback; otherwise rank 0 gets
-  every rank's result (read from the store, then deleted);
+  same path everywhere), naming each rank's traceback; otherwise rank 0 gets every rank's result (read
+  from the store, then deleted).  Under NCCL the world is rebuilt first (:meth:`TorchrunLauncher.rebuild`):
+  a peer of the failing rank may have queued a collective on its NCCL stream that the failing rank never
+  issued (NCCL collectives are asynchronous), and the next case's first collective would pair with it;
+  so every communicator is aborted and a new default process group is built, on every rank, before the
+  next case.  Gloo runs a collective synchronously inside the call, so its world stays usable;
 - a rank that raised, or saw another rank's error, waits at most ``report_timeout`` for the others;
   one that succeeded waits at most the call's ``timeout``.  A rank still missing then is stuck in a
   collective: the world cannot be used any more, so this rank prints the report (its own traceback,
@@ -19,6 +23,7 @@ its traceback) to the store and polls for the others':
 """
 from __future__ import annotations
 
+import datetime
 import os
 import pickle
 import sys
@@ -31,18 +36,48 @@ import torch.distributed as dist
 
 from .pool import RankError, RankFn, check_rank_fn, fn_name
 
-__all__ = ["TorchrunLauncher", "EXIT_WORLD_BROKEN"]
+__all__ = ["TorchrunLauncher", "EXIT_WORLD_BROKEN", "rebuild_world", "rebuild_world_on_rank"]
 
 EXIT_WORLD_BROKEN = 1
 POLL_S = 0.05
 
 
+def rebuild_world(store, tag: str) -> None:
+    """Abort every communicator of this process and build a new default process group over the prefix
+    ``tag`` of ``store``; every rank calls it with the same ``tag``.  NCCL: ``_abort_process_group``
+    (``ncclCommAbort`` on every communicator, torch's ``distributed_c10d.py``), since destroying would wait
+    for an orphaned collective; gloo: ``destroy_process_group``.  Cached groups are dropped, so the next
+    engines ask for new ones."""
+    from . import groups
+    from .context import current
+
+    ctx = current()
+    groups.reset()
+    if ctx.platform.backend == "nccl":
+        dist.distributed_c10d._abort_process_group()
+    else:
+        dist.destroy_process_group()
+    kwargs: dict[str, Any] = dict(backend=ctx.platform.backend, rank=ctx.rank, world_size=ctx.world_size,
+                                  store=dist.PrefixStore(f"fleetbench/world/{tag}", store),
+                                  timeout=datetime.timedelta(seconds=ctx.pg_timeout))
+    if ctx.platform.is_cuda:
+        kwargs["device_id"] = ctx.platform.device
+    dist.init_process_group(**kwargs)
+
+
+def rebuild_world_on_rank(tag: str) -> bool:
+    """A rank function: :func:`rebuild_world` over the store the world was built on (a rank pool's)."""
+    rebuild_world(dist.distributed_c10d._get_default_store(), tag)
+    return True
+
+
 class TorchrunLauncher:
     def __init__(self, ctx, store=None, report_timeout: float | None = None, timeout: float = 3600.0,
-                 exit_fn: Callable[[int], Any] = os._exit):
+                 exit_fn: Callable[[int], Any] = os._exit, rebuild_on_error: bool | None = None):
         """``store``: the rendezvous store (default: the default process group's); ``report_timeout``:
         how long a failing rank waits for the others (default: the process group's timeout, at most
-        60 s); ``timeout``: how long a succeeding rank waits (a call's ``timeout`` overrides it)."""
+        60 s); ``timeout``: how long a succeeding rank waits (a call's ``timeout`` overrides it);
+        ``rebuild_on_error``: rebuild the world after a rank error (default: under NCCL)."""
         self.ctx = ctx
         self.nproc = ctx.world_size
         self.is_reporter = ctx.rank == 0
@@ -51,6 +86,8 @@ class TorchrunLauncher:
         self.timeout = timeout
         self.exit_fn = exit_fn
         self._call = 0
+        self.rebuild_on_error = ctx.platform.backend == "nccl" if rebuild_on_error is None else rebuild_on_error
+        self.rebuilds = 0
 
     def run(self, fn: RankFn, kwargs: dict | None = None, *, timeout: float | None = None,
             per_rank: list[dict] | None = None) -> list[Any] | None:
@@ -76,6 +113,8 @@ class TorchrunLauncher:
         if missing:
             self._abort(ref, missing, errors)
         if errors:
+            if self.rebuild_on_error:
+                self.rebuild()
             first = min(errors)
             raise RankError(f"{ref} raised on rank(s) {sorted(errors)}; rank {first}:\n{errors[first]}", errors)
         if not self.is_reporter:
@@ -86,6 +125,37 @@ class TorchrunLauncher:
             results.append(pickle.loads(self.store.get(key)))
             self.store.delete_key(key)
         return results
+
+    def share(self, value: Any) -> Any:
+        """Rank 0's ``value``, on every rank (through the store): a decision made once (memory groups),
+        so ranks on hosts whose own state differs still build the same engines in the same order."""
+        self._call += 1
+        key = f"fleetbench/torchrun/call{self._call}/shared"
+        if self.is_reporter:
+            self.store.set(key, pickle.dumps(value))  # type: ignore[arg-type]  # bytes work
+            return value
+        self.store.wait([key], datetime.timedelta(seconds=self.timeout))
+        return pickle.loads(self.store.get(key))
+
+    def gather(self, value: Any) -> list | None:
+        """Every rank's ``value`` on rank 0, in rank order (through the store); None on the other ranks."""
+        self._call += 1
+        prefix = f"fleetbench/torchrun/call{self._call}/gathered"
+        if not self.is_reporter:
+            self.store.set(f"{prefix}{self.ctx.rank}", pickle.dumps(value))  # type: ignore[arg-type]  # bytes work
+            return None
+        out = [value]
+        for r in range(1, self.nproc):
+            key = f"{prefix}{r}"
+            self.store.wait([key], datetime.timedelta(seconds=self.timeout))
+            out.append(pickle.loads(self.store.get(key)))
+            self.store.delete_key(key)
+        return out
+
+    def rebuild(self) -> None:
+        """:func:`rebuild_world` on every rank (all of them reported, so all of them are here)."""
+        self.rebuilds += 1
+        rebuild_world(self.store, f"torchrun{self.rebuilds}")
 
     def _collect(self, prefix: str, ok: bool, timeout: float) -> dict:
         """Every rank's (ok, traceback) that arrives in time: ``timeout`` while all is well,

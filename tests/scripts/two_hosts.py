@@ -1,0 +1,40 @@
+"""Memory groups on two "hosts" with different free memory (tests/test_agreement.py).
+
+Started by two torchrun agents (``--nnodes 2 --node_rank N``), one rank each.  Each host's free-memory
+probe is faked from its node rank (torchrun's GROUP_RANK): node 0 has a terabyte, node 1 almost nothing.
+Each rank writes the groups its runner decided to ``OUT.RANK``, and what ``gather`` brought it."""
+import json
+import os
+import sys
+
+from suite.cli.run import resolve_cases
+from suite.runner import CaseRunner, RunOptions
+from suite.runtime.device import Platform
+from suite.runtime.launch import init_from_env, shutdown
+from suite.runtime.torchrun import TorchrunLauncher
+
+FREE = {"0": 2**40, "1": 1}  # bytes free per host
+
+
+class Args:
+    case = ["mlp/plain", "mlp/overlap", "mlp/fusion", "mlp/ddp"]
+    tag: list = []
+    model: list = []
+    set: list = []
+    config = None
+    size = "tiny"
+
+
+if __name__ == "__main__":
+    Platform.free_memory = lambda self, local_ranks=1: FREE[os.environ["GROUP_RANK"]]  # this host's probe
+    ctx = init_from_env(device="cpu", pg_timeout=60)
+    try:
+        launcher = TorchrunLauncher(ctx, timeout=60)
+        runner = CaseRunner(launcher, ctx.world_size, RunOptions(size="tiny", check=False, utilization=False),
+                            metadata={}, reporter=ctx.rank == 0)
+        plan = runner.groups(resolve_cases(Args, ctx.world_size, ctx.local_world_size))
+        hosts = launcher.gather(os.environ["GROUP_RANK"])  # what each node's sampler would send to rank 0
+        with open(f"{sys.argv[1]}.{ctx.rank}", "w") as fh:
+            json.dump({"host": os.environ["GROUP_RANK"], "groups": plan, "gathered": hosts}, fh)
+    finally:
+        shutdown()

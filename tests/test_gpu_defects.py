@@ -1,0 +1,183 @@
+"""The smaller defects of the first GPU nightly (issue 22, item 6): platform without a rank context,
+the per-call timeout, ab's slowdown on the device, collective marks, NVML on every node."""
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from suite.runtime.device import Platform, platform_of
+from tests.test_gpu_paths import one_rank_world  # noqa: F401 - the fixture: a one-rank world on fake CUDA
+
+
+def test_platform_of_a_users_process_group_is_the_parameters_device_and_the_groups_backend(monkeypatch):
+    import suite.runtime.device as device
+
+    monkeypatch.setattr(device, "dist", types.SimpleNamespace(get_backend=lambda group=None: "nccl"))
+    on_gpu = [types.SimpleNamespace(device=torch.device("cuda", 3))]  # a parameter on GPU 3
+    p = platform_of(on_gpu)
+    assert (p.device_type, p.backend, p.local_rank, p.is_cuda) == ("cuda", "nccl", 3, True)
+    assert platform_of([torch.zeros(1)]) == Platform("cpu", "nccl", 0)
+
+
+def bucketed_platform_without_context_on_rank() -> dict:
+    """A user's own process group: no fleetbench rank context while the engine is built."""
+    import suite.runtime.device as device
+    from suite.config import StrategyConfig
+    from suite.engine import build_engine
+    from suite.models import get_model
+    from suite.runtime import context
+
+    saved, real = context._CURRENT, device.dist
+    context.set_current(None)
+    device.dist = types.SimpleNamespace(get_backend=lambda group=None: "the-groups-backend")
+    try:
+        spec = get_model("mlp", "tiny")
+        cfg = StrategyConfig(fuse_all_reduce_ops=True, sync_nccl_allreduce=False, use_hierarchical_allreduce=True,
+                             hierarchical_allreduce_inter_nranks=2)
+        engine = build_engine(spec.make(0), spec.loss_fn, cfg)
+        p = engine.grad_sync.platform
+        engine.grad_sync.close()
+        return {"device_type": p.device_type, "backend": p.backend}
+    finally:
+        device.dist = real
+        context.set_current(saved)
+
+
+def test_bucketed_sync_without_a_rank_context_asks_the_process_group(pool2):
+    """hierarchical+overlap picks worker threads (CPU) or side streams (CUDA) from its platform: with no rank
+    context it used to assume CPU/gloo whatever the group; now the group's backend (here a stand-in) counts."""
+    got = pool2.run(bucketed_platform_without_context_on_rank)
+    assert got == [{"device_type": "cpu", "backend": "the-groups-backend"}] * 2, got
+
+
+# ---- ab's injected slowdown: on the device, x% of the measured step (call-sequence tests on the fake) ----
+def test_busy_on_cuda_queues_a_spin_kernel_on_the_current_stream_sized_by_event_timing():
+    """Locks the call sequence only: the fake's clock stands for the GPU's, so the event calibration is exact."""
+    from tests.fakes import FakeCuda, fake_cuda_platform
+
+    api = FakeCuda()
+    api.spin_hz = 2.0e9  # this fake GPU spins 2e9 cycles a second
+    p = fake_cuda_platform(api)
+    p.spin_rate()  # calibrated once: a spin timed between two events, one synchronize
+    assert len(api.entries("synchronize")) == 1
+    api.log.clear()
+    with p.use_stream(side := p.new_stream()):
+        p.busy(0.01)
+    (work,) = api.entries("sleep")
+    assert work[3] == side.name  # the step's (current) stream, where the spin delays what follows
+    assert abs(work[2] - 0.01 * 2.0e9) <= 1, work  # 10 ms of this GPU's cycles
+    assert not api.entries("synchronize")  # the host does not wait
+
+
+def test_busy_on_cpu_spins_the_host_until_the_time_is_spent(monkeypatch):
+    import suite.runtime.device as device
+
+    clock = iter(i * 1e-3 for i in range(10_000))  # a host clock that advances 1 ms a reading
+    monkeypatch.setattr(device.time, "perf_counter", lambda: next(clock))
+    Platform("cpu", "gloo").busy(0.010)
+    assert next(clock) == pytest.approx(11e-3)  # readings at 0 (the start), 1, … 10 ms (the end): 11 taken
+
+
+def test_injected_slowdown_is_a_fraction_of_the_measured_step_queued_after_the_step(monkeypatch):
+    """inject_on_rank measures the prepared case's step (a calibration window, StepClock's times) and adds
+    fraction x its median to every later step, after the step's own work, on the device."""
+    from suite.ab import server
+    from suite.measure import timing
+    from suite.measure.timing import Window
+    from tests.fakes import FakeCuda, fake_cuda_platform
+
+    api = FakeCuda()
+    platform = fake_cuda_platform(api)
+    platform.spin_rate()  # calibrated once, before the log is read
+
+    class Prepared:
+        wl = types.SimpleNamespace(platform=platform)
+        engine = types.SimpleNamespace(train_step=lambda x, y: api._log("step") or "loss")
+
+        def window(self, n, record=True):
+            assert not record and n == 5
+            return Window(1.0, [0.10, 0.30, 0.20, 0.20, 0.25], [], 0)
+
+    monkeypatch.setitem(timing._PREPARED, "k", Prepared())
+    assert server.inject_on_rank("k", 0.05) == {"step_s": 0.20, "added_s": 0.05 * 0.20}
+    api.log.clear()
+    assert Prepared.engine.train_step(None, None) == "loss"
+    kinds = [e[1] for e in api.log]
+    assert kinds == ["step", "sleep"], api.log
+    assert abs(api.log[1][2] - 0.01 * api.spin_hz) <= 1  # 5% of the 0.2 s median step
+
+
+def test_ab_refuses_too_few_gpus_instead_of_running_on_the_cpu(monkeypatch):
+    import argparse
+
+    from suite.cli import ab
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    args = argparse.Namespace(nproc=2, steps=5, check_steps=3, trial_warmup=1, warmup=2, device=None)
+    try:
+        ab.options(args)
+    except ValueError as exc:
+        assert "--nproc 2" in str(exc) and "torch sees 1" in str(exc), exc
+    else:
+        raise AssertionError("ab chose a device with 2 ranks on 1 GPU")
+
+
+def test_injection_runs_on_real_ranks(pool2):
+    """The real path on CPU ranks: calibration window, then slowed windows (no timing asserted)."""
+    from suite.ab.server import inject_on_rank
+    from suite.measure.timing import drop_case, prepare_case, run_window
+    from suite.workload import WorkloadSpec
+
+    key = "inject-test"
+    pool2.run(prepare_case, dict(key=key, workload_spec=WorkloadSpec("mlp", "tiny"), config={}, warmup=1))
+    try:
+        got = pool2.run(inject_on_rank, dict(key=key, fraction=0.5, calibration_steps=3))
+        assert all(g["step_s"] > 0 and g["added_s"] == 0.5 * g["step_s"] for g in got), got
+        windows = pool2.run(run_window, dict(key=key, steps=2))
+        assert all(len(w["step_times_s"]) == 2 for w in windows)
+    finally:
+        pool2.run(drop_case, dict(key=key))
+
+
+# ---- what a collective's start mark means -------------------------------------------------------------
+@pytest.mark.usefixtures("one_rank_world")
+def test_collective_spans_say_what_their_start_marks():
+    """On CUDA the start is a mark on the calling stream (NCCL's own stream is not reachable from Python):
+    the span and the trace say so, rather than passing it off as the kernel's start."""
+    from suite.comm import collectives as C
+    from suite.report.trace import chrome_trace
+
+    C.STATS.record_spans(True)
+    try:
+        C.all_reduce(torch.ones(4))
+        (span,) = C.STATS.spans
+    finally:
+        C.STATS.record_spans(False)
+    assert span.ev_launch is not None and span.ev_launch.stream == "default"  # the calling stream
+    assert "calling stream reached the collective" in span.start_means and "queueing" in span.start_means
+    comm = {"op": "all_reduce", "group": "world", "nbytes": 16, "start": span.start_means, "t0": 1.0, "t1": 2.0}
+    trace = chrome_trace([{"rank": 0, "steps": [{"t0": 0.0, "t1": 3.0, "forward": None, "grads": [],
+                                                  "comm": [comm]}], "buckets": []}])
+    (begin,) = [e for e in trace["traceEvents"] if e.get("ph") == "b"]
+    assert begin["args"]["start"] == span.start_means
+    assert "inside the call" in C.Span("all_reduce", "world", 16, 0.0).start_means  # gloo: host time is right
+
+
+# ---- the per-call timeout ---------------------------------------------------------------------------------
+def test_the_per_call_timeout_scales_with_steps_variants_and_model_and_a_given_one_wins():
+    """600 s for every call was too short for GPT-2 `full` with its 13 variants interleaved."""
+    from suite.runner import CaseRunner, RunOptions
+
+    def runner(**kw):
+        return CaseRunner(None, 8, RunOptions(size="full", device="cuda", **kw), metadata={})
+
+    r = runner()
+    one = r.call_timeout("gpt2", steps=1) - 600
+    assert one > 0
+    assert r.call_timeout("gpt2", steps=27, variants=13) - 600 == pytest.approx(27 * 13 * one)  # steps x variants
+    assert r.call_timeout("gpt2", 27, 13) > 1800  # the default run (2 + 5 x 5 steps), every variant at once
+    assert r.call_timeout("mlp", 1) - 600 < one  # a smaller model, a smaller allowance
+    assert runner(timeout=42.0).call_timeout("gpt2", 27, 13) == 42.0  # --timeout given: exactly that
