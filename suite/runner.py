@@ -263,6 +263,7 @@ class CaseRunner:
         self.metadata = metadata
         self._batches: dict[str, int] = {}
         self._unused_said = False  # the unused-parameter message is said once per run, then named
+        self._allowance: dict[str, float] = {}
 
     def brief(self, exc: BaseException) -> str:
         """:func:`short_error`; the unused-parameter message, said in full once per run, is named after that."""
@@ -278,7 +279,6 @@ class CaseRunner:
         """A check that stopped where timing would stop too: a kernel missing, parameters without a gradient."""
         return isinstance(check, Exception) and bool(
             backend_lacks(check, self.opts.device or "cpu") or unused_parameters(check))
-        self._allowance: dict[str, float] = {}
 
     def say(self, msg: str) -> None:
         if self.reporter and self._say is not None:

@@ -66,23 +66,21 @@ def test_a_rank_error_rebuilds_the_world_so_no_orphaned_collective_pairs_with_th
 
 
 def test_hierarchical_cases_under_torchrun_take_the_nodes_from_local_world_size():
-    """`*/hierarchical` emulates nodes of 2 ranks on one machine; under torchrun (LOCAL_WORLD_SIZE known) its
-    nodes are the real machines: 2 hosts of 4 ranks -> inter_nranks 4, not 2; a --set value still wins."""
-    from suite.cli.run import resolve_cases
+    """`*/hierarchical` emulates two nodes of half the ranks on one machine (8 ranks: 4 + 4); under torchrun
+    (LOCAL_WORLD_SIZE known) its nodes are the real machines: 4 hosts of 2 ranks -> inter_nranks 2, not 4; a
+    --set value still wins (with a warning when it differs from LOCAL_WORLD_SIZE)."""
+    from suite.selection import Selection, resolve_at
 
-    class Args:
-        case, tag, model, set, config, size = ["mlp/hierarchical"], [], [], [], None, "tiny"
-
-    (local,) = resolve_cases(Args, 8)
-    assert local.config.resolve_inter_nranks(8) == 2 and local.skip is None
-    (multi,) = resolve_cases(Args, 8, local_world=4)
-    assert multi.config.hierarchical_allreduce_inter_nranks is None and multi.skip is None
-    assert multi.config.resolve_inter_nranks(8, 4) == 4
-    Args.set = ["hierarchical_allreduce_inter_nranks=2"]
-    with pytest.warns(UserWarning, match="differs from torchrun's LOCAL_WORLD_SIZE=4"):
-        (given,) = resolve_cases(Args, 8, local_world=4)
-    assert given.config.hierarchical_allreduce_inter_nranks == 2
-
+    sel = Selection(cases=("mlp/hierarchical",), size="tiny")
+    (local,) = resolve_at(sel, sel.base_cases("tiny"), 8)
+    assert local.config.resolve_inter_nranks(8) == 4 and local.skip is None
+    (multi,) = resolve_at(sel, sel.base_cases("tiny"), 8, local_world=2)
+    assert multi.config.resolve_inter_nranks(8, 2) == 2 and multi.skip is None
+    given = Selection(cases=("mlp/hierarchical",), size="tiny", sets=("hierarchical_allreduce_inter_nranks=4",))
+    (rc,) = resolve_at(given, given.base_cases("tiny"), 8, local_world=2)
+    assert rc.config.hierarchical_allreduce_inter_nranks == 4
+    with pytest.warns(UserWarning, match="differs from torchrun's LOCAL_WORLD_SIZE=2"):
+        rc.config.check_world(8, 2, torchrun=True)
 
 
 def test_resume_under_torchrun_is_decided_by_rank_0_not_by_each_hosts_results_file(tmp_path):

@@ -94,8 +94,8 @@ def options(args):
     try:
         device = choose_platform(args.device, args.nproc or 1)[0]
         args.nproc = args.nproc or default_worlds(device)[0]
-    except ConfigError as exc:
-        raise ValueError(str(exc)) from None
+    except ConfigError as exc:  # e.g. fewer GPUs than --nproc: never a silent CPU run
+        raise ValueError(f"--nproc {args.nproc}: {exc}" if args.nproc else str(exc)) from None
     size = args.size or default_size(device)
     seq = SeqOptions(delta=args.delta, confidence=args.confidence, min_blocks=args.min_blocks,
                      max_blocks=args.max_blocks, budget_s=args.budget, seed=args.seed, rotate=args.rotate,

@@ -7,22 +7,16 @@ import json
 import os
 import sys
 
-from suite.cli.run import resolve_cases
 from suite.runner import CaseRunner, RunOptions
 from suite.runtime.device import Platform
 from suite.runtime.launch import init_from_env, shutdown
 from suite.runtime.torchrun import TorchrunLauncher
+from suite.selection import Selection, resolve_at
 
 FREE = {"0": 2**40, "1": 1}  # bytes free per host
 
 
-class Args:
-    case = ["mlp/plain", "mlp/overlap", "mlp/fusion", "mlp/ddp"]
-    tag: list = []
-    model: list = []
-    set: list = []
-    config = None
-    size = "tiny"
+SELECTION = Selection(cases=("mlp/plain", "mlp/overlap", "mlp/fusion", "mlp/ddp"), size="tiny")
 
 
 if __name__ == "__main__":
@@ -32,7 +26,8 @@ if __name__ == "__main__":
         launcher = TorchrunLauncher(ctx, timeout=60)
         runner = CaseRunner(launcher, ctx.world_size, RunOptions(size="tiny", check=False, utilization=False),
                             metadata={}, reporter=ctx.rank == 0)
-        plan = runner.groups(resolve_cases(Args, ctx.world_size, ctx.local_world_size))
+        cases = resolve_at(SELECTION, SELECTION.base_cases("tiny"), ctx.world_size, ctx.local_world_size)
+        plan = runner.groups(cases)
         hosts = launcher.gather(os.environ["GROUP_RANK"])  # what each node's sampler would send to rank 0
         with open(f"{sys.argv[1]}.{ctx.rank}", "w") as fh:
             json.dump({"host": os.environ["GROUP_RANK"], "groups": plan, "gathered": hosts}, fh)
