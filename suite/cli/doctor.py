@@ -5,8 +5,13 @@ import sys
 
 
 def add_parser(sub) -> None:
+    from . import helps
+
     p = sub.add_parser("doctor", help="self-check in under 2 minutes: every communication, reader, timing and "
-                                      "error path with exact checks; a table of pass / fail / not applicable")
+                                      "error path with exact checks; a table of pass / fail / not applicable",
+                       **helps(__doc__, """
+                           fleetbench doctor
+                           fleetbench doctor --device cuda --nproc 8 --json"""))
     p.add_argument("--nproc", type=int, default=None,
                    help="ranks (default: every GPU torch sees on CUDA, 4 on CPU)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,

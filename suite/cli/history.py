@@ -3,8 +3,13 @@ from __future__ import annotations
 
 
 def add_parser(sub) -> None:
+    from . import helps
+
     p = sub.add_parser("history", help="history alerts: asv's step detection over each case's nightly series "
-                                       "(exit 1 on an alert; reported by the nightly, never its gate)")
+                                       "(exit 1 on an alert; reported by the nightly, never its gate)",
+                       **helps(__doc__, """
+                           fleetbench history --machine 4xNVIDIA-A100-SXM4-80GB
+                           fleetbench history --machine cpu-2xAMD-EPYC --persist 3 --markdown alerts.md"""))
     p.add_argument("--results", default="results/asv", help="asv results directory (default results/asv)")
     p.add_argument("--machine", required=True, help="asv machine name (`fleetbench machine-name`)")
     p.add_argument("--persist", type=int, default=2, help="nights a new level must last before it alerts (default 2)")
