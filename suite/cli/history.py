@@ -1,4 +1,9 @@
-"""`fleetbench history`: change-point alerts over each case's stored asv series (see ``suite.ab.history``)."""
+"""`fleetbench history`: change-point alerts over each case's stored asv series (see ``suite.ab.history``).
+
+Each case's nightly series (one point per commit) is fitted with asv's own step detection, each point
+weighted by its interval, as the dashboard does; an alert is an upward step larger than --threshold whose
+new level has lasted --persist nights.  Exit 0 no alert, 1 at least one alert (the nightly reports it; its
+gate does not read it), 2 unusable input."""
 from __future__ import annotations
 
 
