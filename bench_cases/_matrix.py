@@ -14,7 +14,7 @@ FLEETBENCH_BENCH_DEVICE         cpu | cuda (default: cuda where torch sees a GPU
 FLEETBENCH_BENCH_SIZE           full | cpu | tiny (default: the device's)
 FLEETBENCH_BENCH_CONFIG         a TOML file of strategy fields applied on top of every case
 FLEETBENCH_BENCH_SET            ``KEY=VALUE`` strategy fields, separated by ``;``
-FLEETBENCH_BENCH_ROUNDS/_STEPS  windows per process, steps per window (default 5 / 5)
+FLEETBENCH_BENCH_ROUNDS/_STEPS  windows per process, steps per window (default: ``fleetbench run``'s, 5 / 5)
 FLEETBENCH_BENCH_PROCESSES      asv: processes whose samples are pooled (default 2)
 ==============================  ==================================================================
 """
@@ -22,9 +22,14 @@ from __future__ import annotations
 
 import os
 
+from suite.runner import RunOptions
 from suite.selection import Resolved, Selection
 
-__all__ = ["split_csv", "env_selection", "make_selection", "run_options"]
+__all__ = ["split_csv", "env_selection", "make_selection", "run_options", "STEPS", "ROUNDS"]
+
+# Steps per timed window and windows: ``fleetbench run``'s defaults (tests/test_bench_conventions.py checks
+# that run's command line says the same).
+STEPS, ROUNDS = RunOptions.steps, RunOptions.rounds
 
 
 def split_csv(text: str | None, sep: str = ",") -> list[str]:
@@ -49,8 +54,6 @@ def env_selection() -> Selection:
 
 def run_options(resolved: Resolved, steps: int, rounds: int, check: bool = True, timeout: float = 600.0):
     """The runner's options for a benchmark harness, on the selection's platform and size."""
-    from suite.runner import RunOptions
-
     return RunOptions(size=resolved.size, steps=steps, rounds=rounds, check=check, timeout=timeout,
                       device=resolved.device, backend=resolved.backend, utilization=False,
                       baseline_overrides=resolved.selection.sets)

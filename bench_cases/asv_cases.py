@@ -33,10 +33,11 @@ from __future__ import annotations
 import atexit
 import os
 
+from bench_cases import _matrix
 from bench_cases._matrix import env_selection, run_options
 
-ROUNDS = int(os.environ.get("FLEETBENCH_BENCH_ROUNDS", "5"))
-STEPS = int(os.environ.get("FLEETBENCH_BENCH_STEPS", "5"))
+ROUNDS = int(os.environ.get("FLEETBENCH_BENCH_ROUNDS", _matrix.ROUNDS))
+STEPS = int(os.environ.get("FLEETBENCH_BENCH_STEPS", _matrix.STEPS))
 PROCESSES = int(os.environ.get("FLEETBENCH_BENCH_PROCESSES", "2"))
 
 _RESOLVED = env_selection().resolve()

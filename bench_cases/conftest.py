@@ -4,30 +4,32 @@ Options (pytest has a command line, so no environment variable is read here; asv
 ``--fleetbench-case`` (name or glob, repeatable), ``--fleetbench-tag`` (default smoke), ``--fleetbench-model``,
 ``--fleetbench-world`` (repeatable; default one: 2 on CPU, every GPU on CUDA), ``--fleetbench-device``,
 ``--fleetbench-size``, ``--fleetbench-config``, ``--fleetbench-set`` (repeatable), ``--fleetbench-steps``
-(K steps per timed round), ``--fleetbench-rounds``, ``--fleetbench-no-check``, ``--fleetbench-timeout``
-(bound on each multi-rank call, seconds).  The selection is resolved
-once (``suite/selection.py``), as ``fleetbench run`` resolves its own.
+(K steps per timed window), ``--fleetbench-rounds`` (timed windows; both default to ``fleetbench run``'s),
+``--fleetbench-no-check``, ``--fleetbench-timeout`` (bound on each multi-rank call, seconds).  The selection
+is resolved once (``suite/selection.py``), as ``fleetbench run`` resolves its own: a case named without
+``--fleetbench-world`` runs at the one default world size.
 
 Parameters are ``case`` (the case's name, a string) and ``world`` (an int), so the saved JSON holds
 ``"params": {"case": "mlp/plain", "world": 2}`` and test ids read ``test_step[mlp/plain@2]``.  Each
-benchmark's ``group`` is its model and world size: pytest-benchmark prints one table per group, so
-only cases that share a baseline are compared side by side.  What a round measures is said in each
-group's name, in ``extra_info`` and in a note after the tables.
+benchmark's ``group`` is its model and world size (``mlp@2``): pytest-benchmark prints one table per group,
+so only cases that share a baseline are compared side by side.  The unit, one training step, is said in
+``extra_info`` and in a note after the tables.
 """
 from __future__ import annotations
 
 import pytest
 
-from bench_cases._matrix import make_selection
+from bench_cases._matrix import ROUNDS, STEPS, make_selection
 
 
 def what_a_round_is(k: int | str) -> str:
-    return (f"one window of {k} training steps on every rank between two barriers, plus the round trip from "
-            f"pytest to the ranks and back")
+    return (f"one training step: the mean step of one timed window of {k} steps on every rank between two "
+            f"barriers (the slowest rank's window / {k}), timed by the ranks' own clocks, without the round trip "
+            f"from pytest to the ranks")
 
 
 class Timed:
-    """The benchmarks that ran: (group, steps per round) each, for the note after pytest-benchmark's tables."""
+    """The benchmarks that ran: (group, steps per window) each, for the note after pytest-benchmark's tables."""
 
     def __init__(self) -> None:
         self.runs: list[tuple[str, int]] = []
@@ -35,9 +37,7 @@ class Timed:
     def add(self, group: str, steps: int) -> None:
         self.runs.append((group, steps))
 
-    @staticmethod
-    def round(steps: int) -> str:
-        return what_a_round_is(steps)
+    round = staticmethod(what_a_round_is)
 
 
 _TIMED = pytest.StashKey[Timed]()
@@ -56,8 +56,10 @@ def pytest_addoption(parser):
     g.addoption("--fleetbench-config", help="TOML file of strategy fields applied on top of every case")
     g.addoption("--fleetbench-set", action="append", default=[], metavar="KEY=VALUE",
                 help="a strategy field applied on top of every case (repeatable)")
-    g.addoption("--fleetbench-steps", type=int, default=5, help="steps per timed round (default 5)")
-    g.addoption("--fleetbench-rounds", type=int, default=5, help="timed rounds (default 5)")
+    g.addoption("--fleetbench-steps", type=int, default=STEPS,
+                help=f"steps per timed window (default {STEPS}, as fleetbench run)")
+    g.addoption("--fleetbench-rounds", type=int, default=ROUNDS,
+                help=f"timed windows, pytest-benchmark's rounds (default {ROUNDS}, as fleetbench run)")
     g.addoption("--fleetbench-no-check", action="store_true", help="skip the correctness verdict")
     g.addoption("--fleetbench-timeout", type=float, default=600.0, help="bound on each multi-rank call, seconds")
 
@@ -137,7 +139,7 @@ def rank_pools(pytestconfig):
 
 @pytest.fixture
 def timed(pytestconfig) -> Timed:
-    """Where a benchmark notes its group and steps per round, and says what a round is."""
+    """Where a benchmark notes its group and steps per window, and says what a round is."""
     return pytestconfig.stash.setdefault(_TIMED, Timed())
 
 
@@ -150,11 +152,11 @@ def pytest_terminal_summary(terminalreporter):
     steps = " or ".join(str(k) for k in sorted({k for _, k in timed.runs}))
     tr = terminalreporter
     tr.section("fleetbench: what the tables above measure", sep="-")
-    tr.write_line(f"A round (Min, Max, Mean, Median ..., in the unit shown) is {what_a_round_is(steps)}.")
-    tr.write_line("Per-step time is about a round over its steps; the ranks' own window times (no round trip) are in "
-                  "extra_info['rank_window_s'], the round trip in extra_info['round_trip_s'], every rank's step "
-                  "times in extra_info['step_times_s'] (seconds).")
-    tr.write_line("One table per group: a model at one world size. Compare cases within a group only; "
+    tr.write_line(f"Each round (Min, Max, Mean, Median ..., in the unit shown; OPS = steps/s) is "
+                  f"{what_a_round_is(steps)}.")
+    tr.write_line("extra_info holds each rank's windows (rank_window_s), the slowest rank's (window_s) and every "
+                  "rank's step times (step_times_s), in seconds.")
+    tr.write_line("One table per group, MODEL@WORLD: compare cases within a group only; "
                   "`fleetbench run` states speedups over plain with intervals.")
 
 

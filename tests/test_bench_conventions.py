@@ -1,6 +1,8 @@
 """pytest-benchmark conventions of ``bench_cases/``: ``case`` and ``world`` as plain parameters (nothing
-UNSERIALIZABLE in the saved JSON), one group per model and world size, what a round measures said in
-``extra_info`` and after the tables, and a ``smoke`` selection that is small and distinct from ``default``."""
+UNSERIALIZABLE in the saved JSON), one short group per model and world size (``mlp@2``), a round that is one
+training step (the ranks' own window over its steps, no round trip) said in ``extra_info`` and after the
+tables, ``fleetbench run``'s default windows and steps, ``fleetbench compare`` reading both the per-step
+files and the older per-round ones, and a ``smoke`` selection that is small and distinct from ``default``."""
 from __future__ import annotations
 
 import json
@@ -9,7 +11,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from suite.cases import SMOKE, select_cases
+from suite.cli.main import build_parser
+from suite.results.load import load_side
+from suite.results.records import ResultsFileError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,6 +39,10 @@ def test_the_default_bench_selection_is_the_smoke_cases_at_world_size_2():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ids = sorted(line.split("[", 1)[1].rstrip("]") for line in proc.stdout.splitlines() if "test_step[" in line)
     assert ids == sorted(f"{name}@2" for name in SMOKE), proc.stdout
+    # a case named without --fleetbench-world runs at the one default world size
+    proc = _pytest_bench("--collect-only", "-q", "--fleetbench-case", "mlp/plain", timeout=120)
+    ids = [line.split("[", 1)[1].rstrip("]") for line in proc.stdout.splitlines() if "test_step[" in line]
+    assert ids == ["mlp/plain@2"], proc.stdout
     # requested world sizes replace the default one; a case that cannot run at a size is collected (and skipped
     # with its reason when run)
     proc = _pytest_bench("--collect-only", "-q", "--fleetbench-case", "mlp/*", "--fleetbench-world", "1",
@@ -41,7 +52,7 @@ def test_the_default_bench_selection_is_the_smoke_cases_at_world_size_2():
     assert "mlp/hierarchical@1" in ids and not any(i.endswith("@2") for i in ids), proc.stdout
 
 
-def test_saved_json_has_plain_params_groups_and_says_what_a_round_is(tmp_path):
+def test_saved_json_has_plain_params_short_groups_and_a_round_of_one_step(tmp_path):
     out = tmp_path / "bench.json"
     proc = _pytest_bench("--benchmark-only", "--fleetbench-case", "mlp/plain", "--fleetbench-case", "mlp/overlap",
                          "--fleetbench-world", "2", "--fleetbench-rounds", "2", "--fleetbench-steps", "2",
@@ -56,17 +67,69 @@ def test_saved_json_has_plain_params_groups_and_says_what_a_round_is(tmp_path):
     assert set(benches) == {"mlp/plain", "mlp/overlap"}
     for case, b in benches.items():
         assert b["params"] == {"case": case, "world": 2} and b["param"] == f"{case}@2"
-        assert b["group"].startswith("mlp at world size 2") and "2 steps" in b["group"]
+        assert b["group"] == "mlp@2"
         e = b["extra_info"]
-        assert e["case"] == case and e["world_size"] == 2 and e["steps_per_round"] == 2
-        assert "2 training steps on every rank between two barriers" in e["round"] and "round trip" in e["round"]
-        assert {"rank_window_s", "round_trip_s", "step_times_s", "samples_per_s"} <= set(e["units"])
-        # per round: every rank's window; the slowest is the window; the round contains it
+        assert e["case"] == case and e["world_size"] == 2 and e["steps_per_window"] == 2
+        assert e["unit"] == "s per training step" and "steps_per_round" not in e
+        assert "one training step" in e["round"] and "without the round trip" in e["round"]
+        assert {"rank_window_s", "window_s", "step_times_s", "samples_per_s"} <= set(e["units"])
+        # per window: every rank's window; the slowest is the window
         assert len(e["rank_window_s"]) == 2 and all(len(w) == 2 for w in e["rank_window_s"])
         assert e["window_s"] == [max(w) for w in e["rank_window_s"]]
-        assert len(e["round_trip_s"]) == 2 and all(math.isfinite(x) and x >= 0 for x in e["round_trip_s"])
-        assert len(b["stats"]["data"]) == 2
-    # one table per group, and the note after them
-    assert "benchmark 'mlp at world size 2" in proc.stdout
+        # each round pytest-benchmark timed is one step: the slowest rank's window over its 2 steps, nothing else
+        assert b["stats"]["data"] == pytest.approx([w / 2 for w in e["window_s"]], rel=1e-9, abs=1e-12)
+        assert all(math.isfinite(x) and x > 0 for x in b["stats"]["data"])
+    # one short table per group, and the note after them
+    assert "benchmark 'mlp@2'" in proc.stdout
     assert "fleetbench: what the tables above measure" in proc.stdout
-    assert "round trip from pytest to the ranks" in proc.stdout
+    assert "is one training step" in proc.stdout
+    # fleetbench compare reads the file: its windows are the rounds, per step
+    side = load_side(str(out))
+    for case, b in benches.items():
+        assert side.cases[f"{case}@2"].windows == pytest.approx(b["stats"]["data"], rel=1e-9, abs=1e-12)
+
+
+def _bench_file(path, extra: dict, data: list) -> str:
+    path.write_text(json.dumps({"machine_info": {}, "benchmarks": [
+        {"name": "test_step[mlp/plain@2]", "stats": {"data": data},
+         "extra_info": {"case": "mlp/plain", "world_size": 2, "verdict": "pass", **extra}}]}))
+    return str(path)
+
+
+def test_compare_reads_per_step_files_and_the_older_per_round_ones(tmp_path):
+    windows = [0.50, 0.55, 0.60]  # the slowest rank's window of 5 steps, seconds
+    per_step = [0.10, 0.11, 0.12]
+    # now: a round is one step; window_s and steps_per_window beside it
+    new = _bench_file(tmp_path / "new.json", {"steps_per_window": 5, "window_s": windows}, per_step)
+    # now, without window_s (another tool's or a trimmed file): the rounds are the per-step samples as they are
+    new_bare = _bench_file(tmp_path / "new_bare.json", {"steps_per_window": 5}, per_step)
+    # before: a round was a window of steps_per_round steps plus the round trip (0.2 s here); the ranks' own
+    # windows in window_s, or only the rounds
+    old = _bench_file(tmp_path / "old.json", {"steps_per_round": 5, "window_s": windows, "round_trip_s": [0.2] * 3},
+                      [w + 0.2 for w in windows])
+    old_bare = _bench_file(tmp_path / "old_bare.json", {"steps_per_round": 5}, windows)
+    for path in (new, new_bare, old, old_bare):
+        assert load_side(path).cases["mlp/plain@2"].windows == pytest.approx(per_step), path
+    bad = _bench_file(tmp_path / "bad.json", {"steps_per_window": 0}, per_step)
+    with pytest.raises(ResultsFileError, match="extra_info.steps_per_window is 0"):
+        load_side(bad)
+
+
+def test_bench_windows_and_steps_default_to_fleetbench_runs():
+    from bench_cases import _matrix, asv_cases, conftest
+
+    run = build_parser().parse_args(["run"])
+    opts: dict = {}
+
+    class Options:  # what conftest's pytest_addoption declares, name -> default
+        def getgroup(self, name):
+            return self
+
+        def addoption(self, name, **kw):
+            opts[name] = kw.get("default")
+
+    conftest.pytest_addoption(Options())
+    assert (opts["--fleetbench-rounds"], opts["--fleetbench-steps"]) == (run.rounds, run.steps)
+    assert (_matrix.ROUNDS, _matrix.STEPS) == (run.rounds, run.steps)
+    if not any(k in os.environ for k in ("FLEETBENCH_BENCH_ROUNDS", "FLEETBENCH_BENCH_STEPS")):
+        assert (asv_cases.ROUNDS, asv_cases.STEPS) == (run.rounds, run.steps)

@@ -1,1 +1,25 @@
-"""cli"""
+"""cli: one module per `fleetbench` sub-command (suite/cli/main.py lists them)."""
+from __future__ import annotations
+
+import argparse
+import textwrap
+
+# The one exit-code table of compare, ab, bisect and nightly (each command says what each code means for it).
+GATE_CODES = {0: "ok or same: nothing slower", 1: "regression", 2: "unusable input (named: file, line, option)",
+              3: "undecided: inconclusive, and nothing worse"}
+
+
+def helps(doc: str | None, examples: str, verdicts: str = "", codes: dict[int, str] | None = None) -> dict:
+    """``add_parser`` keywords for a sub-command's --help: ``doc`` (its module docstring) as the description,
+    then its verdicts, exit codes and ``examples`` (one ``fleetbench ...`` command a line) as the epilog,
+    line breaks kept (tests/test_help.py reads them)."""
+    parts = []
+    if verdicts:
+        parts.append("verdicts:\n" + textwrap.indent(textwrap.fill(verdicts, 100), "  "))
+    if codes:
+        parts.append("exit codes (the table compare, ab, bisect and nightly share):\n"
+                     + "\n".join(textwrap.fill(v, 100, initial_indent=f"  {k}  ", subsequent_indent="     ")
+                                 for k, v in sorted(codes.items())))
+    parts.append("examples:\n" + textwrap.indent(textwrap.dedent(examples).strip(), "  "))
+    return dict(description=textwrap.dedent(doc or "").strip(), epilog="\n\n".join(parts),
+                formatter_class=argparse.RawDescriptionHelpFormatter)

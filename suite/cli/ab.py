@@ -9,10 +9,6 @@ per case is spent (inconclusive).  See docs/benchmarks.md.
 
 Every verdict states its power: the smallest slowdown the comparison would have caught at 95%
 ("could have caught ≥ 4.1%"; `detectable_slowdown` per case in --json, a fraction).
-
-Exit codes (the table compare, ab, bisect and nightly share): 0 nothing slower (same or faster);
-1 a regression: a case slower, a structure changed, a check verdict pass -> fail, or a case that
-errors on HEAD only; 2 input it cannot use; 3 undecided: a case inconclusive and nothing worse.
 """
 from __future__ import annotations
 
@@ -67,7 +63,26 @@ def add_selection(p) -> None:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("ab", help="A/B gate between two git revisions: structure, check, interleaved timed trials")
+    from . import GATE_CODES, helps
+
+    p = sub.add_parser("ab", help="A/B gate between two git revisions: structure, check, interleaved timed trials",
+                       **helps(__doc__, """
+                           fleetbench ab main HEAD --case mlp/plain --nproc 2
+                           fleetbench ab v0.3 HEAD --tag smoke --json > ab.json
+                           fleetbench ab HEAD~1 HEAD --case 'resnet/*' --size tiny --budget 60 --delta 0.03""",
+                               verdicts="per case, the timing: slower (the interval of the per-block log ratio lies "
+                                        "above +delta), faster (below -delta), same (within ±delta), inconclusive "
+                                        "(the budget was spent first); besides: structure changed (an exact fact "
+                                        "differs; acknowledged when HEAD's structure-changes.toml names it), a check "
+                                        "verdict pass -> fail, an error on HEAD only. Each verdict states the "
+                                        "smallest slowdown it could have caught.",
+                               codes={**GATE_CODES,
+                                      0: "ok or same: no case slower (same or faster)",
+                                      1: "regression: a case slower, a structure change not acknowledged, a check "
+                                         "verdict pass -> fail, or a case that errors on HEAD only",
+                                      2: "unusable input: a revision, option or case it cannot use (named), a "
+                                         "revision without a trial server",
+                                      3: "undecided: a case inconclusive, and nothing worse"}))
     p.add_argument("base", help="BASE revision (commit, branch, tag, HEAD~3 …)")
     p.add_argument("head", help="HEAD revision")
     add_selection(p)

@@ -4,19 +4,18 @@ Run after `asv publish` (DIR is asv.conf.json's html_dir, results/html here): th
 asv's pages load from CDNs are copied beside them from the copies vendored with fleetbench, and the
 pages point at those.  Then serve DIR (`asv preview`, or any static server); opening the file directly
 does not work (the pages fetch their data).
-
-Example:
-    asv publish && fleetbench asv-offline results/html && asv preview
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 
 def add_parser(sub) -> None:
+    from . import helps
+
     p = sub.add_parser("asv-offline", help="make a published asv dashboard work offline (vendored assets)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       **helps(__doc__, """
+                           asv publish && fleetbench asv-offline results/html && asv preview"""))
     p.add_argument("html_dir", metavar="DIR", help="the dashboard `asv publish` wrote (asv.conf.json's html_dir)")
     p.set_defaults(func=main)
 

@@ -2,9 +2,7 @@
 
 Each commit tested is compared with GOOD by the A/B harness of `fleetbench ab` (same options);
 slower is bad, same or faster is good; inconclusive is tested again with twice the budget
-(--retries), then reported.  Exit codes (the table compare, ab, bisect and nightly share): 0 the
-first slow commit is named, or BAD is not slower than GOOD (same or faster: nothing to bisect); 2 input
-it cannot use; 3 undecided (BAD inconclusive against GOOD, or a commit stayed inconclusive).
+(--retries), then reported.  Each commit is measured against both ends at once (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -14,9 +12,23 @@ import sys
 
 
 def add_parser(sub) -> None:
+    from . import helps
     from .ab import add_selection
 
-    p = sub.add_parser("bisect", help="find the first slow commit between GOOD and BAD with `ab` comparisons")
+    p = sub.add_parser("bisect", help="find the first slow commit between GOOD and BAD with `ab` comparisons",
+                       **helps(__doc__, """
+                           fleetbench bisect v0.3 HEAD --case mlp/overlap --nproc 2
+                           fleetbench bisect HEAD~20 HEAD --case resnet/plain --size tiny --budget 120 --json""",
+                               verdicts="first BAD against GOOD: slower (then bisect), same or faster (nothing to "
+                                        "bisect), inconclusive; then each commit tested, against both ends: bad "
+                                        "(like BAD), good (like GOOD), inconclusive (tested again with twice the "
+                                        "budget, --retries, then reported with the range the first slow commit "
+                                        "lies in).",
+                               codes={0: "ok: the first slow commit is named, or BAD is not slower than GOOD (same "
+                                         "or faster: nothing to bisect)",
+                                      1: "not used: a regression is what bisect looks for; naming it is exit 0",
+                                      2: "unusable input: a revision, option or case it cannot use (named)",
+                                      3: "undecided: BAD inconclusive against GOOD, or a commit stayed inconclusive"}))
     p.add_argument("good", help="a revision where the case is fast")
     p.add_argument("bad", help="a later revision where it is slow")
     add_selection(p)

@@ -12,18 +12,28 @@ import sys
 
 
 def add_parser(sub) -> None:
+    from . import helps
+
     p = sub.add_parser("cluster", help="emulated multi-node cluster (network namespaces): up, down, cleanup, status; "
-                                       "extrapolate (the cost model to real clusters)")
+                                       "extrapolate (the cost model to real clusters)", **helps(__doc__, """
+                           fleetbench cluster up 2x2:inter=200mbit,intra=10gbit
+                           fleetbench cluster status
+                           fleetbench cluster cleanup
+                           fleetbench cluster extrapolate"""))
     csub = p.add_subparsers(dest="action", metavar="ACTION")
-    up = csub.add_parser("up", help="bring a cluster up and leave it (NxR:inter=RATE[,intra=RATE])")
-    up.add_argument("spec", help="e.g. 2x2:inter=200mbit")
+
+    def action(name: str, text: str):
+        return csub.add_parser(name, help=text, description=text[:1].upper() + text[1:] + ".")
+
+    up = action("up", "bring a cluster up and leave it (NxR:inter=RATE[,intra=RATE]); needs root")
+    up.add_argument("spec", help="N nodes x R ranks and the link rates, e.g. 2x2:inter=200mbit")
     up.add_argument("--json", action="store_true", help="print the read-back state as JSON")
-    down = csub.add_parser("down", help="remove the cluster with this run id")
-    down.add_argument("run_id")
-    clean = csub.add_parser("cleanup", help="remove leftover clusters (whose owner process is gone)")
+    down = action("down", "remove the cluster with this run id")
+    down.add_argument("run_id", help="the run id `up` printed (`fleetbench cluster status` lists them)")
+    clean = action("cleanup", "remove leftover clusters (whose owner process is gone)")
     clean.add_argument("--all", action="store_true", help="also clusters of live runs")
-    csub.add_parser("status", help="list fleetbench cluster namespaces")
-    csub.add_parser("extrapolate", help="print the cost model's extrapolation tables (published figures as inputs)")
+    action("status", "list fleetbench cluster namespaces")
+    action("extrapolate", "print the cost model's extrapolation tables (published figures as inputs)")
     p.set_defaults(func=main)
 
 

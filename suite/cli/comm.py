@@ -1,4 +1,10 @@
-"""`fleetbench comm`: allreduce micro-benchmarks in the manner of nccl-tests (flat, hierarchical, N communicators)."""
+"""`fleetbench comm`: allreduce micro-benchmarks in the manner of nccl-tests (flat, hierarchical, N communicators).
+
+One row per message size (from -b to -e, times -f each row) and variant: the time of one allreduce,
+algbw (bytes / time) and busbw (algbw x 2(n-1)/n, comparable across rank counts), each row's result
+checked exactly against integers summed on every rank.  ``--cluster`` runs the ranks on an emulated
+multi-node cluster; ``--calibrate`` fits the cost model's terms there (`fleetbench predict --calibration`).
+"""
 from __future__ import annotations
 
 import os
@@ -52,7 +58,13 @@ def parse_size(text: str, option: str | None = None) -> int:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("comm", help="allreduce micro-benchmarks (nccl-tests style): time, algbw, busbw, exact check")
+    from . import helps
+
+    p = sub.add_parser("comm", help="allreduce micro-benchmarks (nccl-tests style): time, algbw, busbw, exact check",
+                       **helps(__doc__, """
+                           fleetbench comm --nproc 4 -b 1K -e 64M
+                           fleetbench comm --nproc 4 --variants flat,comm2 --dtype float64 -n 50
+                           fleetbench comm --cluster 2x2:inter=200mbit --calibrate calibration.json"""))
     p.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
     p.add_argument("-b", "--min-bytes", default="1K", help="smallest message (default 1K)")
     p.add_argument("-e", "--max-bytes", default="16M", help="largest message (default 16M)")
@@ -63,7 +75,8 @@ def add_parser(sub) -> None:
     p.add_argument("--inter-nranks", type=int, default=2, help="ranks per emulated node for hier (default 2)")
     p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per row (default 20)")
     p.add_argument("-w", "--warmup", type=int, default=5, help="untimed iterations per row (default 5)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                   help="element type of the messages (default float32; the sizes are bytes either way)")
     p.add_argument("--timeout", type=float, default=1800.0, help="bound on the whole sweep, seconds")
     p.add_argument("--cluster", metavar="NxR:inter=RATE[,intra=RATE]",
                    help="run the ranks on an emulated cluster (network namespaces; root): N nodes of R ranks; "

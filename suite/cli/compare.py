@@ -5,10 +5,6 @@ JSON file (saved with --benchmark-save-data or written by --benchmark-json).  Pr
 of the change per case (speedup > 1: HEAD faster) with a noise-aware verdict from the
 per-window samples, and the exact structural gate.  For two git revisions, `fleetbench ab`
 is the sharper gate (trials interleaved in time); see docs/figures/gate.md for both.
-Exit 0: nothing worse; 1: a case slower beyond the threshold, a structure changed, a verdict
-that went pass -> fail, or a case that errors on HEAD only; 2: input it cannot use; 3: undecided
-(a case whose samples cannot support a verdict at the threshold; each row states the smallest
-slowdown its samples could have caught).
 """
 from __future__ import annotations
 
@@ -16,7 +12,23 @@ import sys
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("compare", help="the regression gate: compare two results files case by case")
+    from . import GATE_CODES, helps
+
+    p = sub.add_parser("compare", help="the regression gate: compare two results files case by case", **helps(
+        __doc__, """
+        fleetbench compare results/last-good/runs.jsonl results/nightly/runs.jsonl
+        fleetbench compare base.json head.json --threshold 0.1 --markdown cmp.md
+        fleetbench compare base.jsonl head.jsonl --json""",
+        verdicts="per case, its change: slower (the test says so and the whole speedup interval lies below "
+                 "1/(1 + threshold)), faster, same (the whole interval above it), undecided (the interval spans "
+                 "it), too few windows for alpha; besides: structure changed, a check verdict pass -> fail, an "
+                 "error on HEAD only, only in BASE / only in HEAD (listed). Each row states the smallest slowdown "
+                 "its samples could have caught.",
+        codes={**GATE_CODES, 1: "regression: a case slower beyond --threshold, a structure changed, a check "
+                                "verdict pass -> fail, a case that errors on HEAD only (--strict: on one side only)",
+               2: "unusable input: a file it cannot use (file and line or benchmark named); under --strict, "
+                  "different torch versions or devices",
+               3: "undecided: a case whose samples cannot support a verdict at the threshold, nothing worse"}))
     p.add_argument("base", help="BASE results: records .jsonl or pytest-benchmark .json")
     p.add_argument("head", help="HEAD results: records .jsonl or pytest-benchmark .json")
     p.add_argument("--threshold", type=float, default=0.25,

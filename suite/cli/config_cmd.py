@@ -1,11 +1,21 @@
-"""`fleetbench config`: show the resolved config (defaults, a TOML file, presets, --set), or list fields."""
+"""`fleetbench config`: show the resolved config (defaults, a TOML file, presets, --set), or list fields.
+
+The config is what a case runs with (``suite.config.StrategyConfig``): every knob with its default,
+then a preset, a TOML file (ours or Paddle 2.x DistributedStrategy names) and ``--set`` on top, validated
+as `fleetbench run` validates it.  docs/config.md lists the fields."""
 from __future__ import annotations
 
 from ..config import PRESETS, StrategyConfig, field_table, to_toml
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("config", help="print a resolved StrategyConfig, list fields or presets")
+    from . import helps
+
+    p = sub.add_parser("config", help="print a resolved StrategyConfig, list fields or presets", **helps(__doc__, """
+        fleetbench config --list
+        fleetbench config --presets
+        fleetbench config --preset paddle_proto_fusion --set fuse_grad_size_in_MB=8 --format toml
+        fleetbench config --config my_paddle_strategy.toml"""))
     p.add_argument("--config", help="TOML file with strategy fields (top level or a [strategy] table); "
                    "Paddle 2.x DistributedStrategy names are read too (docs/config.md)")
     p.add_argument("--preset", help=f"a named preset: {', '.join(sorted(PRESETS))}")

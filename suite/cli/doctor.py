@@ -1,12 +1,24 @@
-"""`fleetbench doctor`: a first-run self-check of the CPU/GPU paths (see ``suite.doctor``)."""
+"""`fleetbench doctor`: a first-run self-check of the CPU/GPU paths (see ``suite.doctor``).
+
+In under two minutes it exercises every path that differs between CPU and GPU (each communicator's
+allreduce, half-precision allreduce, bucketed and hierarchical overlap, the reader's device copy, the
+step clocks, NVML, the torchrun error path) with exact checks, and prints one row per item: pass, fail,
+or "not applicable here" with the reason.  Exit 0 when nothing failed, 1 when an item failed, 2 on
+unusable options.
+"""
 from __future__ import annotations
 
 import sys
 
 
 def add_parser(sub) -> None:
+    from . import helps
+
     p = sub.add_parser("doctor", help="self-check in under 2 minutes: every communication, reader, timing and "
-                                      "error path with exact checks; a table of pass / fail / not applicable")
+                                      "error path with exact checks; a table of pass / fail / not applicable",
+                       **helps(__doc__, """
+                           fleetbench doctor
+                           fleetbench doctor --device cuda --nproc 8 --json"""))
     p.add_argument("--nproc", type=int, default=None,
                    help="ranks (default: every GPU torch sees on CUDA, 4 on CPU)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,

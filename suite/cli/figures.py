@@ -18,7 +18,11 @@ def available() -> list[str]:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("figures", help="produce a strategy's benchmark figures (Markdown)")
+    from . import helps
+
+    p = sub.add_parser("figures", help="produce a strategy's benchmark figures (Markdown)", **helps(__doc__, """
+        fleetbench figures
+        fleetbench figures gate --out docs/figures/gate.md"""))
     p.add_argument("name", nargs="?", help="figure set; omit to list them")
     p.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
     p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")

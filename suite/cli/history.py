@@ -1,10 +1,20 @@
-"""`fleetbench history`: change-point alerts over each case's stored asv series (see ``suite.ab.history``)."""
+"""`fleetbench history`: change-point alerts over each case's stored asv series (see ``suite.ab.history``).
+
+Each case's nightly series (one point per commit) is fitted with asv's own step detection, each point
+weighted by its interval, as the dashboard does; an alert is an upward step larger than --threshold whose
+new level has lasted --persist nights.  Exit 0 no alert, 1 at least one alert (the nightly reports it; its
+gate does not read it), 2 unusable input."""
 from __future__ import annotations
 
 
 def add_parser(sub) -> None:
+    from . import helps
+
     p = sub.add_parser("history", help="history alerts: asv's step detection over each case's nightly series "
-                                       "(exit 1 on an alert; reported by the nightly, never its gate)")
+                                       "(exit 1 on an alert; reported by the nightly, never its gate)",
+                       **helps(__doc__, """
+                           fleetbench history --machine 4xNVIDIA-A100-SXM4-80GB
+                           fleetbench history --machine cpu-2xAMD-EPYC --persist 3 --markdown alerts.md"""))
     p.add_argument("--results", default="results/asv", help="asv results directory (default results/asv)")
     p.add_argument("--machine", required=True, help="asv machine name (`fleetbench machine-name`)")
     p.add_argument("--persist", type=int, default=2, help="nights a new level must last before it alerts (default 2)")

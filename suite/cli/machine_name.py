@@ -3,7 +3,12 @@ from __future__ import annotations
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("machine-name", help="print asv's machine name for this host (GPU model and count, or CPU)")
+    from . import helps
+
+    p = sub.add_parser("machine-name", help="print asv's machine name for this host (GPU model and count, or CPU)",
+                       **helps(__doc__, """
+                           fleetbench machine-name
+                           asv machine --machine "$(fleetbench machine-name)" --yes"""))
     p.set_defaults(func=main)
 
 

@@ -18,10 +18,6 @@ the stage, before anything runs; a night that still reaches the limit stops its 
 cancel (what it finished is kept) and ends with exit 2.  The state (``nightly.json`` in ``--out``: each
 stage's duration and exit code, the gate's verdict) is written as each stage ends, so a cancelled job
 keeps what it measured, and the next night's estimates read it.
-
-Exit codes (the table compare, ab, bisect and nightly share): 0 every stage ok; 1 a regression (a case
-failed its check or errored, a benchmark failed, the gate found a case slower or a structure changed);
-2 unusable input (or a stage that could not run); 3 undecided (the gate inconclusive, nothing worse).
 """
 from __future__ import annotations
 
@@ -40,8 +36,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def add_parser(sub) -> None:
+    from . import GATE_CODES, helps
+
     p = sub.add_parser("nightly", help="the nightly pipeline: run, pytest-benchmark, asv, report, gate (ab against "
-                                       "the last good commit), history alerts; --plan shows it with estimates")
+                                       "the last good commit), history alerts; --plan shows it with estimates",
+                       **helps(__doc__, """
+                           fleetbench nightly --plan --device cuda --worlds 1,8 --limit 240
+                           fleetbench nightly --device cpu --tag smoke
+                           fleetbench nightly --worlds 1,8 --gate-budget 60 --out results/nightly""",
+                               codes={**GATE_CODES,
+                                      0: "ok: every stage ok (this commit becomes the last good one)",
+                                      1: "regression: a case failed its check or errored, a benchmark failed, the "
+                                         "gate found a case slower or a structure changed",
+                                      2: "unusable input, a stage that could not run, or --limit reached",
+                                      3: "undecided: the gate inconclusive, nothing worse (the last good commit "
+                                         "stays)"}))
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda where torch sees a GPU, else cpu")
     p.add_argument("--case", action="append", default=[], metavar="NAME", help="case name or glob; repeatable")
     p.add_argument("--tag", action="append", default=[],

@@ -1,9 +1,6 @@
 """`fleetbench predict`: predicted step time, throughput and scaling efficiency per registry variant
 (``suite.cluster.simulate.PREDICTED``: plain, fusion, overlap, multicomm, hierarchical, local_sgd).
 
-    fleetbench predict --cluster 8x8:inter=100gbit,intra=2400gbit --profile mlp.json
-    fleetbench predict --cluster 2x2:inter=200mbit --model mlp --save-profile mlp.json
-
 A profile is measured (``--model``: ranks on this machine train without gradient
 communication, see ``suite.cluster.profile``) or read (``--profile``, JSON as saved).
 The cluster is only modelled here (any size); nothing is emulated.
@@ -20,7 +17,12 @@ MAX_PROFILE_BYTES = 64 * 2**20  # a profile is a few KB; refuse to read a huge f
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("predict", help="predict step time per communication setting on a cluster (cost model)")
+    from . import helps
+
+    p = sub.add_parser("predict", help="predict step time per communication setting on a cluster (cost model)",
+                       **helps(__doc__, """
+                           fleetbench predict --cluster 8x8:inter=100gbit,intra=2400gbit --profile mlp.json
+                           fleetbench predict --cluster 2x2:inter=200mbit --model mlp --save-profile mlp.json"""))
     p.add_argument("--cluster", required=True,
                    help="NxR:inter=RATE[,intra=RATE], e.g. 64x8:inter=200gbit,intra=2400gbit")
     src = p.add_mutually_exclusive_group(required=True)

@@ -13,10 +13,18 @@ import sys
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("report", help="HTML page + Markdown summary with plots and Perfetto traces from records")
+    from . import helps
+
+    p = sub.add_parser("report", help="HTML page + Markdown summary with plots and Perfetto traces from records",
+                       **helps(__doc__, """
+                           fleetbench report results/runs.jsonl
+                           fleetbench report results/nightly/runs.jsonl --out results/reports/nightly"""))
     p.add_argument("results", nargs="+", help="records files (.jsonl) from fleetbench run")
-    p.add_argument("--out", default=os.path.join("results", "reports", "latest"), help="output directory")
-    p.add_argument("--run-id", action="append", default=[], help="only these runs (repeatable)")
+    p.add_argument("--out", default=os.path.join("results", "reports", "latest"),
+                   help="output directory: index.html, summary.md, the plots, report_data.json, the traces "
+                        "(default results/reports/latest)")
+    p.add_argument("--run-id", action="append", default=[], help="only these runs (repeatable; default: every run "
+                   "in the files, the last record of each case and world size)")
     p.set_defaults(func=main)
 
 

@@ -26,7 +26,15 @@ DEFAULT_RESULTS = os.path.join("results", "runs.jsonl")
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("run", help="run cases: correctness verdict, throughput, speedup over plain data parallel")
+    from . import helps
+
+    p = sub.add_parser("run", help="run cases: correctness verdict, throughput, speedup over plain data parallel",
+                       **helps(__doc__, """
+                           fleetbench run --list --tag nightly-cpu
+                           fleetbench run --tag smoke --nproc 2
+                           fleetbench run --case 'mlp/*' --case resnet/ddp --nproc 4 --rounds 9
+                           fleetbench run --set fuse_grad_size_in_MB=8 --config my.toml --trace-steps 2
+                           fleetbench run --resume results/runs.jsonl"""))
     p.add_argument("--nproc", type=int, default=None, help="local ranks to spawn, the world size (default: 2 on "
                    "CPU, every GPU on CUDA; ignored under torchrun)")
     p.add_argument("--device", choices=("cpu", "cuda"), help="override the device (default: cuda where CUDA has "

@@ -2,11 +2,11 @@
 
 Both become a :class:`Side`: per case (keyed ``model/variant@world``) the per-window time
 samples (seconds per step of each timed window: a record's ``metrics.window_s`` over its
-``steps_per_window``; a pytest-benchmark round over its ``steps_per_round``), the per-step
-samples, the structure, the correctness verdict and the throughput, plus what the results
-were measured on (torch version, device).  The gate compares windows, not steps: the steps
-of one window are autocorrelated, and treating them as independent samples made the test
-overconfident.  Anything that cannot be used raises :class:`ResultsFileError`
+``steps_per_window``; a pytest-benchmark round, which is one step, or in files older than that unit a
+round over its ``steps_per_round``), the per-step samples, the structure, the correctness verdict
+and the throughput, plus what the results were measured on (torch version, device).  The gate
+compares windows, not steps: the steps of one window are autocorrelated, and treating them as
+independent samples made the test overconfident.  Anything that cannot be used raises :class:`ResultsFileError`
 naming the file, the line or the benchmark, and what is wrong.
 """
 from __future__ import annotations
@@ -160,15 +160,19 @@ def _from_pytest_benchmark(path: str, data: dict) -> Side:
             raise ResultsFileError(f"{where}: extra_info case={_show(case)}, world_size={_show(world)}; expected a "
                                    f"case name and a whole number >= 1")
         windows = []
-        if "data" in b["stats"] or "window_s" in extra:  # each round is one window of steps_per_round steps
-            k = extra.get("steps_per_round", 1)
+        if "data" in b["stats"] or "window_s" in extra:
+            # Since the unit became a step, each round is one step (a window's mean, ``steps_per_window``);
+            # before, a round was a window of ``steps_per_round`` steps plus the round trip to the ranks.
+            per_round = "steps_per_round" in extra
+            field_k = "steps_per_round" if per_round else "steps_per_window"
+            k = extra.get(field_k, 1)
             if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-                raise ResultsFileError(f"{where}: extra_info.steps_per_round is {_show(k)}; expected a whole "
+                raise ResultsFileError(f"{where}: extra_info.{field_k} is {_show(k)}; expected a whole "
                                        f"number >= 1")
             if "window_s" in extra:  # the ranks' own windows (the slowest rank's), without the round trip
                 windows = [t / k for t in _floats(extra["window_s"], where, "extra_info.window_s")]
             else:
-                windows = [t / k for t in _floats(b["stats"]["data"], where, "stats.data")]
+                windows = [t / (k if per_round else 1) for t in _floats(b["stats"]["data"], where, "stats.data")]
         if "step_times_s" in extra:
             samples = _floats(extra["step_times_s"], where, "extra_info.step_times_s")
         elif windows:

@@ -1,0 +1,95 @@
+"""Every `fleetbench` sub-command's --help: a description, an example that is a real `fleetbench` invocation
+(it parses), help text for every option; `ab`, `bisect`, `compare` and `nightly` list their exit codes 0-3."""
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+
+import pytest
+
+from suite.cli.main import COMMANDS, build_parser
+
+HIDDEN = {"trial-server", "torchrun-probe"}  # protocol servers and a probe job, not for people
+GATES = ("ab", "bisect", "compare", "nightly")
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+PARSER = build_parser()
+SUBS = _subcommands(PARSER)
+NAMES = sorted(set(SUBS) - HIDDEN)
+
+
+def test_every_command_of_the_registry_is_checked():
+    assert set(COMMANDS) - {"trial-server"} <= set(NAMES) and "torchrun-probe" in SUBS
+    assert not {"ab", "predict", "report", "comm"} - set(NAMES)
+
+
+def _examples(text: str) -> list[str]:
+    """The lines of the examples section of a --help: each a `fleetbench ...` command."""
+    _, sep, tail = text.partition("examples:\n")
+    assert sep, "no 'examples:' section"
+    lines = []
+    for line in tail.splitlines():
+        if not line.strip():
+            break
+        lines.append(line.strip())
+    return lines
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_help_has_a_description_an_example_that_parses_and_help_for_every_option(name):
+    sub = SUBS[name]
+    text = sub.format_help()
+    assert sub.description and len(sub.description.split()) >= 5, f"{name}: no description"
+    examples = _examples(text)
+    assert examples, f"{name}: no example"
+    commands = 0
+    for line in examples:  # a line may chain commands with && (e.g. `asv publish && fleetbench asv-offline ...`)
+        for part in line.split("&&"):
+            argv = shlex.split(part)
+            if argv[:1] != ["fleetbench"]:
+                continue
+            argv = argv[:next((i for i, t in enumerate(argv) if t in (">", "|")), len(argv))]
+            assert argv[1:2] == [name], f"{name}: example {line!r} runs another command"
+            try:
+                args = PARSER.parse_args(argv[1:])
+            except SystemExit as exc:  # argparse's error exit
+                raise AssertionError(f"{name}: example {line!r} does not parse (exit {exc.code})") from None
+            assert args.command == name
+            commands += 1
+    assert commands, f"{name}: no example is a `fleetbench {name}` command: {examples}"
+    parsers = [(name, sub)] + [(f"{name} {n}", p) for n, p in _subcommands(sub).items()]
+    for where, p in parsers:
+        assert p.description, f"{where}: no description"
+        for action in p._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            label = "/".join(action.option_strings) or action.dest
+            assert action.help and action.help != argparse.SUPPRESS and action.help.strip(), \
+                f"{where}: {label} has no help text"
+
+
+@pytest.mark.parametrize("name", GATES)
+def test_gate_commands_list_their_exit_codes(name):
+    text = SUBS[name].format_help()
+    section = text.partition("exit codes")[2]
+    assert section, f"{name}: no exit-code table"
+    for code in range(4):
+        assert re.search(rf"^\s+{code}\s+\S", section, re.M), f"{name}: exit code {code} not listed:\n{section}"
+
+
+@pytest.mark.parametrize("name", ("ab", "bisect", "compare"))
+def test_the_comparing_commands_list_their_verdicts(name):
+    text = SUBS[name].format_help()
+    assert "verdicts" in text
+    words = {"ab": ("slower", "faster", "same", "inconclusive"), "bisect": ("bad", "good", "inconclusive"),
+             "compare": ("slower", "faster", "same", "undecided")}
+    for word in words[name]:
+        assert re.search(rf"\b{word}\b", text.partition("verdicts")[2]), f"{name}: verdict {word!r} not listed"
