@@ -73,8 +73,8 @@ figures: setup
 	$(VENV)/bin/fleetbench figures reader    --nproc 1 --rounds 5            --out $(FIGURES)/reader.md
 	$(VENV)/bin/fleetbench figures host      --nproc 2 --rounds 5 --steps 20 --out $(FIGURES)/host.md
 	$(VENV)/bin/fleetbench figures workloads --nproc 2 --rounds 3 --steps 3 --out $(FIGURES)/workloads.md
-	FLEETBENCH_GATE_SAVE=$(FIGURES)/gate-runs.json FLEETBENCH_GATE_BLOCKS=50 FLEETBENCH_GATE_SIMS=40 \
-	$(VENV)/bin/fleetbench figures gate      --nproc 2 --rounds 5 --steps 5  --out $(FIGURES)/gate.md
+	$(VENV)/bin/fleetbench figures gate      --nproc 2 --rounds 5 --steps 5  --out $(FIGURES)/gate.md \
+		--save $(FIGURES)/gate-runs.json --blocks 50 --sims 40
 	FLEETBENCH_CLUSTER_RAW=$(FIGURES)/cluster-raw.json $(VENV)/bin/fleetbench figures cluster --rounds 3 --steps 4 --out $(FIGURES)/cluster.md
 
 clean-venv:

@@ -1,20 +1,50 @@
 """`fleetbench figures NAME`: the benchmark figures a strategy reports (Markdown tables).
 
-Each figure set is a module ``suite.figures.NAME`` with ``DESCRIPTION`` and
-``run(pool, args) -> str`` (Markdown).  They measure variants interleaved in one process
-group (``suite.measure.timing``), never one run against another made minutes apart.
+Each figure set is a module ``suite.figures.NAME`` with ``DESCRIPTION`` and either the figure contract
+
+- ``Options``: a frozen dataclass of everything the figure takes (built here from the arguments: ``--nproc``,
+  ``--rounds``, ``--steps`` and ``--timeout`` fill the fields of those names, each figure option below the field
+  of its name; an option the figure has no field for is refused, naming the figures that take it);
+- ``measure(options, pool) -> raw`` (JSON-able data; ``pool`` is None when the module sets ``USES_POOL = False``);
+- ``render(raw, options) -> str`` (Markdown),
+
+or, not yet moved to it, ``run(pool, args) -> str``.  They measure variants interleaved in one process group
+(``suite.measure.timing``), never one run against another made minutes apart.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
 import sys
 
+import suite.figures as figures_pkg
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(x for x in text.split(",") if x)
+
+
+# Figure options: field -> (type, figures that take it, help).  Each fills the field of the same name in the
+# figure's Options; an option left out keeps that figure's default.
+FIGURE_OPTIONS: dict[str, tuple] = {
+    "cases": (_csv, ("gate",), "cases, comma-separated (default mlp/plain,resnet/plain)"),
+    "blocks": (int, ("gate",), "ABBA blocks per pair of servers (default 60)"),
+    "regroup": (int, ("gate",), "blocks per preparation (default 10; 0: one preparation per run)"),
+    "pairs": (int, ("gate",), "A/A pairs of servers per case (default 3)"),
+    "slow_pairs": (int, ("gate",), "pairs per injected slowdown (default 2)"),
+    "sims": (int, ("gate",), "simulated comparisons per measured pair (default 100)"),
+    "rotate": (int, ("gate",), "the `ab --rotate` value simulated beside one preparation (default 5)"),
+    "budget": (float, ("gate",), "ab's budget per simulated comparison, seconds (default 180)"),
+    "size": (str, ("gate",), "model size (default tiny)"),
+    "save": (str, ("gate",), "keep the raw measurements here (JSON), rewritten as they come"),
+    "load": (str, ("gate",), "read the raw measurements from here instead of measuring, and render them"),
+}
+COMMON = ("nproc", "rounds", "steps", "timeout")
+
 
 def available() -> list[str]:
-    import suite.figures as pkg
-
-    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
+    return sorted(m.name for m in pkgutil.iter_modules(figures_pkg.__path__) if not m.name.startswith("_"))
 
 
 def add_parser(sub) -> None:
@@ -25,7 +55,25 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=int, default=5, help="steps per timed window (default 5)")
     p.add_argument("--out", help="also write the Markdown here")
     p.add_argument("--timeout", type=float, default=1800.0, help="bound on each multi-rank call, seconds")
+    g = p.add_argument_group("figure options (each taken only by the figures named)")
+    for field, (kind, names, text) in FIGURE_OPTIONS.items():
+        g.add_argument("--" + field.replace("_", "-"), dest=field, type=kind, default=None,
+                       help=f"{', '.join(names)}: {text}")
     p.set_defaults(func=main)
+
+
+def options_for(name: str, module, args):
+    """The figure's ``Options`` from the arguments (None for a figure not on the contract yet); a ValueError
+    naming an option the figure does not take."""
+    options = getattr(module, "Options", None)
+    fields = {f.name for f in dataclasses.fields(options)} if options else set()
+    given = {k: getattr(args, k) for k in FIGURE_OPTIONS if getattr(args, k, None) is not None}
+    foreign = [k for k in given if k not in fields]
+    if foreign:
+        k = foreign[0]
+        raise ValueError(f"--{k.replace('_', '-')} is an option of figures {', '.join(FIGURE_OPTIONS[k][1])}, "
+                         f"not of figures {name}")
+    return options(**{k: getattr(args, k) for k in COMMON if k in fields}, **given) if options else None
 
 
 def main(args) -> int:
@@ -41,15 +89,24 @@ def main(args) -> int:
     if args.nproc < 1:
         print(f"fleetbench figures: error: --nproc {args.nproc}: must be >= 1", file=sys.stderr)
         return 2
-    from ..measure.metadata import machine_line
+    from ..measure.metadata import machine_line  # heavy (torch): imported once a figure is chosen
     from ..runtime import RankPool
 
     module = importlib.import_module("suite.figures." + args.name)
+    try:
+        opts = options_for(args.name, module, args)
+    except ValueError as exc:
+        print(f"fleetbench figures: error: {exc}", file=sys.stderr)
+        return 2
+
+    def produce(pool) -> str:
+        return module.run(pool, args) if opts is None else module.render(module.measure(opts, pool), opts)
+
     if not getattr(module, "USES_POOL", True):  # the figure starts its own processes (e.g. ab's trial servers)
-        text = module.run(None, args)
+        text = produce(None)
     else:
         with RankPool(args.nproc, timeout=args.timeout) as pool:
-            text = module.run(pool, args)
+            text = produce(pool)
     text = f"{text}\n\n_{machine_line(args.nproc)}_\n"
     print(text)
     if args.out:
