@@ -1,9 +1,11 @@
-"""Static guards on the design: no import cycle among suite modules, rank functions passed as
-function objects, one workload builder on the rank side."""
+"""Static guards on the design: every suite module in a layer of docs/architecture.md and no upward import, no
+import cycle among suite modules, rank functions passed as function objects, one workload builder on the rank
+side."""
 from __future__ import annotations
 
 import ast
 import os
+import re
 
 import pytest
 
@@ -92,6 +94,77 @@ def test_no_import_cycle_among_suite_modules():
 
 def test_the_cycle_detector_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# ---- layers: docs/architecture.md's table, bottom (1) to top ----------------------------------------------------
+def _layers(text: str) -> dict[str, int]:
+    """{module or package prefix: layer} from the rows ``| N | `suite/x/`, `suite/y.py` | ... |``."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].isdigit():
+            for path in re.findall(r"`(suite/[^`]*)`", cells[1]):
+                out[path.removesuffix("/").removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+                    + (".*" if path.endswith("/") else "")] = int(cells[0])
+    return out
+
+
+def _layer_of(mod: str, layers: dict[str, int]) -> int | None:
+    """The layer of the most specific row covering ``mod`` (a package row ``suite.x.*`` covers suite.x and below)."""
+    best: tuple[int, int] | None = None
+    for key, layer in layers.items():
+        pkg = key.removesuffix(".*")
+        if mod == pkg or (key.endswith(".*") and mod.startswith(pkg + ".")):
+            if best is None or len(pkg) > best[0]:
+                best = (len(pkg), layer)
+    return None if best is None else best[1]
+
+
+def _upward(graph: dict[str, set[str]], layers: dict[str, int]) -> set[tuple[str, str]]:
+    """(importer, imported) for every import of a higher layer, and (module, "no layer") for an unassigned one."""
+    bad: set[tuple[str, str]] = set()
+    for mod, targets in graph.items():
+        here = _layer_of(mod, layers)
+        if here is None:
+            bad.add((mod, "no layer"))
+            continue
+        bad |= {(mod, t) for t in targets if (_layer_of(t, layers) or 0) > here}
+    return bad
+
+
+LAYERS = _layers(open(os.path.join(ROOT, "docs", "architecture.md"), encoding="utf-8").read())
+# Upward imports being removed by another branch of issue 24 (item 1, the selection layer); delete the entry when
+# that lands.  Nothing else may be added here.
+KNOWN_UPWARD = {("suite.ab.server", "suite.cli.run")}
+
+
+def test_every_module_is_in_a_layer_and_none_imports_a_higher_one():
+    mods = _modules()
+    graph = {m: _imports(m, p, mods) for m, p in mods.items()}
+    assert len(LAYERS) >= 20 and max(LAYERS.values()) >= 10, LAYERS  # the table was read
+    assert _upward(graph, LAYERS) - KNOWN_UPWARD == set()
+
+
+def test_every_row_of_the_layer_table_names_existing_code():
+    for key in LAYERS:
+        path = os.path.join(ROOT, *key.removesuffix(".*").split("."))
+        assert os.path.isdir(path) if key.endswith(".*") else os.path.isfile(path + ".py") or \
+            os.path.isfile(os.path.join(path, "__init__.py")), key
+
+
+def test_the_layer_rule_fails_on_an_upward_import_and_an_unassigned_module():
+    """The checker fed fake imports: config importing the runner (layer 1 -> 8), the record types importing the
+    comparison beside them in results/ (the more specific row wins), and a module no row covers."""
+    mods = _modules()
+    graph = {m: _imports(m, p, mods) for m, p in mods.items()}
+    fake = dict(graph, **{"suite.config": graph["suite.config"] | {"suite.runner"},
+                          "suite.results.records": graph["suite.results.records"] | {"suite.results.compare"},
+                          "suite.newthing": set()})
+    assert _upward(fake, LAYERS) - KNOWN_UPWARD == {("suite.config", "suite.runner"),
+                                                    ("suite.results.records", "suite.results.compare"),
+                                                    ("suite.newthing", "no layer")}
+    assert _layer_of("suite.results.gate", LAYERS) == _layer_of("suite.runner", LAYERS) == 8
+    assert _layer_of("suite", LAYERS) == 5 and _layer_of("suitex.y", LAYERS) is None
 
 
 def _string_rank_calls(path: str) -> list[str]:
