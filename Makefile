@@ -75,7 +75,7 @@ figures: setup
 	$(VENV)/bin/fleetbench figures workloads --nproc 2 --rounds 3 --steps 3 --out $(FIGURES)/workloads.md
 	$(VENV)/bin/fleetbench figures gate      --nproc 2 --rounds 5 --steps 5  --out $(FIGURES)/gate.md \
 		--save $(FIGURES)/gate-runs.json --blocks 50 --sims 40
-	FLEETBENCH_CLUSTER_RAW=$(FIGURES)/cluster-raw.json $(VENV)/bin/fleetbench figures cluster --rounds 3 --steps 4 --out $(FIGURES)/cluster.md
+	$(VENV)/bin/fleetbench figures cluster   --rounds 3 --steps 4 --save $(FIGURES)/cluster-raw.json --out $(FIGURES)/cluster.md
 
 clean-venv:
 	rm -rf $(VENV)

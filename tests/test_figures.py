@@ -42,3 +42,12 @@ def test_figure_options_are_refused_by_a_figure_that_does_not_take_them(capsys):
     assert "--blocks is an option of figures gate, not of figures comm" in capsys.readouterr().err
     assert main(["figures", "gate", "--blocks", "0", "--load", "x.json"]) == 2
     assert "figures gate: blocks 0: must be >= 1" in capsys.readouterr().err
+
+
+def test_cluster_figure_options_are_checked_before_anything_runs(capsys):
+    assert main(["figures", "cluster", "--models", "mlp,nope"]) == 2
+    assert "figures cluster: models nope unknown; allowed: mlp, resnet, resnet50, gpt2" in capsys.readouterr().err
+    assert main(["figures", "cluster", "--rates", "fast"]) == 2
+    assert "rate='fast': expected a number and a unit" in capsys.readouterr().err
+    assert main(["figures", "cluster", "--sims", "3"]) == 2
+    assert "--sims is an option of figures gate, not of figures cluster" in capsys.readouterr().err

@@ -22,7 +22,11 @@ import suite.figures as figures_pkg
 
 
 def _csv(text: str) -> tuple[str, ...]:
-    return tuple(x for x in text.split(",") if x)
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(float(x)) for x in _csv(text))
 
 
 # Figure options: field -> (type, figures that take it, help).  Each fills the field of the same name in the
@@ -37,8 +41,13 @@ FIGURE_OPTIONS: dict[str, tuple] = {
     "rotate": (int, ("gate",), "the `ab --rotate` value simulated beside one preparation (default 5)"),
     "budget": (float, ("gate",), "ab's budget per simulated comparison, seconds (default 180)"),
     "size": (str, ("gate",), "model size (default tiny)"),
-    "save": (str, ("gate",), "keep the raw measurements here (JSON), rewritten as they come"),
-    "load": (str, ("gate",), "read the raw measurements from here instead of measuring, and render them"),
+    "sizes": (_ints, ("cluster",), "allreduce sizes in bytes, comma-separated (default 1e6,4e6,16e6)"),
+    "rates": (_csv, ("cluster",), "inter-node link rates, comma-separated (default 100mbit,1gbit)"),
+    "shapes": (_csv, ("cluster",), "cluster shapes NxR, comma-separated (default 2x2,2x4)"),
+    "models": (_csv, ("cluster",), "models, comma-separated (default mlp,resnet,resnet50,gpt2)"),
+    "rechecks": (int, ("cluster",), "re-measurements of each row outside 15%% (default 2; with --load 0)"),
+    "save": (str, ("gate", "cluster"), "keep the raw measurements here (JSON), rewritten as they come"),
+    "load": (str, ("gate", "cluster"), "read the raw measurements from here instead of measuring, and render them"),
 }
 COMMON = ("nproc", "rounds", "steps", "timeout")
 
