@@ -70,6 +70,7 @@ class RunOptions:
     baseline_overrides: tuple = ()  # the run's --set assignments, applied to the baseline too
     results_dir: str = "results"  # traces go to results_dir/traces/RUN_ID/
     memory_budget: int | None = None  # bytes the ranks' engines may hold at once (None: from the machine)
+    baseline: str = BASELINE  # the variant every timing group carries, the speedups' reference (figures: "ddp")
 
 
 @dataclass(frozen=True)
@@ -233,13 +234,15 @@ class CaseRunner:
 
     # ---- timing -----------------------------------------------------------------------------
     def groups(self, rcs: list[ResolvedCase]) -> list[list[str]]:
-        """Variants timed together (each group with the baseline), bounded by the ranks' memory."""
-        names = [rc.case.variant for rc in rcs if rc.case.variant != BASELINE]
+        """Variants timed together, bounded by the ranks' memory: each group with the baseline, and with the
+        compute-only variant when it is among the cases (exposed communication needs it in every group)."""
+        head = [self.opts.baseline] + [COMPUTE_ONLY for rc in rcs if rc.case.variant == COMPUTE_ONLY][:1]
+        names = [rc.case.variant for rc in rcs if rc.case.variant not in head]
         budget = self.opts.memory_budget or int(0.6 * _available_memory())
         per_engine = _engine_bytes(rcs[0].case.model, self.opts.size) * self.world
         fit = max(2, budget // max(per_engine, 1))  # engines of one model that fit at once, baseline included
-        size = max(1, int(fit) - 1)
-        return [[BASELINE] + names[i:i + size] for i in range(0, len(names), size)] or [[BASELINE]]
+        size = max(1, int(fit) - len(head))
+        return [head + names[i:i + size] for i in range(0, len(names), size)] or [head]
 
     def _time(self, model_rcs: list[ResolvedCase], names: list[str]) -> dict[str, dict]:
         from .measure.timing import time_on_rank
@@ -263,7 +266,7 @@ class CaseRunner:
         if answers is None:  # a non-reporting torchrun rank
             return {}
         out = summarize(answers, names, self.per_rank_batch(case) * self.world, self.opts.steps, self.world,
-                        baseline=BASELINE)
+                        baseline=self.opts.baseline)
         if sampler is not None:
             util = sampler.summary()
             util["shared_by"] = names  # the variants ran interleaved: one sampling covers them all
@@ -304,13 +307,14 @@ class CaseRunner:
             except Exception as exc:  # noqa: BLE001 - fall back to one case at a time
                 why = f"interleaved timing of {len(names)} variants failed ({short_error(exc)})"
                 self.say(f"      {why}; timing each case alone with the baseline")
+            base = self.opts.baseline
             for n in names:
-                if n == BASELINE and BASELINE in out:
+                if n == base and base in out:
                     continue
                 try:
-                    pair = self._timed(model_rcs, list(dict.fromkeys([BASELINE, n])), gi, len(groups))
+                    pair = self._timed(model_rcs, list(dict.fromkeys([base, n])), gi, len(groups))
                     out[n] = pair.get(n)
-                    out.setdefault(BASELINE, pair.get(BASELINE))
+                    out.setdefault(base, pair.get(base))
                     fallback[n] = f"{why}; timed alone with the baseline"
                 except Exception as exc:  # noqa: BLE001
                     out[n] = exc

@@ -51,3 +51,103 @@ def test_cluster_figure_options_are_checked_before_anything_runs(capsys):
     assert "rate='fast': expected a number and a unit" in capsys.readouterr().err
     assert main(["figures", "cluster", "--sims", "3"]) == 2
     assert "--sims is an option of figures gate, not of figures cluster" in capsys.readouterr().err
+
+
+def _summary(group: int, speedup=(0.9, 0.8, 1.0), calls=161.0, bcasts=159.0) -> dict:
+    return {"group": group, "step_time_s": {"median": 0.5}, "speedup": speedup[0], "speedup_ci": list(speedup[1:]),
+            "exposed_comm_s": 0.1, "comm_calls_per_step": {"world/all_reduce": calls, "world/broadcast": bcasts},
+            "comm_bytes_per_step": {"world/all_reduce": 97.5 * 2**20},
+            "describe": {"allreduce_ops_before_fusion": 161, "allreduce_ops": 5}}
+
+
+def test_workloads_figure_renders_its_raw_data_as_before():
+    """render() on hand-made data: the lines the figure printed before it moved to measure/render (its format,
+    written out here by hand)."""
+    from suite.figures import workloads as W
+
+    strategies = {}
+    for model in W.MODELS:
+        rows = W.rows_for(model)
+        v = {n: _summary(1) for n in rows}
+        v["ddp"] = {"groups": [_summary(1, (1.0, 1.0, 1.0)), _summary(2, (1.0, 1.0, 1.0))]}
+        v["none"] = {"groups": [_summary(1, (1.2, 1.1, 1.3), calls=0, bcasts=0)]}
+        strategies[model] = {"variants": v, "groups": [["ddp", "none", *rows]],
+                             "spec": {"name": model, "size": "cpu", "description": "", "per_rank_batch": 8,
+                                      "tensors": 161, "elements": 25 * 2**20}}
+    times = {n: [0.01] * 3 if n == "single" else [0.02] * 3 for n in W.ALONE}
+    raw = {"world": 2, "strategies": strategies, "alone": {m: {"times": times, "bytes": 10**8} for m in W.MODELS}}
+    text = W.render(raw, W.Options(rounds=3, steps=3))
+    lines = text.splitlines()
+    assert lines[0] == "## Published workloads at size `cpu`: speedup over torch DDP (2 ranks)"
+    assert ("**resnet50** (`cpu`: resnet50; batch 8 per rank), 2 ranks; 161 gradient tensors, 100.0 MiB fp32; "
+            "3 rounds x 3 steps; 1 group(s): {ddp, none, plain, fusion") in text
+    assert ("| resnet50/ddp | DDP (baseline) | 2 | 500.0 | 1.000 [1.000, 1.000] | 100.0 | (DDP's own) |  "
+            "| (DDP's own) |") in lines
+    assert ("| resnet50/none | no communication | 1 | 500.0 | 1.200 [1.100, 1.300] | 0 (by definition) | 0 "
+            "| 97.5 | 0 |") in lines
+    assert ("| gpt2/plain | plain (one allreduce per gradient) | 1 | 500.0 | 0.900 [0.800, 1.000] | 100.0 | 161 "
+            "| 97.5 | 159 |") in lines
+    assert "- Aim (overlap + bucketing at least as fast as DDP), overlap_fused_broadcast: speedup 0.900 [0.800, " \
+           "1.000]: **not met** on this run." in lines
+    assert "- Allreduce ops 161 before fusion, 5 after (overlap's 25 MB buckets)." in lines
+    assert "| one allreduce of all gradient bytes | 10.0 | 10.000 | 1.000 [1.000, 1.000] |" in lines
+    assert "| gpt2/multicomm: overlap, 2 communicators (4 MB buckets) | 20.0 | 5.000 | 0.500 [0.500, 0.500] |" in lines
+    assert not any("fallback" in ln or "timed alone" in ln for ln in lines)
+
+
+class _FakePool:
+    """Answers the workloads figure's rank functions with fixed numbers; records what it was asked."""
+
+    nproc = 2
+
+    def __init__(self):
+        self.calls: list = []
+
+    def close(self):
+        self.calls.append("fresh ranks")
+
+    def run(self, fn, kwargs=None, timeout=None):
+        if fn.__name__ == "alone_on_rank":
+            self.calls.append("alone")
+            return [{"times": {n: [0.01] * kwargs["rounds"] for n in kwargs["variants"]}, "bytes": 10**6}] * 2
+        names = [v["name"] for v in kwargs["variants"]]
+        self.calls.append(names)
+        one = {"windows": [1.0] * kwargs["rounds"], "step_times": [0.1] * 6, "losses": [1.0], "threads": 1,
+               "comm_calls_per_step": {}, "comm_bytes_per_step": {}, "host_syncs": 0, "describe": {},
+               "peak_memory_bytes": 1, "peak_memory_kind": "process_max_rss"}
+        return [{"rank": r, "variants": {n: dict(one) for n in names}} for r in range(2)]
+
+
+def test_workloads_figure_times_each_group_through_the_runner_in_fresh_ranks():
+    """measure() goes through CaseRunner with DDP as its baseline: every group carries DDP and none, and runs in
+    fresh ranks; the data is JSON."""
+    from suite.figures import workloads as W
+
+    pool = _FakePool()
+    raw = W.measure(W.Options(rounds=2, steps=1, size="tiny", memory_gb=1e-3), pool)
+    json.dumps(raw)
+    timed = [c for c in pool.calls if isinstance(c, list)]
+    assert all(c[:2] == ["ddp", "none"] and len(c) == 3 for c in timed), timed  # one row a group at 1 MB
+    assert [c[2] for c in timed] == list(W.rows_for("resnet50")) + list(W.rows_for("gpt2"))
+    assert pool.calls.count("fresh ranks") == len(timed) + 2  # after every group and each collectives table
+    assert raw["strategies"]["gpt2"]["variants"]["ddp"]["groups"][-1]["group"] == len(W.rows_for("gpt2"))
+
+
+def test_runner_groups_carry_the_compute_only_case_and_count_it():
+    """The runner's groups (which the workloads figure now uses): with `none` among the cases every group holds
+    the baseline and `none`, both counted in the memory bound; a single group keeps the cases' order."""
+    from suite.cases import get_case
+    from suite.config import StrategyConfig
+    from suite.runner import CaseRunner, ResolvedCase, RunOptions
+
+    rcs = [ResolvedCase(get_case(f"mlp/{v}"), StrategyConfig.from_dict(get_case(f"mlp/{v}").config))
+           for v in ("none", "plain", "ddp", "fusion", "overlap", "multicomm")]
+
+    def plan(budget: int, baseline: str = "plain") -> list:
+        opts = RunOptions(check=False, utilization=False, memory_budget=budget, baseline=baseline)
+        return CaseRunner(None, 2, opts, metadata={}).groups(rcs)
+
+    assert plan(2**40) == [["plain", "none", "ddp", "fusion", "overlap", "multicomm"]]
+    # the MLP holds ~4.2 M parameters: 4 copies of fp32 per engine per rank, 2 ranks -> ~134 MB per engine
+    assert plan(4 * 135_000_000) == [["plain", "none", "ddp", "fusion"], ["plain", "none", "overlap", "multicomm"]]
+    assert plan(4 * 135_000_000, "ddp") == [["ddp", "none", "plain", "fusion"], ["ddp", "none", "overlap", "multicomm"]]

@@ -40,7 +40,9 @@ FIGURE_OPTIONS: dict[str, tuple] = {
     "sims": (int, ("gate",), "simulated comparisons per measured pair (default 100)"),
     "rotate": (int, ("gate",), "the `ab --rotate` value simulated beside one preparation (default 5)"),
     "budget": (float, ("gate",), "ab's budget per simulated comparison, seconds (default 180)"),
-    "size": (str, ("gate",), "model size (default tiny)"),
+    "size": (str, ("gate", "workloads"), "model size (gate: default tiny; workloads: default cpu)"),
+    "memory_gb": (float, ("workloads",), "memory the ranks' engines may hold at once, GB (default: 60%% of the "
+                  "available memory), which sets the timing groups"),
     "sizes": (_ints, ("cluster",), "allreduce sizes in bytes, comma-separated (default 1e6,4e6,16e6)"),
     "rates": (_csv, ("cluster",), "inter-node link rates, comma-separated (default 100mbit,1gbit)"),
     "shapes": (_csv, ("cluster",), "cluster shapes NxR, comma-separated (default 2x2,2x4)"),
