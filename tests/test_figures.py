@@ -151,3 +151,62 @@ def test_runner_groups_carry_the_compute_only_case_and_count_it():
     # the MLP holds ~4.2 M parameters: 4 copies of fp32 per engine per rank, 2 ranks -> ~134 MB per engine
     assert plan(4 * 135_000_000) == [["plain", "none", "ddp", "fusion"], ["plain", "none", "overlap", "multicomm"]]
     assert plan(4 * 135_000_000, "ddp") == [["ddp", "none", "plain", "fusion"], ["ddp", "none", "overlap", "multicomm"]]
+
+
+def _answers(windows: dict, **extra) -> list[dict]:
+    """time_on_rank's answers on 2 ranks: per variant its windows (seconds) and step times of 0.1 s."""
+    return [{"rank": r, "variants": {n: {"windows": list(w), "step_times": [0.1] * 4, "losses": [1.0],
+                                         "threads": 1, "host_syncs": 40, "threads_observed": [1, 2],
+                                         "comm_calls_per_step": {}, "describe": {},
+                                         "comm_bytes_per_step": {"world/all_reduce": 3 * 2**20}, **extra}
+                                     for n, w in windows.items()}} for r in range(2)]
+
+
+def test_amp_figure_renders_its_raw_data_as_before():
+    from suite.figures import amp
+
+    windows = {n: [0.25] * 3 if "amp" in n else [0.5] * 3 for n, _ in amp.VARIANTS}
+    raw = {"world": 2, "answers": {"resnet": _answers(windows), "mlp": _answers(windows)}}
+    lines = amp.render(json.loads(json.dumps(raw)), amp.Options(rounds=3, steps=5)).splitlines()
+    assert lines[0] == ("### AMP on the resnet (2 ranks, batch 16/rank, plain allreduce; 3 interleaved rounds of "
+                        "5 steps)")
+    # resnet: 32 samples a step, 5 steps in 0.5 s -> 320 samples/s; AMP's windows half as long
+    assert "| fp32 | 100.00 [100.00, 100.00] | 320 [320, 320] | 1.000 [1.000, 1.000] | 3.00 |" in lines
+    assert "| amp bf16 | 100.00 [100.00, 100.00] | 640 [640, 640] | 2.000 [2.000, 2.000] | 3.00 |" in lines
+    assert "| amp bf16 | 100.00 [100.00, 100.00] | 1280 [1280, 1280] | 2.000 [2.000, 2.000] | 3.00 |" in lines  # mlp
+    assert lines[-1].startswith("`allreduce MiB/step` counts every allreduce")
+
+
+def test_host_figure_renders_its_raw_data_as_before():
+    from suite.figures import host
+
+    fetch = {"variants": ["fetch every step", "fetch every 10"], "steps": 20,
+             "answers": _answers({"fetch every step": [1.0] * 3, "fetch every 10": [0.5] * 3})}
+    threads = {"variants": ["1 threads", "2 threads"], "steps": 5,
+               "answers": _answers({"1 threads": [1.0] * 3, "2 threads": [2.0] * 3})}
+    raw = {"world": 2, "cores": 2, "default_threads": 1, "fetch": fetch, "threads": threads}
+    lines = host.render(json.loads(json.dumps(raw)), host.Options(rounds=3, steps=5)).splitlines()
+    assert lines[0] == ("**Loss fetch frequency** (resnet, 2 ranks, batch 16 per rank, windows of 20 steps, "
+                        "3 interleaved rounds)")
+    # 32 samples a step, 20 steps a window of 1 s -> 640 samples/s; 40 host syncs over 3 windows -> 13
+    assert "| fetch every step | 640 [640, 640] | 1.00 [1.00, 1.00] | 13 |" in lines
+    assert "| fetch every 10 | 1,280 [1,280, 1,280] | 2.00 [2.00, 2.00] | 13 |" in lines
+    assert "**num_threads per rank** (resnet, 2 ranks on 2 cores; default = cores / local ranks = 1)" in lines
+    assert "| 2 threads | 80 [80, 80] | 0.50 [0.50, 0.50] | 1, 2 |" in lines
+
+
+def test_reader_figure_renders_its_raw_data_as_before():
+    from suite.figures import reader
+
+    def rank() -> dict:
+        return {"steps_per_window": 8, "variants": {
+            n: {"windows": [1.0 if n == "plain" else 0.5] * 3, "data_wait_s": [0.002, 0.004, 0.006],
+                "step_times": [0.1] * 4, "worker_kind": "thread"} for n, _ in reader.VARIANTS}}
+
+    raw = {"world": 2, "answers": [rank(), rank()]}
+    lines = reader.render(json.loads(json.dumps(raw)), reader.Options(rounds=3)).splitlines()
+    assert lines[0].startswith("**Reader, data-bound** (resnet, 2 ranks, batch 16 per rank, dataset 256 ") and \
+        lines[0].endswith("a window is one epoch = 8 steps, 3 interleaved rounds; workers are threads here)")
+    # 32 samples a step, 8 steps in 1 s -> 256 samples/s; data waits 2, 2, 4, 4, 6, 6 ms: quartiles 2.5 and 5.5
+    assert "| plain | 256 [256, 256] | 1.00 [1.00, 1.00] | 4.0 (2.5–5.5) | 100.0 |" in lines
+    assert "| all | 512 [512, 512] | 2.00 [2.00, 2.00] | 4.0 (2.5–5.5) | 100.0 |" in lines
