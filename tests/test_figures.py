@@ -210,3 +210,24 @@ def test_reader_figure_renders_its_raw_data_as_before():
     # 32 samples a step, 8 steps in 1 s -> 256 samples/s; data waits 2, 2, 4, 4, 6, 6 ms: quartiles 2.5 and 5.5
     assert "| plain | 256 [256, 256] | 1.00 [1.00, 1.00] | 4.0 (2.5–5.5) | 100.0 |" in lines
     assert "| all | 512 [512, 512] | 2.00 [2.00, 2.00] | 4.0 (2.5–5.5) | 100.0 |" in lines
+
+
+def test_local_sgd_figure_renders_its_raw_data_as_before():
+    from suite.figures import local_sgd
+
+    names = [n for n, _ in local_sgd.variants()]
+    windows = {n + tail: [0.5 if n == "k=16" and not tail else 1.0] * 3 for n in names for tail in ("", " +strag")}
+    quality = [{n: {"final_loss": 0.5 + r / 10, "eval_loss": 0.25, "eval_acc": 0.9, "averagings": 4} for n in names}
+               for r in range(2)]
+    raw = {"world": 2, "steps": 16, "answers": _answers(windows), "quality": quality}
+    lines = local_sgd.render(json.loads(json.dumps(raw)), local_sgd.Options(rounds=3)).splitlines()
+    assert lines[0].startswith("**Local SGD** (mlp, momentum SGD, 2 ranks, global batch 32, warm-up W=1; windows of "
+                               "16 steps, 3 interleaved rounds; stragglers: one seeded random rank sleeps 30 ms")
+    # 32 samples a step, 16 steps in 1 s -> 512 samples/s; final loss the mean of 0.5 and 0.6 over the ranks
+    assert "| sync DP | 512 [512, 512] | 1.00 [1.00, 1.00] | 512 [512, 512] | 1.00 [1.00, 1.00] | 0.5500 | 0.2500 " \
+           "| 90.0% | 4 |" in lines
+    assert "| k=16 | 1,024 [1,024, 1,024] | 2.00 [2.00, 2.00] | 512 [512, 512] | 1.00 [1.00, 1.00] | 0.5500 " \
+           "| 0.2500 | 90.0% | 4 |" in lines
+    assert not any("diverged" in ln for ln in lines)
+    quality[0]["k=2"]["final_loss"] = math.nan
+    assert "**Warning: a variant diverged (non-finite loss).**" in local_sgd.render(raw, local_sgd.Options(rounds=3))
