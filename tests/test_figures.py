@@ -255,3 +255,52 @@ def test_compute_figure_renders_its_raw_data_as_before():
     assert "### Fused optimizer vs torch.optim (rank 0 on cpu; step() alone; ResNet: 161 tensors, 25,000,000 " \
            "elements)" in lines
     assert "| adam | flat (ours) | 100 [100, 100] | 2.00 [2.00, 2.00] |" in lines
+
+
+def test_comm_figure_renders_its_raw_data_as_before():
+    from suite.figures import comm
+
+    names = ["ddp", "no comm", "plain", "overlap 1/10, 1 comm"]
+    windows = {"ddp": [1.0] * 3, "no comm": [0.5] * 3, "plain": [2.0] * 3, "overlap 1/10, 1 comm": [1.0] * 3}
+    alone = {"plain": [0.2] * 3, "overlap 1/10, 1 comm": [0.25] * 3}
+    strategies = {m: {"variants": names, "windows": windows, "alone": alone} for m in ("mlp", "resnet")}
+    fused = {"variants": ["single", "unfused (per parameter)"],
+             "alone": {"single": [0.01] * 3, "unfused (per parameter)": [0.04] * 3}}
+    sweep = {"variants": ["ddp", "bucket 1/10", "bucket all (1 bucket)"],
+             "windows": {"ddp": [1.0] * 3, "bucket 1/10": [0.5] * 3, "bucket all (1 bucket)": [1.0] * 3}}
+    raw = {"grad_mb": {"mlp": 16.0, "resnet": 0.5}, "strategies": strategies, "fused": fused, "sweep": sweep}
+    lines = comm.render(json.loads(json.dumps(raw)), comm.Options(nproc=2, rounds=3, steps=5)).splitlines()
+    assert "**mlp**, 2 ranks, gradients 16.00 MiB (bucket 1/10 = 1.60 MiB); 3 rounds x 5 steps" in lines
+    assert "**resnet**, 2 ranks, gradients 512.0 KiB (bucket 1/10 = 51.2 KiB); 3 rounds x 5 steps" in lines
+    # windows of 5 steps: plain 400 ms a step, 300 exposed over no comm's 100; its collectives alone 200 ms
+    assert "| plain | 400.0 | 0.500 [0.500, 0.500] | 300.0 | 200.0 | -0.50 |" in lines
+    assert "| no comm | 100.0 | 2.000 [2.000, 2.000] | 0 (baseline) | n/a | n/a |" in lines
+    assert "| overlap 1/10, 1 comm | 200.0 | 1.000 [1.000, 1.000] | 100.0 | 250.0 | 0.60 |" in lines
+    # 16 MiB in 10 ms on 2 ranks (busbw factor 1): 1.678 GB/s; per parameter 4x slower
+    assert "| single | 10.0 | 1.678 | 1.000 [1.000, 1.000] |" in lines
+    assert "| unfused (per parameter) | 40.0 | 0.419 | 0.250 [0.250, 0.250] |" in lines
+    assert "| 1/10 | 100.0 | 2.000 [2.000, 2.000] | 2.000 [2.000, 2.000] |" in lines
+
+
+def test_every_figure_is_on_the_contract_and_reads_no_environment():
+    """Options (a frozen dataclass), measure and render in every figure module; each figure option of the CLI is
+    a field of every figure it names; no figure reads FLEETBENCH_* variables."""
+    import dataclasses
+    import importlib
+    import inspect
+
+    from suite.cli.figures import FIGURE_OPTIONS, available
+
+    names = available()
+    assert len(names) == 9, names
+    for name in names:
+        module = importlib.import_module(f"suite.figures.{name}")
+        opts = module.Options()
+        assert dataclasses.is_dataclass(opts) and module.Options.__dataclass_params__.frozen, name
+        assert callable(module.measure) and callable(module.render) and not hasattr(module, "run"), name
+        source = inspect.getsource(module)
+        assert "os.environ" not in source and "FLEETBENCH_" not in source, name
+    for field, (_, figures, _) in FIGURE_OPTIONS.items():
+        for name in figures:
+            assert field in {f.name for f in dataclasses.fields(importlib.import_module(f"suite.figures.{name}")
+                                                               .Options)}, (field, name)

@@ -1,15 +1,16 @@
 """`fleetbench figures NAME`: the benchmark figures a strategy reports (Markdown tables).
 
-Each figure set is a module ``suite.figures.NAME`` with ``DESCRIPTION`` and either the figure contract
+Each figure set is a module ``suite.figures.NAME`` with ``DESCRIPTION`` and the figure contract
 
 - ``Options``: a frozen dataclass of everything the figure takes (built here from the arguments: ``--nproc``,
   ``--rounds``, ``--steps`` and ``--timeout`` fill the fields of those names, each figure option below the field
   of its name; an option the figure has no field for is refused, naming the figures that take it);
 - ``measure(options, pool) -> raw`` (JSON-able data; ``pool`` is None when the module sets ``USES_POOL = False``);
-- ``render(raw, options) -> str`` (Markdown),
+- ``render(raw, options) -> str`` (Markdown; statistics come from the package they belong to, e.g. the gate
+  figure's from ``suite.ab.power``).
 
-or, not yet moved to it, ``run(pool, args) -> str``.  They measure variants interleaved in one process group
-(``suite.measure.timing``), never one run against another made minutes apart.
+They measure variants interleaved in one process group (``suite.measure.timing``, or the runner), never one run
+against another made minutes apart.
 """
 from __future__ import annotations
 
@@ -74,17 +75,15 @@ def add_parser(sub) -> None:
 
 
 def options_for(name: str, module, args):
-    """The figure's ``Options`` from the arguments (None for a figure not on the contract yet); a ValueError
-    naming an option the figure does not take."""
-    options = getattr(module, "Options", None)
-    fields = {f.name for f in dataclasses.fields(options)} if options else set()
+    """The figure's ``Options`` from the arguments; a ValueError naming an option the figure does not take."""
+    fields = {f.name for f in dataclasses.fields(module.Options)}
     given = {k: getattr(args, k) for k in FIGURE_OPTIONS if getattr(args, k, None) is not None}
     foreign = [k for k in given if k not in fields]
     if foreign:
         k = foreign[0]
         raise ValueError(f"--{k.replace('_', '-')} is an option of figures {', '.join(FIGURE_OPTIONS[k][1])}, "
                          f"not of figures {name}")
-    return options(**{k: getattr(args, k) for k in COMMON if k in fields}, **given) if options else None
+    return module.Options(**{k: getattr(args, k) for k in COMMON if k in fields}, **given)
 
 
 def main(args) -> int:
@@ -111,7 +110,7 @@ def main(args) -> int:
         return 2
 
     def produce(pool) -> str:
-        return module.run(pool, args) if opts is None else module.render(module.measure(opts, pool), opts)
+        return module.render(module.measure(opts, pool), opts)
 
     if not getattr(module, "USES_POOL", True):  # the figure starts its own processes (e.g. ab's trial servers)
         text = produce(None)
