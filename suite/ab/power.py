@@ -1,17 +1,10 @@
-"""The power of `fleetbench ab`'s rule against what differs between preparations and processes.
+"""The power of `fleetbench ab`'s rule against what differs between preparations and processes: the statistics
+`fleetbench figures gate` reads from its long A/B runs (:class:`Run`), beside ab's own rule (:mod:`.stats`).
 
-`fleetbench figures gate` measures long A/B runs (:class:`Run`: one pair of fresh trial servers, its ABBA
-blocks, the case prepared afresh every few blocks); this module holds the statistics it reads from them, next
-to ab's own rule (:mod:`suite.ab.stats`):
-
-- :func:`process_spread`: tau, the spread of the pairs' mean log ratios beyond their blocks' own noise (one-way
-  random effects, method of moments, Cochran's Q);
-- :func:`prep_spread`: one preparation's spread split into tau_prep (between preparations in the same servers)
-  and tau_process (what the processes add), with Cochran's Q within pairs and an ANOVA of the A/A groups by pair;
-- :func:`effect_scale`: what the injected busy work costs, fitted over the slowed pairs;
-- :func:`simulate_level`: the Monte Carlo of ab's rule (``Sequential``) with biases drawn from those spreads,
-  at every rotation mode; :func:`simulate` (the earlier method: blocks resampled within one pair) and
-  :func:`direct` (ab's verdict on a run's own first blocks) beside it.
+:func:`process_spread` (tau between pairs of servers, Cochran's Q), :func:`prep_spread` (tau_prep between
+preparations, tau_process between processes), :func:`effect_scale` (the injected busy work's cost), and the
+Monte Carlo of ab's rule with biases drawn from those spreads (:func:`simulate_level`, per :func:`modes`), with
+the earlier within-pair resampling (:func:`simulate`) and ab's verdict on a run's own blocks (:func:`direct`).
 """
 from __future__ import annotations
 

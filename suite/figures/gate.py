@@ -35,16 +35,10 @@ alpha 0.01 and a threshold on the median ratio.
 
     fleetbench figures gate --nproc 2 --steps 5 --rounds 5
 
-Options (:class:`Options`, from `fleetbench figures gate`'s arguments): ``--cases`` (comma-separated), ``--blocks``
-(blocks per run, default 60), ``--regroup`` (blocks per preparation, default 10; 0: one preparation per run),
-``--pairs`` (A/A pairs per case, default 3), ``--slow-pairs`` (pairs per slowdown, default 2), ``--sims``
-(simulated comparisons per pair, default 100), ``--rotate`` (the `ab --rotate` value simulated beside one
-preparation, default 5), ``--budget`` (ab's budget per comparison, seconds, default 180), ``--size`` (default
-tiny); ``--save PATH`` keeps every run (block log ratios and trial times, JSON) as it is measured, ``--load PATH``
-reads them back instead of measuring (the rates and tables are recomputed from the saved runs).
-
-The statistics (spreads, Cochran's Q, the Monte Carlo of ab's rule) are :mod:`suite.ab.power`'s; this module
-measures the runs (:func:`measure`) and renders them (:func:`render`).
+Options: :class:`Options`, from `fleetbench figures gate`'s arguments (``fleetbench figures --help``);
+``--save PATH`` keeps every run (block log ratios and trial times, JSON) as it is measured, ``--load PATH``
+renders saved runs instead of measuring.  The statistics are :mod:`suite.ab.power`'s; this module measures
+(:func:`measure`) and renders (:func:`render`).
 """
 from __future__ import annotations
 

@@ -142,10 +142,6 @@ def _ms(x: float) -> str:
     return f"{x * 1e3:.1f}" if math.isfinite(x) else "n/a"
 
 
-def _ci(sp: dict) -> str:
-    return f"{sp['speedup']:.3f} [{sp['ci'][0]:.3f}, {sp['ci'][1]:.3f}]"
-
-
 def fresh_ranks(pool) -> None:
     """Stop the ranks; the pool starts fresh ones on its next call.
 
