@@ -209,3 +209,45 @@ def test_rank_jobs_build_through_the_workload(rel):
             {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     assert not names & {"get_model", "make_dataset", "build_engine", "step_indices"}, rel
     assert "workload" in names, rel
+
+
+# ---- rank functions build through the workload -------------------------------------------------------------------
+BUILDERS = {"get_model", "build_engine", "build_grad_sync", "make_dataset", "step_indices", "make"}
+# Rank functions that still build models or gradient syncs themselves (issue 24 item 4 names them); they are to move
+# onto the workload.  Nothing may be added here.
+KNOWN_BUILDERS = {("suite.figures.comm", "comm_alone_on_rank"), ("suite.figures.workloads", "alone_on_rank"),
+                  ("suite.figures.compute", "optimizer_bench_on_rank")}
+
+
+def _rank_builders(sources: dict[str, str]) -> set[tuple[str, str]]:
+    """(module, function) of every module-level function passed by name to a ``.run(...)`` (a pool's, a
+    launcher's) anywhere in ``sources`` whose body names a model, dataset, engine or gradient-sync builder,
+    outside suite.workload and suite.engine."""
+    trees = {m: ast.parse(src) for m, src in sources.items()}
+    passed = {n.args[0].id if isinstance(n.args[0], ast.Name) else n.args[0].attr
+              for t in trees.values() for n in ast.walk(t)
+              if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "run" and n.args
+              and isinstance(n.args[0], (ast.Name, ast.Attribute))}
+    bad = set()
+    for mod, tree in trees.items():
+        if mod in ("suite.workload", "suite.engine"):
+            continue
+        for fn in tree.body:
+            if isinstance(fn, ast.FunctionDef) and fn.name in passed:
+                names = {x.id for x in ast.walk(fn) if isinstance(x, ast.Name)} | \
+                        {x.attr for x in ast.walk(fn) if isinstance(x, ast.Attribute)}
+                if names & BUILDERS:
+                    bad.add((mod, fn.name))
+    return bad
+
+
+def test_no_rank_function_builds_models_or_syncs_outside_the_workload():
+    sources = {m: open(p, encoding="utf-8").read() for m, p in _modules().items()}
+    assert _rank_builders(sources) - KNOWN_BUILDERS == set()
+
+
+def test_the_rank_function_rule_finds_a_builder():
+    fake = {"suite.x": "def job(n):\n    return get_model('mlp').make(0)\n\ndef go(pool):\n    pool.run(job, {})\n",
+            "suite.workload": "def wl_job():\n    return build_engine(1)\n\ndef go(pool):\n    pool.run(wl_job)\n",
+            "suite.y": "def helper():\n    return get_model('mlp')\n"}  # not a rank function
+    assert _rank_builders(fake) == {("suite.x", "job")}
