@@ -6,6 +6,7 @@ import json
 import math
 
 import numpy as np
+import pytest
 
 from suite.cli.main import main
 
@@ -304,3 +305,24 @@ def test_every_figure_is_on_the_contract_and_reads_no_environment():
         for name in figures:
             assert field in {f.name for f in dataclasses.fields(importlib.import_module(f"suite.figures.{name}")
                                                                .Options)}, (field, name)
+
+
+def test_any_figure_keeps_its_raw_data_and_renders_it_again(tmp_path, monkeypatch, capsys):
+    """--save keeps what measure() returned (JSON), --load renders it without measuring or starting ranks."""
+    import contextlib
+
+    import suite.runtime
+    from suite.figures import amp
+
+    windows = {n: [0.5] * 3 for n, _ in amp.VARIANTS}
+    raw = {"world": 2, "answers": {"resnet": _answers(windows), "mlp": _answers(windows)}}
+    monkeypatch.setattr(amp, "measure", lambda options, pool: raw)
+    monkeypatch.setattr(suite.runtime, "RankPool", lambda *a, **k: contextlib.nullcontext("a pool"))
+    kept, first, again = tmp_path / "amp-raw.json", tmp_path / "amp.md", tmp_path / "amp-again.md"
+    assert main(["figures", "amp", "--rounds", "3", "--save", str(kept), "--out", str(first)]) == 0
+    assert json.loads(kept.read_text()) == raw
+    monkeypatch.setattr(amp, "measure", lambda options, pool: pytest.fail("measured with --load"))
+    monkeypatch.setattr(suite.runtime, "RankPool", lambda *a, **k: pytest.fail("ranks started with --load"))
+    assert main(["figures", "amp", "--rounds", "3", "--load", str(kept), "--out", str(again)]) == 0
+    assert again.read_text() == first.read_text() and "| fp32 | 100.00 [100.00, 100.00] | 320 [320, 320] |" in \
+        again.read_text()

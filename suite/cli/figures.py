@@ -5,7 +5,8 @@ Each figure set is a module ``suite.figures.NAME`` with ``DESCRIPTION`` and the 
 - ``Options``: a frozen dataclass of everything the figure takes (built here from the arguments: ``--nproc``,
   ``--rounds``, ``--steps`` and ``--timeout`` fill the fields of those names, each figure option below the field
   of its name; an option the figure has no field for is refused, naming the figures that take it);
-- ``measure(options, pool) -> raw`` (JSON-able data; ``pool`` is None when the module sets ``USES_POOL = False``);
+- ``measure(options, pool) -> raw`` (JSON-able data; ``pool`` is None when the module sets ``USES_POOL = False``;
+  ``--save FILE`` keeps it, ``--load FILE`` renders it again without measuring);
 - ``render(raw, options) -> str`` (Markdown; statistics come from the package they belong to, e.g. the gate
   figure's from ``suite.ab.power``).
 
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
+import os
 import pkgutil
 import sys
 
@@ -49,10 +52,9 @@ FIGURE_OPTIONS: dict[str, tuple] = {
     "shapes": (_csv, ("cluster",), "cluster shapes NxR, comma-separated (default 2x2,2x4)"),
     "models": (_csv, ("cluster",), "models, comma-separated (default mlp,resnet,resnet50,gpt2)"),
     "rechecks": (int, ("cluster",), "re-measurements of each row outside 15%% (default 2; with --load 0)"),
-    "save": (str, ("gate", "cluster"), "keep the raw measurements here (JSON), rewritten as they come"),
-    "load": (str, ("gate", "cluster"), "read the raw measurements from here instead of measuring, and render them"),
 }
 COMMON = ("nproc", "rounds", "steps", "timeout")
+RAW = ("save", "load")  # every figure; a figure with fields of these names (gate, cluster) handles them itself
 
 
 def available() -> list[str]:
@@ -67,6 +69,9 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=int, default=5, help="steps per timed window (default 5)")
     p.add_argument("--out", help="also write the Markdown here")
     p.add_argument("--timeout", type=float, default=1800.0, help="bound on each multi-rank call, seconds")
+    p.add_argument("--save", help="keep the figure's raw data here (JSON; gate and cluster rewrite it as they go)")
+    p.add_argument("--load", help="render the raw data kept here instead of measuring (gate: measures the cases "
+                   "the file lacks; cluster: with --rechecks N, measures its misses again)")
     g = p.add_argument_group("figure options (each taken only by the figures named)")
     for field, (kind, names, text) in FIGURE_OPTIONS.items():
         g.add_argument("--" + field.replace("_", "-"), dest=field, type=kind, default=None,
@@ -83,7 +88,7 @@ def options_for(name: str, module, args):
         k = foreign[0]
         raise ValueError(f"--{k.replace('_', '-')} is an option of figures {', '.join(FIGURE_OPTIONS[k][1])}, "
                          f"not of figures {name}")
-    return module.Options(**{k: getattr(args, k) for k in COMMON if k in fields}, **given)
+    return module.Options(**{k: getattr(args, k) for k in COMMON + RAW if k in fields}, **given)
 
 
 def main(args) -> int:
@@ -109,14 +114,20 @@ def main(args) -> int:
         print(f"fleetbench figures: error: {exc}", file=sys.stderr)
         return 2
 
-    def produce(pool) -> str:
-        return module.render(module.measure(opts, pool), opts)
-
-    if not getattr(module, "USES_POOL", True):  # the figure starts its own processes (e.g. ab's trial servers)
-        text = produce(None)
+    own = {f.name for f in dataclasses.fields(module.Options)}
+    if args.load and "load" not in own:
+        with open(args.load) as fh:
+            raw = json.load(fh)
+    elif not getattr(module, "USES_POOL", True):  # the figure starts its own processes (e.g. ab's trial servers)
+        raw = module.measure(opts, None)
     else:
         with RankPool(args.nproc, timeout=args.timeout) as pool:
-            text = produce(pool)
+            raw = module.measure(opts, pool)
+    if args.save and "save" not in own:
+        with open(args.save + ".tmp", "w") as fh:
+            json.dump(raw, fh, default=str)  # a value JSON has no form for is kept as its text, not lost
+        os.replace(args.save + ".tmp", args.save)
+    text = module.render(raw, opts)
     text = f"{text}\n\n_{machine_line(args.nproc)}_\n"
     print(text)
     if args.out:
