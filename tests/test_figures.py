@@ -17,25 +17,25 @@ def _runs(path) -> None:
     runs = []
     for inject in (0.0, 0.0, 0.02, 0.05, 0.10):
         d = list(math.log1p(inject) + rng.normal(0, 0.02, 20))
-        runs.append({"case": "mlp/plain", "inject": inject, "d": d, "base_trials": list(0.05 + rng.random(40) / 100),
-                     "head_trials": list((0.05 + rng.random(40) / 100) * (1 + inject)), "seconds": 20.0,
+        runs.append({"case": "mlp/plain", "inject": inject, "d": d, "base_trials": list(0.05 + rng.random(12) / 100),
+                     "head_trials": list((0.05 + rng.random(12) / 100) * (1 + inject)), "seconds": 20.0,
                      "setup_s": 5.0, "load": [1.0, 2.0], "group": [0] * 10 + [1] * 10, "prep_s": [0.3]})
     path.write_text(json.dumps(runs))
 
 
 def test_gate_figure_renders_kept_runs_from_its_options(tmp_path, capsys):
     """--load renders the kept runs (nothing measured), with the options given: one case, 2 simulations a pair,
-    compare's windows from --rounds."""
+    compare's windows from --rounds, a budget of 12 s (short: the simulation stays cheap)."""
     raw = tmp_path / "runs.json"
     _runs(raw)
     out = tmp_path / "gate.md"
     assert main(["figures", "gate", "--load", str(raw), "--cases", "mlp/plain", "--sims", "2", "--rounds", "4",
-                 "--out", str(out)]) == 0
+                 "--budget", "12", "--out", str(out)]) == 0
     text = out.read_text()
     assert "| mlp/plain | none (A/A) | one preparation (--rotate 0) | 2 x 20 (1.00) |" in text, text
     assert "| mlp/plain | +10% | --rotate 5 --restart 2 (default) | 1 x 20 (1.00) |" in text, text
     assert "resnet/plain" not in text and "(4 windows a run," in text and "(recomputed from saved runs)." in text
-    assert "sequential comparisons simulated (2 per pair measured)" in text, text
+    assert "sequential comparisons simulated (2 per pair measured)" in text and "budget 12 s per comparison" in text
 
 
 def test_figure_options_are_refused_by_a_figure_that_does_not_take_them(capsys):
