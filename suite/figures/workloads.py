@@ -118,7 +118,12 @@ def groups(model: str, size: str, world: int, rows: tuple | None = None, budget:
 
 
 class _FreshRanks:
-    """The pool as the runner's launcher, its ranks stopped after every call (see :func:`fresh_ranks`)."""
+    """The pool, its ranks stopped after every call (the pool starts fresh ones on its next call).
+
+    Every group runs in new rank processes: nothing a previous group built (or its allocator's
+    history) weighs on the next, and an engine with bucketed gradients, which stays alive after
+    its job until ``BucketedGradSync.close()`` (its gradient hooks hold it; see the report of the
+    workloads issue), cannot pile up: at ``cpu`` size each such GPT-2 engine holds ~1 GB per rank."""
 
     def __init__(self, pool: Any):
         self.pool, self.nproc = pool, pool.nproc
@@ -127,7 +132,7 @@ class _FreshRanks:
         try:
             return self.pool.run(fn, kwargs, timeout=timeout)
         finally:
-            fresh_ranks(self.pool)
+            self.pool.close()
 
 
 def _allreduces(s: dict) -> tuple[float, float, float]:
@@ -140,16 +145,6 @@ def _allreduces(s: dict) -> tuple[float, float, float]:
 
 def _ms(x: float) -> str:
     return f"{x * 1e3:.1f}" if math.isfinite(x) else "n/a"
-
-
-def fresh_ranks(pool) -> None:
-    """Stop the ranks; the pool starts fresh ones on its next call.
-
-    Every group runs in new rank processes: nothing a previous group built (or its allocator's
-    history) weighs on the next, and an engine with bucketed gradients, which stays alive after
-    its job until ``BucketedGradSync.close()`` (its gradient hooks hold it; see the report of the
-    workloads issue), cannot pile up: at ``cpu`` size each such GPT-2 engine holds ~1 GB per rank."""
-    pool.close()
 
 
 def measure_model(pool, model: str, options: Options) -> dict:
@@ -282,9 +277,9 @@ def alone_on_rank(model: str, size: str, variants: list[str], rounds: int = 5, r
 
 def measure_alone(pool, model: str, options: Options) -> dict:
     """The gradient collectives alone: per path the slowest rank's seconds per round, and the gradient bytes."""
-    answers = pool.run(alone_on_rank, dict(model=model, size=options.size, variants=list(ALONE),
-                                           rounds=options.rounds, reps=options.steps), timeout=options.timeout)
-    fresh_ranks(pool)
+    answers = _FreshRanks(pool).run(alone_on_rank, dict(model=model, size=options.size, variants=list(ALONE),
+                                                        rounds=options.rounds, reps=options.steps),
+                                    timeout=options.timeout)
     per = {n: [max(ts) for ts in zip(*(a["times"][n] for a in answers))] for n in ALONE}  # slowest rank
     return {"times": per, "bytes": answers[0]["bytes"]}
 
