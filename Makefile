@@ -63,19 +63,20 @@ asv-smoke: setup
 	$(VENV)/bin/fleetbench asv-offline results/html
 
 # Every strategy's benchmark figures, as written into the README (takes a while; run on a quiet machine).
+# Each keeps its raw data (*-raw.json, gate-runs.json): `fleetbench figures NAME --load FILE` renders it again.
 FIGURES := docs/figures
 figures: setup
 	mkdir -p $(FIGURES)
-	$(VENV)/bin/fleetbench figures comm      --nproc 2 --rounds 9 --steps 5  --out $(FIGURES)/comm.md
-	$(VENV)/bin/fleetbench figures compute   --nproc 2 --rounds 7 --steps 5  --out $(FIGURES)/compute.md
-	$(VENV)/bin/fleetbench figures amp       --nproc 2 --rounds 7 --steps 5  --out $(FIGURES)/amp.md
-	$(VENV)/bin/fleetbench figures local_sgd --nproc 2 --rounds 5 --steps 16 --out $(FIGURES)/local_sgd.md
-	$(VENV)/bin/fleetbench figures reader    --nproc 1 --rounds 5            --out $(FIGURES)/reader.md
-	$(VENV)/bin/fleetbench figures host      --nproc 2 --rounds 5 --steps 20 --out $(FIGURES)/host.md
-	$(VENV)/bin/fleetbench figures workloads --nproc 2 --rounds 3 --steps 3 --out $(FIGURES)/workloads.md
-	FLEETBENCH_GATE_SAVE=$(FIGURES)/gate-runs.json FLEETBENCH_GATE_BLOCKS=50 FLEETBENCH_GATE_SIMS=40 \
-	$(VENV)/bin/fleetbench figures gate      --nproc 2 --rounds 5 --steps 5  --out $(FIGURES)/gate.md
-	FLEETBENCH_CLUSTER_RAW=$(FIGURES)/cluster-raw.json $(VENV)/bin/fleetbench figures cluster --rounds 3 --steps 4 --out $(FIGURES)/cluster.md
+	$(VENV)/bin/fleetbench figures comm      --nproc 2 --rounds 9 --steps 5  --out $(FIGURES)/comm.md --save $(FIGURES)/comm-raw.json
+	$(VENV)/bin/fleetbench figures compute   --nproc 2 --rounds 7 --steps 5  --out $(FIGURES)/compute.md --save $(FIGURES)/compute-raw.json
+	$(VENV)/bin/fleetbench figures amp       --nproc 2 --rounds 7 --steps 5  --out $(FIGURES)/amp.md --save $(FIGURES)/amp-raw.json
+	$(VENV)/bin/fleetbench figures local_sgd --nproc 2 --rounds 5 --steps 16 --out $(FIGURES)/local_sgd.md --save $(FIGURES)/local_sgd-raw.json
+	$(VENV)/bin/fleetbench figures reader    --nproc 1 --rounds 5            --out $(FIGURES)/reader.md --save $(FIGURES)/reader-raw.json
+	$(VENV)/bin/fleetbench figures host      --nproc 2 --rounds 5 --steps 20 --out $(FIGURES)/host.md --save $(FIGURES)/host-raw.json
+	$(VENV)/bin/fleetbench figures workloads --nproc 2 --rounds 3 --steps 3 --out $(FIGURES)/workloads.md --save $(FIGURES)/workloads-raw.json
+	$(VENV)/bin/fleetbench figures gate      --nproc 2 --rounds 5 --steps 5  --out $(FIGURES)/gate.md \
+		--save $(FIGURES)/gate-runs.json --blocks 50 --sims 40
+	$(VENV)/bin/fleetbench figures cluster   --rounds 3 --steps 4 --save $(FIGURES)/cluster-raw.json --out $(FIGURES)/cluster.md
 
 clean-venv:
 	rm -rf $(VENV)

@@ -73,6 +73,7 @@ class RunOptions:
     baseline_overrides: tuple = ()  # the run's --set assignments, applied to the baseline too
     results_dir: str = "results"  # traces go to results_dir/traces/RUN_ID/
     memory_budget: int | None = None  # bytes all ranks' engines may hold at once (None: probed on every rank)
+    baseline: str = BASELINE  # the variant every timing group carries, the speedups' reference (figures: "ddp")
 
 
 @dataclass(frozen=True)
@@ -349,21 +350,23 @@ class CaseRunner:
 
     # ---- timing -----------------------------------------------------------------------------
     def groups(self, rcs: list[ResolvedCase]) -> list[list[str]]:
-        """Variants timed together (each group with the baseline), bounded by the ranks' memory.
+        """Variants timed together (each group with the baseline, and with the compute-only variant when it is
+        among the cases: exposed communication needs it in every group), bounded by the ranks' memory.
 
         Decided once and the same on every rank: the budget is the least any rank may fill (every rank
         probed, on every host: GPU memory on CUDA, host RAM shared by the local ranks on CPU), and under
         torchrun rank 0's plan is sent to every rank (``TorchrunLauncher.share``), so ranks on hosts with
         different free memory still build the same engines and issue collectives in the same order."""
-        names = [rc.case.variant for rc in rcs if rc.case.variant != BASELINE]
+        head = [self.opts.baseline] + [COMPUTE_ONLY for rc in rcs if rc.case.variant == COMPUTE_ONLY][:1]
+        names = [rc.case.variant for rc in rcs if rc.case.variant not in head]
         if self.opts.memory_budget:
             budget = self.opts.memory_budget // self.world
         else:
             free = self.launcher.run(free_memory_on_rank, timeout=self.call_timeout(rcs[0].case.model, 0))
             budget = int(0.6 * min(free)) if free else 0  # None: a torchrun rank other than 0 (gets rank 0's plan)
         fit = max(2, budget // max(_engine_bytes(rcs[0].case.model, self.opts.size), 1))  # baseline included
-        size = max(1, int(fit) - 1)
-        plan = [[BASELINE] + names[i:i + size] for i in range(0, len(names), size)] or [[BASELINE]]
+        size = max(1, int(fit) - len(head))
+        plan = [head + names[i:i + size] for i in range(0, len(names), size)] or [head]
         share = getattr(self.launcher, "share", None)
         return share(plan) if share is not None else plan
 
@@ -394,7 +397,7 @@ class CaseRunner:
         if answers is None:  # a non-reporting torchrun rank
             return {}
         out = summarize(answers, names, self.per_rank_batch(case) * self.world, self.opts.steps, self.world,
-                        baseline=BASELINE)
+                        baseline=self.opts.baseline)
         if util is not None and self.reporter:
             if nodes is not None:
                 util["nodes"] = [{k: v for k, v in u.items() if k != "samples"} for u in nodes if u is not None]
@@ -444,14 +447,15 @@ class CaseRunner:
                 self.recover(exc)
                 why = f"interleaved timing of {len(names)} variants failed ({self.brief(exc)})"
                 self.say(f"      {why}; timing each case alone with the baseline")
+            baseline = self.opts.baseline
             for n in names:
-                if n == BASELINE and BASELINE in out:
+                if n == baseline and baseline in out:
                     continue
-                base = [] if BASELINE in drop or isinstance(out.get(BASELINE), Exception) else [BASELINE]
+                base = [] if baseline in drop or isinstance(out.get(baseline), Exception) else [baseline]
                 try:
                     pair = self._timed(model_rcs, list(dict.fromkeys(base + [n])), gi, len(groups))
                     out[n] = pair.get(n)
-                    out.setdefault(BASELINE, pair.get(BASELINE))
+                    out.setdefault(baseline, pair.get(baseline))
                     fallback[n] = f"{why}; timed alone " + ("with the baseline" if base else "(no baseline: it failed)")
                 except Exception as exc:  # noqa: BLE001
                     self.recover(exc)

@@ -1,9 +1,11 @@
-"""Static guards on the design: no import cycle among suite modules, rank functions passed as
-function objects, one workload builder on the rank side."""
+"""Static guards on the design: every suite module in a layer of docs/architecture.md and no upward import, no
+import cycle among suite modules, rank functions passed as function objects, one workload builder on the rank
+side."""
 from __future__ import annotations
 
 import ast
 import os
+import re
 
 import pytest
 
@@ -94,6 +96,77 @@ def test_the_cycle_detector_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+# ---- layers: docs/architecture.md's table, bottom (1) to top ----------------------------------------------------
+def _layers(text: str) -> dict[str, int]:
+    """{module or package prefix: layer} from the rows ``| N | `suite/x/`, `suite/y.py` | ... |``."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0].isdigit():
+            for path in re.findall(r"`(suite/[^`]*)`", cells[1]):
+                out[path.removesuffix("/").removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+                    + (".*" if path.endswith("/") else "")] = int(cells[0])
+    return out
+
+
+def _layer_of(mod: str, layers: dict[str, int]) -> int | None:
+    """The layer of the most specific row covering ``mod`` (a package row ``suite.x.*`` covers suite.x and below)."""
+    best: tuple[int, int] | None = None
+    for key, layer in layers.items():
+        pkg = key.removesuffix(".*")
+        if mod == pkg or (key.endswith(".*") and mod.startswith(pkg + ".")):
+            if best is None or len(pkg) > best[0]:
+                best = (len(pkg), layer)
+    return None if best is None else best[1]
+
+
+def _upward(graph: dict[str, set[str]], layers: dict[str, int]) -> set[tuple[str, str]]:
+    """(importer, imported) for every import of a higher layer, and (module, "no layer") for an unassigned one."""
+    bad: set[tuple[str, str]] = set()
+    for mod, targets in graph.items():
+        here = _layer_of(mod, layers)
+        if here is None:
+            bad.add((mod, "no layer"))
+            continue
+        bad |= {(mod, t) for t in targets if (_layer_of(t, layers) or 0) > here}
+    return bad
+
+
+LAYERS = _layers(open(os.path.join(ROOT, "docs", "architecture.md"), encoding="utf-8").read())
+# Upward imports being removed by another branch of issue 24 (item 1, the selection layer); delete the entry when
+# that lands.  Nothing else may be added here.
+KNOWN_UPWARD = {("suite.ab.server", "suite.cli.run")}
+
+
+def test_every_module_is_in_a_layer_and_none_imports_a_higher_one():
+    mods = _modules()
+    graph = {m: _imports(m, p, mods) for m, p in mods.items()}
+    assert len(LAYERS) >= 20 and max(LAYERS.values()) >= 10, LAYERS  # the table was read
+    assert _upward(graph, LAYERS) - KNOWN_UPWARD == set()
+
+
+def test_every_row_of_the_layer_table_names_existing_code():
+    for key in LAYERS:
+        path = os.path.join(ROOT, *key.removesuffix(".*").split("."))
+        assert os.path.isdir(path) if key.endswith(".*") else os.path.isfile(path + ".py") or \
+            os.path.isfile(os.path.join(path, "__init__.py")), key
+
+
+def test_the_layer_rule_fails_on_an_upward_import_and_an_unassigned_module():
+    """The checker fed fake imports: config importing the runner (layer 1 -> 8), the record types importing the
+    comparison beside them in results/ (the more specific row wins), and a module no row covers."""
+    mods = _modules()
+    graph = {m: _imports(m, p, mods) for m, p in mods.items()}
+    fake = dict(graph, **{"suite.config": graph["suite.config"] | {"suite.runner"},
+                          "suite.results.records": graph["suite.results.records"] | {"suite.results.compare"},
+                          "suite.newthing": set()})
+    assert _upward(fake, LAYERS) - KNOWN_UPWARD == {("suite.config", "suite.runner"),
+                                                    ("suite.results.records", "suite.results.compare"),
+                                                    ("suite.newthing", "no layer")}
+    assert _layer_of("suite.results.gate", LAYERS) == _layer_of("suite.runner", LAYERS) == 8
+    assert _layer_of("suite", LAYERS) == 5 and _layer_of("suitex.y", LAYERS) is None
+
+
 def _string_rank_calls(path: str) -> list[str]:
     tree = ast.parse(open(path, encoding="utf-8").read())
     bad = []
@@ -136,3 +209,45 @@ def test_rank_jobs_build_through_the_workload(rel):
             {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     assert not names & {"get_model", "make_dataset", "build_engine", "step_indices"}, rel
     assert "workload" in names, rel
+
+
+# ---- rank functions build through the workload -------------------------------------------------------------------
+BUILDERS = {"get_model", "build_engine", "build_grad_sync", "make_dataset", "step_indices", "make"}
+# Rank functions that still build models or gradient syncs themselves (issue 24 item 4 names them); they are to move
+# onto the workload.  Nothing may be added here.
+KNOWN_BUILDERS = {("suite.figures.comm", "comm_alone_on_rank"), ("suite.figures.workloads", "alone_on_rank"),
+                  ("suite.figures.compute", "optimizer_bench_on_rank")}
+
+
+def _rank_builders(sources: dict[str, str]) -> set[tuple[str, str]]:
+    """(module, function) of every module-level function passed by name to a ``.run(...)`` (a pool's, a
+    launcher's) anywhere in ``sources`` whose body names a model, dataset, engine or gradient-sync builder,
+    outside suite.workload and suite.engine."""
+    trees = {m: ast.parse(src) for m, src in sources.items()}
+    passed = {n.args[0].id if isinstance(n.args[0], ast.Name) else n.args[0].attr
+              for t in trees.values() for n in ast.walk(t)
+              if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "run" and n.args
+              and isinstance(n.args[0], (ast.Name, ast.Attribute))}
+    bad = set()
+    for mod, tree in trees.items():
+        if mod in ("suite.workload", "suite.engine"):
+            continue
+        for fn in tree.body:
+            if isinstance(fn, ast.FunctionDef) and fn.name in passed:
+                names = {x.id for x in ast.walk(fn) if isinstance(x, ast.Name)} | \
+                        {x.attr for x in ast.walk(fn) if isinstance(x, ast.Attribute)}
+                if names & BUILDERS:
+                    bad.add((mod, fn.name))
+    return bad
+
+
+def test_no_rank_function_builds_models_or_syncs_outside_the_workload():
+    sources = {m: open(p, encoding="utf-8").read() for m, p in _modules().items()}
+    assert _rank_builders(sources) - KNOWN_BUILDERS == set()
+
+
+def test_the_rank_function_rule_finds_a_builder():
+    fake = {"suite.x": "def job(n):\n    return get_model('mlp').make(0)\n\ndef go(pool):\n    pool.run(job, {})\n",
+            "suite.workload": "def wl_job():\n    return build_engine(1)\n\ndef go(pool):\n    pool.run(wl_job)\n",
+            "suite.y": "def helper():\n    return get_model('mlp')\n"}  # not a rank function
+    assert _rank_builders(fake) == {("suite.x", "job")}

@@ -1,20 +1,64 @@
 """`fleetbench figures NAME`: the benchmark figures a strategy reports (Markdown tables).
 
-Each figure set is a module ``suite.figures.NAME`` with ``DESCRIPTION`` and
-``run(pool, args) -> str`` (Markdown).  They measure variants interleaved in one process
-group (``suite.measure.timing``), never one run against another made minutes apart.
+Each figure set is a module ``suite.figures.NAME`` with ``DESCRIPTION`` and the figure contract
+
+- ``Options``: a frozen dataclass of everything the figure takes (built here from the arguments: ``--nproc``,
+  ``--rounds``, ``--steps`` and ``--timeout`` fill the fields of those names, each figure option below the field
+  of its name; an option the figure has no field for is refused, naming the figures that take it);
+- ``measure(options, pool) -> raw`` (JSON-able data; ``pool`` is None when the module sets ``USES_POOL = False``;
+  ``--save FILE`` keeps it, ``--load FILE`` renders it again without measuring);
+- ``render(raw, options) -> str`` (Markdown; statistics come from the package they belong to, e.g. the gate
+  figure's from ``suite.ab.power``).
+
+They measure variants interleaved in one process group (``suite.measure.timing``, or the runner), never one run
+against another made minutes apart.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import json
+import os
 import pkgutil
 import sys
 
+import suite.figures as figures_pkg
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(float(x)) for x in _csv(text))
+
+
+# Figure options: field -> (type, figures that take it, help).  Each fills the field of the same name in the
+# figure's Options; an option left out keeps that figure's default.
+FIGURE_OPTIONS: dict[str, tuple] = {
+    "cases": (_csv, ("gate",), "cases, comma-separated (default mlp/plain,resnet/plain)"),
+    "blocks": (int, ("gate",), "ABBA blocks per pair of servers (default 60)"),
+    "regroup": (int, ("gate",), "blocks per preparation (default 10; 0: one preparation per run)"),
+    "pairs": (int, ("gate",), "A/A pairs of servers per case (default 3)"),
+    "slow_pairs": (int, ("gate",), "pairs per injected slowdown (default 2)"),
+    "sims": (int, ("gate",), "simulated comparisons per measured pair (default 100)"),
+    "rotate": (int, ("gate",), "the `ab --rotate` value simulated beside one preparation (default 5)"),
+    "budget": (float, ("gate",), "ab's budget per simulated comparison, seconds (default 180)"),
+    "size": (str, ("gate", "workloads"), "model size (gate: default tiny; workloads: default cpu)"),
+    "memory_gb": (float, ("workloads",), "memory the ranks' engines may hold at once, GB (default: 60%% of the "
+                  "available memory), which sets the timing groups"),
+    "sizes": (_ints, ("cluster",), "allreduce sizes in bytes, comma-separated (default 1e6,4e6,16e6)"),
+    "rates": (_csv, ("cluster",), "inter-node link rates, comma-separated (default 100mbit,1gbit)"),
+    "shapes": (_csv, ("cluster",), "cluster shapes NxR, comma-separated (default 2x2,2x4)"),
+    "models": (_csv, ("cluster",), "models, comma-separated (default mlp,resnet,resnet50,gpt2)"),
+    "rechecks": (int, ("cluster",), "re-measurements of each row outside 15%% (default 2; with --load 0)"),
+}
+COMMON = ("nproc", "rounds", "steps", "timeout")
+RAW = ("save", "load")  # every figure; a figure with fields of these names (gate, cluster) handles them itself
+
 
 def available() -> list[str]:
-    import suite.figures as pkg
-
-    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
+    return sorted(m.name for m in pkgutil.iter_modules(figures_pkg.__path__) if not m.name.startswith("_"))
 
 
 def add_parser(sub) -> None:
@@ -29,11 +73,26 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=int, default=5, help="steps per timed window (default 5)")
     p.add_argument("--out", help="also write the Markdown here")
     p.add_argument("--timeout", type=float, default=1800.0, help="bound on each multi-rank call, seconds")
-    p.add_argument("--raw", metavar="FILE", help="render kept measurements (a figure's raw JSON) with the current "
-                   "code instead of measuring (figures with render_kept: cluster)")
-    p.add_argument("--recheck", action="store_true", help="with --raw: measure again the rows the figure "
-                   "flags (cluster: outside 15%%; needs root) and add them to FILE")
+    p.add_argument("--save", help="keep the figure's raw data here (JSON; gate and cluster rewrite it as they go)")
+    p.add_argument("--load", help="render the raw data kept here instead of measuring (gate: measures the cases "
+                   "the file lacks; cluster: with --rechecks N, measures its misses again)")
+    g = p.add_argument_group("figure options (each taken only by the figures named)")
+    for field, (kind, names, text) in FIGURE_OPTIONS.items():
+        g.add_argument("--" + field.replace("_", "-"), dest=field, type=kind, default=None,
+                       help=f"{', '.join(names)}: {text}")
     p.set_defaults(func=main)
+
+
+def options_for(name: str, module, args):
+    """The figure's ``Options`` from the arguments; a ValueError naming an option the figure does not take."""
+    fields = {f.name for f in dataclasses.fields(module.Options)}
+    given = {k: getattr(args, k) for k in FIGURE_OPTIONS if getattr(args, k, None) is not None}
+    foreign = [k for k in given if k not in fields]
+    if foreign:
+        k = foreign[0]
+        raise ValueError(f"--{k.replace('_', '-')} is an option of figures {', '.join(FIGURE_OPTIONS[k][1])}, "
+                         f"not of figures {name}")
+    return module.Options(**{k: getattr(args, k) for k in COMMON + RAW if k in fields}, **given)
 
 
 def main(args) -> int:
@@ -49,22 +108,30 @@ def main(args) -> int:
     if args.nproc < 1:
         print(f"fleetbench figures: error: --nproc {args.nproc}: must be >= 1", file=sys.stderr)
         return 2
-    module = importlib.import_module("suite.figures." + args.name)
-    if args.raw:
-        if not hasattr(module, "render_kept"):
-            print(f"fleetbench figures: error: --raw: figure set {args.name!r} cannot render kept measurements",
-                  file=sys.stderr)
-            return 2
-        print(module.render_kept(args.raw, args.recheck))
-        return 0
-    from ..measure.metadata import machine_line
+    from ..measure.metadata import machine_line  # heavy (torch): imported once a figure is chosen
     from ..runtime import RankPool
 
-    if not getattr(module, "USES_POOL", True):  # the figure starts its own processes (e.g. ab's trial servers)
-        text = module.run(None, args)
+    module = importlib.import_module("suite.figures." + args.name)
+    try:
+        opts = options_for(args.name, module, args)
+    except ValueError as exc:
+        print(f"fleetbench figures: error: {exc}", file=sys.stderr)
+        return 2
+
+    own = {f.name for f in dataclasses.fields(module.Options)}
+    if args.load and "load" not in own:
+        with open(args.load) as fh:
+            raw = json.load(fh)
+    elif not getattr(module, "USES_POOL", True):  # the figure starts its own processes (e.g. ab's trial servers)
+        raw = module.measure(opts, None)
     else:
         with RankPool(args.nproc, timeout=args.timeout) as pool:
-            text = module.run(pool, args)
+            raw = module.measure(opts, pool)
+    if args.save and "save" not in own:
+        with open(args.save + ".tmp", "w") as fh:
+            json.dump(raw, fh, default=str)  # a value JSON has no form for is kept as its text, not lost
+        os.replace(args.save + ".tmp", args.save)
+    text = module.render(raw, opts)
     text = f"{text}\n\n_{machine_line(args.nproc)}_\n"
     print(text)
     if args.out:

@@ -1,1 +1,2 @@
-"""Benchmark figure sets: one module per strategy, each with DESCRIPTION and run(pool, args) -> Markdown."""
+"""Benchmark figure sets: one module per figure, each with DESCRIPTION, Options, measure and render (the contract:
+suite/cli/figures.py)."""

@@ -2,6 +2,8 @@
 communication (``grad_comm_dtype``)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..measure.timing import time_on_rank
 from ..workload import WorkloadSpec
 from .compute import timing_table
@@ -22,17 +24,31 @@ def _bytes(name: str, s: dict) -> str:
     return f"{b / 2**20:.2f}"
 
 
-def run(pool, args) -> str:
-    rounds, steps, nproc = args.rounds, args.steps, pool.nproc
+@dataclass(frozen=True)
+class Options:
+    rounds: int = 7
+    steps: int = 5
+
+
+MODELS = (("resnet", 16), ("mlp", 32))  # (model, per-rank batch)
+
+
+def measure(options: Options, pool) -> dict:
+    """The ranks' interleaved timings of every variant, per model (JSON-able)."""
+    variants = [{"name": n, "config": c} for n, c in VARIANTS]
+    return {"world": pool.nproc, "answers": {
+        model: pool.run(time_on_rank, dict(workload_spec=WorkloadSpec(model, per_rank_batch=batch),
+                                           variants=variants, warmup=2, steps=options.steps, rounds=options.rounds))
+        for model, batch in MODELS}}
+
+
+def render(raw: dict, options: Options) -> str:
+    rounds, steps, nproc = options.rounds, options.steps, raw["world"]
     out = []
-    for model, batch in (("resnet", 16), ("mlp", 32)):
-        variants = [{"name": n, "config": c} for n, c in VARIANTS]
-        answers = pool.run(time_on_rank,
-                           dict(workload_spec=WorkloadSpec(model, per_rank_batch=batch), variants=variants,
-                                warmup=2, steps=steps, rounds=rounds))
+    for model, batch in MODELS:
         out.append(f"### AMP on the {model} ({nproc} ranks, batch {batch}/rank, plain allreduce; "
                    f"{rounds} interleaved rounds of {steps} steps)")
-        out.append(timing_table(answers, [n for n, _ in VARIANTS], batch * nproc, steps, "fp32",
+        out.append(timing_table(raw["answers"][model], [n for n, _ in VARIANTS], batch * nproc, steps, "fp32",
                                 {"allreduce MiB/step": _bytes}))
     out.append("`allreduce MiB/step` counts every allreduce through `suite.comm.collectives` on rank 0 (the "
                "found-inf flag of loss scaling adds one 4-byte allreduce per step).")

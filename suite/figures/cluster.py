@@ -1,13 +1,16 @@
 """Figures of the emulated cluster: the cost model checked against namespaces + tbf links.
 
-This figure set ignores the pool it is handed: it brings up its own emulated clusters (2x2,
+This figure set needs no pool from `fleetbench figures`: it brings up its own emulated clusters (2x2,
 2x4; network namespaces, so it needs root or CAP_NET_ADMIN) with a rank pool placed in them,
 changes the link rate between sections while the ranks keep running, and takes everything
-down at the end.  ``args.rounds`` rounds per measurement; ``args.steps`` steps per training
+down at the end.  ``--rounds`` rounds per measurement (at least 3); ``--steps`` steps per training
 window (rounded up to a multiple of 4, so every window holds one Local SGD k=4 averaging).
-Environment knobs for a quick look: FLEETBENCH_CLUSTER_SIZES (bytes, comma separated),
-FLEETBENCH_CLUSTER_RATES (e.g. 100mbit,1gbit), FLEETBENCH_CLUSTER_SHAPES (2x2,2x4),
-FLEETBENCH_CLUSTER_MODELS (mlp,resnet,resnet50,gpt2).
+Options (:class:`Options`, from `fleetbench figures cluster`'s arguments) for a quick look: ``--sizes`` (bytes,
+comma separated), ``--rates`` (e.g. 100mbit,1gbit), ``--shapes`` (2x2,2x4), ``--models``
+(mlp,resnet,resnet50,gpt2).  ``--save FILE`` keeps everything measured so far as data, rewritten as it grows (a
+long run that fails late keeps what it measured); ``--load FILE`` renders kept measurements with the current
+model instead of measuring (with ``--rechecks N`` it first measures the rows outside 15% again, N times; add
+``--save FILE`` to keep them).
 
 Per shape and rate the model is first calibrated on the same ranks from collective
 micro-benchmarks only (``suite.cluster.calibrate``, what ``fleetbench comm --calibrate`` runs);
@@ -20,8 +23,8 @@ nothing measured below feeds it.
    communicators, hierarchical, Local SGD k=4) is timed and predicted.  The small models (mlp,
    resnet) time all settings interleaved; the large ones (resnet50, gpt2) one setting at a time
    (one engine per rank in memory), gpt2 only on 2x2 at 1 Gbit/s.
-4. Every (model, cluster) with a row outside 15% is measured again (FLEETBENCH_CLUSTER_RECHECKS
-   times, default 2), each time in a fresh emulated cluster with fresh ranks and its own
+4. Every (model, cluster) with a row outside 15% is measured again (``--rechecks`` times,
+   default 2), each time in a fresh emulated cluster with fresh ranks and its own
    calibration, all settings interleaved as before: a miss that the re-measurements do not
    repeat is the first measurement's, one they repeat is the model's.
 """
@@ -34,9 +37,11 @@ import os
 import statistics
 from dataclasses import asdict, dataclass, replace
 
+from ..cluster.emulate import unavailable_reason
 from ..cluster.extrapolate import extrapolation_markdown
 from ..cluster.probes import timed_allreduce
 from ..cluster.profile import record_profile
+from ..cluster.spec import parse_rate
 from ..config import StrategyConfig
 from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
 from ..measure.timing import time_on_rank
@@ -45,8 +50,34 @@ from ..workload import WorkloadSpec
 DESCRIPTION = ("emulated 2x2/2x4 clusters (namespaces + tbf): calibration from micro-benchmarks, flat vs "
                "hierarchical allreduce, nccl_comm_num 1 vs 2, predict vs measured steps (own pools; needs root)")
 
+USES_POOL = False  # the figure brings up its own clusters with their rank pools; `figures` starts none for it
 MB = 1_000_000
 AIM = 0.15  # |predicted / measured - 1| the issue asks for
+
+
+@dataclass(frozen=True)
+class Options:
+    """What `fleetbench figures cluster` measures (see the module docstring)."""
+
+    rounds: int = 3
+    steps: int = 4
+    timeout: float = 3600.0  # at least an hour per multi-rank call
+    sizes: tuple[int, ...] = (1 * MB, 4 * MB, 16 * MB)  # bytes of the flat vs two-level allreduces
+    rates: tuple[str, ...] = ("100mbit", "1gbit")
+    shapes: tuple[str, ...] = ("2x2", "2x4")
+    models: tuple[str, ...] = ("mlp", "resnet", "resnet50", "gpt2")
+    rechecks: int | None = None  # re-measurements of a row outside 15%; None: 2 when measuring, 0 with load
+    save: str | None = None
+    load: str | None = None
+
+    def __post_init__(self):
+        unknown = [m for m in self.models if m not in PLANS]
+        if unknown:
+            raise ValueError(f"figures cluster: models {', '.join(unknown)} unknown; allowed: {', '.join(PLANS)}")
+        for rate in self.rates:
+            parse_rate(rate)  # a bad rate is refused here, before any cluster comes up
+        if self.rechecks is not None and self.rechecks < 0:
+            raise ValueError(f"figures cluster: rechecks {self.rechecks}: must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -92,10 +123,6 @@ def _collect_garbage() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to hand back
         pass
-
-
-def _env_list(name: str, default: str) -> list[str]:
-    return [x.strip() for x in os.environ.get(name, default).split(",") if x.strip()]
 
 
 def _slowest(res: list[dict], key: str) -> list[float]:
@@ -186,18 +213,15 @@ def measure_profile(pool, model_name, plan, ranks_per_node) -> dict:
     return {"batch": batch, "profile": prof}
 
 
-def _dump(raw: dict) -> None:
-    """FLEETBENCH_CLUSTER_RAW=FILE: everything measured so far, rewritten as it grows (a long run that fails
-    late keeps what it measured; ``fleetbench figures cluster --raw FILE`` renders it with the current model)."""
-    import json
-
-    path = os.environ.get("FLEETBENCH_CLUSTER_RAW")
+def _dump(raw: dict, path: str | None) -> None:
+    """``--save FILE``: everything measured so far, rewritten as it grows (a long run that fails late keeps what
+    it measured; ``fleetbench figures cluster --load FILE`` renders it with the current model)."""
     if path:
         with open(path, "w") as fh:
             json.dump(raw, fh)
 
 
-def measure(rates, shapes, models, sizes, rounds, steps, timeout) -> dict:
+def measure_clusters(rates, shapes, models, sizes, rounds, steps, timeout, save=None) -> dict:
     """Every measurement of the figure (calibrations, profiles, settings, probes) as plain data."""
     from ..cluster.calibrate import calibrate_on_pool
     from ..cluster.launch import cluster_pool
@@ -217,7 +241,7 @@ def measure(rates, shapes, models, sizes, rounds, steps, timeout) -> dict:
                 except RankFailure as exc:  # e.g. killed for memory: the other models still run
                     raw["failures"].append({"model": m, "cluster": shape, "what": "profile", "error": str(exc)})
                     todo.remove(m)
-                _dump(raw)
+                _dump(raw, save)
             for rate in rates:
                 cl.set_rates(rate)
                 key = str(cl.spec)
@@ -226,7 +250,7 @@ def measure(rates, shapes, models, sizes, rounds, steps, timeout) -> dict:
                 raw["calibrations"][key] = {**json.loads(cal.to_json()), "load": [load0, os.getloadavg()[0]]}
                 raw["hier"] += _measure_hier(cl, p, sizes, rounds)
                 raw["comm"].append(_measure_comm_num(cl, p, rounds))
-                _dump(raw)
+                _dump(raw, save)
                 for m in todo:
                     plan = PLANS[m]
                     if plan.rates and rate not in plan.rates:
@@ -235,10 +259,10 @@ def measure(rates, shapes, models, sizes, rounds, steps, timeout) -> dict:
                         raw["runs"] += _model_runs(p, raw, m, shape, key, rounds, steps)
                     except RankFailure as exc:  # the pool restarts on its next call; the other models still run
                         raw["failures"].append({"model": m, "cluster": key, "what": "settings", "error": str(exc)})
-                        _dump(raw)
+                        _dump(raw, save)
                         continue
                     pool_gc(p)
-                    _dump(raw)
+                    _dump(raw, save)
     return raw
 
 
@@ -261,7 +285,7 @@ def to_recheck(raw: dict) -> list[tuple[str, str]]:
     return list(dict.fromkeys((r.model, r.cluster) for r in prediction_rows(raw) if abs(r.error) > AIM))
 
 
-def recheck(raw: dict, rounds: int, steps: int, timeout: float, repeats: int) -> dict:
+def recheck(raw: dict, rounds: int, steps: int, timeout: float, repeats: int, save: str | None = None) -> dict:
     """Measure every (model, cluster) of :func:`to_recheck` again, ``repeats`` times, each time in a fresh
     emulated cluster with fresh ranks: calibration first (micro-benchmarks only), then all the model's settings
     as in the figure.  Appended to ``raw["rechecks"]``; the first measurement is kept as it was."""
@@ -285,10 +309,10 @@ def recheck(raw: dict, rounds: int, steps: int, timeout: float, repeats: int) ->
                 except RankFailure as exc:
                     raw["failures"].append({"model": model, "cluster": key, "what": f"recheck {i + 1}",
                                             "error": str(exc)})
-                    _dump(raw)
+                    _dump(raw, save)
                     continue
             out.append({"model": model, "cluster": key, "repeat": i + 1, "calibration": cal_dict, "runs": runs})
-            _dump(raw)
+            _dump(raw, save)
     return raw
 
 
@@ -487,7 +511,10 @@ def _terms_row(raw: dict, key: str, kept: dict | None = None, label: str = "") -
             f"| {d['cpu_per_byte_hier'] * 1e9:.2f} | {d['cores']} | {max(load):.1f} |")
 
 
-def render(raw: dict) -> str:
+def render(raw: dict, options: Options | None = None) -> str:
+    """The figure's Markdown from :func:`measure`'s data (the options play no part: everything is in ``raw``)."""
+    if "unavailable" in raw:
+        return f"## Emulated cluster\n\nNot measured: cannot emulate a cluster here: {raw['unavailable']}."
     pred = prediction_rows(raw)
     rounds, steps = raw["rounds"], raw["steps"]
     cores = sorted({d["cores"] for d in raw["calibrations"].values()})
@@ -602,35 +629,22 @@ def render(raw: dict) -> str:
     return "\n".join(out)
 
 
-def run(pool, args) -> str:
-    from ..cluster.emulate import unavailable_reason
-    from ..cluster.spec import parse_rate
-
+def measure(options: Options, pool=None) -> dict:
+    """Every measurement (or the kept ones of ``options.load``), then the re-measurements of the rows outside
+    15%.  The pool is not used: the figure brings up its own clusters and ranks."""
+    if options.load:
+        with open(options.load) as fh:
+            raw = json.load(fh)
+        if options.rechecks:
+            recheck(raw, raw["rounds"], raw["steps"], 3600.0, options.rechecks, options.save)
+        return raw
     reason = unavailable_reason()
     if reason:
-        return f"## Emulated cluster\n\nNot measured: cannot emulate a cluster here: {reason}."
-    rounds = max(3, args.rounds)
-    steps = 4 * math.ceil(max(4, args.steps) / 4)
-    sizes = [int(float(x)) for x in _env_list("FLEETBENCH_CLUSTER_SIZES", "1e6,4e6,16e6")]
-    rates = [parse_rate(r) for r in _env_list("FLEETBENCH_CLUSTER_RATES", "100mbit,1gbit")]
-    shapes = _env_list("FLEETBENCH_CLUSTER_SHAPES", "2x2,2x4")
-    models = _env_list("FLEETBENCH_CLUSTER_MODELS", "mlp,resnet,resnet50,gpt2")
-    unknown = [m for m in models if m not in PLANS]
-    if unknown:
-        raise ValueError(f"FLEETBENCH_CLUSTER_MODELS: {', '.join(unknown)} unknown; allowed: {', '.join(PLANS)}")
-    timeout = max(getattr(args, "timeout", 1800.0), 3600.0)
-    raw = measure(rates, shapes, models, sizes, rounds, steps, timeout)
-    repeats = int(os.environ.get("FLEETBENCH_CLUSTER_RECHECKS", "2"))
-    return render(recheck(raw, rounds, steps, timeout, repeats) if repeats > 0 else raw)
-
-
-def render_kept(path: str, recheck_rows: bool = False) -> str:
-    """``fleetbench figures cluster --raw FILE``: the kept measurements rendered with the current model;
-    with ``--recheck``, the rows outside 15% measured again first (FLEETBENCH_CLUSTER_RECHECKS times,
-    default 2; needs root) and added to FILE."""
-    with open(path) as fh:
-        kept = json.load(fh)
-    if recheck_rows:
-        os.environ.setdefault("FLEETBENCH_CLUSTER_RAW", path)
-        recheck(kept, kept["rounds"], kept["steps"], 3600.0, int(os.environ.get("FLEETBENCH_CLUSTER_RECHECKS", "2")))
-    return render(kept)
+        return {"unavailable": reason}
+    rounds = max(3, options.rounds)
+    steps = 4 * math.ceil(max(4, options.steps) / 4)
+    timeout = max(options.timeout, 3600.0)
+    raw = measure_clusters([parse_rate(r) for r in options.rates], list(options.shapes), list(options.models),
+                           list(options.sizes), rounds, steps, timeout, options.save)
+    repeats = 2 if options.rechecks is None else options.rechecks
+    return recheck(raw, rounds, steps, timeout, repeats, options.save) if repeats > 0 else raw

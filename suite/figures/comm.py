@@ -20,6 +20,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -138,37 +139,77 @@ def _ms(x: float) -> str:
     return f"{x * 1e3:.1f}" if math.isfinite(x) else "n/a"
 
 
+@dataclass(frozen=True)
+class Options:
+    nproc: int = 2
+    rounds: int = 7
+    steps: int = 5
+
+
 def _alone(pool, model, variants, rounds) -> dict[str, list[float]]:
     answers = pool.run(comm_alone_on_rank, dict(model=model, variants=variants, rounds=rounds))
     names = list(answers[0]["times"])
     return {n: [max(ts) for ts in zip(*(a["times"][n] for a in answers))] for n in names}
 
 
-def _measure(pool, model, variants, args, per_rank_batch=16):
+def _measure(pool, model, variants, options: Options, per_rank_batch=16):
     answers = pool.run(time_on_rank,
                        dict(workload_spec=WorkloadSpec(model, per_rank_batch=per_rank_batch), variants=variants,
-                            steps=args.steps, rounds=args.rounds))
+                            steps=options.steps, rounds=options.rounds))
     return {v["name"]: window_seconds(answers, v["name"]) for v in variants}
 
 
-def strategy_table(pool, model: str, args) -> str:
-    variants = strategy_variants(model, args.nproc)
-    windows = _measure(pool, model, variants, args)
-    comm_vars = [v for v in variants if v["name"] not in ("ddp", "no comm")]
-    alone = _alone(pool, model, comm_vars, args.rounds)
+def fused_variants(grad_mb: float) -> list[dict[str, Any]]:
+    return [{"name": "single"},
+            {"name": "fused 1/10 (overlap, 1 comm)", "config": dict(fuse_all_reduce_ops=True,
+                                                                     fuse_grad_size_in_MB=grad_mb / 10,
+                                                                     sync_nccl_allreduce=False)},
+            {"name": "fused 32 MB (sync)", "config": dict(fuse_all_reduce_ops=True)},
+            {"name": "unfused (per parameter)", "config": {}}]
+
+
+def sweep_variants(total: float) -> list[dict[str, Any]]:
+    fracs = [("1/50", 1 / 50), ("1/10", 1 / 10), ("1/3", 1 / 3), ("all (1 bucket)", math.inf)]
+    variants: list[dict[str, Any]] = [{"name": "ddp", "config": {"data_parallel": "ddp"}}]
+    for label, f in fracs:
+        mb = math.inf if f == math.inf else total * f
+        variants.append({"name": f"bucket {label}", "config": dict(fuse_all_reduce_ops=True, fuse_grad_size_in_MB=mb,
+                                                                   sync_nccl_allreduce=False)})
+    return variants
+
+
+def measure(options: Options, pool) -> dict:
+    """Per model the strategies' windows and their collectives alone; the fused paths alone and the bucket sweep
+    on the MLP (JSON-able)."""
+    raw: dict = {"grad_mb": {m: _grad_mb(m) for m in ("mlp", "resnet")}, "strategies": {}}
+    for model in ("mlp", "resnet"):
+        variants = strategy_variants(model, options.nproc)
+        windows = _measure(pool, model, variants, options)
+        comm_vars = [v for v in variants if v["name"] not in ("ddp", "no comm")]
+        raw["strategies"][model] = {"variants": [v["name"] for v in variants], "windows": windows,
+                                    "alone": _alone(pool, model, comm_vars, options.rounds)}
+    fused = fused_variants(raw["grad_mb"]["mlp"])
+    raw["fused"] = {"variants": [v["name"] for v in fused], "alone": _alone(pool, "mlp", fused, options.rounds)}
+    sweep = sweep_variants(raw["grad_mb"]["mlp"])
+    raw["sweep"] = {"variants": [v["name"] for v in sweep], "windows": _measure(pool, "mlp", sweep, options)}
+    return raw
+
+
+def strategy_table(raw: dict, model: str, options: Options) -> str:
+    grad_mb, names = raw["grad_mb"][model], raw["strategies"][model]["variants"]
+    windows, alone = raw["strategies"][model]["windows"], raw["strategies"][model]["alone"]
     none_w = windows["no comm"]
-    lines = [f"**{model}**, {args.nproc} ranks, gradients {_size(_grad_mb(model))} "
-             f"(bucket 1/10 = {_size(_grad_mb(model) / 10)}); {args.rounds} rounds x {args.steps} steps",
+    lines = [f"**{model}**, {options.nproc} ranks, gradients {_size(grad_mb)} "
+             f"(bucket 1/10 = {_size(grad_mb / 10)}); {options.rounds} rounds x {options.steps} steps",
              "",
              "| strategy | step (ms) | speedup over DDP [95% CI] | exposed comm (ms) | comm alone (ms) "
              "| overlap eff. |",
              "|---|---:|---|---:|---:|---:|"]
-    for v in variants:
-        name = v["name"]
+    for name in names:
         w = windows[name]
-        step, _, _ = _median_ci([x / args.steps for x in w])
+        step, _, _ = _median_ci([x / options.steps for x in w])
         sp = paired_speedup(windows["ddp"], w)
-        exposed = statistics.median([(a - b) / args.steps for a, b in zip(w, none_w)])
+        exposed = statistics.median([(a - b) / options.steps for a, b in zip(w, none_w)])
         if name in alone:
             al = statistics.median(alone[name])
             eff = 1 - exposed / al if al > 0 else math.nan
@@ -181,56 +222,44 @@ def strategy_table(pool, model: str, args) -> str:
     return "\n".join(lines)
 
 
-def fused_vs_single(pool, model: str, args) -> str:
-    variants: list[dict[str, Any]] = [{"name": "single"},
-                {"name": "fused 1/10 (overlap, 1 comm)", "config": dict(fuse_all_reduce_ops=True,
-                                                                         fuse_grad_size_in_MB=_grad_mb(model) / 10,
-                                                                         sync_nccl_allreduce=False)},
-                {"name": "fused 32 MB (sync)", "config": dict(fuse_all_reduce_ops=True)},
-                {"name": "unfused (per parameter)", "config": {}}]
-    alone = _alone(pool, model, variants, args.rounds)
-    nbytes = _grad_mb(model) * MiB
-    factor = 2 * (args.nproc - 1) / args.nproc
+def fused_vs_single(raw: dict, model: str, options: Options) -> str:
+    alone = raw["fused"]["alone"]
+    nbytes = raw["grad_mb"][model] * MiB
+    factor = 2 * (options.nproc - 1) / options.nproc
     lines = [f"**{model}**: all gradients ({nbytes / MiB:.1f} MiB) reduced as buckets vs as one allreduce of the "
              "same bytes (collectives alone, no compute)", "",
              "| path | time (ms) | busbw (GB/s) | busbw ratio to one allreduce [95% CI] |", "|---|---:|---:|---|"]
-    for v in variants:
-        t = statistics.median(alone[v["name"]])
-        ratios = [s / x for s, x in zip(alone["single"], alone[v["name"]])]
+    for name in raw["fused"]["variants"]:
+        t = statistics.median(alone[name])
+        ratios = [s / x for s, x in zip(alone["single"], alone[name])]
         r, lo, hi = _median_ci(ratios)
-        lines.append(f"| {v['name']} | {_ms(t)} | {nbytes / t / 1e9 * factor:.3f} | {r:.3f} [{lo:.3f}, {hi:.3f}] |")
+        lines.append(f"| {name} | {_ms(t)} | {nbytes / t / 1e9 * factor:.3f} | {r:.3f} [{lo:.3f}, {hi:.3f}] |")
     return "\n".join(lines)
 
 
-def bucket_sweep(pool, model: str, args) -> str:
-    total = _grad_mb(model)
-    fracs = [("1/50", 1 / 50), ("1/10", 1 / 10), ("1/3", 1 / 3), ("all (1 bucket)", math.inf)]
-    variants: list[dict[str, Any]] = [{"name": "ddp", "config": {"data_parallel": "ddp"}}]
-    for label, f in fracs:
-        mb = math.inf if f == math.inf else total * f
-        variants.append({"name": f"bucket {label}", "config": dict(fuse_all_reduce_ops=True, fuse_grad_size_in_MB=mb,
-                                                                   sync_nccl_allreduce=False)})
-    windows = _measure(pool, model, variants, args)
+def bucket_sweep(raw: dict, model: str, options: Options) -> str:
+    total = raw["grad_mb"][model]
+    windows = raw["sweep"]["windows"]
     base = windows["bucket all (1 bucket)"]
     lines = [f"**{model}**: bucket size as a fraction of the {total:.1f} MiB of gradients (overlap on, 1 comm)", "",
              "| bucket | step (ms) | speedup over one bucket [95% CI] | speedup over DDP [95% CI] |",
              "|---|---:|---|---|"]
-    for v in variants[1:]:
-        w = windows[v["name"]]
+    for name in raw["sweep"]["variants"][1:]:
+        w = windows[name]
         a, b = paired_speedup(base, w), paired_speedup(windows["ddp"], w)
-        lines.append(f"| {v['name'][7:]} | {_ms(statistics.median(w) / args.steps)} | "
+        lines.append(f"| {name[7:]} | {_ms(statistics.median(w) / options.steps)} | "
                      f"{a['speedup']:.3f} [{a['ci'][0]:.3f}, {a['ci'][1]:.3f}] | "
                      f"{b['speedup']:.3f} [{b['ci'][0]:.3f}, {b['ci'][1]:.3f}] |")
     return "\n".join(lines)
 
 
-def run(pool, args) -> str:
+def render(raw: dict, options: Options) -> str:
     parts = ["## Communication strategies", "",
              "### Speedup over torch DDP, exposed communication, overlap efficiency (incl. nccl_comm_num 1/2/3)", ""]
     for model in ("mlp", "resnet"):
-        parts += [strategy_table(pool, model, args), ""]
-    parts += ["### Fused allreduce vs one allreduce of the same bytes", "", fused_vs_single(pool, "mlp", args), "",
-              "### Rule of thumb: bucket = 1/10 of the gradient bytes", "", bucket_sweep(pool, "mlp", args), "",
+        parts += [strategy_table(raw, model, options), ""]
+    parts += ["### Fused allreduce vs one allreduce of the same bytes", "", fused_vs_single(raw, "mlp", options), "",
+              "### Rule of thumb: bucket = 1/10 of the gradient bytes", "", bucket_sweep(raw, "mlp", options), "",
               "Rule of thumb 1 vs 2 communicators: compare the rows 'overlap 1/10, 1 comm' and '2 comms' above.",
               "Speedup > 1 is faster; intervals are bootstrap 95% intervals of the paired per-round ratio; "
               "exposed communication and overlap efficiency are medians over rounds (the slowest rank per window)."]

@@ -3,6 +3,7 @@ backward; eager and compiled), and the fused optimizer against torch's loop, for
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 import torch
 
@@ -143,15 +144,35 @@ def _optimizer_table(res: dict) -> str:
     return "\n".join(lines)
 
 
-def run(pool, args) -> str:
-    rounds, steps, nproc = args.rounds, args.steps, pool.nproc
-    per_rank_batch = 16
+@dataclass(frozen=True)
+class Options:
+    rounds: int = 7
+    steps: int = 5
+
+
+PER_RANK_BATCH = 16
+
+
+def measure(options: Options, pool) -> dict:
+    """Fusion on/off timed on the ranks (compute only), the bytes saved for backward (this process), and the
+    optimizers on every rank, rank 0 kept (JSON-able)."""
+    rounds, steps = options.rounds, options.steps
     # 1. fusion on/off: compute only (data_parallel='none'), so communication noise stays out
     variants = [{"name": n, "config": dict(c, data_parallel="none")} for n, c in FUSION_VARIANTS]
     answers = pool.run(time_on_rank,
-                       dict(workload_spec=WorkloadSpec("resnet", per_rank_batch=per_rank_batch), variants=variants,
+                       dict(workload_spec=WorkloadSpec("resnet", per_rank_batch=PER_RANK_BATCH), variants=variants,
                             warmup=3, steps=steps, rounds=rounds))
-    saved = saved_bytes_rows("resnet", per_rank_batch)
+    saved = saved_bytes_rows("resnet", PER_RANK_BATCH)
+    # 2. optimizers
+    opt = pool.run(optimizer_bench_on_rank, dict(model="resnet", rounds=max(rounds, 5), steps=20))[0]
+    opt_mlp = pool.run(optimizer_bench_on_rank, dict(model="mlp", rounds=max(rounds, 5), steps=5))[0]
+    return {"world": pool.nproc, "answers": answers, "saved": saved, "optimizers": {"resnet": opt, "mlp": opt_mlp}}
+
+
+def render(raw: dict, options: Options) -> str:
+    rounds, steps, nproc = options.rounds, options.steps, raw["world"]
+    per_rank_batch, answers, saved = PER_RANK_BATCH, raw["answers"], raw["saved"]
+    opt, opt_mlp = raw["optimizers"]["resnet"], raw["optimizers"]["mlp"]
     ran = answers[0]["variants"]["all (compile)"]["describe"].get("compute_fusion", {}).get("backend", {})
 
     def kb(field):
@@ -163,12 +184,6 @@ def run(pool, args) -> str:
     counts = answers[0]["variants"]["all (eager)"]["describe"].get("compute_fusion", {})
     count_line = ", ".join(f"{k}: found {v['found']}, fused {v['fused']}" for k, v in counts.items()
                            if isinstance(v, dict) and "found" in v)
-
-    # 2. optimizers
-    opt = pool.run(optimizer_bench_on_rank,
-                   dict(model="resnet", rounds=max(rounds, 5), steps=20))[0]
-    opt_mlp = pool.run(optimizer_bench_on_rank,
-                       dict(model="mlp", rounds=max(rounds, 5), steps=5))[0]
     return "\n\n".join([
         f"### Compute fusion on the ResNet ({nproc} ranks, batch {per_rank_batch}/rank, compute only: "
         f"data_parallel='none'; {rounds} interleaved rounds of {steps} steps)",

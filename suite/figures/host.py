@@ -2,7 +2,9 @@
 ``fetch_frequency``), and each rank's intra-op threads (``num_threads``) swept."""
 from __future__ import annotations
 
+import os
 import statistics
+from dataclasses import dataclass
 
 from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
 from ..measure.timing import time_on_rank
@@ -16,16 +18,37 @@ PER_RANK_BATCH = 16
 FETCH_N = 10
 
 
-def _table(pool, args, title: str, variants: list[tuple[str, dict]], steps: int, extra) -> list[str]:
+@dataclass(frozen=True)
+class Options:
+    rounds: int = 7
+    steps: int = 5
+
+
+def _timed(pool, options: Options, variants: list[tuple[str, dict]], steps: int) -> dict:
     answers = pool.run(time_on_rank,
                        dict(workload_spec=WorkloadSpec(MODEL, per_rank_batch=PER_RANK_BATCH, dataset_size=1024),
                             variants=[{"name": n, "config": c} for n, c in variants], warmup=2,
-                            steps=steps, rounds=args.rounds))
-    gb = PER_RANK_BATCH * pool.nproc
-    base = window_seconds(answers, variants[0][0])
-    lines = [title, "", f"| variant | samples/s [95% CI] | speedup vs {variants[0][0]} | {extra[0]} |",
+                            steps=steps, rounds=options.rounds))
+    return {"variants": [n for n, _ in variants], "steps": steps, "answers": answers}
+
+
+def measure(options: Options, pool) -> dict:
+    """Both sweeps' interleaved timings (JSON-able), with the cores and ranks they ran on."""
+    cores = len(os.sched_getaffinity(0))
+    counts = sorted({1, 2, max(1, cores // pool.nproc), cores, 2 * cores})
+    fetch = [("fetch every step", {"fetch_frequency": 1}), (f"fetch every {FETCH_N}", {"fetch_frequency": FETCH_N})]
+    return {"world": pool.nproc, "cores": cores, "default_threads": default_threads(pool.nproc),
+            "fetch": _timed(pool, options, fetch, max(options.steps, 2 * FETCH_N)),
+            "threads": _timed(pool, options, [(f"{n} threads", {"num_threads": n}) for n in counts], options.steps)}
+
+
+def _table(world: int, title: str, timed: dict, extra) -> list[str]:
+    answers, variants, steps = timed["answers"], timed["variants"], timed["steps"]
+    gb = PER_RANK_BATCH * world
+    base = window_seconds(answers, variants[0])
+    lines = [title, "", f"| variant | samples/s [95% CI] | speedup vs {variants[0]} | {extra[0]} |",
              "|---|---|---|---|"]
-    for name, _ in variants:
+    for name in variants:
         w = window_seconds(answers, name)
         xs = [gb * steps / t for t in w]
         lo, hi = bootstrap_median_ci(xs)
@@ -36,26 +59,20 @@ def _table(pool, args, title: str, variants: list[tuple[str, dict]], steps: int,
     return lines
 
 
-def run(pool, args) -> str:
-    steps = max(args.steps, 2 * FETCH_N)
+def render(raw: dict, options: Options) -> str:
+    world, cores = raw["world"], raw["cores"]
     fetch = _table(
-        pool, args,
-        f"**Loss fetch frequency** ({MODEL}, {pool.nproc} ranks, batch {PER_RANK_BATCH} per rank, windows of "
-        f"{steps} steps, {args.rounds} interleaved rounds)",
-        [("fetch every step", {"fetch_frequency": 1}), (f"fetch every {FETCH_N}", {"fetch_frequency": FETCH_N})],
-        steps, ("host syncs per window (rank 0)", lambda v: f"{v['host_syncs'] / max(1, len(v['windows'])):.0f}"),
+        world,
+        f"**Loss fetch frequency** ({MODEL}, {world} ranks, batch {PER_RANK_BATCH} per rank, windows of "
+        f"{raw['fetch']['steps']} steps, {options.rounds} interleaved rounds)",
+        raw["fetch"],
+        ("host syncs per window (rank 0)", lambda v: f"{v['host_syncs'] / max(1, len(v['windows'])):.0f}"),
     )
-    import os
-
-    cores = len(os.sched_getaffinity(0))
-    counts = sorted({1, 2, max(1, cores // pool.nproc), cores, 2 * cores})
-    default = default_threads(pool.nproc)
     threads = _table(
-        pool, args,
-        f"**num_threads per rank** ({MODEL}, {pool.nproc} ranks on {cores} cores; default = cores / local ranks "
-        f"= {default})",
-        [(f"{n} threads", {"num_threads": n}) for n in counts], args.steps,
-        ("threads observed in the windows", lambda v: ", ".join(map(str, v["threads_observed"]))),
+        world,
+        f"**num_threads per rank** ({MODEL}, {world} ranks on {cores} cores; default = cores / local ranks "
+        f"= {raw['default_threads']})",
+        raw["threads"], ("threads observed in the windows", lambda v: ", ".join(map(str, v["threads_observed"]))),
     )
     note = [
         "",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 
 import torch
 
@@ -64,22 +65,33 @@ def _fmt_ci(med: float, ci) -> str:
     return f"{med:,.0f} [{ci[0]:,.0f}, {ci[1]:,.0f}]"
 
 
-def run(pool, args) -> str:
-    nproc = pool.nproc
-    steps = max(args.steps, 16)  # a window must hold at least one k=16 interval
-    names = variants()
+@dataclass(frozen=True)
+class Options:
+    rounds: int = 7
+    steps: int = 5  # at least 16 are timed per window (one k=16 interval)
+
+
+def measure(options: Options, pool) -> dict:
+    """Every variant timed with and without stragglers, interleaved, and the quality runs (JSON-able)."""
+    steps = max(options.steps, 16)  # a window must hold at least one k=16 interval
     timed = []
-    for name, cfg in names:
+    for name, cfg in variants():
         timed.append({"name": name, "config": cfg})
         timed.append({"name": name + " +strag", "config": dict(cfg, straggler_ms=STRAGGLER_MS)})
     answers = pool.run(time_on_rank,
                        dict(workload_spec=WorkloadSpec(MODEL, per_rank_batch=PER_RANK_BATCH, dataset_size=2048),
-                            variants=timed, warmup=2, steps=steps, rounds=args.rounds))
+                            variants=timed, warmup=2, steps=steps, rounds=options.rounds))
     quality_ws = WorkloadSpec(MODEL, per_rank_batch=PER_RANK_BATCH, dataset_size=2048,
                               options=(("signal", QUALITY_SIGNAL),))
     quality = pool.run(quality_on_rank, dict(workload_spec=quality_ws,
-                                             variants=[{"name": n, "config": c} for n, c in names],
+                                             variants=[{"name": n, "config": c} for n, c in variants()],
                                              steps=QUALITY_STEPS))
+    return {"world": pool.nproc, "steps": steps, "answers": answers, "quality": quality}
+
+
+def render(raw: dict, options: Options) -> str:
+    nproc, steps, answers, quality = raw["world"], raw["steps"], raw["answers"], raw["quality"]
+    names = variants()
     gb = PER_RANK_BATCH * nproc
 
     def tput(variant: str):
@@ -89,7 +101,7 @@ def run(pool, args) -> str:
 
     lines = [
         f"**Local SGD** ({MODEL}, momentum SGD, {nproc} ranks, global batch {gb}, warm-up W=1; windows of "
-        f"{steps} steps, {args.rounds} interleaved rounds; stragglers: one seeded random rank sleeps "
+        f"{steps} steps, {options.rounds} interleaved rounds; stragglers: one seeded random rank sleeps "
         f"{STRAGGLER_MS:g} ms each step; quality after {QUALITY_STEPS} steps from the same start on the same batches "
         f"of harder images, the class template being {QUALITY_SIGNAL:.0%} of each pixel)",
         "",

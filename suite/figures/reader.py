@@ -3,6 +3,7 @@ reader option on its own and all together: samples/s and the time each step wait
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 from ..measure.reader_timing import measure_reader_on_rank
 from ..measure.stats import bootstrap_median_ci, describe, paired_speedup, window_seconds
@@ -28,19 +29,30 @@ VARIANTS = [
 ]
 
 
-def run(pool, args) -> str:
+@dataclass(frozen=True)
+class Options:
+    rounds: int = 7
+
+
+def measure(options: Options, pool) -> dict:
+    """Every reader variant's windows, data waits and step times on the ranks (JSON-able)."""
     answers = pool.run(measure_reader_on_rank,
                        dict(workload_spec=WorkloadSpec(MODEL, per_rank_batch=PER_RANK_BATCH, dataset_size=DATASET_SIZE),
                             variants=[{"name": n, "config": c} for n, c in VARIANTS], warmup=1,
-                            rounds=args.rounds, epochs_per_window=1, decode_work=DECODE_WORK))
+                            rounds=options.rounds, epochs_per_window=1, decode_work=DECODE_WORK))
+    return {"world": pool.nproc, "answers": answers}
+
+
+def render(raw: dict, options: Options) -> str:
+    answers, world = raw["answers"], raw["world"]
     steps = answers[0]["steps_per_window"]
-    gb = PER_RANK_BATCH * pool.nproc
+    gb = PER_RANK_BATCH * world
     base = window_seconds(answers, "plain")
     first = answers[0]["variants"]
     lines = [
-        f"**Reader, data-bound** ({MODEL}, {pool.nproc} ranks, batch {PER_RANK_BATCH} per rank, dataset "
+        f"**Reader, data-bound** ({MODEL}, {world} ranks, batch {PER_RANK_BATCH} per rank, dataset "
         f"{DATASET_SIZE} zlib-compressed images, augmentation {DECODE_WORK} passes per sample; a window is one epoch "
-        f"= {steps} steps, {args.rounds} interleaved rounds; "
+        f"= {steps} steps, {options.rounds} interleaved rounds; "
         f"workers are {first[VARIANTS[-1][0]]['worker_kind']}s here)",
         "",
         "| reader | samples/s [95% CI] | speedup vs plain | data wait per step, median (IQR) ms | "

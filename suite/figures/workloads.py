@@ -12,19 +12,22 @@ Timing follows ``fleetbench run``: variants interleaved round by round in one pr
 holds ~2 GB per rank), each group carrying DDP (the baseline of the speedups) and ``none`` (the
 compute-only step of the exposed communication), so every ratio is paired within one group.
 
+The groups and their timing are the runner's (``CaseRunner.groups`` and ``measure``, with DDP as the
+baseline, each planned group timed in fresh ranks); this module turns them into the figure's data
+(:func:`measure`) and the Markdown (:func:`render`).
+
 Size: ``cpu`` (the models' full parameter layout, CPU-affordable activations; ``docs/models.md``).
-``FLEETBENCH_FIGURE_SIZE=tiny`` runs the same figure on the ``tiny`` models (to validate the
-code; its numbers say nothing about the real models).  ``FLEETBENCH_FIGURE_MEMORY_GB`` bounds the
-memory the ranks' engines may hold at once (default: 60% of the machine's available memory),
-which sets the groups.
+``--size tiny`` runs the same figure on the ``tiny`` models (to validate the code; its numbers say
+nothing about the real models).  ``--memory-gb`` bounds the memory the ranks' engines may hold at once
+(default: 60% of the machine's available memory), which sets the groups.
 """
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,10 +35,10 @@ import torch.distributed as dist
 
 from ..cases import get_case
 from ..config import StrategyConfig
-from ..measure.stats import bootstrap_median_ci, window_seconds
-from ..measure.summary import COMPUTE_ONLY, summarize
-from ..measure.timing import time_on_rank
-from ..workload import WorkloadSpec
+from ..measure.stats import bootstrap_median_ci
+from ..measure.summary import COMPUTE_ONLY
+from ..models import count_parameters, get_model
+from ..runner import CaseRunner, ResolvedCase, RunOptions
 
 DESCRIPTION = ("published workloads (resnet50, gpt2 at cpu size): speedup over DDP of plain, fused, overlap "
                "(1/2 comms), fused optimizer, bf16 gradients; exposed comm; fused vs single allreduce busbw")
@@ -54,8 +57,20 @@ LABELS = {
 MiB = 2**20
 
 
-def figure_size(args: Any = None) -> str:
-    return getattr(args, "size", None) or os.environ.get("FLEETBENCH_FIGURE_SIZE") or "cpu"
+@dataclass(frozen=True)
+class Options:
+    """What `fleetbench figures workloads` measures (see the module docstring)."""
+
+    nproc: int = 2
+    rounds: int = 7
+    steps: int = 5
+    timeout: float = 1800.0
+    size: str = "cpu"
+    memory_gb: float | None = None  # None: 60% of the machine's available memory
+
+    def __post_init__(self):
+        if self.memory_gb is not None and not self.memory_gb > 0:
+            raise ValueError(f"figures workloads: memory_gb {self.memory_gb!r}: must be > 0")
 
 
 def rows_for(model: str) -> tuple:
@@ -69,21 +84,51 @@ def variant_config(model: str, variant: str) -> dict:
     return dict(get_case(f"{model}/{variant}").config)
 
 
-def groups(model: str, size: str, world: int, rows: tuple | None = None, budget: int | None = None
-           ) -> list[list[str]]:
-    """Variants timed together: each group is DDP, ``none`` and as many rows as the ranks' memory holds.
+def _cases(model: str, rows: tuple) -> list[ResolvedCase]:
+    """DDP, ``none`` and the rows as the runner's cases (the registry's configs)."""
+    return [ResolvedCase(get_case(f"{model}/{n}"), StrategyConfig.from_dict(variant_config(model, n)))
+            for n in (BASE, COMPUTE_ONLY, *rows)]
 
-    The bound is the runner's (``suite.runner``): 16 bytes per parameter per engine per rank."""
-    from ..runner import _engine_bytes
+
+def _default_budget() -> int:
+    """Bytes all ranks' engines may hold at once when --memory-gb is not given: 60% of this host's available
+    memory (the ranks of a figure run on this one host, so planning needs no probe of the ranks)."""
     from ..runtime.device import host_available_memory
 
-    if budget is None:
-        gb = os.environ.get("FLEETBENCH_FIGURE_MEMORY_GB")
-        budget = int(float(gb) * 2**30) if gb else int(0.6 * host_available_memory())
+    return int(0.6 * host_available_memory())
+
+
+def _runner(launcher: Any, world: int, options: Options, budget: int | None = None) -> CaseRunner:
+    opts = RunOptions(size=options.size, steps=options.steps, rounds=options.rounds, warmup=2, check=False,
+                      timeout=options.timeout, utilization=False, baseline=BASE, memory_budget=budget)
+    return CaseRunner(launcher, world, opts, metadata={}, reporter=False)
+
+
+def groups(model: str, size: str, world: int, rows: tuple | None = None, budget: int | None = None
+           ) -> list[list[str]]:
+    """Variants timed together: the runner's groups of DDP, ``none`` and as many rows as the ranks' memory holds
+    (16 bytes per parameter per engine per rank)."""
+    budget = budget if budget is not None else _default_budget()
     rows = rows_for(model) if rows is None else rows
-    per_engine = _engine_bytes(model, size) * world
-    per_group = max(1, budget // max(per_engine, 1) - 2)  # engines besides DDP and none
-    return [[BASE, COMPUTE_ONLY, *rows[i:i + per_group]] for i in range(0, len(rows), per_group)]
+    return _runner(None, world, Options(size=size), budget).groups(_cases(model, rows))
+
+
+class _FreshRanks:
+    """The pool, its ranks stopped after every call (the pool starts fresh ones on its next call).
+
+    Every group runs in new rank processes: nothing a previous group built (or its allocator's
+    history) weighs on the next, and an engine with bucketed gradients, which stays alive after
+    its job until ``BucketedGradSync.close()`` (its gradient hooks hold it; see the report of the
+    workloads issue), cannot pile up: at ``cpu`` size each such GPT-2 engine holds ~1 GB per rank."""
+
+    def __init__(self, pool: Any):
+        self.pool, self.nproc = pool, pool.nproc
+
+    def run(self, fn: Callable, kwargs: dict | None = None, timeout: float | None = None) -> Any:
+        try:
+            return self.pool.run(fn, kwargs, timeout=timeout)
+        finally:
+            self.pool.close()
 
 
 def _allreduces(s: dict) -> tuple[float, float, float]:
@@ -98,57 +143,43 @@ def _ms(x: float) -> str:
     return f"{x * 1e3:.1f}" if math.isfinite(x) else "n/a"
 
 
-def _ci(sp: dict) -> str:
-    return f"{sp['speedup']:.3f} [{sp['ci'][0]:.3f}, {sp['ci'][1]:.3f}]"
-
-
-def fresh_ranks(pool) -> None:
-    """Stop the ranks; the pool starts fresh ones on its next call.
-
-    Every group runs in new rank processes: nothing a previous group built (or its allocator's
-    history) weighs on the next, and an engine with bucketed gradients, which stays alive after
-    its job until ``BucketedGradSync.close()`` (its gradient hooks hold it; see the report of the
-    workloads issue), cannot pile up: at ``cpu`` size each such GPT-2 engine holds ~1 GB per rank."""
-    pool.close()
-
-
-def measure_model(pool, model: str, size: str, args) -> dict:
-    """Every group's interleaved timing; per variant its summary, group index, and the group's DDP windows."""
-    from ..models import get_model
-
-    spec = get_model(model, size)
+def measure_model(pool, model: str, options: Options) -> dict:
+    """Every group's interleaved timing through the runner (DDP its baseline), each group in fresh ranks; per
+    variant its summary and group index, DDP's and ``none``'s per group, and the model's facts (JSON-able)."""
+    spec = get_model(model, options.size)
     world = pool.nproc
+    budget = int(options.memory_gb * 2**30) if options.memory_gb else _default_budget()
+    rcs = _cases(model, rows_for(model))
+    plan = _runner(None, world, options, budget).groups(rcs)
+    timer = _runner(_FreshRanks(pool), world, options, budget=1 << 62)  # a planned group is timed as one
     out: dict[str, dict] = {}
-    plan = groups(model, size, world)
     for gi, names in enumerate(plan, 1):
-        variants = [{"name": n, "config": variant_config(model, n)} for n in names]
-        answers = pool.run(time_on_rank, dict(workload_spec=WorkloadSpec(model, size), variants=variants,
-                                              warmup=2, steps=args.steps, rounds=args.rounds),
-                           timeout=args.timeout)
-        fresh_ranks(pool)
-        summary = summarize(answers, names, spec.per_rank_batch * world, args.steps, world, baseline=BASE)
+        got, fallback = timer.measure([rc for rc in rcs if rc.case.variant in names])
         for n in names:
-            s = summary[n]
-            s["group"] = gi
-            s["window_s"] = window_seconds(answers, n)
+            s = got[n]
+            if not isinstance(s, dict):
+                raise RuntimeError(f"{model}/{n}: not timed ({s!r}; {fallback.get(n, '')})")
+            s = dict(s, group=gi, fallback=fallback.get(n))
             if n in (BASE, COMPUTE_ONLY):
                 out.setdefault(n, {"groups": []})["groups"].append(s)
             else:
                 out[n] = s
-    return {"variants": out, "groups": plan, "spec": spec}
-
-
-def strategy_table(model: str, measured: dict, args, world: int) -> tuple[str, dict | None]:
-    from ..models import count_parameters
-
-    spec = measured["spec"]
     tensors, elements = count_parameters(spec)
+    return {"variants": out, "groups": plan,
+            "spec": {"name": spec.name, "size": spec.size, "description": spec.description,
+                     "per_rank_batch": spec.per_rank_batch, "tensors": tensors, "elements": elements}}
+
+
+def strategy_table(model: str, measured: dict, options: Options, world: int) -> tuple[str, dict | None]:
+    """A model's table of cases (``measured``: :func:`measure_model`'s data)."""
+    spec = measured["spec"]
+    tensors, elements = spec["tensors"], spec["elements"]
     v = measured["variants"]
     grad_mib = 4 * elements / MiB
     n_groups = len(measured["groups"])
-    head = (f"**{model}** (`{spec.size}`: {spec.description or spec.name}; batch {spec.per_rank_batch} per rank), "
-            f"{world} ranks; {tensors} gradient tensors, {grad_mib:.1f} MiB fp32; {args.rounds} rounds x "
-            f"{args.steps} steps; {n_groups} group(s): "
+    head = (f"**{model}** (`{spec['size']}`: {spec['description'] or spec['name']}; batch {spec['per_rank_batch']} "
+            f"per rank), {world} ranks; {tensors} gradient tensors, {grad_mib:.1f} MiB fp32; {options.rounds} rounds "
+            f"x {options.steps} steps; {n_groups} group(s): "
             + "; ".join("{" + ", ".join(g) + "}" for g in measured["groups"]))
     lines = [head, "",
              "| case | what | group | step (ms) | speedup over DDP [95% CI] | exposed comm (ms) "
@@ -178,6 +209,7 @@ def strategy_table(model: str, measured: dict, args, world: int) -> tuple[str, d
         met = "met" if ov["speedup"] >= 1 else "not met"
         lines.append(f"- Aim (overlap + bucketing at least as fast as DDP), overlap: speedup {ov['speedup']:.3f} "
                      f"[{ov['speedup_ci'][0]:.3f}, {ov['speedup_ci'][1]:.3f}]: **{met}** on this run.")
+    lines += [f"- {model}/{n}: {s['fallback']}." for n, s in v.items() if s.get("fallback")]  # the runner's
     return "\n".join(lines), ov
 
 
@@ -236,16 +268,21 @@ def alone_on_rank(model: str, size: str, variants: list[str], rounds: int = 5, r
     return {"times": times, "bytes": nbytes}
 
 
-def alone_table(pool, model: str, size: str, args) -> str:
-    answers = pool.run(alone_on_rank, dict(model=model, size=size, variants=list(ALONE), rounds=args.rounds,
-                                           reps=args.steps), timeout=args.timeout)
-    fresh_ranks(pool)
+def measure_alone(pool, model: str, options: Options) -> dict:
+    """The gradient collectives alone: per path the slowest rank's seconds per round, and the gradient bytes."""
+    answers = _FreshRanks(pool).run(alone_on_rank, dict(model=model, size=options.size, variants=list(ALONE),
+                                                        rounds=options.rounds, reps=options.steps),
+                                    timeout=options.timeout)
     per = {n: [max(ts) for ts in zip(*(a["times"][n] for a in answers))] for n in ALONE}  # slowest rank
-    nbytes = answers[0]["bytes"]
-    factor = 2 * (pool.nproc - 1) / pool.nproc
+    return {"times": per, "bytes": answers[0]["bytes"]}
+
+
+def alone_table(model: str, alone: dict, options: Options, world: int) -> str:
+    per, nbytes = alone["times"], alone["bytes"]
+    factor = 2 * (world - 1) / world
     lines = [f"**{model}**: all gradients ({nbytes / MiB:.1f} MiB) reduced by each case's path vs one allreduce of "
-             f"the same bytes (collectives alone, no compute; {args.rounds} rounds x {args.steps} repetitions)", "",
-             "| path | time (ms) | busbw (GB/s) | busbw ratio to one allreduce [95% CI] |", "|---|---:|---:|---|"]
+             f"the same bytes (collectives alone, no compute; {options.rounds} rounds x {options.steps} repetitions)",
+             "", "| path | time (ms) | busbw (GB/s) | busbw ratio to one allreduce [95% CI] |", "|---|---:|---:|---|"]
     for n in ALONE:
         t = statistics.median(per[n])
         ratios = [s / x for s, x in zip(per["single"], per[n]) if x > 0]
@@ -256,24 +293,29 @@ def alone_table(pool, model: str, size: str, args) -> str:
     return "\n".join(lines)
 
 
-def run(pool, args) -> str:
-    size = figure_size(args)
-    world = pool.nproc
+def measure(options: Options, pool) -> dict:
+    """Both tables' data for every model (JSON-able)."""
+    strategies = {model: measure_model(pool, model, options) for model in MODELS}
+    return {"world": pool.nproc, "strategies": strategies,
+            "alone": {model: measure_alone(pool, model, options) for model in MODELS}}
+
+
+def render(raw: dict, options: Options) -> str:
+    size, world = options.size, raw["world"]
     parts = [f"## Published workloads at size `{size}`: speedup over torch DDP ({world} ranks)", "",
              "How this was measured: `fleetbench figures workloads` "
-             f"(`--nproc {world} --rounds {args.rounds} --steps {args.steps}`). Each model's cases are the "
+             f"(`--nproc {world} --rounds {options.rounds} --steps {options.steps}`). Each model's cases are the "
              "registry's (`fleetbench run --model M` runs the same configs), timed interleaved round by round "
              "(rotated order, warm-up 2 steps) in groups bounded by the ranks' memory; every group also runs DDP "
              "and `none`, so each speedup is a per-round ratio to the DDP of its own group and each exposed "
              "communication is the step time minus the `none` step of its own group. Step times are medians over "
              "every rank's steps; intervals are bootstrap 95% intervals of the median of the paired ratios.", ""]
     for model in MODELS:
-        measured = measure_model(pool, model, size, args)
-        table, _ = strategy_table(model, measured, args, world)
+        table, _ = strategy_table(model, raw["strategies"][model], options, world)
         parts += [table, ""]
     parts += ["### Fused allreduce vs one allreduce of the same bytes", ""]
     for model in MODELS:
-        parts += [alone_table(pool, model, size, args), ""]
+        parts += [alone_table(model, raw["alone"][model], options, world), ""]
     parts += ["`allreduces/step` and `MiB/step` count the collectives through `suite.comm.collectives` on rank 0 "
               "(DDP's own allreduces are not counted there). busbw is nccl-tests' formula, bytes / time x 2(n-1)/n."]
     return "\n".join(parts)

@@ -1,0 +1,328 @@
+"""The figure contract (suite/cli/figures.py): typed options built from `fleetbench figures`' arguments,
+measure -> raw data -> render.  Runs no ranks: the gate figure renders runs read from a file."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from suite.cli.main import main
+
+
+def _runs(path) -> None:
+    """Two A/A pairs and one pair per slowdown of one case, each of 20 blocks in 2 preparations."""
+    rng = np.random.default_rng(0)
+    runs = []
+    for inject in (0.0, 0.0, 0.02, 0.05, 0.10):
+        d = list(math.log1p(inject) + rng.normal(0, 0.02, 20))
+        runs.append({"case": "mlp/plain", "inject": inject, "d": d, "base_trials": list(0.05 + rng.random(12) / 100),
+                     "head_trials": list((0.05 + rng.random(12) / 100) * (1 + inject)), "seconds": 20.0,
+                     "setup_s": 5.0, "load": [1.0, 2.0], "group": [0] * 10 + [1] * 10, "prep_s": [0.3]})
+    path.write_text(json.dumps(runs))
+
+
+def test_gate_figure_renders_kept_runs_from_its_options(tmp_path, capsys):
+    """--load renders the kept runs (nothing measured), with the options given: one case, 2 simulations a pair,
+    compare's windows from --rounds, a budget of 12 s (short: the simulation stays cheap)."""
+    raw = tmp_path / "runs.json"
+    _runs(raw)
+    out = tmp_path / "gate.md"
+    assert main(["figures", "gate", "--load", str(raw), "--cases", "mlp/plain", "--sims", "2", "--rounds", "4",
+                 "--budget", "12", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| mlp/plain | none (A/A) | one preparation (--rotate 0) | 2 x 20 (1.00) |" in text, text
+    assert "| mlp/plain | +10% | --rotate 5 --restart 2 (default) | 1 x 20 (1.00) |" in text, text
+    assert "resnet/plain" not in text and "(4 windows a run," in text and "(recomputed from saved runs)." in text
+    assert "sequential comparisons simulated (2 per pair measured)" in text and "budget 12 s per comparison" in text
+
+
+def test_figure_options_are_refused_by_a_figure_that_does_not_take_them(capsys):
+    assert main(["figures", "comm", "--blocks", "5"]) == 2
+    assert "--blocks is an option of figures gate, not of figures comm" in capsys.readouterr().err
+    assert main(["figures", "gate", "--blocks", "0", "--load", "x.json"]) == 2
+    assert "figures gate: blocks 0: must be >= 1" in capsys.readouterr().err
+
+
+def test_cluster_figure_options_are_checked_before_anything_runs(capsys):
+    assert main(["figures", "cluster", "--models", "mlp,nope"]) == 2
+    assert "figures cluster: models nope unknown; allowed: mlp, resnet, resnet50, gpt2" in capsys.readouterr().err
+    assert main(["figures", "cluster", "--rates", "fast"]) == 2
+    assert "rate='fast': expected a number and a unit" in capsys.readouterr().err
+    assert main(["figures", "cluster", "--sims", "3"]) == 2
+    assert "--sims is an option of figures gate, not of figures cluster" in capsys.readouterr().err
+
+
+def _summary(group: int, speedup=(0.9, 0.8, 1.0), calls=161.0, bcasts=159.0) -> dict:
+    return {"group": group, "step_time_s": {"median": 0.5}, "speedup": speedup[0], "speedup_ci": list(speedup[1:]),
+            "exposed_comm_s": 0.1, "comm_calls_per_step": {"world/all_reduce": calls, "world/broadcast": bcasts},
+            "comm_bytes_per_step": {"world/all_reduce": 97.5 * 2**20},
+            "describe": {"allreduce_ops_before_fusion": 161, "allreduce_ops": 5}}
+
+
+def test_workloads_figure_renders_its_raw_data_as_before():
+    """render() on hand-made data: the lines the figure printed before it moved to measure/render (its format,
+    written out here by hand)."""
+    from suite.figures import workloads as W
+
+    strategies = {}
+    for model in W.MODELS:
+        rows = W.rows_for(model)
+        v = {n: _summary(1) for n in rows}
+        v["ddp"] = {"groups": [_summary(1, (1.0, 1.0, 1.0)), _summary(2, (1.0, 1.0, 1.0))]}
+        v["none"] = {"groups": [_summary(1, (1.2, 1.1, 1.3), calls=0, bcasts=0)]}
+        strategies[model] = {"variants": v, "groups": [["ddp", "none", *rows]],
+                             "spec": {"name": model, "size": "cpu", "description": "", "per_rank_batch": 8,
+                                      "tensors": 161, "elements": 25 * 2**20}}
+    times = {n: [0.01] * 3 if n == "single" else [0.02] * 3 for n in W.ALONE}
+    raw = {"world": 2, "strategies": strategies, "alone": {m: {"times": times, "bytes": 10**8} for m in W.MODELS}}
+    text = W.render(raw, W.Options(rounds=3, steps=3))
+    lines = text.splitlines()
+    assert lines[0] == "## Published workloads at size `cpu`: speedup over torch DDP (2 ranks)"
+    assert ("**resnet50** (`cpu`: resnet50; batch 8 per rank), 2 ranks; 161 gradient tensors, 100.0 MiB fp32; "
+            "3 rounds x 3 steps; 1 group(s): {ddp, none, plain, fusion") in text
+    assert ("| resnet50/ddp | DDP (baseline) | 2 | 500.0 | 1.000 [1.000, 1.000] | 100.0 | (DDP's own) |  "
+            "| (DDP's own) |") in lines
+    assert ("| resnet50/none | no communication | 1 | 500.0 | 1.200 [1.100, 1.300] | 0 (by definition) | 0 "
+            "| 97.5 | 0 |") in lines
+    assert ("| gpt2/plain | plain (one allreduce per gradient) | 1 | 500.0 | 0.900 [0.800, 1.000] | 100.0 | 161 "
+            "| 97.5 | 159 |") in lines
+    assert "- Aim (overlap + bucketing at least as fast as DDP), overlap_fused_broadcast: speedup 0.900 [0.800, " \
+           "1.000]: **not met** on this run." in lines
+    assert "- Allreduce ops 161 before fusion, 5 after (overlap's 25 MB buckets)." in lines
+    assert "| one allreduce of all gradient bytes | 10.0 | 10.000 | 1.000 [1.000, 1.000] |" in lines
+    assert "| gpt2/multicomm: overlap, 2 communicators (4 MB buckets) | 20.0 | 5.000 | 0.500 [0.500, 0.500] |" in lines
+    assert not any("fallback" in ln or "timed alone" in ln for ln in lines)
+
+
+class _FakePool:
+    """Answers the workloads figure's rank functions with fixed numbers; records what it was asked."""
+
+    nproc = 2
+
+    def __init__(self):
+        self.calls: list = []
+
+    def close(self):
+        self.calls.append("fresh ranks")
+
+    def run(self, fn, kwargs=None, timeout=None):
+        if fn.__name__ == "alone_on_rank":
+            self.calls.append("alone")
+            return [{"times": {n: [0.01] * kwargs["rounds"] for n in kwargs["variants"]}, "bytes": 10**6}] * 2
+        names = [v["name"] for v in kwargs["variants"]]
+        self.calls.append(names)
+        one = {"windows": [1.0] * kwargs["rounds"], "step_times": [0.1] * 6, "losses": [1.0], "threads": 1,
+               "comm_calls_per_step": {}, "comm_bytes_per_step": {}, "host_syncs": 0, "describe": {},
+               "peak_memory_bytes": 1, "peak_memory_kind": "process_max_rss"}
+        return [{"rank": r, "variants": {n: dict(one) for n in names}} for r in range(2)]
+
+
+def test_workloads_figure_times_each_group_through_the_runner_in_fresh_ranks():
+    """measure() goes through CaseRunner with DDP as its baseline: every group carries DDP and none, and runs in
+    fresh ranks; the data is JSON."""
+    from suite.figures import workloads as W
+
+    pool = _FakePool()
+    raw = W.measure(W.Options(rounds=2, steps=1, size="tiny", memory_gb=1e-3), pool)
+    json.dumps(raw)
+    timed = [c for c in pool.calls if isinstance(c, list)]
+    assert all(c[:2] == ["ddp", "none"] and len(c) == 3 for c in timed), timed  # one row a group at 1 MB
+    assert [c[2] for c in timed] == list(W.rows_for("resnet50")) + list(W.rows_for("gpt2"))
+    assert pool.calls.count("fresh ranks") == len(timed) + 2  # after every group and each collectives table
+    assert raw["strategies"]["gpt2"]["variants"]["ddp"]["groups"][-1]["group"] == len(W.rows_for("gpt2"))
+
+
+def test_runner_groups_carry_the_compute_only_case_and_count_it():
+    """The runner's groups (which the workloads figure now uses): with `none` among the cases every group holds
+    the baseline and `none`, both counted in the memory bound; a single group keeps the cases' order."""
+    from suite.cases import get_case
+    from suite.config import StrategyConfig
+    from suite.runner import CaseRunner, ResolvedCase, RunOptions
+
+    rcs = [ResolvedCase(get_case(f"mlp/{v}"), StrategyConfig.from_dict(get_case(f"mlp/{v}").config))
+           for v in ("none", "plain", "ddp", "fusion", "overlap", "multicomm")]
+
+    def plan(budget: int, baseline: str = "plain") -> list:
+        opts = RunOptions(check=False, utilization=False, memory_budget=budget, baseline=baseline)
+        return CaseRunner(None, 2, opts, metadata={}).groups(rcs)
+
+    assert plan(2**40) == [["plain", "none", "ddp", "fusion", "overlap", "multicomm"]]
+    # the MLP holds ~4.2 M parameters: 4 copies of fp32 per engine per rank, 2 ranks -> ~134 MB per engine
+    assert plan(4 * 135_000_000) == [["plain", "none", "ddp", "fusion"], ["plain", "none", "overlap", "multicomm"]]
+    assert plan(4 * 135_000_000, "ddp") == [["ddp", "none", "plain", "fusion"], ["ddp", "none", "overlap", "multicomm"]]
+
+
+def _answers(windows: dict, **extra) -> list[dict]:
+    """time_on_rank's answers on 2 ranks: per variant its windows (seconds) and step times of 0.1 s."""
+    return [{"rank": r, "variants": {n: {"windows": list(w), "step_times": [0.1] * 4, "losses": [1.0],
+                                         "threads": 1, "host_syncs": 40, "threads_observed": [1, 2],
+                                         "comm_calls_per_step": {}, "describe": {},
+                                         "comm_bytes_per_step": {"world/all_reduce": 3 * 2**20}, **extra}
+                                     for n, w in windows.items()}} for r in range(2)]
+
+
+def test_amp_figure_renders_its_raw_data_as_before():
+    from suite.figures import amp
+
+    windows = {n: [0.25] * 3 if "amp" in n else [0.5] * 3 for n, _ in amp.VARIANTS}
+    raw = {"world": 2, "answers": {"resnet": _answers(windows), "mlp": _answers(windows)}}
+    lines = amp.render(json.loads(json.dumps(raw)), amp.Options(rounds=3, steps=5)).splitlines()
+    assert lines[0] == ("### AMP on the resnet (2 ranks, batch 16/rank, plain allreduce; 3 interleaved rounds of "
+                        "5 steps)")
+    # resnet: 32 samples a step, 5 steps in 0.5 s -> 320 samples/s; AMP's windows half as long
+    assert "| fp32 | 100.00 [100.00, 100.00] | 320 [320, 320] | 1.000 [1.000, 1.000] | 3.00 |" in lines
+    assert "| amp bf16 | 100.00 [100.00, 100.00] | 640 [640, 640] | 2.000 [2.000, 2.000] | 3.00 |" in lines
+    assert "| amp bf16 | 100.00 [100.00, 100.00] | 1280 [1280, 1280] | 2.000 [2.000, 2.000] | 3.00 |" in lines  # mlp
+    assert lines[-1].startswith("`allreduce MiB/step` counts every allreduce")
+
+
+def test_host_figure_renders_its_raw_data_as_before():
+    from suite.figures import host
+
+    fetch = {"variants": ["fetch every step", "fetch every 10"], "steps": 20,
+             "answers": _answers({"fetch every step": [1.0] * 3, "fetch every 10": [0.5] * 3})}
+    threads = {"variants": ["1 threads", "2 threads"], "steps": 5,
+               "answers": _answers({"1 threads": [1.0] * 3, "2 threads": [2.0] * 3})}
+    raw = {"world": 2, "cores": 2, "default_threads": 1, "fetch": fetch, "threads": threads}
+    lines = host.render(json.loads(json.dumps(raw)), host.Options(rounds=3, steps=5)).splitlines()
+    assert lines[0] == ("**Loss fetch frequency** (resnet, 2 ranks, batch 16 per rank, windows of 20 steps, "
+                        "3 interleaved rounds)")
+    # 32 samples a step, 20 steps a window of 1 s -> 640 samples/s; 40 host syncs over 3 windows -> 13
+    assert "| fetch every step | 640 [640, 640] | 1.00 [1.00, 1.00] | 13 |" in lines
+    assert "| fetch every 10 | 1,280 [1,280, 1,280] | 2.00 [2.00, 2.00] | 13 |" in lines
+    assert "**num_threads per rank** (resnet, 2 ranks on 2 cores; default = cores / local ranks = 1)" in lines
+    assert "| 2 threads | 80 [80, 80] | 0.50 [0.50, 0.50] | 1, 2 |" in lines
+
+
+def test_reader_figure_renders_its_raw_data_as_before():
+    from suite.figures import reader
+
+    def rank() -> dict:
+        return {"steps_per_window": 8, "variants": {
+            n: {"windows": [1.0 if n == "plain" else 0.5] * 3, "data_wait_s": [0.002, 0.004, 0.006],
+                "step_times": [0.1] * 4, "worker_kind": "thread"} for n, _ in reader.VARIANTS}}
+
+    raw = {"world": 2, "answers": [rank(), rank()]}
+    lines = reader.render(json.loads(json.dumps(raw)), reader.Options(rounds=3)).splitlines()
+    assert lines[0].startswith("**Reader, data-bound** (resnet, 2 ranks, batch 16 per rank, dataset 256 ") and \
+        lines[0].endswith("a window is one epoch = 8 steps, 3 interleaved rounds; workers are threads here)")
+    # 32 samples a step, 8 steps in 1 s -> 256 samples/s; data waits 2, 2, 4, 4, 6, 6 ms: quartiles 2.5 and 5.5
+    assert "| plain | 256 [256, 256] | 1.00 [1.00, 1.00] | 4.0 (2.5–5.5) | 100.0 |" in lines
+    assert "| all | 512 [512, 512] | 2.00 [2.00, 2.00] | 4.0 (2.5–5.5) | 100.0 |" in lines
+
+
+def test_local_sgd_figure_renders_its_raw_data_as_before():
+    from suite.figures import local_sgd
+
+    names = [n for n, _ in local_sgd.variants()]
+    windows = {n + tail: [0.5 if n == "k=16" and not tail else 1.0] * 3 for n in names for tail in ("", " +strag")}
+    quality = [{n: {"final_loss": 0.5 + r / 10, "eval_loss": 0.25, "eval_acc": 0.9, "averagings": 4} for n in names}
+               for r in range(2)]
+    raw = {"world": 2, "steps": 16, "answers": _answers(windows), "quality": quality}
+    lines = local_sgd.render(json.loads(json.dumps(raw)), local_sgd.Options(rounds=3)).splitlines()
+    assert lines[0].startswith("**Local SGD** (mlp, momentum SGD, 2 ranks, global batch 32, warm-up W=1; windows of "
+                               "16 steps, 3 interleaved rounds; stragglers: one seeded random rank sleeps 30 ms")
+    # 32 samples a step, 16 steps in 1 s -> 512 samples/s; final loss the mean of 0.5 and 0.6 over the ranks
+    assert "| sync DP | 512 [512, 512] | 1.00 [1.00, 1.00] | 512 [512, 512] | 1.00 [1.00, 1.00] | 0.5500 | 0.2500 " \
+           "| 90.0% | 4 |" in lines
+    assert "| k=16 | 1,024 [1,024, 1,024] | 2.00 [2.00, 2.00] | 512 [512, 512] | 1.00 [1.00, 1.00] | 0.5500 " \
+           "| 0.2500 | 90.0% | 4 |" in lines
+    assert not any("diverged" in ln for ln in lines)
+    quality[0]["k=2"]["final_loss"] = math.nan
+    assert "**Warning: a variant diverged (non-finite loss).**" in local_sgd.render(raw, local_sgd.Options(rounds=3))
+
+
+def test_compute_figure_renders_its_raw_data_as_before():
+    from suite.figures import compute
+
+    names = [n for n, _ in compute.FUSION_VARIANTS]
+    answers = _answers({n: [0.5] * 3 for n in names},
+                       describe={"compute_fusion": {"bn_act": {"found": 3, "fused": 2}, "backend": {"ran": "eager"}}})
+    saved = {n: {"saved": 2048 * 1024, "unique": 1024 * 1024, "tensors": 10, "fused_ops": 1}
+             for n in names if "compile" not in n}
+    opt = {"results": {k: {i: [2e-4 if i == "loop" else 1e-4] * 5 for i in ("loop", "foreach", "fused", "flat (ours)")}
+                       for k in ("sgd", "momentum", "adam")}, "tensors": 161, "numel": 25_000_000, "device": "cpu"}
+    raw = {"world": 2, "answers": answers, "saved": saved, "optimizers": {"resnet": opt, "mlp": opt}}
+    lines = compute.render(json.loads(json.dumps(raw)), compute.Options(rounds=3, steps=5)).splitlines()
+    assert lines[0] == ("### Compute fusion on the ResNet (2 ranks, batch 16/rank, compute only: data_parallel='none'; "
+                        "3 interleaved rounds of 5 steps)")
+    assert "Pattern counts: bn_act: found 3, fused 2.  Compiled variant ran: `eager`." in lines
+    # 32 samples a step, 5 steps in 0.5 s -> 320 samples/s; 2 MiB saved -> 2048 KiB
+    assert "| unfused | 100.00 [100.00, 100.00] | 320 [320, 320] | 1.000 [1.000, 1.000] | 2048 | 1024 |" in lines
+    assert "| all (compile) | 100.00 [100.00, 100.00] | 320 [320, 320] | 1.000 [1.000, 1.000] | (as eager) " \
+           "| (as eager) |" in lines
+    assert "### Fused optimizer vs torch.optim (rank 0 on cpu; step() alone; ResNet: 161 tensors, 25,000,000 " \
+           "elements)" in lines
+    assert "| adam | flat (ours) | 100 [100, 100] | 2.00 [2.00, 2.00] |" in lines
+
+
+def test_comm_figure_renders_its_raw_data_as_before():
+    from suite.figures import comm
+
+    names = ["ddp", "no comm", "plain", "overlap 1/10, 1 comm"]
+    windows = {"ddp": [1.0] * 3, "no comm": [0.5] * 3, "plain": [2.0] * 3, "overlap 1/10, 1 comm": [1.0] * 3}
+    alone = {"plain": [0.2] * 3, "overlap 1/10, 1 comm": [0.25] * 3}
+    strategies = {m: {"variants": names, "windows": windows, "alone": alone} for m in ("mlp", "resnet")}
+    fused = {"variants": ["single", "unfused (per parameter)"],
+             "alone": {"single": [0.01] * 3, "unfused (per parameter)": [0.04] * 3}}
+    sweep = {"variants": ["ddp", "bucket 1/10", "bucket all (1 bucket)"],
+             "windows": {"ddp": [1.0] * 3, "bucket 1/10": [0.5] * 3, "bucket all (1 bucket)": [1.0] * 3}}
+    raw = {"grad_mb": {"mlp": 16.0, "resnet": 0.5}, "strategies": strategies, "fused": fused, "sweep": sweep}
+    lines = comm.render(json.loads(json.dumps(raw)), comm.Options(nproc=2, rounds=3, steps=5)).splitlines()
+    assert "**mlp**, 2 ranks, gradients 16.00 MiB (bucket 1/10 = 1.60 MiB); 3 rounds x 5 steps" in lines
+    assert "**resnet**, 2 ranks, gradients 512.0 KiB (bucket 1/10 = 51.2 KiB); 3 rounds x 5 steps" in lines
+    # windows of 5 steps: plain 400 ms a step, 300 exposed over no comm's 100; its collectives alone 200 ms
+    assert "| plain | 400.0 | 0.500 [0.500, 0.500] | 300.0 | 200.0 | -0.50 |" in lines
+    assert "| no comm | 100.0 | 2.000 [2.000, 2.000] | 0 (baseline) | n/a | n/a |" in lines
+    assert "| overlap 1/10, 1 comm | 200.0 | 1.000 [1.000, 1.000] | 100.0 | 250.0 | 0.60 |" in lines
+    # 16 MiB in 10 ms on 2 ranks (busbw factor 1): 1.678 GB/s; per parameter 4x slower
+    assert "| single | 10.0 | 1.678 | 1.000 [1.000, 1.000] |" in lines
+    assert "| unfused (per parameter) | 40.0 | 0.419 | 0.250 [0.250, 0.250] |" in lines
+    assert "| 1/10 | 100.0 | 2.000 [2.000, 2.000] | 2.000 [2.000, 2.000] |" in lines
+
+
+def test_every_figure_is_on_the_contract_and_reads_no_environment():
+    """Options (a frozen dataclass), measure and render in every figure module; each figure option of the CLI is
+    a field of every figure it names; no figure reads FLEETBENCH_* variables."""
+    import dataclasses
+    import importlib
+    import inspect
+
+    from suite.cli.figures import FIGURE_OPTIONS, available
+
+    names = available()
+    assert len(names) == 9, names
+    for name in names:
+        module = importlib.import_module(f"suite.figures.{name}")
+        opts = module.Options()
+        assert dataclasses.is_dataclass(opts) and module.Options.__dataclass_params__.frozen, name
+        assert callable(module.measure) and callable(module.render) and not hasattr(module, "run"), name
+        source = inspect.getsource(module)
+        assert "os.environ" not in source and "FLEETBENCH_" not in source, name
+    for field, (_, figures, _) in FIGURE_OPTIONS.items():
+        for name in figures:
+            assert field in {f.name for f in dataclasses.fields(importlib.import_module(f"suite.figures.{name}")
+                                                               .Options)}, (field, name)
+
+
+def test_any_figure_keeps_its_raw_data_and_renders_it_again(tmp_path, monkeypatch, capsys):
+    """--save keeps what measure() returned (JSON), --load renders it without measuring or starting ranks."""
+    import contextlib
+
+    import suite.runtime
+    from suite.figures import amp
+
+    windows = {n: [0.5] * 3 for n, _ in amp.VARIANTS}
+    raw = {"world": 2, "answers": {"resnet": _answers(windows), "mlp": _answers(windows)}}
+    monkeypatch.setattr(amp, "measure", lambda options, pool: raw)
+    monkeypatch.setattr(suite.runtime, "RankPool", lambda *a, **k: contextlib.nullcontext("a pool"))
+    kept, first, again = tmp_path / "amp-raw.json", tmp_path / "amp.md", tmp_path / "amp-again.md"
+    assert main(["figures", "amp", "--rounds", "3", "--save", str(kept), "--out", str(first)]) == 0
+    assert json.loads(kept.read_text()) == raw
+    monkeypatch.setattr(amp, "measure", lambda options, pool: pytest.fail("measured with --load"))
+    monkeypatch.setattr(suite.runtime, "RankPool", lambda *a, **k: pytest.fail("ranks started with --load"))
+    assert main(["figures", "amp", "--rounds", "3", "--load", str(kept), "--out", str(again)]) == 0
+    assert again.read_text() == first.read_text() and "| fp32 | 100.00 [100.00, 100.00] | 320 [320, 320] |" in \
+        again.read_text()
