@@ -88,7 +88,8 @@ def test_workloads_figure_renders_its_raw_data_as_before():
             "| 97.5 | 0 |") in lines
     assert ("| gpt2/plain | plain (one allreduce per gradient) | 1 | 500.0 | 0.900 [0.800, 1.000] | 100.0 | 161 "
             "| 97.5 | 159 |") in lines
-    assert "- Aim (overlap + bucketing at least as fast as DDP), overlap_fused_broadcast: speedup 0.900 [0.800, " \
+    # overlap's own row (the registry's overlap fuses its broadcasts now: no separate fused-broadcast row)
+    assert "- Aim (overlap + bucketing at least as fast as DDP), overlap: speedup 0.900 [0.800, " \
            "1.000]: **not met** on this run." in lines
     assert "- Allreduce ops 161 before fusion, 5 after (overlap's 25 MB buckets)." in lines
     assert "| one allreduce of all gradient bytes | 10.0 | 10.000 | 1.000 [1.000, 1.000] |" in lines
