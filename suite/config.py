@@ -553,9 +553,25 @@ def toml_fields(path: str) -> dict[str, Any]:
     valid config's fields: ``fleetbench run --config`` applies exactly these on top of each case, so a
     field the file sets to its default still overrides a case that sets it otherwise.
     """
+    import os
+    import stat
+
     try:
-        with open(path, "rb") as fh:
+        # Non-blocking open: a FIFO or a device is refused by its type, never read.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise IsADirectoryError
+            if not stat.S_ISREG(st.st_mode):
+                raise ConfigError(f"config file {path!r} is not a regular file (a FIFO, device or socket); "
+                                  f"expected a TOML file")
+            if st.st_size > 2**20:
+                raise ConfigError(f"config file {path!r} is {st.st_size} bytes; a strategy config is at most 1 MiB")
+            os.set_blocking(fd, True)
             data = tomllib.load(fh)
+    except ConfigError:
+        raise
     except FileNotFoundError:
         raise ConfigError(f"config file {path!r} does not exist") from None
     except IsADirectoryError:
@@ -566,6 +582,11 @@ def toml_fields(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path!r} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path!r} nests tables or arrays too deeply to read") from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise ConfigError(f"config file {path!r}: {str(exc).split(';')[0]} (an integer this long is no "
+                          f"strategy value)") from None
     if "strategy" in data and isinstance(data["strategy"], dict):
         data = data["strategy"]
     fields_ = _canonical_keys(data)

@@ -412,9 +412,17 @@ class CaseRunner:
             return
         rel = os.path.join("traces", self.run_id, f"{rc.case.name.replace('/', '_')}@{self.world}.json")
         path = os.path.join(self.opts.results_dir, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as fh:
-            json.dump(chrome_trace(answers, title=f"{rc.case.name} at world size {self.world}, run {self.run_id}"), fh)
+        root = os.path.join(os.path.realpath(self.opts.results_dir), "traces")
+        try:  # the record stands whatever happens to its trace; nothing is written outside traces/
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            if os.path.commonpath([root, os.path.realpath(path)]) != root:  # a planted symlink, a crafted name
+                raise OSError(f"{path} leads outside {root}")
+            with open(path, "w", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as fh:
+                json.dump(chrome_trace(answers, title=f"{rc.case.name} at world size {self.world}, "
+                                                      f"run {self.run_id}"), fh)
+        except (OSError, ValueError) as exc:
+            rec.metrics["trace_error"] = f"trace not written: {exc}"
+            return
         rec.metrics["trace_file"] = rel
 
     def prepare(self, rc: ResolvedCase) -> PreparedCase:

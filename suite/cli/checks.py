@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 
 
 def check_number(option: str, value, *, minimum=None, above=None, maximum=None, unit: str = "") -> str | None:
@@ -39,6 +40,10 @@ def unwritable(path: str):
     """Why ``path`` cannot be written as a file (None when it can, as far as can be told beforehand)."""
     if os.path.isdir(path):
         return "is a directory; give a file name"
+    if os.path.islink(path):
+        return "is a symbolic link; give the file itself"
+    if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):
+        return "is not a regular file (a FIFO, device or socket)"
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         return f"the directory {parent} does not exist"

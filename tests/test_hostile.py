@@ -1,0 +1,343 @@
+"""Issue 26: the second round of hostile probes, each kept as a regression test.
+
+Writes stay inside the directories given (a run id or case name is a name, never a path; links are
+refused where they would lead out; a user's directory is not overwritten); an append is all or
+nothing; inputs are read with limits (regular files only, size, nesting, digits); terminal and
+Markdown output escape control characters.  Everything here is fast and deterministic; the kill
+sweep is marked ``statistical`` (make test-slow).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _record(case="mlp/plain", world=2, run_id="r1", **metrics):
+    from suite.results.records import CaseRecord
+
+    base = {"samples_per_s": 100.0, "step_time_s": {"median": 0.02}, "step_times_s": [0.02, 0.021, 0.019],
+            "window_s": [0.1, 0.11, 0.1], "steps_per_window": 5}
+    return CaseRecord(case, case.split("/")[0], world, {"data_parallel": "suite"}, run_id, verdict="pass",
+                      metrics={**base, **metrics}, metadata={"torch": "2.4.0", "cpu": "test cpu"})
+
+
+def _write(path: Path, *records) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(r.to_json() + "\n" for r in records))
+    return path
+
+
+@pytest.fixture
+def no_ranks(monkeypatch):
+    """Fails the test if a rank pool starts: every probe here must be refused before any rank."""
+    import suite.runtime
+
+    class NoRanks:
+        def __init__(self, *a, **k):
+            raise AssertionError("a rank pool was started despite bad input")
+
+    monkeypatch.setattr(suite.runtime, "RankPool", NoRanks)
+
+
+class _Alarm(Exception):
+    pass
+
+
+@pytest.fixture
+def bounded():
+    """In-process calls that must not block: a SIGALRM after 30 s turns a hang into a failure."""
+    def ring(*_):
+        raise _Alarm("blocked for 30 s")
+
+    old = signal.signal(signal.SIGALRM, ring)
+    signal.alarm(30)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)
+
+
+def _cli(argv, capsys) -> tuple[int, str, str]:
+    from suite.cli.main import main
+
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_error(code, err, *words) -> None:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, (code, err)
+    for w in words:
+        assert w in err, (w, err)
+
+
+RUN = ["run", "--case", "mlp/plain", "--size", "tiny", "--device", "cpu"]
+
+
+# ---- 1. writes confined ----------------------------------------------------------------------
+@pytest.mark.parametrize("run_id", ["../../escaped", "/tmp/abs", "a/b", ".hidden"])
+def test_resume_refuses_a_run_id_that_is_a_path(tmp_path, capsys, no_ranks, run_id):
+    results = _write(tmp_path / "results" / "runs.jsonl", _record(run_id=run_id))
+    code, _, err = _cli(RUN + ["--resume", results, "--trace-steps", "1"], capsys)
+    _one_error(code, err, "run id", "not a name")
+    assert sorted(os.listdir(tmp_path)) == ["results"] and os.listdir(tmp_path / "results") == ["runs.jsonl"]
+
+
+def test_results_through_a_symlink_is_refused_and_its_target_not_created(tmp_path, capsys, no_ranks):
+    outside = tmp_path / "outside" / "stolen.jsonl"
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "results").mkdir()
+    os.symlink(outside, tmp_path / "results" / "runs.jsonl")  # dangling
+    code, _, err = _cli(RUN + ["--results", tmp_path / "results" / "runs.jsonl"], capsys)
+    _one_error(code, err, "symbolic link")
+    assert not outside.exists()
+
+
+def test_append_record_does_not_follow_a_symlink(tmp_path):
+    from suite.results.records import append_record
+
+    outside = tmp_path / "outside.jsonl"
+    os.symlink(outside, tmp_path / "runs.jsonl")
+    with pytest.raises(OSError):
+        append_record(str(tmp_path / "runs.jsonl"), _record())
+    assert not outside.exists()
+
+
+def test_report_refuses_a_hard_linked_trace(tmp_path, capsys):
+    from suite.report.page import build_report
+
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"TOP SECRET": 1}')
+    (tmp_path / "results" / "traces" / "r1").mkdir(parents=True)
+    os.link(secret, tmp_path / "results" / "traces" / "r1" / "plain@2.json")
+    data = build_report([_record(trace_file="traces/r1/plain@2.json")], str(tmp_path / "out"),
+                        str(tmp_path / "results"))
+    assert data["traces"] == [] and not (tmp_path / "out" / "traces").exists()
+    assert "hard links" in capsys.readouterr().err
+
+
+def test_runner_trace_is_not_written_through_a_planted_symlink(tmp_path):
+    from suite.runner import CaseRunner, ResolvedCase, RunOptions
+
+    class Launcher:
+        def run(self, *a, **k):
+            return [{"events": [], "rank": 0}]
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "results" / "traces").mkdir(parents=True)
+    os.symlink(outside, tmp_path / "results" / "traces" / "run1")
+    runner = CaseRunner(Launcher(), 2, RunOptions(results_dir=str(tmp_path / "results"), trace_steps=1),
+                        run_id="run1")
+    rec = _record()
+    from suite.cases import CASES
+    from suite.config import StrategyConfig
+
+    case = next(c for c in CASES if c.name == "mlp/plain")
+    import suite.report.trace
+
+    orig = suite.report.trace.chrome_trace
+    suite.report.trace.chrome_trace = lambda answers, title="": {"traceEvents": []}
+    try:
+        runner.trace(ResolvedCase(case, StrategyConfig.from_dict(case.config), None), rec)
+    finally:
+        suite.report.trace.chrome_trace = orig
+    assert os.listdir(outside) == [] and "trace_file" not in rec.metrics
+    assert "outside" in rec.metrics["trace_error"]
+
+
+def test_report_out_refuses_a_users_directory_a_file_and_the_results_directory(tmp_path, capsys):
+    results = _write(tmp_path / "results" / "runs.jsonl", _record())
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "index.html").write_text("my own page")
+    code, _, err = _cli(["report", results, "--out", mine], capsys)
+    _one_error(code, err, "not empty", "--force")
+    assert (mine / "index.html").read_text() == "my own page"
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    code, _, err = _cli(["report", results, "--out", afile], capsys)
+    _one_error(code, err, "not a directory")
+    code, _, err = _cli(["report", results, "--out", tmp_path / "results"], capsys)
+    _one_error(code, err, "results directory itself")
+    assert os.listdir(tmp_path / "results") == ["runs.jsonl"]
+
+
+def test_report_with_two_results_files_keeps_their_traces_apart(tmp_path, capsys):
+    files = []
+    for name, payload in (("a", '{"from": "A"}'), ("b", '{"from": "B"}')):
+        d = tmp_path / name
+        (d / "traces" / "r1").mkdir(parents=True)
+        (d / "traces" / "r1" / "mlp_plain@2.json").write_text(payload)
+        files.append(_write(d / "runs.jsonl", _record(world=2 if name == "a" else 4,
+                                                      trace_file="traces/r1/mlp_plain@2.json")))
+    code, _, err = _cli(["report", *files, "--out", tmp_path / "out"], capsys)
+    assert code == 0, err
+    copied = sorted(p.read_text() for p in (tmp_path / "out" / "traces").rglob("*.json"))
+    assert copied == ['{"from": "A"}', '{"from": "B"}']
+
+
+# ---- 2. appends all or nothing; every write target checked first; SIGINT ------------------------
+def test_a_short_write_leaves_the_results_file_whole(tmp_path, monkeypatch):
+    from suite.results.records import ShortWrite, append_record, read_records
+
+    path = tmp_path / "runs.jsonl"
+    append_record(str(path), _record(case="mlp/first"))
+    before = path.read_bytes()
+    real = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real(fd, data[: len(data) // 2]))
+    with pytest.raises(ShortWrite):
+        append_record(str(path), _record(case="mlp/second"))
+    monkeypatch.setattr(os, "write", real)
+    assert path.read_bytes() == before
+    assert [r.case for r in read_records(str(path))] == ["mlp/first"]
+
+
+def test_a_failed_append_goes_to_a_fallback_file_and_says_so(tmp_path, monkeypatch, capsys):
+    from suite.cli import run
+    from suite.results import records
+    from suite.results.records import read_records
+
+    path = str(tmp_path / "runs.jsonl")
+    real = records.append_record
+
+    def full(target, rec):
+        if target == path:
+            raise records.ShortWrite(28, "only 10 of 900 bytes written")
+        real(target, rec)
+
+    monkeypatch.setattr(records, "append_record", full)
+    monkeypatch.setattr(run, "_FALLBACK", {})
+    dest = run._append(path, _record())
+    err = capsys.readouterr().err
+    try:
+        assert dest != path and dest in err and path in err
+        assert [r.case for r in read_records(dest)] == ["mlp/plain"]
+    finally:
+        os.unlink(dest)
+
+
+@pytest.mark.parametrize("make", ["traces_file", "dev_full", "fifo"])
+def test_every_write_target_is_checked_before_any_rank(tmp_path, capsys, no_ranks, make):
+    results = tmp_path / "runs.jsonl"
+    argv = RUN + ["--results", results]
+    if make == "traces_file":
+        (tmp_path / "traces").write_text("not a directory")
+        argv += ["--trace-steps", "2"]
+        words = ["traces", "not a directory"]
+    elif make == "dev_full":
+        argv[-1] = "/dev/full"
+        words = ["/dev/full", "not a regular file"]
+    else:
+        os.mkfifo(results)
+        words = ["not a regular file"]
+    code, _, err = _cli(argv, capsys)
+    _one_error(code, err, *words)
+
+
+def test_compare_markdown_to_dev_full_is_one_error(tmp_path, capsys):
+    a = _write(tmp_path / "a.jsonl", _record())
+    code, _, err = _cli(["compare", a, a, "--markdown", "/dev/full"], capsys)
+    _one_error(code, err, "--markdown", "/dev/full")
+
+
+@pytest.mark.parametrize("finished", [0, 1])
+def test_sigint_keeps_what_finished_and_says_so_truthfully(tmp_path, monkeypatch, capsys, finished):
+    import suite.runner
+    import suite.runtime
+
+    class Launcher:
+        def __init__(self, *a, **k):
+            pass
+
+        def close(self):
+            pass
+
+    def run(self, selected, progress=None):
+        for _ in range(finished):
+            yield [_record(run_id=self.run_id)]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(suite.runtime, "RankPool", Launcher)
+    monkeypatch.setattr(suite.runner.CaseRunner, "run", run)
+    results = tmp_path / "runs.jsonl"
+    code, _, err = _cli(RUN + ["--results", results, "--no-utilization"], capsys)
+    assert code == 130
+    if finished:
+        assert f"1 record(s) of finished cases kept in {results}" in err
+        assert len(results.read_text().splitlines()) == 1
+    else:
+        assert "nothing was written" in err and not results.exists()
+
+
+# ---- 3. inputs with limits ---------------------------------------------------------------------
+def _inputs(tmp: Path) -> dict:
+    fifo = tmp / "fifo"
+    os.mkfifo(fifo)
+    deep = tmp / "deep.jsonl"
+    deep.write_text("[" * 100_000 + "\n")
+    nested = tmp / "nested.jsonl"  # valid JSON and within Python's recursion limit, but no record nests so
+    nested.write_text(json.dumps(json.loads(_record().to_json()) | {"describe": json.loads("[" * 200 + "]" * 200)})
+                      + "\n")
+    digits = tmp / "digits.jsonl"
+    digits.write_text(_record().to_json().replace('"world_size": 2', '"world_size": ' + "9" * 5000) + "\n")
+    wide = tmp / "wide.jsonl"
+    wide.write_text(_record().to_json().replace('"world_size": 2', '"world_size": ' + "9" * 400) + "\n")
+    many = tmp / "many.jsonl"
+    many.write_text(_record(window_s=[0.1] * 200_000).to_json() + "\n")
+    return {"fifo": (fifo, "FIFO"), "zero": ("/dev/zero", "device"), "deep": (deep, "nested deeper"),
+            "nested": (nested, "nested deeper"), "digits": (digits, "digits"), "wide": (wide, "world_size"),
+            "many": (many, "window_s")}
+
+
+@pytest.mark.parametrize("command", ["report", "compare", "resume"])
+def test_hostile_results_files_are_one_error_without_blocking(tmp_path, capsys, no_ranks, bounded, command):
+    good = _write(tmp_path / "good.jsonl", _record())
+    for name, (path, word) in _inputs(tmp_path).items():
+        if command != "compare" and name == "many":
+            continue  # only compare reads the samples
+        argv = {"report": ["report", path, "--out", tmp_path / "out"], "compare": ["compare", good, path],
+                "resume": RUN + ["--resume", path]}[command]
+        code, _, err = _cli(argv, capsys)
+        _one_error(code, err, word)
+
+
+@pytest.mark.parametrize("content,word", [(None, "FIFO"), ("/dev/zero", "not a regular file"),
+                                          ("x = " + "9" * 5000, "digits"), ("x = " + "[" * 100_000, "deeply")])
+def test_hostile_config_files_are_one_error_without_blocking(tmp_path, capsys, no_ranks, bounded, content, word):
+    path = tmp_path / "c.toml"
+    if content is None:
+        os.mkfifo(path)
+    elif content.startswith("/dev/"):
+        path = Path(content)
+    else:
+        path.write_text(content + "\n")
+    code, _, err = _cli(RUN + ["--config", path], capsys)
+    _one_error(code, err, word)
+
+
+# ---- 6. escaping -----------------------------------------------------------------------------
+HOSTILE = "mlp/\x1b[31mred\x1b[0m\u202eevil\x07"
+
+
+def test_control_characters_and_bidi_overrides_are_escaped_in_markdown_and_on_the_terminal(tmp_path, capsys):
+    from suite.report.page import md_text
+
+    for text in (md_text(HOSTILE),):
+        assert "\x1b" not in text and "\u202e" not in text and "\x07" not in text and "\\u001b" in text
+    results = _write(tmp_path / "runs.jsonl", _record(case=HOSTILE))
+    code, out, err = _cli(["compare", results, results], capsys)
+    assert "\x1b" not in out + err and "\u202e" not in out + err and "\\u202e" in out
+    code, out, err = _cli(["report", results, "--out", tmp_path / "out"], capsys)
+    assert code == 0, err
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "\x1b" not in md and "\u202e" not in md and "\\u202e" in md
