@@ -341,3 +341,113 @@ def test_control_characters_and_bidi_overrides_are_escaped_in_markdown_and_on_th
     assert code == 0, err
     md = (tmp_path / "out" / "summary.md").read_text()
     assert "\x1b" not in md and "\u202e" not in md and "\\u202e" in md
+
+
+# ---- 4. processes --------------------------------------------------------------------------------
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
+def _kill_in_rendezvous(tmp_path: Path, *flags: str) -> tuple[list[int], dict]:
+    """Start the rendezvous parent, wait until both ranks wrote to the store (they are in the rendezvous),
+    SIGKILL the parent; the ranks still alive 3 s later, and the parent's report."""
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "scripts" / "rendezvous_parent.py"), *flags],
+                            stdout=subprocess.PIPE, text=True, env=env, cwd=str(ROOT))
+    info: dict = {}
+    try:
+        info = json.loads(proc.stdout.readline())  # type: ignore[union-attr]
+        deadline = time.monotonic() + 300
+        while os.path.getsize(info["store"]) < 2 and time.monotonic() < deadline:  # not a timing: a condition
+            time.sleep(0.1)
+        assert os.path.getsize(info["store"]) >= 2, "the ranks never reached the rendezvous"
+        time.sleep(0.5)
+        assert all(_alive(p) for p in info["ranks"]), "a rank died before its parent"
+        os.kill(info["parent"], signal.SIGKILL)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 3.0
+        while any(_alive(p) for p in info["ranks"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return [p for p in info["ranks"] if _alive(p)], info
+    finally:
+        for p in info.get("ranks", []):
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_ranks_killed_in_the_rendezvous_die_with_their_parent_and_the_next_pool_removes_the_store(tmp_path,
+                                                                                                  monkeypatch):
+    import tempfile
+
+    from suite.runtime.pool import owned_tempdir, remove_stale
+
+    survivors, info = _kill_in_rendezvous(tmp_path)
+    assert not survivors, f"ranks {survivors} outlived their parent by 3 s while in the rendezvous"
+    # the parent's lock died with it: the next pool's sweep removes its store directory, not a live one's
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    live, fd = owned_tempdir("fleetbench-store-")
+    try:
+        assert remove_stale() == [os.path.dirname(info["store"])]
+        assert os.path.isdir(live) and sorted(os.listdir(tmp_path)) == [os.path.basename(live)]
+    finally:
+        os.close(fd)
+    assert remove_stale() == [live] and os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("argv,words", [
+    (RUN + ["--nproc", "100000"], ["--nproc 100000", "local ranks"]),
+    (RUN + ["--pg-timeout", "1e300"], ["--pg-timeout", "a week"]),
+    (RUN + ["--steps", "10000000000"], ["--steps"]),
+    (["ab", "HEAD", "HEAD", "--nproc", "1000"], ["--nproc 1000"]),
+    (["ab", "HEAD", "HEAD", "--batch", "-3"], ["--batch -3"]),
+    (["ab", "HEAD", "HEAD", "--timeout", "nan"], ["--timeout nan"]),
+    (["ab", "HEAD", "HEAD", "--timeout", "0"], ["--timeout 0"]),
+    (["ab", "HEAD", "HEAD", "--seed", "-1"], ["--seed -1"]),
+    (["ab", "HEAD", "HEAD", "--python", "/nonexistent"], ["--python", "/nonexistent"]),
+    (["doctor", "--nproc", "100000"], ["--nproc 100000"]),
+    (["doctor", "--hang-timeout", "nan"], ["--hang-timeout nan"]),
+    (["doctor", "--hang-timeout", "-5"], ["--hang-timeout -5"]),
+    (["figures", "host", "--rounds", "0"], ["--rounds 0"]),
+])
+def test_options_out_of_range_are_one_error_before_anything_starts(capsys, no_ranks, monkeypatch, argv, words):
+    import suite.ab.trials
+    import suite.doctor
+
+    def nothing(*a, **k):
+        raise AssertionError("started despite bad input")
+
+    monkeypatch.setattr(suite.ab.trials, "run_ab", nothing)
+    monkeypatch.setattr(suite.doctor, "run_doctor", nothing)
+    code, _, err = _cli(argv, capsys)
+    _one_error(code, err, *words)
+
+
+class _Ctx:
+    """What the doctor's items use of its run, over a session pool."""
+
+    def __init__(self, pool, nproc):
+        self.pool, self.nproc, self.hang_timeout = pool, nproc, 120.0
+
+    def call(self, fn, kwargs=None, timeout=None):
+        return self.pool.run(fn, kwargs or {}, timeout=timeout)
+
+
+def test_doctor_hierarchical_item_adapts_to_two_ranks_and_is_not_applicable_at_one(pool2):
+    from suite.doctor import FAIL, NA, PASS, item_hierarchical
+
+    one = item_hierarchical(_Ctx(None, 1))
+    assert one.status == NA and "one rank" in one.numbers
+    two = item_hierarchical(_Ctx(pool2, 2))
+    assert two.status == PASS and two.status != FAIL, two
+    assert "1 node(s) of 2" in two.numbers

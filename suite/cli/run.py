@@ -21,6 +21,7 @@ from typing import Any
 
 from ..cases import CASES, cases_for_model, select_cases
 from ..config import ConfigError, StrategyConfig, toml_fields
+from .checks import check_nproc
 
 DEFAULT_RESULTS = os.path.join("results", "runs.jsonl")
 SIZES = ("full", "cpu", "tiny")
@@ -158,12 +159,20 @@ def main(args) -> int:
         cluster_spec = apply_cluster_args(args, under_torchrun=env is not None)
     world = env.world_size if env else args.nproc
     _positive("nproc", args.nproc)
+    if not env and (why := check_nproc(args.nproc, args.device)):
+        raise ConfigError(why)
+    if args.steps > 10**6 or args.rounds > 10**5:
+        raise ConfigError(f"--steps {args.steps} / --rounds {args.rounds}: at most 1000000 steps per window and "
+                          f"100000 rounds")
     for name in ("steps", "rounds", "check_steps"):
         _positive(name.replace("_", "-"), getattr(args, name))
     _positive("warmup", args.warmup, 0)
     _positive("trace-steps", args.trace_steps, 0)
     _seconds("timeout", args.timeout)
     _seconds("pg-timeout", args.pg_timeout)
+    for name, value in (("timeout", args.timeout), ("pg-timeout", args.pg_timeout)):
+        if value > 7 * 86400:  # a timedelta of 1e300 s overflows in the ranks
+            raise ConfigError(f"--{name} {value:g}: at most {7 * 86400} seconds (a week)")
     if args.batch is not None:
         _positive("batch", args.batch)
     device, backend = _platform_choice(args.device, env.local_world_size if env else args.nproc)
