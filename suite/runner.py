@@ -117,9 +117,9 @@ def short_error(exc: BaseException, limit: int = 300) -> str:
 
 def _engine_bytes(model_ref: str, size: str) -> int:
     """A bound on one engine's memory on one rank: parameters, gradients, flat buckets, optimizer state."""
-    from .models import count_parameters, get_model
+    from .models import model_info  # a user's factory is never called in this process
 
-    _, elements = count_parameters(get_model(model_ref, size))
+    elements = model_info(model_ref, size).parameter_elements
     return 4 * 4 * elements  # fp32; four copies (params, grads/buckets, momentum, scratch)
 
 
@@ -201,9 +201,9 @@ class CaseRunner:
         if self.opts.per_rank_batch or case.per_rank_batch:
             return int(self.opts.per_rank_batch or case.per_rank_batch)  # type: ignore[arg-type]
         if case.model not in self._batches:
-            from .models import get_model
+            from .models import model_info
 
-            self._batches[case.model] = get_model(case.model, self.opts.size).per_rank_batch
+            self._batches[case.model] = model_info(case.model, self.opts.size).per_rank_batch
         return self._batches[case.model]
 
     def workload_spec(self, case: Case) -> WorkloadSpec:

@@ -451,3 +451,163 @@ def test_doctor_hierarchical_item_adapts_to_two_ranks_and_is_not_applicable_at_o
     two = item_hierarchical(_Ctx(pool2, 2))
     assert two.status == PASS and two.status != FAIL, two
     assert "1 node(s) of 2" in two.numbers
+
+
+# ---- kills at any moment (make test-slow) ------------------------------------------------------------
+SWEEP = ["run", "--case", "mlp/plain", "--case", "mlp/overlap", "--size", "tiny", "--device", "cpu", "--nproc", "2",
+         "--steps", "2", "--rounds", "2", "--warmup", "1", "--check-steps", "2", "--no-utilization",
+         "--trace-steps", "1"]
+# (phase, the marker after which the run is in it): the last marker printed tells the phase at a kill
+MARKERS = [("rendezvous", "fleetbench run "), ("check", " check "), ("timing", "timing "), ("write", "samples/s")]
+
+
+def _tagged(token: str) -> list[int]:
+    """Live processes whose environment carries ``token`` (every process a run started inherits it)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                if token.encode() in fh.read() and _alive(int(pid)):
+                    out.append(int(pid))
+        except OSError:
+            continue
+    return out
+
+
+def _run_and_kill(tmp: Path, token: str, at: float | None, trigger: str | None) -> tuple[str, list[int]]:
+    """Start a run, SIGKILL its parent ``at`` seconds in (or as soon as ``trigger`` shows: the marker of a
+    phase, or "store" for a store a rank wrote to); the phase it was in and what lived on 3 s later."""
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp / "tmp"), "FLEETBENCH_SWEEP": token,
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor"), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "suite.cli.main", *SWEEP, "--results", str(tmp / "runs.jsonl")],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=str(tmp))
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()  # type: ignore
+
+    def phase() -> str:
+        seen = [name for name, marker in MARKERS if any(marker in ln for ln in lines)]
+        return seen[-1] if seen else "import"
+
+    def stored() -> bool:
+        stores = list((tmp / "tmp").glob("fleetbench-store-*/store"))
+        return any(s.exists() and s.stat().st_size > 0 for s in stores)
+
+    t0 = time.monotonic()
+    while proc.poll() is None and time.monotonic() - t0 < 600:
+        if (at is not None and time.monotonic() - t0 >= at) or (trigger == "store" and stored()) or \
+                (trigger is not None and trigger != "store" and any(trigger in ln for ln in lines)):
+            break
+        time.sleep(0.02)
+    killed = proc.poll() is None
+    where = ("rendezvous" if trigger == "store" else phase()) if killed else "finished"
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 3.0
+    while _tagged(token) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = _tagged(token)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    return where, left
+
+
+@pytest.mark.statistical
+@pytest.mark.timeout(3600)
+def test_kill_9_of_the_parent_at_any_moment_leaves_no_process_and_no_temp_entry(tmp_path):
+    from suite.runtime.pool import remove_stale
+
+    (tmp_path / "tmp").mkdir()
+    plan = [(i * 0.5, None) for i in range(1, 21)]  # every 0.5 s of the first 10 s
+    plan += [(None, "store")] + [(None, marker) for _, marker in MARKERS[1:]]  # each phase surely hit once
+    hits: dict = {}
+    problems = []
+    for n, (at, trigger) in enumerate(plan):
+        where, left = _run_and_kill(tmp_path, f"fleetbench-sweep-{os.getpid()}-{n}", at, trigger)
+        hits[where] = hits.get(where, 0) + 1
+        if left:
+            problems.append(f"killed at {at} s / on {trigger!r} ({where}): processes {left} alive 3 s later")
+    remove_stale(tmp=str(tmp_path / "tmp"))  # what the next run does first: leftovers of dead owners go
+    left_in_tmp = sorted(os.listdir(tmp_path / "tmp"))
+    assert not problems, "\n".join(problems)
+    assert {"import", "rendezvous", "check", "timing", "write"} <= set(hits), hits
+    assert left_in_tmp == [], left_in_tmp
+
+
+# ---- 5. a user's --model factory ------------------------------------------------------------------
+FACTORIES = '''
+import os, sys, time
+from suite.models import mlp
+
+def exits(size):
+    sys.exit(0)
+
+def hard_exit(size):
+    os._exit(0)
+
+def sleeps(size):
+    time.sleep(600)
+
+def garbage(size):
+    import dataclasses
+    return dataclasses.replace(mlp(size), build=lambda: "not a module")
+
+def good(size):
+    return mlp(size)
+'''
+
+
+@pytest.mark.parametrize("ref,words", [
+    ("os:remove", ["standard library"]), ("shutil:rmtree", ["standard library"]), ("json:loads", ["standard"]),
+    ("builtins:input", ["standard library"]), ("..:x", ["absolute module name"]), ("a b:c", ["module:function"]),
+])
+def test_a_model_reference_to_anything_but_your_own_factory_is_refused_unimported(tmp_path, monkeypatch, capsys,
+                                                                                  no_ranks, ref, words):
+    import suite.models
+
+    def no_child(*a, **k):
+        raise AssertionError("a factory process was started")
+
+    monkeypatch.setattr(suite.models, "_info_child", no_child)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "keep").write_text("x")
+    code, _, err = _cli(["run", "--model", ref, "--list", "--size", "cpu", "--device", "cpu"], capsys)
+    _one_error(code, err, ref, *words)
+    assert (tmp_path / "cpu" / "keep").exists()
+
+
+@pytest.mark.parametrize("fn,words", [
+    ("exits", ["sys.exit(0)"]), ("hard_exit", ["exit code 0", "without returning"]),
+    ("sleeps", ["did not return within 4 s"]), ("garbage", ["build() returned str"]),
+])
+def test_a_factory_that_exits_hangs_or_returns_garbage_is_one_error_and_the_parent_lives(
+        tmp_path, monkeypatch, capsys, no_ranks, fn, words):
+    import suite.models
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(suite.models, "FACTORY_TIMEOUT", 4.0 if fn == "sleeps" else 300.0)
+    monkeypatch.setattr(suite.models, "_INFO", {})
+    (tmp_path / "hostile_factories.py").write_text(FACTORIES)
+    ref = f"hostile_factories:{fn}"
+    code, _, err = _cli(["run", "--model", ref, "--list", "--size", "tiny", "--device", "cpu"], capsys)
+    _one_error(code, err, ref, *words)
+
+
+def test_a_good_factory_is_listed_without_being_called_in_the_parent(tmp_path, monkeypatch, capsys, no_ranks):
+    import suite.models
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(suite.models, "_INFO", {})
+    monkeypatch.setattr(suite.models, "_user_model", lambda *a: pytest.fail("the factory ran in the parent"))
+    (tmp_path / "hostile_factories.py").write_text(FACTORIES)
+    code, out, err = _cli(["run", "--model", "hostile_factories:good", "--list", "--size", "tiny", "--device",
+                           "cpu"], capsys)
+    assert code == 0 and "good/plain" in out, err

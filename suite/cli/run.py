@@ -83,7 +83,7 @@ def _is_glob(name: str) -> bool:
 
 def model_cases(models: list[str], size: str) -> list:
     """The case pool: the registry, plus every applicable variant of each non-registry model named."""
-    from ..models import MODELS, ModelError, get_model
+    from ..models import MODELS, ModelError, model_info
 
     pool = list(CASES)
     known = {c.model for c in CASES}
@@ -91,7 +91,7 @@ def model_cases(models: list[str], size: str) -> list:
         if ref in known:
             continue
         try:
-            spec = get_model(ref, size)
+            spec = model_info(ref, size)  # a user's factory runs in a child process, bounded
         except ModelError as exc:
             raise ConfigError(str(exc)) from None
         if ref in MODELS:  # registered, but with no case of its own in the registry
