@@ -611,3 +611,61 @@ def test_a_good_factory_is_listed_without_being_called_in_the_parent(tmp_path, m
     code, out, err = _cli(["run", "--model", "hostile_factories:good", "--list", "--size", "tiny", "--device",
                            "cpu"], capsys)
     assert code == 0 and "good/plain" in out, err
+
+
+# ---- 6. ab: a dirty checkout; killed ab leaves nothing ------------------------------------------------
+def _git(repo, *args):
+    import subprocess
+
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_ab_refuses_a_checked_out_revision_with_uncommitted_changes(tmp_path, capsys, monkeypatch):
+    import suite.ab.trials
+
+    monkeypatch.setattr(suite.ab.trials, "TrialServer", lambda *a, **k: pytest.fail("a server was started"))
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    (repo / "f.py").write_text("x = 1\n")
+    _git(repo, "add", "f.py")
+    _git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "one")
+    (repo / "f.py").write_text("x = 2\n")  # the change ab would silently not measure
+    code, _, err = _cli(["ab", "HEAD", "HEAD", "--repo", repo, "--case", "mlp/plain"], capsys)
+    _one_error(code, err, "uncommitted changes", "f.py", "commit them")
+    assert _git(repo, "worktree", "list").count("\n") == 0 and not list(tmp_path.glob("fleetbench-*"))
+
+
+@pytest.mark.statistical
+@pytest.mark.timeout(1200)
+def test_ab_killed_by_sigterm_or_sigint_leaves_no_server_and_no_temp_entry_within_5s(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    repo = tmp_path / "repo"  # a clean clone: ab refuses a checkout with uncommitted changes
+    subprocess.run(["git", "clone", "-q", "--shared", str(ROOT), str(repo)], check=True)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        tmp = tmp_path / sig.name
+        tmp.mkdir()
+        token = f"fleetbench-ab-kill-{os.getpid()}-{sig.name}"
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp), "FLEETBENCH_SWEEP": token}
+        proc = subprocess.Popen([sys.executable, "-m", "suite.cli.main", "ab", "HEAD", "HEAD", "--repo", str(repo),
+                                 "--case", "mlp/plain", "--size", "tiny", "--nproc", "2", "--steps", "2",
+                                 "--budget", "600"], env=env, cwd=str(ROOT), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and len(list(tmp.glob("fleetbench-store-*"))) < 2:
+            time.sleep(0.2)  # both trial servers have started their rank pools
+        assert len(list(tmp.glob("fleetbench-store-*"))) == 2, "the trial servers never started their ranks"
+        time.sleep(2.0)
+        proc.send_signal(sig)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and (proc.poll() is None or _tagged(token) or os.listdir(tmp)):
+            time.sleep(0.05)
+        left, entries = _tagged(token), sorted(os.listdir(tmp))
+        for pid in left + ([proc.pid] if proc.poll() is None else []):
+            os.kill(pid, signal.SIGKILL)
+        assert proc.poll() is not None and not left and not entries, (sig.name, left, entries)
+    _git(repo, "worktree", "prune")
+    assert "fleetbench-ab-" not in _git(repo, "worktree", "list")

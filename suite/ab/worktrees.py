@@ -85,7 +85,8 @@ class Worktrees:
             if dirty and commit == head:
                 raise RevisionError(
                     f"{label} {rev!r} is the commit checked out in {self.repo}, whose working tree has uncommitted "
-                    f"changes to {len(dirty)} tracked file(s) (e.g. {dirty[0][3:]}); `ab` compares commits, so "
+                    f"changes to {len(dirty)} tracked file(s) (e.g. {dirty[0].split(maxsplit=1)[-1]}); `ab` compares "
+                    f"commits, so "
                     f"those changes would not be measured: commit them (or stash them) first")
 
     def add(self, commit: str, label: str) -> str:
