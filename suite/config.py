@@ -546,6 +546,34 @@ def _canonical_keys(values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+_BESIDE_STRATEGY = ("build_strategy", "exec_strategy", "execution_strategy")
+
+
+def _paddle_tables(path: str, data: dict) -> dict:
+    """A config file's keys as one table: ``[strategy]`` with Paddle's ``[build_strategy]`` and
+    ``[exec_strategy]`` (``BuildStrategy``, ``ExecutionStrategy``) beside it read too; any other top-level
+    key beside ``[strategy]`` refused by name (it would be ignored)."""
+    if "strategy" in data:
+        if not isinstance(data["strategy"], dict):
+            raise ConfigError(f"config file {path!r}: 'strategy' must be a table ([strategy]), not "
+                              f"{type(data['strategy']).__name__}")
+        extra = {k: v for k, v in data.items() if k != "strategy"}
+        bad = [k for k in extra if k not in _BESIDE_STRATEGY]
+        if bad:
+            raise ConfigError(f"config file {path!r}: top-level key(s) {', '.join(map(repr, bad))} beside [strategy] "
+                              f"would be ignored; allowed beside it: [build_strategy] and [exec_strategy] (Paddle's "
+                              f"BuildStrategy, ExecutionStrategy); strategy fields go inside [strategy]")
+        twice = sorted(set(extra) & set(data["strategy"]))
+        if twice:
+            raise ConfigError(f"config file {path!r}: [{twice[0]}] given both inside and beside [strategy]")
+        data = {**data["strategy"], **extra}
+    if "exec_strategy" in data:  # the name Paddle's examples use for DistributedStrategy.execution_strategy
+        if "execution_strategy" in data:
+            raise ConfigError(f"config file {path!r}: both [exec_strategy] and [execution_strategy]; give one")
+        data = {("execution_strategy" if k == "exec_strategy" else k): v for k, v in data.items()}
+    return data
+
+
 def toml_fields(path: str) -> dict[str, Any]:
     """The fields a TOML file sets explicitly, by our names (a ``[strategy]`` table or the top level).
 
@@ -587,8 +615,7 @@ def toml_fields(path: str) -> dict[str, Any]:
     except ValueError as exc:  # an integer of more digits than Python converts
         raise ConfigError(f"config file {path!r}: {str(exc).split(';')[0]} (an integer this long is no "
                           f"strategy value)") from None
-    if "strategy" in data and isinstance(data["strategy"], dict):
-        data = data["strategy"]
+    data = _paddle_tables(path, data)
     fields_ = _canonical_keys(data)
     StrategyConfig(**fields_)  # the combination must be valid on its own
     return fields_

@@ -669,3 +669,26 @@ def test_ab_killed_by_sigterm_or_sigint_leaves_no_server_and_no_temp_entry_withi
         assert proc.poll() is not None and not left and not entries, (sig.name, left, entries)
     _git(repo, "worktree", "prune")
     assert "fleetbench-ab-" not in _git(repo, "worktree", "list")
+
+
+# ---- 6. Paddle users' TOML ------------------------------------------------------------------------------
+def test_paddle_build_and_exec_strategy_tables_beside_strategy_are_read(tmp_path):
+    from suite.config import toml_fields
+
+    path = tmp_path / "c.toml"
+    path.write_text("[strategy]\nfuse_all_reduce_ops = true\n\n[build_strategy]\nfuse_bn_act_ops = true\n\n"
+                    "[exec_strategy]\nnum_threads = 2\n")
+    assert toml_fields(str(path)) == {"fuse_all_reduce_ops": True, "fuse_bn_act_ops": True, "num_threads": 2}
+
+
+@pytest.mark.parametrize("text,words", [
+    ("[strategy]\namp = true\n\n[build_strategy]\nfuse_bn_act_opz = true\n", ["fuse_bn_act_opz"]),
+    ("[strategy]\namp = true\n\n[build_stratgy]\nfuse_bn_act_ops = true\n", ["'build_stratgy'", "ignored"]),
+    ("stray = 1\n[strategy]\namp = true\n", ["'stray'", "beside [strategy]"]),
+    ("[strategy]\namp = true\n\n[build_strategy]\nenable_inplace = true\n", ["enable_inplace", "not implemented"]),
+])
+def test_unknown_tables_and_keys_in_a_paddle_toml_are_refused_by_name(tmp_path, capsys, no_ranks, text, words):
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    code, _, err = _cli(RUN + ["--config", path], capsys)
+    _one_error(code, err, *words)
