@@ -692,3 +692,19 @@ def test_unknown_tables_and_keys_in_a_paddle_toml_are_refused_by_name(tmp_path, 
     path.write_text(text)
     code, _, err = _cli(RUN + ["--config", path], capsys)
     _one_error(code, err, *words)
+
+
+def test_a_report_of_thousands_of_cases_draws_a_bounded_number_of_plots_and_lists_every_case(tmp_path,
+                                                                                              monkeypatch):
+    import suite.report.figures as F
+    from suite.report.page import MAX_BARS, MAX_MODEL_PLOTS, build_report
+
+    drawn = []
+    for name in ("speedup_figure", "throughput_figure", "breakdown_figure", "scaling_figure", "local_sgd_figure"):
+        monkeypatch.setattr(F, name, lambda *a, _n=name: drawn.append(_n))  # counted, nothing drawn
+    records = [_record(case=f"m{i % 300}/v{i // 300}", world=2 + i % 2) for i in range(3000)]
+    data = build_report(records, str(tmp_path / "out"), str(tmp_path))
+    assert len(drawn) <= MAX_MODEL_PLOTS and drawn.count("speedup_figure") == MAX_MODEL_PLOTS
+    assert 3000 > MAX_BARS * 4 and "throughput_figure" not in drawn and "scaling_figure" not in drawn
+    assert len(data["cases"]) == 3000
+    assert (tmp_path / "out" / "summary.md").read_text().count("| m") == 3000

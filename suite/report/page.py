@@ -99,6 +99,9 @@ def _copy_trace(src: str, dst: str) -> None:
             shutil.copyfileobj(fin, fout)
 
 
+MAX_MODEL_PLOTS = 24  # speedup plots (one per model) drawn at most
+MAX_BARS = 80  # cases in one throughput or breakdown plot at most
+
 REPORT_FILES = ("index.html", "summary.md", "report_data.json")
 
 
@@ -377,23 +380,40 @@ def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dic
         return name
 
     notes: list[str] = []
+    # Drawing is what costs (about a second a plot): a report of thousands of cases draws a bounded number of
+    # plots, the tables stay complete, and the page says what was not drawn.
     speedup_plot: dict = {}
-    for model in models:
+    for model in models[:MAX_MODEL_PLOTS]:
         speedup_plot[model] = save(F.speedup_figure(recs, model), f"speedup_{_slug(model)}.png")
-    throughput_plots = [(w, save(F.throughput_figure(recs, w), f"throughput_w{w}.png")) for w in worlds]
-    breakdown_plots = [(w, save(F.breakdown_figure(recs, w), f"breakdown_w{w}.png")) for w in worlds]
-    no_none = [m for m in models if not any(r.model == m and math.isfinite(F.num(r.metrics.get("compute_s")))
-                                            for r in recs.values())]
+    speedup_plot.update({m: None for m in models[MAX_MODEL_PLOTS:]})
+    if len(models) > MAX_MODEL_PLOTS:
+        notes.append(f"Speedup plots for the first {MAX_MODEL_PLOTS} of {len(models)} models only; the tables "
+                     f"list every case.")
+    per_world = {w: sum(1 for _, cw in recs if cw == w) for w in worlds}
+    crowded = [w for w in worlds if per_world[w] > MAX_BARS]
+    if crowded:
+        notes.append(f"No throughput or breakdown plot at world size {', '.join(map(str, crowded))}: more than "
+                     f"{MAX_BARS} cases to draw; the tables list them.")
+    throughput_plots = [(w, save(F.throughput_figure(recs, w), f"throughput_w{w}.png") if w not in crowded
+                         else None) for w in worlds]
+    breakdown_plots = [(w, save(F.breakdown_figure(recs, w), f"breakdown_w{w}.png") if w not in crowded
+                        else None) for w in worlds]
+    with_none = {r.model for r in recs.values() if math.isfinite(F.num(r.metrics.get("compute_s")))}
+    no_none = [m for m in models if m not in with_none]
     if no_none:
-        notes.append(f"No step breakdown for {', '.join(no_none)}: no none case (compute alone) ran with "
-                     f"{'it' if len(no_none) == 1 else 'them'}, so compute and communication cannot be told apart.")
+        notes.append(f"No step breakdown for {', '.join(no_none[:20])}{' …' if len(no_none) > 20 else ''}: no none "
+                     f"case (compute alone) ran with {'it' if len(no_none) == 1 else 'them'}, so compute and "
+                     f"communication cannot be told apart.")
     data["scaling"] = {c: rows for c, rows in F.scaling_table(recs).items()}
-    scaling = save(F.scaling_figure(recs), "scaling.png")
+    few = len(recs) <= MAX_BARS * 4
+    scaling = save(F.scaling_figure(recs), "scaling.png") if few else None
     if scaling is None:
-        notes.append("No scaling plot: no case was recorded both at world size 1 and at another world size.")
-    lsgd = save(F.local_sgd_figure(recs), "local_sgd.png")
+        notes.append("No scaling plot: no case was recorded both at world size 1 and at another world size."
+                     if few else f"No scaling plot: more than {MAX_BARS * 4} cases to draw.")
+    lsgd = save(F.local_sgd_figure(recs), "local_sgd.png") if few else None
     if lsgd is None:
-        notes.append("No Local SGD records: the trade-off plot is omitted.")
+        notes.append("No Local SGD records: the trade-off plot is omitted." if few else
+                     f"No Local SGD plot: more than {MAX_BARS * 4} cases to draw.")
     data["images"] = {k: list(v) for k, v in images.items()}
 
     traces: dict = {}  # (case, world) -> copied file
