@@ -708,3 +708,15 @@ def test_a_report_of_thousands_of_cases_draws_a_bounded_number_of_plots_and_list
     assert 3000 > MAX_BARS * 4 and "throughput_figure" not in drawn and "scaling_figure" not in drawn
     assert len(data["cases"]) == 3000
     assert (tmp_path / "out" / "summary.md").read_text().count("| m") == 3000
+
+
+def test_a_spawned_rank_reaches_its_entry_point_without_importing_torch():
+    """The parent-death signal is set first thing in the rank's entry point; what the rank imports to find
+    that entry point must not take seconds (torch), or a parent killed meanwhile leaves it running."""
+    import subprocess
+    import sys
+
+    code = "import sys, suite.runtime.pool; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
