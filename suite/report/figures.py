@@ -53,7 +53,9 @@ def latest(records) -> dict:
 def plain(text) -> str:
     """``text`` for a matplotlib label, shown as it is: every ``$`` escaped, so mathtext never parses
     it (matplotlib counts ``$`` against ``\\$`` and shows ``\\$`` as ``$`` in text that is not math)."""
-    return str(text).replace("$", r"\$")
+    from ..results.records import plain as escaped
+
+    return escaped(text, keep="\n").replace("$", r"\$")  # control characters and bidi overrides as \uXXXX
 
 
 def num(x) -> float:

@@ -33,13 +33,15 @@ import math
 import os
 import re
 import shutil
+import stat
 import struct
 import sys
 import urllib.parse
 
 from ..results.records import NUMERIC_METRICS
+from ..results.records import plain as _plain
 
-__all__ = ["build_report", "md_text", "trace_source", "png_size"]
+__all__ = ["build_report", "md_text", "trace_source", "png_size", "out_problem"]
 
 _MD_PUNCT = re.compile(r"([\\`*~\[\]|])")
 
@@ -48,7 +50,7 @@ def md_text(value) -> str:
     """Untrusted text as one Markdown table cell or list line: HTML-escaped (no tags, entities or
     autolinks), the characters of links, code spans, emphasis and table cells backslash-escaped,
     line breaks as ``<br>``."""
-    text = html.escape(str(value), quote=True)
+    text = html.escape(_plain(value, keep="\r\n"), quote=True)
     text = _MD_PUNCT.sub(r"\\\1", text)
     return re.sub(r"\r\n|\r|\n", "<br>", text)
 
@@ -74,7 +76,65 @@ def trace_source(results_dir: str, rel) -> tuple[str | None, str]:
                      "are copied"
     if not os.path.isfile(src):
         return None, "does not exist" if not os.path.exists(src) else "is not a regular file"
+    links = os.stat(src).st_nlink
+    if links > 1:  # a hard link is the same file as one elsewhere: it may be anything
+        return None, f"has {links} hard links (the same file is elsewhere too); only a file of traces/'s own is copied"
     return src, ""
+
+
+MAX_TRACE_BYTES = 512 * 2**20
+
+
+def _copy_trace(src: str, dst: str) -> None:
+    """Copy ``src`` (checked by :func:`trace_source`) to a new ``dst``: neither end is followed if it
+    turned into a link meanwhile, the source must still be one regular file of traces/'s own."""
+    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as fin:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1 or st.st_size > MAX_TRACE_BYTES:
+            raise OSError(f"{src} changed, or is over {MAX_TRACE_BYTES // 2**20} MiB; not copied")
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        if os.path.lexists(dst):
+            os.unlink(dst)
+        with open(dst, "xb") as fout:
+            shutil.copyfileobj(fin, fout)
+
+
+MAX_MODEL_PLOTS = 24  # speedup plots (one per model) drawn at most
+MAX_BARS = 80  # cases in one throughput or breakdown plot at most
+
+REPORT_FILES = ("index.html", "summary.md", "report_data.json")
+
+
+def out_problem(out_dir: str, results_dirs, force: bool = False) -> str | None:
+    """Why ``out_dir`` cannot take a report (None when it can): it must be a directory of its own (not
+    a file, not a results directory), writable, and empty or holding a previous report (``force``
+    allows any directory); no link inside may lead a write elsewhere."""
+    if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
+        return "exists and is not a directory"
+    if os.path.islink(out_dir):
+        return "is a symbolic link; give the directory itself"
+    real = os.path.realpath(out_dir)
+    for d in results_dirs:
+        if real == os.path.realpath(d):
+            return "is the results directory itself; give a directory for the report, e.g. " \
+                   + os.path.join(d, "reports", "latest")
+    if not os.path.isdir(out_dir):
+        parent = os.path.dirname(os.path.abspath(out_dir))
+        while not os.path.isdir(parent):
+            parent = os.path.dirname(parent)
+        return None if os.access(parent, os.W_OK | os.X_OK) else f"cannot be created ({parent} is not writable)"
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        return "is not writable"
+    entries = os.listdir(out_dir)
+    if entries and not force and "report_data.json" not in entries:
+        return (f"is not empty ({len(entries)} entries) and holds no previous report; pick an empty or new "
+                f"directory, or pass --force to write the report into it (index.html, summary.md, *.png, traces/ "
+                f"there are replaced)")
+    for name in entries:
+        if os.path.islink(os.path.join(out_dir, name)):
+            return f"holds a symbolic link {name!r}; a report is not written through links"
+    return None
 
 
 def png_size(path: str) -> tuple[int, int]:
@@ -286,7 +346,9 @@ td[title] { text-decoration: underline dotted; cursor: help; }
 """
 
 
-def build_report(records, out_dir: str, results_dir: str = ".") -> dict:
+def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dict | None = None) -> dict:
+    """``record_dirs`` maps ``id(record)`` to the results directory its traces are under (several
+    results files: each file's own); others use ``results_dir``."""
     import matplotlib.pyplot as plt
 
     from . import figures as F
@@ -317,38 +379,63 @@ def build_report(records, out_dir: str, results_dir: str = ".") -> dict:
         return name
 
     notes: list[str] = []
+    # Drawing is what costs (about a second a plot): a report of thousands of cases draws a bounded number of
+    # plots, the tables stay complete, and the page says what was not drawn.
     speedup_plot: dict = {}
-    for model in models:
+    for model in models[:MAX_MODEL_PLOTS]:
         speedup_plot[model] = save(F.speedup_figure(recs, model), f"speedup_{_slug(model)}.png")
-    throughput_plots = [(w, save(F.throughput_figure(recs, w), f"throughput_w{w}.png")) for w in worlds]
-    breakdown_plots = [(w, save(F.breakdown_figure(recs, w), f"breakdown_w{w}.png")) for w in worlds]
-    no_none = [m for m in models if not any(r.model == m and math.isfinite(F.num(r.metrics.get("compute_s")))
-                                            for r in recs.values())]
+    speedup_plot.update({m: None for m in models[MAX_MODEL_PLOTS:]})
+    if len(models) > MAX_MODEL_PLOTS:
+        notes.append(f"Speedup plots for the first {MAX_MODEL_PLOTS} of {len(models)} models only; the tables "
+                     f"list every case.")
+    per_world = {w: sum(1 for _, cw in recs if cw == w) for w in worlds}
+    crowded = [w for w in worlds if per_world[w] > MAX_BARS]
+    if crowded:
+        notes.append(f"No throughput or breakdown plot at world size {', '.join(map(str, crowded))}: more than "
+                     f"{MAX_BARS} cases to draw; the tables list them.")
+    throughput_plots = [(w, save(F.throughput_figure(recs, w), f"throughput_w{w}.png") if w not in crowded
+                         else None) for w in worlds]
+    breakdown_plots = [(w, save(F.breakdown_figure(recs, w), f"breakdown_w{w}.png") if w not in crowded
+                        else None) for w in worlds]
+    with_none = {r.model for r in recs.values() if math.isfinite(F.num(r.metrics.get("compute_s")))}
+    no_none = [m for m in models if m not in with_none]
     if no_none:
-        notes.append(f"No step breakdown for {', '.join(no_none)}: no none case (compute alone) ran with "
-                     f"{'it' if len(no_none) == 1 else 'them'}, so compute and communication cannot be told apart.")
+        notes.append(f"No step breakdown for {', '.join(no_none[:20])}{' …' if len(no_none) > 20 else ''}: no none "
+                     f"case (compute alone) ran with {'it' if len(no_none) == 1 else 'them'}, so compute and "
+                     f"communication cannot be told apart.")
     data["scaling"] = {c: rows for c, rows in F.scaling_table(recs).items()}
-    scaling = save(F.scaling_figure(recs), "scaling.png")
+    few = len(recs) <= MAX_BARS * 4
+    scaling = save(F.scaling_figure(recs), "scaling.png") if few else None
     if scaling is None:
-        notes.append("No scaling plot: no case was recorded both at world size 1 and at another world size.")
-    lsgd = save(F.local_sgd_figure(recs), "local_sgd.png")
+        notes.append("No scaling plot: no case was recorded both at world size 1 and at another world size."
+                     if few else f"No scaling plot: more than {MAX_BARS * 4} cases to draw.")
+    lsgd = save(F.local_sgd_figure(recs), "local_sgd.png") if few else None
     if lsgd is None:
-        notes.append("No Local SGD records: the trade-off plot is omitted.")
+        notes.append("No Local SGD records: the trade-off plot is omitted." if few else
+                     f"No Local SGD plot: more than {MAX_BARS * 4} cases to draw.")
     data["images"] = {k: list(v) for k, v in images.items()}
 
     traces: dict = {}  # (case, world) -> copied file
+    dirs = record_dirs or {}
+    roots = sorted({os.path.realpath(d) for d in dirs.values()} | {os.path.realpath(results_dir)})
     for (case, w), r in sorted(final.items()):
         rel = r.metrics.get("trace_file")
         if rel:
-            src, why = trace_source(results_dir, rel)
+            where = dirs.get(id(r), results_dir)
+            src, why = trace_source(where, rel)
             if src is None:
                 msg = f"record {case}@{w} (run {r.run_id}): trace_file {rel!r} {why}; not copied"
-                print(f"fleetbench report: warning: {msg}", file=sys.stderr)
+                print(f"fleetbench report: warning: {_plain(msg)}", file=sys.stderr)
                 data["warnings"].append(msg)
                 continue
-            dst = os.path.join("traces", os.path.basename(src))
-            os.makedirs(os.path.join(out_dir, "traces"), exist_ok=True)
-            shutil.copyfile(src, os.path.join(out_dir, dst))
+            # one trace per (case, world); each results directory's stay apart (traces/1/… for the second)
+            k = roots.index(os.path.realpath(where))
+            dst = os.path.join("traces", *([str(k)] if len(roots) > 1 else []), os.path.basename(src))
+            try:
+                _copy_trace(src, os.path.join(out_dir, dst))
+            except OSError as exc:
+                data["warnings"].append(f"record {case}@{w}: trace {rel!r} not copied: {exc}")
+                continue
             traces[(case, w)] = dst
     data["traces"] = list(traces.values())
 
