@@ -88,7 +88,7 @@ def main(args) -> int:
               file=sys.stderr)
         for r in cmp.undecided:
             d = r["detectable_slowdown"]
-            print(f"  {r['case']}@{r['world']}: {r['change']}" + (f", could have caught ≥ {d:.0%}" if d else ""),
+            print(plain(f"  {r['case']}@{r['world']}: {r['change']}" + (f", could have caught ≥ {d:.0%}" if d else "")),
                   file=sys.stderr)
         return 3
     print(f"\nregression gate: ok (threshold {opts.threshold:.0%}, alpha {opts.alpha:g}, {opts.method})")
