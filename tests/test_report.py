@@ -298,7 +298,7 @@ def test_throughput_panels_keep_models_apart(report):
 
 def test_scaling_and_local_sgd_drawn_when_their_data_exists(tmp_path):
     recs = [_rec("mlp/plain", world=w, m=_metrics(60 / w ** 0.5, world=w) | {"losses": [2.0, 1.5]}) for w in (1, 2)]
-    recs.append(_rec("mlp/local_sgd", world=2, m=_metrics(40, 1.5, world=2) | {"losses": [2.0, 1.6]}))
+    recs.append(_rec("mlp/local_sgd", world=2, m=_metrics(25, 1.7, world=2) | {"losses": [2.0, 1.6]}))
     recs.append(_rec("resnet/plain", world=2, m=_metrics(80, world=2) | {"losses": [2.0, 1.9]}))
     data = build_report(recs, str(tmp_path), str(tmp_path))
     assert {"scaling.png", "local_sgd.png"} <= set(data["plots"])

@@ -263,11 +263,12 @@ def _runs(records) -> list[dict]:
 
 
 HEAD = ["case", "world", "verdict", "samples/s [95% CI]", "speedup vs plain [95% CI]", "step ms median (IQR)",
-        "exposed comm ms", "collectives/step", "allreduce MB/step", "busbw GB/s", "peak memory MB"]
+        "exposed comm ms", "collectives/step", "allreduce MB/step", "busbw GB/s", "footprint MB", "transient peak MB"]
+MEMORY = ("footprint MB", "transient peak MB")  # a table leaves these out where no row has them
 
 
 def _row(r) -> tuple[list[str], dict]:
-    """The table's cells for one record, and the reasons behind cells left empty."""
+    """The table's cells for one record, and the reasons behind cells left empty (by column)."""
     from . import figures as F
 
     m = r.metrics or {}
@@ -280,26 +281,45 @@ def _row(r) -> tuple[list[str], dict]:
     else:
         speedup = _ci(m.get("speedup"), m.get("speedup_ci"), ".2f", "×")
     exposed = F.num(m.get("exposed_comm_s"))
-    if math.isfinite(exposed):
-        exposed_txt = f"{1e3 * exposed:.1f}"
-    else:
-        exposed_txt = "-"
-        if m:
-            why["exposed"] = "no none case ran with this model: compute alone was not measured"
+    split = F.splits_step(r.case)
+    exposed_txt = f"{1e3 * exposed:.1f}" if math.isfinite(exposed) and split else "-"
+    if m and not math.isfinite(exposed):
+        why["exposed comm ms"] = "no none case ran with this model: compute alone was not measured"
+    elif m and not split:
+        why["exposed comm ms"] = ("the strategy changes compute, not only communication: its step minus the none "
+                                  "case's is not communication")
     calls = m.get("comm_calls_per_step") or {}
     ncalls = sum(F.num(v) for v in calls.values() if math.isfinite(F.num(v)))
     ar_bytes = sum(F.num(v) for k, v in (m.get("comm_bytes_per_step") or {}).items() if k.endswith("/all_reduce"))
     ok, reason = F.busbw_measurable(m) if m else (False, "")
+    if ok and not split:
+        ok, reason = False, "the strategy changes compute: its exposed communication is not known"
     if not ok and reason and math.isfinite(F.num(m.get("busbw_GBps"))):
-        why["busbw"] = reason
-    mem = F.num(m.get("peak_memory_bytes"))
+        why["busbw GB/s"] = reason
+    foot, peak = F.num(m.get("footprint_bytes")), F.num(m.get("peak_memory_bytes"))
+    peak_shown = math.isfinite(peak) and peak >= 0.05 * 2**20 and m.get("peak_memory_kind")  # not "0.0"
+    if m and math.isfinite(peak) and not peak_shown:
+        probe = m.get("peak_memory_kind") or "the memory probe"
+        why["transient peak MB"] = f"no rise above the window's start seen by {probe} (under 0.05 MB)"
+    elif peak_shown:
+        why["transient peak MB"] = f"the largest rise above a window's start, measured by {m['peak_memory_kind']}"
     cells = [r.case, str(r.world_size), r.verdict, _ci(m.get("samples_per_s"), m.get("samples_per_s_ci"), ".1f"),
              speedup if m else "-", step_txt, exposed_txt, f"{ncalls:.3g}" if m else "-",
              f"{ar_bytes / 1e6:.2f}" if m and ar_bytes else ("0" if m else "-"),
-             _fmt(m.get("busbw_GBps"), ".3f") if ok else "-", f"{mem / 2**20:.1f}" if math.isfinite(mem) else "-"]
+             _fmt(m.get("busbw_GBps"), ".3f") if ok else "-", f"{foot / 2**20:.1f}" if foot > 0 else "-",
+             f"{peak / 2**20:.1f}" if peak_shown else "-"]
     if calls:
-        why["calls"] = ", ".join(f"{k}: {F.num(v):g}" for k, v in sorted(calls.items()))
+        why["collectives/step"] = ", ".join(f"{k}: {F.num(v):g}" for k, v in sorted(calls.items()))
     return cells, why
+
+
+def _table(rows: list) -> dict:
+    """A model's table from its (record, cells, why) rows: a memory column no row has is left out."""
+    drop = {i for i, h in enumerate(HEAD) if h in MEMORY and all(cells[i] == "-" for _, cells, _ in rows)}
+    head = [h for i, h in enumerate(HEAD) if i not in drop]
+    notes = [f"{HEAD[i]}: not measured in this run's records." for i in sorted(drop)]
+    return {"head": head, "notes": notes,
+            "rows": [(r, [c for i, c in enumerate(cells) if i not in drop], why) for r, cells, why in rows]}
 
 
 HOW_TO_READ = [
@@ -312,7 +332,12 @@ HOW_TO_READ = [
     "each model has its own table and plots.",
     "<strong>Exposed communication</strong> is the case's median step minus the step of the model's "
     "<code>none</code> case (the same step with no gradient communication); it needs a <code>none</code> case "
-    "in the run. Negative: the strategy changes compute too (e.g. compute fusion), so the split does not apply.",
+    "in the run, and a strategy that changes communication only: one that changes compute (AMP, compute fusion, "
+    "a fused optimizer, Local SGD, fewer host syncs) shows no exposed communication and is drawn as its whole "
+    "step in grey in the breakdown. Negative: a measured difference within noise.",
+    "<strong>footprint</strong> is what the engine holds between steps (parameters, gradients, buckets, optimizer "
+    "state) on the largest rank; <strong>transient peak</strong> the largest rise above a window's start "
+    "(activations, temporaries), shown where one was measured.",
     "<strong>Collectives/step</strong> counts the collectives fleetbench issued per step (torch DDP's own are "
     "not counted). <strong>busbw</strong> (nccl-tests' bus bandwidth over the exposed time) is shown only "
     "where it is a bandwidth: exposed communication positive, measurable, and allreduce messages of 256 kB "
@@ -321,29 +346,6 @@ HOW_TO_READ = [
     "<em>fail</em> (message at the top), <em>error</em> (the case did not finish), <em>n/a</em> (nothing to "
     "check, e.g. <code>none</code>). The last record of each case and world size is the one shown.",
 ]
-
-
-CSS = """
-body { font-family: system-ui, sans-serif; margin: 16px; max-width: 1360px; color: #222; }
-h1 { margin-bottom: 4px; } h2 { margin-top: 28px; border-bottom: 1px solid #ccc; }
-table { border-collapse: collapse; margin: 8px 0; font-size: 13px; }
-th, td { border: 1px solid #ccc; padding: 3px 6px; text-align: right; vertical-align: top; }
-td { white-space: nowrap; }
-th { background: #f2f2f2; } td:first-child, th:first-child { text-align: left; }
-td.verdict { text-align: center; font-weight: 600; }
-.v-pass { color: #1a7f37; } .v-fail, .v-error { color: #fff; background: #c62828; } .v-n\\/a { color: #777; }
-.v-skipped { color: #777; font-style: italic; }
-tr.bad td { background: #fdecea; } tr.bad td.verdict { background: #c62828; }
-.problem { border-left: 6px solid #c62828; background: #fdecea; padding: 6px 10px; margin: 6px 0; }
-.problem.note { border-color: #e6a100; background: #fff6dd; }
-.problem.skipped { border-color: #999; background: #f4f4f4; }
-.problem pre { white-space: pre-wrap; word-break: break-word; margin: 4px 0; font-size: 12px; }
-.allgood { border-left: 6px solid #1a7f37; background: #e8f5e9; padding: 6px 10px; }
-.meta th { text-align: left; } .meta td { text-align: left; }
-img { max-width: 100%; height: auto; display: block; margin: 8px 0; }
-.note-line { color: #555; font-style: italic; }
-td[title] { text-decoration: underline dotted; cursor: help; }
-"""
 
 
 def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dict | None = None) -> dict:
@@ -409,10 +411,10 @@ def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dic
     if scaling is None:
         notes.append("No scaling plot: no case was recorded both at world size 1 and at another world size."
                      if few else f"No scaling plot: more than {MAX_BARS * 4} cases to draw.")
-    lsgd = save(F.local_sgd_figure(recs), "local_sgd.png") if few else None
-    if lsgd is None:
-        notes.append("No Local SGD records: the trade-off plot is omitted." if few else
-                     f"No Local SGD plot: more than {MAX_BARS * 4} cases to draw.")
+    lsgd_why = F.local_sgd_unresolved(recs) if few else f"No Local SGD plot: more than {MAX_BARS * 4} cases to draw."
+    lsgd = save(F.local_sgd_figure(recs), "local_sgd.png") if lsgd_why is None else None
+    if lsgd_why is not None:
+        notes.append(lsgd_why)
     data["images"] = {k: list(v) for k, v in images.items()}
 
     traces: dict = {}  # (case, world) -> copied file
@@ -447,7 +449,7 @@ def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dic
     for model in models:
         rows = sorted(((c, w), r) for (c, w), r in final.items() if r.model == model)
         rows.sort(key=lambda kr: (kr[0][1], F.order_key(kr[0][0])))
-        tables[model] = [(r, *_row(r)) for _, r in rows]
+        tables[model] = _table([(r, *_row(r)) for _, r in rows])
         data["models"][model] = {"cases": [f"{r.case}@{r.world_size}" for _, r in rows],
                                  "speedup_plot": speedup_plot[model]}
     bad = [p for p in problems if p["kind"] in ("fail", "error")]
@@ -457,29 +459,76 @@ def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dic
     summary = (f"{len(final)} case(s) over {len(runs)} run(s): "
                + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())))
 
-    _write_markdown(out_dir, summary, problems, runs, tables, images, traces, notes)
-    _write_html(out_dir, summary, bad, problems, runs, tables, speedup_plot, throughput_plots, breakdown_plots,
-                scaling, lsgd, images, traces, notes)
+    groups = _groups(problems)
+    _write_markdown(out_dir, summary, groups, runs, tables, images, traces, notes)
+    img = {n: {"src": n, "w": w, "h": h} for n, (w, h) in images.items()}
+
+    def shown(name, alt):
+        return name and {**img[name], "alt": alt}
+    plots = [(f"Throughput at world size {w}", shown(n, f"throughput at world size {w}, one panel per model"))
+             for w, n in throughput_plots if n]
+    plots += [(f"Step breakdown at world size {w}", shown(n, f"step breakdown at world size {w}"))
+              for w, n in breakdown_plots if n]
+    plots += [(title, shown(n, alt)) for title, n, alt in [
+        ("Scaling over world sizes", scaling, "scaling efficiency"),
+        ("Local SGD trade-off", lsgd, "Local SGD: throughput against loss")] if n]
+    page = _templates().get_template("index.html.j2").render(
+        summary=summary, n_bad=len(bad), groups=groups, runs=runs, run_keys=list(runs[0]) if runs else [],
+        how_to_read=[_markup(t) for t in HOW_TO_READ], plots=plots, notes=notes,
+        traces=[(f"{c}@{w}", t) for (c, w), t in traces.items()],
+        tables=[_html_table(model, t, traces, shown(speedup_plot.get(model), f"{model}: speedup over plain"))
+                for model, t in tables.items()])
+    with open(os.path.join(out_dir, "index.html"), "w") as fh:
+        fh.write(page)
     with open(os.path.join(out_dir, "report_data.json"), "w") as fh:
         json.dump(data, fh, indent=1, default=str)
     return data
 
 
-def _write_markdown(out_dir, summary, problems, runs, tables, images, traces, notes) -> None:
+def _headline(text: str) -> str:
+    """A message's first line, at most 240 characters: what a problem box shows before its full message."""
+    line = _first_line(text)
+    return line if len(line) <= 240 else line[:239] + "…"
+
+
+def _groups(problems: list[dict]) -> list[dict]:
+    """Problems with the same kind, verdict and messages as one entry naming every case (in order of first
+    appearance): a crash that hit twelve cases is one box, not twelve."""
+    by: dict = {}
+    for p in problems:
+        key = (p["kind"], p["verdict"], tuple(p["messages"]))
+        g = by.setdefault(key, {"kind": p["kind"], "verdict": p["verdict"], "cases": [], "runs": [],
+                                "case": p["case"], "world": p["world"],
+                                "messages": [(k, _headline(v), v if v.strip() != _headline(v) else "")
+                                             for k, v in p["messages"]]})
+        g["cases"].append(f"{p['case']}@{p['world']}")
+        if p["run_id"] not in g["runs"]:
+            g["runs"].append(p["run_id"])
+    out = list(by.values())
+    for g in out:
+        g["names"], g["run_names"] = ", ".join(g["cases"]), ", ".join(g["runs"])
+    headings = {"note": "Notes", "skipped": "Not run"}
+    for i, g in enumerate(out):
+        g["heading"] = headings.get(g["kind"]) if i == 0 or out[i - 1]["kind"] != g["kind"] else None
+    return out
+
+
+def _write_markdown(out_dir, summary, groups, runs, tables, images, traces, notes) -> None:
     m = md_text
     md = ["# fleetbench report", "", m(summary), ""]
-    bad = [p for p in problems if p["kind"] in ("fail", "error")]
+    bad = [g for g in groups if g["kind"] in ("fail", "error")]
     md += ["## Failures and errors", ""] if bad else ["No failures or errors.", ""]
-    for p in problems:
-        label = {"fail": "fail", "error": "error", "note": "note", "skipped": "not run"}[p["kind"]]
-        text = "; ".join(f"{k}: {_first_line(v)}" for k, v in p["messages"])
-        md.append(f"- {label}: {m(p['case'])}@{m(p['world'])} (run {m(p['run_id'])}): {m(text)}")
+    for g in groups:
+        label = {"fail": "fail", "error": "error", "note": "note", "skipped": "not run"}[g["kind"]]
+        text = "; ".join(f"{k}: {head}" for k, head, _ in g["messages"])
+        md.append(f"- {label}: {m(g['names'])} (run {m(g['run_names'])}): {m(text)}")
     md += ["", "## Runs", ""]
     for run in runs:
         md.append("- " + "; ".join(f"{k}: {m(v)}" for k, v in run.items()))
-    for model, rows in tables.items():
-        md += ["", f"## {m(model)}", "", "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
-        md += ["| " + " | ".join(m(c) for c in cells) + " |" for _, cells, _ in rows]
+    for model, t in tables.items():
+        md += ["", f"## {m(model)}", "", "| " + " | ".join(t["head"]) + " |", "|" + "---|" * len(t["head"])]
+        md += ["| " + " | ".join(m(c) for c in cells) + " |" for _, cells, _ in t["rows"]]
+        md += [f"_{m(n)}_" for n in t["notes"]]
     md += [""] + [f"![{f}]({f})" for f in images]
     md += [""] + [f"- trace {m(c)}@{m(w)}: [{m(t)}]({_md_link_target(t)}) (open in https://ui.perfetto.dev)"
                   for (c, w), t in traces.items()]
@@ -488,100 +537,36 @@ def _write_markdown(out_dir, summary, problems, runs, tables, images, traces, no
         fh.write("\n".join(md) + "\n")
 
 
-def _img(name: str | None, alt: str, images: dict) -> str:
-    if name is None:
-        return ""
-    e = html.escape
-    w, h = images[name]
-    return f"<img src='{e(name)}' alt='{e(alt)}' width='{w}' height='{h}'>"
+def _templates():
+    """The Jinja2 environment of ``templates/``: autoescaping on, an undefined name an error, and every text
+    shown through :func:`plain` first (control characters and bidi overrides as ``\\uXXXX``, as in Markdown)."""
+    import jinja2
+    import markupsafe
+
+    def finalize(value):
+        keep = isinstance(value, markupsafe.Markup) or not isinstance(value, str)
+        return value if keep else _plain(value, "\r\n\t")
+
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(os.path.dirname(__file__), "templates")),
+                              autoescape=True, undefined=jinja2.StrictUndefined, finalize=finalize)
 
 
-def _write_html(out_dir, summary, bad, problems, runs, tables, speedup_plot, throughput_plots, breakdown_plots,
-                scaling, lsgd, images, traces, notes) -> None:
-    e = html.escape
-    body = [f"<h1>fleetbench report</h1><p>{e(summary)}</p>"]
+def _markup(text: str):
+    """Constant page text of this module that carries its own markup (never a record's)."""
+    import markupsafe
 
-    # 1. failures and errors, then notes and cases not run
-    body.append("<section id='problems'>")
-    if bad:
-        body.append(f"<h2>Failures and errors ({len(bad)})</h2>")
-    else:
-        body.append("<p class='allgood'>No failures or errors: every case reported passed its check or has "
-                    "none to pass (n/a).</p>")
-    for p in problems:
-        if p["kind"] == "note" and not any(q["kind"] == "note" for q in problems[:problems.index(p)]):
-            body.append("<h3>Notes</h3>")
-        if p["kind"] == "skipped" and not any(q["kind"] == "skipped" for q in problems[:problems.index(p)]):
-            body.append("<h3>Not run</h3>")
-        cls = {"fail": "fail", "error": "error", "note": "note", "skipped": "skipped"}[p["kind"]]
-        msgs = "".join(f"<div><em>{e(k)}:</em><pre>{e(v)}</pre></div>" for k, v in p["messages"])
-        body.append(f"<div class='problem {cls}' data-case='{e(p['case'])}@{e(str(p['world']))}'>"
-                    f"<strong>{e(p['case'])}</strong> at world size {e(str(p['world']))}: "
-                    f"<span class='v-{e(p['verdict'])}'>{e(p['verdict'])}</span> (run {e(p['run_id'])}){msgs}</div>")
-    body.append("</section>")
+    return markupsafe.Markup(text)
 
-    # 2. run metadata, one column per run
-    keys = list(runs[0]) if runs else []
-    body.append("<section id='metadata'><h2>Runs</h2><table class='meta'>")
-    for k in keys:
-        body.append(f"<tr><th>{e(k)}</th>" + "".join(f"<td>{e(str(run[k]))}</td>" for run in runs) + "</tr>")
-    body.append("</table></section>")
 
-    # 3. how to read
-    body.append("<section id='how-to-read'><h2>How to read this</h2><ul>"
-                + "".join(f"<li>{t}</li>" for t in HOW_TO_READ)
-                + "<li>More in <code>docs/report.md</code>.</li></ul></section>")
-
-    # 4. per model
-    for model, rows in tables.items():
-        body.append(f"<section class='model' id='model-{e(_slug(model))}' data-model='{e(model)}'>"
-                    f"<h2>{e(model)}</h2><table><tr>" + "".join(f"<th>{e(h)}</th>" for h in HEAD)
-                    + "<th>trace</th></tr>")
-        reasons: dict = {}
-        for r, cells, why in rows:
-            tds = []
-            for i, c in enumerate(cells):
-                title = {6: why.get("exposed"), 7: why.get("calls"), 9: why.get("busbw")}.get(i)
-                attr = f" title='{e(title)}'" if title else ""
-                cls = f" class='verdict v-{e(c)}'" if i == 2 else ""
-                tds.append(f"<td{cls}{attr}>{e(c)}</td>")
-            if why.get("busbw"):
-                reasons.setdefault(why["busbw"], []).append(f"{r.case}@{r.world_size}")
-            t = traces.get((r.case, r.world_size))
-            tds.append(f"<td><a href='{e(t)}'>trace</a></td>" if t else "<td>-</td>")
-            row_cls = " class='bad'" if r.verdict in ("fail", "error") else ""
-            body.append(f"<tr{row_cls}>" + "".join(tds) + "</tr>")
-        body.append("</table>")
-        for why, cases in reasons.items():
-            body.append(f"<p class='note-line'>busbw not shown for {e(', '.join(cases))}: {e(why)}.</p>")
-        if speedup_plot.get(model):
-            body.append(_img(speedup_plot[model], f"{model}: speedup over plain", images))
-        else:
-            body.append("<p class='note-line'>No speedup plot: no case of this model has a speedup over plain "
-                        "(the baseline alone, or no timing finished).</p>")
-        body.append("</section>")
-
-    # 5. the rest
-    body.append("<section id='plots'>")
-    for w, name in throughput_plots:
-        if name:
-            body.append(f"<h2>Throughput at world size {w}</h2>"
-                        + _img(name, f"throughput at world size {w}, one panel per model", images))
-    for w, name in breakdown_plots:
-        if name:
-            body.append(f"<h2>Step breakdown at world size {w}</h2>"
-                        + _img(name, f"step breakdown at world size {w}", images))
-    if scaling:
-        body.append("<h2>Scaling over world sizes</h2>" + _img(scaling, "scaling efficiency", images))
-    if lsgd:
-        body.append("<h2>Local SGD trade-off</h2>" + _img(lsgd, "Local SGD: throughput against loss", images))
-    body.append("</section>")
-    if traces:
-        body.append("<section id='traces'><h2>Traces</h2><ul>" + "".join(
-            f"<li><a href='{e(t)}'>{e(c)}@{e(str(w))}</a> (Chrome/Perfetto JSON: open in https://ui.perfetto.dev)"
-            "</li>" for (c, w), t in traces.items()) + "</ul></section>")
-    body += [f"<p class='note-line'>{e(n)}</p>" for n in notes]
-    with open(os.path.join(out_dir, "index.html"), "w") as fh:
-        fh.write("<!doctype html><html><head><meta charset='utf-8'><title>fleetbench report</title>"
-                 f"<meta name='viewport' content='width=device-width'><style>{CSS}</style></head><body>\n"
-                 + "\n".join(body) + "\n</body></html>\n")
+def _html_table(model: str, t: dict, traces: dict, speedup) -> dict:
+    """A model's table as the template draws it: cells with their class and hover reason, busbw notes."""
+    busbw: dict = {}
+    rows = []
+    for r, cells, why in t["rows"]:
+        rows.append({"bad": r.verdict in ("fail", "error"), "trace": traces.get((r.case, r.world_size)),
+                     "cells": [{"text": c, "title": why.get(h), "cls": f"verdict v-{c}" if h == "verdict" else None}
+                               for h, c in zip(t["head"], cells)]})
+        if why.get("busbw GB/s"):
+            busbw.setdefault(why["busbw GB/s"], []).append(f"{r.case}@{r.world_size}")
+    return {"model": model, "slug": _slug(model), "head": t["head"], "rows": rows, "notes": t["notes"],
+            "busbw_notes": [(why, ", ".join(cases)) for why, cases in busbw.items()], "speedup": speedup}
