@@ -418,8 +418,18 @@ def test_the_local_sgd_plot_only_when_its_differences_exceed_their_noise(tmp_pat
             assert box.x0 <= b.x0 and b.x1 <= box.x1 and box.y0 <= b.y0 and b.y1 <= box.y1, t.get_text()
     finally:
         F.plt.close(fig)
+    fig = F.local_sgd_figure(F.latest(_lsgd(20, 2.2396 + 1e-6)))  # faster, the same loss: the title says so
+    try:
+        assert fig.axes[0].get_title().endswith("(final losses: within their noise)")
+    finally:
+        F.plt.close(fig)
     # a loss difference beyond both losses' noise is a trade-off too, at equal throughput
     assert F.local_sgd_unresolved(F.latest(_lsgd(40, 2.2396 + 0.01))) is None
+    fig = F.local_sgd_figure(F.latest(_lsgd(40, 2.2396 + 0.01)))
+    try:
+        assert fig.axes[0].get_title() == "Local SGD: throughput against loss"
+    finally:
+        F.plt.close(fig)
 
 
 def test_memory_is_the_footprint_and_the_transient_peak_only_where_measured(tmp_path):

@@ -325,7 +325,11 @@ def local_sgd_figure(recs: dict) -> object | None:
         axis.get_major_formatter().set_useOffset(False)
     ax.set_xlabel("final training loss (lower is better; bar: spread of the last steps)")
     ax.set_ylabel("samples/s (95% interval)")
-    ax.set_title("Local SGD: throughput against loss", fontsize=10)
+    base = {(p[2], p[1]): p for p in pts if variant_of(p[0]) == BASELINE_VARIANT}
+    apart = any(abs(p[5] - b[5]) > p[6] + b[6] for p in pts if "local_sgd" in variant_of(p[0])
+                for b in [base.get((p[2], p[1]))] if b)
+    ax.set_title("Local SGD: throughput against loss" + ("" if apart else " (final losses: within their noise)"),
+                 fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -7,15 +7,21 @@ Perfetto traces into ``traces/``.  The last record of each (case, world size) is
 The page, top to bottom (``docs/report.md`` explains how to read it):
 
 1. failures and errors, in colour, each with its messages (the check's, the record's error, why
-   the case was timed alone, a trace that could not be taken); cases that did not run;
+   the case was timed alone, a trace that could not be taken); cases that did not run; cases with
+   the same messages share one box, each message's full text one click away (``<details>``);
 2. run metadata: commit (and whether the tree was dirty), torch, CUDA, NCCL, device, backend,
    host, size, world size, run id, date: one column per run;
 3. a short "how to read this";
 4. per model: a table (verdict, throughput and speedup over plain with their 95% intervals,
-   step time, exposed communication, collectives per step, busbw where it means something) and a
-   speedup plot;
+   step time, exposed communication where it is communication, collectives per step, busbw where it
+   means something, footprint and transient peak memory where measured) and a speedup plot; tables
+   scroll sideways in their own box;
 5. throughput per model, the step breakdown (only where a ``none`` case ran), scaling (only with
-   world size 1 and another), the Local SGD trade-off (only with Local SGD records), traces.
+   world size 1 and another), the Local SGD trade-off (only where its differences exceed their noise),
+   traces.
+
+The HTML comes from the Jinja2 templates in ``templates/`` (autoescaping on; every text also through
+:func:`plain`); the Markdown is written here, each text through :func:`md_text`.
 
 A chart without data is not drawn; the page says why.  Images are at most
 ``figures.MAX_WIDTH_PX`` wide and scale down with the window.
