@@ -468,6 +468,12 @@ def test_identical_messages_are_one_box_with_the_full_message_one_click_away(tmp
     assert "<details><summary>" in box and "^^^^^^^^^" in box.split("<details>")[1]
     assert "^^^^" not in box.split("<details>")[0]  # what shows before the click is the first line
     assert "<script>" not in text and "&lt;script&gt;" in text and "\u202e" not in text and "\\u202e" in text
+    # the runner's one-line form of a rank's traceback ("… | ^^^^^^^^^ |"): the markers only under the click
+    one_line = "interleaved timing of 13 variants failed (RankFailure: rank 1 … loss = model(x) | ^^^^^^^^^ | boom)"
+    page, text, _ = _build(tmp_path / "one", [_rec("mlp/x", fallback=one_line, m=_metrics(40))])
+    box = text[text.index("data-case='mlp/x@2"):]
+    head, full = box[:box.index("</div>")].split("<details>")
+    assert "^^^" not in head and "loss = model(x) | boom)" in head and one_line in full
     lines = [ln for ln in md.splitlines() if ln.startswith("- note:")]
     assert sorted(ln.count("mlp/v") for ln in lines) == [0, 12]
 

@@ -491,9 +491,13 @@ def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dic
     return data
 
 
+_CARETS = re.compile(r"\s*\|?\s*[\^~]{3,}(?=\s*\||\s*$|\))")  # a traceback's ^^^^ markers, joined with " | "
+
+
 def _headline(text: str) -> str:
-    """A message's first line, at most 240 characters: what a problem box shows before its full message."""
-    line = _first_line(text)
+    """A message's first line without traceback markers, at most 240 characters: what a problem box shows
+    before its full message."""
+    line = _CARETS.sub("", _first_line(text))
     return line if len(line) <= 240 else line[:239] + "…"
 
 
@@ -505,7 +509,7 @@ def _groups(problems: list[dict]) -> list[dict]:
         key = (p["kind"], p["verdict"], tuple(p["messages"]))
         g = by.setdefault(key, {"kind": p["kind"], "verdict": p["verdict"], "cases": [], "runs": [],
                                 "case": p["case"], "world": p["world"],
-                                "messages": [(k, _headline(v), v if v.strip() != _headline(v) else "")
+                                "messages": [(k, _headline(v), v if v.strip() != _headline(v).strip() else "")
                                              for k, v in p["messages"]]})
         g["cases"].append(f"{p['case']}@{p['world']}")
         if p["run_id"] not in g["runs"]:
