@@ -376,6 +376,10 @@ def test_a_strategy_that_changes_compute_shows_no_exposed_communication(tmp_path
     assert bars["resnet/plain"][RED] == pytest.approx(30.0) and bars["resnet/overlap"][RED] == pytest.approx(10.0)
     assert bars["resnet/plain"].get(GREY, 0.0) == 0.0
     page, _, _ = _build(tmp_path, recs)
+    import json
+
+    cases = json.loads((tmp_path / "report_data.json").read_text())["cases"]
+    assert not cases["resnet/amp_bf16@2"]["exposed_is_comm"] and cases["resnet/overlap@2"]["exposed_is_comm"]
     table = _table([s for s in page.sections if s["model"] == "resnet"][0])
     amp = table[("resnet/amp_bf16", 2)]["exposed comm ms"]
     assert amp[0] == "-" and "changes compute" in amp[1]["title"]

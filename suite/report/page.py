@@ -373,7 +373,8 @@ def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dic
         data["cases"][f"{case}@{w}"] = {k: m.get(k) for k in NUMERIC_METRICS}
         data["cases"][f"{case}@{w}"].update(verdict=r.verdict, status=r.status, model=r.model, run_id=r.run_id,
                                              step_median_s=(m.get("step_time_s") or {}).get("median"),
-                                             busbw_shown=F.busbw_measurable(m)[0] if m else False)
+                                             busbw_shown=F.busbw_measurable(m)[0] if m else False,
+                                             exposed_is_comm=F.splits_step(case))
 
     images: dict = {}  # file -> (width, height)
 
