@@ -579,6 +579,34 @@ def _canonical_keys(values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+_BESIDE_STRATEGY = ("build_strategy", "exec_strategy", "execution_strategy")
+
+
+def _paddle_tables(path: str, data: dict) -> dict:
+    """A config file's keys as one table: ``[strategy]`` with Paddle's ``[build_strategy]`` and
+    ``[exec_strategy]`` (``BuildStrategy``, ``ExecutionStrategy``) beside it read too; any other top-level
+    key beside ``[strategy]`` refused by name (it would be ignored)."""
+    if "strategy" in data:
+        if not isinstance(data["strategy"], dict):
+            raise ConfigError(f"config file {path!r}: 'strategy' must be a table ([strategy]), not "
+                              f"{type(data['strategy']).__name__}")
+        extra = {k: v for k, v in data.items() if k != "strategy"}
+        bad = [k for k in extra if k not in _BESIDE_STRATEGY]
+        if bad:
+            raise ConfigError(f"config file {path!r}: top-level key(s) {', '.join(map(repr, bad))} beside [strategy] "
+                              f"would be ignored; allowed beside it: [build_strategy] and [exec_strategy] (Paddle's "
+                              f"BuildStrategy, ExecutionStrategy); strategy fields go inside [strategy]")
+        twice = sorted(set(extra) & set(data["strategy"]))
+        if twice:
+            raise ConfigError(f"config file {path!r}: [{twice[0]}] given both inside and beside [strategy]")
+        data = {**data["strategy"], **extra}
+    if "exec_strategy" in data:  # the name Paddle's examples use for DistributedStrategy.execution_strategy
+        if "execution_strategy" in data:
+            raise ConfigError(f"config file {path!r}: both [exec_strategy] and [execution_strategy]; give one")
+        data = {("execution_strategy" if k == "exec_strategy" else k): v for k, v in data.items()}
+    return data
+
+
 def toml_fields(path: str) -> dict[str, Any]:
     """The fields a TOML file sets explicitly, by our names (a ``[strategy]`` table or the top level).
 
@@ -586,9 +614,25 @@ def toml_fields(path: str) -> dict[str, Any]:
     valid config's fields: ``fleetbench run --config`` applies exactly these on top of each case, so a
     field the file sets to its default still overrides a case that sets it otherwise.
     """
+    import os
+    import stat
+
     try:
-        with open(path, "rb") as fh:
+        # Non-blocking open: a FIFO or a device is refused by its type, never read.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise IsADirectoryError
+            if not stat.S_ISREG(st.st_mode):
+                raise ConfigError(f"config file {path!r} is not a regular file (a FIFO, device or socket); "
+                                  f"expected a TOML file")
+            if st.st_size > 2**20:
+                raise ConfigError(f"config file {path!r} is {st.st_size} bytes; a strategy config is at most 1 MiB")
+            os.set_blocking(fd, True)
             data = tomllib.load(fh)
+    except ConfigError:
+        raise
     except FileNotFoundError:
         raise ConfigError(f"config file {path!r} does not exist") from None
     except IsADirectoryError:
@@ -599,8 +643,12 @@ def toml_fields(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path!r} is not valid TOML: {exc}") from None
-    if "strategy" in data and isinstance(data["strategy"], dict):
-        data = data["strategy"]
+    except RecursionError:
+        raise ConfigError(f"config file {path!r} nests tables or arrays too deeply to read") from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise ConfigError(f"config file {path!r}: {str(exc).split(';')[0]} (an integer this long is no "
+                          f"strategy value)") from None
+    data = _paddle_tables(path, data)
     fields_ = _canonical_keys(data)
     StrategyConfig(**fields_)  # the combination must be valid on its own
     return fields_

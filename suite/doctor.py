@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -407,7 +408,11 @@ def item_bucketed(ctx: DoctorRun) -> Item:
 
 
 def item_hierarchical(ctx: DoctorRun) -> Item:
-    rpn = 2 if ctx.nproc >= 4 and ctx.nproc % 2 == 0 else 1
+    if ctx.nproc < 2:
+        return Item("hierarchical overlap (2 communicators, no hang)", NA,
+                    "one rank: a hierarchy needs nodes of at least 2 ranks (run with --nproc 4 for two nodes)")
+    # ranks per node: the smallest divisor >= 2 that leaves two nodes or more; else one node of every rank
+    rpn = next((d for d in range(2, ctx.nproc) if ctx.nproc % d == 0), ctx.nproc)
     cfg = dict(BUCKETED, use_hierarchical_allreduce=True, hierarchical_allreduce_inter_nranks=rpn)
     out = ctx.call(bucketed_on_rank, dict(config=cfg), timeout=ctx.hang_timeout)
     r = max(out, key=lambda a: a["max_error"])
@@ -554,18 +559,45 @@ def item_torchrun(ctx: DoctorRun) -> Item:
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "suite.cli.main", "torchrun-probe", "--device", device]
+    # torchrun's rendezvous store listens on every interface (TCPStore has no bind address): where a private
+    # network namespace can be made (root), the job runs in one with only loopback up.
+    private = _private_netns_prefix()
+    from .runtime.pool import owned_tempdir, remove_stale
+
+    remove_stale()
+    tmp, owner = owned_tempdir("fleetbench-doctor-")  # torchelastic_* directories go here, removed after
+    env["TMPDIR"] = tmp
     t0 = time.monotonic()
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=90, cwd=root)
+        proc = subprocess.run(private + cmd, env=env, capture_output=True, text=True, timeout=90, cwd=root)
     except subprocess.TimeoutExpired:
         return Item("torchrun error path", FAIL, "the job did not end within 90 s (the error was not reported)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.close(owner)
     took = time.monotonic() - t0
     out = proc.stdout + proc.stderr
     reported = "deliberate error on rank 1" in out and "rank 1 raised" in out
     ok = proc.returncode != 0 and reported and took < 60
     return Item("torchrun error path", PASS if ok else FAIL,
                 f"2 ranks ({device}): rank 1's error {'reported' if reported else 'NOT reported'}, job ended "
-                f"in {took:.1f} s with exit status {proc.returncode}")
+                f"in {took:.1f} s with exit status {proc.returncode}; "
+                + ("in a private network namespace (loopback only)" if private else
+                   "its rendezvous store listened on all interfaces meanwhile (no private network namespace here)"))
+
+
+def _private_netns_prefix() -> list:
+    """A command prefix that runs a command in a new network namespace with loopback up, or [] when
+    one cannot be made here (not root, no unshare/ip)."""
+    unshare, ip = shutil.which("unshare"), shutil.which("ip")
+    if not unshare or not ip:
+        return []
+    prefix = [unshare, "-n", "sh", "-c", f'"{ip}" link set lo up && exec "$@"', "sh"]
+    try:
+        ok = subprocess.run(prefix + ["true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return prefix if ok else []
 
 
 ITEMS: list[Callable] = [item_platform, item_allreduce, item_half, item_bucketed, item_hierarchical, item_reader,

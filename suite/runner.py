@@ -180,9 +180,9 @@ def unused_parameters(exc: BaseException) -> str | None:
 
 def _engine_bytes(model_ref: str, size: str) -> int:
     """A bound on one engine's memory on one rank: parameters, gradients, flat buckets, optimizer state."""
-    from .models import count_parameters, get_model
+    from .models import model_info  # a user's factory is never called in this process
 
-    _, elements = count_parameters(get_model(model_ref, size))
+    elements = model_info(model_ref, size).parameter_elements
     return 4 * 4 * elements  # fp32; four copies (params, grads/buckets, momentum, scratch)
 
 
@@ -294,9 +294,9 @@ class CaseRunner:
         if self.opts.per_rank_batch or case.per_rank_batch:
             return int(self.opts.per_rank_batch or case.per_rank_batch)  # type: ignore[arg-type]
         if case.model not in self._batches:
-            from .models import get_model
+            from .models import model_info
 
-            self._batches[case.model] = get_model(case.model, self.opts.size).per_rank_batch
+            self._batches[case.model] = model_info(case.model, self.opts.size).per_rank_batch
         return self._batches[case.model]
 
     def workload_spec(self, case: Case) -> WorkloadSpec:
@@ -589,9 +589,17 @@ class CaseRunner:
             return
         rel = os.path.join("traces", self.run_id, f"{rc.case.name.replace('/', '_')}@{self.world}.json")
         path = os.path.join(self.opts.results_dir, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as fh:
-            json.dump(chrome_trace(answers, title=f"{rc.case.name} at world size {self.world}, run {self.run_id}"), fh)
+        root = os.path.join(os.path.realpath(self.opts.results_dir), "traces")
+        try:  # the record stands whatever happens to its trace; nothing is written outside traces/
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            if os.path.commonpath([root, os.path.realpath(path)]) != root:  # a planted symlink, a crafted name
+                raise OSError(f"{path} leads outside {root}")
+            with open(path, "w", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as fh:
+                json.dump(chrome_trace(answers, title=f"{rc.case.name} at world size {self.world}, "
+                                                      f"run {self.run_id}"), fh)
+        except (OSError, ValueError) as exc:
+            rec.metrics = dataclasses.replace(rec.metrics, trace_error=f"trace not written: {exc}")
+            return
         rec.metrics = dataclasses.replace(rec.metrics, trace_file=rel)
 
     def prepare(self, rc: ResolvedCase) -> PreparedCase:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from .cases import CASES, Case, cases_for_model, select_cases
 from .config import ConfigError, StrategyConfig, toml_fields
-from .models import MODELS, ModelError, default_size, get_model
+from .models import MODELS, ModelError, default_size, model_info
 from .runner import ResolvedCase
 
 __all__ = ["Selection", "Resolved", "choose_platform", "default_worlds", "resolve_at", "SIZES", "DEVICES"]
@@ -72,7 +72,7 @@ def _pool(models: tuple[str, ...], size: str) -> list[Case]:
         if ref in known:
             continue
         try:
-            spec = get_model(ref, size)
+            spec = model_info(ref, size)  # a user's factory runs in a child process, bounded
         except ModelError as exc:
             raise ConfigError(str(exc)) from None
         if ref in MODELS:  # registered, but with no case of its own in the registry

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -38,6 +39,21 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
+def _die_with_parent():
+    """A ``preexec_fn`` setting PR_SET_PDEATHSIG(SIGTERM) in the child (Linux, main thread only: the
+    signal follows the thread that forks), or None.  The ctypes function is looked up here, so the child
+    runs nothing but the call."""
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+
+
 class TrialServer:
     def __init__(self, root: str, label: str, nproc: int = 2, python: str | None = None, timeout: float = 600.0,
                  start_timeout: float = 180.0, device: str | None = None, log_path: str | None = None,
@@ -59,8 +75,11 @@ class TrialServer:
             cmd += ["--device", device]
         self._log = open(self.log_path, "w")
         # A session of its own: a Ctrl-C in the terminal reaches `ab`, which shuts the servers down in order.
+        # The server dies with `ab` (SIGTERM from the kernel when `ab` dies, killed -9 too; its ranks follow
+        # through their parent pipe) when started from the main thread, which lives as long as `ab`.
         self.proc = subprocess.Popen(cmd, cwd=self.root, env=child_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._log, text=True, bufsize=1, start_new_session=True)
+                                     stderr=self._log, text=True, bufsize=1, start_new_session=True,
+                                     preexec_fn=_die_with_parent())
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._stdin, self._stdout = self.proc.stdin, self.proc.stdout
         self._lines: queue.Queue[str | None] = queue.Queue()
@@ -161,6 +180,28 @@ class TrialServer:
     def request(self, op: str, timeout: float | None = None, **fields: Any) -> dict:
         return self.receive(self.send(op, **fields), f"{op} {fields.get('case') or fields.get('key') or ''}".strip(),
                             timeout)
+
+    def kill(self, grace: float = 2.0) -> None:
+        """Stop the server now (an interrupted `ab`): SIGTERM, so its ranks see it gone and remove their
+        store; after ``grace`` seconds its whole process group is killed."""
+        if self.proc.poll() is None:
+            try:
+                self.proc.terminate()
+                self.proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # ranks still there (the server's session is its own)
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            self._log.close()
+        except OSError:
+            pass
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -27,6 +27,7 @@ import os
 import random
 import re
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -439,6 +440,7 @@ def run_ab(repo: str, base_rev: str, head_rev: str, opts: AbOptions,
     """`fleetbench ab BASE HEAD` (see the module docstring); raises AbInputError/RevisionError for exit 2."""
     with Worktrees(repo) as wt:
         bc, hc = wt.resolve(base_rev), wt.resolve(head_rev)
+        wt.check_clean({"BASE": (base_rev, bc), "HEAD": (head_rev, hc)})
         wt.check_protocol(bc, "BASE")
         wt.check_protocol(hc, "HEAD")
         sides: list[Side] = []
@@ -478,8 +480,9 @@ def run_ab(repo: str, base_rev: str, head_rev: str, opts: AbOptions,
             report.cases = compare_all(names, one, opts.seq, total, say)
             return report
         finally:
-            for s in sides:
-                s.server.close()
+            interrupted = isinstance(sys.exc_info()[1], (KeyboardInterrupt, SystemExit))
+            for s in sides:  # interrupted (Ctrl-C, a CI cancel's SIGINT/SIGTERM): at once, not in order
+                s.server.kill() if interrupted else s.server.close()
 
 
 def compare_all(names: list[str], compare: Callable[[str, SeqOptions], CaseOutcome], seq: SeqOptions,

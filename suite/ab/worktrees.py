@@ -53,6 +53,7 @@ class Worktrees:
         self.repo = repo_root(repo)
         self.tmp_parent = tmp_parent
         self.dir: str | None = None
+        self._owner: int | None = None  # the locked owner file of self.dir (see suite.runtime.pool.owned_tempdir)
         self.paths: list[str] = []
 
     def resolve(self, rev: str) -> str:
@@ -75,9 +76,27 @@ class Worktrees:
     def subject(self, commit: str) -> str:
         return git(self.repo, "log", "-1", "--format=%s", commit, check=False)
 
+    def check_clean(self, revisions: dict) -> None:
+        """Refuse a revision that names the commit checked out in the repository while its working tree has
+        uncommitted changes to tracked files: they would silently not be compared."""
+        head = git(self.repo, "rev-parse", "--verify", "--quiet", "HEAD", check=False)
+        dirty = git(self.repo, "status", "--porcelain", "--untracked-files=no", check=False).splitlines()
+        for label, (rev, commit) in revisions.items():
+            if dirty and commit == head:
+                raise RevisionError(
+                    f"{label} {rev!r} is the commit checked out in {self.repo}, whose working tree has uncommitted "
+                    f"changes to {len(dirty)} tracked file(s) (e.g. {dirty[0].split(maxsplit=1)[-1]}); `ab` compares "
+                    f"commits, so "
+                    f"those changes would not be measured: commit them (or stash them) first")
+
     def add(self, commit: str, label: str) -> str:
         if self.dir is None:
-            self.dir = tempfile.mkdtemp(prefix="fleetbench-ab-", dir=self.tmp_parent)
+            from ..runtime.pool import owned_tempdir, remove_stale
+
+            remove_stale("fleetbench-", self.tmp_parent)  # leftovers of runs whose owner died (killed -9)
+            subprocess.run(["git", "-C", self.repo, "worktree", "prune"], capture_output=True)
+            self.dir, self._owner = owned_tempdir("fleetbench-ab-") if self.tmp_parent is None else \
+                (tempfile.mkdtemp(prefix="fleetbench-ab-", dir=self.tmp_parent), None)
             atexit.register(self.remove)
         path = os.path.join(self.dir, f"{label}-{commit[:10]}-{len(self.paths)}")
         git(self.repo, "worktree", "add", "--detach", "--quiet", path, commit)
@@ -97,6 +116,9 @@ class Worktrees:
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
+        if self._owner is not None:
+            os.close(self._owner)
+            self._owner = None
         subprocess.run(["git", "-C", self.repo, "worktree", "prune"], capture_output=True)
 
     def __enter__(self) -> Worktrees:

@@ -99,10 +99,21 @@ def options(args):
     from ..config import ConfigError
     from ..models import default_size
     from ..selection import choose_platform, default_worlds
+    from .checks import check_nproc, check_number
 
     for name in ("nproc", "steps", "check_steps"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 1")
+    problem = ((check_nproc(args.nproc, args.device) if args.nproc is not None else None)
+               or (check_number("--batch", args.batch, minimum=1) if args.batch is not None else None)
+               or check_number("--timeout", args.timeout, above=0.0, maximum=7 * 86400.0, unit="seconds")
+               or check_number("--seed", args.seed, minimum=0, maximum=2**32 - 1)
+               or check_number("--steps", args.steps, minimum=1, maximum=10**6))
+    if problem:
+        raise ValueError(problem)
+    if args.python is not None and not (os.path.isfile(args.python) and os.access(args.python, os.X_OK)):
+        raise ValueError(f"--python {args.python!r}: not an executable file; give the interpreter of the trial "
+                         f"servers (e.g. {sys.executable})")
     for name in ("trial_warmup", "warmup"):
         if getattr(args, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 0")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 
 
 def check_number(option: str, value, *, minimum=None, above=None, maximum=None, unit: str = "") -> str | None:
@@ -30,15 +31,41 @@ def check_number(option: str, value, *, minimum=None, above=None, maximum=None, 
     return None
 
 
-def max_local_ranks() -> int:
-    """Ranks are processes on this machine: at most 32 or one per CPU, whichever is more."""
-    return max(32, os.cpu_count() or 1)
+RANK_MEMORY = 300 * 2**20  # what one CPU rank holds at least (torch imported, a small model)
+
+
+def max_local_ranks(device: str | None = "cpu") -> int:
+    """Ranks are processes on this machine: at most 32 or one per CPU, whichever is more, and no more
+    than the available memory holds (:data:`RANK_MEMORY` each); on CUDA, one per GPU."""
+    if device == "cuda":
+        import torch
+
+        return max(1, torch.cuda.device_count())
+    cap = max(32, os.cpu_count() or 1)
+    try:
+        with open("/proc/meminfo") as fh:
+            avail = next(int(ln.split()[1]) * 1024 for ln in fh if ln.startswith("MemAvailable:"))
+        cap = min(cap, max(1, avail // RANK_MEMORY))
+    except (OSError, StopIteration, ValueError, IndexError):
+        pass
+    return cap
+
+
+def check_nproc(value, device: str | None = "cpu", option: str = "--nproc") -> str | None:
+    """None when ``value`` local ranks fit this machine, else one line saying what does."""
+    return check_number(option, value, minimum=1, maximum=max_local_ranks(device),
+                        unit="local ranks this machine holds: its CPUs (32 at least), its memory "
+                             f"({RANK_MEMORY // 2**20} MiB a rank){', its GPUs' if device == 'cuda' else ''}")
 
 
 def unwritable(path: str):
     """Why ``path`` cannot be written as a file (None when it can, as far as can be told beforehand)."""
     if os.path.isdir(path):
         return "is a directory; give a file name"
+    if os.path.islink(path):
+        return "is a symbolic link; give the file itself"
+    if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):
+        return "is not a regular file (a FIFO, device or socket)"
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         return f"the directory {parent} does not exist"

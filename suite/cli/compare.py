@@ -50,7 +50,7 @@ def main(args) -> int:
     from ..results.compare import compare_sides
     from ..results.gate import GateOptions
     from ..results.load import load_side
-    from ..results.records import ResultsFileError
+    from ..results.records import ResultsFileError, plain
     from .checks import unwritable
 
     if args.markdown and unwritable(args.markdown):  # found out now, not after the comparison
@@ -62,7 +62,7 @@ def main(args) -> int:
         head = load_side(args.head, args.head_run_id)
         cmp = compare_sides(base, head, opts, strict=args.strict)
     except (ResultsFileError, ValueError) as exc:
-        print(f"fleetbench compare: error: {exc}", file=sys.stderr)
+        print(f"fleetbench compare: error: {plain(exc)}", file=sys.stderr)
         return 2
     if args.json:
         import json
@@ -77,17 +77,22 @@ def main(args) -> int:
 
     frame = cmp.frame()
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 500):
-        print(f"BASE {args.base} ({base.kind})\nHEAD {args.head} ({head.kind})\n")
-        print(frame.to_string(index=False) if len(frame) else "(no cases)")
+        print(plain(f"BASE {args.base} ({base.kind})\nHEAD {args.head} ({head.kind})\n", keep="\n"))
+        print(plain(frame.to_string(index=False), keep="\n") if len(frame) else "(no cases)")
     for w in cmp.warnings:
-        print(f"warning: {w}", file=sys.stderr)
+        print(f"warning: {plain(w)}", file=sys.stderr)
     if args.markdown:
-        with open(args.markdown, "w") as fh:
-            fh.write(markdown_table(frame))
+        try:
+            with open(args.markdown, "w") as fh:
+                fh.write(markdown_table(frame))
+        except OSError as exc:
+            print(f"fleetbench compare: error: --markdown {args.markdown!r}: not written ({exc.strerror or exc})",
+                  file=sys.stderr)
+            return 2
     if cmp.failures:
         print(f"\nregression gate: FAIL ({len(cmp.failures)})", file=sys.stderr)
         for f in cmp.failures:
-            print(f"  {f}", file=sys.stderr)
+            print(f"  {plain(f)}", file=sys.stderr)
         return 1
     if cmp.undecided:
         print(f"\nregression gate: UNDECIDED ({len(cmp.undecided)} case(s) whose samples cannot support a verdict "
@@ -95,7 +100,7 @@ def main(args) -> int:
               file=sys.stderr)
         for r in cmp.undecided:
             d = r["detectable_slowdown"]
-            print(f"  {r['case']}@{r['world']}: {r['change']}" + (f", could have caught ≥ {d:.0%}" if d else ""),
+            print(plain(f"  {r['case']}@{r['world']}: {r['change']}" + (f", could have caught ≥ {d:.0%}" if d else "")),
                   file=sys.stderr)
         return 3
     print(f"\nregression gate: ok (threshold {opts.threshold:.0%}, alpha {opts.alpha:g}, {opts.method})")

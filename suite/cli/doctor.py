@@ -37,9 +37,12 @@ def main(args) -> int:
     from ..config import ConfigError
     from ..doctor import format_table, run_doctor, to_json
     from ..runtime.device import CudaUnavailable
+    from .checks import check_nproc, check_number
 
-    if args.nproc is not None and args.nproc < 1:
-        raise ConfigError(f"--nproc {args.nproc}: must be at least 1")
+    problem = ((check_nproc(args.nproc, args.device) if args.nproc is not None else None)
+               or check_number("--hang-timeout", args.hang_timeout, above=0.0, maximum=86400.0, unit="seconds"))
+    if problem:
+        raise ConfigError(problem)
     progress = None if args.json else (lambda item: print(f"  {item.status:<20} {item.item}", file=sys.stderr,
                                                           flush=True))
     try:

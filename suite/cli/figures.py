@@ -105,8 +105,14 @@ def main(args) -> int:
         print(f"fleetbench figures: error: figure set {args.name!r} is unknown; allowed: {', '.join(names)}",
               file=sys.stderr)
         return 2
-    if args.nproc < 1:
-        print(f"fleetbench figures: error: --nproc {args.nproc}: must be >= 1", file=sys.stderr)
+    from .checks import check_nproc, check_number, unwritable
+
+    problem = (check_nproc(args.nproc) or check_number("--rounds", args.rounds, minimum=1, maximum=10**5)
+               or check_number("--steps", args.steps, minimum=1, maximum=10**6)
+               or check_number("--timeout", args.timeout, above=0.0, maximum=7 * 86400.0, unit="seconds")
+               or (f"--out {args.out!r}: {unwritable(args.out)}" if args.out and unwritable(args.out) else None))
+    if problem:  # before any rank starts
+        print(f"fleetbench figures: error: {problem}", file=sys.stderr)
         return 2
     from ..measure.metadata import machine_line  # heavy (torch): imported once a figure is chosen
     from ..runtime import RankPool

@@ -114,10 +114,10 @@ def main(args) -> int:
         except ValueError as exc:
             return fail(f"--profile {args.profile!r}: {exc}")
     else:
-        from ..models import ModelError, get_model
+        from ..models import ModelError, model_info
 
         try:
-            get_model(args.model, args.size)
+            model_info(args.model, args.size)  # a user's factory runs in a child process
         except ModelError as exc:
             return fail(str(exc))
         if args.save_profile:

@@ -21,35 +21,42 @@ def add_parser(sub) -> None:
                            fleetbench report results/nightly/runs.jsonl --out results/reports/nightly"""))
     p.add_argument("results", nargs="+", help="records files (.jsonl) from fleetbench run")
     p.add_argument("--out", default=os.path.join("results", "reports", "latest"),
-                   help="output directory: index.html, summary.md, the plots, report_data.json, the traces "
-                        "(default results/reports/latest)")
+                   help="output directory (new, empty, or holding a previous report): index.html, summary.md, the "
+                        "plots, report_data.json, the traces (default results/reports/latest)")
+    p.add_argument("--force", action="store_true", help="write into --out even if it holds other files")
     p.add_argument("--run-id", action="append", default=[], help="only these runs (repeatable; default: every run "
                    "in the files, the last record of each case and world size)")
     p.set_defaults(func=main)
 
 
 def main(args) -> int:
-    from ..report.page import build_report
-    from ..results.records import ResultsFileError, read_records
+    from ..report.page import build_report, out_problem
+    from ..results.records import ResultsFileError, plain, read_records
 
-    records = []
+    dirs = [os.path.dirname(os.path.abspath(p)) for p in args.results]
+    why = out_problem(args.out, dirs, force=args.force)
+    if why:  # found out before anything is read or written
+        print(f"fleetbench report: error: --out {plain(args.out)}: {why}", file=sys.stderr)
+        return 2
+    records, record_dirs = [], {}
     try:
-        for path in args.results:
-            records += read_records(path)
+        for path, d in zip(args.results, dirs):
+            for rec in read_records(path):
+                records.append(rec)
+                record_dirs[id(rec)] = d  # each file's traces are under its own directory
     except ResultsFileError as exc:
-        print(f"fleetbench report: error: {exc}", file=sys.stderr)
+        print(f"fleetbench report: error: {plain(exc)}", file=sys.stderr)
         return 2
     if args.run_id:
         records = [r for r in records if r.run_id in args.run_id]
     if not records:
-        print(f"fleetbench report: error: no records in {', '.join(args.results)}"
-              + (f" for run id(s) {', '.join(args.run_id)}" if args.run_id else ""), file=sys.stderr)
+        print(f"fleetbench report: error: no records in {plain(', '.join(args.results))}"
+              + (f" for run id(s) {plain(', '.join(args.run_id))}" if args.run_id else ""), file=sys.stderr)
         return 2
-    results_dir = os.path.dirname(os.path.abspath(args.results[0]))
-    data = build_report(records, args.out, results_dir)
+    data = build_report(records, args.out, dirs[0], record_dirs)
     bad = [p for p in data["problems"] if p["kind"] in ("fail", "error")]
-    print(f"report: {os.path.join(args.out, 'index.html')} and summary.md ({len(data['plots'])} plot(s), "
-          f"{len(data['traces'])} trace(s))"
-          + (f"; {len(bad)} failure(s) or error(s), listed first: "
-             + ", ".join(f"{p['case']}@{p['world']} {p['verdict']}" for p in bad) if bad else ""))
+    print(plain(f"report: {os.path.join(args.out, 'index.html')} and summary.md ({len(data['plots'])} plot(s), "
+                f"{len(data['traces'])} trace(s))"
+                + (f"; {len(bad)} failure(s) or error(s), listed first: "
+                   + ", ".join(f"{p['case']}@{p['world']} {p['verdict']}" for p in bad) if bad else "")))
     return 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -21,6 +22,7 @@ from typing import Any
 
 from ..config import ConfigError
 from ..selection import SIZES, Selection
+from .checks import check_nproc
 
 DEFAULT_RESULTS = os.path.join("results", "runs.jsonl")
 
@@ -102,6 +104,11 @@ def main(args) -> int:
         cluster_spec = apply_cluster_args(args, under_torchrun=env is not None)
     if args.nproc is not None:
         _positive("nproc", args.nproc)
+        if not env and (why := check_nproc(args.nproc, args.device)):
+            raise ConfigError(why)
+    if args.steps > 10**6 or args.rounds > 10**5:
+        raise ConfigError(f"--steps {args.steps} / --rounds {args.rounds}: at most 1000000 steps per window and "
+                          f"100000 rounds")
     for name in ("steps", "rounds", "check_steps"):
         _positive(name.replace("_", "-"), getattr(args, name))
     _positive("warmup", args.warmup, 0)
@@ -109,6 +116,9 @@ def main(args) -> int:
     if args.timeout is not None:
         _seconds("timeout", args.timeout)
     _seconds("pg-timeout", args.pg_timeout)
+    for name, value in (("timeout", args.timeout), ("pg-timeout", args.pg_timeout)):
+        if value is not None and value > 7 * 86400:  # a timedelta of 1e300 s overflows in the ranks
+            raise ConfigError(f"--{name} {value:g}: at most {7 * 86400} seconds (a week)")
     if args.batch is not None:
         _positive("batch", args.batch)
     # every config validated before any rank starts
@@ -125,6 +135,8 @@ def main(args) -> int:
     # under torchrun only rank 0 reads the results file (its host's); the others get its answer below
     resume = _resolve_resume(args, world) if args.resume and not (env and env.rank) else None
     _check_results_file(args.results)
+    if args.trace_steps:
+        _check_traces_dir(os.path.join(os.path.dirname(os.path.abspath(args.results)), "traces"))
 
     from ..runner import CaseRunner, RunOptions
 
@@ -156,6 +168,7 @@ def main(args) -> int:
                                     pg_timeout=args.pg_timeout, **cluster_kw)
         reporter = True
     records: list = []
+    written: dict = {}  # file -> records appended to it (the results file, or a fallback)
     display = RunDisplay(live=sys.stdout.isatty() and reporter)
     try:
         runner = CaseRunner(launcher, world, opts, reporter=reporter, say=display.say, on_progress=display.event)
@@ -179,8 +192,14 @@ def main(args) -> int:
                     runner.say(f"      {rec.case:28s} {rec.samples_per_s:9.1f} samples/s   {sp_text}"
                                f"{_allreduce_counts(rec.describe)}")
                 if reporter:
-                    _append(args.results, rec)
+                    dest = _append(args.results, rec)
+                    written[dest] = written.get(dest, 0) + 1
             records += batch
+    except KeyboardInterrupt:
+        saved = "; ".join(f"{n} record(s) of finished cases kept in {t}" for t, n in written.items())
+        print(f"fleetbench run: interrupted; {saved or 'no case had finished, nothing was written'}",
+              file=sys.stderr, flush=True)
+        raise SystemExit(130) from None
     finally:
         display.stop()
         launcher.close()
@@ -192,7 +211,8 @@ def main(args) -> int:
             shutdown()
     if reporter:
         print_table(records)
-        print(f"\n{len(records)} record(s) appended to {args.results}")
+        print("\n" + "; ".join(f"{n} record(s) appended to {t}" for t, n in written.items()) if written
+              else "\nno record written")
         traces = [r.metrics["trace_file"] for r in records if r.metrics.get("trace_file")]
         if traces:
             print("traces (open in https://ui.perfetto.dev): "
@@ -281,22 +301,28 @@ def _allreduce_counts(describe: Mapping) -> str:
 _FALLBACK: dict = {}
 
 
-def _append(path: str, rec) -> None:
-    """Append a record; if the results file cannot take it any more, write it to a fallback file and say where."""
+def _append_target(path: str) -> str:
+    return _FALLBACK.get(path, path)
+
+
+def _append(path: str, rec) -> str:
+    """Append a record and return the file it went to: the results file, or, once that cannot take a
+    record (a full disk: the file is cut back to its last whole record), a fallback file, said where."""
     from ..results.records import append_record
 
-    target = _FALLBACK.get(path, path)
+    target = _append_target(path)
     try:
         append_record(target, rec)
-        return
+        return target
     except OSError as exc:
         why = f"{type(exc).__name__}: {exc}"
-    fd, fallback = tempfile.mkstemp(prefix=f"fleetbench-{rec.run_id}-", suffix=".jsonl")
+    fd, fallback = tempfile.mkstemp(prefix="fleetbench-fallback-", suffix=".jsonl")
     os.close(fd)
     _FALLBACK[path] = fallback
-    print(f"fleetbench run: cannot append to {path} ({why}); records of this run go to {fallback}",
-          file=sys.stderr, flush=True)
+    print(f"fleetbench run: cannot append to {path} ({why}; the file keeps its earlier records intact); this and "
+          f"the next records of this run go to {fallback}", file=sys.stderr, flush=True)
     append_record(fallback, rec)
+    return fallback
 
 
 def _check_results_file(path: str) -> None:
@@ -306,6 +332,11 @@ def _check_results_file(path: str) -> None:
 
     if os.path.isdir(path):
         raise ConfigError(f"--results {path}: is a directory; give a file, e.g. {os.path.join(path, 'runs.jsonl')}")
+    if os.path.islink(path):
+        raise ConfigError(f"--results {path}: is a symbolic link (to {os.readlink(path)!r}); give the file itself, "
+                          f"so records are written where you pointed")
+    if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):
+        raise ConfigError(f"--results {path}: is not a regular file (a FIFO, device or socket); give a .jsonl file")
     if os.path.exists(path) and os.path.getsize(path):
         try:
             read_records(path)
@@ -325,6 +356,17 @@ def _check_results_file(path: str) -> None:
             from None
 
 
+def _check_traces_dir(traces: str) -> None:
+    """Before any rank starts: traces go to ``traces`` (a real directory, writable, or creatable)."""
+    if os.path.islink(traces) or (os.path.exists(traces) and not os.path.isdir(traces)):
+        what = "a symbolic link" if os.path.islink(traces) else "not a directory"
+        raise ConfigError(f"--trace-steps: {traces} is {what}; traces are written into a directory of that "
+                          f"name: move it aside")
+    where = traces if os.path.isdir(traces) else os.path.dirname(traces)
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise ConfigError(f"--trace-steps: {where} is not writable; traces could not be written")
+
+
 def _resolve_resume(args, world: int) -> tuple[str, set]:
     """(run id, cases already recorded for it) of the run to resume; sets ``args.results``.
 
@@ -332,7 +374,7 @@ def _resolve_resume(args, world: int) -> tuple[str, set]:
     run id in ``--results``.  Every record is read through ``read_records``: a corrupt file is
     an error naming the file and line, and nothing in it is touched.
     """
-    from ..results.records import ResultsFileError, read_records
+    from ..results.records import ResultsFileError, name_problem, read_records
 
     target = args.resume
     looks_like_path = os.sep in target or target.endswith((".jsonl", ".json"))
@@ -352,6 +394,9 @@ def _resolve_resume(args, world: int) -> tuple[str, set]:
         if not records:
             raise ConfigError(f"--resume {target}: the results file holds no record, nothing to resume")
         run_id = records[-1].run_id
+    bad = name_problem(run_id)
+    if bad:
+        raise ConfigError(f"--resume {target}: run id {bad}; a run id names trace files, it cannot be a path")
     mine = [r for r in records if r.run_id == run_id]
     if not mine:
         ids = list(dict.fromkeys(r.run_id for r in records))[-5:]

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 __all__ = ["ModelSpec", "SIZES", "DATA_KINDS", "get_model", "MODELS", "default_size", "model_names",
-           "is_user_ref", "ModelError", "count_parameters"]
+           "is_user_ref", "ModelError", "count_parameters", "ModelInfo", "model_info"]
 
 SIZES = ("full", "cpu", "tiny")
 # What the synthetic data is; it decides which variants apply to a model (suite.cases).
@@ -214,10 +214,23 @@ def get_model(ref: str, size: str = "cpu", **options: Any) -> ModelSpec:
                      f"or module:function naming your own factory")
 
 
-def _user_model(ref: str, size: str) -> ModelSpec:
+def _check_user_ref(ref: str) -> tuple[str, str]:
+    """(module, function) of a ``module:function`` reference, refused before anything is imported when it
+    cannot name a factory of the user's own (a relative or standard-library module)."""
     module_name, _, fn_name = ref.partition(":")
-    if not module_name or not fn_name:
-        raise ModelError(f"--model {ref!r}: expected module:function, e.g. mypkg.models:make_spec")
+    if not module_name or not fn_name or module_name.startswith(".") or not all(
+            p.isidentifier() for p in module_name.split(".") + fn_name.split(".")):
+        raise ModelError(f"--model {ref!r}: expected module:function (an absolute module name), e.g. "
+                         f"mypkg.models:make_spec")
+    top = module_name.split(".")[0]
+    if top in sys.stdlib_module_names or top == "builtins":
+        raise ModelError(f"--model {ref!r}: {module_name!r} is Python's standard library; expected your own "
+                         f"module with a factory returning a suite.models.ModelSpec")
+    return module_name, fn_name
+
+
+def _user_model(ref: str, size: str) -> ModelSpec:
+    module_name, fn_name = _check_user_ref(ref)
     cwd = os.getcwd()
     if cwd not in sys.path:  # the user's own package, run from its directory, as `python -m` would find it
         sys.path.insert(0, cwd)
@@ -226,13 +239,16 @@ def _user_model(ref: str, size: str) -> ModelSpec:
     except ImportError as exc:
         raise ModelError(f"--model {ref!r}: cannot import {module_name!r} ({exc}); the current directory "
                          f"{cwd} is on the import path") from None
+    except Exception as exc:  # noqa: BLE001 - a syntax error, or the module raised while imported
+        raise ModelError(f"--model {ref!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
     obj: Any = module
     for part in fn_name.split("."):
         obj = getattr(obj, part, None)
         if obj is None:
             raise ModelError(f"--model {ref!r}: module {module_name!r} has no {fn_name!r}")
-    if not callable(obj):
-        raise ModelError(f"--model {ref!r}: {fn_name!r} is not callable; expected a factory returning a ModelSpec")
+    if not inspect.isfunction(obj) or (obj.__module__ or "").split(".")[0] in sys.stdlib_module_names:
+        raise ModelError(f"--model {ref!r}: {fn_name!r} is {type(obj).__name__}, not a Python function of your "
+                         f"own; expected a factory function returning a ModelSpec")
     try:
         takes_size = bool(inspect.signature(obj).parameters)
     except (TypeError, ValueError):
@@ -242,3 +258,84 @@ def _user_model(ref: str, size: str) -> ModelSpec:
         raise ModelError(f"--model {ref!r}: the factory returned {type(spec).__name__}; expected "
                          f"suite.models.ModelSpec")
     return spec
+
+
+# ---- a user's factory, called in a child process ----------------------------------------------------------
+FACTORY_TIMEOUT = 120.0  # seconds a user's factory may take to return its spec (imports included)
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the parent process needs to know of a model: read from the spec, never by building it here."""
+
+    name: str
+    data: str
+    has_batchnorm: bool
+    per_rank_batch: int
+    parameter_tensors: int
+    parameter_elements: int
+
+
+def _info(spec: ModelSpec) -> ModelInfo:
+    with torch.device("meta"):
+        module = spec.build()
+    if not isinstance(module, nn.Module):
+        raise ModelError(f"model {spec.name!r}: build() returned {type(module).__name__}; expected a "
+                         f"torch.nn.Module")
+    tensors, elements = count_parameters(spec)
+    return ModelInfo(spec.name, spec.data, spec.has_batchnorm, spec.per_rank_batch, tensors, elements)
+
+
+def _info_child(ref: str, size: str, conn) -> None:
+    try:
+        conn.send(("ok", _info(get_model(ref, size))))
+    except BaseException as exc:  # noqa: BLE001 - SystemExit too: a factory that exits is an error, said
+        what = f"called sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else f"{type(exc).__name__}: {exc}"
+        conn.send(("error", what[:2000]))
+
+
+_INFO: dict = {}
+
+
+def model_info(ref: str, size: str = "cpu", timeout: float | None = None) -> ModelInfo:
+    """:class:`ModelInfo` of ``ref`` at ``size``.  A registry model is read here; a user's ``module:function``
+    factory is called once, in a child process bounded by ``timeout``: a factory that raises, exits, hangs
+    or returns something else than a ModelSpec is a :class:`ModelError` naming it (nothing it does can touch
+    the parent)."""
+    key = (ref, size)
+    if key in _INFO:
+        return _INFO[key]
+    if not is_user_ref(ref):
+        _INFO[key] = _info(get_model(ref, size))
+        return _INFO[key]
+    import multiprocessing as mp
+
+    _check_user_ref(ref)
+    if size not in SIZES:
+        raise ModelError(f"--size {size!r}: allowed values are {', '.join(SIZES)}")
+    timeout = FACTORY_TIMEOUT if timeout is None else timeout
+    ctx = mp.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_info_child, args=(ref, size, send), daemon=True, name="fleetbench-model-factory")
+    proc.start()
+    send.close()
+    ready = False
+    try:
+        ready = recv.poll(timeout)
+        got = recv.recv() if ready else None
+    except (EOFError, OSError):
+        got = None
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join(5)
+        recv.close()
+    if got is None:
+        if not ready:
+            raise ModelError(f"--model {ref!r}: the factory did not return within {timeout:.0f} s; it was stopped")
+        raise ModelError(f"--model {ref!r}: the factory's process ended (exit code {proc.exitcode}) without "
+                         f"returning a ModelSpec")
+    if got[0] != "ok":
+        raise ModelError(f"--model {ref!r}: {got[1]}" if not got[1].startswith("--model") else got[1])
+    _INFO[key] = got[1]
+    return got[1]

@@ -6,10 +6,13 @@ None when there is nothing meaningful to draw (the page then shows no chart rath
 - throughput (samples/s) per model at one world size (:func:`throughput_figure`), one panel per model,
   each on its own axis;
 - the step broken into compute and exposed communication (:func:`breakdown_figure`), only for models
-  whose ``none`` case (compute alone) ran: without it the split is unknown;
+  whose ``none`` case (compute alone) ran: without it the split is unknown; and only for strategies that
+  change communication alone (:func:`splits_step`): a strategy that changes compute (AMP, compute fusion,
+  a fused optimizer, Local SGD …) is drawn as its whole step, since step − compute is not communication;
 - scaling over world sizes (:func:`scaling_figure`): efficiency = throughput(n) / (n · throughput(1)),
   only for cases recorded at world size 1 and at least one other;
-- the Local SGD trade-off (:func:`local_sgd_figure`): throughput against the final loss, per setting.
+- the Local SGD trade-off (:func:`local_sgd_figure`): throughput against the final loss, per setting, only
+  where a difference exceeds its noise (:func:`local_sgd_unresolved` says when it does not).
 
 ``latest(records)`` keeps the last ok record of each (case, world size); every figure reads only
 ``metrics`` the run wrote, so what is drawn is what was recorded.  Case names are drawn as plain text
@@ -28,7 +31,7 @@ from matplotlib.patches import Patch
 
 __all__ = ["latest", "throughput_figure", "speedup_figure", "breakdown_figure", "scaling_figure",
            "local_sgd_figure", "scaling_table", "plain", "num", "busbw_measurable", "DPI", "MAX_WIDTH_PX",
-           "BASELINE_VARIANT", "COMPUTE_VARIANT", "variant_of", "order_key"]
+           "BASELINE_VARIANT", "COMPUTE_VARIANT", "variant_of", "order_key", "splits_step", "local_sgd_unresolved"]
 
 DPI = 90
 MAX_WIDTH_PX = 1300  # a figure saved at DPI is never wider than this (the page's window is 1400 px)
@@ -53,7 +56,9 @@ def latest(records) -> dict:
 def plain(text) -> str:
     """``text`` for a matplotlib label, shown as it is: every ``$`` escaped, so mathtext never parses
     it (matplotlib counts ``$`` against ``\\$`` and shows ``\\$`` as ``$`` in text that is not math)."""
-    return str(text).replace("$", r"\$")
+    from ..results.records import plain as escaped
+
+    return escaped(text, keep="\n").replace("$", r"\$")  # control characters and bidi overrides as \uXXXX
 
 
 def num(x) -> float:
@@ -70,6 +75,20 @@ def num(x) -> float:
 
 def variant_of(case: str) -> str:
     return case.split("/", 1)[-1]
+
+
+# the strategy families (suite.cases.Variant.family) whose step differs from the `none` case's by communication
+# alone; every other family changes compute too (precision, compute fusion, the training method, host syncs)
+COMM_FAMILIES = ("baseline", "communication")
+
+
+def splits_step(case: str) -> bool:
+    """Whether step − the ``none`` case's step is communication for ``case``: its variant is registered and
+    changes communication only (an unknown variant: not known, so not split)."""
+    from ..cases import VARIANTS
+
+    family = next((v.family for v in VARIANTS if v.name == variant_of(case)), None)
+    return family in COMM_FAMILIES
 
 
 def _figure(width_in: float, height_in: float, rows: int = 1, cols: int = 1):
@@ -168,8 +187,10 @@ def breakdown_figure(recs: dict, world: int):
     exposed communication (the rest of the step), ms per step (median); one panel per model, and only
     models whose ``none`` case ran (without it the split is unknown).  None when no model qualifies.
 
-    A case whose step is shorter than the ``none`` case's (its strategy changes compute too, e.g. compute
-    fusion) is drawn as its whole step, hatched: its exposed communication is negative."""
+    A case whose strategy changes compute (:func:`splits_step` is False: AMP, compute fusion, Local SGD …)
+    is drawn as its whole step in grey, not split: its difference to the ``none`` case is not
+    communication.  A communication strategy's step shorter than the ``none`` case's is drawn as its
+    whole step, hatched: its exposed communication is negative (noise)."""
     rows = [(c, r) for (c, w), r in recs.items() if w == world and math.isfinite(num(r.metrics.get("compute_s")))
             and math.isfinite(num((r.metrics.get("step_time_s") or {}).get("median")))]
     panels = _model_panels(rows)
@@ -178,26 +199,31 @@ def breakdown_figure(recs: dict, world: int):
     fig, axes, models = panels
     for ax, (model, mrows) in zip(axes, models.items()):
         xs = list(range(len(mrows)))
-        compute, exposed, below = [], [], []
-        for _, r in mrows:
+        compute, exposed, below, whole = [], [], [], []
+        for c, r in mrows:
             step = num(r.metrics["step_time_s"]["median"])
             comp = num(r.metrics["compute_s"])
-            compute.append(1e3 * min(comp, step))
-            exposed.append(1e3 * max(0.0, step - comp))
-            below.append(step < comp)
+            split = splits_step(c)
+            whole.append(0.0 if split else 1e3 * step)
+            compute.append(1e3 * min(comp, step) if split else 0.0)
+            exposed.append(1e3 * max(0.0, step - comp) if split else 0.0)
+            below.append(split and step < comp)
         bars = ax.bar(xs, compute, color="#2ca02c")
         for bar, b in zip(bars, below):
             if b:
                 bar.set_hatch("//")
         ax.bar(xs, exposed, bottom=compute, color="#d62728")
+        ax.bar(xs, whole, color="#9e9e9e")
         ax.set_xticks(xs, [plain(c) for c, _ in mrows], rotation=30, ha="right")
         ax.set_ylabel("ms per step (median)")
         ax.set_title(plain(f"{model}: step breakdown at world size {world}"), fontsize=10)
         handles = [Patch(color="#2ca02c", label="compute (the none case's step)"),
                    Patch(color="#d62728", label="exposed communication")]
+        if any(whole):
+            handles.append(Patch(color="#9e9e9e", label="whole step: the strategy changes compute, not split"))
         if any(below):
             handles.append(Patch(facecolor="#2ca02c", hatch="//", label="step below the none case's"))
-        ax.legend(handles=handles, fontsize=8)
+        ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     return fig
 
@@ -237,26 +263,73 @@ def scaling_figure(recs: dict):
     return fig
 
 
-def local_sgd_figure(recs: dict) -> object | None:
-    """Throughput against final loss for Local SGD settings and their baseline; None without records."""
+def _loss_noise(losses: list) -> float:
+    """The final loss's noise: half the range of the last quarter of the losses (at least the last 2)."""
+    tail = losses[-max(2, len(losses) // 4):]
+    return (max(tail) - min(tail)) / 2
+
+
+def _local_sgd_points(recs: dict) -> list:
+    """(case, world, model, samples/s, its 95% interval, final loss, its noise) for the Local SGD cases and their
+    model's baseline, where a finite final loss was recorded."""
     pts = []
     with_lsgd = {r.model for (c, _), r in recs.items() if "local_sgd" in variant_of(c)}
     for (case, w), r in sorted(recs.items()):
         variant = variant_of(case)
         if "local_sgd" in variant or (variant == BASELINE_VARIANT and r.model in with_lsgd):
-            losses = [x for x in r.metrics.get("losses") or [] if isinstance(x, (int, float))]
-            if losses and math.isfinite(losses[-1]):
-                pts.append((f"{case}@{w}", num(r.metrics.get("samples_per_s")), losses[-1]))
-    if not any("local_sgd" in p[0] for p in pts):
+            losses = [float(x) for x in r.metrics.get("losses") or [] if isinstance(x, (int, float))]
+            sps = num(r.metrics.get("samples_per_s"))
+            ci = [num(c) for c in r.metrics.get("samples_per_s_ci") or [sps, sps]]
+            if losses and all(math.isfinite(x) for x in [losses[-1], sps, *ci]):
+                pts.append((case, w, r.model, sps, ci, losses[-1], _loss_noise(losses)))
+    return pts
+
+
+def local_sgd_unresolved(recs: dict) -> str | None:
+    """Why the Local SGD trade-off is not drawn (no Local SGD records, no baseline to compare with, or every
+    difference within its noise), or None when it is: some Local SGD case's throughput interval is apart
+    from its baseline's (same model and world size), or its final loss differs by more than both losses'
+    noise (:func:`_loss_noise`)."""
+    pts = _local_sgd_points(recs)
+    base = {(m, w): p for p in pts for (c, w, m) in [p[:3]] if variant_of(c) == BASELINE_VARIANT}
+    lsgd = [p for p in pts if "local_sgd" in variant_of(p[0])]
+    if not lsgd:
+        return "No Local SGD records: the trade-off plot is omitted."
+    pairs = [(p, base[(p[2], p[1])]) for p in lsgd if (p[2], p[1]) in base]
+    if not pairs:
+        return "No Local SGD plot: no plain baseline with a final loss at the Local SGD cases' world size."
+    for p, b in pairs:
+        if p[4][0] > b[4][1] or p[4][1] < b[4][0] or abs(p[5] - b[5]) > p[6] + b[6]:
+            return None
+    return ("No Local SGD plot: the Local SGD cases' throughput and final loss differ from plain's within their "
+            "noise (overlapping 95% intervals of samples/s; final losses within the spread of their last steps): "
+            "there is no trade-off to draw.")
+
+
+def local_sgd_figure(recs: dict) -> object | None:
+    """Throughput (with its 95% interval) against final loss for the Local SGD settings and their baseline;
+    None where :func:`local_sgd_unresolved` gives a reason."""
+    if local_sgd_unresolved(recs) is not None:
         return None
+    pts = _local_sgd_points(recs)
     fig, axes = _figure(7.5, 4.2)
     ax = axes[0]
-    for name, sps, loss in pts:
-        ax.scatter([loss], [sps])
-        ax.annotate(plain(name), (loss, sps), fontsize=8)
-    ax.set_xlabel("final training loss (lower is better)")
-    ax.set_ylabel("samples/s")
-    ax.set_title("Local SGD: throughput against loss", fontsize=10)
+    mid = (min(p[5] for p in pts) + max(p[5] for p in pts)) / 2
+    for case, w, _, sps, ci, loss, noise in pts:
+        ax.errorbar([loss], [sps], xerr=[[noise], [noise]], yerr=[[sps - ci[0]], [ci[1] - sps]], fmt="o", capsize=3)
+        right = loss > mid  # labels point inwards, so none leaves the axes
+        ax.annotate(plain(f"{case}@{w}"), (loss, sps), xytext=(-6 if right else 6, 6), textcoords="offset points",
+                    ha="right" if right else "left", fontsize=8)
+    ax.margins(x=0.25, y=0.2)
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.get_major_formatter().set_useOffset(False)
+    ax.set_xlabel("final training loss (lower is better; bar: spread of the last steps)")
+    ax.set_ylabel("samples/s (95% interval)")
+    base = {(p[2], p[1]): p for p in pts if variant_of(p[0]) == BASELINE_VARIANT}
+    apart = any(abs(p[5] - b[5]) > p[6] + b[6] for p in pts if "local_sgd" in variant_of(p[0])
+                for b in [base.get((p[2], p[1]))] if b)
+    ax.set_title("Local SGD: throughput against loss" + ("" if apart else " (final losses: within their noise)"),
+                 fontsize=10)
     fig.tight_layout()
     return fig
 

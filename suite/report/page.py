@@ -7,15 +7,21 @@ Perfetto traces into ``traces/``.  The last record of each (case, world size) is
 The page, top to bottom (``docs/report.md`` explains how to read it):
 
 1. failures and errors, in colour, each with its messages (the check's, the record's error, why
-   the case was timed alone, a trace that could not be taken); cases that did not run;
+   the case was timed alone, a trace that could not be taken); cases that did not run; cases with
+   the same messages share one box, each message's full text one click away (``<details>``);
 2. run metadata: commit (and whether the tree was dirty), torch, CUDA, NCCL, device, backend,
    host, size, world size, run id, date: one column per run;
 3. a short "how to read this";
 4. per model: a table (verdict, throughput and speedup over plain with their 95% intervals,
-   step time, exposed communication, collectives per step, busbw where it means something) and a
-   speedup plot;
+   step time, exposed communication where it is communication, collectives per step, busbw where it
+   means something, footprint and transient peak memory where measured) and a speedup plot; tables
+   scroll sideways in their own box;
 5. throughput per model, the step breakdown (only where a ``none`` case ran), scaling (only with
-   world size 1 and another), the Local SGD trade-off (only with Local SGD records), traces.
+   world size 1 and another), the Local SGD trade-off (only where its differences exceed their noise),
+   traces.
+
+The HTML comes from the Jinja2 templates in ``templates/`` (autoescaping on; every text also through
+:func:`plain`); the Markdown is written here, each text through :func:`md_text`.
 
 A chart without data is not drawn; the page says why.  Images are at most
 ``figures.MAX_WIDTH_PX`` wide and scale down with the window.
@@ -33,13 +39,15 @@ import math
 import os
 import re
 import shutil
+import stat
 import struct
 import sys
 import urllib.parse
 
 from ..results.records import NUMERIC_METRICS
+from ..results.records import plain as _plain
 
-__all__ = ["build_report", "md_text", "trace_source", "png_size"]
+__all__ = ["build_report", "md_text", "trace_source", "png_size", "out_problem"]
 
 _MD_PUNCT = re.compile(r"([\\`*~\[\]|])")
 
@@ -48,7 +56,7 @@ def md_text(value) -> str:
     """Untrusted text as one Markdown table cell or list line: HTML-escaped (no tags, entities or
     autolinks), the characters of links, code spans, emphasis and table cells backslash-escaped,
     line breaks as ``<br>``."""
-    text = html.escape(str(value), quote=True)
+    text = html.escape(_plain(value, keep="\r\n"), quote=True)
     text = _MD_PUNCT.sub(r"\\\1", text)
     return re.sub(r"\r\n|\r|\n", "<br>", text)
 
@@ -74,7 +82,65 @@ def trace_source(results_dir: str, rel) -> tuple[str | None, str]:
                      "are copied"
     if not os.path.isfile(src):
         return None, "does not exist" if not os.path.exists(src) else "is not a regular file"
+    links = os.stat(src).st_nlink
+    if links > 1:  # a hard link is the same file as one elsewhere: it may be anything
+        return None, f"has {links} hard links (the same file is elsewhere too); only a file of traces/'s own is copied"
     return src, ""
+
+
+MAX_TRACE_BYTES = 512 * 2**20
+
+
+def _copy_trace(src: str, dst: str) -> None:
+    """Copy ``src`` (checked by :func:`trace_source`) to a new ``dst``: neither end is followed if it
+    turned into a link meanwhile, the source must still be one regular file of traces/'s own."""
+    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as fin:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1 or st.st_size > MAX_TRACE_BYTES:
+            raise OSError(f"{src} changed, or is over {MAX_TRACE_BYTES // 2**20} MiB; not copied")
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        if os.path.lexists(dst):
+            os.unlink(dst)
+        with open(dst, "xb") as fout:
+            shutil.copyfileobj(fin, fout)
+
+
+MAX_MODEL_PLOTS = 24  # speedup plots (one per model) drawn at most
+MAX_BARS = 80  # cases in one throughput or breakdown plot at most
+
+REPORT_FILES = ("index.html", "summary.md", "report_data.json")
+
+
+def out_problem(out_dir: str, results_dirs, force: bool = False) -> str | None:
+    """Why ``out_dir`` cannot take a report (None when it can): it must be a directory of its own (not
+    a file, not a results directory), writable, and empty or holding a previous report (``force``
+    allows any directory); no link inside may lead a write elsewhere."""
+    if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
+        return "exists and is not a directory"
+    if os.path.islink(out_dir):
+        return "is a symbolic link; give the directory itself"
+    real = os.path.realpath(out_dir)
+    for d in results_dirs:
+        if real == os.path.realpath(d):
+            return "is the results directory itself; give a directory for the report, e.g. " \
+                   + os.path.join(d, "reports", "latest")
+    if not os.path.isdir(out_dir):
+        parent = os.path.dirname(os.path.abspath(out_dir))
+        while not os.path.isdir(parent):
+            parent = os.path.dirname(parent)
+        return None if os.access(parent, os.W_OK | os.X_OK) else f"cannot be created ({parent} is not writable)"
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        return "is not writable"
+    entries = os.listdir(out_dir)
+    if entries and not force and "report_data.json" not in entries:
+        return (f"is not empty ({len(entries)} entries) and holds no previous report; pick an empty or new "
+                f"directory, or pass --force to write the report into it (index.html, summary.md, *.png, traces/ "
+                f"there are replaced)")
+    for name in entries:
+        if os.path.islink(os.path.join(out_dir, name)):
+            return f"holds a symbolic link {name!r}; a report is not written through links"
+    return None
 
 
 def png_size(path: str) -> tuple[int, int]:
@@ -203,11 +269,12 @@ def _runs(records) -> list[dict]:
 
 
 HEAD = ["case", "world", "verdict", "samples/s [95% CI]", "speedup vs plain [95% CI]", "step ms median (IQR)",
-        "exposed comm ms", "collectives/step", "allreduce MB/step", "busbw GB/s", "peak memory MB"]
+        "exposed comm ms", "collectives/step", "allreduce MB/step", "busbw GB/s", "footprint MB", "transient peak MB"]
+MEMORY = ("footprint MB", "transient peak MB")  # a table leaves these out where no row has them
 
 
 def _row(r) -> tuple[list[str], dict]:
-    """The table's cells for one record, and the reasons behind cells left empty."""
+    """The table's cells for one record, and the reasons behind cells left empty (by column)."""
     from . import figures as F
 
     m = r.metrics or {}
@@ -220,26 +287,45 @@ def _row(r) -> tuple[list[str], dict]:
     else:
         speedup = _ci(m.get("speedup"), m.get("speedup_ci"), ".2f", "×")
     exposed = F.num(m.get("exposed_comm_s"))
-    if math.isfinite(exposed):
-        exposed_txt = f"{1e3 * exposed:.1f}"
-    else:
-        exposed_txt = "-"
-        if m:
-            why["exposed"] = "no none case ran with this model: compute alone was not measured"
+    split = F.splits_step(r.case)
+    exposed_txt = f"{1e3 * exposed:.1f}" if math.isfinite(exposed) and split else "-"
+    if m and not math.isfinite(exposed):
+        why["exposed comm ms"] = "no none case ran with this model: compute alone was not measured"
+    elif m and not split:
+        why["exposed comm ms"] = ("the strategy changes compute, not only communication: its step minus the none "
+                                  "case's is not communication")
     calls = m.get("comm_calls_per_step") or {}
     ncalls = sum(F.num(v) for v in calls.values() if math.isfinite(F.num(v)))
     ar_bytes = sum(F.num(v) for k, v in (m.get("comm_bytes_per_step") or {}).items() if k.endswith("/all_reduce"))
     ok, reason = F.busbw_measurable(m) if m else (False, "")
+    if ok and not split:
+        ok, reason = False, "the strategy changes compute: its exposed communication is not known"
     if not ok and reason and math.isfinite(F.num(m.get("busbw_GBps"))):
-        why["busbw"] = reason
-    mem = F.num(m.get("peak_memory_bytes"))
+        why["busbw GB/s"] = reason
+    foot, peak = F.num(m.get("footprint_bytes")), F.num(m.get("peak_memory_bytes"))
+    peak_shown = math.isfinite(peak) and peak >= 0.05 * 2**20 and m.get("peak_memory_kind")  # not "0.0"
+    if m and math.isfinite(peak) and not peak_shown:
+        probe = m.get("peak_memory_kind") or "the memory probe"
+        why["transient peak MB"] = f"no rise above the window's start seen by {probe} (under 0.05 MB)"
+    elif peak_shown:
+        why["transient peak MB"] = f"the largest rise above a window's start, measured by {m['peak_memory_kind']}"
     cells = [r.case, str(r.world_size), r.verdict, _ci(m.get("samples_per_s"), m.get("samples_per_s_ci"), ".1f"),
              speedup if m else "-", step_txt, exposed_txt, f"{ncalls:.3g}" if m else "-",
              f"{ar_bytes / 1e6:.2f}" if m and ar_bytes else ("0" if m else "-"),
-             _fmt(m.get("busbw_GBps"), ".3f") if ok else "-", f"{mem / 2**20:.1f}" if math.isfinite(mem) else "-"]
+             _fmt(m.get("busbw_GBps"), ".3f") if ok else "-", f"{foot / 2**20:.1f}" if foot > 0 else "-",
+             f"{peak / 2**20:.1f}" if peak_shown else "-"]
     if calls:
-        why["calls"] = ", ".join(f"{k}: {F.num(v):g}" for k, v in sorted(calls.items()))
+        why["collectives/step"] = ", ".join(f"{k}: {F.num(v):g}" for k, v in sorted(calls.items()))
     return cells, why
+
+
+def _table(rows: list) -> dict:
+    """A model's table from its (record, cells, why) rows: a memory column no row has is left out."""
+    drop = {i for i, h in enumerate(HEAD) if h in MEMORY and all(cells[i] == "-" for _, cells, _ in rows)}
+    head = [h for i, h in enumerate(HEAD) if i not in drop]
+    notes = [f"{HEAD[i]}: not measured in this run's records." for i in sorted(drop)]
+    return {"head": head, "notes": notes,
+            "rows": [(r, [c for i, c in enumerate(cells) if i not in drop], why) for r, cells, why in rows]}
 
 
 HOW_TO_READ = [
@@ -252,7 +338,12 @@ HOW_TO_READ = [
     "each model has its own table and plots.",
     "<strong>Exposed communication</strong> is the case's median step minus the step of the model's "
     "<code>none</code> case (the same step with no gradient communication); it needs a <code>none</code> case "
-    "in the run. Negative: the strategy changes compute too (e.g. compute fusion), so the split does not apply.",
+    "in the run, and a strategy that changes communication only: one that changes compute (AMP, compute fusion, "
+    "a fused optimizer, Local SGD, fewer host syncs) shows no exposed communication and is drawn as its whole "
+    "step in grey in the breakdown. Negative: a measured difference within noise.",
+    "<strong>footprint</strong> is what the engine holds between steps (parameters, gradients, buckets, optimizer "
+    "state) on the largest rank; <strong>transient peak</strong> the largest rise above a window's start "
+    "(activations, temporaries), shown where one was measured.",
     "<strong>Collectives/step</strong> counts the collectives fleetbench issued per step (torch DDP's own are "
     "not counted). <strong>busbw</strong> (nccl-tests' bus bandwidth over the exposed time) is shown only "
     "where it is a bandwidth: exposed communication positive, measurable, and allreduce messages of 256 kB "
@@ -263,30 +354,9 @@ HOW_TO_READ = [
 ]
 
 
-CSS = """
-body { font-family: system-ui, sans-serif; margin: 16px; max-width: 1360px; color: #222; }
-h1 { margin-bottom: 4px; } h2 { margin-top: 28px; border-bottom: 1px solid #ccc; }
-table { border-collapse: collapse; margin: 8px 0; font-size: 13px; }
-th, td { border: 1px solid #ccc; padding: 3px 6px; text-align: right; vertical-align: top; }
-td { white-space: nowrap; }
-th { background: #f2f2f2; } td:first-child, th:first-child { text-align: left; }
-td.verdict { text-align: center; font-weight: 600; }
-.v-pass { color: #1a7f37; } .v-fail, .v-error { color: #fff; background: #c62828; } .v-n\\/a { color: #777; }
-.v-skipped { color: #777; font-style: italic; }
-tr.bad td { background: #fdecea; } tr.bad td.verdict { background: #c62828; }
-.problem { border-left: 6px solid #c62828; background: #fdecea; padding: 6px 10px; margin: 6px 0; }
-.problem.note { border-color: #e6a100; background: #fff6dd; }
-.problem.skipped { border-color: #999; background: #f4f4f4; }
-.problem pre { white-space: pre-wrap; word-break: break-word; margin: 4px 0; font-size: 12px; }
-.allgood { border-left: 6px solid #1a7f37; background: #e8f5e9; padding: 6px 10px; }
-.meta th { text-align: left; } .meta td { text-align: left; }
-img { max-width: 100%; height: auto; display: block; margin: 8px 0; }
-.note-line { color: #555; font-style: italic; }
-td[title] { text-decoration: underline dotted; cursor: help; }
-"""
-
-
-def build_report(records, out_dir: str, results_dir: str = ".") -> dict:
+def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dict | None = None) -> dict:
+    """``record_dirs`` maps ``id(record)`` to the results directory its traces are under (several
+    results files: each file's own); others use ``results_dir``."""
     import matplotlib.pyplot as plt
 
     from . import figures as F
@@ -303,7 +373,8 @@ def build_report(records, out_dir: str, results_dir: str = ".") -> dict:
         data["cases"][f"{case}@{w}"] = {k: m.get(k) for k in NUMERIC_METRICS}
         data["cases"][f"{case}@{w}"].update(verdict=r.verdict, status=r.status, model=r.model, run_id=r.run_id,
                                              step_median_s=(m.get("step_time_s") or {}).get("median"),
-                                             busbw_shown=F.busbw_measurable(m)[0] if m else False)
+                                             busbw_shown=F.busbw_measurable(m)[0] if m else False,
+                                             exposed_is_comm=F.splits_step(case))
 
     images: dict = {}  # file -> (width, height)
 
@@ -317,38 +388,63 @@ def build_report(records, out_dir: str, results_dir: str = ".") -> dict:
         return name
 
     notes: list[str] = []
+    # Drawing is what costs (about a second a plot): a report of thousands of cases draws a bounded number of
+    # plots, the tables stay complete, and the page says what was not drawn.
     speedup_plot: dict = {}
-    for model in models:
+    for model in models[:MAX_MODEL_PLOTS]:
         speedup_plot[model] = save(F.speedup_figure(recs, model), f"speedup_{_slug(model)}.png")
-    throughput_plots = [(w, save(F.throughput_figure(recs, w), f"throughput_w{w}.png")) for w in worlds]
-    breakdown_plots = [(w, save(F.breakdown_figure(recs, w), f"breakdown_w{w}.png")) for w in worlds]
-    no_none = [m for m in models if not any(r.model == m and math.isfinite(F.num(r.metrics.get("compute_s")))
-                                            for r in recs.values())]
+    speedup_plot.update({m: None for m in models[MAX_MODEL_PLOTS:]})
+    if len(models) > MAX_MODEL_PLOTS:
+        notes.append(f"Speedup plots for the first {MAX_MODEL_PLOTS} of {len(models)} models only; the tables "
+                     f"list every case.")
+    per_world = {w: sum(1 for _, cw in recs if cw == w) for w in worlds}
+    crowded = [w for w in worlds if per_world[w] > MAX_BARS]
+    if crowded:
+        notes.append(f"No throughput or breakdown plot at world size {', '.join(map(str, crowded))}: more than "
+                     f"{MAX_BARS} cases to draw; the tables list them.")
+    throughput_plots = [(w, save(F.throughput_figure(recs, w), f"throughput_w{w}.png") if w not in crowded
+                         else None) for w in worlds]
+    breakdown_plots = [(w, save(F.breakdown_figure(recs, w), f"breakdown_w{w}.png") if w not in crowded
+                        else None) for w in worlds]
+    with_none = {r.model for r in recs.values() if math.isfinite(F.num(r.metrics.get("compute_s")))}
+    no_none = [m for m in models if m not in with_none]
     if no_none:
-        notes.append(f"No step breakdown for {', '.join(no_none)}: no none case (compute alone) ran with "
-                     f"{'it' if len(no_none) == 1 else 'them'}, so compute and communication cannot be told apart.")
+        notes.append(f"No step breakdown for {', '.join(no_none[:20])}{' …' if len(no_none) > 20 else ''}: no none "
+                     f"case (compute alone) ran with {'it' if len(no_none) == 1 else 'them'}, so compute and "
+                     f"communication cannot be told apart.")
     data["scaling"] = {c: rows for c, rows in F.scaling_table(recs).items()}
-    scaling = save(F.scaling_figure(recs), "scaling.png")
+    few = len(recs) <= MAX_BARS * 4
+    scaling = save(F.scaling_figure(recs), "scaling.png") if few else None
     if scaling is None:
-        notes.append("No scaling plot: no case was recorded both at world size 1 and at another world size.")
-    lsgd = save(F.local_sgd_figure(recs), "local_sgd.png")
-    if lsgd is None:
-        notes.append("No Local SGD records: the trade-off plot is omitted.")
+        notes.append("No scaling plot: no case was recorded both at world size 1 and at another world size."
+                     if few else f"No scaling plot: more than {MAX_BARS * 4} cases to draw.")
+    lsgd_why = F.local_sgd_unresolved(recs) if few else f"No Local SGD plot: more than {MAX_BARS * 4} cases to draw."
+    lsgd = save(F.local_sgd_figure(recs), "local_sgd.png") if lsgd_why is None else None
+    if lsgd_why is not None:
+        notes.append(lsgd_why)
     data["images"] = {k: list(v) for k, v in images.items()}
 
     traces: dict = {}  # (case, world) -> copied file
+    dirs = record_dirs or {}
+    roots = sorted({os.path.realpath(d) for d in dirs.values()} | {os.path.realpath(results_dir)})
     for (case, w), r in sorted(final.items()):
         rel = r.metrics.get("trace_file")
         if rel:
-            src, why = trace_source(results_dir, rel)
+            where = dirs.get(id(r), results_dir)
+            src, why = trace_source(where, rel)
             if src is None:
                 msg = f"record {case}@{w} (run {r.run_id}): trace_file {rel!r} {why}; not copied"
-                print(f"fleetbench report: warning: {msg}", file=sys.stderr)
+                print(f"fleetbench report: warning: {_plain(msg)}", file=sys.stderr)
                 data["warnings"].append(msg)
                 continue
-            dst = os.path.join("traces", os.path.basename(src))
-            os.makedirs(os.path.join(out_dir, "traces"), exist_ok=True)
-            shutil.copyfile(src, os.path.join(out_dir, dst))
+            # one trace per (case, world); each results directory's stay apart (traces/1/… for the second)
+            k = roots.index(os.path.realpath(where))
+            dst = os.path.join("traces", *([str(k)] if len(roots) > 1 else []), os.path.basename(src))
+            try:
+                _copy_trace(src, os.path.join(out_dir, dst))
+            except OSError as exc:
+                data["warnings"].append(f"record {case}@{w}: trace {rel!r} not copied: {exc}")
+                continue
             traces[(case, w)] = dst
     data["traces"] = list(traces.values())
 
@@ -360,7 +456,7 @@ def build_report(records, out_dir: str, results_dir: str = ".") -> dict:
     for model in models:
         rows = sorted(((c, w), r) for (c, w), r in final.items() if r.model == model)
         rows.sort(key=lambda kr: (kr[0][1], F.order_key(kr[0][0])))
-        tables[model] = [(r, *_row(r)) for _, r in rows]
+        tables[model] = _table([(r, *_row(r)) for _, r in rows])
         data["models"][model] = {"cases": [f"{r.case}@{r.world_size}" for _, r in rows],
                                  "speedup_plot": speedup_plot[model]}
     bad = [p for p in problems if p["kind"] in ("fail", "error")]
@@ -370,29 +466,80 @@ def build_report(records, out_dir: str, results_dir: str = ".") -> dict:
     summary = (f"{len(final)} case(s) over {len(runs)} run(s): "
                + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())))
 
-    _write_markdown(out_dir, summary, problems, runs, tables, images, traces, notes)
-    _write_html(out_dir, summary, bad, problems, runs, tables, speedup_plot, throughput_plots, breakdown_plots,
-                scaling, lsgd, images, traces, notes)
+    groups = _groups(problems)
+    _write_markdown(out_dir, summary, groups, runs, tables, images, traces, notes)
+    img = {n: {"src": n, "w": w, "h": h} for n, (w, h) in images.items()}
+
+    def shown(name, alt):
+        return name and {**img[name], "alt": alt}
+    plots = [(f"Throughput at world size {w}", shown(n, f"throughput at world size {w}, one panel per model"))
+             for w, n in throughput_plots if n]
+    plots += [(f"Step breakdown at world size {w}", shown(n, f"step breakdown at world size {w}"))
+              for w, n in breakdown_plots if n]
+    plots += [(title, shown(n, alt)) for title, n, alt in [
+        ("Scaling over world sizes", scaling, "scaling efficiency"),
+        ("Local SGD trade-off", lsgd, "Local SGD: throughput against loss")] if n]
+    page = _templates().get_template("index.html.j2").render(
+        summary=summary, n_bad=len(bad), groups=groups, runs=runs, run_keys=list(runs[0]) if runs else [],
+        how_to_read=[_markup(t) for t in HOW_TO_READ], plots=plots, notes=notes,
+        traces=[(f"{c}@{w}", t) for (c, w), t in traces.items()],
+        tables=[_html_table(model, t, traces, shown(speedup_plot.get(model), f"{model}: speedup over plain"))
+                for model, t in tables.items()])
+    with open(os.path.join(out_dir, "index.html"), "w") as fh:
+        fh.write(page)
     with open(os.path.join(out_dir, "report_data.json"), "w") as fh:
         json.dump(data, fh, indent=1, default=str)
     return data
 
 
-def _write_markdown(out_dir, summary, problems, runs, tables, images, traces, notes) -> None:
+_CARETS = re.compile(r"\s*\|?\s*[\^~]{3,}(?=\s*\||\s*$|\))")  # a traceback's ^^^^ markers, joined with " | "
+
+
+def _headline(text: str) -> str:
+    """A message's first line without traceback markers, at most 240 characters: what a problem box shows
+    before its full message."""
+    line = _CARETS.sub("", _first_line(text))
+    return line if len(line) <= 240 else line[:239] + "…"
+
+
+def _groups(problems: list[dict]) -> list[dict]:
+    """Problems with the same kind, verdict and messages as one entry naming every case (in order of first
+    appearance): a crash that hit twelve cases is one box, not twelve."""
+    by: dict = {}
+    for p in problems:
+        key = (p["kind"], p["verdict"], tuple(p["messages"]))
+        g = by.setdefault(key, {"kind": p["kind"], "verdict": p["verdict"], "cases": [], "runs": [],
+                                "case": p["case"], "world": p["world"],
+                                "messages": [(k, _headline(v), v if v.strip() != _headline(v).strip() else "")
+                                             for k, v in p["messages"]]})
+        g["cases"].append(f"{p['case']}@{p['world']}")
+        if p["run_id"] not in g["runs"]:
+            g["runs"].append(p["run_id"])
+    out = list(by.values())
+    for g in out:
+        g["names"], g["run_names"] = ", ".join(g["cases"]), ", ".join(g["runs"])
+    headings = {"note": "Notes", "skipped": "Not run"}
+    for i, g in enumerate(out):
+        g["heading"] = headings.get(g["kind"]) if i == 0 or out[i - 1]["kind"] != g["kind"] else None
+    return out
+
+
+def _write_markdown(out_dir, summary, groups, runs, tables, images, traces, notes) -> None:
     m = md_text
     md = ["# fleetbench report", "", m(summary), ""]
-    bad = [p for p in problems if p["kind"] in ("fail", "error")]
+    bad = [g for g in groups if g["kind"] in ("fail", "error")]
     md += ["## Failures and errors", ""] if bad else ["No failures or errors.", ""]
-    for p in problems:
-        label = {"fail": "fail", "error": "error", "note": "note", "skipped": "not run"}[p["kind"]]
-        text = "; ".join(f"{k}: {_first_line(v)}" for k, v in p["messages"])
-        md.append(f"- {label}: {m(p['case'])}@{m(p['world'])} (run {m(p['run_id'])}): {m(text)}")
+    for g in groups:
+        label = {"fail": "fail", "error": "error", "note": "note", "skipped": "not run"}[g["kind"]]
+        text = "; ".join(f"{k}: {head}" for k, head, _ in g["messages"])
+        md.append(f"- {label}: {m(g['names'])} (run {m(g['run_names'])}): {m(text)}")
     md += ["", "## Runs", ""]
     for run in runs:
         md.append("- " + "; ".join(f"{k}: {m(v)}" for k, v in run.items()))
-    for model, rows in tables.items():
-        md += ["", f"## {m(model)}", "", "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
-        md += ["| " + " | ".join(m(c) for c in cells) + " |" for _, cells, _ in rows]
+    for model, t in tables.items():
+        md += ["", f"## {m(model)}", "", "| " + " | ".join(t["head"]) + " |", "|" + "---|" * len(t["head"])]
+        md += ["| " + " | ".join(m(c) for c in cells) + " |" for _, cells, _ in t["rows"]]
+        md += [f"_{m(n)}_" for n in t["notes"]]
     md += [""] + [f"![{f}]({f})" for f in images]
     md += [""] + [f"- trace {m(c)}@{m(w)}: [{m(t)}]({_md_link_target(t)}) (open in https://ui.perfetto.dev)"
                   for (c, w), t in traces.items()]
@@ -401,100 +548,36 @@ def _write_markdown(out_dir, summary, problems, runs, tables, images, traces, no
         fh.write("\n".join(md) + "\n")
 
 
-def _img(name: str | None, alt: str, images: dict) -> str:
-    if name is None:
-        return ""
-    e = html.escape
-    w, h = images[name]
-    return f"<img src='{e(name)}' alt='{e(alt)}' width='{w}' height='{h}'>"
+def _templates():
+    """The Jinja2 environment of ``templates/``: autoescaping on, an undefined name an error, and every text
+    shown through :func:`plain` first (control characters and bidi overrides as ``\\uXXXX``, as in Markdown)."""
+    import jinja2
+    import markupsafe
+
+    def finalize(value):
+        keep = isinstance(value, markupsafe.Markup) or not isinstance(value, str)
+        return value if keep else _plain(value, "\r\n\t")
+
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(os.path.dirname(__file__), "templates")),
+                              autoescape=True, undefined=jinja2.StrictUndefined, finalize=finalize)
 
 
-def _write_html(out_dir, summary, bad, problems, runs, tables, speedup_plot, throughput_plots, breakdown_plots,
-                scaling, lsgd, images, traces, notes) -> None:
-    e = html.escape
-    body = [f"<h1>fleetbench report</h1><p>{e(summary)}</p>"]
+def _markup(text: str):
+    """Constant page text of this module that carries its own markup (never a record's)."""
+    import markupsafe
 
-    # 1. failures and errors, then notes and cases not run
-    body.append("<section id='problems'>")
-    if bad:
-        body.append(f"<h2>Failures and errors ({len(bad)})</h2>")
-    else:
-        body.append("<p class='allgood'>No failures or errors: every case reported passed its check or has "
-                    "none to pass (n/a).</p>")
-    for p in problems:
-        if p["kind"] == "note" and not any(q["kind"] == "note" for q in problems[:problems.index(p)]):
-            body.append("<h3>Notes</h3>")
-        if p["kind"] == "skipped" and not any(q["kind"] == "skipped" for q in problems[:problems.index(p)]):
-            body.append("<h3>Not run</h3>")
-        cls = {"fail": "fail", "error": "error", "note": "note", "skipped": "skipped"}[p["kind"]]
-        msgs = "".join(f"<div><em>{e(k)}:</em><pre>{e(v)}</pre></div>" for k, v in p["messages"])
-        body.append(f"<div class='problem {cls}' data-case='{e(p['case'])}@{e(str(p['world']))}'>"
-                    f"<strong>{e(p['case'])}</strong> at world size {e(str(p['world']))}: "
-                    f"<span class='v-{e(p['verdict'])}'>{e(p['verdict'])}</span> (run {e(p['run_id'])}){msgs}</div>")
-    body.append("</section>")
+    return markupsafe.Markup(text)
 
-    # 2. run metadata, one column per run
-    keys = list(runs[0]) if runs else []
-    body.append("<section id='metadata'><h2>Runs</h2><table class='meta'>")
-    for k in keys:
-        body.append(f"<tr><th>{e(k)}</th>" + "".join(f"<td>{e(str(run[k]))}</td>" for run in runs) + "</tr>")
-    body.append("</table></section>")
 
-    # 3. how to read
-    body.append("<section id='how-to-read'><h2>How to read this</h2><ul>"
-                + "".join(f"<li>{t}</li>" for t in HOW_TO_READ)
-                + "<li>More in <code>docs/report.md</code>.</li></ul></section>")
-
-    # 4. per model
-    for model, rows in tables.items():
-        body.append(f"<section class='model' id='model-{e(_slug(model))}' data-model='{e(model)}'>"
-                    f"<h2>{e(model)}</h2><table><tr>" + "".join(f"<th>{e(h)}</th>" for h in HEAD)
-                    + "<th>trace</th></tr>")
-        reasons: dict = {}
-        for r, cells, why in rows:
-            tds = []
-            for i, c in enumerate(cells):
-                title = {6: why.get("exposed"), 7: why.get("calls"), 9: why.get("busbw")}.get(i)
-                attr = f" title='{e(title)}'" if title else ""
-                cls = f" class='verdict v-{e(c)}'" if i == 2 else ""
-                tds.append(f"<td{cls}{attr}>{e(c)}</td>")
-            if why.get("busbw"):
-                reasons.setdefault(why["busbw"], []).append(f"{r.case}@{r.world_size}")
-            t = traces.get((r.case, r.world_size))
-            tds.append(f"<td><a href='{e(t)}'>trace</a></td>" if t else "<td>-</td>")
-            row_cls = " class='bad'" if r.verdict in ("fail", "error") else ""
-            body.append(f"<tr{row_cls}>" + "".join(tds) + "</tr>")
-        body.append("</table>")
-        for why, cases in reasons.items():
-            body.append(f"<p class='note-line'>busbw not shown for {e(', '.join(cases))}: {e(why)}.</p>")
-        if speedup_plot.get(model):
-            body.append(_img(speedup_plot[model], f"{model}: speedup over plain", images))
-        else:
-            body.append("<p class='note-line'>No speedup plot: no case of this model has a speedup over plain "
-                        "(the baseline alone, or no timing finished).</p>")
-        body.append("</section>")
-
-    # 5. the rest
-    body.append("<section id='plots'>")
-    for w, name in throughput_plots:
-        if name:
-            body.append(f"<h2>Throughput at world size {w}</h2>"
-                        + _img(name, f"throughput at world size {w}, one panel per model", images))
-    for w, name in breakdown_plots:
-        if name:
-            body.append(f"<h2>Step breakdown at world size {w}</h2>"
-                        + _img(name, f"step breakdown at world size {w}", images))
-    if scaling:
-        body.append("<h2>Scaling over world sizes</h2>" + _img(scaling, "scaling efficiency", images))
-    if lsgd:
-        body.append("<h2>Local SGD trade-off</h2>" + _img(lsgd, "Local SGD: throughput against loss", images))
-    body.append("</section>")
-    if traces:
-        body.append("<section id='traces'><h2>Traces</h2><ul>" + "".join(
-            f"<li><a href='{e(t)}'>{e(c)}@{e(str(w))}</a> (Chrome/Perfetto JSON: open in https://ui.perfetto.dev)"
-            "</li>" for (c, w), t in traces.items()) + "</ul></section>")
-    body += [f"<p class='note-line'>{e(n)}</p>" for n in notes]
-    with open(os.path.join(out_dir, "index.html"), "w") as fh:
-        fh.write("<!doctype html><html><head><meta charset='utf-8'><title>fleetbench report</title>"
-                 f"<meta name='viewport' content='width=device-width'><style>{CSS}</style></head><body>\n"
-                 + "\n".join(body) + "\n</body></html>\n")
+def _html_table(model: str, t: dict, traces: dict, speedup) -> dict:
+    """A model's table as the template draws it: cells with their class and hover reason, busbw notes."""
+    busbw: dict = {}
+    rows = []
+    for r, cells, why in t["rows"]:
+        rows.append({"bad": r.verdict in ("fail", "error"), "trace": traces.get((r.case, r.world_size)),
+                     "cells": [{"text": c, "title": why.get(h), "cls": f"verdict v-{c}" if h == "verdict" else None}
+                               for h, c in zip(t["head"], cells)]})
+        if why.get("busbw GB/s"):
+            busbw.setdefault(why["busbw GB/s"], []).append(f"{r.case}@{r.world_size}")
+    return {"model": model, "slug": _slug(model), "head": t["head"], "rows": rows, "notes": t["notes"],
+            "busbw_notes": [(why, ", ".join(cases)) for why, cases in busbw.items()], "speedup": speedup}

@@ -16,7 +16,9 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from .records import STATUSES, VERDICTS, ResultsFileError, read_records
+from .records import STATUSES, VERDICTS, ResultsFileError, loads_bounded, open_input, read_records
+
+MAX_SAMPLES = 100_000  # per case and kind (a real record has tens to a few thousand)
 
 __all__ = ["CaseResult", "Side", "load_side", "case_key"]
 
@@ -68,6 +70,9 @@ def _show(value) -> str:
 def _floats(values, where: str, what: str) -> list:
     if values is not None and not isinstance(values, list):
         raise ResultsFileError(f"{where}: {what} is {_show(values)}; expected a list of numbers (seconds)")
+    if values and len(values) > MAX_SAMPLES:
+        raise ResultsFileError(f"{where}: {what} holds {len(values)} values, more than the {MAX_SAMPLES} a case may "
+                               f"have; not a fleetbench result")
     out = []
     for v in values or []:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -82,10 +87,8 @@ def load_side(path: str, run_id: str | None = None) -> Side:
         raise ResultsFileError(f"{path}: is a directory; give a results file (records .jsonl or pytest-benchmark "
                                f".json)")
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except FileNotFoundError:
-        raise ResultsFileError(f"{path}: no such results file") from None
+        with open_input(path) as fh:
+            text = fh.read().decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ResultsFileError(f"{path}: not a text file ({exc.reason} at byte {exc.start})") from None
     if not text.strip():
@@ -96,14 +99,17 @@ def load_side(path: str, run_id: str | None = None) -> Side:
             data = json.loads(text)
         except json.JSONDecodeError:
             data = None  # several lines: a records file
+        except (RecursionError, ValueError):
+            data = loads_bounded(text, path)  # raises, naming the file
         if isinstance(data, dict) and "benchmarks" in data:
+            loads_bounded(text, path)  # nesting within limits
             return _from_pytest_benchmark(path, data)
     return _from_records(path, run_id)
 
 
 def _from_records(path: str, run_id: str | None) -> Side:
     records = read_records(path)  # errors name the file and line
-    with open(path, encoding="utf-8") as fh:
+    with open_input(path) as fh:
         linenos = [i for i, line in enumerate(fh, 1) if line.strip()]
     pairs = list(zip(records, linenos))
     if run_id is not None:

@@ -27,18 +27,22 @@ and device come from the metadata, ``structure`` is derived from what was record
 from __future__ import annotations
 
 import dataclasses
+import errno
 import fcntl
 import functools
 import json
 import math
 import os
+import re
+import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 __all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "MAX_LINE_BYTES", "CaseRecord", "ResultsFileError", "Metrics",
            "METRIC_NAMES", "NUMERIC_METRICS", "Describe", "Precision", "Structure", "CheckSummary", "STATUSES",
-           "VERDICTS", "append_record", "read_records", "iter_records", "jsonable"]
+           "VERDICTS", "append_record", "read_records", "iter_records", "jsonable", "open_input", "loads_bounded",
+           "ShortWrite", "name_problem", "plain"]
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
@@ -407,37 +411,122 @@ def jsonable(obj: Any) -> Any:
     return obj
 
 
+class ShortWrite(OSError):
+    """An append that the file system took only part of (a full disk): the file was cut back to its
+    previous end, so it holds every earlier record and nothing of this one."""
+
+
 def append_record(path: str, record: CaseRecord) -> None:
-    """Append one record as one line, atomically (exclusive lock, single write, fsync)."""
+    """Append one record as one line, all or nothing: an exclusive lock, one write whose count is
+    checked, fsync.  A short write (a full disk) truncates the file back to where it ended and raises
+    :class:`ShortWrite`; any OSError leaves the file as it was.  A symbolic link as ``path`` is refused
+    (it could lead the write anywhere)."""
     line = (record.to_json() + "\n").encode()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{path} is not a regular file")
         fcntl.flock(fd, fcntl.LOCK_EX)
         # A previous writer killed mid-line would leave no newline: start on a fresh line.
         size = os.fstat(fd).st_size
-        if size:
-            with open(path, "rb") as fh:
-                fh.seek(size - 1)
-                if fh.read(1) != b"\n":
-                    line = b"\n" + line
-        os.write(fd, line)
-        os.fsync(fd)
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = b"\n" + line
+        try:
+            written = os.write(fd, line)
+            if written != len(line):
+                raise ShortWrite(errno.ENOSPC, f"only {written} of {len(line)} bytes written")
+            os.fsync(fd)
+        except OSError:
+            os.ftruncate(fd, size)  # nothing half-written stays behind
+            raise
     finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)  # closing releases the lock
+
+
+MAX_RESULTS_BYTES = 2**30  # a results file read whole (records are a few KB to a few hundred KB each)
+MAX_DEPTH = 64  # nesting of a record's JSON (a real one nests 5 deep)
+
+
+def open_input(path: str, what: str = "results file", limit: int = MAX_RESULTS_BYTES):
+    """``path`` opened for reading in binary, if it is a regular file of at most ``limit`` bytes;
+    otherwise :class:`ResultsFileError` naming it.  A FIFO or device is refused without blocking
+    (the open is non-blocking, the type read from the open file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        raise ResultsFileError(f"{path}: no such {what}") from None
+    except PermissionError:
+        raise ResultsFileError(f"{path}: cannot be read (permission denied)") from None
+    except (OSError, ValueError) as exc:
+        raise ResultsFileError(f"{path}: cannot be opened ({exc})") from None
+    st = os.fstat(fd)
+    kind = ("is a directory" if stat.S_ISDIR(st.st_mode) else "is a FIFO (named pipe)"
+            if stat.S_ISFIFO(st.st_mode) else "is a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+            else "is a socket" if stat.S_ISSOCK(st.st_mode) else None)
+    if kind is None and st.st_size > limit:
+        kind = f"is {st.st_size} bytes, more than the {limit // 2**20} MiB a {what} may have"
+    if kind is not None:
         os.close(fd)
+        raise ResultsFileError(f"{path}: {kind}; expected a regular file ({what})")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def loads_bounded(text, where: str) -> Any:
+    """``json.loads`` with its failures as :class:`ResultsFileError` naming ``where``: invalid JSON,
+    nesting deeper than :data:`MAX_DEPTH`, an integer of more digits than Python converts."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        hint = " (truncated: the file ends mid-record)" if not str(text).endswith("\n") else ""
+        raise ResultsFileError(f"{where}: not valid JSON{hint}: {exc.msg} at column {exc.colno}") from None
+    except RecursionError:
+        raise ResultsFileError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels; not a fleetbench "
+                               f"record") from None
+    except ValueError as exc:  # an integer beyond sys.get_int_max_str_digits()
+        raise ResultsFileError(f"{where}: not usable JSON ({exc})") from None
+    todo = [(data, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            raise ResultsFileError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels; not a fleetbench record")
+        if isinstance(value, dict):
+            todo += [(v, depth + 1) for v in value.values()]
+        elif isinstance(value, list):
+            todo += [(v, depth + 1) for v in value if isinstance(v, (dict, list))]
+    return data
+
+
+NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-:@+")
+
+
+def name_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be one component of a file name the suite builds (a run id, a case name
+    with its '/' replaced): None when it is 1-128 characters of letters, digits and ``._-:@+``, not
+    starting with '.'; a name is never a path."""
+    if not isinstance(value, str) or not 1 <= len(value) <= 128 or value.startswith(".") \
+            or not set(value) <= NAME_CHARS:
+        return (f"{_show(value)} is not a name: expected 1-128 letters, digits and . _ - : @ +, not starting "
+                f"with '.'")
+    return None
+
+
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def plain(text: Any, keep: str = "") -> str:
+    """A record's text made safe for a terminal or a Markdown file: control characters (ANSI escapes
+    included) and bidirectional overrides shown as ``\\uXXXX`` instead of acting; ``keep`` names the
+    ones left as they are (e.g. a newline)."""
+    return _UNSAFE.sub(lambda m: m.group() if m.group() in keep else f"\\u{ord(m.group()):04x}", str(text))
+
+
+MAX_WORLD = 2**20  # a world size beyond any machine (and beyond a usable file name)
 
 
 def iter_records(path: str) -> Iterator[CaseRecord]:
-    try:
-        fh = open(path, "rb")
-    except FileNotFoundError:
-        raise ResultsFileError(f"{path}: no such results file") from None
-    except IsADirectoryError:
-        raise ResultsFileError(f"{path}: is a directory; expected a results file (JSON lines)") from None
-    except PermissionError:
-        raise ResultsFileError(f"{path}: cannot be read (permission denied)") from None
-    with fh:
+    with open_input(path) as fh:
         lineno = 0
         while True:
             raw = fh.readline(MAX_LINE_BYTES + 1)
@@ -454,12 +543,11 @@ def iter_records(path: str) -> Iterator[CaseRecord]:
                 raise ResultsFileError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
             if not line.strip():
                 continue
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as exc:
-                hint = " (truncated: the file ends mid-record)" if not line.endswith("\n") else ""
-                raise ResultsFileError(f"{where}: not valid JSON{hint}: {exc.msg} at column {exc.colno}") from None
-            yield CaseRecord.from_dict(data, where)
+            rec = CaseRecord.from_dict(loads_bounded(line, where), where)
+            if rec.world_size > MAX_WORLD:
+                raise ResultsFileError(f"{where}: field 'world_size' is {_show(rec.world_size)}; expected at most "
+                                       f"{MAX_WORLD}")
+            yield rec
 
 
 def read_records(path: str) -> list[CaseRecord]:

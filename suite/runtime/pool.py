@@ -24,6 +24,7 @@ Nothing outlives the parent and nothing listens on the network for a local run:
 """
 from __future__ import annotations
 
+import fcntl
 import multiprocessing as mp
 import os
 import pickle
@@ -31,6 +32,7 @@ import queue
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -40,7 +42,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RankPool", "RankFailure", "RankError", "RankFn", "fn_name", "check_rank_fn"]
+__all__ = ["RankPool", "RankFailure", "RankError", "RankFn", "fn_name", "check_rank_fn", "owned_tempdir",
+           "remove_stale"]
 
 RankFn = Callable[..., Any]
 
@@ -85,6 +88,7 @@ class _Options:
     num_threads: int | None
     env: dict = field(default_factory=dict)
     netns: str | None = None  # network namespace the rank enters first (emulated cluster node)
+    parent: int = 0  # pid of the parent, when it started the ranks from its main thread (parent-death signal)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -157,7 +161,27 @@ def _watch_parent(conn, store_dir: str | None) -> None:
     threading.Thread(target=watch, name="fleetbench-parent-watch", daemon=True).start()
 
 
+def _parent_death_signal(sig: int) -> bool:
+    """``prctl(PR_SET_PDEATHSIG, sig)``: the kernel sends ``sig`` to this process when the thread that
+    started it ends (Linux; elsewhere nothing happens and False is returned)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(1, sig, 0, 0, 0) == 0  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return False
+
+
 def _worker(rank: int, world: int, store_at: tuple, cmd_q, res_q, opts: _Options, watch=None) -> None:
+    # Until the rendezvous is over the main thread may sit in C++ (FileStore, init_process_group) holding
+    # the GIL, so the watching thread could not run: the kernel kills the rank instead if the parent dies
+    # meanwhile (its store directory is then removed by the next pool, see remove_stale).  Set only when
+    # the parent started the ranks from its main thread, which lives as long as the process.
+    deathsig = bool(opts.parent) and _parent_death_signal(signal.SIGKILL)
+    if opts.parent and os.getppid() != opts.parent:  # the parent died before the signal was set
+        os._exit(3)
     os.environ.update(opts.env)
     parent = os.getppid()
     store_dir = os.path.dirname(store_at[1]) if store_at[0] == "file" else None
@@ -183,6 +207,8 @@ def _worker(rank: int, world: int, store_at: tuple, cmd_q, res_q, opts: _Options
             rank, world, rank, world, store=store, device=opts.device, pg_timeout=opts.pg_timeout,
             num_threads=opts.num_threads,
         )
+        if deathsig:  # from here the watching thread takes the rank's children and store down with it
+            _parent_death_signal(0)
         res_q.put(("__ready__", rank, True, os.getpid()))
     except BaseException:  # noqa: BLE001 - reported to the parent
         res_q.put(("__ready__", rank, False, traceback.format_exc()))
@@ -256,6 +282,7 @@ class RankPool:
         self._res_q: Any = None  # the spawn context's Queue of (call id, rank, ok, payload)
         self._store: Any = None  # the TCPStore server (emulated cluster only)
         self._watch_w: Any = None  # write end of the pipe every rank watches (EOF: the parent is gone)
+        self._owner: int | None = None  # the locked owner file of the store directory (see owned_tempdir)
         self.store_path: str | None = None  # the FileStore of a local pool (in a private directory)
         self._call = 0
         self.pids: list[int] = []
@@ -297,7 +324,8 @@ class RankPool:
             store_at: tuple = ("tcp", host, self._store.port)
         else:
             # A fresh file in a private directory (mkdtemp: mode 0700) on every start: no listener.
-            store_dir = tempfile.mkdtemp(prefix="fleetbench-store-")
+            remove_stale()
+            store_dir, self._owner = owned_tempdir("fleetbench-store-")
             self.store_path = os.path.join(store_dir, "store")
             os.close(os.open(self.store_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
             store_at = ("file", self.store_path)
@@ -308,9 +336,11 @@ class RankPool:
             env.setdefault("GLOO_SOCKET_IFNAME", _loopback_ifname())
         else:
             env.setdefault("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", _loopback_ifname()))
+        main = threading.current_thread() is threading.main_thread()
         opts = [_Options(self.opts.device, self.opts.pg_timeout, self.opts.num_threads,
                          {**env, **(self.rank_env[r] if self.rank_env else {})},
-                         self.rank_netns[r] if self.rank_netns else None) for r in range(self.nproc)]
+                         self.rank_netns[r] if self.rank_netns else None, os.getpid() if main else 0)
+                for r in range(self.nproc)]
         ctx = mp.get_context("spawn")
         self._res_q = ctx.Queue()
         self._cmd_qs = [ctx.Queue() for _ in range(self.nproc)]
@@ -365,6 +395,9 @@ class RankPool:
                 pass
         if self.store_path is not None:
             shutil.rmtree(os.path.dirname(self.store_path), ignore_errors=True)
+        if self._owner is not None:
+            os.close(self._owner)
+            self._owner = None
         self._procs, self._cmd_qs, self._res_q, self._store, self.pids = [], [], None, None, []
         self._watch_w, self.store_path = None, None
         _LIVE_POOLS.discard(self)
@@ -469,11 +502,60 @@ def _close_watch_pipes_in_child() -> None:
                 w.close()
             except Exception:  # noqa: BLE001
                 pass
+        if pool._owner is not None:  # the lock stays the parent's alone (it is shared until closed here)
+            os.close(pool._owner)
         # The ranks and the store belong to the parent: this copy of the pool must not stop or remove them.
         pool._watch_w, pool._procs, pool._cmd_qs, pool._res_q, pool.store_path = None, [], [], None, None
+        pool._owner = None
 
 
 os.register_at_fork(after_in_child=_close_watch_pipes_in_child)
+
+
+OWNER_FILE = "owner.lock"
+
+
+def owned_tempdir(prefix: str) -> tuple[str, int]:
+    """A fresh private temporary directory and the descriptor of its owner file, locked (flock) for as
+    long as the descriptor is open, i.e. while this process lives: :func:`remove_stale` removes the
+    directory only once that lock is free.  The file is locked before it gets its name, so no sweep
+    ever sees it unlocked."""
+    d = tempfile.mkdtemp(prefix=prefix)
+    tmp = os.path.join(d, ".owner")
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR | getattr(os, "O_CLOEXEC", 0), 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(tmp, os.path.join(d, OWNER_FILE))
+    return d, fd
+
+
+def remove_stale(prefix: str = "fleetbench-", tmp: str | None = None) -> list[str]:
+    """Remove the leftovers of dead runs from the temporary directory: each ``prefix*`` directory whose
+    owner file (see :func:`owned_tempdir`) nobody holds locked any more (a directory without one, or of
+    a live owner, is left alone).  Returns the removed paths."""
+    tmp = tmp or tempfile.gettempdir()
+    removed = []
+    try:
+        names = [n for n in os.listdir(tmp) if n.startswith(prefix)]
+    except OSError:
+        return []
+    for name in names:
+        d = os.path.join(tmp, name)
+        try:
+            fd = os.open(os.path.join(d, OWNER_FILE), os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)  # its owner lives
+            continue
+        try:
+            if not os.path.islink(d):
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(d)
+        finally:
+            os.close(fd)
+    return removed
 
 
 def _master_store(host: str, timeout: float, netns: str | None):
