@@ -171,3 +171,4 @@ def test_the_run_table_says_not_resolved_where_the_speedup_interval_spans_one():
     assert _speedup_cell(1.30, [1.10, 1.50]) == "1.30 [1.10, 1.50]"
     assert _speedup_cell(0.80, [0.70, 0.90]) == "0.80 [0.70, 0.90]"
     assert _speedup_cell(None, [None, None]) == "-"
+    assert _speedup_cell(1.0, [1.0, 1.0], baseline=True) == "1 (the baseline)"  # never "not resolved"

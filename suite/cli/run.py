@@ -20,6 +20,7 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
+from ..cases import BASELINE
 from ..config import ConfigError
 from ..selection import SIZES, Selection
 from .checks import check_nproc
@@ -410,8 +411,10 @@ def _resolve_resume(args, world: int) -> tuple[str, set]:
     return run_id, {r.case for r in mine if r.status != "error"}
 
 
-def _speedup_cell(sp, ci) -> str:
+def _speedup_cell(sp, ci, baseline: bool = False) -> str:
     """The speedup with its interval; "not resolved" where the interval spans 1 (neither faster nor slower)."""
+    if baseline:
+        return "1 (the baseline)"
     if not (isinstance(sp, float) and ci[0] is not None and ci[1] is not None):
         return "-"
     cell = f"{sp:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
@@ -424,7 +427,7 @@ def print_table(records) -> None:
 
     table = Table(title="fleetbench run", show_lines=False)
     for col in ("case", "verdict", "samples/s", "speedup vs plain", "step ms (median, IQR)", "collectives/step"):
-        table.add_column(col, justify="left" if col in ("case", "verdict") else "right")
+        table.add_column(col, justify="left" if col in ("case", "verdict") else "right", no_wrap=True)
     for r in records:
         m = r.metrics or {}
         sps = m.get("samples_per_s")
@@ -437,11 +440,11 @@ def print_table(records) -> None:
             r.case,
             r.verdict,
             f"{sps:.1f}" if isinstance(sps, float) else "-",
-            _speedup_cell(sp, ci),
+            _speedup_cell(sp, ci, baseline=r.case.endswith("/" + BASELINE)),
             f"{st['median'] * 1e3:.1f} ({st['iqr'] * 1e3:.1f})" if st.get("n") else "-",
             f"{ar:g}" if m else "-",
         )
-    Console(width=max(120, os.get_terminal_size(sys.stdout.fileno()).columns if sys.stdout.isatty() else 120)).print(
+    Console(width=max(132, os.get_terminal_size(sys.stdout.fileno()).columns if sys.stdout.isatty() else 132)).print(
         table)
 
 
