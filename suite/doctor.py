@@ -316,6 +316,40 @@ def model_check_on_rank(model: str, config: dict) -> dict:
     return check(WorkloadSpec(model, size="tiny", per_rank_batch=4), config, steps=3)
 
 
+def footprint_on_rank() -> dict:
+    """The engine's footprint (``measure.timing.footprint_bytes``: parameters, gradients, buckets, optimizer
+    state) against the bytes the device's allocator holds for it: allocated after the engine is built and one
+    step run (gradients, buckets and Adam's state exist, the step's batch and activations freed), minus before."""
+    import gc
+
+    from .config import StrategyConfig
+    from .measure.timing import TimedCase, footprint_bytes
+    from .runtime.context import current
+    from .workload import WorkloadSpec, workload
+
+    p = current().platform
+    wl = workload(WorkloadSpec("mlp", size="tiny", per_rank_batch=4))
+    gc.collect()
+    p.synchronize()
+    before = torch.cuda.memory_allocated(p.device) if p.is_cuda else 0
+    tc = TimedCase("doctor-footprint", StrategyConfig(fuse_all_reduce_ops=True, sync_nccl_allreduce=False,
+                                                      optimizer="adam"), wl)
+    tc.window(1, record=False)
+    gc.collect()
+    p.synchronize()
+    held = (torch.cuda.memory_allocated(p.device) - before) if p.is_cuda else 0
+    return {"footprint": footprint_bytes(tc.engine), "allocated": held}
+
+
+def footprint_verdict(answers: list[dict]) -> tuple[bool, str]:
+    """Every rank's footprint is what its allocator holds for the engine, give or take the allocator's
+    rounding (blocks of 512 bytes and up): footprint <= allocated <= 1.5 x footprint + 2 MiB."""
+    ok = all(a["footprint"] <= a["allocated"] <= 1.5 * a["footprint"] + 2**21 for a in answers)
+    a = answers[0]
+    return ok, (f"mlp tiny, overlap + Adam, rank 0: footprint {a['footprint'] / 2**20:.2f} MiB, allocator "
+                f"{a['allocated'] / 2**20:.2f} MiB (bound: footprint to 1.5x + 2 MiB)")
+
+
 def memory_window_on_rank(mib: int = 64) -> dict:
     """The peak above a window's start for one known allocation (touched, then freed)."""
     from .runtime.context import current
@@ -538,6 +572,14 @@ def item_nvml(ctx: DoctorRun) -> Item:
                 f"{', '.join(sorted(set(names)))}; utilization {util} %")
 
 
+def item_footprint(ctx: DoctorRun) -> Item:
+    name = "memory footprint vs the allocator"
+    if ctx.device != "cuda":
+        return Item(name, NA, "CPU: no allocator statistics (footprints counted by hand: tests/test_comm_structure.py)")
+    ok, numbers = footprint_verdict(ctx.call(footprint_on_rank))
+    return Item(name, PASS if ok else FAIL, numbers)
+
+
 def item_memory(ctx: DoctorRun) -> Item:
     out = ctx.call(memory_window_on_rank)
     r = out[0]
@@ -602,7 +644,7 @@ def _private_netns_prefix() -> list:
 
 ITEMS: list[Callable] = [item_platform, item_allreduce, item_half, item_bucketed, item_hierarchical, item_reader,
                          item_events, item_precision, item_fused_optimizers, item_amp, item_compute_fusion, item_nvml,
-                         item_memory, item_torchrun]
+                         item_footprint, item_memory, item_torchrun]
 
 
 # ---------------------------------------------------------------------------------------------

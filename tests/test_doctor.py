@@ -16,9 +16,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL_ITEMS = ["platform", "allreduce on each communicator", "half-precision allreduce", "bucketed overlap",
              "hierarchical overlap", "reader device copy", "CUDA event timing vs host clock",
              "precision settings take effect", "fused optimizers vs torch.optim", "AMP against its reference",
-             "compute fusion against the unfused model", "NVML", "memory window", "torchrun error path"]
+             "compute fusion against the unfused model", "NVML", "memory footprint vs the allocator", "memory window",
+             "torchrun error path"]
 CUDA_ONLY = ("CUDA event timing vs host clock", "precision settings take effect", "fused optimizers vs torch.optim",
-             "AMP against its reference", "compute fusion against the unfused model", "NVML")
+             "AMP against its reference", "compute fusion against the unfused model", "NVML",
+             "memory footprint vs the allocator")
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +126,20 @@ def _run(strict_mm, strict_conv, tf32_mm, tf32_conv, hardware=True, reported=((F
     return {"tf32_hardware": hardware,
             "strict": {"matmul": strict_mm, "conv": strict_conv, "reported": dict(zip(keys, reported[0]))},
             "tf32": {"matmul": tf32_mm, "conv": tf32_conv, "reported": dict(zip(keys, reported[1]))}}
+
+
+def test_footprint_verdict():
+    assert D.footprint_verdict([{"footprint": 10 * 2**20, "allocated": 11 * 2**20}])[0]
+    assert not D.footprint_verdict([{"footprint": 10 * 2**20, "allocated": 9 * 2**20}])[0]  # counted too much
+    assert not D.footprint_verdict([{"footprint": 10 * 2**20, "allocated": 30 * 2**20}])[0]  # missed state
+    ok, numbers = D.footprint_verdict([{"footprint": 2**20, "allocated": 2**20}, {"footprint": 1, "allocated": 0}])
+    assert not ok and "footprint 1.00 MiB" in numbers  # every rank must hold
+
+
+def test_footprint_rank_function_runs_on_cpu_ranks(pool2):
+    """The rank side on CPU (no allocator statistics: allocated 0), so the GPU run meets no missing name."""
+    out = pool2.run(D.footprint_on_rank)
+    assert all(a["footprint"] > 0 and a["allocated"] == 0 for a in out), out
 
 
 def test_precision_verdict():
