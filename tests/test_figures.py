@@ -327,3 +327,19 @@ def test_any_figure_keeps_its_raw_data_and_renders_it_again(tmp_path, monkeypatc
     assert main(["figures", "amp", "--rounds", "3", "--load", str(kept), "--out", str(again)]) == 0
     assert again.read_text() == first.read_text() and "| fp32 | 100.00 [100.00, 100.00] | 320 [320, 320] |" in \
         again.read_text()
+
+
+def test_the_workloads_aim_is_not_resolved_when_the_overlap_interval_spans_one():
+    from suite.figures import workloads as W
+
+    model = W.MODELS[0]
+    rows = W.rows_for(model)
+    v = {n: _summary(1, (1.15, 0.55, 1.39)) for n in rows}
+    v["ddp"] = {"groups": [_summary(1, (1.0, 1.0, 1.0))]}
+    v["none"] = {"groups": [_summary(1, (1.2, 1.1, 1.3), calls=0, bcasts=0)]}
+    spec = {"name": model, "size": "cpu", "description": "", "per_rank_batch": 8, "tensors": 161,
+            "elements": 25 * 2**20}
+    text, _ = W.strategy_table(model, {"variants": v, "groups": [["ddp", "none", *rows]], "spec": spec},
+                               W.Options(rounds=3, steps=3), 2)
+    assert "- Aim (overlap + bucketing at least as fast as DDP), overlap: speedup 1.150 [0.550, 1.390]: " \
+           "**not resolved (the interval spans 1)** on this run." in text.splitlines()

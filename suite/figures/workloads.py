@@ -206,7 +206,8 @@ def strategy_table(model: str, measured: dict, options: Options, world: int) -> 
         d = ov.get("describe", {})
         lines += ["", f"- Allreduce ops {d.get('allreduce_ops_before_fusion')} before fusion, "
                       f"{d.get('allreduce_ops')} after (overlap's 25 MB buckets)."]
-        met = "met" if ov["speedup"] >= 1 else "not met"
+        lo, hi = ov["speedup_ci"]
+        met = "not resolved (the interval spans 1)" if lo < 1 < hi else "met" if ov["speedup"] >= 1 else "not met"
         lines.append(f"- Aim (overlap + bucketing at least as fast as DDP), overlap: speedup {ov['speedup']:.3f} "
                      f"[{ov['speedup_ci'][0]:.3f}, {ov['speedup_ci'][1]:.3f}]: **{met}** on this run.")
     lines += [f"- {model}/{n}: {s['fallback']}." for n, s in v.items() if s.get("fallback")]  # the runner's
