@@ -227,7 +227,7 @@ def test_a_failed_append_goes_to_a_fallback_file_and_says_so(tmp_path, monkeypat
 
 
 @pytest.mark.parametrize("make", ["traces_file", "dev_full", "fifo"])
-def test_every_write_target_is_checked_before_any_rank(tmp_path, capsys, no_ranks, make):
+def test_every_write_target_is_checked_before_any_rank(tmp_path, capsys, no_ranks, bounded, make):
     results = tmp_path / "runs.jsonl"
     argv = RUN + ["--results", results]
     if make == "traces_file":
