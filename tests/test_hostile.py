@@ -65,10 +65,13 @@ def bounded():
 def _cli(argv, capsys) -> tuple[int, str, str]:
     from suite.cli.main import main
 
+    term = signal.getsignal(signal.SIGTERM)  # ab and doctor turn SIGTERM into Ctrl-C for their process
     try:
         code = main([str(a) for a in argv])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        signal.signal(signal.SIGTERM, term)
     out, err = capsys.readouterr()
     return code, out, err
 
