@@ -723,3 +723,20 @@ def test_a_spawned_rank_reaches_its_entry_point_without_importing_torch():
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
                          capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+def test_a_trial_server_that_cannot_start_leaves_no_log_or_process(tmp_path, monkeypatch):
+    import tempfile
+
+    from suite.ab.client import ProtocolMismatch, TrialServer
+
+    root = tmp_path / "nothing"
+    (root / "suite" / "cli").mkdir(parents=True)
+    (root / "suite" / "__init__.py").write_text("")
+    (root / "suite" / "cli" / "__init__.py").write_text("")
+    (root / "suite" / "cli" / "main.py").write_text("import sys; sys.exit(\"invalid choice: 'trial-server'\")\n")
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    with pytest.raises(ProtocolMismatch):
+        TrialServer(str(root), "BASE", start_timeout=60)
+    assert os.listdir(tmp_path / "tmp") == []
