@@ -59,6 +59,7 @@ class TrialServer:
                  start_timeout: float = 180.0, device: str | None = None, log_path: str | None = None,
                  env: dict | None = None, wait: bool = True):
         self.root, self.label, self.nproc, self.timeout = os.path.abspath(root), label, nproc, timeout
+        self._own_log = log_path is None  # a log made here is removed on close (errors quote its tail)
         if log_path is None:
             import tempfile
 
@@ -89,7 +90,11 @@ class TrialServer:
         self.start_timeout = start_timeout
         self.hello: dict | None = None
         if wait:
-            self.ready()
+            try:
+                self.ready()
+            except BaseException:  # nothing of a server that could not start is left behind
+                self.kill()
+                raise
 
     def ready(self) -> dict:
         """Wait for the server's hello (and check it) once."""
@@ -198,8 +203,13 @@ class TrialServer:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        self._close_log()
+
+    def _close_log(self) -> None:
         try:
             self._log.close()
+            if self._own_log:
+                os.unlink(self.log_path)
         except OSError:
             pass
 
@@ -220,10 +230,7 @@ class TrialServer:
                 except subprocess.TimeoutExpired:
                     self.proc.kill()
                     self.proc.wait(timeout=10)
-        try:
-            self._log.close()
-        except OSError:
-            pass
+        self._close_log()
 
     def __enter__(self) -> TrialServer:
         return self

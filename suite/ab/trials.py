@@ -483,6 +483,10 @@ def run_ab(repo: str, base_rev: str, head_rev: str, opts: AbOptions,
             interrupted = isinstance(sys.exc_info()[1], (KeyboardInterrupt, SystemExit))
             for s in sides:  # interrupted (Ctrl-C, a CI cancel's SIGINT/SIGTERM): at once, not in order
                 s.server.kill() if interrupted else s.server.close()
+            if interrupted:  # ranks killed in their rendezvous leave their store: its owner, the server, is dead
+                from ..runtime.pool import remove_stale
+
+                remove_stale()
 
 
 def compare_all(names: list[str], compare: Callable[[str, SeqOptions], CaseOutcome], seq: SeqOptions,

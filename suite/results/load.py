@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 
 from .records import STATUSES, VERDICTS, ResultsFileError, loads_bounded, open_input, read_records
 
-MAX_SAMPLES = 100_000  # per case and kind (a real record has tens to a few thousand)
+# Per case and kind (a real record has tens to a few thousand: rounds x steps x ranks).  The gate's bootstrap
+# holds n_boot (1000) resamples of one side at once: 20,000 samples are 160 MB at most.
+MAX_SAMPLES = 20_000
 
 __all__ = ["CaseResult", "Side", "load_side", "case_key"]
 
