@@ -110,13 +110,14 @@ def test_injected_slowdown_is_a_fraction_of_the_measured_step_queued_after_the_s
 
 
 def test_ab_refuses_too_few_gpus_instead_of_running_on_the_cpu(monkeypatch):
-    import argparse
 
     from suite.cli import ab
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    args = argparse.Namespace(nproc=2, steps=5, check_steps=3, trial_warmup=1, warmup=2, device=None)
+    from suite.cli.main import build_parser
+
+    args = build_parser().parse_args(["ab", "BASE", "HEAD", "--nproc", "2"])  # every option as the CLI gives it
     try:
         ab.options(args)
     except ValueError as exc:

@@ -144,7 +144,9 @@ class UtilizationSampler:
         prev = read_proc_stat()
         if prev is None:
             self.unavailable.append("CPU utilization unavailable: /proc/stat cannot be read on this system")
-        while not self._stop.wait(self.interval):
+        stopped = False
+        while not stopped:  # a sample every interval, and a last one at stop (a short run still gets one)
+            stopped = self._stop.wait(self.interval)
             sample: dict = {"t": time.time()}
             if prev is not None:
                 now = read_proc_stat()
