@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 
 from .cases import CASES, Case, cases_for_model, select_cases
 from .config import ConfigError, StrategyConfig, toml_fields
-from .models import MODELS, ModelError, default_size, model_info
+from .models import MODELS, SIZES, ModelError, default_size, model_info
 from .runner import ResolvedCase
 
 __all__ = ["Selection", "Resolved", "choose_platform", "default_worlds", "resolve_at", "SIZES", "DEVICES"]
 
-SIZES = ("full", "cpu", "tiny")
 DEVICES = ("cpu", "cuda")
 CPU_WORLD = 2  # the default world size on CPU
 

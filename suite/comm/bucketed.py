@@ -305,8 +305,3 @@ class BucketedGradSync(GradSync):
         for bi, complete in inflight:
             complete()
             self._event("wait", bi)
-
-
-def total_grad_bytes(model: torch.nn.Module) -> int:
-    """Bytes of every trainable parameter's gradient (for the bucket ≈ 1/10 rule)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)

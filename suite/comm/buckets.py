@@ -151,6 +151,3 @@ class Bucket:
             else:
                 view.copy_(g)  # autograd or someone else replaced the view: keep the value, restore the view
         p.grad = view
-
-    def is_bound(self) -> bool:
-        return all(p.grad is not None and p.grad.data_ptr() == v.data_ptr() for p, v in zip(self.params, self.views))
