@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any
 
+from .isolation import Isolation
 from .protocol import PROTOCOL, SUPPORTED_VERSIONS, VERSION, decode, encode
 
 __all__ = ["TrialServer", "TrialError", "ProtocolMismatch"]
@@ -39,25 +40,18 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def _die_with_parent():
-    """A ``preexec_fn`` setting PR_SET_PDEATHSIG(SIGTERM) in the child (Linux, main thread only: the
-    signal follows the thread that forks), or None.  The ctypes function is looked up here, so the child
-    runs nothing but the call."""
+def _pdeathsig() -> int | None:
+    """The parent-death signal the server asks for (SIGTERM), or None where it would not work: not Linux, or not
+    the main thread (the signal follows the thread that forks)."""
     if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
         return None
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return lambda: prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    return int(signal.SIGTERM)
 
 
 class TrialServer:
     def __init__(self, root: str, label: str, nproc: int = 2, python: str | None = None, timeout: float = 600.0,
                  start_timeout: float = 180.0, device: str | None = None, log_path: str | None = None,
-                 env: dict | None = None, wait: bool = True):
+                 env: dict | None = None, wait: bool = True, isolation: Isolation | None = None):
         self.root, self.label, self.nproc, self.timeout = os.path.abspath(root), label, nproc, timeout
         self._own_log = log_path is None  # a log made here is removed on close (errors quote its tail)
         if log_path is None:
@@ -67,7 +61,8 @@ class TrialServer:
             os.close(fd)
         self.log_path = log_path
         pypath = os.environ.get("PYTHONPATH")
-        child_env = dict(os.environ, **(env or {}))
+        isolation = isolation or Isolation()
+        child_env = dict(os.environ, **isolation.env(), **(env or {}))
         child_env["PYTHONPATH"] = self.root + (os.pathsep + pypath if pypath else "")
         child_env.setdefault("PYTHONUNBUFFERED", "1")
         cmd = [python or sys.executable, "-m", "suite.cli.main", "trial-server", "--nproc", str(nproc),
@@ -80,7 +75,7 @@ class TrialServer:
         # through their parent pipe) when started from the main thread, which lives as long as `ab`.
         self.proc = subprocess.Popen(cmd, cwd=self.root, env=child_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._log, text=True, bufsize=1, start_new_session=True,
-                                     preexec_fn=_die_with_parent())
+                                     preexec_fn=isolation.preexec(_pdeathsig()))
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._stdin, self._stdout = self.proc.stdin, self.proc.stdout
         self._lines: queue.Queue[str | None] = queue.Queue()

@@ -15,7 +15,8 @@ import numpy as np
 
 from .stats import SeqOptions, Sequential
 
-__all__ = ["Run", "simulate", "process_spread", "prep_spread", "effect_scale", "simulate_level", "direct", "modes"]
+__all__ = ["Run", "simulate", "process_spread", "prep_spread", "effect_scale", "simulate_level", "direct", "modes",
+           "block_noise", "spread_interval"]
 
 
 @dataclass
@@ -230,3 +231,33 @@ def modes(spread: dict, nested: dict, rotate: int, restart: int = SeqOptions().r
             (rotate, "servers", 0, f"--rotate {rotate} --restart 1 (fresh servers every time)")]
     return ((spread["tau"] if math.isfinite(spread["tau"]) else 0.0, 0.0),
             [(0, "servers", 0, "one pair"), (rotate, "servers", 0, f"fresh servers every {rotate}")])
+
+
+def block_noise(runs: list[Run]) -> float:
+    """The blocks' own spread: the pooled standard deviation of block log ratios about their preparation's mean."""
+    ss, df = 0.0, 0
+    for r in runs:
+        for g in r.groups():
+            if len(g) >= 2:
+                ss += float(np.var(g, ddof=1)) * (len(g) - 1)
+                df += len(g) - 1
+    return math.sqrt(ss / df) if df else math.nan
+
+
+def spread_interval(runs: list[Run], n: int = 1000, seed: int = 0, level: float = 0.90) -> dict:
+    """Percentile intervals of :func:`prep_spread`'s tau_prep and tau_process and of :func:`block_noise`, by
+    resampling whole pairs (the independent unit: a pair's preparations share its processes) with replacement."""
+    rng = np.random.default_rng(seed)
+    draws: dict[str, list[float]] = {"tau_prep": [], "tau_process": [], "noise": []}
+    for _ in range(n):
+        sample = [runs[i] for i in rng.integers(0, len(runs), size=len(runs))]
+        sp = prep_spread(sample)
+        draws["tau_prep"].append(sp["tau_prep"])
+        draws["tau_process"].append(sp["tau_process"])
+        draws["noise"].append(block_noise(sample))
+    lo, hi = (1 - level) / 2 * 100, (1 + level) / 2 * 100
+    out = {}
+    for k, xs in draws.items():
+        arr = np.asarray([x for x in xs if math.isfinite(x)])
+        out[k] = (float(np.percentile(arr, lo)), float(np.percentile(arr, hi))) if arr.size else (math.nan, math.nan)
+    return out

@@ -146,7 +146,16 @@ def _op_prepare(st: _State, req: dict) -> dict:
     if rc.skip:
         raise ValueError(f"case {rc.case.name} cannot run at world size {st.nproc}: {rc.skip}")
     runner = _runner(st, req)
+    if req.get("layout_pad"):  # `figures gate-sources`: each preparation at other addresses
+        from .isolation import layout_pad_on_rank
+
+        runner.launcher.run(layout_pad_on_rank, dict(seed=int(req.get("seed", 0))),
+                            timeout=st.timeout)
     prepared = runner.prepare(rc)
+    if req.get("gc_frozen"):
+        from .isolation import gc_freeze_on_rank
+
+        runner.launcher.run(gc_freeze_on_rank, {}, timeout=st.timeout)
     inject = float(req.get("inject") or 0.0)
     if inject:
         runner.launcher.run(inject_on_rank, dict(key=prepared.key, fraction=inject), timeout=st.timeout)

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ab.client import TrialServer
+from ..ab.isolation import Isolation
 from ..ab.power import Run, direct, effect_scale, modes, prep_spread, process_spread, simulate, simulate_level
 from ..ab.stats import SeqOptions, block_log_ratio, lag1
 from ..results.gate import GateOptions, gate_samples
@@ -100,20 +101,28 @@ class Options:
             raise ValueError(f"figures gate: budget {self.budget!r}: must be a finite number of seconds > 0")
 
 
-def long_run(case: str, inject: float, blocks: int, options: Options, seed: int, say, regroup: int = 0) -> Run:
+def long_run(case: str, inject: float, blocks: int, options, seed: int, say, regroup: int = 0,
+             isolation: Isolation | None = None) -> Run:
+    """One pair of fresh trial servers (placed and laid out as ``isolation`` says, both alike): ``blocks`` ABBA
+    blocks, the case prepared afresh on both every ``regroup`` blocks.  ``options`` needs nproc, timeout, size and
+    steps."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    iso = isolation or Isolation()
     run = Run(case, inject)
     t0 = time.monotonic()
-    servers = [TrialServer(root, label, nproc=options.nproc, timeout=options.timeout, wait=False)
+    servers = [TrialServer(root, label, nproc=options.nproc, timeout=options.timeout, wait=False, isolation=iso)
                for label in ("A", "B")]
+    preparations = itertools.count()
     try:
         for s in servers:
             s.ready()
-        for s, rid in [(s, s.send("start")) for s in servers]:
+        for s, rid in [(s, s.send("start", pin=iso.pin)) for s in servers]:
             s.receive(rid, "starting the rank pool")
         def prepare() -> list:
-            return [s.request("prepare", case=case, size=options.size, warmup=2, check=False, inject=inj)["key"]
-                    for s, inj in zip(servers, (0.0, inject))]
+            k = next(preparations)
+            return [s.request("prepare", case=case, size=options.size, warmup=2, check=False, inject=inj,
+                              seed=seed * 7919 + 2 * k + side, **iso.prepare_fields())["key"]
+                    for side, (s, inj) in enumerate(zip(servers, (0.0, inject)))]
 
         keys = prepare()
         run.setup_s = time.monotonic() - t0

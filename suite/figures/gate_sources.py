@@ -1,0 +1,143 @@
+"""Where a preparation's and a process's few percent come from: the gate's variance components, one factor at a time.
+
+The gate figure's A/A design (:func:`suite.figures.gate.long_run`: two fresh trial servers of the same tree, ABBA
+blocks of ``--steps``-step trials, the case prepared afresh on both every ``--regroup`` blocks), repeated for
+``--pairs`` pairs under each placement or layout of :data:`suite.ab.isolation.FACTORS` (both servers alike), the
+pairs of all factors in one random order (the machine's drift is shared, not given to one factor).  For each
+factor: tau_prep (what differs between preparations in the same processes), tau_process (what a pair of processes
+adds) and the blocks' own noise (:func:`suite.ab.power.prep_spread`, :func:`~suite.ab.power.block_noise`), each
+with a 90% interval from resampling whole pairs (:func:`~suite.ab.power.spread_interval`).
+
+    fleetbench figures gate_sources --pairs 5 --regroup 6 --blocks 18 --save docs/figures/gate-sources-raw.json
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ab.isolation import FACTORS, Isolation
+from ..ab.power import Run, block_noise, prep_spread, spread_interval
+from .gate import long_run
+
+DESCRIPTION = "the gate's sources of bias: tau_prep, tau_process and block noise under each placement/layout factor"
+
+USES_POOL = False  # trial servers are the figure's processes
+
+
+@dataclass(frozen=True)
+class Options:
+    nproc: int = 2
+    steps: int = 5
+    timeout: float = 1800.0
+    cases: tuple[str, ...] = ("mlp/plain", "resnet/plain")
+    factors: tuple[str, ...] = tuple(f.name for f in FACTORS)
+    pairs: int = 5
+    blocks: int = 18
+    regroup: int = 6
+    size: str = "tiny"
+    save: str | None = None
+    load: str | None = None
+
+    def __post_init__(self):
+        for name in ("nproc", "steps", "pairs", "blocks", "regroup"):
+            if not getattr(self, name) >= 1:
+                raise ValueError(f"figures gate_sources: {name} {getattr(self, name)!r}: must be >= 1")
+        if self.blocks < 2 * self.regroup:
+            raise ValueError(f"figures gate_sources: blocks {self.blocks} with regroup {self.regroup}: at least two "
+                             f"preparations a pair are needed (blocks >= 2 x regroup)")
+        known = {f.name: f for f in FACTORS}
+        unknown = [f for f in self.factors if f not in known]
+        if unknown:
+            raise ValueError(f"figures gate_sources: factor {unknown[0]!r} is unknown; allowed: {', '.join(known)}")
+
+
+def _factor(name: str) -> Isolation:
+    return next(f for f in FACTORS if f.name == name)
+
+
+def _save(path: str, rows: list) -> None:
+    with open(path + ".tmp", "w") as fh:
+        json.dump(rows, fh)
+    os.replace(path + ".tmp", path)
+
+
+def measure(options: Options, pool=None) -> dict:
+    """Every (case, factor, pair) run, in one seeded random order; with ``load``, only the runs it lacks."""
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    t0 = time.monotonic()
+    rows: list = []
+    if options.load:
+        with open(options.load) as fh:
+            rows = json.load(fh)
+    have: dict = {}
+    for r in rows:
+        have[(r["run"]["case"], r["factor"])] = have.get((r["run"]["case"], r["factor"]), 0) + 1
+    plan = [(c, f, k) for c in options.cases for f in options.factors for k in range(options.pairs)
+            if k >= have.get((c, f), 0)]
+    random.Random(2013).shuffle(plan)
+    for i, (case, factor, k) in enumerate(plan):
+        say(f"[{i + 1}/{len(plan)}] {case} {factor} pair {k + 1} (load {os.getloadavg()[0]:.1f})")
+        run = long_run(case, 0.0, options.blocks, options, seed=31 * i + k, say=say, regroup=options.regroup,
+                       isolation=_factor(factor))
+        rows.append({"factor": factor, "run": dataclasses.asdict(run)})
+        if options.save:
+            _save(options.save, rows)
+    return {"rows": rows, "seconds": time.monotonic() - t0, "loaded": bool(options.load)}
+
+
+def _pct(x: float) -> str:
+    return f"{x:.2%}" if math.isfinite(x) else "-"
+
+
+def render(raw: dict, options: Options) -> str:
+    rows = raw["rows"]
+    out = [f"### Sources of the gate's bias: A/A pairs under each factor ({options.nproc} ranks, trials of "
+           f"{options.steps} steps, {options.regroup} blocks a preparation)", "",
+           "| case | factor | pairs x preparations x blocks | tau_prep [90%] | tau_process [90%] "
+           "| block noise (SD of a block's log ratio) [90%] | tau_prep = 0: Cochran p | tau_process = 0: ANOVA p "
+           "| s a block | load |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    loads: list[float] = []
+    for case in options.cases:
+        for factor in options.factors:
+            runs = [Run(**r["run"]) for r in rows if r["factor"] == factor and r["run"]["case"] == case]
+            if not runs:
+                continue
+            sp = prep_spread(runs)
+            ci = spread_interval(runs, seed=len(runs))
+            noise = block_noise(runs)
+            preps = round(float(np.mean([len(r.groups()) for r in runs])))
+            blocks = round(float(np.mean([len(g) for r in runs for g in r.groups()])))
+            load = [x for r in runs for x in r.load]
+            loads += load
+            load_txt = f"{min(load):.1f}-{max(load):.1f}" if load else "-"
+            out.append(f"| {case} | {factor} | {len(runs)} x {preps} x {blocks} | {_pct(sp['tau_prep'])} "
+                       f"[{_pct(ci['tau_prep'][0])}, {_pct(ci['tau_prep'][1])}] | {_pct(sp['tau_process'])} "
+                       f"[{_pct(ci['tau_process'][0])}, {_pct(ci['tau_process'][1])}] | {_pct(noise)} "
+                       f"[{_pct(ci['noise'][0])}, {_pct(ci['noise'][1])}] | {sp['p']:.2g} | {sp['anova_p']:.2g} | "
+                       f"{float(np.mean([r.block_s for r in runs])):.2f} | {load_txt} |")
+    minutes = raw.get("seconds", 0.0) / 60
+    out += ["", "Factors (both servers of a pair alike; `suite/ab/isolation.py`): default = as `fleetbench ab` runs; "
+            "pin = rank r on core r; threads=2 = two intra-op threads a rank (the default is one on 2 cores with 2 "
+            "ranks); malloc_fixed = MALLOC_ARENA_MAX=1, MALLOC_MMAP_THRESHOLD_=131072, no trimming; thp = torch's "
+            "large CPU tensors on transparent huge pages (THP_MEM_ALLOC_ENABLE=1; the kernel's mode is madvise); "
+            "aslr_off = no address-space randomization (personality ADDR_NO_RANDOMIZE, as `setarch -R`); gc_frozen "
+            "= after each preparation gc.collect, gc.freeze, gc off while timed; layout_pad = random padding "
+            "allocations before each preparation (each preparation at other addresses); the last row switches off "
+            "everything that can be switched off at once.",
+            "tau_prep: the spread of a preparation's mean log ratio between preparations in the same servers beyond "
+            "its blocks' noise; tau_process: what a pair of processes adds (method of moments, floored at 0; "
+            "intervals from 1000 resamples of whole pairs, so with few pairs they are wide and a 0 floor is common).",
+            f"Machine load (1-minute average, {os.cpu_count()} cores) during the runs: "
+            + (f"{min(loads):.1f} to {max(loads):.1f}." if loads else "not recorded.")
+            + f" Measured in {minutes:.0f} minutes"
+            + (" (partly loaded from saved runs)." if raw.get("loaded") else ".")]
+    return "\n".join(out)
