@@ -12,21 +12,21 @@
 Step times come from ``suite.measure.timing.time_on_rank`` (variants interleaved in one
 process group, rotated order, medians with bootstrap intervals, paired speedups).  The
 collectives-alone times come from :func:`comm_alone_on_rank`, which follows the same
-discipline (all variants in every round, rotated order, barriers only at window ends).
+discipline (``interleaved_rounds``: all variants in every round, rotated order; ``timed_block``:
+barriers only at window ends).
 """
 from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from ..config import StrategyConfig
+from ..measure.interleave import interleaved_rounds, timed_block
 from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
 from ..measure.timing import time_on_rank
 from ..workload import WorkloadSpec
@@ -110,20 +110,9 @@ def comm_alone_on_rank(model: str, variants: list[dict], rounds: int = 5, reps: 
         cfg = StrategyConfig.from_dict(v["config"])
         net = spec.make(0, device)
         runners.append((v["name"], _collectives_of(build_grad_sync(net, cfg))))
-    times: dict[str, list[float]] = {n: [] for n, _ in runners}
-    for _, run in runners:  # warm-up
-        run()
-    for r in range(rounds):
-        order = runners[r % len(runners):] + runners[:r % len(runners)]
-        for name, run in order:
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                run()
-            platform.synchronize()  # NCCL calls return once queued: the clock stops when the work is done
-            dist.barrier()
-            times[name].append((time.perf_counter() - t0) / reps)
-    return {"times": times}
+    times = interleaved_rounds(runners, rounds, lambda nr: timed_block(nr[1], reps, platform),
+                               warmup=lambda nr: nr[1]())
+    return {"times": {name: t for (name, _), t in zip(runners, times)}}
 
 
 def _median_ci(xs):
