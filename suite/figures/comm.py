@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ..comm.table import busbw_factor
 from ..config import StrategyConfig
 from ..measure.interleave import interleaved_rounds, timed_block
 from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
@@ -214,7 +215,7 @@ def strategy_table(raw: dict, model: str, options: Options) -> str:
 def fused_vs_single(raw: dict, model: str, options: Options) -> str:
     alone = raw["fused"]["alone"]
     nbytes = raw["grad_mb"][model] * MiB
-    factor = 2 * (options.nproc - 1) / options.nproc
+    factor = busbw_factor("all_reduce", options.nproc)
     lines = [f"**{model}**: all gradients ({nbytes / MiB:.1f} MiB) reduced as buckets vs as one allreduce of the "
              "same bytes (collectives alone, no compute)", "",
              "| path | time (ms) | busbw (GB/s) | busbw ratio to one allreduce [95% CI] |", "|---|---:|---:|---|"]

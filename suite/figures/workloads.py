@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from ..cases import get_case
+from ..comm.table import busbw_factor
 from ..config import StrategyConfig
 from ..measure.interleave import interleaved_rounds, timed_block
 from ..measure.stats import bootstrap_median_ci
@@ -269,7 +270,7 @@ def measure_alone(pool, model: str, options: Options) -> dict:
 
 def alone_table(model: str, alone: dict, options: Options, world: int) -> str:
     per, nbytes = alone["times"], alone["bytes"]
-    factor = 2 * (world - 1) / world
+    factor = busbw_factor("all_reduce", world)
     lines = [f"**{model}**: all gradients ({nbytes / MiB:.1f} MiB) reduced by each case's path vs one allreduce of "
              f"the same bytes (collectives alone, no compute; {options.rounds} rounds x {options.steps} repetitions)",
              "", "| path | time (ms) | busbw (GB/s) | busbw ratio to one allreduce [95% CI] |", "|---|---:|---:|---|"]
