@@ -72,47 +72,31 @@ class Report:
 # ---------------------------------------------------------------------------------------------
 # rank functions (run on every rank of the doctor's pool)
 # ---------------------------------------------------------------------------------------------
-def _exact(count: int, rank: int, dtype: torch.dtype, device, half: bool) -> tuple:
-    """Inputs and their exact sum over the world: nccl-tests' (rank+1)·(i mod 7 + 1) in fp32; in half
-    precision (i mod 3 + 1) + (rank mod 2), so every partial sum stays an integer the type holds."""
-    import torch.distributed as dist
-
-    world = dist.get_world_size()
-    i = torch.arange(count, device=device)
-    if half:
-        x = (i % 3 + 1 + rank % 2).to(dtype)
-        want = (i % 3 + 1) * world + sum(r % 2 for r in range(world))
-    else:
-        x = ((i % 7 + 1) * (rank + 1)).to(dtype)
-        want = (i % 7 + 1) * (world * (world + 1) // 2)
-    return x, want.to(dtype)
-
-
 def allreduce_exact_on_rank(comm_num: int, counts: list, dtypes: list) -> dict:
-    """Allreduce exact inputs on the world and on each of ``comm_num`` communicators; wrong elements per
-    (group, dtype), or why a dtype cannot be reduced by this backend."""
+    """Allreduce exact inputs (``suite.comm.table``'s: nccl-tests' in fp32, small integers in half precision)
+    on the world and on each of ``comm_num`` communicators; wrong elements per (group, dtype), or why a dtype
+    cannot be reduced by this backend."""
     import torch.distributed as dist
 
-    from .comm import collectives as C
+    from .comm.table import COLLECTIVES, Layout
     from .runtime.context import current
     from .runtime.groups import comm_groups, label_of
 
     ctx = current()
+    allreduce = COLLECTIVES["allreduce"]
     groups = [None] + comm_groups(comm_num)
     rows, unsupported = [], {}
     for name in dtypes:
         dtype = getattr(torch, name)
-        half = dtype in (torch.float16, torch.bfloat16)
         for g in groups:
             wrong = elements = 0
+            run = allreduce.build(Layout(group=g))
             for n in counts:
-                x, want = _exact(n, ctx.rank, dtype, ctx.platform.device, half)
                 try:
-                    C.all_reduce(x, group=g)
+                    wrong += allreduce.wrong(run, n, dtype, ctx.platform.device)
                 except RuntimeError as exc:
                     unsupported[name] = str(exc).splitlines()[0][:160]
                     break
-                wrong += int((x != want).sum().item())
                 elements += n
             if name in unsupported:
                 break

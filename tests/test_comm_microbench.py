@@ -4,13 +4,14 @@ from __future__ import annotations
 import pytest
 
 from suite.cli.comm import parse_size
-from suite.comm.microbench import allreduce_sweep_on_rank, busbw_factor, format_table, merge, parse_variant
+from suite.comm.microbench import allreduce_sweep_on_rank, format_table, merge, parse_variant
+from suite.comm.table import busbw_factor
 
 VARIANTS = ["flat", "hier", "hier_reduce", "comm3"]
 
 
 def test_nccl_tests_formulas_and_parsing():
-    assert busbw_factor(2) == 1.0 and busbw_factor(4) == 1.5 and busbw_factor(8) == 1.75
+    assert [busbw_factor("all_reduce", n) for n in (1, 2, 4, 8)] == [0.0, 1.0, 1.5, 1.75]
     answers = [{"world": 4, "dtype": "float32", "rows": [{"bytes": 4_000_000, "count": 1_000_000, "variant": "flat",
                                                           "seconds": s, "wrong": w}]}
                for s, w in [(0.002, 0), (0.004, 1)]]
@@ -27,18 +28,18 @@ def test_nccl_tests_formulas_and_parsing():
 
 
 def broken_sweep_on_rank(**kwargs):
-    """The sweep with the hierarchical path's inter-node step pointed at the intra-node group."""
+    """The sweep with the hierarchical path's inter-node step pointed at the intra-node group (the collective
+    table's rows call it through the module)."""
     import dataclasses
 
     from suite.comm import hierarchical, microbench
 
-    saved = microbench.hierarchical_all_reduce
-    microbench.hierarchical_all_reduce = lambda t, ng, mode: hierarchical.hierarchical_all_reduce(
-        t, dataclasses.replace(ng, inter=ng.intra), mode)
+    saved = hierarchical.hierarchical_all_reduce
+    hierarchical.hierarchical_all_reduce = lambda t, ng, mode: saved(t, dataclasses.replace(ng, inter=ng.intra), mode)
     try:
         return microbench.allreduce_sweep_on_rank(**kwargs)
     finally:
-        microbench.hierarchical_all_reduce = saved
+        hierarchical.hierarchical_all_reduce = saved
 
 
 def test_every_path_is_exact_and_breakage_is_counted(pool4):

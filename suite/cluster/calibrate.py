@@ -56,6 +56,7 @@ DEFAULT_SIZES = {
     "intra": [256 * KiB, MiB, 4 * MiB, 16 * MiB],
     "hier": [MiB, 4 * MiB, 16 * MiB],
 }
+KINDS = ("allreduce", "broadcast", "intra", "hier")  # in this order, rows of suite.comm.table
 CPU_FIT_MIN = MiB  # sizes from which CPU time is fitted as linear in bytes
 GLOO_LANES = 2  # ProcessGroupGloo's worker threads per process group (torch's default Options._threads)
 
@@ -80,45 +81,24 @@ def _iters_for(size: int, iters: int) -> int:
 def calibration_on_rank(sizes: dict, ranks_per_node: int, iters: int = 10, rounds: int = 3,
                         warmup: int = 1) -> dict:
     """Time every (kind, size) of ``sizes`` on this rank (see the module docstring)."""
+    import functools
+
     import torch
     import torch.distributed as dist
 
-    from ..comm import collectives as C
-    from ..comm.hierarchical import hierarchical_all_reduce
+    from ..comm.table import COLLECTIVES, Layout
     from ..runtime.context import current
-    from ..runtime.groups import node_groups
 
     ctx = current()
     device = ctx.platform.device
     rpn = max(1, ranks_per_node)
-    ng = node_groups(rpn) if any(k in sizes for k in ("intra", "hier")) else None
-
-    def op(kind: str, buf: torch.Tensor):
-        if kind == "allreduce":
-            return lambda: C.all_reduce(buf)
-        if kind == "broadcast":
-            return lambda: C.broadcast(buf, src=0)
-        if kind == "hier":
-            assert ng is not None
-            return lambda: hierarchical_all_reduce(buf, ng, "scatter")
-        if kind == "intra":
-            assert ng is not None
-            shard = torch.empty(buf.numel() // rpn, dtype=buf.dtype, device=buf.device)
-
-            def intra() -> None:
-                if rpn > 1:
-                    C.reduce_scatter(shard, buf, group=ng.intra)
-                    C.all_gather(buf, shard, group=ng.intra)
-            return intra
-        raise ValueError(f"calibration kind {kind!r}: allowed allreduce, broadcast, intra, hier")
-
     rows = []
-    for kind in ("allreduce", "broadcast", "intra", "hier"):
-        for size in sizes.get(kind, []):
+    for kind in (k for k in KINDS if sizes.get(k)):  # the rows of suite.comm.table of the same names
+        build = COLLECTIVES[kind].build(Layout(ranks_per_node=rpn))
+        for size in sizes[kind]:
             numel = max(rpn, int(size) // 4)
             numel -= numel % rpn
-            buf = torch.zeros(numel, device=device)
-            run = op(kind, buf)
+            run = functools.partial(build, torch.zeros(numel, device=device))
             n = _iters_for(int(size), iters)
             for _ in range(warmup):
                 run()
@@ -251,7 +231,7 @@ def fit(spec: ClusterSpec, rows: list[dict], cores: int | None = None, mtu: int 
     p = N * R
     inter_bw = spec.inter_bps / 8 * cm.tcp_payload_efficiency(mtu)
     by = {k: sorted((r for r in rows if r["kind"] == k), key=lambda r: r["bytes"])
-          for k in ("allreduce", "broadcast", "intra", "hier")}
+          for k in KINDS}
     # intra-node phases: 2(R-1) steps of n/R bytes
     intra_lat, intra_bw = 0.0, math.inf
     if R > 1 and by["intra"]:

@@ -1,59 +1,47 @@
 """Timed collectives for checking the emulated cluster and the cost model (rank functions).
 
-The two-level allreduce timed is the suite's own (``suite.comm.hierarchical``): ``hier`` is its
-"scatter" schedule (intra reduce-scatter, inter allreduce, intra allgather), ``hier_reduce``
-Paddle's (intra reduce, inter allreduce, intra broadcast).  Every collective goes through
-``suite.comm.collectives``.
+The collectives are ``suite.comm.table``'s rows: ``hier`` is the suite's two-level allreduce
+(``suite.comm.hierarchical``) with its "scatter" schedule (intra reduce-scatter, inter allreduce,
+intra allgather), ``hier_reduce`` Paddle's (intra reduce, inter allreduce, intra broadcast).
+Every collective goes through ``suite.comm.collectives``.
 """
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
-from ..comm import collectives as C
+from ..comm.table import COLLECTIVES, Layout, exact_inputs
+from ..measure.interleave import interleaved_rounds, timed_block
 from ..runtime.context import current
-from ..runtime.groups import comm_groups, node_groups
 
-__all__ = ["two_level_allreduce", "timed_allreduce", "check_two_level"]
+__all__ = ["timed_allreduce", "check_two_level", "VARIANTS"]
 
-
-def two_level_allreduce(t: torch.Tensor, ranks_per_node: int, mode: str = "scatter") -> None:
-    """Sum ``t`` (1-D, numel divisible by ranks_per_node) over the world in place, in two levels."""
-    from ..comm.hierarchical import hierarchical_all_reduce
-
-    hierarchical_all_reduce(t, node_groups(ranks_per_node), mode=mode)
+# a probe's variant -> the table's row (and ``flat_commK``: ``allreduce_comms`` on K communicators)
+VARIANTS = {"flat": "allreduce", "hier": "hier", "hier_reduce": "hier_reduce", "bcast": "broadcast",
+            "intra_only": "intra"}
 
 
-def _one(variant: str, bufs: list, ranks_per_node: int, comms: list) -> None:
-    if variant == "flat":
-        for b in bufs:
-            C.all_reduce(b)
-    elif variant in ("hier", "hier_reduce"):
-        for b in bufs:
-            two_level_allreduce(b, ranks_per_node, "scatter" if variant == "hier" else "reduce")
-    elif variant == "bcast":
-        for b in bufs:
-            C.broadcast(b, src=0)
-    elif variant == "intra_only":  # the two-level allreduce's node phases alone (calibrates the model)
-        g = node_groups(ranks_per_node)
-        for b in bufs:
-            if g.ranks_per_node > 1:
-                shard = torch.empty(b.numel() // g.ranks_per_node, dtype=b.dtype, device=b.device)
-                C.reduce_scatter(shard, b, group=g.intra)
-                C.all_gather(b, shard, group=g.intra)
-    elif variant.startswith("flat_comm"):
-        # every buffer launched at once, buffer i on communicator i mod k, then all waited on
-        works = [C.all_reduce(b, group=comms[i % len(comms)], async_op=True) for i, b in enumerate(bufs)]
-        for w in works:
-            w.wait()
-    else:
+def _runner(variant: str, ranks_per_node: int, buffers: int):
+    """``run(t)``: ``variant`` on ``t`` cut into ``buffers`` consecutive buffers, each reduced in turn, except
+    ``flat_commK``: every buffer launched at once, buffer i on communicator i mod K, then all waited on."""
+    k = variant.removeprefix("flat_comm")
+    if k != variant and k.isdigit() and int(k) >= 1:
+        return COLLECTIVES["allreduce_comms"].build(Layout(comms=int(k), pieces=buffers))
+    if variant not in VARIANTS:
         raise ValueError(f"variant={variant!r}: allowed: flat, hier, hier_reduce, bcast, intra_only, flat_commK")
+    run = COLLECTIVES[VARIANTS[variant]].build(Layout(ranks_per_node=ranks_per_node))
+
+    def each(t: torch.Tensor) -> None:
+        for b in t.tensor_split(buffers):
+            run(b)
+
+    return each
 
 
 def timed_allreduce(sizes: list, variants: list, rounds: int = 5, warmup: int = 1, ranks_per_node: int = 1,
                     buffers: int = 1, repeat: int = 1) -> dict:
     """Time each (variant, size): ``buffers`` float32 tensors of ``size`` bytes in all, reduced
-    ``repeat`` times per timing; variants interleaved, their order rotated each round.
+    ``repeat`` times per timing; every round runs each size's variants in turn, their order rotated
+    round by round (``interleaved_rounds``; ``warmup`` rounds first, dropped).
 
     Variants: ``flat`` (one ring allreduce per buffer), ``hier`` (two-level per buffer),
     ``flat_comm1`` / ``flat_comm2`` (buffers launched at once on 1 or 2 communicators).
@@ -63,42 +51,27 @@ def timed_allreduce(sizes: list, variants: list, rounds: int = 5, warmup: int = 
     ranks_per_node = max(1, ranks_per_node)
     platform = current().platform
     device = platform.device  # NCCL carries only tensors on the rank's GPU
-    kmax = max([int(v[len("flat_comm"):]) for v in variants if v.startswith("flat_comm")] or [1])
-    comms = comm_groups(kmax) if kmax > 1 else [None]
-    if any(v in ("hier", "hier_reduce", "intra_only") for v in variants):
-        node_groups(ranks_per_node)
+    runs = {v: _runner(v, ranks_per_node, buffers) for v in variants}
     data = {}
     for size in sizes:
         numel = max(ranks_per_node * buffers, int(size) // 4)
-        numel -= numel % (ranks_per_node * buffers)
-        per = numel // buffers
-        data[size] = [torch.ones(per, device=device) for _ in range(buffers)]
-    out: dict = {f"{v}/{s}": [] for v in variants for s in sizes}
-    order = list(variants)
-    for r in range(warmup + rounds):
-        for size in sizes:
-            for v in order:
-                bufs = data[size]
-                dist.barrier()
-                t0 = platform.now()
-                for _ in range(repeat):
-                    _one(v, bufs, ranks_per_node, comms[:int(v[len("flat_comm"):])] if v.startswith("flat_comm")
-                         else comms)
-                t1 = platform.now()  # synchronizes: NCCL calls return once queued
-                if r >= warmup:
-                    out[f"{v}/{size}"].append((t1 - t0) / repeat)
-                for b in bufs:
-                    b.fill_(1.0)
-        order = order[1:] + order[:1]
-    return out
+        data[size] = torch.ones(numel - numel % (ranks_per_node * buffers), device=device)
+
+    def one(pair: tuple) -> float:
+        size, v = pair
+        seconds = timed_block(lambda: runs[v](data[size]), repeat, platform, barriers="start")
+        data[size].fill_(1.0)
+        return seconds
+
+    pairs = [(size, v) for size in sizes for v in variants]
+    got = dict(zip(pairs, interleaved_rounds(pairs, rounds, one, warmup_rounds=warmup, within=len(variants))))
+    return {f"{v}/{size}": got[size, v] for v in variants for size in sizes}
 
 
 def check_two_level(ranks_per_node: int, mode: str = "scatter") -> float:
-    """Largest |error| of the two-level allreduce against the exact sum (integers: exact in fp32)."""
+    """Largest |error| of the two-level allreduce against the exact sum (the table's exact inputs)."""
     ctx = current()
-    device = ctx.platform.device
-    t = torch.arange(8 * ranks_per_node, dtype=torch.float32, device=device) + ctx.rank
-    two_level_allreduce(t, ranks_per_node, mode)
-    w = ctx.world_size
-    expect = w * torch.arange(8 * ranks_per_node, dtype=torch.float32, device=device) + w * (w - 1) / 2
-    return float((t - expect).abs().max())
+    row = COLLECTIVES["hier" if mode == "scatter" else "hier_reduce"]
+    t = exact_inputs(8 * ranks_per_node, ctx.rank, torch.float32, ctx.platform.device)
+    row.build(Layout(ranks_per_node=ranks_per_node))(t)
+    return float((t - row.expected(t.numel(), t.dtype, t.device)).abs().max())

@@ -7,16 +7,16 @@ formulas (``doc/PERFORMANCE.md``): algbw = bytes / time; allreduce busbw = algbw
 (every variant below computes an allreduce, so all use the allreduce factor).
 
 Verification is exact, as in nccl-tests: a separate run of each variant on inputs whose sums
-are exact in floating point (rank r holds (r+1)·((i mod 7)+1), small integers), compared
-element by element with the known sum; the ``#wrong`` column counts mismatches (must be 0).
-The timed loop runs on zeros so repeated in-place sums cannot overflow.
+are exact in floating point (``suite.comm.table``'s: rank r holds (r+1)·((i mod 7)+1), small
+integers), compared element by element with the known sum; the ``#wrong`` column counts
+mismatches (must be 0).  The timed loop runs on zeros so repeated in-place sums cannot overflow.
 
-Variants:
-- ``flat``: one allreduce on one communicator (``comm0``);
+Variants (rows of ``suite.comm.table``):
+- ``flat``: one allreduce on one communicator (``comm0``; the table's ``allreduce``);
 - ``hier``: ``suite.comm.hierarchical`` (intra reduce-scatter, inter allreduce, intra allgather);
 - ``hier_reduce``: the same with Paddle's schedule (intra reduce, inter allreduce, intra broadcast);
 - ``commN``: the message cut into N equal pieces, each allreduced asynchronously on its own
-  communicator, then all waited on (what ``nccl_comm_num=N`` does with N buckets in flight).
+  communicator, then all waited on (the table's ``allreduce_comms``).
 """
 from __future__ import annotations
 
@@ -25,17 +25,12 @@ import time
 import torch
 import torch.distributed as dist
 
-from ..runtime.groups import comm_groups, node_groups
-from . import collectives as C
-from .hierarchical import hierarchical_all_reduce
+from ..runtime.groups import comm_groups
+from .table import COLLECTIVES, Collective, Layout, busbw_factor
 
-__all__ = ["allreduce_sweep_on_rank", "busbw_factor", "format_table", "merge", "parse_variant", "sizes_between"]
+__all__ = ["allreduce_sweep_on_rank", "format_table", "merge", "parse_variant", "sizes_between"]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-
-def busbw_factor(world: int) -> float:
-    return 2.0 * (world - 1) / world if world > 1 else 0.0
 
 
 def sizes_between(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
@@ -60,27 +55,13 @@ def parse_variant(name: str, world: int, inter_nranks: int) -> tuple[str, int]:
     raise ValueError(f"variant {name!r} is unknown; allowed: flat, hier, hier_reduce, comm1..comm16")
 
 
-def _runner(kind: str, param: int):
+def _collective(kind: str, param: int) -> tuple[Collective, Layout]:
+    """The table's row and layout of a parsed variant (on a rank: the communicator is created here)."""
     if kind == "flat":
-        g = comm_groups(1)[0]
-        return lambda t: C.all_reduce(t, group=g)
+        return COLLECTIVES["allreduce"], Layout(group=comm_groups(1)[0])
     if kind in ("hier", "hier_reduce"):
-        ng = node_groups(param, 0)
-        mode = "scatter" if kind == "hier" else "reduce"
-        return lambda t: hierarchical_all_reduce(t, ng, mode)
-    groups = comm_groups(param)
-
-    def run(t: torch.Tensor) -> None:
-        pieces = t.tensor_split(len(groups))
-        works = [C.all_reduce(p, group=g, async_op=True) for p, g in zip(pieces, groups)]
-        for w in works:
-            w.wait()
-
-    return run
-
-
-def _exact_inputs(count: int, rank: int, dtype, device) -> torch.Tensor:
-    return ((torch.arange(count, device=device) % 7 + 1) * (rank + 1)).to(dtype)
+        return COLLECTIVES[kind], Layout(ranks_per_node=param)
+    return COLLECTIVES["allreduce_comms"], Layout(comms=param)
 
 
 def allreduce_sweep_on_rank(sizes: list[int], variants: list[str], inter_nranks: int = 2, iters: int = 20,
@@ -94,18 +75,14 @@ def allreduce_sweep_on_rank(sizes: list[int], variants: list[str], inter_nranks:
     dt = DTYPES[dtype]
     esize = dt.itemsize
     pad = inter_nranks if any(v.startswith("hier") for v in variants) else 1  # the reduce-scatter needs it
-    runners = {v: _runner(*parse_variant(v, world, inter_nranks)) for v in variants}
-    expected_scale = world * (world + 1) // 2
+    table = {v: _collective(*parse_variant(v, world, inter_nranks)) for v in variants}
+    runners = {v: coll.build(layout) for v, (coll, layout) in table.items()}
     rows = []
     for size in sizes:
         count = max(pad, (size // esize) // pad * pad)  # whole elements, divisible by the node / piece counts
         for v in variants:
             run = runners[v]
-            # exact verification on its own run
-            x = _exact_inputs(count, rank, dt, device)
-            run(x)
-            want = (torch.arange(count, device=device) % 7 + 1).to(dt) * expected_scale
-            wrong = int((x != want).sum().item())
+            wrong = table[v][0].wrong(run, count, dt, device, table[v][1])  # exact verification on its own run
             # timing on zeros
             buf = torch.zeros(count, dtype=dt, device=device)
             for _ in range(warmup):
@@ -130,7 +107,7 @@ def merge(answers: list[dict]) -> list[dict]:
     for i, row in enumerate(answers[0]["rows"]):
         t = max(a["rows"][i]["seconds"] for a in answers)
         algbw = row["bytes"] / t / 1e9 if t > 0 else float("nan")
-        out.append({**row, "seconds": t, "algbw": algbw, "busbw": algbw * busbw_factor(world),
+        out.append({**row, "seconds": t, "algbw": algbw, "busbw": algbw * busbw_factor("all_reduce", world),
                     "wrong": sum(a["rows"][i]["wrong"] for a in answers), "dtype": answers[0]["dtype"]})
     return out
 

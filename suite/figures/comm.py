@@ -12,21 +12,22 @@
 Step times come from ``suite.measure.timing.time_on_rank`` (variants interleaved in one
 process group, rotated order, medians with bootstrap intervals, paired speedups).  The
 collectives-alone times come from :func:`comm_alone_on_rank`, which follows the same
-discipline (all variants in every round, rotated order, barriers only at window ends).
+discipline (``interleaved_rounds``: all variants in every round, rotated order; ``timed_block``:
+barriers only at window ends).
 """
 from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from ..comm.table import busbw_factor
 from ..config import StrategyConfig
+from ..measure.interleave import interleaved_rounds, timed_block
 from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
 from ..measure.timing import time_on_rank
 from ..workload import WorkloadSpec
@@ -110,20 +111,9 @@ def comm_alone_on_rank(model: str, variants: list[dict], rounds: int = 5, reps: 
         cfg = StrategyConfig.from_dict(v["config"])
         net = spec.make(0, device)
         runners.append((v["name"], _collectives_of(build_grad_sync(net, cfg))))
-    times: dict[str, list[float]] = {n: [] for n, _ in runners}
-    for _, run in runners:  # warm-up
-        run()
-    for r in range(rounds):
-        order = runners[r % len(runners):] + runners[:r % len(runners)]
-        for name, run in order:
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                run()
-            platform.synchronize()  # NCCL calls return once queued: the clock stops when the work is done
-            dist.barrier()
-            times[name].append((time.perf_counter() - t0) / reps)
-    return {"times": times}
+    times = interleaved_rounds(runners, rounds, lambda nr: timed_block(nr[1], reps, platform),
+                               warmup=lambda nr: nr[1]())
+    return {"times": {name: t for (name, _), t in zip(runners, times)}}
 
 
 def _median_ci(xs):
@@ -225,7 +215,7 @@ def strategy_table(raw: dict, model: str, options: Options) -> str:
 def fused_vs_single(raw: dict, model: str, options: Options) -> str:
     alone = raw["fused"]["alone"]
     nbytes = raw["grad_mb"][model] * MiB
-    factor = 2 * (options.nproc - 1) / options.nproc
+    factor = busbw_factor("all_reduce", options.nproc)
     lines = [f"**{model}**: all gradients ({nbytes / MiB:.1f} MiB) reduced as buckets vs as one allreduce of the "
              "same bytes (collectives alone, no compute)", "",
              "| path | time (ms) | busbw (GB/s) | busbw ratio to one allreduce [95% CI] |", "|---|---:|---:|---|"]

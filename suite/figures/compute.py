@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from ..measure.interleave import interleaved_rounds, timed_block
 from ..measure.stats import bootstrap_median_ci, paired_speedup
 from ..measure.summary import variant_summary
 from ..measure.timing import time_on_rank
@@ -100,7 +102,7 @@ def optimizer_bench_on_rank(model: str = "resnet", rounds: int = 7, steps: int =
     impls = ["loop", "foreach", "fused", "flat (ours)"]
     for kind in ("sgd", "momentum", "adam"):
         cfg = StrategyConfig(optimizer=kind, weight_decay=1e-4)
-        variants: dict[str, tuple] = {}
+        opts: dict[str, Any] = {}
         for impl in impls:
             net = spec.make(0, device)
             params = [p for p in net.parameters() if p.requires_grad]
@@ -116,16 +118,11 @@ def optimizer_bench_on_rank(model: str = "resnet", rounds: int = 7, steps: int =
                 opt = torch_optimizer(params, cfg, **extra)
             for _ in range(3):
                 opt.step()  # warm-up (state allocated)
-            variants[impl] = (opt, [])
-        for r in range(rounds):
-            order = impls[r % len(impls):] + impls[:r % len(impls)]
-            for impl in order:
-                opt, times = variants[impl]
-                t0 = platform.now()  # synchronizes: the device's queued work is not counted, nor left out
-                for _ in range(steps):
-                    opt.step()
-                times.append((platform.now() - t0) / steps)
-        results[kind] = {impl: variants[impl][1] for impl in impls}
+            opts[impl] = opt
+        # each rank alone (no barriers); the device's queued work is not counted, nor left out
+        times = interleaved_rounds([opts[i] for i in impls], rounds,
+                                   lambda opt: timed_block(opt.step, steps, platform, "none"))
+        results[kind] = dict(zip(impls, times))
     nparams = sum(1 for p in spec.make(0).parameters())
     numel = sum(p.numel() for p in spec.make(0).parameters())
     return {"results": results, "tensors": nparams, "numel": numel, "device": str(device)}

@@ -25,16 +25,16 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from ..cases import get_case
+from ..comm.table import busbw_factor
 from ..config import StrategyConfig
+from ..measure.interleave import interleaved_rounds, timed_block
 from ..measure.stats import bootstrap_median_ci
 from ..measure.summary import COMPUTE_ONLY
 from ..models import count_parameters, get_model
@@ -222,7 +222,7 @@ def alone_on_rank(model: str, size: str, variants: list[str], rounds: int = 5, r
 
     One model (the gradients' shapes) is shared by every variant's ``GradSync``; ``single`` is
     one allreduce of every gradient byte on one communicator.  All variants in every round,
-    rotated order, barriers only at window ends (as ``suite.figures.comm``)."""
+    rotated order, barriers only at window ends (``interleaved_rounds``, ``timed_block``)."""
     from ..comm import collectives as C
     from ..comm.factory import build_grad_sync
     from ..models import get_model
@@ -250,23 +250,13 @@ def alone_on_rank(model: str, size: str, variants: list[str], rounds: int = 5, r
             syncs.append(sync)
         runners.append((name, _collectives_of(sync)))
     nbytes = 4 * sum(p.numel() for p in net.parameters() if p.requires_grad)
-    times: dict[str, list[float]] = {n: [] for n, _ in runners}
     try:
-        for _, run in runners:  # warm-up
-            run()
-        for r in range(rounds):
-            for name, run in runners[r % len(runners):] + runners[:r % len(runners)]:
-                dist.barrier()
-                t0 = time.perf_counter()
-                for _ in range(reps):
-                    run()
-                platform.synchronize()
-                dist.barrier()
-                times[name].append((time.perf_counter() - t0) / reps)
+        times = interleaved_rounds(runners, rounds, lambda nr: timed_block(nr[1], reps, platform),
+                                   warmup=lambda nr: nr[1]())
     finally:
         for sync in syncs:
             sync.close()  # its hooks and worker threads; else the buckets outlive this call
-    return {"times": times, "bytes": nbytes}
+    return {"times": {name: t for (name, _), t in zip(runners, times)}, "bytes": nbytes}
 
 
 def measure_alone(pool, model: str, options: Options) -> dict:
@@ -280,7 +270,7 @@ def measure_alone(pool, model: str, options: Options) -> dict:
 
 def alone_table(model: str, alone: dict, options: Options, world: int) -> str:
     per, nbytes = alone["times"], alone["bytes"]
-    factor = 2 * (world - 1) / world
+    factor = busbw_factor("all_reduce", world)
     lines = [f"**{model}**: all gradients ({nbytes / MiB:.1f} MiB) reduced by each case's path vs one allreduce of "
              f"the same bytes (collectives alone, no compute; {options.rounds} rounds x {options.steps} repetitions)",
              "", "| path | time (ms) | busbw (GB/s) | busbw ratio to one allreduce [95% CI] |", "|---|---:|---:|---|"]

@@ -1,9 +1,9 @@
 """Timing training fed by a reader: samples/s and the time each step waits for its data.
 
 :func:`measure_reader_on_rank` follows :mod:`suite.measure.timing`'s discipline (variants
-interleaved in one process group, rotated round by round, barriers only at a window's two
-ends) but draws every step's batch from the variant's reader instead of pre-built tensors.
-A window is ``epochs_per_window`` whole epochs, so a reader that restarts each epoch pays its
+interleaved in one process group, rotated round by round by ``interleaved_rounds``, barriers
+only at a window's two ends) but draws every step's batch from the variant's reader instead
+of pre-built tensors.  A window is ``epochs_per_window`` whole epochs, so a reader that restarts each epoch pays its
 restart inside the window, as it would in training.
 
 Caveat, stated with the figures: a reader with a background pipeline (double buffer, workers,
@@ -22,6 +22,7 @@ from ..data.reader import build_reader, timed_next
 from ..runtime.context import current
 from ..runtime.device import default_threads
 from ..workload import WorkloadSpec, workload
+from .interleave import interleaved_rounds
 from .timing import timed_window
 
 __all__ = ["measure_reader_on_rank"]
@@ -73,11 +74,8 @@ def measure_reader_on_rank(workload_spec: WorkloadSpec, variants: list[dict], wa
             r["losses"].extend(w.losses)
 
     try:
-        for r in runs:
-            window(r, steps * warmup, record=False)
-        for i in range(rounds):
-            for r in runs[i % len(runs):] + runs[:i % len(runs)]:
-                window(r, steps, record=True)
+        interleaved_rounds(runs, rounds, lambda r: window(r, steps, True),
+                           warmup=lambda r: window(r, steps * warmup, False))
     finally:
         torch.set_num_threads(threads_before)
         for r in runs:

@@ -5,7 +5,8 @@ Two ways in, one loop (:func:`timed_window`) and one per-case state (:class:`Tim
 - :func:`time_on_rank` (``fleetbench run``, figures): builds one engine per variant on the
   same workload (same model seed, same batches), warms each up, then runs ``rounds`` rounds;
   in each round every variant runs one *window* of ``steps`` steps, in an order rotated round
-  by round (A B C, B C A, …), so slow drifts of a noisy machine hit every variant alike.
+  by round (A B C, B C A, …: :func:`suite.measure.interleave.interleaved_rounds`), so slow
+  drifts of a noisy machine hit every variant alike.
 - :func:`prepare_case` / :func:`run_window` / :func:`drop_case` (pytest-benchmark and asv,
   which time rounds themselves): the case's engine is built and warmed up once and kept on
   the rank, and each call runs one window.
@@ -32,6 +33,7 @@ from ..runtime.context import current
 from ..runtime.device import default_threads
 from ..strategies.fetch import LossFetcher
 from ..workload import Workload, WorkloadSpec, workload
+from .interleave import interleaved_rounds
 
 __all__ = ["time_on_rank", "prepare_case", "run_window", "drop_case", "prepared_cases", "straggler_for_step",
            "StepClock", "Window", "timed_window", "TimedCase", "footprint_bytes"]
@@ -181,11 +183,7 @@ def time_on_rank(workload_spec: WorkloadSpec, variants: list[dict], warmup: int 
     runs = [TimedCase(v["name"], StrategyConfig.from_dict(v["config"]), wl) for v in variants]
     threads_before = torch.get_num_threads()
     try:
-        for tc in runs:
-            tc.window(warmup, record=False)
-        for r in range(rounds):
-            for tc in runs[r % len(runs):] + runs[:r % len(runs)]:
-                tc.window(steps)
+        interleaved_rounds(runs, rounds, lambda tc: tc.window(steps), warmup=lambda tc: tc.window(warmup, record=False))
     finally:
         torch.set_num_threads(threads_before)  # the rank's own setting, for whatever runs next
     return {"rank": wl.rank, "variants": {tc.name: tc.result() for tc in runs}}
