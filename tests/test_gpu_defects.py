@@ -81,8 +81,9 @@ def test_busy_on_cpu_spins_the_host_until_the_time_is_spent(monkeypatch):
 
 
 def test_injected_slowdown_is_a_fraction_of_the_measured_step_queued_after_the_step(monkeypatch):
-    """inject_on_rank measures the prepared case's step (a calibration window, StepClock's times) and adds
-    fraction x its median to every later step, after the step's own work, on the device."""
+    """inject_on_rank measures the prepared case's step as the trials do (calibration windows' time between
+    barriers over their steps, the median of three) and adds fraction x that to every later step, after the
+    step's own work, on the device."""
     from suite.ab import server
     from suite.measure import timing
     from suite.measure.timing import Window
@@ -96,12 +97,15 @@ def test_injected_slowdown_is_a_fraction_of_the_measured_step_queued_after_the_s
         wl = types.SimpleNamespace(platform=platform)
         engine = types.SimpleNamespace(train_step=lambda x, y: api._log("step") or "loss")
 
+        seconds = iter([1.2, 0.9, 1.0])  # windows of 5 steps: 0.24, 0.18, 0.20 s a step
+
         def window(self, n, record=True):
             assert not record and n == 5
-            return Window(1.0, [0.10, 0.30, 0.20, 0.20, 0.25], [], 0)
+            # single steps' median 0.10 s: what the calibration read before (it left out the window's barriers)
+            return Window(next(self.seconds), [0.10, 0.10, 0.30, 0.10, 0.05], [], 0)
 
     monkeypatch.setitem(timing._PREPARED, "k", Prepared())
-    assert server.inject_on_rank("k", 0.05) == {"step_s": 0.20, "added_s": 0.05 * 0.20}
+    assert server.inject_on_rank("k", 0.05) == {"step_s": pytest.approx(0.20), "added_s": pytest.approx(0.05 * 0.20)}
     api.log.clear()
     assert Prepared.engine.train_step(None, None) == "loss"
     kinds = [e[1] for e in api.log]

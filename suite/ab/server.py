@@ -56,15 +56,17 @@ def trial_on_rank(key: str, steps: int, warmup: int = 1) -> dict:
     return run_window(key, steps)
 
 
-def inject_on_rank(key: str, fraction: float, calibration_steps: int = 5) -> dict:
+def inject_on_rank(key: str, fraction: float, calibration_steps: int = 5, calibration_windows: int = 3) -> dict:
     """Slow the prepared case's training step by ``fraction`` of its measured step time (a calibration knob).
 
-    First a window of ``calibration_steps`` steps, not recorded, measures the step as the timing does
-    (``StepClock``: host time on CPU, CUDA events on the GPU); then every step adds ``fraction`` × that
-    median through ``Platform.busy``: on a GPU a spin kernel on the compute stream after the step's
-    kernels (a host spin would overlap the GPU's work and slow nothing), on CPU busy work on the host.
-    So "+5%" is 5% of the step the trials measure.  Used by ``fleetbench figures gate`` and, through
-    ``FLEETBENCH_AB_INJECT``, by tests; it touches only the prepared engine of this trial process.
+    First ``calibration_windows`` windows of ``calibration_steps`` steps, not recorded, measure the step as the
+    trials do: a window's time between its barriers over its steps (the median of the windows); then every step
+    adds ``fraction`` x that through ``Platform.busy``: on a GPU a spin kernel on the compute stream after the
+    step's kernels (a host spin would overlap the GPU's work and slow nothing), on CPU busy work on the host.
+    So "+5%" is 5% of the step the trials measure (the median of single steps, which the calibration read before,
+    leaves out a window's barriers and start, so small models were slowed by less than they said: 0.66 of it for
+    the tiny MLP).  Used by ``fleetbench figures gate`` and, through ``FLEETBENCH_AB_INJECT``, by tests; it
+    touches only the prepared engine of this trial process.
     """
     import statistics
 
@@ -75,7 +77,8 @@ def inject_on_rank(key: str, fraction: float, calibration_steps: int = 5) -> dic
     tc = _PREPARED[key]
     before = torch.get_num_threads()
     try:
-        step_s = statistics.median(tc.window(calibration_steps, record=False).step_times)
+        step_s = statistics.median(tc.window(calibration_steps, record=False).seconds / calibration_steps
+                                   for _ in range(max(1, calibration_windows)))
     finally:
         torch.set_num_threads(before)
     added = fraction * step_s
