@@ -1,6 +1,7 @@
 """The gate-sources factors (suite/ab/isolation.py) do what they say: checked in the processes they touch."""
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import pytest
 
 from suite.ab.client import TrialServer
 from suite.ab.isolation import ADDR_NO_RANDOMIZE, FACTORS, Isolation
-from suite.ab.power import Run, block_noise, prep_spread, spread_interval
+from suite.ab.power import Run, block_noise, block_statistics, prep_spread, spread_interval
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="personality and /proc are Linux's")
@@ -94,3 +95,39 @@ def test_gc_frozen_leaves_the_collector_off_with_the_survivors_frozen():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
                          cwd=ROOT).stdout.split()
     assert out == ["False", "True", "True"]
+
+
+def test_block_statistics_from_kept_step_times():
+    # one block: BASE trials' steps [1, 1, 4] and [1, 1, 1], HEAD's [2, 2, 2] twice; the window mean (as ab) is d
+    r = Run("c", 0.0, d=[0.5], base_steps=[[1.0, 1.0, 4.0], [1.0, 1.0, 1.0]], head_steps=[[2.0, 2.0, 2.0]] * 2)
+    st = block_statistics(r)
+    assert st["window mean step (ab)"] == [0.5]
+    assert st["median step"] == pytest.approx([math.log(2.0)])  # medians 1, 1 against 2, 2
+    assert st["fastest step"] == pytest.approx([math.log(2.0)])
+    assert block_statistics(Run("c", 0.0, d=[0.5])) == {}  # step times not kept: nothing claimed
+
+
+def test_gate_sources_renders_every_factor_and_the_statistic_table_from_rows():
+    import dataclasses
+    import random
+
+    from suite.figures import gate_sources
+
+    rng = random.Random(4)
+    rows = []
+    for factor in ("default", "pin"):
+        for _k in range(3):
+            groups = [[rng.gauss(0, 0.05) for _ in range(4)] for _ in range(3)]
+            r = _run(groups)
+            r.base_steps = [[rng.uniform(0.9, 1.1) for _ in range(3)] for _ in range(2 * len(r.d))]
+            r.head_steps = [[rng.uniform(0.9, 1.1) for _ in range(3)] for _ in range(2 * len(r.d))]
+            r.case, r.load = "mlp/plain", [1.0, 2.0]
+            rows.append({"factor": factor, "run": dataclasses.asdict(r)})
+    opts = gate_sources.Options(cases=("mlp/plain",), factors=("default", "pin"), pairs=3, blocks=12, regroup=4)
+    text = gate_sources.render({"rows": rows, "seconds": 60.0, "loaded": True}, opts)
+    lines = [ln for ln in text.splitlines() if ln.startswith("| mlp/plain")]
+    assert [ln.split(" | ")[1] for ln in lines[:2]] == ["default", "pin"]
+    assert all("3 x 3 x 4" in ln for ln in lines[:2])
+    assert any("median step" in ln for ln in lines[2:]) and "nan" not in text
+    with pytest.raises(ValueError, match="factor 'pinned' is unknown"):
+        gate_sources.Options(factors=("pinned",))

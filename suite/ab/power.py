@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .stats import SeqOptions, Sequential
+from .stats import SeqOptions, Sequential, _trimmed
 
 __all__ = ["Run", "simulate", "process_spread", "prep_spread", "effect_scale", "simulate_level", "direct", "modes",
-           "block_noise", "spread_interval"]
+           "block_noise", "spread_interval", "block_statistics", "TRIAL_STATISTICS"]
 
 
 @dataclass
@@ -33,6 +33,8 @@ class Run:
     load: list = field(default_factory=list)  # the machine's 1-minute load average before and after the blocks
     group: list = field(default_factory=list)  # each block's preparation (0, 1, ...: the case prepared afresh)
     prep_s: list = field(default_factory=list)  # seconds each fresh preparation of both sides took
+    base_steps: list = field(default_factory=list)  # each trial's step times (the slowest rank's), when kept
+    head_steps: list = field(default_factory=list)
 
     def groups(self) -> list[list[float]]:
         """The blocks of each preparation, in order (one group when the run was not regrouped)."""
@@ -260,4 +262,24 @@ def spread_interval(runs: list[Run], n: int = 1000, seed: int = 0, level: float 
     for k, xs in draws.items():
         arr = np.asarray([x for x in xs if math.isfinite(x)])
         out[k] = (float(np.percentile(arr, lo)), float(np.percentile(arr, hi))) if arr.size else (math.nan, math.nan)
+    return out
+
+
+TRIAL_STATISTICS = {  # a trial's time from its steps' times (the slowest rank's, per step)
+    "median step": lambda xs: float(np.median(xs)),
+    "20% trimmed mean of steps": lambda xs: float(_trimmed(np.asarray(xs, dtype=float))),
+    "fastest step": lambda xs: float(np.min(xs)),
+}
+
+
+def block_statistics(run: Run) -> dict[str, list[float]]:
+    """The run's block log ratios under each trial statistic (the window's mean step, as `ab` computes it, and
+    :data:`TRIAL_STATISTICS` of the kept step times); empty for a run whose step times were not kept."""
+    n = len(run.d)
+    if len(run.base_steps) != 2 * n or len(run.head_steps) != 2 * n or not all(run.base_steps + run.head_steps):
+        return {}
+    out = {"window mean step (ab)": list(run.d)}
+    for name, f in TRIAL_STATISTICS.items():
+        out[name] = [math.log(np.mean([f(run.head_steps[2 * b]), f(run.head_steps[2 * b + 1])])
+                              / np.mean([f(run.base_steps[2 * b]), f(run.base_steps[2 * b + 1])])) for b in range(n)]
     return out

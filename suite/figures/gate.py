@@ -141,10 +141,15 @@ def long_run(case: str, inject: float, blocks: int, options, seed: int, say, reg
             run.group.append(b // regroup if regroup else 0)
             order = (0, 1, 1, 0) if rng.random() < 0.5 else (1, 0, 0, 1)
             got: dict[int, list[float]] = {0: [], 1: []}
+            steps: dict[int, list] = {0: [], 1: []}
             for i in order:
-                got[i].append(servers[i].request("trial", key=keys[i], steps=options.steps, warmup=1)["step_s"])
+                ans = servers[i].request("trial", key=keys[i], steps=options.steps, warmup=1)
+                got[i].append(ans["step_s"])
+                steps[i].append(ans.get("step_times_s") or [])
             run.base_trials += got[0]
             run.head_trials += got[1]
+            run.base_steps += steps[0]
+            run.head_steps += steps[1]
             run.d.append(block_log_ratio(got[0], got[1]))
         run.seconds = time.monotonic() - t1 - prep_time
         run.load.append(os.getloadavg()[0])

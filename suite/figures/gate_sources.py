@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ab.isolation import FACTORS, Isolation
-from ..ab.power import Run, block_noise, prep_spread, spread_interval
+from ..ab.power import Run, block_noise, block_statistics, prep_spread, spread_interval
 from .gate import long_run
 
 DESCRIPTION = "the gate's sources of bias: tau_prep, tau_process and block noise under each placement/layout factor"
@@ -70,18 +70,16 @@ def _save(path: str, rows: list) -> None:
 
 
 def measure(options: Options, pool=None) -> dict:
-    """Every (case, factor, pair) run, in one seeded random order; with ``load``, only the runs it lacks."""
+    """Every (case, factor, pair) run, in one seeded random order; with ``load``, the saved runs (nothing measured).
+    Runs of several invocations (say, more pairs of one factor) are rendered together when their rows are
+    concatenated into one file."""
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     t0 = time.monotonic()
-    rows: list = []
     if options.load:
         with open(options.load) as fh:
-            rows = json.load(fh)
-    have: dict = {}
-    for r in rows:
-        have[(r["run"]["case"], r["factor"])] = have.get((r["run"]["case"], r["factor"]), 0) + 1
-    plan = [(c, f, k) for c in options.cases for f in options.factors for k in range(options.pairs)
-            if k >= have.get((c, f), 0)]
+            return {"rows": json.load(fh), "seconds": 0.0, "loaded": True}
+    rows: list = []
+    plan = [(c, f, k) for c in options.cases for f in options.factors for k in range(options.pairs)]
     random.Random(2013).shuffle(plan)
     for i, (case, factor, k) in enumerate(plan):
         say(f"[{i + 1}/{len(plan)}] {case} {factor} pair {k + 1} (load {os.getloadavg()[0]:.1f})")
@@ -90,7 +88,7 @@ def measure(options: Options, pool=None) -> dict:
         rows.append({"factor": factor, "run": dataclasses.asdict(run)})
         if options.save:
             _save(options.save, rows)
-    return {"rows": rows, "seconds": time.monotonic() - t0, "loaded": bool(options.load)}
+    return {"rows": rows, "seconds": time.monotonic() - t0, "loaded": False}
 
 
 def _pct(x: float) -> str:
@@ -124,6 +122,7 @@ def render(raw: dict, options: Options) -> str:
                        f"[{_pct(ci['tau_process'][0])}, {_pct(ci['tau_process'][1])}] | {_pct(noise)} "
                        f"[{_pct(ci['noise'][0])}, {_pct(ci['noise'][1])}] | {sp['p']:.2g} | {sp['anova_p']:.2g} | "
                        f"{float(np.mean([r.block_s for r in runs])):.2f} | {load_txt} |")
+    out += _statistics(rows, options)
     minutes = raw.get("seconds", 0.0) / 60
     out += ["", "Factors (both servers of a pair alike; `suite/ab/isolation.py`): default = as `fleetbench ab` runs; "
             "pin = rank r on core r; threads=2 = two intra-op threads a rank (the default is one on 2 cores with 2 "
@@ -139,5 +138,31 @@ def render(raw: dict, options: Options) -> str:
             f"Machine load (1-minute average, {os.cpu_count()} cores) during the runs: "
             + (f"{min(loads):.1f} to {max(loads):.1f}." if loads else "not recorded.")
             + f" Measured in {minutes:.0f} minutes"
-            + (" (partly loaded from saved runs)." if raw.get("loaded") else ".")]
+            + (" (rendered from saved runs)." if raw.get("loaded") else ".")]
     return "\n".join(out)
+
+
+def _statistics(rows: list, options: Options) -> list[str]:
+    """The blocks' own noise under each trial statistic, from the runs whose step times were kept."""
+    out: list[str] = []
+    for case in options.cases:
+        runs = [Run(**r["run"]) for r in rows if r["run"]["case"] == case]
+        kept = [(r, block_statistics(r)) for r in runs]
+        kept = [(r, st) for r, st in kept if st]
+        if not kept:
+            continue
+        if not out:
+            out += ["", "#### A trial's time: the window's mean step (as `ab` takes it) against robust statistics "
+                    "of its steps (A/A runs with step times kept)", "",
+                    "| case | trial statistic | runs x blocks | block noise (SD of a block's log ratio) [90%] "
+                    "| blocks for the same precision, relative to the window mean |", "|---|---|---|---|---|"]
+        names = list(kept[0][1])
+        base = None
+        for name in names:
+            alt = [dataclasses.replace(r, d=st[name]) for r, st in kept]
+            noise = block_noise(alt)
+            ci = spread_interval(alt, n=300, seed=7)["noise"]
+            base = noise if base is None else base
+            out.append(f"| {case} | {name} | {len(alt)} x {round(float(np.mean([len(r.d) for r in alt])))} | "
+                       f"{_pct(noise)} [{_pct(ci[0])}, {_pct(ci[1])}] | {(noise / base) ** 2:.2f} |")
+    return out
