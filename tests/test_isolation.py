@@ -131,3 +131,28 @@ def test_gate_sources_renders_every_factor_and_the_statistic_table_from_rows():
     assert any("median step" in ln for ln in lines[2:]) and "nan" not in text
     with pytest.raises(ValueError, match="factor 'pinned' is unknown"):
         gate_sources.Options(factors=("pinned",))
+
+
+def test_parse_names_round_trip_and_refuse_unknown_factors():
+    for iso in FACTORS:
+        assert Isolation.parse(iso.name) == iso
+    assert Isolation.parse("none") == Isolation() and Isolation.parse("thp,pin") == Isolation(thp=True, pin=True)
+    with pytest.raises(ValueError, match="'pinned' is unknown; allowed: none, aslr_off"):
+        Isolation.parse("thp+pinned")
+    with pytest.raises(ValueError, match="threads='x' is not an integer"):
+        Isolation.parse("threads=x")
+
+
+def test_ab_runs_with_the_default_isolation_unless_told_and_says_which():
+    from suite.ab.isolation import AB_DEFAULT
+    from suite.ab.trials import _options_dict
+    from suite.cli import ab
+    from suite.cli.main import build_parser
+
+    parse = build_parser().parse_args
+    assert AB_DEFAULT == Isolation(thp=True)  # what docs/figures/gate.md's "Sources" chose; change both together
+    assert ab.options(parse(["ab", "BASE", "HEAD", "--nproc", "2", "--device", "cpu"])).isolation == AB_DEFAULT
+    opts = ab.options(parse(["ab", "BASE", "HEAD", "--nproc", "2", "--device", "cpu", "--isolation", "none"]))
+    assert opts.isolation == Isolation() and _options_dict(opts)["isolation"] == "default"
+    with pytest.raises(ValueError, match="'fast' is unknown"):
+        ab.options(parse(["ab", "BASE", "HEAD", "--nproc", "2", "--device", "cpu", "--isolation", "fast"]))

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Isolation", "FACTORS", "gc_freeze_on_rank", "layout_pad_on_rank"]
+__all__ = ["Isolation", "FACTORS", "AB_DEFAULT", "gc_freeze_on_rank", "layout_pad_on_rank"]
 
 ADDR_NO_RANDOMIZE = 0x0040000  # <linux/personality.h>
 PR_SET_PDEATHSIG = 1
@@ -57,6 +57,28 @@ class Isolation:
         if self.threads is not None:
             on.append(f"threads={self.threads}")
         return "+".join(on) or "default"
+
+    @classmethod
+    def parse(cls, text: str) -> Isolation:
+        """``none``, or factors joined by ``+`` or ``,``: pin, aslr_off, malloc_fixed, thp, gc_frozen, layout_pad,
+        threads=N (the names :attr:`name` prints)."""
+        flags = {f.name for f in dataclasses.fields(cls) if f.name != "threads"}
+        fields: dict[str, Any] = {}
+        for part in (p.strip() for p in text.replace(",", "+").split("+")):
+            if part in ("", "none", "default"):
+                continue
+            if part.startswith("threads="):
+                try:
+                    fields["threads"] = int(part.split("=", 1)[1])
+                except ValueError:
+                    raise ValueError(f"isolation {text!r}: threads={part.split('=', 1)[1]!r} is not an integer") \
+                        from None
+            elif part in flags:
+                fields[part] = True
+            else:
+                raise ValueError(f"isolation {text!r}: {part!r} is unknown; allowed: none, "
+                                 f"{', '.join(sorted(flags))}, threads=N (joined by '+')")
+        return cls(**fields)
 
     def env(self) -> dict[str, str]:
         """Environment variables for the server (its ranks inherit them)."""
@@ -120,6 +142,11 @@ FACTORS: tuple[Isolation, ...] = (
     Isolation(layout_pad=True),
     Isolation(pin=True, aslr_off=True, malloc_fixed=True, gc_frozen=True),
 )
+
+
+# `fleetbench ab`'s and `bisect`'s default (docs/figures/gate.md, "Sources"): torch's large tensors on transparent
+# huge pages.  An environment variable only, so both sides get it whatever their revision's code.
+AB_DEFAULT = Isolation(thp=True)
 
 
 # ---- rank functions (module level: the pool pickles them by reference) ---------------------------

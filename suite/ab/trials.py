@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 from .client import ProtocolMismatch, TrialError, TrialServer
+from .isolation import AB_DEFAULT, Isolation
 from .stats import SeqOptions, Sequential, describe_verdict, lag1
 from .worktrees import Worktrees
 
@@ -69,6 +70,7 @@ class AbOptions:
     inject_head: float = 0.0
     python: str | None = None
     total_budget_s: float | None = None  # one budget for every case: shared out, left-over to inconclusive ones
+    isolation: Isolation = field(default_factory=lambda: AB_DEFAULT)  # both sides' servers placed/laid out alike
 
     def selection(self) -> dict:
         return {"cases": list(self.cases), "tags": list(self.tags), "models": list(self.models),
@@ -103,6 +105,7 @@ class Side:
     root: str
     server: TrialServer
     inject: float = 0.0
+    pin: bool = False  # its ranks pinned to cores when the pool starts (Isolation.pin)
     prepared: dict = field(default_factory=dict)  # case -> key
     records: dict = field(default_factory=dict)  # case -> record (structure, verdict)
 
@@ -178,10 +181,11 @@ class AbReport:
 # ---- one case ---------------------------------------------------------------------------------------
 def _prepare(side: Side, case: str, opts: AbOptions, check: bool | None = None) -> str:
     if case not in side.prepared:
+        fields = {**opts.selection(), **opts.isolation.prepare_fields()}
+        fields["set"] = opts.selection()["set"] + opts.isolation.sets()
         ans = side.server.request("prepare", case=case, batch=opts.batch, warmup=opts.warmup, steps=opts.steps,
                                   check=opts.check if check is None else check, check_steps=opts.check_steps,
-                                  inject=side.inject,
-                                  **opts.selection())
+                                  inject=side.inject, **fields)
         key = ans["key"]
         trial = side.server.request("trial", key=key, steps=opts.steps, warmup=0)  # the structure's window
         _finite_losses(trial, side, case)
@@ -216,7 +220,7 @@ def fresh_servers(sides: tuple[Side, ...], case: str, opts: AbOptions, n: int) -
         side.server.close()
         log = re.sub(r"(-servers\d+)?\.log$", f"-servers{n}.log", side.server.log_path)
         side.server = TrialServer(side.root, side.label, nproc=opts.nproc, python=opts.python, timeout=opts.timeout,
-                                  device=opts.device, log_path=log, wait=False)
+                                  device=opts.device, log_path=log, wait=False, isolation=opts.isolation)
     ready(*sides)
     for side in sides:
         _prepare_again(side, case, opts, records[side.label])
@@ -365,8 +369,8 @@ def start_side(wt: Worktrees, label: str, rev: str, opts: AbOptions, inject: flo
     assert wt.dir is not None  # made by add()
     log = os.path.join(wt.dir, f"{label.lower()}-{commit[:10]}-{len(wt.paths)}.log")
     server = TrialServer(root, label, nproc=opts.nproc, python=opts.python, timeout=opts.timeout,
-                         device=opts.device, log_path=log, wait=wait)
-    return Side(label, rev, commit, wt.subject(commit), root, server, inject)
+                         device=opts.device, log_path=log, wait=wait, isolation=opts.isolation)
+    return Side(label, rev, commit, wt.subject(commit), root, server, inject, pin=opts.isolation.pin)
 
 
 def ready(*sides: Side) -> None:
@@ -388,7 +392,7 @@ def start_all(*sides: Side) -> dict:
     for s in sides:
         if s.label not in errors:
             try:
-                sent.append((s, s.server.send("start")))
+                sent.append((s, s.server.send("start", **({"pin": True} if s.pin else {}))))
             except TrialError as exc:
                 errors[s.label] = exc
     for s, rid in sent:
@@ -514,6 +518,7 @@ def compare_all(names: list[str], compare: Callable[[str, SeqOptions], CaseOutco
 def _options_dict(opts: AbOptions) -> dict:
     d = asdict(opts)
     d["seq"] = asdict(opts.seq)
+    d["isolation"] = opts.isolation.name  # e.g. "thp"; "default" for none
     return d
 
 

@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 
+from ..ab.isolation import AB_DEFAULT, Isolation
 from ..selection import SIZES
 
 
@@ -55,6 +56,11 @@ def add_selection(p) -> None:
     p.add_argument("--restart", type=int, default=2, metavar="K",
                    help="with --rotate: every K-th fresh preparation is on fresh trial servers (new processes), whose "
                         "own few percent of bias then change too; 1 = fresh servers every time, 0 = never (default 2)")
+    p.add_argument("--isolation", default=None, metavar="FACTORS",
+                   help="how both sides' trial servers and ranks are placed and laid out: 'none', or factors joined "
+                        "by '+': thp (torch's large tensors on transparent huge pages), pin, aslr_off, malloc_fixed, "
+                        "gc_frozen, layout_pad, threads=N (docs/figures/gate.md, 'Sources'; default "
+                        f"{AB_DEFAULT.name})")
     p.add_argument("--seed", type=int, default=0, help="seed of the block orders and the bootstrap")
     p.add_argument("--repo", default=".", help="the git repository of the revisions (default: the current one)")
     p.add_argument("--python", help="interpreter of the trial servers (default: this one)")
@@ -134,7 +140,9 @@ def options(args):
                      nproc=args.nproc, device=None if device == "cpu" else device, steps=args.steps,
                      trial_warmup=args.trial_warmup, warmup=args.warmup, check=not args.no_check,
                      check_steps=args.check_steps, timeout=args.timeout, seq=seq, python=args.python,
-                     total_budget_s=getattr(args, "total_budget", None))
+                     total_budget_s=getattr(args, "total_budget", None),
+                     isolation=AB_DEFAULT if getattr(args, "isolation", None) is None
+                     else Isolation.parse(args.isolation))
     if opts.total_budget_s is not None and not (math.isfinite(opts.total_budget_s) and opts.total_budget_s > 0):
         raise ValueError(f"--total-budget {opts.total_budget_s!r}: must be a finite number of seconds > 0")
     return inject_from_env(opts)

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ab.client import TrialServer
-from ..ab.isolation import Isolation
+from ..ab.isolation import AB_DEFAULT, Isolation
 from ..ab.power import Run, direct, effect_scale, modes, prep_spread, process_spread, simulate, simulate_level
 from ..ab.stats import SeqOptions, block_log_ratio, lag1
 from ..results.gate import GateOptions, gate_samples
@@ -103,11 +103,11 @@ class Options:
 
 def long_run(case: str, inject: float, blocks: int, options, seed: int, say, regroup: int = 0,
              isolation: Isolation | None = None) -> Run:
-    """One pair of fresh trial servers (placed and laid out as ``isolation`` says, both alike): ``blocks`` ABBA
-    blocks, the case prepared afresh on both every ``regroup`` blocks.  ``options`` needs nproc, timeout, size and
-    steps."""
+    """One pair of fresh trial servers (placed and laid out as ``isolation`` says, both alike; by default as `ab`
+    places them, :data:`~suite.ab.isolation.AB_DEFAULT`): ``blocks`` ABBA blocks, the case prepared afresh on both
+    every ``regroup`` blocks.  ``options`` needs nproc, timeout, size and steps."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    iso = isolation or Isolation()
+    iso = AB_DEFAULT if isolation is None else isolation
     run = Run(case, inject)
     t0 = time.monotonic()
     servers = [TrialServer(root, label, nproc=options.nproc, timeout=options.timeout, wait=False, isolation=iso)

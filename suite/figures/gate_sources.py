@@ -124,7 +124,8 @@ def render(raw: dict, options: Options) -> str:
                        f"{float(np.mean([r.block_s for r in runs])):.2f} | {load_txt} |")
     out += _statistics(rows, options)
     minutes = raw.get("seconds", 0.0) / 60
-    out += ["", "Factors (both servers of a pair alike; `suite/ab/isolation.py`): default = as `fleetbench ab` runs; "
+    out += ["", "Factors (both servers of a pair alike; `suite/ab/isolation.py`): default = none of them (as "
+            "`fleetbench ab` ran before this table; `--isolation none`); "
             "pin = rank r on core r; threads=2 = two intra-op threads a rank (the default is one on 2 cores with 2 "
             "ranks); malloc_fixed = MALLOC_ARENA_MAX=1, MALLOC_MMAP_THRESHOLD_=131072, no trimming; thp = torch's "
             "large CPU tensors on transparent huge pages (THP_MEM_ALLOC_ENABLE=1; the kernel's mode is madvise); "
