@@ -150,9 +150,9 @@ def test_ab_runs_with_the_default_isolation_unless_told_and_says_which():
     from suite.cli.main import build_parser
 
     parse = build_parser().parse_args
-    assert AB_DEFAULT == Isolation(thp=True)  # what docs/figures/gate.md's "Sources" chose; change both together
+    assert AB_DEFAULT == Isolation()  # what docs/figures/gate.md's "Sources" found; change both together
     assert ab.options(parse(["ab", "BASE", "HEAD", "--nproc", "2", "--device", "cpu"])).isolation == AB_DEFAULT
-    opts = ab.options(parse(["ab", "BASE", "HEAD", "--nproc", "2", "--device", "cpu", "--isolation", "none"]))
-    assert opts.isolation == Isolation() and _options_dict(opts)["isolation"] == "default"
+    opts = ab.options(parse(["ab", "BASE", "HEAD", "--nproc", "2", "--device", "cpu", "--isolation", "thp+pin"]))
+    assert opts.isolation == Isolation(thp=True, pin=True) and _options_dict(opts)["isolation"] == "pin+thp"
     with pytest.raises(ValueError, match="'fast' is unknown"):
         ab.options(parse(["ab", "BASE", "HEAD", "--nproc", "2", "--device", "cpu", "--isolation", "fast"]))

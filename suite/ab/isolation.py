@@ -144,9 +144,9 @@ FACTORS: tuple[Isolation, ...] = (
 )
 
 
-# `fleetbench ab`'s and `bisect`'s default (docs/figures/gate.md, "Sources"): torch's large tensors on transparent
-# huge pages.  An environment variable only, so both sides get it whatever their revision's code.
-AB_DEFAULT = Isolation(thp=True)
+# `fleetbench ab`'s and `bisect`'s default: none of the factors.  docs/figures/gate.md ("Sources") screened each;
+# none lowered the spreads reproducibly (THP did in the screen, not in its confirmation), and pinning raised them.
+AB_DEFAULT = Isolation()
 
 
 # ---- rank functions (module level: the pool pickles them by reference) ---------------------------

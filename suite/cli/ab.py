@@ -60,7 +60,7 @@ def add_selection(p) -> None:
                    help="how both sides' trial servers and ranks are placed and laid out: 'none', or factors joined "
                         "by '+': thp (torch's large tensors on transparent huge pages), pin, aslr_off, malloc_fixed, "
                         "gc_frozen, layout_pad, threads=N (docs/figures/gate.md, 'Sources'; default "
-                        f"{AB_DEFAULT.name})")
+                        f"{AB_DEFAULT.name if AB_DEFAULT != Isolation() else 'none'})")
     p.add_argument("--seed", type=int, default=0, help="seed of the block orders and the bootstrap")
     p.add_argument("--repo", default=".", help="the git repository of the revisions (default: the current one)")
     p.add_argument("--python", help="interpreter of the trial servers (default: this one)")
