@@ -123,7 +123,9 @@ def render(raw: dict, options: Options) -> str:
                        f"[{_pct(ci['noise'][0])}, {_pct(ci['noise'][1])}] | {sp['p']:.2g} | {sp['anova_p']:.2g} | "
                        f"{float(np.mean([r.block_s for r in runs])):.2f} | {load_txt} |")
     out += _statistics(rows, options)
-    minutes = raw.get("seconds", 0.0) / 60
+    out += _blocks_needed(rows, options)
+    all_runs = [Run(**r["run"]) for r in rows]
+    minutes = (raw.get("seconds") or sum(r.seconds + r.setup_s + sum(r.prep_s) for r in all_runs)) / 60
     out += ["", "Factors (both servers of a pair alike; `suite/ab/isolation.py`): default = none of them (as "
             "`fleetbench ab` ran before this table; `--isolation none`); "
             "pin = rank r on core r; threads=2 = two intra-op threads a rank (the default is one on 2 cores with 2 "
@@ -138,7 +140,7 @@ def render(raw: dict, options: Options) -> str:
             "intervals from 1000 resamples of whole pairs, so with few pairs they are wide and a 0 floor is common).",
             f"Machine load (1-minute average, {os.cpu_count()} cores) during the runs: "
             + (f"{min(loads):.1f} to {max(loads):.1f}." if loads else "not recorded.")
-            + f" Measured in {minutes:.0f} minutes"
+            + f" Measured in {minutes:.0f} minutes (blocks, start-ups and preparations summed over the runs)"
             + (" (rendered from saved runs)." if raw.get("loaded") else ".")]
     return "\n".join(out)
 
@@ -167,3 +169,29 @@ def _statistics(rows: list, options: Options) -> list[str]:
             out.append(f"| {case} | {name} | {len(alt)} x {round(float(np.mean([len(r.d) for r in alt])))} | "
                        f"{_pct(noise)} [{_pct(ci[0])}, {_pct(ci[1])}] | {(noise / base) ** 2:.2f} |")
     return out
+
+
+def _blocks_needed(rows: list, options: Options) -> list[str]:
+    """What the blocks' own noise alone costs `ab` at +5%: the blocks a fixed-size 99% interval needs to clear the
+    +2% margin with 95% power at a true +5% (no preparation or process spread, no sequential looks)."""
+    from scipy.stats import norm
+
+    from ..ab.stats import POWER, SeqOptions
+
+    seq = SeqOptions()
+    gap = math.log(1.05) - math.log1p(seq.delta)
+    z = norm.ppf(1 - (1 - seq.confidence) / 2) + norm.ppf(POWER)
+    out = []
+    for case in options.cases:
+        runs = [Run(**r["run"]) for r in rows if r["run"]["case"] == case and r["factor"] == "default"]
+        noise = block_noise(runs) if runs else math.nan
+        if not math.isfinite(noise):
+            continue
+        n = (noise * z / gap) ** 2
+        block_s = float(np.mean([r.block_s for r in runs]))
+        out.append(f"- {case}: with the default's block noise {noise:.2%} alone, a {seq.confidence:.0%} interval "
+                   f"clears "
+                   f"+{seq.delta:.0%} at a true +5% with {POWER:.0%} power after {n:.0f} blocks ({n * block_s:.0f} s "
+                   f"at {block_s:.2f} s a block), before any preparation or process spread.")
+    return ["", "The blocks' noise is the floor (a fixed-size interval; `ab` looks after every block, which costs "
+            "more):", ""] + out if out else []
