@@ -156,3 +156,18 @@ def test_ab_runs_with_the_default_isolation_unless_told_and_says_which():
     assert opts.isolation == Isolation(thp=True, pin=True) and _options_dict(opts)["isolation"] == "pin+thp"
     with pytest.raises(ValueError, match="'fast' is unknown"):
         ab.options(parse(["ab", "BASE", "HEAD", "--nproc", "2", "--device", "cpu", "--isolation", "fast"]))
+
+
+@linux
+def test_calibration_times_one_preparation_before_and_after_the_injection():
+    """The path only (no timing asserted): trials, the server's inject op on the same key, trials, the table."""
+    from suite.figures import gate_sources
+
+    opts = gate_sources.Options(cases=("mlp/plain",), calibration=(0.5,), trials=3, steps=2)
+    row = gate_sources._calibrate("mlp/plain", 0.5, opts, say=lambda m: None)
+    assert len(row["before"]) == len(row["after"]) == 3 and len(row["step_s"]) == 2
+    assert all(t > 0 for t in row["before"] + row["after"] + row["step_s"])
+    text = gate_sources.render({"rows": [], "calibration": [row]}, opts)
+    assert "| mlp/plain | +50% | 3, 3 |" in text and "nan" not in text
+    with pytest.raises(ValueError, match="calibration"):
+        gate_sources.Options(calibration=(5.0,))

@@ -177,6 +177,15 @@ def _op_trial(st: _State, req: dict) -> dict:
             "losses": answers[0]["losses"]}
 
 
+def _op_inject(st: _State, req: dict) -> dict:
+    """Slow an already prepared case from now on (``figures gate_sources --calibration``: the same preparation
+    timed before and after, so neither a preparation's nor a process's own speed enters the ratio)."""
+    runner, _, prepared = st.cases[req["key"]]
+    answers = runner.launcher.run(inject_on_rank, dict(key=req["key"], fraction=float(req["fraction"])),
+                                  timeout=st.timeout)
+    return {"ranks": answers}
+
+
 def _op_structure(st: _State, req: dict) -> dict:
     runner, rc, prepared = st.cases[req["key"]]
     check = runner.check(rc)
@@ -204,7 +213,7 @@ def _op_start(st: _State, req: dict) -> dict:
 
 
 OPS = {"select": _op_select, "start": _op_start, "origin": _op_origin, "prepare": _op_prepare,
-       "trial": _op_trial, "structure": _op_structure, "close": _op_close}
+       "trial": _op_trial, "structure": _op_structure, "close": _op_close, "inject": _op_inject}
 
 
 def serve(nproc: int, timeout: float = 600.0, pg_timeout: float = 120.0, device: str | None = None) -> int:

@@ -43,6 +43,8 @@ class Options:
     blocks: int = 18
     regroup: int = 6
     size: str = "tiny"
+    calibration: tuple[float, ...] = ()  # injected fractions to check (the same preparation before and after)
+    trials: int = 60  # trials before and after, for the calibration
     save: str | None = None
     load: str | None = None
 
@@ -53,6 +55,10 @@ class Options:
         if self.blocks < 2 * self.regroup:
             raise ValueError(f"figures gate_sources: blocks {self.blocks} with regroup {self.regroup}: at least two "
                              f"preparations a pair are needed (blocks >= 2 x regroup)")
+        if not all(isinstance(f, float) and 0 < f < 1 for f in self.calibration):
+            raise ValueError(f"figures gate_sources: calibration {self.calibration!r}: fractions between 0 and 1")
+        if self.trials < 2:
+            raise ValueError(f"figures gate_sources: trials {self.trials!r}: must be >= 2")
         known = {f.name: f for f in FACTORS}
         unknown = [f for f in self.factors if f not in known]
         if unknown:
@@ -79,6 +85,10 @@ def measure(options: Options, pool=None) -> dict:
         with open(options.load) as fh:
             return {"rows": json.load(fh), "seconds": 0.0, "loaded": True}
     rows: list = []
+    if options.calibration:  # only the calibration: the factors' runs are another invocation
+        return {"rows": [], "calibration": [_calibrate(c, f, options, say) for c in options.cases
+                                            for f in options.calibration],
+                "seconds": time.monotonic() - t0, "loaded": False}
     plan = [(c, f, k) for c in options.cases for f in options.factors for k in range(options.pairs)]
     random.Random(2013).shuffle(plan)
     for i, (case, factor, k) in enumerate(plan):
@@ -91,12 +101,53 @@ def measure(options: Options, pool=None) -> dict:
     return {"rows": rows, "seconds": time.monotonic() - t0, "loaded": False}
 
 
+def _calibrate(case: str, fraction: float, options: Options, say) -> dict:
+    """One fresh trial server: ``trials`` trials of the prepared case, then busy work of ``fraction`` of its step
+    injected into that same preparation (``inject``), then ``trials`` more."""
+    from ..ab.client import TrialServer
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with TrialServer(root, "A", nproc=options.nproc, timeout=options.timeout) as srv:
+        srv.request("start")
+        key = srv.request("prepare", case=case, size=options.size, warmup=2, check=False)["key"]
+        trial = lambda: srv.request("trial", key=key, steps=options.steps, warmup=1)["step_s"]  # noqa: E731
+        before = [trial() for _ in range(options.trials)]
+        ranks = srv.request("inject", key=key, fraction=fraction)["ranks"]
+        after = [trial() for _ in range(options.trials)]
+    ratio = float(np.median(after) / np.median(before))
+    say(f"  {case} +{fraction:.0%}: measured x{ratio:.3f} ({options.trials} trials before and after)")
+    return {"case": case, "fraction": fraction, "before": before, "after": after,
+            "step_s": [r["step_s"] for r in ranks], "load": os.getloadavg()[0]}
+
+
+def _calibration(raw: dict) -> list[str]:
+    rows = raw.get("calibration") or []
+    if not rows:
+        return []
+    from scipy.stats import bootstrap
+
+    out = ["", "#### The injected slowdown against what the trials measure (one preparation timed before and after "
+           "the injection)", "",
+           "| case | injected | trials before, after | measured slowdown (ratio of mean trial times) [90%] "
+           "| measured / injected | load |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        b, a = np.asarray(r["before"]), np.asarray(r["after"])
+        ci = bootstrap((b, a), lambda x, y, axis=-1: np.mean(y, axis=axis) / np.mean(x, axis=axis), vectorized=True,
+                       confidence_level=0.90, n_resamples=2000, random_state=1, method="percentile").confidence_interval
+        got = float(np.mean(a) / np.mean(b)) - 1
+        out.append(f"| {r['case']} | +{r['fraction']:.0%} | {b.size}, {a.size} | {got:+.1%} [{ci.low - 1:+.1%}, "
+                   f"{ci.high - 1:+.1%}] | {got / r['fraction']:.2f} | {r['load']:.1f} |")
+    return out
+
+
 def _pct(x: float) -> str:
     return f"{x:.2%}" if math.isfinite(x) else "-"
 
 
 def render(raw: dict, options: Options) -> str:
     rows = raw["rows"]
+    if not rows:  # a calibration alone
+        return "\n".join(_calibration(raw)[1:]) or "(no runs)"
     out = [f"### Sources of the gate's bias: A/A pairs under each factor ({options.nproc} ranks, trials of "
            f"{options.steps} steps, {options.regroup} blocks a preparation)", "",
            "| case | factor | pairs x preparations x blocks | tau_prep [90%] | tau_process [90%] "
@@ -123,6 +174,7 @@ def render(raw: dict, options: Options) -> str:
                        f"[{_pct(ci['noise'][0])}, {_pct(ci['noise'][1])}] | {sp['p']:.2g} | {sp['anova_p']:.2g} | "
                        f"{float(np.mean([r.block_s for r in runs])):.2f} | {load_txt} |")
     out += _statistics(rows, options)
+    out += _calibration(raw)
     out += _blocks_needed(rows, options)
     all_runs = [Run(**r["run"]) for r in rows]
     minutes = (raw.get("seconds") or sum(r.seconds + r.setup_s + sum(r.prep_s) for r in all_runs)) / 60
