@@ -131,14 +131,22 @@ def main(args) -> int:
         return 2
 
     own = {f.name for f in dataclasses.fields(module.Options)}
-    if args.load and "load" not in own:
-        with open(args.load) as fh:
-            raw = json.load(fh)
-    elif not getattr(module, "USES_POOL", True):  # the figure starts its own processes (e.g. ab's trial servers)
-        raw = module.measure(opts, None)
-    else:
-        with RankPool(args.nproc, timeout=args.timeout) as pool:
-            raw = module.measure(opts, pool)
+    from .ab import _terminate_cleanly
+
+    _terminate_cleanly()  # SIGTERM unwinds like Ctrl-C: pools and trial servers closed, their logs removed
+    try:
+        if args.load and "load" not in own:
+            with open(args.load) as fh:
+                raw = json.load(fh)
+        elif not getattr(module, "USES_POOL", True):  # the figure starts its own processes (ab's trial servers)
+            raw = module.measure(opts, None)
+        else:
+            with RankPool(args.nproc, timeout=args.timeout) as pool:
+                raw = module.measure(opts, pool)
+    except KeyboardInterrupt:
+        kept = f"; what was measured is kept in {args.save}" if args.save and "save" in own else ""
+        print(f"fleetbench figures {args.name}: interrupted{kept}", file=sys.stderr)
+        return 130
     if args.save and "save" not in own:
         with open(args.save + ".tmp", "w") as fh:
             json.dump(raw, fh, default=str)  # a value JSON has no form for is kept as its text, not lost
