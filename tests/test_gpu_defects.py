@@ -111,6 +111,12 @@ def test_injected_slowdown_is_a_fraction_of_the_measured_step_queued_after_the_s
     kinds = [e[1] for e in api.log]
     assert kinds == ["step", "sleep"], api.log
     assert abs(api.log[1][2] - 0.01 * api.spin_hz) <= 1  # 5% of the 0.2 s median step
+    # switched off and on again: the first calibration is reused (a fourth window would exhaust `seconds`)
+    assert server.inject_on_rank("k", 0.0) == {"step_s": pytest.approx(0.20), "added_s": 0.0}
+    api.log.clear()
+    Prepared.engine.train_step(None, None)
+    assert [e[1] for e in api.log] == ["step"]
+    assert server.inject_on_rank("k", 0.10)["added_s"] == pytest.approx(0.02)
 
 
 def test_ab_refuses_too_few_gpus_instead_of_running_on_the_cpu(monkeypatch):

@@ -159,15 +159,16 @@ def test_ab_runs_with_the_default_isolation_unless_told_and_says_which():
 
 
 @linux
-def test_calibration_times_one_preparation_before_and_after_the_injection():
-    """The path only (no timing asserted): trials, the server's inject op on the same key, trials, the table."""
+def test_calibration_switches_the_injection_on_and_off_within_one_preparation():
+    """The path only (no timing asserted): the server's inject op switches the slowdown between trials of one key
+    in ABBA blocks, and the table reads them."""
     from suite.figures import gate_sources
 
-    opts = gate_sources.Options(cases=("mlp/plain",), calibration=(0.5,), trials=3, steps=2)
+    opts = gate_sources.Options(cases=("mlp/plain",), calibration=(0.5,), trials=4, steps=2)
     row = gate_sources._calibrate("mlp/plain", 0.5, opts, say=lambda m: None)
-    assert len(row["before"]) == len(row["after"]) == 3 and len(row["step_s"]) == 2
+    assert len(row["before"]) == len(row["after"]) == 4 and len(row["step_s"]) == 2
     assert all(t > 0 for t in row["before"] + row["after"] + row["step_s"])
     text = gate_sources.render({"rows": [], "calibration": [row]}, opts)
-    assert "| mlp/plain | +50% | 3, 3 |" in text and "nan" not in text
+    assert "| mlp/plain | +50% | 4, 4 |" in text and "nan" not in text
     with pytest.raises(ValueError, match="calibration"):
         gate_sources.Options(calibration=(5.0,))

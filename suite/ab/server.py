@@ -56,6 +56,9 @@ def trial_on_rank(key: str, steps: int, warmup: int = 1) -> dict:
     return run_window(key, steps)
 
 
+_INJECTED: dict = {}  # key -> (the engine's own train_step, the calibrated step time)
+
+
 def inject_on_rank(key: str, fraction: float, calibration_steps: int = 5, calibration_windows: int = 3) -> dict:
     """Slow the prepared case's training step by ``fraction`` of its measured step time (a calibration knob).
 
@@ -64,9 +67,11 @@ def inject_on_rank(key: str, fraction: float, calibration_steps: int = 5, calibr
     adds ``fraction`` x that through ``Platform.busy``: on a GPU a spin kernel on the compute stream after the
     step's kernels (a host spin would overlap the GPU's work and slow nothing), on CPU busy work on the host.
     So "+5%" is 5% of the step the trials measure (the median of single steps, which the calibration read before,
-    leaves out a window's barriers and start, so small models were slowed by less than they said: 0.66 of it for
-    the tiny MLP).  Used by ``fleetbench figures gate`` and, through ``FLEETBENCH_AB_INJECT``, by tests; it
-    touches only the prepared engine of this trial process.
+    leaves out a window's barriers and start, so small models were slowed by less than they said).  Calling it
+    again on the same case reuses the first calibration and replaces the slowdown (``fraction`` 0 removes it), so
+    ``figures gate_sources --calibration`` can switch it on and off between trials of one preparation.  Used by
+    ``fleetbench figures gate`` and, through ``FLEETBENCH_AB_INJECT``, by tests; it touches only the prepared
+    engine of this trial process.
     """
     import statistics
 
@@ -75,15 +80,20 @@ def inject_on_rank(key: str, fraction: float, calibration_steps: int = 5, calibr
     from ..measure.timing import _PREPARED
 
     tc = _PREPARED[key]
-    before = torch.get_num_threads()
-    try:
-        step_s = statistics.median(tc.window(calibration_steps, record=False).seconds / calibration_steps
-                                   for _ in range(max(1, calibration_windows)))
-    finally:
-        torch.set_num_threads(before)
+    if key in _INJECTED and _INJECTED[key][0] is not None and getattr(tc.engine, "_injected", None) is not None:
+        real, step_s = _INJECTED[key]
+    else:
+        real = tc.engine.train_step
+        before = torch.get_num_threads()
+        try:
+            step_s = statistics.median(tc.window(calibration_steps, record=False).seconds / calibration_steps
+                                       for _ in range(max(1, calibration_windows)))
+        finally:
+            torch.set_num_threads(before)
+        _INJECTED[key] = (real, step_s)
     added = fraction * step_s
-    platform, real = tc.wl.platform, tc.engine.train_step
-    if platform.is_cuda:
+    platform = tc.wl.platform
+    if platform.is_cuda and added > 0:
         platform.spin_rate()  # the spin kernel's calibration (one synchronize) now, not inside a timed step
 
     def slowed(inputs, targets):
@@ -91,7 +101,9 @@ def inject_on_rank(key: str, fraction: float, calibration_steps: int = 5, calibr
         platform.busy(added)
         return out
 
-    setattr(tc.engine, "train_step", slowed)  # noqa: B010 - an instance attribute over the method, on purpose
+    # an instance attribute over the method, on purpose; `_injected` marks it as ours (and which slowdown)
+    setattr(tc.engine, "train_step", slowed if added > 0 else real)  # noqa: B010
+    setattr(tc.engine, "_injected", added)  # noqa: B010
     return {"step_s": step_s, "added_s": added}
 
 

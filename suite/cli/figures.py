@@ -46,7 +46,7 @@ FIGURE_OPTIONS: dict[str, tuple] = {
     "calibration": (lambda t: tuple(float(x) for x in _csv(t)), ("gate_sources",),
                     "injected fractions to check against what the trials measure, comma-separated (e.g. 0.05,0.10); "
                     "measures only that"),
-    "trials": (int, ("gate_sources",), "trials before and after the injection, for --calibration (default 60)"),
+    "trials": (int, ("gate_sources",), "trials without and with the injection, for --calibration (default 60)"),
     "sims": (int, ("gate",), "simulated comparisons per measured pair (default 100)"),
     "rotate": (int, ("gate",), "the `ab --rotate` value simulated beside one preparation (default 5)"),
     "budget": (float, ("gate",), "ab's budget per simulated comparison, seconds (default 180)"),

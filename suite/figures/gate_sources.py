@@ -44,7 +44,7 @@ class Options:
     regroup: int = 6
     size: str = "tiny"
     calibration: tuple[float, ...] = ()  # injected fractions to check (the same preparation before and after)
-    trials: int = 60  # trials before and after, for the calibration
+    trials: int = 60  # trials without and with the injection, for the calibration
     save: str | None = None
     load: str | None = None
 
@@ -102,20 +102,26 @@ def measure(options: Options, pool=None) -> dict:
 
 
 def _calibrate(case: str, fraction: float, options: Options, say) -> dict:
-    """One fresh trial server: ``trials`` trials of the prepared case, then busy work of ``fraction`` of its step
-    injected into that same preparation (``inject``), then ``trials`` more."""
+    """One fresh trial server and one preparation: the injection calibrated once, then switched on and off between
+    trials in ABBA blocks (``trials`` trials each way), so the machine's drift hits both alike and neither a
+    preparation's nor a process's own speed enters the ratio."""
     from ..ab.client import TrialServer
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    rng = random.Random(int(fraction * 1000))
+    before: list[float] = []
+    after: list[float] = []
     with TrialServer(root, "A", nproc=options.nproc, timeout=options.timeout) as srv:
         srv.request("start")
         key = srv.request("prepare", case=case, size=options.size, warmup=2, check=False)["key"]
-        trial = lambda: srv.request("trial", key=key, steps=options.steps, warmup=1)["step_s"]  # noqa: E731
-        before = [trial() for _ in range(options.trials)]
-        ranks = srv.request("inject", key=key, fraction=fraction)["ranks"]
-        after = [trial() for _ in range(options.trials)]
-    ratio = float(np.median(after) / np.median(before))
-    say(f"  {case} +{fraction:.0%}: measured x{ratio:.3f} ({options.trials} trials before and after)")
+        ranks = srv.request("inject", key=key, fraction=fraction)["ranks"]  # calibrates once
+        for _ in range(max(1, options.trials // 2)):
+            for on in ((False, True, True, False) if rng.random() < 0.5 else (True, False, False, True)):
+                srv.request("inject", key=key, fraction=fraction if on else 0.0)
+                t = srv.request("trial", key=key, steps=options.steps, warmup=1)["step_s"]
+                (after if on else before).append(t)
+    ratio = float(np.mean(after) / np.mean(before))
+    say(f"  {case} +{fraction:.0%}: measured x{ratio:.3f} ({len(before)} trials without, {len(after)} with)")
     return {"case": case, "fraction": fraction, "before": before, "after": after,
             "step_s": [r["step_s"] for r in ranks], "load": os.getloadavg()[0]}
 
@@ -126,9 +132,9 @@ def _calibration(raw: dict) -> list[str]:
         return []
     from scipy.stats import bootstrap
 
-    out = ["", "#### The injected slowdown against what the trials measure (one preparation timed before and after "
-           "the injection)", "",
-           "| case | injected | trials before, after | measured slowdown (ratio of mean trial times) [90%] "
+    out = ["", "#### The injected slowdown against what the trials measure (one preparation, the injection switched "
+           "on and off between trials in ABBA blocks)", "",
+           "| case | injected | trials without, with | measured slowdown (ratio of mean trial times) [90%] "
            "| measured / injected | load |", "|---|---|---|---|---|---|"]
     for r in rows:
         b, a = np.asarray(r["before"]), np.asarray(r["after"])
