@@ -1,6 +1,8 @@
 """The gate-sources factors (suite/ab/isolation.py) do what they say: checked in the processes they touch."""
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import os
 import subprocess
@@ -108,7 +110,6 @@ def test_block_statistics_from_kept_step_times():
 
 
 def test_gate_sources_renders_every_factor_and_the_statistic_table_from_rows():
-    import dataclasses
     import random
 
     from suite.figures import gate_sources
@@ -159,7 +160,7 @@ def test_ab_runs_with_the_default_isolation_unless_told_and_says_which():
 
 
 @linux
-def test_calibration_switches_the_injection_on_and_off_within_one_preparation():
+def test_calibration_switches_the_injection_on_and_off_within_one_preparation(tmp_path):
     """The path only (no timing asserted): the server's inject op switches the slowdown between trials of one key
     in ABBA blocks, and the table reads them."""
     from suite.figures import gate_sources
@@ -170,5 +171,9 @@ def test_calibration_switches_the_injection_on_and_off_within_one_preparation():
     assert all(t > 0 for t in row["before"] + row["after"] + row["step_s"])
     text = gate_sources.render({"rows": [], "calibration": [row]}, opts)
     assert "| mlp/plain | +50% | 4, 4 |" in text and "nan" not in text
+    kept = tmp_path / "calibration.json"
+    kept.write_text(json.dumps({"calibration": [row]}))
+    again = gate_sources.measure(dataclasses.replace(opts, load=str(kept)))
+    assert gate_sources.render(again, opts) == text  # rendered again from the kept raw data, nothing measured
     with pytest.raises(ValueError, match="calibration"):
         gate_sources.Options(calibration=(5.0,))

@@ -116,7 +116,8 @@ def main(args) -> int:
     problem = (check_nproc(args.nproc) or check_number("--rounds", args.rounds, minimum=1, maximum=10**5)
                or check_number("--steps", args.steps, minimum=1, maximum=10**6)
                or check_number("--timeout", args.timeout, above=0.0, maximum=7 * 86400.0, unit="seconds")
-               or (f"--out {args.out!r}: {unwritable(args.out)}" if args.out and unwritable(args.out) else None))
+               or (f"--out {args.out!r}: {unwritable(args.out)}" if args.out and unwritable(args.out) else None)
+               or (f"--load {args.load!r}: no such file" if args.load and not os.path.isfile(args.load) else None))
     if problem:  # before any rank starts
         print(f"fleetbench figures: error: {problem}", file=sys.stderr)
         return 2

@@ -83,12 +83,18 @@ def measure(options: Options, pool=None) -> dict:
     t0 = time.monotonic()
     if options.load:
         with open(options.load) as fh:
-            return {"rows": json.load(fh), "seconds": 0.0, "loaded": True}
+            kept = json.load(fh)
+        if isinstance(kept, dict):  # a calibration's raw data
+            return {"rows": [], "calibration": kept.get("calibration") or [], "seconds": 0.0, "loaded": True}
+        return {"rows": kept, "seconds": 0.0, "loaded": True}
     rows: list = []
     if options.calibration:  # only the calibration: the factors' runs are another invocation
-        return {"rows": [], "calibration": [_calibrate(c, f, options, say) for c in options.cases
-                                            for f in options.calibration],
-                "seconds": time.monotonic() - t0, "loaded": False}
+        cal = [_calibrate(c, f, options, say) for c in options.cases for f in options.calibration]
+        if options.save:
+            with open(options.save + ".tmp", "w") as fh:
+                json.dump({"calibration": cal}, fh)
+            os.replace(options.save + ".tmp", options.save)
+        return {"rows": [], "calibration": cal, "seconds": time.monotonic() - t0, "loaded": False}
     plan = [(c, f, k) for c in options.cases for f in options.factors for k in range(options.pairs)]
     random.Random(2013).shuffle(plan)
     for i, (case, factor, k) in enumerate(plan):
