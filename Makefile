@@ -74,14 +74,17 @@ figures: setup
 	$(VENV)/bin/fleetbench figures reader    --nproc 1 --rounds 5            --out $(FIGURES)/reader.md --save $(FIGURES)/reader-raw.json
 	$(VENV)/bin/fleetbench figures host      --nproc 2 --rounds 5 --steps 20 --out $(FIGURES)/host.md --save $(FIGURES)/host-raw.json
 	$(VENV)/bin/fleetbench figures workloads --nproc 2 --rounds 3 --steps 3 --out $(FIGURES)/workloads.md --save $(FIGURES)/workloads-raw.json
+	# gate.md combines these five with its prose (the command of each section is written above it there)
 	$(VENV)/bin/fleetbench figures gate      --nproc 2 --rounds 5 --steps 5  --out $(FIGURES)/gate-ab.md \
 		--save $(FIGURES)/gate-runs.json --blocks 50 --sims 40
 	$(VENV)/bin/fleetbench figures gate_sources --pairs 5 --blocks 18 --regroup 6 --out $(FIGURES)/gate-sources.md \
 		--save $(FIGURES)/gate-sources-screen.json
+	$(VENV)/bin/fleetbench figures gate_sources --factors default,thp --pairs 5 --blocks 18 --regroup 6 \
+		--out $(FIGURES)/gate-sources-confirm.md --save $(FIGURES)/gate-sources-confirm.json
+	$(VENV)/bin/fleetbench figures gate_sources --cases mlp/plain,resnet/plain --calibration 0.05,0.10 --trials 80 \
+		--out $(FIGURES)/gate-calibration.md --save $(FIGURES)/gate-calibration.json
 	$(VENV)/bin/fleetbench figures gate --cases resnet50/overlap --size cpu --steps 2 --pairs 2 --slow-pairs 1 \
 		--blocks 24 --regroup 8 --budget 600 --out $(FIGURES)/gate-workload.md --save $(FIGURES)/gate-workload-runs.json
-	cat $(FIGURES)/gate-ab.md $(FIGURES)/gate-sources.md $(FIGURES)/gate-workload.md > $(FIGURES)/gate.md
-	rm $(FIGURES)/gate-ab.md $(FIGURES)/gate-sources.md $(FIGURES)/gate-workload.md
 	$(VENV)/bin/fleetbench figures cluster   --rounds 3 --steps 4 --save $(FIGURES)/cluster-raw.json --out $(FIGURES)/cluster.md
 
 clean-venv:
