@@ -161,7 +161,8 @@ def layout_pad_on_rank(seed: int) -> dict:
     from ..runtime.context import current
 
     rng = random.Random(seed * 1009 + current().rank)
-    pad: list = [torch.empty(rng.randint(1, 1 << 16), dtype=torch.uint8) for _ in range(rng.randint(1, 64))]
+    pad: list = [torch.empty(rng.randint(1, 1 << 16), dtype=torch.uint8, device="cpu")  # host memory, on purpose
+                 for _ in range(rng.randint(1, 64))]
     pad += [bytearray(rng.randint(1, 1 << 16)) for _ in range(rng.randint(1, 64))]
     old = list(_PAD)
     _PAD[:] = pad
