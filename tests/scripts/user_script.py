@@ -54,6 +54,7 @@ def main():
     }
     with open(f"{args.out}.{rank}", "w") as fh:
         json.dump(result, fh)
+    dist.barrier()  # both ranks done with the group before either tears it down
     dist.destroy_process_group()
 
 
