@@ -62,7 +62,7 @@ class TrialServer:
         self.log_path = log_path
         pypath = os.environ.get("PYTHONPATH")
         isolation = isolation or Isolation()
-        child_env = dict(os.environ, **isolation.env(), **(env or {}))
+        child_env = {**os.environ, **isolation.env(), **(env or {})}  # the caller's env wins over both
         child_env["PYTHONPATH"] = self.root + (os.pathsep + pypath if pypath else "")
         child_env.setdefault("PYTHONUNBUFFERED", "1")
         cmd = [python or sys.executable, "-m", "suite.cli.main", "trial-server", "--nproc", str(nproc),

@@ -80,7 +80,7 @@ def inject_on_rank(key: str, fraction: float, calibration_steps: int = 5, calibr
     from ..measure.timing import _PREPARED
 
     tc = _PREPARED[key]
-    if key in _INJECTED and _INJECTED[key][0] is not None and getattr(tc.engine, "_injected", None) is not None:
+    if key in _INJECTED and hasattr(tc.engine, "_injected"):  # this engine was injected here: keep its calibration
         real, step_s = _INJECTED[key]
     else:
         real = tc.engine.train_step
@@ -192,7 +192,7 @@ def _op_trial(st: _State, req: dict) -> dict:
 def _op_inject(st: _State, req: dict) -> dict:
     """Slow an already prepared case from now on (``figures gate_sources --calibration``: the same preparation
     timed before and after, so neither a preparation's nor a process's own speed enters the ratio)."""
-    runner, _, prepared = st.cases[req["key"]]
+    runner = st.cases[req["key"]][0]
     answers = runner.launcher.run(inject_on_rank, dict(key=req["key"], fraction=float(req["fraction"])),
                                   timeout=st.timeout)
     return {"ranks": answers}
