@@ -181,8 +181,8 @@ class AbReport:
 # ---- one case ---------------------------------------------------------------------------------------
 def _prepare(side: Side, case: str, opts: AbOptions, check: bool | None = None) -> str:
     if case not in side.prepared:
-        fields = {**opts.selection(), **opts.isolation.prepare_fields()}
-        fields["set"] = opts.selection()["set"] + opts.isolation.sets()
+        sel = opts.selection()
+        fields = {**sel, **opts.isolation.prepare_fields(), "set": sel["set"] + opts.isolation.sets()}
         ans = side.server.request("prepare", case=case, batch=opts.batch, warmup=opts.warmup, steps=opts.steps,
                                   check=opts.check if check is None else check, check_steps=opts.check_steps,
                                   inject=side.inject, **fields)

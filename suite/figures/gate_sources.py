@@ -69,9 +69,10 @@ def _factor(name: str) -> Isolation:
     return next(f for f in FACTORS if f.name == name)
 
 
-def _save(path: str, rows: list) -> None:
+def _save(path: str, data) -> None:
+    """``data`` as JSON at ``path``, whole or not at all (written beside it, then renamed)."""
     with open(path + ".tmp", "w") as fh:
-        json.dump(rows, fh)
+        json.dump(data, fh)
     os.replace(path + ".tmp", path)
 
 
@@ -91,9 +92,7 @@ def measure(options: Options, pool=None) -> dict:
     if options.calibration:  # only the calibration: the factors' runs are another invocation
         cal = [_calibrate(c, f, options, say) for c in options.cases for f in options.calibration]
         if options.save:
-            with open(options.save + ".tmp", "w") as fh:
-                json.dump({"calibration": cal}, fh)
-            os.replace(options.save + ".tmp", options.save)
+            _save(options.save, {"calibration": cal})
         return {"rows": [], "calibration": cal, "seconds": time.monotonic() - t0, "loaded": False}
     plan = [(c, f, k) for c in options.cases for f in options.factors for k in range(options.pairs)]
     random.Random(2013).shuffle(plan)
