@@ -5,6 +5,7 @@ starts from the same :class:`Workload`, built once per rank and kept for the nex
 
     wl = workload(WorkloadSpec("resnet50", size="cpu"))
     engine = wl.engine(config)            # the model (seeded), wrapped by every strategy the config enables
+    sync = wl.grad_sync(config, module)   # only the gradient communication of config, on a model of wl.module()
     x, y = wl.batch(i)                    # this rank's shard of timing batch i (cached on the device)
     shards = wl.shards(step)              # every rank's shard of the check's global batch ``step``
 
@@ -21,6 +22,8 @@ from typing import Any
 
 import torch
 
+from .comm.factory import build_grad_sync
+from .comm.grad_sync import GradSync
 from .config import StrategyConfig
 from .data.synthetic import prepare, shard, step_indices
 from .engine import Engine, build_engine
@@ -100,6 +103,11 @@ class Workload:
 
     def engine(self, config: StrategyConfig, seed: int | None = None, dtype: torch.dtype | None = None) -> Engine:
         return build_engine(self.module(seed, dtype), self.spec.loss_fn, config)
+
+    def grad_sync(self, config: StrategyConfig, module: torch.nn.Module) -> GradSync | None:
+        """The gradient communication ``config`` asks for on ``module`` (one of :meth:`module`'s), without an engine
+        around it: the figures time its collectives alone (None for DDP)."""
+        return build_grad_sync(module, config)
 
     def describe(self) -> dict:
         tensors, elements = count_parameters(self.spec)
