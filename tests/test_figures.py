@@ -113,9 +113,9 @@ class _FakePool:
         self.calls.append("fresh ranks")
 
     def run(self, fn, kwargs=None, timeout=None):
-        if fn.__name__ == "alone_on_rank":
+        if fn.__name__ == "comm_alone_on_rank":
             self.calls.append("alone")
-            return [{"times": {n: [0.01] * kwargs["rounds"] for n in kwargs["variants"]}, "bytes": 10**6}] * 2
+            return [{"times": {v["name"]: [0.01] * kwargs["rounds"] for v in kwargs["variants"]}, "bytes": 10**6}] * 2
         names = [v["name"] for v in kwargs["variants"]]
         self.calls.append(names)
         one = {"windows": [1.0] * kwargs["rounds"], "step_times": [0.1] * 6, "losses": [1.0], "threads": 1,

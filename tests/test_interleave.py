@@ -15,8 +15,8 @@ THE_LOOP = os.path.join("suite", "measure", "interleave.py")
 
 # Every timing that compares variants: (file, function) -> it calls interleaved_rounds.
 SITES = [("suite/measure/timing.py", "time_on_rank"), ("suite/measure/reader_timing.py", "measure_reader_on_rank"),
-         ("suite/figures/comm.py", "comm_alone_on_rank"), ("suite/figures/workloads.py", "alone_on_rank"),
-         ("suite/figures/compute.py", "optimizer_bench_on_rank"), ("suite/cluster/probes.py", "timed_allreduce")]
+         ("suite/figures/comm.py", "comm_alone_on_rank"), ("suite/figures/compute.py", "optimizer_bench_on_rank"),
+         ("suite/cluster/probes.py", "timed_allreduce")]
 
 
 def test_rounds_rotate_warm_up_and_collect_per_variant():

@@ -30,7 +30,7 @@ from ..config import StrategyConfig
 from ..measure.interleave import interleaved_rounds, timed_block
 from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
 from ..measure.timing import time_on_rank
-from ..workload import WorkloadSpec
+from ..workload import WorkloadSpec, workload
 
 DESCRIPTION = ("communication: speedup over DDP, exposed comm and overlap efficiency (nccl_comm_num 1/2/3), "
                "fused vs single allreduce busbw, bucket-size and communicator rules of thumb")
@@ -83,37 +83,40 @@ def _collectives_of(sync) -> Callable[[], None]:
     return per_parameter
 
 
-def comm_alone_on_rank(model: str, variants: list[dict], rounds: int = 5, reps: int = 5) -> dict:
-    """Seconds per step of each variant's gradient collectives with no compute around them.
+def comm_alone_on_rank(workload_spec: WorkloadSpec, variants: list[dict], rounds: int = 5, reps: int = 5) -> dict:
+    """Seconds per step of each variant's gradient collectives with no compute around them, and the gradient bytes.
 
-    ``{"name": "single"}`` is one allreduce of the total gradient bytes on one communicator.
-    """
+    One model of the workload (the gradients' shapes) is shared by every variant's ``GradSync``;
+    ``{"name": "single"}`` is one allreduce of every gradient byte on one communicator.  All variants in every
+    round, rotated order, barriers only at window ends (``interleaved_rounds``, ``timed_block``)."""
     from ..comm import collectives as C
-    from ..comm.factory import build_grad_sync
-    from ..models import get_model
-    from ..runtime.context import current
     from ..runtime.groups import comm_groups
 
-    platform = current().platform
-    device = platform.device  # NCCL carries only tensors on the rank's GPU
-    spec = get_model(model)
+    wl = workload(workload_spec)
+    net = wl.module()
+    numel = sum(p.numel() for p in net.parameters() if p.requires_grad)
     runners: list[tuple[str, Callable[[], Any]]] = []
+    syncs: list[Any] = []
     for v in variants:
         if v["name"] == "single":
-            net = spec.make(0)
-            flat = torch.zeros(sum(p.numel() for p in net.parameters() if p.requires_grad), device=device)
-            g = comm_groups(1)[0]
-            def single(flat=flat, g=g) -> None:
+            flat, g = torch.zeros(numel, device=wl.device), comm_groups(1)[0]  # NCCL: tensors on the rank's GPU
+
+            def single(flat: torch.Tensor = flat, g: Any = g) -> None:
                 C.all_reduce(flat.div_(1.0), group=g)
 
             runners.append((v["name"], single))
             continue
-        cfg = StrategyConfig.from_dict(v["config"])
-        net = spec.make(0, device)
-        runners.append((v["name"], _collectives_of(build_grad_sync(net, cfg))))
-    times = interleaved_rounds(runners, rounds, lambda nr: timed_block(nr[1], reps, platform),
-                               warmup=lambda nr: nr[1]())
-    return {"times": {name: t for (name, _), t in zip(runners, times)}}
+        sync = wl.grad_sync(StrategyConfig.from_dict(v["config"]), net)
+        if hasattr(sync, "close"):
+            syncs.append(sync)
+        runners.append((v["name"], _collectives_of(sync)))
+    try:
+        times = interleaved_rounds(runners, rounds, lambda nr: timed_block(nr[1], reps, wl.platform),
+                                   warmup=lambda nr: nr[1]())
+    finally:
+        for sync in syncs:
+            sync.close()  # its hooks and worker threads; else the buckets outlive this call
+    return {"times": {name: t for (name, _), t in zip(runners, times)}, "bytes": 4 * numel}
 
 
 def _median_ci(xs):
@@ -137,7 +140,8 @@ class Options:
 
 
 def _alone(pool, model, variants, rounds) -> dict[str, list[float]]:
-    answers = pool.run(comm_alone_on_rank, dict(model=model, variants=variants, rounds=rounds))
+    answers = pool.run(comm_alone_on_rank,
+                       dict(workload_spec=WorkloadSpec(model), variants=variants, rounds=rounds))
     names = list(answers[0]["times"])
     return {n: [max(ts) for ts in zip(*(a["times"][n] for a in answers))] for n in names}
 

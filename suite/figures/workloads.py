@@ -29,16 +29,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from ..cases import get_case
 from ..comm.table import busbw_factor
 from ..config import StrategyConfig
-from ..measure.interleave import interleaved_rounds, timed_block
 from ..measure.stats import bootstrap_median_ci
 from ..measure.summary import COMPUTE_ONLY
 from ..models import count_parameters, get_model
 from ..runner import CaseRunner, ResolvedCase, RunOptions
+from ..workload import WorkloadSpec
+from .comm import comm_alone_on_rank
 
 DESCRIPTION = ("published workloads (resnet50, gpt2 at cpu size): speedup over DDP of plain, fused, overlap "
                "(1/2 comms), fused optimizer, bf16 gradients; exposed comm; fused vs single allreduce busbw")
@@ -217,53 +216,12 @@ def strategy_table(model: str, measured: dict, options: Options, world: int) -> 
 # ---------------------------------------------------------------------------------------
 # the gradient collectives alone (no compute)
 # ---------------------------------------------------------------------------------------
-def alone_on_rank(model: str, size: str, variants: list[str], rounds: int = 5, reps: int = 3) -> dict:
-    """Seconds per step of each variant's gradient collectives with no compute around them.
-
-    One model (the gradients' shapes) is shared by every variant's ``GradSync``; ``single`` is
-    one allreduce of every gradient byte on one communicator.  All variants in every round,
-    rotated order, barriers only at window ends (``interleaved_rounds``, ``timed_block``)."""
-    from ..comm import collectives as C
-    from ..comm.factory import build_grad_sync
-    from ..models import get_model
-    from ..runtime.context import current
-    from ..runtime.groups import comm_groups
-    from .comm import _collectives_of
-
-    platform = current().platform
-    device = platform.device
-    net = get_model(model, size).make(0, device)
-    runners: list[tuple[str, Callable[[], Any]]] = []
-    syncs: list[Any] = []
-    for name in variants:
-        if name == "single":
-            flat = torch.zeros(sum(p.numel() for p in net.parameters() if p.requires_grad), device=device)
-            g = comm_groups(1)[0]
-
-            def single(flat: torch.Tensor = flat, g: Any = g) -> None:
-                C.all_reduce(flat.div_(1.0), group=g)
-
-            runners.append((name, single))
-            continue
-        sync = build_grad_sync(net, StrategyConfig.from_dict(variant_config(model, name)))
-        if hasattr(sync, "close"):
-            syncs.append(sync)
-        runners.append((name, _collectives_of(sync)))
-    nbytes = 4 * sum(p.numel() for p in net.parameters() if p.requires_grad)
-    try:
-        times = interleaved_rounds(runners, rounds, lambda nr: timed_block(nr[1], reps, platform),
-                                   warmup=lambda nr: nr[1]())
-    finally:
-        for sync in syncs:
-            sync.close()  # its hooks and worker threads; else the buckets outlive this call
-    return {"times": {name: t for (name, _), t in zip(runners, times)}, "bytes": nbytes}
-
-
 def measure_alone(pool, model: str, options: Options) -> dict:
     """The gradient collectives alone: per path the slowest rank's seconds per round, and the gradient bytes."""
-    answers = _FreshRanks(pool).run(alone_on_rank, dict(model=model, size=options.size, variants=list(ALONE),
-                                                        rounds=options.rounds, reps=options.steps),
-                                    timeout=options.timeout)
+    variants = [{"name": n} if n == "single" else {"name": n, "config": variant_config(model, n)} for n in ALONE]
+    answers = _FreshRanks(pool).run(comm_alone_on_rank,
+                                    dict(workload_spec=WorkloadSpec(model, options.size), variants=variants,
+                                         rounds=options.rounds, reps=options.steps), timeout=options.timeout)
     per = {n: [max(ts) for ts in zip(*(a["times"][n] for a in answers))] for n in ALONE}  # slowest rank
     return {"times": per, "bytes": answers[0]["bytes"]}
 
