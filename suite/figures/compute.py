@@ -12,7 +12,7 @@ from ..measure.interleave import interleaved_rounds, timed_block
 from ..measure.stats import bootstrap_median_ci, paired_speedup
 from ..measure.summary import variant_summary
 from ..measure.timing import time_on_rank
-from ..workload import WorkloadSpec
+from ..workload import WorkloadSpec, workload
 
 DESCRIPTION = ("compute fusion on/off on the ResNet (step time, saved-activation bytes, eager and compiled); "
                "fused optimizer vs torch loop/foreach/fused")
@@ -88,27 +88,23 @@ def saved_bytes_rows(model: str = "resnet", batch: int = 16, scale: int = 1) -> 
 # ---------------------------------------------------------------------------------------
 # optimizers (on every rank, each rank alone; rank 0 reported)
 # ---------------------------------------------------------------------------------------
-def optimizer_bench_on_rank(model: str = "resnet", rounds: int = 7, steps: int = 20, scale: int = 1) -> dict:
+def optimizer_bench_on_rank(workload_spec: WorkloadSpec, rounds: int = 7, steps: int = 20) -> dict:
     from ..compute.fused_optim import FlatOptimizer
     from ..config import StrategyConfig
-    from ..models import get_model
-    from ..runtime.context import current
     from ..strategies.optim import torch_optimizer
 
-    platform = current().platform  # on a GPU runner the optimizers run on the rank's GPU
-    device = platform.device
-    spec = get_model(model)
+    wl = workload(workload_spec)  # on a GPU runner the optimizers run on the rank's GPU
     results: dict = {}
     impls = ["loop", "foreach", "fused", "flat (ours)"]
     for kind in ("sgd", "momentum", "adam"):
         cfg = StrategyConfig(optimizer=kind, weight_decay=1e-4)
         opts: dict[str, Any] = {}
         for impl in impls:
-            net = spec.make(0, device)
+            net = wl.module()
             params = [p for p in net.parameters() if p.requires_grad]
             g = torch.Generator().manual_seed(1)
             for p in params:  # drawn on the host (the same values on any device), then moved
-                p.grad = torch.randn(p.shape, generator=g, device="cpu").mul_(1e-3).to(device)
+                p.grad = torch.randn(p.shape, generator=g, device="cpu").mul_(1e-3).to(wl.device)
             opt: torch.optim.Optimizer | FlatOptimizer
             if impl == "flat (ours)":
                 opt = FlatOptimizer(params, kind, lr=cfg.lr, momentum=cfg.momentum if kind == "momentum" else 0.0,
@@ -121,11 +117,10 @@ def optimizer_bench_on_rank(model: str = "resnet", rounds: int = 7, steps: int =
             opts[impl] = opt
         # each rank alone (no barriers); the device's queued work is not counted, nor left out
         times = interleaved_rounds([opts[i] for i in impls], rounds,
-                                   lambda opt: timed_block(opt.step, steps, platform, "none"))
+                                   lambda opt: timed_block(opt.step, steps, wl.platform, "none"))
         results[kind] = dict(zip(impls, times))
-    nparams = sum(1 for p in spec.make(0).parameters())
-    numel = sum(p.numel() for p in spec.make(0).parameters())
-    return {"results": results, "tensors": nparams, "numel": numel, "device": str(device)}
+    return {"results": results, "tensors": len(list(net.parameters())),
+            "numel": sum(p.numel() for p in net.parameters()), "device": str(wl.device)}
 
 
 def _optimizer_table(res: dict) -> str:
@@ -156,13 +151,14 @@ def measure(options: Options, pool) -> dict:
     rounds, steps = options.rounds, options.steps
     # 1. fusion on/off: compute only (data_parallel='none'), so communication noise stays out
     variants = [{"name": n, "config": dict(c, data_parallel="none")} for n, c in FUSION_VARIANTS]
-    answers = pool.run(time_on_rank,
-                       dict(workload_spec=WorkloadSpec("resnet", per_rank_batch=PER_RANK_BATCH), variants=variants,
-                            warmup=3, steps=steps, rounds=rounds))
+    resnet = WorkloadSpec("resnet", per_rank_batch=PER_RANK_BATCH)  # the optimizers below reuse its workload
+    answers = pool.run(time_on_rank, dict(workload_spec=resnet, variants=variants, warmup=3, steps=steps,
+                                          rounds=rounds))
     saved = saved_bytes_rows("resnet", PER_RANK_BATCH)
     # 2. optimizers
-    opt = pool.run(optimizer_bench_on_rank, dict(model="resnet", rounds=max(rounds, 5), steps=20))[0]
-    opt_mlp = pool.run(optimizer_bench_on_rank, dict(model="mlp", rounds=max(rounds, 5), steps=5))[0]
+    opt = pool.run(optimizer_bench_on_rank, dict(workload_spec=resnet, rounds=max(rounds, 5), steps=20))[0]
+    opt_mlp = pool.run(optimizer_bench_on_rank, dict(workload_spec=WorkloadSpec("mlp"), rounds=max(rounds, 5),
+                                                     steps=5))[0]
     return {"world": pool.nproc, "answers": answers, "saved": saved, "optimizers": {"resnet": opt, "mlp": opt_mlp}}
 
 
