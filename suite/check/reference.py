@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..compute.fusion import fuse_model
 from ..config import StrategyConfig
 from ..strategies.amp import LossScaler, autocast_dtype, check_amp_supported, unscale_
 from ..strategies.optim import torch_optimizer
@@ -112,8 +113,6 @@ class AmpReference(DataParallelReference):
 
     def __init__(self, model: torch.nn.Module, loss_fn, config: StrategyConfig, world: int):
         if config.compute_fusion_enabled:
-            from ..compute.fusion import fuse_model
-
             model, _ = fuse_model(model, bn_act=config.fuse_bn_act_ops,
                                   elewise_add_act=config.fuse_elewise_add_act_ops,
                                   relu_depthwise_conv=config.fuse_relu_depthwise_conv)
