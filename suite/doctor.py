@@ -37,6 +37,28 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from .check.errors import rel_error, worst_error
+from .check.harness import check_on_rank as check
+from .check.harness import summarize
+from .comm.bucketed import BucketedGradSync
+from .comm.table import COLLECTIVES, Layout
+from .compute.fused_optim import build_fused_optimizer
+from .config import StrategyConfig
+from .data.reader import BatchSource, EncodedImages, OptimizedReader, PlainReader
+from .data.synthetic import SyntheticImages, normalize
+from .engine import apply_precision, precision_in_effect
+from .measure.metadata import git_info, nccl_version
+from .measure.timing import TimedCase, footprint_bytes
+from .measure.utilization import visible_nvml_handles
+from .runtime.context import current
+from .runtime.device import cuda_device_count, select_platform
+from .runtime.groups import comm_groups, label_of
+from .runtime.launch import init_from_env, shutdown
+from .runtime.pool import RankPool, owned_tempdir, remove_stale
+from .runtime.torchrun import TorchrunLauncher
+from .strategies.optim import torch_optimizer
+from .workload import WorkloadSpec, workload
+
 __all__ = ["Item", "Report", "run_doctor", "format_table", "PASS", "FAIL", "NA"]
 
 PASS, FAIL, NA = "pass", "fail", "not applicable here"
@@ -77,10 +99,6 @@ def allreduce_exact_on_rank(comm_num: int, counts: list, dtypes: list) -> dict:
     on the world and on each of ``comm_num`` communicators; wrong elements per (group, dtype), or why a dtype
     cannot be reduced by this backend."""
     import torch.distributed as dist
-
-    from .comm.table import COLLECTIVES, Layout
-    from .runtime.context import current
-    from .runtime.groups import comm_groups, label_of
 
     ctx = current()
     allreduce = COLLECTIVES["allreduce"]
@@ -125,10 +143,6 @@ def _input(rank: int, step: int, device) -> torch.Tensor:
 def bucketed_on_rank(config: dict, steps: int = 3) -> dict:
     """``steps`` steps of the bucketed path: the worst gradient error against the exact average (every
     rank's gradients recomputed here), and whether every bucket was launched from the hooks."""
-    from .comm.bucketed import BucketedGradSync
-    from .config import StrategyConfig
-    from .runtime.context import current
-
     ctx = current()
     device, world, rank = ctx.platform.device, ctx.world_size, ctx.rank
     ref = _net(device)
@@ -169,10 +183,6 @@ def bucketed_on_rank(config: dict, steps: int = 3) -> dict:
 def reader_copy_on_rank() -> dict:
     """The optimized reader (double buffer, uint8 to the device) against the plain one, bit for bit; and
     the normalization's one formula on every byte value, on the host and on the device."""
-    from .data.reader import BatchSource, EncodedImages, OptimizedReader, PlainReader
-    from .data.synthetic import SyntheticImages, normalize
-    from .runtime.context import current
-
     ctx = current()
     every = torch.arange(256, device="cpu").to(torch.uint8).reshape(1, 1, 16, 16)
     bytes_same = torch.equal(normalize(every), normalize(every.to(ctx.platform.device)).cpu())
@@ -215,8 +225,6 @@ def events_agree(r: dict) -> bool:
 
 def event_timing_on_rank(matmuls: int = 40, n: int = 2048) -> dict:
     """CUDA: device time of queued matmuls from timing events vs the host clock around a synchronize."""
-    from .runtime.context import current
-
     p = current().platform
     if not p.is_cuda:
         return {"applicable": False}
@@ -230,11 +238,6 @@ def precision_on_rank(n: int = 512) -> dict:
     """An fp32 matmul and convolution against float64 on the host, with TF32 off (strict) and on, and what
     torch reports in each; the switches are left at PyTorch's defaults after."""
     import torch.nn.functional as F
-
-    from .check.errors import rel_error
-    from .config import StrategyConfig
-    from .engine import apply_precision, precision_in_effect
-    from .runtime.context import current
 
     p = current().platform
     g = torch.Generator().manual_seed(0)
@@ -271,12 +274,6 @@ def precision_verdict(r: dict) -> tuple[bool, str]:
 
 def optimizers_on_rank(steps: int = 5) -> dict:
     """The fused optimizers against torch.optim (its default implementation on this device), per kind."""
-    from .check.errors import worst_error
-    from .compute.fused_optim import build_fused_optimizer
-    from .config import StrategyConfig
-    from .runtime.context import current
-    from .strategies.optim import torch_optimizer
-
     device = current().platform.device
     out = {}
     for kind in ("sgd", "momentum", "adam"):
@@ -294,9 +291,6 @@ def optimizers_on_rank(steps: int = 5) -> dict:
 
 def model_check_on_rank(model: str, config: dict) -> dict:
     """The correctness check (engine against its reference) of ``config`` on ``model`` at size tiny."""
-    from .check.harness import check_on_rank as check
-    from .workload import WorkloadSpec
-
     return check(WorkloadSpec(model, size="tiny", per_rank_batch=4), config, steps=3)
 
 
@@ -305,11 +299,6 @@ def footprint_on_rank() -> dict:
     state) against the bytes the device's allocator holds for it: allocated after the engine is built and one
     step run (gradients, buckets and Adam's state exist, the step's batch and activations freed), minus before."""
     import gc
-
-    from .config import StrategyConfig
-    from .measure.timing import TimedCase, footprint_bytes
-    from .runtime.context import current
-    from .workload import WorkloadSpec, workload
 
     p = current().platform
     wl = workload(WorkloadSpec("mlp", size="tiny", per_rank_batch=4))
@@ -337,8 +326,6 @@ def footprint_verdict(answers: list[dict]) -> tuple[bool, str]:
 
 def memory_window_on_rank(mib: int = 64) -> dict:
     """The peak above a window's start for one known allocation (touched, then freed)."""
-    from .runtime.context import current
-
     p = current().platform
     with p.memory_window() as mem:
         x = torch.ones(mib * 2**20 // 4, device=p.device)
@@ -349,8 +336,6 @@ def memory_window_on_rank(mib: int = 64) -> dict:
 def torchrun_probe() -> float:
     """Run under torchrun by the doctor: rank 1 raises while rank 0 waits in an allreduce it never joins."""
     import torch.distributed as dist
-
-    from .runtime.context import current
 
     if dist.get_rank() == 1:
         raise ValueError("fleetbench-doctor: deliberate error on rank 1")
@@ -371,8 +356,6 @@ def _within(r: dict) -> bool:
 
 
 def item_platform(ctx: DoctorRun) -> Item:
-    from .runtime.device import cuda_device_count
-
     n = cuda_device_count()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     vis = f", CUDA_VISIBLE_DEVICES={visible!r}" if visible is not None else ""
@@ -511,9 +494,6 @@ def item_compute_fusion(ctx: DoctorRun) -> Item:
 
 def checks_item(ctx: DoctorRun, name: str, on_cpu: str, cpu_too: bool = False) -> Item:
     """The correctness checks of :data:`CUDA_CHECKS` ``name`` on this device (``cpu_too``: also on CPU, for tests)."""
-    from .check.harness import summarize
-    from .config import StrategyConfig
-
     if ctx.device != "cuda" and not cpu_too:
         return Item(name, NA, f"CPU: {on_cpu}")
     model, configs = CUDA_CHECKS[name]
@@ -533,7 +513,6 @@ def checks_item(ctx: DoctorRun, name: str, on_cpu: str, cpu_too: bool = False) -
 def item_nvml(ctx: DoctorRun) -> Item:
     if ctx.device != "cuda":
         return Item("NVML", NA, "no GPU")
-    from .measure.utilization import visible_nvml_handles
 
     try:
         import pynvml
@@ -589,7 +568,6 @@ def item_torchrun(ctx: DoctorRun) -> Item:
     # torchrun's rendezvous store listens on every interface (TCPStore has no bind address): where a private
     # network namespace can be made (root), the job runs in one with only loopback up.
     private = _private_netns_prefix()
-    from .runtime.pool import owned_tempdir, remove_stale
 
     remove_stale()
     tmp, owner = owned_tempdir("fleetbench-doctor-")  # torchelastic_* directories go here, removed after
@@ -639,8 +617,6 @@ class DoctorRun:
     """The doctor's pool and settings, handed to every item."""
 
     def __init__(self, nproc: int, device: str, hang_timeout: float, versions: dict):
-        from .runtime.pool import RankPool
-
         self.nproc, self.device, self.hang_timeout, self.versions = nproc, device, hang_timeout, versions
         self.backend = "nccl" if device == "cuda" else "gloo"
         self.pool = RankPool(nproc, device=device, timeout=CALL_TIMEOUT, pg_timeout=PG_TIMEOUT,
@@ -656,8 +632,6 @@ class DoctorRun:
 def versions() -> dict:
     import platform as _platform
 
-    from .measure.metadata import git_info, nccl_version
-
     return {"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl_version(),
             "python": _platform.python_version(), "commit": (git_info().get("commit") or "unknown")[:10]}
 
@@ -670,7 +644,6 @@ def default_nproc(device: str) -> int:
 
 def run_doctor(nproc: int | None = None, device: str | None = None, hang_timeout: float = 30.0,
                items: list | None = None, on_item: Callable[[Item], None] | None = None) -> Report:
-    from .runtime.device import select_platform
 
     t0 = time.monotonic()
     if device is None:
@@ -725,9 +698,6 @@ def to_json(report: Report) -> str:
 
 def torchrun_probe_main(device: str) -> int:
     """``fleetbench torchrun-probe --device D`` (hidden) under torchrun: the error-path item's job."""
-    from .runtime.launch import init_from_env, shutdown
-    from .runtime.torchrun import TorchrunLauncher
-
     ctx = init_from_env(device=device, pg_timeout=60.0)
     try:
         TorchrunLauncher(ctx, report_timeout=5.0).run(torchrun_probe)

@@ -29,8 +29,10 @@ import torch.distributed as dist
 from .comm.broadcast import broadcast_module
 from .comm.factory import build_grad_sync
 from .comm.grad_sync import GradSync
+from .compute.fusion import apply_compute_fusion
 from .config import StrategyConfig
 from .strategies.amp import Amp
+from .strategies.local_sgd import LocalSGD
 from .strategies.optim import build_optimizer
 
 __all__ = ["Engine", "build_engine", "apply_precision", "precision_in_effect", "strict_fp32",
@@ -59,8 +61,6 @@ class Engine:
         # 1. compute fusion: a pass over the user's model.
         self.fusion_report: dict = {}
         if config.compute_fusion_enabled:
-            from .compute.fusion import apply_compute_fusion
-
             model, self.fusion_report = apply_compute_fusion(model, config)
 
         # 2. everyone starts from rank 0's parameters and buffers.
@@ -85,8 +85,6 @@ class Engine:
         self.amp = Amp(config, group, device.type)
         self.local_sgd = None
         if config.local_sgd_enabled:
-            from .strategies.local_sgd import LocalSGD
-
             self.local_sgd = LocalSGD(config, self.grad_sync, [p for p in model.parameters() if p.requires_grad])
         self.steps = 0
 

@@ -40,11 +40,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cases import BASELINE, Case
-from .check.harness import CheckResult
+from .check.harness import CheckResult, run_check
 from .config import StrategyConfig
+from .measure.metadata import collect
 from .measure.summary import COMPUTE_ONLY, summarize
+from .measure.timing import drop_case, prepare_case, prepared_result, run_window, time_on_rank
+from .measure.trace import trace_on_rank
+from .measure.utilization import UtilizationSampler
+from .models import count_parameters, get_model, model_info
+from .report.trace import chrome_trace
 from .results.records import CaseRecord, CheckSummary, Describe, Metrics, Structure
 from .results.structure import structure_of
+from .runtime.context import current
+from .runtime.pool import RankError
+from .runtime.torchrun import rebuild_world_on_rank
 from .workload import WorkloadSpec
 
 __all__ = ["RunOptions", "ResolvedCase", "CaseRunner", "PreparedCase", "Progress", "new_run_id", "short_error",
@@ -180,8 +189,6 @@ def unused_parameters(exc: BaseException) -> str | None:
 
 def _engine_bytes(model_ref: str, size: str) -> int:
     """A bound on one engine's memory on one rank: parameters, gradients, flat buckets, optimizer state."""
-    from .models import model_info  # a user's factory is never called in this process
-
     elements = model_info(model_ref, size).parameter_elements
     return 4 * 4 * elements  # fp32; four copies (params, grads/buckets, momentum, scratch)
 
@@ -194,8 +201,6 @@ def step_allowance_s(model_ref: str, size: str, device: str | None = None) -> fl
     """A generous bound on one training step of one engine: on CPU 1 s per 10 M parameters (at least 1 s),
     times the size's factor; a tenth of that on a GPU.  Rough on purpose: it only has to keep a slow but
     healthy call from being killed (a hang in a collective ends sooner, at the process-group timeout)."""
-    from .models import count_parameters, get_model
-
     _, elements = count_parameters(get_model(model_ref, size))
     return max(1.0, elements / 1e7) * SIZE_STEP_FACTOR.get(size, 1.0) * (0.1 if device == "cuda" else 1.0)
 
@@ -203,8 +208,6 @@ def step_allowance_s(model_ref: str, size: str, device: str | None = None) -> fl
 def free_memory_on_rank() -> int:
     """A rank function: the bytes this rank's engines may fill (its GPU's free memory on CUDA, its share of
     its host's available RAM on CPU; ``Platform.free_memory``)."""
-    from .runtime.context import current
-
     ctx = current()
     return ctx.platform.free_memory(ctx.local_world_size)
 
@@ -221,8 +224,6 @@ class PreparedCase:
 
     def window(self) -> list:
         """One window of ``steps`` steps on every rank (what a pytest-benchmark round or asv sample times)."""
-        from .measure.timing import run_window
-
         answers = self.runner.launcher.run(run_window, dict(key=self.key, steps=self.runner.opts.steps),
                                            timeout=self.runner.call_timeout(self.rc.case.model, self.runner.opts.steps))
         self.windows.append(answers)
@@ -230,8 +231,6 @@ class PreparedCase:
 
     def metrics(self) -> dict:
         """The summary of every window run so far, as ``fleetbench run`` would record it (no baseline)."""
-        from .measure.timing import prepared_result
-
         answers = self.runner.launcher.run(prepared_result, dict(key=self.key),
                                            timeout=self.runner.call_timeout(self.rc.case.model, 0))
         wl = self.runner.workload_spec(self.rc.case)
@@ -240,8 +239,6 @@ class PreparedCase:
                          baseline=None)[self.key] | Metrics(workload=wl.describe()).to_dict()
 
     def close(self) -> None:
-        from .measure.timing import drop_case
-
         self.runner.launcher.run(drop_case, dict(key=self.key), timeout=self.runner.call_timeout(self.rc.case.model, 0))
 
 
@@ -258,8 +255,6 @@ class CaseRunner:
         self.reporter = reporter
         self._say = say
         if metadata is None:
-            from .measure.metadata import collect
-
             metadata = collect(world_size=world, backend=opts.backend or None)
         self.metadata = metadata
         self._batches: dict[str, int] = {}
@@ -294,8 +289,6 @@ class CaseRunner:
         if self.opts.per_rank_batch or case.per_rank_batch:
             return int(self.opts.per_rank_batch or case.per_rank_batch)  # type: ignore[arg-type]
         if case.model not in self._batches:
-            from .models import model_info
-
             self._batches[case.model] = model_info(case.model, self.opts.size).per_rank_batch
         return self._batches[case.model]
 
@@ -319,11 +312,8 @@ class CaseRunner:
         stream that the next case's first collective would pair with: every rank aborts its communicators
         and joins a new world before the next call (``rebuild_world_on_rank``; the torchrun launcher does
         it itself).  If that fails, the pool is closed, and its next call starts fresh ranks."""
-        from .runtime.pool import RankError
-
         if not (isinstance(exc, RankError) and self.opts.backend == "nccl") or hasattr(self.launcher, "rebuild"):
             return
-        from .runtime.torchrun import rebuild_world_on_rank
 
         try:
             self.launcher.run(rebuild_world_on_rank, dict(tag=uuid.uuid4().hex), timeout=BASE_TIMEOUT_S)
@@ -337,7 +327,6 @@ class CaseRunner:
         """The case's CheckResult, the exception that stopped it, or None (no check asked)."""
         if not self.opts.check:
             return None
-        from .check.harness import run_check
 
         try:
             # every rank's steps, then the reference's (every rank's shard in one process)
@@ -371,9 +360,6 @@ class CaseRunner:
         return share(plan) if share is not None else plan
 
     def _time(self, model_rcs: list[ResolvedCase], names: list[str]) -> dict[str, dict]:
-        from .measure.timing import time_on_rank
-        from .measure.utilization import UtilizationSampler
-
         configs = {rc.case.variant: rc.config for rc in model_rcs}
         configs.setdefault(BASELINE, self.baseline_config())
         case = model_rcs[0].case
@@ -574,9 +560,6 @@ class CaseRunner:
         """A few traced steps of the case on every rank, written as a Chrome/Perfetto trace file."""
         import json
 
-        from .measure.trace import trace_on_rank
-        from .report.trace import chrome_trace
-
         try:
             answers = self.launcher.run(trace_on_rank, dict(workload_spec=self.workload_spec(rc.case),
                                                             config=rc.config.to_dict(), steps=self.opts.trace_steps),
@@ -604,8 +587,6 @@ class CaseRunner:
 
     def prepare(self, rc: ResolvedCase) -> PreparedCase:
         """Build and warm up the case's engine on every rank, for a harness that times windows itself."""
-        from .measure.timing import prepare_case
-
         key = f"{rc.case.name}@{self.world}"
         answers = self.launcher.run(prepare_case, dict(key=key, workload_spec=self.workload_spec(rc.case),
                                                        config=rc.config.to_dict(), warmup=self.opts.warmup),

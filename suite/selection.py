@@ -37,7 +37,7 @@ def choose_platform(device: str | None, local_world: int = 1, probe: bool = True
         raise ConfigError(f"--device {device!r}: allowed values are {', '.join(DEVICES)}")
     if not probe:
         return ("cuda", "nccl") if device == "cuda" else ("cpu", "gloo")
-    from .runtime.device import CudaUnavailable, select_platform
+    from .runtime.device import CudaUnavailable, select_platform  # at call time: tests replace it
 
     try:
         platform = select_platform(device, 0, local_world)
@@ -50,7 +50,7 @@ def default_worlds(device: str) -> tuple[int, ...]:
     """One world size: 2 on CPU, every GPU torch sees on CUDA."""
     if device != "cuda":
         return (CPU_WORLD,)
-    from .runtime.device import cuda_device_count
+    from .runtime.device import cuda_device_count  # at call time: tests replace it
 
     n = cuda_device_count()
     if n < 1:

@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..results.records import jsonable
+
 __all__ = ["PROTOCOL", "VERSION", "SUPPORTED_VERSIONS", "MARKER_PATH", "encode", "decode", "hello"]
 
 PROTOCOL = "fleetbench-trial"
@@ -34,8 +36,6 @@ MARKER_PATH = "suite/ab/protocol.py"
 
 def encode(obj: Any) -> str:
     """One line of JSON (nan/inf as strings, as the records write them)."""
-    from ..results.records import jsonable
-
     return json.dumps(jsonable(obj), allow_nan=False, separators=(",", ":")) + "\n"
 
 

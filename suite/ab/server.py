@@ -14,6 +14,8 @@ import sys
 import traceback
 from typing import Any
 
+from ..measure.metadata import collect
+from .isolation import gc_freeze_on_rank, layout_pad_on_rank
 from .protocol import decode, encode, hello
 
 __all__ = ["serve", "trial_on_rank", "inject_on_rank", "origin_on_rank"]
@@ -118,7 +120,7 @@ class _State:
 
     def get_pool(self):
         if self.pool is None:
-            from ..runtime import RankPool
+            from ..runtime import RankPool  # heavy (torch): imported once the server has said hello
 
             self.pool = RankPool(self.nproc, device=self.device, timeout=self.timeout, pg_timeout=self.pg_timeout)
         self.pool.start()
@@ -143,8 +145,6 @@ def _runner(st: _State, req: dict):
     from ..runner import CaseRunner, RunOptions
 
     if st.metadata is None:
-        from ..measure.metadata import collect
-
         st.metadata = collect(world_size=st.nproc, backend=st.backend)
     opts = RunOptions(size=req.get("size") or "cpu", per_rank_batch=req.get("batch"), steps=int(req.get("steps", 5)),
                       rounds=1, warmup=int(req.get("warmup", 2)), check=bool(req.get("check", True)),
@@ -162,14 +162,11 @@ def _op_prepare(st: _State, req: dict) -> dict:
         raise ValueError(f"case {rc.case.name} cannot run at world size {st.nproc}: {rc.skip}")
     runner = _runner(st, req)
     if req.get("layout_pad"):  # `figures gate-sources`: each preparation at other addresses
-        from .isolation import layout_pad_on_rank
 
         runner.launcher.run(layout_pad_on_rank, dict(seed=int(req.get("seed", 0))),
                             timeout=st.timeout)
     prepared = runner.prepare(rc)
     if req.get("gc_frozen"):
-        from .isolation import gc_freeze_on_rank
-
         runner.launcher.run(gc_freeze_on_rank, {}, timeout=st.timeout)
     inject = float(req.get("inject") or 0.0)
     if inject:

@@ -32,9 +32,12 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
+from ..results.structure import ACK_FILE, acknowledged, read_acks, structure_diff, structure_new
+from ..runtime.pool import remove_stale
 from .client import ProtocolMismatch, TrialError, TrialServer
 from .isolation import AB_DEFAULT, Isolation
-from .stats import SeqOptions, Sequential, describe_verdict, lag1
+from .protocol import PROTOCOL, VERSION
+from .stats import SeqOptions, Sequential, block_log_ratio, describe_verdict, lag1
 from .worktrees import Worktrees
 
 __all__ = ["AbOptions", "CaseOutcome", "AbReport", "Side", "compare_case", "run_ab", "start_side", "AbInputError",
@@ -171,8 +174,6 @@ class AbReport:
         return 1 if self.failures else 3 if self.inconclusive else 0
 
     def to_dict(self) -> dict:
-        from .protocol import PROTOCOL, VERSION
-
         return {"kind": "fleetbench.ab", "protocol": f"{PROTOCOL}/{VERSION}", "base": self.base, "head": self.head,
                 "options": self.options, "cases": [c.to_dict() for c in self.cases], "only": self.only,
                 "warnings": self.warnings, "failures": self.failures, "exit_code": self.exit_code}
@@ -281,7 +282,6 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
         out.summary = out.error
         return out
     brec, hrec = base.records[case], head.records[case]
-    from ..results.structure import ACK_FILE, acknowledged, read_acks, structure_diff, structure_new
 
     bs, hs = brec.get("structure") or {}, hrec.get("structure") or {}
     out.structure_diff = structure_diff(bs, hs)
@@ -313,7 +313,6 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
                 got[side.label].append(_trial(side, case, opts))
             for k, v in got.items():
                 times[k] += v
-            from .stats import block_log_ratio
 
             verdict = s.add(block_log_ratio(got[base.label], got[head.label]))
             elapsed = time.monotonic() - t0
@@ -488,7 +487,6 @@ def run_ab(repo: str, base_rev: str, head_rev: str, opts: AbOptions,
             for s in sides:  # interrupted (Ctrl-C, a CI cancel's SIGINT/SIGTERM): at once, not in order
                 s.server.kill() if interrupted else s.server.close()
             if interrupted:  # ranks killed in their rendezvous leave their store: its owner, the server, is dead
-                from ..runtime.pool import remove_stale
 
                 remove_stale()
 

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import tempfile
 
+from ..runtime.pool import owned_tempdir, remove_stale
 from .protocol import MARKER_PATH, PROTOCOL, VERSION
 
 __all__ = ["Worktrees", "RevisionError", "git", "repo_root", "first_parent_range"]
@@ -91,8 +92,6 @@ class Worktrees:
 
     def add(self, commit: str, label: str) -> str:
         if self.dir is None:
-            from ..runtime.pool import owned_tempdir, remove_stale
-
             remove_stale("fleetbench-", self.tmp_parent)  # leftovers of runs whose owner died (killed -9)
             subprocess.run(["git", "-C", self.repo, "worktree", "prune"], capture_output=True)
             self.dir, self._owner = owned_tempdir("fleetbench-ab-") if self.tmp_parent is None else \

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..compute.fusion import fuse_model
 from ..config import StrategyConfig
 from ..strategies.amp import LossScaler, autocast_dtype, check_amp_supported, unscale_
 from ..strategies.optim import torch_optimizer
@@ -112,8 +113,6 @@ class AmpReference(DataParallelReference):
 
     def __init__(self, model: torch.nn.Module, loss_fn, config: StrategyConfig, world: int):
         if config.compute_fusion_enabled:
-            from ..compute.fusion import fuse_model
-
             model, _ = fuse_model(model, bn_act=config.fuse_bn_act_ops,
                                   elewise_add_act=config.fuse_elewise_add_act_ops,
                                   relu_depthwise_conv=config.fuse_relu_depthwise_conv)
@@ -148,10 +147,6 @@ class AmpReference(DataParallelReference):
 # The independent reference: every rank simulated in one process.
 # ---------------------------------------------------------------------------------------------
 
-def _snapshot(named) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in named}
-
-
 class LocalSGDReference:
     """One model and one optimizer per rank, in one process.
 
@@ -184,7 +179,7 @@ class LocalSGDReference:
         self.t += 1
         sync = self.t <= self.warm
         if sync:  # rank 0's buffers are broadcast before the forward of a synchronous step
-            start = _snapshot(self.models[0].named_buffers())
+            start = snapshot(dict(self.models[0].named_buffers()))
             for m in self.models:
                 with torch.no_grad():
                     for name, b in m.named_buffers():
@@ -220,10 +215,10 @@ class LocalSGDReference:
             self.ks.append(self.k)
             self.next_average = self.t + self.k
         if sync or averaged:
-            params = [_snapshot(self.models[0].named_parameters())]
+            params = [snapshot(dict(self.models[0].named_parameters()))]
         else:
-            params = [_snapshot(m.named_parameters()) for m in self.models]
-        buffers = [_snapshot(m.named_buffers()) for m in self.models]
+            params = [snapshot(dict(m.named_parameters())) for m in self.models]
+        buffers = [snapshot(dict(m.named_buffers())) for m in self.models]
         return StepRef(losses, params, buffers)
 
 

@@ -18,8 +18,14 @@ import os
 import signal
 import sys
 
+from ..ab.client import TrialError
 from ..ab.isolation import AB_DEFAULT, Isolation
-from ..selection import SIZES
+from ..ab.worktrees import RevisionError
+from ..config import ConfigError
+from ..models import default_size
+from ..results.records import jsonable
+from ..selection import SIZES, choose_platform, default_worlds
+from .checks import check_nproc, check_number
 
 
 def add_selection(p) -> None:
@@ -102,10 +108,6 @@ def options(args):
     """AbOptions from the command line; a ValueError (exit 2) for anything out of range."""
     from ..ab.stats import SeqOptions
     from ..ab.trials import AbOptions, inject_from_env
-    from ..config import ConfigError
-    from ..models import default_size
-    from ..selection import choose_platform, default_worlds
-    from .checks import check_nproc, check_number
 
     for name in ("nproc", "steps", "check_steps"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -160,9 +162,7 @@ def _terminate_cleanly() -> None:
 
 
 def main(args) -> int:
-    from ..ab.client import TrialError
     from ..ab.trials import AbInputError, format_table, run_ab
-    from ..ab.worktrees import RevisionError
 
     _terminate_cleanly()
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
@@ -176,8 +176,6 @@ def main(args) -> int:
         print(f"fleetbench ab: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        from ..results.records import jsonable
-
         print(json.dumps(jsonable(report.to_dict()), indent=1, allow_nan=False))
     else:
         print()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import sys
 
+from ..report.asv_offline import OfflineError, make_offline
+
 
 def add_parser(sub) -> None:
     from . import helps
@@ -21,8 +23,6 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
-    from ..report.asv_offline import OfflineError, make_offline
-
     try:
         pages = make_offline(args.html_dir)
     except (OfflineError, OSError) as exc:

@@ -10,6 +10,10 @@ import json
 import math
 import sys
 
+from ..ab.client import TrialError
+from ..ab.worktrees import RevisionError
+from ..results.records import jsonable
+
 
 def add_parser(sub) -> None:
     from . import helps
@@ -39,9 +43,7 @@ def add_parser(sub) -> None:
 
 def main(args) -> int:
     from ..ab.bisect import run_bisect
-    from ..ab.client import TrialError
     from ..ab.trials import AbInputError
-    from ..ab.worktrees import RevisionError
     from .ab import _terminate_cleanly, options
 
     _terminate_cleanly()
@@ -58,8 +60,6 @@ def main(args) -> int:
         print(f"fleetbench bisect: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        from ..results.records import jsonable
-
         print(json.dumps(jsonable(report.to_dict()), indent=1, allow_nan=False))
         return report.exit_code
     print()

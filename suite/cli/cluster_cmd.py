@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 import sys
 
+from ..cluster.extrapolate import extrapolation_markdown
+from ..cluster.spec import ClusterSpecError, parse_cluster
+
 
 def add_parser(sub) -> None:
     from . import helps
@@ -39,14 +42,11 @@ def add_parser(sub) -> None:
 
 def main(args) -> int:
     from ..cluster.emulate import ClusterUnavailable, EmulatedCluster, cleanup, list_namespaces, unavailable_reason
-    from ..cluster.spec import ClusterSpecError, parse_cluster
 
     if args.action is None:
         print("fleetbench cluster: error: give an action: up, down, cleanup, status, extrapolate", file=sys.stderr)
         return 2
     if args.action == "extrapolate":
-        from ..cluster.extrapolate import extrapolation_markdown
-
         print(extrapolation_markdown())
         return 0
     if args.action == "status":

@@ -11,7 +11,11 @@ import os
 import re
 import sys
 
-from .checks import check_number, max_local_ranks
+from ..cluster.calibrate import calibrate_on_pool
+from ..cluster.launch import apply_cluster_args, start_cluster
+from ..config import ConfigError
+from ..measure.metadata import machine_line
+from .checks import check_number, max_local_ranks, unwritable
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 MAX_SIZE = 2**50  # a message size past any memory: refused while parsing (the memory bound comes later)
@@ -91,10 +95,7 @@ def add_parser(sub) -> None:
 
 def calibrate_main(args, cluster_spec, fail) -> int:
     """``--calibrate FILE``: the calibration micro-benchmarks on the emulated cluster, fitted, written."""
-    from ..cluster.calibrate import calibrate_on_pool
-    from ..cluster.launch import start_cluster
-    from ..runtime import RankPool
-    from .checks import unwritable
+    from ..runtime import RankPool  # at call time: tests replace it
 
     why = unwritable(args.calibrate)
     if why:
@@ -134,9 +135,6 @@ def main(args) -> int:
 
     cluster_spec = None
     if getattr(args, "cluster", None):
-        from ..cluster.launch import apply_cluster_args
-        from ..config import ConfigError
-
         try:
             cluster_spec = apply_cluster_args(args)
         except ConfigError as exc:
@@ -182,14 +180,11 @@ def main(args) -> int:
             parse_variant(v, args.nproc, args.inter_nranks)
     except ValueError as exc:
         return fail(str(exc))
-    from ..measure.metadata import machine_line
-    from ..runtime import RankPool
+    from ..runtime import RankPool  # at call time: tests replace it
 
     sizes = sizes_between(lo, hi, args.step_factor)
     cluster, pool_kw = None, {}
     if cluster_spec is not None:
-        from ..cluster.launch import start_cluster
-
         cluster, pool_kw = start_cluster(cluster_spec)
     from ..comm.microbench import allreduce_sweep_on_rank
 

@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import sys
 
+from ..report.page import md_text
+from ..results.load import load_side
+from ..results.records import ResultsFileError, jsonable, plain
+from .checks import unwritable
+
 
 def add_parser(sub) -> None:
     from . import GATE_CODES, helps
@@ -49,9 +54,6 @@ def add_parser(sub) -> None:
 def main(args) -> int:
     from ..results.compare import compare_sides
     from ..results.gate import GateOptions
-    from ..results.load import load_side
-    from ..results.records import ResultsFileError, plain
-    from .checks import unwritable
 
     if args.markdown and unwritable(args.markdown):  # found out now, not after the comparison
         print(f"fleetbench compare: error: --markdown {args.markdown!r}: {unwritable(args.markdown)}", file=sys.stderr)
@@ -66,8 +68,6 @@ def main(args) -> int:
         return 2
     if args.json:
         import json
-
-        from ..results.records import jsonable
 
         print(json.dumps(jsonable(cmp.to_dict(base, head, opts)), indent=1, allow_nan=False))
         for w in cmp.warnings:
@@ -110,8 +110,6 @@ def main(args) -> int:
 def markdown_table(frame) -> str:
     """The comparison as a Markdown table; every cell escaped (case names and verdicts come from the
     results files, which are untrusted: no HTML, links or extra cells get through)."""
-    from ..report.page import md_text
-
     def cell(v) -> str:
         if isinstance(v, float):
             return md_text(format(v, "g"))

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import sys
 
+from ..config import ConfigError
+from .checks import check_nproc, check_number
+
 
 def add_parser(sub) -> None:
     from . import helps
@@ -34,11 +37,9 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
-    from ..config import ConfigError
     from ..doctor import format_table, run_doctor, to_json
     from ..runtime.device import CudaUnavailable
     from .ab import _terminate_cleanly
-    from .checks import check_nproc, check_number
 
     _terminate_cleanly()  # SIGTERM (a CI cancel) unwinds like Ctrl-C: the pool and temp dirs are removed
 

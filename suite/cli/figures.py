@@ -24,6 +24,9 @@ import sys
 
 import suite.figures as figures_pkg
 
+from ..measure.metadata import machine_line
+from .checks import check_nproc, check_number, unwritable
+
 
 def _csv(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
@@ -111,7 +114,6 @@ def main(args) -> int:
         print(f"fleetbench figures: error: figure set {args.name!r} is unknown; allowed: {', '.join(names)}",
               file=sys.stderr)
         return 2
-    from .checks import check_nproc, check_number, unwritable
 
     problem = (check_nproc(args.nproc) or check_number("--rounds", args.rounds, minimum=1, maximum=10**5)
                or check_number("--steps", args.steps, minimum=1, maximum=10**6)
@@ -121,8 +123,7 @@ def main(args) -> int:
     if problem:  # before any rank starts
         print(f"fleetbench figures: error: {problem}", file=sys.stderr)
         return 2
-    from ..measure.metadata import machine_line  # heavy (torch): imported once a figure is chosen
-    from ..runtime import RankPool
+    from ..runtime import RankPool  # at call time: tests replace it
 
     module = importlib.import_module("suite.figures." + args.name)
     try:

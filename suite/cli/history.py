@@ -6,6 +6,8 @@ new level has lasted --persist nights.  Exit 0 no alert, 1 at least one alert (t
 gate does not read it), 2 unusable input."""
 from __future__ import annotations
 
+from ..ab.history import report
+
 
 def add_parser(sub) -> None:
     from . import helps
@@ -24,6 +26,4 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
-    from ..ab.history import report
-
     return report(args.results, args.machine, args.persist, args.threshold, args.markdown)

@@ -1,6 +1,8 @@
 """`fleetbench machine-name`: asv's machine name for this host (the GPU model and count, or the CPU's)."""
 from __future__ import annotations
 
+from ..measure.metadata import machine_name
+
 
 def add_parser(sub) -> None:
     from . import helps
@@ -13,7 +15,5 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
-    from ..measure.metadata import machine_name
-
     print(machine_name())
     return 0

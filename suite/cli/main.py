@@ -5,6 +5,9 @@ import argparse
 import importlib
 import sys
 
+from ..config import ConfigError
+from ..measure.metadata import git_info
+
 # Sub-commands: name -> module in suite.cli (each has add_parser(subparsers) and main(args) -> int).
 COMMANDS = {
     "run": "suite.cli.run",
@@ -29,8 +32,6 @@ COMMANDS = {
 def version_line() -> str:
     """``fleetbench 0.1.0, commit 0123456789ab`` (and whether the checkout has uncommitted changes)."""
     from importlib.metadata import PackageNotFoundError, version
-
-    from ..measure.metadata import git_info
 
     try:
         text = f"fleetbench {version('fleetbench')}"
@@ -74,7 +75,6 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
-    from ..config import ConfigError
 
     try:
         return int(args.func(args) or 0)

@@ -30,7 +30,9 @@ import sys
 import time
 
 from ..config import ConfigError
+from ..measure.metadata import machine_name
 from ..nightly import NightlyOptions, finished_stages, last_night, make_plan
+from .checks import check_number
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -98,9 +100,7 @@ def plan_of(args):
     """(resolved selection, plan, last night) of the options; nothing is run, and with --plan nothing probed."""
     import fnmatch
 
-    from ..measure.metadata import machine_name
     from ..selection import Selection, choose_platform
-    from .checks import check_number
 
     for opt, value, low in (("--rounds", args.rounds, 1), ("--steps", args.steps, 1), ("--persist", args.persist, 1)):
         problem = check_number(opt, value, minimum=low)

@@ -13,6 +13,12 @@ import os
 import stat
 import sys
 
+from ..cluster import costmodel as cm
+from ..cluster.calibrate import Calibration
+from ..cluster.simulate import Profile, predict_step, predict_table, registry_settings
+from ..cluster.spec import ClusterSpecError, parse_cluster
+from .checks import check_number, max_local_ranks, unwritable
+
 MAX_PROFILE_BYTES = 64 * 2**20  # a profile is a few KB; refuse to read a huge file (or a device) whole
 
 
@@ -48,7 +54,7 @@ def add_parser(sub) -> None:
 def measure_profile(model: str, nproc: int, per_rank_batch: int | None, size: str = "cpu",
                     timeout: float = 600.0) -> dict:
     from ..cluster.profile import record_profile, summarize_profile
-    from ..runtime import RankPool
+    from ..runtime import RankPool  # at call time: tests replace it
     from ..workload import WorkloadSpec
 
     with RankPool(nproc, timeout=timeout) as pool:
@@ -85,11 +91,6 @@ def read_json_file(path: str):
 
 
 def main(args) -> int:
-    from ..cluster import costmodel as cm
-    from ..cluster.simulate import Profile, predict_step, predict_table, registry_settings
-    from ..cluster.spec import ClusterSpecError, parse_cluster
-    from .checks import check_number, max_local_ranks, unwritable
-
     def fail(msg: str) -> int:
         print(f"fleetbench predict: error: {msg}", file=sys.stderr)
         return 2
@@ -140,8 +141,6 @@ def main(args) -> int:
                          args.inter_lat * 1e-6, args.intra_lat * 1e-6)
     note = f"alpha inter {args.inter_lat:g} µs, intra {args.intra_lat:g} µs"
     if getattr(args, "calibration", None):
-        from ..cluster.calibrate import Calibration
-
         try:
             cal = Calibration.from_dict(read_json_file(args.calibration))
         except (ValueError, TypeError) as exc:

@@ -11,6 +11,9 @@ from __future__ import annotations
 import os
 import sys
 
+from ..report.page import build_report, out_problem
+from ..results.records import ResultsFileError, plain, read_records
+
 
 def add_parser(sub) -> None:
     from . import helps
@@ -30,9 +33,6 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
-    from ..report.page import build_report, out_problem
-    from ..results.records import ResultsFileError, plain, read_records
-
     dirs = [os.path.dirname(os.path.abspath(p)) for p in args.results]
     why = out_problem(args.out, dirs, force=args.force)
     if why:  # found out before anything is read or written

@@ -20,8 +20,14 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
+from .. import runtime
 from ..cases import BASELINE
+from ..cluster.launch import apply_cluster_args, start_cluster
 from ..config import ConfigError
+from ..results.records import ResultsFileError, name_problem, read_records
+from ..runner import CaseRunner, RunOptions
+from ..runtime.launch import init_from_env, shutdown, torchrun_env
+from ..runtime.torchrun import TorchrunLauncher
 from ..selection import SIZES, Selection
 from .checks import check_nproc
 
@@ -95,13 +101,9 @@ def selection(args) -> Selection:
 
 
 def main(args) -> int:
-    from ..runtime.launch import torchrun_env
-
     env = torchrun_env()
     cluster_spec = None
     if getattr(args, "cluster", None):
-        from ..cluster.launch import apply_cluster_args
-
         cluster_spec = apply_cluster_args(args, under_torchrun=env is not None)
     if args.nproc is not None:
         _positive("nproc", args.nproc)
@@ -139,8 +141,6 @@ def main(args) -> int:
     if args.trace_steps:
         _check_traces_dir(os.path.join(os.path.dirname(os.path.abspath(args.results)), "traces"))
 
-    from ..runner import CaseRunner, RunOptions
-
     opts = RunOptions(
         size=args.size, per_rank_batch=args.batch, steps=args.steps, rounds=args.rounds, warmup=args.warmup,
         check=not args.no_check, check_steps=args.check_steps, timeout=args.timeout, trace_steps=args.trace_steps,
@@ -150,20 +150,13 @@ def main(args) -> int:
     launcher: Any
     cluster: Any = None  # an emulated cluster, taken down after the launcher
     if env:
-        from ..runtime.launch import init_from_env
-        from ..runtime.torchrun import TorchrunLauncher
-
         ctx = init_from_env(device=device, pg_timeout=args.pg_timeout)
         launcher = TorchrunLauncher(ctx)
         reporter = ctx.rank == 0
         resume = launcher.share(resume)
     else:
-        from .. import runtime
-
         cluster_kw: dict = {}
         if cluster_spec is not None:
-            from ..cluster.launch import start_cluster
-
             cluster, cluster_kw = start_cluster(cluster_spec)
         launcher = runtime.RankPool(args.nproc, device=device, timeout=args.timeout or 600.0,
                                     pg_timeout=args.pg_timeout, **cluster_kw)
@@ -207,8 +200,6 @@ def main(args) -> int:
         if cluster is not None:
             cluster.down()
         if env:
-            from ..runtime.launch import shutdown
-
             shutdown()
     if reporter:
         print_table(records)
@@ -309,7 +300,7 @@ def _append_target(path: str) -> str:
 def _append(path: str, rec) -> str:
     """Append a record and return the file it went to: the results file, or, once that cannot take a
     record (a full disk: the file is cut back to its last whole record), a fallback file, said where."""
-    from ..results.records import append_record
+    from ..results.records import append_record  # at call time: tests replace it
 
     target = _append_target(path)
     try:
@@ -329,8 +320,6 @@ def _append(path: str, rec) -> str:
 def _check_results_file(path: str) -> None:
     """Before any rank starts: a corrupt results file is refused (nothing in it is touched), and the
     file must be writable (an existing file opened for appending; a new one's directory tried)."""
-    from ..results.records import ResultsFileError, read_records
-
     if os.path.isdir(path):
         raise ConfigError(f"--results {path}: is a directory; give a file, e.g. {os.path.join(path, 'runs.jsonl')}")
     if os.path.islink(path):
@@ -375,8 +364,6 @@ def _resolve_resume(args, world: int) -> tuple[str, set]:
     run id in ``--results``.  Every record is read through ``read_records``: a corrupt file is
     an error naming the file and line, and nothing in it is touched.
     """
-    from ..results.records import ResultsFileError, name_problem, read_records
-
     target = args.resume
     looks_like_path = os.sep in target or target.endswith((".jsonl", ".json"))
     if os.path.exists(target):

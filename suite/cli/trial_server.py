@@ -4,6 +4,8 @@ Not for people: `fleetbench ab` starts it in each revision's worktree; see suite
 """
 from __future__ import annotations
 
+from ..ab.server import serve
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("trial-server",  # no help=: argparse then leaves it out of `fleetbench --help`
@@ -16,6 +18,4 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
-    from ..ab.server import serve
-
     return serve(args.nproc, timeout=args.timeout, pg_timeout=args.pg_timeout, device=args.device)

@@ -20,8 +20,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from ..config import ConfigError
+from ..runtime.pool import RankPool
 from .emulate import NODE_IF, EmulatedCluster
-from .spec import ClusterSpec
+from .spec import ClusterSpec, ClusterSpecError, parse_cluster
 
 __all__ = ["pool_kwargs", "cluster_pool", "rank_env", "apply_cluster_args", "start_cluster", "refuse_cuda"]
 
@@ -52,7 +54,6 @@ def pool_kwargs(cluster: EmulatedCluster) -> dict:
 @contextlib.contextmanager
 def cluster_pool(spec: ClusterSpec, **pool_options) -> Iterator[tuple]:
     """An emulated cluster and a started rank pool on it; the pool is closed before the cluster goes."""
-    from ..runtime.pool import RankPool
 
     refuse_cuda(pool_options.get("device"))
     cluster = EmulatedCluster(spec)
@@ -74,9 +75,7 @@ def apply_cluster_args(args, under_torchrun: bool = False) -> ClusterSpec:
     """For a CLI with ``--cluster``/``--nproc``/``--set``: parse the cluster (errors as ConfigError, before
     any rank starts), set ``args.nproc`` to its world size and, unless given, the hierarchical split
     (``hierarchical_allreduce_inter_nranks`` = ranks per node)."""
-    from ..config import ConfigError
-    from .emulate import unavailable_reason
-    from .spec import ClusterSpecError, parse_cluster
+    from .emulate import unavailable_reason  # at call time: tests replace it
 
     try:
         spec = parse_cluster(args.cluster)

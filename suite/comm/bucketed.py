@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import StrategyConfig
+from ..runtime.context import current
 from ..runtime.device import Platform, platform_of
 from ..runtime.groups import comm_groups, label_of, node_groups
 from .buckets import Bucket, fusion_log_line, log, param_owners, plan_buckets
@@ -59,8 +60,6 @@ HIER_MODE = "scatter"  # reduce-scatter / allreduce / allgather (see suite.comm.
 
 def _rank_context():
     try:
-        from ..runtime.context import current
-
         return current()
     except RuntimeError:
         return None

@@ -116,7 +116,7 @@ _TIMING_STREAMS: dict = {}  # (CUDA API, group label) -> a stream that only wait
 
 
 def _platform():
-    from ..runtime.context import _CURRENT
+    from ..runtime.context import _CURRENT  # read at call time: set_current rebinds it
 
     return _CURRENT.platform if _CURRENT is not None else None
 

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from ..config import StrategyConfig
 from . import collectives as C
+from .dtype_probe import check_reducible
 
 __all__ = ["GradSync", "PlainGradSync", "NoGradSync", "COMM_DTYPES", "trainable_params", "unused_parameters_error"]
 
@@ -62,8 +63,6 @@ class GradSync:
         self.params = [p for _, p in self.named_params]
         self.comm_dtype = COMM_DTYPES[config.grad_comm_dtype]
         if self.comm_dtype is not None and self.params:
-            from .dtype_probe import check_reducible  # a clear error if the backend cannot sum this dtype
-
             check_reducible(self.comm_dtype, group, "grad_comm_dtype", config.grad_comm_dtype, self.params[0].device)
         self.communicate = True
 

@@ -25,6 +25,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..runtime.context import current
 from ..runtime.groups import comm_groups
 from .table import COLLECTIVES, Collective, Layout, busbw_factor
 
@@ -67,8 +68,6 @@ def _collective(kind: str, param: int) -> tuple[Collective, Layout]:
 def allreduce_sweep_on_rank(sizes: list[int], variants: list[str], inter_nranks: int = 2, iters: int = 20,
                             warmup: int = 5, dtype: str = "float32") -> dict:
     """Time and verify every (size, variant) on this rank; returns per-row seconds per op and #wrong."""
-    from ..runtime.context import current
-
     ctx = current()
     world, rank, platform = ctx.world_size, ctx.rank, ctx.platform
     device = platform.device  # NCCL carries only tensors on the rank's GPU

@@ -10,6 +10,8 @@ import socket
 import subprocess
 from functools import lru_cache
 
+from .utilization import visible_nvml_handles
+
 __all__ = ["collect", "git_info", "cpu_model", "gpu_info", "machine_line", "machine_name", "ENV_PREFIXES"]
 
 ENV_PREFIXES = ("NCCL_", "OMP_", "GLOO_", "MKL_", "CUDA_VISIBLE_DEVICES", "TORCH_", "FLEETBENCH_")
@@ -55,8 +57,6 @@ def gpu_info() -> dict:
                   "names": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}
     try:
         import pynvml
-
-        from .utilization import visible_nvml_handles
 
         pynvml.nvmlInit()
         try:

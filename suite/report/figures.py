@@ -29,6 +29,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
+from ..cases import VARIANTS
+from ..results.records import plain as escaped
+
 __all__ = ["latest", "throughput_figure", "speedup_figure", "breakdown_figure", "scaling_figure",
            "local_sgd_figure", "scaling_table", "plain", "num", "busbw_measurable", "DPI", "MAX_WIDTH_PX",
            "BASELINE_VARIANT", "COMPUTE_VARIANT", "variant_of", "order_key", "splits_step", "local_sgd_unresolved"]
@@ -56,8 +59,6 @@ def latest(records) -> dict:
 def plain(text) -> str:
     """``text`` for a matplotlib label, shown as it is: every ``$`` escaped, so mathtext never parses
     it (matplotlib counts ``$`` against ``\\$`` and shows ``\\$`` as ``$`` in text that is not math)."""
-    from ..results.records import plain as escaped
-
     return escaped(text, keep="\n").replace("$", r"\$")  # control characters and bidi overrides as \uXXXX
 
 
@@ -85,8 +86,6 @@ COMM_FAMILIES = ("baseline", "communication")
 def splits_step(case: str) -> bool:
     """Whether step − the ``none`` case's step is communication for ``case``: its variant is registered and
     changes communication only (an unknown variant: not known, so not split)."""
-    from ..cases import VARIANTS
-
     family = next((v.family for v in VARIANTS if v.name == variant_of(case)), None)
     return family in COMM_FAMILIES
 

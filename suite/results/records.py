@@ -39,6 +39,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from .structure import structure_of
+
 __all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "MAX_LINE_BYTES", "CaseRecord", "ResultsFileError", "Metrics",
            "METRIC_NAMES", "NUMERIC_METRICS", "Describe", "Precision", "Structure", "CheckSummary", "STATUSES",
            "VERDICTS", "append_record", "read_records", "iter_records", "jsonable", "open_input", "loads_bounded",
@@ -385,8 +387,6 @@ def _show(value: Any) -> str:
 
 def _upgrade_v1(rec: CaseRecord, where: str) -> None:
     """A schema-1 record in schema 2's terms (in memory only; the file is never rewritten)."""
-    from .structure import structure_of
-
     meta = rec.metadata or {}
     rec.backend = rec.backend or (meta.get("backend") or "")
     gpu = meta.get("gpu") or {}

@@ -19,7 +19,7 @@ _LABELS: dict[int, str] = {}
 
 
 def _timeout() -> datetime.timedelta:
-    from .context import _CURRENT
+    from .context import _CURRENT  # read at call time: set_current rebinds it
 
     return datetime.timedelta(seconds=_CURRENT.pg_timeout if _CURRENT else 60.0)
 

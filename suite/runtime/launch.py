@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from . import groups
 from .context import RankContext, set_current
 from .device import default_threads, select_platform
 
@@ -103,8 +104,6 @@ def init_from_env(device: str | None = None, pg_timeout: float = 60.0, num_threa
 
 
 def shutdown() -> None:
-    from . import groups
-
     groups.reset()
     if dist.is_initialized():
         dist.destroy_process_group()

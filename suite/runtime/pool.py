@@ -42,6 +42,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .netns import enter_netns
+
 __all__ = ["RankPool", "RankFailure", "RankError", "RankFn", "fn_name", "check_rank_fn", "owned_tempdir",
            "remove_stale"]
 
@@ -189,8 +191,6 @@ def _worker(rank: int, world: int, store_at: tuple, cmd_q, res_q, opts: _Options
         _watch_parent(watch, store_dir)
     try:
         if opts.netns:
-            from .netns import enter_netns
-
             enter_netns(opts.netns)
         import torch.distributed as dist
 
@@ -569,8 +569,6 @@ def _master_store(host: str, timeout: float, netns: str | None):
     if not netns:
         return make()
     from concurrent.futures import ThreadPoolExecutor
-
-    from .netns import enter_netns
 
     def in_netns():
         enter_netns(netns)

@@ -34,6 +34,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from . import groups
+from .context import current
 from .pool import RankError, RankFn, check_rank_fn, fn_name
 
 __all__ = ["TorchrunLauncher", "EXIT_WORLD_BROKEN", "rebuild_world", "rebuild_world_on_rank"]
@@ -48,9 +50,6 @@ def rebuild_world(store, tag: str) -> None:
     (``ncclCommAbort`` on every communicator, torch's ``distributed_c10d.py``), since destroying would wait
     for an orphaned collective; gloo: ``destroy_process_group``.  Cached groups are dropped, so the next
     engines ask for new ones."""
-    from . import groups
-    from .context import current
-
     ctx = current()
     groups.reset()
     if ctx.platform.backend == "nccl":

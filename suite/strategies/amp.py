@@ -38,6 +38,7 @@ import warnings
 
 import torch
 
+from ..comm import collectives as C
 from ..config import StrategyConfig
 
 __all__ = ["Amp", "LossScaler", "autocast_dtype", "check_amp_supported", "unscale_"]
@@ -189,8 +190,6 @@ class Amp:
         import torch.distributed as dist
 
         if agree and dist.is_initialized() and dist.get_world_size(self.group) > 1:
-            from ..comm import collectives as C
-
             C.all_reduce(found, group=self.group, op=dist.ReduceOp.MAX)
         return bool(found.item() > 0)  # the one host decision AMP must make
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..compute.fused_optim import build_fused_optimizer
 from ..config import StrategyConfig
 
 __all__ = ["build_optimizer", "torch_optimizer"]
@@ -23,7 +24,5 @@ def torch_optimizer(params, config: StrategyConfig, **impl) -> torch.optim.Optim
 
 def build_optimizer(model: torch.nn.Module, config: StrategyConfig, grad_sync: object | None = None):
     if config.fuse_all_optimizer_ops:
-        from ..compute.fused_optim import build_fused_optimizer
-
         return build_fused_optimizer(model, config, grad_sync)
     return torch_optimizer(model.parameters(), config)
