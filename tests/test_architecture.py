@@ -249,3 +249,82 @@ def test_the_rank_function_rule_finds_a_builder():
             "suite.workload": "def wl_job():\n    return build_engine(1)\n\ndef go(pool):\n    pool.run(wl_job)\n",
             "suite.y": "def helper():\n    return get_model('mlp')\n"}  # not a rank function
     assert _rank_builders(fake) == {("suite.x", "job")}
+
+
+# ---- imports at module level -------------------------------------------------------------------------------------
+# A function-local import of a suite module hides a dependency; it is allowed where the imported module would pull
+# one of these packages into a module that does not import it at module level (heavy: torch makes `fleetbench
+# --help` take seconds; optional: transformers, pynvml), or where its line says why (e.g. tests replace the name).
+HEAVY = {"torch", "numpy", "transformers", "matplotlib", "pynvml", "scipy", "pandas", "jinja2", "asv", "torchvision"}
+
+
+def _module_level(tree: ast.Module) -> list[ast.stmt]:
+    """Import statements run when the module is imported (inside module-level if/try, not under TYPE_CHECKING)."""
+    out: list[ast.stmt] = []
+    stack = list(tree.body)
+    while stack:
+        s = stack.pop()
+        if isinstance(s, (ast.Import, ast.ImportFrom)):
+            out.append(s)
+        elif isinstance(s, ast.If) and not (isinstance(s.test, ast.Name) and s.test.id == "TYPE_CHECKING"):
+            stack += s.body + s.orelse
+        elif isinstance(s, ast.Try):
+            stack += s.body + s.orelse + s.finalbody + [x for h in s.handlers for x in h.body]
+    return out
+
+
+def _targets(mod: str, path: str, node: ast.stmt, mods: dict[str, str]) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    assert isinstance(node, ast.ImportFrom)
+    pkg = mod if path.endswith("__init__.py") else mod.rsplit(".", 1)[0]
+    base = node.module or ""
+    if node.level:
+        base = ".".join(pkg.split(".")[: len(pkg.split(".")) - node.level + 1] + ([node.module] if node.module else []))
+    return [t for t in (f"{base}.{a.name}" for a in node.names) if t in mods] or [base]
+
+
+def _light_local_imports(sources: dict[str, tuple[str, str]]) -> list[str]:
+    """``path:line`` of every function-local import of a suite module (``sources``: module -> (path, text)) that
+    pulls no heavy package its module lacks and whose line gives no reason (a comment)."""
+    trees = {m: ast.parse(text) for m, (_, text) in sources.items()}
+    mods = {m: p for m, (p, _) in sources.items()}
+    edges = {m: {t for n in _module_level(t_) for t in _targets(m, mods[m], n, mods)} for m, t_ in trees.items()}
+    memo: dict[str, set[str]] = {}
+
+    def heavy(m: str, seen: frozenset = frozenset()) -> set[str]:
+        if m not in mods:
+            return {m.split(".")[0]} & HEAVY
+        if m not in memo:
+            parents = {".".join(m.split(".")[:i]) for i in range(1, m.count(".") + 1)}
+            memo[m] = set().union(*[heavy(t, seen | {m}) for t in edges[m] | parents if t not in seen | {m}])
+        return memo[m]
+
+    bad = []
+    for m, tree in trees.items():
+        lines = sources[m][1].splitlines()
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for n in ast.walk(fn):
+                if isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").startswith("suite")):
+                    pulled = set().union(*[heavy(t) for t in _targets(m, mods[m], n, mods)])
+                    if not pulled - heavy(m) and "#" not in lines[n.lineno - 1]:
+                        bad.append(f"{os.path.relpath(mods[m], ROOT)}:{n.lineno}")
+    return sorted(set(bad))
+
+
+def test_imports_of_suite_modules_are_at_module_level_unless_heavy_or_said():
+    sources = {m: (p, open(p, encoding="utf-8").read()) for m, p in _modules().items()}
+    assert _light_local_imports(sources) == []
+
+
+def test_the_import_rule_finds_a_light_local_import():
+    root = os.path.join(ROOT, "suite")
+    fake = {"suite.a": (os.path.join(root, "a.py"), "import torch\n\ndef f():\n    from .b import g\n    return g\n"),
+            "suite.b": (os.path.join(root, "b.py"), "import torch\n\ndef g():\n    pass\n"),
+            "suite.c": (os.path.join(root, "c.py"), "def f():\n    from .b import g\n    return g\n"),
+            "suite.d": (os.path.join(root, "d.py"), "def f():\n    from .e import h  # why\n    return h\n"),
+            "suite.e": (os.path.join(root, "e.py"), "def h():\n    pass\n")}
+    # a: b pulls nothing a lacks; c: b pulls torch into c (heavy, allowed); d: light but says why
+    assert _light_local_imports(fake) == ["suite/a.py:4"]

@@ -25,6 +25,7 @@ from ..config import ConfigError
 from ..models import default_size
 from ..results.records import jsonable
 from ..selection import SIZES, choose_platform, default_worlds
+from . import GATE_CODES, helps
 from .checks import check_nproc, check_number
 
 
@@ -75,8 +76,6 @@ def add_selection(p) -> None:
 
 
 def add_parser(sub) -> None:
-    from . import GATE_CODES, helps
-
     p = sub.add_parser("ab", help="A/B gate between two git revisions: structure, check, interleaved timed trials",
                        **helps(__doc__, """
                            fleetbench ab main HEAD --case mlp/plain --nproc 2

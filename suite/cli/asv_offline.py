@@ -10,11 +10,10 @@ from __future__ import annotations
 import sys
 
 from ..report.asv_offline import OfflineError, make_offline
+from . import helps
 
 
 def add_parser(sub) -> None:
-    from . import helps
-
     p = sub.add_parser("asv-offline", help="make a published asv dashboard work offline (vendored assets)",
                        **helps(__doc__, """
                            asv publish && fleetbench asv-offline results/html && asv preview"""))

@@ -13,10 +13,10 @@ import sys
 from ..ab.client import TrialError
 from ..ab.worktrees import RevisionError
 from ..results.records import jsonable
+from . import helps
 
 
 def add_parser(sub) -> None:
-    from . import helps
     from .ab import add_selection
 
     p = sub.add_parser("bisect", help="find the first slow commit between GOOD and BAD with `ab` comparisons",

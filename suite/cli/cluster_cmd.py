@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import sys
 
+from ..cluster.emulate import ClusterUnavailable, EmulatedCluster, cleanup, list_namespaces, unavailable_reason
 from ..cluster.extrapolate import extrapolation_markdown
 from ..cluster.spec import ClusterSpecError, parse_cluster
+from . import helps
 
 
 def add_parser(sub) -> None:
-    from . import helps
-
     p = sub.add_parser("cluster", help="emulated multi-node cluster (network namespaces): up, down, cleanup, status; "
                                        "extrapolate (the cost model to real clusters)", **helps(__doc__, """
                            fleetbench cluster up 2x2:inter=200mbit,intra=10gbit
@@ -41,8 +41,6 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
-    from ..cluster.emulate import ClusterUnavailable, EmulatedCluster, cleanup, list_namespaces, unavailable_reason
-
     if args.action is None:
         print("fleetbench cluster: error: give an action: up, down, cleanup, status, extrapolate", file=sys.stderr)
         return 2

@@ -15,6 +15,7 @@ from ..cluster.calibrate import calibrate_on_pool
 from ..cluster.launch import apply_cluster_args, start_cluster
 from ..config import ConfigError
 from ..measure.metadata import machine_line
+from . import helps
 from .checks import check_number, max_local_ranks, unwritable
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
@@ -62,8 +63,6 @@ def parse_size(text: str, option: str | None = None) -> int:
 
 
 def add_parser(sub) -> None:
-    from . import helps
-
     p = sub.add_parser("comm", help="allreduce micro-benchmarks (nccl-tests style): time, algbw, busbw, exact check",
                        **helps(__doc__, """
                            fleetbench comm --nproc 4 -b 1K -e 64M

@@ -13,12 +13,11 @@ import sys
 from ..report.page import md_text
 from ..results.load import load_side
 from ..results.records import ResultsFileError, jsonable, plain
+from . import GATE_CODES, helps
 from .checks import unwritable
 
 
 def add_parser(sub) -> None:
-    from . import GATE_CODES, helps
-
     p = sub.add_parser("compare", help="the regression gate: compare two results files case by case", **helps(
         __doc__, """
         fleetbench compare results/last-good/runs.jsonl results/nightly/runs.jsonl

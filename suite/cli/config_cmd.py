@@ -6,11 +6,10 @@ as `fleetbench run` validates it.  docs/config.md lists the fields."""
 from __future__ import annotations
 
 from ..config import PRESETS, StrategyConfig, field_table, to_toml
+from . import helps
 
 
 def add_parser(sub) -> None:
-    from . import helps
-
     p = sub.add_parser("config", help="print a resolved StrategyConfig, list fields or presets", **helps(__doc__, """
         fleetbench config --list
         fleetbench config --presets

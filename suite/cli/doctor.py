@@ -11,12 +11,11 @@ from __future__ import annotations
 import sys
 
 from ..config import ConfigError
+from . import helps
 from .checks import check_nproc, check_number
 
 
 def add_parser(sub) -> None:
-    from . import helps
-
     p = sub.add_parser("doctor", help="self-check in under 2 minutes: every communication, reader, timing and "
                                       "error path with exact checks; a table of pass / fail / not applicable",
                        **helps(__doc__, """

@@ -25,6 +25,7 @@ import sys
 import suite.figures as figures_pkg
 
 from ..measure.metadata import machine_line
+from . import helps
 from .checks import check_nproc, check_number, unwritable
 
 
@@ -71,8 +72,6 @@ def available() -> list[str]:
 
 
 def add_parser(sub) -> None:
-    from . import helps
-
     p = sub.add_parser("figures", help="produce a strategy's benchmark figures (Markdown)", **helps(__doc__, """
         fleetbench figures
         fleetbench figures gate --out docs/figures/gate.md"""))

@@ -7,11 +7,10 @@ gate does not read it), 2 unusable input."""
 from __future__ import annotations
 
 from ..ab.history import report
+from . import helps
 
 
 def add_parser(sub) -> None:
-    from . import helps
-
     p = sub.add_parser("history", help="history alerts: asv's step detection over each case's nightly series "
                                        "(exit 1 on an alert; reported by the nightly, never its gate)",
                        **helps(__doc__, """

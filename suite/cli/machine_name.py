@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 from ..measure.metadata import machine_name
+from . import helps
 
 
 def add_parser(sub) -> None:
-    from . import helps
-
     p = sub.add_parser("machine-name", help="print asv's machine name for this host (GPU model and count, or CPU)",
                        **helps(__doc__, """
                            fleetbench machine-name

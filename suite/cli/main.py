@@ -5,6 +5,7 @@ import argparse
 import importlib
 import sys
 
+from .. import __version__
 from ..config import ConfigError
 from ..measure.metadata import git_info
 
@@ -36,8 +37,6 @@ def version_line() -> str:
     try:
         text = f"fleetbench {version('fleetbench')}"
     except PackageNotFoundError:
-        from .. import __version__
-
         text = f"fleetbench {__version__} (not installed)"
     git = git_info()
     commit = git.get("commit")

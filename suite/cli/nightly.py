@@ -32,14 +32,13 @@ import time
 from ..config import ConfigError
 from ..measure.metadata import machine_name
 from ..nightly import NightlyOptions, finished_stages, last_night, make_plan
+from . import GATE_CODES, helps
 from .checks import check_number
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def add_parser(sub) -> None:
-    from . import GATE_CODES, helps
-
     p = sub.add_parser("nightly", help="the nightly pipeline: run, pytest-benchmark, asv, report, gate (ab against "
                                        "the last good commit), history alerts; --plan shows it with estimates",
                        **helps(__doc__, """

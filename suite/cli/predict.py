@@ -17,14 +17,13 @@ from ..cluster import costmodel as cm
 from ..cluster.calibrate import Calibration
 from ..cluster.simulate import Profile, predict_step, predict_table, registry_settings
 from ..cluster.spec import ClusterSpecError, parse_cluster
+from . import helps
 from .checks import check_number, max_local_ranks, unwritable
 
 MAX_PROFILE_BYTES = 64 * 2**20  # a profile is a few KB; refuse to read a huge file (or a device) whole
 
 
 def add_parser(sub) -> None:
-    from . import helps
-
     p = sub.add_parser("predict", help="predict step time per communication setting on a cluster (cost model)",
                        **helps(__doc__, """
                            fleetbench predict --cluster 8x8:inter=100gbit,intra=2400gbit --profile mlp.json

@@ -13,11 +13,10 @@ import sys
 
 from ..report.page import build_report, out_problem
 from ..results.records import ResultsFileError, plain, read_records
+from . import helps
 
 
 def add_parser(sub) -> None:
-    from . import helps
-
     p = sub.add_parser("report", help="HTML page + Markdown summary with plots and Perfetto traces from records",
                        **helps(__doc__, """
                            fleetbench report results/runs.jsonl

@@ -29,14 +29,13 @@ from ..runner import CaseRunner, RunOptions
 from ..runtime.launch import init_from_env, shutdown, torchrun_env
 from ..runtime.torchrun import TorchrunLauncher
 from ..selection import SIZES, Selection
+from . import helps
 from .checks import check_nproc
 
 DEFAULT_RESULTS = os.path.join("results", "runs.jsonl")
 
 
 def add_parser(sub) -> None:
-    from . import helps
-
     p = sub.add_parser("run", help="run cases: correctness verdict, throughput, speedup over plain data parallel",
                        **helps(__doc__, """
                            fleetbench run --list --tag nightly-cpu
