@@ -33,6 +33,7 @@ import fnmatch
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .model_registry import DATA_KINDS, PUBLISHED_MODELS, REGISTRY, SMALL_MODELS
 from .results.records import METRIC_NAMES
 
 __all__ = ["Case", "VARIANTS", "FAMILIES", "CASES", "select_cases", "BASELINE", "RECORDED", "get_case",
@@ -43,11 +44,6 @@ BASELINE = "plain"
 # the metric names a case's record may carry: the one list, the fields of suite.results.records.Metrics
 RECORDED = METRIC_NAMES
 
-
-SMALL_MODELS = ("resnet", "mlp", "transformer")
-# The published workloads: (data kind, has BatchNorm); facts kept here so listing cases imports no torch.
-PUBLISHED_MODELS = {"resnet50": ("images", True), "gpt2": ("tokens", False), "bert": ("masked_tokens", False)}
-DATA_KINDS = ("images", "tokens", "masked_tokens", "other")
 
 
 @dataclass(frozen=True)
@@ -186,13 +182,9 @@ def cases_for_model(ref: str, kind: str, has_batchnorm: bool, tags: tuple = ()) 
     return out
 
 
-CASES: list[Case] = (
-    [c for m in SMALL_MODELS for c in cases_for_model(m, "images", False)]
-    + [c for m, (kind, bn) in PUBLISHED_MODELS.items() for c in cases_for_model(m, kind, bn)]
-)
-# The registry lists cases variant by variant (as before the published models came): keep that order.
-CASES.sort(key=lambda c: ([v.name for v in VARIANTS].index(c.variant),
-                          (list(SMALL_MODELS) + list(PUBLISHED_MODELS)).index(c.model)))
+# Every registry model's cases (suite/model_registry.py), listed variant by variant in the registry's order.
+CASES: list[Case] = [c for m in REGISTRY for c in cases_for_model(m.name, m.data, m.has_batchnorm)]
+CASES.sort(key=lambda c: ([v.name for v in VARIANTS].index(c.variant), [m.name for m in REGISTRY].index(c.model)))
 
 
 def get_case(name: str) -> Case:

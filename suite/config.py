@@ -14,8 +14,8 @@ A config is validated on construction: every error names the field, the value an
 what is allowed.  The part that depends on the world size (the hierarchical split)
 is checked by :meth:`StrategyConfig.check_world` as soon as the world size is known.
 
-Paddle 2.x spelling is read as is (:data:`PADDLE_FIELDS`): a ``DistributedStrategy`` written as
-TOML (``amp = true``, ``[localsgd_configs]``, ``[build_strategy]`` …) or as ``--set`` (dotted:
+Paddle 2.x spelling is read as is (the tables of ``suite/paddle_names.py``): a ``DistributedStrategy``
+written as TOML (``amp = true``, ``[localsgd_configs]``, ``[build_strategy]`` …) or as ``--set`` (dotted:
 ``build_strategy.fuse_bn_act_ops=true``) maps onto these fields; a Paddle field that
 fleetbench does not implement (:data:`PADDLE_UNIMPLEMENTED`) is refused by name.
 """
@@ -28,25 +28,25 @@ import tomllib
 import types
 import typing
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-__all__ = ["StrategyConfig", "ConfigError", "PRESETS", "FIELD_ALIASES", "PADDLE_FIELDS", "PADDLE_UNIMPLEMENTED",
-           "toml_fields",
+from .paddle_names import (
+    BESIDE_STRATEGY,
+    PADDLE_FIELDS,
+    PADDLE_SWITCHES,
+    PADDLE_TABLES,
+    PADDLE_UNIMPLEMENTED,
+    TABLE_ALIASES,
+)
+
+__all__ = ["StrategyConfig", "ConfigError", "PRESETS", "PADDLE_FIELDS", "PADDLE_UNIMPLEMENTED", "toml_fields",
            "knob", "FieldSpec", "field_specs", "to_toml"]
 
 
 class ConfigError(ValueError):
     """A config value out of range, of the wrong type, unknown, or a bad combination."""
-
-
-# Paddle names accepted as aliases of ours.
-FIELD_ALIASES = {
-    # Paddle's name; despite it, the value is a layer count (max layers per fused allreduce).
-    "_fuse_grad_size_in_TFLOPS": "fuse_grad_size_in_layers",
-    "fuse_grad_size_in_TFLOPS": "fuse_grad_size_in_layers",
-}
 
 
 def knob(default: Any, help: str, *, ge: float | None = None, gt: float | None = None,
@@ -378,138 +378,7 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-# ---- Paddle 2.x spelling -----------------------------------------------------------------
-#
-# Names as in Paddle 2.x's DistributedStrategy (paddle/fluid/framework/distributed_strategy.proto
-# and python/paddle/distributed/fleet/base/distributed_strategy.py); a table's fields as
-# "table.field".  Top-level Paddle names that equal ours (nccl_comm_num, sync_nccl_allreduce,
-# use_hierarchical_allreduce, hierarchical_allreduce_inter_nranks, fuse_all_reduce_ops,
-# fuse_grad_size_in_MB, find_unused_parameters, amp) need no entry, except where the value changes.
-
-def _paddle_switch(on: Any, off: Any) -> Callable[[str, Any], Any]:
-    """A Paddle bool that selects one of our values: true -> ``on``, false -> ``off``."""
-    def convert(name: str, value: Any) -> Any:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{name}={value!r}: expected a boolean (true/false), as in Paddle")
-        return on if value else off
-    return convert
-
-
-def _paddle_amp(name: str, value: Any) -> Any:
-    # Paddle's amp is a switch: true = fp16 with dynamic loss scaling (amp_configs.use_dynamic_loss_scaling
-    # defaults to True in Paddle, and our use_dynamic_loss_scaling=None means the same for fp16).
-    # Our own spelling ("off" | "bf16" | "fp16") passes through.
-    if isinstance(value, bool):
-        return "fp16" if value else "off"
-    return value
-
-
-# Paddle name -> (our field, conversion of the value or None).
-PADDLE_FIELDS: dict[str, tuple[str, Callable[[str, Any], Any] | None]] = {
-    "amp": ("amp", _paddle_amp),
-    "amp_configs.init_loss_scaling": ("init_loss_scaling", None),
-    "amp_configs.incr_every_n_steps": ("incr_every_n_steps", None),
-    "amp_configs.decr_every_n_nan_or_inf": ("decr_every_n_nan_or_inf", None),
-    "amp_configs.incr_ratio": ("incr_ratio", None),
-    "amp_configs.decr_ratio": ("decr_ratio", None),
-    "amp_configs.use_dynamic_loss_scaling": ("use_dynamic_loss_scaling", None),
-    "localsgd": ("use_local_sgd", None),
-    "localsgd_configs.k_steps": ("local_sgd_steps", None),
-    # begin_step = W exactly.  Paddle's LocalSGDOptimizer.minimize_impl
-    # (python/paddle/distributed/fleet/meta_optimizers/localsgd_optimizer.py, PaddlePaddle/Paddle
-    # commit f8704b39, lines 116-208) counts steps from 1 (`step = autoincreased_step_counter(begin=1)`),
-    # starts `last_step = begin_step`, and ends with
-    #     paddle.static.nn.cond(step > begin_step, begin_localsgd, communicate)
-    # with `begin_localsgd` = cond(step - last_step == k_steps, communicate) and `communicate` setting
-    # last_step = step: every step 1..begin_step is synchronised, then steps begin_step + k,
-    # begin_step + 2k, ... -- our steps 1..W synchronous and averagings at W+k, W+2k, ... with W = begin_step.
-    # AdaptiveLocalSGDOptimizer ends with the same `cond(step > begin_step, begin_localsgd, communicate)`.
-    # tests/test_config.py replays that control flow against suite.strategies.local_sgd.averaging_steps.
-    "localsgd_configs.begin_step": ("local_sgd_is_warm_steps", None),
-    "adaptive_localsgd": ("use_adaptive_local_sgd", None),
-    "adaptive_localsgd_configs.init_k_steps": ("init_k_steps", None),
-    "adaptive_localsgd_configs.begin_step": ("local_sgd_is_warm_steps", None),
-    "fp16_allreduce": ("grad_comm_dtype", _paddle_switch("fp16", "fp32")),
-    "build_strategy.fuse_bn_act_ops": ("fuse_bn_act_ops", None),
-    "build_strategy.fuse_elewise_add_act_ops": ("fuse_elewise_add_act_ops", None),
-    "build_strategy.fuse_relu_depthwise_conv": ("fuse_relu_depthwise_conv", None),
-    "build_strategy.fuse_broadcast_ops": ("fuse_broadcast_ops", None),
-    "build_strategy.fuse_all_optimizer_ops": ("fuse_all_optimizer_ops", None),
-    "execution_strategy.num_threads": ("num_threads", None),
-}
-
-# Paddle 2.x fields fleetbench does not implement: what each is, and the values that ask for
-# nothing (accepted and ignored: a switch left off, an empty table or list).  Any other value is
-# refused by name.
-_OFF: tuple = (False,)
-_EMPTY: tuple = ({}, [])
-PADDLE_UNIMPLEMENTED: dict[str, tuple[str, tuple]] = {
-    "recompute": ("activation recomputation", _OFF),
-    "recompute_configs": ("activation recomputation", _EMPTY),
-    "dgc": ("deep gradient compression", _OFF),
-    "dgc_configs": ("deep gradient compression", _EMPTY),
-    "gradient_merge": ("gradient accumulation over steps", _OFF),
-    "gradient_merge_configs": ("gradient accumulation over steps", _EMPTY),
-    "fuse_grad_merge": ("fused gradient accumulation", _OFF),
-    "lars": ("the LARS optimizer", _OFF),
-    "lars_configs": ("the LARS optimizer", _EMPTY),
-    "lamb": ("the LAMB optimizer", _OFF),
-    "lamb_configs": ("the LAMB optimizer", _EMPTY),
-    "pipeline": ("pipeline parallelism", _OFF),
-    "pipeline_configs": ("pipeline parallelism", _EMPTY),
-    "sharding": ("sharded optimizer states", _OFF),
-    "sharding_configs": ("sharded optimizer states", _EMPTY),
-    "tensor_parallel": ("tensor parallelism", _OFF),
-    "tensor_parallel_configs": ("tensor parallelism", _EMPTY),
-    "hybrid_configs": ("hybrid data/model/pipeline/sharding parallelism", _EMPTY),
-    "a_sync": ("parameter-server asynchronous training", _OFF),
-    "a_sync_configs": ("parameter-server asynchronous training", _EMPTY),
-    "adam_d2sum": ("the parameter server's Adam", _OFF),
-    "downpour_table_param": ("parameter-server tables", _EMPTY),
-    "fs_client_param": ("parameter-server file system", _EMPTY),
-    "trainer_desc_configs": ("parameter-server trainer dumps", _EMPTY),
-    "heter_ccl_mode": ("heterogeneous collectives", _OFF),
-    "elastic": ("elastic training", _OFF),
-    "auto": ("automatic parallelism", _OFF),
-    "semi_auto": ("semi-automatic parallelism", _OFF),
-    "auto_search": ("automatic strategy search", _OFF),
-    "sync_batch_norm": ("synchronised BatchNorm", _OFF),
-    "asp": ("automatic structured sparsity", _OFF),
-    "qat": ("quantization-aware training", _OFF),
-    "qat_configs": ("quantization-aware training", _EMPTY),
-    "without_graph_optimization": ("static-graph optimization passes", _OFF),
-    "calc_comm_same_stream": ("communication on the compute stream", _OFF),
-    "cudnn_exhaustive_search": ("cuDNN algorithm search", _OFF),
-    "cudnn_batchnorm_spatial_persistent": ("cuDNN BatchNorm mode", _OFF),
-    "conv_workspace_size_limit": ("cuDNN workspace limit", ()),
-    "last_comm_group_size_MB": ("the size of dygraph's last gradient bucket", ()),
-    "fuse_grad_size_in_num": ("gradient fusion by count", ()),
-    "gradient_scale_configs": ("gradient scaling across devices (fleetbench averages)", _EMPTY),
-    "amp_configs.custom_white_list": ("custom AMP op lists", _EMPTY),
-    "amp_configs.custom_black_list": ("custom AMP op lists", _EMPTY),
-    "amp_configs.custom_black_varnames": ("custom AMP op lists", _EMPTY),
-    "amp_configs.use_pure_fp16": ("pure fp16 (fp16 parameters)", _OFF),
-    "amp_configs.use_pure_bf16": ("pure bf16 (bf16 parameters)", _OFF),
-    "amp_configs.use_fp16_guard": ("fp16_guard (applies to pure fp16 only)", (True, False)),
-    "amp_configs.use_optimizer_fp16": ("fp16 optimizer states", _OFF),
-    "build_strategy.enable_sequential_execution": ("the static-graph executor", _OFF),
-    "build_strategy.enable_inplace": ("the static-graph executor", _OFF),
-    "build_strategy.enable_backward_optimizer_op_deps": ("the static-graph executor", (True, False)),
-    "build_strategy.cache_runtime_context": ("the static-graph executor", _OFF),
-    "build_strategy.fuse_bn_add_act_ops": ("BatchNorm + add + activation fusion", _OFF),
-    "build_strategy.enable_auto_fusion": ("automatic op fusion", _OFF),
-    "build_strategy.enable_addto": ("the static-graph executor", _OFF),
-    "build_strategy.fix_op_run_order": ("the static-graph executor", _OFF),
-    "build_strategy.allow_cuda_graph_capture": ("CUDA graphs", _OFF),
-    "build_strategy.reduce_strategy": ("reduce instead of allreduce (0 = allreduce, what fleetbench does)", (0,)),
-    "execution_strategy.num_iteration_per_drop_scope": ("the static-graph executor's scopes", ()),
-    "execution_strategy.num_iteration_per_run": ("the static-graph executor", (1,)),
-    "execution_strategy.use_thread_barrier": ("the static-graph executor", _OFF),
-}
-
-# Paddle's tables: their fields are read as "table.field".
-_PADDLE_TABLES = {k.split(".", 1)[0] for k in [*PADDLE_FIELDS, *PADDLE_UNIMPLEMENTED] if "." in k}
-
+# ---- Paddle 2.x spelling (its tables: suite/paddle_names.py) -------------------------------
 
 def _is_unimplemented(key: str) -> bool:
     """A Paddle field fleetbench does not implement, or a field of such a table (``dgc_configs.sparsity``)."""
@@ -524,7 +393,7 @@ def _flatten(values: Mapping[str, Any]) -> list[tuple[str, Any]]:
     """Paddle's tables ([build_strategy], amp_configs = {...}) as dotted keys."""
     out = []
     for key, value in values.items():
-        if key in _PADDLE_TABLES:
+        if key in PADDLE_TABLES:
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{key}={value!r}: Paddle's {key} is a table of fields, e.g. [{key}]")
             for sub, v in value.items():
@@ -539,10 +408,10 @@ def _flatten(values: Mapping[str, Any]) -> list[tuple[str, Any]]:
 def _unknown_field_message(key: str) -> str:
     import difflib
 
-    names = list(_FIELDS) + list(FIELD_ALIASES) + list(PADDLE_FIELDS)
+    names = list(_FIELDS) + list(PADDLE_FIELDS)
     close = difflib.get_close_matches(key, names, n=3)
     hint = f"; did you mean {', '.join(close)}?" if close else "; see `fleetbench config --list` for all fields"
-    if "." in key and key.split(".", 1)[0] in _PADDLE_TABLES:
+    if "." in key and key.split(".", 1)[0] in PADDLE_TABLES:
         table = key.split(".", 1)[0]
         known = sorted(k.split(".", 1)[1] for k in [*PADDLE_FIELDS, *PADDLE_UNIMPLEMENTED] if k.startswith(table + "."))
         return f"unknown field {key!r} of Paddle's {table}; its fields are {', '.join(known)}"
@@ -560,14 +429,13 @@ def _canonical_keys(values: Mapping[str, Any]) -> dict[str, Any]:
                 continue  # asks for nothing
             allowed = f"; allowed only {' or '.join(map(repr, nothing))}, which asks for nothing" if nothing else ""
             raise ConfigError(f"Paddle field {key}={value!r} ({what}) is not implemented by fleetbench{allowed}")
-        if key in PADDLE_FIELDS:
-            canon, convert = PADDLE_FIELDS[key]
-            if convert is not None:
-                value = convert(key, value)
-        else:
-            canon = FIELD_ALIASES.get(key, key)
-            if canon not in _FIELDS:
-                raise ConfigError(_unknown_field_message(key))
+        canon = PADDLE_FIELDS.get(key, key)
+        if canon not in _FIELDS:
+            raise ConfigError(_unknown_field_message(key))
+        if key in PADDLE_SWITCHES and isinstance(value, bool):
+            value = PADDLE_SWITCHES[key][0 if value else 1]
+        elif key in PADDLE_SWITCHES and key != canon:  # under our own name (amp), our values pass
+            raise ConfigError(f"{key}={value!r}: expected a boolean (true/false), as in Paddle")
         if canon in out:
             if canon == "local_sgd_is_warm_steps" and source[canon] != canon and _same(out[canon], value):
                 continue  # localsgd_configs.begin_step and adaptive_localsgd_configs.begin_step agree
@@ -579,9 +447,6 @@ def _canonical_keys(values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-_BESIDE_STRATEGY = ("build_strategy", "exec_strategy", "execution_strategy")
-
-
 def _paddle_tables(path: str, data: dict) -> dict:
     """A config file's keys as one table: ``[strategy]`` with Paddle's ``[build_strategy]`` and
     ``[exec_strategy]`` (``BuildStrategy``, ``ExecutionStrategy``) beside it read too; any other top-level
@@ -591,7 +456,7 @@ def _paddle_tables(path: str, data: dict) -> dict:
             raise ConfigError(f"config file {path!r}: 'strategy' must be a table ([strategy]), not "
                               f"{type(data['strategy']).__name__}")
         extra = {k: v for k, v in data.items() if k != "strategy"}
-        bad = [k for k in extra if k not in _BESIDE_STRATEGY]
+        bad = [k for k in extra if k not in BESIDE_STRATEGY]
         if bad:
             raise ConfigError(f"config file {path!r}: top-level key(s) {', '.join(map(repr, bad))} beside [strategy] "
                               f"would be ignored; allowed beside it: [build_strategy] and [exec_strategy] (Paddle's "
@@ -600,11 +465,10 @@ def _paddle_tables(path: str, data: dict) -> dict:
         if twice:
             raise ConfigError(f"config file {path!r}: [{twice[0]}] given both inside and beside [strategy]")
         data = {**data["strategy"], **extra}
-    if "exec_strategy" in data:  # the name Paddle's examples use for DistributedStrategy.execution_strategy
-        if "execution_strategy" in data:
-            raise ConfigError(f"config file {path!r}: both [exec_strategy] and [execution_strategy]; give one")
-        data = {("execution_strategy" if k == "exec_strategy" else k): v for k, v in data.items()}
-    return data
+    for alias, name in TABLE_ALIASES.items():
+        if alias in data and name in data:
+            raise ConfigError(f"config file {path!r}: both [{alias}] and [{name}]; give one")
+    return {TABLE_ALIASES.get(k, k): v for k, v in data.items()}
 
 
 def toml_fields(path: str) -> dict[str, Any]:
@@ -684,16 +548,14 @@ def parse_value(name: str, raw: str) -> Any:
 
 def _parse_set_value(key: str, raw: str) -> Any:
     """A ``--set`` value for any accepted key: by our field's type, Paddle's switches as booleans."""
-    if key in ("amp", "fp16_allreduce") and raw.lower() in ("true", "false"):
+    if key in PADDLE_SWITCHES and raw.lower() in ("true", "false"):
         return raw.lower() == "true"  # Paddle's switches (amp = true: fp16)
-    if key in PADDLE_FIELDS and PADDLE_FIELDS[key][1] is None:
-        return parse_value(PADDLE_FIELDS[key][0], raw)
-    if key in PADDLE_FIELDS or _is_unimplemented(key):
+    if key in PADDLE_SWITCHES or _is_unimplemented(key):
         try:  # a TOML value: true, 4, [], {} ...; anything else stays a string
             return tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
             return raw
-    canon = FIELD_ALIASES.get(key, key)
+    canon = PADDLE_FIELDS.get(key, key)
     if canon not in _FIELDS:
         raise ConfigError(_unknown_field_message(key))
     return parse_value(canon, raw)

@@ -206,6 +206,7 @@ MAPPINGS = [
     ("fuse_all_reduce_ops", True, "true", {}, "fuse_all_reduce_ops", True),
     ("fuse_grad_size_in_MB", 16, "16", {}, "fuse_grad_size_in_MB", 16.0),
     ("fuse_grad_size_in_TFLOPS", 20, "20", {}, "fuse_grad_size_in_layers", 20),
+    ("_fuse_grad_size_in_TFLOPS", 20, "20", {}, "fuse_grad_size_in_layers", 20),
     ("nccl_comm_num", 2, "2", {"sync_nccl_allreduce": False}, "nccl_comm_num", 2),
     ("sync_nccl_allreduce", False, "false", {}, "sync_nccl_allreduce", False),
     ("use_hierarchical_allreduce", True, "true", {}, "use_hierarchical_allreduce", True),

@@ -550,7 +550,7 @@ def test_kill_9_of_the_parent_at_any_moment_leaves_no_process_and_no_temp_entry(
 # ---- 5. a user's --model factory ------------------------------------------------------------------
 FACTORIES = '''
 import os, sys, time
-from suite.models import mlp
+from suite.models import get_model
 
 def exits(size):
     sys.exit(0)
@@ -563,10 +563,10 @@ def sleeps(size):
 
 def garbage(size):
     import dataclasses
-    return dataclasses.replace(mlp(size), build=lambda: "not a module")
+    return dataclasses.replace(get_model("mlp", size), build=lambda: "not a module")
 
 def good(size):
-    return mlp(size)
+    return get_model("mlp", size)
 '''
 
 

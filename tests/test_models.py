@@ -87,6 +87,21 @@ def test_registered_at_every_size(name):
         assert t_tensors == tensors
 
 
+def test_every_registry_line_agrees_with_its_spec_and_listing_cases_imports_no_torch():
+    """suite/model_registry.py states each model's facts once; the spec its factory returns says the same."""
+    from suite.model_registry import REGISTRY
+    from suite.models import MODELS
+
+    assert list(MODELS) == [m.name for m in REGISTRY]
+    for m in REGISTRY:
+        for size in SIZES:
+            spec = get_model(m.name, size)
+            assert (spec.name, spec.size, spec.data, spec.has_batchnorm) == (m.name, size, m.data, m.has_batchnorm)
+    code = "import sys; from suite.cases import CASES; print(len(CASES), 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split()[1] == "False", out.stdout + out.stderr[-2000:]
+
+
 def test_full_and_cpu_sizes():
     from suite.models.resnet50 import SIZES as R50
 

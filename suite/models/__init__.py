@@ -4,9 +4,9 @@ A :class:`ModelSpec` is one workload at one size: how to build the module, its l
 synthetic data it trains on.  ``get_model(ref, size)`` returns one:
 
 - ``ref`` is a registry name (``resnet50``, ``gpt2``, ``bert``, and the small ``resnet``,
-  ``mlp``, ``transformer``), or ``module:function`` naming the user's factory (the current
-  directory is on the import path).  The factory takes the size (``def make_spec(size)``) or
-  nothing, and returns a :class:`ModelSpec`.
+  ``mlp``, ``transformer``: one line each in ``suite/model_registry.py``, their factories in the modules
+  here), or ``module:function`` naming the user's factory (the current directory is on the import path).
+  The factory takes the size (``def make_spec(size)``) or nothing, and returns a :class:`ModelSpec`.
 - ``size`` is one of :data:`SIZES`: ``full`` (the published size, what GPU runners time),
   ``cpu`` (the full parameter layout, so gradient bytes, buckets and communication are real;
   resolution, sequence length and batch shrink so a CPU step is affordable), ``tiny`` (for
@@ -28,12 +28,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..model_registry import DATA_KINDS, REGISTRY
+
 __all__ = ["ModelSpec", "SIZES", "DATA_KINDS", "get_model", "MODELS", "default_size", "model_names",
            "is_user_ref", "ModelError", "count_parameters", "ModelInfo", "model_info"]
 
 SIZES = ("full", "cpu", "tiny")
-# What the synthetic data is; it decides which variants apply to a model (suite.cases).
-DATA_KINDS = ("images", "tokens", "masked_tokens", "other")
 
 
 class ModelError(ValueError):
@@ -125,62 +125,17 @@ def _tokens(vocab: int, seq_len: int) -> Callable[[int, int], Any]:
 _TOY_SCALE = {"full": 4, "cpu": 1, "tiny": 1}
 
 
-def resnet(size: str = "cpu", signal: float = 0.6) -> ModelSpec:
-    """A small ResNet in which every compute-fusion pattern occurs (``suite.models.resnet``)."""
-    from .resnet import SmallResNet
+def _registered(factory: str) -> Callable[..., ModelSpec]:
+    """A registry line's ``module:function``, imported when the spec is asked for."""
+    module, function = factory.split(":")
 
-    s = _TOY_SCALE[size]
-    return ModelSpec("resnet", lambda: SmallResNet(width=16 * s, blocks=2 * s), _ce, _images(16, signal=signal),
-                     "images", size, 16, has_batchnorm=True,
-                     description="small ResNet with every compute-fusion pattern (16x16 images)")
+    def make(size: str = "cpu", **options: Any) -> ModelSpec:
+        return getattr(importlib.import_module(f"{__name__}.{module}"), function)(size, **options)
 
-
-def mlp(size: str = "cpu", signal: float = 0.6) -> ModelSpec:
-    """A communication-heavy MLP: many parameters, little compute per sample."""
-    from .mlp import WideMLP
-
-    s = _TOY_SCALE[size]
-    return ModelSpec("mlp", lambda: WideMLP(3 * 16 * 16, width=1024 * s, depth=4), _ce, _images(16, signal=signal),
-                     "images", size, 16, description="4-layer MLP, 1024 wide (16x16 images)")
+    return make
 
 
-def transformer(size: str = "cpu") -> ModelSpec:
-    from .transformer import TinyTransformer, lm_loss
-
-    s = _TOY_SCALE[size]
-    return ModelSpec("transformer", lambda: TinyTransformer(d_model=64 * s, ff=128 * s, layers=2 * s), lm_loss,
-                     _tokens(128, 32), "tokens", size, 16, description="2-layer Transformer LM (vocab 128, 32 tokens)")
-
-
-def resnet50(size: str = "cpu", **options: Any) -> ModelSpec:
-    """ResNet-50, torchvision's layout (``suite.models.resnet50``); sizes there."""
-    from .resnet50 import resnet50_spec
-
-    return resnet50_spec(size, **options)
-
-
-def gpt2(size: str = "cpu", **options: Any) -> ModelSpec:
-    """GPT-2 small, Hugging Face's parameter names (``suite.models.gpt2``); sizes there."""
-    from .gpt2 import gpt2_spec
-
-    return gpt2_spec(size, **options)
-
-
-def bert(size: str = "cpu", **options: Any) -> ModelSpec:
-    """BERT-base with a masked-LM head, Hugging Face's parameter names (``suite.models.bert``); sizes there."""
-    from .bert import bert_spec
-
-    return bert_spec(size, **options)
-
-
-MODELS: dict[str, Callable[..., ModelSpec]] = {
-    "resnet": resnet,
-    "mlp": mlp,
-    "transformer": transformer,
-    "resnet50": resnet50,
-    "gpt2": gpt2,
-    "bert": bert,
-}
+MODELS: dict[str, Callable[..., ModelSpec]] = {m.name: _registered(m.factory) for m in REGISTRY}
 
 
 def model_names() -> list[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["SmallResNet", "BasicBlock", "DepthwiseBlock"]
+__all__ = ["SmallResNet", "BasicBlock", "DepthwiseBlock", "resnet_spec"]
 
 
 class Add(nn.Module):
@@ -75,3 +75,13 @@ class SmallResNet(nn.Module):
         x = self.relu(self.bn(self.conv(x)))
         x = self.layers(x)
         return self.fc(self.flatten(self.pool(x)))
+
+
+def resnet_spec(size: str = "cpu", signal: float = 0.6):
+    """The registry's ``resnet`` at ``size``."""
+    from . import _TOY_SCALE, ModelSpec, _ce, _images
+
+    s = _TOY_SCALE[size]
+    return ModelSpec("resnet", lambda: SmallResNet(width=16 * s, blocks=2 * s), _ce, _images(16, signal=signal),
+                     "images", size, 16, has_batchnorm=True,
+                     description="small ResNet with every compute-fusion pattern (16x16 images)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["TinyTransformer", "lm_loss"]
+__all__ = ["TinyTransformer", "lm_loss", "transformer_spec"]
 
 
 class TinyTransformer(nn.Module):
@@ -31,3 +31,12 @@ class TinyTransformer(nn.Module):
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def transformer_spec(size: str = "cpu"):
+    """The registry's ``transformer`` at ``size``."""
+    from . import _TOY_SCALE, ModelSpec, _tokens
+
+    s = _TOY_SCALE[size]
+    return ModelSpec("transformer", lambda: TinyTransformer(d_model=64 * s, ff=128 * s, layers=2 * s), lm_loss,
+                     _tokens(128, 32), "tokens", size, 16, description="2-layer Transformer LM (vocab 128, 32 tokens)")
