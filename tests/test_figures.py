@@ -36,6 +36,12 @@ def test_gate_figure_renders_kept_runs_from_its_options(tmp_path, capsys):
     assert "| mlp/plain | +10% | --rotate 5 --restart 2 (default) | 1 x 20 (1.00) |" in text, text
     assert "resnet/plain" not in text and "(4 windows a run," in text and "(recomputed from saved runs)." in text
     assert "sequential comparisons simulated (2 per pair measured)" in text and "budget 12 s per comparison" in text
+    # every rate with its count and its Clopper-Pearson interval (clarifications: figures and statistics)
+    import re
+
+    row = next(line for line in text.splitlines() if line.startswith("| mlp/plain | none (A/A) | one preparation"))
+    assert len(re.findall(r"\d+\.\d% \(\d+/\d+\) \[\d+\.\d, \d+\.\d\]", row)) == 5, row
+    assert re.search(r"false alarms \d+\.\d% \(\d+/\d+\) \[", text), text
 
 
 def test_figure_options_are_refused_by_a_figure_that_does_not_take_them(capsys, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from suite.measure.stats import bootstrap_median_ci, paired_speedup
 
@@ -26,3 +27,22 @@ def test_degenerate_samples_and_paired_speedups():
     sp = paired_speedup([1.0, 1.0, 1.0, 1.0], [0.5, 0.5, 0.5, 0.5])
     assert sp["speedup"] == 2.0 and sp["ci"] == [2.0, 2.0] and sp["rounds"] == 4
     assert math.isnan(paired_speedup([1.0], [0.0])["speedup"])
+
+
+def test_rate_interval_is_clopper_pearson():
+    """Closed forms, not the code's own arithmetic: with 0 of n the upper end solves (1 - p)^n = alpha/2; with 1 of
+    2 the ends are 1 - sqrt(1 - alpha/2) and sqrt(1 - alpha/2)."""
+    import math
+
+    from suite.ab.power import rate_interval
+
+    lo, hi = rate_interval(0, 120)
+    assert lo == 0.0 and hi == pytest.approx(1 - 0.025 ** (1 / 120), rel=1e-9)
+    lo, hi = rate_interval(120, 120)
+    assert hi == 1.0 and lo == pytest.approx(0.025 ** (1 / 120), rel=1e-9)
+    lo, hi = rate_interval(1, 2)
+    assert (lo, hi) == (pytest.approx(1 - math.sqrt(0.975), rel=1e-9), pytest.approx(math.sqrt(0.975), rel=1e-9))
+    lo, hi = rate_interval(2, 120)
+    assert lo < 2 / 120 < hi and math.isfinite(lo) and math.isfinite(hi)
+    with pytest.raises(ValueError, match="3 of 2"):
+        rate_interval(3, 2)

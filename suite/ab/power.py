@@ -50,6 +50,18 @@ class Run:
         return self.seconds / max(1, len(self.d))
 
 
+def rate_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Clopper-Pearson (exact binomial) interval of the rate ``k / n`` at ``level``: the gate figure states every
+    rate with it and its count."""
+    from scipy.stats import beta
+
+    if not 0 <= k <= n or n == 0:
+        raise ValueError(f"rate_interval: {k} of {n}: need 0 <= k <= n and n > 0")
+    a = (1 - level) / 2
+    return (0.0 if k == 0 else float(beta.ppf(a, k, n - k + 1)),
+            1.0 if k == n else float(beta.ppf(1 - a, k + 1, n - k)))
+
+
 def simulate(run: Run, sims: int, budget_s: float, seed: int, opts=None) -> dict:
     """Sequential comparisons drawn from one run's blocks: verdict counts and blocks to a verdict."""
     opts = opts or SeqOptions()

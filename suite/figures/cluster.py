@@ -37,14 +37,20 @@ import os
 import statistics
 from dataclasses import asdict, dataclass, replace
 
+from ..cluster import costmodel as cm
+from ..cluster.calibrate import calibrate_on_pool, fit
+from ..cluster.costmodel import without_latency
 from ..cluster.emulate import unavailable_reason
 from ..cluster.extrapolate import extrapolation_markdown
+from ..cluster.launch import cluster_pool
 from ..cluster.probes import timed_allreduce
-from ..cluster.profile import record_profile
-from ..cluster.spec import parse_rate
+from ..cluster.profile import record_profile, summarize_profile
+from ..cluster.simulate import Bucket, ParamGrad, Profile, predict_step, simulate_comm
+from ..cluster.spec import parse_cluster, parse_rate
 from ..config import StrategyConfig
 from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
 from ..measure.timing import time_on_rank
+from ..runtime.pool import RankFailure
 from ..workload import WorkloadSpec
 
 DESCRIPTION = ("emulated 2x2/2x4 clusters (namespaces + tbf): calibration from micro-benchmarks, flat vs "
@@ -203,8 +209,6 @@ def _measure_model(pool, ws, variants, rounds, steps, one_at_a_time: bool, paire
 
 
 def measure_profile(pool, model_name, plan, ranks_per_node) -> dict:
-    from ..cluster.profile import summarize_profile
-
     batch = plan.batch.get(ranks_per_node, min(plan.batch.values()))
     ws = WorkloadSpec(model_name, "cpu", batch)
     prof = summarize_profile(pool.run(record_profile, {"workload_spec": ws, "steps": plan.profile_steps,
@@ -223,11 +227,6 @@ def _dump(raw: dict, path: str | None) -> None:
 
 def measure_clusters(rates, shapes, models, sizes, rounds, steps, timeout, save=None) -> dict:
     """Every measurement of the figure (calibrations, profiles, settings, probes) as plain data."""
-    from ..cluster.calibrate import calibrate_on_pool
-    from ..cluster.launch import cluster_pool
-    from ..cluster.spec import parse_cluster
-    from ..runtime.pool import RankFailure
-
     raw: dict = {"rounds": rounds, "steps": steps, "calibrations": {}, "profiles": {}, "runs": [], "hier": [],
                  "comm": [], "failures": []}
     for shape in shapes:
@@ -289,11 +288,6 @@ def recheck(raw: dict, rounds: int, steps: int, timeout: float, repeats: int, sa
     """Measure every (model, cluster) of :func:`to_recheck` again, ``repeats`` times, each time in a fresh
     emulated cluster with fresh ranks: calibration first (micro-benchmarks only), then all the model's settings
     as in the figure.  Appended to ``raw["rechecks"]``; the first measurement is kept as it was."""
-    from ..cluster.calibrate import calibrate_on_pool
-    from ..cluster.launch import cluster_pool
-    from ..cluster.spec import parse_cluster
-    from ..runtime.pool import RankFailure
-
     out = raw.setdefault("rechecks", [])
     for model, key in to_recheck(raw):
         spec = parse_cluster(key)
@@ -371,8 +365,6 @@ class PredRow:
 def scaled_profile(profile, compute_s: float):
     """The profile's parts and ready times scaled to a compute time measured alongside the settings (the
     profile says how a step divides, the interleaved no-communication windows how long it takes now)."""
-    from ..cluster.simulate import ParamGrad
-
     k = compute_s / profile.compute_s if profile.compute_s > 0 else 1.0
     return replace(profile, forward_s=profile.forward_s * k, backward_s=profile.backward_s * k,
                    optimizer_s=profile.optimizer_s * k,
@@ -382,18 +374,12 @@ def scaled_profile(profile, compute_s: float):
 def _calibration(raw: dict, key: str, d: dict | None = None):
     """The terms fitted (by the current ``fit``) on the micro-benchmark rows the run kept for ``key`` (or on
     the calibration ``d``, e.g. a re-measurement's)."""
-    from ..cluster.calibrate import fit
-    from ..cluster.spec import parse_cluster
-
     d = d or raw["calibrations"][key]
     return fit(parse_cluster(d["cluster"]), d["rows"], cores=d["cores"])
 
 
 def _predicted_row(raw: dict, run: dict, cal_dict: dict) -> PredRow:
     """One measured setting against the model fitted on ``cal_dict`` (the calibration taken with it)."""
-    from ..cluster.costmodel import without_latency
-    from ..cluster.simulate import Profile, predict_step
-
     cal = _calibration(raw, run["cluster"], cal_dict)
     profile = Profile.from_dict(raw["profiles"][f"{run['shape']}/{run['model']}"]["profile"])
     setting = {n: st for n, _, st in strategy_variants(cal.ranks_per_node)}[run["setting"]]
@@ -458,14 +444,10 @@ def _recheck_section(misses: list, again: dict) -> list[str]:
 
 
 def _mbit(cal) -> float:
-    from ..cluster.spec import parse_cluster
-
     return parse_cluster(cal.cluster).inter_bps / 1e6
 
 
 def _hier_rows(raw: dict) -> list[str]:
-    from ..cluster import costmodel as cm
-
     rows = []
     for h in raw["hier"]:
         cal = _calibration(raw, h["cluster"])
@@ -484,8 +466,6 @@ def _hier_rows(raw: dict) -> list[str]:
 
 
 def _comm_rows(raw: dict) -> list[str]:
-    from ..cluster.simulate import Bucket, simulate_comm
-
     rows = []
     for c in raw["comm"]:
         cal = _calibration(raw, c["cluster"])

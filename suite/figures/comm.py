@@ -25,11 +25,15 @@ from typing import Any
 
 import torch
 
+from ..comm import collectives as C
+from ..comm.bucketed import BucketedGradSync
 from ..comm.table import busbw_factor
 from ..config import StrategyConfig
 from ..measure.interleave import interleaved_rounds, timed_block
 from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
 from ..measure.timing import time_on_rank
+from ..models import get_model
+from ..runtime.groups import comm_groups
 from ..workload import WorkloadSpec, workload
 
 DESCRIPTION = ("communication: speedup over DDP, exposed comm and overlap efficiency (nccl_comm_num 1/2/3), "
@@ -39,8 +43,6 @@ MiB = 2**20
 
 
 def _grad_mb(model: str) -> float:
-    from ..models import get_model
-
     net = get_model(model).make(0)
     return sum(p.numel() * p.element_size() for p in net.parameters() if p.requires_grad) / MiB
 
@@ -66,8 +68,6 @@ def strategy_variants(model: str, nproc: int) -> list[dict]:
 
 def _collectives_of(sync) -> Callable[[], None]:
     """One step's gradient collectives of ``sync``, with no compute around them."""
-    from ..comm.bucketed import BucketedGradSync
-
     if isinstance(sync, BucketedGradSync):
         def bucketed() -> None:
             pending = [sync._start(b.flat, b.comm_index, asynchronous=sync.overlap) for b in sync.buckets]
@@ -89,9 +89,6 @@ def comm_alone_on_rank(workload_spec: WorkloadSpec, variants: list[dict], rounds
     One model of the workload (the gradients' shapes) is shared by every variant's ``GradSync``;
     ``{"name": "single"}`` is one allreduce of every gradient byte on one communicator.  All variants in every
     round, rotated order, barriers only at window ends (``interleaved_rounds``, ``timed_block``)."""
-    from ..comm import collectives as C
-    from ..runtime.groups import comm_groups
-
     wl = workload(workload_spec)
     net = wl.module()
     numel = sum(p.numel() for p in net.parameters() if p.requires_grad)

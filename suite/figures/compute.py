@@ -8,10 +8,17 @@ from typing import Any
 
 import torch
 
+from ..compute.fused_optim import FlatOptimizer
+from ..compute.fusion import fuse_model
+from ..compute.saved_bytes import measure_saved
+from ..config import StrategyConfig
+from ..data.synthetic import make_dataset, prepare
 from ..measure.interleave import interleaved_rounds, timed_block
 from ..measure.stats import bootstrap_median_ci, paired_speedup
 from ..measure.summary import variant_summary
 from ..measure.timing import time_on_rank
+from ..models import get_model
+from ..strategies.optim import torch_optimizer
 from ..workload import WorkloadSpec, workload
 
 DESCRIPTION = ("compute fusion on/off on the ResNet (step time, saved-activation bytes, eager and compiled); "
@@ -57,11 +64,6 @@ def timing_table(answers: list, names: list, global_batch: int, steps: int, base
 # saved bytes (single process: the fusion pass and a forward under saved_tensors_hooks)
 # ---------------------------------------------------------------------------------------
 def saved_bytes_rows(model: str = "resnet", batch: int = 16, scale: int = 1) -> dict:
-    from ..compute.fusion import fuse_model
-    from ..compute.saved_bytes import measure_saved
-    from ..data.synthetic import make_dataset, prepare
-    from ..models import get_model
-
     spec = get_model(model)
     data = make_dataset(spec, batch, 0)
     x, _ = data.get(torch.arange(batch))
@@ -89,10 +91,6 @@ def saved_bytes_rows(model: str = "resnet", batch: int = 16, scale: int = 1) -> 
 # optimizers (on every rank, each rank alone; rank 0 reported)
 # ---------------------------------------------------------------------------------------
 def optimizer_bench_on_rank(workload_spec: WorkloadSpec, rounds: int = 7, steps: int = 20) -> dict:
-    from ..compute.fused_optim import FlatOptimizer
-    from ..config import StrategyConfig
-    from ..strategies.optim import torch_optimizer
-
     wl = workload(workload_spec)  # on a GPU runner the optimizers run on the rank's GPU
     results: dict = {}
     impls = ["loop", "foreach", "fused", "flat (ours)"]

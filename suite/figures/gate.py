@@ -57,7 +57,17 @@ import numpy as np
 
 from ..ab.client import TrialServer
 from ..ab.isolation import AB_DEFAULT, Isolation
-from ..ab.power import Run, direct, effect_scale, modes, prep_spread, process_spread, simulate, simulate_level
+from ..ab.power import (
+    Run,
+    direct,
+    effect_scale,
+    modes,
+    prep_spread,
+    process_spread,
+    rate_interval,
+    simulate,
+    simulate_level,
+)
 from ..ab.stats import SeqOptions, block_log_ratio, lag1
 from ..results.gate import GateOptions, gate_samples
 
@@ -185,12 +195,12 @@ def compare_rates(runs: list[Run], rounds: int, seed: int, max_pairs: int = 2000
     for thr in THRESHOLDS:
         opts = GateOptions(threshold=thr)
         fa = sum(gate_samples(a[1], b[1], opts)["change"] == "slower" for a, b in aa)
-        cells = [f"{fa / max(1, len(aa)):.1%} of {len(aa)}"]
+        cells = [_rate(fa, len(aa))]
         for f in SLOWDOWNS:
             pairs = [(u, h) for h in slowed.get(f, []) for u in unchanged if u[0] != h[0]]
             pairs = rng.sample(pairs, min(max_pairs, len(pairs)))
             hit = sum(gate_samples(u[1], h[1], opts)["change"] == "slower" for u, h in pairs)
-            cells.append(f"{hit / max(1, len(pairs)):.0%} of {len(pairs)}" if pairs else "-")
+            cells.append(_rate(hit, len(pairs), digits=0))
         lines.append(f"| {thr:.0%} | " + " | ".join(cells) + " |")
     return lines
 
@@ -206,8 +216,12 @@ def _load(path: str) -> list:
         return [Run(**r) for r in json.load(fh)]
 
 
-def _rate(n: int, total: int) -> str:
-    return f"{n / total:.1%} ({n}/{total})" if total else "-"
+def _rate(n: int, total: int, digits: int = 1) -> str:
+    """``1.7% (2/120) [0.2, 5.9]``: the rate, its count and its 95% Clopper-Pearson interval."""
+    if not total:
+        return "-"
+    lo, hi = rate_interval(n, total)
+    return f"{n / total:.{digits}%} ({n}/{total}) [{100 * lo:.{digits}f}, {100 * hi:.{digits}f}]"
 
 
 def measure(options: Options, pool=None) -> dict:
@@ -285,6 +299,8 @@ def render(raw: dict, options: Options) -> str:
                     exact[(case, name)] = simulate_level(rs, sims * len(rs), budget, seed=int(f * 1000) + 11,
                                                          tau=taus[0], rotate=rot, scale=1.0, tau_process=taus[1],
                                                          fresh=fresh, servers_every=every)["counts"]
+    out += ["", "Every rate: its share, its count and its 95% Clopper-Pearson interval in percent, e.g. 1.7% (2/120) "
+            "[0.2, 5.9]."]
     for case, (sp, scale, nested) in spreads.items():
         out += ["", f"{case}: the pairs' mean log ratios vary by tau = {sp['tau']:.2%} beyond their blocks' own noise "
                     f"(random effects over {sp['pairs']} pairs; Cochran's Q = {sp['q']:.1f} on {sp['df']} degrees of "
@@ -308,11 +324,11 @@ def render(raw: dict, options: Options) -> str:
                 hit = five["slower"] / max(1, sum(five.values()))
                 ok = fa_rate <= 0.01 and hit >= 0.95
                 ex = exact.get((case, name))
-                ex_hit = ex["slower"] / max(1, sum(ex.values())) if ex else math.nan
-                out.append(f"- {case}, {name}: false alarms {fa_rate:.1%}, 5% caught {hit:.0%}: goal "
-                           f"{'met' if ok else 'missed'}"
+                out.append(f"- {case}, {name}: false alarms {_rate(fa['slower'], sum(fa.values()))}, 5% caught "
+                           f"{_rate(five['slower'], sum(five.values()), digits=0)}: goal {'met' if ok else 'missed'}"
                            + (f" (a slowdown of exactly +5% of the measured step time, the busy work's measured "
-                              f"cost aside: caught {ex_hit:.0%} of {sum(ex.values())})" if ex else "") + ".")
+                              f"cost aside: caught {_rate(ex['slower'], sum(ex.values()), digits=0)})" if ex else "")
+                           + ".")
     out += ["", f"### `fleetbench compare` on separate runs ({options.rounds} windows a run, per-window samples, "
             f"Mann-Whitney alpha 0.01 plus the threshold)", ""]
     for case in cases:

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..ab.isolation import FACTORS, Isolation
 from ..ab.power import Run, block_noise, block_statistics, prep_spread, spread_interval
+from ..ab.stats import POWER, SeqOptions
 from .gate import long_run
 
 DESCRIPTION = "the gate's sources of bias: tau_prep, tau_process and block noise under each placement/layout factor"
@@ -110,7 +111,7 @@ def _calibrate(case: str, fraction: float, options: Options, say) -> dict:
     """One fresh trial server and one preparation: the injection calibrated once, then switched on and off between
     trials in ABBA blocks (``trials`` trials each way), so the machine's drift hits both alike and neither a
     preparation's nor a process's own speed enters the ratio."""
-    from ..ab.client import TrialServer
+    from ..ab.client import TrialServer  # at call time: tests replace it
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     rng = random.Random(int(fraction * 1000))
@@ -238,8 +239,6 @@ def _blocks_needed(rows: list, options: Options) -> list[str]:
     """What the blocks' own noise alone costs `ab` at +5%: the blocks a fixed-size 99% interval needs to clear the
     +2% margin with 95% power at a true +5% (no preparation or process spread, no sequential looks)."""
     from scipy.stats import norm
-
-    from ..ab.stats import POWER, SeqOptions
 
     seq = SeqOptions()
     gap = math.log(1.05) - math.log1p(seq.delta)

@@ -36,6 +36,7 @@ from ..measure.stats import bootstrap_median_ci
 from ..measure.summary import COMPUTE_ONLY
 from ..models import count_parameters, get_model
 from ..runner import CaseRunner, ResolvedCase, RunOptions
+from ..runtime.device import host_available_memory
 from ..workload import WorkloadSpec
 from .comm import comm_alone_on_rank
 
@@ -92,8 +93,6 @@ def _cases(model: str, rows: tuple) -> list[ResolvedCase]:
 def _default_budget() -> int:
     """Bytes all ranks' engines may hold at once when --memory-gb is not given: 60% of this host's available
     memory (the ranks of a figure run on this one host, so planning needs no probe of the ranks)."""
-    from ..runtime.device import host_available_memory
-
     return int(0.6 * host_available_memory())
 
 

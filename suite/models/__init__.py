@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..data.synthetic import SyntheticImages, SyntheticTokens
 from ..model_registry import DATA_KINDS, REGISTRY
 
 __all__ = ["ModelSpec", "SIZES", "DATA_KINDS", "get_model", "MODELS", "default_size", "model_names",
@@ -104,8 +105,6 @@ def _ce(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def _images(image_size: int, classes: int = 10, signal: float = 0.6) -> Callable[[int, int], Any]:
-    from ..data.synthetic import SyntheticImages
-
     def make(n: int, seed: int) -> Any:
         return SyntheticImages(n, seed, image_size, 3, classes, signal)
 
@@ -113,8 +112,6 @@ def _images(image_size: int, classes: int = 10, signal: float = 0.6) -> Callable
 
 
 def _tokens(vocab: int, seq_len: int) -> Callable[[int, int], Any]:
-    from ..data.synthetic import SyntheticTokens
-
     def make(n: int, seed: int) -> Any:
         return SyntheticTokens(n, seed, vocab, seq_len)
 
@@ -160,7 +157,7 @@ def get_model(ref: str, size: str = "cpu", **options: Any) -> ModelSpec:
     if ref in MODELS:
         return MODELS[ref](size, **options)
     if ref.startswith("hf:"):
-        from .hf import hf_model
+        from .hf import hf_model  # hf imports this package: only once it is initialized
 
         return hf_model(ref[3:], size)
     if is_user_ref(ref):

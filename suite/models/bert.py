@@ -26,6 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..data.synthetic import SyntheticMaskedTokens
+from . import ModelSpec
+
 __all__ = ["BertDims", "BertForMaskedLM", "BERT_BASE", "SIZES", "bert_spec", "masked_lm_loss", "MASK_ID"]
 
 MASK_ID = 103  # [MASK] in bert-base-uncased's vocabulary
@@ -230,8 +233,6 @@ def masked_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def _masked_tokens(vocab: int, seq_len: int, mask_id: int):
-    from ..data.synthetic import SyntheticMaskedTokens
-
     def make(n: int, seed: int):
         return SyntheticMaskedTokens(n, seed, vocab, seq_len, mask_id)
 
@@ -267,8 +268,6 @@ def bert_spec(size: str = "cpu"):
     per step (2.1-2.9 s) at load average ~8, 5.8-6.6 s at load ~9 (compute alone then: 3.2-4.4 s,
     one 14 s outlier).  Peak 1.6 GB per rank.
     """
-    from . import ModelSpec
-
     s = SIZES[size]
     dims, seq = s.dims, s.seq_len
     return ModelSpec(

@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import ModelSpec, _tokens
+
 __all__ = ["GPT2Dims", "GPT2LMHeadModel", "Conv1D", "SIZES", "gpt2_spec", "GPT2_SMALL"]
 
 
@@ -174,8 +176,6 @@ def gpt2_spec(size: str = "cpu"):
     jobs, world 2, one thread per rank: 1.7 s per step of compute alone, 2.2 s with plain data
     parallel (148 allreduces, 474.7 MiB) at load average ~4, ~11 s at load ~8.  Peak 1.9 GB per rank.
     """
-    from . import ModelSpec, _tokens
-
     s = SIZES[size]
     dims, seq = s.dims, s.seq_len
     return ModelSpec(

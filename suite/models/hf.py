@@ -22,6 +22,12 @@ import importlib.util
 import os
 from typing import Any
 
+from . import ModelError, ModelSpec, _tokens
+from .bert import MASK_ID, _masked_tokens, masked_lm_loss
+from .bert import SIZES as BERT_SIZES
+from .gpt2 import SIZES as GPT2_SIZES
+from .gpt2 import lm_loss
+
 __all__ = ["hf_model", "HF_CONFIGS", "transformers_available"]
 
 HF_CONFIGS = ("GPT2Config", "BertConfig")
@@ -35,8 +41,6 @@ def transformers_available() -> bool:
 
 
 def _import_transformers(ref: str) -> Any:
-    from . import ModelError
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # build from a config only: never reach for the hub
     try:
         import transformers
@@ -81,8 +85,6 @@ def _bert_config(transformers: Any, d: Any) -> Any:
 
 def hf_model(config_class_name: str, size: str = "cpu"):
     """The ``hf:<config_class_name>`` workload at ``size``; see the module docstring."""
-    from . import ModelError, ModelSpec
-
     ref = f"hf:{config_class_name}"
     if config_class_name not in HF_CONFIGS:
         raise ModelError(f"model {ref!r}: allowed Hugging Face configs are "
@@ -92,19 +94,12 @@ def hf_model(config_class_name: str, size: str = "cpu"):
                          f"install it with: pip install transformers")
     s: Any  # the size's NamedTuple (GPT2Size or BertSize)
     if config_class_name == "GPT2Config":
-        from . import _tokens
-        from .gpt2 import SIZES as GPT2_SIZES
-        from .gpt2 import lm_loss
-
         s = GPT2_SIZES[size]
         dims, seq = s.dims, s.seq_len
         make_config, loss, data, kind = _gpt2_config, lm_loss, _tokens(dims.vocab, seq), "tokens"
         what = (f"transformers GPT2LMHeadModel ({dims.layers} layers, d_model {dims.d_model}, vocab {dims.vocab}, "
                 f"{dims.positions} positions), {seq} tokens")
     else:
-        from .bert import MASK_ID, _masked_tokens, masked_lm_loss
-        from .bert import SIZES as BERT_SIZES
-
         s = BERT_SIZES[size]
         dims, seq = s.dims, s.seq_len
         make_config, loss, data, kind = (_bert_config, masked_lm_loss, _masked_tokens(dims.vocab, seq, MASK_ID),

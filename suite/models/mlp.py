@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from . import _TOY_SCALE, ModelSpec, _ce, _images
+
 __all__ = ["WideMLP", "mlp_spec"]
 
 
@@ -23,8 +25,6 @@ class WideMLP(nn.Module):
 
 def mlp_spec(size: str = "cpu", signal: float = 0.6):
     """The registry's ``mlp`` at ``size``."""
-    from . import _TOY_SCALE, ModelSpec, _ce, _images
-
     s = _TOY_SCALE[size]
     return ModelSpec("mlp", lambda: WideMLP(3 * 16 * 16, width=1024 * s, depth=4), _ce, _images(16, signal=signal),
                      "images", size, 16, description="4-layer MLP, 1024 wide (16x16 images)")

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import _TOY_SCALE, ModelSpec, _ce, _images
+
 __all__ = ["SmallResNet", "BasicBlock", "DepthwiseBlock", "resnet_spec"]
 
 
@@ -79,8 +81,6 @@ class SmallResNet(nn.Module):
 
 def resnet_spec(size: str = "cpu", signal: float = 0.6):
     """The registry's ``resnet`` at ``size``."""
-    from . import _TOY_SCALE, ModelSpec, _ce, _images
-
     s = _TOY_SCALE[size]
     return ModelSpec("resnet", lambda: SmallResNet(width=16 * s, blocks=2 * s), _ce, _images(16, signal=signal),
                      "images", size, 16, has_batchnorm=True,

@@ -25,6 +25,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from . import ModelSpec, _ce, _images
+
 __all__ = ["ResNet50", "Bottleneck", "LAYOUT_PATH", "load_layout", "layout_of"]
 
 LAYOUT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "layouts", "resnet50.json")
@@ -153,8 +155,6 @@ def resnet50_spec(size: str = "cpu", signal: float = 0.6):
     over 4 steps; peak 0.63 GB per rank).  96 px with the same batch took 1.2-2.0 s, so 64 px
     is the largest round size inside the 0.5-1.5 s target.
     """
-    from . import ModelSpec, _ce, _images
-
     s = SIZES[size]
     classes, width = s.classes, s.width
     return ModelSpec(

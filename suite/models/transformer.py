@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import _TOY_SCALE, ModelSpec, _tokens
+
 __all__ = ["TinyTransformer", "lm_loss", "transformer_spec"]
 
 
@@ -35,8 +37,6 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def transformer_spec(size: str = "cpu"):
     """The registry's ``transformer`` at ``size``."""
-    from . import _TOY_SCALE, ModelSpec, _tokens
-
     s = _TOY_SCALE[size]
     return ModelSpec("transformer", lambda: TinyTransformer(d_model=64 * s, ff=128 * s, layers=2 * s), lm_loss,
                      _tokens(128, 32), "tokens", size, 16, description="2-layer Transformer LM (vocab 128, 32 tokens)")
