@@ -239,7 +239,7 @@ def test_gate_figure_simulation_counts_false_alarms_and_detections():
                                  max_pairs=60)
     assert len(lines) == len(gate_figure.THRESHOLDS) and lines[0].startswith("| 5% |"), lines
     cells = [c.strip() for c in lines[0].strip("|").split("|")]
-    assert cells[1].endswith("of 60") and float(cells[1].split("%")[0]) <= 5, lines  # unchanged pairs
+    assert "/60) [" in cells[1] and float(cells[1].split("%")[0]) <= 5, lines  # unchanged pairs, with the interval
     # +10% against a 5% threshold with 5 windows a side: caught often, though "slower" now needs the whole
     # interval beyond the threshold (before: the point estimate), so less often than the old rule's 75%
     assert int(cells[-1].split("%")[0]) >= 30, lines
