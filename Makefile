@@ -75,8 +75,9 @@ figures: setup
 	$(VENV)/bin/fleetbench figures host      --nproc 2 --rounds 5 --steps 20 --out $(FIGURES)/host.md --save $(FIGURES)/host-raw.json
 	$(VENV)/bin/fleetbench figures workloads --nproc 2 --rounds 3 --steps 3 --out $(FIGURES)/workloads.md --save $(FIGURES)/workloads-raw.json
 	# gate.md combines these five with its prose (the command of each section is written above it there)
-	$(VENV)/bin/fleetbench figures gate      --nproc 2 --rounds 5 --steps 5  --out $(FIGURES)/gate-ab.md \
-		--save $(FIGURES)/gate-runs.json --blocks 50 --sims 40
+	# (section 2's earlier measurement, gate-runs.json, is kept and not made again: `--load` renders it)
+	$(VENV)/bin/fleetbench figures gate --cases mlp/plain,resnet/plain --pairs 3 --slow-pairs 2 --blocks 30 \
+		--regroup 6 --sims 40 --out $(FIGURES)/gate-default.md --save $(FIGURES)/gate-default-runs.json
 	$(VENV)/bin/fleetbench figures gate_sources --pairs 5 --blocks 18 --regroup 6 --out $(FIGURES)/gate-sources.md \
 		--save $(FIGURES)/gate-sources-screen.json
 	$(VENV)/bin/fleetbench figures gate_sources --factors default,thp --pairs 5 --blocks 18 --regroup 6 \
