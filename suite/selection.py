@@ -100,6 +100,9 @@ class Selection:
     default_tag: str = "default"
 
     def __post_init__(self) -> None:
+        for name in ("cases", "tags", "models"):  # "a,b" is two, as figures' --cases takes them
+            object.__setattr__(self, name, tuple(p.strip() for v in getattr(self, name) for p in v.split(",")
+                                                 if p.strip()))
         if self.size is not None and self.size not in SIZES:
             raise ConfigError(f"--size {self.size!r}: allowed values are {', '.join(SIZES)}")
         for w in self.worlds:

@@ -115,3 +115,18 @@ def test_nightly_gpu_selection_at_worlds_1_and_8_runs_every_applicable_case_at_8
 
 def test_every_variant_is_selected_somewhere():
     assert {c.variant for c in CASES} == {v.name for v in VARIANTS}
+
+
+def test_comma_separated_cases_tags_and_models_are_several(monkeypatch):
+    """`--case a,b` is two cases (as `figures --cases` takes them), in run, nightly (the selection) and ab."""
+    sel = Selection(cases=("mlp/plain, mlp/fusion", "resnet/overlap"), tags=("smoke,",), device="cpu")
+    assert sel.cases == ("mlp/plain", "mlp/fusion", "resnet/overlap") and sel.tags == ("smoke",)
+    names = {c.name for c in Selection(cases=("mlp/plain,mlp/fusion",), device="cpu").base_cases("tiny")}
+    assert names == {"mlp/plain", "mlp/fusion"}
+    from suite.cli import ab as ab_cli
+    from suite.cli.main import build_parser
+
+    args = build_parser().parse_args(["ab", "A", "B", "--case", "mlp/plain,mlp/fusion", "--model", "mlp", "--no-check"])
+    monkeypatch.delenv("FLEETBENCH_AB_INJECT", raising=False)
+    opts = ab_cli.options(args)
+    assert opts.cases == ["mlp/plain", "mlp/fusion"] and opts.models == ["mlp"] and opts.tags == []

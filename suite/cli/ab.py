@@ -31,7 +31,8 @@ from .checks import check_nproc, check_number
 
 def add_selection(p) -> None:
     """The options `ab` and `bisect` share with `run` (selection, size, world) and their own timing ones."""
-    p.add_argument("--case", action="append", default=[], metavar="NAME", help="case name or glob; repeatable")
+    p.add_argument("--case", action="append", default=[], metavar="NAME",
+                   help="case name or glob; repeatable or comma-separated")
     p.add_argument("--tag", action="append", default=[], help="cases with this tag; repeatable")
     p.add_argument("--model", action="append", default=[], metavar="MODEL", help="every case of this model")
     p.add_argument("--nproc", type=int, default=None,
@@ -133,10 +134,12 @@ def options(args):
     seq = SeqOptions(delta=args.delta, confidence=args.confidence, min_blocks=args.min_blocks,
                      max_blocks=args.max_blocks, budget_s=args.budget, seed=args.seed, rotate=args.rotate,
                      restart=args.restart)
-    cases = list(args.case)
-    if not (cases or args.tag or args.model):
-        args.tag = ["default"]
-    opts = AbOptions(cases=cases, tags=list(args.tag), models=list(args.model), sets=list(args.set),
+    # "a,b" is two (split here: a BASE's trial server may be older than the selection layer that splits them)
+    cases, tags, models = ([p.strip() for v in values for p in v.split(",") if p.strip()]
+                           for values in (args.case, args.tag, args.model))
+    if not (cases or tags or models):
+        tags = ["default"]
+    opts = AbOptions(cases=cases, tags=tags, models=models, sets=list(args.set),
                      config=os.path.abspath(args.config) if args.config else None, size=size, batch=args.batch,
                      nproc=args.nproc, device=None if device == "cpu" else device, steps=args.steps,
                      trial_warmup=args.trial_warmup, warmup=args.warmup, check=not args.no_check,

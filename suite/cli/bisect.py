@@ -47,7 +47,7 @@ def main(args) -> int:
     from .ab import _terminate_cleanly, options
 
     _terminate_cleanly()
-    if len(args.case) != 1 or any(ch in args.case[0] for ch in "*?["):
+    if len(args.case) != 1 or any(ch in args.case[0] for ch in "*?[,"):
         print("fleetbench bisect: error: name exactly one case with --case (e.g. --case mlp/plain)", file=sys.stderr)
         return 2
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))

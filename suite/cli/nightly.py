@@ -53,7 +53,8 @@ def add_parser(sub) -> None:
                                       3: "undecided: the gate inconclusive, nothing worse (the last good commit "
                                          "stays)"}))
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda where torch sees a GPU, else cpu")
-    p.add_argument("--case", action="append", default=[], metavar="NAME", help="case name or glob; repeatable")
+    p.add_argument("--case", action="append", default=[], metavar="NAME",
+                   help="case name or glob; repeatable or comma-separated")
     p.add_argument("--tag", action="append", default=[],
                    help="cases with this tag; repeatable (default: nightly-gpu on CUDA, smoke on CPU)")
     p.add_argument("--model", action="append", default=[], metavar="MODEL", help="every case of this model")

@@ -48,7 +48,8 @@ def add_parser(sub) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), help="override the device (default: cuda where CUDA has "
                    "a GPU for every local rank, else cpu; with CUDA present, fewer GPUs than ranks is an error)")
     p.add_argument("--case", action="append", default=[], metavar="NAME",
-                   help="case name or glob (model/variant, e.g. 'resnet/overlap', '*/local_sgd'); repeatable")
+                   help="case name or glob (model/variant, e.g. 'resnet/overlap', '*/local_sgd'); repeatable or "
+                        "comma-separated")
     p.add_argument("--tag", action="append", default=[], help="cases with this tag (default, smoke, nightly-cpu, "
                    "nightly-gpu); repeatable. Without --case/--tag/--model: the 'default' tag")
     p.add_argument("--model", action="append", default=[], metavar="MODEL",
