@@ -138,8 +138,8 @@ def throughput_figure(recs: dict, world: int):
         ax.bar(xs, vals, yerr=err, color=colors, capsize=3)
         ax.set_xticks(xs, [plain(c) for c, _ in mrows], rotation=30, ha="right")
         ax.set_ylabel("samples/s")
-        ax.set_title(plain(f"{model}: throughput at world size {world} (median over rounds, 95% interval; "
-                           f"grey: the plain baseline)"), fontsize=10)
+        ax.set_title(plain(f"{model}: throughput at world size {world}\n(median over rounds, 95% interval; "
+                           f"grey: the plain baseline)"), fontsize=10)  # two lines: one overflowed a narrow plot
     fig.tight_layout()
     return fig
 
