@@ -32,14 +32,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..cases import VARIANTS
 from ..config import StrategyConfig
 from . import costmodel as cm
 
-__all__ = ["Profile", "ParamGrad", "Bucket", "make_buckets", "engine_buckets", "average_chunks", "simulate_comm",
-           "contention_s", "predict_step", "predict_table", "PREDICTED", "registry_settings"]
+__all__ = ["Profile", "ParamGrad", "Bucket", "scaled_profile", "make_buckets", "engine_buckets", "average_chunks",
+           "simulate_comm", "contention_s", "predict_step", "predict_table", "PREDICTED", "registry_settings"]
 
 MiB = 1024 * 1024
 
@@ -113,6 +113,15 @@ class Profile:
             raise ValueError(f"profile: buffers is {type(buffers).__name__}; expected a list of byte counts")
         return cls(fwd, bwd, opt, tuple(params), _whole(d.get("per_rank_batch", 1), "per_rank_batch", 1), model,
                    tuple(_whole(b, f"buffers[{i}]", 0) for i, b in enumerate(buffers)))
+
+
+def scaled_profile(profile: Profile, compute_s: float) -> Profile:
+    """The profile's parts and ready times scaled to a compute time measured later (the profile says how a step
+    divides, e.g. the no-communication windows timed alongside a setting how long it takes now)."""
+    k = compute_s / profile.compute_s if profile.compute_s > 0 else 1.0
+    return replace(profile, forward_s=profile.forward_s * k, backward_s=profile.backward_s * k,
+                   optimizer_s=profile.optimizer_s * k,
+                   params=tuple(ParamGrad(q.name, q.nbytes, q.ready_s * k) for q in profile.params))
 
 
 def _seconds(value, what: str) -> float:

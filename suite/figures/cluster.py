@@ -35,7 +35,7 @@ import json
 import math
 import os
 import statistics
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 from ..cluster import costmodel as cm
 from ..cluster.calibrate import calibrate_on_pool, fit
@@ -45,7 +45,7 @@ from ..cluster.extrapolate import extrapolation_markdown
 from ..cluster.launch import cluster_pool
 from ..cluster.probes import timed_allreduce
 from ..cluster.profile import record_profile, summarize_profile
-from ..cluster.simulate import Bucket, ParamGrad, Profile, predict_step, simulate_comm
+from ..cluster.simulate import Bucket, Profile, predict_step, scaled_profile, simulate_comm
 from ..cluster.spec import parse_cluster, parse_rate
 from ..config import StrategyConfig
 from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
@@ -131,28 +131,30 @@ def _collect_garbage() -> None:
         pass
 
 
-def _slowest(res: list[dict], key: str) -> list[float]:
-    return [max(r[key][i] for r in res) for i in range(len(res[0][key]))]
-
-
-def _fmt_ci(x: float, ci) -> str:
-    return f"{x:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
+def _speedup(baseline: list, variant: list) -> str:
+    """The paired speedup of ``variant`` over ``baseline`` with its 95% interval, as a table cell."""
+    sp = paired_speedup(baseline, variant)
+    return f"{sp['speedup']:.2f} [{sp['ci'][0]:.2f}, {sp['ci'][1]:.2f}]"
 
 
 # ---- measurement (on the emulated cluster) ------------------------------------------------------------
+def _timed_allreduce(cluster, pool, sizes, variants, rounds, **extra) -> dict:
+    """``timed_allreduce`` on every rank: {"variant/size": per round, the slowest rank's seconds}."""
+    res = pool.run(timed_allreduce, {"sizes": sizes, "variants": variants, "rounds": rounds, "warmup": 1,
+                                     "ranks_per_node": cluster.spec.ranks_per_node, **extra})
+    return {key: [max(per_round) for per_round in zip(*(r[key] for r in res))] for key in res[0]}
+
+
 def _measure_hier(cluster, pool, sizes, rounds) -> list[dict]:
-    res = pool.run(timed_allreduce, {"sizes": sizes, "variants": ["flat", "hier"], "rounds": rounds, "warmup": 1,
-                                     "ranks_per_node": cluster.spec.ranks_per_node})
-    return [{"cluster": str(cluster.spec), "bytes": n, "flat": _slowest(res, f"flat/{n}"),
-             "hier": _slowest(res, f"hier/{n}")} for n in sizes]
+    got = _timed_allreduce(cluster, pool, sizes, ["flat", "hier"], rounds)
+    return [{"cluster": str(cluster.spec), "bytes": n, "flat": got[f"flat/{n}"], "hier": got[f"hier/{n}"]}
+            for n in sizes]
 
 
 def _measure_comm_num(cluster, pool, rounds, total=16 * MB, buffers=4) -> dict:
-    res = pool.run(timed_allreduce,
-                   {"sizes": [total], "variants": ["flat_comm1", "flat_comm2"], "rounds": rounds, "warmup": 1,
-                    "ranks_per_node": cluster.spec.ranks_per_node, "buffers": buffers})
-    return {"cluster": str(cluster.spec), "bytes": total, "buffers": buffers,
-            "one": _slowest(res, f"flat_comm1/{total}"), "two": _slowest(res, f"flat_comm2/{total}")}
+    got = _timed_allreduce(cluster, pool, [total], ["flat_comm1", "flat_comm2"], rounds, buffers=buffers)
+    return {"cluster": str(cluster.spec), "bytes": total, "buffers": buffers, "one": got[f"flat_comm1/{total}"],
+            "two": got[f"flat_comm2/{total}"]}
 
 
 def strategy_variants(ranks_per_node: int, k: int = 4) -> list[tuple]:
@@ -181,29 +183,26 @@ def _measure_model(pool, ws, variants, rounds, steps, one_at_a_time: bool, paire
     with it ({name: {"measured": [...], "compute": [...]}})."""
     none = {"name": NO_COMM, "config": {"data_parallel": "none"}}
 
-    def per_step(answers, name, n):
-        return [w / n for w in window_seconds(answers, name)]
+    def per_step(timed: list[dict], n: int) -> dict:
+        """``timed`` interleaved in windows of ``n`` steps: {name: seconds per step of each window}."""
+        answers = pool.run(time_on_rank, {"workload_spec": ws, "warmup": 1, "steps": n, "rounds": rounds,
+                                          "variants": timed})
+        return {v["name"]: [w / n for w in window_seconds(answers, v["name"])] for v in timed}
 
     if not one_at_a_time:
-        answers = pool.run(time_on_rank, {"workload_spec": ws, "warmup": 1, "steps": steps, "rounds": rounds,
-                                          "variants": [none] + [{"name": n, "config": c} for n, c, _ in variants]})
-        base = per_step(answers, NO_COMM, steps)
-        return {n: {"measured": per_step(answers, n, steps), "compute": base} for n, _, _ in variants}
+        got = per_step([none] + [{"name": n, "config": c} for n, c, _ in variants], steps)
+        return {n: {"measured": got[n], "compute": got[NO_COMM]} for n, _, _ in variants}
     out: dict = {}
     for name, config, setting in variants:
         n = setting.local_sgd_steps if setting.use_local_sgd else 2
         mine = {"name": name, "config": config}
         if paired:
-            answers = pool.run(time_on_rank, {"workload_spec": ws, "warmup": 1, "steps": n, "rounds": rounds,
-                                              "variants": [none, mine]})
-            out[name] = {"measured": per_step(answers, name, n), "compute": per_step(answers, NO_COMM, n)}
+            got = per_step([none, mine], n)
         else:
-            base = pool.run(time_on_rank, {"workload_spec": ws, "warmup": 1, "steps": n, "rounds": rounds,
-                                           "variants": [none]})
+            got = per_step([none], n)
             pool.run(_collect_garbage)
-            answers = pool.run(time_on_rank, {"workload_spec": ws, "warmup": 1, "steps": n, "rounds": rounds,
-                                              "variants": [mine]})
-            out[name] = {"measured": per_step(answers, name, n), "compute": per_step(base, NO_COMM, n)}
+            got.update(per_step([mine], n))
+        out[name] = {"measured": got[name], "compute": got[NO_COMM]}
         pool.run(_collect_garbage)
     return out
 
@@ -215,6 +214,13 @@ def measure_profile(pool, model_name, plan, ranks_per_node) -> dict:
                                                         "warmup": 1}))
     pool.run(_collect_garbage)
     return {"batch": batch, "profile": prof}
+
+
+def _calibrate(pool, spec) -> dict:
+    """The model calibrated on ``pool`` (micro-benchmarks only) as data, with the 1-minute load average around it."""
+    load0 = os.getloadavg()[0]
+    cal = calibrate_on_pool(pool, spec)
+    return {**json.loads(cal.to_json()), "load": [load0, os.getloadavg()[0]]}
 
 
 def _dump(raw: dict, path: str | None) -> None:
@@ -244,9 +250,7 @@ def measure_clusters(rates, shapes, models, sizes, rounds, steps, timeout, save=
             for rate in rates:
                 cl.set_rates(rate)
                 key = str(cl.spec)
-                load0 = os.getloadavg()[0]
-                cal = calibrate_on_pool(p, cl.spec)  # micro-benchmarks only, just before the runs of this rate
-                raw["calibrations"][key] = {**json.loads(cal.to_json()), "load": [load0, os.getloadavg()[0]]}
+                raw["calibrations"][key] = _calibrate(p, cl.spec)  # just before the runs of this rate
                 raw["hier"] += _measure_hier(cl, p, sizes, rounds)
                 raw["comm"].append(_measure_comm_num(cl, p, rounds))
                 _dump(raw, save)
@@ -260,7 +264,7 @@ def measure_clusters(rates, shapes, models, sizes, rounds, steps, timeout, save=
                         raw["failures"].append({"model": m, "cluster": key, "what": "settings", "error": str(exc)})
                         _dump(raw, save)
                         continue
-                    pool_gc(p)
+                    p.run(_collect_garbage)
                     _dump(raw, save)
     return raw
 
@@ -281,7 +285,7 @@ def _model_runs(pool, raw: dict, model: str, shape: str, key: str, rounds: int, 
 
 def to_recheck(raw: dict) -> list[tuple[str, str]]:
     """(model, cluster) of every row outside the aim, each once, in the table's order."""
-    return list(dict.fromkeys((r.model, r.cluster) for r in prediction_rows(raw) if abs(r.error) > AIM))
+    return list(dict.fromkeys((r.model, r.cluster) for r in prediction_rows(raw) if not r.within))
 
 
 def recheck(raw: dict, rounds: int, steps: int, timeout: float, repeats: int, save: str | None = None) -> dict:
@@ -295,9 +299,7 @@ def recheck(raw: dict, rounds: int, steps: int, timeout: float, repeats: int, sa
         done = sum(1 for rc in out if (rc["model"], rc["cluster"]) == (model, key))
         for i in range(done, done + repeats):
             with cluster_pool(spec, timeout=timeout, pg_timeout=900.0, num_threads=1) as (cl, p):
-                load0 = os.getloadavg()[0]
-                cal = calibrate_on_pool(p, cl.spec)
-                cal_dict = {**json.loads(cal.to_json()), "load": [load0, os.getloadavg()[0]]}
+                cal_dict = _calibrate(p, cl.spec)
                 try:
                     runs = _model_runs(p, raw, model, shape, key, rounds, steps)
                 except RankFailure as exc:
@@ -308,10 +310,6 @@ def recheck(raw: dict, rounds: int, steps: int, timeout: float, repeats: int, sa
             out.append({"model": model, "cluster": key, "repeat": i + 1, "calibration": cal_dict, "runs": runs})
             _dump(raw, save)
     return raw
-
-
-def pool_gc(pool) -> None:
-    pool.run(_collect_garbage)
 
 
 # ---- rendering (the current model over the measurements) -------------------------------------------------
@@ -352,23 +350,29 @@ class PredRow:
     def error(self) -> float:
         return self.predicted_s / statistics.median(self.measured) - 1
 
-    def markdown(self) -> str:
+    @property
+    def within(self) -> bool:
+        return abs(self.error) <= AIM
+
+    @property
+    def max_load(self) -> float:
+        return max(self.load) if self.load else math.nan
+
+    def step_cells(self) -> str:
+        """Table cells: compute ms | measured step ms [95% CI] | predicted ms."""
         meas = statistics.median(self.measured)
         lo, hi = bootstrap_median_ci(self.measured)
-        ok = "yes" if abs(self.error) <= AIM else "**no**"
-        return (f"| {self.model} | {self.shape} | {self.mbit:g} | {self.setting} | {self.batch} "
-                f"| {self.compute_s * 1e3:.0f} | {meas * 1e3:.1f} [{lo * 1e3:.1f}, {hi * 1e3:.1f}] "
-                f"| {self.predicted_s * 1e3:.1f} | {self.contention_s * 1e3:.0f} | {self.error:+.1%} | {ok} "
-                f"| {self.compute_spread:.0%} | {max(self.load) if self.load else math.nan:.1f} |")
+        return f"{self.compute_s * 1e3:.0f} | {meas * 1e3:.1f} [{lo * 1e3:.1f}, {hi * 1e3:.1f}] | " \
+               f"{self.predicted_s * 1e3:.1f}"
 
+    def error_cells(self) -> str:
+        """Table cells: error | within 15%."""
+        return f"{self.error:+.1%} | {'yes' if self.within else '**no**'}"
 
-def scaled_profile(profile, compute_s: float):
-    """The profile's parts and ready times scaled to a compute time measured alongside the settings (the
-    profile says how a step divides, the interleaved no-communication windows how long it takes now)."""
-    k = compute_s / profile.compute_s if profile.compute_s > 0 else 1.0
-    return replace(profile, forward_s=profile.forward_s * k, backward_s=profile.backward_s * k,
-                   optimizer_s=profile.optimizer_s * k,
-                   params=tuple(ParamGrad(q.name, q.nbytes, q.ready_s * k) for q in profile.params))
+    def markdown(self) -> str:
+        return (f"| {self.model} | {self.shape} | {self.mbit:g} | {self.setting} | {self.batch} | {self.step_cells()} "
+                f"| {self.contention_s * 1e3:.0f} | {self.error_cells()} | {self.compute_spread:.0%} "
+                f"| {self.max_load:.1f} |")
 
 
 def _calibration(raw: dict, key: str, d: dict | None = None):
@@ -384,9 +388,9 @@ def _predicted_row(raw: dict, run: dict, cal_dict: dict) -> PredRow:
     profile = Profile.from_dict(raw["profiles"][f"{run['shape']}/{run['model']}"]["profile"])
     setting = {n: st for n, _, st in strategy_variants(cal.ranks_per_node)}[run["setting"]]
     compute = statistics.median(run["compute"])
-    scaled = scaled_profile(profile, compute)
-    pred = predict_step(scaled, cal.cluster_model(), setting, run["setting"])
-    no_alpha = predict_step(scaled, without_latency(cal.cluster_model()), setting, run["setting"])
+    scaled, model = scaled_profile(profile, compute), cal.cluster_model()
+    pred = predict_step(scaled, model, setting, run["setting"])
+    no_alpha = predict_step(scaled, without_latency(model), setting, run["setting"])
     return PredRow(run["model"], run["shape"], _mbit(cal), run["setting"], run["batch"], compute, run["measured"],
                    pred["step_s"], pred["contention_s"], run["compute"], run.get("load", []), run["cluster"],
                    latency_s=pred["step_s"] - no_alpha["step_s"])
@@ -415,7 +419,7 @@ def _again_text(rows: list) -> str:
     if not rows:
         return ""
     errs = ", ".join(f"{a.error:+.0%}" for a in rows)
-    inside = sum(abs(a.error) <= AIM for a in rows)
+    inside = sum(a.within for a in rows)
     verdict = ("within 15% every time: the miss is the first measurement's, it does not repeat"
                if inside == len(rows) else "outside 15% every time: the model's miss" if inside == 0
                else f"within 15% in {inside} of {len(rows)}")
@@ -432,13 +436,10 @@ def _recheck_section(misses: list, again: dict) -> list[str]:
     for r in misses:
         for label, row in [("first", r)] + [(f"again {a.repeat}", a) for a in again.get((r.model, r.cluster), [])
                                             if a.setting == r.setting]:
-            meas = statistics.median(row.measured)
-            lo, hi = bootstrap_median_ci(row.measured)
-            out.append(f"| {r.model} | {r.shape} | {r.mbit:g} | {r.setting} | {label} | {row.compute_s * 1e3:.0f} "
-                       f"| {meas * 1e3:.1f} [{lo * 1e3:.1f}, {hi * 1e3:.1f}] | {row.predicted_s * 1e3:.1f} "
-                       f"| {row.error:+.1%} | {'yes' if abs(row.error) <= AIM else '**no**'} |")
+            out.append(f"| {r.model} | {r.shape} | {r.mbit:g} | {r.setting} | {label} | {row.step_cells()} "
+                       f"| {row.error_cells()} |")
     every = [a for rows in again.values() for a in rows]
-    out += ["", f"All settings of these re-measurements: {sum(abs(a.error) <= AIM for a in every)} of {len(every)} "
+    out += ["", f"All settings of these re-measurements: {sum(a.within for a in every)} of {len(every)} "
                 f"rows within 15%; worst |error| {max(abs(a.error) for a in every):.0%}."]
     return out
 
@@ -447,20 +448,24 @@ def _mbit(cal) -> float:
     return parse_cluster(cal.cluster).inter_bps / 1e6
 
 
+def _model_of(raw: dict, key: str) -> tuple:
+    """(the model calibrated for cluster ``key``, the table's first cells: its shape and Mbit/s)."""
+    cal = _calibration(raw, key)
+    return cal.cluster_model(), f"| {cal.nodes}x{cal.ranks_per_node} | {_mbit(cal):g} "
+
+
 def _hier_rows(raw: dict) -> list[str]:
     rows = []
     for h in raw["hier"]:
-        cal = _calibration(raw, h["cluster"])
-        model = cal.cluster_model()
+        model, first = _model_of(raw, h["cluster"])
         n, flat, hier = h["bytes"], h["flat"], h["hier"]
-        sp = paired_speedup(flat, hier)
         pred_flat = cm.ring_allreduce(n, model)
         pred_hier = cm.hierarchical_allreduce(n, model)["total"]
         mf, mh = statistics.median(flat), statistics.median(hier)
         rows.append(
-            f"| {cal.nodes}x{cal.ranks_per_node} | {_mbit(cal):g} | {n / MB:g} "
+            f"{first}| {n / MB:g} "
             f"| {mf * 1e3:.1f} (model {pred_flat * 1e3:.1f}) | {mh * 1e3:.1f} (model {pred_hier * 1e3:.1f}, "
-            f"{pred_hier / mh - 1:+.0%}) | {_fmt_ci(sp['speedup'], sp['ci'])} | {pred_flat / pred_hier:.2f} "
+            f"{pred_hier / mh - 1:+.0%}) | {_speedup(flat, hier)} | {pred_flat / pred_hier:.2f} "
             f"| {cm.hierarchical_speedup_bound(model):.2f} |")
     return rows
 
@@ -468,27 +473,24 @@ def _hier_rows(raw: dict) -> list[str]:
 def _comm_rows(raw: dict) -> list[str]:
     rows = []
     for c in raw["comm"]:
-        cal = _calibration(raw, c["cluster"])
-        model = cal.cluster_model()
+        model, first = _model_of(raw, c["cluster"])
         total, buffers = c["bytes"], c["buffers"]
-        sp = paired_speedup(c["one"], c["two"])
         bs = [Bucket(total // buffers, 0.0)] * buffers
         p1, p2 = simulate_comm(bs, model, comm_num=1), simulate_comm(bs, model, comm_num=2)
-        rows.append(f"| {cal.nodes}x{cal.ranks_per_node} | {_mbit(cal):g} "
-                    f"| {buffers} x {total / buffers / MB:g} | {statistics.median(c['one']) * 1e3:.1f} "
+        rows.append(f"{first}| {buffers} x {total / buffers / MB:g} | {statistics.median(c['one']) * 1e3:.1f} "
                     f"(model {p1 * 1e3:.1f}) | {statistics.median(c['two']) * 1e3:.1f} (model {p2 * 1e3:.1f}) "
-                    f"| {_fmt_ci(sp['speedup'], sp['ci'])} | {p1 / p2:.2f} |")
+                    f"| {_speedup(c['one'], c['two'])} | {p1 / p2:.2f} |")
     return rows
 
 
 def _terms_row(raw: dict, key: str, kept: dict | None = None, label: str = "") -> str:
     kept = kept or raw["calibrations"][key]
     load = kept.get("load") or [math.nan]
-    d = asdict(_calibration(raw, key, kept))
-    a, b = d["alpha_table"], d["bcast_table"]
+    cal = _calibration(raw, key, kept)
+    a, b = cal.alpha_table, cal.bcast_table
     return (f"| {key}{label} | {a[0][1] * 1e6:.0f} | {a[-1][1] * 1e6:.0f} | {b[0][1] * 1e6:.0f} "
-            f"| {d['intra_lat'] * 1e6:.0f} | {d['intra_bw'] / 1e6:.0f} | {d['cpu_per_byte'] * 1e9:.2f} "
-            f"| {d['cpu_per_byte_hier'] * 1e9:.2f} | {d['cores']} | {max(load):.1f} |")
+            f"| {cal.intra_lat * 1e6:.0f} | {cal.intra_bw / 1e6:.0f} | {cal.cpu_per_byte * 1e9:.2f} "
+            f"| {cal.cpu_per_byte_hier * 1e9:.2f} | {cal.cores} | {max(load):.1f} |")
 
 
 def render(raw: dict, options: Options | None = None) -> str:
@@ -522,7 +524,7 @@ def render(raw: dict, options: Options | None = None) -> str:
           for rc in raw.get("rechecks", [])],
     ]
     if pred:
-        misses = [r for r in pred if abs(r.error) > AIM]
+        misses = [r for r in pred if not r.within]
         worst = max(abs(r.error) for r in pred)
         out += [
             "",
@@ -561,7 +563,7 @@ def render(raw: dict, options: Options | None = None) -> str:
                            "(slowest - fastest over the median)"
                            + (", more than the error: the machine's noise during the row is larger than the miss"
                               if noisy else ", less than the error")
-                           + f"; load average {max(r.load) if r.load else math.nan:.1f} on {cores[0]} cores"
+                           + f"; load average {r.max_load:.1f} on {cores[0]} cores"
                            + _again_text(mine) + ".")
                 if r.latency_bound:
                     every = [r] + mine
