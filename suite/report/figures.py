@@ -73,7 +73,6 @@ def num(x) -> float:
     return math.nan
 
 
-
 def variant_of(case: str) -> str:
     return case.split("/", 1)[-1]
 
@@ -114,6 +113,12 @@ def _model_panels(rows: list):
     return fig, axes, models
 
 
+def _error_bars(vals: list, ci: list) -> list:
+    """Matplotlib's [below, above] error lengths from each value's [lo, hi] (0 where a bound is not finite)."""
+    return [[max(0.0, v - num(c[0])) if math.isfinite(num(c[0])) else 0.0 for v, c in zip(vals, ci)],
+            [max(0.0, num(c[1]) - v) if math.isfinite(num(c[1])) else 0.0 for v, c in zip(vals, ci)]]
+
+
 def order_key(case: str) -> tuple:
     """The baseline first, then `none`, then the rest by name."""
     v = variant_of(case)
@@ -131,9 +136,7 @@ def throughput_figure(recs: dict, world: int):
     for ax, (model, mrows) in zip(axes, models.items()):
         xs = list(range(len(mrows)))
         vals = [num(r.metrics.get("samples_per_s")) for _, r in mrows]
-        ci = [r.metrics.get("samples_per_s_ci") or [v, v] for (_, r), v in zip(mrows, vals)]
-        err = [[max(0.0, v - num(c[0])) if math.isfinite(num(c[0])) else 0.0 for v, c in zip(vals, ci)],
-               [max(0.0, num(c[1]) - v) if math.isfinite(num(c[1])) else 0.0 for v, c in zip(vals, ci)]]
+        err = _error_bars(vals, [r.metrics.get("samples_per_s_ci") or [v, v] for (_, r), v in zip(mrows, vals)])
         colors = ["#888888" if variant_of(c) == BASELINE_VARIANT else "#1f77b4" for c, _ in mrows]
         ax.bar(xs, vals, yerr=err, color=colors, capsize=3)
         ax.set_xticks(xs, [plain(c) for c, _ in mrows], rotation=30, ha="right")
@@ -159,9 +162,7 @@ def speedup_figure(recs: dict, model: str):
     ax = axes[0]
     ys = list(range(len(rows)))
     vals = [num(r.metrics.get("speedup")) for _, _, r in rows]
-    ci = [r.metrics.get("speedup_ci") or [v, v] for (_, _, r), v in zip(rows, vals)]
-    err = [[max(0.0, v - num(c[0])) if math.isfinite(num(c[0])) else 0.0 for v, c in zip(vals, ci)],
-           [max(0.0, num(c[1]) - v) if math.isfinite(num(c[1])) else 0.0 for v, c in zip(vals, ci)]]
+    err = _error_bars(vals, [r.metrics.get("speedup_ci") or [v, v] for (_, _, r), v in zip(rows, vals)])
     bars = ax.barh(ys, vals, xerr=err, color=[color[w] for _, w, _ in rows], capsize=2, height=0.7)
     for bar, (_, _, r) in zip(bars, rows):
         if r.verdict in ("fail", "error"):
@@ -284,17 +285,21 @@ def _local_sgd_points(recs: dict) -> list:
     return pts
 
 
+def _local_sgd_pairs(pts: list) -> list:
+    """(Local SGD point, its baseline's point: same model and world size) of :func:`_local_sgd_points`."""
+    base = {(m, w): p for p in pts for (c, w, m) in [p[:3]] if variant_of(c) == BASELINE_VARIANT}
+    return [(p, base[(p[2], p[1])]) for p in pts if "local_sgd" in variant_of(p[0]) and (p[2], p[1]) in base]
+
+
 def local_sgd_unresolved(recs: dict) -> str | None:
     """Why the Local SGD trade-off is not drawn (no Local SGD records, no baseline to compare with, or every
     difference within its noise), or None when it is: some Local SGD case's throughput interval is apart
     from its baseline's (same model and world size), or its final loss differs by more than both losses'
     noise (:func:`_loss_noise`)."""
     pts = _local_sgd_points(recs)
-    base = {(m, w): p for p in pts for (c, w, m) in [p[:3]] if variant_of(c) == BASELINE_VARIANT}
-    lsgd = [p for p in pts if "local_sgd" in variant_of(p[0])]
-    if not lsgd:
+    if not any("local_sgd" in variant_of(p[0]) for p in pts):
         return "No Local SGD records: the trade-off plot is omitted."
-    pairs = [(p, base[(p[2], p[1])]) for p in lsgd if (p[2], p[1]) in base]
+    pairs = _local_sgd_pairs(pts)
     if not pairs:
         return "No Local SGD plot: no plain baseline with a final loss at the Local SGD cases' world size."
     for p, b in pairs:
@@ -324,9 +329,7 @@ def local_sgd_figure(recs: dict) -> object | None:
         axis.get_major_formatter().set_useOffset(False)
     ax.set_xlabel("final training loss (lower is better; bar: spread of the last steps)")
     ax.set_ylabel("samples/s (95% interval)")
-    base = {(p[2], p[1]): p for p in pts if variant_of(p[0]) == BASELINE_VARIANT}
-    apart = any(abs(p[5] - b[5]) > p[6] + b[6] for p in pts if "local_sgd" in variant_of(p[0])
-                for b in [base.get((p[2], p[1]))] if b)
+    apart = any(abs(p[5] - b[5]) > p[6] + b[6] for p, b in _local_sgd_pairs(pts))
     ax.set_title("Local SGD: throughput against loss" + ("" if apart else " (final losses: within their noise)"),
                  fontsize=10)
     fig.tight_layout()

@@ -32,6 +32,7 @@ from a record is escaped for the page it goes into (:func:`md_text` for Markdown
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import html
 import json
@@ -192,6 +193,11 @@ def _final(records) -> dict:
     return out
 
 
+def _verdicts(final: dict) -> str:
+    """How many of ``final``'s records have each verdict, e.g. "2 pass, 1 n/a" (verdicts in order)."""
+    return ", ".join(f"{n} {v}" for v, n in sorted(collections.Counter(r.verdict for r in final.values()).items()))
+
+
 def _problems(final: dict) -> list[dict]:
     """Failures and errors first (with every message the record carries), then notes on passing cases
     (timed alone, a trace that could not be taken), then cases that did not run."""
@@ -241,9 +247,7 @@ def _runs(records) -> list[dict]:
         stamps = sorted(r.timestamp for r in rs if r.timestamp)
         commit = git.get("commit")
         dirty = git.get("dirty")
-        verdicts: dict = {}
-        for r in _final(rs).values():
-            verdicts[r.verdict] = verdicts.get(r.verdict, 0) + 1
+        final = _final(rs)
         cpu = meta.get("cpu") or ""
         if meta.get("cpu_count"):
             cpu = f"{cpu} ({meta['cpu_count']} cores)"
@@ -263,7 +267,7 @@ def _runs(records) -> list[dict]:
             "python": meta.get("python") or "-",
             "size": ", ".join(sorted({str(r.size) for r in rs if r.size})) or "unknown",
             "world size": ", ".join(str(w) for w in sorted({r.world_size for r in rs})),
-            "cases": f"{len(_final(rs))}: " + ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items())),
+            "cases": f"{len(final)}: " + _verdicts(final),
         })
     return out
 
@@ -460,11 +464,7 @@ def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dic
         data["models"][model] = {"cases": [f"{r.case}@{r.world_size}" for _, r in rows],
                                  "speedup_plot": speedup_plot[model]}
     bad = [p for p in problems if p["kind"] in ("fail", "error")]
-    counts: dict = {}
-    for r in final.values():
-        counts[r.verdict] = counts.get(r.verdict, 0) + 1
-    summary = (f"{len(final)} case(s) over {len(runs)} run(s): "
-               + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())))
+    summary = f"{len(final)} case(s) over {len(runs)} run(s): " + _verdicts(final)
 
     groups = _groups(problems)
     _write_markdown(out_dir, summary, groups, runs, tables, images, traces, notes)
