@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import sys
 import textwrap
 
 # The one exit-code table of compare, ab, bisect and nightly (each command says what each code means for it).
@@ -23,3 +25,22 @@ def helps(doc: str | None, examples: str, verdicts: str = "", codes: dict[int, s
     parts.append("examples:\n" + textwrap.indent(textwrap.dedent(examples).strip(), "  "))
     return dict(description=textwrap.dedent(doc or "").strip(), epilog="\n\n".join(parts),
                 formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def error(command: str, message) -> int:
+    """``fleetbench COMMAND: error: MESSAGE`` on stderr; returns 2, the exit code of unusable input."""
+    print(f"fleetbench {command}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def unwind(signum, frame):
+    """A signal handler: the signal (SIGTERM, a CI job cancelled) unwinds like Ctrl-C."""
+    raise KeyboardInterrupt
+
+
+def terminate_cleanly() -> None:
+    """SIGTERM (a CI job cancelled) unwinds like Ctrl-C, so worktrees, pools and servers are removed."""
+    try:
+        signal.signal(signal.SIGTERM, unwind)
+    except ValueError:  # not the main thread
+        pass

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import sys
 
 from ..ab.client import TrialError
@@ -25,7 +24,7 @@ from ..config import ConfigError
 from ..models import default_size
 from ..results.records import jsonable
 from ..selection import SIZES, choose_platform, default_worlds
-from . import GATE_CODES, helps
+from . import GATE_CODES, error, helps, terminate_cleanly
 from .checks import check_nproc, check_number
 
 
@@ -152,31 +151,20 @@ def options(args):
     return inject_from_env(opts)
 
 
-def _terminate_cleanly() -> None:
-    """SIGTERM (a CI job cancelled) unwinds like Ctrl-C, so worktrees and servers are removed."""
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    try:
-        signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        pass
+def progress(args):
+    """Where the progress lines go: stderr under --json (stdout is the document), else stdout."""
+    return lambda m: print(m, file=sys.stderr if args.json else sys.stdout, flush=True)
 
 
 def main(args) -> int:
     from ..ab.trials import AbInputError, format_table, run_ab
 
-    _terminate_cleanly()
-    say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
+    terminate_cleanly()
     try:
         opts = options(args)
-        report = run_ab(args.repo, args.base, args.head, opts, say)
-    except (AbInputError, RevisionError, ValueError) as exc:
-        print(f"fleetbench ab: error: {exc}", file=sys.stderr)
-        return 2
-    except TrialError as exc:
-        print(f"fleetbench ab: error: {exc}", file=sys.stderr)
-        return 2
+        report = run_ab(args.repo, args.base, args.head, opts, progress(args))
+    except (AbInputError, RevisionError, ValueError, TrialError) as exc:
+        return error("ab", exc)
     if args.json:
         print(json.dumps(jsonable(report.to_dict()), indent=1, allow_nan=False))
     else:

@@ -7,6 +7,7 @@ multi-node cluster; ``--calibrate`` fits the cost model's terms there (`fleetben
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -15,7 +16,7 @@ from ..cluster.calibrate import calibrate_on_pool
 from ..cluster.launch import apply_cluster_args, start_cluster
 from ..config import ConfigError
 from ..measure.metadata import machine_line
-from . import helps
+from . import error, helps
 from .checks import check_number, max_local_ranks, unwritable
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
@@ -23,6 +24,7 @@ MAX_SIZE = 2**50  # a message size past any memory: refused while parsing (the m
 # Bytes a rank holds per byte of the largest message: the exact-check input and its expected values,
 # the timing buffer, and the int64 index temporaries that build them (8-byte integers per element).
 _HELD_PER_BYTE = {"float32": 3 + 2 * 8 / 4, "float64": 3 + 2 * 8 / 8}
+fail = functools.partial(error, "comm")
 
 
 def available_memory() -> int | None:
@@ -92,7 +94,7 @@ def add_parser(sub) -> None:
     p.set_defaults(func=main)
 
 
-def calibrate_main(args, cluster_spec, fail) -> int:
+def calibrate_main(args, cluster_spec) -> int:
     """``--calibrate FILE``: the calibration micro-benchmarks on the emulated cluster, fitted, written."""
     from ..runtime import RankPool  # at call time: tests replace it
 
@@ -128,10 +130,6 @@ def calibrate_main(args, cluster_spec, fail) -> int:
 def main(args) -> int:
     from ..comm.microbench import format_table, merge, parse_variant, sizes_between
 
-    def fail(msg: str) -> int:
-        print(f"fleetbench comm: error: {msg}", file=sys.stderr)
-        return 2
-
     cluster_spec = None
     if getattr(args, "cluster", None):
         try:
@@ -142,7 +140,7 @@ def main(args) -> int:
     if getattr(args, "calibrate", None):
         if cluster_spec is None:
             return fail("--calibrate needs --cluster: the terms are fitted on an emulated cluster")
-        return calibrate_main(args, cluster_spec, fail)
+        return calibrate_main(args, cluster_spec)
     if args.nproc < 2:
         return fail(f"--nproc {args.nproc}: an allreduce needs at least 2 ranks")
     problem = (check_number("--nproc", args.nproc, minimum=2, maximum=max_local_ranks(),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from ..config import ConfigError
-from . import helps
+from . import helps, terminate_cleanly
 from .checks import check_nproc, check_number
 
 
@@ -38,9 +38,8 @@ def add_parser(sub) -> None:
 def main(args) -> int:
     from ..doctor import format_table, run_doctor, to_json
     from ..runtime.device import CudaUnavailable
-    from .ab import _terminate_cleanly
 
-    _terminate_cleanly()  # SIGTERM (a CI cancel) unwinds like Ctrl-C: the pool and temp dirs are removed
+    terminate_cleanly()  # SIGTERM (a CI cancel) unwinds like Ctrl-C: the pool and temp dirs are removed
 
     problem = ((check_nproc(args.nproc, args.device) if args.nproc is not None else None)
                or check_number("--hang-timeout", args.hang_timeout, above=0.0, maximum=86400.0, unit="seconds"))

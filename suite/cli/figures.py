@@ -25,7 +25,7 @@ import sys
 import suite.figures as figures_pkg
 
 from ..measure.metadata import machine_line
-from . import helps
+from . import error, helps, terminate_cleanly
 from .checks import check_nproc, check_number, unwritable
 
 
@@ -110,9 +110,7 @@ def main(args) -> int:
             print(f"{n:16s} {importlib.import_module('suite.figures.' + n).DESCRIPTION}")
         return 0
     if args.name not in names:
-        print(f"fleetbench figures: error: figure set {args.name!r} is unknown; allowed: {', '.join(names)}",
-              file=sys.stderr)
-        return 2
+        return error("figures", f"figure set {args.name!r} is unknown; allowed: {', '.join(names)}")
 
     problem = (check_nproc(args.nproc) or check_number("--rounds", args.rounds, minimum=1, maximum=10**5)
                or check_number("--steps", args.steps, minimum=1, maximum=10**6)
@@ -120,21 +118,17 @@ def main(args) -> int:
                or (f"--out {args.out!r}: {unwritable(args.out)}" if args.out and unwritable(args.out) else None)
                or (f"--load {args.load!r}: no such file" if args.load and not os.path.isfile(args.load) else None))
     if problem:  # before any rank starts
-        print(f"fleetbench figures: error: {problem}", file=sys.stderr)
-        return 2
+        return error("figures", problem)
     from ..runtime import RankPool  # at call time: tests replace it
 
     module = importlib.import_module("suite.figures." + args.name)
     try:
         opts = options_for(args.name, module, args)
     except ValueError as exc:
-        print(f"fleetbench figures: error: {exc}", file=sys.stderr)
-        return 2
+        return error("figures", exc)
 
     own = {f.name for f in dataclasses.fields(module.Options)}
-    from .ab import _terminate_cleanly
-
-    _terminate_cleanly()  # SIGTERM unwinds like Ctrl-C: pools and trial servers closed, their logs removed
+    terminate_cleanly()  # SIGTERM unwinds like Ctrl-C: pools and trial servers closed, their logs removed
     try:
         if args.load and "load" not in own:
             with open(args.load) as fh:

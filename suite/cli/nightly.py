@@ -32,7 +32,7 @@ import time
 from ..config import ConfigError
 from ..measure.metadata import machine_name
 from ..nightly import NightlyOptions, finished_stages, last_night, make_plan
-from . import GATE_CODES, helps
+from . import GATE_CODES, helps, unwind
 from .checks import check_number
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -339,7 +339,7 @@ class Night:
               f"worlds {' '.join(map(str, self.resolved.worlds))}, out {self.out}; plan "
               f"{self.plan.seconds / 60:.0f} min", flush=True)
         n_pairs = len(self.resolved.matrix(runnable=True))
-        previous = signal.signal(signal.SIGTERM, _interrupt)  # a CI cancel unwinds like Ctrl-C: state saved
+        previous = signal.signal(signal.SIGTERM, unwind)  # a CI cancel unwinds like Ctrl-C: state saved
         self.save()
         try:
             codes = {
@@ -373,10 +373,6 @@ class Night:
 
 class OverLimit(KeyboardInterrupt):
     """The night reached --limit: the running stage is stopped like a cancel, and the night ends (exit 2)."""
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
 
 
 def _gate_lines(path: str, code: int) -> list[str]:

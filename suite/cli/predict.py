@@ -7,6 +7,7 @@ The cluster is only modelled here (any size); nothing is emulated.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -17,10 +18,11 @@ from ..cluster import costmodel as cm
 from ..cluster.calibrate import Calibration
 from ..cluster.simulate import Profile, predict_step, predict_table, registry_settings
 from ..cluster.spec import ClusterSpecError, parse_cluster
-from . import helps
+from . import error, helps
 from .checks import check_number, max_local_ranks, unwritable
 
 MAX_PROFILE_BYTES = 64 * 2**20  # a profile is a few KB; refuse to read a huge file (or a device) whole
+fail = functools.partial(error, "predict")
 
 
 def add_parser(sub) -> None:
@@ -90,10 +92,6 @@ def read_json_file(path: str):
 
 
 def main(args) -> int:
-    def fail(msg: str) -> int:
-        print(f"fleetbench predict: error: {msg}", file=sys.stderr)
-        return 2
-
     try:
         spec = parse_cluster(args.cluster, emulate=False)
     except ClusterSpecError as exc:
