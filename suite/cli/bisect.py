@@ -13,6 +13,7 @@ from ..ab.client import TrialError
 from ..ab.worktrees import RevisionError
 from ..results.records import jsonable
 from . import error, helps, terminate_cleanly
+from .options import require_at_least
 
 
 def add_parser(sub) -> None:
@@ -49,8 +50,7 @@ def main(args) -> int:
     if len(args.case) != 1 or any(ch in args.case[0] for ch in "*?[,"):
         return error("bisect", "name exactly one case with --case (e.g. --case mlp/plain)")
     try:
-        if args.retries < 0:
-            raise ValueError(f"--retries {args.retries}: must be >= 0")
+        require_at_least(args, retries=0)
         opts = options(args)
         report = run_bisect(args.repo, args.good, args.bad, args.case[0], opts, retries=args.retries,
                             say=progress(args))

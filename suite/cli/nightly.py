@@ -34,6 +34,7 @@ from ..measure.metadata import machine_name
 from ..nightly import NightlyOptions, finished_stages, last_night, make_plan
 from . import GATE_CODES, helps, unwind
 from .checks import check_number
+from .options import add_shared, selection
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -52,18 +53,12 @@ def add_parser(sub) -> None:
                                       2: "unusable input, a stage that could not run, or --limit reached",
                                       3: "undecided: the gate inconclusive, nothing worse (the last good commit "
                                          "stays)"}))
-    p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda where torch sees a GPU, else cpu")
-    p.add_argument("--case", action="append", default=[], metavar="NAME",
-                   help="case name or glob; repeatable or comma-separated")
-    p.add_argument("--tag", action="append", default=[],
-                   help="cases with this tag; repeatable (default: nightly-gpu on CUDA, smoke on CPU)")
-    p.add_argument("--model", action="append", default=[], metavar="MODEL", help="every case of this model")
+    add_shared(p, device="default: cuda where torch sees a GPU, else cpu", case=None,
+               tag="cases with this tag; repeatable (default: nightly-gpu on CUDA, smoke on CPU)", model=None)
     p.add_argument("--worlds", help="world sizes, comma-separated (default one: 2 on CPU, every GPU on CUDA)")
-    p.add_argument("--size", choices=("full", "cpu", "tiny"), help="model size (default: the device's)")
-    p.add_argument("--config", help="TOML file of strategy fields applied on top of every case")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a strategy field; repeatable")
-    p.add_argument("--rounds", type=int, default=3, help="timed rounds (default 3)")
-    p.add_argument("--steps", type=int, default=3, help="steps per round (default 3)")
+    add_shared(p, size="model size (default: the device's)", config=None, set=None,
+               rounds=dict(default=3, help="timed rounds (default 3)"),
+               steps=dict(default=3, help="steps per round (default 3)"))
     p.add_argument("--out", default=os.path.join("results", "nightly"), help="output directory (default "
                    "results/nightly; keep nightly.json in it between nights for the estimates)")
     p.add_argument("--last-good", default=os.path.join("results", "last-good", "commit"),
@@ -100,7 +95,7 @@ def plan_of(args):
     """(resolved selection, plan, last night) of the options; nothing is run, and with --plan nothing probed."""
     import fnmatch
 
-    from ..selection import Selection, choose_platform
+    from ..selection import choose_platform
 
     for opt, value, low in (("--rounds", args.rounds, 1), ("--steps", args.steps, 1), ("--persist", args.persist, 1)):
         problem = check_number(opt, value, minimum=low)
@@ -114,8 +109,7 @@ def plan_of(args):
     device = args.device or (None if args.plan else choose_platform(None)[0])
     tags = tuple(args.tag) or (() if (args.case or args.model) else ("nightly-gpu",) if device == "cuda" else
                                ("smoke",))
-    sel = Selection(cases=tuple(args.case), tags=tags, models=tuple(args.model), size=args.size,
-                    worlds=_worlds(args.worlds), device=device, sets=tuple(args.set),
+    sel = selection(args, tags=tags, worlds=_worlds(args.worlds), device=device,
                     config=os.path.abspath(args.config) if args.config else None)
     resolved = sel.resolve(probe=not args.plan)
     gate = [rc.case.name for rc in resolved.at[resolved.worlds[0]] if "gate" in rc.case.tags
