@@ -25,7 +25,7 @@ from ..models import default_size
 from ..results.records import jsonable
 from ..selection import choose_platform, default_worlds
 from . import GATE_CODES, error, helps, terminate_cleanly
-from .checks import check_nproc, check_number
+from .checks import MAX_STEPS, check_nproc, check_number, check_seconds
 from .options import add_shared, require_at_least, selection
 
 
@@ -103,11 +103,10 @@ def options(args):
     from ..ab.trials import AbOptions, inject_from_env
 
     require_at_least(args, nproc=1, steps=1, check_steps=1)
-    problem = ((check_nproc(args.nproc, args.device) if args.nproc is not None else None)
-               or (check_number("--batch", args.batch, minimum=1) if args.batch is not None else None)
-               or check_number("--timeout", args.timeout, above=0.0, maximum=7 * 86400.0, unit="seconds")
+    problem = (check_nproc(args.nproc, args.device) or check_number("--batch", args.batch, minimum=1)
+               or check_seconds("--timeout", args.timeout)
                or check_number("--seed", args.seed, minimum=0, maximum=2**32 - 1)
-               or check_number("--steps", args.steps, minimum=1, maximum=10**6))
+               or check_number("--steps", args.steps, minimum=1, maximum=MAX_STEPS))
     if problem:
         raise ValueError(problem)
     if args.python is not None and not (os.path.isfile(args.python) and os.access(args.python, os.X_OK)):

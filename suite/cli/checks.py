@@ -1,7 +1,8 @@
 """Checks shared by the sub-commands' arguments: numbers in range, local rank counts, writable paths.
 
 Each returns one line naming the option or path, the value and what is allowed (None when fine), so a
-command can refuse bad input before any rank starts.
+command can refuse bad input before any rank starts.  A value of None is an option not given: fine (the
+command chooses it later).
 """
 from __future__ import annotations
 
@@ -9,10 +10,16 @@ import math
 import os
 import stat
 
+# Bounds on the timing options: steps in a timed window, timed rounds, and a wait in seconds (a week: a timedelta
+# of 1e300 s overflows in the ranks).
+MAX_STEPS, MAX_ROUNDS, WEEK = 10**6, 10**5, 7 * 86400
+
 
 def check_number(option: str, value, *, minimum=None, above=None, maximum=None, unit: str = "") -> str | None:
-    """None when ``value`` is a finite number within the bounds, else one line naming the option, the
-    value and what is allowed (``minimum``/``maximum`` inclusive, ``above`` exclusive)."""
+    """None when ``value`` is a finite number within the bounds (or None: not given), else one line naming the
+    option, the value and what is allowed (``minimum``/``maximum`` inclusive, ``above`` exclusive)."""
+    if value is None:
+        return None
     shown = f"{value:g}" if isinstance(value, float) else str(value)
     kind = "a whole number" if isinstance(value, int) else "a finite number"
     parts = []
@@ -49,6 +56,11 @@ def max_local_ranks(device: str | None = "cpu") -> int:
     except (OSError, StopIteration, ValueError, IndexError):
         pass
     return cap
+
+
+def check_seconds(option: str, value, maximum: float | None = WEEK, unit: str = "seconds") -> str | None:
+    """:func:`check_number` for a wait in seconds: > 0, and at most ``maximum`` (default a week)."""
+    return check_number(option, value, above=0.0, maximum=maximum, unit=unit)
 
 
 def check_nproc(value, device: str | None = "cpu", option: str = "--nproc") -> str | None:

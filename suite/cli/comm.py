@@ -17,7 +17,7 @@ from ..cluster.launch import apply_cluster_args, start_cluster
 from ..config import ConfigError
 from ..measure.metadata import machine_line
 from . import error, helps
-from .checks import check_number, max_local_ranks, unwritable
+from .checks import check_number, check_seconds, max_local_ranks, unwritable
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 MAX_SIZE = 2**50  # a message size past any memory: refused while parsing (the memory bound comes later)
@@ -102,7 +102,7 @@ def calibrate_main(args, cluster_spec) -> int:
     if why:
         return fail(f"--calibrate {args.calibrate!r}: {why}")
     problem = (check_number("--iters", args.iters, minimum=1) or check_number("--rounds", args.rounds, minimum=1)
-               or check_number("--timeout", args.timeout, above=0, unit="seconds"))
+               or check_seconds("--timeout", args.timeout, maximum=None))
     if problem:
         return fail(problem)
     cluster, pool_kw = start_cluster(cluster_spec)
@@ -149,7 +149,7 @@ def main(args) -> int:
                or check_number("--step-factor", args.step_factor, minimum=2)
                or check_number("--iters", args.iters, minimum=1)
                or check_number("--warmup", args.warmup, minimum=0)
-               or check_number("--timeout", args.timeout, above=0, unit="seconds, the bound on the whole sweep"))
+               or check_seconds("--timeout", args.timeout, maximum=None, unit="seconds, the bound on the whole sweep"))
     if problem:
         return fail(problem)
     try:

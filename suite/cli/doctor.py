@@ -12,7 +12,7 @@ import sys
 
 from ..config import ConfigError
 from . import helps, terminate_cleanly
-from .checks import check_nproc, check_number
+from .checks import check_nproc, check_seconds
 
 
 def add_parser(sub) -> None:
@@ -41,8 +41,7 @@ def main(args) -> int:
 
     terminate_cleanly()  # SIGTERM (a CI cancel) unwinds like Ctrl-C: the pool and temp dirs are removed
 
-    problem = ((check_nproc(args.nproc, args.device) if args.nproc is not None else None)
-               or check_number("--hang-timeout", args.hang_timeout, above=0.0, maximum=86400.0, unit="seconds"))
+    problem = check_nproc(args.nproc, args.device) or check_seconds("--hang-timeout", args.hang_timeout, 86400.0)
     if problem:
         raise ConfigError(problem)
     progress = None if args.json else (lambda item: print(f"  {item.status:<20} {item.item}", file=sys.stderr,

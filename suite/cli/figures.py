@@ -26,7 +26,7 @@ import suite.figures as figures_pkg
 
 from ..measure.metadata import machine_line
 from . import error, helps, terminate_cleanly
-from .checks import check_nproc, check_number, unwritable
+from .checks import MAX_ROUNDS, MAX_STEPS, check_nproc, check_number, check_seconds, unwritable
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -112,9 +112,9 @@ def main(args) -> int:
     if args.name not in names:
         return error("figures", f"figure set {args.name!r} is unknown; allowed: {', '.join(names)}")
 
-    problem = (check_nproc(args.nproc) or check_number("--rounds", args.rounds, minimum=1, maximum=10**5)
-               or check_number("--steps", args.steps, minimum=1, maximum=10**6)
-               or check_number("--timeout", args.timeout, above=0.0, maximum=7 * 86400.0, unit="seconds")
+    problem = (check_nproc(args.nproc) or check_number("--rounds", args.rounds, minimum=1, maximum=MAX_ROUNDS)
+               or check_number("--steps", args.steps, minimum=1, maximum=MAX_STEPS)
+               or check_seconds("--timeout", args.timeout)
                or (f"--out {args.out!r}: {unwritable(args.out)}" if args.out and unwritable(args.out) else None)
                or (f"--load {args.load!r}: no such file" if args.load and not os.path.isfile(args.load) else None))
     if problem:  # before any rank starts

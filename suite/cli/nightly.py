@@ -97,14 +97,12 @@ def plan_of(args):
 
     from ..selection import choose_platform
 
-    for opt, value, low in (("--rounds", args.rounds, 1), ("--steps", args.steps, 1), ("--persist", args.persist, 1)):
-        problem = check_number(opt, value, minimum=low)
-        if problem:
-            raise ConfigError(problem)
-    for opt, value in (("--gate-budget", args.gate_budget), ("--limit", args.limit)):
-        problem = value is not None and check_number(opt, value, above=0.0, unit="minutes")
-        if problem:
-            raise ConfigError(problem)
+    problem = (check_number("--rounds", args.rounds, minimum=1) or check_number("--steps", args.steps, minimum=1)
+               or check_number("--persist", args.persist, minimum=1)
+               or check_number("--gate-budget", args.gate_budget, above=0.0, unit="minutes")
+               or check_number("--limit", args.limit, above=0.0, unit="minutes"))
+    if problem:
+        raise ConfigError(problem)
     # the device first (a plan only declares it), for the default tag
     device = args.device or (None if args.plan else choose_platform(None)[0])
     tags = tuple(args.tag) or (() if (args.case or args.model) else ("nightly-gpu",) if device == "cuda" else

@@ -100,10 +100,8 @@ def main(args) -> int:
                or check_number("--intra-lat", args.intra_lat, minimum=0.0, unit="µs")
                or check_number("--bucket-mb", args.bucket_mb, above=0.0, unit="MiB")
                or check_number("--local-sgd-k", args.local_sgd_k, minimum=1)
-               or (check_number("--per-rank-batch", args.per_rank_batch, minimum=1)
-                   if args.per_rank_batch is not None else None)  # None: the model's own at its size
-               or (check_number("--nproc", args.nproc, minimum=1, maximum=max_local_ranks())
-                   if args.nproc is not None else None))
+               or check_number("--per-rank-batch", args.per_rank_batch, minimum=1)  # None: the model's own
+               or check_number("--nproc", args.nproc, minimum=1, maximum=max_local_ranks()))
     if problem:
         return fail(problem)
     if args.profile:

@@ -29,7 +29,7 @@ from ..runner import CaseRunner, RunOptions
 from ..runtime.launch import init_from_env, shutdown, torchrun_env
 from ..runtime.torchrun import TorchrunLauncher
 from . import helps
-from .checks import check_nproc
+from .checks import MAX_ROUNDS, MAX_STEPS, WEEK, check_nproc
 from .options import add_shared, require_at_least, selection
 
 DEFAULT_RESULTS = os.path.join("results", "runs.jsonl")
@@ -89,18 +89,18 @@ def main(args) -> int:
     if getattr(args, "cluster", None):
         cluster_spec = apply_cluster_args(args, under_torchrun=env is not None)
     require_at_least(args, nproc=1)
-    if args.nproc is not None and not env and (why := check_nproc(args.nproc, args.device)):
+    if not env and (why := check_nproc(args.nproc, args.device)):
         raise ConfigError(why)
-    if args.steps > 10**6 or args.rounds > 10**5:
-        raise ConfigError(f"--steps {args.steps} / --rounds {args.rounds}: at most 1000000 steps per window and "
-                          f"100000 rounds")
+    if args.steps > MAX_STEPS or args.rounds > MAX_ROUNDS:
+        raise ConfigError(f"--steps {args.steps} / --rounds {args.rounds}: at most {MAX_STEPS} steps per window and "
+                          f"{MAX_ROUNDS} rounds")
     require_at_least(args, steps=1, rounds=1, check_steps=1, warmup=0, trace_steps=0)
     if args.timeout is not None:
         _seconds("timeout", args.timeout)
     _seconds("pg-timeout", args.pg_timeout)
     for name, value in (("timeout", args.timeout), ("pg-timeout", args.pg_timeout)):
-        if value is not None and value > 7 * 86400:  # a timedelta of 1e300 s overflows in the ranks
-            raise ConfigError(f"--{name} {value:g}: at most {7 * 86400} seconds (a week)")
+        if value is not None and value > WEEK:  # a timedelta of 1e300 s overflows in the ranks
+            raise ConfigError(f"--{name} {value:g}: at most {WEEK} seconds (a week)")
     require_at_least(args, batch=1)
     # every config validated before any rank starts
     resolved = selection(args).resolve(env.world_size if env else args.nproc,
