@@ -41,6 +41,21 @@ def check_number(option: str, value, *, minimum=None, above=None, maximum=None, 
 RANK_MEMORY = 300 * 2**20  # what one CPU rank holds at least (torch imported, a small model)
 
 
+def available_memory() -> int | None:
+    """Bytes of memory available for new allocations (MemAvailable), or None when unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def max_local_ranks(device: str | None = "cpu") -> int:
     """Ranks are processes on this machine: at most 32 or one per CPU, whichever is more, and no more
     than the available memory holds (:data:`RANK_MEMORY` each); on CUDA, one per GPU."""
@@ -49,13 +64,8 @@ def max_local_ranks(device: str | None = "cpu") -> int:
 
         return max(1, torch.cuda.device_count())
     cap = max(32, os.cpu_count() or 1)
-    try:
-        with open("/proc/meminfo") as fh:
-            avail = next(int(ln.split()[1]) * 1024 for ln in fh if ln.startswith("MemAvailable:"))
-        cap = min(cap, max(1, avail // RANK_MEMORY))
-    except (OSError, StopIteration, ValueError, IndexError):
-        pass
-    return cap
+    avail = available_memory()
+    return cap if avail is None else min(cap, max(1, avail // RANK_MEMORY))
 
 
 def check_seconds(option: str, value, maximum: float | None = WEEK, unit: str = "seconds") -> str | None:

@@ -8,7 +8,6 @@ multi-node cluster; ``--calibrate`` fits the cost model's terms there (`fleetben
 from __future__ import annotations
 
 import functools
-import os
 import re
 import sys
 
@@ -17,7 +16,7 @@ from ..cluster.launch import apply_cluster_args, start_cluster
 from ..config import ConfigError
 from ..measure.metadata import machine_line
 from . import error, helps
-from .checks import check_number, check_seconds, max_local_ranks, unwritable
+from .checks import available_memory, check_number, check_seconds, max_local_ranks, unwritable
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 MAX_SIZE = 2**50  # a message size past any memory: refused while parsing (the memory bound comes later)
@@ -25,21 +24,6 @@ MAX_SIZE = 2**50  # a message size past any memory: refused while parsing (the m
 # the timing buffer, and the int64 index temporaries that build them (8-byte integers per element).
 _HELD_PER_BYTE = {"float32": 3 + 2 * 8 / 4, "float64": 3 + 2 * 8 / 8}
 fail = functools.partial(error, "comm")
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available for new allocations (MemAvailable), or None when unknown."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def format_bytes(n: float) -> str:
