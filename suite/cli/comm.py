@@ -17,6 +17,7 @@ from ..config import ConfigError
 from ..measure.metadata import machine_line
 from . import error, helps
 from .checks import available_memory, check_number, check_seconds, max_local_ranks, unwritable
+from .options import add_shared
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 MAX_SIZE = 2**50  # a message size past any memory: refused while parsing (the memory bound comes later)
@@ -54,7 +55,7 @@ def add_parser(sub) -> None:
                            fleetbench comm --nproc 4 -b 1K -e 64M
                            fleetbench comm --nproc 4 --variants flat,comm2 --dtype float64 -n 50
                            fleetbench comm --cluster 2x2:inter=200mbit --calibrate calibration.json"""))
-    p.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
+    add_shared(p, nproc=dict(default=2, help="ranks (default 2)"))
     p.add_argument("-b", "--min-bytes", default="1K", help="smallest message (default 1K)")
     p.add_argument("-e", "--max-bytes", default="16M", help="largest message (default 16M)")
     p.add_argument("-f", "--step-factor", type=int, default=4, help="size multiplier between rows (default 4)")
@@ -66,7 +67,7 @@ def add_parser(sub) -> None:
     p.add_argument("-w", "--warmup", type=int, default=5, help="untimed iterations per row (default 5)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                    help="element type of the messages (default float32; the sizes are bytes either way)")
-    p.add_argument("--timeout", type=float, default=1800.0, help="bound on the whole sweep, seconds")
+    add_shared(p, timeout=dict(default=1800.0, help="bound on the whole sweep, seconds"))
     p.add_argument("--cluster", metavar="NxR:inter=RATE[,intra=RATE]",
                    help="run the ranks on an emulated cluster (network namespaces; root): N nodes of R ranks; "
                         "sets --nproc to N*R and --inter-nranks to R")
@@ -74,7 +75,7 @@ def add_parser(sub) -> None:
                    help="with --cluster: run the cost model's calibration micro-benchmarks instead (flat allreduce, "
                         "broadcast, the two-level allreduce's intra-node phases, CPU time per byte) and write the "
                         "fitted terms to FILE as JSON (fleetbench predict --calibration FILE)")
-    p.add_argument("--rounds", type=int, default=5, help="with --calibrate: timed blocks per size (median taken)")
+    add_shared(p, rounds=dict(default=5, help="with --calibrate: timed blocks per size (median taken)"))
     p.set_defaults(func=main)
 
 

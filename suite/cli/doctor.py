@@ -13,6 +13,7 @@ import sys
 from ..config import ConfigError
 from . import helps, terminate_cleanly
 from .checks import check_nproc, check_seconds
+from .options import add_shared
 
 
 def add_parser(sub) -> None:
@@ -21,10 +22,7 @@ def add_parser(sub) -> None:
                        **helps(__doc__, """
                            fleetbench doctor
                            fleetbench doctor --device cuda --nproc 8 --json"""))
-    p.add_argument("--nproc", type=int, default=None,
-                   help="ranks (default: every GPU torch sees on CUDA, 4 on CPU)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
-                   help="default: cuda where torch sees a GPU, else cpu")
+    add_shared(p, nproc="ranks (default: every GPU torch sees on CUDA, 4 on CPU)", device=None)
     p.add_argument("--hang-timeout", type=float, default=30.0,
                    help="seconds the hierarchical-overlap item may take before it counts as a hang (default 30)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of the table")

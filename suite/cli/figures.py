@@ -27,6 +27,7 @@ import suite.figures as figures_pkg
 from ..measure.metadata import machine_line
 from . import error, helps, terminate_cleanly
 from .checks import MAX_ROUNDS, MAX_STEPS, check_nproc, check_number, check_seconds, unwritable
+from .options import add_shared
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -76,11 +77,11 @@ def add_parser(sub) -> None:
         fleetbench figures
         fleetbench figures gate --out docs/figures/gate.md"""))
     p.add_argument("name", nargs="?", help="figure set; omit to list them")
-    p.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
-    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
-    p.add_argument("--steps", type=int, default=5, help="steps per timed window (default 5)")
+    add_shared(p, nproc=dict(default=2, help="ranks (default 2)"),
+               rounds=dict(default=7, help="interleaved rounds (default 7)"),
+               steps=dict(default=5, help="steps per timed window (default 5)"))
     p.add_argument("--out", help="also write the Markdown here")
-    p.add_argument("--timeout", type=float, default=1800.0, help="bound on each multi-rank call, seconds")
+    add_shared(p, timeout=dict(default=1800.0, help="bound on each multi-rank call, seconds"))
     p.add_argument("--save", help="keep the figure's raw data here (JSON; gate and cluster rewrite it as they go)")
     p.add_argument("--load", help="render the raw data kept here instead of measuring (gate: measures the cases "
                    "the file lacks; cluster: with --rechecks N, measures its misses again)")

@@ -53,7 +53,7 @@ def add_parser(sub) -> None:
                                       2: "unusable input, a stage that could not run, or --limit reached",
                                       3: "undecided: the gate inconclusive, nothing worse (the last good commit "
                                          "stays)"}))
-    add_shared(p, device="default: cuda where torch sees a GPU, else cpu", case=None,
+    add_shared(p, device=None, case=None,
                tag="cases with this tag; repeatable (default: nightly-gpu on CUDA, smoke on CPU)", model=None)
     p.add_argument("--worlds", help="world sizes, comma-separated (default one: 2 on CPU, every GPU on CUDA)")
     add_shared(p, size="model size (default: the device's)", config=None, set=None,

@@ -12,7 +12,7 @@ from ..selection import DEVICES, SIZES, Selection
 # --NAME (underscores for dashes) -> add_argument keywords; a command's help (and default) go over them
 SHARED: dict[str, dict] = {
     "nproc": dict(type=int, default=None),
-    "device": dict(choices=DEVICES),
+    "device": dict(choices=DEVICES, help="default: cuda where torch sees a GPU, else cpu"),
     "case": dict(action="append", default=[], metavar="NAME", help="case name or glob; repeatable or comma-separated"),
     "tag": dict(action="append", default=[], help="cases with this tag; repeatable"),
     "model": dict(action="append", default=[], metavar="MODEL", help="every case of this model"),

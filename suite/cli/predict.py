@@ -20,6 +20,7 @@ from ..cluster.simulate import Profile, predict_step, predict_table, registry_se
 from ..cluster.spec import ClusterSpecError, parse_cluster
 from . import error, helps
 from .checks import check_number, max_local_ranks, unwritable
+from .options import add_shared
 
 MAX_PROFILE_BYTES = 64 * 2**20  # a profile is a few KB; refuse to read a huge file (or a device) whole
 fail = functools.partial(error, "predict")
@@ -36,10 +37,9 @@ def add_parser(sub) -> None:
     src.add_argument("--profile", help="a profile JSON file (as written by --save-profile)")
     src.add_argument("--model", help="measure a profile of this model now (a registry name such as resnet50 or "
                      "mlp, or module:function)")
-    p.add_argument("--nproc", type=int, help="ranks that measure the profile at once (default: ranks per node, "
-                   "at most 4)")
+    add_shared(p, nproc="ranks that measure the profile at once (default: ranks per node, at most 4)")
     p.add_argument("--per-rank-batch", type=int, default=None, help="default: the model's at its size")
-    p.add_argument("--size", choices=("full", "cpu", "tiny"), default="cpu", help="model size (default cpu)")
+    add_shared(p, size=dict(default="cpu", help="model size (default cpu)"))
     p.add_argument("--save-profile", help="write the measured profile here")
     p.add_argument("--inter-lat", type=float, default=100.0, help="alpha of an inter-node message step, µs (100)")
     p.add_argument("--intra-lat", type=float, default=50.0, help="alpha of an intra-node message step, µs (50)")
