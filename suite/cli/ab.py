@@ -13,7 +13,6 @@ Every verdict states its power: the smallest slowdown the comparison would have 
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 
@@ -26,7 +25,7 @@ from ..results.records import jsonable
 from ..selection import choose_platform, default_worlds
 from . import GATE_CODES, error, helps, terminate_cleanly
 from .checks import MAX_STEPS, check_nproc, check_number, check_seconds
-from .options import add_shared, require_at_least, selection
+from .options import add_shared, require_at_least, require_seconds, selection
 
 
 def add_selection(p) -> None:
@@ -135,8 +134,7 @@ def options(args):
                      total_budget_s=getattr(args, "total_budget", None),
                      isolation=AB_DEFAULT if getattr(args, "isolation", None) is None
                      else Isolation.parse(args.isolation))
-    if opts.total_budget_s is not None and not (math.isfinite(opts.total_budget_s) and opts.total_budget_s > 0):
-        raise ValueError(f"--total-budget {opts.total_budget_s!r}: must be a finite number of seconds > 0")
+    require_seconds(args, "total_budget")  # bisect has none
     return inject_from_env(opts)
 
 

@@ -6,6 +6,8 @@ default) where its use differs: run's ``--case`` help names the pattern, ab's is
 """
 from __future__ import annotations
 
+import math
+
 from ..config import ConfigError
 from ..selection import DEVICES, SIZES, Selection
 
@@ -53,3 +55,12 @@ def require_at_least(args, **lows: int) -> None:
         value = getattr(args, name)
         if value is not None and value < low:
             raise ConfigError(f"--{name.replace('_', '-')} {value}: must be >= {low}")
+
+
+def require_seconds(args, *names: str) -> None:
+    """A ConfigError naming the first option (an attribute of ``args``; None or absent: not given) that is not a
+    finite number of seconds > 0."""
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ConfigError(f"--{name.replace('_', '-')} {value}: must be a finite number of seconds > 0")

@@ -12,7 +12,6 @@ hang is reported as an error and the run goes on.
 """
 from __future__ import annotations
 
-import math
 import os
 import stat
 import sys
@@ -30,7 +29,7 @@ from ..runtime.launch import init_from_env, shutdown, torchrun_env
 from ..runtime.torchrun import TorchrunLauncher
 from . import helps
 from .checks import MAX_ROUNDS, MAX_STEPS, WEEK, check_nproc
-from .options import add_shared, require_at_least, selection
+from .options import add_shared, require_at_least, require_seconds, selection
 
 DEFAULT_RESULTS = os.path.join("results", "runs.jsonl")
 
@@ -78,11 +77,6 @@ def add_parser(sub) -> None:
     p.set_defaults(func=main)
 
 
-def _seconds(name: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise ConfigError(f"--{name} {value}: must be a finite number of seconds > 0")
-
-
 def main(args) -> int:
     env = torchrun_env()
     cluster_spec = None
@@ -95,9 +89,7 @@ def main(args) -> int:
         raise ConfigError(f"--steps {args.steps} / --rounds {args.rounds}: at most {MAX_STEPS} steps per window and "
                           f"{MAX_ROUNDS} rounds")
     require_at_least(args, steps=1, rounds=1, check_steps=1, warmup=0, trace_steps=0)
-    if args.timeout is not None:
-        _seconds("timeout", args.timeout)
-    _seconds("pg-timeout", args.pg_timeout)
+    require_seconds(args, "timeout", "pg_timeout")
     for name, value in (("timeout", args.timeout), ("pg-timeout", args.pg_timeout)):
         if value is not None and value > WEEK:  # a timedelta of 1e300 s overflows in the ranks
             raise ConfigError(f"--{name} {value:g}: at most {WEEK} seconds (a week)")
@@ -236,16 +228,16 @@ class RunDisplay:
         group = f"group {p.done}/{p.total}" if p.total > 1 else "one group"
         what = (f"{p.model}, {group}: {len(p.variants)} variant(s) interleaved ({', '.join(p.variants)}), "
                 f"{p.rounds} round(s) x {p.steps} step(s)")
-        if self._progress is None:
+        if p.event == "timed":  # a line on a terminal too
+            self.say(f"      timed {p.model} {group} in {p.seconds:.1f}s: "
+                     + (f"failed ({p.detail})" if p.detail else f"{p.rounds}/{p.rounds} rounds done"))
+        bar = self._progress
+        if bar is None:
             if p.event == "timing":
                 self.say(f"      timing {what} ...")
-            elif p.event == "timed":
-                self.say(f"      timed {p.model} {group} in {p.seconds:.1f}s: "
-                         + (f"failed ({p.detail})" if p.detail else f"{p.rounds}/{p.rounds} rounds done"))
             elif p.event == "trace":
                 self.say(f"      tracing {p.case} ({p.steps} step(s))")
             return
-        bar = self._progress
         if p.event == "check":
             bar.update(self._step, description=f"checking {p.case}", total=None, completed=0)
         elif p.event == "checked":
@@ -254,8 +246,6 @@ class RunDisplay:
             bar.update(self._step, description=f"timing {what}", total=p.rounds, completed=0)
         elif p.event == "timed":
             bar.update(self._step, completed=p.rounds if not p.detail else 0)
-            self.say(f"      timed {p.model} {group} in {p.seconds:.1f}s: "
-                     + (f"failed ({p.detail})" if p.detail else f"{p.rounds}/{p.rounds} rounds done"))
         elif p.event == "trace":
             bar.update(self._step, description=f"tracing {p.case} ({p.steps} step(s))", total=None, completed=0)
 
