@@ -33,6 +33,15 @@ def error(command: str, message) -> int:
     return 2
 
 
+def print_json(doc) -> None:
+    """A --json document on stdout: strict JSON (no NaN), one level of indentation."""
+    import json
+
+    from ..results.records import jsonable
+
+    print(json.dumps(jsonable(doc), indent=1, allow_nan=False))
+
+
 def unwind(signum, frame):
     """A signal handler: the signal (SIGTERM, a CI job cancelled) unwinds like Ctrl-C."""
     raise KeyboardInterrupt

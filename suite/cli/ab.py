@@ -12,7 +12,6 @@ Every verdict states its power: the smallest slowdown the comparison would have 
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -21,9 +20,8 @@ from ..ab.isolation import AB_DEFAULT, Isolation
 from ..ab.worktrees import RevisionError
 from ..config import ConfigError
 from ..models import default_size
-from ..results.records import jsonable
 from ..selection import choose_platform, default_worlds
-from . import GATE_CODES, error, helps, terminate_cleanly
+from . import GATE_CODES, error, helps, print_json, terminate_cleanly
 from .checks import MAX_STEPS, check_nproc, check_number, check_seconds
 from .options import add_shared, require_at_least, require_seconds, selection
 
@@ -153,7 +151,7 @@ def main(args) -> int:
     except (AbInputError, RevisionError, ValueError, TrialError) as exc:
         return error("ab", exc)
     if args.json:
-        print(json.dumps(jsonable(report.to_dict()), indent=1, allow_nan=False))
+        print_json(report.to_dict())
     else:
         print()
         print(format_table(report))

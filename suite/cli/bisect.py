@@ -6,13 +6,11 @@ slower is bad, same or faster is good; inconclusive is tested again with twice t
 """
 from __future__ import annotations
 
-import json
 import math
 
 from ..ab.client import TrialError
 from ..ab.worktrees import RevisionError
-from ..results.records import jsonable
-from . import error, helps, terminate_cleanly
+from . import error, helps, print_json, terminate_cleanly
 from .options import require_at_least
 
 
@@ -57,7 +55,7 @@ def main(args) -> int:
     except (AbInputError, RevisionError, ValueError, TrialError) as exc:
         return error("bisect", exc)
     if args.json:
-        print(json.dumps(jsonable(report.to_dict()), indent=1, allow_nan=False))
+        print_json(report.to_dict())
         return report.exit_code
     print()
     for t in report.tests:

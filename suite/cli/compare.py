@@ -12,8 +12,8 @@ import sys
 
 from ..report.page import md_text
 from ..results.load import load_side
-from ..results.records import ResultsFileError, jsonable, plain
-from . import GATE_CODES, error, helps
+from ..results.records import ResultsFileError, plain
+from . import GATE_CODES, error, helps, print_json
 from .checks import unwritable
 
 
@@ -64,9 +64,7 @@ def main(args) -> int:
     except (ResultsFileError, ValueError) as exc:
         return error("compare", plain(exc))
     if args.json:
-        import json
-
-        print(json.dumps(jsonable(cmp.to_dict(base, head, opts)), indent=1, allow_nan=False))
+        print_json(cmp.to_dict(base, head, opts))
         for w in cmp.warnings:
             print(f"warning: {w}", file=sys.stderr)
         return cmp.exit_code

@@ -213,9 +213,13 @@ class Night:
         return code
 
     # -- the stages -------------------------------------------------------------------------------------
-    def selection_options(self, prefix: str = "--") -> list:
+    def selection_options(self, prefix: str = "--", cases: list | None = None) -> list:
+        """The resolved selection as options of a stage's command; ``cases`` (the gate's) instead of the selection's
+        cases, tags and models."""
         sel, out = self.resolved.selection, []
-        for opt, values in (("case", sel.cases), ("tag", sel.tags), ("model", sel.models), ("set", sel.sets)):
+        chosen = ((("case", sel.cases), ("tag", sel.tags), ("model", sel.models)) if cases is None
+                  else (("case", cases),))
+        for opt, values in (*chosen, ("set", sel.sets)):
             for v in values:
                 out += [f"{prefix}{opt}", v]
         for opt, value in (("size", self.resolved.size), ("config", sel.config), ("device", self.resolved.device)):
@@ -297,12 +301,9 @@ class Night:
                 continue
             share = self.plan.gate_budget_s * len(names) / len(self.plan.gate)
             path = os.path.join(self.out, f"ab-w{w}.json")
-            sel = self.resolved.selection
-            extra = [x for s in sel.sets for x in ("--set", s)] + (["--config", sel.config] if sel.config else [])
             with open(path, "w") as fh:
                 code = self.call(self.fleetbench(
-                    "ab", good, self.commit, "--nproc", str(w), "--device", self.resolved.device, "--size",
-                    self.resolved.size, *[x for n in names for x in ("--case", n)], *extra, "--total-budget",
+                    "ab", good, self.commit, "--nproc", str(w), *self.selection_options(cases=names), "--total-budget",
                     f"{share:.0f}", *(["--no-check"] if self.args.quick else []), *shlex.split(self.args.ab_args),
                     "--json"), stdout=fh)
             codes.append(_code(code))
