@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import textwrap
+
+from ..results.records import jsonable
 
 # The one exit-code table of compare, ab, bisect and nightly (each command says what each code means for it).
 GATE_CODES = {0: "ok or same: nothing slower", 1: "regression", 2: "unusable input (named: file, line, option)",
@@ -35,10 +38,6 @@ def error(command: str, message) -> int:
 
 def print_json(doc) -> None:
     """A --json document on stdout: strict JSON (no NaN), one level of indentation."""
-    import json
-
-    from ..results.records import jsonable
-
     print(json.dumps(jsonable(doc), indent=1, allow_nan=False))
 
 

@@ -7,14 +7,18 @@ default) where its use differs: run's ``--case`` help names the pattern, ab's is
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from ..config import ConfigError
-from ..selection import DEVICES, SIZES, Selection
+from ..model_registry import SIZES
+
+if TYPE_CHECKING:
+    from ..selection import Selection
 
 # --NAME (underscores for dashes) -> add_argument keywords; a command's help (and default) go over them
 SHARED: dict[str, dict] = {
     "nproc": dict(type=int, default=None),
-    "device": dict(choices=DEVICES, help="default: cuda where torch sees a GPU, else cpu"),
+    "device": dict(choices=("cpu", "cuda"), help="default: cuda where torch sees a GPU, else cpu"),
     "case": dict(action="append", default=[], metavar="NAME", help="case name or glob; repeatable or comma-separated"),
     "tag": dict(action="append", default=[], help="cases with this tag; repeatable"),
     "model": dict(action="append", default=[], metavar="MODEL", help="every case of this model"),
@@ -43,6 +47,8 @@ def add_shared(p, **given) -> None:
 def selection(args, **fields) -> Selection:
     """The typed selection of the options --case, --tag, --model, --size, --device, --config and --set (not resolved:
     see :meth:`Selection.resolve`); ``fields`` replace what the command decides itself (e.g. its default tags)."""
+    from ..selection import Selection  # at call time: it imports torch (the models); importing options stays light
+
     return Selection(**{"cases": tuple(args.case), "tags": tuple(args.tag), "models": tuple(args.model),
                         "size": args.size, "device": args.device, "config": args.config, "sets": tuple(args.set),
                         **fields})
