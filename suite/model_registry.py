@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["DATA_KINDS", "RegistryModel", "REGISTRY", "SMALL_MODELS", "PUBLISHED_MODELS"]
+__all__ = ["DATA_KINDS", "SIZES", "RegistryModel", "REGISTRY", "SMALL_MODELS", "PUBLISHED_MODELS"]
 
 # What the synthetic data is; it decides which variants apply to a model (suite.cases).
 DATA_KINDS = ("images", "tokens", "masked_tokens", "other")
+
+# The sizes every model is built at (suite.models; `--size`).
+SIZES = ("full", "cpu", "tiny")
 
 
 class RegistryModel(NamedTuple):

@@ -2,7 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import json
+import signal
+import sys
 import textwrap
+
+from ..results.records import jsonable
 
 # The one exit-code table of compare, ab, bisect and nightly (each command says what each code means for it).
 GATE_CODES = {0: "ok or same: nothing slower", 1: "regression", 2: "unusable input (named: file, line, option)",
@@ -23,3 +28,27 @@ def helps(doc: str | None, examples: str, verdicts: str = "", codes: dict[int, s
     parts.append("examples:\n" + textwrap.indent(textwrap.dedent(examples).strip(), "  "))
     return dict(description=textwrap.dedent(doc or "").strip(), epilog="\n\n".join(parts),
                 formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def error(command: str, message) -> int:
+    """``fleetbench COMMAND: error: MESSAGE`` on stderr; returns 2, the exit code of unusable input."""
+    print(f"fleetbench {command}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def print_json(doc) -> None:
+    """A --json document on stdout: strict JSON (no NaN), one level of indentation."""
+    print(json.dumps(jsonable(doc), indent=1, allow_nan=False))
+
+
+def unwind(signum, frame):
+    """A signal handler: the signal (SIGTERM, a CI job cancelled) unwinds like Ctrl-C."""
+    raise KeyboardInterrupt
+
+
+def terminate_cleanly() -> None:
+    """SIGTERM (a CI job cancelled) unwinds like Ctrl-C, so worktrees, pools and servers are removed."""
+    try:
+        signal.signal(signal.SIGTERM, unwind)
+    except ValueError:  # not the main thread
+        pass

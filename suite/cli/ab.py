@@ -12,10 +12,7 @@ Every verdict states its power: the smallest slowdown the comparison would have 
 """
 from __future__ import annotations
 
-import json
-import math
 import os
-import signal
 import sys
 
 from ..ab.client import TrialError
@@ -23,31 +20,24 @@ from ..ab.isolation import AB_DEFAULT, Isolation
 from ..ab.worktrees import RevisionError
 from ..config import ConfigError
 from ..models import default_size
-from ..results.records import jsonable
-from ..selection import SIZES, choose_platform, default_worlds
-from . import GATE_CODES, helps
-from .checks import check_nproc, check_number
+from ..selection import choose_platform, default_worlds
+from . import GATE_CODES, error, helps, print_json, terminate_cleanly
+from .checks import MAX_STEPS, check_nproc, check_number, check_seconds
+from .options import add_shared, require_at_least, require_seconds, selection
 
 
 def add_selection(p) -> None:
     """The options `ab` and `bisect` share with `run` (selection, size, world) and their own timing ones."""
-    p.add_argument("--case", action="append", default=[], metavar="NAME",
-                   help="case name or glob; repeatable or comma-separated")
-    p.add_argument("--tag", action="append", default=[], help="cases with this tag; repeatable")
-    p.add_argument("--model", action="append", default=[], metavar="MODEL", help="every case of this model")
-    p.add_argument("--nproc", type=int, default=None,
-                   help="ranks of each revision, the world size (default: 2 on CPU, every GPU on CUDA)")
-    p.add_argument("--device", choices=("cpu", "cuda"), help="the ranks' device (default: cuda where torch sees a "
-                   "GPU, then one for every rank or an error; else cpu)")
-    p.add_argument("--size", choices=SIZES, help="model size (default: cpu on CPU, full on CUDA)")
-    p.add_argument("--config", help="TOML file of strategy fields applied on top of every case")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a strategy field; repeatable")
-    p.add_argument("--batch", type=int, default=None, help="per-rank batch size (default: the model's)")
-    p.add_argument("--steps", type=int, default=5, help="steps per trial window (default 5)")
+    add_shared(p, case=None, tag=None, model=None,
+               nproc="ranks of each revision, the world size (default: 2 on CPU, every GPU on CUDA)",
+               device="the ranks' device (default: cuda where torch sees a GPU, then one for every rank or an error; "
+                      "else cpu)",
+               size="model size (default: cpu on CPU, full on CUDA)", config=None, set=None,
+               batch="per-rank batch size (default: the model's)",
+               steps=dict(default=5, help="steps per trial window (default 5)"))
     p.add_argument("--trial-warmup", type=int, default=1, help="discarded steps before each trial (default 1)")
-    p.add_argument("--warmup", type=int, default=2, help="warm-up steps when a case is prepared (default 2)")
-    p.add_argument("--no-check", action="store_true", help="skip the correctness check (and the loss trajectory)")
-    p.add_argument("--check-steps", type=int, default=3, help="steps of the correctness check (default 3)")
+    add_shared(p, warmup=dict(default=2, help="warm-up steps when a case is prepared (default 2)"),
+               no_check="skip the correctness check (and the loss trajectory)", check_steps=None)
     p.add_argument("--delta", type=float, default=0.02,
                    help="equivalence margin on the step-time ratio (default 0.02: slower means the whole interval "
                         "above +2%%, same means inside ±2%%)")
@@ -72,7 +62,7 @@ def add_selection(p) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the block orders and the bootstrap")
     p.add_argument("--repo", default=".", help="the git repository of the revisions (default: the current one)")
     p.add_argument("--python", help="interpreter of the trial servers (default: this one)")
-    p.add_argument("--timeout", type=float, default=600.0, help="bound on each request to a trial server, seconds")
+    add_shared(p, timeout=dict(default=600.0, help="bound on each request to a trial server, seconds"))
     p.add_argument("--json", action="store_true", help="print the result as JSON (for machines) instead of a table")
 
 
@@ -109,22 +99,17 @@ def options(args):
     from ..ab.stats import SeqOptions
     from ..ab.trials import AbOptions, inject_from_env
 
-    for name in ("nproc", "steps", "check_steps"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 1")
-    problem = ((check_nproc(args.nproc, args.device) if args.nproc is not None else None)
-               or (check_number("--batch", args.batch, minimum=1) if args.batch is not None else None)
-               or check_number("--timeout", args.timeout, above=0.0, maximum=7 * 86400.0, unit="seconds")
+    require_at_least(args, nproc=1, steps=1, check_steps=1)
+    problem = (check_nproc(args.nproc, args.device) or check_number("--batch", args.batch, minimum=1)
+               or check_seconds("--timeout", args.timeout)
                or check_number("--seed", args.seed, minimum=0, maximum=2**32 - 1)
-               or check_number("--steps", args.steps, minimum=1, maximum=10**6))
+               or check_number("--steps", args.steps, minimum=1, maximum=MAX_STEPS))
     if problem:
         raise ValueError(problem)
     if args.python is not None and not (os.path.isfile(args.python) and os.access(args.python, os.X_OK)):
         raise ValueError(f"--python {args.python!r}: not an executable file; give the interpreter of the trial "
                          f"servers (e.g. {sys.executable})")
-    for name in ("trial_warmup", "warmup"):
-        if getattr(args, name) < 0:
-            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 0")
+    require_at_least(args, trial_warmup=0, warmup=0)
     try:
         device = choose_platform(args.device, args.nproc or 1)[0]
         args.nproc = args.nproc or default_worlds(device)[0]
@@ -134,11 +119,11 @@ def options(args):
     seq = SeqOptions(delta=args.delta, confidence=args.confidence, min_blocks=args.min_blocks,
                      max_blocks=args.max_blocks, budget_s=args.budget, seed=args.seed, rotate=args.rotate,
                      restart=args.restart)
-    # "a,b" is two (split here: a BASE's trial server may be older than the selection layer that splits them)
-    cases, tags, models = ([p.strip() for v in values for p in v.split(",") if p.strip()]
-                           for values in (args.case, args.tag, args.model))
+    # "a,b" is two (split here, by the selection: a BASE's trial server may be older than the selection layer)
+    sel = selection(args)
+    cases, tags, models = list(sel.cases), list(sel.tags), list(sel.models)
     if not (cases or tags or models):
-        tags = ["default"]
+        tags = [sel.default_tag]
     opts = AbOptions(cases=cases, tags=tags, models=models, sets=list(args.set),
                      config=os.path.abspath(args.config) if args.config else None, size=size, batch=args.batch,
                      nproc=args.nproc, device=None if device == "cpu" else device, steps=args.steps,
@@ -147,38 +132,26 @@ def options(args):
                      total_budget_s=getattr(args, "total_budget", None),
                      isolation=AB_DEFAULT if getattr(args, "isolation", None) is None
                      else Isolation.parse(args.isolation))
-    if opts.total_budget_s is not None and not (math.isfinite(opts.total_budget_s) and opts.total_budget_s > 0):
-        raise ValueError(f"--total-budget {opts.total_budget_s!r}: must be a finite number of seconds > 0")
+    require_seconds(args, "total_budget")  # bisect has none
     return inject_from_env(opts)
 
 
-def _terminate_cleanly() -> None:
-    """SIGTERM (a CI job cancelled) unwinds like Ctrl-C, so worktrees and servers are removed."""
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-
-    try:
-        signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        pass
+def progress(args):
+    """Where the progress lines go: stderr under --json (stdout is the document), else stdout."""
+    return lambda m: print(m, file=sys.stderr if args.json else sys.stdout, flush=True)
 
 
 def main(args) -> int:
     from ..ab.trials import AbInputError, format_table, run_ab
 
-    _terminate_cleanly()
-    say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
+    terminate_cleanly()
     try:
         opts = options(args)
-        report = run_ab(args.repo, args.base, args.head, opts, say)
-    except (AbInputError, RevisionError, ValueError) as exc:
-        print(f"fleetbench ab: error: {exc}", file=sys.stderr)
-        return 2
-    except TrialError as exc:
-        print(f"fleetbench ab: error: {exc}", file=sys.stderr)
-        return 2
+        report = run_ab(args.repo, args.base, args.head, opts, progress(args))
+    except (AbInputError, RevisionError, ValueError, TrialError) as exc:
+        return error("ab", exc)
     if args.json:
-        print(json.dumps(jsonable(report.to_dict()), indent=1, allow_nan=False))
+        print_json(report.to_dict())
     else:
         print()
         print(format_table(report))

@@ -7,10 +7,8 @@ does not work (the pages fetch their data).
 """
 from __future__ import annotations
 
-import sys
-
 from ..report.asv_offline import OfflineError, make_offline
-from . import helps
+from . import error, helps
 
 
 def add_parser(sub) -> None:
@@ -25,7 +23,6 @@ def main(args) -> int:
     try:
         pages = make_offline(args.html_dir)
     except (OfflineError, OSError) as exc:
-        print(f"fleetbench asv-offline: error: {exc}", file=sys.stderr)
-        return 2
+        return error("asv-offline", exc)
     print(f"asv dashboard in {args.html_dir} works offline ({len(pages)} page(s) rewritten to vendor/)")
     return 0

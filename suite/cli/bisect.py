@@ -6,14 +6,12 @@ slower is bad, same or faster is good; inconclusive is tested again with twice t
 """
 from __future__ import annotations
 
-import json
 import math
-import sys
 
 from ..ab.client import TrialError
 from ..ab.worktrees import RevisionError
-from ..results.records import jsonable
-from . import helps
+from . import error, helps, print_json, terminate_cleanly
+from .options import require_at_least
 
 
 def add_parser(sub) -> None:
@@ -44,23 +42,20 @@ def add_parser(sub) -> None:
 def main(args) -> int:
     from ..ab.bisect import run_bisect
     from ..ab.trials import AbInputError
-    from .ab import _terminate_cleanly, options
+    from .ab import options, progress
 
-    _terminate_cleanly()
+    terminate_cleanly()
     if len(args.case) != 1 or any(ch in args.case[0] for ch in "*?[,"):
-        print("fleetbench bisect: error: name exactly one case with --case (e.g. --case mlp/plain)", file=sys.stderr)
-        return 2
-    say = (lambda m: print(m, file=sys.stderr, flush=True)) if args.json else (lambda m: print(m, flush=True))
+        return error("bisect", "name exactly one case with --case (e.g. --case mlp/plain)")
     try:
-        if args.retries < 0:
-            raise ValueError(f"--retries {args.retries}: must be >= 0")
+        require_at_least(args, retries=0)
         opts = options(args)
-        report = run_bisect(args.repo, args.good, args.bad, args.case[0], opts, retries=args.retries, say=say)
+        report = run_bisect(args.repo, args.good, args.bad, args.case[0], opts, retries=args.retries,
+                            say=progress(args))
     except (AbInputError, RevisionError, ValueError, TrialError) as exc:
-        print(f"fleetbench bisect: error: {exc}", file=sys.stderr)
-        return 2
+        return error("bisect", exc)
     if args.json:
-        print(json.dumps(jsonable(report.to_dict()), indent=1, allow_nan=False))
+        print_json(report.to_dict())
         return report.exit_code
     print()
     for t in report.tests:

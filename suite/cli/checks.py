@@ -1,7 +1,8 @@
 """Checks shared by the sub-commands' arguments: numbers in range, local rank counts, writable paths.
 
 Each returns one line naming the option or path, the value and what is allowed (None when fine), so a
-command can refuse bad input before any rank starts.
+command can refuse bad input before any rank starts.  A value of None is an option not given: fine (the
+command chooses it later).
 """
 from __future__ import annotations
 
@@ -9,10 +10,16 @@ import math
 import os
 import stat
 
+# Bounds on the timing options: steps in a timed window, timed rounds, and a wait in seconds (a week: a timedelta
+# of 1e300 s overflows in the ranks).
+MAX_STEPS, MAX_ROUNDS, WEEK = 10**6, 10**5, 7 * 86400
+
 
 def check_number(option: str, value, *, minimum=None, above=None, maximum=None, unit: str = "") -> str | None:
-    """None when ``value`` is a finite number within the bounds, else one line naming the option, the
-    value and what is allowed (``minimum``/``maximum`` inclusive, ``above`` exclusive)."""
+    """None when ``value`` is a finite number within the bounds (or None: not given), else one line naming the
+    option, the value and what is allowed (``minimum``/``maximum`` inclusive, ``above`` exclusive)."""
+    if value is None:
+        return None
     shown = f"{value:g}" if isinstance(value, float) else str(value)
     kind = "a whole number" if isinstance(value, int) else "a finite number"
     parts = []
@@ -34,6 +41,21 @@ def check_number(option: str, value, *, minimum=None, above=None, maximum=None, 
 RANK_MEMORY = 300 * 2**20  # what one CPU rank holds at least (torch imported, a small model)
 
 
+def available_memory() -> int | None:
+    """Bytes of memory available for new allocations (MemAvailable), or None when unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def max_local_ranks(device: str | None = "cpu") -> int:
     """Ranks are processes on this machine: at most 32 or one per CPU, whichever is more, and no more
     than the available memory holds (:data:`RANK_MEMORY` each); on CUDA, one per GPU."""
@@ -42,13 +64,13 @@ def max_local_ranks(device: str | None = "cpu") -> int:
 
         return max(1, torch.cuda.device_count())
     cap = max(32, os.cpu_count() or 1)
-    try:
-        with open("/proc/meminfo") as fh:
-            avail = next(int(ln.split()[1]) * 1024 for ln in fh if ln.startswith("MemAvailable:"))
-        cap = min(cap, max(1, avail // RANK_MEMORY))
-    except (OSError, StopIteration, ValueError, IndexError):
-        pass
-    return cap
+    avail = available_memory()
+    return cap if avail is None else min(cap, max(1, avail // RANK_MEMORY))
+
+
+def check_seconds(option: str, value, maximum: float | None = WEEK, unit: str = "seconds") -> str | None:
+    """:func:`check_number` for a wait in seconds: > 0, and at most ``maximum`` (default a week)."""
+    return check_number(option, value, above=0.0, maximum=maximum, unit=unit)
 
 
 def check_nproc(value, device: str | None = "cpu", option: str = "--nproc") -> str | None:

@@ -8,12 +8,11 @@ the suite bring their own clusters up and down themselves (``suite.cluster.launc
 from __future__ import annotations
 
 import json
-import sys
 
 from ..cluster.emulate import ClusterUnavailable, EmulatedCluster, cleanup, list_namespaces, unavailable_reason
 from ..cluster.extrapolate import extrapolation_markdown
 from ..cluster.spec import ClusterSpecError, parse_cluster
-from . import helps
+from . import error, helps
 
 
 def add_parser(sub) -> None:
@@ -42,8 +41,7 @@ def add_parser(sub) -> None:
 
 def main(args) -> int:
     if args.action is None:
-        print("fleetbench cluster: error: give an action: up, down, cleanup, status, extrapolate", file=sys.stderr)
-        return 2
+        return error("cluster", "give an action: up, down, cleanup, status, extrapolate")
     if args.action == "extrapolate":
         print(extrapolation_markdown())
         return 0
@@ -59,19 +57,16 @@ def main(args) -> int:
         try:
             spec = parse_cluster(args.spec)
         except ClusterSpecError as exc:
-            print(f"fleetbench cluster: error: {exc}", file=sys.stderr)
-            return 2
+            return error("cluster", exc)
     reason = unavailable_reason()
     if reason:
-        print(f"fleetbench cluster: error: cannot emulate a cluster here: {reason}", file=sys.stderr)
-        return 2
+        return error("cluster", f"cannot emulate a cluster here: {reason}")
     if args.action == "up":
         assert spec is not None  # parsed above for "up"
         try:
             cl = EmulatedCluster(spec, owner_pid=0, remove_at_exit=False).up()
         except ClusterUnavailable as exc:
-            print(f"fleetbench cluster: error: {exc}", file=sys.stderr)
-            return 2
+            return error("cluster", exc)
         if args.json:
             print(json.dumps({"run_id": cl.run_id, **cl.readback()}, indent=1))
         else:

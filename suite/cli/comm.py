@@ -7,7 +7,7 @@ multi-node cluster; ``--calibrate`` fits the cost model's terms there (`fleetben
 """
 from __future__ import annotations
 
-import os
+import functools
 import re
 import sys
 
@@ -15,29 +15,16 @@ from ..cluster.calibrate import calibrate_on_pool
 from ..cluster.launch import apply_cluster_args, start_cluster
 from ..config import ConfigError
 from ..measure.metadata import machine_line
-from . import helps
-from .checks import check_number, max_local_ranks, unwritable
+from . import error, helps
+from .checks import available_memory, check_number, check_seconds, max_local_ranks, unwritable
+from .options import add_shared
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 MAX_SIZE = 2**50  # a message size past any memory: refused while parsing (the memory bound comes later)
 # Bytes a rank holds per byte of the largest message: the exact-check input and its expected values,
 # the timing buffer, and the int64 index temporaries that build them (8-byte integers per element).
 _HELD_PER_BYTE = {"float32": 3 + 2 * 8 / 4, "float64": 3 + 2 * 8 / 8}
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available for new allocations (MemAvailable), or None when unknown."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, AttributeError):
-        return None
+fail = functools.partial(error, "comm")
 
 
 def format_bytes(n: float) -> str:
@@ -68,7 +55,7 @@ def add_parser(sub) -> None:
                            fleetbench comm --nproc 4 -b 1K -e 64M
                            fleetbench comm --nproc 4 --variants flat,comm2 --dtype float64 -n 50
                            fleetbench comm --cluster 2x2:inter=200mbit --calibrate calibration.json"""))
-    p.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
+    add_shared(p, nproc=dict(default=2, help="ranks (default 2)"))
     p.add_argument("-b", "--min-bytes", default="1K", help="smallest message (default 1K)")
     p.add_argument("-e", "--max-bytes", default="16M", help="largest message (default 16M)")
     p.add_argument("-f", "--step-factor", type=int, default=4, help="size multiplier between rows (default 4)")
@@ -80,7 +67,7 @@ def add_parser(sub) -> None:
     p.add_argument("-w", "--warmup", type=int, default=5, help="untimed iterations per row (default 5)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                    help="element type of the messages (default float32; the sizes are bytes either way)")
-    p.add_argument("--timeout", type=float, default=1800.0, help="bound on the whole sweep, seconds")
+    add_shared(p, timeout=dict(default=1800.0, help="bound on the whole sweep, seconds"))
     p.add_argument("--cluster", metavar="NxR:inter=RATE[,intra=RATE]",
                    help="run the ranks on an emulated cluster (network namespaces; root): N nodes of R ranks; "
                         "sets --nproc to N*R and --inter-nranks to R")
@@ -88,11 +75,11 @@ def add_parser(sub) -> None:
                    help="with --cluster: run the cost model's calibration micro-benchmarks instead (flat allreduce, "
                         "broadcast, the two-level allreduce's intra-node phases, CPU time per byte) and write the "
                         "fitted terms to FILE as JSON (fleetbench predict --calibration FILE)")
-    p.add_argument("--rounds", type=int, default=5, help="with --calibrate: timed blocks per size (median taken)")
+    add_shared(p, rounds=dict(default=5, help="with --calibrate: timed blocks per size (median taken)"))
     p.set_defaults(func=main)
 
 
-def calibrate_main(args, cluster_spec, fail) -> int:
+def calibrate_main(args, cluster_spec) -> int:
     """``--calibrate FILE``: the calibration micro-benchmarks on the emulated cluster, fitted, written."""
     from ..runtime import RankPool  # at call time: tests replace it
 
@@ -100,7 +87,7 @@ def calibrate_main(args, cluster_spec, fail) -> int:
     if why:
         return fail(f"--calibrate {args.calibrate!r}: {why}")
     problem = (check_number("--iters", args.iters, minimum=1) or check_number("--rounds", args.rounds, minimum=1)
-               or check_number("--timeout", args.timeout, above=0, unit="seconds"))
+               or check_seconds("--timeout", args.timeout, maximum=None))
     if problem:
         return fail(problem)
     cluster, pool_kw = start_cluster(cluster_spec)
@@ -128,10 +115,6 @@ def calibrate_main(args, cluster_spec, fail) -> int:
 def main(args) -> int:
     from ..comm.microbench import format_table, merge, parse_variant, sizes_between
 
-    def fail(msg: str) -> int:
-        print(f"fleetbench comm: error: {msg}", file=sys.stderr)
-        return 2
-
     cluster_spec = None
     if getattr(args, "cluster", None):
         try:
@@ -142,7 +125,7 @@ def main(args) -> int:
     if getattr(args, "calibrate", None):
         if cluster_spec is None:
             return fail("--calibrate needs --cluster: the terms are fitted on an emulated cluster")
-        return calibrate_main(args, cluster_spec, fail)
+        return calibrate_main(args, cluster_spec)
     if args.nproc < 2:
         return fail(f"--nproc {args.nproc}: an allreduce needs at least 2 ranks")
     problem = (check_number("--nproc", args.nproc, minimum=2, maximum=max_local_ranks(),
@@ -151,7 +134,7 @@ def main(args) -> int:
                or check_number("--step-factor", args.step_factor, minimum=2)
                or check_number("--iters", args.iters, minimum=1)
                or check_number("--warmup", args.warmup, minimum=0)
-               or check_number("--timeout", args.timeout, above=0, unit="seconds, the bound on the whole sweep"))
+               or check_seconds("--timeout", args.timeout, maximum=None, unit="seconds, the bound on the whole sweep"))
     if problem:
         return fail(problem)
     try:

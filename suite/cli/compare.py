@@ -12,8 +12,8 @@ import sys
 
 from ..report.page import md_text
 from ..results.load import load_side
-from ..results.records import ResultsFileError, jsonable, plain
-from . import GATE_CODES, helps
+from ..results.records import ResultsFileError, plain
+from . import GATE_CODES, error, helps, print_json
 from .checks import unwritable
 
 
@@ -55,20 +55,16 @@ def main(args) -> int:
     from ..results.gate import GateOptions
 
     if args.markdown and unwritable(args.markdown):  # found out now, not after the comparison
-        print(f"fleetbench compare: error: --markdown {args.markdown!r}: {unwritable(args.markdown)}", file=sys.stderr)
-        return 2
+        return error("compare", f"--markdown {args.markdown!r}: {unwritable(args.markdown)}")
     try:
         opts = GateOptions(threshold=args.threshold, alpha=args.alpha, method=args.method)
         base = load_side(args.base, args.base_run_id)
         head = load_side(args.head, args.head_run_id)
         cmp = compare_sides(base, head, opts, strict=args.strict)
     except (ResultsFileError, ValueError) as exc:
-        print(f"fleetbench compare: error: {plain(exc)}", file=sys.stderr)
-        return 2
+        return error("compare", plain(exc))
     if args.json:
-        import json
-
-        print(json.dumps(jsonable(cmp.to_dict(base, head, opts)), indent=1, allow_nan=False))
+        print_json(cmp.to_dict(base, head, opts))
         for w in cmp.warnings:
             print(f"warning: {w}", file=sys.stderr)
         return cmp.exit_code
@@ -85,9 +81,7 @@ def main(args) -> int:
             with open(args.markdown, "w") as fh:
                 fh.write(markdown_table(frame))
         except OSError as exc:
-            print(f"fleetbench compare: error: --markdown {args.markdown!r}: not written ({exc.strerror or exc})",
-                  file=sys.stderr)
-            return 2
+            return error("compare", f"--markdown {args.markdown!r}: not written ({exc.strerror or exc})")
     if cmp.failures:
         print(f"\nregression gate: FAIL ({len(cmp.failures)})", file=sys.stderr)
         for f in cmp.failures:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import sys
 
 from ..config import ConfigError
-from . import helps
-from .checks import check_nproc, check_number
+from . import helps, terminate_cleanly
+from .checks import check_nproc, check_seconds
+from .options import add_shared
 
 
 def add_parser(sub) -> None:
@@ -21,10 +22,7 @@ def add_parser(sub) -> None:
                        **helps(__doc__, """
                            fleetbench doctor
                            fleetbench doctor --device cuda --nproc 8 --json"""))
-    p.add_argument("--nproc", type=int, default=None,
-                   help="ranks (default: every GPU torch sees on CUDA, 4 on CPU)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
-                   help="default: cuda where torch sees a GPU, else cpu")
+    add_shared(p, nproc="ranks (default: every GPU torch sees on CUDA, 4 on CPU)", device=None)
     p.add_argument("--hang-timeout", type=float, default=30.0,
                    help="seconds the hierarchical-overlap item may take before it counts as a hang (default 30)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of the table")
@@ -38,12 +36,10 @@ def add_parser(sub) -> None:
 def main(args) -> int:
     from ..doctor import format_table, run_doctor, to_json
     from ..runtime.device import CudaUnavailable
-    from .ab import _terminate_cleanly
 
-    _terminate_cleanly()  # SIGTERM (a CI cancel) unwinds like Ctrl-C: the pool and temp dirs are removed
+    terminate_cleanly()  # SIGTERM (a CI cancel) unwinds like Ctrl-C: the pool and temp dirs are removed
 
-    problem = ((check_nproc(args.nproc, args.device) if args.nproc is not None else None)
-               or check_number("--hang-timeout", args.hang_timeout, above=0.0, maximum=86400.0, unit="seconds"))
+    problem = check_nproc(args.nproc, args.device) or check_seconds("--hang-timeout", args.hang_timeout, 86400.0)
     if problem:
         raise ConfigError(problem)
     progress = None if args.json else (lambda item: print(f"  {item.status:<20} {item.item}", file=sys.stderr,

@@ -25,8 +25,9 @@ import sys
 import suite.figures as figures_pkg
 
 from ..measure.metadata import machine_line
-from . import helps
-from .checks import check_nproc, check_number, unwritable
+from . import error, helps, terminate_cleanly
+from .checks import MAX_ROUNDS, MAX_STEPS, check_nproc, check_number, check_seconds, unwritable
+from .options import add_shared
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -76,11 +77,11 @@ def add_parser(sub) -> None:
         fleetbench figures
         fleetbench figures gate --out docs/figures/gate.md"""))
     p.add_argument("name", nargs="?", help="figure set; omit to list them")
-    p.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
-    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default 7)")
-    p.add_argument("--steps", type=int, default=5, help="steps per timed window (default 5)")
+    add_shared(p, nproc=dict(default=2, help="ranks (default 2)"),
+               rounds=dict(default=7, help="interleaved rounds (default 7)"),
+               steps=dict(default=5, help="steps per timed window (default 5)"))
     p.add_argument("--out", help="also write the Markdown here")
-    p.add_argument("--timeout", type=float, default=1800.0, help="bound on each multi-rank call, seconds")
+    add_shared(p, timeout=dict(default=1800.0, help="bound on each multi-rank call, seconds"))
     p.add_argument("--save", help="keep the figure's raw data here (JSON; gate and cluster rewrite it as they go)")
     p.add_argument("--load", help="render the raw data kept here instead of measuring (gate: measures the cases "
                    "the file lacks; cluster: with --rechecks N, measures its misses again)")
@@ -110,31 +111,25 @@ def main(args) -> int:
             print(f"{n:16s} {importlib.import_module('suite.figures.' + n).DESCRIPTION}")
         return 0
     if args.name not in names:
-        print(f"fleetbench figures: error: figure set {args.name!r} is unknown; allowed: {', '.join(names)}",
-              file=sys.stderr)
-        return 2
+        return error("figures", f"figure set {args.name!r} is unknown; allowed: {', '.join(names)}")
 
-    problem = (check_nproc(args.nproc) or check_number("--rounds", args.rounds, minimum=1, maximum=10**5)
-               or check_number("--steps", args.steps, minimum=1, maximum=10**6)
-               or check_number("--timeout", args.timeout, above=0.0, maximum=7 * 86400.0, unit="seconds")
+    problem = (check_nproc(args.nproc) or check_number("--rounds", args.rounds, minimum=1, maximum=MAX_ROUNDS)
+               or check_number("--steps", args.steps, minimum=1, maximum=MAX_STEPS)
+               or check_seconds("--timeout", args.timeout)
                or (f"--out {args.out!r}: {unwritable(args.out)}" if args.out and unwritable(args.out) else None)
                or (f"--load {args.load!r}: no such file" if args.load and not os.path.isfile(args.load) else None))
     if problem:  # before any rank starts
-        print(f"fleetbench figures: error: {problem}", file=sys.stderr)
-        return 2
+        return error("figures", problem)
     from ..runtime import RankPool  # at call time: tests replace it
 
     module = importlib.import_module("suite.figures." + args.name)
     try:
         opts = options_for(args.name, module, args)
     except ValueError as exc:
-        print(f"fleetbench figures: error: {exc}", file=sys.stderr)
-        return 2
+        return error("figures", exc)
 
     own = {f.name for f in dataclasses.fields(module.Options)}
-    from .ab import _terminate_cleanly
-
-    _terminate_cleanly()  # SIGTERM unwinds like Ctrl-C: pools and trial servers closed, their logs removed
+    terminate_cleanly()  # SIGTERM unwinds like Ctrl-C: pools and trial servers closed, their logs removed
     try:
         if args.load and "load" not in own:
             with open(args.load) as fh:

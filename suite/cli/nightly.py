@@ -32,8 +32,9 @@ import time
 from ..config import ConfigError
 from ..measure.metadata import machine_name
 from ..nightly import NightlyOptions, finished_stages, last_night, make_plan
-from . import GATE_CODES, helps
+from . import GATE_CODES, helps, unwind
 from .checks import check_number
+from .options import add_shared, selection
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -52,18 +53,12 @@ def add_parser(sub) -> None:
                                       2: "unusable input, a stage that could not run, or --limit reached",
                                       3: "undecided: the gate inconclusive, nothing worse (the last good commit "
                                          "stays)"}))
-    p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda where torch sees a GPU, else cpu")
-    p.add_argument("--case", action="append", default=[], metavar="NAME",
-                   help="case name or glob; repeatable or comma-separated")
-    p.add_argument("--tag", action="append", default=[],
-                   help="cases with this tag; repeatable (default: nightly-gpu on CUDA, smoke on CPU)")
-    p.add_argument("--model", action="append", default=[], metavar="MODEL", help="every case of this model")
+    add_shared(p, device=None, case=None,
+               tag="cases with this tag; repeatable (default: nightly-gpu on CUDA, smoke on CPU)", model=None)
     p.add_argument("--worlds", help="world sizes, comma-separated (default one: 2 on CPU, every GPU on CUDA)")
-    p.add_argument("--size", choices=("full", "cpu", "tiny"), help="model size (default: the device's)")
-    p.add_argument("--config", help="TOML file of strategy fields applied on top of every case")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a strategy field; repeatable")
-    p.add_argument("--rounds", type=int, default=3, help="timed rounds (default 3)")
-    p.add_argument("--steps", type=int, default=3, help="steps per round (default 3)")
+    add_shared(p, size="model size (default: the device's)", config=None, set=None,
+               rounds=dict(default=3, help="timed rounds (default 3)"),
+               steps=dict(default=3, help="steps per round (default 3)"))
     p.add_argument("--out", default=os.path.join("results", "nightly"), help="output directory (default "
                    "results/nightly; keep nightly.json in it between nights for the estimates)")
     p.add_argument("--last-good", default=os.path.join("results", "last-good", "commit"),
@@ -100,22 +95,19 @@ def plan_of(args):
     """(resolved selection, plan, last night) of the options; nothing is run, and with --plan nothing probed."""
     import fnmatch
 
-    from ..selection import Selection, choose_platform
+    from ..selection import choose_platform
 
-    for opt, value, low in (("--rounds", args.rounds, 1), ("--steps", args.steps, 1), ("--persist", args.persist, 1)):
-        problem = check_number(opt, value, minimum=low)
-        if problem:
-            raise ConfigError(problem)
-    for opt, value in (("--gate-budget", args.gate_budget), ("--limit", args.limit)):
-        problem = value is not None and check_number(opt, value, above=0.0, unit="minutes")
-        if problem:
-            raise ConfigError(problem)
+    problem = (check_number("--rounds", args.rounds, minimum=1) or check_number("--steps", args.steps, minimum=1)
+               or check_number("--persist", args.persist, minimum=1)
+               or check_number("--gate-budget", args.gate_budget, above=0.0, unit="minutes")
+               or check_number("--limit", args.limit, above=0.0, unit="minutes"))
+    if problem:
+        raise ConfigError(problem)
     # the device first (a plan only declares it), for the default tag
     device = args.device or (None if args.plan else choose_platform(None)[0])
     tags = tuple(args.tag) or (() if (args.case or args.model) else ("nightly-gpu",) if device == "cuda" else
                                ("smoke",))
-    sel = Selection(cases=tuple(args.case), tags=tags, models=tuple(args.model), size=args.size,
-                    worlds=_worlds(args.worlds), device=device, sets=tuple(args.set),
+    sel = selection(args, tags=tags, worlds=_worlds(args.worlds), device=device,
                     config=os.path.abspath(args.config) if args.config else None)
     resolved = sel.resolve(probe=not args.plan)
     gate = [rc.case.name for rc in resolved.at[resolved.worlds[0]] if "gate" in rc.case.tags
@@ -221,9 +213,13 @@ class Night:
         return code
 
     # -- the stages -------------------------------------------------------------------------------------
-    def selection_options(self, prefix: str = "--") -> list:
+    def selection_options(self, prefix: str = "--", cases: list | None = None) -> list:
+        """The resolved selection as options of a stage's command; ``cases`` (the gate's) instead of the selection's
+        cases, tags and models."""
         sel, out = self.resolved.selection, []
-        for opt, values in (("case", sel.cases), ("tag", sel.tags), ("model", sel.models), ("set", sel.sets)):
+        chosen = ((("case", sel.cases), ("tag", sel.tags), ("model", sel.models)) if cases is None
+                  else (("case", cases),))
+        for opt, values in (*chosen, ("set", sel.sets)):
             for v in values:
                 out += [f"{prefix}{opt}", v]
         for opt, value in (("size", self.resolved.size), ("config", sel.config), ("device", self.resolved.device)):
@@ -305,12 +301,9 @@ class Night:
                 continue
             share = self.plan.gate_budget_s * len(names) / len(self.plan.gate)
             path = os.path.join(self.out, f"ab-w{w}.json")
-            sel = self.resolved.selection
-            extra = [x for s in sel.sets for x in ("--set", s)] + (["--config", sel.config] if sel.config else [])
             with open(path, "w") as fh:
                 code = self.call(self.fleetbench(
-                    "ab", good, self.commit, "--nproc", str(w), "--device", self.resolved.device, "--size",
-                    self.resolved.size, *[x for n in names for x in ("--case", n)], *extra, "--total-budget",
+                    "ab", good, self.commit, "--nproc", str(w), *self.selection_options(cases=names), "--total-budget",
                     f"{share:.0f}", *(["--no-check"] if self.args.quick else []), *shlex.split(self.args.ab_args),
                     "--json"), stdout=fh)
             codes.append(_code(code))
@@ -339,7 +332,7 @@ class Night:
               f"worlds {' '.join(map(str, self.resolved.worlds))}, out {self.out}; plan "
               f"{self.plan.seconds / 60:.0f} min", flush=True)
         n_pairs = len(self.resolved.matrix(runnable=True))
-        previous = signal.signal(signal.SIGTERM, _interrupt)  # a CI cancel unwinds like Ctrl-C: state saved
+        previous = signal.signal(signal.SIGTERM, unwind)  # a CI cancel unwinds like Ctrl-C: state saved
         self.save()
         try:
             codes = {
@@ -373,10 +366,6 @@ class Night:
 
 class OverLimit(KeyboardInterrupt):
     """The night reached --limit: the running stage is stopped like a cancel, and the night ends (exit 2)."""
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
 
 
 def _gate_lines(path: str, code: int) -> list[str]:

@@ -7,6 +7,7 @@ The cluster is only modelled here (any size); nothing is emulated.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -17,10 +18,12 @@ from ..cluster import costmodel as cm
 from ..cluster.calibrate import Calibration
 from ..cluster.simulate import Profile, predict_step, predict_table, registry_settings
 from ..cluster.spec import ClusterSpecError, parse_cluster
-from . import helps
+from . import error, helps
 from .checks import check_number, max_local_ranks, unwritable
+from .options import add_shared
 
 MAX_PROFILE_BYTES = 64 * 2**20  # a profile is a few KB; refuse to read a huge file (or a device) whole
+fail = functools.partial(error, "predict")
 
 
 def add_parser(sub) -> None:
@@ -34,10 +37,9 @@ def add_parser(sub) -> None:
     src.add_argument("--profile", help="a profile JSON file (as written by --save-profile)")
     src.add_argument("--model", help="measure a profile of this model now (a registry name such as resnet50 or "
                      "mlp, or module:function)")
-    p.add_argument("--nproc", type=int, help="ranks that measure the profile at once (default: ranks per node, "
-                   "at most 4)")
+    add_shared(p, nproc="ranks that measure the profile at once (default: ranks per node, at most 4)")
     p.add_argument("--per-rank-batch", type=int, default=None, help="default: the model's at its size")
-    p.add_argument("--size", choices=("full", "cpu", "tiny"), default="cpu", help="model size (default cpu)")
+    add_shared(p, size=dict(default="cpu", help="model size (default cpu)"))
     p.add_argument("--save-profile", help="write the measured profile here")
     p.add_argument("--inter-lat", type=float, default=100.0, help="alpha of an inter-node message step, µs (100)")
     p.add_argument("--intra-lat", type=float, default=50.0, help="alpha of an intra-node message step, µs (50)")
@@ -90,10 +92,6 @@ def read_json_file(path: str):
 
 
 def main(args) -> int:
-    def fail(msg: str) -> int:
-        print(f"fleetbench predict: error: {msg}", file=sys.stderr)
-        return 2
-
     try:
         spec = parse_cluster(args.cluster, emulate=False)
     except ClusterSpecError as exc:
@@ -102,10 +100,8 @@ def main(args) -> int:
                or check_number("--intra-lat", args.intra_lat, minimum=0.0, unit="µs")
                or check_number("--bucket-mb", args.bucket_mb, above=0.0, unit="MiB")
                or check_number("--local-sgd-k", args.local_sgd_k, minimum=1)
-               or (check_number("--per-rank-batch", args.per_rank_batch, minimum=1)
-                   if args.per_rank_batch is not None else None)  # None: the model's own at its size
-               or (check_number("--nproc", args.nproc, minimum=1, maximum=max_local_ranks())
-                   if args.nproc is not None else None))
+               or check_number("--per-rank-batch", args.per_rank_batch, minimum=1)  # None: the model's own
+               or check_number("--nproc", args.nproc, minimum=1, maximum=max_local_ranks()))
     if problem:
         return fail(problem)
     if args.profile:

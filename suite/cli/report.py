@@ -9,11 +9,10 @@ wrote next to the results.
 from __future__ import annotations
 
 import os
-import sys
 
 from ..report.page import build_report, out_problem
 from ..results.records import ResultsFileError, plain, read_records
-from . import helps
+from . import error, helps
 
 
 def add_parser(sub) -> None:
@@ -35,8 +34,7 @@ def main(args) -> int:
     dirs = [os.path.dirname(os.path.abspath(p)) for p in args.results]
     why = out_problem(args.out, dirs, force=args.force)
     if why:  # found out before anything is read or written
-        print(f"fleetbench report: error: --out {plain(args.out)}: {why}", file=sys.stderr)
-        return 2
+        return error("report", f"--out {plain(args.out)}: {why}")
     records, record_dirs = [], {}
     try:
         for path, d in zip(args.results, dirs):
@@ -44,14 +42,12 @@ def main(args) -> int:
                 records.append(rec)
                 record_dirs[id(rec)] = d  # each file's traces are under its own directory
     except ResultsFileError as exc:
-        print(f"fleetbench report: error: {plain(exc)}", file=sys.stderr)
-        return 2
+        return error("report", plain(exc))
     if args.run_id:
         records = [r for r in records if r.run_id in args.run_id]
     if not records:
-        print(f"fleetbench report: error: no records in {plain(', '.join(args.results))}"
-              + (f" for run id(s) {plain(', '.join(args.run_id))}" if args.run_id else ""), file=sys.stderr)
-        return 2
+        return error("report", f"no records in {plain(', '.join(args.results))}"
+                     + (f" for run id(s) {plain(', '.join(args.run_id))}" if args.run_id else ""))
     data = build_report(records, args.out, dirs[0], record_dirs)
     bad = [p for p in data["problems"] if p["kind"] in ("fail", "error")]
     print(plain(f"report: {os.path.join(args.out, 'index.html')} and summary.md ({len(data['plots'])} plot(s), "

@@ -12,7 +12,6 @@ hang is reported as an error and the run goes on.
 """
 from __future__ import annotations
 
-import math
 import os
 import stat
 import sys
@@ -28,9 +27,9 @@ from ..results.records import ResultsFileError, name_problem, read_records
 from ..runner import CaseRunner, RunOptions
 from ..runtime.launch import init_from_env, shutdown, torchrun_env
 from ..runtime.torchrun import TorchrunLauncher
-from ..selection import SIZES, Selection
 from . import helps
-from .checks import check_nproc
+from .checks import MAX_ROUNDS, MAX_STEPS, WEEK, check_nproc
+from .options import add_shared, require_at_least, require_seconds, selection
 
 DEFAULT_RESULTS = os.path.join("results", "runs.jsonl")
 
@@ -43,33 +42,27 @@ def add_parser(sub) -> None:
                            fleetbench run --case 'mlp/*' --case resnet/ddp --nproc 4 --rounds 9
                            fleetbench run --set fuse_grad_size_in_MB=8 --config my.toml --trace-steps 2
                            fleetbench run --resume results/runs.jsonl"""))
-    p.add_argument("--nproc", type=int, default=None, help="local ranks to spawn, the world size (default: 2 on "
-                   "CPU, every GPU on CUDA; ignored under torchrun)")
-    p.add_argument("--device", choices=("cpu", "cuda"), help="override the device (default: cuda where CUDA has "
-                   "a GPU for every local rank, else cpu; with CUDA present, fewer GPUs than ranks is an error)")
-    p.add_argument("--case", action="append", default=[], metavar="NAME",
-                   help="case name or glob (model/variant, e.g. 'resnet/overlap', '*/local_sgd'); repeatable or "
-                        "comma-separated")
-    p.add_argument("--tag", action="append", default=[], help="cases with this tag (default, smoke, nightly-cpu, "
-                   "nightly-gpu); repeatable. Without --case/--tag/--model: the 'default' tag")
-    p.add_argument("--model", action="append", default=[], metavar="MODEL",
-                   help="a registry model (resnet50, gpt2, bert, resnet, mlp, transformer), hf:GPT2Config / "
-                        "hf:BertConfig, or your own factory as module:function; alone, every case of that model")
-    p.add_argument("--size", choices=SIZES, help="model size: full (published; default on CUDA), cpu (full "
-                   "parameters, smaller inputs; default on CPU), tiny (tests)")
-    p.add_argument("--config", help="TOML file of strategy fields applied on top of every case")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a strategy field applied on top of every case; repeatable")
-    p.add_argument("--steps", type=int, default=5, help="steps per timed window (default 5)")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved timed rounds (default 5)")
-    p.add_argument("--warmup", type=int, default=2, help="warm-up steps per case (default 2)")
-    p.add_argument("--batch", type=int, default=None, help="per-rank batch size (default: the model's at its size)")
-    p.add_argument("--check-steps", type=int, default=3, help="steps of the correctness check (default 3)")
-    p.add_argument("--no-check", action="store_true", help="skip the correctness check")
+    add_shared(p, nproc="local ranks to spawn, the world size (default: 2 on CPU, every GPU on CUDA; ignored under "
+                        "torchrun)",
+               device="override the device (default: cuda where CUDA has a GPU for every local rank, else cpu; with "
+                      "CUDA present, fewer GPUs than ranks is an error)",
+               case="case name or glob (model/variant, e.g. 'resnet/overlap', '*/local_sgd'); repeatable or "
+                    "comma-separated",
+               tag="cases with this tag (default, smoke, nightly-cpu, nightly-gpu); repeatable. Without "
+                   "--case/--tag/--model: the 'default' tag",
+               model="a registry model (resnet50, gpt2, bert, resnet, mlp, transformer), hf:GPT2Config / "
+                     "hf:BertConfig, or your own factory as module:function; alone, every case of that model",
+               size="model size: full (published; default on CUDA), cpu (full parameters, smaller inputs; default on "
+                    "CPU), tiny (tests)",
+               config=None, set="a strategy field applied on top of every case; repeatable",
+               steps=dict(default=5, help="steps per timed window (default 5)"),
+               rounds=dict(default=5, help="interleaved timed rounds (default 5)"),
+               warmup=dict(default=2, help="warm-up steps per case (default 2)"),
+               batch="per-rank batch size (default: the model's at its size)", check_steps=None,
+               no_check="skip the correctness check")
     p.add_argument("--results", default=DEFAULT_RESULTS, help=f"JSON-lines results file (default {DEFAULT_RESULTS})")
-    p.add_argument("--timeout", type=float, default=None, help="bound on each multi-rank call, seconds (default: "
-                   "600 s plus an allowance scaled by the call's steps x variants x the model's size)")
-    p.add_argument("--pg-timeout", type=float, default=120.0, help="bound on each collective wait, seconds")
+    add_shared(p, timeout="bound on each multi-rank call, seconds (default: 600 s plus an allowance scaled by the "
+                          "call's steps x variants x the model's size)", pg_timeout=None)
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
     p.add_argument("--resume", metavar="RESULTS_FILE_OR_RUN_ID",
                    help="continue an interrupted run: the same selection, skipping the cases already recorded for "
@@ -84,46 +77,23 @@ def add_parser(sub) -> None:
     p.set_defaults(func=main)
 
 
-def _positive(name: str, value: int, low: int = 1) -> None:
-    if value < low:
-        raise ConfigError(f"--{name} {value}: must be >= {low}")
-
-
-def _seconds(name: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise ConfigError(f"--{name} {value}: must be a finite number of seconds > 0")
-
-
-def selection(args) -> Selection:
-    """The typed selection of run's options (not resolved: see :meth:`Selection.resolve`)."""
-    return Selection(cases=tuple(args.case), tags=tuple(args.tag), models=tuple(args.model), size=args.size,
-                     device=args.device, config=args.config, sets=tuple(args.set))
-
-
 def main(args) -> int:
     env = torchrun_env()
     cluster_spec = None
     if getattr(args, "cluster", None):
         cluster_spec = apply_cluster_args(args, under_torchrun=env is not None)
-    if args.nproc is not None:
-        _positive("nproc", args.nproc)
-        if not env and (why := check_nproc(args.nproc, args.device)):
-            raise ConfigError(why)
-    if args.steps > 10**6 or args.rounds > 10**5:
-        raise ConfigError(f"--steps {args.steps} / --rounds {args.rounds}: at most 1000000 steps per window and "
-                          f"100000 rounds")
-    for name in ("steps", "rounds", "check_steps"):
-        _positive(name.replace("_", "-"), getattr(args, name))
-    _positive("warmup", args.warmup, 0)
-    _positive("trace-steps", args.trace_steps, 0)
-    if args.timeout is not None:
-        _seconds("timeout", args.timeout)
-    _seconds("pg-timeout", args.pg_timeout)
+    require_at_least(args, nproc=1)
+    if not env and (why := check_nproc(args.nproc, args.device)):
+        raise ConfigError(why)
+    if args.steps > MAX_STEPS or args.rounds > MAX_ROUNDS:
+        raise ConfigError(f"--steps {args.steps} / --rounds {args.rounds}: at most {MAX_STEPS} steps per window and "
+                          f"{MAX_ROUNDS} rounds")
+    require_at_least(args, steps=1, rounds=1, check_steps=1, warmup=0, trace_steps=0)
+    require_seconds(args, "timeout", "pg_timeout")
     for name, value in (("timeout", args.timeout), ("pg-timeout", args.pg_timeout)):
-        if value is not None and value > 7 * 86400:  # a timedelta of 1e300 s overflows in the ranks
-            raise ConfigError(f"--{name} {value:g}: at most {7 * 86400} seconds (a week)")
-    if args.batch is not None:
-        _positive("batch", args.batch)
+        if value is not None and value > WEEK:  # a timedelta of 1e300 s overflows in the ranks
+            raise ConfigError(f"--{name} {value:g}: at most {WEEK} seconds (a week)")
+    require_at_least(args, batch=1)
     # every config validated before any rank starts
     resolved = selection(args).resolve(env.world_size if env else args.nproc,
                                        env.local_world_size if env else None)
@@ -258,16 +228,16 @@ class RunDisplay:
         group = f"group {p.done}/{p.total}" if p.total > 1 else "one group"
         what = (f"{p.model}, {group}: {len(p.variants)} variant(s) interleaved ({', '.join(p.variants)}), "
                 f"{p.rounds} round(s) x {p.steps} step(s)")
-        if self._progress is None:
+        if p.event == "timed":  # a line on a terminal too
+            self.say(f"      timed {p.model} {group} in {p.seconds:.1f}s: "
+                     + (f"failed ({p.detail})" if p.detail else f"{p.rounds}/{p.rounds} rounds done"))
+        bar = self._progress
+        if bar is None:
             if p.event == "timing":
                 self.say(f"      timing {what} ...")
-            elif p.event == "timed":
-                self.say(f"      timed {p.model} {group} in {p.seconds:.1f}s: "
-                         + (f"failed ({p.detail})" if p.detail else f"{p.rounds}/{p.rounds} rounds done"))
             elif p.event == "trace":
                 self.say(f"      tracing {p.case} ({p.steps} step(s))")
             return
-        bar = self._progress
         if p.event == "check":
             bar.update(self._step, description=f"checking {p.case}", total=None, completed=0)
         elif p.event == "checked":
@@ -276,8 +246,6 @@ class RunDisplay:
             bar.update(self._step, description=f"timing {what}", total=p.rounds, completed=0)
         elif p.event == "timed":
             bar.update(self._step, completed=p.rounds if not p.detail else 0)
-            self.say(f"      timed {p.model} {group} in {p.seconds:.1f}s: "
-                     + (f"failed ({p.detail})" if p.detail else f"{p.rounds}/{p.rounds} rounds done"))
         elif p.event == "trace":
             bar.update(self._step, description=f"tracing {p.case} ({p.steps} step(s))", total=None, completed=0)
 

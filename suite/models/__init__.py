@@ -29,12 +29,10 @@ import torch
 from torch import nn
 
 from ..data.synthetic import SyntheticImages, SyntheticTokens
-from ..model_registry import DATA_KINDS, REGISTRY
+from ..model_registry import DATA_KINDS, REGISTRY, SIZES
 
 __all__ = ["ModelSpec", "SIZES", "DATA_KINDS", "get_model", "MODELS", "default_size", "model_names",
            "is_user_ref", "ModelError", "count_parameters", "ModelInfo", "model_info"]
-
-SIZES = ("full", "cpu", "tiny")
 
 
 class ModelError(ValueError):
