@@ -27,6 +27,8 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+from ..results.records import write_atomic
+
 __all__ = ["Alert", "series", "alerts", "alerts_in", "report"]
 
 
@@ -117,6 +119,5 @@ def report(results: str, machine: str, persist: int = 2, threshold: float = 0.05
     text = "\n".join(lines)
     print(text)
     if markdown:
-        with open(markdown, "w") as fh:
-            fh.write(text + "\n")
+        write_atomic(markdown, text + "\n")
     return 1 if found else 0

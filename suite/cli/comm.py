@@ -15,6 +15,7 @@ from ..cluster.calibrate import calibrate_on_pool
 from ..cluster.launch import apply_cluster_args, start_cluster
 from ..config import ConfigError
 from ..measure.metadata import machine_line
+from ..results.records import write_atomic
 from . import error, helps
 from .checks import available_memory, check_number, check_seconds, max_local_ranks, unwritable
 from .options import add_shared
@@ -96,8 +97,7 @@ def calibrate_main(args, cluster_spec) -> int:
             cal = calibrate_on_pool(pool, cluster_spec, iters=args.iters, rounds=args.rounds)
     finally:
         cluster.down()
-    with open(args.calibrate, "w") as fh:
-        fh.write(cal.to_json())
+    write_atomic(args.calibrate, cal.to_json())
     print(f"# fleetbench comm --calibrate: {cluster_spec}, {args.rounds} blocks per size (medians of the slowest "
           f"rank)")
     print("| kind | bytes | time (us) | CPU per rank (us) |\n|---|---:|---:|---:|")

@@ -12,7 +12,7 @@ import sys
 
 from ..report.page import md_text
 from ..results.load import load_side
-from ..results.records import ResultsFileError, plain
+from ..results.records import ResultsFileError, plain, write_atomic
 from . import GATE_CODES, error, helps, print_json
 from .checks import unwritable
 
@@ -78,8 +78,7 @@ def main(args) -> int:
         print(f"warning: {plain(w)}", file=sys.stderr)
     if args.markdown:
         try:
-            with open(args.markdown, "w") as fh:
-                fh.write(markdown_table(frame))
+            write_atomic(args.markdown, markdown_table(frame))
         except OSError as exc:
             return error("compare", f"--markdown {args.markdown!r}: not written ({exc.strerror or exc})")
     if cmp.failures:

@@ -25,6 +25,7 @@ import sys
 import suite.figures as figures_pkg
 
 from ..measure.metadata import machine_line
+from ..results.records import write_atomic
 from . import error, helps, terminate_cleanly
 from .checks import MAX_ROUNDS, MAX_STEPS, check_nproc, check_number, check_seconds, unwritable
 from .options import add_shared
@@ -144,13 +145,10 @@ def main(args) -> int:
         print(f"fleetbench figures {args.name}: interrupted{kept}", file=sys.stderr)
         return 130
     if args.save and "save" not in own:
-        with open(args.save + ".tmp", "w") as fh:
-            json.dump(raw, fh, default=str)  # a value JSON has no form for is kept as its text, not lost
-        os.replace(args.save + ".tmp", args.save)
+        write_atomic(args.save, json.dumps(raw, default=str))  # a value JSON has no form for is kept as text
     text = module.render(raw, opts)
     text = f"{text}\n\n_{machine_line(args.nproc)}_\n"
     print(text)
     if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text)
+        write_atomic(args.out, text)
     return 0

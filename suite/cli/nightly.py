@@ -32,6 +32,7 @@ import time
 from ..config import ConfigError
 from ..measure.metadata import machine_name
 from ..nightly import NightlyOptions, finished_stages, last_night, make_plan
+from ..results.records import write_atomic
 from . import GATE_CODES, helps, unwind
 from .checks import check_number
 from .options import add_shared, selection
@@ -174,10 +175,7 @@ class Night:
 
     # -- bookkeeping ------------------------------------------------------------------------------------
     def save(self) -> None:
-        path = os.path.join(self.out, "nightly.json")
-        with open(path + ".tmp", "w") as fh:
-            json.dump(self.state, fh, indent=1)
-        os.replace(path + ".tmp", path)
+        write_atomic(os.path.join(self.out, "nightly.json"), json.dumps(self.state, indent=1))
 
     def call(self, cmd: list, stdout=None, env: dict | None = None) -> int:
         """A stage's command, bounded by --limit; on a cancel (SIGINT/SIGTERM) or at the limit the child gets
@@ -346,9 +344,7 @@ class Night:
             status = _worst(codes.values())
             if status == 0:  # only a night with every stage ok (a decided gate) becomes the last good commit
                 os.makedirs(os.path.dirname(os.path.abspath(self.args.last_good)), exist_ok=True)
-                with open(self.args.last_good + ".tmp", "w") as fh:
-                    fh.write(self.commit + "\n")
-                os.replace(self.args.last_good + ".tmp", self.args.last_good)
+                write_atomic(self.args.last_good, self.commit + "\n")
             codes["history"] = self.stage("history", self.history_stage)
         except KeyboardInterrupt as exc:
             over = isinstance(exc, OverLimit)

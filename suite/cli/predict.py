@@ -18,6 +18,7 @@ from ..cluster import costmodel as cm
 from ..cluster.calibrate import Calibration
 from ..cluster.simulate import Profile, predict_step, predict_table, registry_settings
 from ..cluster.spec import ClusterSpecError, parse_cluster
+from ..results.records import write_atomic
 from . import error, helps
 from .checks import check_number, max_local_ranks, unwritable
 from .options import add_shared
@@ -124,8 +125,7 @@ def main(args) -> int:
         raw = measure_profile(args.model, nproc, args.per_rank_batch, args.size)
         if args.save_profile:
             try:
-                with open(args.save_profile, "w") as fh:
-                    json.dump(raw, fh, indent=1)
+                write_atomic(args.save_profile, json.dumps(raw, indent=1))
             except OSError as exc:  # the measurement is kept: printed instead
                 print(json.dumps(raw), file=sys.stderr)
                 return fail(f"--save-profile {args.save_profile!r}: {exc.strerror or exc}; the measured profile "

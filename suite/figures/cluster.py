@@ -50,6 +50,7 @@ from ..cluster.spec import parse_cluster, parse_rate
 from ..config import StrategyConfig
 from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
 from ..measure.timing import time_on_rank
+from ..results.records import write_atomic
 from ..runtime.pool import RankFailure
 from ..workload import WorkloadSpec
 
@@ -227,8 +228,7 @@ def _dump(raw: dict, path: str | None) -> None:
     """``--save FILE``: everything measured so far, rewritten as it grows (a long run that fails late keeps what
     it measured; ``fleetbench figures cluster --load FILE`` renders it with the current model)."""
     if path:
-        with open(path, "w") as fh:
-            json.dump(raw, fh)
+        write_atomic(path, json.dumps(raw))
 
 
 def measure_clusters(rates, shapes, models, sizes, rounds, steps, timeout, save=None) -> dict:

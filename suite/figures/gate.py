@@ -70,6 +70,7 @@ from ..ab.power import (
 )
 from ..ab.stats import SeqOptions, block_log_ratio, lag1
 from ..results.gate import GateOptions, gate_samples
+from ..results.records import write_atomic
 
 DESCRIPTION = "regression gates: false alarms and detection of 2/5/10% slowdowns, ab and compare"
 
@@ -206,9 +207,7 @@ def compare_rates(runs: list[Run], rounds: int, seed: int, max_pairs: int = 2000
 
 
 def _save(path: str, runs: list) -> None:
-    with open(path + ".tmp", "w") as fh:
-        json.dump([dataclasses.asdict(r) for r in runs], fh)
-    os.replace(path + ".tmp", path)
+    write_atomic(path, json.dumps([dataclasses.asdict(r) for r in runs]))
 
 
 def _load(path: str) -> list:

@@ -26,6 +26,7 @@ import numpy as np
 from ..ab.isolation import FACTORS, Isolation
 from ..ab.power import Run, block_noise, block_statistics, prep_spread, spread_interval
 from ..ab.stats import POWER, SeqOptions
+from ..results.records import write_atomic
 from .gate import long_run
 
 DESCRIPTION = "the gate's sources of bias: tau_prep, tau_process and block noise under each placement/layout factor"
@@ -72,9 +73,7 @@ def _factor(name: str) -> Isolation:
 
 def _save(path: str, data) -> None:
     """``data`` as JSON at ``path``, whole or not at all (written beside it, then renamed)."""
-    with open(path + ".tmp", "w") as fh:
-        json.dump(data, fh)
-    os.replace(path + ".tmp", path)
+    write_atomic(path, json.dumps(data))
 
 
 def measure(options: Options, pool=None) -> dict:

@@ -13,6 +13,8 @@ import os
 import re
 import shutil
 
+from ..results.records import write_atomic
+
 __all__ = ["ASSETS", "VENDOR", "make_offline", "external_assets", "OfflineError"]
 
 VENDOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vendor", "asv")
@@ -79,10 +81,7 @@ def make_offline(html_dir: str) -> list[str]:
             html = fh.read()
         new = _rewrite(html)
         if new != html:
-            tmp = path + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as fh:
-                fh.write(new)
-            os.replace(tmp, path)
+            write_atomic(path, new)
             pages.append(name)
         left += [f"{name}: {url}" for url in external_assets(new)]
     if left:

@@ -45,7 +45,7 @@ import struct
 import sys
 import urllib.parse
 
-from ..results.records import NUMERIC_METRICS
+from ..results.records import NUMERIC_METRICS, write_atomic
 from ..results.records import plain as _plain
 
 __all__ = ["build_report", "md_text", "trace_source", "png_size", "out_problem"]
@@ -485,10 +485,8 @@ def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dic
         traces=[(f"{c}@{w}", t) for (c, w), t in traces.items()],
         tables=[_html_table(model, t, traces, shown(speedup_plot.get(model), f"{model}: speedup over plain"))
                 for model, t in tables.items()])
-    with open(os.path.join(out_dir, "index.html"), "w") as fh:
-        fh.write(page)
-    with open(os.path.join(out_dir, "report_data.json"), "w") as fh:
-        json.dump(data, fh, indent=1, default=str)
+    write_atomic(os.path.join(out_dir, "index.html"), page)
+    write_atomic(os.path.join(out_dir, "report_data.json"), json.dumps(data, indent=1, default=str))
     return data
 
 
@@ -544,8 +542,7 @@ def _write_markdown(out_dir, summary, groups, runs, tables, images, traces, note
     md += [""] + [f"- trace {m(c)}@{m(w)}: [{m(t)}]({_md_link_target(t)}) (open in https://ui.perfetto.dev)"
                   for (c, w), t in traces.items()]
     md += [""] + [f"_{m(n)}_" for n in notes]
-    with open(os.path.join(out_dir, "summary.md"), "w") as fh:
-        fh.write("\n".join(md) + "\n")
+    write_atomic(os.path.join(out_dir, "summary.md"), "\n".join(md) + "\n")
 
 
 def _templates():

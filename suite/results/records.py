@@ -44,7 +44,7 @@ from .structure import structure_of
 __all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "MAX_LINE_BYTES", "CaseRecord", "ResultsFileError", "Metrics",
            "METRIC_NAMES", "NUMERIC_METRICS", "Describe", "Precision", "Structure", "CheckSummary", "STATUSES",
            "VERDICTS", "append_record", "read_records", "iter_records", "jsonable", "open_input", "loads_bounded",
-           "ShortWrite", "name_problem", "plain"]
+           "ShortWrite", "name_problem", "plain", "write_atomic"]
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
@@ -414,6 +414,23 @@ def jsonable(obj: Any) -> Any:
 class ShortWrite(OSError):
     """An append that the file system took only part of (a full disk): the file was cut back to its
     previous end, so it holds every earlier record and nothing of this one."""
+
+
+def write_atomic(path: str, text: str) -> None:
+    """``text`` into ``path`` whole or not at all: written to a temporary file beside it, then renamed over it, so
+    a crash, a cancel or a full disk leaves the previous file (or none), never half of the new one.  Every output
+    file of the suite but the records (appended: :func:`append_record`) is written through it."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def append_record(path: str, record: CaseRecord) -> None:
