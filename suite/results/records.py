@@ -418,8 +418,10 @@ class ShortWrite(OSError):
 
 def write_atomic(path: str, text: str) -> None:
     """``text`` into ``path`` whole or not at all: written to a temporary file beside it, then renamed over it, so
-    a crash, a cancel or a full disk leaves the previous file (or none), never half of the new one.  Every output
-    file of the suite but the records (appended: :func:`append_record`) is written through it."""
+    a crash, a cancel or a full disk leaves the previous file (or none), never half of the new one.  The suite's
+    written documents go through it: reports, figures' Markdown and raw data, the nightly's state and last good
+    commit, --markdown, calibrations and profiles (records are appended: :func:`append_record`; plots, traces and
+    logs are written by their own libraries or as streams)."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "w", encoding="utf-8") as fh:
