@@ -389,6 +389,12 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b  # False is not 0, 1 is not True
 
 
+def _table_alias(key: str) -> str:
+    """``exec_strategy.x`` is ``execution_strategy.x`` (TABLE_ALIASES); any other key is itself."""
+    table, dot, field = key.partition(".")
+    return f"{TABLE_ALIASES.get(table, table)}.{field}" if dot else key
+
+
 def _flatten(values: Mapping[str, Any]) -> list[tuple[str, Any]]:
     """Paddle's tables ([build_strategy], amp_configs = {...}) as dotted keys."""
     out = []
@@ -411,10 +417,10 @@ def _unknown_field_message(key: str) -> str:
     names = list(_FIELDS) + list(PADDLE_FIELDS)
     close = difflib.get_close_matches(key, names, n=3)
     hint = f"; did you mean {', '.join(close)}?" if close else "; see `fleetbench config --list` for all fields"
-    if "." in key and key.split(".", 1)[0] in PADDLE_TABLES:
-        table = key.split(".", 1)[0]
+    table = _table_alias(key).split(".", 1)[0]
+    if "." in key and table in PADDLE_TABLES:
         known = sorted(k.split(".", 1)[1] for k in [*PADDLE_FIELDS, *PADDLE_UNIMPLEMENTED] if k.startswith(table + "."))
-        return f"unknown field {key!r} of Paddle's {table}; its fields are {', '.join(known)}"
+        return f"unknown field {key!r} of Paddle's {key.split('.', 1)[0]}; its fields are {', '.join(known)}"
     return f"unknown strategy field {key!r}{hint}"
 
 
@@ -422,7 +428,8 @@ def _canonical_keys(values: Mapping[str, Any]) -> dict[str, Any]:
     """Our field names for every key (ours, an alias, or Paddle's), values converted where Paddle's differ."""
     out: dict[str, Any] = {}
     source: dict[str, str] = {}
-    for key, value in _flatten(values):
+    for given, value in _flatten(values):
+        key = _table_alias(given)
         if _is_unimplemented(key):
             what, nothing = PADDLE_UNIMPLEMENTED.get(key) or (PADDLE_UNIMPLEMENTED[key.split(".", 1)[0]][0], ())
             if any(_same(value, v) for v in nothing):
@@ -431,7 +438,7 @@ def _canonical_keys(values: Mapping[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"Paddle field {key}={value!r} ({what}) is not implemented by fleetbench{allowed}")
         canon = PADDLE_FIELDS.get(key, key)
         if canon not in _FIELDS:
-            raise ConfigError(_unknown_field_message(key))
+            raise ConfigError(_unknown_field_message(given))
         if key in PADDLE_SWITCHES and isinstance(value, bool):
             value = PADDLE_SWITCHES[key][0 if value else 1]
         elif key in PADDLE_SWITCHES and key != canon:  # under our own name (amp), our values pass
@@ -440,10 +447,10 @@ def _canonical_keys(values: Mapping[str, Any]) -> dict[str, Any]:
             if canon == "local_sgd_is_warm_steps" and source[canon] != canon and _same(out[canon], value):
                 continue  # localsgd_configs.begin_step and adaptive_localsgd_configs.begin_step agree
             first = source[canon]
-            how = f"as {first!r} and as {key!r}" if first != key else f"as {key!r}"
+            how = f"as {first!r} and as {given!r}" if first != given else f"as {given!r}"
             raise ConfigError(f"field {canon!r} given twice ({how})")
         out[canon] = value
-        source[canon] = key
+        source[canon] = given
     return out
 
 
@@ -548,6 +555,7 @@ def parse_value(name: str, raw: str) -> Any:
 
 def _parse_set_value(key: str, raw: str) -> Any:
     """A ``--set`` value for any accepted key: by our field's type, Paddle's switches as booleans."""
+    given, key = key, _table_alias(key)
     if key in PADDLE_SWITCHES and raw.lower() in ("true", "false"):
         return raw.lower() == "true"  # Paddle's switches (amp = true: fp16)
     if key in PADDLE_SWITCHES or _is_unimplemented(key):
@@ -557,7 +565,7 @@ def _parse_set_value(key: str, raw: str) -> Any:
             return raw
     canon = PADDLE_FIELDS.get(key, key)
     if canon not in _FIELDS:
-        raise ConfigError(_unknown_field_message(key))
+        raise ConfigError(_unknown_field_message(given))
     return parse_value(canon, raw)
 
 

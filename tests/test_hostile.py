@@ -743,3 +743,16 @@ def test_a_trial_server_that_cannot_start_leaves_no_log_or_process(tmp_path, mon
     with pytest.raises(ProtocolMismatch):
         TrialServer(str(root), "BASE", start_timeout=60)
     assert os.listdir(tmp_path / "tmp") == []
+
+
+def test_set_takes_exec_strategy_as_a_file_does_and_names_both_spellings_when_given_twice():
+    from suite.config import ConfigError, StrategyConfig
+
+    base = StrategyConfig()
+    assert base.num_threads != 4
+    assert base.with_overrides(["exec_strategy.num_threads=4"]).num_threads == 4
+    assert base.with_overrides(["execution_strategy.num_threads=4"]).num_threads == 4
+    with pytest.raises(ConfigError, match="exec_strategy.nope"):
+        base.with_overrides(["exec_strategy.nope=1"])
+    with pytest.raises(ConfigError, match="'exec_strategy.num_threads' and as 'num_threads'"):
+        StrategyConfig.from_dict({"exec_strategy.num_threads": 2, "num_threads": 2})
