@@ -252,3 +252,34 @@ def test_footprint_counts_parameters_gradients_buckets_and_optimizer_state_once(
     got = pool2.run(footprint_on_rank, {"config": config})
     steps = 4 * MLP_PARAMS if config.get("optimizer") == "adam" else 0
     assert got == [copies * MLP_GRAD_BYTES + steps] * 2, (got, copies * MLP_GRAD_BYTES)
+
+
+def collectives_alone_on_rank(config: dict) -> dict:
+    """collectives_alone over the config's path: rank r's tensors (parameters on the plain path, bucket buffers on
+    the bucketed one) hold r+1; after one call each holds the mean, (world+1)/2, exactly."""
+    import torch
+
+    from suite.comm import collectives as C
+    from suite.comm.factory import build_grad_sync
+    from suite.models import get_model
+    from suite.runtime.context import current
+
+    rank, world = current().rank, current().world_size
+    sync = build_grad_sync(get_model("mlp").make(0), StrategyConfig.from_dict(config))
+    tensors = [b.flat for b in sync.buckets] if hasattr(sync, "buckets") else [p.detach() for p in sync.params]
+    for t in tensors:
+        t.fill_(float(rank + 1))
+    C.STATS.reset()
+    sync.collectives_alone()
+    if hasattr(sync, "close"):
+        sync.close()
+    return {"exact": all(torch.equal(t, torch.full_like(t, (world + 1) / 2)) for t in tensors),
+            "calls": sum(C.STATS.snapshot()["calls"].values()), "tensors": len(tensors)}
+
+
+@pytest.mark.parametrize("config", [{}, {"fuse_all_reduce_ops": True, "fuse_grad_size_in_MB": 0.01,
+                                         "sync_nccl_allreduce": False, "nccl_comm_num": 2}])
+def test_collectives_alone_averages_every_tensor_of_the_path_once(pool2, config):
+    """What `figures comm` times: one collective per parameter (plain) or per bucket (bucketed), each averaged."""
+    for a in pool2.run(collectives_alone_on_rank, dict(config=config)):
+        assert a["exact"] and a["calls"] == a["tensors"] > 1, a

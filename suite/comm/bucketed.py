@@ -204,6 +204,12 @@ class BucketedGradSync(GradSync):
                                     "schedule": "intra reduce-scatter, inter allreduce, intra allgather"}
         return info
 
+    def collectives_alone(self) -> None:
+        """Every bucket's collective, started in order and then completed, with no compute around them."""
+        pending = [self._start(b.flat, b.comm_index, asynchronous=self.overlap) for b in self.buckets]
+        for complete in pending:
+            complete()
+
     def close(self) -> None:
         """Remove the hooks and stop the worker threads (the engine need not call it)."""
         for h in self._handles:

@@ -78,6 +78,12 @@ class GradSync:
         for t in tensors:
             self._allreduce_average(t, self.group)
 
+    def collectives_alone(self) -> None:
+        """One step's gradient collectives with no compute around them (what ``figures comm`` times): here one
+        allreduce of each parameter's own tensor, averaged in place."""
+        for p in self.params:
+            self._allreduce_average(p.detach(), self.group)
+
     def describe(self) -> dict:
         """What the strategy did at set-up (allreduce ops before and after fusion, buckets …)."""
         n = len(self.params)

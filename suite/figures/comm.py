@@ -26,7 +26,6 @@ from typing import Any
 import torch
 
 from ..comm import collectives as C
-from ..comm.bucketed import BucketedGradSync
 from ..comm.table import busbw_factor
 from ..config import StrategyConfig
 from ..measure.interleave import interleaved_rounds, timed_block
@@ -66,23 +65,6 @@ def strategy_variants(model: str, nproc: int) -> list[dict]:
     return out
 
 
-def _collectives_of(sync) -> Callable[[], None]:
-    """One step's gradient collectives of ``sync``, with no compute around them."""
-    if isinstance(sync, BucketedGradSync):
-        def bucketed() -> None:
-            pending = [sync._start(b.flat, b.comm_index, asynchronous=sync.overlap) for b in sync.buckets]
-            for complete in pending:
-                complete()
-
-        return bucketed
-
-    def per_parameter() -> None:
-        for p in sync.params:
-            sync._allreduce_average(p.detach(), sync.group)
-
-    return per_parameter
-
-
 def comm_alone_on_rank(workload_spec: WorkloadSpec, variants: list[dict], rounds: int = 5, reps: int = 5) -> dict:
     """Seconds per step of each variant's gradient collectives with no compute around them, and the gradient bytes.
 
@@ -104,9 +86,11 @@ def comm_alone_on_rank(workload_spec: WorkloadSpec, variants: list[dict], rounds
             runners.append((v["name"], single))
             continue
         sync = wl.grad_sync(StrategyConfig.from_dict(v["config"]), net)
+        if sync is None:
+            raise ValueError(f"comm variant {v['name']!r}: DDP's collectives cannot be timed alone")
         if hasattr(sync, "close"):
             syncs.append(sync)
-        runners.append((v["name"], _collectives_of(sync)))
+        runners.append((v["name"], sync.collectives_alone))
     try:
         times = interleaved_rounds(runners, rounds, lambda nr: timed_block(nr[1], reps, wl.platform),
                                    warmup=lambda nr: nr[1]())
