@@ -156,19 +156,24 @@ def test_injection_runs_on_real_ranks(pool2):
 # ---- what a collective's start mark means -------------------------------------------------------------
 @pytest.mark.usefixtures("one_rank_world")
 def test_collective_spans_say_what_their_start_marks():
-    """On CUDA the start is a mark on the calling stream (NCCL's own stream is not reachable from Python):
-    the span and the trace say so, rather than passing it off as the kernel's start."""
+    """On CUDA the start is a mark on the calling stream: a synchronous NCCL collective runs on that stream
+    (torch >= 2.8 takes the current stream when asyncOp is false), an asynchronous one on NCCL's own stream,
+    which is not reachable from Python and waits for the calling stream at launch. The span and the trace say
+    which, rather than passing the mark off as the kernel's start."""
     from suite.comm import collectives as C
     from suite.report.trace import chrome_trace
 
     C.STATS.record_spans(True)
     try:
         C.all_reduce(torch.ones(4))
-        (span,) = C.STATS.spans
+        C.all_reduce(torch.ones(4), async_op=True).wait()
+        span, queued = C.STATS.spans
     finally:
         C.STATS.record_spans(False)
     assert span.ev_launch is not None and span.ev_launch.stream == "default"  # the calling stream
-    assert "calling stream reached the collective" in span.start_means and "queueing" in span.start_means
+    assert queued.ev_launch is not None and queued.ev_launch.stream == "default"
+    assert "runs on that stream" in span.start_means and "queueing" not in span.start_means
+    assert "calling stream reached the collective" in queued.start_means and "queueing" in queued.start_means
     comm = {"op": "all_reduce", "group": "world", "nbytes": 16, "start": span.start_means, "t0": 1.0, "t1": 2.0}
     trace = chrome_trace([{"rank": 0, "steps": [{"t0": 0.0, "t1": 3.0, "forward": None, "grads": [],
                                                   "comm": [comm]}], "buckets": []}])

@@ -13,15 +13,17 @@ collective does — after a synchronous call, on the calling stream (which NCCL 
 after an asynchronous one, on a timing stream of the span's group that waits for the work (so the
 caller's stream is not held back).
 
-What the start means on CUDA.  NCCL runs each collective on its communicator's own internal stream,
-which torch does not expose to Python.  At launch ``ProcessGroupNCCL::collective`` records an event
-on the *calling* stream and makes the NCCL stream wait for it (``syncStream`` in
-torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp); its own start event (``ncclStartEvent_``, on the
-NCCL stream) exists only with TORCH_NCCL_ENABLE_TIMING and is not readable per call.  So the start
-mark is when the calling stream reached the collective (its inputs ready); the NCCL kernel starts
-then, or when the communicator's earlier collectives end: a span is queueing behind the same
-communicator plus the collective itself.  Each span says so (``Span.start_means``, carried into the
-trace's event arguments).
+What the start means on CUDA.  A *synchronous* call (``async_op=False``) runs on the calling stream
+itself: torch 2.13's ``ProcessGroupNCCL::collective`` takes the current stream as the NCCL stream when
+``asyncOp`` is false (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, "in asyncOp=false [default] mode,
+we use currentStream as ncclStream"), so its span is the collective, waiting for its peers included.  An
+*asynchronous* call runs on the communicator's own internal stream, which torch does not expose to Python:
+at launch that stream is made to wait for an event recorded on the calling stream (``syncStream``); its
+own start event (``ncclStartEvent_``) exists only with TORCH_NCCL_ENABLE_TIMING and is not readable per
+call.  So an async span's start is when the calling stream reached the collective (its inputs ready); the
+kernel starts then, or when the communicator's earlier collectives end: queueing behind the same
+communicator plus the collective.  Each span says which (``Span.start_means``, carried into the trace's
+event arguments).
 
 Times are resolved after the step's synchronize:
 
@@ -103,10 +105,14 @@ class Span:
     ev_launch: Any = None
     ev_end: Any = None
     platform: Any = field(default=None, repr=False)
+    asynchronous: bool = False
 
     @property
     def start_means(self) -> str:
-        if self.platform is not None:  # CUDA: see the module docstring
+        if self.platform is not None and not self.asynchronous:  # CUDA: see the module docstring
+            return ("the calling stream reached the collective, which runs on that stream (synchronous NCCL call): "
+                    "the collective, waiting for peers included")
+        if self.platform is not None:
             return ("the calling stream reached the collective (inputs ready); NCCL's stream starts it then or "
                     "after this communicator's earlier collectives: queueing + collective")
         return "the call entered (gloo runs the collective inside the call, or on its worker thread when async)"
@@ -152,7 +158,7 @@ class _TimedWork:
         return getattr(self._work, name)
 
 
-def _count(op: str, group, tensor: torch.Tensor) -> Span | None:
+def _count(op: str, group, tensor: torch.Tensor, async_op: bool) -> Span | None:
     label = label_of(group)
     nbytes = tensor.numel() * tensor.element_size()
     with _LOCK:
@@ -160,11 +166,11 @@ def _count(op: str, group, tensor: torch.Tensor) -> Span | None:
         STATS.bytes[(label, op)] += nbytes
         if STATS.spans is None:
             return None
-    span = Span(op, label, nbytes, time.perf_counter())
+    span = Span(op, label, nbytes, time.perf_counter(), asynchronous=async_op)
     p = _platform()
     if p is not None and p.is_cuda:
         span.platform = p
-        span.ev_launch = p.mark()  # on the calling stream, which NCCL's stream waits for at launch
+        span.ev_launch = p.mark()  # on the calling stream (a synchronous collective's own; an async one's waits for it)
     with _LOCK:
         STATS.spans.append(span)
     return span
@@ -182,33 +188,33 @@ def _done(span: Span | None, work, async_op: bool):
         return _TimedWork(work, span)
     span.t_end = time.perf_counter()
     if cuda:
-        span.ev_end = span.platform.mark()  # the calling stream waited for the collective
+        span.ev_end = span.platform.mark()  # after the collective, which ran on the calling stream
     return work
 
 
 def all_reduce(tensor: torch.Tensor, group=None, op=dist.ReduceOp.SUM, async_op: bool = False):
-    span = _count("all_reduce", group, tensor)
+    span = _count("all_reduce", group, tensor, async_op)
     return _done(span, dist.all_reduce(tensor, op=op, group=group, async_op=async_op), async_op)
 
 
 def broadcast(tensor: torch.Tensor, src: int, group=None, async_op: bool = False):
     """``src`` is a global rank, as in torch.distributed."""
-    span = _count("broadcast", group, tensor)
+    span = _count("broadcast", group, tensor, async_op)
     return _done(span, dist.broadcast(tensor, src=src, group=group, async_op=async_op), async_op)
 
 
 def reduce(tensor: torch.Tensor, dst: int, group=None, op=dist.ReduceOp.SUM, async_op: bool = False):
-    span = _count("reduce", group, tensor)
+    span = _count("reduce", group, tensor, async_op)
     return _done(span, dist.reduce(tensor, dst=dst, op=op, group=group, async_op=async_op), async_op)
 
 
 def reduce_scatter(output: torch.Tensor, input: torch.Tensor, group=None, op=dist.ReduceOp.SUM, async_op: bool = False):
-    span = _count("reduce_scatter", group, input)
+    span = _count("reduce_scatter", group, input, async_op)
     return _done(span, _REDUCE_SCATTER(output, input, op=op, group=group, async_op=async_op), async_op)
 
 
 def all_gather(output: torch.Tensor, input: torch.Tensor, group=None, async_op: bool = False):
-    span = _count("all_gather", group, output)
+    span = _count("all_gather", group, output, async_op)
     return _done(span, _ALL_GATHER(output, input, group=group, async_op=async_op), async_op)
 
 
