@@ -88,11 +88,21 @@ class Workload:
 
     def batch(self, i: int) -> tuple[Any, Any]:
         """This rank's shard of timing batch ``i`` (cycling over :data:`TIMING_BATCHES`, kept on the device)."""
-        n = max(1, min(TIMING_BATCHES, len(self.data) // self.global_batch))
-        key = i % n
+        key = i % self.timing_batches
         if key not in self._timing:
             self._timing[key] = self.shard_of(key, self.rank)
         return self._timing[key]
+
+    @property
+    def timing_batches(self) -> int:
+        """How many batches :meth:`batch` cycles over."""
+        return max(1, min(TIMING_BATCHES, len(self.data) // self.global_batch))
+
+    def prepare_batches(self) -> None:
+        """Every timing batch built now, so no timed window builds one (an index gather and a host-to-device
+        copy, which synchronizes on CUDA)."""
+        for key in range(self.timing_batches):
+            self.batch(key)
 
     # -- model and engine --------------------------------------------------------------------
     def module(self, seed: int | None = None, dtype: torch.dtype | None = None) -> torch.nn.Module:

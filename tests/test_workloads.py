@@ -144,3 +144,27 @@ def test_figure_groups_are_memory_bounded_and_each_carries_the_baseline():
         plan = groups("gpt2", "cpu", 2, rows, budget=engines * per_engine)
         assert all(g[:2] == ["ddp", "none"] and 1 <= len(g) - 2 <= per_group for g in plan), plan
         assert [r for g in plan for r in g[2:]] == list(rows)
+
+
+def _batches_before_timing_on_rank() -> dict:
+    """A timed case builds every timing batch when it is prepared: a window then builds none."""
+    from suite.measure.timing import TimedCase
+    from suite.workload import Workload
+
+    wl = Workload(WorkloadSpec("mlp", "tiny"))
+    built_before = len(wl._timing)
+    TimedCase("plain", StrategyConfig(), wl)
+    prepared = len(wl._timing)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a timing batch was built inside a timed window")
+
+    wl.shard_of = refuse  # type: ignore[method-assign]
+    case = TimedCase("plain", StrategyConfig(), wl)
+    case.window(wl.timing_batches + 2)
+    return {"before": built_before, "prepared": prepared, "n": wl.timing_batches}
+
+
+def test_timing_batches_are_built_before_any_window(pool2):
+    for a in pool2.run(_batches_before_timing_on_rank):
+        assert a["before"] == 0 and a["n"] > 1 and a["prepared"] == a["n"], a

@@ -115,6 +115,7 @@ class TimedCase:
         self.config = config
         self.wl = wl
         self.engine = wl.engine(config)
+        wl.prepare_batches()  # every timing batch on the device before any window
         self.threads = default_threads(current().local_world_size, config.num_threads)
         self.step_no = 0  # steps run by this case (its batches and stragglers follow it)
         self.windows: list[float] = []
