@@ -140,7 +140,8 @@ class StrategyConfig:
     reader_backend: Literal["torch", "dali"] = knob("torch", "the reader: torch DataLoader or DALI", only=READER)
 
     # ---- benchmark conditions (ours) ---------------------------------------------
-    straggler_ms: float = knob(0.0, "ours: a seeded random rank sleeps this long each step", ge=0.0)
+    straggler_ms: float = knob(0.0, "ours: a seeded random rank is delayed this long each step (CPU: a sleep; "
+                                        "CUDA: a spin kernel on its compute stream)", ge=0.0)
 
     # ---- precision (ours; torch.backends switches) --------------------------------
     # Every default is PyTorch's own, so a run measures what a plain PyTorch program runs unless a

@@ -197,3 +197,29 @@ def test_the_per_call_timeout_scales_with_steps_variants_and_model_and_a_given_o
     assert r.call_timeout("gpt2", 27, 13) > 1800  # the default run (2 + 5 x 5 steps), every variant at once
     assert r.call_timeout("mlp", 1) - 600 < one  # a smaller model, a smaller allowance
     assert runner(timeout=42.0).call_timeout("gpt2", 27, 13) == 42.0  # --timeout given: exactly that
+
+
+# ---- the straggler on CUDA --------------------------------------------------------------------------------
+@pytest.mark.usefixtures("one_rank_world")
+def test_a_cuda_straggler_is_a_spin_kernel_on_the_compute_stream_not_a_host_sleep(monkeypatch):
+    """A host sleep hides behind work already queued on the GPU (fetch_frequency > 1 queues ahead), so on CUDA
+    the straggler is delayed by a spin kernel of straggler_ms on its compute stream; the spin's calibration
+    (a synchronize) happens when the case is prepared, not in a window.  **Call sequence only.**"""
+    import time as time_module
+
+    from suite.config import StrategyConfig
+    from suite.measure.timing import TimedCase
+    from suite.runtime.context import current
+    from suite.workload import Workload, WorkloadSpec
+
+    api = current().platform.cuda
+    wl = Workload(WorkloadSpec("mlp", "tiny"))
+    case = TimedCase("plain", StrategyConfig(straggler_ms=20.0, fetch_frequency=4), wl)
+    calibrated = [e for e in api.log if e[1] == "sleep"]
+    assert calibrated, "the spin kernel was not calibrated when the case was prepared"
+    monkeypatch.setattr(time_module, "sleep", lambda s: pytest.fail(f"host sleep of {s} s on CUDA"))
+    del api.log[:]
+    case.window(3)
+    spins = [e for e in api.log if e[1] == "sleep"]
+    assert len(spins) == 3 and case.straggler_sleeps == 3  # one rank: the straggler every step
+    assert all(e[3] == "default" and e[2] == pytest.approx(0.020 * api.spin_hz, rel=0.05) for e in spins), spins

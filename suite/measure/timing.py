@@ -116,6 +116,8 @@ class TimedCase:
         self.wl = wl
         self.engine = wl.engine(config)
         wl.prepare_batches()  # every timing batch on the device before any window
+        if config.straggler_ms and wl.platform.is_cuda:
+            wl.platform.spin_rate()  # the straggler's spin kernel calibrated (one synchronize) outside any window
         self.threads = default_threads(current().local_world_size, config.num_threads)
         self.step_no = 0  # steps run by this case (its batches and stragglers follow it)
         self.windows: list[float] = []
@@ -144,7 +146,10 @@ class TimedCase:
             nonlocal sleeps
             self.step_no += 1
             if cfg.straggler_ms and straggler_for_step(self.step_no, world, seed) == rank:
-                time.sleep(cfg.straggler_ms / 1e3)
+                if platform.is_cuda:  # a spin kernel on the compute stream: a host sleep hides behind queued work
+                    platform.busy(cfg.straggler_ms / 1e3)
+                else:
+                    time.sleep(cfg.straggler_ms / 1e3)
                 sleeps += 1
             x, y = self.wl.batch(self.step_no)
             return self.engine.train_step(x, y)
