@@ -756,3 +756,10 @@ def test_set_takes_exec_strategy_as_a_file_does_and_names_both_spellings_when_gi
         base.with_overrides(["exec_strategy.nope=1"])
     with pytest.raises(ConfigError, match="'exec_strategy.num_threads' and as 'num_threads'"):
         StrategyConfig.from_dict({"exec_strategy.num_threads": 2, "num_threads": 2})
+
+
+def test_report_into_a_directory_that_cannot_be_created_is_one_error(tmp_path, capsys):
+    """/proc/x passes every check that can be made beforehand (root may write anywhere) and still cannot be made."""
+    results = _write(tmp_path / "results" / "runs.jsonl", _record())
+    code, _, err = _cli(["report", results, "--out", "/proc/fleetbench-report"], capsys)
+    _one_error(code, err, "--out /proc/fleetbench-report", "cannot be written", "pick a writable directory")

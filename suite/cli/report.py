@@ -48,7 +48,12 @@ def main(args) -> int:
     if not records:
         return error("report", f"no records in {plain(', '.join(args.results))}"
                      + (f" for run id(s) {plain(', '.join(args.run_id))}" if args.run_id else ""))
-    data = build_report(records, args.out, dirs[0], record_dirs)
+    try:  # what cannot be told beforehand (/proc, a full disk, a root-owned path root may not write)
+        os.makedirs(args.out, exist_ok=True)
+        data = build_report(records, args.out, dirs[0], record_dirs)
+    except OSError as exc:
+        return error("report", f"--out {plain(args.out)}: cannot be written ({plain(exc.strerror or str(exc))}); "
+                               "pick a writable directory")
     bad = [p for p in data["problems"] if p["kind"] in ("fail", "error")]
     print(plain(f"report: {os.path.join(args.out, 'index.html')} and summary.md ({len(data['plots'])} plot(s), "
                 f"{len(data['traces'])} trace(s))"

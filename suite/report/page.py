@@ -55,9 +55,9 @@ _MD_PUNCT = re.compile(r"([\\`*~\[\]|])")
 
 def md_text(value) -> str:
     """Untrusted text as one Markdown table cell or list line: HTML-escaped (no tags, entities or
-    autolinks), the characters of links, code spans, emphasis and table cells backslash-escaped,
-    line breaks as ``<br>``."""
-    text = html.escape(_plain(value, keep="\r\n"), quote=True)
+    autolinks; quotes stay as they are, Markdown text has no attributes to break out of), the characters
+    of links, code spans, emphasis and table cells backslash-escaped, line breaks as ``<br>``."""
+    text = html.escape(_plain(value, keep="\r\n"), quote=False)
     text = _MD_PUNCT.sub(r"\\\1", text)
     return re.sub(r"\r\n|\r|\n", "<br>", text)
 
@@ -529,7 +529,7 @@ def _write_markdown(out_dir, summary, groups, runs, tables, images, traces, note
     md += ["## Failures and errors", ""] if bad else ["No failures or errors.", ""]
     for g in groups:
         label = {"fail": "fail", "error": "error", "note": "note", "skipped": "not run"}[g["kind"]]
-        text = "; ".join(f"{k}: {head}" for k, head, _ in g["messages"])
+        text = "; ".join(head if k == label else f"{k}: {head}" for k, head, _ in g["messages"])
         md.append(f"- {label}: {m(g['names'])} (run {m(g['run_names'])}): {m(text)}")
     md += ["", "## Runs", ""]
     for run in runs:
@@ -537,7 +537,7 @@ def _write_markdown(out_dir, summary, groups, runs, tables, images, traces, note
     for model, t in tables.items():
         md += ["", f"## {m(model)}", "", "| " + " | ".join(t["head"]) + " |", "|" + "---|" * len(t["head"])]
         md += ["| " + " | ".join(m(c) for c in cells) + " |" for _, cells, _ in t["rows"]]
-        md += [f"_{m(n)}_" for n in t["notes"]]
+        md += [""] + [f"_{m(n)}_" for n in t["notes"]]  # a line right below a table would be one more row
     md += [""] + [f"![{f}]({f})" for f in images]
     md += [""] + [f"- trace {m(c)}@{m(w)}: [{m(t)}]({_md_link_target(t)}) (open in https://ui.perfetto.dev)"
                   for (c, w), t in traces.items()]
