@@ -541,3 +541,28 @@ def test_nothing_overflows_the_window_in_chromium(tmp_path, width):
     result = json.loads(attrs["data-overflow"])
     assert result["vw"] <= width and result["bad"] == [], result
     assert result["page"] <= result["vw"], result
+
+
+def test_report_data_is_strict_json_and_summary_notes_stand_apart_from_the_table(tmp_path):
+    """A nan speedup interval (too few rounds) is written as the string "nan", as records write it: bare NaN is
+    not JSON (browsers and jq refuse it). A table's note needs a blank line before it, or Markdown reads it as a
+    row; quotes are not entities."""
+    import json
+
+    nan_ci, overlap = _metrics(60, 1.0, [float("nan"), float("nan")], 30), _metrics(46, 1.3, [1.1, 1.5], 30)
+    for m in (nan_ci, overlap):
+        m.pop("peak_memory_bytes")  # no memory column: the table gets a note
+    recs = [_rec("mlp/plain", m=nan_ci),
+            _rec("mlp/overlap", verdict="fail", check_message="parameter 'w' differs", m=overlap)]
+
+    def refuse(name):
+        raise AssertionError(f"bare {name} in report_data.json")
+
+    _, _, md = _build(tmp_path, recs)
+    data = json.loads((tmp_path / "report_data.json").read_text(), parse_constant=refuse)
+    assert "nan" in json.dumps(data)
+    lines = md.splitlines()
+    note = next(i for i, ln in enumerate(lines) if "not measured in this run's records" in ln)
+    assert lines[note - 1] == "" and lines[note - 2].startswith("| mlp/")
+    assert "&#x27;" not in md and "parameter 'w' differs" in md
+    assert not any(ln.startswith("- fail:") and ": fail:" in ln for ln in lines)

@@ -45,7 +45,7 @@ import struct
 import sys
 import urllib.parse
 
-from ..results.records import NUMERIC_METRICS, write_atomic
+from ..results.records import NUMERIC_METRICS, jsonable, write_atomic
 from ..results.records import plain as _plain
 
 __all__ = ["build_report", "md_text", "trace_source", "png_size", "out_problem"]
@@ -486,7 +486,8 @@ def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dic
         tables=[_html_table(model, t, traces, shown(speedup_plot.get(model), f"{model}: speedup over plain"))
                 for model, t in tables.items()])
     write_atomic(os.path.join(out_dir, "index.html"), page)
-    write_atomic(os.path.join(out_dir, "report_data.json"), json.dumps(data, indent=1, default=str))
+    write_atomic(os.path.join(out_dir, "report_data.json"),  # strict JSON: nan/inf as strings, as in records
+                 json.dumps(jsonable(data), indent=1, default=str, allow_nan=False))
     return data
 
 
