@@ -22,11 +22,23 @@ def test_the_median_interval_covers_the_true_median_about_95_percent_of_the_time
 
 def test_degenerate_samples_and_paired_speedups():
     assert all(math.isnan(v) for v in bootstrap_median_ci([]))
-    assert bootstrap_median_ci([2.0]) == (2.0, 2.0)
+    assert all(math.isnan(v) for v in bootstrap_median_ci([2.0]))  # one value: no interval, not a certain one
     assert bootstrap_median_ci([1.5, 1.5, 1.5]) == (1.5, 1.5)
     sp = paired_speedup([1.0, 1.0, 1.0, 1.0], [0.5, 0.5, 0.5, 0.5])
     assert sp["speedup"] == 2.0 and sp["ci"] == [2.0, 2.0] and sp["rounds"] == 4
     assert math.isnan(paired_speedup([1.0], [0.0])["speedup"])
+    for bad in (math.nan, math.inf, 0.0, -1.0):  # one faulty round of four: no speedup, not one from the other three
+        sp = paired_speedup([1.0, 1.0, 1.0, 1.0], [0.5, bad, 0.5, 0.5])
+        assert math.isnan(sp["speedup"]) and all(math.isnan(c) for c in sp["ci"]) and sp["rounds"] == 3, (bad, sp)
+
+
+def test_a_round_with_a_non_finite_window_on_any_rank_is_nan_whichever_rank():
+    from suite.measure.stats import window_seconds
+
+    for windows in ([[0.1, math.nan], [0.2, 0.3]], [[0.2, 0.3], [0.1, math.nan]]):  # rank 0 or rank 1
+        answers = [{"variants": {"v": {"windows": w}}} for w in windows]
+        first, second = window_seconds(answers, "v")
+        assert first == 0.2 and math.isnan(second), windows
 
 
 def test_rate_interval_is_clopper_pearson():

@@ -10,7 +10,10 @@ import math
 import statistics
 from collections.abc import Sequence
 
-__all__ = ["describe", "window_seconds", "paired_speedup", "bootstrap_median_ci", "busbw"]
+__all__ = ["describe", "window_seconds", "paired_speedup", "bootstrap_median_ci", "busbw", "RUN_ROUNDS_FOR_95"]
+
+# The fewest rounds whose range can cover the median with 95% probability (1 - 2**(1 - n) >= 0.95).
+RUN_ROUNDS_FOR_95 = 6
 
 
 def _quantile(xs: Sequence[float], q: float) -> float:
@@ -33,10 +36,13 @@ def describe(xs: Sequence[float]) -> dict:
 
 
 def bootstrap_median_ci(xs: Sequence[float], level: float = 0.95, n_boot: int = 2000, seed: int = 0) -> tuple:
-    """Percentile bootstrap interval of the median (scipy.stats.bootstrap, the project's one bootstrap)."""
+    """Percentile bootstrap interval of the median (scipy.stats.bootstrap, the project's one bootstrap); (nan, nan)
+    from fewer than two values: one value is no interval, not a certain one.
+
+    At small n the interval is about the range of the values, which covers the median with probability
+    1 - 2**(1 - n) at best (75% at 3, 94% at 5): ``RUN_ROUNDS_FOR_95`` rounds are the fewest that can reach 95%."""
     if len(xs) < 2:
-        v = xs[0] if xs else math.nan
-        return (v, v)
+        return (math.nan, math.nan)
     import numpy as np
     from scipy.stats import bootstrap
 
@@ -49,16 +55,20 @@ def bootstrap_median_ci(xs: Sequence[float], level: float = 0.95, n_boot: int = 
 
 
 def window_seconds(answers: list[dict], variant: str) -> list[float]:
-    """Per round, the slowest rank's window time (windows end on a barrier, so ranks agree closely)."""
+    """Per round, the slowest rank's window time (windows end on a barrier, so ranks agree closely); nan for a
+    round in which any rank's window is not finite (``max`` would keep or drop a nan by its position)."""
     per_rank = [a["variants"][variant]["windows"] for a in answers]
-    return [max(ws) for ws in zip(*per_rank)]
+    return [max(ws) if all(math.isfinite(w) for w in ws) else math.nan for ws in zip(*per_rank)]
 
 
 def paired_speedup(baseline_windows: Sequence[float], variant_windows: Sequence[float]) -> dict:
-    """Speedup of the variant over the baseline (> 1 faster), paired by round, with a 95% interval."""
-    ratios = [b / v for b, v in zip(baseline_windows, variant_windows) if v > 0 and b > 0]
-    if not ratios:
-        return {"speedup": math.nan, "ci": [math.nan, math.nan], "rounds": 0}
+    """Speedup of the variant over the baseline (> 1 faster), paired by round, with a 95% interval; nan when
+    any round's window is not a finite time > 0 (such a round is a fault to see, not one to leave out)."""
+    pairs = list(zip(baseline_windows, variant_windows))
+    valid = [(b, v) for b, v in pairs if math.isfinite(b) and math.isfinite(v) and b > 0 and v > 0]
+    ratios = [b / v for b, v in valid]
+    if not ratios or len(valid) < len(pairs):
+        return {"speedup": math.nan, "ci": [math.nan, math.nan], "rounds": len(ratios)}
     lo, hi = bootstrap_median_ci(ratios)
     return {"speedup": statistics.median(ratios), "ci": [lo, hi], "rounds": len(ratios)}
 
