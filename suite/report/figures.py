@@ -102,14 +102,14 @@ def _by_model(rows: list) -> dict:
     return out
 
 
-def _model_panels(rows: list):
-    """One panel per model (a row per model), wide enough for its most cases: (figure, axes, rows by
-    model), or None without rows."""
+def _model_panels(rows: list, legend_in: float = 0.0):
+    """One panel per model (a row per model), wide enough for its most cases and a legend of ``legend_in``
+    inches beside them: (figure, axes, rows by model), or None without rows."""
     models = _by_model(sorted(rows, key=lambda cr: (cr[1].model, order_key(cr[0]))))
     if not models:
         return None
     widest = max(len(v) for v in models.values())
-    fig, axes = _figure(max(6.0, 0.55 * widest + 2.5), 3.6 * len(models), rows=len(models))
+    fig, axes = _figure(max(6.0, 0.55 * widest + 2.5) + legend_in, 3.6 * len(models), rows=len(models))
     return fig, axes, models
 
 
@@ -193,7 +193,7 @@ def breakdown_figure(recs: dict, world: int):
     whole step, hatched: its exposed communication is negative (noise)."""
     rows = [(c, r) for (c, w), r in recs.items() if w == world and math.isfinite(num(r.metrics.get("compute_s")))
             and math.isfinite(num((r.metrics.get("step_time_s") or {}).get("median")))]
-    panels = _model_panels(rows)
+    panels = _model_panels(rows, legend_in=3.5)  # the legend stands right of the bars
     if panels is None:
         return None
     fig, axes, models = panels
