@@ -161,6 +161,7 @@ def test_model_alone_selects_its_cases_and_user_models_get_every_applicable_vari
         assert main(["run", "--model", ref, "--list"]) == 2
         err = capsys.readouterr().err
         assert words in err and err.count("error:") == 1, err
+        assert "ModelError" not in err and err.count(f"{ref!r}") == 1, err  # said once, without the class name
 
 
 @pytest.mark.slow

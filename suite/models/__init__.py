@@ -240,7 +240,8 @@ def _info_child(ref: str, size: str, conn) -> None:
     try:
         conn.send(("ok", _info(get_model(ref, size))))
     except BaseException as exc:  # noqa: BLE001 - SystemExit too: a factory that exits is an error, said
-        what = f"called sys.exit({exc.code!r})" if isinstance(exc, SystemExit) else f"{type(exc).__name__}: {exc}"
+        what = (f"called sys.exit({exc.code!r})" if isinstance(exc, SystemExit)
+                else str(exc) if isinstance(exc, ModelError) else f"{type(exc).__name__}: {exc}")  # ours says it all
         conn.send(("error", what[:2000]))
 
 
