@@ -163,7 +163,7 @@ def make_plan(resolved, gate_names: list[str], machine: str, o: NightlyOptions, 
             seconds, basis = float(done["seconds"]), "last night's"
         else:
             seconds, basis = rough, "rough step times (suite/nightly.py ROUGH_STEP_S)"
-        detail = {"gate": f"{len(gate)} pair(s), budget {o.gate_budget_s / 60:.0f} min",
+        detail = {"gate": f"{len(gate)} pair(s), budget {o.gate_budget_s / 60:.0f} min of timed trials + set-up",
                   "report": "", "history": ""}.get(name, f"{len(runnable)} pair(s)")
         stages.append(StagePlan(name, float(seconds), basis, detail))
     notes = () if last else ("no earlier night recorded for this machine: estimates from rough step times",)
