@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import runtime
-from ..cases import BASELINE
+from ..cases import ALL_TAGS, BASELINE
 from ..cluster.launch import apply_cluster_args, start_cluster
 from ..config import ConfigError
 from ..results.records import ResultsFileError, name_problem, read_records
@@ -28,7 +28,7 @@ from ..runner import CaseRunner, RunOptions
 from ..runtime.launch import init_from_env, shutdown, torchrun_env
 from ..runtime.torchrun import TorchrunLauncher
 from . import helps
-from .checks import MAX_ROUNDS, MAX_STEPS, WEEK, check_nproc
+from .checks import MAX_ROUNDS, MAX_STEPS, WEEK, check_nproc, oversubscribed
 from .options import add_shared, require_at_least, require_seconds, selection
 
 DEFAULT_RESULTS = os.path.join("results", "runs.jsonl")
@@ -48,7 +48,7 @@ def add_parser(sub) -> None:
                       "CUDA present, fewer GPUs than ranks is an error)",
                case="case name or glob (model/variant, e.g. 'resnet/overlap', '*/local_sgd'); repeatable or "
                     "comma-separated",
-               tag="cases with this tag (default, smoke, nightly-cpu, nightly-gpu); repeatable. Without "
+               tag=f"cases with this tag ({', '.join(ALL_TAGS)}); repeatable. Without "
                    "--case/--tag/--model: the 'default' tag",
                model="a registry model (resnet50, gpt2, bert, resnet, mlp, transformer), hf:GPT2Config / "
                      "hf:BertConfig, or your own factory as module:function; alone, every case of that model",
@@ -110,6 +110,8 @@ def main(args) -> int:
     _check_results_file(args.results)
     if args.trace_steps:
         _check_traces_dir(os.path.join(os.path.dirname(os.path.abspath(args.results)), "traces"))
+    if not env and (crowded := oversubscribed(args.nproc, device)):
+        print(f"fleetbench run: warning: {crowded}", file=sys.stderr, flush=True)
 
     opts = RunOptions(
         size=args.size, per_rank_batch=args.batch, steps=args.steps, rounds=args.rounds, warmup=args.warmup,
