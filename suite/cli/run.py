@@ -1,14 +1,9 @@
-"""`fleetbench run`: the main job.
+"""`fleetbench run`: the main job's command line (its --help: ``ABOUT``).
 
-For each selected case: a correctness verdict against the reference that fits it, then
-throughput measured interleaved with the model's baseline (plain data parallel) in one
-process group; speedup stated as speedup (> 1 is faster).  Each model's records are appended
-to the results file as soon as its interleaved timing finishes; a table closes the run.  The
-work itself is :class:`suite.runner.CaseRunner`'s; this module turns the command line into
-its options and prints.
-
-Everything the user typed is validated before any rank starts.  A case whose ranks die or
-hang is reported as an error and the run goes on.
+The work itself is :class:`suite.runner.CaseRunner`'s (a check, then every case of a model timed interleaved
+with its baseline, one record per case); this module turns the command line into its options, resumes a run
+from its records, appends the records as each model finishes and prints.  Everything the user typed is
+validated before any rank starts.
 """
 from __future__ import annotations
 
@@ -34,9 +29,21 @@ from .options import add_shared, require_at_least, require_seconds, selection
 DEFAULT_RESULTS = os.path.join("results", "runs.jsonl")
 
 
+# --help's description: what the command does, for its users (the docstring above is for developers)
+ABOUT = """`fleetbench run`: check and time the selected cases.
+
+For each case: a correctness verdict against a reference implementation, then its throughput, timed
+interleaved with its model's baseline (plain data parallel) in the same ranks, and its speedup over
+that baseline (> 1 is faster).  Each model's records are appended to the results file as soon as its
+timing finishes; a table closes the run.
+
+Every option is checked before any rank starts.  A case whose ranks die or hang is reported as an
+error and the run goes on; an interrupted run keeps its finished cases, and --resume finishes it."""
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("run", help="run cases: correctness verdict, throughput, speedup over plain data parallel",
-                       **helps(__doc__, """
+                       **helps(ABOUT, """
                            fleetbench run --list --tag nightly-cpu
                            fleetbench run --tag smoke --nproc 2
                            fleetbench run --case 'mlp/*' --case resnet/ddp --nproc 4 --rounds 9
