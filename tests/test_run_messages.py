@@ -115,3 +115,77 @@ def test_run_help_lists_every_tag_that_exists():
     (tag,) = [a for a in run._actions if "--tag" in a.option_strings]
     assert "gate" in ALL_TAGS and {t for c in CASES for t in c.tags} <= set(ALL_TAGS)
     assert f"({', '.join(ALL_TAGS)})" in tag.help
+
+
+# ---- the run's terminal output: columns from the content, counts that agree -----------------------------------
+class FakeRankPool:
+    """Stands for ``suite.runtime.RankPool`` in `fleetbench run --no-check`: every timing call answered with
+    synthetic numbers (``tests.test_runner``'s), each call's keywords kept in ``calls``."""
+
+    def __init__(self, nproc, **kw):
+        self.nproc, self.kw, self.calls = nproc, kw, []
+
+    def run(self, fn, kwargs=None, timeout=None):
+        from suite.runner import free_memory_on_rank
+        from tests.test_runner import _answers
+
+        if fn is free_memory_on_rank:
+            return [2**40] * self.nproc
+        self.calls.append(kwargs)
+        return _answers([v["name"] for v in kwargs["variants"]], ranks=self.nproc)
+
+    def close(self):
+        pass
+
+
+FAST = ["--no-check", "--no-utilization", "--size", "tiny", "--device", "cpu", "--timeout", "60"]
+
+
+def test_check_lines_keep_their_columns_past_nine_cases():
+    from suite.cases import CASES
+    from suite.runner import CaseRunner, RunOptions
+    from tests.test_runner import FakeLauncher, _rc
+
+    names = [c.name for c in CASES if c.model == "mlp" and c.variant != "hierarchical"]
+    assert len(names) >= 10
+    said: list[str] = []
+    runner = CaseRunner(FakeLauncher(), 2, RunOptions(check=False, utilization=False), metadata={}, say=said.append)
+    list(runner.run([_rc(n) for n in names]))
+    lines = [s for s in said if s.startswith("[")]
+    assert len(lines) == len(names) and lines[0].startswith(f"[ 1/{len(names)}] mlp/")
+    assert len({line.index(" check ") for line in lines}) == 1, "\n".join(lines)
+
+
+def test_list_columns_are_as_wide_as_their_content(capsys):
+    from suite.cases import CASES
+
+    assert main(["run", "--list", "--case", "mlp/*,resnet/compute_fusion"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    described = {c.name: c.description for c in CASES}
+    starts = {line.index(described[line.split()[0]]) for line in lines}
+    assert len(lines) > 10 and len(starts) == 1, "\n".join(lines)
+    assert any(",gate " in line for line in lines)
+
+
+def test_the_table_shows_a_fractional_collective_count_to_three_digits(capsys):
+    from suite.cli.run import print_table
+    from suite.results.records import CaseRecord
+
+    recs = [CaseRecord("mlp/local_sgd", "mlp", 2, {}, "r", verdict="pass",
+                       metrics={"samples_per_s": 10.0, "comm_calls_per_step": {"world/all_reduce": 4 / 3}}),
+            CaseRecord("mlp/plain", "mlp", 2, {}, "r", verdict="pass",
+                       metrics={"samples_per_s": 10.0, "comm_calls_per_step": {"world/all_reduce": 10.0}})]
+    print_table(recs)
+    out = capsys.readouterr().out
+    assert " 1.33 " in out and "1.333" not in out and " 10 " in out, out
+
+
+def test_the_header_and_the_footer_count_the_same_cases(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(suite.runtime, "RankPool", FakeRankPool)
+    results = tmp_path / "runs.jsonl"
+    code = main(["run", "--case", "mlp/plain,mlp/hier*", "--nproc", "3", "--results", str(results), *FAST])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert ": 1 case(s) on 3 rank(s) (1 more skipped), size tiny" in out, out
+    assert (f"2 record(s) appended to {results}: 1 measured, 1 skipped (hierarchical_allreduce_inter_nranks=2 "
+            "does not split world size 3") in out, out

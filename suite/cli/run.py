@@ -108,8 +108,10 @@ def main(args) -> int:
     args.size, args.nproc = resolved.size, args.nproc or world
     selected = resolved.at[world]
     if args.list:
-        for rc in selected:
-            print(f"{rc.case.name:32s} {','.join(rc.case.tags):40s} {rc.case.description}"
+        rows = [(rc.case.name, ",".join(rc.case.tags), rc) for rc in selected]
+        name_width, tags_width = (max(len(row[i]) for row in rows) for i in (0, 1))
+        for name, tags, rc in rows:
+            print(f"{name:{name_width}s}  {tags:{tags_width}s}  {rc.case.description}"
                   + (f"  [skip: {rc.skip}]" if rc.skip else ""))
         return 0
     # under torchrun only rank 0 reads the results file (its host's); the others get its answer below
@@ -152,8 +154,10 @@ def main(args) -> int:
                        f"{', '.join(kept)}")
             selected = [rc for rc in selected if rc.case.name not in done]
         runnable = sum(1 for rc in selected if rc.skip is None)
-        runner.say(f"fleetbench run {runner.run_id}: {runnable} case(s) on {world} rank(s), size {args.size}, "
-                   f"{device}/{backend}; results -> {args.results}")
+        skipped = f" ({len(selected) - runnable} more skipped)" if len(selected) > runnable else ""
+        runner.say(f"fleetbench run {runner.run_id}: {runnable} case(s) on {world} rank(s){skipped}, size "
+                   f"{args.size}, {device}/{backend}; results -> {args.results}")
+        width = max((len(rc.case.name) for rc in selected), default=0)  # the case column, as the check lines'
         display.start(runnable)
         for batch in runner.run(selected):
             for rec in batch:
@@ -162,7 +166,7 @@ def main(args) -> int:
                 elif rec.metrics and reporter:
                     sp = rec.metrics.get("speedup")  # none without the baseline (it could not run)
                     sp_text = "no baseline" if sp is None else f"speedup {sp:.2f}x"
-                    runner.say(f"      {rec.case:28s} {rec.samples_per_s:9.1f} samples/s   {sp_text}"
+                    runner.say(f"      {rec.case:{width}s} {rec.samples_per_s:9.1f} samples/s   {sp_text}"
                                f"{_allreduce_counts(rec.describe)}")
                 if reporter:
                     dest = _append(args.results, rec)
@@ -182,8 +186,9 @@ def main(args) -> int:
             shutdown()
     if reporter:
         print_table(records)
-        print("\n" + "; ".join(f"{n} record(s) appended to {t}" for t, n in written.items()) if written
-              else "\nno record written")
+        appended = "; ".join(f"{n} record(s) appended to {t}" for t, n in written.items())
+        print(("\n" + appended + (": " if len(written) == 1 else " (") + _tally(records)
+               + ("" if len(written) == 1 else ")")) if written else "\nno record written")
         traces = [r.metrics["trace_file"] for r in records if r.metrics.get("trace_file")]
         if traces:
             print("traces (open in https://ui.perfetto.dev): "
@@ -375,6 +380,22 @@ def _resolve_resume(args, world: int) -> tuple[str, set]:
     return run_id, {r.case for r in mine if r.status != "error"}
 
 
+def _tally(records) -> str:
+    """The records by status: "2 measured, 1 error, 1 skipped (why)" (each reason once)."""
+    parts = [f"{sum(r.status == 'ok' for r in records)} measured"]
+    for status in ("error", "skipped", "not_run"):
+        mine = [r for r in records if r.status == status]
+        why = "; ".join(dict.fromkeys(r.error.splitlines()[0] for r in mine if r.error)) if status != "error" else ""
+        if mine:
+            parts.append(f"{len(mine)} {status.replace('_', ' ')}" + (f" ({why})" if why else ""))
+    return ", ".join(parts)
+
+
+def _count(x) -> str:
+    """A per-step count: whole numbers as they are, others to 3 significant digits (Local SGD's 1.33)."""
+    return f"{x:.0f}" if float(x).is_integer() or abs(x) >= 100 else f"{x:.3g}"
+
+
 def _speedup_cell(sp, ci, baseline: bool = False) -> str:
     """The speedup with its interval; "not resolved" where the interval spans 1 (neither faster nor slower)."""
     if baseline:
@@ -406,7 +427,7 @@ def print_table(records) -> None:
             f"{sps:.1f}" if isinstance(sps, float) else "-",
             _speedup_cell(sp, ci, baseline=r.case.endswith("/" + BASELINE)),
             f"{st['median'] * 1e3:.1f} ({st['iqr'] * 1e3:.1f})" if st.get("n") else "-",
-            f"{ar:g}" if m else "-",
+            _count(ar) if m else "-",
         )
     Console(width=max(132, os.get_terminal_size(sys.stdout.fileno()).columns if sys.stdout.isatty() else 132)).print(
         table)
