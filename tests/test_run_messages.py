@@ -118,26 +118,6 @@ def test_run_help_lists_every_tag_that_exists():
 
 
 # ---- the run's terminal output: columns from the content, counts that agree -----------------------------------
-class FakeRankPool:
-    """Stands for ``suite.runtime.RankPool`` in `fleetbench run --no-check`: every timing call answered with
-    synthetic numbers (``tests.test_runner``'s), each call's keywords kept in ``calls``."""
-
-    def __init__(self, nproc, **kw):
-        self.nproc, self.kw, self.calls = nproc, kw, []
-
-    def run(self, fn, kwargs=None, timeout=None):
-        from suite.runner import free_memory_on_rank
-        from tests.test_runner import _answers
-
-        if fn is free_memory_on_rank:
-            return [2**40] * self.nproc
-        self.calls.append(kwargs)
-        return _answers([v["name"] for v in kwargs["variants"]], ranks=self.nproc)
-
-    def close(self):
-        pass
-
-
 FAST = ["--no-check", "--no-utilization", "--size", "tiny", "--device", "cpu", "--timeout", "60"]
 
 
@@ -181,6 +161,8 @@ def test_the_table_shows_a_fractional_collective_count_to_three_digits(capsys):
 
 
 def test_the_header_and_the_footer_count_the_same_cases(monkeypatch, capsys, tmp_path):
+    from tests.fakes import FakeRankPool
+
     monkeypatch.setattr(suite.runtime, "RankPool", FakeRankPool)
     results = tmp_path / "runs.jsonl"
     code = main(["run", "--case", "mlp/plain,mlp/hier*", "--nproc", "3", "--results", str(results), *FAST])
