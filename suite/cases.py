@@ -29,6 +29,7 @@ list; ``Case.records`` names the case-specific ones a variant adds (e.g. ``compu
 """
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -211,7 +212,9 @@ def select_cases(names: Iterable[str] = (), tags: Iterable[str] = (), models: It
             raise ValueError(f"--tag {t!r} is unknown; allowed: {', '.join(ALL_TAGS)}")
     for n in names:
         if not any(fnmatch.fnmatchcase(c.name, n) or c.variant == n for c in pool):
-            raise ValueError(f"--case {n!r} matches no case; `fleetbench run --list` shows them "
+            close = difflib.get_close_matches(n, [c.name for c in pool] + [c.variant for c in pool], n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ValueError(f"--case {n!r} matches no case; {hint}`fleetbench run --list` shows them "
                              f"(names are model/variant, e.g. resnet/overlap; globs allowed)")
     if not names and not tags and not models:
         tags = ["default"]

@@ -42,7 +42,7 @@ from .paddle_names import (
 )
 
 __all__ = ["StrategyConfig", "ConfigError", "PRESETS", "PADDLE_FIELDS", "PADDLE_UNIMPLEMENTED", "toml_fields",
-           "knob", "FieldSpec", "field_specs", "to_toml"]
+           "check_overrides", "knob", "FieldSpec", "field_specs", "to_toml"]
 
 
 class ConfigError(ValueError):
@@ -521,8 +521,11 @@ def toml_fields(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path!r}: {str(exc).split(';')[0]} (an integer this long is no "
                           f"strategy value)") from None
     data = _paddle_tables(path, data)
-    fields_ = _canonical_keys(data)
-    StrategyConfig(**fields_)  # the combination must be valid on its own
+    try:
+        fields_ = _canonical_keys(data)
+        StrategyConfig(**fields_)  # the combination must be valid on its own
+    except ConfigError as exc:
+        raise ConfigError(f"config file {path!r}: {exc}") from None
     return fields_
 
 
@@ -572,48 +575,76 @@ def _parse_set_value(key: str, raw: str) -> Any:
 
 # ---- validation ------------------------------------------------------------------------------
 
+def _checked_type(name: str, value: Any) -> Any:
+    """``value`` of field ``name`` if of its type (an int for a float field as a float), else a ConfigError."""
+    spec = _SPECS[name]
+    typ = spec.type
+    if value is None:
+        if spec.optional:
+            return value
+        raise ConfigError(f"{name}=None: a value is required ({typ.__name__})")
+    if spec.choices is not None:
+        return value  # checked against the choices
+    if typ is bool:
+        ok = isinstance(value, bool)
+    elif typ is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif typ is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok and not isinstance(value, float):
+            value = float(value)
+        if ok and math.isnan(value):
+            raise ConfigError(f"{name}=nan: a number is required")
+    else:
+        ok = isinstance(value, typ)
+    if not ok:
+        raise ConfigError(f"{name}={value!r}: expected {typ.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _check_range(name: str, value: Any) -> None:
+    """A ConfigError when ``value`` (of the field's type) is not among field ``name``'s choices or in its range."""
+    spec = _SPECS[name]
+    if value is None:
+        return
+    if spec.choices is not None:
+        if not any(_same(value, c) for c in spec.choices):
+            raise ConfigError(f"{name}={value!r}: allowed values are {', '.join(map(repr, spec.choices))}")
+        return
+    if spec.type not in (int, float):
+        return
+    below = (spec.ge is not None and value < spec.ge) or (spec.gt is not None and value <= spec.gt)
+    above = spec.le is not None and value > spec.le
+    if below or above or (isinstance(value, float) and math.isinf(value) and not spec.allow_inf):
+        raise ConfigError(f"{name}={value!r}: out of range, allowed {' and '.join(spec.bounds())}")
+
+
 def _check_types(cfg: StrategyConfig) -> None:
-    for name, spec in _SPECS.items():
+    for name in _SPECS:
         value = getattr(cfg, name)
-        typ = spec.type
-        if value is None:
-            if spec.optional:
-                continue
-            raise ConfigError(f"{name}=None: a value is required ({typ.__name__})")
-        if spec.choices is not None:
-            continue  # checked against the choices
-        if typ is bool:
-            ok = isinstance(value, bool)
-        elif typ is int:
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        elif typ is float:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if ok and not isinstance(value, float):
-                object.__setattr__(cfg, name, float(value))
-                value = float(value)
-            if ok and math.isnan(value):
-                raise ConfigError(f"{name}=nan: a number is required")
-        else:
-            ok = isinstance(value, typ)
-        if not ok:
-            raise ConfigError(f"{name}={value!r}: expected {typ.__name__}, got {type(value).__name__}")
+        checked = _checked_type(name, value)
+        if checked is not value:
+            object.__setattr__(cfg, name, checked)
 
 
 def _check_choices_and_ranges(cfg: StrategyConfig) -> None:
-    for name, spec in _SPECS.items():
-        value = getattr(cfg, name)
-        if value is None:
-            continue
-        if spec.choices is not None:
-            if not any(_same(value, c) for c in spec.choices):
-                raise ConfigError(f"{name}={value!r}: allowed values are {', '.join(map(repr, spec.choices))}")
-            continue
-        if spec.type not in (int, float):
-            continue
-        below = (spec.ge is not None and value < spec.ge) or (spec.gt is not None and value <= spec.gt)
-        above = spec.le is not None and value > spec.le
-        if below or above or (isinstance(value, float) and math.isinf(value) and not spec.allow_inf):
-            raise ConfigError(f"{name}={value!r}: out of range, allowed {' and '.join(spec.bounds())}")
+    for name in _SPECS:
+        _check_range(name, getattr(cfg, name))
+
+
+def check_overrides(assignments: list[str]) -> None:
+    """Each ``--set`` item on its own, as it applies to every case: ``key=value``, a known field, a value of the
+    field's type and range; else a ConfigError naming ``--set`` and the item.  (Whether the fields combine with a
+    case's own is that case's to say: :meth:`StrategyConfig.with_overrides`.)"""
+    for item in assignments:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key=value, e.g. --set nccl_comm_num=2")
+        key, raw = (part.strip() for part in item.split("=", 1))
+        try:
+            for name, value in _canonical_keys({key: _parse_set_value(key, raw)}).items():
+                _check_range(name, _checked_type(name, value))
+        except ConfigError as exc:
+            raise ConfigError(f"--set {item!r}: {exc}") from None
 
 
 def _check_combinations(cfg: StrategyConfig) -> None:

@@ -543,14 +543,16 @@ class CaseRunner:
         runnable = [rc for rc in selected if rc.skip is None]
         done = [0]
         self._checks = [0, len(runnable)]
+        # columns as wide as their widest entry: the counter padded to the total's digits, the longest name
+        digits, width = len(str(len(runnable))), max((len(rc.case.name) for rc in runnable), default=0)
 
         def _progress(rc: ResolvedCase, line: str, seconds: float) -> None:
             done[0] += 1
+            text = f"[{done[0]:>{digits}}/{len(runnable)}] {rc.case.name:{width}s} check {line} ({seconds:.1f}s)"
             if progress is not None:
-                progress(rc, f"[{done[0]}/{len(runnable)}] {rc.case.name:28s} check {line} ({seconds:.1f}s)",
-                         seconds)
+                progress(rc, text, seconds)
             else:
-                self.say(f"[{done[0]}/{len(runnable)}] {rc.case.name:28s} check {line} ({seconds:.1f}s)")
+                self.say(text)
 
         for model in dict.fromkeys(rc.case.model for rc in runnable):
             yield self.run_model([rc for rc in runnable if rc.case.model == model], _progress)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .cases import CASES, Case, cases_for_model, select_cases
-from .config import ConfigError, StrategyConfig, toml_fields
+from .config import ConfigError, StrategyConfig, check_overrides, toml_fields
 from .models import MODELS, SIZES, ModelError, default_size, model_info
 from .runner import ResolvedCase
 
@@ -145,6 +145,7 @@ def resolve_at(sel: Selection, cases: list[Case], world: int, local_world: int |
     A case that cannot run there is skipped with its reason when a tag, a glob or a model selected it,
     and is an error when it was named exactly (``--case mlp/hierarchical``)."""
     base = toml_fields(sel.config) if sel.config else {}
+    check_overrides(list(sel.sets))  # a bad --set is every case's: named as --set, not as one case's
     exact = {n for n in sel.cases if not _is_glob(n)}
     out = []
     for case in cases:

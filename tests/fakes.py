@@ -9,6 +9,8 @@
   ``FakeCuda``, while its tensors stay on the CPU (``device`` is the CPU) so gloo can carry them.
 - :class:`FakeNvml`: a ``pynvml`` module stand-in with per-index utilization and names (device i has
   UUID ``GPU-fake-i``).
+
+And one that makes `fleetbench run` reachable without ranks: :class:`FakeRankPool`.
 """
 from __future__ import annotations
 
@@ -240,3 +242,26 @@ def captured_log(name: str):
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
+
+
+class FakeRankPool:
+    """Stands for ``suite.runtime.RankPool`` in `fleetbench run --no-check`: every timing call answered with
+    synthetic numbers (``tests.test_runner``'s); each pool made is in ``made``, each call's keywords in ``calls``."""
+
+    made: list = []
+
+    def __init__(self, nproc, **kw):
+        self.nproc, self.kw, self.calls = nproc, kw, []
+        FakeRankPool.made.append(self)
+
+    def run(self, fn, kwargs=None, timeout=None):
+        from suite.runner import free_memory_on_rank
+        from tests.test_runner import _answers
+
+        if fn is free_memory_on_rank:
+            return [2**40] * self.nproc
+        self.calls.append(kwargs)
+        return _answers([v["name"] for v in kwargs["variants"]], ranks=self.nproc)
+
+    def close(self):
+        pass

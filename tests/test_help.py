@@ -93,3 +93,16 @@ def test_the_comparing_commands_list_their_verdicts(name):
              "compare": ("slower", "faster", "same", "undecided")}
     for word in words[name]:
         assert re.search(rf"\b{word}\b", text.partition("verdicts")[2]), f"{name}: verdict {word!r} not listed"
+
+
+DEVELOPER = re.compile(r"``|:(class|func|meth|mod):|\bsuite[./][a-z]|\bthis module\b|\bdataclass\b")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_descriptions_are_for_users_not_developers(name):
+    """A --help describes what the command does; which module or class implements it is the docstring's."""
+    sub = SUBS[name]
+    for where, p in [(name, sub)] + [(f"{name} {n}", p) for n, p in _subcommands(sub).items()]:
+        found = DEVELOPER.search(p.description or "")
+        assert not found, f"{where}: --help's description has {found.group()!r}:\n{p.description}"
+    assert "speedup stated as speedup" not in sub.format_help()

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from suite.cli.main import main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,3 +76,119 @@ def test_resume_refuses_unknown_run_and_corrupt_file(tmp_path, capsys):
         fh.write('{"kind": "fleetb')
     assert main(["run", "--case", "mlp/none", "--resume", str(results)]) == 2
     assert f"{results}:2" in capsys.readouterr().err
+
+
+# ---- a resumed run is the same run: its selection and options come from its records ----------------------------
+@pytest.fixture
+def fake_ranks(monkeypatch):
+    """`fleetbench run` on :class:`tests.fakes.FakeRankPool` (synthetic timings, no process): fast and exact."""
+    import suite.runtime
+    from tests.fakes import FakeRankPool
+
+    monkeypatch.setattr(suite.runtime, "RankPool", FakeRankPool)
+    monkeypatch.setattr(FakeRankPool, "made", [])
+    return FakeRankPool
+
+
+FIRST = ["run", "--case", "mlp/plain,mlp/overlap", "--size", "tiny", "--rounds", "3", "--steps", "4", "--warmup",
+         "1", "--set", "fuse_grad_size_in_MB=8", "--no-check", "--no-utilization", "--timeout", "60"]
+
+
+def _interrupted(tmp_path, capsys) -> tuple[str, str]:
+    """A run of two cases cut back to its first record (as a run killed after it): (results file, run id)."""
+    results = tmp_path / "runs.jsonl"
+    assert main(FIRST + ["--results", str(results)]) == 0
+    capsys.readouterr()
+    first = results.read_text().splitlines()[0]
+    results.write_text(first + "\n")
+    return str(results), json.loads(first)["run_id"]
+
+
+def test_a_resumed_run_takes_its_selection_and_options_from_its_records(tmp_path, capsys, fake_ranks):
+    results, run_id = _interrupted(tmp_path, capsys)
+    fake_ranks.made.clear()
+    assert main(["run", "--resume", results, "--no-utilization", "--timeout", "60"]) == 0
+    out = capsys.readouterr().out
+    assert f"resuming run {run_id}: 1 case(s) already recorded, skipped: mlp/plain; to run: mlp/overlap" in out, out
+    assert "do not say" not in out
+    (pool,) = fake_ranks.made
+    assert pool.nproc == 2
+    (call,) = pool.calls
+    assert (call["steps"], call["rounds"], call["warmup"]) == (4, 3, 1)
+    assert call["workload_spec"].size == "tiny"
+    recs = [json.loads(line) for line in open(results)]
+    assert [(r["case"], r["run_id"], r["size"]) for r in recs] == [("mlp/plain", run_id, "tiny"),
+                                                                   ("mlp/overlap", run_id, "tiny")]
+    assert recs[1]["config"]["fuse_grad_size_in_MB"] == 8.0 and recs[1]["metrics"]["steps_per_window"] == 4
+    assert recs[1]["metadata"]["run"] == recs[0]["metadata"]["run"]
+    assert recs[0]["metadata"]["run"]["case"] == ["mlp/plain", "mlp/overlap"]
+
+
+def test_resuming_a_complete_run_says_so_and_starts_no_rank(tmp_path, capsys, fake_ranks):
+    results = tmp_path / "runs.jsonl"
+    assert main(FIRST + ["--results", str(results)]) == 0
+    run_id = json.loads(results.read_text().splitlines()[0])["run_id"]
+    capsys.readouterr()
+    fake_ranks.made.clear()
+    before = results.read_bytes()
+    # the options given again with the run's own values are fine (--case in another order, --steps as recorded)
+    for extra in ([], ["--case", "mlp/overlap", "--case", "mlp/plain", "--steps", "4", "--size", "tiny"]):
+        assert main(["run", "--resume", str(results), *extra]) == 0
+        assert capsys.readouterr().out.strip() == f"nothing to resume: run {run_id} is complete (2 cases)"
+    assert fake_ranks.made == [] and results.read_bytes() == before
+
+
+@pytest.mark.parametrize("given,words", [
+    (["--steps", "5"], "ran with --steps 4, this command gives --steps 5"),  # 5 is the default, given explicitly
+    (["--rounds", "9"], "ran with --rounds 3, this command gives --rounds 9"),
+    (["--case", "mlp/plain"], "ran with --case mlp/plain,mlp/overlap, this command gives --case mlp/plain"),
+    (["--tag", "smoke"], "ran with --tag (none), this command gives --tag smoke"),
+    (["--size", "cpu"], "ran with --size tiny, this command gives --size cpu"),
+    (["--set", "fuse_grad_size_in_MB=16"], "ran with --set fuse_grad_size_in_MB=8, this command gives --set "
+                                           "fuse_grad_size_in_MB=16"),
+    (["--batch", "4"], "ran with --batch (not given), this command gives --batch 4"),
+    (["--nproc", "4"], "ran at world size [2], this one at 4"),
+])
+def test_an_option_given_again_with_another_value_is_refused(tmp_path, capsys, fake_ranks, given, words):
+    results, run_id = _interrupted(tmp_path, capsys)
+    fake_ranks.made.clear()
+    assert main(["run", "--resume", results, *given]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"error: --resume {results}: run {run_id} " in err and words in err, err
+    assert fake_ranks.made == []
+
+
+def test_records_written_before_runs_kept_their_options_resume_with_the_command_line(tmp_path, capsys, fake_ranks):
+    """Older records say their size, device and world size only: those are taken, the rest is this command's,
+    and the resume says which cases it runs and what the records could not tell."""
+    from suite.results.records import CaseRecord, append_record
+
+    results = str(tmp_path / "runs.jsonl")
+    append_record(results, CaseRecord("mlp/plain", "mlp", 2, {}, "old-run", size="tiny", device="cpu",
+                                      metadata={"torch": "2.4.0"}))
+    assert main(["run", "--resume", results, "--size", "cpu"]) == 2
+    assert "run old-run ran with --size tiny, this command gives --size cpu" in capsys.readouterr().err
+    assert main(["run", "--resume", results, "--case", "mlp/plain,mlp/overlap", "--rounds", "2", "--no-check",
+                 "--no-utilization", "--timeout", "60"]) == 0
+    out = capsys.readouterr().out
+    assert "resuming run old-run: 1 case(s) already recorded, skipped: mlp/plain; to run: mlp/overlap" in out, out
+    assert "run old-run's records do not say its --case, --tag, --model, --config, --set, --batch, --steps, " \
+           "--rounds, --warmup, --check-steps, --no-check" in out, out
+    assert fake_ranks.made[-1].calls[0]["rounds"] == 2
+    rec = json.loads(open(results).read().splitlines()[1])
+    assert (rec["case"], rec["run_id"], rec["size"]) == ("mlp/overlap", "old-run", "tiny")
+
+
+@pytest.mark.parametrize("stored,words", [({"steps": "many"}, "recorded --steps is 'many'"),
+                                          ({"case": "mlp/plain"}, "recorded --case is 'mlp/plain'"),
+                                          ({"steps": 10**9}, "--steps 1000000000 / --rounds 5: at most")])
+def test_damaged_recorded_options_are_one_error(tmp_path, capsys, fake_ranks, stored, words):
+    from suite.results.records import CaseRecord, append_record
+
+    results = str(tmp_path / "runs.jsonl")
+    append_record(results, CaseRecord("mlp/plain", "mlp", 2, {}, "r1", size="tiny", device="cpu",
+                                      metadata={"run": stored}))
+    assert main(["run", "--resume", results]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err, err
+    assert fake_ranks.made == []

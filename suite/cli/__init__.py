@@ -15,9 +15,10 @@ GATE_CODES = {0: "ok or same: nothing slower", 1: "regression", 2: "unusable inp
 
 
 def helps(doc: str | None, examples: str, verdicts: str = "", codes: dict[int, str] | None = None) -> dict:
-    """``add_parser`` keywords for a sub-command's --help: ``doc`` (its module docstring) as the description,
-    then its verdicts, exit codes and ``examples`` (one ``fleetbench ...`` command a line) as the epilog,
-    line breaks kept (tests/test_help.py reads them)."""
+    """``add_parser`` keywords for a sub-command's --help: ``doc`` as the description, then its verdicts, exit
+    codes and ``examples`` (one ``fleetbench ...`` command a line) as the epilog, line breaks kept
+    (tests/test_help.py reads them).  ``doc`` is for the command's users: what it does, in their terms; a
+    module whose docstring is for developers (names modules, classes) gives its own ``ABOUT`` instead."""
     parts = []
     if verdicts:
         parts.append("verdicts:\n" + textwrap.indent(textwrap.fill(verdicts, 100), "  "))

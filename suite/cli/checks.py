@@ -56,16 +56,27 @@ def available_memory() -> int | None:
         return None
 
 
-def max_local_ranks(device: str | None = "cpu") -> int:
-    """Ranks are processes on this machine: at most 32 or one per CPU, whichever is more, and no more
-    than the available memory holds (:data:`RANK_MEMORY` each); on CUDA, one per GPU."""
+def local_rank_limit(device: str | None = "cpu") -> tuple[int, str]:
+    """The most ranks this machine runs, and why, in words: on the CPU at most 32 or one per CPU, whichever is
+    more, and no more than the available memory holds (:data:`RANK_MEMORY` each); on CUDA, one per GPU."""
     if device == "cuda":
         import torch
 
-        return max(1, torch.cuda.device_count())
-    cap = max(32, os.cpu_count() or 1)
+        gpus = torch.cuda.device_count()
+        return max(1, gpus), f"one per GPU; torch sees {gpus} GPU(s)"
+    cpus = os.cpu_count() or 1
+    cap = max(32, cpus)
+    why = f"fleetbench's cap is max(32, CPUs) = {cap}, this machine has {cpus} CPU(s)"
     avail = available_memory()
-    return cap if avail is None else min(cap, max(1, avail // RANK_MEMORY))
+    if avail is None:
+        return cap, why + "; its available memory is unknown"
+    fit = max(1, avail // RANK_MEMORY)
+    return min(cap, fit), why + f"; its available memory holds {fit} at {RANK_MEMORY // 2**20} MiB a rank"
+
+
+def max_local_ranks(device: str | None = "cpu") -> int:
+    """The most ranks this machine runs (:func:`local_rank_limit`)."""
+    return local_rank_limit(device)[0]
 
 
 def check_seconds(option: str, value, maximum: float | None = WEEK, unit: str = "seconds") -> str | None:
@@ -74,10 +85,19 @@ def check_seconds(option: str, value, maximum: float | None = WEEK, unit: str = 
 
 
 def check_nproc(value, device: str | None = "cpu", option: str = "--nproc") -> str | None:
-    """None when ``value`` local ranks fit this machine, else one line saying what does."""
-    return check_number(option, value, minimum=1, maximum=max_local_ranks(device),
-                        unit="local ranks this machine holds: its CPUs (32 at least), its memory "
-                             f"({RANK_MEMORY // 2**20} MiB a rank){', its GPUs' if device == 'cuda' else ''}")
+    """None when ``value`` local ranks fit this machine, else one line saying what does and why."""
+    if value is None or (problem := check_number(option, value, minimum=1)):
+        return None if value is None else problem
+    limit, why = local_rank_limit(device)
+    return None if value <= limit else f"{option} {value}: at most {limit} local ranks on this machine ({why})"
+
+
+def oversubscribed(nproc: int, device: str | None = "cpu") -> str | None:
+    """A warning when ``nproc`` CPU ranks outnumber this machine's CPUs (allowed, but slower and noisier)."""
+    cpus = os.cpu_count() or 1
+    if device == "cuda" or nproc <= cpus:
+        return None
+    return f"{nproc} ranks on {cpus} CPU(s): ranks share cores, steps are slower and timings noisier"
 
 
 def unwritable(path: str):

@@ -1,10 +1,7 @@
-"""`fleetbench cluster up|down|cleanup|status|extrapolate`: the emulated cluster by hand, and the cost
-model's extrapolation to real clusters (``suite.cluster.extrapolate``: Markdown tables, no measurement).
+"""`fleetbench cluster`: the emulated cluster by hand (its --help: ``ABOUT``).
 
-``up SPEC`` leaves a cluster standing (owned by no process, so ``cleanup`` removes it) and
-prints its namespaces; run a program in a node with ``ip netns exec fbc-…-n0 …``.  Runs of
-the suite bring their own clusters up and down themselves (``suite.cluster.launch``).
-"""
+The namespaces are ``suite.cluster``'s; runs bring their own clusters up and down through
+``suite.cluster.launch``; ``extrapolate`` prints ``suite.cluster.extrapolate``'s tables."""
 from __future__ import annotations
 
 import json
@@ -14,10 +11,18 @@ from ..cluster.extrapolate import extrapolation_markdown
 from ..cluster.spec import ClusterSpecError, parse_cluster
 from . import error, helps
 
+# --help's description: what the command does, for its users (the docstring above is for developers)
+ABOUT = """`fleetbench cluster up|down|cleanup|status|extrapolate`: the emulated cluster by hand, and the cost
+model's extrapolation to real clusters (Markdown tables, no measurement).
+
+`up SPEC` leaves a cluster standing (owned by no process, so `cleanup` removes it) and prints its
+namespaces; run a program in a node with `ip netns exec fbc-…-n0 …`.  `fleetbench run --cluster` and
+`fleetbench comm --cluster` bring their own clusters up and down themselves."""
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("cluster", help="emulated multi-node cluster (network namespaces): up, down, cleanup, status; "
-                                       "extrapolate (the cost model to real clusters)", **helps(__doc__, """
+                                       "extrapolate (the cost model to real clusters)", **helps(ABOUT, """
                            fleetbench cluster up 2x2:inter=200mbit,intra=10gbit
                            fleetbench cluster status
                            fleetbench cluster cleanup

@@ -1,10 +1,5 @@
-"""`fleetbench comm`: allreduce micro-benchmarks in the manner of nccl-tests (flat, hierarchical, N communicators).
-
-One row per message size (from -b to -e, times -f each row) and variant: the time of one allreduce,
-algbw (bytes / time) and busbw (algbw x 2(n-1)/n, comparable across rank counts), each row's result
-checked exactly against integers summed on every rank.  ``--cluster`` runs the ranks on an emulated
-multi-node cluster; ``--calibrate`` fits the cost model's terms there (`fleetbench predict --calibration`).
-"""
+"""`fleetbench comm`: the allreduce micro-benchmarks' command line (its --help: ``ABOUT``); the sweep is
+``suite.comm``'s, the emulated cluster ``suite.cluster.launch``'s, the calibration ``suite.cluster.calibrate``'s."""
 from __future__ import annotations
 
 import functools
@@ -50,9 +45,19 @@ def parse_size(text: str, option: str | None = None) -> int:
     return value
 
 
+# --help's description: what the command does, for its users (the docstring above is for developers)
+ABOUT = """`fleetbench comm`: allreduce micro-benchmarks in the manner of nccl-tests (flat, hierarchical, N
+communicators).
+
+One row per message size (from -b to -e, times -f each row) and variant: the time of one allreduce,
+algbw (bytes / time) and busbw (algbw x 2(n-1)/n, comparable across rank counts), each row's result
+checked exactly against integers summed on every rank.  --cluster runs the ranks on an emulated
+multi-node cluster; --calibrate fits the cost model's terms there (for `fleetbench predict --calibration`)."""
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("comm", help="allreduce micro-benchmarks (nccl-tests style): time, algbw, busbw, exact check",
-                       **helps(__doc__, """
+                       **helps(ABOUT, """
                            fleetbench comm --nproc 4 -b 1K -e 64M
                            fleetbench comm --nproc 4 --variants flat,comm2 --dtype float64 -n 50
                            fleetbench comm --cluster 2x2:inter=200mbit --calibrate calibration.json"""))

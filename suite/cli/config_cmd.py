@@ -1,16 +1,20 @@
-"""`fleetbench config`: show the resolved config (defaults, a TOML file, presets, --set), or list fields.
-
-The config is what a case runs with (``suite.config.StrategyConfig``): every knob with its default,
-then a preset, a TOML file (ours or Paddle 2.x DistributedStrategy names) and ``--set`` on top, validated
-as `fleetbench run` validates it.  docs/config.md lists the fields."""
+"""`fleetbench config`: prints a resolved ``suite.config.StrategyConfig`` (its --help: ``ABOUT``), its fields or the
+presets."""
 from __future__ import annotations
 
 from ..config import PRESETS, StrategyConfig, field_table, to_toml
 from . import helps
 
+# --help's description: what the command does, for its users (the docstring above is for developers)
+ABOUT = """`fleetbench config`: show the strategy config a case would run with, or list the fields and presets.
+
+The config is every knob at its default, then a preset, a TOML file (fleetbench's names or Paddle 2.x
+DistributedStrategy's) and --set on top, validated as `fleetbench run` validates it.  docs/config.md
+describes every field."""
+
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("config", help="print a resolved StrategyConfig, list fields or presets", **helps(__doc__, """
+    p = sub.add_parser("config", help="print a resolved strategy config, list fields or presets", **helps(ABOUT, """
         fleetbench config --list
         fleetbench config --presets
         fleetbench config --preset paddle_proto_fusion --set fuse_grad_size_in_MB=8 --format toml

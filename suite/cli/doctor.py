@@ -1,11 +1,4 @@
-"""`fleetbench doctor`: a first-run self-check of the CPU/GPU paths (see ``suite.doctor``).
-
-In under two minutes it exercises every path that differs between CPU and GPU (each communicator's
-allreduce, half-precision allreduce, bucketed and hierarchical overlap, the reader's device copy, the
-step clocks, NVML, the torchrun error path) with exact checks, and prints one row per item: pass, fail,
-or "not applicable here" with the reason.  Exit 0 when nothing failed, 1 when an item failed, 2 on
-unusable options.
-"""
+"""`fleetbench doctor`: the self-check's command line (its --help: ``ABOUT``); the items are ``suite.doctor``'s."""
 from __future__ import annotations
 
 import sys
@@ -15,11 +8,20 @@ from . import helps, terminate_cleanly
 from .checks import check_nproc, check_seconds
 from .options import add_shared
 
+# --help's description: what the command does, for its users (the docstring above is for developers)
+ABOUT = """`fleetbench doctor`: a first-run self-check of the CPU and GPU paths.
+
+In under two minutes it exercises every path that differs between CPU and GPU (each communicator's
+allreduce, half-precision allreduce, bucketed and hierarchical overlap, the reader's device copy, the
+step clocks, NVML, the torchrun error path) with exact checks, and prints one row per item: pass, fail,
+or "not applicable here" with the reason.  Exit 0 when nothing failed, 1 when an item failed, 2 on
+unusable options."""
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("doctor", help="self-check in under 2 minutes: every communication, reader, timing and "
                                       "error path with exact checks; a table of pass / fail / not applicable",
-                       **helps(__doc__, """
+                       **helps(ABOUT, """
                            fleetbench doctor
                            fleetbench doctor --device cuda --nproc 8 --json"""))
     add_shared(p, nproc="ranks (default: every GPU torch sees on CUDA, 4 on CPU)", device=None)

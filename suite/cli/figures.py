@@ -73,8 +73,17 @@ def available() -> list[str]:
     return sorted(m.name for m in pkgutil.iter_modules(figures_pkg.__path__) if not m.name.startswith("_"))
 
 
+# --help's description: what the command does, for its users (the docstring above is for developers)
+ABOUT = """`fleetbench figures NAME`: measure a strategy's benchmark figures and print them as Markdown tables.
+
+Without NAME: the figure sets and what each shows.  --nproc, --rounds, --steps and --timeout apply to
+every set; each figure option below names the sets that take it (another set refuses it).  --save FILE
+keeps the measured data, --load FILE renders it again without measuring.  Variants are always measured
+interleaved in the same ranks, never one run against another made minutes apart."""
+
+
 def add_parser(sub) -> None:
-    p = sub.add_parser("figures", help="produce a strategy's benchmark figures (Markdown)", **helps(__doc__, """
+    p = sub.add_parser("figures", help="produce a strategy's benchmark figures (Markdown)", **helps(ABOUT, """
         fleetbench figures
         fleetbench figures gate --out docs/figures/gate.md"""))
     p.add_argument("name", nargs="?", help="figure set; omit to list them")

@@ -1,24 +1,7 @@
-"""`fleetbench nightly`: the nightly pipeline, the same on GPU runners and on CPU (`make nightly-cpu`).
+"""`fleetbench nightly`: the nightly pipeline (its --help, ``ABOUT``, lists the stages).
 
-Stages, each a fleetbench (or pytest, asv) command over one selection (``suite/selection.py``):
-
-1. ``run``: `fleetbench run` of the selected cases at each world size (records, traces);
-2. ``pytest-benchmark``: bench_cases with the raw data (JSON);
-3. ``asv``: results recorded for this commit (with samples), then `asv publish` (the dashboard);
-4. ``report``: `fleetbench report` (HTML page, Markdown summary, plots, traces);
-5. ``gate``: `fleetbench ab LAST_GOOD HEAD` over the selected cases tagged ``gate`` (every strategy family)
-   at each world size, under one total budget; a night whose every stage is ok (exit 0) makes this commit
-   the last good one (an inconclusive gate never does);
-6. ``history``: change-point alerts over asv's stored series (`fleetbench history`), reported, never the gate.
-
-``--plan`` prints the stages, the cases × world sizes, the gate's cases and budget and each stage's
-estimated duration (``suite/nightly.py``), and runs nothing; ``--device cuda`` is then declared, not
-probed (no GPU needed).  ``--limit MINUTES`` refuses (exit 2) a night whose estimate does not fit, naming
-the stage, before anything runs; a night that still reaches the limit stops its running stage like a
-cancel (what it finished is kept) and ends with exit 2.  The state (``nightly.json`` in ``--out``: each
-stage's duration and exit code, the gate's verdict) is written as each stage ends, so a cancelled job
-keeps what it measured, and the next night's estimates read it.
-"""
+The selection is ``suite/selection.py``'s; the plan, estimates and state are ``suite/nightly.py``'s; this module
+runs the stages as commands and keeps the state as each ends."""
 from __future__ import annotations
 
 import json
@@ -40,10 +23,33 @@ from .options import add_shared, selection
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+# --help's description: what the command does, for its users (the docstring above is for developers)
+ABOUT = """`fleetbench nightly`: the nightly pipeline, the same on GPU runners and on CPU (`make nightly-cpu`).
+
+Stages, each a fleetbench (or pytest, asv) command over the one selection the options make:
+
+1. run: `fleetbench run` of the selected cases at each world size (records, traces);
+2. pytest-benchmark: bench_cases with the raw data (JSON);
+3. asv: results recorded for this commit (with samples), then `asv publish` (the dashboard);
+4. report: `fleetbench report` (HTML page, Markdown summary, plots, traces);
+5. gate: `fleetbench ab LAST_GOOD HEAD` over the selected cases tagged gate (every strategy family)
+   at each world size, under one total budget; a night whose every stage is ok (exit 0) makes this commit
+   the last good one (an inconclusive gate never does);
+6. history: change-point alerts over asv's stored series (`fleetbench history`), reported, never the gate.
+
+--plan prints the stages, the cases x world sizes, the gate's cases and budget and each stage's
+estimated duration, and runs nothing; --device cuda is then declared, not probed (no GPU needed).
+--limit MINUTES refuses (exit 2) a night whose estimate does not fit, naming the stage, before anything
+runs; a night that still reaches the limit stops its running stage like a cancel (what it finished is
+kept) and ends with exit 2.  The state (nightly.json in --out: each stage's duration and exit code, the
+gate's verdict) is written as each stage ends, so a cancelled job keeps what it measured, and the next
+night's estimates read it."""
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("nightly", help="the nightly pipeline: run, pytest-benchmark, asv, report, gate (ab against "
                                        "the last good commit), history alerts; --plan shows it with estimates",
-                       **helps(__doc__, """
+                       **helps(ABOUT, """
                            fleetbench nightly --plan --device cuda --worlds 1,8 --limit 240
                            fleetbench nightly --device cpu --tag smoke
                            fleetbench nightly --worlds 1,8 --gate-budget 60 --out results/nightly""",

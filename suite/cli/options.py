@@ -6,6 +6,7 @@ default) where its use differs: run's ``--case`` help names the pattern, ab's is
 """
 from __future__ import annotations
 
+import argparse
 import math
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,15 @@ SHARED: dict[str, dict] = {
     "timeout": dict(type=float),
     "pg_timeout": dict(type=float, default=120.0, help="bound on each collective wait, seconds"),
 }
+
+
+class Given(argparse.Action):
+    """Stores the option's value and notes that the command line gave it (``args.given``, a set of names), so an
+    option left at its default can be told from one given with the default's value (``run --resume``)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.given = getattr(namespace, "given", set()) | {self.dest}
 
 
 def add_shared(p, **given) -> None:

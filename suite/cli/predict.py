@@ -1,10 +1,7 @@
-"""`fleetbench predict`: predicted step time, throughput and scaling efficiency per registry variant
-(``suite.cluster.simulate.PREDICTED``: plain, fusion, overlap, multicomm, hierarchical, local_sgd).
+"""`fleetbench predict`: the cost model's command line (its --help: ``ABOUT``).
 
-A profile is measured (``--model``: ranks on this machine train without gradient
-communication, see ``suite.cluster.profile``) or read (``--profile``, JSON as saved).
-The cluster is only modelled here (any size); nothing is emulated.
-"""
+The variants predicted are ``suite.cluster.simulate.PREDICTED``; a profile is measured by
+``suite.cluster.profile`` or read from JSON as saved."""
 from __future__ import annotations
 
 import functools
@@ -27,9 +24,18 @@ MAX_PROFILE_BYTES = 64 * 2**20  # a profile is a few KB; refuse to read a huge f
 fail = functools.partial(error, "predict")
 
 
+# --help's description: what the command does, for its users (the docstring above is for developers)
+ABOUT = """`fleetbench predict`: predicted step time, throughput and scaling efficiency of each strategy the cost
+model covers (plain, fusion, overlap, multicomm, hierarchical, local_sgd) on a cluster of any size.
+
+The model's compute profile is measured (--model: ranks on this machine train without gradient
+communication) or read (--profile, a JSON file --save-profile wrote).  The cluster is only modelled;
+nothing is emulated."""
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("predict", help="predict step time per communication setting on a cluster (cost model)",
-                       **helps(__doc__, """
+                       **helps(ABOUT, """
                            fleetbench predict --cluster 8x8:inter=100gbit,intra=2400gbit --profile mlp.json
                            fleetbench predict --cluster 2x2:inter=200mbit --model mlp --save-profile mlp.json"""))
     p.add_argument("--cluster", required=True,

@@ -1,11 +1,4 @@
-"""`fleetbench report RESULTS...`: an HTML page and a Markdown summary with plots, and the runs' traces.
-
-Reads records files (a corrupt one is an error naming the file and line); the last record
-of each case and world size is reported: failures and errors first, with their messages, then
-the runs' metadata, then one table and one speedup plot per model (``suite.report.page``;
-``docs/report.md`` says how to read it).  Traces are the ones `fleetbench run --trace-steps`
-wrote next to the results.
-"""
+"""`fleetbench report`: the report's command line (its --help: ``ABOUT``); the page is ``suite.report.page``'s."""
 from __future__ import annotations
 
 import os
@@ -14,10 +7,18 @@ from ..report.page import build_report, out_problem
 from ..results.records import ResultsFileError, plain, read_records
 from . import error, helps
 
+# --help's description: what the command does, for its users (the docstring above is for developers)
+ABOUT = """`fleetbench report RESULTS...`: an HTML page and a Markdown summary of results files, with plots and traces.
+
+Reads the records `fleetbench run` wrote (a corrupt file is an error naming the file and line) and
+reports the last record of each case and world size: failures and errors first, with their messages,
+then what each run ran on, then one table and one speedup plot per model (docs/report.md says how to
+read them).  Traces are the ones `fleetbench run --trace-steps` wrote next to the results."""
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("report", help="HTML page + Markdown summary with plots and Perfetto traces from records",
-                       **helps(__doc__, """
+                       **helps(ABOUT, """
                            fleetbench report results/runs.jsonl
                            fleetbench report results/nightly/runs.jsonl --out results/reports/nightly"""))
     p.add_argument("results", nargs="+", help="records files (.jsonl) from fleetbench run")

@@ -1,14 +1,9 @@
-"""`fleetbench run`: the main job.
+"""`fleetbench run`: the main job's command line (its --help: ``ABOUT``).
 
-For each selected case: a correctness verdict against the reference that fits it, then
-throughput measured interleaved with the model's baseline (plain data parallel) in one
-process group; speedup stated as speedup (> 1 is faster).  Each model's records are appended
-to the results file as soon as its interleaved timing finishes; a table closes the run.  The
-work itself is :class:`suite.runner.CaseRunner`'s; this module turns the command line into
-its options and prints.
-
-Everything the user typed is validated before any rank starts.  A case whose ranks die or
-hang is reported as an error and the run goes on.
+The work itself is :class:`suite.runner.CaseRunner`'s (a check, then every case of a model timed interleaved
+with its baseline, one record per case); this module turns the command line into its options, resumes a run
+from its records, appends the records as each model finishes and prints.  Everything the user typed is
+validated before any rank starts.
 """
 from __future__ import annotations
 
@@ -20,53 +15,71 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import runtime
-from ..cases import BASELINE
+from ..cases import ALL_TAGS, BASELINE
 from ..cluster.launch import apply_cluster_args, start_cluster
 from ..config import ConfigError
-from ..results.records import ResultsFileError, name_problem, read_records
+from ..measure.metadata import collect
+from ..results.records import ResultsFileError, read_records
 from ..runner import CaseRunner, RunOptions
 from ..runtime.launch import init_from_env, shutdown, torchrun_env
 from ..runtime.torchrun import TorchrunLauncher
 from . import helps
-from .checks import MAX_ROUNDS, MAX_STEPS, WEEK, check_nproc
-from .options import add_shared, require_at_least, require_seconds, selection
+from .checks import MAX_ROUNDS, MAX_STEPS, WEEK, check_nproc, oversubscribed
+from .options import Given, add_shared, require_at_least, require_seconds, selection
+from .resume import recorded, resolve_resume
 
 DEFAULT_RESULTS = os.path.join("results", "runs.jsonl")
 
 
+# --help's description: what the command does, for its users (the docstring above is for developers)
+ABOUT = """`fleetbench run`: check and time the selected cases.
+
+For each case: a correctness verdict against a reference implementation, then its throughput, timed
+interleaved with its model's baseline (plain data parallel) in the same ranks, and its speedup over
+that baseline (> 1 is faster).  Each model's records are appended to the results file as soon as its
+timing finishes; a table closes the run.
+
+Every option is checked before any rank starts.  A case whose ranks die or hang is reported as an
+error and the run goes on; an interrupted run keeps its finished cases, and --resume finishes it."""
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("run", help="run cases: correctness verdict, throughput, speedup over plain data parallel",
-                       **helps(__doc__, """
+                       **helps(ABOUT, """
                            fleetbench run --list --tag nightly-cpu
                            fleetbench run --tag smoke --nproc 2
                            fleetbench run --case 'mlp/*' --case resnet/ddp --nproc 4 --rounds 9
                            fleetbench run --set fuse_grad_size_in_MB=8 --config my.toml --trace-steps 2
                            fleetbench run --resume results/runs.jsonl"""))
+    # options a run's records keep (suite/cli/resume.py): Given notes the ones the command line gives
     add_shared(p, nproc="local ranks to spawn, the world size (default: 2 on CPU, every GPU on CUDA; ignored under "
                         "torchrun)",
-               device="override the device (default: cuda where CUDA has a GPU for every local rank, else cpu; with "
-                      "CUDA present, fewer GPUs than ranks is an error)",
+               device=dict(action=Given, help="override the device (default: cuda where CUDA has a GPU for every "
+                                              "local rank, else cpu; with CUDA present, fewer GPUs than ranks is an "
+                                              "error)"),
                case="case name or glob (model/variant, e.g. 'resnet/overlap', '*/local_sgd'); repeatable or "
                     "comma-separated",
-               tag="cases with this tag (default, smoke, nightly-cpu, nightly-gpu); repeatable. Without "
+               tag=f"cases with this tag ({', '.join(ALL_TAGS)}); repeatable. Without "
                    "--case/--tag/--model: the 'default' tag",
                model="a registry model (resnet50, gpt2, bert, resnet, mlp, transformer), hf:GPT2Config / "
                      "hf:BertConfig, or your own factory as module:function; alone, every case of that model",
-               size="model size: full (published; default on CUDA), cpu (full parameters, smaller inputs; default on "
-                    "CPU), tiny (tests)",
-               config=None, set="a strategy field applied on top of every case; repeatable",
-               steps=dict(default=5, help="steps per timed window (default 5)"),
-               rounds=dict(default=5, help="interleaved timed rounds (default 5)"),
-               warmup=dict(default=2, help="warm-up steps per case (default 2)"),
-               batch="per-rank batch size (default: the model's at its size)", check_steps=None,
-               no_check="skip the correctness check")
+               size=dict(action=Given, help="model size: full (published; default on CUDA), cpu (full parameters, "
+                                            "smaller inputs; default on CPU), tiny (tests)"),
+               config=dict(action=Given), set="a strategy field applied on top of every case; repeatable",
+               steps=dict(action=Given, default=5, help="steps per timed window (default 5)"),
+               rounds=dict(action=Given, default=5, help="interleaved timed rounds (default 5)"),
+               warmup=dict(action=Given, default=2, help="warm-up steps per case (default 2)"),
+               batch=dict(action=Given, help="per-rank batch size (default: the model's at its size)"),
+               check_steps=dict(action=Given), no_check="skip the correctness check")
     p.add_argument("--results", default=DEFAULT_RESULTS, help=f"JSON-lines results file (default {DEFAULT_RESULTS})")
     add_shared(p, timeout="bound on each multi-rank call, seconds (default: 600 s plus an allowance scaled by the "
                           "call's steps x variants x the model's size)", pg_timeout=None)
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
     p.add_argument("--resume", metavar="RESULTS_FILE_OR_RUN_ID",
-                   help="continue an interrupted run: the same selection, skipping the cases already recorded for "
-                        "that run id (a results file: its last run; a run id: that run in --results)")
+                   help="continue an interrupted run (a results file: its last run; a run id: that run in "
+                        "--results): the same cases, size, steps, rounds, warm-up, batch, --config and --set, taken "
+                        "from its records (an option given with another value is an error), skipping the cases "
+                        "already recorded for it")
     p.add_argument("--no-utilization", action="store_true", help="do not sample CPU/GPU utilization")
     p.add_argument("--trace-steps", type=int, default=0, metavar="N",
                    help="after timing, run N traced steps per case and write a Chrome/Perfetto trace next to the "
@@ -82,69 +95,73 @@ def main(args) -> int:
     cluster_spec = None
     if getattr(args, "cluster", None):
         cluster_spec = apply_cluster_args(args, under_torchrun=env is not None)
-    require_at_least(args, nproc=1)
-    if not env and (why := check_nproc(args.nproc, args.device)):
-        raise ConfigError(why)
-    if args.steps > MAX_STEPS or args.rounds > MAX_ROUNDS:
-        raise ConfigError(f"--steps {args.steps} / --rounds {args.rounds}: at most {MAX_STEPS} steps per window and "
-                          f"{MAX_ROUNDS} rounds")
-    require_at_least(args, steps=1, rounds=1, check_steps=1, warmup=0, trace_steps=0)
-    require_seconds(args, "timeout", "pg_timeout")
-    for name, value in (("timeout", args.timeout), ("pg-timeout", args.pg_timeout)):
-        if value is not None and value > WEEK:  # a timedelta of 1e300 s overflows in the ranks
-            raise ConfigError(f"--{name} {value:g}: at most {WEEK} seconds (a week)")
-    require_at_least(args, batch=1)
-    # every config validated before any rank starts
-    resolved = selection(args).resolve(env.world_size if env else args.nproc,
-                                       env.local_world_size if env else None)
-    device, backend, world = resolved.device, resolved.backend, resolved.worlds[0]
-    args.size, args.nproc = resolved.size, args.nproc or world
-    selected = resolved.at[world]
+    # under torchrun only rank 0 reads the results file (its host's); the others get its answer below
+    resume = resolve_resume(args, env.world_size if env else None) if args.resume and not (env and env.rank) \
+        else None
+    selected, opts = _prepare(args, env)
+    device, backend, world = opts.device, opts.backend, args.nproc if not env else env.world_size
     if args.list:
-        for rc in selected:
-            print(f"{rc.case.name:32s} {','.join(rc.case.tags):40s} {rc.case.description}"
+        rows = [(rc.case.name, ",".join(rc.case.tags), rc) for rc in selected]
+        name_width, tags_width = (max(len(row[i]) for row in rows) for i in (0, 1))
+        for name, tags, rc in rows:
+            print(f"{name:{name_width}s}  {tags:{tags_width}s}  {rc.case.description}"
                   + (f"  [skip: {rc.skip}]" if rc.skip else ""))
         return 0
-    # under torchrun only rank 0 reads the results file (its host's); the others get its answer below
-    resume = _resolve_resume(args, world) if args.resume and not (env and env.rank) else None
     _check_results_file(args.results)
     if args.trace_steps:
         _check_traces_dir(os.path.join(os.path.dirname(os.path.abspath(args.results)), "traces"))
 
-    opts = RunOptions(
-        size=args.size, per_rank_batch=args.batch, steps=args.steps, rounds=args.rounds, warmup=args.warmup,
-        check=not args.no_check, check_steps=args.check_steps, timeout=args.timeout, trace_steps=args.trace_steps,
-        utilization=not args.no_utilization, device=device, backend=backend, baseline_overrides=tuple(args.set),
-        results_dir=os.path.dirname(os.path.abspath(args.results)))
-
-    launcher: Any
+    launcher: Any = None
     cluster: Any = None  # an emulated cluster, taken down after the launcher
     if env:
         ctx = init_from_env(device=device, pg_timeout=args.pg_timeout)
         launcher = TorchrunLauncher(ctx)
         reporter = ctx.rank == 0
-        resume = launcher.share(resume)
+        shared = launcher.share(resume and (resume, recorded(args)))
+        if shared is not None and ctx.rank:  # rank 0's run and the options it took from the records
+            resume, options = shared
+            vars(args).update(options)
+            selected, opts = _prepare(args, env)
     else:
+        reporter = True
+    todo = selected if resume is None else [rc for rc in selected if rc.case.name not in resume.done]
+    if resume is not None and not todo:
+        if reporter:
+            print(f"nothing to resume: run {resume.run_id} is complete ({len(selected)} cases)")
+        if env:
+            launcher.close()
+            shutdown()
+        return 0
+    if not env:
+        if crowded := oversubscribed(args.nproc, device):
+            print(f"fleetbench run: warning: {crowded}", file=sys.stderr, flush=True)
         cluster_kw: dict = {}
         if cluster_spec is not None:
             cluster, cluster_kw = start_cluster(cluster_spec)
         launcher = runtime.RankPool(args.nproc, device=device, timeout=args.timeout or 600.0,
                                     pg_timeout=args.pg_timeout, **cluster_kw)
-        reporter = True
     records: list = []
     written: dict = {}  # file -> records appended to it (the results file, or a fallback)
     display = RunDisplay(live=sys.stdout.isatty() and reporter)
     try:
-        runner = CaseRunner(launcher, world, opts, reporter=reporter, say=display.say, on_progress=display.event)
+        metadata = collect(world_size=world, backend=backend) | {"run": recorded(args)}  # what --resume reads
+        runner = CaseRunner(launcher, world, opts, metadata=metadata, reporter=reporter, say=display.say,
+                            on_progress=display.event)
         if resume is not None:
-            runner.run_id, done = resume
-            kept = [rc.case.name for rc in selected if rc.case.name in done]
+            runner.run_id = resume.run_id
+            kept = [rc.case.name for rc in selected if rc.case.name in resume.done]
             runner.say(f"resuming run {runner.run_id}: {len(kept)} case(s) already recorded, skipped: "
-                       f"{', '.join(kept)}")
-            selected = [rc for rc in selected if rc.case.name not in done]
+                       f"{', '.join(kept) or 'none'}; to run: {', '.join(rc.case.name for rc in todo)}")
+            if resume.unknown:
+                runner.say(f"  run {runner.run_id}'s records do not say its "
+                           f"{', '.join('--' + n.replace('_', '-') for n in resume.unknown)} (written before runs "
+                           f"kept their options): this command's are used")
+            selected = todo
         runnable = sum(1 for rc in selected if rc.skip is None)
-        runner.say(f"fleetbench run {runner.run_id}: {runnable} case(s) on {world} rank(s), size {args.size}, "
-                   f"{device}/{backend}; results -> {args.results}")
+        skipped = f" ({len(selected) - runnable} more skipped)" if len(selected) > runnable else ""
+        runner.say(f"fleetbench run {runner.run_id}: {runnable} case(s) on {world} rank(s){skipped}, size "
+                   f"{args.size}, {device}/{backend}; results -> {args.results}")
+        width = max((len(rc.case.name) for rc in selected), default=0)  # the case column, as the check lines'
         display.start(runnable)
         for batch in runner.run(selected):
             for rec in batch:
@@ -153,7 +170,7 @@ def main(args) -> int:
                 elif rec.metrics and reporter:
                     sp = rec.metrics.get("speedup")  # none without the baseline (it could not run)
                     sp_text = "no baseline" if sp is None else f"speedup {sp:.2f}x"
-                    runner.say(f"      {rec.case:28s} {rec.samples_per_s:9.1f} samples/s   {sp_text}"
+                    runner.say(f"      {rec.case:{width}s} {rec.samples_per_s:9.1f} samples/s   {sp_text}"
                                f"{_allreduce_counts(rec.describe)}")
                 if reporter:
                     dest = _append(args.results, rec)
@@ -173,8 +190,9 @@ def main(args) -> int:
             shutdown()
     if reporter:
         print_table(records)
-        print("\n" + "; ".join(f"{n} record(s) appended to {t}" for t, n in written.items()) if written
-              else "\nno record written")
+        appended = "; ".join(f"{n} record(s) appended to {t}" for t, n in written.items())
+        print(("\n" + appended + (": " if len(written) == 1 else " (") + _tally(records)
+               + ("" if len(written) == 1 else ")")) if written else "\nno record written")
         traces = [r.metrics["trace_file"] for r in records if r.metrics.get("trace_file")]
         if traces:
             print("traces (open in https://ui.perfetto.dev): "
@@ -285,6 +303,34 @@ def _append(path: str, rec) -> str:
     return fallback
 
 
+def _prepare(args, env) -> tuple[list, RunOptions]:
+    """The cases to run at this world size and how, from ``args`` (every option and config validated, no rank
+    started); sets ``args.size``, ``args.device`` and ``args.nproc`` to what the run uses."""
+    require_at_least(args, nproc=1)
+    if not env and (why := check_nproc(args.nproc, args.device)):
+        raise ConfigError(why)
+    if args.steps > MAX_STEPS or args.rounds > MAX_ROUNDS:
+        raise ConfigError(f"--steps {args.steps} / --rounds {args.rounds}: at most {MAX_STEPS} steps per window and "
+                          f"{MAX_ROUNDS} rounds")
+    require_at_least(args, steps=1, rounds=1, check_steps=1, warmup=0, trace_steps=0)
+    require_seconds(args, "timeout", "pg_timeout")
+    for name, value in (("timeout", args.timeout), ("pg-timeout", args.pg_timeout)):
+        if value is not None and value > WEEK:  # a timedelta of 1e300 s overflows in the ranks
+            raise ConfigError(f"--{name} {value:g}: at most {WEEK} seconds (a week)")
+    require_at_least(args, batch=1)
+    # every config validated before any rank starts
+    resolved = selection(args).resolve(env.world_size if env else args.nproc,
+                                       env.local_world_size if env else None)
+    device, backend, world = resolved.device, resolved.backend, resolved.worlds[0]
+    args.size, args.device, args.nproc = resolved.size, device, args.nproc or world
+    opts = RunOptions(
+        size=args.size, per_rank_batch=args.batch, steps=args.steps, rounds=args.rounds, warmup=args.warmup,
+        check=not args.no_check, check_steps=args.check_steps, timeout=args.timeout, trace_steps=args.trace_steps,
+        utilization=not args.no_utilization, device=device, backend=backend, baseline_overrides=tuple(args.set),
+        results_dir=os.path.dirname(os.path.abspath(args.results)))
+    return resolved.at[world], opts
+
+
 def _check_results_file(path: str) -> None:
     """Before any rank starts: a corrupt results file is refused (nothing in it is touched), and the
     file must be writable (an existing file opened for appending; a new one's directory tried)."""
@@ -325,45 +371,20 @@ def _check_traces_dir(traces: str) -> None:
         raise ConfigError(f"--trace-steps: {where} is not writable; traces could not be written")
 
 
-def _resolve_resume(args, world: int) -> tuple[str, set]:
-    """(run id, cases already recorded for it) of the run to resume; sets ``args.results``.
+def _tally(records) -> str:
+    """The records by status: "2 measured, 1 error, 1 skipped (why)" (each reason once)."""
+    parts = [f"{sum(r.status == 'ok' for r in records)} measured"]
+    for status in ("error", "skipped", "not_run"):
+        mine = [r for r in records if r.status == status]
+        why = "; ".join(dict.fromkeys(r.error.splitlines()[0] for r in mine if r.error)) if status != "error" else ""
+        if mine:
+            parts.append(f"{len(mine)} {status.replace('_', ' ')}" + (f" ({why})" if why else ""))
+    return ", ".join(parts)
 
-    ``--resume`` names a results file (its last run is resumed and new records go to it) or a
-    run id in ``--results``.  Every record is read through ``read_records``: a corrupt file is
-    an error naming the file and line, and nothing in it is touched.
-    """
-    target = args.resume
-    looks_like_path = os.sep in target or target.endswith((".jsonl", ".json"))
-    if os.path.exists(target):
-        args.results, run_id = target, None
-    elif looks_like_path:
-        raise ConfigError(f"--resume {target}: no such results file")
-    else:
-        run_id = target
-    if not os.path.exists(args.results):
-        raise ConfigError(f"--resume {target}: no results file {args.results} to resume from")
-    try:
-        records = read_records(args.results)
-    except ResultsFileError as exc:
-        raise ConfigError(f"--resume {target}: {exc}") from None
-    if run_id is None:
-        if not records:
-            raise ConfigError(f"--resume {target}: the results file holds no record, nothing to resume")
-        run_id = records[-1].run_id
-    bad = name_problem(run_id)
-    if bad:
-        raise ConfigError(f"--resume {target}: run id {bad}; a run id names trace files, it cannot be a path")
-    mine = [r for r in records if r.run_id == run_id]
-    if not mine:
-        ids = list(dict.fromkeys(r.run_id for r in records))[-5:]
-        raise ConfigError(f"--resume {target}: run id {run_id!r} is not in {args.results}; its last runs: "
-                          f"{', '.join(ids) or 'none'}")
-    worlds = {r.world_size for r in mine}
-    if worlds != {world}:
-        raise ConfigError(f"--resume {target}: run {run_id} ran at world size {sorted(worlds)}, this one at {world}; "
-                          f"resume with the same --nproc")
-    # A case that ended in an error is run again; finished ones are kept as they are.
-    return run_id, {r.case for r in mine if r.status != "error"}
+
+def _count(x) -> str:
+    """A per-step count: whole numbers as they are, others to 3 significant digits (Local SGD's 1.33)."""
+    return f"{x:.0f}" if float(x).is_integer() or abs(x) >= 100 else f"{x:.3g}"
 
 
 def _speedup_cell(sp, ci, baseline: bool = False) -> str:
@@ -397,7 +418,7 @@ def print_table(records) -> None:
             f"{sps:.1f}" if isinstance(sps, float) else "-",
             _speedup_cell(sp, ci, baseline=r.case.endswith("/" + BASELINE)),
             f"{st['median'] * 1e3:.1f} ({st['iqr'] * 1e3:.1f})" if st.get("n") else "-",
-            f"{ar:g}" if m else "-",
+            _count(ar) if m else "-",
         )
     Console(width=max(132, os.get_terminal_size(sys.stdout.fileno()).columns if sys.stdout.isatty() else 132)).print(
         table)
