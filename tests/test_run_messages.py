@@ -171,3 +171,19 @@ def test_the_header_and_the_footer_count_the_same_cases(monkeypatch, capsys, tmp
     assert ": 1 case(s) on 3 rank(s) (1 more skipped), size tiny" in out, out
     assert (f"2 record(s) appended to {results}: 1 measured, 1 skipped (hierarchical_allreduce_inter_nranks=2 "
             "does not split world size 3") in out, out
+
+
+@pytest.mark.parametrize("rounds,note", [(3, "75%"), (4, "88%"), (5, None)])
+def test_few_rounds_say_what_their_interval_covers(no_ranks, two_cpus, capsys, tmp_path, rounds, note):
+    """With n rounds the interval is about their range, which covers the median 1 - 2**(1 - n) of the time at
+    best: said below 90% (3 and 4 rounds), not at the default 5 (94%, in docs/report.md)."""
+    results = ["--results", str(tmp_path / "runs.jsonl")]
+    with pytest.raises(AssertionError, match="a rank pool was started"):
+        main(RUN + ["--rounds", str(rounds)] + results)
+    err = capsys.readouterr().err
+    notes = [ln for ln in err.splitlines() if "note:" in ln]
+    if note is None:
+        assert not notes, err
+    else:
+        assert len(notes) == 1 and f"covers the median {note} of the time" in notes[0], err
+        assert "--rounds 6 or more for 95%" in notes[0]

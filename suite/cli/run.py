@@ -19,6 +19,7 @@ from ..cases import ALL_TAGS, BASELINE
 from ..cluster.launch import apply_cluster_args, start_cluster
 from ..config import ConfigError
 from ..measure.metadata import collect
+from ..measure.stats import RUN_ROUNDS_FOR_95
 from ..results.records import ResultsFileError, read_records
 from ..runner import CaseRunner, RunOptions
 from ..runtime.launch import init_from_env, shutdown, torchrun_env
@@ -132,6 +133,10 @@ def main(args) -> int:
             launcher.close()
             shutdown()
         return 0
+    if reporter and 1 - 2.0 ** (1 - opts.rounds) < 0.9:  # the default 5 rounds: 94%, said in docs/report.md
+        print(f"fleetbench run: note: {opts.rounds} round(s): a speedup's 95% interval is about the range of the "
+              f"rounds, which covers the median {1 - 2.0 ** (1 - opts.rounds):.0%} of the time at best; "
+              f"--rounds {RUN_ROUNDS_FOR_95} or more for 95%", file=sys.stderr, flush=True)
     if not env:
         if crowded := oversubscribed(args.nproc, device):
             print(f"fleetbench run: warning: {crowded}", file=sys.stderr, flush=True)
