@@ -23,7 +23,10 @@ def _env(**more: str) -> dict:
     return {**env, **more}
 
 
-def _pytest_bench(*args: str, cwd: str = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
+def _pytest_bench(tmp_path, *args: str, cwd: str = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
+    """pytest over bench_cases/, its benchmark storage (made even by --collect-only) under ``tmp_path``."""
+    if not any(a.startswith("--benchmark-storage") for a in args):
+        args = (*args, "--benchmark-storage", f"file://{tmp_path / 'storage'}")
     return subprocess.run([sys.executable, "-m", "pytest", os.path.join(ROOT, "bench_cases"), *args], cwd=cwd,
                           env=_env(), capture_output=True, text=True, timeout=timeout)
 
@@ -37,8 +40,8 @@ def _pytest_bench(*args: str, cwd: str = ROOT, timeout: float = 300) -> subproce
     (["--fleetbench-set", "bogus"], "--fleetbench-set 'bogus': expected key=value, e.g. --fleetbench-set "),
     (["--fleetbench-tag", "nope"], "ERROR: --fleetbench-tag 'nope' is unknown; allowed: default, smoke"),
 ])
-def test_a_bad_pytest_option_is_one_usage_error_naming_it(args, message):
-    proc = _pytest_bench("--collect-only", "-q", *args, timeout=120)
+def test_a_bad_pytest_option_is_one_usage_error_naming_it(args, message, tmp_path):
+    proc = _pytest_bench(tmp_path, "--collect-only", "-q", *args, timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 4, out  # pytest's usage error
     assert message in out, out
@@ -138,23 +141,22 @@ def test_benchmark_compare_warns_when_the_compared_runs_setup_differs(tmp_path):
         ("other.json", other, "had another setup (sets: ['nccl_comm_num=2'] -> []; steps: 5 -> 2)"),
         ("none.json", None, "records no setup"),
     ]:
-        proc = _pytest_bench(*args, "--benchmark-compare", _saved_run(tmp_path / "runs" / name, setup),
+        proc = _pytest_bench(tmp_path, *args, "--benchmark-compare", _saved_run(tmp_path / "runs" / name, setup),
                              cwd=str(tmp_path), timeout=120)
         out = proc.stdout + proc.stderr
         assert proc.returncode == 0, out
         assert "PytestBenchmarkWarning: fleetbench: the compared run (2026-01-02T03:04:05)" in out, out
         assert expect in out, out
-    proc = _pytest_bench(*args, "--benchmark-compare", _saved_run(tmp_path / "runs" / "same.json", same),
+    proc = _pytest_bench(tmp_path, *args, "--benchmark-compare", _saved_run(tmp_path / "runs" / "same.json", same),
                          cwd=str(tmp_path), timeout=120)
     assert proc.returncode == 0 and "fleetbench: the compared run" not in proc.stdout + proc.stderr, proc.stderr
 
 
 def test_a_tiny_run_records_its_setup_takes_min_rounds_and_names_the_options_it_ignores(tmp_path):
     out = tmp_path / "bench.json"
-    proc = _pytest_bench("--benchmark-only", "--fleetbench-case", "mlp/plain", "--fleetbench-size", "tiny",
+    proc = _pytest_bench(tmp_path, "--benchmark-only", "--fleetbench-case", "mlp/plain", "--fleetbench-size", "tiny",
                          "--fleetbench-steps", "1", "--fleetbench-no-check", "--benchmark-min-rounds=3",
-                         "--benchmark-warmup=on", "--benchmark-timer=time.process_time", "--benchmark-json", str(out),
-                         "--benchmark-storage", f"file://{tmp_path / 'storage'}")
+                         "--benchmark-warmup=on", "--benchmark-timer=time.process_time", "--benchmark-json", str(out))
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-3000:]
     # --benchmark-min-rounds is the number of rounds; the other two are named, once, as ignored
@@ -177,8 +179,9 @@ def test_a_tiny_run_records_its_setup_takes_min_rounds_and_names_the_options_it_
                              "warmup": 2, "sets": [], "config": None}
 
 
-def test_min_rounds_and_fleetbench_rounds_that_disagree_are_a_usage_error():
-    proc = _pytest_bench("--collect-only", "-q", "--benchmark-min-rounds=3", "--fleetbench-rounds", "7", timeout=120)
+def test_min_rounds_and_fleetbench_rounds_that_disagree_are_a_usage_error(tmp_path):
+    proc = _pytest_bench(tmp_path, "--collect-only", "-q", "--benchmark-min-rounds=3", "--fleetbench-rounds", "7",
+                         timeout=120)
     assert proc.returncode == 4 and "--benchmark-min-rounds=3 and --fleetbench-rounds 7" in proc.stderr, proc.stderr
 
 
@@ -209,17 +212,16 @@ def test_the_saved_options_state_the_rounds_that_ran():
 
 
 def test_no_note_about_tables_when_benchmarks_are_disabled(tmp_path):
-    proc = _pytest_bench("--benchmark-disable", "--fleetbench-case", "mlp/plain", "--fleetbench-size", "tiny",
-                         "--fleetbench-steps", "1", "--fleetbench-rounds", "1", "--fleetbench-no-check",
-                         "--benchmark-storage", f"file://{tmp_path / 'storage'}")
+    proc = _pytest_bench(tmp_path, "--benchmark-disable", "--fleetbench-case", "mlp/plain", "--fleetbench-size",
+                         "tiny", "--fleetbench-steps", "1", "--fleetbench-rounds", "1", "--fleetbench-no-check")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "1 passed" in proc.stdout
     assert "what the tables above measure" not in proc.stdout, proc.stdout
 
 
-def test_benchmarks_have_a_bounded_timeout_of_their_own():
+def test_benchmarks_have_a_bounded_timeout_of_their_own(tmp_path):
     """bench_cases/pytest.ini makes bench_cases/ the rootdir: pyproject.toml's timeout does not reach it."""
-    proc = _pytest_bench("--collect-only", "--fleetbench-case", "mlp/plain", timeout=120)
+    proc = _pytest_bench(tmp_path, "--collect-only", "--fleetbench-case", "mlp/plain", timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "rootdir: " + os.path.join(ROOT, "bench_cases") in proc.stdout, proc.stdout
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("timeout: ")), None)
