@@ -54,7 +54,10 @@ nightly-cpu: setup test-slow
 
 # One asv pass of mlp/plain at 2 ranks (5 timed windows in each of 2 processes, recorded as samples with their
 # spread), recorded for this commit, and the dashboard built to work offline (vendored assets).
-ASV_MACHINE ?= $(shell PYTHONPATH=. $(PY) -m suite.cli.main machine-name 2>/dev/null)
+# Its own asv machine, `fleetbench machine-name` + "-smoke": asv keeps one result per commit and machine, written
+# whole by each run, so a pass of another selection under the nightly's machine name would replace the nightly's
+# cases for this commit (docs/benchmarks.md, "One selection per machine name").
+ASV_MACHINE ?= $(addsuffix -smoke,$(shell PYTHONPATH=. $(PY) -m suite.cli.main machine-name 2>/dev/null))
 asv-smoke: setup
 	$(VENV)/bin/asv machine --machine $(ASV_MACHINE) --yes
 	FLEETBENCH_BENCH_CASES=mlp/plain FLEETBENCH_BENCH_WORLDS=2 $(VENV)/bin/asv run -E existing:same --record-samples \

@@ -1,8 +1,13 @@
 """fleetbench's benchmark matrix for pytest-benchmark (``test_*.py``) and asv (``asv_cases.py``).
 
 Both read the one case registry (``suite.cases``).  asv imports every module of this
-package when it discovers benchmarks, so nothing here may have import-time side effects;
-pytest collects only ``test_*.py`` (``asv_cases.py`` is not a test module).
+package when it discovers benchmarks (and again in each process that runs one); pytest
+collects only ``test_*.py`` (``asv_cases.py`` is not a test module).  What importing does:
+this file puts the checkout first on ``sys.path`` (below); ``asv_cases.py`` reads the
+FLEETBENCH_BENCH_* variables and resolves the selection (asv needs the parameters when it
+discovers), which imports torch and, with no device given, asks it for a GPU.  Nothing is
+started (no rank, no process group) and nothing is written; ranks start on the first timed
+call.  A variable it cannot use stops the import with one error naming it.
 """
 
 import os as _os

@@ -27,20 +27,30 @@ raises NotImplementedError with the reason, asv's way of saying "n/a").
 The ranks (``RankPool``) and the prepared case are started on the first timed call and kept
 for the process (asv re-runs ``setup`` before every sample, so setup only validates);
 they run through the same runner as ``fleetbench run`` (``suite.runner``).
+
+Import reads the FLEETBENCH_BENCH_* variables and resolves the selection (asv reads ``params``
+when it discovers the benchmarks, so they must be known then); nothing is started or written.  A
+variable it cannot use is one ConfigError naming it, its value and what is allowed.
+
+``version``: asv keeps one series per benchmark version and starts a new one when the version
+changes (for a benchmark it takes the hash of the code).  The numbers also depend on the setup
+(model size, steps, windows, warm-up, processes, strategy overrides: ``_matrix.setup_of``), so
+the version is the code's hash followed by what differs from the default setup; with the default
+setup it is the code's hash alone, what asv computed before (the history stays).  The selection
+(the cases and world sizes) is the ``params``, not part of the version.
 """
 from __future__ import annotations
 
 import atexit
-import os
 
 from bench_cases import _matrix
-from bench_cases._matrix import env_selection, run_options
+from bench_cases._matrix import env_int, env_resolved, run_options
 
-ROUNDS = int(os.environ.get("FLEETBENCH_BENCH_ROUNDS", _matrix.ROUNDS))
-STEPS = int(os.environ.get("FLEETBENCH_BENCH_STEPS", _matrix.STEPS))
-PROCESSES = int(os.environ.get("FLEETBENCH_BENCH_PROCESSES", "2"))
+ROUNDS = env_int("FLEETBENCH_BENCH_ROUNDS", _matrix.ROUNDS)
+STEPS = env_int("FLEETBENCH_BENCH_STEPS", _matrix.STEPS)
+PROCESSES = env_int("FLEETBENCH_BENCH_PROCESSES", _matrix.PROCESSES)
 
-_RESOLVED = env_selection().resolve()
+_RESOLVED = env_resolved()
 _PAIRS = {(rc.case.name, w): rc for rc, w in _RESOLVED.matrix()}
 _CLOCK = [0.0]  # seconds per step, summed over every window timed in this process
 _LIVE: dict = {}  # (case, world) -> (pool, prepared case)
@@ -72,6 +82,7 @@ class StepTime:
     warmup_time = 0.0
     min_run_count = 1
     timer = staticmethod(rank_clock)
+    version: str  # asv's series: the code's hash and the setup, set below the class (setup_version)
 
     def setup(self, case, world_size):
         rc = _PAIRS.get((case, world_size))
@@ -102,3 +113,34 @@ class StepTime:
     def time_step(self, case, world_size):
         answers = self._prepared(case, world_size).window()
         _CLOCK[0] += max(a["window_s"] for a in answers) / STEPS
+
+
+def _code_hash() -> str:
+    """asv's own default version of StepTime.time_step: the SHA-256 of its code and its setup's, as asv_runner
+    writes them out (``get_source_code``)."""
+    import hashlib
+
+    bench = StepTime()
+    try:
+        from asv_runner.benchmarks._base import get_source_code
+        code = get_source_code([bench.time_step, bench.setup])
+    except ImportError:  # asv_runner moved it: a hash of the same code, then a new series (asv's likely changed too)
+        import inspect
+
+        code = inspect.getsource(StepTime.time_step) + inspect.getsource(StepTime.setup)
+    return hashlib.sha256(code.encode("utf-8")).hexdigest()
+
+
+def setup_version(setup: dict, default: dict, code_hash: str) -> str:
+    """``code_hash`` for the default setup; otherwise followed by each field that differs (``+steps=3``), the
+    strategy overrides and config file as a digest."""
+    changed = [k for k in setup if setup[k] != default.get(k)]
+    if not changed:
+        return code_hash
+    shown = [f"{k}={_matrix.setup_digest({k: setup[k]})}" if k in ("sets", "config") else f"{k}={setup[k]}"
+             for k in changed]
+    return code_hash + "+" + "+".join(shown)
+
+
+StepTime.version = setup_version(_matrix.setup_of(_RESOLVED, STEPS, ROUNDS, processes=PROCESSES),
+                                 _matrix.default_setup(_RESOLVED, processes=_matrix.PROCESSES), _code_hash())

@@ -7,7 +7,20 @@ Options (pytest has a command line, so no environment variable is read here; asv
 (K steps per timed window), ``--fleetbench-rounds`` (timed windows; both default to ``fleetbench run``'s),
 ``--fleetbench-no-check``, ``--fleetbench-timeout`` (bound on each multi-rank call, seconds).  The selection
 is resolved once (``suite/selection.py``), as ``fleetbench run`` resolves its own: a case named without
-``--fleetbench-world`` runs at the one default world size.
+``--fleetbench-world`` runs at the one default world size.  It is resolved when pytest is configured, so an
+option it cannot use is one ``ERROR:`` line naming the option (``--fleetbench-case``), the value and what is
+allowed, before anything is collected.
+
+Each benchmark runs ``benchmark.pedantic``: a fixed number of rounds (``--fleetbench-rounds``, or
+``--benchmark-min-rounds`` when only that is given), no calibration, no warm-up rounds (the engine is warmed
+up when the case is prepared), the ranks' clock as timer.  pytest-benchmark's options for its own rounds
+(``--benchmark-timer``, ``--benchmark-warmup``, ``--benchmark-max-time`` ...) do nothing here: given, they
+are named in one warning line at the start.  The saved JSON's ``options`` say what ran (``min_rounds``,
+``warmup``, ``timer``).
+
+``machine_info["fleetbench"]`` holds the machine's metadata and ``setup`` (``_matrix.setup_of``: device,
+backend, size, steps, rounds, warm-up, overrides); ``--benchmark-compare`` against a run whose setup differs
+warns, naming the fields (pytest-benchmark's own warning, ``PytestBenchmarkWarning``).
 
 Parameters are ``case`` (the case's name, a string) and ``world`` (an int), so the saved JSON holds
 ``"params": {"case": "mlp/plain", "world": 2}`` and test ids read ``test_step[mlp/plain@2]``.  Each
@@ -17,9 +30,11 @@ so only cases that share a baseline are compared side by side.  The unit, one tr
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from bench_cases._matrix import ROUNDS, STEPS, make_selection
+from bench_cases._matrix import ROUNDS, STEPS, harness_message, make_selection, setup_of
 
 
 def what_a_round_is(k: int | str) -> str:
@@ -42,9 +57,26 @@ class Timed:
 
 _TIMED = pytest.StashKey[Timed]()
 _RESOLVED = pytest.StashKey[object]()
+_ROUNDS = pytest.StashKey[int]()
+_PARSER: list = []  # pytest's parser, for the defaults of pytest-benchmark's options
+
+# pytest-benchmark's options for its own rounds, which benchmark.pedantic does not use: dest -> (option, what
+# decides it here).  --benchmark-min-rounds is not here: it is taken as the number of rounds (_rounds).
+IGNORED = {
+    "benchmark_timer": ("--benchmark-timer", "the ranks' clock times the rounds"),
+    "benchmark_warmup": ("--benchmark-warmup", "the engine is warmed up as each case is prepared"),
+    "benchmark_warmup_iterations": ("--benchmark-warmup-iterations", "the engine is warmed up as each case is "
+                                                                     "prepared"),
+    "benchmark_min_time": ("--benchmark-min-time", "a round is one window"),
+    "benchmark_max_time": ("--benchmark-max-time", "the rounds run however long they take"),
+    "benchmark_calibration_precision": ("--benchmark-calibration-precision", "nothing is calibrated"),
+    "benchmark_precision": ("--benchmark-precision", "the rounds are --fleetbench-rounds"),
+    "benchmark_confidence": ("--benchmark-confidence", "the rounds are --fleetbench-rounds"),
+}
 
 
 def pytest_addoption(parser):
+    _PARSER[:] = [parser]
     g = parser.getgroup("fleetbench")
     g.addoption("--fleetbench-case", action="append", default=[], help="case name or glob (repeatable)")
     g.addoption("--fleetbench-tag", action="append", default=[], help="cases with this tag (default: smoke)")
@@ -65,19 +97,118 @@ def pytest_addoption(parser):
 
 
 def resolved(config):
-    """The selection of the options (then the environment), resolved once per session."""
+    """The selection of the options, resolved once per session; an error is a UsageError naming the option."""
     if _RESOLVED not in config.stash:
         from suite.config import ConfigError
 
         opt = config.getoption
-        sel = make_selection(opt("fleetbench_case"), opt("fleetbench_tag"), opt("fleetbench_world"),
-                             opt("fleetbench_device"), opt("fleetbench_size"), opt("fleetbench_config"),
-                             opt("fleetbench_set"), opt("fleetbench_model"))
         try:
+            sel = make_selection(opt("fleetbench_case"), opt("fleetbench_tag"), opt("fleetbench_world"),
+                                 opt("fleetbench_device"), opt("fleetbench_size"), opt("fleetbench_config"),
+                                 opt("fleetbench_set"), opt("fleetbench_model"))
             config.stash[_RESOLVED] = sel.resolve()
         except ConfigError as exc:
-            raise pytest.UsageError(str(exc)) from None
+            raise pytest.UsageError(harness_message(str(exc), "pytest")) from None
     return config.stash[_RESOLVED]
+
+
+def _defaults() -> dict:
+    """Every option's default, as pytest parses them (pytest-benchmark's are parsed values: a timer, a bool)."""
+    return vars(_PARSER[0].parse_known_args([])) if _PARSER else {}
+
+
+def _rounds(config) -> int:
+    """The timed windows: --fleetbench-rounds, or --benchmark-min-rounds when only that one is given."""
+    rounds = config.getoption("fleetbench_rounds")
+    asked = config.getoption("benchmark_min_rounds", None)
+    default = _defaults().get("benchmark_min_rounds", asked)
+    if asked is None or asked == default or asked == rounds:
+        return rounds
+    if rounds != ROUNDS:
+        raise pytest.UsageError(f"--benchmark-min-rounds={asked} and --fleetbench-rounds {rounds}: both set the "
+                                f"timed windows (rounds); give one")
+    return asked
+
+
+def _check_numbers(config) -> None:
+    opt = config.getoption
+    bad = [f"--fleetbench-world {w}: must be a whole number >= 1" for w in opt("fleetbench_world") if w < 1]
+    for name in ("steps", "rounds"):
+        if opt(f"fleetbench_{name}") < 1:
+            bad.append(f"--fleetbench-{name} {opt(f'fleetbench_{name}')}: must be a whole number >= 1")
+    timeout = opt("fleetbench_timeout")
+    if not (math.isfinite(timeout) and timeout > 0):
+        bad.append(f"--fleetbench-timeout {timeout:g}: must be a finite number > 0 (seconds)")
+    if bad:
+        raise pytest.UsageError(bad[0])
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    """The options checked and the selection resolved before anything is collected (and before pytest-benchmark
+    compares against a saved run): an option it cannot use is one line, not a collection traceback."""
+    if config.getoption("help", False) or config.getoption("version", False):
+        return
+    _check_numbers(config)
+    config.stash[_ROUNDS] = _rounds(config)
+    resolved(config)
+
+
+def rounds_of(config) -> int:
+    if _ROUNDS not in config.stash:
+        config.stash[_ROUNDS] = _rounds(config)
+    return config.stash[_ROUNDS]
+
+
+def ignored_options(config) -> list[str]:
+    """pytest-benchmark's round options given with a non-default value, each as "--option=value (why)"."""
+    defaults, out = _defaults(), []
+    for dest, (flag, why) in IGNORED.items():
+        value = config.getoption(dest, None)
+        if dest in defaults and str(value) != str(defaults[dest]):
+            out.append(f"{flag}={value} ({why})")
+    return out
+
+
+def session_setup(config) -> dict:
+    """This session's setup (``_matrix.setup_of``): what its numbers depend on besides code and machine."""
+    return setup_of(resolved(config), config.getoption("fleetbench_steps"), rounds_of(config))
+
+
+def pytest_report_header(config):
+    rc = resolved(config)
+    return (f"fleetbench: {rc.device} ({rc.backend}), size {rc.size}; each benchmark's rounds: {rounds_of(config)} "
+            f"timed windows of {config.getoption('fleetbench_steps')} steps (benchmark.pedantic), timed by the ranks' "
+            f"clock (rank_clock), whatever pytest-benchmark's defaults above say")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_sessionstart(session):
+    """One warning line, after the header, when pytest-benchmark options are given that do nothing here."""
+    result = yield
+    ignored = ignored_options(session.config)
+    if ignored:
+        line = (f"fleetbench: warning: ignored here (each benchmark runs --fleetbench-rounds windows of "
+                f"--fleetbench-steps steps, timed by the ranks' clock): {'; '.join(ignored)}")
+        tr = session.config.pluginmanager.get_plugin("terminalreporter")
+        if tr is not None:
+            tr.write_line(line, yellow=True)
+        else:
+            import sys
+
+            print(line, file=sys.stderr)
+    return result
+
+
+def pytest_collection_modifyitems(config, items):
+    """The saved JSON's ``options`` say what ran: min_rounds the rounds, warmup off (the engine's own is not
+    pytest-benchmark's), the benchmark marker's timer kept."""
+    rounds = rounds_of(config)
+    for item in items:
+        if "benchmark" in getattr(item, "fixturenames", ()):
+            mark = item.get_closest_marker("benchmark")
+            item.add_marker(pytest.mark.benchmark(**{**(mark.kwargs if mark else {}), "min_rounds": rounds,
+                                                     "warmup": False}), append=False)  # the closest one
 
 
 def pytest_generate_tests(metafunc):
@@ -112,7 +243,7 @@ class _Pools:
         pool = self.get(world)
         if self._runner is None or self._runner.launcher is not pool:
             opt = self.config.getoption
-            opts = run_options(resolved(self.config), opt("fleetbench_steps"), opt("fleetbench_rounds"),
+            opts = run_options(resolved(self.config), opt("fleetbench_steps"), rounds_of(self.config),
                                check=not opt("fleetbench_no_check"), timeout=opt("fleetbench_timeout"))
             self._runner = CaseRunner(pool, world, opts)
         return self._runner
@@ -146,9 +277,12 @@ def timed(pytestconfig) -> Timed:
 @pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter):
     """After pytest-benchmark's tables: what their rounds measured."""
-    timed = terminalreporter.config.stash.get(_TIMED, None)
-    if timed is None or not timed.runs:
+    config = terminalreporter.config
+    timed = config.stash.get(_TIMED, None)
+    if timed is None or not timed.runs:  # nothing timed (--benchmark-disable, --benchmark-skip): no tables
         return
+    if config.getoption("benchmark_quiet", False) and not config.getoption("benchmark_verbose", False):
+        return  # pytest-benchmark printed no tables
     steps = " or ".join(str(k) for k in sorted({k for _, k in timed.runs}))
     tr = terminalreporter
     tr.section("fleetbench: what the tables above measure", sep="-")
@@ -161,12 +295,46 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):
-    """torch, CUDA and NCCL versions; GPU names and clocks through NVML (or why there are none)."""
+    """torch, CUDA and NCCL versions; GPU names and clocks through NVML (or why there are none); under
+    ``fleetbench``: the machine's metadata, the ranks' backend, the world sizes and the session's ``setup``.
+    World size and threads per rank are each benchmark's (``extra_info``): a session can run several."""
     from suite.measure.metadata import collect
 
-    meta = collect()
+    rc = resolved(config)
+    meta = collect(backend=rc.backend)
+    for per_benchmark in ("world_size", "threads_per_rank"):
+        meta.pop(per_benchmark, None)
+    meta["worlds"] = list(rc.worlds)
+    meta["setup"] = session_setup(config)
     machine_info["torch"] = meta["torch"]
     machine_info["cuda"] = meta["cuda"]
     machine_info["nccl"] = meta["nccl"]
     machine_info["gpu"] = meta["gpu"]
     machine_info["fleetbench"] = meta
+
+
+def setup_changes(mine: dict | None, theirs: dict | None) -> list[str] | None:
+    """The setup fields that differ, each "field: THEIRS (compared run) -> MINE (this one)"; None when the
+    compared run recorded no setup."""
+    if not isinstance(theirs, dict):
+        return None
+    mine = mine or {}
+    return [f"{k}: {theirs.get(k)!r} -> {mine.get(k)!r}" for k in sorted(set(mine) | set(theirs))
+            if mine.get(k) != theirs.get(k)]
+
+
+def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info, compared_benchmark):
+    """--benchmark-compare against a run of another setup (size, steps, rounds, warm-up, overrides, device) warns,
+    naming the fields: the same test id then measured something else."""
+    mine = (machine_info.get("fleetbench") or {}).get("setup")
+    theirs = ((compared_benchmark.get("machine_info") or {}).get("fleetbench") or {}).get("setup")
+    when = compared_benchmark.get("datetime", "?")
+    changes = setup_changes(mine, theirs)
+    if changes is None:
+        benchmarksession.logger.warning(
+            f"fleetbench: the compared run ({when}) records no setup (saved before setups were recorded): its size, "
+            f"steps, rounds and overrides may differ from this run's")
+    elif changes:
+        benchmarksession.logger.warning(
+            f"fleetbench: the compared run ({when}) had another setup ({'; '.join(changes)}): the same benchmark "
+            f"names measured something else, so the comparison is not like for like")

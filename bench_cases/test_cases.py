@@ -69,7 +69,8 @@ def test_step(benchmark, selection, rank_pools, timed, case: str, world: int):
         metrics = prepared.metrics()
     finally:
         prepared.close()
-    timed.add(benchmark.group, k)
+    if benchmark.enabled:  # timed: a table will show it (not under --benchmark-disable)
+        timed.add(benchmark.group, k)
     rec = runner.record(rc, check, metrics)
     m = rec.metrics
     rank_windows = [[a["window_s"] for a in sorted(answers, key=lambda a: a["rank"])] for answers in prepared.windows]
@@ -77,7 +78,8 @@ def test_step(benchmark, selection, rank_pools, timed, case: str, world: int):
                 throughput_per_round=m["throughput_per_round"], step_times_s=m["step_times_s"],
                 rank_median_step_s=m["rank_median_step_s"], peak_memory_bytes=m["peak_memory_bytes"],
                 rank_window_s=rank_windows, window_s=[max(w) for w in rank_windows],
-                describe=jsonable(rec.describe), structure=jsonable(rec.structure), backend=rec.backend,
+                threads_per_rank=m["threads"], describe=jsonable(rec.describe), structure=jsonable(rec.structure),
+                backend=rec.backend,
                 device=rec.device, message=(rec.check or {}).get("message") or rec.error)
     assert rec.verdict in ("pass", "n/a"), f"{case}@{world}: correctness verdict {rec.verdict}: " \
                                            f"{info.get('message')}"
