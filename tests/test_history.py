@@ -131,3 +131,41 @@ def test_history_refuses_a_machine_without_results(tmp_path):
     p = subprocess.run([sys.executable, "-m", "suite.cli.main", "history", "--results", str(tmp_path),
                         "--machine", "nope"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "no asv results for machine 'nope'" in p.stderr, p.stderr
+
+
+class _AsvResult:
+    """What suite.ab.history reads of an asv Results: one benchmark, one parameter, one value a commit."""
+
+    def __init__(self, date: int, version: str, value: float):
+        self.date, self.commit_hash, self.value = date, f"{date:040d}", value
+        self.benchmark_version = {"asv_cases.StepTime.time_step": version}
+
+    def get_all_result_keys(self):
+        return list(self.benchmark_version)
+
+    def get_result_params(self, key):
+        return [["'mlp/plain'"]]
+
+    def get_result_value(self, key, params):
+        return [self.value]
+
+    def get_result_stats(self, key, params):
+        return [{"ci_99_a": 0.9 * self.value, "ci_99_b": 1.1 * self.value, "q_25": self.value, "q_75": self.value}]
+
+
+def test_history_follows_the_newest_version_of_a_benchmark_only(monkeypatch):
+    """A different setup (--rounds, size ...) is another asv version: its points are not one series with the old
+    setup's, or a setup change would be an alert; asv publish draws the newest version only, and so does history."""
+    from asv import results as asv_results
+
+    from suite.ab.history import alerts, series
+
+    old = [_AsvResult(i, "v1", 0.05) for i in range(10)]
+    new = [_AsvResult(10 + i, "v1+rounds=3", 0.08) for i in range(3)]
+    monkeypatch.setattr(asv_results, "iter_results_for_machine", lambda d, m: iter(old + new))
+    ((key, points),) = series("unused", "m").items()
+    assert [p[2] for p in points] == [0.08] * 3 and key[1] == ("'mlp/plain'",)
+    assert alerts("unused", "m") == ([], 1)
+    monkeypatch.setattr(asv_results, "iter_results_for_machine",
+                        lambda d, m: iter(old + [_AsvResult(10 + i, "v1", 0.08) for i in range(3)]))
+    assert len(alerts("unused", "m")[0]) == 1  # the same version's step up is an alert

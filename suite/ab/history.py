@@ -52,13 +52,20 @@ class Alert:
 
 
 def series(results_dir: str, machine: str) -> dict:
-    """{(benchmark, params): [(date, commit, value, weight)]} ordered by commit date (one point per commit)."""
+    """{(benchmark, params): [(date, commit, value, weight)]} ordered by commit date (one point per commit), of
+    the benchmark's newest version only: another setup (rounds, size ...) is another version and another series,
+    as ``asv publish`` draws it (bench_cases/asv_cases.py)."""
     from asv import results as asv_results
     from asv._stats import get_weight
 
     points: dict = {}
+    versions: dict = {}  # (benchmark, commit) -> version; benchmark -> (date, version) of its newest result
     for res in asv_results.iter_results_for_machine(results_dir, machine):
         for key in res.get_all_result_keys():
+            version = res.benchmark_version.get(key)
+            versions[(key, res.commit_hash)] = version
+            if (res.date or 0) >= versions.get(key, (-1, None))[0]:
+                versions[key] = (res.date or 0, version)
             params = res.get_result_params(key)
             values = res.get_result_value(key, params)
             stats = res.get_result_stats(key, params)
@@ -70,7 +77,8 @@ def series(results_dir: str, machine: str) -> dict:
                     continue
                 points.setdefault((key, tuple(combo)), {})[res.commit_hash] = (res.date or 0, res.commit_hash,
                                                                               float(value), get_weight(st))
-    return {k: sorted(v.values()) for k, v in points.items()}
+    return {k: sorted(p for commit, p in v.items() if versions[(k[0], commit)] == versions[k[0]][1])
+            for k, v in points.items()}
 
 
 def alerts(results_dir: str, machine: str, persist: int = 2, threshold: float = 0.05) -> tuple[list, int]:
