@@ -367,3 +367,21 @@ def test_gate_figure_simulates_the_fitted_cost_of_busy_work_and_an_exact_5_perce
     exact = power.simulate_level(five, scale=1.0, **kw)
     assert fitted["mu"] == pytest.approx(0.5 * math.log(1.05), rel=0.1) and exact["mu"] == pytest.approx(math.log(1.05))
     assert exact["counts"]["slower"] >= 36 and fitted["counts"]["slower"] <= 20, (fitted["counts"], exact["counts"])
+
+
+@pytest.mark.parametrize("value", ["5", "1", "1.5", "10"])
+def test_threshold_is_a_fraction_below_1_not_a_percentage(tmp_path, capsys, value):
+    """--threshold 5 meant 500% (a 2x slowdown passed): it is refused with one error saying what is allowed;
+    0.99 is still a threshold, and the default still fails a 2x slowdown."""
+    base, slow = tmp_path / "b.jsonl", tmp_path / "s.jsonl"
+    write_records(base, {("mlp/plain", 2): (noisy(1, 200), "pass")})
+    write_records(slow, {("mlp/plain", 2): (noisy(2, 200, slow=2.0), "pass")})
+    assert main(["compare", str(base), str(slow), "--threshold", value]) == 2
+    err = capsys.readouterr().err
+    assert f"error: --threshold {value}: a fraction, e.g. 0.05 for 5%; allowed 0 <= t < 1" in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    with pytest.raises(ValueError, match="allowed 0 <= t < 1"):
+        GateOptions(threshold=float(value))
+    GateOptions(threshold=0.99)
+    assert main(["compare", str(base), str(slow)]) == 1
+    capsys.readouterr()
