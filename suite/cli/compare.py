@@ -36,9 +36,12 @@ def add_parser(sub) -> None:
     p.add_argument("base", help="BASE results: records .jsonl or pytest-benchmark .json")
     p.add_argument("head", help="HEAD results: records .jsonl or pytest-benchmark .json")
     p.add_argument("--threshold", type=float, default=0.25,
-                   help="slowdown that fails the gate, as a fraction (default 0.25 = 25%% slower: on the 2-core "
-                        "CPU machines 10%% gave 21%% false alarms over unchanged reruns, 25%% none; see "
-                        "`fleetbench figures gate`, and pass a smaller value on quieter GPU runners)")
+                   help="slowdown that fails the gate, a fraction below 1 (default 0.25 = 25%% slower). "
+                        "docs/figures/gate.md section 1 (`fleetbench compare` on separate runs, 2-core CPU, 7 "
+                        "windows a run): over pairs of unchanged runs 10%% gave 1.2%% (mlp/plain) and 0.2%% "
+                        "(resnet/plain) false alarms, 25%% gave 0.1%% and 0.0%%, and caught a +10%% slowdown in 9%% "
+                        "and 0%% of pairs; `fleetbench figures gate` measures it again; pass a smaller value on "
+                        "quieter GPU runners")
     p.add_argument("--alpha", type=float, default=0.01, help="significance level (default 0.01)")
     p.add_argument("--method", default="mwu", help="mwu (Mann-Whitney U, default) or bootstrap (interval)")
     p.add_argument("--strict", action="store_true",
