@@ -385,3 +385,56 @@ def test_threshold_is_a_fraction_below_1_not_a_percentage(tmp_path, capsys, valu
     GateOptions(threshold=0.99)
     assert main(["compare", str(base), str(slow)]) == 1
     capsys.readouterr()
+
+
+NOT_RESULTS = "not a results file: expected records (.jsonl lines from fleetbench run) or a pytest-benchmark JSON"
+
+
+@pytest.mark.parametrize("name,content", [
+    ("report_data.json", json.dumps({"plots": [], "problems": [], "runs": ["r1"]}, indent=1)),
+    ("README.md", "# fleetbench\n\nA benchmark suite.\n"),
+    ("cmp.json", json.dumps({"kind": "fleetbench.compare", "rows": []})),
+    ("list.json", "[1, 2]\n"),
+], ids=["report_data.json", "README.md", "compare-json", "list"])
+def test_a_file_that_is_not_results_says_so_and_what_is_allowed(tmp_path, capsys, name, content):
+    """Valid JSON that is not a results file (a report's report_data.json) was 'report_data.json:1: not valid JSON:
+    Expecting property name...': the file is named with what it is not and what is allowed."""
+    good, other = tmp_path / "good.jsonl", tmp_path / name
+    write_records(good, {("mlp/plain", 2): (noisy(1), "pass")})
+    other.write_text(content)
+    assert main(["compare", str(good), str(other)]) == 2
+    err = capsys.readouterr().err
+    assert f"{other}: {NOT_RESULTS}" in err and "not valid JSON" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_truncated_file_says_where_in_words(tmp_path, capsys):
+    good, cut, doc = tmp_path / "good.jsonl", tmp_path / "cut.jsonl", tmp_path / "cut.json"
+    write_records(good, {("mlp/plain", 2): (noisy(1), "pass")})
+    cut.write_text('{"kind": "fleetbench.case", "schema_version": 3, "case": "mlp/pla')
+    assert main(["compare", str(good), str(cut)]) == 2
+    err = capsys.readouterr().err
+    assert "cut.jsonl:1: not valid JSON (truncated: the file ends mid-record): Unterminated string starting at " \
+           "column 58" in err and "at at" not in err, err
+    doc.write_text(json.dumps({"machine_info": {}, "benchmarks": []}, indent=1)[:30])  # a pytest-benchmark JSON cut
+    assert main(["compare", str(good), str(doc)]) == 2
+    err = capsys.readouterr().err
+    assert f"{doc}: not valid JSON (truncated: the file ends mid-document)" in err and "line " in err, err
+
+
+def test_an_unknown_run_id_lists_the_run_ids_the_file_holds(tmp_path, capsys):
+    runs = tmp_path / "runs.jsonl"
+    for i, run in enumerate(["r1", "r2", "r3", "r4", "r5", "r6", "r7"]):
+        cases = {("mlp/plain", 2): (noisy(i), "pass")}
+        if run == "r6":
+            cases[("mlp/none", 2)] = (noisy(50), "n/a")
+        write_records(runs, cases, run_id=run)
+    held = "r7 (1 record), r6 (2 records), r5 (1 record), r4 (1 record), r3 (1 record), and 2 older run(s)"
+    for flag in ("--base-run-id", "--head-run-id"):
+        assert main(["compare", str(runs), str(runs), flag, "nope"]) == 2
+        err = capsys.readouterr().err
+        assert f"{runs}: no record of run id 'nope'; the file holds (newest first) {held}" in err, err
+    assert main(["report", str(runs), "--run-id", "nope", "--out", str(tmp_path / "rep")]) == 2
+    err = capsys.readouterr().err
+    assert f"no records in {runs} for run id(s) nope; it holds (newest first) {held}" in err, err
+    assert not (tmp_path / "rep").exists()

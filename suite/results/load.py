@@ -16,7 +16,16 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from .records import STATUSES, VERDICTS, ResultsFileError, loads_bounded, open_input, read_records
+from .records import (
+    STATUSES,
+    VERDICTS,
+    ResultsFileError,
+    json_problem,
+    loads_bounded,
+    open_input,
+    read_records,
+    run_ids_held,
+)
 
 # Per case and kind (a real record has tens to a few thousand: rounds x steps x ranks).  The gate's bootstrap
 # holds n_boot (1000) resamples of one side at once: 20,000 samples are 160 MB at most.
@@ -83,6 +92,19 @@ def _floats(values, where: str, what: str) -> list:
     return out
 
 
+EXPECTED = "expected records (.jsonl lines from fleetbench run) or a pytest-benchmark JSON"
+NOT_RESULTS = "not a results file: " + EXPECTED
+
+
+def _not_a_record(path: str, value) -> None:
+    """Raises unless ``value`` (a JSON document, or a file's first line) is a fleetbench case record: JSON, but not
+    a results file (a report's report_data.json, compare --json's output)."""
+    kind = value.get("kind") if isinstance(value, dict) else None
+    if kind != "fleetbench.case":
+        raise ResultsFileError(f"{path}: {NOT_RESULTS}" + (f" (its kind is {_show(kind)})" if isinstance(kind, str)
+                                                            else ""))
+
+
 def load_side(path: str, run_id: str | None = None) -> Side:
     """Read ``path``: a pytest-benchmark JSON file, or a records file (last record per case wins)."""
     if os.path.isdir(path):
@@ -95,17 +117,34 @@ def load_side(path: str, run_id: str | None = None) -> Side:
         raise ResultsFileError(f"{path}: not a text file ({exc.reason} at byte {exc.start})") from None
     if not text.strip():
         raise ResultsFileError(f"{path}: the file is empty")
-    head = text.lstrip()[:1]
-    if head == "{":
+    data, whole = None, None  # the text as one JSON document; why it is not one
+    if text.lstrip()[:1] == "{":
         try:
             data = json.loads(text)
-        except json.JSONDecodeError:
-            data = None  # several lines: a records file
+        except json.JSONDecodeError as exc:
+            whole = exc  # several lines: a records file (or a JSON document cut short)
         except (RecursionError, ValueError):
             data = loads_bounded(text, path)  # raises, naming the file
         if isinstance(data, dict) and "benchmarks" in data:
             loads_bounded(text, path)  # nesting within limits
             return _from_pytest_benchmark(path, data)
+    if data is not None:
+        _not_a_record(path, data)
+    first = next(line for line in text.splitlines() if line.strip())
+    try:
+        value = json.loads(first)
+    except json.JSONDecodeError:
+        if not first.lstrip().startswith("{"):  # not JSON at all (README.md)
+            raise ResultsFileError(f"{path}: {NOT_RESULTS}") from None
+        if whole is not None and whole.lineno > 1:  # a JSON document over several lines, cut short
+            ends = whole.pos >= len(text.rstrip()) or whole.msg.startswith("Unterminated string")
+            cut = " (truncated: the file ends mid-document)" if ends else ""
+            raise ResultsFileError(f"{path}: not valid JSON{cut}: {json_problem(whole, line=True)}; "
+                                   f"{EXPECTED}") from None
+    except (RecursionError, ValueError):
+        pass  # read as records, whose reader names what is wrong
+    else:
+        _not_a_record(path, value)
     return _from_records(path, run_id)
 
 
@@ -117,7 +156,8 @@ def _from_records(path: str, run_id: str | None) -> Side:
     if run_id is not None:
         pairs = [(r, n) for r, n in pairs if r.run_id == run_id]
         if not pairs:
-            raise ResultsFileError(f"{path}: no record of run id {run_id!r}")
+            raise ResultsFileError(f"{path}: no record of run id {run_id!r}; the file holds (newest first) "
+                                   + run_ids_held(records))
     records = [r for r, _ in pairs]
     side = Side(path, "records", {}, records=records)
     side.run_ids = list(dict.fromkeys(r.run_id for r in records))
