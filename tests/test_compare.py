@@ -438,3 +438,21 @@ def test_an_unknown_run_id_lists_the_run_ids_the_file_holds(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"no records in {runs} for run id(s) nope; it holds (newest first) {held}" in err, err
     assert not (tmp_path / "rep").exists()
+
+
+def test_files_with_no_case_in_common_are_unusable_not_a_pass(tmp_path, capsys):
+    """Every row 'only in BASE/HEAD' then 'regression gate: ok' compared nothing: one error naming a few cases of
+    each side (the same case at another world size is another case); with one case in common, the one-sided
+    cases stay rows."""
+    base, other, some = tmp_path / "b.jsonl", tmp_path / "o.jsonl", tmp_path / "s.jsonl"
+    write_records(base, {("mlp/plain", 2): (noisy(1, 200), "pass"), ("mlp/none", 2): (noisy(2, 200), "n/a")})
+    write_records(other, {("gpt/plain", 2): (noisy(3, 200), "pass"), ("mlp/plain", 4): (noisy(4, 200), "pass")})
+    assert main(["compare", str(base), str(other)]) == 2
+    out = capsys.readouterr()
+    assert (f"error: no case is in both files (a case is compared at the same world size): BASE {base} has "
+            f"mlp/none@2, mlp/plain@2; HEAD {other} has gpt/plain@2, mlp/plain@4") in out.err, out.err
+    assert len(out.err.strip().splitlines()) == 1 and "regression gate" not in out.out + out.err
+    write_records(some, {("mlp/plain", 2): (noisy(5, 200), "pass"), ("gpt/plain", 2): (noisy(6, 200), "pass")})
+    assert main(["compare", str(base), str(some)]) == 0
+    out = capsys.readouterr().out
+    assert "only in BASE" in out and "only in HEAD" in out and "regression gate: ok" in out, out

@@ -30,8 +30,8 @@ def add_parser(sub) -> None:
                  "its samples could have caught.",
         codes={**GATE_CODES, 1: "regression: a case slower beyond --threshold, a structure changed, a check "
                                 "verdict pass -> fail, a case that errors on HEAD only (--strict: on one side only)",
-               2: "unusable input: a file it cannot use (file and line or benchmark named); under --strict, "
-                  "different torch versions or devices",
+               2: "unusable input: a file it cannot use (file and line or benchmark named); two files with no case "
+                  "in common; under --strict, different torch versions or devices",
                3: "undecided: a case whose samples cannot support a verdict at the threshold, nothing worse"}))
     p.add_argument("base", help="BASE results: records .jsonl or pytest-benchmark .json")
     p.add_argument("head", help="HEAD results: records .jsonl or pytest-benchmark .json")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from .gate import MIN_SAMPLES, UNDECIDED, GateOptions, gate_samples, min_p_value
 from .load import Side
+from .records import ResultsFileError
 from .structure import structure_diff, structure_new
 
 __all__ = ["Comparison", "compare_sides"]
@@ -80,6 +81,14 @@ def _same_file(a: str | None, b: str | None) -> bool:
         return False
 
 
+def _some(cases: dict, limit: int = 4) -> str:
+    """A few of a side's cases (model/variant@world) for a message."""
+    keys = sorted(cases)
+    if not keys:
+        return "no cases"
+    return ", ".join(keys[:limit]) + (f", … ({len(keys)} cases)" if len(keys) > limit else "")
+
+
 def _fmt_ms(x: float) -> float:
     return round(x * 1e3, 3) if isinstance(x, float) and math.isfinite(x) else math.nan
 
@@ -93,6 +102,9 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
         cmp.warnings.append(f"devices differ: BASE {base.device}, HEAD {head.device}")
     if _same_file(base.path, head.path) and base.run_ids == head.run_ids:
         cmp.warnings.append(f"BASE and HEAD are the same results ({base.path}): every case compares with itself")
+    if not set(base.cases) & set(head.cases):  # nothing to compare is not a pass
+        raise ResultsFileError(f"no case is in both files (a case is compared at the same world size): BASE "
+                               f"{base.path} has {_some(base.cases)}; HEAD {head.path} has {_some(head.cases)}")
     keys = list(dict.fromkeys(list(base.cases) + list(head.cases)))
     for key in sorted(keys):
         b, h = base.cases.get(key), head.cases.get(key)
