@@ -456,3 +456,43 @@ def test_files_with_no_case_in_common_are_unusable_not_a_pass(tmp_path, capsys):
     assert main(["compare", str(base), str(some)]) == 0
     out = capsys.readouterr().out
     assert "only in BASE" in out and "only in HEAD" in out and "regression gate: ok" in out, out
+
+
+def test_the_table_names_its_columns_for_what_they_hold_and_each_row_its_outcome(tmp_path, capsys):
+    """The column 'verdict' held the check (pass -> pass) and 'change' the performance verdict, which --help calls
+    the verdict; 'status' said ok on every row of an UNDECIDED gate.  Now: `verdict` the performance verdict,
+    `check` the check, `status` the row's outcome; speedups with 3 decimals, p with 2 significant digits."""
+    import re
+
+    base, head, md = tmp_path / "b.jsonl", tmp_path / "h.jsonl", tmp_path / "cmp.md"
+    write_records(base, {("mlp/same", 2): (noisy(1, 200), "pass"), ("mlp/slow", 2): (noisy(2, 200), "pass"),
+                         ("mlp/few", 2): (noisy(3), "pass"), ("mlp/gone", 2): (noisy(4), "pass")})
+    write_records(head, {("mlp/same", 2): (noisy(11, 200), "pass"), ("mlp/slow", 2): (noisy(12, 200, 2.0), "pass"),
+                         ("mlp/few", 2): (noisy(13), "pass")})
+    assert main(["compare", str(base), str(head), "--markdown", str(md)]) == 1
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    header = next(ln for ln in lines if ln.split()[:1] == ["case"]).split()
+    assert header[-5:] == ["could_catch", "verdict", "check", "structure", "status"] and "change" not in header, header
+    rows = {ln.split()[0]: ln for ln in lines if ln.split()[:1] and ln.split()[0].startswith("mlp/")}
+    expect = {"mlp/same": ("same", "ok"), "mlp/slow": ("slower", "regression"), "mlp/few": ("undecided", "undecided"),
+              "mlp/gone": ("only in BASE", "not compared")}
+    for case, (verdict, status) in expect.items():
+        row = rows[case]
+        assert row.rstrip().endswith(status) and f" {verdict} " in row, (case, row)
+    assert "pass -> pass" in rows["mlp/same"] and "pass -> -" in rows["mlp/gone"]
+    for case in ("mlp/same", "mlp/slow", "mlp/few"):
+        speedup, lo, hi = re.search(r" (\d\.\d+) \[(\d\.\d+), (\d\.\d+)\] ", rows[case]).groups()
+        assert all(len(x.split(".")[1]) == 3 for x in (speedup, lo, hi)), rows[case]
+    p = rows["mlp/same"].split("]")[1].split()[0]  # the cell after the interval: p_slower, 2 significant digits
+    assert len(p.replace("0.", "", 1).lstrip("0").replace(".", "")) <= 2 or "e-" in p, (p, rows["mlp/same"])
+    table = md.read_text().splitlines()
+    cells = [c.strip() for c in table[0].strip("|").split("|")]
+    assert cells[-5:] == ["could_catch", "verdict", "check", "structure", "status"], cells
+    assert "| regression |" in md.read_text() and "| not compared |" in md.read_text()
+    assert main(["compare", str(base), str(head), "--json"]) == 1  # --json keeps its keys
+    doc = json.loads(capsys.readouterr().out)
+    by = {r["case"]: r for r in doc["rows"]}
+    assert (by["mlp/same"]["change"], by["mlp/same"]["verdict"], by["mlp/same"]["status"]) == ("same", "pass -> pass",
+                                                                                                "ok")
+    assert by["mlp/slow"]["status"] == "regression" and by["mlp/few"]["status"] == "undecided"

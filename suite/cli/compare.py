@@ -23,11 +23,14 @@ def add_parser(sub) -> None:
         fleetbench compare results/last-good/runs.jsonl results/nightly/runs.jsonl
         fleetbench compare base.json head.json --threshold 0.1 --markdown cmp.md
         fleetbench compare base.jsonl head.jsonl --json""",
-        verdicts="per case, its change: slower (the test says so and the whole speedup interval lies below "
-                 "1/(1 + threshold)), faster, same (the whole interval above it), undecided (the interval spans "
-                 "it), too few windows for alpha; besides: structure changed, a check verdict pass -> fail, an "
-                 "error on HEAD only, only in BASE / only in HEAD (listed). Each row states the smallest slowdown "
-                 "its samples could have caught.",
+        verdicts="per case, the table's `verdict` column (`change` in --json) is the performance verdict: slower "
+                 "(the test says so and the whole speedup interval lies below 1/(1 + threshold)), faster, same "
+                 "(the whole interval above it), undecided (the interval spans it), too few windows for alpha. "
+                 "`check` is the correctness check on each side, BASE -> HEAD (`verdict` in --json; pass -> fail "
+                 "fails the gate); `structure` identical, changed (fails) or not recorded; `status` the row's "
+                 "outcome: ok, regression, undecided or not compared (an error on both sides, only in BASE / only "
+                 "in HEAD: listed). `could_catch` is the smallest slowdown its samples could have caught at 95% "
+                 "(a power statement, not the interval).",
         codes={**GATE_CODES, 1: "regression: a case slower beyond --threshold, a structure changed, a check "
                                 "verdict pass -> fail, a case that errors on HEAD only (--strict: on one side only)",
                2: "unusable input: a file it cannot use (file and line or benchmark named); two files with no case "
@@ -110,8 +113,10 @@ def markdown_table(frame) -> str:
             return md_text(format(v, "g"))
         return md_text(v)
 
+    from ..results.compare import NUMERIC
+
     cols = list(frame.columns)
-    numeric = {c for c in cols if frame[c].dtype.kind in "iuf"}
+    numeric = {c for c in cols if frame[c].dtype.kind in "iuf" or c in NUMERIC}
     lines = ["| " + " | ".join(md_text(c) for c in cols) + " |",
              "|" + "|".join("---:" if c in numeric else "---" for c in cols) + "|"]
     for row in frame.itertuples(index=False):

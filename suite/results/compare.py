@@ -22,9 +22,17 @@ from .load import Side
 from .records import ResultsFileError
 from .structure import structure_diff, structure_new
 
-__all__ = ["Comparison", "compare_sides"]
+__all__ = ["Comparison", "compare_sides", "COLUMNS", "NUMERIC"]
 
 GOOD = ("pass", "n/a")
+
+# a row's status: its outcome
+OK, REGRESSION, UNDECIDED_ROW, NOT_COMPARED = "ok", "regression", "undecided", "not compared"
+
+# The table's columns (`fleetbench compare` and its --markdown); NUMERIC ones are right-aligned in Markdown.
+COLUMNS = ("case", "world", "base_ms", "head_ms", "speedup", "ci", "p_slower", "n", "could_catch", "verdict", "check",
+           "structure", "status")
+NUMERIC = ("world", "base_ms", "head_ms", "speedup", "p_slower")
 
 
 @dataclass
@@ -34,23 +42,29 @@ class Comparison:
     failures: list = field(default_factory=list)  # why the gate fails (exit 1)
 
     def frame(self):
-        """The rows for people: the interval and the sample counts as text, the power as a percentage."""
+        """The rows for people, as text: ``verdict`` is the performance verdict (``change`` in --json), ``check``
+        the correctness check on each side (``verdict`` in --json), ``status`` the row's outcome; times in ms and
+        speedups with 3 decimals, p-values with 2 significant digits, ``could_catch`` the smallest slowdown the
+        samples could have caught (``detectable_slowdown``) as a percentage."""
         import pandas as pd
+
+        def num(x, spec: str) -> str:
+            return format(x, spec) if isinstance(x, (int, float)) and math.isfinite(x) else ""
 
         def show(r: dict) -> dict:
             ci, d = r["ci"], r["detectable_slowdown"]
-            return dict(r, ci=f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "",
+            return dict(r, base_ms=num(r["base_ms"], ".3f"), head_ms=num(r["head_ms"], ".3f"),
+                        speedup=num(r["speedup"], ".3f"), ci=f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "",
+                        p_slower=num(r["p_slower"], ".2g"),
                         n=f"{r['n_base']}/{r['n_head']} {r['samples']}" if r["samples"] else "",
-                        could_catch=f"≥ {d:.0%}" if d is not None else "")
+                        could_catch=f"≥ {d:.0%}" if d is not None else "", verdict=r["change"], check=r["verdict"])
 
-        cols = ["case", "world", "base_ms", "head_ms", "speedup", "ci", "p_slower", "n", "could_catch", "verdict",
-                "change", "structure", "status"]
-        return pd.DataFrame([show(r) for r in self.rows], columns=cols)
+        return pd.DataFrame([show(r) for r in self.rows], columns=list(COLUMNS))
 
     @property
     def undecided(self) -> list:
-        """Cases whose samples cannot support a verdict at the threshold."""
-        return [r for r in self.rows if str(r["change"]).startswith(UNDECIDED + ("too few",))]
+        """Cases without a verdict at the threshold: samples that cannot support one."""
+        return [r for r in self.rows if r["status"] == UNDECIDED_ROW]
 
     @property
     def exit_code(self) -> int:
@@ -114,25 +128,27 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
                "speedup": math.nan, "ci": None, "p_slower": math.nan, "n_base": 0, "n_head": 0, "samples": "",
                "detectable_slowdown": None, "verdict": f"{b.verdict if b else '-'} -> {h.verdict if h else '-'}",
                "change": "",
-               "structure": "", "structure_diff": [], "status": "ok"}
+               "structure": "", "structure_diff": [], "status": NOT_COMPARED}  # until its timings are compared
+
+        def fail(why: str, row=row, key=key) -> None:
+            row["status"] = REGRESSION
+            cmp.failures.append(f"{key}: {why}")
+
         if b is None or h is None:
             row["change"] = "only in HEAD" if b is None else "only in BASE"
             if strict:
-                row["status"] = "FAIL"
-                cmp.failures.append(f"{key}: {row['change']} (--strict)")
+                fail(f"{row['change']} (--strict)")
             cmp.rows.append(row)
             continue
         if b.config and h.config and b.config != h.config:
             diff = sorted(k for k in set(b.config) | set(h.config) if b.config.get(k) != h.config.get(k))
             cmp.warnings.append(f"{key}: configs differ in {', '.join(diff)}")
         if b.verdict == "pass" and h.verdict == "fail":
-            row["status"] = "FAIL"
-            cmp.failures.append(f"{key}: correctness verdict went from pass to fail")
+            fail("correctness verdict went from pass to fail")
         if h.status == "error" or h.verdict == "error":
             if b.status != "error" and b.verdict != "error":
-                row["status"] = "FAIL"
                 detail = h.error.splitlines()[0][:120] if h.error else "no detail"
-                cmp.failures.append(f"{key}: ran on BASE, errors on HEAD ({detail})")
+                fail(f"ran on BASE, errors on HEAD ({detail})")
             else:
                 row["change"] = "error on both sides"
             cmp.rows.append(row)
@@ -150,9 +166,8 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
             row["structure"] = "changed" if diff else "identical"
             row["structure_diff"] = diff
             if diff:
-                row["status"] = "FAIL"
-                cmp.failures.append(f"{key}: structure changed ({len(diff)} difference(s)): " + "; ".join(diff[:6])
-                                    + (" …" if len(diff) > 6 else ""))
+                fail(f"structure changed ({len(diff)} difference(s)): " + "; ".join(diff[:6])
+                     + (" …" if len(diff) > 6 else ""))
         else:
             row["structure"] = "not recorded"
         windows = len(b.windows) >= MIN_SAMPLES and len(h.windows) >= MIN_SAMPLES
@@ -164,20 +179,19 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
         g = gate_samples(bs, hs, opts)
         row.update(base_ms=_fmt_ms(g["base_median_s"]), head_ms=_fmt_ms(g["head_median_s"]),
                    speedup=round(g["speedup"], 3) if math.isfinite(g["speedup"]) else math.nan,
-                   ci=[round(g["ci_low"], 4), round(g["ci_high"], 4)] if math.isfinite(g["ci_low"]) else None,
+                   ci=[round(g["ci_low"], 3), round(g["ci_high"], 3)] if math.isfinite(g["ci_low"]) else None,
                    p_slower=g["p_slower"], change=g["change"],
                    detectable_slowdown=(round(g["detectable_slowdown"], 4) if math.isfinite(g["detectable_slowdown"])
                                         else None))
         if g["change"] == "slower":
-            row["status"] = "FAIL"
-            cmp.failures.append(f"{key}: {1 / g['speedup']:.2f}x slower (speedup {g['speedup']:.3f}, 95% interval "
-                                f"[{g['ci_low']:.3f}, {g['ci_high']:.3f}], p={g['p_slower']:.2g}; threshold "
-                                f"{opts.threshold:.0%})")
+            fail(f"{1 / g['speedup']:.2f}x slower (speedup {g['speedup']:.3f}, 95% interval [{g['ci_low']:.3f}, "
+                 f"{g['ci_high']:.3f}], p={g['p_slower']:.2g}; threshold {opts.threshold:.0%})")
         if g["change"] == "too few samples" and opts.method == "mwu" and min_p_value(len(bs), len(hs)) >= opts.alpha:
             row["change"] = f"too few {'windows' if windows else 'samples'} for alpha {opts.alpha:g}"
         if g["change"] == "too few samples" and strict:
-            row["status"] = "FAIL"
-            cmp.failures.append(f"{key}: too few samples to compare (--strict)")
+            fail("too few samples to compare (--strict)")
+        if row["status"] != REGRESSION:
+            row["status"] = UNDECIDED_ROW if g["change"] in UNDECIDED else OK
         cmp.rows.append(row)
     if strict and cmp.warnings:
         env = [w for w in cmp.warnings if w.startswith(("torch versions", "devices"))]
