@@ -496,3 +496,38 @@ def test_the_table_names_its_columns_for_what_they_hold_and_each_row_its_outcome
     assert (by["mlp/same"]["change"], by["mlp/same"]["verdict"], by["mlp/same"]["status"]) == ("same", "pass -> pass",
                                                                                                 "ok")
     assert by["mlp/slow"]["status"] == "regression" and by["mlp/few"]["status"] == "undecided"
+
+
+def test_non_finite_or_non_positive_times_fail_on_head_and_are_unusable_on_base(tmp_path, capsys):
+    """nan and inf are failures, not samples to drop: HEAD with 5 windows and [nan, inf] said "same" (exit 0), all-inf
+    HEAD "too few samples" (exit 3).  On HEAD the case fails and its row says why; on BASE the file is unusable."""
+    base, head, inf, neg, pb = (tmp_path / n for n in ("b.jsonl", "h.jsonl", "inf.jsonl", "neg.jsonl", "pb.json"))
+    good = noisy(1)  # 5 windows of 8 steps
+    write_records(base, {("mlp/plain", 2): (good, "pass"), ("mlp/none", 2): (noisy(2, 200), "n/a")})
+    nan_inf = noisy(11) + [math.nan] + noisy(12, 7) + [math.inf] + noisy(13, 7)  # 5 windows, then nan and inf
+    write_records(head, {("mlp/plain", 2): (nan_inf, "pass"), ("mlp/none", 2): (noisy(3, 200), "n/a"),
+                         ("mlp/new", 2): ([math.inf] * 40, "pass")})  # only in HEAD: still a failure
+    assert main(["compare", str(base), str(head)]) == 1
+    out = capsys.readouterr()
+    row = next(ln for ln in out.out.splitlines() if ln.startswith("mlp/plain"))
+    assert "HEAD has 2 non-finite timing samples (nan, inf)" in row and row.rstrip().endswith("regression"), row
+    assert "mlp/plain@2: HEAD has 2 non-finite timing samples (nan, inf)" in out.err, out.err
+    assert "mlp/new@2: HEAD has 5 non-finite timing samples (inf)" in out.err, out.err
+    assert "mlp/none@2" not in out.err
+    write_records(inf, {("mlp/plain", 2): ([math.inf] * 40, "pass")})
+    assert main(["compare", str(base), str(inf), "--json"]) == 1
+    (row,) = [r for r in json.loads(capsys.readouterr().out)["rows"] if r["case"] == "mlp/plain"]
+    assert row["status"] == "regression" and row["change"] == "HEAD has 5 non-finite timing samples (inf)", row
+    write_records(neg, {("mlp/plain", 2): (noisy(14)[:-8] + [-0.05] * 8, "pass")})
+    assert main(["compare", str(base), str(neg)]) == 1
+    assert "mlp/plain@2: HEAD has 1 non-positive timing sample (-0.05)" in capsys.readouterr().err
+    _pytest_benchmark_json(pb, noisy(15)[:-1] + [math.nan])  # pytest-benchmark JSON: NaN is a JSON literal there
+    assert main(["compare", str(base), str(pb)]) == 1
+    assert "mlp/plain@2: HEAD has 1 non-finite timing sample (nan)" in capsys.readouterr().err
+    # on BASE: unusable input, naming the file, its line and the case
+    assert main(["compare", str(head), str(base)]) == 2
+    err = capsys.readouterr().err
+    assert (f"error: {head}:3: case mlp/new@2: BASE has 5 non-finite timing samples (inf); a baseline's times must "
+            f"be finite and positive seconds (also in mlp/plain@2)") in err and len(err.strip().splitlines()) == 1, err
+    assert main(["compare", str(inf), str(base)]) == 2
+    assert f"error: {inf}:1: case mlp/plain@2: BASE has 5 non-finite timing samples (inf)" in capsys.readouterr().err

@@ -32,9 +32,11 @@ def add_parser(sub) -> None:
                  "in HEAD: listed). `could_catch` is the smallest slowdown its samples could have caught at 95% "
                  "(a power statement, not the interval).",
         codes={**GATE_CODES, 1: "regression: a case slower beyond --threshold, a structure changed, a check "
-                                "verdict pass -> fail, a case that errors on HEAD only (--strict: on one side only)",
-               2: "unusable input: a file it cannot use (file and line or benchmark named); two files with no case "
-                  "in common; under --strict, different torch versions or devices",
+                                "verdict pass -> fail, a case that errors on HEAD only (--strict: on one side only), "
+                                "a nan, inf or non-positive time on HEAD",
+               2: "unusable input: a file it cannot use (file and line or benchmark named), a nan, inf or "
+                  "non-positive time on BASE; two files with no case in common; under --strict, different torch "
+                  "versions or devices",
                3: "undecided: a case whose samples cannot support a verdict at the threshold, nothing worse"}))
     p.add_argument("base", help="BASE results: records .jsonl or pytest-benchmark .json")
     p.add_argument("head", help="HEAD results: records .jsonl or pytest-benchmark .json")

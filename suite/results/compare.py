@@ -5,11 +5,15 @@ record) falls back to per-step samples, and the row says so.  The structural gat
 when both sides recorded a case's structure (``suite.results.structure``), any difference
 is "structure changed", whatever the timings say.
 
+Times are finite, positive seconds: a nan, inf or non-positive time is never dropped (a side would
+look like fewer, better samples); on HEAD it fails its case, on BASE the file is unusable.
+
 Exit status: 0 nothing worse; 1 a case slower beyond the threshold, a structure changed, a
-correctness verdict that went from pass to fail, or a case that ran on BASE and errors on
-HEAD; 2 input that cannot be used (raised as ResultsFileError / ValueError by the caller's
-loaders); 3 undecided: a case whose samples cannot support a verdict at the threshold (too few,
-or an interval across it; ``suite.results.gate``), and nothing worse.
+correctness verdict that went from pass to fail, a case that ran on BASE and errors on
+HEAD, or a non-finite or non-positive time on HEAD; 2 input that cannot be used (raised as
+ResultsFileError / ValueError: by the caller's loaders, or here for a BASE case with such a time, or
+two sides without a case in common); 3 undecided: a case whose samples cannot support a verdict
+at the threshold (too few, or an interval across it; ``suite.results.gate``), and nothing worse.
 A case on one side only is listed, not failed, unless ``strict``.
 """
 from __future__ import annotations
@@ -95,6 +99,21 @@ def _same_file(a: str | None, b: str | None) -> bool:
         return False
 
 
+def _bad_timings(c) -> str | None:
+    """What is wrong with a case's timing samples, or None: a time is finite and positive seconds, so nan, inf and
+    values <= 0 are failures of the measurement (never dropped: a side would look like fewer, better samples)."""
+    for values, what in ((c.windows, "timing"), (c.samples, "per-step timing")):
+        bad = [x for x in values if not (math.isfinite(x) and x > 0)]
+        if bad:
+            finite = sum(math.isfinite(x) for x in bad)
+            kind = ("non-finite" if not finite else "non-positive" if finite == len(bad)
+                    else "non-finite or non-positive")
+            shown = list(dict.fromkeys(format(x, "g") for x in bad))
+            return (f"{len(bad)} {kind} {what} sample{'s' if len(bad) != 1 else ''} ({', '.join(shown[:4])}"
+                    + (", …" if len(shown) > 4 else "") + ")")
+    return None
+
+
 def _some(cases: dict, limit: int = 4) -> str:
     """A few of a side's cases (model/variant@world) for a message."""
     keys = sorted(cases)
@@ -116,6 +135,14 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
         cmp.warnings.append(f"devices differ: BASE {base.device}, HEAD {head.device}")
     if _same_file(base.path, head.path) and base.run_ids == head.run_ids:
         cmp.warnings.append(f"BASE and HEAD are the same results ({base.path}): every case compares with itself")
+    unusable = [(key, c, why) for key, c in sorted(base.cases.items())  # a baseline with nan/inf times is none
+                if c.status == "ok" and (why := _bad_timings(c))]
+    if unusable:
+        key, c, why = unusable[0]
+        more = [k for k, _, _ in unusable[1:]]
+        also = f" (also in {', '.join(more[:3])}{', …' if len(more) > 3 else ''})" if more else ""
+        raise ResultsFileError(f"{c.where}: case {key}: BASE has {why}; a baseline's times must be finite and "
+                               f"positive seconds{also}")
     if not set(base.cases) & set(head.cases):  # nothing to compare is not a pass
         raise ResultsFileError(f"no case is in both files (a case is compared at the same world size): BASE "
                                f"{base.path} has {_some(base.cases)}; HEAD {head.path} has {_some(head.cases)}")
@@ -134,10 +161,14 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
             row["status"] = REGRESSION
             cmp.failures.append(f"{key}: {why}")
 
+        bad = _bad_timings(h) if h is not None and h.status == "ok" else None
         if b is None or h is None:
             row["change"] = "only in HEAD" if b is None else "only in BASE"
             if strict:
                 fail(f"{row['change']} (--strict)")
+            if bad:
+                row["change"] += f"; HEAD has {bad}"
+                fail(f"HEAD has {bad}")
             cmp.rows.append(row)
             continue
         if b.config and h.config and b.config != h.config:
@@ -170,6 +201,11 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
                      + (" …" if len(diff) > 6 else ""))
         else:
             row["structure"] = "not recorded"
+        if bad:  # a failure of the case, not samples to drop
+            row["change"] = f"HEAD has {bad}"
+            fail(row["change"])
+            cmp.rows.append(row)
+            continue
         windows = len(b.windows) >= MIN_SAMPLES and len(h.windows) >= MIN_SAMPLES
         bs, hs = (b.windows, h.windows) if windows else (b.samples, h.samples)
         row.update(n_base=len(bs), n_head=len(hs), samples="windows" if windows else "steps")
