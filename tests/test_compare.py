@@ -509,7 +509,7 @@ def test_non_finite_or_non_positive_times_fail_on_head_and_are_unusable_on_base(
                          ("mlp/new", 2): ([math.inf] * 40, "pass")})  # only in HEAD: still a failure
     assert main(["compare", str(base), str(head)]) == 1
     out = capsys.readouterr()
-    row = next(ln for ln in out.out.splitlines() if ln.startswith("mlp/plain"))
+    row = next(ln for ln in out.out.splitlines() if ln.strip().startswith("mlp/plain"))
     assert "HEAD has 2 non-finite timing samples (nan, inf)" in row and row.rstrip().endswith("regression"), row
     assert "mlp/plain@2: HEAD has 2 non-finite timing samples (nan, inf)" in out.err, out.err
     assert "mlp/new@2: HEAD has 5 non-finite timing samples (inf)" in out.err, out.err
@@ -531,3 +531,35 @@ def test_non_finite_or_non_positive_times_fail_on_head_and_are_unusable_on_base(
             f"be finite and positive seconds (also in mlp/plain@2)") in err and len(err.strip().splitlines()) == 1, err
     assert main(["compare", str(inf), str(base)]) == 2
     assert f"error: {inf}:1: case mlp/plain@2: BASE has 5 non-finite timing samples (inf)" in capsys.readouterr().err
+
+
+def test_a_case_base_ran_and_head_did_not_is_undecided_with_its_reason(tmp_path, capsys):
+    """BASE ok, HEAD skipped or not_run gave 'ok -> skipped' and exit 0: nothing was measured on HEAD, so nothing
+    was decided (exit 3), the row and the summary say so with the record's reason; skipped on both sides is
+    listed only."""
+    base, head, both = tmp_path / "b.jsonl", tmp_path / "h.jsonl", tmp_path / "both.jsonl"
+    write_records(base, {("mlp/plain", 2): (noisy(1, 200), "pass"), ("mlp/none", 2): (noisy(2, 200), "n/a"),
+                         ("mlp/ddp", 2): (noisy(3, 200), "pass")})
+    write_records(head, {("mlp/none", 2): (noisy(12, 200), "n/a")})
+    append_record(str(head), CaseRecord("mlp/plain", "mlp", 2, {}, "r1", status="skipped", verdict="skipped",
+                                        error="needs 4 ranks, this machine has 2"))
+    append_record(str(head), CaseRecord("mlp/ddp", "mlp", 2, {}, "r1", status="not_run", verdict="not_run",
+                                        error="the job's time budget ran out"))
+    assert main(["compare", str(base), str(head)]) == 3
+    out = capsys.readouterr()
+    rows = {ln.split()[0]: ln for ln in out.out.splitlines() if ln.strip().startswith("mlp/")}
+    assert "not run on HEAD (skipped: needs 4 ranks, this machine has 2)" in rows["mlp/plain"], rows
+    assert rows["mlp/plain"].rstrip().endswith("undecided") and rows["mlp/none"].rstrip().endswith("ok"), rows
+    assert "regression gate: UNDECIDED (2 case(s) not run on HEAD)" in out.err, out.err
+    assert "mlp/plain@2: not run on HEAD (skipped: needs 4 ranks, this machine has 2)" in out.err
+    assert "mlp/ddp@2: not run on HEAD (not_run: the job's time budget ran out)" in out.err
+    assert main(["compare", str(base), str(head), "--json"]) == 3
+    by = {r["case"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert by["mlp/ddp"]["status"] == "undecided" and by["mlp/ddp"]["change"].startswith("not run on HEAD")
+    # not run on BASE either: nothing to decide, listed
+    write_records(both, {("mlp/none", 2): (noisy(22, 200), "n/a")})
+    append_record(str(both), CaseRecord("mlp/plain", "mlp", 2, {}, "r2", status="skipped", verdict="skipped",
+                                        error="needs 4 ranks, this machine has 2"))
+    assert main(["compare", str(head), str(both)]) == 0
+    out = capsys.readouterr()
+    assert "skipped -> skipped" in out.out and "regression gate: ok" in out.out, out

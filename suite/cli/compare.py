@@ -25,7 +25,8 @@ def add_parser(sub) -> None:
         fleetbench compare base.jsonl head.jsonl --json""",
         verdicts="per case, the table's `verdict` column (`change` in --json) is the performance verdict: slower "
                  "(the test says so and the whole speedup interval lies below 1/(1 + threshold)), faster, same "
-                 "(the whole interval above it), undecided (the interval spans it), too few windows for alpha. "
+                 "(the whole interval above it), undecided (the interval spans it), too few windows for alpha, not run "
+                 "on HEAD (BASE ran it; HEAD's record says why). "
                  "`check` is the correctness check on each side, BASE -> HEAD (`verdict` in --json; pass -> fail "
                  "fails the gate); `structure` identical, changed (fails) or not recorded; `status` the row's "
                  "outcome: ok, regression, undecided or not compared (an error on both sides, only in BASE / only "
@@ -37,7 +38,8 @@ def add_parser(sub) -> None:
                2: "unusable input: a file it cannot use (file and line or benchmark named), a nan, inf or "
                   "non-positive time on BASE; two files with no case in common; under --strict, different torch "
                   "versions or devices",
-               3: "undecided: a case whose samples cannot support a verdict at the threshold, nothing worse"}))
+               3: "undecided: a case whose samples cannot support a verdict at the threshold, or that BASE ran and "
+                  "HEAD did not (skipped, not_run); nothing worse"}))
     p.add_argument("base", help="BASE results: records .jsonl or pytest-benchmark .json")
     p.add_argument("head", help="HEAD results: records .jsonl or pytest-benchmark .json")
     p.add_argument("--threshold", type=float, default=0.25,
@@ -59,7 +61,7 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
-    from ..results.compare import compare_sides
+    from ..results.compare import NOT_RUN, compare_sides
     from ..results.gate import GateOptions
 
     if args.markdown and unwritable(args.markdown):  # found out now, not after the comparison
@@ -95,9 +97,12 @@ def main(args) -> int:
             print(f"  {plain(f)}", file=sys.stderr)
         return 1
     if cmp.undecided:
-        print(f"\nregression gate: UNDECIDED ({len(cmp.undecided)} case(s) whose samples cannot support a verdict "
-              f"at the {opts.threshold:.0%} threshold; more windows, or `fleetbench ab` for two revisions)",
-              file=sys.stderr)
+        not_run = [r for r in cmp.undecided if r["change"].startswith(NOT_RUN)]
+        weak = len(cmp.undecided) - len(not_run)
+        why = ([f"{weak} case(s) whose samples cannot support a verdict at the {opts.threshold:.0%} threshold; more "
+                f"windows, or `fleetbench ab` for two revisions"] if weak else []) \
+            + ([f"{len(not_run)} case(s) not run on HEAD"] if not_run else [])
+        print(f"\nregression gate: UNDECIDED ({'; '.join(why)})", file=sys.stderr)
         for r in cmp.undecided:
             d = r["detectable_slowdown"]
             print(plain(f"  {r['case']}@{r['world']}: {r['change']}" + (f", could have caught ≥ {d:.0%}" if d else "")),

@@ -14,7 +14,8 @@ HEAD, or a non-finite or non-positive time on HEAD; 2 input that cannot be used 
 ResultsFileError / ValueError: by the caller's loaders, or here for a BASE case with such a time, or
 two sides without a case in common); 3 undecided: a case whose samples cannot support a verdict
 at the threshold (too few, or an interval across it; ``suite.results.gate``), and nothing worse.
-A case on one side only is listed, not failed, unless ``strict``.
+A case on one side only is listed, not failed, unless ``strict``; a case BASE ran and HEAD did not
+(skipped, not_run) is undecided, with the record's reason.
 """
 from __future__ import annotations
 
@@ -26,12 +27,13 @@ from .load import Side
 from .records import ResultsFileError
 from .structure import structure_diff, structure_new
 
-__all__ = ["Comparison", "compare_sides", "COLUMNS", "NUMERIC"]
+__all__ = ["Comparison", "compare_sides", "COLUMNS", "NUMERIC", "NOT_RUN"]
 
 GOOD = ("pass", "n/a")
 
 # a row's status: its outcome
 OK, REGRESSION, UNDECIDED_ROW, NOT_COMPARED = "ok", "regression", "undecided", "not compared"
+NOT_RUN = "not run on HEAD"  # a case BASE ran: undecided (its verdict starts so)
 
 # The table's columns (`fleetbench compare` and its --markdown); NUMERIC ones are right-aligned in Markdown.
 COLUMNS = ("case", "world", "base_ms", "head_ms", "speedup", "ci", "p_slower", "n", "could_catch", "verdict", "check",
@@ -67,7 +69,7 @@ class Comparison:
 
     @property
     def undecided(self) -> list:
-        """Cases without a verdict at the threshold: samples that cannot support one."""
+        """Cases without a verdict at the threshold: samples that cannot support one, or not run on HEAD."""
         return [r for r in self.rows if r["status"] == UNDECIDED_ROW]
 
     @property
@@ -182,6 +184,13 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
                 fail(f"ran on BASE, errors on HEAD ({detail})")
             else:
                 row["change"] = "error on both sides"
+            cmp.rows.append(row)
+            continue
+        if b.status == "ok" and h.status in ("skipped", "not_run"):  # measured on BASE only: nothing decided
+            reason = h.error.strip().splitlines()[0][:120] if h.error and h.error.strip() else "no reason recorded"
+            row["change"] = f"{NOT_RUN} ({h.status}: {reason})"
+            if row["status"] != REGRESSION:
+                row["status"] = UNDECIDED_ROW
             cmp.rows.append(row)
             continue
         if b.status != "ok" or h.status != "ok":
