@@ -108,7 +108,7 @@ def test_compare_is_undecided_when_its_samples_cannot_support_a_verdict(tmp_path
     assert isinstance(lo, float) and lo < 1 / 1.25 < hi, row
     assert 0.25 < row["detectable_slowdown"] < 5 and doc["exit_code"] == 3, row
     assert main(["compare", str(base), str(base)]) in (0, 3)
-    assert "BASE and HEAD are the same results" in capsys.readouterr().err
+    assert "BASE and HEAD are the same records" in capsys.readouterr().err
 
 
 def test_correctness_pass_to_fail_and_error_on_head_fail_the_gate(tmp_path, capsys):
@@ -563,3 +563,31 @@ def test_a_case_base_ran_and_head_did_not_is_undecided_with_its_reason(tmp_path,
     assert main(["compare", str(head), str(both)]) == 0
     out = capsys.readouterr()
     assert "skipped -> skipped" in out.out and "regression gate: ok" in out.out, out
+
+
+SAME = ("warning: BASE and HEAD are the same records: every case is its own baseline; pass --base-run-id/--head-run-id "
+        "(or two files) to compare two runs")
+
+
+def test_a_file_compared_with_itself_is_said_first_and_the_header_names_the_runs(tmp_path, capsys, monkeypatch):
+    """`compare runs.jsonl runs.jsonl` said UNDECIDED with its only note after the table: the warning comes first,
+    the verdicts stay; two runs of one file chosen by run id are two runs; each side's header says which runs it
+    used when the file holds several."""
+    runs = tmp_path / "runs.jsonl"
+    write_records(runs, {("mlp/plain", 2): (noisy(1), "pass")}, run_id="r1")
+    write_records(runs, {("mlp/plain", 2): (noisy(2), "pass")}, run_id="r2")
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", "runs.jsonl", str(runs)]) == 0  # the same file by two names; the verdict stays "same"
+    out = capsys.readouterr()
+    assert out.err.splitlines()[0] == SAME and out.err.count("same records") == 1, out.err
+    assert "BASE runs.jsonl (records; run r2 of the 2 runs in the file, the last record of each case)" in out.out
+    assert main(["compare", str(runs), str(runs), "--json"]) == 0
+    out = capsys.readouterr()
+    assert out.err.splitlines()[0] == SAME and json.loads(out.out)["warnings"][0] == SAME[len("warning: "):]
+    assert main(["compare", str(runs), str(runs), "--base-run-id", "r1", "--head-run-id", "r2"]) in (0, 3)
+    out = capsys.readouterr()
+    assert "same records" not in out.err, out.err
+    assert f"BASE {runs} (records; run r1 of the 2 runs in the file, chosen by --base-run-id)" in out.out, out.out
+    assert f"HEAD {runs} (records; run r2 of the 2 runs in the file, chosen by --head-run-id)" in out.out, out.out
+    assert main(["compare", str(runs), str(runs), "--head-run-id", "r2"]) == 0  # r2 is the last record: the same
+    assert capsys.readouterr().err.splitlines()[0] == SAME

@@ -61,7 +61,7 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
-    from ..results.compare import NOT_RUN, compare_sides
+    from ..results.compare import NOT_RUN, SAME_RECORDS, compare_sides
     from ..results.gate import GateOptions
 
     if args.markdown and unwritable(args.markdown):  # found out now, not after the comparison
@@ -73,6 +73,8 @@ def main(args) -> int:
         cmp = compare_sides(base, head, opts, strict=args.strict)
     except (ResultsFileError, ValueError) as exc:
         return error("compare", plain(exc))
+    if cmp.same_records:  # before anything else: every verdict below compares a case with itself
+        print(f"warning: {SAME_RECORDS}", file=sys.stderr)
     if args.json:
         print_json(cmp.to_dict(base, head, opts))
         for w in cmp.warnings:
@@ -82,7 +84,8 @@ def main(args) -> int:
 
     frame = cmp.frame()
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 500):
-        print(plain(f"BASE {args.base} ({base.kind})\nHEAD {args.head} ({head.kind})\n", keep="\n"))
+        print(plain(f"BASE {args.base} ({_used(base, 'base')})\nHEAD {args.head} ({_used(head, 'head')})\n",
+                    keep="\n"))
         print(plain(frame.to_string(index=False), keep="\n") if len(frame) else "(no cases)")
     for w in cmp.warnings:
         print(f"warning: {plain(w)}", file=sys.stderr)
@@ -110,6 +113,19 @@ def main(args) -> int:
         return 3
     print(f"\nregression gate: ok (threshold {opts.threshold:.0%}, alpha {opts.alpha:g}, {opts.method})")
     return 0
+
+
+def _used(side, which: str) -> str:
+    """What a side's header says it read: its kind and, for records, the run(s) its cases came from."""
+    used = side.used_run_ids
+    if side.kind != "records" or not used:
+        return side.kind
+    text = f"records; run {used[0]}" if len(used) == 1 else \
+        f"records; runs {', '.join(used[:4])}{', …' if len(used) > 4 else ''}"
+    if len(side.runs_in_file) > 1:
+        text += f" of the {len(side.runs_in_file)} runs in the file, " \
+            + (f"chosen by --{which}-run-id" if side.run_id else "the last record of each case")
+    return text
 
 
 def markdown_table(frame) -> str:

@@ -27,12 +27,14 @@ from .load import Side
 from .records import ResultsFileError
 from .structure import structure_diff, structure_new
 
-__all__ = ["Comparison", "compare_sides", "COLUMNS", "NUMERIC", "NOT_RUN"]
+__all__ = ["Comparison", "compare_sides", "COLUMNS", "NUMERIC", "NOT_RUN", "SAME_RECORDS"]
 
 GOOD = ("pass", "n/a")
 
 # a row's status: its outcome
 OK, REGRESSION, UNDECIDED_ROW, NOT_COMPARED = "ok", "regression", "undecided", "not compared"
+SAME_RECORDS = ("BASE and HEAD are the same records: every case is its own baseline; pass --base-run-id/"
+                "--head-run-id (or two files) to compare two runs")
 NOT_RUN = "not run on HEAD"  # a case BASE ran: undecided (its verdict starts so)
 
 # The table's columns (`fleetbench compare` and its --markdown); NUMERIC ones are right-aligned in Markdown.
@@ -46,6 +48,7 @@ class Comparison:
     rows: list  # one dict per case
     warnings: list = field(default_factory=list)
     failures: list = field(default_factory=list)  # why the gate fails (exit 1)
+    same_records: bool = False  # BASE and HEAD are the same records of one file: said first (SAME_RECORDS)
 
     def frame(self):
         """The rows for people, as text: ``verdict`` is the performance verdict (``change`` in --json), ``check``
@@ -83,13 +86,19 @@ class Comparison:
         return {"kind": "fleetbench.compare", "samples": "per window (seconds per step of each timed window)",
                 "base": _side_info(base), "head": _side_info(head),
                 "options": dataclasses.asdict(opts) if opts is not None else None, "rows": self.rows,
-                "warnings": self.warnings, "failures": self.failures, "exit_code": self.exit_code}
+                "warnings": ([SAME_RECORDS] if self.same_records else []) + self.warnings,
+                "failures": self.failures, "exit_code": self.exit_code}
 
 
 def _side_info(side) -> dict | None:
     if side is None:
         return None
     return {"path": side.path, "kind": side.kind, "torch": side.torch, "device": side.device, "run_ids": side.run_ids}
+
+
+def _records_of(side: Side) -> dict:
+    """Which record each case came from: its line (records) or benchmark (pytest-benchmark), without the path."""
+    return {k: c.where[len(side.path):] if c.where.startswith(side.path) else c.where for k, c in side.cases.items()}
 
 
 def _same_file(a: str | None, b: str | None) -> bool:
@@ -135,8 +144,8 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
         cmp.warnings.append(f"torch versions differ: BASE {base.torch}, HEAD {head.torch}")
     if base.device and head.device and base.device != head.device:
         cmp.warnings.append(f"devices differ: BASE {base.device}, HEAD {head.device}")
-    if _same_file(base.path, head.path) and base.run_ids == head.run_ids:
-        cmp.warnings.append(f"BASE and HEAD are the same results ({base.path}): every case compares with itself")
+    # one file, and the same record of every case on both sides (no run id chosen, or the same one)
+    cmp.same_records = _same_file(base.path, head.path) and _records_of(base) == _records_of(head)
     unusable = [(key, c, why) for key, c in sorted(base.cases.items())  # a baseline with nan/inf times is none
                 if c.status == "ok" and (why := _bad_timings(c))]
     if unusable:

@@ -25,6 +25,7 @@ from .records import (
     open_input,
     read_records,
     run_ids_held,
+    runs_newest_first,
 )
 
 # Per case and kind (a real record has tens to a few thousand: rounds x steps x ranks).  The gate's bootstrap
@@ -52,6 +53,7 @@ class CaseResult:
     config: dict = field(default_factory=dict)
     error: str | None = None
     where: str = ""  # file:line or file:benchmark name
+    run_id: str = ""  # records files: the run its record came from
 
 
 @dataclass
@@ -61,8 +63,16 @@ class Side:
     cases: dict  # key -> CaseResult
     torch: str | None = None
     device: str | None = None  # GPU names, or the CPU model
-    run_ids: list = field(default_factory=list)
+    run_ids: list = field(default_factory=list)  # of the records read (after --base-run-id/--head-run-id)
     records: list = field(default_factory=list)  # the CaseRecords (records files only)
+    runs_in_file: list = field(default_factory=list)  # every run id of a records file, newest (last written) first
+    run_id: str | None = None  # the run asked for, if one was
+
+    @property
+    def used_run_ids(self) -> list:
+        """The runs the compared cases' records came from (the last record of each case), newest first."""
+        used = {c.run_id for c in self.cases.values()}
+        return [r for r in self.runs_in_file if r in used]
 
 
 def _device_of(meta: dict) -> str | None:
@@ -158,8 +168,9 @@ def _from_records(path: str, run_id: str | None) -> Side:
         if not pairs:
             raise ResultsFileError(f"{path}: no record of run id {run_id!r}; the file holds (newest first) "
                                    + run_ids_held(records))
+    every = runs_newest_first(records)
     records = [r for r, _ in pairs]
-    side = Side(path, "records", {}, records=records)
+    side = Side(path, "records", {}, records=records, runs_in_file=every, run_id=run_id)
     side.run_ids = list(dict.fromkeys(r.run_id for r in records))
     for rec, lineno in pairs:
         where = f"{path}:{lineno}"
@@ -174,7 +185,7 @@ def _from_records(path: str, run_id: str | None) -> Side:
             case_key(rec.case, rec.world_size), rec.case, rec.world_size, samples, windows=windows,
             structure=rec.structure.to_dict(), verdict=rec.verdict,
             status=rec.status, samples_per_s=float(sps) if isinstance(sps, (int, float)) else math.nan,
-            config=rec.config, error=rec.error, where=where)
+            config=rec.config, error=rec.error, where=where, run_id=rec.run_id)
         side.torch = rec.metadata.get("torch") or side.torch
         side.device = _device_of(rec.metadata) or side.device
     return side
