@@ -108,7 +108,7 @@ def test_compare_is_undecided_when_its_samples_cannot_support_a_verdict(tmp_path
     assert isinstance(lo, float) and lo < 1 / 1.25 < hi, row
     assert 0.25 < row["detectable_slowdown"] < 5 and doc["exit_code"] == 3, row
     assert main(["compare", str(base), str(base)]) in (0, 3)
-    assert "BASE and HEAD are the same results" in capsys.readouterr().err
+    assert "BASE and HEAD are the same records" in capsys.readouterr().err
 
 
 def test_correctness_pass_to_fail_and_error_on_head_fail_the_gate(tmp_path, capsys):
@@ -367,3 +367,227 @@ def test_gate_figure_simulates_the_fitted_cost_of_busy_work_and_an_exact_5_perce
     exact = power.simulate_level(five, scale=1.0, **kw)
     assert fitted["mu"] == pytest.approx(0.5 * math.log(1.05), rel=0.1) and exact["mu"] == pytest.approx(math.log(1.05))
     assert exact["counts"]["slower"] >= 36 and fitted["counts"]["slower"] <= 20, (fitted["counts"], exact["counts"])
+
+
+@pytest.mark.parametrize("value", ["5", "1", "1.5", "10"])
+def test_threshold_is_a_fraction_below_1_not_a_percentage(tmp_path, capsys, value):
+    """--threshold 5 meant 500% (a 2x slowdown passed): it is refused with one error saying what is allowed;
+    0.99 is still a threshold, and the default still fails a 2x slowdown."""
+    base, slow = tmp_path / "b.jsonl", tmp_path / "s.jsonl"
+    write_records(base, {("mlp/plain", 2): (noisy(1, 200), "pass")})
+    write_records(slow, {("mlp/plain", 2): (noisy(2, 200, slow=2.0), "pass")})
+    assert main(["compare", str(base), str(slow), "--threshold", value]) == 2
+    err = capsys.readouterr().err
+    assert f"error: --threshold {value}: a fraction, e.g. 0.05 for 5%; allowed 0 <= t < 1" in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    with pytest.raises(ValueError, match="allowed 0 <= t < 1"):
+        GateOptions(threshold=float(value))
+    GateOptions(threshold=0.99)
+    assert main(["compare", str(base), str(slow)]) == 1
+    capsys.readouterr()
+
+
+NOT_RESULTS = "not a results file: expected records (.jsonl lines from fleetbench run) or a pytest-benchmark JSON"
+
+
+@pytest.mark.parametrize("name,content", [
+    ("report_data.json", json.dumps({"plots": [], "problems": [], "runs": ["r1"]}, indent=1)),
+    ("README.md", "# fleetbench\n\nA benchmark suite.\n"),
+    ("cmp.json", json.dumps({"kind": "fleetbench.compare", "rows": []})),
+    ("list.json", "[1, 2]\n"),
+], ids=["report_data.json", "README.md", "compare-json", "list"])
+def test_a_file_that_is_not_results_says_so_and_what_is_allowed(tmp_path, capsys, name, content):
+    """Valid JSON that is not a results file (a report's report_data.json) was 'report_data.json:1: not valid JSON:
+    Expecting property name...': the file is named with what it is not and what is allowed."""
+    good, other = tmp_path / "good.jsonl", tmp_path / name
+    write_records(good, {("mlp/plain", 2): (noisy(1), "pass")})
+    other.write_text(content)
+    assert main(["compare", str(good), str(other)]) == 2
+    err = capsys.readouterr().err
+    assert f"{other}: {NOT_RESULTS}" in err and "not valid JSON" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_truncated_file_says_where_in_words(tmp_path, capsys):
+    good, cut, doc = tmp_path / "good.jsonl", tmp_path / "cut.jsonl", tmp_path / "cut.json"
+    write_records(good, {("mlp/plain", 2): (noisy(1), "pass")})
+    cut.write_text('{"kind": "fleetbench.case", "schema_version": 3, "case": "mlp/pla')
+    assert main(["compare", str(good), str(cut)]) == 2
+    err = capsys.readouterr().err
+    assert "cut.jsonl:1: not valid JSON (truncated: the file ends mid-record): Unterminated string starting at " \
+           "column 58" in err and "at at" not in err, err
+    doc.write_text(json.dumps({"machine_info": {}, "benchmarks": []}, indent=1)[:30])  # a pytest-benchmark JSON cut
+    assert main(["compare", str(good), str(doc)]) == 2
+    err = capsys.readouterr().err
+    assert f"{doc}: not valid JSON (truncated: the file ends mid-document)" in err and "line " in err, err
+
+
+def test_an_unknown_run_id_lists_the_run_ids_the_file_holds(tmp_path, capsys):
+    runs = tmp_path / "runs.jsonl"
+    for i, run in enumerate(["r1", "r2", "r3", "r4", "r5", "r6", "r7"]):
+        cases = {("mlp/plain", 2): (noisy(i), "pass")}
+        if run == "r6":
+            cases[("mlp/none", 2)] = (noisy(50), "n/a")
+        write_records(runs, cases, run_id=run)
+    held = "r7 (1 record), r6 (2 records), r5 (1 record), r4 (1 record), r3 (1 record), and 2 older run(s)"
+    for flag in ("--base-run-id", "--head-run-id"):
+        assert main(["compare", str(runs), str(runs), flag, "nope"]) == 2
+        err = capsys.readouterr().err
+        assert f"{runs}: no record of run id 'nope'; the file holds (newest first) {held}" in err, err
+    assert main(["report", str(runs), "--run-id", "nope", "--out", str(tmp_path / "rep")]) == 2
+    err = capsys.readouterr().err
+    assert f"no records in {runs} for run id(s) nope; it holds (newest first) {held}" in err, err
+    assert not (tmp_path / "rep").exists()
+
+
+def test_files_with_no_case_in_common_are_unusable_not_a_pass(tmp_path, capsys):
+    """Every row 'only in BASE/HEAD' then 'regression gate: ok' compared nothing: one error naming a few cases of
+    each side (the same case at another world size is another case); with one case in common, the one-sided
+    cases stay rows."""
+    base, other, some = tmp_path / "b.jsonl", tmp_path / "o.jsonl", tmp_path / "s.jsonl"
+    write_records(base, {("mlp/plain", 2): (noisy(1, 200), "pass"), ("mlp/none", 2): (noisy(2, 200), "n/a")})
+    write_records(other, {("gpt/plain", 2): (noisy(3, 200), "pass"), ("mlp/plain", 4): (noisy(4, 200), "pass")})
+    assert main(["compare", str(base), str(other)]) == 2
+    out = capsys.readouterr()
+    assert (f"error: no case is in both files (a case is compared at the same world size): BASE {base} has "
+            f"mlp/none@2, mlp/plain@2; HEAD {other} has gpt/plain@2, mlp/plain@4") in out.err, out.err
+    assert len(out.err.strip().splitlines()) == 1 and "regression gate" not in out.out + out.err
+    write_records(some, {("mlp/plain", 2): (noisy(5, 200), "pass"), ("gpt/plain", 2): (noisy(6, 200), "pass")})
+    assert main(["compare", str(base), str(some)]) == 0
+    out = capsys.readouterr().out
+    assert "only in BASE" in out and "only in HEAD" in out and "regression gate: ok" in out, out
+
+
+def test_the_table_names_its_columns_for_what_they_hold_and_each_row_its_outcome(tmp_path, capsys):
+    """The column 'verdict' held the check (pass -> pass) and 'change' the performance verdict, which --help calls
+    the verdict; 'status' said ok on every row of an UNDECIDED gate.  Now: `verdict` the performance verdict,
+    `check` the check, `status` the row's outcome; speedups with 3 decimals, p with 2 significant digits."""
+    import re
+
+    base, head, md = tmp_path / "b.jsonl", tmp_path / "h.jsonl", tmp_path / "cmp.md"
+    write_records(base, {("mlp/same", 2): (noisy(1, 200), "pass"), ("mlp/slow", 2): (noisy(2, 200), "pass"),
+                         ("mlp/few", 2): (noisy(3), "pass"), ("mlp/gone", 2): (noisy(4), "pass")})
+    write_records(head, {("mlp/same", 2): (noisy(11, 200), "pass"), ("mlp/slow", 2): (noisy(12, 200, 2.0), "pass"),
+                         ("mlp/few", 2): (noisy(13), "pass")})
+    assert main(["compare", str(base), str(head), "--markdown", str(md)]) == 1
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    header = next(ln for ln in lines if ln.split()[:1] == ["case"]).split()
+    assert header[-5:] == ["could_catch", "verdict", "check", "structure", "status"] and "change" not in header, header
+    rows = {ln.split()[0]: ln for ln in lines if ln.split()[:1] and ln.split()[0].startswith("mlp/")}
+    expect = {"mlp/same": ("same", "ok"), "mlp/slow": ("slower", "regression"), "mlp/few": ("undecided", "undecided"),
+              "mlp/gone": ("only in BASE", "not compared")}
+    for case, (verdict, status) in expect.items():
+        row = rows[case]
+        assert row.rstrip().endswith(status) and f" {verdict} " in row, (case, row)
+    assert "pass -> pass" in rows["mlp/same"] and "pass -> -" in rows["mlp/gone"]
+    for case in ("mlp/same", "mlp/slow", "mlp/few"):
+        speedup, lo, hi = re.search(r" (\d\.\d+) \[(\d\.\d+), (\d\.\d+)\] ", rows[case]).groups()
+        assert all(len(x.split(".")[1]) == 3 for x in (speedup, lo, hi)), rows[case]
+    p = rows["mlp/same"].split("]")[1].split()[0]  # the cell after the interval: p_slower, 2 significant digits
+    assert len(p.replace("0.", "", 1).lstrip("0").replace(".", "")) <= 2 or "e-" in p, (p, rows["mlp/same"])
+    table = md.read_text().splitlines()
+    cells = [c.strip() for c in table[0].strip("|").split("|")]
+    assert cells[-5:] == ["could_catch", "verdict", "check", "structure", "status"], cells
+    assert "| regression |" in md.read_text() and "| not compared |" in md.read_text()
+    assert main(["compare", str(base), str(head), "--json"]) == 1  # --json keeps its keys
+    doc = json.loads(capsys.readouterr().out)
+    by = {r["case"]: r for r in doc["rows"]}
+    assert (by["mlp/same"]["change"], by["mlp/same"]["verdict"], by["mlp/same"]["status"]) == ("same", "pass -> pass",
+                                                                                                "ok")
+    assert by["mlp/slow"]["status"] == "regression" and by["mlp/few"]["status"] == "undecided"
+
+
+def test_non_finite_or_non_positive_times_fail_on_head_and_are_unusable_on_base(tmp_path, capsys):
+    """nan and inf are failures, not samples to drop: HEAD with 5 windows and [nan, inf] said "same" (exit 0), all-inf
+    HEAD "too few samples" (exit 3).  On HEAD the case fails and its row says why; on BASE the file is unusable."""
+    base, head, inf, neg, pb = (tmp_path / n for n in ("b.jsonl", "h.jsonl", "inf.jsonl", "neg.jsonl", "pb.json"))
+    good = noisy(1)  # 5 windows of 8 steps
+    write_records(base, {("mlp/plain", 2): (good, "pass"), ("mlp/none", 2): (noisy(2, 200), "n/a")})
+    nan_inf = noisy(11) + [math.nan] + noisy(12, 7) + [math.inf] + noisy(13, 7)  # 5 windows, then nan and inf
+    write_records(head, {("mlp/plain", 2): (nan_inf, "pass"), ("mlp/none", 2): (noisy(3, 200), "n/a"),
+                         ("mlp/new", 2): ([math.inf] * 40, "pass")})  # only in HEAD: still a failure
+    assert main(["compare", str(base), str(head)]) == 1
+    out = capsys.readouterr()
+    row = next(ln for ln in out.out.splitlines() if ln.strip().startswith("mlp/plain"))
+    assert "HEAD has 2 non-finite timing samples (nan, inf)" in row and row.rstrip().endswith("regression"), row
+    assert "mlp/plain@2: HEAD has 2 non-finite timing samples (nan, inf)" in out.err, out.err
+    assert "mlp/new@2: HEAD has 5 non-finite timing samples (inf)" in out.err, out.err
+    assert "mlp/none@2" not in out.err
+    write_records(inf, {("mlp/plain", 2): ([math.inf] * 40, "pass")})
+    assert main(["compare", str(base), str(inf), "--json"]) == 1
+    (row,) = [r for r in json.loads(capsys.readouterr().out)["rows"] if r["case"] == "mlp/plain"]
+    assert row["status"] == "regression" and row["change"] == "HEAD has 5 non-finite timing samples (inf)", row
+    write_records(neg, {("mlp/plain", 2): (noisy(14)[:-8] + [-0.05] * 8, "pass")})
+    assert main(["compare", str(base), str(neg)]) == 1
+    assert "mlp/plain@2: HEAD has 1 non-positive timing sample (-0.05)" in capsys.readouterr().err
+    _pytest_benchmark_json(pb, noisy(15)[:-1] + [math.nan])  # pytest-benchmark JSON: NaN is a JSON literal there
+    assert main(["compare", str(base), str(pb)]) == 1
+    assert "mlp/plain@2: HEAD has 1 non-finite timing sample (nan)" in capsys.readouterr().err
+    # on BASE: unusable input, naming the file, its line and the case
+    assert main(["compare", str(head), str(base)]) == 2
+    err = capsys.readouterr().err
+    assert (f"error: {head}:3: case mlp/new@2: BASE has 5 non-finite timing samples (inf); a baseline's times must "
+            f"be finite and positive seconds (also in mlp/plain@2)") in err and len(err.strip().splitlines()) == 1, err
+    assert main(["compare", str(inf), str(base)]) == 2
+    assert f"error: {inf}:1: case mlp/plain@2: BASE has 5 non-finite timing samples (inf)" in capsys.readouterr().err
+
+
+def test_a_case_base_ran_and_head_did_not_is_undecided_with_its_reason(tmp_path, capsys):
+    """BASE ok, HEAD skipped or not_run gave 'ok -> skipped' and exit 0: nothing was measured on HEAD, so nothing
+    was decided (exit 3), the row and the summary say so with the record's reason; skipped on both sides is
+    listed only."""
+    base, head, both = tmp_path / "b.jsonl", tmp_path / "h.jsonl", tmp_path / "both.jsonl"
+    write_records(base, {("mlp/plain", 2): (noisy(1, 200), "pass"), ("mlp/none", 2): (noisy(2, 200), "n/a"),
+                         ("mlp/ddp", 2): (noisy(3, 200), "pass")})
+    write_records(head, {("mlp/none", 2): (noisy(12, 200), "n/a")})
+    append_record(str(head), CaseRecord("mlp/plain", "mlp", 2, {}, "r1", status="skipped", verdict="skipped",
+                                        error="needs 4 ranks, this machine has 2"))
+    append_record(str(head), CaseRecord("mlp/ddp", "mlp", 2, {}, "r1", status="not_run", verdict="not_run",
+                                        error="the job's time budget ran out"))
+    assert main(["compare", str(base), str(head)]) == 3
+    out = capsys.readouterr()
+    rows = {ln.split()[0]: ln for ln in out.out.splitlines() if ln.strip().startswith("mlp/")}
+    assert "not run on HEAD (skipped: needs 4 ranks, this machine has 2)" in rows["mlp/plain"], rows
+    assert rows["mlp/plain"].rstrip().endswith("undecided") and rows["mlp/none"].rstrip().endswith("ok"), rows
+    assert "regression gate: UNDECIDED (2 case(s) not run on HEAD)" in out.err, out.err
+    assert "mlp/plain@2: not run on HEAD (skipped: needs 4 ranks, this machine has 2)" in out.err
+    assert "mlp/ddp@2: not run on HEAD (not_run: the job's time budget ran out)" in out.err
+    assert main(["compare", str(base), str(head), "--json"]) == 3
+    by = {r["case"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert by["mlp/ddp"]["status"] == "undecided" and by["mlp/ddp"]["change"].startswith("not run on HEAD")
+    # not run on BASE either: nothing to decide, listed
+    write_records(both, {("mlp/none", 2): (noisy(22, 200), "n/a")})
+    append_record(str(both), CaseRecord("mlp/plain", "mlp", 2, {}, "r2", status="skipped", verdict="skipped",
+                                        error="needs 4 ranks, this machine has 2"))
+    assert main(["compare", str(head), str(both)]) == 0
+    out = capsys.readouterr()
+    assert "skipped -> skipped" in out.out and "regression gate: ok" in out.out, out
+
+
+SAME = ("warning: BASE and HEAD are the same records: every case is its own baseline; pass --base-run-id/--head-run-id "
+        "(or two files) to compare two runs")
+
+
+def test_a_file_compared_with_itself_is_said_first_and_the_header_names_the_runs(tmp_path, capsys, monkeypatch):
+    """`compare runs.jsonl runs.jsonl` said UNDECIDED with its only note after the table: the warning comes first,
+    the verdicts stay; two runs of one file chosen by run id are two runs; each side's header says which runs it
+    used when the file holds several."""
+    runs = tmp_path / "runs.jsonl"
+    write_records(runs, {("mlp/plain", 2): (noisy(1), "pass")}, run_id="r1")
+    write_records(runs, {("mlp/plain", 2): (noisy(2), "pass")}, run_id="r2")
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", "runs.jsonl", str(runs)]) == 0  # the same file by two names; the verdict stays "same"
+    out = capsys.readouterr()
+    assert out.err.splitlines()[0] == SAME and out.err.count("same records") == 1, out.err
+    assert "BASE runs.jsonl (records; run r2 of the 2 runs in the file, the last record of each case)" in out.out
+    assert main(["compare", str(runs), str(runs), "--json"]) == 0
+    out = capsys.readouterr()
+    assert out.err.splitlines()[0] == SAME and json.loads(out.out)["warnings"][0] == SAME[len("warning: "):]
+    assert main(["compare", str(runs), str(runs), "--base-run-id", "r1", "--head-run-id", "r2"]) in (0, 3)
+    out = capsys.readouterr()
+    assert "same records" not in out.err, out.err
+    assert f"BASE {runs} (records; run r1 of the 2 runs in the file, chosen by --base-run-id)" in out.out, out.out
+    assert f"HEAD {runs} (records; run r2 of the 2 runs in the file, chosen by --head-run-id)" in out.out, out.out
+    assert main(["compare", str(runs), str(runs), "--head-run-id", "r2"]) == 0  # r2 is the last record: the same
+    assert capsys.readouterr().err.splitlines()[0] == SAME

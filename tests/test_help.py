@@ -106,3 +106,26 @@ def test_descriptions_are_for_users_not_developers(name):
         found = DEVELOPER.search(p.description or "")
         assert not found, f"{where}: --help's description has {found.group()!r}:\n{p.description}"
     assert "speedup stated as speedup" not in sub.format_help()
+
+
+def test_compare_threshold_help_quotes_the_figures_it_cites():
+    """`compare --help` once said "10% gave 21% false alarms over unchanged reruns, 25% none", which no figure
+    supports: the rates it quotes are those of docs/figures/gate.md section 1's `compare` tables, which it cites."""
+    from pathlib import Path
+
+    help_text = " ".join(next(a.help for a in SUBS["compare"]._actions if "--threshold" in a.option_strings)
+                         .replace("%%", "%").split())
+    assert "docs/figures/gate.md" in help_text and "section 1" in help_text, help_text
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "figures" / "gate.md").read_text()
+    section = doc.partition("\n## 1.")[2].partition("\n## 2.")[0]
+    tables = section.partition("#### `fleetbench compare` on separate runs")[2]
+    assert tables, "docs/figures/gate.md section 1 has no compare table"
+    quoted = 0
+    for line in tables.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| 10% |") or line.startswith("| 25% |"):
+            false_alarms = cells[1].split()[0]  # "1.2% (25/2000) [0.8, 1.8]" -> "1.2%"
+            assert false_alarms in help_text, (line, help_text)
+            quoted += 1
+    assert quoted == 4, tables  # two cases, two thresholds
+    assert "21%" not in help_text, help_text

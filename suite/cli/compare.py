@@ -23,22 +23,32 @@ def add_parser(sub) -> None:
         fleetbench compare results/last-good/runs.jsonl results/nightly/runs.jsonl
         fleetbench compare base.json head.json --threshold 0.1 --markdown cmp.md
         fleetbench compare base.jsonl head.jsonl --json""",
-        verdicts="per case, its change: slower (the test says so and the whole speedup interval lies below "
-                 "1/(1 + threshold)), faster, same (the whole interval above it), undecided (the interval spans "
-                 "it), too few windows for alpha; besides: structure changed, a check verdict pass -> fail, an "
-                 "error on HEAD only, only in BASE / only in HEAD (listed). Each row states the smallest slowdown "
-                 "its samples could have caught.",
+        verdicts="per case, the table's `verdict` column (`change` in --json) is the performance verdict: slower "
+                 "(the test says so and the whole speedup interval lies below 1/(1 + threshold)), faster, same "
+                 "(the whole interval above it), undecided (the interval spans it), too few windows for alpha, not run "
+                 "on HEAD (BASE ran it; HEAD's record says why). "
+                 "`check` is the correctness check on each side, BASE -> HEAD (`verdict` in --json; pass -> fail "
+                 "fails the gate); `structure` identical, changed (fails) or not recorded; `status` the row's "
+                 "outcome: ok, regression, undecided or not compared (an error on both sides, only in BASE / only "
+                 "in HEAD: listed). `could_catch` is the smallest slowdown its samples could have caught at 95% "
+                 "(a power statement, not the interval).",
         codes={**GATE_CODES, 1: "regression: a case slower beyond --threshold, a structure changed, a check "
-                                "verdict pass -> fail, a case that errors on HEAD only (--strict: on one side only)",
-               2: "unusable input: a file it cannot use (file and line or benchmark named); under --strict, "
-                  "different torch versions or devices",
-               3: "undecided: a case whose samples cannot support a verdict at the threshold, nothing worse"}))
+                                "verdict pass -> fail, a case that errors on HEAD only (--strict: on one side only), "
+                                "a nan, inf or non-positive time on HEAD",
+               2: "unusable input: a file it cannot use (file and line or benchmark named), a nan, inf or "
+                  "non-positive time on BASE; two files with no case in common; under --strict, different torch "
+                  "versions or devices",
+               3: "undecided: a case whose samples cannot support a verdict at the threshold, or that BASE ran and "
+                  "HEAD did not (skipped, not_run); nothing worse"}))
     p.add_argument("base", help="BASE results: records .jsonl or pytest-benchmark .json")
     p.add_argument("head", help="HEAD results: records .jsonl or pytest-benchmark .json")
     p.add_argument("--threshold", type=float, default=0.25,
-                   help="slowdown that fails the gate, as a fraction (default 0.25 = 25%% slower: on the 2-core "
-                        "CPU machines 10%% gave 21%% false alarms over unchanged reruns, 25%% none; see "
-                        "`fleetbench figures gate`, and pass a smaller value on quieter GPU runners)")
+                   help="slowdown that fails the gate, a fraction below 1 (default 0.25 = 25%% slower). "
+                        "docs/figures/gate.md section 1 (`fleetbench compare` on separate runs, 2-core CPU, 7 "
+                        "windows a run): over pairs of unchanged runs 10%% gave 1.2%% (mlp/plain) and 0.2%% "
+                        "(resnet/plain) false alarms, 25%% gave 0.1%% and 0.0%%, and caught a +10%% slowdown in 9%% "
+                        "and 0%% of pairs; `fleetbench figures gate` measures it again; pass a smaller value on "
+                        "quieter GPU runners")
     p.add_argument("--alpha", type=float, default=0.01, help="significance level (default 0.01)")
     p.add_argument("--method", default="mwu", help="mwu (Mann-Whitney U, default) or bootstrap (interval)")
     p.add_argument("--strict", action="store_true",
@@ -51,7 +61,7 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
-    from ..results.compare import compare_sides
+    from ..results.compare import NOT_RUN, SAME_RECORDS, compare_sides
     from ..results.gate import GateOptions
 
     if args.markdown and unwritable(args.markdown):  # found out now, not after the comparison
@@ -63,6 +73,8 @@ def main(args) -> int:
         cmp = compare_sides(base, head, opts, strict=args.strict)
     except (ResultsFileError, ValueError) as exc:
         return error("compare", plain(exc))
+    if cmp.same_records:  # before anything else: every verdict below compares a case with itself
+        print(f"warning: {SAME_RECORDS}", file=sys.stderr)
     if args.json:
         print_json(cmp.to_dict(base, head, opts))
         for w in cmp.warnings:
@@ -72,7 +84,8 @@ def main(args) -> int:
 
     frame = cmp.frame()
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 500):
-        print(plain(f"BASE {args.base} ({base.kind})\nHEAD {args.head} ({head.kind})\n", keep="\n"))
+        print(plain(f"BASE {args.base} ({_used(base, 'base')})\nHEAD {args.head} ({_used(head, 'head')})\n",
+                    keep="\n"))
         print(plain(frame.to_string(index=False), keep="\n") if len(frame) else "(no cases)")
     for w in cmp.warnings:
         print(f"warning: {plain(w)}", file=sys.stderr)
@@ -87,9 +100,12 @@ def main(args) -> int:
             print(f"  {plain(f)}", file=sys.stderr)
         return 1
     if cmp.undecided:
-        print(f"\nregression gate: UNDECIDED ({len(cmp.undecided)} case(s) whose samples cannot support a verdict "
-              f"at the {opts.threshold:.0%} threshold; more windows, or `fleetbench ab` for two revisions)",
-              file=sys.stderr)
+        not_run = [r for r in cmp.undecided if r["change"].startswith(NOT_RUN)]
+        weak = len(cmp.undecided) - len(not_run)
+        why = ([f"{weak} case(s) whose samples cannot support a verdict at the {opts.threshold:.0%} threshold; more "
+                f"windows, or `fleetbench ab` for two revisions"] if weak else []) \
+            + ([f"{len(not_run)} case(s) not run on HEAD"] if not_run else [])
+        print(f"\nregression gate: UNDECIDED ({'; '.join(why)})", file=sys.stderr)
         for r in cmp.undecided:
             d = r["detectable_slowdown"]
             print(plain(f"  {r['case']}@{r['world']}: {r['change']}" + (f", could have caught ≥ {d:.0%}" if d else "")),
@@ -97,6 +113,19 @@ def main(args) -> int:
         return 3
     print(f"\nregression gate: ok (threshold {opts.threshold:.0%}, alpha {opts.alpha:g}, {opts.method})")
     return 0
+
+
+def _used(side, which: str) -> str:
+    """What a side's header says it read: its kind and, for records, the run(s) its cases came from."""
+    used = side.used_run_ids
+    if side.kind != "records" or not used:
+        return side.kind
+    text = f"records; run {used[0]}" if len(used) == 1 else \
+        f"records; runs {', '.join(used[:4])}{', …' if len(used) > 4 else ''}"
+    if len(side.runs_in_file) > 1:
+        text += f" of the {len(side.runs_in_file)} runs in the file, " \
+            + (f"chosen by --{which}-run-id" if side.run_id else "the last record of each case")
+    return text
 
 
 def markdown_table(frame) -> str:
@@ -107,8 +136,10 @@ def markdown_table(frame) -> str:
             return md_text(format(v, "g"))
         return md_text(v)
 
+    from ..results.compare import NUMERIC
+
     cols = list(frame.columns)
-    numeric = {c for c in cols if frame[c].dtype.kind in "iuf"}
+    numeric = {c for c in cols if frame[c].dtype.kind in "iuf" or c in NUMERIC}
     lines = ["| " + " | ".join(md_text(c) for c in cols) + " |",
              "|" + "|".join("---:" if c in numeric else "---" for c in cols) + "|"]
     for row in frame.itertuples(index=False):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 
 from ..report.page import build_report, out_problem
-from ..results.records import ResultsFileError, plain, read_records
+from ..results.records import ResultsFileError, plain, read_records, run_ids_held
 from . import error, helps
 
 # --help's description: what the command does, for its users (the docstring above is for developers)
@@ -44,11 +44,13 @@ def main(args) -> int:
                 record_dirs[id(rec)] = d  # each file's traces are under its own directory
     except ResultsFileError as exc:
         return error("report", plain(exc))
-    if args.run_id:
-        records = [r for r in records if r.run_id in args.run_id]
-    if not records:
+    chosen = [r for r in records if r.run_id in args.run_id] if args.run_id else records
+    if not chosen:
         return error("report", f"no records in {plain(', '.join(args.results))}"
-                     + (f" for run id(s) {plain(', '.join(args.run_id))}" if args.run_id else ""))
+                     + (f" for run id(s) {plain(', '.join(args.run_id))}; "
+                        f"{'they hold' if len(args.results) > 1 else 'it holds'} (newest first) "
+                        f"{plain(run_ids_held(records))}" if records else ""))
+    records = chosen
     try:  # what cannot be told beforehand (/proc, a full disk, a root-owned path root may not write)
         os.makedirs(args.out, exist_ok=True)
         data = build_report(records, args.out, dirs[0], record_dirs)

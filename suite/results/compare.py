@@ -5,12 +5,17 @@ record) falls back to per-step samples, and the row says so.  The structural gat
 when both sides recorded a case's structure (``suite.results.structure``), any difference
 is "structure changed", whatever the timings say.
 
+Times are finite, positive seconds: a nan, inf or non-positive time is never dropped (a side would
+look like fewer, better samples); on HEAD it fails its case, on BASE the file is unusable.
+
 Exit status: 0 nothing worse; 1 a case slower beyond the threshold, a structure changed, a
-correctness verdict that went from pass to fail, or a case that ran on BASE and errors on
-HEAD; 2 input that cannot be used (raised as ResultsFileError / ValueError by the caller's
-loaders); 3 undecided: a case whose samples cannot support a verdict at the threshold (too few,
-or an interval across it; ``suite.results.gate``), and nothing worse.
-A case on one side only is listed, not failed, unless ``strict``.
+correctness verdict that went from pass to fail, a case that ran on BASE and errors on
+HEAD, or a non-finite or non-positive time on HEAD; 2 input that cannot be used (raised as
+ResultsFileError / ValueError: by the caller's loaders, or here for a BASE case with such a time, or
+two sides without a case in common); 3 undecided: a case whose samples cannot support a verdict
+at the threshold (too few, or an interval across it; ``suite.results.gate``), and nothing worse.
+A case on one side only is listed, not failed, unless ``strict``; a case BASE ran and HEAD did not
+(skipped, not_run) is undecided, with the record's reason.
 """
 from __future__ import annotations
 
@@ -19,11 +24,23 @@ from dataclasses import dataclass, field
 
 from .gate import MIN_SAMPLES, UNDECIDED, GateOptions, gate_samples, min_p_value
 from .load import Side
+from .records import ResultsFileError
 from .structure import structure_diff, structure_new
 
-__all__ = ["Comparison", "compare_sides"]
+__all__ = ["Comparison", "compare_sides", "COLUMNS", "NUMERIC", "NOT_RUN", "SAME_RECORDS"]
 
 GOOD = ("pass", "n/a")
+
+# a row's status: its outcome
+OK, REGRESSION, UNDECIDED_ROW, NOT_COMPARED = "ok", "regression", "undecided", "not compared"
+SAME_RECORDS = ("BASE and HEAD are the same records: every case is its own baseline; pass --base-run-id/"
+                "--head-run-id (or two files) to compare two runs")
+NOT_RUN = "not run on HEAD"  # a case BASE ran: undecided (its verdict starts so)
+
+# The table's columns (`fleetbench compare` and its --markdown); NUMERIC ones are right-aligned in Markdown.
+COLUMNS = ("case", "world", "base_ms", "head_ms", "speedup", "ci", "p_slower", "n", "could_catch", "verdict", "check",
+           "structure", "status")
+NUMERIC = ("world", "base_ms", "head_ms", "speedup", "p_slower")
 
 
 @dataclass
@@ -31,25 +48,32 @@ class Comparison:
     rows: list  # one dict per case
     warnings: list = field(default_factory=list)
     failures: list = field(default_factory=list)  # why the gate fails (exit 1)
+    same_records: bool = False  # BASE and HEAD are the same records of one file: said first (SAME_RECORDS)
 
     def frame(self):
-        """The rows for people: the interval and the sample counts as text, the power as a percentage."""
+        """The rows for people, as text: ``verdict`` is the performance verdict (``change`` in --json), ``check``
+        the correctness check on each side (``verdict`` in --json), ``status`` the row's outcome; times in ms and
+        speedups with 3 decimals, p-values with 2 significant digits, ``could_catch`` the smallest slowdown the
+        samples could have caught (``detectable_slowdown``) as a percentage."""
         import pandas as pd
+
+        def num(x, spec: str) -> str:
+            return format(x, spec) if isinstance(x, (int, float)) and math.isfinite(x) else ""
 
         def show(r: dict) -> dict:
             ci, d = r["ci"], r["detectable_slowdown"]
-            return dict(r, ci=f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "",
+            return dict(r, base_ms=num(r["base_ms"], ".3f"), head_ms=num(r["head_ms"], ".3f"),
+                        speedup=num(r["speedup"], ".3f"), ci=f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "",
+                        p_slower=num(r["p_slower"], ".2g"),
                         n=f"{r['n_base']}/{r['n_head']} {r['samples']}" if r["samples"] else "",
-                        could_catch=f"≥ {d:.0%}" if d is not None else "")
+                        could_catch=f"≥ {d:.0%}" if d is not None else "", verdict=r["change"], check=r["verdict"])
 
-        cols = ["case", "world", "base_ms", "head_ms", "speedup", "ci", "p_slower", "n", "could_catch", "verdict",
-                "change", "structure", "status"]
-        return pd.DataFrame([show(r) for r in self.rows], columns=cols)
+        return pd.DataFrame([show(r) for r in self.rows], columns=list(COLUMNS))
 
     @property
     def undecided(self) -> list:
-        """Cases whose samples cannot support a verdict at the threshold."""
-        return [r for r in self.rows if str(r["change"]).startswith(UNDECIDED + ("too few",))]
+        """Cases without a verdict at the threshold: samples that cannot support one, or not run on HEAD."""
+        return [r for r in self.rows if r["status"] == UNDECIDED_ROW]
 
     @property
     def exit_code(self) -> int:
@@ -62,13 +86,19 @@ class Comparison:
         return {"kind": "fleetbench.compare", "samples": "per window (seconds per step of each timed window)",
                 "base": _side_info(base), "head": _side_info(head),
                 "options": dataclasses.asdict(opts) if opts is not None else None, "rows": self.rows,
-                "warnings": self.warnings, "failures": self.failures, "exit_code": self.exit_code}
+                "warnings": ([SAME_RECORDS] if self.same_records else []) + self.warnings,
+                "failures": self.failures, "exit_code": self.exit_code}
 
 
 def _side_info(side) -> dict | None:
     if side is None:
         return None
     return {"path": side.path, "kind": side.kind, "torch": side.torch, "device": side.device, "run_ids": side.run_ids}
+
+
+def _records_of(side: Side) -> dict:
+    """Which record each case came from: its line (records) or benchmark (pytest-benchmark), without the path."""
+    return {k: c.where[len(side.path):] if c.where.startswith(side.path) else c.where for k, c in side.cases.items()}
 
 
 def _same_file(a: str | None, b: str | None) -> bool:
@@ -78,6 +108,29 @@ def _same_file(a: str | None, b: str | None) -> bool:
         return bool(a and b) and os.path.samefile(str(a), str(b))
     except OSError:
         return False
+
+
+def _bad_timings(c) -> str | None:
+    """What is wrong with a case's timing samples, or None: a time is finite and positive seconds, so nan, inf and
+    values <= 0 are failures of the measurement (never dropped: a side would look like fewer, better samples)."""
+    for values, what in ((c.windows, "timing"), (c.samples, "per-step timing")):
+        bad = [x for x in values if not (math.isfinite(x) and x > 0)]
+        if bad:
+            finite = sum(math.isfinite(x) for x in bad)
+            kind = ("non-finite" if not finite else "non-positive" if finite == len(bad)
+                    else "non-finite or non-positive")
+            shown = list(dict.fromkeys(format(x, "g") for x in bad))
+            return (f"{len(bad)} {kind} {what} sample{'s' if len(bad) != 1 else ''} ({', '.join(shown[:4])}"
+                    + (", …" if len(shown) > 4 else "") + ")")
+    return None
+
+
+def _some(cases: dict, limit: int = 4) -> str:
+    """A few of a side's cases (model/variant@world) for a message."""
+    keys = sorted(cases)
+    if not keys:
+        return "no cases"
+    return ", ".join(keys[:limit]) + (f", … ({len(keys)} cases)" if len(keys) > limit else "")
 
 
 def _fmt_ms(x: float) -> float:
@@ -91,8 +144,19 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
         cmp.warnings.append(f"torch versions differ: BASE {base.torch}, HEAD {head.torch}")
     if base.device and head.device and base.device != head.device:
         cmp.warnings.append(f"devices differ: BASE {base.device}, HEAD {head.device}")
-    if _same_file(base.path, head.path) and base.run_ids == head.run_ids:
-        cmp.warnings.append(f"BASE and HEAD are the same results ({base.path}): every case compares with itself")
+    # one file, and the same record of every case on both sides (no run id chosen, or the same one)
+    cmp.same_records = _same_file(base.path, head.path) and _records_of(base) == _records_of(head)
+    unusable = [(key, c, why) for key, c in sorted(base.cases.items())  # a baseline with nan/inf times is none
+                if c.status == "ok" and (why := _bad_timings(c))]
+    if unusable:
+        key, c, why = unusable[0]
+        more = [k for k, _, _ in unusable[1:]]
+        also = f" (also in {', '.join(more[:3])}{', …' if len(more) > 3 else ''})" if more else ""
+        raise ResultsFileError(f"{c.where}: case {key}: BASE has {why}; a baseline's times must be finite and "
+                               f"positive seconds{also}")
+    if not set(base.cases) & set(head.cases):  # nothing to compare is not a pass
+        raise ResultsFileError(f"no case is in both files (a case is compared at the same world size): BASE "
+                               f"{base.path} has {_some(base.cases)}; HEAD {head.path} has {_some(head.cases)}")
     keys = list(dict.fromkeys(list(base.cases) + list(head.cases)))
     for key in sorted(keys):
         b, h = base.cases.get(key), head.cases.get(key)
@@ -102,27 +166,40 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
                "speedup": math.nan, "ci": None, "p_slower": math.nan, "n_base": 0, "n_head": 0, "samples": "",
                "detectable_slowdown": None, "verdict": f"{b.verdict if b else '-'} -> {h.verdict if h else '-'}",
                "change": "",
-               "structure": "", "structure_diff": [], "status": "ok"}
+               "structure": "", "structure_diff": [], "status": NOT_COMPARED}  # until its timings are compared
+
+        def fail(why: str, row=row, key=key) -> None:
+            row["status"] = REGRESSION
+            cmp.failures.append(f"{key}: {why}")
+
+        bad = _bad_timings(h) if h is not None and h.status == "ok" else None
         if b is None or h is None:
             row["change"] = "only in HEAD" if b is None else "only in BASE"
             if strict:
-                row["status"] = "FAIL"
-                cmp.failures.append(f"{key}: {row['change']} (--strict)")
+                fail(f"{row['change']} (--strict)")
+            if bad:
+                row["change"] += f"; HEAD has {bad}"
+                fail(f"HEAD has {bad}")
             cmp.rows.append(row)
             continue
         if b.config and h.config and b.config != h.config:
             diff = sorted(k for k in set(b.config) | set(h.config) if b.config.get(k) != h.config.get(k))
             cmp.warnings.append(f"{key}: configs differ in {', '.join(diff)}")
         if b.verdict == "pass" and h.verdict == "fail":
-            row["status"] = "FAIL"
-            cmp.failures.append(f"{key}: correctness verdict went from pass to fail")
+            fail("correctness verdict went from pass to fail")
         if h.status == "error" or h.verdict == "error":
             if b.status != "error" and b.verdict != "error":
-                row["status"] = "FAIL"
                 detail = h.error.splitlines()[0][:120] if h.error else "no detail"
-                cmp.failures.append(f"{key}: ran on BASE, errors on HEAD ({detail})")
+                fail(f"ran on BASE, errors on HEAD ({detail})")
             else:
                 row["change"] = "error on both sides"
+            cmp.rows.append(row)
+            continue
+        if b.status == "ok" and h.status in ("skipped", "not_run"):  # measured on BASE only: nothing decided
+            reason = h.error.strip().splitlines()[0][:120] if h.error and h.error.strip() else "no reason recorded"
+            row["change"] = f"{NOT_RUN} ({h.status}: {reason})"
+            if row["status"] != REGRESSION:
+                row["status"] = UNDECIDED_ROW
             cmp.rows.append(row)
             continue
         if b.status != "ok" or h.status != "ok":
@@ -138,11 +215,15 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
             row["structure"] = "changed" if diff else "identical"
             row["structure_diff"] = diff
             if diff:
-                row["status"] = "FAIL"
-                cmp.failures.append(f"{key}: structure changed ({len(diff)} difference(s)): " + "; ".join(diff[:6])
-                                    + (" …" if len(diff) > 6 else ""))
+                fail(f"structure changed ({len(diff)} difference(s)): " + "; ".join(diff[:6])
+                     + (" …" if len(diff) > 6 else ""))
         else:
             row["structure"] = "not recorded"
+        if bad:  # a failure of the case, not samples to drop
+            row["change"] = f"HEAD has {bad}"
+            fail(row["change"])
+            cmp.rows.append(row)
+            continue
         windows = len(b.windows) >= MIN_SAMPLES and len(h.windows) >= MIN_SAMPLES
         bs, hs = (b.windows, h.windows) if windows else (b.samples, h.samples)
         row.update(n_base=len(bs), n_head=len(hs), samples="windows" if windows else "steps")
@@ -152,20 +233,19 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
         g = gate_samples(bs, hs, opts)
         row.update(base_ms=_fmt_ms(g["base_median_s"]), head_ms=_fmt_ms(g["head_median_s"]),
                    speedup=round(g["speedup"], 3) if math.isfinite(g["speedup"]) else math.nan,
-                   ci=[round(g["ci_low"], 4), round(g["ci_high"], 4)] if math.isfinite(g["ci_low"]) else None,
+                   ci=[round(g["ci_low"], 3), round(g["ci_high"], 3)] if math.isfinite(g["ci_low"]) else None,
                    p_slower=g["p_slower"], change=g["change"],
                    detectable_slowdown=(round(g["detectable_slowdown"], 4) if math.isfinite(g["detectable_slowdown"])
                                         else None))
         if g["change"] == "slower":
-            row["status"] = "FAIL"
-            cmp.failures.append(f"{key}: {1 / g['speedup']:.2f}x slower (speedup {g['speedup']:.3f}, 95% interval "
-                                f"[{g['ci_low']:.3f}, {g['ci_high']:.3f}], p={g['p_slower']:.2g}; threshold "
-                                f"{opts.threshold:.0%})")
+            fail(f"{1 / g['speedup']:.2f}x slower (speedup {g['speedup']:.3f}, 95% interval [{g['ci_low']:.3f}, "
+                 f"{g['ci_high']:.3f}], p={g['p_slower']:.2g}; threshold {opts.threshold:.0%})")
         if g["change"] == "too few samples" and opts.method == "mwu" and min_p_value(len(bs), len(hs)) >= opts.alpha:
             row["change"] = f"too few {'windows' if windows else 'samples'} for alpha {opts.alpha:g}"
         if g["change"] == "too few samples" and strict:
-            row["status"] = "FAIL"
-            cmp.failures.append(f"{key}: too few samples to compare (--strict)")
+            fail("too few samples to compare (--strict)")
+        if row["status"] != REGRESSION:
+            row["status"] = UNDECIDED_ROW if g["change"] in UNDECIDED else OK
         cmp.rows.append(row)
     if strict and cmp.warnings:
         env = [w for w in cmp.warnings if w.startswith(("torch versions", "devices"))]

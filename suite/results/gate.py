@@ -48,8 +48,11 @@ class GateOptions:
     seed: int = 0
 
     def __post_init__(self):
-        if not (isinstance(self.threshold, (int, float)) and 0 <= self.threshold < 10):
-            raise ValueError(f"--threshold {self.threshold!r}: must be a fraction in [0, 10) (0.10 = 10% slower)")
+        # a fraction: 5 is refused, not taken as 500%; at t >= 1 the line 1/(1 + t) is at or below 0.5, so a 2x
+        # slowdown (speedup 0.5) would no longer lie beyond the threshold
+        if not (isinstance(self.threshold, (int, float)) and 0 <= self.threshold < 1):
+            shown = format(self.threshold, "g") if isinstance(self.threshold, (int, float)) else repr(self.threshold)
+            raise ValueError(f"--threshold {shown}: a fraction, e.g. 0.05 for 5%; allowed 0 <= t < 1")
         if not (isinstance(self.alpha, (int, float)) and 0 < self.alpha <= 0.5):
             raise ValueError(f"--alpha {self.alpha!r}: must be in (0, 0.5]")
         if self.method not in ("mwu", "bootstrap"):

@@ -16,7 +16,17 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from .records import STATUSES, VERDICTS, ResultsFileError, loads_bounded, open_input, read_records
+from .records import (
+    STATUSES,
+    VERDICTS,
+    ResultsFileError,
+    json_problem,
+    loads_bounded,
+    open_input,
+    read_records,
+    run_ids_held,
+    runs_newest_first,
+)
 
 # Per case and kind (a real record has tens to a few thousand: rounds x steps x ranks).  The gate's bootstrap
 # holds n_boot (1000) resamples of one side at once: 20,000 samples are 160 MB at most.
@@ -43,6 +53,7 @@ class CaseResult:
     config: dict = field(default_factory=dict)
     error: str | None = None
     where: str = ""  # file:line or file:benchmark name
+    run_id: str = ""  # records files: the run its record came from
 
 
 @dataclass
@@ -52,8 +63,16 @@ class Side:
     cases: dict  # key -> CaseResult
     torch: str | None = None
     device: str | None = None  # GPU names, or the CPU model
-    run_ids: list = field(default_factory=list)
+    run_ids: list = field(default_factory=list)  # of the records read (after --base-run-id/--head-run-id)
     records: list = field(default_factory=list)  # the CaseRecords (records files only)
+    runs_in_file: list = field(default_factory=list)  # every run id of a records file, newest (last written) first
+    run_id: str | None = None  # the run asked for, if one was
+
+    @property
+    def used_run_ids(self) -> list:
+        """The runs the compared cases' records came from (the last record of each case), newest first."""
+        used = {c.run_id for c in self.cases.values()}
+        return [r for r in self.runs_in_file if r in used]
 
 
 def _device_of(meta: dict) -> str | None:
@@ -83,6 +102,19 @@ def _floats(values, where: str, what: str) -> list:
     return out
 
 
+EXPECTED = "expected records (.jsonl lines from fleetbench run) or a pytest-benchmark JSON"
+NOT_RESULTS = "not a results file: " + EXPECTED
+
+
+def _not_a_record(path: str, value) -> None:
+    """Raises unless ``value`` (a JSON document, or a file's first line) is a fleetbench case record: JSON, but not
+    a results file (a report's report_data.json, compare --json's output)."""
+    kind = value.get("kind") if isinstance(value, dict) else None
+    if kind != "fleetbench.case":
+        raise ResultsFileError(f"{path}: {NOT_RESULTS}" + (f" (its kind is {_show(kind)})" if isinstance(kind, str)
+                                                            else ""))
+
+
 def load_side(path: str, run_id: str | None = None) -> Side:
     """Read ``path``: a pytest-benchmark JSON file, or a records file (last record per case wins)."""
     if os.path.isdir(path):
@@ -95,17 +127,34 @@ def load_side(path: str, run_id: str | None = None) -> Side:
         raise ResultsFileError(f"{path}: not a text file ({exc.reason} at byte {exc.start})") from None
     if not text.strip():
         raise ResultsFileError(f"{path}: the file is empty")
-    head = text.lstrip()[:1]
-    if head == "{":
+    data, whole = None, None  # the text as one JSON document; why it is not one
+    if text.lstrip()[:1] == "{":
         try:
             data = json.loads(text)
-        except json.JSONDecodeError:
-            data = None  # several lines: a records file
+        except json.JSONDecodeError as exc:
+            whole = exc  # several lines: a records file (or a JSON document cut short)
         except (RecursionError, ValueError):
             data = loads_bounded(text, path)  # raises, naming the file
         if isinstance(data, dict) and "benchmarks" in data:
             loads_bounded(text, path)  # nesting within limits
             return _from_pytest_benchmark(path, data)
+    if data is not None:
+        _not_a_record(path, data)
+    first = next(line for line in text.splitlines() if line.strip())
+    try:
+        value = json.loads(first)
+    except json.JSONDecodeError:
+        if not first.lstrip().startswith("{"):  # not JSON at all (README.md)
+            raise ResultsFileError(f"{path}: {NOT_RESULTS}") from None
+        if whole is not None and whole.lineno > 1:  # a JSON document over several lines, cut short
+            ends = whole.pos >= len(text.rstrip()) or whole.msg.startswith("Unterminated string")
+            cut = " (truncated: the file ends mid-document)" if ends else ""
+            raise ResultsFileError(f"{path}: not valid JSON{cut}: {json_problem(whole, line=True)}; "
+                                   f"{EXPECTED}") from None
+    except (RecursionError, ValueError):
+        pass  # read as records, whose reader names what is wrong
+    else:
+        _not_a_record(path, value)
     return _from_records(path, run_id)
 
 
@@ -117,9 +166,11 @@ def _from_records(path: str, run_id: str | None) -> Side:
     if run_id is not None:
         pairs = [(r, n) for r, n in pairs if r.run_id == run_id]
         if not pairs:
-            raise ResultsFileError(f"{path}: no record of run id {run_id!r}")
+            raise ResultsFileError(f"{path}: no record of run id {run_id!r}; the file holds (newest first) "
+                                   + run_ids_held(records))
+    every = runs_newest_first(records)
     records = [r for r, _ in pairs]
-    side = Side(path, "records", {}, records=records)
+    side = Side(path, "records", {}, records=records, runs_in_file=every, run_id=run_id)
     side.run_ids = list(dict.fromkeys(r.run_id for r in records))
     for rec, lineno in pairs:
         where = f"{path}:{lineno}"
@@ -134,7 +185,7 @@ def _from_records(path: str, run_id: str | None) -> Side:
             case_key(rec.case, rec.world_size), rec.case, rec.world_size, samples, windows=windows,
             structure=rec.structure.to_dict(), verdict=rec.verdict,
             status=rec.status, samples_per_s=float(sps) if isinstance(sps, (int, float)) else math.nan,
-            config=rec.config, error=rec.error, where=where)
+            config=rec.config, error=rec.error, where=where, run_id=rec.run_id)
         side.torch = rec.metadata.get("torch") or side.torch
         side.device = _device_of(rec.metadata) or side.device
     return side

@@ -44,7 +44,8 @@ from .structure import structure_of
 __all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "MAX_LINE_BYTES", "CaseRecord", "ResultsFileError", "Metrics",
            "METRIC_NAMES", "NUMERIC_METRICS", "Describe", "Precision", "Structure", "CheckSummary", "STATUSES",
            "VERDICTS", "append_record", "read_records", "iter_records", "jsonable", "open_input", "loads_bounded",
-           "ShortWrite", "name_problem", "plain", "write_atomic"]
+           "ShortWrite", "name_problem", "plain", "write_atomic", "json_problem", "run_ids_held",
+           "runs_newest_first"]
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
@@ -492,6 +493,35 @@ def open_input(path: str, what: str = "results file", limit: int = MAX_RESULTS_B
     return os.fdopen(fd, "rb")
 
 
+def json_problem(exc: json.JSONDecodeError, line: bool = False) -> str:
+    """What the JSON decoder found and where, in words: "Unterminated string starting at column 294" (its
+    message ends in "at" for some errors: not "starting at at column")."""
+    msg = exc.msg[:-3] if exc.msg.endswith(" at") else exc.msg
+    return f"{msg} at " + (f"line {exc.lineno}, " if line else "") + f"column {exc.colno}"
+
+
+def runs_newest_first(records: list) -> list:
+    """The run ids of ``records`` (in the order read), newest first: by each run's latest timestamp (UTC ISO
+    text), then by its last record's position."""
+    newest: dict = {}
+    for i, rec in enumerate(records):
+        newest[rec.run_id] = max(newest.get(rec.run_id, ("", -1)), (rec.timestamp or "", i))
+    return sorted(newest, key=lambda r: newest[r], reverse=True)
+
+
+def run_ids_held(records: list, limit: int = 5) -> str:
+    """The run ids of ``records`` (in the order read) for an error message: the last ``limit`` runs, newest first
+    (by each run's latest timestamp, UTC ISO text, then by its last record's position), with their counts."""
+    counts: dict = {}
+    for rec in records:
+        counts[rec.run_id] = counts.get(rec.run_id, 0) + 1
+    if not counts:
+        return "no run ids"
+    order = runs_newest_first(records)
+    shown = ", ".join(f"{r} ({counts[r]} record{'s' if counts[r] != 1 else ''})" for r in order[:limit])
+    return shown + (f", and {len(order) - limit} older run(s)" if len(order) > limit else "")
+
+
 def loads_bounded(text, where: str) -> Any:
     """``json.loads`` with its failures as :class:`ResultsFileError` naming ``where``: invalid JSON,
     nesting deeper than :data:`MAX_DEPTH`, an integer of more digits than Python converts."""
@@ -499,7 +529,7 @@ def loads_bounded(text, where: str) -> Any:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         hint = " (truncated: the file ends mid-record)" if not str(text).endswith("\n") else ""
-        raise ResultsFileError(f"{where}: not valid JSON{hint}: {exc.msg} at column {exc.colno}") from None
+        raise ResultsFileError(f"{where}: not valid JSON{hint}: {json_problem(exc)}") from None
     except RecursionError:
         raise ResultsFileError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels; not a fleetbench "
                                f"record") from None
