@@ -605,6 +605,7 @@ def test_the_detectable_slowdown_of_a_bootstrap_interval_and_of_too_few_samples(
     assert nct.sf(5.8409, 3, nu) == pytest.approx(0.95, abs=1e-3), (got, nu)
     assert detectable_slowdown([0.01], -1, 1, opts) == math.inf  # one pair: nothing can be caught
     assert detectable_slowdown([0.0] * 5, -math.inf, math.inf, opts, t_samples=False) == math.inf
+    assert detectable_slowdown([0.01], 0.01, 0.01, opts, t_samples=False) == math.inf  # one block: no spread seen
     assert "no slowdown" in describe_power(math.inf) and "≥ 12.0%" in describe_power(0.12)
 
 

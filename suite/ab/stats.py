@@ -160,7 +160,7 @@ def detectable_slowdown(samples: Sequence[float], lo: float, hi: float, opts: Se
                         t_samples: bool = True) -> float:
     """The smallest slowdown (a fraction: 0.05 = 5%) that a comparison like this one, with as many samples and
     their spread, would have called "slower" with probability ``POWER``; ``inf`` when it could catch none (fewer
-    than two samples, or an unbounded interval).
+    than two samples, fewer than three blocks without rotation, or an unbounded interval).
 
     "slower" needs the interval's low end above log(1+δ): the estimate more than ``crit`` estimated standard
     errors beyond it.  :func:`suite.measure.stats.detectable_shift` gives the distance, noncentral t on the
@@ -194,9 +194,9 @@ def detectable_slowdown(samples: Sequence[float], lo: float, hi: float, opts: Se
         t_c = float(student_t.ppf(0.5 + opts.confidence / 2, df))
         shift = detectable_shift(sd / math.sqrt(g), df, t_c, POWER, SPREAD_BOUND)
     else:
-        if not (math.isfinite(lo) and math.isfinite(hi)):
-            return math.inf
         n = len(samples)
+        if n < 3 or not (math.isfinite(lo) and math.isfinite(hi)):  # one block's "interval" is the block itself
+            return math.inf
         z_c = float(norm.ppf(0.5 + opts.confidence / 2))
         df = max(1, n - 2 * int(opts.trim * n) - 1)
         shift = detectable_shift((hi - lo) / (2 * z_c), df, z_c, POWER, SPREAD_BOUND)
