@@ -72,6 +72,53 @@ def test_bad_gate_options_name_the_value(kw, words):
         GateOptions(**kw)
 
 
+@pytest.mark.parametrize("windows", [5, 7])
+def test_each_comparisons_stated_slowdown_is_caught_95_percent_of_the_time(windows):
+    """The power statement, checked per comparison (the project's rule: at the stated value at least 95% of
+    comparisons say "slower"): every unchanged comparison of ``windows`` windows a side (lognormal, sd 5%) states
+    the slowdown it could have caught; a fresh comparison of as many windows with HEAD exactly that much slower
+    says "slower" at least 95% of the time, the lower end of its one-sided 95% Clopper-Pearson bound at least
+    92%.  (With the interval's width taken for a known standard error this was 88-91%.)"""
+    from suite.ab.power import rate_interval
+
+    rng = np.random.default_rng(windows)
+    n, sd = 300, 0.05
+    stated, caught = [], []
+    for _ in range(n):
+        d = gate_samples(0.1 * rng.lognormal(0, sd, windows), 0.1 * rng.lognormal(0, sd, windows))[
+            "detectable_slowdown"]
+        g = gate_samples(0.1 * rng.lognormal(0, sd, windows), 0.1 * (1 + d) * rng.lognormal(0, sd, windows))
+        stated.append(d)
+        caught.append(g["change"] == "slower")
+    assert all(math.isfinite(d) and d > 0.25 for d in stated), stated
+    rate, low = sum(caught) / n, rate_interval(sum(caught), n, level=0.90)[0]
+    assert rate >= 0.95 and low >= 0.92, (windows, rate, low, float(np.median(stated)))
+
+
+def test_too_few_windows_for_alpha_could_have_caught_nothing(tmp_path, capsys):
+    """3 or 4 windows a side: no arrangement reaches alpha 0.01 (the smallest p is 1/20, 1/70), so the verdict is
+    "too few samples" and the statement is that nothing could have been caught, not the interval's width; the
+    bootstrap test, which has no such floor, still states a slowdown."""
+    rng = np.random.default_rng(0)
+    for windows in (3, 4):
+        g = gate_samples(0.1 * rng.lognormal(0, 0.05, windows), 0.3 * rng.lognormal(0, 0.05, windows))
+        assert g["change"] == "too few samples" and g["detectable_slowdown"] == math.inf, g
+        g = gate_samples(0.1 * rng.lognormal(0, 0.05, windows), 0.1 * rng.lognormal(0, 0.05, windows),
+                         GateOptions(method="bootstrap"))
+        assert math.isfinite(g["detectable_slowdown"]), g
+    g = gate_samples(0.1 * rng.lognormal(0, 0.05, 5), 0.1 * rng.lognormal(0, 0.05, 5))
+    assert g["change"] != "too few samples" and math.isfinite(g["detectable_slowdown"]), g
+    base, head = tmp_path / "b.jsonl", tmp_path / "h.jsonl"
+    write_records(base, {("mlp/plain", 2): (noisy(1, n=24), "pass")})
+    write_records(head, {("mlp/plain", 2): (noisy(2, n=24), "pass")})  # 3 windows of 8 steps a side
+    assert main(["compare", str(base), str(head)]) == 3
+    err = capsys.readouterr().err
+    assert "mlp/plain@2: too few windows for alpha 0.01, could have caught nothing" in err, err
+    assert main(["compare", str(base), str(head), "--json"]) == 3
+    (row,) = json.loads(capsys.readouterr().out)["rows"]
+    assert row["detectable_slowdown"] is None, row
+
+
 def test_compare_exit_codes_and_table(tmp_path, capsys):
     base, same, slow = tmp_path / "base.jsonl", tmp_path / "same.jsonl", tmp_path / "slow.jsonl"
     n = 200  # 25 windows a side: enough to say "same" at the 25% threshold

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from suite.measure.stats import bootstrap_median_ci, paired_speedup
+from suite.measure.stats import bootstrap_median_ci, detectable_shift, paired_speedup
 
 
 def test_the_median_interval_covers_the_true_median_about_95_percent_of_the_time():
@@ -58,3 +58,30 @@ def test_rate_interval_is_clopper_pearson():
     assert lo < 2 / 120 < hi and math.isfinite(lo) and math.isfinite(hi)
     with pytest.raises(ValueError, match="3 of 2"):
         rate_interval(3, 2)
+
+
+def test_detectable_shift_is_the_normal_one_for_a_known_spread_and_inf_without_one():
+    """With the standard error known (degrees of freedom without end) the shift is (crit + z_power) standard
+    errors, the textbook figure: 1.959964 + 1.644854 for a 95% two-sided interval at 95% power."""
+    assert detectable_shift(0.01, 1e7, 1.959964) == pytest.approx((1.959964 + 1.644854) * 0.01, rel=2e-3)
+    assert detectable_shift(0.01, 5, 1.959964) > detectable_shift(0.01, 30, 1.959964) > 0.036  # fewer df: more
+    assert detectable_shift(math.nan, 5, 2.0) == math.inf and detectable_shift(0.01, 0, 2.0) == math.inf
+    assert detectable_shift(0.0, 5, 2.0) == 0.0
+
+
+@pytest.mark.parametrize("g", [3, 6, 30])
+def test_detectable_shift_is_caught_95_percent_of_the_time_per_comparison(g):
+    """The shift's promise, checked per comparison and apart from any caller: each of many samples of ``g`` values
+    states the shift its own t test (crit = t(0.995, g - 1), the estimate over s/sqrt(g)) would cross 95% of the
+    time; a fresh sample of ``g`` values shifted by exactly that much crosses at least 95% of the time."""
+    from scipy.stats import t as student_t
+
+    from suite.ab.power import rate_interval
+
+    rng = np.random.default_rng(g)
+    n, crit = 4000, float(student_t.ppf(0.995, g - 1))
+    x = rng.normal(0, 1, (n, g))
+    shift = np.array([detectable_shift(s / math.sqrt(g), g - 1, crit) for s in x.std(axis=1, ddof=1)])
+    y = shift[:, None] + rng.normal(0, 1, (n, g))
+    caught = int(np.sum(y.mean(axis=1) / (y.std(axis=1, ddof=1) / math.sqrt(g)) > crit))
+    assert caught / n >= 0.95 and rate_interval(caught, n, level=0.90)[0] >= 0.92, (g, caught / n)

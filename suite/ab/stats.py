@@ -32,7 +32,9 @@ is their mean and the interval a Student t interval over the pairs (:func:`pair_
 decided after whole pairs from ``min_pairs`` on.
 
 Power (:func:`detectable_slowdown`): every verdict states the smallest slowdown the comparison would have
-called "slower" with probability ``POWER`` (95%), from its own spread and number of samples.
+called "slower" with probability ``POWER`` (95%), from its own spread (at its 95% upper confidence bound) and
+number of samples; checked per comparison: at its own stated value, at least 95% of fresh comparisons say
+"slower".
 """
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ __all__ = ["SeqOptions", "Sequential", "block_log_ratio", "interval", "pair_inte
 
 VERDICTS = ("slower", "faster", "same", "inconclusive")
 POWER = 0.95  # of the power statement: the slowdown a comparison would have caught this often
-SPREAD_BOUND = 0.6  # the samples' spread is taken at its 60% upper confidence bound in the power statement
+SPREAD_BOUND = 0.95  # the power statement takes the samples' spread at its 95% upper confidence bound
 
 
 @dataclass(frozen=True)
@@ -158,18 +160,27 @@ def detectable_slowdown(samples: Sequence[float], lo: float, hi: float, opts: Se
                         t_samples: bool = True) -> float:
     """The smallest slowdown (a fraction: 0.05 = 5%) that a comparison like this one, with as many samples and
     their spread, would have called "slower" with probability ``POWER``; ``inf`` when it could catch none (fewer
-    than two samples, or an unbounded interval).
+    than two samples, fewer than three blocks without rotation, or an unbounded interval).
 
-    With a t interval over G samples (rotation: the pairs' trimmed means, ``t_samples``), "slower" needs
-    mean − t_c·s/√G > log(1+δ): the noncentral t with G−1 degrees of freedom gives the noncentrality ν at which
-    that happens with probability ``POWER`` (it counts the spread's own uncertainty, which with 3 pairs is
-    large), and the slowdown is exp(log(1+δ) + ν·σ/√G) − 1, with σ the spread at its ``SPREAD_BOUND`` upper
-    confidence bound (s·√(df / χ²_{1−bound}(df))), so that the statement errs on the side of claiming less.
-    With the block bootstrap (no rotation) the interval's half-width gives the standard error (normal quantiles).
-    Validated by simulation in tests/test_ab.py: at the stated value at least 95% of comparisons say "slower"."""
-    from scipy.optimize import brentq
-    from scipy.stats import chi2, nct, norm
+    "slower" needs the interval's low end above log(1+δ): the estimate more than ``crit`` estimated standard
+    errors beyond it.  :func:`suite.measure.stats.detectable_shift` gives the distance, noncentral t on the
+    standard error's degrees of freedom, with the standard error at its ``SPREAD_BOUND`` (95%) upper confidence
+    bound from this comparison's own, so that the statement errs on the side of claiming less:
+
+    - a t interval over G samples (rotation: the pairs' trimmed means, ``t_samples``): se = s/√G, G−1 degrees
+      of freedom, crit the interval's t quantile;
+    - the block bootstrap (no rotation): se = the interval's width / (2·z), z its normal quantile, and crit = z,
+      on the trimmed mean's n − 2⌊trim·n⌋ − 1 degrees of freedom (Yuen's; blocks hit by a burst of load leave
+      fewer effective samples than blocks).
+
+    The slowdown is exp(log(1+δ) + shift) − 1.  Validated per comparison in tests/test_ab.py: each simulated
+    comparison's own stated value, then a fresh comparison (same design, same true spread) at exactly that
+    slowdown; at least 95% of those say "slower", for either branch, with the "same" verdicts of sequential
+    stopping among them."""
+    from scipy.stats import norm
     from scipy.stats import t as student_t
+
+    from ..measure.stats import detectable_shift
 
     margin = math.log1p(opts.delta)
     if t_samples:
@@ -180,17 +191,16 @@ def detectable_slowdown(samples: Sequence[float], lo: float, hi: float, opts: Se
         sd = float(np.std(np.asarray(samples, dtype=float), ddof=1))
         if not math.isfinite(sd):
             return math.inf
-        sigma = sd * math.sqrt(df / float(chi2.ppf(1 - SPREAD_BOUND, df)))
         t_c = float(student_t.ppf(0.5 + opts.confidence / 2, df))
-        nu = brentq(lambda x: float(nct.sf(t_c, df, x)) - POWER, 0.0, 1e4)
-        shift = margin + nu * sigma / math.sqrt(g)
+        shift = detectable_shift(sd / math.sqrt(g), df, t_c, POWER, SPREAD_BOUND)
     else:
-        if not (math.isfinite(lo) and math.isfinite(hi)):
+        n = len(samples)
+        if n < 3 or not (math.isfinite(lo) and math.isfinite(hi)):  # one block's "interval" is the block itself
             return math.inf
         z_c = float(norm.ppf(0.5 + opts.confidence / 2))
-        se = (hi - lo) / (2 * z_c)
-        shift = margin + (z_c + float(norm.ppf(POWER))) * se
-    return math.expm1(shift)
+        df = max(1, n - 2 * int(opts.trim * n) - 1)
+        shift = detectable_shift((hi - lo) / (2 * z_c), df, z_c, POWER, SPREAD_BOUND)
+    return math.expm1(margin + shift)
 
 
 def decide(lo: float, hi: float, delta: float) -> str | None:

@@ -107,9 +107,9 @@ def main(args) -> int:
             + ([f"{len(not_run)} case(s) not run on HEAD"] if not_run else [])
         print(f"\nregression gate: UNDECIDED ({'; '.join(why)})", file=sys.stderr)
         for r in cmp.undecided:
-            d = r["detectable_slowdown"]
-            print(plain(f"  {r['case']}@{r['world']}: {r['change']}" + (f", could have caught ≥ {d:.0%}" if d else "")),
-                  file=sys.stderr)
+            d = r["detectable_slowdown"]  # None: too few samples to catch any slowdown
+            power = f"could have caught ≥ {d:.0%}" if d is not None else "could have caught nothing"
+            print(plain(f"  {r['case']}@{r['world']}: {r['change']}, {power}"), file=sys.stderr)
         return 3
     print(f"\nregression gate: ok (threshold {opts.threshold:.0%}, alpha {opts.alpha:g}, {opts.method})")
     return 0

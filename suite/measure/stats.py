@@ -6,11 +6,13 @@ bootstrap 95% interval.
 """
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Sequence
 
-__all__ = ["describe", "window_seconds", "paired_speedup", "bootstrap_median_ci", "busbw", "RUN_ROUNDS_FOR_95"]
+__all__ = ["describe", "window_seconds", "paired_speedup", "bootstrap_median_ci", "busbw", "detectable_shift",
+           "RUN_ROUNDS_FOR_95"]
 
 # The fewest rounds whose range can cover the median with 95% probability (1 - 2**(1 - n) >= 0.95).
 RUN_ROUNDS_FOR_95 = 6
@@ -52,6 +54,39 @@ def bootstrap_median_ci(xs: Sequence[float], level: float = 0.95, n_boot: int = 
     res = bootstrap((a,), np.median, confidence_level=level, n_resamples=n_boot, method="percentile",
                     vectorized=True, random_state=np.random.default_rng(seed))
     return (float(res.confidence_interval.low), float(res.confidence_interval.high))
+
+
+@functools.lru_cache(maxsize=256)
+def _noncentrality(df: float, crit: float, power: float) -> float:
+    """ν with P(noncentral t(df, ν) > crit) = power."""
+    from scipy.optimize import brentq
+    from scipy.stats import nct
+
+    return float(brentq(lambda x: float(nct.sf(crit, df, x)) - power, 0.0, 1e4))
+
+
+def detectable_shift(se: float, df: float, crit: float, power: float = 0.95, bound: float = 0.95) -> float:
+    """How far beyond its decision line a true effect must lie for a comparison like this one to cross the line
+    with probability ``power``: the power statement of `ab` and `compare` (``detectable_slowdown``), in the units
+    of ``se`` (log ratios).
+
+    The comparison says "beyond" when (estimate - line) / se_hat > ``crit``, with se_hat its estimated standard
+    error on ``df`` degrees of freedom (a t interval: s / sqrt(G) and G - 1; a bootstrap interval: its
+    half-width over its quantile).  That ratio is noncentral t with df degrees of freedom and noncentrality
+    (effect - line) / se, so the effect is line + ν·se, with ν the noncentrality at which it crosses ``crit``
+    with probability ``power`` (this counts the next comparison's own uncertainty about its spread).  The true
+    se is unknown: it is taken at its ``bound`` upper confidence bound from this comparison's se_hat,
+    se_hat·sqrt(df / χ²_{1-bound}(df)).  The bound is 95% because the statement is checked per comparison (its
+    own stated value, then a fresh comparison at exactly that effect; tests/test_ab.py, tests/test_compare.py),
+    and a comparison that stopped early because its interval happened to be narrow underestimates its spread:
+    at a 60% bound 10-15% of such comparisons stated less than they could catch, at 95% the fresh comparisons
+    cross the line 96-99% of the time.  inf for a standard error that is not finite or df < 1."""
+    from scipy.stats import chi2
+
+    if not (math.isfinite(se) and se >= 0 and df >= 1):
+        return math.inf
+    upper = se * math.sqrt(df / float(chi2.ppf(1 - bound, df)))
+    return _noncentrality(float(df), float(crit), float(power)) * upper
 
 
 def window_seconds(answers: list[dict], variant: str) -> list[float]:

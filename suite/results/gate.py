@@ -99,11 +99,15 @@ def gate_samples(base, head, opts: GateOptions = GateOptions()) -> dict:
         fast_test = out["p_faster"] < opts.alpha and speedup > fast_line
     else:
         slow_test, fast_test = hi < 1, lo > 1
-    # the power statement: the bootstrap interval's width as the standard error of the log speedup
+    # the power statement: the bootstrap interval's width as the standard error of the log speedup, on the two
+    # sides' n_base + n_head - 2 degrees of freedom, at its 95% upper bound (suite.measure.stats.detectable_shift)
     if lo > 0 and math.isfinite(hi) and hi > 0:
-        z_c, z_p = 1.959964, 1.644854  # normal quantiles 0.975 (the 95% interval) and 0.95 (the power)
+        from ..measure.stats import detectable_shift
+
+        z_c = 1.959964  # the normal quantile 0.975 (the 95% interval)
         se = (math.log(hi) - math.log(lo)) / (2 * z_c)
-        out["detectable_slowdown"] = math.expm1(math.log1p(opts.threshold) + (z_c + z_p) * se)
+        out["detectable_slowdown"] = math.expm1(math.log1p(opts.threshold)
+                                                + detectable_shift(se, b.size + h.size - 2, z_c))
     if slow_test:  # significant: slower only if the whole interval is beyond the threshold
         out["change"] = "slower" if hi < slow_line else "undecided"
     elif fast_test:
@@ -113,6 +117,7 @@ def gate_samples(base, head, opts: GateOptions = GateOptions()) -> dict:
     if opts.method == "mwu" and min_p_value(b.size, h.size) >= opts.alpha:
         # no arrangement of so few samples reaches alpha: the test cannot say "slower" at all
         out["change"] = "too few samples"
+        out["detectable_slowdown"] = math.inf  # so it could have caught nothing
     return out
 
 
