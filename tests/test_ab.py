@@ -188,7 +188,11 @@ def test_ab_reports_structure_changed_for_a_bucket_size_change(repo):
     # and the table for people shows the diff
     from suite.ab.trials import AbReport, CaseOutcome, format_table
 
-    outcome = CaseOutcome(**{k: tuple(v) if k == "ci" else v for k, v in case.items()})
+    def number(v):  # --json writes inf and nan as strings (an interval from 3 s of blocks may be unbounded)
+        return {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}.get(v, v) if isinstance(v, str) else v
+
+    outcome = CaseOutcome(**{k: tuple(map(number, v)) if k == "ci" else v if k in ("status", "verdict", "case")
+                             else number(v) for k, v in case.items()})
     table = format_table(AbReport(out["base"], out["head"], out["options"], cases=[outcome]))
     assert "structure changed: mlp/fusion@2" in table and "buckets:" in table, table
     _no_worktrees_left(root)
