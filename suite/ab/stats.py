@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..measure.stats import detectable_shift
+
 __all__ = ["SeqOptions", "Sequential", "block_log_ratio", "interval", "pair_interval", "decide", "lag1", "VERDICTS",
            "describe_verdict", "describe_power", "detectable_slowdown", "POWER"]
 
@@ -179,8 +181,6 @@ def detectable_slowdown(samples: Sequence[float], lo: float, hi: float, opts: Se
     stopping among them."""
     from scipy.stats import norm
     from scipy.stats import t as student_t
-
-    from ..measure.stats import detectable_shift
 
     margin = math.log1p(opts.delta)
     if t_samples:

@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from ..measure.stats import detectable_shift
+
 __all__ = ["GateOptions", "gate_samples", "MIN_SAMPLES", "min_p_value", "UNDECIDED"]
 
 UNDECIDED = ("undecided", "too few samples")  # changes that decide nothing (exit 3)
@@ -102,8 +104,6 @@ def gate_samples(base, head, opts: GateOptions = GateOptions()) -> dict:
     # the power statement: the bootstrap interval's width as the standard error of the log speedup, on the two
     # sides' n_base + n_head - 2 degrees of freedom, at its 95% upper bound (suite.measure.stats.detectable_shift)
     if lo > 0 and math.isfinite(hi) and hi > 0:
-        from ..measure.stats import detectable_shift
-
         z_c = 1.959964  # the normal quantile 0.975 (the 95% interval)
         se = (math.log(hi) - math.log(lo)) / (2 * z_c)
         out["detectable_slowdown"] = math.expm1(math.log1p(opts.threshold)
