@@ -187,3 +187,16 @@ def test_few_rounds_say_what_their_interval_covers(no_ranks, two_cpus, capsys, t
     else:
         assert len(notes) == 1 and f"covers the median {note} of the time" in notes[0], err
         assert "--rounds 6 or more for 95%" in notes[0]
+
+
+def test_an_errored_baseline_is_not_shown_as_the_baseline_and_one_round_has_no_interval(capsys):
+    from suite.cli.run import _speedup_cell, print_table
+    from suite.results.records import CaseRecord
+
+    recs = [CaseRecord("mlp/plain", "mlp", 2, {}, "r", status="error", verdict="error", error="rank 1 died"),
+            CaseRecord("mlp/overlap", "mlp", 2, {}, "r", verdict="pass", metrics={"samples_per_s": 10.0})]
+    print_table(recs)
+    out = capsys.readouterr().out
+    assert "the baseline" not in out, out
+    assert _speedup_cell(1.2, [float("nan"), float("nan")]) == "1.20 (no interval)"
+    assert _speedup_cell(float("nan"), [float("nan"), float("nan")]) == "-"

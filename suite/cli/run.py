@@ -7,6 +7,7 @@ validated before any rank starts.
 """
 from __future__ import annotations
 
+import math
 import os
 import stat
 import sys
@@ -174,7 +175,9 @@ def main(args) -> int:
                     runner.say(f"  skip  {rec.case}: {rec.error}")
                 elif rec.metrics and reporter:
                     sp = rec.metrics.get("speedup")  # none without the baseline (it could not run)
-                    sp_text = "no baseline" if sp is None else f"speedup {sp:.2f}x"
+                    ci = rec.metrics.get("speedup_ci") or [None, None]
+                    sp_text = "no baseline" if sp is None else f"speedup {sp:.2f}x" + (
+                        " (not resolved)" if _speedup_cell(sp, ci).endswith("not resolved") else "")
                     runner.say(f"      {rec.case:{width}s} {rec.samples_per_s:9.1f} samples/s   {sp_text}"
                                f"{_allreduce_counts(rec.describe)}")
                 if reporter:
@@ -396,8 +399,10 @@ def _speedup_cell(sp, ci, baseline: bool = False) -> str:
     """The speedup with its interval; "not resolved" where the interval spans 1 (neither faster nor slower)."""
     if baseline:
         return "1 (the baseline)"
-    if not (isinstance(sp, float) and ci[0] is not None and ci[1] is not None):
+    if not (isinstance(sp, float) and math.isfinite(sp)):
         return "-"
+    if not (ci[0] is not None and ci[1] is not None and math.isfinite(ci[0]) and math.isfinite(ci[1])):
+        return f"{sp:.2f} (no interval)"  # one round, or a faulty one
     cell = f"{sp:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
     return cell + " not resolved" if ci[0] <= 1 <= ci[1] else cell
 
@@ -421,7 +426,7 @@ def print_table(records) -> None:
             r.case,
             r.verdict,
             f"{sps:.1f}" if isinstance(sps, float) else "-",
-            _speedup_cell(sp, ci, baseline=r.case.endswith("/" + BASELINE)),
+            _speedup_cell(sp, ci, baseline=r.case.endswith("/" + BASELINE) and r.status == "ok"),
             f"{st['median'] * 1e3:.1f} ({st['iqr'] * 1e3:.1f})" if st.get("n") else "-",
             _count(ar) if m else "-",
         )
