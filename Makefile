@@ -29,14 +29,15 @@ run: setup
 	$(VENV)/bin/fleetbench run $(ARGS)
 
 # Lint, type check, then the tests (CI runs this through .ci/run).
-# Tests whose verdict depends on the machine's load (marked `statistical`) are left to `make test-slow`.
+# Tests whose verdict depends on the machine's load (marked `statistical`) and whole pipelines run as
+# subprocesses (marked `heavy`) are left to `make test-slow`.
 test: setup-hf lint
-	$(PY) -m pytest tests -m "not statistical" $(ARGS)
+	$(PY) -m pytest tests -m "not statistical and not heavy" $(ARGS)
 
 # The statistical end-to-end tests: ab catching +10%, bisect naming a +10% commit, asv history, kill sweeps,
 # browser checks. Run by the scheduled CPU workflow and by `make nightly-cpu`; best on a quiet machine.
 test-slow: setup-hf
-	$(PY) -m pytest tests -m statistical $(ARGS)
+	$(PY) -m pytest tests -m "statistical or heavy" $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check suite tests bench_cases

@@ -479,13 +479,26 @@ def test_bisection_split_classifies_two_ways():
         assert s.finish() == want
 
 
-def test_ab_options_are_validated_before_anything_starts(repo):
+def test_ab_options_are_validated_before_anything_starts(repo, capsys):
+    """In this process (each refusal comes before any worktree, server or rank; a subprocess each cost 2 s)."""
+    import signal
+
+    from suite.cli.main import main
+
     root, c = repo
-    for bad in (["--delta", "0"], ["--budget", "nan"], ["--min-blocks", "1"], ["--steps", "0"], ["--rotate", "1"],
-                ["--restart", "-1"]):
-        proc = _fleetbench("ab", c["base"], c["base"], "--repo", str(root), "--case", "mlp/plain", *bad, timeout=120)
-        assert proc.returncode == 2, (bad, proc.stderr)
-        assert "fleetbench ab: error:" in proc.stderr, proc.stderr
+    term = signal.getsignal(signal.SIGTERM)  # ab turns SIGTERM into Ctrl-C for its process
+    try:
+        for bad in (["--delta", "0"], ["--budget", "nan"], ["--min-blocks", "1"], ["--steps", "0"],
+                    ["--rotate", "1"], ["--restart", "-1"]):
+            try:
+                code = main(["ab", c["base"], c["base"], "--repo", str(root), "--case", "mlp/plain", *bad])
+            except SystemExit as exc:
+                code = exc.code
+            err = capsys.readouterr().err
+            assert code == 2, (bad, err)
+            assert "fleetbench ab: error:" in err, err
+    finally:
+        signal.signal(signal.SIGTERM, term)
     _no_worktrees_left(root)
 
 

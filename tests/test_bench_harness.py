@@ -126,6 +126,7 @@ def _saved_run(path, setup: dict | None) -> str:
     return str(path)
 
 
+@pytest.mark.heavy  # a real pytest-benchmark session in a subprocess: make test-slow
 def test_benchmark_compare_warns_when_the_compared_runs_setup_differs(tmp_path):
     """pytest-benchmark loads the compared run when pytest is configured: --collect-only is enough to see it."""
     from bench_cases._matrix import setup_of
@@ -152,6 +153,7 @@ def test_benchmark_compare_warns_when_the_compared_runs_setup_differs(tmp_path):
     assert proc.returncode == 0 and "fleetbench: the compared run" not in proc.stdout + proc.stderr, proc.stderr
 
 
+@pytest.mark.heavy  # a real pytest-benchmark session in a subprocess: make test-slow
 def test_a_tiny_run_records_its_setup_takes_min_rounds_and_names_the_options_it_ignores(tmp_path):
     out = tmp_path / "bench.json"
     proc = _pytest_bench(tmp_path, "--benchmark-only", "--fleetbench-case", "mlp/plain", "--fleetbench-size", "tiny",
@@ -211,6 +213,7 @@ def test_the_saved_options_state_the_rounds_that_ran():
     assert item.get_closest_marker("benchmark").kwargs == {"timer": "rank_clock", "min_rounds": 2, "warmup": False}
 
 
+@pytest.mark.heavy  # a real pytest-benchmark session in a subprocess: make test-slow
 def test_no_note_about_tables_when_benchmarks_are_disabled(tmp_path):
     proc = _pytest_bench(tmp_path, "--benchmark-disable", "--fleetbench-case", "mlp/plain", "--fleetbench-size",
                          "tiny", "--fleetbench-steps", "1", "--fleetbench-rounds", "1", "--fleetbench-no-check")

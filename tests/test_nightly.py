@@ -150,6 +150,7 @@ def _night(tmp_path, last_good: str | None, *extra: str, env: dict | None = None
     return proc, proc.stdout + proc.stderr, out_dir, good
 
 
+@pytest.mark.heavy  # 36 s of subprocesses; make test-slow and make nightly-cpu run the pipeline
 def test_nightly_cpu_pipeline_end_to_end(tmp_path):
     """Quick mode, no last good commit: every stage runs and writes its output, the night becomes the baseline
     (no verdict here depends on timing)."""
