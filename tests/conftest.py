@@ -46,3 +46,16 @@ def pytest_sessionfinish(session, exitstatus):
     for pool in _POOLS.values():
         pool.close()
     _POOLS.clear()
+
+
+class _NoRanks:
+    def __init__(self, *a, **k):
+        raise AssertionError("a rank pool was started (despite bad input, or before the point under test)")
+
+
+@pytest.fixture
+def no_ranks(monkeypatch):
+    """Starting a rank pool fails the test: what is tested happens before any rank starts."""
+    import suite.runtime
+
+    monkeypatch.setattr(suite.runtime, "RankPool", _NoRanks)

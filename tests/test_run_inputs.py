@@ -9,20 +9,9 @@ import subprocess
 
 import pytest
 
-import suite.runtime
 from suite.cli import run as run_cli
 from suite.cli.main import main
 from suite.results.records import CaseRecord, read_records
-
-
-class NoRanks:
-    def __init__(self, *a, **k):
-        raise AssertionError("a rank pool was started despite bad input")
-
-
-@pytest.fixture
-def no_ranks(monkeypatch):
-    monkeypatch.setattr(suite.runtime, "RankPool", NoRanks)
 
 
 def _one_error(capsys, words: str) -> None:

@@ -12,16 +12,6 @@ from suite.cli.main import build_parser, main
 RUN = ["run", "--case", "mlp/plain", "--size", "tiny", "--device", "cpu"]
 
 
-class NoRanks:
-    def __init__(self, *a, **k):
-        raise AssertionError("a rank pool was started")
-
-
-@pytest.fixture
-def no_ranks(monkeypatch):
-    monkeypatch.setattr(suite.runtime, "RankPool", NoRanks)
-
-
 @pytest.fixture
 def two_cpus(monkeypatch):
     """A 2-CPU machine whose available memory holds 40 ranks."""
