@@ -134,9 +134,10 @@ def main(args) -> int:
             launcher.close()
             shutdown()
         return 0
-    if reporter and 1 - 2.0 ** (1 - opts.rounds) < 0.9:  # the default 5 rounds: 94%, said in docs/report.md
+    coverage = 1 - 2.0 ** (1 - opts.rounds)  # of the rounds' range, about the median (measure/stats.py)
+    if reporter and coverage < 0.9:  # the default 5 rounds: 94%, said in docs/report.md
         print(f"fleetbench run: note: {opts.rounds} round(s): a speedup's 95% interval is about the range of the "
-              f"rounds, which covers the median {1 - 2.0 ** (1 - opts.rounds):.0%} of the time at best; "
+              f"rounds, which covers the median {coverage:.0%} of the time at best; "
               f"--rounds {RUN_ROUNDS_FOR_95} or more for 95%", file=sys.stderr, flush=True)
     if not env:
         if crowded := oversubscribed(args.nproc, device):
