@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 import xml.etree.ElementTree as ET
 
 import lxml.etree
@@ -43,8 +44,8 @@ def outcome(tc: ET.Element) -> tuple[str, str]:
 
 
 class NanOverlapPool:
-    """Stands for the rank pool of `fleetbench run --no-check`: synthetic timings, the overlap case's loss nan at
-    its second step (a failure, ``CaseRunner.record``), every other variant fine."""
+    """Stands for the rank pool of `fleetbench run --no-check`: synthetic timings that take 0.1 s, the overlap case's
+    loss nan at its second step (a failure, ``CaseRunner.record``), every other variant fine."""
 
     def __init__(self, nproc, **kw):
         self.nproc = nproc
@@ -55,6 +56,7 @@ class NanOverlapPool:
 
         if fn is free_memory_on_rank:
             return [2**40] * self.nproc
+        time.sleep(0.1)  # the interleaved timing of plain and overlap: each case's share is 0.05 s
         answers = _answers([v["name"] for v in kwargs["variants"]], ranks=self.nproc)
         for a in answers:
             if "overlap" in a["variants"]:
@@ -87,7 +89,7 @@ def test_run_writes_a_failing_and_a_skipped_case_with_their_messages(monkeypatch
     assert (suite_el.get("tests"), suite_el.get("failures"), suite_el.get("errors"), suite_el.get("skipped")) == \
         ("3", "1", "0", "1")
     assert all(tc.get("classname") == "fleetbench.run.mlp" for tc in got.values())
-    assert float(got["mlp/overlap@3"].get("time")) > 0  # its share of the interleaved timing
+    assert float(got["mlp/overlap@3"].get("time")) >= 0.05  # its share of the interleaved timing
 
 
 @pytest.mark.parametrize("make", [
