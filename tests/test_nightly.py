@@ -195,7 +195,15 @@ def test_nightly_cpu_pipeline_end_to_end(tmp_path):
 
     page = open(out_dir / "report" / "index.html").read()
     assert "mlp/plain" in page and "throughput_w2.png" in page
-    assert glob.glob(str(out_dir / "report" / "traces" / "*.json"))
+    assert glob.glob(str(out_dir / "report" / "traces" / "*" / "timeline.json"))
+    assert glob.glob(str(out_dir / "report" / "traces" / "*" / "rank0.pt.trace.json"))
+    # the night's JUnit XML: a case per stage, then the run's own and pytest-benchmark's --junitxml
+    from tests.test_junit import cases, outcome, valid
+
+    junit = cases(valid(out_dir / "junit.xml"))
+    stages = ("run", "pytest-benchmark", "asv", "report", "gate", "history")
+    assert {n: outcome(junit[n])[0] for n in stages} == dict.fromkeys(stages, "passed"), junit
+    assert outcome(junit["mlp/plain@2"])[0] == "passed" and outcome(junit["test_step[mlp/plain@2]"])[0] == "passed"
 
 
 @pytest.mark.statistical

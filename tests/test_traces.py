@@ -116,3 +116,25 @@ def test_a_large_trace_is_written_gzipped_and_a_small_one_plain(tmp_path, monkey
     assert sorted(os.listdir(where)) == ["rank0.pt.trace.json", "rank1.pt.trace.json.gz", "timeline.json"]
     assert (where / "rank0.pt.trace.json").read_bytes() == small
     assert gzip.decompress((where / "rank1.pt.trace.json.gz").read_bytes()) == large
+
+
+def test_the_report_copies_a_trace_directory_file_by_file_and_leaves_a_link_out(tmp_path, capsys):
+    from suite.report.page import build_report
+    from suite.results.records import CaseRecord
+
+    results = tmp_path / "results"
+    case_dir = results / "traces" / "r1" / "mlp_plain@2"
+    case_dir.mkdir(parents=True)
+    (case_dir / "timeline.json").write_text('{"traceEvents": []}')
+    (case_dir / "rank0.pt.trace.json").write_text('{"traceEvents": []}')
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"TOP SECRET": 1}')
+    os.symlink(secret, case_dir / "rank1.pt.trace.json")
+    rec = CaseRecord("mlp/plain", "mlp", 2, {}, "r1", verdict="pass",
+                     metrics={"samples_per_s": 1.0, "trace_file": "traces/r1/mlp_plain@2"})
+    data = build_report([rec], str(tmp_path / "out"), str(results))
+    assert sorted(data["traces"]) == ["traces/mlp_plain@2/rank0.pt.trace.json", "traces/mlp_plain@2/timeline.json"]
+    assert not (tmp_path / "out" / "traces" / "mlp_plain@2" / "rank1.pt.trace.json").exists()
+    assert "rank1.pt.trace.json resolves to" in capsys.readouterr().err
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert "href='traces/mlp_plain@2/timeline.json'" in page

@@ -119,7 +119,7 @@ class BucketedGradSync(GradSync):
         self._inflight: list[tuple[int, Callable[[], None]]] = []
         self._next = 0
         self._armed = False
-        self.events: list | None = None  # (kind, bucket, time) when recording: "hook", "launch", "wait"
+        self.events: list | None = None  # (kind, bucket, time) when recording: "hook", "ready", "launch", "wait"
         self.clock: Callable[[], object] = time.perf_counter  # the events' time (a trace sets a device mark)
         log.info(fusion_log_line(len(self.params), len(self.buckets)))
 
