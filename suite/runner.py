@@ -49,7 +49,7 @@ from .measure.trace import trace_on_rank
 from .measure.utilization import UtilizationSampler
 from .models import count_parameters, get_model, model_info
 from .report.trace import chrome_trace
-from .results.records import CaseRecord, CheckSummary, Describe, Metrics, Structure
+from .results.records import CaseRecord, CheckSummary, Describe, Metrics, Structure, write_atomic
 from .results.structure import structure_of
 from .runtime.context import current
 from .runtime.pool import RankError
@@ -104,7 +104,7 @@ class Progress:
     ``event``: "check" / "checked" (``case``; ``done`` of ``total`` runnable cases checked, ``detail`` the
     verdict line), "timing" / "timed" (one timing group of ``model``: group ``done`` of ``total``, its
     ``variants`` interleaved for ``rounds`` rounds of ``steps`` steps; on "timed", ``detail`` is "" or why
-    it failed), "trace" (``case``).  ``seconds``: how long the step took ("checked", "timed")."""
+    it failed), "trace" / "traced" (``case``).  ``seconds``: how long the step took ("checked", "timed", "traced")."""
 
     event: str
     model: str
@@ -559,9 +559,10 @@ class CaseRunner:
 
     # ---- traces and prepared cases ---------------------------------------------------------------
     def trace(self, rc: ResolvedCase, rec: CaseRecord) -> None:
-        """A few traced steps of the case on every rank, written as a Chrome/Perfetto trace file."""
-        import json
-
+        """A few traced steps of the case on every rank, written into ``traces/RUN_ID/CASE@WORLD/`` (the record's
+        ``trace_file``): each rank's torch.profiler trace (``rank<R>.pt.trace.json``, gzipped over
+        :data:`GZIP_TRACE_OVER` bytes) and ``timeline.json``, every rank on one clock (``suite.report.trace``)."""
+        t0 = time.perf_counter()
         try:
             answers = self.launcher.run(trace_on_rank, dict(workload_spec=self.workload_spec(rc.case),
                                                             config=rc.config.to_dict(), steps=self.opts.trace_steps),
@@ -570,18 +571,14 @@ class CaseRunner:
             self.recover(exc)
             rec.metrics = dataclasses.replace(rec.metrics, trace_error=short_error(exc))
             return
+        finally:
+            self._progress("traced", rc.case.model, case=rc.case.name, seconds=time.perf_counter() - t0)
         if answers is None or not self.reporter:
             return
-        rel = os.path.join("traces", self.run_id, f"{rc.case.name.replace('/', '_')}@{self.world}.json")
-        path = os.path.join(self.opts.results_dir, rel)
-        root = os.path.join(os.path.realpath(self.opts.results_dir), "traces")
+        rel = os.path.join("traces", self.run_id, f"{rc.case.name.replace('/', '_')}@{self.world}")
         try:  # the record stands whatever happens to its trace; nothing is written outside traces/
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            if os.path.commonpath([root, os.path.realpath(path)]) != root:  # a planted symlink, a crafted name
-                raise OSError(f"{path} leads outside {root}")
-            with open(path, "w", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as fh:
-                json.dump(chrome_trace(answers, title=f"{rc.case.name} at world size {self.world}, "
-                                                      f"run {self.run_id}"), fh)
+            _write_traces(self.opts.results_dir, rel, answers,
+                          f"{rc.case.name} at world size {self.world}, run {self.run_id}")
         except (OSError, ValueError) as exc:
             rec.metrics = dataclasses.replace(rec.metrics, trace_error=f"trace not written: {exc}")
             return
@@ -594,6 +591,37 @@ class CaseRunner:
                                                        config=rc.config.to_dict(), warmup=self.opts.warmup),
                                     timeout=self.call_timeout(rc.case.model, self.opts.warmup))
         return PreparedCase(self, rc, key, (answers or [{}])[0].get("describe", {}))
+
+
+GZIP_TRACE_OVER = 4 * 2**20  # a rank's torch.profiler trace larger than this (unzipped) is written gzipped
+TRACE_MODE = 0o644  # traces are data: readable, never executable
+
+
+def _write_traces(results_dir: str, rel: str, answers: list[dict], title: str) -> None:
+    """The traced steps' files into ``results_dir/rel`` (see :meth:`CaseRunner.trace`), each through the atomic
+    writer (whole or not at all), mode 0644; refused if the directory leads outside ``results_dir/traces``."""
+    import gzip
+    import json
+
+    root = os.path.join(os.path.realpath(results_dir), "traces")
+    where = os.path.join(results_dir, rel)
+
+    def refuse_outside() -> None:  # a planted symlink, a crafted name
+        if os.path.commonpath([root, os.path.realpath(where)]) != root:
+            raise OSError(f"{where} leads outside {root}")
+
+    refuse_outside()  # before creating anything
+    os.makedirs(where, exist_ok=True)
+    refuse_outside()  # a link put there meanwhile
+    for a in answers:
+        packed = a.pop("kineto", None)
+        if packed is None:
+            continue
+        big = a.pop("kineto_bytes", 0) > GZIP_TRACE_OVER
+        name = f"rank{int(a['rank'])}.pt.trace.json" + (".gz" if big else "")
+        write_atomic(os.path.join(where, name), packed if big else gzip.decompress(packed), mode=TRACE_MODE)
+    write_atomic(os.path.join(where, "timeline.json"), json.dumps(chrome_trace(answers, title=title)),
+                 mode=TRACE_MODE)
 
 
 def _device_label(metadata: dict, device: str | None) -> str:

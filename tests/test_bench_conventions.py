@@ -2,7 +2,8 @@
 UNSERIALIZABLE in the saved JSON), one short group per model and world size (``mlp@2``), a round that is one
 training step (the ranks' own window over its steps, no round trip) said in ``extra_info`` and after the
 tables, ``fleetbench run``'s default windows and steps, ``fleetbench compare`` reading both the per-step
-files and the older per-round ones, and a ``smoke`` selection that is small and distinct from ``default``."""
+files and the older per-round ones, a ``smoke`` selection that is small and distinct from ``default``, and
+pytest's own ``--junitxml`` of a benchmark session."""
 from __future__ import annotations
 
 import json
@@ -57,8 +58,14 @@ def test_saved_json_has_plain_params_short_groups_and_a_round_of_one_step(tmp_pa
     proc = _pytest_bench("--benchmark-only", "--fleetbench-case", "mlp/plain", "--fleetbench-case", "mlp/overlap",
                          "--fleetbench-world", "2", "--fleetbench-rounds", "2", "--fleetbench-steps", "2",
                          "--fleetbench-no-check", "--benchmark-json", str(out),
-                         "--benchmark-storage", f"file://{tmp_path / 'storage'}")
+                         "--benchmark-storage", f"file://{tmp_path / 'storage'}", "--junitxml", str(tmp_path / "j.xml"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # pytest's own --junitxml keeps working for bench_cases: valid, one passed test per case
+    from tests.test_junit import cases, outcome, valid
+
+    junit = cases(valid(tmp_path / "j.xml"))
+    assert {n: outcome(tc) for n, tc in junit.items()} == {"test_step[mlp/plain@2]": ("passed", ""),
+                                                           "test_step[mlp/overlap@2]": ("passed", "")}, junit
     text = out.read_text()
     assert "UNSERIALIZABLE" not in text
     saved = list((tmp_path / "storage").rglob("*.json"))

@@ -90,7 +90,10 @@ def test_report_plots_hold_the_runs_data(real_run):
     assert "scaling.png" not in data["plots"]  # one world size: no scaling chart
     assert data["cases"]["mlp/plain@2"]["samples_per_s"] == recs[("mlp/plain", 2)].metrics["samples_per_s"]
     assert "mlp/plain" in open(os.path.join(out, "summary.md")).read()
-    assert len(data["traces"]) == 2 and all(os.path.exists(os.path.join(out, t)) for t in data["traces"])
+    # each case's directory: its timeline and one torch.profiler trace per rank
+    assert sorted(os.path.basename(t) for t in data["traces"]) == \
+        sorted(["timeline.json", "rank0.pt.trace.json", "rank1.pt.trace.json"] * 2), data["traces"]
+    assert all(os.path.exists(os.path.join(out, t)) for t in data["traces"])
     # the run's own metadata on top, no failure
     commit = real_run["records"][0].metadata["git"]["commit"]
     assert data["runs"][0]["commit"].startswith(commit[:12]) and f">{commit[:12]}" in page
@@ -99,7 +102,7 @@ def test_report_plots_hold_the_runs_data(real_run):
 
 def test_trace_has_compute_and_one_allreduce_span_per_bucket_per_step_on_every_rank(real_run):
     rec = {r.case: r for r in real_run["records"]}["mlp/plain"]
-    path = os.path.join(os.path.dirname(real_run["results"]), rec.metrics["trace_file"])
+    path = os.path.join(os.path.dirname(real_run["results"]), rec.metrics["trace_file"], "timeline.json")
     trace = json.load(open(path))
     events = trace["traceEvents"]
     lo, hi = (t * 1e6 for t in real_run["window"])
@@ -112,7 +115,7 @@ def test_trace_has_compute_and_one_allreduce_span_per_bucket_per_step_on_every_r
         for step in range(1, STEPS + 1):
             at = [e for e in mine if e["args"]["step"] == step]
             compute = [e for e in at if e["cat"] == "compute"]
-            assert {e["name"] for e in compute} == {"forward", "backward", "optimizer"}, compute
+            assert {e["name"] for e in compute} == {"forward", "backward", "wait", "optimizer"}, compute
             # collectives are async begin/end pairs (they overlap; X spans on one track would nest wrongly)
             allreduce = [e for e in at if e["name"] == "all_reduce" and e["ph"] == "b"]
             assert len(allreduce) == MLP_PARAMS, len(allreduce)
@@ -121,7 +124,8 @@ def test_trace_has_compute_and_one_allreduce_span_per_bucket_per_step_on_every_r
             assert all(e["tid"] != 0 for e in allreduce)  # on the communicator's track, not compute's
             assert len([e for e in at if e["cat"] == "bucket"]) == MLP_PARAMS
     none = {r.case: r for r in real_run["records"]}["mlp/none"]
-    t_none = json.load(open(os.path.join(os.path.dirname(real_run["results"]), none.metrics["trace_file"])))
+    t_none = json.load(open(os.path.join(os.path.dirname(real_run["results"]), none.metrics["trace_file"],
+                                         "timeline.json")))
     assert not [e for e in t_none["traceEvents"] if e.get("name") == "all_reduce"]
 
 

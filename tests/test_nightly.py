@@ -195,7 +195,15 @@ def test_nightly_cpu_pipeline_end_to_end(tmp_path):
 
     page = open(out_dir / "report" / "index.html").read()
     assert "mlp/plain" in page and "throughput_w2.png" in page
-    assert glob.glob(str(out_dir / "report" / "traces" / "*.json"))
+    assert glob.glob(str(out_dir / "report" / "traces" / "*" / "timeline.json"))
+    assert glob.glob(str(out_dir / "report" / "traces" / "*" / "rank0.pt.trace.json"))
+    # the night's JUnit XML: a case per stage, then the run's own and pytest-benchmark's --junitxml
+    from tests.test_junit import cases, outcome, valid
+
+    junit = cases(valid(out_dir / "junit.xml"))
+    stages = ("run", "pytest-benchmark", "asv", "report", "gate", "history")
+    assert {n: outcome(junit[n])[0] for n in stages} == dict.fromkeys(stages, "passed"), junit
+    assert outcome(junit["mlp/plain@2"])[0] == "passed" and outcome(junit["test_step[mlp/plain@2]"])[0] == "passed"
 
 
 @pytest.mark.statistical
@@ -218,8 +226,9 @@ def test_the_gate_fails_the_night_when_head_is_twice_as_slow(tmp_path):
     assert state["gate"]["worlds"]["2"]["cases"] == ["mlp/plain"]
 
 
-def _fake_night(tmp_path, monkeypatch, codes: dict, cancel_at: str | None = None, *extra: str):
-    """A night whose stage commands are recorded, not run: ``codes`` maps a command's first words to its exit."""
+def _fake_night(tmp_path, monkeypatch, codes: dict, cancel_at: str | None = None, *extra: str, on_call=None):
+    """A night whose stage commands are recorded, not run: ``codes`` maps a command's first words to its exit;
+    ``on_call(cmd)`` stands for what a command writes."""
     from suite.cli import nightly
     from suite.cli.main import build_parser
 
@@ -227,6 +236,8 @@ def _fake_night(tmp_path, monkeypatch, codes: dict, cancel_at: str | None = None
 
     def call(self, cmd, stdout=None, env=None):
         calls.append((cmd, env))
+        if on_call is not None:
+            on_call(cmd)
         key = cmd[3] if cmd[1:3] == ["-m", "suite.cli.main"] else "pytest" if "pytest" in cmd else "asv"
         if cancel_at == key:
             raise KeyboardInterrupt
@@ -320,3 +331,32 @@ def test_a_stage_running_past_the_limit_is_stopped_and_the_night_ends_with_2(tmp
     state = json.load(open(out / "nightly.json"))
     assert state["status"] == "over the limit" and state["stages"]["run"]["exit"] == "cancelled"
     assert list(state["stages"]) == ["run"]
+
+
+
+def test_the_nights_junit_has_a_case_per_stage_and_the_suites_its_stages_wrote(tmp_path, monkeypatch):
+    """--junit (default OUT/junit.xml): a test case per stage by its exit status (an undecided gate skipped), then
+    the suites the stages' commands wrote into OUT/junit/; last night's file of a stage that wrote none tonight is
+    never reported, and its missing file is said on the stage's case."""
+    from suite.report.junit import Suite, TestCase, write_junit
+    from tests.test_junit import cases, outcome, valid
+
+    stale = tmp_path / "out" / "junit" / "ab-w2.xml"
+    stale.parent.mkdir(parents=True)
+    write_junit(str(stale), [Suite("last night's gate", (TestCase("old/case@2", "fleetbench.ab", "failure", "x"),))])
+
+    def run_writes_its_file(cmd):
+        if cmd[1:4] == ["-m", "suite.cli.main", "run"]:
+            write_junit(cmd[cmd.index("--junit") + 1],
+                        [Suite("fleetbench run", (TestCase("mlp/plain@2", "fleetbench.run.mlp", "failure", "nan"),))])
+
+    code, calls, _, _, _ = _fake_night(tmp_path, monkeypatch, {"ab": 3, "run": 1}, on_call=run_writes_its_file)
+    assert code == 1
+    got = cases(valid(tmp_path / "out" / "junit.xml"))
+    assert outcome(got["run"]) == ("failure", "regression (exit 1)") and outcome(got["asv"]) == ("passed", "")
+    assert outcome(got["gate"]) == ("skipped", "undecided: inconclusive, nothing worse (exit 3)")
+    assert outcome(got["mlp/plain@2"]) == ("failure", "nan")  # the run stage's own suite
+    assert "old/case@2" not in got and not stale.exists()
+    assert "junit/ab-w2.xml: not written" in got["gate"].findtext("system-out")
+    pyb = next(c for c, _ in calls if "pytest" in c)
+    assert pyb[pyb.index("--junitxml") + 1] == str(tmp_path / "out" / "junit" / "pytest-benchmark.xml")

@@ -20,6 +20,7 @@ from ..ab.isolation import AB_DEFAULT, Isolation
 from ..ab.worktrees import RevisionError
 from ..config import ConfigError
 from ..models import default_size
+from ..report import junit
 from ..selection import choose_platform, default_worlds
 from . import GATE_CODES, error, helps, print_json, terminate_cleanly
 from .checks import MAX_STEPS, check_nproc, check_number, check_seconds
@@ -91,6 +92,9 @@ def add_parser(sub) -> None:
     p.add_argument("--total-budget", type=float, default=None, metavar="SECONDS",
                    help="one budget of timed blocks for all cases (instead of --budget per case): each case gets an "
                         "equal share of what is left, and time left over goes to the inconclusive cases")
+    p.add_argument("--junit", metavar="FILE",
+                   help="also write the verdicts as JUnit XML (CI systems' test view): one test case per comparison; "
+                        "a gate failure is a failure, inconclusive is skipped with its interval")
     p.set_defaults(func=main)
 
 
@@ -147,6 +151,8 @@ def main(args) -> int:
     terminate_cleanly()
     try:
         opts = options(args)
+        if args.junit is not None and (why := junit.path_problem("--junit", args.junit)):
+            raise ValueError(why)
         report = run_ab(args.repo, args.base, args.head, opts, progress(args))
     except (AbInputError, RevisionError, ValueError, TrialError) as exc:
         return error("ab", exc)
@@ -168,4 +174,13 @@ def main(args) -> int:
                 print(f"  {c.case}@{c.world}: {c.summary}")
         else:
             print(f"\nab gate: ok (margin ±{opts.seq.delta:.0%}, {opts.seq.confidence:.0%} interval)")
+    if args.junit is not None:
+        suite = junit.Suite(f"fleetbench ab {args.base} {args.head}",
+                            tuple(junit.ab_cases(report.cases, report.only, report.errors)),
+                            (("base", str(report.base.get("commit"))), ("head", str(report.head.get("commit")))))
+        try:
+            junit.write_junit(args.junit, [suite], name="fleetbench ab")
+        except OSError as exc:
+            print(f"fleetbench ab: --junit {args.junit}: not written ({exc})", file=sys.stderr, flush=True)
+            return 1 if report.exit_code == 1 else 2  # a regression still says so; else: an output is missing
     return report.exit_code

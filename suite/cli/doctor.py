@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 
 from ..config import ConfigError
+from ..report import junit
 from . import helps, terminate_cleanly
 from .checks import check_nproc, check_seconds
 from .options import add_shared
@@ -28,6 +29,8 @@ def add_parser(sub) -> None:
     p.add_argument("--hang-timeout", type=float, default=30.0,
                    help="seconds the hierarchical-overlap item may take before it counts as a hang (default 30)")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of the table")
+    p.add_argument("--junit", metavar="FILE", help="also write the items as JUnit XML (CI systems' test view): "
+                                                   "pass, failure, or skipped with the reason it does not apply")
     p.set_defaults(func=main)
     # hidden (no help=): the job doctor's torchrun item starts under torchrun
     probe = sub.add_parser("torchrun-probe", description="the error-path job of doctor's torchrun item")
@@ -41,7 +44,8 @@ def main(args) -> int:
 
     terminate_cleanly()  # SIGTERM (a CI cancel) unwinds like Ctrl-C: the pool and temp dirs are removed
 
-    problem = check_nproc(args.nproc, args.device) or check_seconds("--hang-timeout", args.hang_timeout, 86400.0)
+    problem = (check_nproc(args.nproc, args.device) or check_seconds("--hang-timeout", args.hang_timeout, 86400.0)
+               or (args.junit is not None and junit.path_problem("--junit", args.junit)))
     if problem:
         raise ConfigError(problem)
     progress = None if args.json else (lambda item: print(f"  {item.status:<20} {item.item}", file=sys.stderr,
@@ -51,6 +55,15 @@ def main(args) -> int:
     except CudaUnavailable as exc:
         raise ConfigError(str(exc)) from None
     print(to_json(report) if args.json else format_table(report), flush=True)
+    if args.junit is not None:
+        suite = junit.Suite(f"fleetbench doctor ({report.platform}, {report.nproc} ranks)",
+                            tuple(junit.doctor_cases(report.items)),
+                            tuple((k, str(v)) for k, v in report.versions.items()))
+        try:
+            junit.write_junit(args.junit, [suite], name="fleetbench doctor")
+        except OSError as exc:
+            print(f"fleetbench doctor: --junit {args.junit}: not written ({exc})", file=sys.stderr, flush=True)
+            return 1
     return 0 if report.ok else 1
 
 

@@ -4,6 +4,7 @@ The selection is ``suite/selection.py``'s; the plan, estimates and state are ``s
 runs the stages as commands and keeps the state as each ends."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -15,6 +16,7 @@ import time
 from ..config import ConfigError
 from ..measure.metadata import machine_name
 from ..nightly import NightlyOptions, finished_stages, last_night, make_plan
+from ..report import junit
 from ..results.records import write_atomic
 from . import GATE_CODES, helps, unwind
 from .checks import check_number
@@ -29,7 +31,7 @@ ABOUT = """`fleetbench nightly`: the nightly pipeline, the same on GPU runners a
 Stages, each a fleetbench (or pytest, asv) command over the one selection the options make:
 
 1. run: `fleetbench run` of the selected cases at each world size (records, traces);
-2. pytest-benchmark: bench_cases with the raw data (JSON);
+2. pytest-benchmark: bench_cases with the raw data (JSON) and pytest's own --junitxml;
 3. asv: results recorded for this commit (with samples), then `asv publish` (the dashboard);
 4. report: `fleetbench report` (HTML page, Markdown summary, plots, traces);
 5. gate: `fleetbench ab LAST_GOOD HEAD` over the selected cases tagged gate (every strategy family)
@@ -43,7 +45,8 @@ estimated duration, and runs nothing; --device cuda is then declared, not probed
 runs; a night that still reaches the limit stops its running stage like a cancel (what it finished is
 kept) and ends with exit 2.  The state (nightly.json in --out: each stage's duration and exit code, the
 gate's verdict) is written as each stage ends, so a cancelled job keeps what it measured, and the next
-night's estimates read it."""
+night's estimates read it; so is the JUnit XML (--junit, default junit.xml in --out: a test case per stage,
+then the run's cases, pytest-benchmark's tests and the gate's comparisons)."""
 
 
 def add_parser(sub) -> None:
@@ -76,6 +79,10 @@ def add_parser(sub) -> None:
                    help="narrows the gate to these of the selected cases tagged gate (default: all of them); "
                         "repeatable")
     p.add_argument("--ab-args", default="", help="more `fleetbench ab` options, e.g. \"--delta 0.03 --steps 10\"")
+    p.add_argument("--junit", metavar="FILE",
+                   help="the night's JUnit XML (CI systems' test view): a test case per stage, with the run's cases, "
+                        "pytest-benchmark's tests and the gate's comparisons, rewritten as each stage ends (default "
+                        "OUT/junit.xml; the stages' own files are in OUT/junit/)")
     p.add_argument("--persist", type=int, default=2, help="nights a new level must last before a history alert")
     p.add_argument("--asv-config", default="asv.conf.json", help="asv config (default asv.conf.json)")
     p.add_argument("--machine", help="asv machine name (default: `fleetbench machine-name`)")
@@ -108,6 +115,8 @@ def plan_of(args):
                or check_number("--persist", args.persist, minimum=1)
                or check_number("--gate-budget", args.gate_budget, above=0.0, unit="minutes")
                or check_number("--limit", args.limit, above=0.0, unit="minutes"))
+    problem = problem or junit.path_problem("--junit", junit_path(args), [os.path.join(args.out, "runs.jsonl"),
+                                                                          os.path.join(args.out, "nightly.json")])
     if problem:
         raise ConfigError(problem)
     # the device first (a plan only declares it), for the default tag
@@ -145,6 +154,10 @@ def main(args) -> int:
     return Night(args, resolved, plan, last).run()
 
 
+def junit_path(args) -> str:
+    return args.junit if args.junit is not None else os.path.join(args.out, "junit.xml")
+
+
 def _code(rc: int) -> int:
     """A stage's exit status on the shared table (anything unknown counts as a failure)."""
     return rc if rc in (0, 1, 2, 3) else 1
@@ -175,6 +188,8 @@ class Night:
                                                        if os.environ.get("PYTHONPATH") else ""))
         self.commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                                      check=True).stdout.strip()
+        self.junit = os.path.abspath(junit_path(args))
+        self.junit_files: dict[str, list[str]] = {}  # stage -> the JUnit files its commands were given
         self.state: dict = {"machine": plan.machine, "commit": self.commit, "device": resolved.device,
                             "worlds": list(resolved.worlds), "started": time.time(), "stages": {},
                             "status": None, "earlier": finished_stages(last)}
@@ -182,6 +197,33 @@ class Night:
     # -- bookkeeping ------------------------------------------------------------------------------------
     def save(self) -> None:
         write_atomic(os.path.join(self.out, "nightly.json"), json.dumps(self.state, indent=1))
+
+    def junit_file(self, stage: str, name: str) -> str:
+        """Where a stage's command writes its own JUnit XML (OUT/junit/NAME.xml; last night's file removed first,
+        so a command that wrote none is never reported with an old one)."""
+        path = os.path.join(self.out, "junit", name + ".xml")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if os.path.lexists(path):
+            os.unlink(path)
+        self.junit_files.setdefault(stage, []).append(path)
+        return path
+
+    def write_junit(self) -> None:
+        """The night's JUnit XML: a test case per stage that ended, then the suites its commands wrote."""
+        stages, suites = [], []
+        for name, entry in self.state["stages"].items():
+            if entry.get("exit") is None:
+                continue
+            found, problems = junit.merge_files(self.junit_files.get(name, []))
+            case = junit.stage_case(name, entry["exit"], entry.get("seconds") or 0.0)
+            stages.append(dataclasses.replace(case, output="\n".join(problems)) if problems else case)
+            suites += found
+        night = junit.Suite(f"fleetbench nightly ({self.plan.machine}, commit {self.commit[:10]})", tuple(stages),
+                            (("commit", self.commit), ("machine", self.plan.machine)))
+        try:
+            junit.write_junit(self.junit, [night, *suites], name="fleetbench nightly")
+        except OSError as exc:
+            print(f"fleetbench nightly: --junit {self.junit}: not written ({exc})", file=sys.stderr, flush=True)
 
     def call(self, cmd: list, stdout=None, env: dict | None = None) -> int:
         """A stage's command, bounded by --limit; on a cancel (SIGINT/SIGTERM) or at the limit the child gets
@@ -211,9 +253,11 @@ class Night:
             entry.update(seconds=time.monotonic() - t0, exit="cancelled")
             self.state["status"] = "over the limit" if isinstance(exc, OverLimit) else "cancelled"
             self.save()
+            self.write_junit()
             raise
         entry.update(seconds=time.monotonic() - t0, exit=code)
         self.save()
+        self.write_junit()
         return code
 
     # -- the stages -------------------------------------------------------------------------------------
@@ -238,7 +282,8 @@ class Night:
         codes = [self.call(self.fleetbench(
             "run", "--nproc", str(w), *self.selection_options(), "--rounds", str(self.args.rounds), "--steps",
             str(self.args.steps), "--warmup", "1", "--trace-steps", "2", "--results",
-            os.path.join(self.out, "runs.jsonl"), *(["--no-check"] if self.args.quick else [])))
+            os.path.join(self.out, "runs.jsonl"), "--junit", self.junit_file("run", f"run-w{w}"),
+            *(["--no-check"] if self.args.quick else [])))
             for w in self.resolved.worlds]
         return _worst(_code(c) for c in codes)
 
@@ -249,7 +294,8 @@ class Night:
             *self.selection_options("--fleetbench-"), *worlds, "--fleetbench-rounds", str(self.args.rounds),
             "--fleetbench-steps", str(self.args.steps), *(["--fleetbench-no-check"] if self.args.quick else []),
             "--benchmark-storage", "file://" + os.path.join(self.out, "pytest-benchmark"),
-            "--benchmark-json", os.path.join(self.out, "pytest-benchmark.json")]))
+            "--benchmark-json", os.path.join(self.out, "pytest-benchmark.json"),
+            "--junitxml", self.junit_file("pytest-benchmark", "pytest-benchmark")]))
 
     def asv_env(self) -> dict:
         """The selection for asv, through the variables bench_cases/_matrix.py documents (asv passes no arguments)."""
@@ -309,7 +355,7 @@ class Night:
                 code = self.call(self.fleetbench(
                     "ab", good, self.commit, "--nproc", str(w), *self.selection_options(cases=names), "--total-budget",
                     f"{share:.0f}", *(["--no-check"] if self.args.quick else []), *shlex.split(self.args.ab_args),
-                    "--json"), stdout=fh)
+                    "--junit", self.junit_file("gate", f"ab-w{w}"), "--json"), stdout=fh)
             codes.append(_code(code))
             gate["worlds"][str(w)] = {"exit": code, "cases": names, "budget_s": share}
             lines = _gate_lines(path, code)

@@ -21,6 +21,7 @@ from ..cluster.launch import apply_cluster_args, start_cluster
 from ..config import ConfigError
 from ..measure.metadata import collect
 from ..measure.stats import RUN_ROUNDS_FOR_95
+from ..report import junit
 from ..results.records import ResultsFileError, read_records
 from ..runner import CaseRunner, RunOptions
 from ..runtime.launch import init_from_env, shutdown, torchrun_env
@@ -83,9 +84,13 @@ def add_parser(sub) -> None:
                         "from its records (an option given with another value is an error), skipping the cases "
                         "already recorded for it")
     p.add_argument("--no-utilization", action="store_true", help="do not sample CPU/GPU utilization")
+    p.add_argument("--junit", metavar="FILE",
+                   help="also write the verdicts as JUnit XML (CI systems' test view): one test case per case x world "
+                        "size, pass / failure / error / skipped with its message and seconds")
     p.add_argument("--trace-steps", type=int, default=0, metavar="N",
-                   help="after timing, run N traced steps per case and write a Chrome/Perfetto trace next to the "
-                        "results (traces/RUN_ID/CASE@WORLD.json; default 0: no trace)")
+                   help="after timing, run N traced steps per case under torch.profiler and write, next to the "
+                        "results, each rank's trace (Kineto's Chrome-trace JSON, the engine's phases as ranges) and a "
+                        "timeline of every rank (traces/RUN_ID/CASE@WORLD/; docs/report.md; default 0: no trace)")
     p.add_argument("--cluster", metavar="NxR:inter=RATE[,intra=RATE]",
                    help="run the ranks on an emulated cluster (network namespaces; root): N nodes of R ranks, "
                         "node links limited to RATE (e.g. 2x2:inter=200mbit); sets --nproc N*R")
@@ -110,6 +115,8 @@ def main(args) -> int:
                   + (f"  [skip: {rc.skip}]" if rc.skip else ""))
         return 0
     _check_results_file(args.results)
+    if args.junit and not (env and env.rank) and (why := junit.path_problem("--junit", args.junit, [args.results])):
+        raise ConfigError(why)
     if args.trace_steps:
         _check_traces_dir(os.path.join(os.path.dirname(os.path.abspath(args.results)), "traces"))
 
@@ -150,10 +157,11 @@ def main(args) -> int:
     records: list = []
     written: dict = {}  # file -> records appended to it (the results file, or a fallback)
     display = RunDisplay(live=sys.stdout.isatty() and reporter)
+    seconds = CaseSeconds(selected, display.event)  # each case's, for --junit
     try:
         metadata = collect(world_size=world, backend=backend) | {"run": recorded(args)}  # what --resume reads
         runner = CaseRunner(launcher, world, opts, metadata=metadata, reporter=reporter, say=display.say,
-                            on_progress=display.event)
+                            on_progress=seconds.event)
         if resume is not None:
             runner.run_id = resume.run_id
             kept = [rc.case.name for rc in selected if rc.case.name in resume.done]
@@ -186,6 +194,8 @@ def main(args) -> int:
                     written[dest] = written.get(dest, 0) + 1
             records += batch
     except KeyboardInterrupt:
+        if reporter and args.junit:
+            _write_junit(args.junit, records, seconds, world)
         saved = "; ".join(f"{n} record(s) of finished cases kept in {t}" for t, n in written.items())
         print(f"fleetbench run: interrupted; {saved or 'no case had finished, nothing was written'}",
               file=sys.stderr, flush=True)
@@ -202,13 +212,48 @@ def main(args) -> int:
         appended = "; ".join(f"{n} record(s) appended to {t}" for t, n in written.items())
         print(("\n" + appended + (": " if len(written) == 1 else " (") + _tally(records)
                + ("" if len(written) == 1 else ")")) if written else "\nno record written")
+        junit_written = not args.junit or _write_junit(args.junit, records, seconds, world)
         traces = [r.metrics["trace_file"] for r in records if r.metrics.get("trace_file")]
         if traces:
-            print("traces (open in https://ui.perfetto.dev): "
+            print("traces (each a directory: rank<R>.pt.trace.json per rank, timeline.json; open a file in "
+                  "https://ui.perfetto.dev, it stays in the browser): "
                   + ", ".join(os.path.join(opts.results_dir, t) for t in traces))
-        if any(r.verdict in ("fail", "error") for r in records):
+        if any(r.verdict in ("fail", "error") for r in records) or not junit_written:
             return 1
     return 0
+
+
+class CaseSeconds:
+    """Each case's seconds, for --junit, from the runner's progress: its check, an equal share of each timing group
+    it was timed in (the group's variants run interleaved), its trace; every event is passed on to ``forward``."""
+
+    def __init__(self, selected: list, forward: Any) -> None:
+        self.forward = forward
+        self.names = {(rc.case.model, rc.case.variant): rc.case.name for rc in selected}
+        self.seconds: dict[str, float] = {}
+
+    def event(self, p) -> None:
+        if p.event in ("checked", "traced"):
+            self.seconds[p.case] = self.seconds.get(p.case, 0.0) + p.seconds
+        elif p.event == "timed":
+            for v in p.variants:
+                if (name := self.names.get((p.model, v))) is not None:
+                    self.seconds[name] = self.seconds.get(name, 0.0) + p.seconds / len(p.variants)
+        self.forward(p)
+
+
+def _write_junit(path: str, records, seconds: CaseSeconds, world: int) -> bool:
+    """--junit: the records of this command as JUnit XML; False (said) when it could not be written (the records
+    stand, the command then exits 1)."""
+    run_id = records[0].run_id if records else ""
+    suite = junit.Suite(f"fleetbench run at world size {world}", tuple(junit.record_cases(records, seconds.seconds)),
+                        (("run_id", run_id), ("world_size", str(world))))
+    try:
+        junit.write_junit(path, [suite], name="fleetbench run")
+        return True
+    except OSError as exc:
+        print(f"fleetbench run: --junit {path}: not written ({exc})", file=sys.stderr, flush=True)
+        return False
 
 
 class RunDisplay:

@@ -31,6 +31,10 @@ as soon as one of them is set):
     stream wait for that event and records the bucket's buffer as used on the side stream.  No
     thread issues a collective but the hook's and the caller's, always in bucket order.
 
+Each bucket's moments are ``record_function`` ranges for a torch.profiler trace: "bucket N ready" (its last
+gradient arrived: a marker, before anything is launched for it), "bucket N allreduce issue" (the launch) and
+"bucket N wait" (its completion, in ``finish_step`` with overlap); per bucket, never per parameter hook.
+
 Parameters with ``requires_grad=False`` are skipped.  A parameter whose hook did not fire in
 a step (unused) is reduced as zeros with ``find_unused_parameters=True`` (DDP's behaviour),
 otherwise ``finish_step`` raises an error naming it, after draining the collectives already in
@@ -44,6 +48,7 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
 from ..config import StrategyConfig
 from ..runtime.context import current
@@ -114,7 +119,8 @@ class BucketedGradSync(GradSync):
         self._inflight: list[tuple[int, Callable[[], None]]] = []
         self._next = 0
         self._armed = False
-        self.events: list | None = None  # (kind, bucket, time) when recording: "hook", "launch", "wait"
+        self.events: list | None = None  # (kind, bucket, time) when recording: "hook", "ready", "launch", "wait"
+        self.clock: Callable[[], object] = time.perf_counter  # the events' time (a trace sets a device mark)
         log.info(fusion_log_line(len(self.params), len(self.buckets)))
 
     # -- the engine's calls --------------------------------------------------------
@@ -146,6 +152,8 @@ class BucketedGradSync(GradSync):
                     b.views[k].zero_()
                     b.ready[k] = True
                     b.pending -= 1
+                    if b.pending == 0:
+                        self._ready(b.index)
             self._launch_ready()
         if self._next != len(self.buckets):  # cannot happen: every bucket is complete here
             raise RuntimeError(f"internal error: {len(self.buckets) - self._next} bucket(s) never launched")
@@ -222,7 +230,12 @@ class BucketedGradSync(GradSync):
     # -- hooks and launches --------------------------------------------------------
     def _event(self, kind: str, bucket: int) -> None:
         if self.events is not None:
-            self.events.append((kind, bucket, time.perf_counter()))
+            self.events.append((kind, bucket, self.clock()))
+
+    def _ready(self, bucket: int) -> None:
+        """Bucket ``bucket``'s gradients are all in: a marker range, before any launch it allows."""
+        with record_function(f"bucket {bucket} ready"):
+            self._event("ready", bucket)
 
     def _on_grad(self, p: torch.nn.Parameter) -> None:
         if not self._armed or not self.communicate:
@@ -239,6 +252,7 @@ class BucketedGradSync(GradSync):
         b.pending -= 1
         self._event("hook", bi)
         if b.pending == 0:
+            self._ready(bi)
             self._launch_ready()
 
     def _launch_ready(self) -> None:
@@ -247,11 +261,13 @@ class BucketedGradSync(GradSync):
             b = self.buckets[self._next]
             self._next += 1
             self._event("launch", b.index)
-            complete = self._start(b.flat, b.comm_index, asynchronous=self.overlap)
+            with record_function(f"bucket {b.index} allreduce issue"):
+                complete = self._start(b.flat, b.comm_index, asynchronous=self.overlap)
             if self.overlap:
                 self._inflight.append((b.index, complete))
             else:
-                complete()
+                with record_function(f"bucket {b.index} wait"):
+                    complete()
                 self._event("wait", b.index)
 
     def _start(self, flat: torch.Tensor, comm: int, asynchronous: bool) -> Callable[[], None]:
@@ -308,5 +324,6 @@ class BucketedGradSync(GradSync):
     def _drain(self) -> None:
         inflight, self._inflight = self._inflight, []
         for bi, complete in inflight:
-            complete()
+            with record_function(f"bucket {bi} wait"):
+                complete()
             self._event("wait", bi)

@@ -66,9 +66,10 @@ def _md_link_target(path: str) -> str:
     return urllib.parse.quote(path, safe="/@")
 
 
-def trace_source(results_dir: str, rel) -> tuple[str | None, str]:
+def trace_source(results_dir: str, rel, directory: bool = False) -> tuple[str | None, str]:
     """(the file to copy, "") when ``rel`` names a regular file inside ``results_dir/traces`` (after
-    resolving symlinks), else (None, why)."""
+    resolving symlinks), else (None, why); with ``directory``, a directory there is taken too (a run's
+    traces of one case: :func:`trace_files`)."""
     if not isinstance(rel, str) or not rel:
         return None, "is not a path"
     if os.path.isabs(rel):
@@ -81,6 +82,8 @@ def trace_source(results_dir: str, rel) -> tuple[str | None, str]:
     if os.path.commonpath([root, src]) != root:
         return None, f"resolves to {src!r}, outside {root}; only files under the results directory's traces/ " \
                      "are copied"
+    if directory and os.path.isdir(src):
+        return src, ""
     if not os.path.isfile(src):
         return None, "does not exist" if not os.path.exists(src) else "is not a regular file"
     links = os.stat(src).st_nlink
@@ -90,6 +93,26 @@ def trace_source(results_dir: str, rel) -> tuple[str | None, str]:
 
 
 MAX_TRACE_BYTES = 512 * 2**20
+MAX_TRACE_FILES = 1024  # files of one case's trace directory (one per rank, and the timeline)
+
+
+def trace_files(results_dir: str, rel) -> tuple[list[tuple[str, str]], list[str]]:
+    """The files of a record's ``trace_file`` to copy, as (source, name in the report's traces/), and why any other
+    was left: the file itself, or each regular file of the directory (``CaseRunner.trace``: one torch.profiler
+    trace per rank and ``timeline.json``), every one checked by :func:`trace_source`."""
+    src, why = trace_source(results_dir, rel, directory=True)
+    if src is None:
+        return [], [why]
+    if not os.path.isdir(src):
+        return [(src, os.path.basename(src))], []
+    out, left = [], []
+    for name in sorted(os.listdir(src))[:MAX_TRACE_FILES]:
+        one, why = trace_source(results_dir, os.path.join(rel, name))
+        if one is None:
+            left.append(f"{name} {why}")
+        else:
+            out.append((one, os.path.join(os.path.basename(src), name)))
+    return out, left
 
 
 def _copy_trace(src: str, dst: str) -> None:
@@ -428,29 +451,32 @@ def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dic
         notes.append(lsgd_why)
     data["images"] = {k: list(v) for k, v in images.items()}
 
-    traces: dict = {}  # (case, world) -> copied file
+    traces: dict = {}  # (case, world) -> the copied file a link goes to (a directory's timeline.json)
+    copied: list = []
     dirs = record_dirs or {}
     roots = sorted({os.path.realpath(d) for d in dirs.values()} | {os.path.realpath(results_dir)})
     for (case, w), r in sorted(final.items()):
         rel = r.metrics.get("trace_file")
         if rel:
             where = dirs.get(id(r), results_dir)
-            src, why = trace_source(where, rel)
-            if src is None:
+            files, left = trace_files(where, rel)
+            for why in left:
                 msg = f"record {case}@{w} (run {r.run_id}): trace_file {rel!r} {why}; not copied"
                 print(f"fleetbench report: warning: {_plain(msg)}", file=sys.stderr)
                 data["warnings"].append(msg)
-                continue
             # one trace per (case, world); each results directory's stay apart (traces/1/… for the second)
             k = roots.index(os.path.realpath(where))
-            dst = os.path.join("traces", *([str(k)] if len(roots) > 1 else []), os.path.basename(src))
-            try:
-                _copy_trace(src, os.path.join(out_dir, dst))
-            except OSError as exc:
-                data["warnings"].append(f"record {case}@{w}: trace {rel!r} not copied: {exc}")
-                continue
-            traces[(case, w)] = dst
-    data["traces"] = list(traces.values())
+            for src, name in files:
+                dst = os.path.join("traces", *([str(k)] if len(roots) > 1 else []), name)
+                try:
+                    _copy_trace(src, os.path.join(out_dir, dst))
+                except OSError as exc:
+                    data["warnings"].append(f"record {case}@{w}: trace {rel!r} not copied: {exc}")
+                    continue
+                copied.append(dst)
+                if (case, w) not in traces or os.path.basename(dst) == "timeline.json":
+                    traces[(case, w)] = dst
+    data["traces"] = copied
 
     problems = _problems(final)
     runs = _runs(records)
@@ -540,8 +566,8 @@ def _write_markdown(out_dir, summary, groups, runs, tables, images, traces, note
         md += ["| " + " | ".join(m(c) for c in cells) + " |" for _, cells, _ in t["rows"]]
         md += [""] + [f"_{m(n)}_" for n in t["notes"]]  # a line right below a table would be one more row
     md += [""] + [f"![{f}]({f})" for f in images]
-    md += [""] + [f"- trace {m(c)}@{m(w)}: [{m(t)}]({_md_link_target(t)}) (open in https://ui.perfetto.dev)"
-                  for (c, w), t in traces.items()]
+    md += [""] + [f"- trace {m(c)}@{m(w)}: [{m(t)}]({_md_link_target(t)}) (every rank; each rank's torch.profiler "
+                  f"trace beside it; open as a local file in https://ui.perfetto.dev)" for (c, w), t in traces.items()]
     md += [""] + [f"_{m(n)}_" for n in notes]
     write_atomic(os.path.join(out_dir, "summary.md"), "\n".join(md) + "\n")
 

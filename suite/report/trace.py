@@ -1,9 +1,17 @@
-"""Chrome/Perfetto trace JSON from the ranks' traced steps (``suite.measure.trace``).
+"""The timeline of every rank in one Chrome-trace JSON file, from the ranks' traced steps (``suite.measure.trace``).
 
-One process per rank; in it one track (thread) for compute (step, forward, backward,
+What it shows that the torch.profiler traces beside it (one file per rank, Kineto's) cannot: every rank on one
+wall clock in one file, each communicator's collectives on a track of their own with their bytes (on CUDA from
+device events: when the collective ran, not when it was queued), and each bucket's ready time on the device.
+
+One process per rank; in it one track (thread) for compute (step, forward, backward, wait,
 optimizer spans, complete ``X`` events) and one per communicator, plus instant marks when a
-bucket's gradients are all ready, as Horovod's timeline shows.  Timestamps are wall-clock
-microseconds.  Open the file in https://ui.perfetto.dev or chrome://tracing.
+bucket's gradients are all ready, as Horovod's timeline shows.  "backward" ends at the last
+gradient, "wait" runs from there to the optimizer's start (the engine waits for the gradients'
+communication in ``finish_step``, before ``optimizer.step()``; with AMP its found-inf agreement
+too), "optimizer" from its start to the step's end.  Timestamps are wall-clock microseconds.
+Open the file in Perfetto's UI (https://ui.perfetto.dev, "Open trace file": the file is read in the
+browser, not uploaded) or chrome://tracing.
 
 Collectives are *async* events (``"ph": "b"`` / ``"e"`` pairs with one ``id`` each), not ``X``
 spans: collectives of one communicator overlap (several buckets in flight; on CUDA the spans come
@@ -50,8 +58,9 @@ def chrome_trace(answers: list[dict], title: str = "") -> dict:
                 span("forward", s["forward"][0], s["forward"][1])
                 if last_grad is not None:
                     span("backward", s["forward"][1], last_grad)
-            comm_end = max((c["t1"] for c in s["comm"] if c["t0"] >= (last_grad or s["t0"])), default=None)
-            opt_start = max(t for t in (last_grad, comm_end) if t is not None) if (last_grad or comm_end) else None
+            opt_start = s.get("optimizer")  # None: not marked (an older answer), or AMP skipped the step
+            if last_grad is not None:
+                span("wait", last_grad, opt_start if opt_start is not None else s["t1"])
             if opt_start is not None:
                 span("optimizer", opt_start, s["t1"])
             for c in s["comm"]:
@@ -64,12 +73,13 @@ def chrome_trace(answers: list[dict], title: str = "") -> dict:
                     args["start"] = c["start"]
                 events.append(dict(common, ph="b", ts=t0, args=args))
                 events.append(dict(common, ph="e", ts=max(t0, t1), args={"step": i + 1}))
-            for b, names in enumerate(buckets):
-                ts = [grads[n] for n in names if n in grads]
-                if ts and len(ts) == len(names):
-                    events.append({"ph": "i", "s": "t", "name": f"bucket {b} ready", "cat": "bucket", "pid": pid,
-                                   "tid": COMPUTE_TID, "ts": _us(max(ts)),
-                                   "args": {"step": i + 1, "params": len(names)}})
+            ready = dict(s["bucket_ready"]) if s.get("bucket_ready") is not None else {
+                b: max(grads[n] for n in names) for b, names in enumerate(buckets)
+                if names and all(n in grads for n in names)}  # plain: each gradient is its own bucket
+            for b, t in sorted(ready.items()):
+                events.append({"ph": "i", "s": "t", "name": f"bucket {b} ready", "cat": "bucket", "pid": pid,
+                               "tid": COMPUTE_TID, "ts": _us(t),
+                               "args": {"step": i + 1, "params": len(buckets[b]) if b < len(buckets) else None}})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"title": title, "window_s": [t_lo, t_hi], "ranks": len(answers),
                           "steps": len(answers[0]["steps"]) if answers else 0,

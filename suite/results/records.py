@@ -179,7 +179,8 @@ class Metrics(_Part):
     busbw_GBps: float | None = None  # nccl-tests' bus bandwidth over the exposed communication
     utilization: dict | None = None  # suite.measure.utilization's summary
     workload: dict | None = None  # the workload's description (harnesses that time rounds themselves)
-    trace_file: str | None = None  # a path under the results directory's traces/
+    trace_file: str | None = None  # under the results directory's traces/: a directory (one torch.profiler trace
+    # per rank, timeline.json) since --trace-steps wrote torch.profiler traces, one file before
     trace_error: str | None = None  # why the trace is missing
 
 
@@ -417,16 +418,20 @@ class ShortWrite(OSError):
     previous end, so it holds every earlier record and nothing of this one."""
 
 
-def write_atomic(path: str, text: str) -> None:
+def write_atomic(path: str, text: str | bytes, mode: int | None = None) -> None:
     """``text`` into ``path`` whole or not at all: written to a temporary file beside it, then renamed over it, so
     a crash, a cancel or a full disk leaves the previous file (or none), never half of the new one.  The suite's
     written documents go through it: reports, figures' Markdown and raw data, the nightly's state and last good
-    commit, --markdown, calibrations and profiles (records are appended: :func:`append_record`; plots, traces and
-    logs are written by their own libraries or as streams)."""
+    commit, --markdown, calibrations and profiles, JUnit XML and torch.profiler traces (records are appended:
+    :func:`append_record`; plots and logs are written by their own libraries or as streams).  ``text`` may be
+    bytes (a gzipped trace); ``mode``: the file's permission bits exactly (else the umask's)."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666 if mode is None else mode)
+        with os.fdopen(fd, "wb") as fh:
+            if mode is not None:
+                os.fchmod(fh.fileno(), mode)  # exactly these bits, whatever the umask
+            fh.write(text if isinstance(text, bytes) else text.encode("utf-8"))
         os.replace(tmp, path)
     except BaseException:
         try:
