@@ -51,11 +51,12 @@ from .measure.metadata import git_info, nccl_version
 from .measure.timing import TimedCase, footprint_bytes
 from .measure.utilization import visible_nvml_handles
 from .runtime.context import current
-from .runtime.device import cuda_device_count, select_platform
+from .runtime.device import CudaUnavailable, cuda_device_count, select_platform
 from .runtime.groups import comm_groups, label_of
 from .runtime.launch import init_from_env, shutdown
 from .runtime.pool import RankPool, owned_tempdir, remove_stale
 from .runtime.torchrun import TorchrunLauncher
+from .runtime.wheel import driver_facts, first_line, misfit
 from .strategies.optim import torch_optimizer
 from .workload import WorkloadSpec, workload
 
@@ -633,11 +634,15 @@ class DoctorRun:
         self.pool.close()
 
 
-def versions() -> dict:
+def versions(driver: dict | None = None) -> dict:
+    """torch, its wheel (CPU or CUDA x.y) and the NVIDIA driver beside it (``driver``: ``driver_facts()``), NCCL,
+    Python and the commit; ``wheel_line`` is the report's first line."""
     import platform as _platform
 
     return {"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl_version(),
-            "python": _platform.python_version(), "commit": (git_info().get("commit") or "unknown")[:10]}
+            "python": _platform.python_version(), "commit": (git_info().get("commit") or "unknown")[:10],
+            "driver": (driver or {}).get("driver"), "driver_cuda": (driver or {}).get("cuda"),
+            "wheel_line": first_line(torch.__version__, torch.version.cuda, driver)}
 
 
 def default_nproc(device: str) -> int:
@@ -650,11 +655,16 @@ def run_doctor(nproc: int | None = None, device: str | None = None, hang_timeout
                items: list | None = None, on_item: Callable[[Item], None] | None = None) -> Report:
 
     t0 = time.monotonic()
+    driver = driver_facts()
+    # a CPU wheel beside a GPU, or a driver too old for the wheel's CUDA: one line saying which, before any rank
+    problem = misfit(torch.__version__, torch.version.cuda, driver) if device != "cpu" else None
+    if problem:
+        raise CudaUnavailable(problem)
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     nproc = nproc or default_nproc(device)
     platform = select_platform(device, 0, nproc)  # a GPU machine with too few GPUs is an error, named
-    report = Report(f"{platform.device_type}/{platform.backend}", nproc, versions())
+    report = Report(f"{platform.device_type}/{platform.backend}", nproc, versions(driver))
     run = DoctorRun(nproc, device, hang_timeout, report.versions)
     try:
         for fn in items or ITEMS:
@@ -680,8 +690,8 @@ def run_doctor(nproc: int | None = None, device: str | None = None, hang_timeout
 
 def format_table(report: Report) -> str:
     v = report.versions
-    head = (f"fleetbench doctor: {report.platform}, {report.nproc} ranks; torch {v['torch']}, CUDA {v['cuda'] or '-'}, "
-            f"NCCL {v['nccl'] or '-'}, driver {v.get('driver') or '-'}, Python {v['python']}, commit {v['commit']}")
+    head = (f"fleetbench doctor: {v['wheel_line']}; {report.platform}, {report.nproc} ranks; "
+            f"NCCL {v['nccl'] or '-'}, Python {v['python']}, commit {v['commit']}")
     rows = [("item", "result", "s", "numbers")] + [(i.item, i.status, f"{i.seconds:.1f}", i.numbers)
                                                    for i in report.items]
     w = [max(len(r[k]) for r in rows) for k in range(3)]

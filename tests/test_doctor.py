@@ -82,7 +82,8 @@ def test_a_failing_raising_or_hanging_item_fails_the_run():
     assert "RankFailure" in rep.items[3].numbers and "within 2 s" in rep.items[3].numbers, rep.items[3]
     assert seen == rep.items
     table = D.format_table(rep)
-    assert table.splitlines()[0].startswith("fleetbench doctor: cpu/gloo, 2 ranks; torch ")
+    assert table.splitlines()[0].startswith(f"fleetbench doctor: torch {D.torch.__version__} (")
+    assert "; cpu/gloo, 2 ranks; " in table.splitlines()[0]
     assert "FAIL: sums, _raises, _hangs" in table and "3 wrong of 1024 elements" in table
     assert json.loads(D.to_json(rep))["ok"] is False
 
@@ -201,3 +202,39 @@ def test_every_test_docs_gpu_md_cites_exists():
     files = {m for m in re.findall(r"tests/(test_\w+)\.py", doc)}
     missing = sorted(cited - defined - files)
     assert len(cited) > 20 and not missing, missing
+
+
+def test_the_first_line_names_the_wheel_and_the_driver_and_a_misfit_is_refused_in_one_line(monkeypatch, capsys,
+                                                                                          tmp_path):
+    """The table's first line: the wheel (CPU or CUDA x.y) and the NVIDIA driver (a fake nvidia-smi on the PATH);
+    a CPU wheel beside a GPU, or a CUDA 13 wheel under a CUDA 12 driver, is one error line (exit 2) before any rank."""
+    from suite.cli.main import main
+    from tests.fakes import fake_nvidia_smi
+
+    monkeypatch.setattr(D, "ITEMS", [_ok])
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))  # no nvidia-smi at all
+    assert main(["doctor", "--device", "cpu", "--nproc", "1"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    wheel = "CPU" if D.torch.version.cuda is None else f"CUDA {D.torch.version.cuda}"
+    assert head.startswith(f"fleetbench doctor: torch {D.torch.__version__} ({wheel} wheel), no NVIDIA driver"), head
+
+    (tmp_path / "smi").mkdir()
+    monkeypatch.setenv("PATH", fake_nvidia_smi(tmp_path / "smi", driver="580.65.06", cuda="13.0", gpus=2)
+                       + os.pathsep + os.environ["PATH"])
+    monkeypatch.setattr(D.torch.version, "cuda", None)
+    assert main(["doctor", "--device", "cpu", "--nproc", "1"]) == 0  # the CPU path asked for: not refused
+    head = capsys.readouterr().out.splitlines()[0]
+    assert "(CPU wheel), NVIDIA driver 580.65.06 (CUDA 13.0), 2 GPU(s); cpu/gloo, 1 ranks" in head, head
+    for device in (["--device", "cuda"], []):
+        assert main(["doctor", "--nproc", "1", *device]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"torch {D.torch.__version__} is a CPU wheel" in err[0] and "2 GPU(s)" in err[0], err
+
+    (tmp_path / "old").mkdir()
+    monkeypatch.setenv("PATH", fake_nvidia_smi(tmp_path / "old", driver="550.54", cuda="12.4") + os.pathsep
+                       + os.environ["PATH"])
+    monkeypatch.setattr(D.torch.version, "cuda", "13.0")
+    monkeypatch.setattr(D.torch, "__version__", "2.13.0")
+    assert main(["doctor", "--device", "cuda", "--nproc", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "built for CUDA 13.0" in err[0] and "driver 550.54 (CUDA 12.4)" in err[0], err
