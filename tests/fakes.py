@@ -76,6 +76,7 @@ class FakeCuda:
         self.allocated = allocated
         self.peak = allocated
         self.free_bytes = 16 * 2**30  # what mem_get_info reports free
+        self.cached = 0  # reserved by the caching allocator but free (freed tensors' blocks)
         self.spin_hz = 1.5e9  # torch.cuda._sleep cycles per second of device time
         self.Stream = lambda device=None: FakeStream(self, f"side{next(self._ids)}")
         self.Event = lambda enable_timing=False: FakeEvent(self, enable_timing)
@@ -142,6 +143,10 @@ class FakeCuda:
 
     def memory_allocated(self, device=None) -> int:
         return self.allocated
+
+    def memory_reserved(self, device=None) -> int:
+        """The caching allocator's blocks: allocated, plus ``cached`` bytes of freed tensors it keeps."""
+        return self.allocated + self.cached
 
     def max_memory_allocated(self, device=None) -> int:
         return self.peak
