@@ -146,7 +146,8 @@ class Check:
         """The phase's own bound, shortened so the later phases keep 5 s each before the deadline."""
         later = sum(1 for n in PHASE_NAMES if n > number)
         left = self.deadline - time.monotonic() - 5.0 * later
-        return max(5.0, min(BOUNDS[self.opts.device][number], left))
+        own = BOUNDS[self.opts.device][number]
+        return max(min(own, 5.0), min(own, left))
 
     def command(self, number: int, cmd: list[str], timeout: float) -> Outcome:
         out = run_bounded(cmd, timeout, env=self.env(), cwd=self.opts.root)
