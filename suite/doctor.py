@@ -27,6 +27,7 @@ CPU.  Exit status 0 when nothing failed.  ``--json`` prints the same report as J
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -295,6 +296,52 @@ def model_check_on_rank(model: str, config: dict) -> dict:
     return check(WorkloadSpec(model, size="tiny", per_rank_batch=4), config, steps=3)
 
 
+def fusion_timing_on_rank(shape: tuple = (32, 256, 56, 56), repeats: int = 20) -> dict:
+    """Forward and backward of BatchNorm + ReLU as the compute-fusion case runs it (``BatchNormReLU``, eager
+    composition) and unfused (``nn.BatchNorm2d`` (cuDNN on a GPU) then ReLU), each timed with the platform's marks
+    over ``repeats`` calls after a warm-up; and the two outputs' largest difference."""
+    from .compute.fused_ops import BatchNormReLU
+
+    p = current().platform
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm2d(shape[1]).to(p.device)
+    fused, unfused = BatchNormReLU(bn), torch.nn.Sequential(bn, torch.nn.ReLU())
+    x = torch.randn(*shape, device=p.device, requires_grad=True)
+    g = torch.randn(*shape, device=p.device)
+
+    def step(module):
+        x.grad = None
+        y = module(x)
+        y.backward(g)
+        return y
+
+    out: dict = {}
+    for name, module in (("fused", fused), ("unfused", unfused)):
+        for _ in range(3):
+            step(module)
+        p.synchronize()
+        a = p.mark()
+        for _ in range(repeats):
+            step(module)
+        b = p.mark()
+        p.synchronize()
+        out[f"{name}_ms"] = p.elapsed(a, b) * 1e3 * (1.0 / repeats)
+    with torch.no_grad():
+        out["max_diff"] = float((fused(x) - unfused(x)).abs().max())
+    out["shape"] = list(shape)
+    return out
+
+
+def fusion_timing_verdict(r: dict) -> tuple[bool, str]:
+    """Both timings finite and positive and the outputs the same within 1e-4: the numbers are the item (a fused
+    case slower than unfused on a GPU is what "eager composition" in its record says, not a failure)."""
+    ok = all(math.isfinite(r[k]) and r[k] > 0 for k in ("fused_ms", "unfused_ms")) and r["max_diff"] <= 1e-4
+    ratio = r["unfused_ms"] / r["fused_ms"] if r["fused_ms"] > 0 else float("nan")
+    return ok, (f"BN+ReLU {tuple(r['shape'])}, forward+backward: fused (eager composition) {r['fused_ms']:.3f} ms, "
+                f"unfused (BatchNorm2d + ReLU) {r['unfused_ms']:.3f} ms, speedup {ratio:.2f}x; outputs differ by at "
+                f"most {r['max_diff']:.1e}")
+
+
 def footprint_on_rank() -> dict:
     """The engine's footprint (``measure.timing.footprint_bytes``: parameters, gradients, buckets, optimizer
     state) against the bytes the device's allocator holds for it: allocated after the engine is built and one
@@ -515,6 +562,19 @@ def checks_item(ctx: DoctorRun, name: str, on_cpu: str, cpu_too: bool = False) -
     return Item(name, PASS if ok else FAIL, f"{model}, 3 steps; " + "; ".join(parts))
 
 
+def item_fusion_timing(ctx: DoctorRun) -> Item:
+    name = "compute fusion timing (BN+ReLU fused vs unfused)"
+    if ctx.device != "cuda":
+        return Item(name, NA, "CPU: it times GPU kernels; the fused ops' effect here is their memory "
+                              "(tests/test_fusion.py)")
+    return fusion_timing_item(ctx, name)
+
+
+def fusion_timing_item(ctx: DoctorRun, name: str, **kwargs) -> Item:
+    verdicts = [fusion_timing_verdict(a) for a in ctx.call(fusion_timing_on_rank, kwargs)]
+    return Item(name, PASS if all(ok for ok, _ in verdicts) else FAIL, verdicts[0][1])
+
+
 def item_nvml(ctx: DoctorRun) -> Item:
     if ctx.device != "cuda":
         return Item("NVML", NA, "no GPU")
@@ -611,7 +671,8 @@ def _private_netns_prefix() -> list:
 
 
 ITEMS: list[Callable] = [item_platform, item_allreduce, item_half, item_bucketed, item_hierarchical, item_reader,
-                         item_events, item_precision, item_fused_optimizers, item_amp, item_compute_fusion, item_nvml,
+                         item_events, item_precision, item_fused_optimizers, item_amp, item_compute_fusion,
+                         item_fusion_timing, item_nvml,
                          item_footprint, item_memory, item_torchrun]
 
 

@@ -16,10 +16,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL_ITEMS = ["platform", "allreduce on each communicator", "half-precision allreduce", "bucketed overlap",
              "hierarchical overlap", "reader device copy", "CUDA event timing vs host clock",
              "precision settings take effect", "fused optimizers vs torch.optim", "AMP against its reference",
-             "compute fusion against the unfused model", "NVML", "memory footprint vs the allocator", "memory window",
-             "torchrun error path"]
+             "compute fusion against the unfused model", "compute fusion timing", "NVML",
+             "memory footprint vs the allocator", "memory window", "torchrun error path"]
 CUDA_ONLY = ("CUDA event timing vs host clock", "precision settings take effect", "fused optimizers vs torch.optim",
-             "AMP against its reference", "compute fusion against the unfused model", "NVML",
+             "AMP against its reference", "compute fusion against the unfused model", "compute fusion timing", "NVML",
              "memory footprint vs the allocator")
 
 
@@ -177,15 +177,21 @@ def test_fused_optimizer_and_correctness_check_items_on_cpu(pool2, monkeypatch):
     item = D.checks_item(ctx, "AMP against its reference", "", cpu_too=True)
     assert item.status == D.PASS and "bf16: pass" in item.numbers, item
 
+    item = D.fusion_timing_item(ctx, "timing", shape=(4, 8, 6, 6), repeats=2)  # the GPU item's code on CPU ranks
+    assert item.status == D.PASS and "fused (eager composition)" in item.numbers and "unfused" in item.numbers, item
+
     def wrong(fn, kwargs=None, timeout=None):  # an update that drifts: the items must fail
         out = pool2.run(fn, kwargs or {})
         if fn is D.optimizers_on_rank:
             return [dict(a, adam=1e-3) for a in out]
+        if fn is D.fusion_timing_on_rank:
+            return [dict(a, max_diff=0.5) for a in out]
         for a in out:
             a["per_step"][-1]["param_error"] = 1.0
         return out
 
     ctx.call = wrong
+    assert D.fusion_timing_item(ctx, "timing", shape=(4, 8, 6, 6), repeats=2).status == D.FAIL
     assert D.fused_optimizers_item(ctx, "fused").status == D.FAIL
     assert D.checks_item(ctx, "compute fusion against the unfused model", "", cpu_too=True).status == D.FAIL
 
