@@ -65,6 +65,7 @@ __all__ = ["Item", "Report", "run_doctor", "format_table", "PASS", "FAIL", "NA"]
 
 PASS, FAIL, NA = "pass", "fail", "not applicable here"
 CALL_TIMEOUT = 30.0  # per check; a hang fails its item, the pool restarts for the next
+GROUPS_TIMEOUT = 120.0  # the hierarchical item's communicators (12 splits under NCCL) and first step
 PG_TIMEOUT = 30.0
 
 
@@ -468,6 +469,14 @@ def item_hierarchical(ctx: DoctorRun) -> Item:
     # ranks per node: the smallest divisor >= 2 that leaves two nodes or more; else one node of every rank
     rpn = next((d for d in range(2, ctx.nproc) if ctx.nproc % d == 0), ctx.nproc)
     cfg = dict(BUCKETED, use_hierarchical_allreduce=True, hierarchical_allreduce_inter_nranks=rpn)
+    # the communicators first (12 splits under NCCL, each rank's cached), under their own bound: the hang bound
+    # below is the overlap's alone
+    try:
+        ctx.call(bucketed_on_rank, dict(config=cfg, steps=1), timeout=GROUPS_TIMEOUT)
+    except Exception as exc:  # noqa: BLE001 - named as the set-up's failure, not a hang of the overlap
+        return Item("hierarchical overlap (2 communicators, no hang)", FAIL,
+                    f"building its communicators and one step (bound {GROUPS_TIMEOUT:.0f} s) failed: "
+                    f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
     out = ctx.call(bucketed_on_rank, dict(config=cfg), timeout=ctx.hang_timeout)
     r = max(out, key=lambda a: a["max_error"])
     hooked = all(a["launched_in_backward"] for a in out)
@@ -624,6 +633,7 @@ def item_memory(ctx: DoctorRun) -> Item:
 
 def item_torchrun(ctx: DoctorRun) -> Item:
     device = ctx.device if (ctx.device == "cpu" or torch.cuda.device_count() >= 2) else "cpu"
+    ctx.release()  # the job's ranks take GPUs the pool's ranks hold: in EXCLUSIVE_PROCESS mode only one may
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -685,14 +695,25 @@ class DoctorRun:
     def __init__(self, nproc: int, device: str, hang_timeout: float, versions: dict):
         self.nproc, self.device, self.hang_timeout, self.versions = nproc, device, hang_timeout, versions
         self.backend = "nccl" if device == "cuda" else "gloo"
-        self.pool = RankPool(nproc, device=device, timeout=CALL_TIMEOUT, pg_timeout=PG_TIMEOUT,
-                             num_threads=1 if device == "cpu" else None)
+        self.pool: RankPool | None = self._pool()
+
+    def _pool(self) -> RankPool:
+        return RankPool(self.nproc, device=self.device, timeout=CALL_TIMEOUT, pg_timeout=PG_TIMEOUT,
+                        num_threads=1 if self.device == "cpu" else None)
 
     def call(self, fn, kwargs: dict | None = None, timeout: float | None = None) -> list:
+        if self.pool is None:  # released for an item that needs the GPUs to itself; back for the next
+            self.pool = self._pool()
         return self.pool.run(fn, kwargs or {}, timeout=timeout or CALL_TIMEOUT)
 
+    def release(self) -> None:
+        """The pool's ranks (and their CUDA contexts) gone until the next :meth:`call`."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
     def close(self) -> None:
-        self.pool.close()
+        self.release()
 
 
 def versions(driver: dict | None = None) -> dict:

@@ -244,3 +244,63 @@ def test_the_first_line_names_the_wheel_and_the_driver_and_a_misfit_is_refused_i
     assert main(["doctor", "--device", "cuda", "--nproc", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "built for CUDA 13.0" in err[0] and "driver 550.54 (CUDA 12.4)" in err[0], err
+
+
+class _Ctx:
+    """A DoctorRun stand-in that records each call (function, keywords, timeout) and answers from ``answer``."""
+
+    def __init__(self, nproc: int, answer, hang_timeout: float = 30.0):
+        self.nproc, self.device, self.hang_timeout, self.answer = nproc, "cuda", hang_timeout, answer
+        self.calls: list = []
+        self.released = 0
+
+    def call(self, fn, kwargs=None, timeout=None):
+        self.calls.append((fn, kwargs, timeout))
+        return self.answer(fn, kwargs)
+
+    def release(self):
+        self.released += 1
+
+
+def test_the_hierarchical_hang_bound_is_the_overlaps_alone_not_its_communicators_set_up():
+    """The communicators (12 splits under NCCL) and a first step run under their own bound; the hang bound then
+    covers the timed steps only; a set-up that fails says so.  **Call sequence only**: a GPU shows the splits' time."""
+    good = {"max_error": 0.0, "scale": 1.0, "launched_in_backward": True, "buckets": 4, "describe": {"nodes": 2}}
+    ctx = _Ctx(4, lambda fn, kw: [good] * 4, hang_timeout=7.0)
+    item = D.item_hierarchical(ctx)
+    assert item.status == D.PASS, item
+    assert [(fn, kw.get("steps"), t) for fn, kw, t in ctx.calls] == [(D.bucketed_on_rank, 1, D.GROUPS_TIMEOUT),
+                                                                     (D.bucketed_on_rank, None, 7.0)]
+
+    def slow_setup(fn, kw):
+        if kw.get("steps") == 1:
+            raise RuntimeError("RankFailure: no answer within 120 s")
+        return [good] * 4
+
+    item = D.item_hierarchical(_Ctx(4, slow_setup))
+    assert item.status == D.FAIL and item.numbers.startswith("building its communicators and one step"), item
+
+
+def test_the_torchrun_item_releases_the_pools_gpus_before_its_job_starts(monkeypatch):
+    """In EXCLUSIVE_PROCESS mode a GPU takes one process: the doctor's pool lets go of its GPUs before the torchrun
+    job starts (and comes back for a later item).  **Call sequence only**."""
+    ctx = _Ctx(1, lambda fn, kw: [])
+    ctx.device = "cpu"
+    seen = []
+
+    def run(cmd, **kw):
+        seen.append(ctx.released)
+        return subprocess.CompletedProcess(cmd, 1, "", "fleetbench-doctor: deliberate error on rank 1\nrank 1 raised")
+
+    with monkeypatch.context() as m:
+        m.setattr(D, "_private_netns_prefix", lambda: [])
+        m.setattr(D.subprocess, "run", run)
+        item = D.item_torchrun(ctx)
+    assert seen == [1] and item.status == D.PASS, item
+
+    def again(c):  # a released pool comes back for the next item that calls it
+        assert c.pool is None
+        return D.Item("again", D.PASS if c.call(D.memory_window_on_rank)[0]["expected"] else D.FAIL, "")
+
+    rep = D.run_doctor(nproc=1, device="cpu", items=[_ok, lambda c: (c.release(), _ok(c))[1], again])
+    assert [i.status for i in rep.items] == [D.PASS] * 3, rep.items
