@@ -4,8 +4,8 @@ import main; main()"``); one JSON line per premise as it ends, so a premise that
 
 1. ``x / 255.0`` rounds differently on the device (``a * (1/b)``) on 111 of the 256 byte values; ``normalize()`` on
    none (issue 22.1);
-2. a post-accumulate-grad hook runs off the main thread, on the stream of the forward that made its AccumulateGrad
-   node (pytorch#137483);
+2. a post-accumulate-grad hook runs off the main thread, on the stream current when its AccumulateGrad node was
+   made, even when a later forward on another stream reuses the node (pytorch#137483);
 3. ``work.wait()`` of an asynchronous allreduce returns while the collective, held back by a ``torch.cuda._sleep``
    on the stream it waits for, still runs (it makes the current stream wait; it does not block the host);
 4. a synchronous collective runs on the current stream: issued on a side stream, it is done while an asynchronous
@@ -60,12 +60,14 @@ def hook_stream(torch, rate) -> tuple:
     with torch.cuda.stream(side):
         y = lin(x).sum()  # forward (and a new AccumulateGrad node) on the side stream
     default.wait_stream(side)
-    y.backward()
+    y.backward()  # y keeps its graph, and so the AccumulateGrad node made on the side stream, alive
+    lin(x).sum().backward()  # forward on the default stream, reusing that node
     torch.cuda.synchronize()
     names = {default.cuda_stream: "default", side.cuda_stream: "side"}
     got = [f"{'off' if off else 'ON'} the main thread, {names.get(s, hex(s))} stream" for off, s in seen]
-    return ("off the main thread, default stream; then off the main thread, side stream", "; ".join(got),
-            [(o, names.get(s)) for o, s in seen] == [(True, "default"), (True, "side")])
+    return ("off the main thread each time; streams default, side (a node made there), side (that node reused by a "
+            "default-stream forward)", "; ".join(got),
+            [(o, names.get(s)) for o, s in seen] == [(True, "default"), (True, "side"), (True, "side")])
 
 
 def wait_returns(torch, rate) -> tuple:
