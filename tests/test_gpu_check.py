@@ -177,3 +177,14 @@ def test_gpu_check_on_cpu_runs_phases_0_2_4_5_for_real_within_the_output_limits(
     for case in wanted:
         assert f"| {case} | pass (ok) |" in summary
     assert "| torchrun error path | pass |" in summary
+
+
+def test_no_interpreter_with_torch_skips_the_phases_that_need_it_with_the_reason_and_fails_the_check(tmp_path,
+                                                                                                      monkeypatch):
+    monkeypatch.setattr(P, "choose", lambda *a, **k: Interpreter(None, "none", tried=["python3: no torch (...)"]))
+    monkeypatch.setattr(P, "driver_facts", lambda: None)
+    monkeypatch.setattr(P, "PHASES", ((0, P.host_facts), (2, P.doctor), (5, P.plan)))
+    check = P.Check(P.Options(device="cpu", out=str(tmp_path)), log=lambda s: None)
+    assert check.run() == 1
+    assert [(n, p.status) for n, p in sorted(check.results.items())] == [(0, P.PASS), (2, P.SKIPPED), (5, P.SKIPPED)]
+    assert check.results[2].next == "no interpreter imports torch: python3: no torch (...)"

@@ -21,6 +21,11 @@ do next and which docs/gpu.md rows are confirmed; at most 7 more files beside it
 on CPU (tiny size) and marks 1 and 3 not applicable."""
 
 
+CODES = {0: "every phase passed or did not apply",
+         1: "a phase failed, hit its bound or could not run (its reason in SUMMARY.md)",
+         2: "torch cannot use this machine's GPUs (one line says why), or bad options"}
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("gpu-check", help="the first GPU contact: host facts, versions, doctor, premises, one case per "
                                          "family, the plan; bounded phases, OUT/SUMMARY.md",
@@ -28,8 +33,7 @@ def add_parser(sub) -> None:
                            fleetbench gpu-check --out /tmp/out
                            fleetbench gpu-check --only 4,5
                            fleetbench gpu-check --device cpu --out /tmp/gpu-check-cpu""",
-                               codes={0: "every phase passed or did not apply", 1: "a phase failed or hit its bound",
-                                      2: "torch cannot use this machine's GPUs (one line says why), or bad options"}))
+                               codes=CODES))
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                    help="cuda (default): the GPU check; cpu: the same phases on CPU, the CUDA-only ones marked")
     p.add_argument("--out", default=os.environ.get("OUT") or os.path.join("results", "gpu-check"),

@@ -196,7 +196,7 @@ class Check:
     def exit_code(self) -> int:
         if self.fatal:
             return 2
-        return 1 if any(p.status in (FAIL, TIMED_OUT) for p in self.results.values()) else 0
+        return 1 if any(p.status in (FAIL, TIMED_OUT, SKIPPED) for p in self.results.values()) else 0
 
     # -- the run -------------------------------------------------------------------------------------------------
     def run(self) -> int:

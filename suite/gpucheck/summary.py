@@ -100,8 +100,9 @@ def write_summary(c: Any) -> None:
     code = c.exit_code()
     L = [f"# .ci/gpu-check --device {c.opts.device}: {', '.join(gpus) or 'no GPU'} "
          f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(c.started))})", ""]
-    L.append(f"**Exit {code}**: " + {0: "every phase passed or did not apply", 1: "a phase failed or hit its bound",
-                                     2: c.fatal or ""}[code])
+    meaning = {0: "every phase passed or did not apply", 1: "a phase failed, hit its bound or could not run",
+               2: c.fatal or ""}
+    L.append(f"**Exit {code}**: {meaning[code]}")
     if v:
         L.append(f"- {first_line(v['torch'], v.get('cuda'), c.driver)}")
     it = c.interpreter
