@@ -337,7 +337,7 @@ def fusion_timing_verdict(r: dict) -> tuple[bool, str]:
     """Both timings finite and positive and the outputs the same within 1e-4: the numbers are the item (a fused
     case slower than unfused on a GPU is what "eager composition" in its record says, not a failure)."""
     ok = all(math.isfinite(r[k]) and r[k] > 0 for k in ("fused_ms", "unfused_ms")) and r["max_diff"] <= 1e-4
-    ratio = r["unfused_ms"] / r["fused_ms"] if r["fused_ms"] > 0 else float("nan")
+    ratio = float(r["unfused_ms"]) / float(r["fused_ms"]) if r["fused_ms"] > 0 else float("nan")  # host floats
     return ok, (f"BN+ReLU {tuple(r['shape'])}, forward+backward: fused (eager composition) {r['fused_ms']:.3f} ms, "
                 f"unfused (BatchNorm2d + ReLU) {r['unfused_ms']:.3f} ms, speedup {ratio:.2f}x; outputs differ by at "
                 f"most {r['max_diff']:.1e}")

@@ -87,7 +87,7 @@ def index_answers(url: str = INDEX_URL, timeout: float = INDEX_TIMEOUT_S) -> tup
     except urllib.error.HTTPError as exc:
         return True, f"{url} answered {exc.code} in {time.monotonic() - t0:.1f} s"
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        return False, f"{url} did not answer within {timeout:.0f} s ({getattr(exc, 'reason', exc)})"
+        return False, f"{url} did not answer ({getattr(exc, 'reason', exc)}; waited up to {timeout:.0f} s)"
 
 
 def _accept(name: str, info: dict, device: str) -> str | None:

@@ -40,7 +40,7 @@ def _spin_rate(torch) -> float:
 def division(torch, rate) -> tuple:
     from suite.data.synthetic import normalize
 
-    x = torch.arange(256).to(torch.uint8)
+    x = torch.arange(256, device="cpu").to(torch.uint8)
     divided = int(((x.float() / 255.0) != (x.cuda().float() / 255.0).cpu()).sum())
     img = x.reshape(1, 1, 16, 16)
     normalized = int((normalize(img) != normalize(img.cuda()).cpu()).sum())
