@@ -85,7 +85,7 @@ def _evidence(kind: str, key: str, doctor: dict | None, premises: list, records:
     if kind == "premise":
         rows = [r for r in premises if r.get("premise") == key]
         return None if not rows else ("pass" if rows[0].get("ok") else "fail")
-    ok = [r for r in records if r.get("device") == "cuda"]
+    ok = [r for r in records if str(r.get("device", "")).startswith("cuda")]
     return None if not ok else ("pass" if all(r.get("verdict") == "pass" for r in ok) else "fail")
 
 
