@@ -53,7 +53,7 @@ NEEDS = {1: ("torch",), 2: ("torch", "numpy"), 3: ("torch", "numpy"), 4: ("torch
 # phase 4's models in order (the first is traced and gets the first share of the cap); on CPU the fastest first
 MODELS = {"cuda": ("resnet50", "gpt2", "bert"), "cpu": ("bert", "gpt2", "resnet50")}
 # phase 4's settings per device: size, rounds, steps per round, warm-up, check steps
-RUN = {"cuda": ("full", 2, 4, 2, 2), "cpu": ("tiny", 2, 2, 1, 1)}
+RUN = {"cuda": ("full", 2, 3, 1, 2), "cpu": ("tiny", 2, 2, 1, 1)}
 WORLDS = {"cuda": "1,8", "cpu": "1,2"}
 
 
