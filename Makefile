@@ -5,21 +5,36 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 # The environment is pinned: a regression suite compares runs, and torch changes between versions.
 CONSTRAINTS := constraints.txt
-# Where a machine keeps prebuilt wheels (e.g. torch's CPU wheel).
+# A machine with an NVIDIA driver (nvidia-smi on the PATH) gets torch's CUDA build from the package index with
+# every nvidia-*, triton and cuda-* package pinned (constraints-cuda.txt, which also refuses 2.13.0+cpu), never a
+# local CPU wheel: no --find-links, and pip's PIP_FIND_LINKS unset; setup then checks torch is a CUDA build.
+# Elsewhere: constraints.txt alone, and the folder where a machine keeps prebuilt wheels (torch's CPU wheel).
+NVIDIA_SMI := $(shell command -v nvidia-smi 2>/dev/null)
+ifeq ($(NVIDIA_SMI),)
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
+PIN := -c $(CONSTRAINTS)
+CHECK_WHEEL := true
+else
+FIND_LINKS :=
+PIP := env -u PIP_FIND_LINKS $(PIP)
+PIN := -c $(CONSTRAINTS) -c constraints-cuda.txt
+CHECK_WHEEL := $(PY) -c 'import sys, torch; sys.exit(None if torch.version.cuda else "make setup: torch " \
+	+ torch.__version__ + " is a CPU wheel on a machine with nvidia-smi (see constraints-cuda.txt)")'
+endif
 ARGS ?=
 
 .PHONY: run test test-slow lint setup setup-hf bench asv-smoke nightly-cpu figures clean-venv
 
 # pip prints each package as it goes (a fresh install takes a minute or two; torch is the large one).
-$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS) constraints-cuda.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install --disable-pip-version-check $(FIND_LINKS) -c $(CONSTRAINTS) -e '.[dev]'
+	$(PIP) install --disable-pip-version-check $(FIND_LINKS) $(PIN) -e '.[dev]'
+	$(CHECK_WHEEL)
 	touch $@
 
 # Hugging Face models (`--model hf:GPT2Config`): transformers, about 180 MB, only when asked (and for the tests).
 $(VENV)/.installed-hf: $(VENV)/.installed
-	$(PIP) install --disable-pip-version-check $(FIND_LINKS) -c $(CONSTRAINTS) -e '.[dev,hf]'
+	$(PIP) install --disable-pip-version-check $(FIND_LINKS) $(PIN) -e '.[dev,hf]'
 	touch $@
 
 setup: $(VENV)/.installed

@@ -27,6 +27,7 @@ CPU.  Exit status 0 when nothing failed.  ``--json`` prints the same report as J
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -51,11 +52,12 @@ from .measure.metadata import git_info, nccl_version
 from .measure.timing import TimedCase, footprint_bytes
 from .measure.utilization import visible_nvml_handles
 from .runtime.context import current
-from .runtime.device import cuda_device_count, select_platform
+from .runtime.device import CudaUnavailable, cuda_device_count, select_platform
 from .runtime.groups import comm_groups, label_of
 from .runtime.launch import init_from_env, shutdown
 from .runtime.pool import RankPool, owned_tempdir, remove_stale
 from .runtime.torchrun import TorchrunLauncher
+from .runtime.wheel import driver_facts, first_line, misfit
 from .strategies.optim import torch_optimizer
 from .workload import WorkloadSpec, workload
 
@@ -63,6 +65,7 @@ __all__ = ["Item", "Report", "run_doctor", "format_table", "PASS", "FAIL", "NA"]
 
 PASS, FAIL, NA = "pass", "fail", "not applicable here"
 CALL_TIMEOUT = 30.0  # per check; a hang fails its item, the pool restarts for the next
+GROUPS_TIMEOUT = 120.0  # the hierarchical item's communicators (12 splits under NCCL) and first step
 PG_TIMEOUT = 30.0
 
 
@@ -294,6 +297,52 @@ def model_check_on_rank(model: str, config: dict) -> dict:
     return check(WorkloadSpec(model, size="tiny", per_rank_batch=4), config, steps=3)
 
 
+def fusion_timing_on_rank(shape: tuple = (32, 256, 56, 56), repeats: int = 20) -> dict:
+    """Forward and backward of BatchNorm + ReLU as the compute-fusion case runs it (``BatchNormReLU``, eager
+    composition) and unfused (``nn.BatchNorm2d`` (cuDNN on a GPU) then ReLU), each timed with the platform's marks
+    over ``repeats`` calls after a warm-up; and the two outputs' largest difference."""
+    from .compute.fused_ops import BatchNormReLU
+
+    p = current().platform
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm2d(shape[1]).to(p.device)
+    fused, unfused = BatchNormReLU(bn), torch.nn.Sequential(bn, torch.nn.ReLU())
+    x = torch.randn(*shape, device=p.device, requires_grad=True)
+    g = torch.randn(*shape, device=p.device)
+
+    def step(module):
+        x.grad = None
+        y = module(x)
+        y.backward(g)
+        return y
+
+    out: dict = {}
+    for name, module in (("fused", fused), ("unfused", unfused)):
+        for _ in range(3):
+            step(module)
+        p.synchronize()
+        a = p.mark()
+        for _ in range(repeats):
+            step(module)
+        b = p.mark()
+        p.synchronize()
+        out[f"{name}_ms"] = p.elapsed(a, b) * 1e3 * (1.0 / repeats)
+    with torch.no_grad():
+        out["max_diff"] = float((fused(x) - unfused(x)).abs().max())
+    out["shape"] = list(shape)
+    return out
+
+
+def fusion_timing_verdict(r: dict) -> tuple[bool, str]:
+    """Both timings finite and positive and the outputs the same within 1e-4: the numbers are the item (a fused
+    case slower than unfused on a GPU is what "eager composition" in its record says, not a failure)."""
+    ok = all(math.isfinite(r[k]) and r[k] > 0 for k in ("fused_ms", "unfused_ms")) and r["max_diff"] <= 1e-4
+    ratio = float(r["unfused_ms"]) / float(r["fused_ms"]) if r["fused_ms"] > 0 else float("nan")  # host floats
+    return ok, (f"BN+ReLU {tuple(r['shape'])}, forward+backward: fused (eager composition) {r['fused_ms']:.3f} ms, "
+                f"unfused (BatchNorm2d + ReLU) {r['unfused_ms']:.3f} ms, speedup {ratio:.2f}x; outputs differ by at "
+                f"most {r['max_diff']:.1e}")
+
+
 def footprint_on_rank() -> dict:
     """The engine's footprint (``measure.timing.footprint_bytes``: parameters, gradients, buckets, optimizer
     state) against the bytes the device's allocator holds for it: allocated after the engine is built and one
@@ -420,6 +469,14 @@ def item_hierarchical(ctx: DoctorRun) -> Item:
     # ranks per node: the smallest divisor >= 2 that leaves two nodes or more; else one node of every rank
     rpn = next((d for d in range(2, ctx.nproc) if ctx.nproc % d == 0), ctx.nproc)
     cfg = dict(BUCKETED, use_hierarchical_allreduce=True, hierarchical_allreduce_inter_nranks=rpn)
+    # the communicators first (12 splits under NCCL, each rank's cached), under their own bound: the hang bound
+    # below is the overlap's alone
+    try:
+        ctx.call(bucketed_on_rank, dict(config=cfg, steps=1), timeout=GROUPS_TIMEOUT)
+    except Exception as exc:  # noqa: BLE001 - named as the set-up's failure, not a hang of the overlap
+        return Item("hierarchical overlap (2 communicators, no hang)", FAIL,
+                    f"building its communicators and one step (bound {GROUPS_TIMEOUT:.0f} s) failed: "
+                    f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}")
     out = ctx.call(bucketed_on_rank, dict(config=cfg), timeout=ctx.hang_timeout)
     r = max(out, key=lambda a: a["max_error"])
     hooked = all(a["launched_in_backward"] for a in out)
@@ -514,6 +571,19 @@ def checks_item(ctx: DoctorRun, name: str, on_cpu: str, cpu_too: bool = False) -
     return Item(name, PASS if ok else FAIL, f"{model}, 3 steps; " + "; ".join(parts))
 
 
+def item_fusion_timing(ctx: DoctorRun) -> Item:
+    name = "compute fusion timing (BN+ReLU fused vs unfused)"
+    if ctx.device != "cuda":
+        return Item(name, NA, "CPU: it times GPU kernels; the fused ops' effect here is their memory "
+                              "(tests/test_fusion.py)")
+    return fusion_timing_item(ctx, name)
+
+
+def fusion_timing_item(ctx: DoctorRun, name: str, **kwargs) -> Item:
+    verdicts = [fusion_timing_verdict(a) for a in ctx.call(fusion_timing_on_rank, kwargs)]
+    return Item(name, PASS if all(ok for ok, _ in verdicts) else FAIL, verdicts[0][1])
+
+
 def item_nvml(ctx: DoctorRun) -> Item:
     if ctx.device != "cuda":
         return Item("NVML", NA, "no GPU")
@@ -563,6 +633,7 @@ def item_memory(ctx: DoctorRun) -> Item:
 
 def item_torchrun(ctx: DoctorRun) -> Item:
     device = ctx.device if (ctx.device == "cpu" or torch.cuda.device_count() >= 2) else "cpu"
+    ctx.release()  # the job's ranks take GPUs the pool's ranks hold: in EXCLUSIVE_PROCESS mode only one may
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -610,7 +681,8 @@ def _private_netns_prefix() -> list:
 
 
 ITEMS: list[Callable] = [item_platform, item_allreduce, item_half, item_bucketed, item_hierarchical, item_reader,
-                         item_events, item_precision, item_fused_optimizers, item_amp, item_compute_fusion, item_nvml,
+                         item_events, item_precision, item_fused_optimizers, item_amp, item_compute_fusion,
+                         item_fusion_timing, item_nvml,
                          item_footprint, item_memory, item_torchrun]
 
 
@@ -623,21 +695,36 @@ class DoctorRun:
     def __init__(self, nproc: int, device: str, hang_timeout: float, versions: dict):
         self.nproc, self.device, self.hang_timeout, self.versions = nproc, device, hang_timeout, versions
         self.backend = "nccl" if device == "cuda" else "gloo"
-        self.pool = RankPool(nproc, device=device, timeout=CALL_TIMEOUT, pg_timeout=PG_TIMEOUT,
-                             num_threads=1 if device == "cpu" else None)
+        self.pool: RankPool | None = self._pool()
+
+    def _pool(self) -> RankPool:
+        return RankPool(self.nproc, device=self.device, timeout=CALL_TIMEOUT, pg_timeout=PG_TIMEOUT,
+                        num_threads=1 if self.device == "cpu" else None)
 
     def call(self, fn, kwargs: dict | None = None, timeout: float | None = None) -> list:
+        if self.pool is None:  # released for an item that needs the GPUs to itself; back for the next
+            self.pool = self._pool()
         return self.pool.run(fn, kwargs or {}, timeout=timeout or CALL_TIMEOUT)
 
+    def release(self) -> None:
+        """The pool's ranks (and their CUDA contexts) gone until the next :meth:`call`."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
     def close(self) -> None:
-        self.pool.close()
+        self.release()
 
 
-def versions() -> dict:
+def versions(driver: dict | None = None) -> dict:
+    """torch, its wheel (CPU or CUDA x.y) and the NVIDIA driver beside it (``driver``: ``driver_facts()``), NCCL,
+    Python and the commit; ``wheel_line`` is the report's first line."""
     import platform as _platform
 
     return {"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl_version(),
-            "python": _platform.python_version(), "commit": (git_info().get("commit") or "unknown")[:10]}
+            "python": _platform.python_version(), "commit": (git_info().get("commit") or "unknown")[:10],
+            "driver": (driver or {}).get("driver"), "driver_cuda": (driver or {}).get("cuda"),
+            "wheel_line": first_line(torch.__version__, torch.version.cuda, driver)}
 
 
 def default_nproc(device: str) -> int:
@@ -650,11 +737,16 @@ def run_doctor(nproc: int | None = None, device: str | None = None, hang_timeout
                items: list | None = None, on_item: Callable[[Item], None] | None = None) -> Report:
 
     t0 = time.monotonic()
+    driver = driver_facts()
+    # a CPU wheel beside a GPU, or a driver too old for the wheel's CUDA: one line saying which, before any rank
+    problem = misfit(torch.__version__, torch.version.cuda, driver) if device != "cpu" else None
+    if problem:
+        raise CudaUnavailable(problem)
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     nproc = nproc or default_nproc(device)
     platform = select_platform(device, 0, nproc)  # a GPU machine with too few GPUs is an error, named
-    report = Report(f"{platform.device_type}/{platform.backend}", nproc, versions())
+    report = Report(f"{platform.device_type}/{platform.backend}", nproc, versions(driver))
     run = DoctorRun(nproc, device, hang_timeout, report.versions)
     try:
         for fn in items or ITEMS:
@@ -680,8 +772,8 @@ def run_doctor(nproc: int | None = None, device: str | None = None, hang_timeout
 
 def format_table(report: Report) -> str:
     v = report.versions
-    head = (f"fleetbench doctor: {report.platform}, {report.nproc} ranks; torch {v['torch']}, CUDA {v['cuda'] or '-'}, "
-            f"NCCL {v['nccl'] or '-'}, driver {v.get('driver') or '-'}, Python {v['python']}, commit {v['commit']}")
+    head = (f"fleetbench doctor: {v['wheel_line']}; {report.platform}, {report.nproc} ranks; "
+            f"NCCL {v['nccl'] or '-'}, Python {v['python']}, commit {v['commit']}")
     rows = [("item", "result", "s", "numbers")] + [(i.item, i.status, f"{i.seconds:.1f}", i.numbers)
                                                    for i in report.items]
     w = [max(len(r[k]) for r in rows) for k in range(3)]

@@ -4,7 +4,12 @@ each stage should take, known before anything runs (``fleetbench nightly --plan`
 Estimates come from the last night's stage durations on the same machine (``nightly.json`` in the
 results directory, which the workflow keeps between nights), scaled by how many (case, world) pairs
 each stage has tonight against then; with no such night, from :data:`ROUGH_STEP_S`, a small table of
-step times per model that is **rough** (a guess to size a first night, not a measurement).
+step times per model that is **rough** (a guess to size a first night, not a measurement), or from step times
+measured on the machine (``--step-times FILE``: :func:`read_step_times`, e.g. what ``.ci/gpu-check`` measured).
+
+The gate's set-up (two worktrees, a trial server per revision and world size, a check and a preparation of both
+revisions per case: ``suite/ab/trials.py``) comes on top of its budget of timed trials.  A night that skipped the
+gate (no last good commit) is no basis for it; a cancelled gate's time is kept as a lower bound.
 """
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ import os
 from dataclasses import asdict, dataclass, field
 
 __all__ = ["STAGES", "ROUGH_STEP_S", "NightlyOptions", "StagePlan", "Plan", "make_plan", "last_night", "STATE_FILE",
-           "finished_stages"]
+           "finished_stages", "read_step_times", "gate_setup_s"]
 
 STAGES = ("run", "pytest-benchmark", "asv", "report", "gate", "history")
 STATE_FILE = "nightly.json"  # in the results directory: tonight's stages as each ends (durations, exit codes)
@@ -28,6 +33,8 @@ ROUGH_STEP_S = {
 ROUGH_OTHER_STEP_S = {"cpu": 2.0, "cuda": 0.5}  # a user's own model
 CASE_OVERHEAD_S = 15.0  # per (case, world): engine build, warm-up bookkeeping, the harness's own start
 WORLD_OVERHEAD_S = 30.0  # per world size and stage: a rank pool (and for the gate, two revisions' servers)
+RANK_START_S = 5.0  # the gate's trial servers: per rank of a world (interpreter, CUDA context, communicator)
+WORKTREE_S = 60.0  # the gate: each revision's worktree (git worktree add and its checkout)
 
 
 @dataclass(frozen=True)
@@ -96,25 +103,67 @@ class Plan:
         return asdict(self)
 
 
-def _step_s(model: str, device: str) -> float:
+def _step_s(model: str, device: str, measured: dict | None = None, case: str | None = None) -> float:
+    """Seconds per step of ``case`` (of ``model``): measured (``--step-times``: the case's, else its model's), else
+    :data:`ROUGH_STEP_S`."""
+    measured = measured or {}
+    for table, key in ((measured.get("cases") or {}, case), (measured.get("models") or {}, model)):
+        if key in table:
+            return float(table[key])
     return ROUGH_STEP_S[device].get(model, ROUGH_OTHER_STEP_S[device])
 
 
-def _rough(stage: str, pairs: list, gate: list, models: dict, device: str, o: NightlyOptions) -> float:
+def read_step_times(path: str) -> dict:
+    """``--step-times FILE``: ``{"models": {model: seconds per step}, "cases": {case: seconds}}`` (either may be
+    missing; other keys are kept as notes), each a positive finite number, else one error naming the file and field."""
+    import math
+
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--step-times {path}: cannot be read as JSON ({exc})") from None
+    if not isinstance(data, dict) or not any(isinstance(data.get(k), dict) for k in ("models", "cases")):
+        raise ValueError(f"--step-times {path}: expected an object with 'models' and/or 'cases' (name -> seconds "
+                         f"per step)")
+    for table in ("models", "cases"):
+        for name, v in (data.get(table) or {}).items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"--step-times {path}: {table}.{name} is {v!r}; expected seconds per step, a "
+                                 f"positive number")
+    return data
+
+
+def gate_setup_s(gate: list, models: dict, device: str, o: NightlyOptions, measured: dict | None = None) -> float:
+    """The gate's set-up beside its budget of timed trials (``suite/ab/trials.py``): two worktrees; per world size a
+    trial server of that many ranks per revision; per (case, world) a check and a first preparation of each
+    revision."""
+    if not gate:
+        return 0.0
+    check = (2 * o.check_steps if o.check else 0)
+    worlds = sorted({w for _, w in gate})
+    servers = sum(2 * (WORLD_OVERHEAD_S + RANK_START_S * w) for w in worlds)
+    cases = sum(2 * (CASE_OVERHEAD_S + (check + o.warmup) * _step_s(models[c], device, measured, c)) for c, _ in gate)
+    return 2 * WORKTREE_S + servers + cases
+
+
+def _rough(stage: str, pairs: list, gate: list, models: dict, device: str, o: NightlyOptions,
+           measured: dict | None = None) -> float:
     worlds = len({w for *_, w in pairs}) or 1
     check = (2 * o.check_steps if o.check else 0)  # the check runs the case and its reference
+
+    def step(c: str, m: str) -> float:
+        return _step_s(m, device, measured, c)
+
     per_pair = {
-        "run": lambda m: CASE_OVERHEAD_S + (check + o.warmup + o.trace_steps + o.rounds * o.steps) * _step_s(m, device),
-        "pytest-benchmark": lambda m: CASE_OVERHEAD_S + (check + o.warmup + o.rounds * o.steps) * _step_s(m, device),
-        "asv": lambda m: o.asv_processes * (CASE_OVERHEAD_S + (o.warmup + o.rounds * o.steps) * _step_s(m, device)),
+        "run": lambda c, m: CASE_OVERHEAD_S + (check + o.warmup + o.trace_steps + o.rounds * o.steps) * step(c, m),
+        "pytest-benchmark": lambda c, m: CASE_OVERHEAD_S + (check + o.warmup + o.rounds * o.steps) * step(c, m),
+        "asv": lambda c, m: o.asv_processes * (CASE_OVERHEAD_S + (o.warmup + o.rounds * o.steps) * step(c, m)),
     }
     if stage in per_pair:
-        return worlds * WORLD_OVERHEAD_S + sum(per_pair[stage](m) for _, m in pairs)
+        return worlds * WORLD_OVERHEAD_S + sum(per_pair[stage](c, m) for c, m in pairs)
     if stage == "gate":
-        if not gate:
-            return 0.0
-        prep = sum(2 * (CASE_OVERHEAD_S + (check + o.warmup) * _step_s(models[c], device)) for c, _ in gate)
-        return o.gate_budget_s + prep + worlds * 2 * WORLD_OVERHEAD_S
+        return o.gate_budget_s + gate_setup_s(gate, models, device, o, measured) if gate else 0.0
     return {"report": 30.0 + len(pairs), "history": 30.0}[stage]
 
 
@@ -131,24 +180,48 @@ def last_night(out_dir: str, machine: str) -> dict | None:
     return state
 
 
+def _gate_skipped(entry: dict, state: dict, own: bool) -> bool:
+    """A gate that compared nothing (no last good commit): its seconds hold no set-up.  ``skipped`` is recorded since
+    this rule; an older night's own gate with ``last_good`` null is one too."""
+    legacy = own and "gate" in state and (state.get("gate") or {}).get("last_good") is None
+    return bool(entry.get("skipped")) or legacy
+
+
 def finished_stages(state: dict | None) -> dict:
     """The stages a night finished (cancelled ones left out), over those it carried from earlier nights: a night
-    cancelled half-way still leaves estimates for every stage."""
+    cancelled half-way still leaves estimates for every stage.  The gate: one skipped for want of a last good commit
+    is left out (the earlier gate, or the rough set-up, stands), and a cancelled one is kept when it ran longer than
+    the gate it would replace (its time is a lower bound, ``exit`` says so)."""
     state = state or {}
-    layers = (state.get("earlier") or {}, state.get("stages") or {})
-    return {k: v for layer in layers for k, v in layer.items() if isinstance(v, dict) and v.get("exit") != "cancelled"}
+    out: dict = {}
+    for own, layer in ((False, state.get("earlier") or {}), (True, state.get("stages") or {})):
+        for k, v in layer.items():
+            if not isinstance(v, dict):
+                continue
+            if k == "gate":
+                if _gate_skipped(v, state, own):
+                    continue
+                if v.get("exit") == "cancelled" and float(v.get("seconds") or 0) <= float(
+                        (out.get("gate") or {}).get("seconds") or 0):
+                    continue
+            elif v.get("exit") == "cancelled":
+                continue
+            out[k] = v
+    return out
 
 
-def make_plan(resolved, gate_names: list[str], machine: str, o: NightlyOptions, last: dict | None = None) -> Plan:
+def make_plan(resolved, gate_names: list[str], machine: str, o: NightlyOptions, last: dict | None = None,
+              step_times: dict | None = None) -> Plan:
     """The plan of a night over ``resolved`` (a :class:`suite.selection.Resolved`); ``gate_names`` the cases the
-    gate compares (at every world size where they run)."""
+    gate compares (at every world size where they run); ``step_times`` measured (:func:`read_step_times`) instead of
+    the rough ones."""
     pairs = [(rc.case.name, rc.case.model, w, rc.skip) for rc, w in resolved.matrix()]
     runnable = [(c, m) for c, m, _, skip in pairs if skip is None]
     models = {c: m for c, m, _, _ in pairs}
     gate = [(c, w) for c, _, w, skip in pairs if skip is None and c in gate_names]
     stages = []
     for name in STAGES:
-        rough = _rough(name, runnable, gate, models, resolved.device, o)
+        rough = _rough(name, runnable, gate, models, resolved.device, o, step_times)
         done = finished_stages(last).get(name)
         if isinstance(done, dict) and isinstance(done.get("seconds"), (int, float)) and done.get("pairs"):
             now = len(gate) if name == "gate" else len(runnable)
@@ -159,13 +232,22 @@ def make_plan(resolved, gate_names: list[str], machine: str, o: NightlyOptions, 
             else:
                 seconds = done["seconds"] * scale
             basis = f"last night's {done['seconds'] / 60:.1f} min for {done['pairs']} pair(s), scaled"
+            if done.get("exit") == "cancelled":  # it ran this long before it was stopped: a lower bound
+                seconds = max(done["seconds"] * scale, rough)
+                basis = (f"last night's cancelled gate ran {done['seconds'] / 60:.1f} min for {done['pairs']} pair(s) "
+                         f"(a lower bound), or the rough set-up if longer")
         elif isinstance(done, dict) and isinstance(done.get("seconds"), (int, float)) and name in ("report", "history"):
             seconds, basis = float(done["seconds"]), "last night's"
+        elif step_times is not None:
+            seconds, basis = rough, "measured step times (--step-times)"
         else:
             seconds, basis = rough, "rough step times (suite/nightly.py ROUGH_STEP_S)"
-        detail = {"gate": f"{len(gate)} pair(s), budget {o.gate_budget_s / 60:.0f} min of timed trials + set-up",
+        setup = gate_setup_s(gate, models, resolved.device, o, step_times)
+        detail = {"gate": f"{len(gate)} pair(s), budget {o.gate_budget_s / 60:.0f} min of timed trials + set-up "
+                          f"(rough: {setup / 60:.0f} min)",
                   "report": "", "history": ""}.get(name, f"{len(runnable)} pair(s)")
         stages.append(StagePlan(name, float(seconds), basis, detail))
-    notes = () if last else ("no earlier night recorded for this machine: estimates from rough step times",)
+    source = "measured step times (--step-times)" if step_times is not None else "rough step times"
+    notes = () if last else (f"no earlier night recorded for this machine: estimates from {source}",)
     return Plan(machine, resolved.device, resolved.worlds, tuple(pairs), tuple(gate), o.gate_budget_s,
                 tuple(stages), notes)

@@ -76,6 +76,7 @@ class FakeCuda:
         self.allocated = allocated
         self.peak = allocated
         self.free_bytes = 16 * 2**30  # what mem_get_info reports free
+        self.cached = 0  # reserved by the caching allocator but free (freed tensors' blocks)
         self.spin_hz = 1.5e9  # torch.cuda._sleep cycles per second of device time
         self.Stream = lambda device=None: FakeStream(self, f"side{next(self._ids)}")
         self.Event = lambda enable_timing=False: FakeEvent(self, enable_timing)
@@ -142,6 +143,10 @@ class FakeCuda:
 
     def memory_allocated(self, device=None) -> int:
         return self.allocated
+
+    def memory_reserved(self, device=None) -> int:
+        """The caching allocator's blocks: allocated, plus ``cached`` bytes of freed tensors it keeps."""
+        return self.allocated + self.cached
 
     def max_memory_allocated(self, device=None) -> int:
         return self.peak
@@ -265,3 +270,37 @@ class FakeRankPool:
 
     def close(self):
         pass
+
+
+NVIDIA_SMI_Q = """
+==============NVSMI LOG==============
+
+Timestamp                                 : Mon Nov 30 12:00:00 2026
+Driver Version                            : {driver}
+CUDA Version                              : {cuda}
+
+Attached GPUs                             : {gpus}
+{blocks}"""
+GPU_BLOCK = """GPU 00000000:{i:02X}:00.0
+    Product Name                          : NVIDIA H100 80GB HBM3
+    FB Memory Usage
+        Total                             : 81559 MiB
+        Reserved                          : 551 MiB
+"""
+
+
+def fake_nvidia_smi(folder, driver: str = "580.65.06", cuda: str = "13.0", gpus: int = 1) -> str:
+    """An executable ``nvidia-smi`` in ``folder`` (put it first on the PATH) that claims ``gpus`` H100s under
+    ``driver`` (supporting CUDA ``cuda``): ``-q`` prints the report, ``--query-gpu`` CSV lines; returns the folder."""
+    import os
+
+    text = NVIDIA_SMI_Q.format(driver=driver, cuda=cuda, gpus=gpus,
+                               blocks="".join(GPU_BLOCK.format(i=i + 1) for i in range(gpus)))
+    csv = "".join(f"NVIDIA H100 80GB HBM3, {driver}, 9.0, 81559 MiB\n" for _ in range(gpus))
+    path = os.path.join(str(folder), "nvidia-smi")
+    with open(path, "w") as fh:
+        fh.write("#!/bin/sh\n"
+                 f"case \"$*\" in\n  *--query-gpu*) printf '%s' '{csv}' ;;\n"
+                 f"  *) printf '%s' '{text}' ;;\nesac\n")  # shell builtins only: works on any PATH
+    os.chmod(path, 0o755)
+    return str(folder)

@@ -16,10 +16,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL_ITEMS = ["platform", "allreduce on each communicator", "half-precision allreduce", "bucketed overlap",
              "hierarchical overlap", "reader device copy", "CUDA event timing vs host clock",
              "precision settings take effect", "fused optimizers vs torch.optim", "AMP against its reference",
-             "compute fusion against the unfused model", "NVML", "memory footprint vs the allocator", "memory window",
-             "torchrun error path"]
+             "compute fusion against the unfused model", "compute fusion timing", "NVML",
+             "memory footprint vs the allocator", "memory window", "torchrun error path"]
 CUDA_ONLY = ("CUDA event timing vs host clock", "precision settings take effect", "fused optimizers vs torch.optim",
-             "AMP against its reference", "compute fusion against the unfused model", "NVML",
+             "AMP against its reference", "compute fusion against the unfused model", "compute fusion timing", "NVML",
              "memory footprint vs the allocator")
 
 
@@ -82,7 +82,8 @@ def test_a_failing_raising_or_hanging_item_fails_the_run():
     assert "RankFailure" in rep.items[3].numbers and "within 2 s" in rep.items[3].numbers, rep.items[3]
     assert seen == rep.items
     table = D.format_table(rep)
-    assert table.splitlines()[0].startswith("fleetbench doctor: cpu/gloo, 2 ranks; torch ")
+    assert table.splitlines()[0].startswith(f"fleetbench doctor: torch {D.torch.__version__} (")
+    assert "; cpu/gloo, 2 ranks; " in table.splitlines()[0]
     assert "FAIL: sums, _raises, _hangs" in table and "3 wrong of 1024 elements" in table
     assert json.loads(D.to_json(rep))["ok"] is False
 
@@ -176,15 +177,21 @@ def test_fused_optimizer_and_correctness_check_items_on_cpu(pool2, monkeypatch):
     item = D.checks_item(ctx, "AMP against its reference", "", cpu_too=True)
     assert item.status == D.PASS and "bf16: pass" in item.numbers, item
 
+    item = D.fusion_timing_item(ctx, "timing", shape=(4, 8, 6, 6), repeats=2)  # the GPU item's code on CPU ranks
+    assert item.status == D.PASS and "fused (eager composition)" in item.numbers and "unfused" in item.numbers, item
+
     def wrong(fn, kwargs=None, timeout=None):  # an update that drifts: the items must fail
         out = pool2.run(fn, kwargs or {})
         if fn is D.optimizers_on_rank:
             return [dict(a, adam=1e-3) for a in out]
+        if fn is D.fusion_timing_on_rank:
+            return [dict(a, max_diff=0.5) for a in out]
         for a in out:
             a["per_step"][-1]["param_error"] = 1.0
         return out
 
     ctx.call = wrong
+    assert D.fusion_timing_item(ctx, "timing", shape=(4, 8, 6, 6), repeats=2).status == D.FAIL
     assert D.fused_optimizers_item(ctx, "fused").status == D.FAIL
     assert D.checks_item(ctx, "compute fusion against the unfused model", "", cpu_too=True).status == D.FAIL
 
@@ -201,3 +208,115 @@ def test_every_test_docs_gpu_md_cites_exists():
     files = {m for m in re.findall(r"tests/(test_\w+)\.py", doc)}
     missing = sorted(cited - defined - files)
     assert len(cited) > 20 and not missing, missing
+
+
+def test_the_first_line_names_the_wheel_and_the_driver_and_a_misfit_is_refused_in_one_line(monkeypatch, capsys,
+                                                                                          tmp_path):
+    """The table's first line: the wheel (CPU or CUDA x.y) and the NVIDIA driver (a fake nvidia-smi on the PATH);
+    a CPU wheel beside a GPU, or a CUDA 13 wheel under a CUDA 12 driver, is one error line (exit 2) before any rank."""
+    from suite.cli.main import main
+    from tests.fakes import fake_nvidia_smi
+
+    monkeypatch.setattr(D, "ITEMS", [_ok])
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))  # no nvidia-smi at all
+    assert main(["doctor", "--device", "cpu", "--nproc", "1"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    wheel = "CPU" if D.torch.version.cuda is None else f"CUDA {D.torch.version.cuda}"
+    assert head.startswith(f"fleetbench doctor: torch {D.torch.__version__} ({wheel} wheel), no NVIDIA driver"), head
+
+    (tmp_path / "smi").mkdir()
+    monkeypatch.setenv("PATH", fake_nvidia_smi(tmp_path / "smi", driver="580.65.06", cuda="13.0", gpus=2)
+                       + os.pathsep + os.environ["PATH"])
+    monkeypatch.setattr(D.torch.version, "cuda", None)
+    assert main(["doctor", "--device", "cpu", "--nproc", "1"]) == 0  # the CPU path asked for: not refused
+    head = capsys.readouterr().out.splitlines()[0]
+    assert "(CPU wheel), NVIDIA driver 580.65.06 (CUDA 13.0), 2 GPU(s); cpu/gloo, 1 ranks" in head, head
+    for device in (["--device", "cuda"], []):
+        assert main(["doctor", "--nproc", "1", *device]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"torch {D.torch.__version__} is a CPU wheel" in err[0] and "2 GPU(s)" in err[0], err
+
+    (tmp_path / "old").mkdir()
+    monkeypatch.setenv("PATH", fake_nvidia_smi(tmp_path / "old", driver="550.54", cuda="12.4") + os.pathsep
+                       + os.environ["PATH"])
+    monkeypatch.setattr(D.torch.version, "cuda", "13.0")
+    monkeypatch.setattr(D.torch, "__version__", "2.13.0")
+    assert main(["doctor", "--device", "cuda", "--nproc", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "built for CUDA 13.0" in err[0] and "driver 550.54 (CUDA 12.4)" in err[0], err
+
+
+class _Ctx:
+    """A DoctorRun stand-in that records each call (function, keywords, timeout) and answers from ``answer``."""
+
+    def __init__(self, nproc: int, answer, hang_timeout: float = 30.0):
+        self.nproc, self.device, self.hang_timeout, self.answer = nproc, "cuda", hang_timeout, answer
+        self.calls: list = []
+        self.released = 0
+
+    def call(self, fn, kwargs=None, timeout=None):
+        self.calls.append((fn, kwargs, timeout))
+        return self.answer(fn, kwargs)
+
+    def release(self):
+        self.released += 1
+
+
+def test_the_hierarchical_hang_bound_is_the_overlaps_alone_not_its_communicators_set_up():
+    """The communicators (12 splits under NCCL) and a first step run under their own bound; the hang bound then
+    covers the timed steps only; a set-up that fails says so.  **Call sequence only**: a GPU shows the splits' time."""
+    good = {"max_error": 0.0, "scale": 1.0, "launched_in_backward": True, "buckets": 4, "describe": {"nodes": 2}}
+    ctx = _Ctx(4, lambda fn, kw: [good] * 4, hang_timeout=7.0)
+    item = D.item_hierarchical(ctx)
+    assert item.status == D.PASS, item
+    assert [(fn, kw.get("steps"), t) for fn, kw, t in ctx.calls] == [(D.bucketed_on_rank, 1, D.GROUPS_TIMEOUT),
+                                                                     (D.bucketed_on_rank, None, 7.0)]
+
+    def slow_setup(fn, kw):
+        if kw.get("steps") == 1:
+            raise RuntimeError("RankFailure: no answer within 120 s")
+        return [good] * 4
+
+    item = D.item_hierarchical(_Ctx(4, slow_setup))
+    assert item.status == D.FAIL and item.numbers.startswith("building its communicators and one step"), item
+
+
+def test_the_torchrun_item_releases_the_pools_gpus_before_its_job_starts(monkeypatch):
+    """In EXCLUSIVE_PROCESS mode a GPU takes one process: the doctor's pool lets go of its GPUs before the torchrun
+    job starts (and comes back for a later item).  **Call sequence only**."""
+    ctx = _Ctx(1, lambda fn, kw: [])
+    ctx.device = "cpu"
+    seen = []
+
+    def run(cmd, **kw):
+        seen.append(ctx.released)
+        return subprocess.CompletedProcess(cmd, 1, "", "fleetbench-doctor: deliberate error on rank 1\nrank 1 raised")
+
+    with monkeypatch.context() as m:
+        m.setattr(D, "_private_netns_prefix", lambda: [])
+        m.setattr(D.subprocess, "run", run)
+        item = D.item_torchrun(ctx)
+    assert seen == [1] and item.status == D.PASS, item
+
+    class Pool:  # no ranks: which pool each call reaches
+        made: list = []
+
+        def __init__(self, *a, **k):
+            self.closed = False
+            Pool.made.append(self)
+
+        def run(self, fn, kwargs, timeout=None):
+            assert not self.closed
+            return [len(Pool.made)]
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(D, "RankPool", Pool)
+    run = D.DoctorRun(1, "cpu", 30.0, {})
+    assert run.call(D.memory_window_on_rank) == [1]
+    run.release()
+    assert Pool.made[0].closed and run.pool is None
+    assert run.call(D.memory_window_on_rank) == [2]  # a released pool comes back for the next item that calls it
+    run.close()
+    assert Pool.made[1].closed

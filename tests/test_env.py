@@ -5,6 +5,7 @@ for stdlib modules, functions and syntax newer than the floor)."""
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import subprocess
 import sys
@@ -73,3 +74,73 @@ def test_code_needs_no_python_newer_than_the_floor():
     assert out.returncode == 0, (
         f"pyproject.toml declares requires-python >= {target}, but the code needs more:\n{out.stdout}{out.stderr}"
     )
+
+
+def _pins_of(path: str) -> dict[str, str]:
+    out = {}
+    with open(os.path.join(REPO, path)) as fh:
+        for line in fh:
+            line = line.split("#", 1)[0].strip()
+            if "==" in line:
+                name, _, version = line.partition("==")
+                out[name.strip().lower()] = version.strip()
+    return out
+
+
+def _cuda_side(name: str) -> bool:
+    return name.lower().startswith(("nvidia-", "triton", "cuda-"))
+
+
+def test_torch_floor_is_the_tested_version():
+    """pyproject.toml's torch floor is the version constraints.txt pins, the one `make test` runs on."""
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as fh:
+        deps = tomllib.load(fh)["project"]["dependencies"]
+    (spec,) = [d for d in deps if d.startswith("torch")]
+    (floor,) = [s.version for s in SpecifierSet(spec[len("torch"):]) if s.operator == ">="]
+    pinned = dict(pins())["torch"]
+    assert Version(floor) == Version(pinned), f"pyproject.toml says {spec!r}, constraints.txt pins torch=={pinned}"
+
+
+def test_gpu_pins_are_those_of_the_committed_dry_run_report():
+    """constraints-cuda.txt pins every nvidia-*, triton and cuda-* package that `pip install --dry-run --report`
+    resolved for torch's CUDA build (constraints-cuda-report.json), at the report's versions; the report's torch is
+    constraints.txt's pin, from the package index, not a +cpu wheel; constraints-cuda.txt refuses the +cpu wheel."""
+    report = json.load(open(os.path.join(REPO, "constraints-cuda-report.json")))
+    got = {i["metadata"]["name"].lower(): i for i in report["install"]}
+    gpu_pins = _pins_of("constraints-cuda.txt")
+    every_pin = {**_pins_of("constraints.txt"), **gpu_pins}
+    resolved = {n: i["metadata"]["version"] for n, i in got.items() if _cuda_side(n)}
+    assert len(resolved) >= 10, sorted(resolved)  # the CUDA runtime, cuDNN, NCCL, cuBLAS, ... and triton
+    unpinned = {n: v for n, v in resolved.items() if every_pin.get(n) != v}
+    assert not unpinned, f"resolved but not pinned at that version: {unpinned}"
+    stale = {n: v for n, v in gpu_pins.items() if n != "torch" and resolved.get(n) != v}
+    assert not stale, f"pinned in constraints-cuda.txt but not resolved so by the report: {stale}"
+    torch_pin = _pins_of("constraints.txt")["torch"]
+    assert got["torch"]["metadata"]["version"] == torch_pin
+    assert "+cpu" not in got["torch"]["download_info"]["url"] and got["torch"]["download_info"]["url"].startswith(
+        "https://"), got["torch"]["download_info"]["url"]
+    text = open(os.path.join(REPO, "constraints-cuda.txt")).read()
+    assert f"torch!={torch_pin}+cpu" in text.split()
+
+
+def _make_n_setup(tmp_path, with_gpu: bool) -> str:
+    from tests.fakes import fake_nvidia_smi
+
+    dirs = [d for d in os.environ["PATH"].split(os.pathsep) if d and not os.path.exists(os.path.join(d, "nvidia-smi"))]
+    if with_gpu:
+        (tmp_path / "smi").mkdir()
+        dirs.insert(0, fake_nvidia_smi(tmp_path / "smi"))
+    proc = subprocess.run(["make", "-n", "-B", "setup", f"VENV={tmp_path / 'venv'}"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, env=dict(os.environ, PATH=os.pathsep.join(dirs)))
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_make_setup_with_nvidia_smi_installs_the_pinned_cuda_build_and_never_the_local_cpu_wheel(tmp_path):
+    gpu = _make_n_setup(tmp_path, with_gpu=True)
+    (install,) = [ln for ln in gpu.splitlines() if " pip install " in ln and "'.[dev]'" in ln]
+    assert "-c constraints.txt -c constraints-cuda.txt" in install and "--find-links" not in install, install
+    assert install.startswith("env -u PIP_FIND_LINKS "), install  # the environment's find-links too
+    assert "torch.version.cuda" in gpu and "is a CPU wheel on a machine with nvidia-smi" in gpu  # checked after
+    cpu = _make_n_setup(tmp_path, with_gpu=False)
+    assert "constraints-cuda.txt" not in cpu and "torch.version.cuda" not in cpu

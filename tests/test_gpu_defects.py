@@ -223,3 +223,75 @@ def test_a_cuda_straggler_is_a_spin_kernel_on_the_compute_stream_not_a_host_slee
     spins = [e for e in api.log if e[1] == "sleep"]
     assert len(spins) == 3 and case.straggler_sleeps == 3  # one rank: the straggler every step
     assert all(e[3] == "default" and e[2] == pytest.approx(0.020 * api.spin_hz, rel=0.05) for e in spins), spins
+
+
+def test_the_memory_budget_counts_the_caching_allocators_reserved_but_free_blocks():
+    """mem_get_info sees blocks torch keeps after a free as used; the budget adds them back (reserved - allocated).
+    **Call sequence only** for what CUDA reports: the premises probe of .ci/gpu-check measures it on a GPU."""
+    from tests.fakes import FakeCuda, fake_cuda_platform
+
+    api = FakeCuda(allocated=2**30)
+    api.free_bytes, api.cached = 5 * 2**30, 3 * 2**30
+    assert fake_cuda_platform(api).free_memory() == 8 * 2**30
+    api.cached = 0
+    assert fake_cuda_platform(api).free_memory() == 5 * 2**30
+
+
+def test_a_gpu_bound_to_each_process_by_slurm_is_the_ranks_device_and_elsewhere_too_few_gpus_is_refused(monkeypatch):
+    import torch
+
+    from suite.runtime import device as dev
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for k in ("SLURM_LOCALID", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
+    with pytest.raises(dev.CudaUnavailable, match="8 local ranks need a GPU each; torch sees 1"):
+        dev.select_platform("cuda", 5, 8)  # one GPU for 8 ranks of a job: refused, as before
+    monkeypatch.setenv("SLURM_LOCALID", "5")
+    monkeypatch.setenv("SLURM_STEP_GPUS", "0,1,2,3,4,5,6,7")  # srun --gpu-bind: this task sees its own GPU
+    p = dev.select_platform("cuda", 5, 8)
+    assert (p.device_type, p.backend, p.local_rank, str(p.device)) == ("cuda", "nccl", 5, "cuda:0")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)  # a job-wide binding: the local rank's GPU
+    assert str(dev.select_platform("cuda", 5, 8).device) == "cuda:5"
+
+
+def test_compute_fusion_is_labelled_eager_composition_on_cuda_in_the_record_and_the_report(one_rank_world):  # noqa: F811
+    """On a (fake) CUDA platform the fused case's describe says its kernels are an eager composition, and why that
+    matters against cuDNN; compiled says torch.compile; on CPU the label says what the CPU measures.  The report
+    labels a CUDA record's case (hover and a note under its model's table) and leaves a CPU record's alone."""
+    import types
+
+    from suite.compute.fusion import apply_compute_fusion
+    from suite.config import StrategyConfig
+    from suite.models import get_model
+    from suite.report.page import _row, _table
+    from suite.runtime import context
+
+    spec = get_model("resnet", "tiny")
+    eager = StrategyConfig(fuse_bn_act_ops=True, fuse_elewise_add_act_ops=True)
+    _, report = apply_compute_fusion(spec.make(0, torch.device("cpu")), eager)
+    assert report["kernels"] == "eager composition" and "cuDNN's one batch-norm kernel" in report["kernels_note"]
+    _, compiled = apply_compute_fusion(spec.make(0, torch.device("cpu")),
+                                       StrategyConfig(fuse_bn_act_ops=True, fusion_backend="compile"))
+    assert compiled["kernels"] == "torch.compile"
+    ctx = context.current()
+    context.set_current(context.RankContext(0, 1, 0, 1, Platform("cpu", "gloo")))
+    try:
+        _, on_cpu = apply_compute_fusion(spec.make(0, torch.device("cpu")), eager)
+    finally:
+        context.set_current(ctx)
+    assert on_cpu["kernels"] == "eager composition" and "on CPU" in on_cpu["kernels_note"]
+
+    def record(device, fusion):
+        return types.SimpleNamespace(case="resnet/compute_fusion", world_size=8, verdict="pass", metrics={},
+                                     device=device, describe=types.SimpleNamespace(engine={"compute_fusion": fusion}))
+
+    gpu, cpu = record("cuda (NVIDIA H100 80GB HBM3)", report), record("cpu", on_cpu)
+    cells, why = _row(gpu)
+    assert why["case"].startswith("eager composition: on CUDA each fused op")
+    assert "case" not in _row(cpu)[1]
+    notes = _table([(gpu, cells, why), (cpu, *_row(cpu))])["notes"]
+    assert [n for n in notes if "eager composition" in n] == [
+        f"resnet/compute_fusion@8: eager composition: {report['kernels_note']}."]

@@ -360,3 +360,66 @@ def test_the_nights_junit_has_a_case_per_stage_and_the_suites_its_stages_wrote(t
     assert "junit/ab-w2.xml: not written" in got["gate"].findtext("system-out")
     pyb = next(c for c, _ in calls if "pytest" in c)
     assert pyb[pyb.index("--junitxml") + 1] == str(tmp_path / "out" / "junit" / "pytest-benchmark.xml")
+
+
+def _plan_rows(capsys, out_dir, *extra: str) -> dict:
+    assert main(["nightly", "--plan", "--device", "cpu", "--case", "mlp/plain", "--worlds", "2", "--out", str(out_dir),
+                 "--machine", "m", "--gate-budget", "5", *extra]) == 0
+    return {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines() if " min  (ends at" in ln}
+
+
+# the gate's rough set-up for mlp/plain@2 on CPU, by hand (suite/nightly.py's constants): two worktrees 2 x 60 s;
+# a trial server of 2 ranks per revision 2 x (30 + 2 x 5) s; the case checked and prepared on each revision
+# 2 x (15 + (2 x 3 check steps + 1 warm-up) x 0.01 s); plus tonight's 5-minute budget
+GATE_MLP_PLAIN_2 = (2 * 60 + 2 * (30 + 2 * 5) + 2 * (15 + 7 * 0.01) + 300) / 60
+
+
+def test_night_2_after_a_night_without_a_gate_plans_the_gates_set_up(tmp_path, monkeypatch, capsys):
+    """Night 1 had no last good commit: its gate took no time and is no basis; night 2's plan is the budget plus the
+    set-up (worktrees, servers, checks and preparations of both revisions), whatever form night 1's state has."""
+    code, _, state, _, _ = _fake_night(tmp_path, monkeypatch, {}, None)  # a night 1 as nightly writes it ...
+    state["gate"]["last_good"] = None  # ... had it found no last good commit
+    state["stages"]["gate"].update(seconds=0.01, skipped="no last good commit")
+    out = tmp_path / "out"
+    (out / "nightly.json").write_text(json.dumps(state))
+    rows = _plan_rows(capsys, out)
+    assert rows["gate"].split()[1] == f"{GATE_MLP_PLAIN_2:.1f}" and "rough" in rows["gate"], rows["gate"]
+    assert "last night's" in rows["run"]  # the stages night 1 did run stay its basis
+    del state["stages"]["gate"]["skipped"]  # a night 1 written before the flag: its gate's last_good says it
+    (out / "nightly.json").write_text(json.dumps(state))
+    assert _plan_rows(capsys, out)["gate"].split()[1] == f"{GATE_MLP_PLAIN_2:.1f}"
+    # the flag is what nightly writes when there is no last good commit
+    (tmp_path / "n1").mkdir()
+    from suite.cli import nightly
+
+    monkeypatch.setattr(nightly.Night, "last_good", lambda self: None)
+    _, _, state, _, _ = _fake_night(tmp_path / "n1", monkeypatch, {}, None)
+    assert state["stages"]["gate"]["skipped"] == "no last good commit" and state["gate"]["last_good"] is None
+
+
+def test_a_cancelled_gate_keeps_its_measured_time_for_the_next_plans(tmp_path, capsys):
+    from suite.nightly import finished_stages
+
+    complete = {"seconds": 400.0, "pairs": 1, "budget_s": 300.0, "exit": 0}
+    cancelled = {"seconds": 3600.0, "pairs": 1, "budget_s": 300.0, "exit": "cancelled"}
+    state = {"machine": "m", "stages": {"gate": cancelled, "run": {"seconds": 60.0, "pairs": 1, "exit": 0}},
+             "earlier": {"gate": complete}, "gate": {"last_good": "abc", "worlds": {}}}
+    assert finished_stages(state)["gate"] == cancelled  # carried into the next night's "earlier" as it is
+    assert finished_stages(dict(state, stages={"gate": dict(cancelled, seconds=10.0)}))["gate"] == complete
+    (tmp_path / "nightly.json").write_text(json.dumps(state))
+    row = _plan_rows(capsys, tmp_path)["gate"]
+    assert row.split()[1] == "60.0" and "cancelled gate ran 60.0 min" in row, row  # 3600 s, not 400 s
+
+
+def test_measured_step_times_replace_the_rough_ones_in_the_plan(tmp_path, capsys):
+    rough = _plan_rows(capsys, tmp_path)
+    (tmp_path / "steps.json").write_text(json.dumps({"models": {"mlp": 1.0}, "cases": {"mlp/plain": 2.0}}))
+    measured = _plan_rows(capsys, tmp_path, "--step-times", str(tmp_path / "steps.json"))
+    # run: one world's pool 30 s + the case: 15 s + (2 x 3 check + 1 warm-up + 2 traced + 3 x 3 timed) steps x 2.0 s
+    assert measured["run"].split()[1] == f"{(30 + 15 + 18 * 2.0) / 60:.1f}" and "measured step times" in measured["run"]
+    assert float(measured["run"].split()[1]) > float(rough["run"].split()[1])
+    (tmp_path / "bad.json").write_text(json.dumps({"models": {"mlp": -1}}))
+    assert main(["nightly", "--plan", "--device", "cpu", "--case", "mlp/plain", "--worlds", "2", "--out",
+                 str(tmp_path), "--step-times", str(tmp_path / "bad.json")]) == 2
+    err = capsys.readouterr().err
+    assert "bad.json: models.mlp is -1; expected seconds per step" in err and err.count("error:") == 1

@@ -28,7 +28,11 @@ COMMANDS = {
     "nightly": "suite.cli.nightly",
     "machine-name": "suite.cli.machine_name",
     "trial-server": "suite.cli.trial_server",  # hidden: one revision's side of `ab` (JSON lines)
+    "gpu-check": "suite.cli.gpu_check",
 }
+# Commands that must start without torch (the GPU check picks the interpreter the others then run under): main()
+# builds only their parser, so no other command module is imported.
+TORCH_FREE = ("gpu-check",)
 
 
 def version_line() -> str:
@@ -57,20 +61,23 @@ class _Version(argparse.Action):
         parser.exit()
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Every sub-command's parser (``only``: that one alone, its module the only one imported)."""
     parser = argparse.ArgumentParser(
         prog="fleetbench",
         description="Benchmarks and correctness checks of Paddle Fleet's data-parallel strategies on PyTorch.",
     )
     parser.add_argument("--version", action=_Version, help="the package version and the git commit, then exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in COMMANDS.values():
-        importlib.import_module(module).add_parser(sub)
+    for name, module in COMMANDS.items():
+        if only is None or name == only:
+            importlib.import_module(module).add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv[0] if argv and argv[0] in TORCH_FREE else None)
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()

@@ -15,7 +15,7 @@ import time
 
 from ..config import ConfigError
 from ..measure.metadata import machine_name
-from ..nightly import NightlyOptions, finished_stages, last_night, make_plan
+from ..nightly import NightlyOptions, finished_stages, last_night, make_plan, read_step_times
 from ..report import junit
 from ..results.records import write_atomic
 from . import GATE_CODES, helps, unwind
@@ -89,6 +89,9 @@ def add_parser(sub) -> None:
     p.add_argument("--quick", action="store_true", help="a smoke pass: no correctness checks, asv --quick")
     p.add_argument("--plan", action="store_true", help="print the plan (stages, cases x world sizes, the gate, "
                    "estimated durations) and exit; --device cuda is declared, not probed")
+    p.add_argument("--step-times", metavar="FILE",
+                   help="seconds per step measured on this machine, for the plan's estimates instead of the rough "
+                        "table: JSON {\"models\": {model: s}, \"cases\": {case: s}} (e.g. .ci/gpu-check's)")
     p.add_argument("--limit", type=float, metavar="MINUTES",
                    help="the job's time limit: a plan whose estimate exceeds it is refused (exit 2) before anything "
                         "runs, naming the stage that does not fit")
@@ -135,7 +138,11 @@ def plan_of(args):
     last = last_night(args.out, machine)
     opts = NightlyOptions(rounds=args.rounds, steps=args.steps, check=not args.quick,
                           gate_budget_s=args.gate_budget * 60.0)
-    return resolved, make_plan(resolved, gate, machine, opts, last), last
+    try:
+        measured = read_step_times(args.step_times) if args.step_times else None
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return resolved, make_plan(resolved, gate, machine, opts, last, measured), last
 
 
 def main(args) -> int:
@@ -342,7 +349,8 @@ class Night:
     def gate_stage(self) -> int:
         good = self.last_good()
         gate = self.state["gate"] = {"last_good": good, "worlds": {}}
-        if good is None:
+        if good is None:  # no basis for the next plan's gate estimate (suite/nightly.py, finished_stages)
+            self.state["stages"]["gate"]["skipped"] = "no last good commit"
             return 0
         codes = []
         for w in self.resolved.worlds:

@@ -343,7 +343,20 @@ def _row(r) -> tuple[list[str], dict]:
              f"{peak / 2**20:.1f}" if peak_shown else "-"]
     if calls:
         why["collectives/step"] = ", ".join(f"{k}: {F.num(v):g}" for k, v in sorted(calls.items()))
+    label = fusion_kernels(r)
+    if label:
+        why["case"] = f"{label[0]}: {label[1]}"
     return cells, why
+
+
+def fusion_kernels(r) -> tuple[str, str] | None:
+    """A compute-fusion case's kernels on CUDA as its record states them (``describe.compute_fusion``: "eager
+    composition" or "torch.compile", and why it matters), or None (another case, or the CPU)."""
+    engine = getattr(r.describe, "engine", None) or {}
+    fusion = engine.get("compute_fusion") if isinstance(engine, dict) else None
+    if not str(r.device).startswith("cuda") or not isinstance(fusion, dict) or not fusion.get("kernels"):
+        return None
+    return str(fusion["kernels"]), str(fusion.get("kernels_note") or "")
 
 
 def _table(rows: list) -> dict:
@@ -351,6 +364,10 @@ def _table(rows: list) -> dict:
     drop = {i for i, h in enumerate(HEAD) if h in MEMORY and all(cells[i] == "-" for _, cells, _ in rows)}
     head = [h for i, h in enumerate(HEAD) if i not in drop]
     notes = [f"{HEAD[i]}: not measured in this run's records." for i in sorted(drop)]
+    for r, _, _ in rows:  # what a fused case's kernels are on a GPU (issue 32.6)
+        label = fusion_kernels(r)
+        if label:
+            notes.append(f"{r.case}@{r.world_size}: {label[0]}: {label[1]}.")
     return {"head": head, "notes": notes,
             "rows": [(r, [c for i, c in enumerate(cells) if i not in drop], why) for r, cells, why in rows]}
 

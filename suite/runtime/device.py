@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["Platform", "CudaUnavailable", "require_cuda", "select_platform", "default_threads", "HostMark",
-           "MemoryWindow", "cuda_device_count", "host_available_memory", "platform_of"]
+           "MemoryWindow", "cuda_device_count", "host_available_memory", "platform_of", "bound_per_process"]
 
 
 class CudaUnavailable(RuntimeError):
@@ -164,6 +164,9 @@ class Platform:
     local_rank: int = 0
     # The torch.cuda API the CUDA branches call; None = torch.cuda.  Tests inject a recording fake.
     cuda_api: Any = field(default=None, compare=False, repr=False)
+    # The CUDA index of this rank's GPU when it is not the local rank: a scheduler that binds one GPU to each process
+    # (SLURM's gpu-bind: every process sees its own GPU as cuda:0), see select_platform.
+    device_index: int | None = None
 
     @property
     def cuda(self):
@@ -172,7 +175,7 @@ class Platform:
     @property
     def device(self) -> torch.device:
         if self.device_type == "cuda":
-            return torch.device("cuda", self.local_rank)
+            return torch.device("cuda", self.local_rank if self.device_index is None else self.device_index)
         return torch.device("cpu")
 
     @property
@@ -288,10 +291,13 @@ class Platform:
         return MemoryWindow(self).open()
 
     def free_memory(self, local_ranks: int = 1) -> int:
-        """Bytes this rank may fill: its GPU's free memory (``mem_get_info``) on CUDA; on CPU its share of
-        the host's available RAM, which the ``local_ranks`` ranks on the host share."""
+        """Bytes this rank may fill.  CUDA: its GPU's free memory as the driver sees it (``mem_get_info``) plus the
+        caching allocator's reserved-but-free blocks (``memory_reserved - memory_allocated``: blocks of freed tensors
+        that torch keeps, which the driver counts as used but torch hands out again); on CPU its share of the host's
+        available RAM, which the ``local_ranks`` ranks on the host share."""
         if self.is_cuda:
-            return int(self.cuda.mem_get_info(self.device)[0])
+            cached = int(self.cuda.memory_reserved(self.device)) - int(self.cuda.memory_allocated(self.device))
+            return int(self.cuda.mem_get_info(self.device)[0]) + max(0, cached)
         return host_available_memory() // max(1, local_ranks)
 
     def describe(self) -> dict:
@@ -305,7 +311,9 @@ def select_platform(device: str | None = None, local_rank: int = 0, local_world_
     """NCCL on this rank's GPU where CUDA is available, gloo on CPU where it is not; ``device`` overrides.
 
     Never falls back to CPU on a machine with CUDA unless asked (``device='cpu'``): a GPU machine with
-    fewer visible GPUs than local ranks is an error naming both counts, not a silent CPU run."""
+    fewer visible GPUs than local ranks is an error naming both counts, not a silent CPU run, except where a
+    scheduler bound GPUs to each process (:func:`bound_per_process`: SLURM's gpu-bind), where every rank takes the
+    first GPU it sees."""
     if device not in (None, "cpu", "cuda"):
         raise ValueError(f"--device {device!r}: allowed values are 'cpu' and 'cuda'")
     if device == "cpu":
@@ -315,14 +323,25 @@ def select_platform(device: str | None = None, local_rank: int = 0, local_world_
     elif not torch.cuda.is_available():
         return Platform("cpu", "gloo", local_rank)
     n = cuda_device_count()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if n < local_world_size and n >= 1 and visible is not None and bound_per_process():
+        # the scheduler gave this process its own GPU(s) (SLURM gpu-bind): its GPU is the first it sees; ranks that
+        # were handed the same GPU are NCCL's "Duplicate GPU detected" error at the first collective
+        return Platform("cuda", "nccl", local_rank, device_index=0)
     if n < local_world_size:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         raise CudaUnavailable(
             f"{local_world_size} local ranks need a GPU each; torch sees {n} on this machine"
             + (f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else "")
             + ": start at most that many ranks per node, or ask for the CPU with --device cpu"
         )
     return Platform("cuda", "nccl", local_rank)
+
+
+def bound_per_process(environ=None) -> bool:
+    """Whether a scheduler bound the GPUs to each process rather than to the job: a SLURM task (``SLURM_LOCALID``)
+    of a step with GPUs (``SLURM_STEP_GPUS`` or ``SLURM_JOB_GPUS``), whose ``CUDA_VISIBLE_DEVICES`` is its own."""
+    env = os.environ if environ is None else environ
+    return "SLURM_LOCALID" in env and any(env.get(k) for k in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS"))
 
 
 def platform_of(tensors, group=None) -> Platform:
