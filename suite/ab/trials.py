@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
+from ..measure.utilization import busy_reason
 from ..results.structure import ACK_FILE, acknowledged, read_acks, structure_diff, structure_new
 from ..runtime.pool import remove_stale
 from .client import ProtocolMismatch, TrialError, TrialServer
@@ -113,6 +114,7 @@ class Side:
     records: dict = field(default_factory=dict)  # case -> record (structure, verdict)
 
     origins: list = field(default_factory=list)  # where the server and each rank imported suite from
+    others_cpu: list = field(default_factory=lambda: [0.0, 0.0])  # others' CPU s, the machine's CPU s: its trials
 
     def describe(self) -> dict:
         return {"rev": self.rev, "commit": self.commit, "subject": self.subject, "inject": self.inject,
@@ -138,6 +140,8 @@ class CaseOutcome:
     # the smallest slowdown (a fraction) this comparison would have called "slower" at 95% (None: none below 100%)
     detectable_slowdown: float | None = None
     power: str = ""  # the power statement in words (stats.describe_power)
+    machine: dict = field(default_factory=dict)  # load_avg_start/end, cpu_cores, others_cpu_s/share (busy_reason)
+    busy: str | None = None  # "machine busy: timings unreliable (...)", or None
     log_ratios: list = field(default_factory=list)
     structure_diff: list = field(default_factory=list)
     structure_new: list = field(default_factory=list)  # facts one side does not record: new, not changed
@@ -261,6 +265,10 @@ def _trial(side: Side, case: str, opts: AbOptions) -> float:
     t = ans["step_s"]
     if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
         raise TrialError(f"{side.label}: {case}: trial time {t!r} is not a finite positive number", kind="BadTime")
+    machine = ans.get("machine") or {}  # a trial server older than the machine's state leaves it out
+    if isinstance(machine.get("others_cpu_s"), (int, float)) and isinstance(machine.get("host_total_s"), (int, float)):
+        side.others_cpu[0] += machine["others_cpu_s"]
+        side.others_cpu[1] += machine["host_total_s"]
     return float(t)
 
 
@@ -304,6 +312,9 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
     # -- the timing: randomised ABBA blocks until the interval decides or the budget is spent
     rng = random.Random(f"{seq.seed}:{case}:{world}")
     s = Sequential(seq)
+    load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    for side in (base, head):
+        side.others_cpu = [0.0, 0.0]
     times: dict[str, list[float]] = {base.label: [], head.label: []}
     t0 = time.monotonic()
     last_say = t0
@@ -334,6 +345,12 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
         out.error = str(exc).splitlines()[0][:500]
         out.failures.append(f"{case}@{world}: timing failed: {out.error}")
     out.seconds = time.monotonic() - t0
+    others, total = (sum(x) for x in zip(base.others_cpu, head.others_cpu))
+    out.machine = {"load_avg_start": load_start, "load_avg_end": os.getloadavg()[0] if load_start is not None else None,
+                   "cpu_cores": os.cpu_count()}
+    if total > 0:
+        out.machine.update(others_cpu_s=others, others_cpu_share=others / total)
+    out.busy = busy_reason(out.machine)
     if out.verdict != "error":
         out.verdict = s.finish()
     out.blocks = len(s.d)
@@ -359,6 +376,8 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
                                        power=out.power) + f" ({out.blocks} blocks" + (
             f" from {out.pairs} pairs of preparations on {out.servers} pairs of servers" if seq.rotate else ""
         ) + f", {out.seconds:.0f} s)"
+    if out.busy and out.summary:
+        out.summary += f"; {out.busy}"
     say(f"  {case}@{world}: {out.summary or out.error}")
     return out
 
@@ -547,6 +566,8 @@ def format_table(report: AbReport) -> str:
             lines += [f"  {d}" for d in c.structure_new]
         if c.error:
             lines.append(f"\nerror: {c.case}@{c.world}: {c.error}")
+        if c.busy:
+            lines.append(f"\n{c.case}@{c.world}: {c.busy}")
     for o in report.only:
         lines.append(f"not compared: {o['case']}: {o['why']}")
     for e in report.errors:

@@ -45,6 +45,7 @@ import struct
 import sys
 import urllib.parse
 
+from ..measure.utilization import busy_reason
 from ..results.records import NUMERIC_METRICS, jsonable, write_atomic
 from ..results.records import plain as _plain
 
@@ -214,13 +215,16 @@ def _problems(final: dict) -> list[dict]:
             messages.append(("timed alone", str(r.fallback)))
         if r.metrics.get("trace_error"):
             messages.append(("trace", str(r.metrics["trace_error"])))
+        busy = busy_reason(r.metrics or {})
+        if busy:
+            messages.append(("machine", busy))
         if skipped:
             kind = "skipped"
         elif r.status == "error" or r.verdict == "error":
             kind = "error"
         elif r.verdict == "fail":
             kind = "fail"
-        elif r.fallback or r.metrics.get("trace_error"):
+        elif r.fallback or r.metrics.get("trace_error") or busy:
             kind = "note"
         else:
             continue
@@ -268,8 +272,19 @@ def _runs(records) -> list[dict]:
             "size": ", ".join(sorted({str(r.size) for r in rs if r.size})) or "unknown",
             "world size": ", ".join(str(w) for w in sorted({r.world_size for r in rs})),
             "cases": f"{len(final)}: " + _verdicts(final),
+            "machine": _machine(final.values()),
         })
     return out
+
+
+def _machine(records) -> str:
+    """A run's machine state: busy (timings unreliable) in how many of its timed cases, quiet, or not recorded
+    (records from before the load average and others' CPU time were kept)."""
+    timed = [r for r in records if r.metrics and ("others_cpu_share" in r.metrics or "load_avg_start" in r.metrics)]
+    busy = [r for r in timed if busy_reason(r.metrics)]
+    if busy:
+        return f"BUSY: timings unreliable in {len(busy)} of {len(timed)} timed cases (see the notes)"
+    return f"quiet in its {len(timed)} timed cases" if timed else "not recorded"
 
 
 HEAD = ["case", "world", "verdict", "samples/s [95% CI]", "speedup vs plain [95% CI]", "step ms median (IQR)",

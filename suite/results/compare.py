@@ -249,6 +249,9 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
             fail(row["change"])
             cmp.rows.append(row)
             continue
+        for label, side in (("BASE", b), ("HEAD", h)):
+            if side.busy:
+                cmp.warnings.append(f"{key}: {label}'s timings: {side.busy}")
         if cmp.same_records or _identical(b, h):  # a case and itself: no interval between a number and itself
             row.update(change=IDENTICAL, base_ms=_fmt_ms(statistics.median(b.windows or b.samples)),
                        head_ms=_fmt_ms(statistics.median(h.windows or h.samples)), speedup=1.0)

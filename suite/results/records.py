@@ -181,6 +181,12 @@ class Metrics(_Part):
     workload: dict | None = None  # the workload's description (harnesses that time rounds themselves)
     trace_file: str | None = None  # a path under the results directory's traces/
     trace_error: str | None = None  # why the trace is missing
+    # the machine's state (suite.measure.utilization.busy_reason reads them; optional: older records lack them)
+    load_avg_start: float | None = None  # the 1-minute load average when the case's timing started
+    load_avg_end: float | None = None  # ... and when it ended
+    cpu_cores: int | None = None  # the cores the load average is read against (os.cpu_count)
+    others_cpu_s: float | None = None  # CPU seconds of processes other than the ranks during the timed windows
+    others_cpu_share: float | None = None  # ... over the machine's CPU seconds then (every core)
 
 
 METRIC_NAMES = _names(Metrics)
