@@ -15,6 +15,11 @@ are seen, not only rank 0's.
     with UtilizationSampler(interval=0.2) as sampler:
         ...                       # the case runs
     metrics = Metrics(utilization=sampler.summary())
+
+The machine's state beside a case's timings: :class:`CpuSpan` (a rank's own CPU time and the machine's, from
+/proc/stat, over its recorded windows), :func:`others_cpu` (what processes other than the ranks took) and
+:func:`busy_reason`, the one rule `run`, `compare`, `ab` and the report state ("machine busy: timings
+unreliable" above :data:`BUSY_SHARE` of the machine's CPU time, or a load average above the cores).
 """
 from __future__ import annotations
 
