@@ -724,6 +724,25 @@ def test_the_detectable_slowdown_of_yuens_interval_and_of_too_few_samples():
     assert describe_power(0.12) == "could have caught ≥ 12.0% at 95%"
 
 
+def test_an_inconclusive_verdict_says_what_would_decide_it_and_prints_no_unreadable_interval():
+    """"inconclusive" with what would decide it: HEAD/BASE 1.02 [0.98, 1.07] is neither below 1.05 nor above 1;
+    on the log scale its estimate 0.02373 and half-width 0.04393 would need (0.04393 / (log 1.05 - 0.02373))^2
+    = 3.07 times the samples for the upper end to reach 1.05 (3.43 for the lower end to pass 1).  An interval
+    whose ends are more than 100 times apart prints as "[< 0.1, > 10]" ([0.002, 692.970] before)."""
+    from suite.ab.stats import describe_verdict, fmt_span
+
+    text = describe_verdict("inconclusive", 1.02, (0.98, 1.07), 0.02, threshold=0.05,
+                            power="could have caught ≥ 9.0% at 95%")
+    assert text == ("inconclusive: HEAD/BASE step time 1.020 [0.980, 1.070]; could have caught ≥ 9.0% at 95%; not "
+                    "slower needs the upper end below 1.050, slower the lower end above 1; about 3.1 times the "
+                    "samples would decide at this spread (a larger --budget)"), text
+    assert "not slower by ≥ 5%" in describe_verdict("not slower", 1.02, (1.01, 1.04), 0.02, threshold=0.05)
+    assert "(HEAD slower than BASE, by less than that)" in describe_verdict("not slower", 1.02, (1.01, 1.04), 0.02)
+    assert fmt_span(0.92, (0.002, 692.97)) == "0.920 [< 0.1, > 10]"
+    assert fmt_span(1.0, (0.0, math.inf)) == "1.000 [< 0.1, > 10]"
+    assert fmt_span(1.02, (0.98, 1.07)) == "1.020 [0.980, 1.070]"
+
+
 def test_exit_codes_ok_regression_undecided():
     from suite.ab.bisect import BisectReport
     from suite.ab.trials import AbReport, CaseOutcome

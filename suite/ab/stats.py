@@ -441,7 +441,7 @@ def _to_decide(lo: float, hi: float, threshold: float) -> str:
     times = [(half / gap) ** 2 for gap in (line - est, est) if gap > 0]
     more = min(times) if times else math.inf
     how = (f"about {more:.1f} times the samples would decide at this spread" if more < 100 else
-           "the estimate sits on a line: no number of samples in reach would decide")
+           "over 100 times the samples would be needed at this spread and estimate")
     return (f"not slower needs the upper end below {1 + threshold:.3f}, slower the lower end above 1; {how} "
             f"(a larger --budget)")
 

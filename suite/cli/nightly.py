@@ -14,6 +14,7 @@ import time
 
 from ..config import ConfigError
 from ..measure.metadata import machine_name
+from ..measure.stats import ratio_interval_text
 from ..nightly import NightlyOptions, finished_stages, last_night, make_plan
 from ..results.records import write_atomic
 from . import GATE_CODES, helps, unwind
@@ -380,8 +381,9 @@ def _gate_lines(path: str, code: int) -> list[str]:
         return [f"ab gate: no result (exit {code}; the log above says why)"]
     lines = [f"- identical: {doc['identical']} (nothing timed)"] if doc.get("identical") else []
     for c in doc["cases"]:
-        lo, hi = c["ci"]
-        lines.append(f"- {c['case']}@{c['world']}: {c['verdict']} (HEAD/BASE {c['ratio']:.3f} [{lo:.3f}, {hi:.3f}], "
+        lo, hi = (float(x) for x in c["ci"])  # --json writes inf and nan as strings
+        lines.append(f"- {c['case']}@{c['world']}: {c['verdict']} (HEAD/BASE {float(c['ratio']):.3f} "
+                     f"{ratio_interval_text(lo, hi)}, "
                      f"{c['blocks']} blocks), structure {'CHANGED' if c['structure_diff'] else 'identical'}, "
                      f"check {c['check']}")
     lines += [f"  FAIL {f}" for f in doc["failures"]]

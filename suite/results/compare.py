@@ -274,8 +274,9 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
                    detectable_slowdown=(round(g["detectable_slowdown"], 4) if g["detectable_slowdown"] < 1
                                         else None))
         if g["change"] == "slower":
-            fail(f"{1 / g['speedup']:.2f}x slower (speedup {g['speedup']:.3f}, 95% interval [{g['ci_low']:.3f}, "
-                 f"{g['ci_high']:.3f}], p={g['p_slower']:.2g}; threshold {opts.threshold:.0%})")
+            fail(f"{1 / g['speedup']:.2f}x slower (speedup {g['speedup']:.3f}, 95% interval "
+                 f"{ratio_interval_text(g['ci_low'], g['ci_high'])}, p={g['p_slower']:.2g}; threshold "
+                 f"{opts.threshold:.0%})")
         if g["change"] == "too few samples" and opts.method == "mwu" and min_p_value(len(bs), len(hs)) >= opts.alpha:
             row["change"] = f"too few {'windows' if windows else 'samples'} for alpha {opts.alpha:g}"
         if g["change"] == "too few samples" and strict:

@@ -173,7 +173,7 @@ def _to_decide(lo: float, hi: float, nb: int, nh: int, opts: GateOptions) -> str
     times = [(half / gap) ** 2 for gap in (line - est, est - line) if gap > 0]
     more = min(times) if times else math.inf
     how = (f"about {more:.1f} times the windows ({math.ceil(more * max(nb, nh))} a side) would decide at this "
-           f"spread" if more < 100 else "the estimate sits on the threshold: no number of windows in reach decides")
+           f"spread" if more < 100 else "over 100 times the windows would be needed at this spread and estimate")
     return f"HEAD/BASE's interval must lie below {1 + opts.threshold:.3f} (not slower) or above it (slower); {how}"
 
 
