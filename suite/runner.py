@@ -43,6 +43,7 @@ from .cases import BASELINE, Case
 from .check.harness import CheckResult, run_check
 from .config import StrategyConfig
 from .measure.metadata import collect
+from .measure.stats import RUN_ROUNDS_FOR_95
 from .measure.summary import COMPUTE_ONLY, summarize
 from .measure.timing import drop_case, prepare_case, prepared_result, run_window, time_on_rank
 from .measure.trace import trace_on_rank
@@ -70,7 +71,7 @@ class RunOptions:
     size: str = "cpu"
     per_rank_batch: int | None = None  # None: each model's own at ``size``
     steps: int = 5  # steps per timed window
-    rounds: int = 5  # interleaved timed rounds
+    rounds: int = RUN_ROUNDS_FOR_95  # interleaved timed rounds (6: the fewest whose speedup interval covers 95%)
     warmup: int = 2  # warm-up steps per case, not recorded
     check: bool = True
     check_steps: int = 3

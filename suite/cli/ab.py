@@ -19,7 +19,7 @@ import sys
 
 from ..ab.client import TrialError
 from ..ab.isolation import AB_DEFAULT, Isolation
-from ..ab.worktrees import RevisionError
+from ..ab.worktrees import RevisionError, Worktrees, git
 from ..config import ConfigError
 from ..models import default_size
 from ..selection import choose_platform, default_worlds
@@ -154,8 +154,6 @@ def identical(repo: str, base_rev: str, head_rev: str) -> dict | None:
     """When BASE and HEAD are the same commit, or commits with the same tree (the same code), what they are; else
     None.  Decided here, before any worktree or server: the ABBA driver itself (suite.ab.trials) always times, so
     that A/A measurements through it (the gate figure) are never short-circuited."""
-    from ..ab.worktrees import Worktrees, git
-
     wt = Worktrees(repo)  # resolves the repository; makes nothing until a worktree is added
     bc, hc = wt.resolve(base_rev), wt.resolve(head_rev)
     wt.check_clean({"BASE": (base_rev, bc), "HEAD": (head_rev, hc)})

@@ -70,7 +70,7 @@ def add_parser(sub) -> None:
                                             "smaller inputs; default on CPU), tiny (tests)"),
                config=dict(action=Given), set="a strategy field applied on top of every case; repeatable",
                steps=dict(action=Given, default=5, help="steps per timed window (default 5)"),
-               rounds=dict(action=Given, default=RUN_ROUNDS_FOR_95,
+               rounds=dict(action=Given, default=RunOptions.rounds,
                            help=f"interleaved timed rounds (default {RUN_ROUNDS_FOR_95}: the fewest whose speedup "
                                 f"interval can cover 95%%; fewer leave every speedup 'not resolved')"),
                warmup=dict(action=Given, default=2, help="warm-up steps per case (default 2)"),

@@ -45,7 +45,7 @@ import struct
 import sys
 import urllib.parse
 
-from ..measure.utilization import busy_reason
+from ..measure.utilization import BUSY, busy_reason
 from ..results.records import NUMERIC_METRICS, jsonable, write_atomic
 from ..results.records import plain as _plain
 
@@ -215,16 +215,13 @@ def _problems(final: dict) -> list[dict]:
             messages.append(("timed alone", str(r.fallback)))
         if r.metrics.get("trace_error"):
             messages.append(("trace", str(r.metrics["trace_error"])))
-        busy = busy_reason(r.metrics or {})
-        if busy:
-            messages.append(("machine", busy))
         if skipped:
             kind = "skipped"
         elif r.status == "error" or r.verdict == "error":
             kind = "error"
         elif r.verdict == "fail":
             kind = "fail"
-        elif r.fallback or r.metrics.get("trace_error") or busy:
+        elif r.fallback or r.metrics.get("trace_error"):
             kind = "note"
         else:
             continue
@@ -283,7 +280,10 @@ def _machine(records) -> str:
     timed = [r for r in records if r.metrics and ("others_cpu_share" in r.metrics or "load_avg_start" in r.metrics)]
     busy = [r for r in timed if busy_reason(r.metrics)]
     if busy:
-        return f"BUSY: timings unreliable in {len(busy)} of {len(timed)} timed cases (see the notes)"
+        why = "; ".join(dict.fromkeys(str(busy_reason(r.metrics)).removeprefix(BUSY).strip()
+                                      for r in busy))
+        return (f"BUSY: timings unreliable in {len(busy)} of {len(timed)} timed cases: "
+                + ", ".join(r.case for r in busy[:6]) + (" …" if len(busy) > 6 else "") + f" {why}")
     return f"quiet in its {len(timed)} timed cases" if timed else "not recorded"
 
 
