@@ -14,7 +14,7 @@ FLEETBENCH_BENCH_DEVICE         cpu | cuda (default: cuda where torch sees a GPU
 FLEETBENCH_BENCH_SIZE           full | cpu | tiny (default: the device's)
 FLEETBENCH_BENCH_CONFIG         a TOML file of strategy fields applied on top of every case
 FLEETBENCH_BENCH_SET            ``KEY=VALUE`` strategy fields, separated by ``;``
-FLEETBENCH_BENCH_ROUNDS/_STEPS  windows per process, steps per window (default: ``fleetbench run``'s, 5 / 5)
+FLEETBENCH_BENCH_ROUNDS/_STEPS  windows per process, steps per window (default: ``fleetbench run``'s, 6 / 5)
 FLEETBENCH_BENCH_PROCESSES      asv: processes whose samples are pooled (default 2)
 ==============================  ==================================================================
 

@@ -43,6 +43,7 @@ from .cases import BASELINE, Case
 from .check.harness import CheckResult, run_check
 from .config import StrategyConfig
 from .measure.metadata import collect
+from .measure.stats import RUN_ROUNDS_FOR_95
 from .measure.summary import COMPUTE_ONLY, summarize
 from .measure.timing import drop_case, prepare_case, prepared_result, run_window, time_on_rank
 from .measure.trace import trace_on_rank
@@ -70,7 +71,7 @@ class RunOptions:
     size: str = "cpu"
     per_rank_batch: int | None = None  # None: each model's own at ``size``
     steps: int = 5  # steps per timed window
-    rounds: int = 5  # interleaved timed rounds
+    rounds: int = RUN_ROUNDS_FOR_95  # interleaved timed rounds (6: the fewest whose speedup interval covers 95%)
     warmup: int = 2  # warm-up steps per case, not recorded
     check: bool = True
     check_steps: int = 3
@@ -366,6 +367,7 @@ class CaseRunner:
         device = self.opts.device or "cpu"
         # every node's local rank 0 samples (UtilizationSampler.active); under torchrun that is not only rank 0
         sampler = UtilizationSampler(device=device).start() if self.opts.utilization else None
+        load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
         try:
             answers = self.launcher.run(
                 time_on_rank,
@@ -377,6 +379,7 @@ class CaseRunner:
         finally:
             if sampler is not None:
                 sampler.stop()
+        load_end = os.getloadavg()[0] if load_start is not None else None
         util = sampler.summary() if sampler is not None else None
         gather = getattr(self.launcher, "gather", None)  # torchrun: every node's sampler, to rank 0
         nodes = gather(util if sampler is not None and sampler.active else None) if gather and util else None
@@ -384,6 +387,10 @@ class CaseRunner:
             return {}
         out = summarize(answers, names, self.per_rank_batch(case) * self.world, self.opts.steps, self.world,
                         baseline=self.opts.baseline)
+        machine = Metrics(load_avg_start=load_start, load_avg_end=load_end,
+                          cpu_cores=os.cpu_count()).to_dict()  # the machine's state beside the timing (busy_reason)
+        for s in out.values():
+            s.update(machine)
         if util is not None and self.reporter:
             if nodes is not None:
                 util["nodes"] = [{k: v for k, v in u.items() if k != "samples"} for u in nodes if u is not None]

@@ -172,3 +172,23 @@ def test_the_run_table_says_not_resolved_where_the_speedup_interval_spans_one():
     assert _speedup_cell(0.80, [0.70, 0.90]) == "0.80 [0.70, 0.90]"
     assert _speedup_cell(None, [None, None]) == "-"
     assert _speedup_cell(1.0, [1.0, 1.0], baseline=True) == "1 (the baseline)"  # never "not resolved"
+    # an interval from fewer than 6 rounds covers less than 95% (3 rounds: 75% at best): never "resolved"
+    assert _speedup_cell(1.30, [1.10, 1.50], rounds=3) == "1.30 [1.10, 1.50] not resolved (3 rounds)"
+    assert _speedup_cell(1.30, [1.10, 1.50], rounds=5) == "1.30 [1.10, 1.50] not resolved (5 rounds)"
+    assert _speedup_cell(1.30, [1.10, 1.50], rounds=6) == "1.30 [1.10, 1.50]"
+
+
+def test_the_run_table_calls_no_speedup_from_3_rounds_resolved(capsys):
+    """Issue 38 ("Numbers"): `mlp/fetch_10` came out "resolved" slower at 3 rounds, an interval that covers the
+    median 75% of the time at best; the table reads the rounds from the record's windows."""
+    from suite.cli.run import print_table
+    from suite.results.records import CaseRecord
+
+    def rec(case, rounds):
+        return CaseRecord(case, "mlp", 2, {}, "r", verdict="pass", metrics={
+            "samples_per_s": 10.0, "speedup": 0.8, "speedup_ci": [0.7, 0.9], "window_s": [0.1] * rounds})
+
+    print_table([rec("mlp/fetch_10", 3), rec("mlp/overlap", 7)])
+    rows = {ln.split()[1]: ln for ln in capsys.readouterr().out.splitlines() if "mlp/" in ln}
+    assert "0.80 [0.70, 0.90] not resolved (3 rounds)" in rows["mlp/fetch_10"], rows
+    assert "0.80 [0.70, 0.90]" in rows["mlp/overlap"] and "not resolved" not in rows["mlp/overlap"], rows

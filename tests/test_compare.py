@@ -56,8 +56,20 @@ def test_gate_false_alarm_rate_over_unchanged_reruns_is_small():
 
 def test_gate_threshold_hides_small_significant_changes():
     base, head = noisy(1, n=400), noisy(2, n=400, slow=1.05)  # 5% slower, significant with 400 samples
-    assert gate_samples(base, head, GateOptions(threshold=0.10))["change"] == "same"
+    assert gate_samples(base, head, GateOptions(threshold=0.10))["change"] == "not slower"
     assert gate_samples(base, head, GateOptions(threshold=0.0))["change"] == "slower"
+
+
+def test_compare_never_says_same_and_a_wide_interval_is_only_not_slower():
+    """compare has no equivalence margin, so never "same" ("1.275 [1.045, 3.169]" was "same"): a HEAD faster
+    with an interval that is wide says only what it shows, "not slower" (by the threshold)."""
+    changes = {gate_samples(noisy(s), noisy(s + 5000))["change"] for s in range(60)}
+    assert "same" not in changes and changes <= {"slower", "not slower", "faster", "undecided"}, changes
+    rng = np.random.default_rng(1)
+    base = 0.1 * np.exp(rng.normal(0, 0.3, 6))  # 6 windows a side, lognormal sd 30%: a wide interval
+    head = 0.1 / 1.3 * np.exp(rng.normal(0, 0.3, 6))
+    g = gate_samples(base, head)
+    assert g["ci_low"] > 1 / 1.25 and g["ci_high"] / g["ci_low"] > 1.5 and g["change"] == "not slower", g
 
 
 def test_gate_drops_nan_inf_and_refuses_too_few_samples():
@@ -113,7 +125,8 @@ def test_too_few_windows_for_alpha_could_have_caught_nothing(tmp_path, capsys):
     write_records(head, {("mlp/plain", 2): (noisy(2, n=24), "pass")})  # 3 windows of 8 steps a side
     assert main(["compare", str(base), str(head)]) == 3
     err = capsys.readouterr().err
-    assert "mlp/plain@2: too few windows for alpha 0.01, could have caught nothing" in err, err
+    assert "mlp/plain@2: too few windows for alpha 0.01; could have caught nothing below 100%: fewer than 5 " \
+           "windows a side" in err, err
     assert main(["compare", str(base), str(head), "--json"]) == 3
     (row,) = json.loads(capsys.readouterr().out)["rows"]
     assert row["detectable_slowdown"] is None, row
@@ -138,24 +151,27 @@ def test_compare_exit_codes_and_table(tmp_path, capsys):
 
 
 def test_compare_is_undecided_when_its_samples_cannot_support_a_verdict(tmp_path, capsys):
-    """Five windows a side this spread: the interval reaches across the 25% threshold, so neither "same" nor
-    "slower" can be claimed: exit 3, with the smallest slowdown the samples could have caught; --json holds
-    numbers; a file compared with itself is warned about."""
+    """Five windows a side this spread: the interval reaches across the 25% threshold, so neither "not slower"
+    nor "slower" can be claimed: exit 3, with the smallest slowdown the samples could have caught and what would
+    decide it; --json holds numbers; a file compared with itself is identical."""
     base, head = tmp_path / "b.jsonl", tmp_path / "h.jsonl"
     write_records(base, {("mlp/plain", 2): (noisy(1), "pass")})
     write_records(head, {("mlp/plain", 2): (noisy(11), "pass")})  # unchanged: 5 windows of the same noise
     assert main(["compare", str(base), str(head)]) == 3
     err = capsys.readouterr().err
-    assert "regression gate: UNDECIDED" in err and "mlp/plain@2: undecided, could have caught ≥" in err, err
+    # the power statement past 100% ("could catch ≥ 164%" before) says how many windows would catch less
+    assert "regression gate: UNDECIDED" in err and "mlp/plain@2: undecided; could have caught nothing below 100%: " \
+           "fewer than 7 windows a side" in err, err
+    assert "HEAD/BASE's interval must lie below 1.250 (not slower) or above it (slower); about" in err, err
     assert main(["compare", str(base), str(head), "--json"]) == 3
     doc = json.loads(capsys.readouterr().out)
     (row,) = doc["rows"]
     assert row["n_base"] == 5 and row["n_head"] == 5 and row["samples"] == "windows", row
     lo, hi = row["ci"]
     assert isinstance(lo, float) and lo < 1 / 1.25 < hi, row
-    assert 0.25 < row["detectable_slowdown"] < 5 and doc["exit_code"] == 3, row
-    assert main(["compare", str(base), str(base)]) in (0, 3)
-    assert "BASE and HEAD are the same records" in capsys.readouterr().err
+    assert row["detectable_slowdown"] is None and row["needed_windows"] == 7 and doc["exit_code"] == 3, row
+    assert main(["compare", str(base), str(base)]) == 0
+    assert "BASE and HEAD are the same records: identical" in capsys.readouterr().err
 
 
 def test_correctness_pass_to_fail_and_error_on_head_fail_the_gate(tmp_path, capsys):
@@ -381,8 +397,8 @@ def test_gate_figure_splits_the_spread_between_preparations_and_processes():
     kw = dict(sims=60, budget_s=300, seed=3, tau=0.0, rotate=5, tau_process=0.08)
     preps = power.simulate_level(runs, fresh="preparations", **kw)
     servers = power.simulate_level(runs, fresh="servers", **kw)
-    wrong = lambda c: c["slower"] + c["faster"]  # noqa: E731
-    assert wrong(preps["counts"]) >= 30 and wrong(servers["counts"]) <= 6, (preps["counts"], servers["counts"])
+    # a process bias below 0 reads as "not slower" (the gate's right answer for A/A), one above 0 as "slower"
+    assert preps["counts"]["slower"] >= 15 and servers["counts"]["slower"] <= 3, (preps["counts"], servers["counts"])
     # and each rotation is charged its own measured cost: a preparation 0.5 s, a pair of servers 20 s
     assert np.median(preps["seconds"]) < np.median(servers["seconds"]), (preps["seconds"], servers["seconds"])
     with pytest.raises(ValueError, match="fresh="):
@@ -522,8 +538,8 @@ def test_the_table_names_its_columns_for_what_they_hold_and_each_row_its_outcome
     header = next(ln for ln in lines if ln.split()[:1] == ["case"]).split()
     assert header[-5:] == ["could_catch", "verdict", "check", "structure", "status"] and "change" not in header, header
     rows = {ln.split()[0]: ln for ln in lines if ln.split()[:1] and ln.split()[0].startswith("mlp/")}
-    expect = {"mlp/same": ("same", "ok"), "mlp/slow": ("slower", "regression"), "mlp/few": ("undecided", "undecided"),
-              "mlp/gone": ("only in BASE", "not compared")}
+    expect = {"mlp/same": ("not slower", "ok"), "mlp/slow": ("slower", "regression"),
+              "mlp/few": ("undecided", "undecided"), "mlp/gone": ("only in BASE", "not compared")}
     for case, (verdict, status) in expect.items():
         row = rows[case]
         assert row.rstrip().endswith(status) and f" {verdict} " in row, (case, row)
@@ -540,8 +556,8 @@ def test_the_table_names_its_columns_for_what_they_hold_and_each_row_its_outcome
     assert main(["compare", str(base), str(head), "--json"]) == 1  # --json keeps its keys
     doc = json.loads(capsys.readouterr().out)
     by = {r["case"]: r for r in doc["rows"]}
-    assert (by["mlp/same"]["change"], by["mlp/same"]["verdict"], by["mlp/same"]["status"]) == ("same", "pass -> pass",
-                                                                                                "ok")
+    assert (by["mlp/same"]["change"], by["mlp/same"]["verdict"], by["mlp/same"]["status"]) == \
+        ("not slower", "pass -> pass", "ok")
     assert by["mlp/slow"]["status"] == "regression" and by["mlp/few"]["status"] == "undecided"
 
 
@@ -612,25 +628,29 @@ def test_a_case_base_ran_and_head_did_not_is_undecided_with_its_reason(tmp_path,
     assert "skipped -> skipped" in out.out and "regression gate: ok" in out.out, out
 
 
-SAME = ("warning: BASE and HEAD are the same records: every case is its own baseline; pass --base-run-id/--head-run-id "
+SAME = ("compare: BASE and HEAD are the same records: identical, nothing compared; pass --base-run-id/--head-run-id "
         "(or two files) to compare two runs")
 
 
 def test_a_file_compared_with_itself_is_said_first_and_the_header_names_the_runs(tmp_path, capsys, monkeypatch):
-    """`compare runs.jsonl runs.jsonl` said UNDECIDED with its only note after the table: the warning comes first,
-    the verdicts stay; two runs of one file chosen by run id are two runs; each side's header says which runs it
-    used when the file holds several."""
+    """`compare runs.jsonl runs.jsonl` said UNDECIDED with intervals between identical numbers: it is identical,
+    said first, exit 0, every row "identical"; two runs of one file chosen by run id are two runs; each side's
+    header says which runs it used when the file holds several."""
     runs = tmp_path / "runs.jsonl"
     write_records(runs, {("mlp/plain", 2): (noisy(1), "pass")}, run_id="r1")
     write_records(runs, {("mlp/plain", 2): (noisy(2), "pass")}, run_id="r2")
     monkeypatch.chdir(tmp_path)
-    assert main(["compare", "runs.jsonl", str(runs)]) == 0  # the same file by two names; the verdict stays "same"
+    assert main(["compare", "runs.jsonl", str(runs)]) == 0  # the same file by two names: identical
     out = capsys.readouterr()
     assert out.err.splitlines()[0] == SAME and out.err.count("same records") == 1, out.err
+    assert "identical" in out.out and "regression gate: ok (identical" in out.out and "[" not in out.out.split(
+        "\n", 3)[-1], out.out  # no interval printed between a number and itself
     assert "BASE runs.jsonl (records; run r2 of the 2 runs in the file, the last record of each case)" in out.out
     assert main(["compare", str(runs), str(runs), "--json"]) == 0
     out = capsys.readouterr()
-    assert out.err.splitlines()[0] == SAME and json.loads(out.out)["warnings"][0] == SAME[len("warning: "):]
+    doc = json.loads(out.out)
+    assert out.err.splitlines()[0] == SAME and doc["warnings"][0] == SAME[len("compare: "):]
+    assert [r["change"] for r in doc["rows"]] == ["identical"] and doc["rows"][0]["ci"] is None, doc["rows"]
     assert main(["compare", str(runs), str(runs), "--base-run-id", "r1", "--head-run-id", "r2"]) in (0, 3)
     out = capsys.readouterr()
     assert "same records" not in out.err, out.err
@@ -638,3 +658,9 @@ def test_a_file_compared_with_itself_is_said_first_and_the_header_names_the_runs
     assert f"HEAD {runs} (records; run r2 of the 2 runs in the file, chosen by --head-run-id)" in out.out, out.out
     assert main(["compare", str(runs), str(runs), "--head-run-id", "r2"]) == 0  # r2 is the last record: the same
     assert capsys.readouterr().err.splitlines()[0] == SAME
+    # a copy of the file: other records by name, the very same times: identical too (no warning needed)
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(runs.read_bytes())
+    assert main(["compare", str(runs), str(copy), "--json"]) == 0
+    out = capsys.readouterr()
+    assert [r["change"] for r in json.loads(out.out)["rows"]] == ["identical"] and SAME not in out.err, out

@@ -40,8 +40,10 @@ def test_gate_figure_renders_kept_runs_from_its_options(tmp_path, capsys):
     import re
 
     row = next(line for line in text.splitlines() if line.startswith("| mlp/plain | none (A/A) | one preparation"))
-    assert len(re.findall(r"\d+\.\d% \(\d+/\d+\) \[\d+\.\d, \d+\.\d\]", row)) == 5, row
+    # slower, not slower, same, faster, inconclusive, and the within-pair slower rate
+    assert len(re.findall(r"\d+\.\d% \(\d+/\d+\) \[\d+\.\d, \d+\.\d\]", row)) == 6, row
     assert re.search(r"false alarms \d+\.\d% \(\d+/\d+\) \[", text), text
+    assert re.search(r'A/A "not slower" \(or same, faster\) \d+\.\d% \(\d+/\d+\) \[', text), text
 
 
 def test_figure_options_are_refused_by_a_figure_that_does_not_take_them(capsys, tmp_path):

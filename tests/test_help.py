@@ -89,8 +89,9 @@ def test_gate_commands_list_their_exit_codes(name):
 def test_the_comparing_commands_list_their_verdicts(name):
     text = SUBS[name].format_help()
     assert "verdicts" in text
-    words = {"ab": ("slower", "faster", "same", "inconclusive"), "bisect": ("bad", "good", "inconclusive"),
-             "compare": ("slower", "faster", "same", "undecided")}
+    words = {"ab": ("not slower", "slower", "faster", "same", "inconclusive", "identical"),
+             "bisect": ("bad", "good", "inconclusive"),
+             "compare": ("not slower", "slower", "faster", "undecided", "identical")}
     for word in words[name]:
         assert re.search(rf"\b{word}\b", text.partition("verdicts")[2]), f"{name}: verdict {word!r} not listed"
 

@@ -115,7 +115,7 @@ def test_doctor_items_pass_fail_and_not_applicable(monkeypatch, tmp_path, capsys
              doctor.Item("step clocks", doctor.FAIL, "events 3 ms off the host clock", 1.25),
              doctor.Item("NVML", doctor.NA, "no GPU on this machine", 0.0)]
     monkeypatch.setattr(doctor, "run_doctor", lambda *a, **k: doctor.Report(
-        "cpu/gloo", 4, {"torch": "t", "cuda": None, "nccl": None, "python": "3", "commit": "c"}, items, 1.75))
+        "cpu/gloo", 4, {"torch": "t", "wheel_line": "torch t, CPU wheel", "cuda": None, "nccl": None, "python": "3", "commit": "c"}, items, 1.75))
     xml = tmp_path / "doctor.xml"
     assert main(["doctor", "--nproc", "2", "--junit", str(xml)]) == 1
     capsys.readouterr()
@@ -139,7 +139,7 @@ def test_ab_comparisons_failure_error_inconclusive_and_same(monkeypatch, tmp_pat
         only=[{"case": "mlp/new", "why": "on HEAD only"}])
     monkeypatch.setattr(trials, "run_ab", lambda *a, **k: report)
     xml = tmp_path / "ab.xml"
-    code = main(["ab", "HEAD", "HEAD", "--case", "mlp/*", "--size", "tiny", "--nproc", "2", "--json",
+    code = main(["ab", "HEAD~1", "HEAD", "--case", "mlp/*", "--size", "tiny", "--nproc", "2", "--json",
                  "--junit", str(xml)])
     capsys.readouterr()
     assert code == 1
@@ -149,6 +149,20 @@ def test_ab_comparisons_failure_error_inconclusive_and_same(monkeypatch, tmp_pat
     assert outcome(got["mlp/fused@2"]) == ("error", "BASE: rank 1 died")
     assert outcome(got["mlp/amp@2"]) == ("passed", "")
     assert outcome(got["mlp/new"]) == ("skipped", "not compared: on HEAD only")
+
+
+def test_ab_on_identical_revisions_writes_one_passed_case_and_times_nothing(monkeypatch, tmp_path, capsys):
+    from suite.ab import trials
+    from suite.cli import ab
+
+    monkeypatch.setattr(trials, "run_ab", lambda *a, **k: pytest.fail("identical revisions were timed"))
+    monkeypatch.setattr(ab, "identical", lambda repo, base, head: {"identical": "the same commit"})
+    xml = tmp_path / "ab.xml"
+    assert main(["ab", "HEAD", "HEAD", "--case", "mlp/plain", "--size", "tiny", "--junit", str(xml)]) == 0
+    assert "identical" in capsys.readouterr().out
+    got = cases(valid(xml))
+    assert list(got) == ["HEAD vs HEAD"] and outcome(got["HEAD vs HEAD"]) == ("passed", "")
+    assert "identical" in got["HEAD vs HEAD"].findtext("system-out")
 
 
 def test_text_xml_cannot_hold_is_replaced_and_long_messages_are_kept_whole_in_the_body(tmp_path):

@@ -226,9 +226,10 @@ def test_the_gate_fails_the_night_when_head_is_twice_as_slow(tmp_path):
     assert state["gate"]["worlds"]["2"]["cases"] == ["mlp/plain"]
 
 
-def _fake_night(tmp_path, monkeypatch, codes: dict, cancel_at: str | None = None, *extra: str, on_call=None):
+def _fake_night(tmp_path, monkeypatch, codes: dict, cancel_at: str | None = None, *extra: str, on_call=None,
+                verdict: str = "inconclusive"):
     """A night whose stage commands are recorded, not run: ``codes`` maps a command's first words to its exit;
-    ``on_call(cmd)`` stands for what a command writes."""
+    ``on_call(cmd)`` stands for what a command writes; the gate's `ab --json` says ``verdict`` for its one case."""
     from suite.cli import nightly
     from suite.cli.main import build_parser
 
@@ -242,7 +243,7 @@ def _fake_night(tmp_path, monkeypatch, codes: dict, cancel_at: str | None = None
         if cancel_at == key:
             raise KeyboardInterrupt
         if key == "ab" and stdout is not None:
-            stdout.write(json.dumps({"cases": [{"case": "mlp/plain", "world": 2, "verdict": "inconclusive",
+            stdout.write(json.dumps({"cases": [{"case": "mlp/plain", "world": 2, "verdict": verdict,
                                                 "ci": [0.9, 1.1], "ratio": 1.0, "blocks": 12, "structure_diff": [],
                                                 "check": "n/a -> n/a"}], "failures": []}))
         return codes.get(key, 0)
@@ -280,6 +281,16 @@ def test_every_stage_gets_the_same_selection_and_an_undecided_gate_keeps_the_las
         ("mlp/plain", "fetch_frequency=2", "tiny", "2", "cpu")
     assert "mlp/plain@2: inconclusive" in (tmp_path / "out" / "gate.md").read_text()
     assert "ab gate: UNDECIDED (exit 3)" in (tmp_path / "out" / "gate.md").read_text()
+
+
+def test_a_gate_that_says_not_slower_advances_the_last_good_commit(tmp_path, monkeypatch):
+    """The gate's question is "slower by the threshold or more?": `ab` answering "not slower" (exit 0) makes this
+    night's commit the last good one, so a noisy runner's baseline moves on (an inconclusive gate keeps it)."""
+    code, calls, state, good, before = _fake_night(tmp_path, monkeypatch, {"ab": 0}, verdict="not slower")
+    assert code == 0 and state["stages"]["gate"]["exit"] == 0, state
+    assert good == _head() == state["commit"] != before
+    gate = (tmp_path / "out" / "gate.md").read_text()
+    assert "mlp/plain@2: not slower" in gate and "ab gate: ok (exit 0)" in gate, gate
 
 
 def test_exit_codes_and_the_last_good_commit(tmp_path, monkeypatch):

@@ -181,7 +181,7 @@ def test_records_written_before_runs_kept_their_options_resume_with_the_command_
 
 @pytest.mark.parametrize("stored,words", [({"steps": "many"}, "recorded --steps is 'many'"),
                                           ({"case": "mlp/plain"}, "recorded --case is 'mlp/plain'"),
-                                          ({"steps": 10**9}, "--steps 1000000000 / --rounds 5: at most")])
+                                          ({"steps": 10**9}, "--steps 1000000000 / --rounds 6: at most")])
 def test_damaged_recorded_options_are_one_error(tmp_path, capsys, fake_ranks, stored, words):
     from suite.results.records import CaseRecord, append_record
 

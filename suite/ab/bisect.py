@@ -1,10 +1,10 @@
 """`fleetbench bisect GOOD BAD --case X`: the first slow commit, found with the A/B harness.
 
 1. GOOD and BAD each get a trial server, kept up for the whole bisection (each case prepared
-   once).  BAD must be *slower* than GOOD by `ab`'s own rule (99%, the margin δ, rotation), or
+   once).  BAD must be *slower* than GOOD by `ab`'s own rule (99%, the threshold δ, rotation), or
    there is nothing to bisect and the report says so.  That verdict comes from the first
    commit's blocks (step 2: each holds two trials of GOOD and two of BAD), which go on until both
-   it and the commit are decided, and stop as soon as BAD is *same* or *faster*; with one commit
+   it and the commit are decided, and stop as soon as BAD is *not slower*, *same* or *faster*; with one commit
    after GOOD, `ab` itself (:func:`suite.ab.trials.compare_case`) decides.
 2. The commits of BAD's first-parent line after GOOD are bisected.  A commit tested gets its
    own worktree and server, and its trials are interleaved with *both* GOOD's and BAD's in
@@ -14,16 +14,16 @@
 
        x = log(commit) - (log(GOOD) + log(BAD)) / 2        (each the mean of its two trials)
 
-   The whole interval of ``x`` at 95% above 0 -> *bad* (like BAD), below 0 -> *good* (like
-   GOOD).  Measured against both ends at once, the classification does not depend on how large
-   the slowdown looks at any one moment (busy work costs more wall time on a loaded machine
+   The whole interval of ``x`` at 95% (over all its looks, as `ab`'s) above 0 -> *bad* (like
+   BAD), below 0 -> *good* (like GOOD).  Measured against both ends at once, the classification
+   does not depend on how large the slowdown looks at any one moment (busy work costs more wall time on a loaded machine
    than on a quiet one).  With rotation (``--rotate N``, as `ab`) the case is prepared afresh on
    all three servers every N blocks, every ``--restart``-th time on fresh servers
    (:func:`suite.ab.trials.rotate`), and the groups' trimmed means are the samples of a Student
    t interval (``suite.ab.stats.pair_interval``): two preparations, and two processes, of the
    same code differ by a few percent for as long as they run, a bias that blocks of one
    preparation cannot average out.  ``--rotate 0``: one preparation, blocks as
-   samples, a bootstrap interval.
+   samples, Yuen's interval of their trimmed mean.
 3. An *inconclusive* commit (its interval still straddles 0 when the budget is spent) is tested
    again with twice the budget (``retries`` times); if it stays inconclusive the bisection
    stops and says so, with the range the first slow commit lies in (exit 3, undecided).
@@ -59,6 +59,7 @@ from .worktrees import Worktrees, first_parent_range
 __all__ = ["BisectReport", "run_bisect", "classify", "CLASSIFY_CONFIDENCE"]
 
 CLASSIFY_CONFIDENCE = 0.95  # of the interval that classifies a commit as good or bad
+NOT_SLOWER = ("same", "faster", "not slower")  # BAD against GOOD: nothing to bisect
 
 
 @dataclass
@@ -81,7 +82,7 @@ class BisectReport:
     @property
     def nothing_to_bisect(self) -> bool:
         """BAD measured same as or faster than GOOD (inconclusive is undecided, not this)."""
-        return any(t.get("against") == "GOOD" and t.get("class") in ("same", "faster") for t in self.tests)
+        return any(t.get("against") == "GOOD" and t.get("class") in NOT_SLOWER for t in self.tests)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -112,11 +113,12 @@ def classify(good: Side, bad: Side, cand: Side, case: str, opts: AbOptions, seq:
             got[side.label].append(_trial(side, case, opts))
         lg, lb, lc = (math.log(float(np.mean(got[x.label]))) for x in (good, bad, cand))
         fed = []  # the sequentials still taking blocks (a decided one is left as it decided)
+        progress = (time.monotonic() - t0) / seq.budget_s
         for seq_, x in ((s, lc - (lg + lb) / 2), (ends, lb - lg)):
             if seq_ is not None and seq_.verdict is None:
-                seq_.add(x)
+                seq_.add(x, progress=progress)
                 fed.append(seq_)
-        if ends is not None and ends.verdict in ("same", "faster"):
+        if ends is not None and ends.verdict in NOT_SLOWER:
             break  # BAD is not slower than GOOD: the candidate's position means nothing
         if s.verdict is not None and (ends is None or ends.verdict is not None):
             break
@@ -138,7 +140,7 @@ def classify(good: Side, bad: Side, cand: Side, case: str, opts: AbOptions, seq:
         out["ends"] = {"verdict": ends.verdict, "ratio": ends.ratio, "ci": list(ends.ratio_ci),
                        "blocks": len(ends.d), "groups": len(ends.pairs) if seq.rotate else 1}
         say(f"  {case}: BAD against GOOD: " + describe_verdict(ends.verdict or "inconclusive", ends.ratio,
-                                                                ends.ratio_ci, seq.delta)
+                                                                ends.ratio_ci, seq.delta, threshold=seq.threshold)
             + f" ({len(ends.d)} blocks, shared with the first commit's)")
     say(f"  {case}: {cls}: commit / midpoint(GOOD, BAD) step time {s.ratio:.3f} [{lo:.3f}, {hi:.3f}] "
         f"({len(s.d)} blocks" + (f" in {groups} groups of fresh preparations" if seq.rotate else "")

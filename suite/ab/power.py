@@ -9,11 +9,11 @@ the earlier within-pair resampling (:func:`simulate`) and ab's verdict on a run'
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .stats import SeqOptions, Sequential, _trimmed
+from .stats import VERDICTS, SeqOptions, Sequential, _trimmed
 
 __all__ = ["Run", "simulate", "process_spread", "prep_spread", "effect_scale", "simulate_level", "direct", "modes",
            "block_noise", "spread_interval", "block_statistics", "TRIAL_STATISTICS"]
@@ -67,15 +67,14 @@ def simulate(run: Run, sims: int, budget_s: float, seed: int, opts=None) -> dict
     opts = opts or SeqOptions()
     rng = np.random.default_rng(seed)
     limit = max(opts.min_blocks, int(budget_s / run.block_s))
-    counts = {"slower": 0, "faster": 0, "same": 0, "inconclusive": 0}
+    counts = dict.fromkeys(VERDICTS, 0)
     used = []
     d = np.asarray(run.d)
     for _ in range(sims):
-        s = Sequential(SeqOptions(delta=opts.delta, confidence=opts.confidence, min_blocks=opts.min_blocks,
-                                  seed=int(rng.integers(1 << 30))))
+        s = Sequential(replace(opts, seed=int(rng.integers(1 << 30)), rotate=0, max_blocks=max(limit, opts.min_blocks)))
         draws = d[rng.integers(0, d.size, size=limit)]
-        for x in draws:
-            if s.add(float(x)) is not None:
+        for i, x in enumerate(draws, 1):
+            if s.add(float(x), progress=i / limit) is not None:
                 break
         counts[s.finish()] += 1
         used.append(len(s.d))
@@ -198,16 +197,16 @@ def simulate_level(runs: list[Run], sims: int, budget_s: float, seed: int, tau: 
     setup_s = float(np.mean([r.setup_s for r in runs]))
     preps = [x for r in runs for x in r.prep_s]
     cost = setup_s if fresh == "servers" or not preps else float(np.mean(preps))
-    counts = {"slower": 0, "faster": 0, "same": 0, "inconclusive": 0}
+    counts = dict.fromkeys(VERDICTS, 0)
     used = []
     for _ in range(sims):
-        s = Sequential(SeqOptions(delta=opts.delta, confidence=opts.confidence, min_blocks=opts.min_blocks,
-                                  seed=int(rng.integers(1 << 30)), rotate=rotate,
-                                  restart=1 if fresh == "servers" else servers_every))
+        s = Sequential(replace(opts, seed=int(rng.integers(1 << 30)), rotate=rotate, budget_s=budget_s,
+                               restart=1 if fresh == "servers" else servers_every))
         proc, bias, t = rng.normal(0.0, tau_process) if tau_process else 0.0, rng.normal(0.0, tau), 0.0
         while True:
             t += block_s
-            if s.add(float(mu + proc + bias + res[rng.integers(0, res.size)])) is not None or t >= budget_s:
+            if s.add(float(mu + proc + bias + res[rng.integers(0, res.size)]), progress=t / budget_s) is not None \
+                    or t >= budget_s:
                 break
             if s.pair_done:
                 restart = s.restart_due  # `ab`'s own rule (fresh="servers" is --restart 1)
@@ -223,8 +222,8 @@ def direct(run: Run, budget_s: float) -> str:
     """The verdict `ab` would have given on this run's own blocks, in order."""
     s = Sequential(SeqOptions())
     limit = max(s.opts.min_blocks, int(budget_s / run.block_s))
-    for x in run.d[:limit]:
-        if s.add(x) is not None:
+    for i, x in enumerate(run.d[:limit], 1):
+        if s.add(x, progress=i / limit) is not None:
             break
     return s.finish() + ("" if s.verdict != "inconclusive" or len(s.d) >= limit else f" (run ended at {len(s.d)})")
 

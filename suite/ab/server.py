@@ -9,12 +9,14 @@ libraries print can never corrupt an answer.
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import traceback
 from typing import Any
 
 from ..measure.metadata import collect
+from ..measure.utilization import others_cpu
 from .isolation import gc_freeze_on_rank, layout_pad_on_rank
 from .protocol import decode, encode, hello
 
@@ -182,8 +184,13 @@ def _op_trial(st: _State, req: dict) -> dict:
     prepared.windows.append(answers)
     window = [a["window_s"] for a in answers]
     steps = [max(ts) for ts in zip(*(a["step_times_s"] for a in answers))]  # per step, the slowest rank
-    return {"window_s": window, "step_s": max(window) / int(req["steps"]), "step_times_s": steps,
-            "losses": answers[0]["losses"]}
+    out = {"window_s": window, "step_s": max(window) / int(req["steps"]), "step_times_s": steps,
+           "losses": answers[0]["losses"]}
+    if all(a.get("machine") for a in answers):  # the CPU time others took during the window (ab: machine busy)
+        others_s, share = others_cpu([a["machine"] for a in answers])
+        if math.isfinite(share):
+            out["machine"] = {"others_cpu_s": others_s, "host_total_s": answers[0]["machine"]["host_total_s"]}
+    return out
 
 
 def _op_inject(st: _State, req: dict) -> dict:

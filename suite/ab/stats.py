@@ -9,18 +9,28 @@ alike.  Each block gives one number, the log ratio of HEAD's to BASE's step time
 Blocks, not steps, are the samples: steps of one window are autocorrelated, blocks far less
 (``lag1`` reports the lag-1 autocorrelation of the block series, which the figure checks).
 The estimate is the 20%-trimmed mean of the ``d`` (robust to a block hit by a burst of load),
-with a bootstrap interval (``scipy.stats.bootstrap``, BCa) at ``confidence`` (default 99%).
+with Yuen's interval (:func:`interval`: the winsorized spread, Student's t on the trimmed
+mean's h − 1 degrees of freedom, valid from 3 blocks on, where a bootstrap of 3 values is not).
 
-Sequential rule, with the equivalence margin δ (default 2%, on the ratio: ±log(1+δ)):
-after at least ``min_blocks`` blocks (default 10), after every block,
+The question (:func:`decide`) is the gate's: is HEAD slower by the threshold δ (``threshold``,
+default 5%) or more?  On an interval [lo, hi] of the log ratio:
 
-- the whole interval above +δ  -> **slower**;
-- the whole interval below −δ  -> **faster**;
-- the whole interval inside ±δ -> **same** (equivalent within the margin);
+- the whole interval below −log(1+margin) (``delta``, default 2%)  -> **faster**;
+- the whole interval inside ±log(1+margin)                          -> **same** (equivalent);
+- hi below log(1+δ)                                                  -> **not slower** (by δ or more);
+- lo above 0                                                         -> **slower**;
 
-otherwise another block, until the time budget per case (or ``max_blocks``) is spent: then
-**inconclusive**, with the interval so far.  Looking after every block is a sequential test:
-its false-alarm rate is measured, not assumed (``fleetbench figures gate``).
+otherwise another block, until the time budget per case (or ``max_blocks``) is spent: then a
+last look, and **inconclusive** with what would decide it (:func:`describe_verdict`).
+
+Looking after every block would spend the interval's error rate again at every look.  So the
+looks are few (at geometrically spaced sample counts, each at least ``LOOK_GROWTH`` times the
+last) and each spends part of ``1 − confidence`` (α): by the budget's share used so far t, at
+most α·t^``SPEND_RHO`` in all (a Lan–DeMets power family: little early, most at the end), the
+look's interval at level 1 − (what it spends), and the last look (:meth:`Sequential.finish`)
+spends what is left.  By the union bound, an A/A comparison's chance of any "slower" over all
+looks is at most α/2, whatever the budget (``tests/test_ab.py`` simulates it at the smallest
+settings `ab` allows).
 
 Rotation (``rotate`` = N, `ab --rotate N`): two preparations of the same case (engine, model,
 buffers, data) can differ in speed by a few percent for as long as they run, and two pairs of
@@ -29,41 +39,42 @@ number of blocks from one preparation averages out.  With rotation, after every 
 is prepared afresh on both servers, and every ``restart``-th time on fresh servers (which draws
 the processes' part again); each pair of preparations' trimmed mean is one sample, the estimate
 is their mean and the interval a Student t interval over the pairs (:func:`pair_interval`),
-decided after whole pairs from ``min_pairs`` on.
+looked at over whole pairs from ``min_pairs`` on.
 
 Power (:func:`detectable_slowdown`): every verdict states the smallest slowdown the comparison would have
 called "slower" with probability ``POWER`` (95%), from its own spread (at its 95% upper confidence bound) and
-number of samples; checked per comparison: at its own stated value, at least 95% of fresh comparisons say
-"slower".
+number of samples, or, past 100%, how many samples it would take (:func:`describe_power`).
 """
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..measure.stats import detectable_shift
+from ..measure.stats import detectable_shift, ratio_interval_text
 
 __all__ = ["SeqOptions", "Sequential", "block_log_ratio", "interval", "pair_interval", "decide", "lag1", "VERDICTS",
-           "describe_verdict", "describe_power", "detectable_slowdown", "POWER"]
+           "describe_verdict", "describe_power", "detectable_slowdown", "POWER", "LOOK_GROWTH", "SPEND_RHO",
+           "fmt_ratio", "fmt_span", "needed_samples"]
 
-VERDICTS = ("slower", "faster", "same", "inconclusive")
+VERDICTS = ("slower", "not slower", "faster", "same", "inconclusive")
 POWER = 0.95  # of the power statement: the slowdown a comparison would have caught this often
 SPREAD_BOUND = 0.95  # the power statement takes the samples' spread at its 95% upper confidence bound
+LOOK_GROWTH = 1.25  # a look after at least this many times the samples of the last one (and one more)
+SPEND_RHO = 2.0  # alpha spent by the budget's share t: alpha * t**SPEND_RHO (Lan-DeMets' power family)
 
 
 @dataclass(frozen=True)
 class SeqOptions:
-    delta: float = 0.02  # equivalence margin on the step-time ratio (0.02: ±2%)
-    confidence: float = 0.99  # of the bootstrap interval
-    min_blocks: int = 10  # no decision before this many blocks
+    delta: float = 0.02  # equivalence margin on the step-time ratio (0.02: ±2%): "same" inside it
+    threshold: float = 0.05  # the gate's question: slower by this much or more? ("not slower" below it)
+    confidence: float = 0.99  # of the intervals, over all the looks of one comparison (alpha = 1 - confidence)
+    min_blocks: int = 10  # no look before this many blocks
     max_blocks: int = 2000
     budget_s: float = 180.0  # timed blocks per case, seconds (prepare and check not counted)
     trim: float = 0.2  # trimmed mean of the block log ratios
-    n_resamples: int = 2000
     seed: int = 0
     split: float | None = None  # bisection: a log ratio; above it "slower", below it "same" (two regions)
     rotate: int = 0  # blocks per pair of preparations (0: one for the whole comparison); see pair_interval
@@ -73,6 +84,11 @@ class SeqOptions:
     def __post_init__(self):
         if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
             raise ValueError(f"--delta {self.delta!r}: must be a fraction in (0, 1) (0.02 = 2%)")
+        if not (isinstance(self.threshold, (int, float)) and 0 < self.threshold < 1):
+            raise ValueError(f"--threshold {self.threshold!r}: must be a fraction in (0, 1) (0.05 = 5%)")
+        if self.delta > self.threshold:
+            raise ValueError(f"--delta {self.delta:g} is above --threshold {self.threshold:g}: the equivalence "
+                             f"margin ('same') must lie within the threshold ('not slower by {self.threshold:.0%}')")
         if not (0.5 < self.confidence < 1):
             raise ValueError(f"--confidence {self.confidence!r}: must be in (0.5, 1)")
         if not (isinstance(self.min_blocks, int) and self.min_blocks >= 3):
@@ -110,108 +126,152 @@ def _trimmed(x, axis=-1, trim: float = 0.2):
     return np.take(a, range(cut, n - cut), axis=axis).mean(axis=axis)
 
 
-def interval(d: Sequence[float], opts: SeqOptions = SeqOptions(), rng: np.random.Generator | None = None
-             ) -> tuple[float, float, float]:
-    """(estimate, low, high) of the block log ratios: trimmed mean and its bootstrap interval."""
-    from scipy.stats import bootstrap
+def _yuen(a: np.ndarray, trim: float) -> tuple[float, float, int]:
+    """(trimmed mean, its standard error, degrees of freedom) by Yuen's rule: g = int(trim * n) values
+    winsorized at each end, se = sqrt((n - 1) s_w^2 / (h (h - 1))) with h = n - 2g kept values, h - 1 df."""
+    s = np.sort(a)
+    n = s.size
+    g = int(trim * n)
+    h = n - 2 * g
+    w = s.copy()
+    if g:
+        w[:g], w[n - g:] = s[g], s[n - g - 1]
+    sw2 = float(np.var(w, ddof=1))
+    return float(s[g:n - g].mean()), math.sqrt((n - 1) * sw2 / (h * (h - 1))), h - 1
 
+
+def _t(level: float, df: float) -> float:
+    """Student's t quantile of a two-sided ``level`` (scipy.special's, 50 times quicker than scipy.stats.t.ppf:
+    the simulations call it at every look)."""
+    from scipy.special import stdtrit
+
+    return float(stdtrit(df, 0.5 + level / 2))
+
+
+def interval(d: Sequence[float], opts: SeqOptions = SeqOptions(), level: float | None = None
+             ) -> tuple[float, float, float]:
+    """(estimate, low, high) of the block log ratios: the trimmed mean and Yuen's interval at ``level`` (default
+    ``opts.confidence``); unbounded from fewer than 3 blocks, a point where every block is the same."""
     a = np.asarray(d, dtype=float)
     if a.size == 0 or not np.all(np.isfinite(a)):
         raise ValueError("block log ratios must be finite and non-empty")
     est = float(_trimmed(a, trim=opts.trim))
-    if a.size < 3 or np.ptp(a) == 0:
-        return est, (est if np.ptp(a) == 0 else -math.inf), (est if np.ptp(a) == 0 else math.inf)
-    rng = rng if rng is not None else np.random.default_rng(opts.seed)
-
-    def stat(x, axis=-1):
-        return _trimmed(x, axis=axis, trim=opts.trim)
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for method in ("BCa", "percentile"):
-            res = bootstrap((a,), stat, confidence_level=opts.confidence, n_resamples=opts.n_resamples,
-                            method=method, vectorized=True, random_state=rng)
-            lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-            if math.isfinite(lo) and math.isfinite(hi):
-                return est, lo, hi
-    return est, -math.inf, math.inf
+    if np.ptp(a) == 0:
+        return est, est, est
+    if a.size < 3:
+        return est, -math.inf, math.inf
+    est, se, df = _yuen(a, opts.trim)
+    half = _t(opts.confidence if level is None else level, df) * se
+    return est, est - half, est + half
 
 
-def pair_interval(groups: Sequence[Sequence[float]], opts: SeqOptions = SeqOptions()) -> tuple[float, float, float]:
+def pair_interval(groups: Sequence[Sequence[float]], opts: SeqOptions = SeqOptions(), level: float | None = None
+                  ) -> tuple[float, float, float]:
     """(estimate, low, high) over pairs of preparations: each pair's trimmed mean of its block log ratios,
-    their mean, and a Student t interval over the pairs (G - 1 degrees of freedom).
+    their mean, and a Student t interval over the pairs (G - 1 degrees of freedom) at ``level`` (default
+    ``opts.confidence``).
 
     Two preparations of the same code can differ in speed for as long as they run (memory layout of the
     engine's tensors, placement): a bias shared by all blocks of one pair, which more blocks from that pair
     cannot average out.  With rotation (``SeqOptions.rotate``) every pair is a fresh draw of that bias, and
     the pairs, not the blocks, are the independent samples."""
-    from scipy.stats import t as student_t
+    means = [float(_trimmed(np.asarray(g, dtype=float), trim=opts.trim)) for g in groups if len(g)]
+    return _mean_interval(means, opts.confidence if level is None else level)
 
-    means = np.asarray([float(_trimmed(np.asarray(g, dtype=float), trim=opts.trim)) for g in groups if len(g)])
-    if means.size == 0 or not np.all(np.isfinite(means)):
+
+def _mean_interval(means: Sequence[float], level: float) -> tuple[float, float, float]:
+    """(mean, low, high): Student's t interval at ``level`` over samples (unbounded from one)."""
+    a = np.asarray(means, dtype=float)
+    if a.size == 0 or not np.all(np.isfinite(a)):
         raise ValueError("pair means must be finite and non-empty")
-    est = float(means.mean())
-    if means.size < 2:
+    est = float(a.mean())
+    if a.size < 2:
         return est, -math.inf, math.inf
-    half = float(student_t.ppf(0.5 + opts.confidence / 2, means.size - 1)) * float(means.std(ddof=1)) \
-        / math.sqrt(means.size)
+    half = _t(level, a.size - 1) * float(a.std(ddof=1)) / math.sqrt(a.size)
     return est, est - half, est + half
 
 
-def detectable_slowdown(samples: Sequence[float], lo: float, hi: float, opts: SeqOptions = SeqOptions(),
-                        t_samples: bool = True) -> float:
+def _se_df(samples: Sequence[float], opts: SeqOptions, t_samples: bool) -> tuple[float, int]:
+    """(standard error, degrees of freedom) of the estimate: over pairs (s/sqrt(G), G - 1) or Yuen's over blocks;
+    (nan, 0) when there is no spread to speak of (fewer than 2 pairs or 3 blocks)."""
+    a = np.asarray(samples, dtype=float)
+    if t_samples:
+        return (float(a.std(ddof=1)) / math.sqrt(a.size), a.size - 1) if a.size >= 2 else (math.nan, 0)
+    if a.size < 3:
+        return math.nan, 0
+    _, se, df = _yuen(a, opts.trim)
+    return se, df
+
+
+def detectable_slowdown(samples: Sequence[float], opts: SeqOptions = SeqOptions(), t_samples: bool = True,
+                        level: float | None = None) -> float:
     """The smallest slowdown (a fraction: 0.05 = 5%) that a comparison like this one, with as many samples and
     their spread, would have called "slower" with probability ``POWER``; ``inf`` when it could catch none (fewer
-    than two samples, fewer than three blocks without rotation, or an unbounded interval).
+    than two pairs, fewer than three blocks without rotation).
 
-    "slower" needs the interval's low end above log(1+δ): the estimate more than ``crit`` estimated standard
-    errors beyond it.  :func:`suite.measure.stats.detectable_shift` gives the distance, noncentral t on the
-    standard error's degrees of freedom, with the standard error at its ``SPREAD_BOUND`` (95%) upper confidence
-    bound from this comparison's own, so that the statement errs on the side of claiming less:
+    "slower" needs the interval's low end above 0 (and its high end not below log(1+threshold), which a
+    slowdown of the threshold or more gives): the estimate more than ``crit`` estimated standard errors above
+    0, crit the t quantile of the interval's ``level`` (the last look's; default ``opts.confidence``).
+    :func:`suite.measure.stats.detectable_shift` gives the distance, noncentral t on the standard error's
+    degrees of freedom, with the standard error at its ``SPREAD_BOUND`` (95%) upper confidence bound from this
+    comparison's own, so that the statement errs on the side of claiming less:
 
-    - a t interval over G samples (rotation: the pairs' trimmed means, ``t_samples``): se = s/√G, G−1 degrees
-      of freedom, crit the interval's t quantile;
-    - the block bootstrap (no rotation): se = the interval's width / (2·z), z its normal quantile, and crit = z,
-      on the trimmed mean's n − 2⌊trim·n⌋ − 1 degrees of freedom (Yuen's; blocks hit by a burst of load leave
-      fewer effective samples than blocks).
+    - over G pairs (rotation: the pairs' trimmed means, ``t_samples``): se = s/√G, G−1 degrees of freedom;
+    - over blocks (no rotation): Yuen's se of the trimmed mean, h − 1 degrees of freedom.
 
-    The slowdown is exp(log(1+δ) + shift) − 1.  Validated per comparison in tests/test_ab.py: each simulated
-    comparison's own stated value, then a fresh comparison (same design, same true spread) at exactly that
-    slowdown; at least 95% of those say "slower", for either branch, with the "same" verdicts of sequential
-    stopping among them."""
-    from scipy.stats import norm
-    from scipy.stats import t as student_t
-
-    margin = math.log1p(opts.delta)
-    if t_samples:
-        g = len(samples)
-        if g < 2:
-            return math.inf
-        df = g - 1
-        sd = float(np.std(np.asarray(samples, dtype=float), ddof=1))
-        if not math.isfinite(sd):
-            return math.inf
-        t_c = float(student_t.ppf(0.5 + opts.confidence / 2, df))
-        shift = detectable_shift(sd / math.sqrt(g), df, t_c, POWER, SPREAD_BOUND)
-    else:
-        n = len(samples)
-        if n < 3 or not (math.isfinite(lo) and math.isfinite(hi)):  # one block's "interval" is the block itself
-            return math.inf
-        z_c = float(norm.ppf(0.5 + opts.confidence / 2))
-        df = max(1, n - 2 * int(opts.trim * n) - 1)
-        shift = detectable_shift((hi - lo) / (2 * z_c), df, z_c, POWER, SPREAD_BOUND)
-    return math.expm1(margin + shift)
+    The slowdown is exp(shift) − 1, and never below the threshold (a smaller slowdown may be called "not
+    slower").  Validated per comparison in tests/test_ab.py: each simulated comparison's own stated value,
+    then a fresh comparison (same design, same true spread) at exactly that slowdown; at least 95% of those
+    say "slower"."""
+    se, df = _se_df(samples, opts, t_samples)
+    if df < 1 or not math.isfinite(se):
+        return math.inf
+    crit = _t(opts.confidence if level is None else level, df)
+    return max(math.expm1(detectable_shift(se, df, crit, POWER, SPREAD_BOUND)), opts.threshold)
 
 
-def decide(lo: float, hi: float, delta: float) -> str | None:
-    """The verdict an interval (log scale) gives against the margin ±log(1+δ), or None (keep going)."""
+def needed_samples(samples: Sequence[float], opts: SeqOptions = SeqOptions(), t_samples: bool = True,
+                   level: float | None = None, limit: int = 100_000) -> int | None:
+    """The fewest samples (pairs or blocks) with which a comparison of this spread would state a slowdown below
+    100% (the spread taken as this one's; None when it has none to go by, or needs more than ``limit``)."""
+    se, df = _se_df(samples, opts, t_samples)
+    n = len(samples)
+    if df < 1 or not math.isfinite(se):
+        return None
+    crit_level = opts.confidence if level is None else level
+
+    def caught(m: int) -> bool:  # the same spread, m samples: se shrinks as 1/sqrt(m)
+        df_m = m - 1 if t_samples else (m - 2 * int(opts.trim * m)) - 1
+        if df_m < 1:
+            return False
+        shift = detectable_shift(se * math.sqrt(n / m), df_m, _t(crit_level, df_m), POWER, SPREAD_BOUND)
+        return math.expm1(shift) < 1.0
+
+    if caught(n):
+        return n
+    lo, hi = n, n + 1
+    while not caught(hi):
+        lo, hi = hi, hi * 2
+        if hi > limit:
+            return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if caught(mid) else (mid, hi)
+    return hi
+
+
+def decide(lo: float, hi: float, delta: float, threshold: float = SeqOptions.threshold) -> str | None:
+    """The verdict an interval (log scale) gives, or None (keep going): faster (below -log(1+delta)), same
+    (inside ±log(1+delta)), not slower (below log(1+threshold)), slower (above 0), in that order."""
     margin = math.log1p(delta)
-    if lo > margin:
-        return "slower"
     if hi < -margin:
         return "faster"
     if -margin < lo and hi < margin:
         return "same"
+    if hi < math.log1p(threshold):
+        return "not slower"
+    if lo > 0:
+        return "slower"
     return None
 
 
@@ -227,7 +287,7 @@ def lag1(d: Sequence[float]) -> float:
 
 @dataclass
 class Sequential:
-    """Blocks in, a verdict out as soon as the interval decides (see the module docstring)."""
+    """Blocks in, a verdict out as soon as a look's interval decides (see the module docstring)."""
 
     opts: SeqOptions = field(default_factory=SeqOptions)
     d: list = field(default_factory=list)
@@ -236,9 +296,9 @@ class Sequential:
     high: float = math.inf
     verdict: str | None = None
     pairs: list = field(default_factory=list)  # with rotation: the blocks of each pair of preparations
-
-    def __post_init__(self):
-        self._rng = np.random.default_rng(self.opts.seed)
+    looks: list = field(default_factory=list)  # (samples, the interval's level) of every look
+    spent: float = 0.0  # of alpha = 1 - confidence, by the looks so far
+    means: list = field(default_factory=list)  # with rotation: each whole pair's trimmed mean, as it completes
 
     @property
     def pair_done(self) -> bool:
@@ -250,7 +310,49 @@ class Sequential:
         """With rotation and ``restart`` = K: the pair just done is the K-th since fresh servers (restart them)."""
         return self.pair_done and bool(self.opts.restart) and len(self.pairs) % self.opts.restart == 0
 
-    def add(self, d: float) -> str | None:
+    @property
+    def samples(self) -> list[float]:
+        """What the interval is over: the whole pairs' trimmed means (rotation), or the blocks."""
+        return list(self.means) if self.opts.rotate else list(self.d)
+
+    @property
+    def unit(self) -> str:
+        return "pairs of preparations" if self.opts.rotate else "blocks"
+
+    @property
+    def level(self) -> float:
+        """The level of the last look's interval (``opts.confidence`` before any look)."""
+        return self.looks[-1][1] if self.looks else self.opts.confidence
+
+    def _due(self, n: int) -> bool:
+        if n < (self.opts.min_pairs if self.opts.rotate else self.opts.min_blocks):
+            return False
+        return not self.looks or n >= max(self.looks[-1][0] + 1, math.ceil(self.looks[-1][0] * LOOK_GROWTH))
+
+    def _look(self, progress: float) -> str | None:
+        """Spend alpha up to alpha * progress**SPEND_RHO on an interval over the samples so far, and decide."""
+        alpha = 1 - self.opts.confidence
+        target = alpha * min(1.0, max(0.0, progress)) ** SPEND_RHO
+        spend = target - self.spent
+        if spend <= 0:
+            return None
+        self.spent = target
+        level = 1 - spend
+        self.looks.append((len(self.samples), level))
+        if self.opts.rotate:
+            self.estimate, self.low, self.high = _mean_interval(self.means, level)
+        else:
+            self.estimate, self.low, self.high = interval(self.d, self.opts, level)
+        if self.opts.split is None:
+            self.verdict = decide(self.low, self.high, self.opts.delta, self.opts.threshold)
+        else:
+            self.verdict = "slower" if self.low > self.opts.split else "same" if self.high < self.opts.split \
+                else None
+        return self.verdict
+
+    def add(self, d: float, progress: float | None = None) -> str | None:
+        """One block's log ratio; ``progress``: the share of the budget spent so far (elapsed / budget), which
+        sets how much of alpha a look may spend (default: blocks / ``max_blocks``)."""
         if not math.isfinite(d):
             raise ValueError(f"block log ratio {d!r} is not finite")
         self.d.append(float(d))
@@ -258,34 +360,26 @@ class Sequential:
             if not self.pairs or len(self.pairs[-1]) >= self.opts.rotate:
                 self.pairs.append([])
             self.pairs[-1].append(float(d))
-            if not self.pair_done or len(self.pairs) < self.opts.min_pairs:
-                return None  # decisions only over whole pairs
-            self.estimate, self.low, self.high = pair_interval(self.pairs, self.opts)
-        elif len(self.d) >= self.opts.min_blocks:
-            self.estimate, self.low, self.high = interval(self.d, self.opts, self._rng)
-        else:
+            if not self.pair_done:
+                return None  # looks only over whole pairs
+            self.means.append(float(_trimmed(np.asarray(self.pairs[-1]), trim=self.opts.trim)))
+        if not self._due(len(self.means) if self.opts.rotate else len(self.d)):
             return None
-        if self.opts.split is None:
-            self.verdict = decide(self.low, self.high, self.opts.delta)
-        else:
-            self.verdict = "slower" if self.low > self.opts.split else "same" if self.high < self.opts.split \
-                else None
-        return self.verdict
+        share = len(self.d) / self.opts.max_blocks
+        return self._look(share if progress is None else max(progress, share))
 
     def finish(self) -> str:
-        """The verdict when blocks stop coming: the decision, or inconclusive."""
+        """The verdict when blocks stop coming: a last look spending what is left of alpha, or inconclusive."""
         if self.verdict is None:
-            if self.opts.rotate and self.pairs:
-                groups = [g for g in self.pairs if len(g) >= self.opts.rotate]
-                if len(groups) < 2:
-                    groups = [g for g in self.pairs if g]
-                if len(groups) >= 2:
-                    self.estimate, self.low, self.high = pair_interval(groups, self.opts)
-                else:  # one pair of preparations so far: its blocks' interval, for the report (no verdict rests on it)
-                    self.estimate, self.low, self.high = interval(self.d, self.opts, self._rng)
-            elif self.d and len(self.d) < self.opts.min_blocks:
-                self.estimate, self.low, self.high = interval(self.d, self.opts, self._rng)
-            self.verdict = "inconclusive"
+            n = len(self.samples)
+            if n >= (self.opts.min_pairs if self.opts.rotate else self.opts.min_blocks):
+                self._look(1.0)
+            if self.verdict is None and self.d and not self.looks:  # never looked: an interval for the report only
+                if self.opts.rotate and len([g for g in self.pairs if g]) >= 2:
+                    self.estimate, self.low, self.high = pair_interval([g for g in self.pairs if g], self.opts)
+                else:
+                    self.estimate, self.low, self.high = interval(self.d, self.opts)
+            self.verdict = self.verdict or "inconclusive"
         return self.verdict
 
     @property
@@ -294,12 +388,17 @@ class Sequential:
 
     @property
     def detectable(self) -> float:
-        """:func:`detectable_slowdown` of the samples so far (rotation: the whole pairs' trimmed means)."""
-        if self.opts.rotate:
-            groups = [g for g in self.pairs if len(g) >= self.opts.rotate]
-            means = [float(_trimmed(np.asarray(g, dtype=float), trim=self.opts.trim)) for g in groups]
-            return detectable_slowdown(means, self.low, self.high, self.opts)
-        return detectable_slowdown(self.d, self.low, self.high, self.opts, t_samples=False)
+        """:func:`detectable_slowdown` of the samples so far at the last look's level."""
+        return detectable_slowdown(self.samples, self.opts, bool(self.opts.rotate), self.level)
+
+    @property
+    def needed(self) -> int | None:
+        """:func:`needed_samples` of the samples so far (None: no spread to go by)."""
+        return needed_samples(self.samples, self.opts, bool(self.opts.rotate), self.level)
+
+    def power_statement(self) -> str:
+        return describe_power(self.detectable, self.needed, self.unit, len(self.samples),
+                              2 if self.opts.rotate else 3)
 
     @property
     def ratio_ci(self) -> tuple[float, float]:
@@ -307,22 +406,64 @@ class Sequential:
                 math.exp(self.high) if math.isfinite(self.high) else math.inf)
 
 
-def describe_power(detectable: float) -> str:
-    """The power statement every verdict carries: "could have caught ≥ 12%" (at 95%)."""
-    if not math.isfinite(detectable):
-        return "could have caught no slowdown yet (too few samples)"
-    return f"could have caught ≥ {detectable:.1%} at {POWER:.0%}"
+def fmt_ratio(x: float) -> str:
+    """A step-time ratio for people: 3 decimals ("-" for none)."""
+    return f"{x:.3f}" if isinstance(x, (int, float)) and math.isfinite(x) else "-"
 
 
-def describe_verdict(verdict: str, ratio: float, ci: tuple, delta: float, detectable: float = math.nan) -> str:
+def fmt_span(ratio: float, ci: tuple) -> str:
+    """"1.020 [0.985, 1.061]": the ratio and its interval, an interval too wide to read said as such
+    (:func:`suite.measure.stats.ratio_interval_text`: "[< 0.1, > 10]" for [0.002, 692.970])."""
+    return f"{fmt_ratio(ratio)} {ratio_interval_text(*ci)}"
+
+
+def describe_power(detectable: float, needed: int | None = None, unit: str = "samples", have: int = 0,
+                   fewest: int = 2) -> str:
+    """The power statement every verdict carries: "could have caught ≥ 12.0% at 95%", or, where that would be
+    100% or more, "could have caught nothing below 100%: fewer than N pairs of preparations" (N: the fewest
+    with which this spread would catch less; without a spread to go by, the fewest that give one)."""
+    if math.isfinite(detectable) and detectable < 1.0:
+        return f"could have caught ≥ {detectable:.1%} at {POWER:.0%}"
+    if needed is not None and needed > have:
+        return f"could have caught nothing below 100%: fewer than {needed} {unit}"
+    return f"could have caught nothing below 100%: fewer than {max(fewest, have + 1)} {unit}"
+
+
+def _to_decide(lo: float, hi: float, threshold: float) -> str:
+    """What an undecided interval (log scale) lacks, and how many times the samples would give it at this
+    spread and estimate: the upper end below log(1+threshold) ("not slower") or the lower end above 0
+    ("slower")."""
+    line = math.log1p(threshold)
+    est, half = (lo + hi) / 2, (hi - lo) / 2
+    if not (math.isfinite(half) and half > 0):
+        return f"more samples would decide (not slower: the upper end below {1 + threshold:.3f}; slower: the " \
+               f"lower end above 1)"
+    times = [(half / gap) ** 2 for gap in (line - est, est) if gap > 0]
+    more = min(times) if times else math.inf
+    how = (f"about {more:.1f} times the samples would decide at this spread" if more < 100 else
+           "over 100 times the samples would be needed at this spread and estimate")
+    return (f"not slower needs the upper end below {1 + threshold:.3f}, slower the lower end above 1; {how} "
+            f"(a larger --budget)")
+
+
+def describe_verdict(verdict: str, ratio: float, ci: tuple, delta: float, detectable: float = math.nan,
+                     threshold: float = SeqOptions.threshold, power: str | None = None) -> str:
+    """One line: the verdict, the ratio and interval, why (and the power statement ``power``, or one made from
+    ``detectable``)."""
     lo, hi = ci
-    span = f"HEAD/BASE step time {ratio:.3f} [{lo:.3f}, {hi:.3f}]"
-    power = "" if math.isnan(detectable) else f"; {describe_power(detectable)}"
+    span = f"HEAD/BASE step time {fmt_span(ratio, ci)}"
+    if power is None and not math.isnan(detectable):
+        power = describe_power(detectable)
+    power = f"; {power}" if power else ""
     if verdict == "slower":
-        return f"slower: {span}, the whole interval above +{delta:.0%}{power}"
+        return f"slower: {span}, the whole interval above 1{power}"
+    if verdict == "not slower":
+        return (f"not slower by ≥ {threshold:.0%}: {span}, the whole interval below {1 + threshold:.3f}"
+                + (" (HEAD slower than BASE, by less than that)" if lo > 1 else "") + power)
     if verdict == "faster":
         return f"faster: {span}, the whole interval below -{delta:.0%}{power}"
     if verdict == "same":
         return f"same: {span}, the whole interval inside ±{delta:.0%}{power}"
-    return (f"inconclusive: {span} still straddles ±{delta:.0%}{power} (more blocks, or a larger --budget, "
-            f"would decide)")
+    log_lo = math.log(lo) if lo > 0 else -math.inf
+    log_hi = math.log(hi) if math.isfinite(hi) and hi > 0 else math.inf
+    return f"inconclusive: {span}{power}; {_to_decide(log_lo, log_hi, threshold)}"

@@ -12,8 +12,8 @@ cases both revisions have, and per case (:func:`compare_case`):
    discarded warm-up step then one timed window of ``steps`` steps; with rotation
    (``SeqOptions.rotate`` = N) the case is prepared afresh on both servers every N blocks
    (:func:`fresh_preparations`), every ``restart``-th time on fresh servers (:func:`fresh_servers`);
-   the sequential statistics of :mod:`suite.ab.stats` decide slower / faster / same, or
-   inconclusive when the budget is spent.
+   the sequential statistics of :mod:`suite.ab.stats` decide slower / not slower (by the threshold) /
+   faster / same, or inconclusive when the budget is spent.
 
 Exit status (as `fleetbench compare`): 0 nothing worse; 1 a case slower, a structure changed,
 a check verdict pass -> fail, or a case that runs on BASE and errors on HEAD; 2 input that
@@ -32,12 +32,13 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
+from ..measure.utilization import busy_reason
 from ..results.structure import ACK_FILE, acknowledged, read_acks, structure_diff, structure_new
 from ..runtime.pool import remove_stale
 from .client import ProtocolMismatch, TrialError, TrialServer
 from .isolation import AB_DEFAULT, Isolation
 from .protocol import PROTOCOL, VERSION
-from .stats import SeqOptions, Sequential, block_log_ratio, describe_verdict, lag1
+from .stats import SeqOptions, Sequential, block_log_ratio, describe_verdict, fmt_span, lag1
 from .worktrees import Worktrees
 
 __all__ = ["AbOptions", "CaseOutcome", "AbReport", "Side", "compare_case", "run_ab", "start_side", "AbInputError",
@@ -113,6 +114,7 @@ class Side:
     records: dict = field(default_factory=dict)  # case -> record (structure, verdict)
 
     origins: list = field(default_factory=list)  # where the server and each rank imported suite from
+    others_cpu: list = field(default_factory=lambda: [0.0, 0.0])  # others' CPU s, the machine's CPU s: its trials
 
     def describe(self) -> dict:
         return {"rev": self.rev, "commit": self.commit, "subject": self.subject, "inject": self.inject,
@@ -123,7 +125,7 @@ class Side:
 class CaseOutcome:
     case: str
     world: int
-    verdict: str = "inconclusive"  # timing: slower | faster | same | inconclusive | error
+    verdict: str = "inconclusive"  # timing: slower | not slower | faster | same | inconclusive | error | identical
     status: str = "ok"  # ok | structure changed | check worse | error
     ratio: float = math.nan  # HEAD / BASE step time (> 1: HEAD slower)
     ci: tuple = (math.nan, math.nan)
@@ -135,8 +137,11 @@ class CaseOutcome:
     seconds: float = 0.0  # timed blocks, and with rotation the fresh preparations
     lag1: float = math.nan
     estimate: float = math.nan  # trimmed mean of the block log ratios (rotation: mean of the pairs' trimmed means)
-    # the smallest slowdown (a fraction) this comparison would have called "slower" at 95% (None: none yet)
+    # the smallest slowdown (a fraction) this comparison would have called "slower" at 95% (None: none below 100%)
     detectable_slowdown: float | None = None
+    power: str = ""  # the power statement in words (stats.describe_power)
+    machine: dict = field(default_factory=dict)  # load_avg_start/end, cpu_cores, others_cpu_s/share (busy_reason)
+    busy: str | None = None  # "machine busy: timings unreliable (...)", or None
     log_ratios: list = field(default_factory=list)
     structure_diff: list = field(default_factory=list)
     structure_new: list = field(default_factory=list)  # facts one side does not record: new, not changed
@@ -169,7 +174,8 @@ class AbReport:
 
     @property
     def exit_code(self) -> int:
-        """0 ok or same, 1 regression (slower, a check that got worse, structure changed, HEAD errors),
+        """0 ok (not slower, same or faster), 1 regression (slower, a check that got worse, structure changed, HEAD
+        errors),
         3 undecided (a case inconclusive when its budget was spent); 2 (unusable input) is raised earlier."""
         return 1 if self.failures else 3 if self.inconclusive else 0
 
@@ -259,6 +265,10 @@ def _trial(side: Side, case: str, opts: AbOptions) -> float:
     t = ans["step_s"]
     if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
         raise TrialError(f"{side.label}: {case}: trial time {t!r} is not a finite positive number", kind="BadTime")
+    machine = ans.get("machine") or {}  # a trial server older than the machine's state leaves it out
+    if isinstance(machine.get("others_cpu_s"), (int, float)) and isinstance(machine.get("host_total_s"), (int, float)):
+        side.others_cpu[0] += machine["others_cpu_s"]
+        side.others_cpu[1] += machine["host_total_s"]
     return float(t)
 
 
@@ -302,6 +312,9 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
     # -- the timing: randomised ABBA blocks until the interval decides or the budget is spent
     rng = random.Random(f"{seq.seed}:{case}:{world}")
     s = Sequential(seq)
+    load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    for side in (base, head):
+        side.others_cpu = [0.0, 0.0]
     times: dict[str, list[float]] = {base.label: [], head.label: []}
     t0 = time.monotonic()
     last_say = t0
@@ -314,8 +327,8 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
             for k, v in got.items():
                 times[k] += v
 
-            verdict = s.add(block_log_ratio(got[base.label], got[head.label]))
             elapsed = time.monotonic() - t0
+            verdict = s.add(block_log_ratio(got[base.label], got[head.label]), progress=elapsed / seq.budget_s)
             if verdict is not None or elapsed >= seq.budget_s or len(s.d) >= seq.max_blocks:
                 break
             if s.pair_done:
@@ -324,7 +337,7 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
                 last_say = time.monotonic()
                 say(f"    {len(s.d)} blocks" + (f" from {len(s.pairs)} pairs" if seq.rotate else "")
                     + f", {elapsed:.0f} s: " + (
-                    f"HEAD/BASE {s.ratio:.3f} [{s.ratio_ci[0]:.3f}, {s.ratio_ci[1]:.3f}]" if math.isfinite(s.estimate)
+                    f"HEAD/BASE {fmt_span(s.ratio, s.ratio_ci)}" if math.isfinite(s.estimate)
                     else f"no verdict before {seq.min_pairs} pairs" if seq.rotate
                     else f"no verdict before {seq.min_blocks} blocks"))
     except TrialError as exc:
@@ -332,6 +345,12 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
         out.error = str(exc).splitlines()[0][:500]
         out.failures.append(f"{case}@{world}: timing failed: {out.error}")
     out.seconds = time.monotonic() - t0
+    others, total = (sum(x) for x in zip(base.others_cpu, head.others_cpu))
+    out.machine = {"load_avg_start": load_start, "load_avg_end": os.getloadavg()[0] if load_start is not None else None,
+                   "cpu_cores": os.cpu_count()}
+    if total > 0:
+        out.machine.update(others_cpu_s=others, others_cpu_share=others / total)
+    out.busy = busy_reason(out.machine)
     if out.verdict != "error":
         out.verdict = s.finish()
     out.blocks = len(s.d)
@@ -340,21 +359,25 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
     out.lag1 = lag1(s.d)
     out.ratio, out.ci, out.estimate = s.ratio, s.ratio_ci, s.estimate
     power = s.detectable
-    out.detectable_slowdown = power if math.isfinite(power) else None
+    out.detectable_slowdown = power if math.isfinite(power) and power < 1 else None
+    out.power = s.power_statement()
     if times[base.label]:
         out.base_ms = statistics.median(times[base.label]) * 1e3
         out.head_ms = statistics.median(times[head.label]) * 1e3
     if out.verdict == "slower" and seq.split is None:
-        out.failures.append(f"{case}@{world}: slower: HEAD/BASE step time {out.ratio:.3f} "
-                            f"[{out.ci[0]:.3f}, {out.ci[1]:.3f}] over {out.blocks} blocks (margin ±{seq.delta:.0%})")
+        out.failures.append(f"{case}@{world}: slower: HEAD/BASE step time {fmt_span(out.ratio, out.ci)} over "
+                            f"{out.blocks} blocks (the whole interval above 1; threshold {seq.threshold:.0%})")
     if out.verdict != "error" and seq.split is not None:
         kind = out.verdict if out.verdict == "inconclusive" else ("bad" if out.verdict == "slower" else "good")
-        out.summary = (f"{kind}: HEAD/GOOD step time {out.ratio:.3f} [{out.ci[0]:.3f}, {out.ci[1]:.3f}] against "
-                       f"the split {math.exp(seq.split):.3f} ({out.blocks} blocks, {out.seconds:.0f} s)")
+        out.summary = (f"{kind}: HEAD/GOOD step time {fmt_span(out.ratio, out.ci)} against the split "
+                       f"{math.exp(seq.split):.3f} ({out.blocks} blocks, {out.seconds:.0f} s)")
     elif out.verdict != "error":
-        out.summary = describe_verdict(out.verdict, out.ratio, out.ci, seq.delta, power) + f" ({out.blocks} blocks" + (
+        out.summary = describe_verdict(out.verdict, out.ratio, out.ci, seq.delta, threshold=seq.threshold,
+                                       power=out.power) + f" ({out.blocks} blocks" + (
             f" from {out.pairs} pairs of preparations on {out.servers} pairs of servers" if seq.rotate else ""
         ) + f", {out.seconds:.0f} s)"
+    if out.busy and out.summary:
+        out.summary += f"; {out.busy}"
     say(f"  {case}@{world}: {out.summary or out.error}")
     return out
 
@@ -470,7 +493,8 @@ def run_ab(repo: str, base_rev: str, head_rev: str, opts: AbOptions,
             names = common_cases(base, head, opts, report)
             total = opts.total_budget_s
             say(f"  {len(names)} case(s) at world size {opts.nproc}, size {opts.size}; trials of {opts.steps} steps, "
-                f"margin ±{opts.seq.delta:.0%}, {opts.seq.confidence:.0%} interval, budget "
+                f"threshold {opts.seq.threshold:.0%}, margin ±{opts.seq.delta:.0%}, {opts.seq.confidence:.0%} over all "
+                f"looks, budget "
                 + (f"{total:.0f} s in total" if total else f"{opts.seq.budget_s:.0f} s per case"))
 
             def one(name: str, seq: SeqOptions) -> CaseOutcome:
@@ -525,8 +549,9 @@ def format_table(report: AbReport) -> str:
     rows = [("case", "verdict", "HEAD/BASE [interval]", "could catch", "BASE ms", "HEAD ms", "blocks", "s",
              "structure", "check")]
     for c in report.cases:
-        ci = f"{c.ratio:.3f} [{c.ci[0]:.3f}, {c.ci[1]:.3f}]" if math.isfinite(c.ratio) else "-"
-        power = f"≥ {c.detectable_slowdown:.1%}" if c.detectable_slowdown is not None else "-"
+        ci = fmt_span(c.ratio, c.ci) if math.isfinite(c.ratio) else "-"
+        power = (f"≥ {c.detectable_slowdown:.1%}" if c.detectable_slowdown is not None
+                 else "nothing < 100%" if c.blocks else "-")
         rows.append((f"{c.case}@{c.world}", c.verdict, ci, power, _ms(c.base_ms), _ms(c.head_ms), str(c.blocks),
                      f"{c.seconds:.0f}", "changed" if c.structure_diff else ("identical" if c.check else "-"),
                      c.check or "-"))
@@ -541,6 +566,8 @@ def format_table(report: AbReport) -> str:
             lines += [f"  {d}" for d in c.structure_new]
         if c.error:
             lines.append(f"\nerror: {c.case}@{c.world}: {c.error}")
+        if c.busy:
+            lines.append(f"\n{c.case}@{c.world}: {c.busy}")
     for o in report.only:
         lines.append(f"not compared: {o['case']}: {o['why']}")
     for e in report.errors:

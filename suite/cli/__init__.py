@@ -10,7 +10,8 @@ import textwrap
 from ..results.records import jsonable
 
 # The one exit-code table of compare, ab, bisect and nightly (each command says what each code means for it).
-GATE_CODES = {0: "ok or same: nothing slower", 1: "regression", 2: "unusable input (named: file, line, option)",
+GATE_CODES = {0: "ok: nothing slower (not slower by the threshold, same, faster or identical)", 1: "regression",
+              2: "unusable input (named: file, line, option)",
               3: "undecided: inconclusive, and nothing worse"}
 
 

@@ -1,8 +1,9 @@
 """`fleetbench bisect GOOD BAD --case X`: the first slow commit between two revisions, by `ab` comparisons.
 
 Each commit tested is compared with GOOD by the A/B harness of `fleetbench ab` (same options);
-slower is bad, same or faster is good; inconclusive is tested again with twice the budget
-(--retries), then reported.  Each commit is measured against both ends at once (docs/benchmarks.md).
+BAD must be slower than GOOD (not slower, same or faster: nothing to bisect); a commit like BAD is bad,
+one like GOOD good; inconclusive is tested again with twice the budget (--retries), then reported.
+Each commit is measured against both ends at once (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -21,13 +22,13 @@ def add_parser(sub) -> None:
                        **helps(__doc__, """
                            fleetbench bisect v0.3 HEAD --case mlp/overlap --nproc 2
                            fleetbench bisect HEAD~20 HEAD --case resnet/plain --size tiny --budget 120 --json""",
-                               verdicts="first BAD against GOOD: slower (then bisect), same or faster (nothing to "
-                                        "bisect), inconclusive; then each commit tested, against both ends: bad "
-                                        "(like BAD), good (like GOOD), inconclusive (tested again with twice the "
-                                        "budget, --retries, then reported with the range the first slow commit "
-                                        "lies in).",
-                               codes={0: "ok: the first slow commit is named, or BAD is not slower than GOOD (same "
-                                         "or faster: nothing to bisect)",
+                               verdicts="first BAD against GOOD: slower (then bisect), not slower by the threshold, "
+                                        "same or faster (nothing to bisect), inconclusive; then each commit tested, "
+                                        "against both ends: bad (like BAD), good (like GOOD), inconclusive "
+                                        "(tested again with twice the budget, --retries, then reported with the "
+                                        "range the first slow commit lies in).",
+                               codes={0: "ok: the first slow commit is named, or BAD is not slower than GOOD (not "
+                                         "slower by the threshold, same or faster: nothing to bisect)",
                                       1: "not used: a regression is what bisect looks for; naming it is exit 0",
                                       2: "unusable input: a revision, option or case it cannot use (named)",
                                       3: "undecided: BAD inconclusive against GOOD, or a commit stayed inconclusive"}))

@@ -23,15 +23,17 @@ def add_parser(sub) -> None:
         fleetbench compare results/last-good/runs.jsonl results/nightly/runs.jsonl
         fleetbench compare base.json head.json --threshold 0.1 --markdown cmp.md
         fleetbench compare base.jsonl head.jsonl --json""",
-        verdicts="per case, the table's `verdict` column (`change` in --json) is the performance verdict: slower "
-                 "(the test says so and the whole speedup interval lies below 1/(1 + threshold)), faster, same "
-                 "(the whole interval above it), undecided (the interval spans it), too few windows for alpha, not run "
-                 "on HEAD (BASE ran it; HEAD's record says why). "
+        verdicts="per case, the table's `verdict` column (`change` in --json) is the performance verdict, the "
+                 "answer to: is HEAD slower by the threshold or more? not slower (the whole HEAD/BASE interval below "
+                 "1 + threshold), slower (the test says so and the whole interval above 1 + threshold), faster (the "
+                 "test says so and the whole interval below 1), undecided (the interval spans the threshold; what "
+                 "would decide it is said), too few windows for alpha, not run on HEAD (BASE ran it; HEAD's record "
+                 "says why), identical (the same records on both sides: nothing compared). "
                  "`check` is the correctness check on each side, BASE -> HEAD (`verdict` in --json; pass -> fail "
                  "fails the gate); `structure` identical, changed (fails) or not recorded; `status` the row's "
                  "outcome: ok, regression, undecided or not compared (an error on both sides, only in BASE / only "
                  "in HEAD: listed). `could_catch` is the smallest slowdown its samples could have caught at 95% "
-                 "(a power statement, not the interval).",
+                 "(a power statement, not the interval), or past 100% the windows a side it would take.",
         codes={**GATE_CODES, 1: "regression: a case slower beyond --threshold, a structure changed, a check "
                                 "verdict pass -> fail, a case that errors on HEAD only (--strict: on one side only), "
                                 "a nan, inf or non-positive time on HEAD",
@@ -61,7 +63,7 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
-    from ..results.compare import NOT_RUN, SAME_RECORDS, compare_sides
+    from ..results.compare import IDENTICAL, NOT_RUN, SAME_RECORDS, compare_sides, could_catch
     from ..results.gate import GateOptions
 
     if args.markdown and unwritable(args.markdown):  # found out now, not after the comparison
@@ -73,8 +75,8 @@ def main(args) -> int:
         cmp = compare_sides(base, head, opts, strict=args.strict)
     except (ResultsFileError, ValueError) as exc:
         return error("compare", plain(exc))
-    if cmp.same_records:  # before anything else: every verdict below compares a case with itself
-        print(f"warning: {SAME_RECORDS}", file=sys.stderr)
+    if cmp.same_records:  # before anything else: identical, and nothing below was compared
+        print(f"compare: {SAME_RECORDS}", file=sys.stderr)
     if args.json:
         print_json(cmp.to_dict(base, head, opts))
         for w in cmp.warnings:
@@ -107,11 +109,15 @@ def main(args) -> int:
             + ([f"{len(not_run)} case(s) not run on HEAD"] if not_run else [])
         print(f"\nregression gate: UNDECIDED ({'; '.join(why)})", file=sys.stderr)
         for r in cmp.undecided:
-            d = r["detectable_slowdown"]  # None: too few samples to catch any slowdown
-            power = f"could have caught ≥ {d:.0%}" if d is not None else "could have caught nothing"
-            print(plain(f"  {r['case']}@{r['world']}: {r['change']}, {power}"), file=sys.stderr)
+            more = [x for x in (could_catch(r), r.get("to_decide")) if x]
+            print(plain(f"  {r['case']}@{r['world']}: {r['change']}" + "".join(f"; {x}" for x in more)),
+                  file=sys.stderr)
         return 3
-    print(f"\nregression gate: ok (threshold {opts.threshold:.0%}, alpha {opts.alpha:g}, {opts.method})")
+    if cmp.rows and all(r["change"] == IDENTICAL for r in cmp.rows):
+        print("\nregression gate: ok (identical: BASE and HEAD hold the same times; nothing compared)")
+        return 0
+    print(f"\nregression gate: ok (nothing slower by {opts.threshold:.0%} or more; alpha {opts.alpha:g}, "
+          f"{opts.method})")
     return 0
 
 

@@ -15,6 +15,7 @@ import time
 
 from ..config import ConfigError
 from ..measure.metadata import machine_name
+from ..measure.stats import ratio_interval_text
 from ..nightly import NightlyOptions, finished_stages, last_night, make_plan, read_step_times
 from ..report import junit
 from ..results.records import write_atomic
@@ -36,7 +37,8 @@ Stages, each a fleetbench (or pytest, asv) command over the one selection the op
 4. report: `fleetbench report` (HTML page, Markdown summary, plots, traces);
 5. gate: `fleetbench ab LAST_GOOD HEAD` over the selected cases tagged gate (every strategy family)
    at each world size, under one total budget; a night whose every stage is ok (exit 0) makes this commit
-   the last good one (an inconclusive gate never does);
+   the last good one: a gate whose every case is "not slower" by the threshold (or same, faster, identical);
+   an inconclusive gate never does;
 6. history: change-point alerts over asv's stored series (`fleetbench history`), reported, never the gate.
 
 --plan prints the stages, the cases x world sizes, the gate's cases and budget and each stage's
@@ -431,10 +433,11 @@ def _gate_lines(path: str, code: int) -> list[str]:
             doc = json.load(fh)
     except (OSError, ValueError):
         return [f"ab gate: no result (exit {code}; the log above says why)"]
-    lines = []
+    lines = [f"- identical: {doc['identical']} (nothing timed)"] if doc.get("identical") else []
     for c in doc["cases"]:
-        lo, hi = c["ci"]
-        lines.append(f"- {c['case']}@{c['world']}: {c['verdict']} (HEAD/BASE {c['ratio']:.3f} [{lo:.3f}, {hi:.3f}], "
+        lo, hi = (float(x) for x in c["ci"])  # --json writes inf and nan as strings
+        lines.append(f"- {c['case']}@{c['world']}: {c['verdict']} (HEAD/BASE {float(c['ratio']):.3f} "
+                     f"{ratio_interval_text(lo, hi)}, "
                      f"{c['blocks']} blocks), structure {'CHANGED' if c['structure_diff'] else 'identical'}, "
                      f"check {c['check']}")
     lines += [f"  FAIL {f}" for f in doc["failures"]]

@@ -21,6 +21,7 @@ from ..cluster.launch import apply_cluster_args, start_cluster
 from ..config import ConfigError
 from ..measure.metadata import collect
 from ..measure.stats import RUN_ROUNDS_FOR_95
+from ..measure.utilization import BUSY, BUSY_SHARE, busy_reason
 from ..report import junit
 from ..results.records import ResultsFileError, read_records
 from ..runner import CaseRunner, RunOptions
@@ -70,7 +71,9 @@ def add_parser(sub) -> None:
                                             "smaller inputs; default on CPU), tiny (tests)"),
                config=dict(action=Given), set="a strategy field applied on top of every case; repeatable",
                steps=dict(action=Given, default=5, help="steps per timed window (default 5)"),
-               rounds=dict(action=Given, default=5, help="interleaved timed rounds (default 5)"),
+               rounds=dict(action=Given, default=RunOptions.rounds,
+                           help=f"interleaved timed rounds (default {RUN_ROUNDS_FOR_95}: the fewest whose speedup "
+                                f"interval can cover 95%%; fewer leave every speedup 'not resolved')"),
                warmup=dict(action=Given, default=2, help="warm-up steps per case (default 2)"),
                batch=dict(action=Given, help="per-rank batch size (default: the model's at its size)"),
                check_steps=dict(action=Given), no_check="skip the correctness check")
@@ -142,10 +145,10 @@ def main(args) -> int:
             shutdown()
         return 0
     coverage = 1 - 2.0 ** (1 - opts.rounds)  # of the rounds' range, about the median (measure/stats.py)
-    if reporter and coverage < 0.9:  # the default 5 rounds: 94%, said in docs/report.md
+    if reporter and opts.rounds < RUN_ROUNDS_FOR_95:  # 5 rounds: 94%, said in docs/report.md
         print(f"fleetbench run: note: {opts.rounds} round(s): a speedup's 95% interval is about the range of the "
-              f"rounds, which covers the median {coverage:.0%} of the time at best; "
-              f"--rounds {RUN_ROUNDS_FOR_95} or more for 95%", file=sys.stderr, flush=True)
+              f"rounds, which covers the median {coverage:.0%} of the time at best, so no speedup is called "
+              f"resolved; --rounds {RUN_ROUNDS_FOR_95} or more for 95%", file=sys.stderr, flush=True)
     if not env:
         if crowded := oversubscribed(args.nproc, device):
             print(f"fleetbench run: warning: {crowded}", file=sys.stderr, flush=True)
@@ -177,6 +180,7 @@ def main(args) -> int:
         runner.say(f"fleetbench run {runner.run_id}: {runnable} case(s) on {world} rank(s){skipped}, size "
                    f"{args.size}, {device}/{backend}; results -> {args.results}")
         width = max((len(rc.case.name) for rc in selected), default=0)  # the case column, as the check lines'
+        said_busy: set = set()
         display.start(runnable)
         for batch in runner.run(selected):
             for rec in batch:
@@ -186,9 +190,13 @@ def main(args) -> int:
                     sp = rec.metrics.get("speedup")  # none without the baseline (it could not run)
                     ci = rec.metrics.get("speedup_ci") or [None, None]
                     sp_text = "no baseline" if sp is None else f"speedup {sp:.2f}x" + (
-                        " (not resolved)" if _speedup_cell(sp, ci).endswith("not resolved") else "")
+                        " (not resolved)" if "not resolved" in _speedup_cell(sp, ci, rounds=_rounds(rec)) else "")
                     runner.say(f"      {rec.case:{width}s} {rec.samples_per_s:9.1f} samples/s   {sp_text}"
                                f"{_allreduce_counts(rec.describe)}")
+                    busy = busy_reason(rec.metrics)
+                    if busy and busy not in said_busy:  # the variants timed together share one machine state
+                        said_busy.add(busy)
+                        runner.say(f"      {busy}")
                 if reporter:
                     dest = _append(args.results, rec)
                     written[dest] = written.get(dest, 0) + 1
@@ -209,6 +217,9 @@ def main(args) -> int:
             shutdown()
     if reporter:
         print_table(records)
+        busy = busy_summary(records)
+        if busy:
+            print("\n" + busy)
         appended = "; ".join(f"{n} record(s) appended to {t}" for t, n in written.items())
         print(("\n" + appended + (": " if len(written) == 1 else " (") + _tally(records)
                + ("" if len(written) == 1 else ")")) if written else "\nno record written")
@@ -441,8 +452,26 @@ def _count(x) -> str:
     return f"{x:.0f}" if float(x).is_integer() or abs(x) >= 100 else f"{x:.3g}"
 
 
-def _speedup_cell(sp, ci, baseline: bool = False) -> str:
-    """The speedup with its interval; "not resolved" where the interval spans 1 (neither faster nor slower)."""
+def busy_summary(records) -> str | None:
+    """The line under run's table when timings were taken on a busy machine (``busy_reason``), or None."""
+    busy = [r for r in records if r.metrics and busy_reason(r.metrics)]
+    if not busy:
+        return None
+    why = "; ".join(dict.fromkeys(str(busy_reason(r.metrics)).removeprefix(BUSY).strip(" ()") for r in busy))
+    return (f"{BUSY} for {len(busy)} of {sum(1 for r in records if r.metrics)} timed case(s): {why} (the rule: "
+            f"others' CPU time over {BUSY_SHARE:.0%} of the machine's during the windows, or a load average above "
+            f"the cores)")
+
+
+def _rounds(rec) -> int | None:
+    """The timed rounds a record's speedup is paired over (its windows), or None where not recorded."""
+    windows = (rec.metrics or {}).get("window_s")
+    return len(windows) if isinstance(windows, list) else None
+
+
+def _speedup_cell(sp, ci, baseline: bool = False, rounds: int | None = None) -> str:
+    """The speedup with its interval; "not resolved" where the interval spans 1 (neither faster nor slower), or
+    where it comes from fewer than RUN_ROUNDS_FOR_95 rounds: such an interval covers less than 95%."""
     if baseline:
         return "1 (the baseline)"
     if not (isinstance(sp, float) and math.isfinite(sp)):
@@ -450,7 +479,11 @@ def _speedup_cell(sp, ci, baseline: bool = False) -> str:
     if not (ci[0] is not None and ci[1] is not None and math.isfinite(ci[0]) and math.isfinite(ci[1])):
         return f"{sp:.2f} (no interval)"  # one round, or a faulty one
     cell = f"{sp:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
-    return cell + " not resolved" if ci[0] <= 1 <= ci[1] else cell
+    if ci[0] <= 1 <= ci[1]:
+        return cell + " not resolved"
+    if rounds is not None and rounds < RUN_ROUNDS_FOR_95:
+        return cell + f" not resolved ({rounds} rounds)"
+    return cell
 
 
 def print_table(records) -> None:
@@ -472,7 +505,7 @@ def print_table(records) -> None:
             r.case,
             r.verdict,
             f"{sps:.1f}" if isinstance(sps, float) else "-",
-            _speedup_cell(sp, ci, baseline=r.case.endswith("/" + BASELINE) and r.status == "ok"),
+            _speedup_cell(sp, ci, baseline=r.case.endswith("/" + BASELINE) and r.status == "ok", rounds=_rounds(r)),
             f"{st['median'] * 1e3:.1f} ({st['iqr'] * 1e3:.1f})" if st.get("n") else "-",
             _count(ar) if m else "-",
         )
@@ -480,4 +513,4 @@ def print_table(records) -> None:
         table)
 
 
-__all__ = ["add_parser", "main", "selection", "print_table", "DEFAULT_RESULTS", "RunDisplay"]
+__all__ = ["add_parser", "main", "selection", "print_table", "DEFAULT_RESULTS", "RunDisplay", "busy_summary"]

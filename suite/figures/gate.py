@@ -215,6 +215,11 @@ def _load(path: str) -> list:
         return [Run(**r) for r in json.load(fh)]
 
 
+def _passes(counts: dict) -> int:
+    """Comparisons whose verdict lets the gate pass (ab's exit 0): not slower, same, faster."""
+    return counts["not slower"] + counts["same"] + counts["faster"]
+
+
 def _rate(n: int, total: int, digits: int = 1) -> str:
     """``1.7% (2/120) [0.2, 5.9]``: the rate, its count and its 95% Clopper-Pearson interval."""
     if not total:
@@ -253,12 +258,14 @@ def render(raw: dict, options: Options) -> str:
     seq = SeqOptions()
     runs_of = {case: [r for r in (Run(**x) for x in raw["runs"]) if r.case == case] for case in cases}
     out = [f"### `fleetbench ab`: false alarms and detection ({options.nproc} ranks, trials of {options.steps} steps, "
-           f"margin ±{seq.delta:.0%}, {seq.confidence:.0%} intervals, decisions from {seq.min_blocks} blocks or with "
-           f"--rotate from {seq.min_pairs} whole pairs, budget {budget:.0f} s per comparison)", "",
+           f"threshold {seq.threshold:.0%} ('not slower': the interval below +{seq.threshold:.0%}; 'slower': above 1), "
+           f"margin ±{seq.delta:.0%} ('same'), {seq.confidence:.0%} over all looks (alpha spent by the budget's "
+           f"share), looks from {seq.min_blocks} blocks or with --rotate from {seq.min_pairs} whole pairs, budget "
+           f"{budget:.0f} s per comparison)", "",
            "| case | change injected | ab | pairs x blocks measured (s a block) | lag-1 autocorr. of blocks "
-           "| each pair's HEAD/BASE | simulated comparisons | slower | same | faster | inconclusive "
+           "| each pair's HEAD/BASE | simulated comparisons | slower | not slower | same | faster | inconclusive "
            "| median time to stop | slower, resampling within a pair | each pair's own first blocks |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     spreads: dict = {}
     exact: dict = {}  # (case, ab mode) -> verdict counts at exactly +5% of the measured step time
     summary = []
@@ -288,7 +295,8 @@ def render(raw: dict, options: Options) -> str:
                            f"({statistics.mean(r.block_s for r in rs):.2f}) | "
                            f"{', '.join(f'{x:+.2f}' for x in lags)} | "
                            f"{', '.join(f'{math.expm1(float(np.mean(r.d))):+.1%}' for r in rs)} | {total} | "
-                           f"{_rate(counts['slower'], total)} | {_rate(counts['same'], total)} | "
+                           f"{_rate(counts['slower'], total)} | {_rate(counts['not slower'], total)} | "
+                           f"{_rate(counts['same'], total)} | "
                            f"{_rate(counts['faster'], total)} | {_rate(counts['inconclusive'], total)} | "
                            f"{statistics.median(sim['seconds']):.0f} s | "
                            + (f"{_rate(within, n_within * len(rs))} | {', '.join(direct(r, budget) for r in rs)} |"
@@ -313,7 +321,8 @@ def render(raw: dict, options: Options) -> str:
                 + f"; the injected busy work costs {scale:.2f} x its nominal fraction "
                   "(fitted over the slowed pairs; the simulated slowdowns use it)."]
     out += ["", "Goal: a 5% slowdown caught in >= 95% of comparisons with <= 1% false alarms per case, within 3 "
-            "minutes per case."]
+            "minutes per case; and an unchanged commit answered \"not slower\" (the nightly advances its last good "
+            "commit on it)."]
     for case in cases:
         for name in dict.fromkeys(n for k, _, n, _, _ in summary if k == case):
             fa = next((c for k, f, n, c, t in summary if k == case and f == 0 and n == name), None)
@@ -323,7 +332,8 @@ def render(raw: dict, options: Options) -> str:
                 hit = five["slower"] / max(1, sum(five.values()))
                 ok = fa_rate <= 0.01 and hit >= 0.95
                 ex = exact.get((case, name))
-                out.append(f"- {case}, {name}: false alarms {_rate(fa['slower'], sum(fa.values()))}, 5% caught "
+                out.append(f"- {case}, {name}: false alarms {_rate(fa['slower'], sum(fa.values()))}, A/A "
+                           f"\"not slower\" (or same, faster) {_rate(_passes(fa), sum(fa.values()))}, 5% caught "
                            f"{_rate(five['slower'], sum(five.values()), digits=0)}: goal {'met' if ok else 'missed'}"
                            + (f" (a slowdown of exactly +5% of the measured step time, the busy work's measured "
                               f"cost aside: caught {_rate(ex['slower'], sum(ex.values()), digits=0)})" if ex else "")

@@ -12,7 +12,7 @@ import statistics
 from collections.abc import Sequence
 
 __all__ = ["describe", "window_seconds", "paired_speedup", "bootstrap_median_ci", "busbw", "detectable_shift",
-           "RUN_ROUNDS_FOR_95"]
+           "RUN_ROUNDS_FOR_95", "ratio_interval_text"]
 
 # The fewest rounds whose range can cover the median with 95% probability (1 - 2**(1 - n) >= 0.95).
 RUN_ROUNDS_FOR_95 = 6
@@ -87,6 +87,26 @@ def detectable_shift(se: float, df: float, crit: float, power: float = 0.95, bou
         return math.inf
     upper = se * math.sqrt(df / float(chi2.ppf(1 - bound, df)))
     return _noncentrality(float(df), float(crit), float(power)) * upper
+
+
+WIDE = 100.0  # an interval of a ratio whose ends are further apart than this factor is shown clipped
+CLIP = (0.1, 10.0)  # ... at these ends
+
+
+def ratio_interval_text(lo: float, hi: float) -> str:
+    """An interval of a ratio for people: "[0.975, 1.043]" (3 decimals); one whose ends are more than a factor
+    ``WIDE`` apart (or not finite) says so instead of printing digits no one can read: "[< 0.1, > 10]" (an
+    interval from 3 samples reached [0.002, 692.970])."""
+    def end(x: float) -> str:
+        if not math.isfinite(x) or x > CLIP[1]:
+            return f"> {CLIP[1]:g}"
+        return f"< {CLIP[0]:g}" if x < CLIP[0] else f"{x:.3f}"
+
+    if math.isnan(lo) or math.isnan(hi):
+        return "[-, -]"
+    if lo > 0 and math.isfinite(hi) and hi / lo <= WIDE:
+        return f"[{lo:.3f}, {hi:.3f}]"
+    return f"[{end(lo)}, {end(hi)}]"
 
 
 def window_seconds(answers: list[dict], variant: str) -> list[float]:

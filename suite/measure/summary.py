@@ -11,7 +11,9 @@ engine's ``describe``:
 - speedup over the baseline, paired round by round (the variants ran interleaved);
 - exposed communication (step time − the ``none`` variant's, when it ran) and the bus
   bandwidth over that exposed time (nccl-tests' busbw formula);
-- the first non-finite loss, if any (a non-finite loss is a failed case, named by its step).
+- the first non-finite loss, if any (a non-finite loss is a failed case, named by its step);
+- the CPU time processes other than the ranks took during the windows, and its share of the machine's
+  (``others_cpu_s``, ``others_cpu_share``: :func:`suite.measure.utilization.others_cpu`).
 - memory, two figures: ``peak_memory_bytes`` is the *transient* peak (the largest rise above what was in
   use when a window opened: activations, temporaries; the name is kept from earlier records) and
   ``footprint_bytes`` what the engine holds between steps (parameters, gradients, buckets, optimizer
@@ -26,6 +28,7 @@ import statistics
 
 from ..results.records import Metrics
 from .stats import bootstrap_median_ci, busbw, describe, paired_speedup, window_seconds
+from .utilization import others_cpu
 
 __all__ = ["variant_summary", "summarize", "first_nonfinite", "COMPUTE_ONLY"]
 
@@ -54,6 +57,8 @@ def variant_summary(answers: list[dict], variant: str, global_batch: int, steps:
         raise ValueError(f"{variant}: the ranks report different precision settings (torch.backends): {precision}")
     bad = [(a["rank"], i) for a in answers
            for i in [first_nonfinite(a["variants"][variant]["losses"])] if i is not None]
+    machine = [a["variants"][variant]["machine"] for a in answers if "machine" in a["variants"][variant]]
+    others_s, others_share = others_cpu(machine) if len(machine) == len(answers) else (math.nan, math.nan)
     metrics = Metrics(
         samples_per_s=statistics.median(throughput) if throughput else math.nan,
         samples_per_s_ci=[lo, hi],
@@ -74,6 +79,8 @@ def variant_summary(answers: list[dict], variant: str, global_batch: int, steps:
         footprint_bytes=max(a["variants"][variant].get("footprint_bytes", 0) for a in answers),
         global_batch=global_batch,
         steps_per_window=steps,
+        others_cpu_s=others_s if math.isfinite(others_s) else None,
+        others_cpu_share=others_share if math.isfinite(others_share) else None,
     )
     return metrics.to_dict() | {"describe": first["describe"]}
 

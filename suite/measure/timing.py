@@ -34,6 +34,7 @@ from ..runtime.device import default_threads
 from ..strategies.fetch import LossFetcher
 from ..workload import Workload, WorkloadSpec, workload
 from .interleave import interleaved_rounds
+from .utilization import CpuSpan
 
 __all__ = ["time_on_rank", "prepare_case", "run_window", "drop_case", "prepared_cases", "straggler_for_step",
            "StepClock", "Window", "timed_window", "TimedCase", "footprint_bytes"]
@@ -68,6 +69,7 @@ class Window:
     step_times: list
     losses: list
     host_syncs: int
+    cpu: dict | None = None  # a recorded window's CpuSpan (TimedCase.window): this rank's and the machine's CPU time
 
 
 def timed_window(platform, n: int, step: Callable[[], torch.Tensor], fetch_frequency: int = 1) -> Window:
@@ -132,6 +134,11 @@ class TimedCase:
         # ``peak_memory_bytes``; what the engine holds between steps is ``footprint_bytes``
         self.peak_memory = 0
         self.peak_memory_kind = ""
+        # the machine's state: this rank's and the machine's CPU time from the first recorded window's start to
+        # the last one's end (``span``: one shared by the variants timed together, set by time_on_rank), else
+        # summed window by window (prepared cases, whose windows come one call at a time)
+        self.span: CpuSpan | None = None
+        self.windows_cpu = {"cpu_s": 0.0, "host_busy_s": 0.0, "host_total_s": 0.0}
 
     def window(self, n: int, record: bool = True) -> Window:
         """``n`` steps between two barriers; recorded windows add to this case's figures."""
@@ -154,7 +161,17 @@ class TimedCase:
             x, y = self.wl.batch(self.step_no)
             return self.engine.train_step(x, y)
 
+        if record and self.span is not None and not self.span.started:
+            self.span.begin()
+        one = CpuSpan().begin() if record else None
         w = timed_window(platform, n, step, cfg.fetch_frequency)
+        if one is not None:
+            one.end()
+            for k in self.windows_cpu:
+                self.windows_cpu[k] += getattr(one, k)
+            w.cpu = one.to_dict()
+            if self.span is not None:
+                self.span.end()
         memory.close()
         if record:
             self.windows.append(w.seconds)
@@ -179,6 +196,8 @@ class TimedCase:
             "threads_observed": sorted(self.threads_observed), "straggler_sleeps": self.straggler_sleeps,
             "peak_memory_bytes": self.peak_memory, "peak_memory_kind": self.peak_memory_kind,
             "footprint_bytes": footprint_bytes(self.engine),
+            "machine": self.span.to_dict() if self.span is not None and self.span.started
+            else dict(CpuSpan().to_dict(), **self.windows_cpu),
         }
 
 
@@ -187,6 +206,9 @@ def time_on_rank(workload_spec: WorkloadSpec, variants: list[dict], warmup: int 
     """Time every variant (``{"name": …, "config": {…}}``) on this rank; see the module docstring."""
     wl = workload(workload_spec)
     runs = [TimedCase(v["name"], StrategyConfig.from_dict(v["config"]), wl) for v in variants]
+    span = CpuSpan()  # the variants' windows interleave: one span over all their recorded rounds
+    for tc in runs:
+        tc.span = span
     threads_before = torch.get_num_threads()
     try:
         interleaved_rounds(runs, rounds, lambda tc: tc.window(steps), warmup=lambda tc: tc.window(warmup, record=False))
@@ -219,7 +241,8 @@ def run_window(key: str, steps: int) -> dict:
         w = tc.window(steps)
     finally:
         torch.set_num_threads(before)
-    return {"rank": tc.wl.rank, "window_s": w.seconds, "step_times_s": w.step_times, "losses": w.losses}
+    return {"rank": tc.wl.rank, "window_s": w.seconds, "step_times_s": w.step_times, "losses": w.losses,
+            "machine": w.cpu}
 
 
 def prepared_result(key: str) -> dict:

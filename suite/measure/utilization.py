@@ -15,16 +15,29 @@ are seen, not only rank 0's.
     with UtilizationSampler(interval=0.2) as sampler:
         ...                       # the case runs
     metrics = Metrics(utilization=sampler.summary())
+
+The machine's state beside a case's timings: :class:`CpuSpan` (a rank's own CPU time and the machine's, from
+/proc/stat, over its recorded windows), :func:`others_cpu` (what processes other than the ranks took) and
+:func:`busy_reason`, the one rule `run`, `compare`, `ab` and the report state ("machine busy: timings
+unreliable" above :data:`BUSY_SHARE` of the machine's CPU time, or a load average above the cores).
 """
 from __future__ import annotations
 
+import math
 import os
 import socket
 import statistics
 import threading
 import time
 
-__all__ = ["UtilizationSampler", "read_proc_stat", "cpu_busy_fraction", "visible_nvml_handles", "samples_here"]
+__all__ = ["UtilizationSampler", "read_proc_stat", "cpu_busy_fraction", "visible_nvml_handles", "samples_here",
+           "CpuSpan", "host_cpu_seconds", "busy_reason", "BUSY", "BUSY_SHARE", "others_cpu"]
+
+# The machine's state beside the timings: another process's CPU time during a case's windows, or a load average
+# above the cores, makes them unreliable.  The rule, stated once (run, compare, ab and the report say it):
+BUSY = "machine busy: timings unreliable"
+BUSY_SHARE = 0.10  # others' CPU time over this share of the machine's CPU time during the windows
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100  # /proc/stat's unit, per second
 
 
 def visible_nvml_handles(nvml, environ: dict | None = None) -> list[tuple[str, object]]:
@@ -76,6 +89,79 @@ def cpu_busy_fraction(before: tuple[int, int], after: tuple[int, int]) -> float 
     busy = after[0] - before[0]
     total = after[1] - before[1]
     return busy / total if total > 0 else None
+
+
+def host_cpu_seconds() -> tuple[float, float] | None:
+    """(busy, total) CPU seconds of the whole machine since boot, every core summed (/proc/stat), or None."""
+    got = read_proc_stat()
+    return None if got is None else (got[0] / CLK_TCK, got[1] / CLK_TCK)
+
+
+class CpuSpan:
+    """This process's CPU time (every thread: ``time.process_time``) and the machine's busy and total CPU time
+    (``/proc/stat``) from :meth:`begin` to the latest :meth:`end`.  A rank's spans, summed over its ranks, are the
+    ranks' own CPU time; the machine's busy time less the ranks' is everyone else's (:func:`others_cpu`).
+    /proc/stat counts in ticks (10 ms a core), so a span is best long: a timing call's rounds, not one window."""
+
+    def __init__(self) -> None:
+        self._start: tuple | None = None
+        self.cpu_s = 0.0
+        self.host_busy_s = math.nan
+        self.host_total_s = math.nan
+
+    @property
+    def started(self) -> bool:
+        return self._start is not None
+
+    def begin(self) -> CpuSpan:
+        self._start = (time.process_time(), host_cpu_seconds())
+        return self
+
+    def end(self) -> CpuSpan:
+        """Measure from :meth:`begin` to now (a later ``end`` replaces an earlier one)."""
+        if self._start is None:
+            raise RuntimeError("CpuSpan.end() before begin()")
+        cpu0, host0 = self._start
+        host1 = host_cpu_seconds()
+        self.cpu_s = time.process_time() - cpu0
+        if host0 is not None and host1 is not None:
+            self.host_busy_s, self.host_total_s = host1[0] - host0[0], host1[1] - host0[1]
+        return self
+
+    def to_dict(self) -> dict:
+        return {"cpu_s": self.cpu_s, "host_busy_s": self.host_busy_s, "host_total_s": self.host_total_s,
+                "host": socket.gethostname()}
+
+
+def others_cpu(ranks: list[dict]) -> tuple[float, float]:
+    """(seconds, share) of the machine's CPU time that processes other than the ranks took, from the ranks'
+    :meth:`CpuSpan.to_dict` (the first rank's host: the ranks there, and that machine's /proc/stat): the
+    machine's busy time less the ranks' own, over the machine's whole CPU time (every core) in the span.
+    (nan, nan) where /proc/stat was not readable."""
+    first = ranks[0] if ranks else {}
+    busy, total = first.get("host_busy_s", math.nan), first.get("host_total_s", math.nan)
+    if not (math.isfinite(busy) and math.isfinite(total) and total > 0):
+        return math.nan, math.nan
+    own = sum(r.get("cpu_s", 0.0) for r in ranks if r.get("host") == first.get("host"))
+    others = max(0.0, busy - own)  # ticks against nanoseconds: a quiet machine can come out a hair below 0
+    return others, others / total
+
+
+def busy_reason(metrics, share: float = BUSY_SHARE) -> str | None:
+    """Why a case's timings are unreliable ("machine busy: ..."), or None: other processes' CPU time over
+    ``share`` of the machine's during its windows (``others_cpu_share``), or a 1-minute load average at the
+    start or end of its timing above the machine's cores (``load_avg_start``/``load_avg_end``, ``cpu_cores``).
+    ``metrics``: a record's metrics (any mapping)."""
+    why = []
+    others = metrics.get("others_cpu_share")
+    if isinstance(others, (int, float)) and math.isfinite(others) and others > share:
+        why.append(f"other processes took {others:.0%} of the CPU during the windows (over {share:.0%})")
+    cores = metrics.get("cpu_cores")
+    loads = [x for x in (metrics.get("load_avg_start"), metrics.get("load_avg_end"))
+             if isinstance(x, (int, float)) and math.isfinite(x)]
+    if isinstance(cores, int) and cores > 0 and loads and max(loads) > cores:
+        why.append(f"load average {max(loads):.1f} above the {cores} cores")
+    return f"{BUSY} ({'; '.join(why)})" if why else None
 
 
 class UtilizationSampler:

@@ -45,6 +45,7 @@ import struct
 import sys
 import urllib.parse
 
+from ..measure.utilization import BUSY, busy_reason
 from ..results.records import NUMERIC_METRICS, jsonable, write_atomic
 from ..results.records import plain as _plain
 
@@ -291,8 +292,22 @@ def _runs(records) -> list[dict]:
             "size": ", ".join(sorted({str(r.size) for r in rs if r.size})) or "unknown",
             "world size": ", ".join(str(w) for w in sorted({r.world_size for r in rs})),
             "cases": f"{len(final)}: " + _verdicts(final),
+            "machine": _machine(final.values()),
         })
     return out
+
+
+def _machine(records) -> str:
+    """A run's machine state: busy (timings unreliable) in how many of its timed cases, quiet, or not recorded
+    (records from before the load average and others' CPU time were kept)."""
+    timed = [r for r in records if r.metrics and ("others_cpu_share" in r.metrics or "load_avg_start" in r.metrics)]
+    busy = [r for r in timed if busy_reason(r.metrics)]
+    if busy:
+        why = "; ".join(dict.fromkeys(str(busy_reason(r.metrics)).removeprefix(BUSY).strip()
+                                      for r in busy))
+        return (f"BUSY: timings unreliable in {len(busy)} of {len(timed)} timed cases: "
+                + ", ".join(r.case for r in busy[:6]) + (" …" if len(busy) > 6 else "") + f" {why}")
+    return f"quiet in its {len(timed)} timed cases" if timed else "not recorded"
 
 
 HEAD = ["case", "world", "verdict", "samples/s [95% CI]", "speedup vs plain [95% CI]", "step ms median (IQR)",

@@ -15,26 +15,31 @@ ResultsFileError / ValueError: by the caller's loaders, or here for a BASE case 
 two sides without a case in common); 3 undecided: a case whose samples cannot support a verdict
 at the threshold (too few, or an interval across it; ``suite.results.gate``), and nothing worse.
 A case on one side only is listed, not failed, unless ``strict``; a case BASE ran and HEAD did not
-(skipped, not_run) is undecided, with the record's reason.
+(skipped, not_run) is undecided, with the record's reason.  Identical inputs (one file with itself, or a
+case whose records on both sides hold the very same times) are answered "identical" at once, exit 0: no
+interval between a number and itself.
 """
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 
+from ..measure.stats import ratio_interval_text
 from .gate import MIN_SAMPLES, UNDECIDED, GateOptions, gate_samples, min_p_value
 from .load import Side
 from .records import ResultsFileError
 from .structure import structure_diff, structure_new
 
-__all__ = ["Comparison", "compare_sides", "COLUMNS", "NUMERIC", "NOT_RUN", "SAME_RECORDS"]
+__all__ = ["Comparison", "compare_sides", "COLUMNS", "NUMERIC", "NOT_RUN", "SAME_RECORDS", "IDENTICAL", "could_catch"]
 
 GOOD = ("pass", "n/a")
 
 # a row's status: its outcome
 OK, REGRESSION, UNDECIDED_ROW, NOT_COMPARED = "ok", "regression", "undecided", "not compared"
-SAME_RECORDS = ("BASE and HEAD are the same records: every case is its own baseline; pass --base-run-id/"
+SAME_RECORDS = ("BASE and HEAD are the same records: identical, nothing compared; pass --base-run-id/"
                 "--head-run-id (or two files) to compare two runs")
+IDENTICAL = "identical"  # a case whose two records hold the very same times (the same record, or a copy)
 NOT_RUN = "not run on HEAD"  # a case BASE ran: undecided (its verdict starts so)
 
 # The table's columns (`fleetbench compare` and its --markdown); NUMERIC ones are right-aligned in Markdown.
@@ -61,12 +66,12 @@ class Comparison:
             return format(x, spec) if isinstance(x, (int, float)) and math.isfinite(x) else ""
 
         def show(r: dict) -> dict:
-            ci, d = r["ci"], r["detectable_slowdown"]
+            ci = r["ci"]
             return dict(r, base_ms=num(r["base_ms"], ".3f"), head_ms=num(r["head_ms"], ".3f"),
-                        speedup=num(r["speedup"], ".3f"), ci=f"[{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "",
+                        speedup=num(r["speedup"], ".3f"), ci=ratio_interval_text(*ci) if ci else "",
                         p_slower=num(r["p_slower"], ".2g"),
                         n=f"{r['n_base']}/{r['n_head']} {r['samples']}" if r["samples"] else "",
-                        could_catch=f"≥ {d:.0%}" if d is not None else "", verdict=r["change"], check=r["verdict"])
+                        could_catch=could_catch(r, short=True), verdict=r["change"], check=r["verdict"])
 
         return pd.DataFrame([show(r) for r in self.rows], columns=list(COLUMNS))
 
@@ -137,6 +142,26 @@ def _fmt_ms(x: float) -> float:
     return round(x * 1e3, 3) if isinstance(x, float) and math.isfinite(x) else math.nan
 
 
+def could_catch(row: dict, short: bool = False) -> str:
+    """A row's power statement: "≥ 12%", or "nothing < 100%: fewer than N windows a side" (short: the table's
+    cell); "" for a row that compared no timings."""
+    d = row.get("detectable_slowdown")
+    if d is not None:
+        return f"≥ {d:.0%}" if short else f"could have caught ≥ {d:.0%}"
+    if not row.get("samples"):
+        return ""
+    need = row.get("needed_windows")
+    have = min(row.get("n_base", 0), row.get("n_head", 0))
+    tail = f"fewer than {need} windows a side" if need and need > have else "too few windows"
+    return f"nothing < 100%: {tail}" if short else f"could have caught nothing below 100%: {tail}"
+
+
+def _identical(b, h) -> bool:
+    """The two sides' records of a case hold the very same times (the same record, or a copy of it)."""
+    return b.status == h.status == "ok" and bool(b.windows or b.samples) and list(b.windows) == list(h.windows) \
+        and list(b.samples) == list(h.samples)
+
+
 def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, strict: bool = False) -> Comparison:
     opts = opts if opts is not None else GateOptions()
     cmp = Comparison(rows=[])
@@ -164,8 +189,8 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
         assert one is not None  # the key came from one of the sides
         row = {"case": one.case, "world": one.world_size, "base_ms": math.nan, "head_ms": math.nan,
                "speedup": math.nan, "ci": None, "p_slower": math.nan, "n_base": 0, "n_head": 0, "samples": "",
-               "detectable_slowdown": None, "verdict": f"{b.verdict if b else '-'} -> {h.verdict if h else '-'}",
-               "change": "",
+               "detectable_slowdown": None, "needed_windows": None, "to_decide": "",
+               "verdict": f"{b.verdict if b else '-'} -> {h.verdict if h else '-'}", "change": "",
                "structure": "", "structure_diff": [], "status": NOT_COMPARED}  # until its timings are compared
 
         def fail(why: str, row=row, key=key) -> None:
@@ -224,6 +249,16 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
             fail(row["change"])
             cmp.rows.append(row)
             continue
+        for label, side in (("BASE", b), ("HEAD", h)):
+            if side.busy:
+                cmp.warnings.append(f"{key}: {label}'s timings: {side.busy}")
+        if cmp.same_records or _identical(b, h):  # a case and itself: no interval between a number and itself
+            row.update(change=IDENTICAL, base_ms=_fmt_ms(statistics.median(b.windows or b.samples)),
+                       head_ms=_fmt_ms(statistics.median(h.windows or h.samples)), speedup=1.0)
+            if row["status"] != REGRESSION:
+                row["status"] = OK
+            cmp.rows.append(row)
+            continue
         windows = len(b.windows) >= MIN_SAMPLES and len(h.windows) >= MIN_SAMPLES
         bs, hs = (b.windows, h.windows) if windows else (b.samples, h.samples)
         row.update(n_base=len(bs), n_head=len(hs), samples="windows" if windows else "steps")
@@ -234,12 +269,14 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
         row.update(base_ms=_fmt_ms(g["base_median_s"]), head_ms=_fmt_ms(g["head_median_s"]),
                    speedup=round(g["speedup"], 3) if math.isfinite(g["speedup"]) else math.nan,
                    ci=[round(g["ci_low"], 3), round(g["ci_high"], 3)] if math.isfinite(g["ci_low"]) else None,
-                   p_slower=g["p_slower"], change=g["change"],
-                   detectable_slowdown=(round(g["detectable_slowdown"], 4) if math.isfinite(g["detectable_slowdown"])
+                   p_slower=g["p_slower"], change=g["change"], needed_windows=g["needed_windows"],
+                   to_decide=g["to_decide"],
+                   detectable_slowdown=(round(g["detectable_slowdown"], 4) if g["detectable_slowdown"] < 1
                                         else None))
         if g["change"] == "slower":
-            fail(f"{1 / g['speedup']:.2f}x slower (speedup {g['speedup']:.3f}, 95% interval [{g['ci_low']:.3f}, "
-                 f"{g['ci_high']:.3f}], p={g['p_slower']:.2g}; threshold {opts.threshold:.0%})")
+            fail(f"{1 / g['speedup']:.2f}x slower (speedup {g['speedup']:.3f}, 95% interval "
+                 f"{ratio_interval_text(g['ci_low'], g['ci_high'])}, p={g['p_slower']:.2g}; threshold "
+                 f"{opts.threshold:.0%})")
         if g["change"] == "too few samples" and opts.method == "mwu" and min_p_value(len(bs), len(hs)) >= opts.alpha:
             row["change"] = f"too few {'windows' if windows else 'samples'} for alpha {opts.alpha:g}"
         if g["change"] == "too few samples" and strict:

@@ -15,14 +15,21 @@ two revisions is `fleetbench ab` (trials interleaved in time), not this comparis
   *faster* symmetrically;
 - ``bootstrap``: the test is the interval itself (it excludes no change).
 
-A verdict must rest on more than the test, as `ab`'s does on its margin: *slower* needs the whole
-interval below 1 / (1 + threshold) (beyond the threshold with 95% confidence, not only its point
-estimate), and *same* needs the whole interval above it (not slower beyond the threshold).  An
-interval that reaches across the threshold, or too few samples, is **undecided** (exit 3), never
-"same": every row states the smallest slowdown its samples could have caught at 95%
-(``detectable_slowdown``, the same power statement as `ab`'s).  A significant change smaller than
-the threshold is "same": on a shared machine a few percent move between runs without any code
-change (see ``fleetbench figures gate``).
+The question is `ab`'s, at this comparison's threshold t: is HEAD slower by t or more?  A verdict
+must rest on more than the test:
+
+- **not slower** (by t or more): the whole interval of HEAD/BASE below 1 + t (the speedup's low end
+  above 1 / (1 + t));
+- **slower**: the test says so **and** the whole interval beyond the threshold (HEAD/BASE above
+  1 + t: separate runs differ by a few percent without any code change, which no interval from one
+  pair of runs can see, so `compare` asks for the threshold where `ab`, interleaved, asks for 1);
+- **faster**: the test says so and the whole interval above a speedup of 1;
+
+anything else, or too few samples, is **undecided** (exit 3), with what would decide it.  "same" is
+never said (it needs an equivalence margin, which only `ab` has), and neither is "not slower" for a
+significant slowdown smaller than the threshold without the interval below it.  Every row states the
+smallest slowdown its samples could have caught at 95% (``detectable_slowdown``, the same power
+statement as `ab`'s), or, past 100%, how many windows a side would catch less (``needed_windows``).
 """
 from __future__ import annotations
 
@@ -34,9 +41,10 @@ import numpy as np
 
 from ..measure.stats import detectable_shift
 
-__all__ = ["GateOptions", "gate_samples", "MIN_SAMPLES", "min_p_value", "UNDECIDED"]
+__all__ = ["GateOptions", "gate_samples", "MIN_SAMPLES", "min_p_value", "UNDECIDED", "VERDICTS"]
 
 UNDECIDED = ("undecided", "too few samples")  # changes that decide nothing (exit 3)
+VERDICTS = ("slower", "not slower", "faster") + UNDECIDED
 
 MIN_SAMPLES = 3
 
@@ -69,11 +77,12 @@ def _finite(xs) -> np.ndarray:
 def gate_samples(base, head, opts: GateOptions = GateOptions()) -> dict:
     """Compare two sets of per-step seconds; returns speedup, interval, p-values and a change verdict.
 
-    ``change`` is "slower", "faster", "same", "undecided" (see the module docstring) or "too few samples"
-    (fewer than MIN_SAMPLES finite positive samples on a side, or, with ``mwu``, too few for any p-value
-    below alpha: 5 windows a side at alpha 0.01; nan/inf samples are dropped and counted).
-    ``detectable_slowdown``: the smallest slowdown (a fraction) these samples would have called slower at
-    95% (inf: none).
+    ``change`` is "slower", "not slower", "faster", "undecided" (see the module docstring; ``to_decide`` says
+    what would decide it) or "too few samples" (fewer than MIN_SAMPLES finite positive samples on a side, or,
+    with ``mwu``, too few for any p-value below alpha: 5 windows a side at alpha 0.01; nan/inf samples are
+    dropped and counted).  ``detectable_slowdown``: the smallest slowdown (a fraction) these samples would have
+    called slower at 95% (inf: none); ``needed_windows``: where that is 100% or more, the windows a side with
+    which this spread would catch less (None: no spread to go by).
     """
     b, h = _finite(base), _finite(head)
     out: dict[str, Any] = {"n_base": int(b.size), "n_head": int(h.size), "dropped": int(len(list(base)) - b.size
@@ -81,9 +90,10 @@ def gate_samples(base, head, opts: GateOptions = GateOptions()) -> dict:
            "base_median_s": float(np.median(b)) if b.size else math.nan,
            "head_median_s": float(np.median(h)) if h.size else math.nan,
            "speedup": math.nan, "ci_low": math.nan, "ci_high": math.nan, "p_slower": math.nan,
-           "p_faster": math.nan, "detectable_slowdown": math.inf}
+           "p_faster": math.nan, "detectable_slowdown": math.inf, "needed_windows": None, "to_decide": ""}
     if b.size < MIN_SAMPLES or h.size < MIN_SAMPLES:
         out["change"] = "too few samples"
+        out["to_decide"] = f"at least {_fewest(opts)} windows a side"
         return out
     speedup = out["base_median_s"] / out["head_median_s"]
     rng = np.random.default_rng(opts.seed)
@@ -103,22 +113,68 @@ def gate_samples(base, head, opts: GateOptions = GateOptions()) -> dict:
         slow_test, fast_test = hi < 1, lo > 1
     # the power statement: the bootstrap interval's width as the standard error of the log speedup, on the two
     # sides' n_base + n_head - 2 degrees of freedom, at its 95% upper bound (suite.measure.stats.detectable_shift)
+    se = math.nan
     if lo > 0 and math.isfinite(hi) and hi > 0:
-        z_c = 1.959964  # the normal quantile 0.975 (the 95% interval)
-        se = (math.log(hi) - math.log(lo)) / (2 * z_c)
-        out["detectable_slowdown"] = math.expm1(math.log1p(opts.threshold)
-                                                + detectable_shift(se, b.size + h.size - 2, z_c))
+        se = (math.log(hi) - math.log(lo)) / (2 * Z95)
+        out["detectable_slowdown"] = _detectable(se, b.size, h.size, opts)
     if slow_test:  # significant: slower only if the whole interval is beyond the threshold
         out["change"] = "slower" if hi < slow_line else "undecided"
-    elif fast_test:
-        out["change"] = "faster"
-    else:  # "same" claims HEAD is not slower beyond the threshold: the whole interval must say so
-        out["change"] = "same" if lo > slow_line else "undecided"
+    elif lo > slow_line:  # HEAD/BASE's upper end below 1 + threshold
+        out["change"] = "faster" if fast_test and lo > 1 else "not slower"
+    else:
+        out["change"] = "undecided"
     if opts.method == "mwu" and min_p_value(b.size, h.size) >= opts.alpha:
         # no arrangement of so few samples reaches alpha: the test cannot say "slower" at all
         out["change"] = "too few samples"
         out["detectable_slowdown"] = math.inf  # so it could have caught nothing
+        out["to_decide"] = f"at least {_fewest(opts)} windows a side"
+    if not out["detectable_slowdown"] < 1 and math.isfinite(se):
+        out["needed_windows"] = _needed(se, b.size, h.size, opts)
+    if out["change"] == "undecided":
+        out["to_decide"] = _to_decide(lo, hi, b.size, h.size, opts)
     return out
+
+
+Z95 = 1.959964  # the normal quantile 0.975 (the speedup's 95% interval)
+
+
+def _detectable(se: float, nb: int, nh: int, opts: GateOptions) -> float:
+    """The power statement: the bootstrap interval's width as the standard error of the log speedup, on the two
+    sides' nb + nh - 2 degrees of freedom, at its 95% upper bound (suite.measure.stats.detectable_shift), beyond
+    the threshold."""
+    return math.expm1(math.log1p(opts.threshold) + detectable_shift(se, nb + nh - 2, Z95))
+
+
+def _fewest(opts: GateOptions) -> int:
+    """The fewest windows a side that can decide at all: MIN_SAMPLES, and with mwu a p-value below alpha."""
+    n = MIN_SAMPLES
+    while opts.method == "mwu" and min_p_value(n, n) >= opts.alpha:
+        n += 1
+    return n
+
+
+def _needed(se: float, nb: int, nh: int, opts: GateOptions, limit: int = 100_000) -> int | None:
+    """The fewest windows a side with which this spread would state a slowdown below 100% (the standard error
+    shrinking as sqrt(1/nb + 1/nh))."""
+    n = _fewest(opts)
+    while n <= limit:
+        if _detectable(se * math.sqrt((2 / n) / (1 / nb + 1 / nh)), n, n, opts) < 1:
+            return n
+        n = n + 1 if n < 64 else int(n * 1.1)
+    return None
+
+
+def _to_decide(lo: float, hi: float, nb: int, nh: int, opts: GateOptions) -> str:
+    """What an undecided row lacks: HEAD/BASE's interval below 1 + threshold (not slower) or above it with the test
+    (slower), and about how many times the windows would give it at this spread and estimate."""
+    line = math.log1p(opts.threshold)
+    r_lo, r_hi = -math.log(hi), -math.log(lo)  # HEAD/BASE, log scale
+    est, half = (r_lo + r_hi) / 2, (r_hi - r_lo) / 2
+    times = [(half / gap) ** 2 for gap in (line - est, est - line) if gap > 0]
+    more = min(times) if times else math.inf
+    how = (f"about {more:.1f} times the windows ({math.ceil(more * max(nb, nh))} a side) would decide at this "
+           f"spread" if more < 100 else "over 100 times the windows would be needed at this spread and estimate")
+    return f"HEAD/BASE's interval must lie below {1 + opts.threshold:.3f} (not slower) or above it (slower); {how}"
 
 
 def min_p_value(n_base: int, n_head: int) -> float:

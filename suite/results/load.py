@@ -16,6 +16,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from ..measure.utilization import busy_reason
 from .records import (
     STATUSES,
     VERDICTS,
@@ -54,6 +55,7 @@ class CaseResult:
     error: str | None = None
     where: str = ""  # file:line or file:benchmark name
     run_id: str = ""  # records files: the run its record came from
+    busy: str | None = None  # "machine busy: timings unreliable (...)" where its record says so (busy_reason)
 
 
 @dataclass
@@ -185,7 +187,7 @@ def _from_records(path: str, run_id: str | None) -> Side:
             case_key(rec.case, rec.world_size), rec.case, rec.world_size, samples, windows=windows,
             structure=rec.structure.to_dict(), verdict=rec.verdict,
             status=rec.status, samples_per_s=float(sps) if isinstance(sps, (int, float)) else math.nan,
-            config=rec.config, error=rec.error, where=where, run_id=rec.run_id)
+            config=rec.config, error=rec.error, where=where, run_id=rec.run_id, busy=busy_reason(m))
         side.torch = rec.metadata.get("torch") or side.torch
         side.device = _device_of(rec.metadata) or side.device
     return side

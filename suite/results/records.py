@@ -182,6 +182,12 @@ class Metrics(_Part):
     trace_file: str | None = None  # under the results directory's traces/: a directory (one torch.profiler trace
     # per rank, timeline.json) since --trace-steps wrote torch.profiler traces, one file before
     trace_error: str | None = None  # why the trace is missing
+    # the machine's state (suite.measure.utilization.busy_reason reads them; optional: older records lack them)
+    load_avg_start: float | None = None  # the 1-minute load average when the case's timing started
+    load_avg_end: float | None = None  # ... and when it ended
+    cpu_cores: int | None = None  # the cores the load average is read against (os.cpu_count)
+    others_cpu_s: float | None = None  # CPU seconds of processes other than the ranks during the timed windows
+    others_cpu_share: float | None = None  # ... over the machine's CPU seconds then (every core)
 
 
 METRIC_NAMES = _names(Metrics)
