@@ -115,7 +115,8 @@ def test_doctor_items_pass_fail_and_not_applicable(monkeypatch, tmp_path, capsys
              doctor.Item("step clocks", doctor.FAIL, "events 3 ms off the host clock", 1.25),
              doctor.Item("NVML", doctor.NA, "no GPU on this machine", 0.0)]
     monkeypatch.setattr(doctor, "run_doctor", lambda *a, **k: doctor.Report(
-        "cpu/gloo", 4, {"torch": "t", "wheel_line": "torch t, CPU wheel", "cuda": None, "nccl": None, "python": "3", "commit": "c"}, items, 1.75))
+        "cpu/gloo", 4, {"torch": "t", "wheel_line": "torch t, CPU wheel", "cuda": None, "nccl": None, "python": "3",
+                        "commit": "c"}, items, 1.75))
     xml = tmp_path / "doctor.xml"
     assert main(["doctor", "--nproc", "2", "--junit", str(xml)]) == 1
     capsys.readouterr()
