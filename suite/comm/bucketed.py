@@ -12,6 +12,9 @@ as soon as one of them is set):
   the same collectives in the same order whatever order its hooks fire in, as DDP's reducer
   does.  True (Paddle's default): each launch is waited on at once, inside backward (no
   overlap).  False: launched asynchronously, waited on in ``finish_step`` before the optimizer.
+  ``describe()["launched_in_backward"]``: the fewest buckets launched before backward ended in any
+  step so far (read in ``finish_step``, one integer a step): the observation an overlap case's
+  record holds.
 - ``nccl_comm_num``: that many communicators (``comm_groups``); bucket i goes to
   communicator ``i % nccl_comm_num``.  On gloo each group has its own worker threads.
 - ``use_hierarchical_allreduce``: each bucket goes through ``suite.comm.hierarchical``
@@ -114,6 +117,7 @@ class BucketedGradSync(GradSync):
         self._inflight: list[tuple[int, Callable[[], None]]] = []
         self._next = 0
         self._armed = False
+        self.launched_in_backward: int | None = None  # fewest buckets launched before backward ended, any step
         self.events: list | None = None  # (kind, bucket, time) when recording: "hook", "launch", "wait"
         log.info(fusion_log_line(len(self.params), len(self.buckets)))
 
@@ -135,6 +139,9 @@ class BucketedGradSync(GradSync):
             return
         if not armed:
             raise RuntimeError("finish_step() without begin_step(): call begin_step before backward")
+        early = self._next  # backward has returned: the buckets launched so far were launched inside it
+        if self.launched_in_backward is None or early < self.launched_in_backward:
+            self.launched_in_backward = early
         missing = [(b, k) for b in self.buckets for k in range(len(b.params)) if not b.ready[k]]
         if missing:
             if not self.config.find_unused_parameters:
@@ -199,6 +206,8 @@ class BucketedGradSync(GradSync):
                 for b in self.buckets
             ],
         }
+        if self.launched_in_backward is not None:
+            info["launched_in_backward"] = self.launched_in_backward
         if self.hier is not None:
             info["hierarchical"] = {"ranks_per_node": self.ranks_per_node, "nodes": self.hier[0].nodes,
                                     "schedule": "intra reduce-scatter, inter allreduce, intra allgather"}
