@@ -78,8 +78,8 @@ def unmet(requirement: str, plan: CommPlan | None) -> str | None:
         return f"needs {REQUIRES[requirement]}, but its config does not bucket gradients"
     cap = f"fuse_grad_size_in_MB={plan.cap_mb:g}"
     if requirement == "fusion" and plan.buckets >= plan.gradients:
-        return (f"needs {REQUIRES['fusion']}: {plan.buckets} collective(s) for {plan.gradients} gradient(s) "
-                f"({cap} on {_mb(plan.gradient_bytes)} of gradients)")
+        how = f"{cap} on {_mb(plan.gradient_bytes)} of gradients" if plan.fuse else "fuse_all_reduce_ops=False"
+        return f"needs {REQUIRES['fusion']}: {plan.buckets} collective(s) for {plan.gradients} gradient(s) ({how})"
     if requirement == "overlap":
         if not plan.overlap:
             return f"needs {REQUIRES['overlap']}: sync_nccl_allreduce=True waits on each bucket as it is launched"

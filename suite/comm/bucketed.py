@@ -139,9 +139,7 @@ class BucketedGradSync(GradSync):
             return
         if not armed:
             raise RuntimeError("finish_step() without begin_step(): call begin_step before backward")
-        early = self._next  # backward has returned: the buckets launched so far were launched inside it
-        if self.launched_in_backward is None or early < self.launched_in_backward:
-            self.launched_in_backward = early
+        self._note_launched_in_backward()
         missing = [(b, k) for b in self.buckets for k in range(len(b.params)) if not b.ready[k]]
         if missing:
             if not self.config.find_unused_parameters:
@@ -229,6 +227,11 @@ class BucketedGradSync(GradSync):
         self._executors.clear()
 
     # -- hooks and launches --------------------------------------------------------
+    def _note_launched_in_backward(self) -> None:
+        """Backward has returned: the buckets launched so far were launched inside it."""
+        if self.launched_in_backward is None or self._next < self.launched_in_backward:
+            self.launched_in_backward = self._next
+
     def _event(self, kind: str, bucket: int) -> None:
         if self.events is not None:
             self.events.append((kind, bucket, time.perf_counter()))

@@ -139,6 +139,7 @@ class CommPlan:
 
     gradients: int  # gradient tensors (what plain data parallel allreduces one by one)
     gradient_bytes: int
+    fuse: bool  # fuse_all_reduce_ops (False: one tensor per bucket)
     cap_mb: float  # fuse_grad_size_in_MB (inf: no byte cap)
     buckets: int  # collectives per step on the gradient path (one per bucket)
     communicators: int  # distinct communicators the buckets go to
@@ -169,8 +170,8 @@ def comm_plan(grads: Sequence[tuple[int, str, Hashable]], fuse: bool, cap_mb: fl
     ranks (``ranks_per_node``: the hierarchy's, None without one)."""
     plans = plan(grads, fuse, cap_mb, cap_layers)
     rpn = ranks_per_node or 0
-    return CommPlan(len(grads), sum(g[0] for g in grads), cap_mb, len(plans), len({p.index % comm_num for p in plans}),
-                    overlap, world // rpn if rpn else 1, rpn)
+    return CommPlan(len(grads), sum(g[0] for g in grads), fuse, cap_mb, len(plans),
+                    len({p.index % comm_num for p in plans}), overlap, world // rpn if rpn else 1, rpn)
 
 
 def fusion_log_line(before: int, after: int) -> str:
