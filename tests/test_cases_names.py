@@ -177,3 +177,29 @@ def test_the_ranks_launch_buckets_before_backward_ends_as_planned(pool2, launch)
         else:
             assert rec.describe["launched_in_backward"] == 0
             assert rec.verdict == "fail" and "no bucket was launched before backward ended" in rec.error
+
+
+@pytest.mark.heavy  # `fleetbench run` with its defaults, as a subprocess (about a minute): make test-slow
+def test_fleetbench_run_with_its_defaults_overlaps_and_skips_one_node_hierarchical(tmp_path):
+    import json
+    import os
+    import re
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    results = tmp_path / "runs.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "suite.cli.main", "run", "--rounds", "2", "--steps", "2",
+                           "--warmup", "1", "--no-utilization", "--results", str(results)], cwd=root,
+                          env={**os.environ, "PYTHONPATH": root}, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    recs = {r["case"]: r for r in map(json.loads, results.read_text().splitlines())}
+    for name in ("resnet/overlap", "mlp/overlap", "mlp/multicomm"):
+        rec = recs[name]
+        assert rec["verdict"] == "pass" and len(rec["describe"]["buckets"]) >= 2, rec
+        assert rec["describe"]["launched_in_backward"] >= 1 and rec["structure"]["launched_in_backward"] >= 1
+        line = re.search(rf"{name} .*allreduce ops \d+ before fusion, (\d+) after, (\d+) launched before backward "
+                         "ended", proc.stdout)
+        assert line and int(line.group(1)) >= 2 and int(line.group(2)) >= 1, proc.stdout[-3000:]
+    hier = recs["mlp/hierarchical"]
+    assert hier["verdict"] == "skipped" and "at least 2 nodes of at least 2 ranks" in hier["error"], hier
