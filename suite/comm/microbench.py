@@ -31,7 +31,8 @@ from ..runtime.context import current
 from ..runtime.groups import comm_groups
 from .table import COLLECTIVES, Collective, Layout, busbw_factor
 
-__all__ = ["allreduce_sweep_on_rank", "format_table", "merge", "parse_variant", "sizes_between", "one_node"]
+__all__ = ["allreduce_sweep_on_rank", "format_table", "merge", "parse_variant", "sizes_between", "one_node",
+           "default_variants"]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -49,6 +50,16 @@ def one_node(world: int, inter_nranks: int) -> str:
     return (f"{world} ranks in nodes of {inter_nranks} make one node, a reduce-scatter and an all-gather with no "
             f"inter-node step (not a hierarchical allreduce); give --nproc {2 * inter_nranks} or more, or a smaller "
             f"--inter-nranks")
+
+
+def default_variants(world: int, inter_nranks: int) -> tuple[list[str], str]:
+    """The variants swept when none are named, and a note on what was left out (empty: nothing): the hierarchical
+    ones only where ``world`` ranks make at least 2 nodes of ``inter_nranks``."""
+    hier = inter_nranks >= 2 and world % inter_nranks == 0
+    if hier and world // inter_nranks >= 2:
+        return ["flat", "hier", "hier_reduce", "comm2", "comm3"], ""
+    note = "hier and hier_reduce left out (they need at least 2 nodes): " + one_node(world, inter_nranks)
+    return ["flat", "comm2", "comm3"], note if hier else ""
 
 
 def parse_variant(name: str, world: int, inter_nranks: int) -> tuple[str, int]:
