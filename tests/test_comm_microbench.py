@@ -61,8 +61,9 @@ def test_one_node_is_not_presented_as_hierarchical(no_ranks, capsys):
 
     assert default_variants(4, 2) == (["flat", "hier", "hier_reduce", "comm2", "comm3"], "")
     variants, note = default_variants(2, 2)
-    assert variants == ["flat", "comm2", "comm3"] and note.startswith("hier and hier_reduce left out (they need at "
-                                                                     "least 2 nodes): 2 ranks in nodes of 2 make one node")
+    assert variants == ["flat", "comm2", "comm3"]
+    assert note.startswith("hier and hier_reduce left out (they need at least 2 nodes): 2 ranks in nodes of 2 make "
+                           "one node")
     assert default_variants(3, 2) == (["flat", "comm2", "comm3"], "")  # nodes of 2 do not split 3: nothing to say
     assert parse_variant("hier", 4, 2) == ("hier", 2)
     with pytest.raises(ValueError, match="variant 'hier_reduce' needs at least 2 nodes: 4 ranks in nodes of 4"):
