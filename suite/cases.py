@@ -94,7 +94,7 @@ def unmet(requirement: str, plan: CommPlan | None) -> str | None:
         nodes = f"{plan.nodes} node" + ("s" if plan.nodes != 1 else "")
         return (f"needs {REQUIRES['nodes']}: {plan.nodes * plan.ranks_per_node} ranks in nodes of "
                 f"{plan.ranks_per_node} make {nodes}, a reduce-scatter and an all-gather with no inter-node "
-                f"step; run at 4 ranks or more, or under torchrun on 2 or more hosts")
+                f"step; run 4 ranks or more on one host (two emulated nodes), or under torchrun on 2 or more hosts")
     return None
 
 
@@ -156,7 +156,7 @@ class Case:
         why = plan.mismatch(describe)
         if why is None and "overlap" in self.requires and not (describe.get("launched_in_backward") or 0) >= 1:
             why = (f"the plan launches the first of {plan.buckets} buckets before backward ends, but no bucket "
-                   f"was launched before backward ended (its gradients came last)")
+                   f"was launched before backward ended")
         return why and f"plan and observation differ: {why}"
 
     def world_config(self, world: int, local_world: int | None = None) -> dict:
