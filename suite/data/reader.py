@@ -165,7 +165,7 @@ class BatchSource:
         flips = [False] * len(indices)
         if self.decode_work > 0:
             g = torch.Generator().manual_seed(step_seed(self.seed, self.rank, epoch * self.batches_per_epoch + batch))
-            flips = (torch.rand(len(indices), generator=g) < 0.5).tolist()
+            flips = (torch.rand(len(indices), generator=g, device="cpu") < 0.5).tolist()  # host-side decode
         imgs = [augment(self.data.decode(int(i)), f, self.decode_work) for i, f in zip(indices, flips)]
         return torch.stack(imgs), self.data.targets[indices]
 
