@@ -46,8 +46,8 @@ def test_training_mode_loss_with_dropout_differs_from_without():
 
 
 def test_a_dropout_model_passes_the_check_at_world_2(pool2):
-    """nn.Dropout(0.1) in attention and MLP: plain and overlapped buckets match the reference exactly, and the
-    losses differ from the same block's at p=0 (dropout was on in the check)."""
+    """nn.Dropout(0.1) in attention and MLP and DropPath(0.1): plain and overlapped buckets match the reference
+    exactly, and the losses differ from the same block's at p=0 (dropout was on in the check)."""
     spec = WorkloadSpec(f"{MODELS}:make_dropout", size="tiny")
     losses = {}
     for cfg in (StrategyConfig(), OVERLAP):

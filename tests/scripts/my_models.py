@@ -129,9 +129,23 @@ class Tokens:
         return self.inputs[indices], self.targets[indices]
 
 
+class DropPath(nn.Module):
+    """Stochastic depth: each sample's residual branch dropped with probability ``p`` (timm's DropPath)."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        if not self.training or self.p == 0:
+            return x
+        keep = torch.rand((x.shape[0],) + (1,) * (x.dim() - 1), device=x.device) >= self.p
+        return x * keep / (1 - self.p)
+
+
 class DropoutBlock(nn.Module):
     """A small Transformer LM: one block with ``nn.Dropout(p)`` in attention (on its weights and after its
-    projection) and in the MLP, as published models have it."""
+    projection) and in the MLP, as published models have it, and DropPath(p) on the MLP's branch."""
 
     def __init__(self, p: float, vocab: int = 32, d: int = 16):
         super().__init__()
@@ -140,6 +154,7 @@ class DropoutBlock(nn.Module):
         self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
         self.attn_drop, self.resid_drop = nn.Dropout(p), nn.Dropout(p)
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d), nn.Dropout(p))
+        self.drop_path = DropPath(p)
         self.head = nn.Linear(d, vocab)
 
     def forward(self, tokens):
@@ -149,7 +164,7 @@ class DropoutBlock(nn.Module):
         mask = torch.ones(t, t, dtype=torch.bool, device=tokens.device).triu(1)
         weights = (q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5).masked_fill(mask, float("-inf")).softmax(-1)
         x = x + self.resid_drop(self.proj(self.attn_drop(weights) @ v))
-        x = x + self.mlp(self.ln2(x))
+        x = x + self.drop_path(self.mlp(self.ln2(x)))
         return self.head(x)
 
 
@@ -163,7 +178,7 @@ def _block(name: str, p: float, size: str) -> ModelSpec:
 
 
 def make_dropout(size: str = "cpu") -> ModelSpec:
-    """nn.Dropout(0.1) in attention and MLP: the check replays every rank's masks."""
+    """nn.Dropout(0.1) in attention and MLP, DropPath(0.1): the check replays every rank's masks."""
     return _block("dropout", 0.1, size)
 
 
