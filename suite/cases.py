@@ -24,6 +24,16 @@ a case where it cannot run (``min_world``, with the reason).  ``Case.world_confi
 case's config to a world size: ``*/hierarchical`` on one host uses two emulated nodes of half the
 ranks each (from 4 ranks up), and the real machines (LOCAL_WORLD_SIZE) under torchrun.
 
+Cases prove their names.  A variant states what its name requires (``Variant.requires``, the keys of
+:data:`REQUIRES`); the selection plans each bucketed case's buckets in the parent, from the model's
+parameter sizes, before any rank runs (``suite.comm.buckets.comm_plan``), and a case whose plan does not
+meet its name at that model, size and world is skipped with the reason (:meth:`Case.unmet`), never run
+under the name.  After it ran, the runner compares what the engine built with the plan
+(:meth:`Case.observed_unmet`): a difference is a failure.  ``*/overlap`` and ``*/multicomm`` size their
+buckets from the model's gradient bytes (``Variant.sized_buckets``; the rule:
+``suite.comm.buckets.sized_bucket_mb``, 2 to 16 buckets at every size); a ``--set
+fuse_grad_size_in_MB=…`` still wins, and is skipped if it leaves one bucket.
+
 What a case records (``RECORDED``): the metric names of ``suite.results.records.Metrics``, the one
 list; ``Case.records`` names the case-specific ones a variant adds (e.g. ``compute_s``).
 """
@@ -31,19 +41,61 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .model_registry import DATA_KINDS, PUBLISHED_MODELS, REGISTRY, SMALL_MODELS
 from .results.records import METRIC_NAMES
 
+if TYPE_CHECKING:  # a plan is made in the parent (suite.selection); listing cases imports no torch
+    from .comm.buckets import CommPlan
+
 __all__ = ["Case", "VARIANTS", "FAMILIES", "CASES", "select_cases", "BASELINE", "RECORDED", "get_case",
-           "cases_for_model", "model_label", "PUBLISHED_MODELS", "SMOKE"]
+           "cases_for_model", "model_label", "PUBLISHED_MODELS", "SMOKE", "REQUIRES"]
 
 BASELINE = "plain"
 
 # the metric names a case's record may carry: the one list, the fields of suite.results.records.Metrics
 RECORDED = METRIC_NAMES
+
+# What a variant's name requires of its case at a model, size and world (``Variant.requires``).
+REQUIRES = {
+    "fusion": "fewer collectives than gradients",
+    "overlap": "at least 2 buckets, the first launched before backward ends",
+    "communicators": "buckets on at least 2 communicators",
+    "nodes": "at least 2 nodes of at least 2 ranks",
+}
+
+
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / 1e6:.3g} MB"
+
+
+def unmet(requirement: str, plan: CommPlan | None) -> str | None:
+    """Why ``plan`` does not meet ``requirement`` (a key of :data:`REQUIRES`), or None when it does."""
+    if plan is None:
+        return f"needs {REQUIRES[requirement]}, but its config does not bucket gradients"
+    cap = f"fuse_grad_size_in_MB={plan.cap_mb:g}"
+    if requirement == "fusion" and plan.buckets >= plan.gradients:
+        how = f"{cap} on {_mb(plan.gradient_bytes)} of gradients" if plan.fuse else "fuse_all_reduce_ops=False"
+        return f"needs {REQUIRES['fusion']}: {plan.buckets} collective(s) for {plan.gradients} gradient(s) ({how})"
+    if requirement == "overlap":
+        if not plan.overlap:
+            return f"needs {REQUIRES['overlap']}: sync_nccl_allreduce=True waits on each bucket as it is launched"
+        if plan.buckets < 2:
+            return (f"needs {REQUIRES['overlap']}: {cap} makes {plan.buckets} bucket of the model's "
+                    f"{_mb(plan.gradient_bytes)} of gradients, launched when backward ends (set a smaller "
+                    f"fuse_grad_size_in_MB)")
+    if requirement == "communicators" and plan.communicators < 2:
+        return (f"needs {REQUIRES['communicators']}: its {plan.buckets} bucket(s) use {plan.communicators} "
+                f"communicator(s)")
+    if requirement == "nodes" and (plan.nodes < 2 or plan.ranks_per_node < 2):
+        nodes = f"{plan.nodes} node" + ("s" if plan.nodes != 1 else "")
+        return (f"needs {REQUIRES['nodes']}: {plan.nodes * plan.ranks_per_node} ranks in nodes of "
+                f"{plan.ranks_per_node} make {nodes}, a reduce-scatter and an all-gather with no inter-node "
+                f"step; run 4 ranks or more on one host (two emulated nodes), or under torchrun on 2 or more hosts")
+    return None
 
 
 
@@ -63,6 +115,8 @@ class Variant:
     needs_batchnorm: bool = False  # applies only to models with BatchNorm (compute fusion, fused broadcast)
     family: str = "communication"  # the strategy family (FAMILIES); the gate covers every one
     gate_on: tuple = ()  # models on which the case is in the nightly's `gate` tag
+    requires: tuple = ()  # what its name requires (keys of REQUIRES), checked against the case's plan
+    sized_buckets: bool = False  # fuse_grad_size_in_MB follows the model's gradient bytes (2 to 16 buckets)
 
     def applies(self, model: str, kind: str, has_batchnorm: bool) -> bool:
         if model in SMALL_MODELS:
@@ -81,12 +135,29 @@ class Case:
     per_rank_batch: int | None = None  # None: the model's own at the run's size
     min_world: int = 1
     records: tuple = RECORDED  # metrics keys the case's record carries
+    requires: tuple = ()  # what its name requires (keys of REQUIRES)
+    sized_buckets: bool = False  # fuse_grad_size_in_MB from the model's gradient bytes (the selection sets it)
 
     def applies_to_world(self, world: int) -> str | None:
         """None when the case runs at ``world`` ranks, else why not."""
         if world < self.min_world:
             return f"needs at least {self.min_world} ranks"
         return None
+
+    def unmet(self, plan: CommPlan | None) -> str | None:
+        """Why the case cannot run under its name with this plan (its first unmet requirement), or None."""
+        return next((why for r in self.requires if (why := unmet(r, plan)) is not None), None)
+
+    def observed_unmet(self, plan: CommPlan | None, describe: Mapping) -> str | None:
+        """How what the engine built and did (its ``describe()``) differs from the plan, or None (also when the
+        describe holds no buckets: nothing of them was observed)."""
+        if plan is None or "buckets" not in describe:
+            return None
+        why = plan.mismatch(describe)
+        if why is None and "overlap" in self.requires and not (describe.get("launched_in_backward") or 0) >= 1:
+            why = (f"the plan launches the first of {plan.buckets} buckets before backward ends, but no bucket "
+                   f"was launched before backward ended")
+        return why and f"plan and observation differ: {why}"
 
     def world_config(self, world: int, local_world: int | None = None) -> dict:
         """Config fields that depend on the world size (applied under a user's --config/--set).
@@ -125,15 +196,18 @@ VARIANTS: list[Variant] = [
             family="baseline"),
     # communication
     Variant("fusion", {"fuse_all_reduce_ops": True, "fuse_grad_size_in_MB": 25.0, **_FB},
-            "allreduce fusion: 25 MB buckets, synchronous", default_on=("mlp",), gate_on=("resnet50",)),
-    Variant("overlap", {"fuse_all_reduce_ops": True, "fuse_grad_size_in_MB": 25.0, "sync_nccl_allreduce": False,
-                        **_FB},
-            "bucketed allreduce overlapped with backward", default_on=_RM, gate_on=("mlp", "gpt2", "bert")),
-    Variant("multicomm", {"fuse_all_reduce_ops": True, "fuse_grad_size_in_MB": 4.0, "sync_nccl_allreduce": False,
-                          "nccl_comm_num": 2, **_FB}, "overlap on 2 communicators", default_on=("mlp",)),
+            "allreduce fusion: 25 MB buckets, synchronous", default_on=("mlp",), gate_on=("resnet50",),
+            requires=("fusion",)),
+    Variant("overlap", {"fuse_all_reduce_ops": True, "sync_nccl_allreduce": False, **_FB},
+            "bucketed allreduce overlapped with backward (buckets of about a tenth of the gradients)", default_on=_RM,
+            gate_on=("mlp", "gpt2", "bert"), requires=("overlap",), sized_buckets=True),
+    Variant("multicomm", {"fuse_all_reduce_ops": True, "sync_nccl_allreduce": False, "nccl_comm_num": 2, **_FB},
+            "overlap on 2 communicators (buckets of about a tenth of the gradients)", default_on=("mlp",),
+            requires=("overlap", "communicators"), sized_buckets=True),
     Variant("hierarchical", {"fuse_all_reduce_ops": True, "use_hierarchical_allreduce": True,
                              "hierarchical_allreduce_inter_nranks": 2, **_FB},
-            "hierarchical allreduce over emulated nodes of 2 ranks", min_world=2, default_on=("mlp",)),
+            "hierarchical allreduce over 2 or more (emulated) nodes", min_world=2, default_on=("mlp",),
+            requires=("nodes",)),
     # compute
     Variant("compute_fusion", {"fuse_bn_act_ops": True, "fuse_elewise_add_act_ops": True,
                                "fuse_relu_depthwise_conv": True},
@@ -179,7 +253,7 @@ def cases_for_model(ref: str, kind: str, has_batchnorm: bool, tags: tuple = ()) 
         extra += ("gate",) if ref in v.gate_on else ()
         out.append(Case(f"{label}/{v.name}", ref, v.name, dict(v.config), v.description,
                         (tuple(v.tags) + extra) if not tags else tags, min_world=v.min_world,
-                        records=RECORDED + tuple(v.records)))
+                        records=RECORDED + tuple(v.records), requires=v.requires, sized_buckets=v.sized_buckets))
     return out
 
 

@@ -11,6 +11,11 @@ Construction (in this order):
   4. the optimizer (torch.optim, or the fused flat one with ``fuse_all_optimizer_ops``),
   5. mixed precision (autocast and loss scaling) and Local SGD's schedule.
 
+Per-rank randomness: with ``rng_seed`` (the workload gives its seed), each step sets this rank's
+generators from (seed, rank, step) before the forward (``suite.runtime.rng``), so dropout masks differ
+between ranks and steps yet the check's reference replays them exactly; without it torch's generators
+are left alone.
+
 Precision (TF32, ``float32_matmul_precision``, cuDNN autotuning and determinism) is process-wide
 state in torch: :func:`apply_precision` sets it from the config at construction and again at the
 start of every step, so engines with different settings can run interleaved in one process;
@@ -39,6 +44,7 @@ from .comm.factory import build_grad_sync
 from .comm.grad_sync import GradSync
 from .compute.fusion import apply_compute_fusion
 from .config import StrategyConfig
+from .runtime.rng import seed_step
 from .strategies.amp import Amp
 from .strategies.local_sgd import LocalSGD
 from .strategies.optim import build_optimizer
@@ -49,7 +55,7 @@ __all__ = ["Engine", "build_engine", "apply_precision", "precision_in_effect", "
 
 class Engine:
     def __init__(self, model: torch.nn.Module, loss_fn: Callable, config: StrategyConfig | None = None,
-                 group=None):
+                 group=None, rng_seed: int | None = None):
         if not dist.is_initialized():
             raise RuntimeError(
                 "build_engine needs an initialised process group: call torch.distributed.init_process_group "
@@ -62,7 +68,8 @@ class Engine:
         local_ws = _local_world_size()
         config.check_world(self.world_size, local_ws, torchrun=local_ws is not None)
         self.loss_fn = loss_fn
-        device = next(iter(model.parameters())).device
+        self.rng_seed = rng_seed
+        self.device = device = next(iter(model.parameters())).device
         apply_precision(config)
         self.precision = precision_in_effect(device.type)  # what torch reports, for the records
 
@@ -130,6 +137,8 @@ class Engine:
 
         if self.grad_sync is not None:
             self.grad_sync.begin_step(communicate)
+        if self.rng_seed is not None:  # this rank's dropout masks for this step, replayable by the reference
+            seed_step(self.rng_seed, self.rank, self.steps, self.device)
         with record_function("forward"), self.amp.autocast():
             outputs = self.model(inputs)
             loss = self.loss_fn(outputs, targets)
@@ -221,6 +230,6 @@ def _local_world_size() -> int | None:
 
 
 def build_engine(model: torch.nn.Module, loss_fn: Callable, config: StrategyConfig | None = None,
-                 group=None) -> Engine:
+                 group=None, rng_seed: int | None = None) -> Engine:
     """Compose the strategies ``config`` enables around ``model``; see :class:`Engine`."""
-    return Engine(model, loss_fn, config, group)
+    return Engine(model, loss_fn, config, group, rng_seed)

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cases import BASELINE, Case
-from .check.harness import CheckResult, run_check
+from .check.harness import CANNOT_JUDGE, CheckResult, run_check
 from .config import StrategyConfig
 from .measure.metadata import collect
 from .measure.stats import RUN_ROUNDS_FOR_95
@@ -88,11 +88,14 @@ class RunOptions:
 
 @dataclass(frozen=True)
 class ResolvedCase:
-    """A selected case with its validated config; ``skip`` says why it cannot run at this world size."""
+    """A selected case with its validated config; ``skip`` says why it cannot run at this world size; ``plan``:
+    what its gradient sync will do there (``suite.comm.buckets.CommPlan``, None where it buckets nothing),
+    compared with what the engine built when the case is recorded."""
 
     case: Case
     config: StrategyConfig
     skip: str | None = None
+    plan: Any = None
 
     def __post_init__(self) -> None:
         self.config.refuse_unused("run")  # run, ab, nightly and the benchmark harnesses all run cases here
@@ -260,6 +263,7 @@ class CaseRunner:
         self.metadata = metadata
         self._batches: dict[str, int] = {}
         self._unused_said = False  # the unused-parameter message is said once per run, then named
+        self._unjudged: dict[str, CheckResult] = {}  # model -> its "cannot judge" answer, said once, then reused
         self._allowance: dict[str, float] = {}
 
     def brief(self, exc: BaseException) -> str:
@@ -328,15 +332,21 @@ class CaseRunner:
         """The case's CheckResult, the exception that stopped it, or None (no check asked)."""
         if not self.opts.check:
             return None
+        if rc.case.model in self._unjudged and rc.config.data_parallel != "none":
+            return self._unjudged[rc.case.model]  # two identical runs of this model differ: said once already
 
         try:
             # every rank's steps, then the reference's (every rank's shard in one process)
             timeout = self.call_timeout(rc.case.model, self.opts.check_steps, variants=self.world + 1)
-            return run_check(self.launcher, self.workload_spec(rc.case), rc.config, steps=self.opts.check_steps,
-                             timeout=timeout)
+            res = run_check(self.launcher, self.workload_spec(rc.case), rc.config, steps=self.opts.check_steps,
+                            timeout=timeout)
         except Exception as exc:  # noqa: BLE001 - a failed case is reported, the run goes on
             self.recover(exc)
             return exc
+        if res is not None and res.verdict == "n/a" and res.message.startswith(CANNOT_JUDGE):
+            self._unjudged[rc.case.model] = res
+            self.say(f"      {rc.case.model}: {res.message}")
+        return res
 
     # ---- timing -----------------------------------------------------------------------------
     def groups(self, rcs: list[ResolvedCase]) -> list[list[str]]:
@@ -462,6 +472,8 @@ class CaseRunner:
         if isinstance(res, Exception):
             lacks = backend_lacks(res, self.opts.device or "cpu")
             return f"skipped: {lacks}" if lacks else f"error: {self.brief(res)}"
+        if res.message.startswith(CANNOT_JUDGE):
+            return f"n/a: {CANNOT_JUDGE} (why: above)"
         detail = ""
         if res.verdict in ("pass", "fail"):
             detail = f" (param err {res.param_error:.2g}, loss err {res.loss_error:.2g})"
@@ -508,6 +520,10 @@ class CaseRunner:
             if bad and rec.verdict != "error":
                 rec.verdict = "fail"
                 rec.error = (f"non-finite loss at step {bad['step']} of the timed windows on rank {bad['rank']}")
+            differs = rc.case.observed_unmet(rc.plan, rec.describe)  # the case did what its name says?
+            if differs and rec.verdict != "error":
+                rec.verdict = "fail"
+                rec.error = (rec.error + "\n" if rec.error else "") + differs
         deterministic = (self.opts.backend in ("", "gloo") and not rc.config.straggler_ms
                          and rc.config.fusion_backend != "compile")
         if rec.status == "ok":

@@ -11,17 +11,26 @@ GPU count on CUDA (:func:`default_worlds`).  A requested size that applies to no
 an error naming the size; a case that cannot run at a size (``min_world``, a hierarchy that does
 not split it) is skipped there with its reason.  The default device is decided here only
 (:func:`choose_platform`).
+
+Cases prove their names (``suite.cases``): a bucketed case's buckets are planned here, from the
+model's parameter sizes read on the meta device (``model_info``), before any rank starts; sized
+buckets (``*/overlap``, ``*/multicomm``) get their cap from the same sizes (:func:`case_fields`); a
+case whose plan does not meet its name is skipped with the reason, and the plan travels with the
+case (``ResolvedCase.plan``) for the runner to compare with what the engine built.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from .cases import CASES, Case, cases_for_model, select_cases
+from .comm.buckets import CommPlan, comm_plan, sized_bucket_mb
+from .comm.factory import uses_buckets
 from .config import ConfigError, StrategyConfig, check_overrides, toml_fields
 from .models import MODELS, SIZES, ModelError, default_size, model_info
 from .runner import ResolvedCase
 
-__all__ = ["Selection", "Resolved", "choose_platform", "default_worlds", "resolve_at", "SIZES", "DEVICES"]
+__all__ = ["Selection", "Resolved", "choose_platform", "default_worlds", "resolve_at", "SIZES", "DEVICES",
+           "case_fields", "plan_case"]
 
 DEVICES = ("cpu", "cuda")
 CPU_WORLD = 2  # the default world size on CPU
@@ -131,7 +140,7 @@ class Selection:
         worlds = worlds or default_worlds(device)
         size = self.size or default_size(device)
         base = self.base_cases(size)
-        at = {w: resolve_at(self, base, w, local_world) for w in worlds}
+        at = {w: resolve_at(self, base, w, local_world, size) for w in worlds}
         for w, rcs in at.items():
             if all(rc.skip for rc in rcs):
                 why = "; ".join(sorted({rc.skip for rc in rcs if rc.skip}))
@@ -139,31 +148,64 @@ class Selection:
         return Resolved(self, device, backend, size, tuple(worlds), at)
 
 
-def resolve_at(sel: Selection, cases: list[Case], world: int, local_world: int | None = None) -> list[ResolvedCase]:
-    """Each case with its validated config at ``world`` ranks (``skip`` set when it cannot run there).
+def case_fields(case: Case, size: str) -> dict:
+    """The case's own config at ``size``: its variant's fields, and the cap of sized buckets
+    (``suite.comm.buckets.sized_bucket_mb`` of the model's gradients at that size)."""
+    fields = dict(case.config)
+    if case.sized_buckets:
+        layers = StrategyConfig.from_dict(fields).fuse_grad_size_in_layers
+        fields["fuse_grad_size_in_MB"] = sized_bucket_mb(_model_info(case.model, size).gradients, layers)
+    return fields
 
-    A case that cannot run there is skipped with its reason when a tag, a glob or a model selected it,
-    and is an error when it was named exactly (``--case mlp/hierarchical``)."""
+
+def plan_case(case: Case, cfg: StrategyConfig, size: str, world: int, local_world: int | None = None
+              ) -> CommPlan | None:
+    """What the case's gradient sync will do at ``world`` ranks (None: its config does not bucket gradients)."""
+    if not uses_buckets(cfg):
+        return None
+    rpn = cfg.resolve_inter_nranks(world, local_world) if cfg.use_hierarchical_allreduce else None
+    return comm_plan(_model_info(case.model, size).gradients, cfg.fuse_all_reduce_ops, cfg.fuse_grad_size_in_MB,
+                     cfg.fuse_grad_size_in_layers, cfg.nccl_comm_num, not cfg.sync_nccl_allreduce, world, rpn)
+
+
+def _model_info(ref: str, size: str):
+    try:
+        return model_info(ref, size)  # cached; a user's factory runs in a child process, bounded
+    except ModelError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def resolve_at(sel: Selection, cases: list[Case], world: int, local_world: int | None = None,
+               size: str | None = None) -> list[ResolvedCase]:
+    """Each case with its validated config at ``world`` ranks (``skip`` set when it cannot run there) and its
+    plan; ``size``: the models' (default: the selection's, else ``cpu``).
+
+    A case that cannot run there, or not under its name (``Case.unmet``), is skipped with its reason when a
+    tag, a glob or a model selected it, and is an error when it was named exactly (``--case mlp/hierarchical``)."""
+    size = size or sel.size or "cpu"
     base = toml_fields(sel.config) if sel.config else {}
     check_overrides(list(sel.sets))  # a bad --set is every case's: named as --set, not as one case's
     exact = {n for n in sel.cases if not _is_glob(n)}
     out = []
     for case in cases:
         try:
-            cfg = StrategyConfig.from_dict({**case.config, **case.world_config(world, local_world), **base}
-                                           ).with_overrides(list(sel.sets))
+            cfg = StrategyConfig.from_dict({**case_fields(case, size), **case.world_config(world, local_world),
+                                            **base}).with_overrides(list(sel.sets))
         except ConfigError as exc:
             raise ConfigError(f"case {case.name}: {exc}") from None
-        why = case.applies_to_world(world)
+        why, plan = case.applies_to_world(world), None
         if why is None:
             try:
                 # Under torchrun (local_world given) the hierarchy's nodes default to the real machines.
                 cfg.check_world(world, local_world, torchrun=local_world is not None)
             except ConfigError as exc:
                 why = str(exc)
+        if why is None:
+            plan = plan_case(case, cfg, size, world, local_world)
+            why = case.unmet(plan)
         if why is not None and case.name in exact:
             raise ConfigError(f"case {case.name} cannot run at world size {world}: {why}")
-        out.append(ResolvedCase(case, cfg, why))
+        out.append(ResolvedCase(case, cfg, why, plan))
     return out
 
 

@@ -27,7 +27,7 @@ from .comm.grad_sync import GradSync
 from .config import StrategyConfig
 from .data.synthetic import prepare, shard, step_indices
 from .engine import Engine, build_engine
-from .models import ModelSpec, count_parameters, get_model
+from .models import ModelSpec, count_parameters, finds_batchnorm, get_model
 from .runtime.context import current
 
 __all__ = ["WorkloadSpec", "Workload", "workload", "drop_workloads"]
@@ -70,6 +70,8 @@ class Workload:
                              f"({self.per_rank_batch} per rank x {self.world} ranks)")
         self.data = self.spec.dataset(n, ws.seed)
         self._timing: dict[int, tuple] = {}
+        self._has_batchnorm: bool | None = None
+        self.repeatable: dict = {}  # the check's probe of the model, per dtype: None, or why it cannot be judged
 
     # -- data ------------------------------------------------------------------------------
     def shard_of(self, step: int, rank: int, dtype: torch.dtype | None = None) -> tuple[Any, Any]:
@@ -111,8 +113,19 @@ class Workload:
         module = self.spec.make(self.ws.seed if seed is None else seed, self.device)
         return module.to(dtype) if dtype is not None else module
 
+    @property
+    def has_batchnorm(self) -> bool:
+        """Whether the model has BatchNorm: as its spec declares, or found in the module (built on the meta device)."""
+        if self._has_batchnorm is None:
+            with torch.device("meta"):
+                found = finds_batchnorm(self.spec.build())
+            self._has_batchnorm = self.spec.has_batchnorm or found
+        return self._has_batchnorm
+
     def engine(self, config: StrategyConfig, seed: int | None = None, dtype: torch.dtype | None = None) -> Engine:
-        return build_engine(self.module(seed, dtype), self.spec.loss_fn, config)
+        """An engine on a fresh model (initialised from ``seed``); its per-rank randomness (dropout) follows the
+        workload's seed, this rank and the step, whatever ``seed`` the model was initialised from."""
+        return build_engine(self.module(seed, dtype), self.spec.loss_fn, config, rng_seed=self.ws.seed)
 
     def grad_sync(self, config: StrategyConfig, module: torch.nn.Module) -> GradSync | None:
         """The gradient communication ``config`` asks for on ``module`` (one of :meth:`module`'s), without an engine

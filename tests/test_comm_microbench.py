@@ -51,3 +51,22 @@ def test_every_path_is_exact_and_breakage_is_counted(pool4):
     broken = merge(pool4.run(broken_sweep_on_rank, dict(kw, variants=["flat", "hier"])))
     assert all(r["wrong"] > 0 for r in broken if r["variant"] == "hier"), broken
     assert all(r["wrong"] == 0 for r in broken if r["variant"] == "flat")
+
+
+def test_one_node_is_not_presented_as_hierarchical(no_ranks, capsys):
+    """2 ranks in nodes of 2 are one node (a reduce-scatter and an all-gather, no inter-node step): the default
+    sweep leaves the hierarchical variants out and says why; naming them is refused before any rank starts."""
+    from suite.cli.main import main
+    from suite.comm.microbench import default_variants
+
+    assert default_variants(4, 2) == (["flat", "hier", "hier_reduce", "comm2", "comm3"], "")
+    variants, note = default_variants(2, 2)
+    assert variants == ["flat", "comm2", "comm3"]
+    assert note.startswith("hier and hier_reduce left out (they need at least 2 nodes): 2 ranks in nodes of 2 make "
+                           "one node")
+    assert default_variants(3, 2) == (["flat", "comm2", "comm3"], "")  # nodes of 2 do not split 3: nothing to say
+    assert parse_variant("hier", 4, 2) == ("hier", 2)
+    with pytest.raises(ValueError, match="variant 'hier_reduce' needs at least 2 nodes: 4 ranks in nodes of 4"):
+        parse_variant("hier_reduce", 4, 4)
+    assert main(["comm", "--nproc", "2", "--variants", "flat,hier"]) == 2
+    assert "variant 'hier' needs at least 2 nodes" in capsys.readouterr().err

@@ -443,9 +443,9 @@ def test_run_config_applies_fields_set_to_their_default(tmp_path, monkeypatch, c
     from suite.selection import Selection
 
     path = tmp_path / "s.toml"
-    path.write_text("[strategy]\nfuse_all_reduce_ops = false\nsync_nccl_allreduce = true\n")
-    (rc,) = Selection(cases=("mlp/fusion",), size="cpu", device="cpu", config=str(path)).resolve(2).at[2]
-    assert rc.config.fuse_all_reduce_ops is False  # the case itself sets it True
+    path.write_text("[strategy]\nfuse_all_optimizer_ops = false\n")
+    (rc,) = Selection(cases=("mlp/fused_optimizer",), size="cpu", device="cpu", config=str(path)).resolve(2).at[2]
+    assert rc.config.fuse_all_optimizer_ops is False  # the case itself sets it True
 
 
 @pytest.mark.parametrize("content,words", [

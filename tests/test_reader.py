@@ -311,3 +311,18 @@ def test_plain_reader_equals_the_uint8_reader_normalizing_under_cudas_division()
         fast = list(OptimizedReader(BatchSource(data, 8, 0, 1, seed=2), CPU, return_uint8=True).epoch(0))
     assert len(plain) == len(fast) == 3
     assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(plain, fast))
+
+
+def test_augmentation_draws_from_seed_rank_and_step():
+    """The flips come from (seed, rank, step), not from the thread or worker that decodes: one rank's batch is the
+    same every time; another rank, batch, epoch or seed draws others."""
+    data = EncodedImages.from_dataset(SyntheticImages(64, 0))
+    idx = torch.arange(64)
+
+    def load(rank=0, epoch=0, batch=0, seed=0):
+        return BatchSource(data, 64, rank, 2, seed, decode_work=1).load(idx, epoch, batch)[0]
+
+    first = load()
+    assert torch.equal(first, load())
+    for other in (load(rank=1), load(batch=1), load(epoch=1), load(seed=1)):
+        assert not torch.equal(first, other)

@@ -453,6 +453,23 @@ def test_memory_is_the_footprint_and_the_transient_peak_only_where_measured(tmp_
     assert "0.0" not in [c for row in resnet.values() for c, _ in row.values()]
 
 
+def test_a_hierarchical_allreduce_shows_the_gradients_it_averages_not_zero(tmp_path):
+    """Two nodes of two: the two-level allreduce's reduce-scatter carries the 15.8 MB of gradients, its inter-node
+    allreduce half of them (the shards), its all-gather all; the column says 15.79 (the gradients, once), not the
+    shards' 7.89, nor 0 at one node (where there is no allreduce at all)."""
+    nbytes = {"intra0.node0/reduce_scatter": 15.786e6, "inter0.local0/all_reduce": 7.893e6,
+              "intra0.node0/all_gather": 15.786e6}
+    recs = [_rec("mlp/plain", world=4, m=_metrics(40, nbytes={"world/all_reduce": 15.786e6}, world=4)),
+            _rec("mlp/hierarchical", world=4, m=_metrics(40, nbytes=nbytes, world=4))]
+    page, _, _ = _build(tmp_path, recs)
+    mlp = _table([s for s in page.sections if s["model"] == "mlp"][0])
+    assert mlp[("mlp/plain", 4)]["allreduce MB/step"][0] == "15.79"
+    text, attrs = mlp[("mlp/hierarchical", 4)]["allreduce MB/step"]
+    assert text == "15.79", text
+    assert "reduce-scatter 15.79 MB, inter-node allreduce of the shards 7.89 MB, intra-node all-gather 15.79 MB" in \
+        attrs["title"], attrs
+
+
 CRASH = ("interleaved timing of 13 variants failed (RankFailure: rank 1 died\n  File \"x.py\", line 3\n"
          "    loss = model(x)\n           ^^^^^^^^^\n<script>alert(1)</script>\u202eevil); timed alone")
 

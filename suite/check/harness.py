@@ -5,6 +5,14 @@ Runs on every rank (:func:`check_on_rank`, through the rank pool or under torchr
 parent folds the ranks' answers into one :class:`CheckResult` (:func:`summarize`).
 Ranks are deliberately initialised differently: the engine's broadcast from rank 0 must
 make them agree.  Global batches are reshuffled every step.
+
+Randomness: the engine sets each rank's generators from (seed, rank, step) before its forward and
+the reference replays each shard with that rank's state (``suite.runtime.rng``), so dropout and
+DropPath pass exactly.  A model whose randomness lies outside torch's default generators (a private
+or unseeded generator, Python's ``random``) or whose kernels are not deterministic cannot be matched
+by any reference: before its first check, each rank runs the model's first step twice from the same
+seed and state (:func:`repeatable`, once per model, dtype and rank); if two identical runs differ, the
+check answers ``n/a`` with :data:`CANNOT_JUDGE` and why, instead of a ``fail`` per case.
 """
 from __future__ import annotations
 
@@ -16,14 +24,18 @@ from typing import Any
 
 import torch
 
+from ..comm import collectives as C
 from ..config import StrategyConfig
 from ..engine import strict_fp32
-from ..workload import WorkloadSpec, workload
+from ..runtime.rng import seed_step
+from ..workload import Workload, WorkloadSpec, workload
 from .errors import max_finite, rel_error, worst_error
 from .reference import make_reference
-from .tolerances import tolerance_for
+from .tolerances import TOLERANCES, tolerance_for
 
-__all__ = ["CheckResult", "check_on_rank", "summarize", "run_check"]
+__all__ = ["CheckResult", "check_on_rank", "summarize", "run_check", "repeatable", "CANNOT_JUDGE"]
+
+CANNOT_JUDGE = "the check cannot judge this model"  # the start of an n/a check's message (the runner says it once)
 
 
 @dataclass
@@ -80,15 +92,55 @@ def check_precision(config: StrategyConfig, has_batchnorm: bool) -> torch.dtype:
     return torch.float32
 
 
+def repeatable(wl: Workload, dtype: torch.dtype | None = None) -> str | None:
+    """None when two identical runs of the model's first step agree on this rank (within fp32's tolerance), else
+    why not: the model built twice from one seed, this rank's first shard, the same generator state."""
+    runs = []
+    for _ in range(2):
+        module = wl.module(wl.ws.seed, dtype)
+        inputs, targets = wl.shard_of(0, wl.rank, dtype)
+        seed_step(wl.ws.seed, wl.rank, 1, wl.device)
+        loss = wl.spec.loss_fn(module(inputs), targets)
+        loss.backward()
+        runs.append((loss.detach(), {n: p.grad for n, p in module.named_parameters() if p.grad is not None}))
+    (loss_a, grads_a), (loss_b, grads_b) = runs
+    if not (torch.isfinite(loss_a) and torch.isfinite(loss_b)):
+        return None  # a non-finite loss is the check's to fail, not a reason it cannot judge
+    p_tol, l_tol = TOLERANCES["fp32"]
+    l_err = rel_error(loss_a, loss_b)
+    g_err, at = worst_error(grads_a, grads_b)
+    if l_err <= l_tol and g_err <= p_tol:
+        return None
+    return (f"two identical runs of its first step differ on rank {wl.rank} (loss {loss_a.item():.6g} vs "
+            f"{loss_b.item():.6g}; the gradient of {at!r} by {g_err:.2g}, relative): it draws randomness outside "
+            f"torch's default generators (a private or unseeded generator, Python's or NumPy's random), or runs "
+            f"kernels that are not deterministic, so no reference can match it; its cases are timed unchecked")
+
+
+def _judgeable(wl: Workload, dtype: torch.dtype | None) -> str | None:
+    """:func:`repeatable` on every rank, once per model and dtype; the ranks agree (one collective), so all of them
+    stop or go on together."""
+    key = str(dtype)
+    if key not in wl.repeatable:
+        why = repeatable(wl, dtype)
+        flag = torch.tensor([1.0 if why else 0.0], device=wl.device)
+        C.all_reduce(flag)
+        wl.repeatable[key] = why or ("on another rank" if flag.item() > 0 else None)
+    return wl.repeatable[key]
+
+
 def check_on_rank(workload_spec: WorkloadSpec, config: dict, steps: int = 3) -> dict:
     """Train ``steps`` steps with the engine and the reference side by side on this rank."""
     wl = workload(workload_spec)
     world, rank, seed = wl.world, wl.rank, wl.ws.seed
     cfg = strict_fp32(StrategyConfig.from_dict(config))  # checks run TF32 off, whatever the timing uses
-    dtype = check_precision(cfg, wl.spec.has_batchnorm)
+    dtype = check_precision(cfg, wl.has_batchnorm)
     cast = dtype if dtype != torch.float32 else None
+    why = _judgeable(wl, cast)
+    if why is not None:
+        return {"rank": rank, "cannot_judge": why, "per_step": [], "precision": str(dtype).removeprefix("torch.")}
     engine = wl.engine(cfg, seed=seed + 7919 * rank, dtype=cast)  # ranks start different on purpose
-    reference = make_reference(wl.module(seed, cast), wl.spec.loss_fn, cfg, world)
+    reference = make_reference(wl.module(seed, cast), wl.spec.loss_fn, cfg, world, rng_seed=seed)
     per_step = []
     for step in range(steps):
         shards = wl.shards(step, cast)
@@ -113,6 +165,11 @@ def check_on_rank(workload_spec: WorkloadSpec, config: dict, steps: int = 3) -> 
 def summarize(config: StrategyConfig, answers: list[dict]) -> CheckResult:
     """Fold every rank's answer into one verdict against the tolerance table."""
     key, p_tol, l_tol = tolerance_for(config)
+    said = [a["cannot_judge"] for a in answers if a.get("cannot_judge") and a["cannot_judge"] != "on another rank"]
+    if any(a.get("cannot_judge") for a in answers):
+        return CheckResult(verdict="n/a", tolerance_key=key, param_tol=p_tol, loss_tol=l_tol,
+                           precision=answers[0].get("precision", "float32"),
+                           message=f"{CANNOT_JUDGE}: {said[0] if said else 'two identical runs differ'}")
     steps = len(answers[0]["per_step"])
     per_step, identical, problems = [], True, []
     for s in range(steps):

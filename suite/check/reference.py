@@ -10,9 +10,11 @@ The interface (every reference fills it):
 
 :class:`DataParallelReference` is synchronous data parallel: one process runs each rank's
 shard through the model separately (so BatchNorm normalises over the shard each rank
-sees), averages the shards' gradients and steps once.  Buffers follow DDP's rule: every
-shard starts from rank 0's buffers (broadcast before each forward), so rank r ends the
-step with rank 0's buffers updated by shard r's statistics.
+sees), averages the shards' gradients and steps once.  Before rank r's shard of step t it sets
+torch's generators as the engine on rank r did before its forward (``suite.runtime.rng``: from
+(seed, r, t)), so dropout and any other draw from torch's default generators replay exactly.
+Buffers follow DDP's rule: every shard starts from rank 0's buffers (broadcast before each
+forward), so rank r ends the step with rank 0's buffers updated by shard r's statistics.
 
 Strategies whose semantics differ have their own reference here, picked by
 :func:`make_reference`: :class:`LocalSGDReference` (one model and optimizer per rank) and
@@ -30,6 +32,7 @@ import torch
 
 from ..compute.fusion import fuse_model
 from ..config import StrategyConfig
+from ..runtime.rng import seed_step
 from ..strategies.amp import LossScaler, autocast_dtype, check_amp_supported, unscale_
 from ..strategies.optim import torch_optimizer
 
@@ -50,16 +53,34 @@ class StepRef:
         return self.params[rank if len(self.params) > 1 else 0]
 
 
+class Replay:
+    """Rank r's random state at step t, as the engine set it before its forward (``rng_seed`` None: none set)."""
+
+    def __init__(self, model: torch.nn.Module, rng_seed: int | None):
+        self.rng_seed = rng_seed
+        self.device = next(iter(model.parameters())).device
+        self.t = 0  # the step being replayed (1-based, as the engine counts)
+
+    def next_step(self) -> None:
+        self.t += 1
+
+    def state_of(self, rank: int) -> None:
+        if self.rng_seed is not None:
+            seed_step(self.rng_seed, rank, self.t, self.device)
+
+
 class DataParallelReference:
     name = "data_parallel"
 
-    def __init__(self, model: torch.nn.Module, loss_fn: Callable, config: StrategyConfig, world: int):
+    def __init__(self, model: torch.nn.Module, loss_fn: Callable, config: StrategyConfig, world: int,
+                 rng_seed: int | None = None):
         self.model = model
         self.loss_fn = loss_fn
         self.config = config
         self.world = world
         self.optimizer = torch_optimizer(model.parameters(), config)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.replay = Replay(model, rng_seed)
 
     def forward_loss(self, inputs, targets) -> torch.Tensor:
         return self.loss_fn(self.model(inputs), targets)
@@ -76,10 +97,12 @@ class DataParallelReference:
         start_buffers = snapshot(dict(self.model.named_buffers()))
         sums = [torch.zeros_like(p) for p in self.params]
         losses, buffers = [], []
-        for inputs, targets in shards:
+        self.replay.next_step()
+        for rank, (inputs, targets) in enumerate(shards):
             _load(self.model, start_buffers)
             for p in self.params:
                 p.grad = None
+            self.replay.state_of(rank)
             loss = self.forward_loss(inputs, targets)
             self.backward(loss)
             losses.append(loss.item())
@@ -111,12 +134,13 @@ class AmpReference(DataParallelReference):
 
     name = "amp"
 
-    def __init__(self, model: torch.nn.Module, loss_fn, config: StrategyConfig, world: int):
+    def __init__(self, model: torch.nn.Module, loss_fn, config: StrategyConfig, world: int,
+                 rng_seed: int | None = None):
         if config.compute_fusion_enabled:
             model, _ = fuse_model(model, bn_act=config.fuse_bn_act_ops,
                                   elewise_add_act=config.fuse_elewise_add_act_ops,
                                   relu_depthwise_conv=config.fuse_relu_depthwise_conv)
-        super().__init__(model, loss_fn, config, world)
+        super().__init__(model, loss_fn, config, world, rng_seed)
         device = next(iter(model.parameters())).device
         self.device_type = device.type
         check_amp_supported(config.amp, self.device_type)
@@ -159,9 +183,11 @@ class LocalSGDReference:
 
     name = "local_sgd"
 
-    def __init__(self, model: torch.nn.Module, loss_fn: Callable, config: StrategyConfig, world: int):
+    def __init__(self, model: torch.nn.Module, loss_fn: Callable, config: StrategyConfig, world: int,
+                 rng_seed: int | None = None):
         self.loss_fn = loss_fn
         self.world = world
+        self.replay = Replay(model, rng_seed)
         self.models = [copy.deepcopy(model) for _ in range(world)]
         self.optimizers = [torch_optimizer(m.parameters(), config) for m in self.models]
         self.params = [[p for p in m.parameters() if p.requires_grad] for m in self.models]
@@ -185,9 +211,11 @@ class LocalSGDReference:
                     for name, b in m.named_buffers():
                         b.copy_(start[name])
         losses = []
-        for m, ps, (inputs, targets) in zip(self.models, self.params, shards):
+        self.replay.next_step()
+        for rank, (m, ps, (inputs, targets)) in enumerate(zip(self.models, self.params, shards)):
             for p in ps:
                 p.grad = None
+            self.replay.state_of(rank)
             loss = self.loss_fn(m(inputs), targets)
             loss.backward()
             losses.append(loss.item())
@@ -222,10 +250,11 @@ class LocalSGDReference:
         return StepRef(losses, params, buffers)
 
 
-def make_reference(model, loss_fn, config: StrategyConfig, world: int):
-    """The reference that fits ``config``: each strategy with its own semantics has one."""
+def make_reference(model, loss_fn, config: StrategyConfig, world: int, rng_seed: int | None = None):
+    """The reference that fits ``config``: each strategy with its own semantics has one; ``rng_seed`` is the
+    engine's (each rank's random state replayed before its shard)."""
     if config.local_sgd_enabled:
-        return LocalSGDReference(model, loss_fn, config, world)
+        return LocalSGDReference(model, loss_fn, config, world, rng_seed)
     if config.amp != "off":
-        return AmpReference(model, loss_fn, config, world)
-    return DataParallelReference(model, loss_fn, config, world)
+        return AmpReference(model, loss_fn, config, world, rng_seed)
+    return DataParallelReference(model, loss_fn, config, world, rng_seed)

@@ -118,7 +118,7 @@ def calibrate_main(args, cluster_spec) -> int:
 
 
 def main(args) -> int:
-    from ..comm.microbench import format_table, merge, parse_variant, sizes_between
+    from ..comm.microbench import default_variants, format_table, merge, parse_variant, sizes_between
 
     cluster_spec = None
     if getattr(args, "cluster", None):
@@ -157,11 +157,11 @@ def main(args) -> int:
                     f"{_HELD_PER_BYTE[args.dtype]:g}x the largest message ({format_bytes(largest)}) as {args.dtype}, "
                     f"{format_bytes(need)} in all, but {format_bytes(avail)} of memory is available; the largest "
                     f"message that fits is about {format_bytes(fits)}")
-    hier_ok = args.inter_nranks >= 2 and args.nproc % args.inter_nranks == 0
+    left_out = ""
     if args.variants:
         variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     else:
-        variants = ["flat"] + (["hier", "hier_reduce"] if hier_ok else []) + ["comm2", "comm3"]
+        variants, left_out = default_variants(args.nproc, args.inter_nranks)
     try:
         for v in variants:
             parse_variant(v, args.nproc, args.inter_nranks)
@@ -185,9 +185,11 @@ def main(args) -> int:
             cluster.down()
     rows = merge(answers)
     print(f"# fleetbench comm: allreduce, {args.nproc} ranks, variants {', '.join(variants)}"
-          + (f", emulated nodes of {args.inter_nranks} ranks" if hier_ok else "")
+          + (f", emulated nodes of {args.inter_nranks} ranks" if any(v.startswith("hier") for v in variants) else "")
           + (f", on the emulated cluster {cluster_spec}" if cluster_spec is not None else ""))
     print(format_table(rows, args.nproc))
+    if left_out:
+        print(f"\n{left_out}")
     print(f"\n_{machine_line(args.nproc)}_")
     wrong = sum(r["wrong"] for r in rows)
     if wrong:

@@ -338,7 +338,9 @@ def _allreduce_counts(describe: Mapping) -> str:
     before, after = describe.get("allreduce_ops_before_fusion"), describe.get("allreduce_ops")
     if not isinstance(before, int) or not before:
         return ""
-    return f"   allreduce ops {before} before fusion, {after} after"
+    early = describe.get("launched_in_backward")
+    during = f", {early} launched before backward ended" if describe.get("overlap") and isinstance(early, int) else ""
+    return f"   allreduce ops {before} before fusion, {after} after{during}"
 
 
 _FALLBACK: dict = {}

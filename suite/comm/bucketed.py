@@ -12,6 +12,9 @@ as soon as one of them is set):
   the same collectives in the same order whatever order its hooks fire in, as DDP's reducer
   does.  True (Paddle's default): each launch is waited on at once, inside backward (no
   overlap).  False: launched asynchronously, waited on in ``finish_step`` before the optimizer.
+  ``describe()["launched_in_backward"]``: the fewest buckets launched before backward ended in any
+  step so far (read in ``finish_step``, one integer a step): the observation an overlap case's
+  record holds.
 - ``nccl_comm_num``: that many communicators (``comm_groups``); bucket i goes to
   communicator ``i % nccl_comm_num``.  On gloo each group has its own worker threads.
 - ``use_hierarchical_allreduce``: each bucket goes through ``suite.comm.hierarchical``
@@ -119,6 +122,7 @@ class BucketedGradSync(GradSync):
         self._inflight: list[tuple[int, Callable[[], None]]] = []
         self._next = 0
         self._armed = False
+        self.launched_in_backward: int | None = None  # fewest buckets launched before backward ended, any step
         self.events: list | None = None  # (kind, bucket, time) when recording: "hook", "ready", "launch", "wait"
         self.clock: Callable[[], object] = time.perf_counter  # the events' time (a trace sets a device mark)
         log.info(fusion_log_line(len(self.params), len(self.buckets)))
@@ -141,6 +145,7 @@ class BucketedGradSync(GradSync):
             return
         if not armed:
             raise RuntimeError("finish_step() without begin_step(): call begin_step before backward")
+        self._note_launched_in_backward()
         missing = [(b, k) for b in self.buckets for k in range(len(b.params)) if not b.ready[k]]
         if missing:
             if not self.config.find_unused_parameters:
@@ -207,6 +212,8 @@ class BucketedGradSync(GradSync):
                 for b in self.buckets
             ],
         }
+        if self.launched_in_backward is not None:
+            info["launched_in_backward"] = self.launched_in_backward
         if self.hier is not None:
             info["hierarchical"] = {"ranks_per_node": self.ranks_per_node, "nodes": self.hier[0].nodes,
                                     "schedule": "intra reduce-scatter, inter allreduce, intra allgather"}
@@ -228,6 +235,11 @@ class BucketedGradSync(GradSync):
         self._executors.clear()
 
     # -- hooks and launches --------------------------------------------------------
+    def _note_launched_in_backward(self) -> None:
+        """Backward has returned: the buckets launched so far were launched inside it."""
+        if self.launched_in_backward is None or self._next < self.launched_in_backward:
+            self.launched_in_backward = self._next
+
     def _event(self, kind: str, bucket: int) -> None:
         if self.events is not None:
             self.events.append((kind, bucket, self.clock()))

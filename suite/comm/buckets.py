@@ -13,6 +13,18 @@ order backward produces their gradients) and closes a bucket when
 
 Fusion off (``fuse_all_reduce_ops=False``): one parameter per bucket, the same machinery.
 
+Sized buckets (:func:`sized_bucket_mb`, the registry's ``*/overlap`` and ``*/multicomm``): the byte cap
+follows the model's gradient bytes, so that every model at every size gets between 2 and 16 buckets
+(:data:`SIZED_BUCKETS`) and its first bucket is launched while backward still runs.  The rule: a tenth of the
+gradient bytes (:data:`SIZED_SHARE`: about ten buckets); where the tensors' sizes give a count outside 2-16 at
+that cap (one tensor holding most of the bytes, or many tiny ones), the share nearest a tenth that does
+(a ninth, an eleventh, an eighth, …, down to the whole and up to a 64th), else a tenth.  Rounded to 3
+significant digits of MiB, the value the case's config records.
+
+The parent plans a case before any rank starts (:func:`comm_plan`, from :func:`gradient_layout` of the model
+built on the meta device), so a case whose name its plan cannot honour is skipped with the reason
+(``suite.cases``), and what the engine then built (``describe()``) is compared with the plan.
+
 Storage (:class:`Bucket`): one flat buffer per bucket, and every parameter's ``p.grad`` is
 a view into it (DDP's ``gradient_as_bucket_view``): autograd accumulates straight into the
 buffer and the allreduce runs on it, no copies on the hot path.  The buffer may be padded
@@ -23,12 +35,15 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["BucketPlan", "Bucket", "plan", "plan_buckets", "param_owners", "fusion_log_line"]
+from .grad_sync import trainable_params
+
+__all__ = ["BucketPlan", "Bucket", "plan", "plan_buckets", "param_owners", "fusion_log_line", "gradient_layout",
+           "sized_bucket_mb", "CommPlan", "comm_plan", "SIZED_BUCKETS", "SIZED_SHARE"]
 
 log = logging.getLogger("suite.comm.buckets")
 
@@ -86,6 +101,77 @@ def plan_buckets(named_params: list[tuple[str, torch.nn.Parameter]], owners: dic
     """:func:`plan` of the engine's parameters (a layer: the module that owns it, see :func:`param_owners`)."""
     return plan([(p.numel() * p.element_size(), owners.get(id(p), name), (p.dtype, p.device))
                  for name, p in named_params], fuse, cap_mb, cap_layers)
+
+
+def gradient_layout(model: torch.nn.Module) -> tuple[tuple[int, str, str], ...]:
+    """(bytes, layer, dtype) of each trainable parameter in registration order, each tensor once: what
+    :func:`plan` takes, read without a rank (the parent plans a case's buckets from a model built on the meta
+    device, as the engine will from the real one)."""
+    owners = param_owners(model)
+    return tuple((p.numel() * p.element_size(), owners.get(id(p), name), str(p.dtype))
+                 for name, p in trainable_params(model))
+
+
+SIZED_BUCKETS = (2, 16)  # the bucket counts sized buckets give, at every model and size
+SIZED_SHARE = 10  # the cap: about a tenth of the gradient bytes
+
+
+def sized_bucket_mb(grads: Sequence[tuple[int, str, Hashable]], cap_layers: int = 50) -> float:
+    """The byte cap (MiB) of sized buckets for gradients ``grads`` (as :func:`plan` takes them); the rule is the
+    module docstring's."""
+    total = sum(g[0] for g in grads)
+    if total <= 0:
+        return 25.0  # nothing to size (no trainable parameter): DDP's default
+    lo, hi = SIZED_BUCKETS
+
+    def cap(share: int) -> float:
+        return float(f"{total / share / MiB:.3g}")
+
+    for share in sorted(range(1, 65), key=lambda k: (abs(k - SIZED_SHARE), k)):  # 10, 9, 11, 8, 12, …
+        if lo <= len(plan(grads, True, cap(share), cap_layers)) <= hi:
+            return cap(share)
+    return cap(SIZED_SHARE)
+
+
+@dataclass(frozen=True)
+class CommPlan:
+    """What a bucketed gradient sync will do at one model, size and world: planned in the parent, before any rank."""
+
+    gradients: int  # gradient tensors (what plain data parallel allreduces one by one)
+    gradient_bytes: int
+    fuse: bool  # fuse_all_reduce_ops (False: one tensor per bucket)
+    cap_mb: float  # fuse_grad_size_in_MB (inf: no byte cap)
+    buckets: int  # collectives per step on the gradient path (one per bucket)
+    communicators: int  # distinct communicators the buckets go to
+    overlap: bool  # launched asynchronously, waited on after backward (sync_nccl_allreduce=False)
+    nodes: int = 1  # the hierarchy's nodes (1 without it)
+    ranks_per_node: int = 0  # 0: no hierarchy
+
+    def mismatch(self, describe: Mapping) -> str | None:
+        """How what the engine built (its ``describe()``) differs from the plan, or None."""
+        built = describe.get("allreduce_ops")
+        if built != self.buckets:
+            return f"the plan has {self.buckets} bucket(s), the engine built {built}"
+        comms = {b.get("comm") for b in describe.get("buckets") or [] if isinstance(b, Mapping)}
+        if len(comms) != self.communicators:
+            return f"the plan puts the buckets on {self.communicators} communicator(s), the engine on {len(comms)}"
+        if self.ranks_per_node:
+            hier = describe.get("hierarchical") or {}
+            got = (hier.get("nodes"), hier.get("ranks_per_node"))
+            if got != (self.nodes, self.ranks_per_node):
+                return (f"the plan has {self.nodes} node(s) of {self.ranks_per_node} ranks, the engine "
+                        f"{got[0]} of {got[1]}")
+        return None
+
+
+def comm_plan(grads: Sequence[tuple[int, str, Hashable]], fuse: bool, cap_mb: float, cap_layers: int,
+              comm_num: int, overlap: bool, world: int, ranks_per_node: int | None = None) -> CommPlan:
+    """The :class:`CommPlan` of gradients ``grads`` (see :func:`gradient_layout`) under these knobs at ``world``
+    ranks (``ranks_per_node``: the hierarchy's, None without one)."""
+    plans = plan(grads, fuse, cap_mb, cap_layers)
+    rpn = ranks_per_node or 0
+    return CommPlan(len(grads), sum(g[0] for g in grads), fuse, cap_mb, len(plans),
+                    len({p.index % comm_num for p in plans}), overlap, world // rpn if rpn else 1, rpn)
 
 
 def fusion_log_line(before: int, after: int) -> str:

@@ -15,6 +15,8 @@ Variants (rows of ``suite.comm.table``):
 - ``flat``: one allreduce on one communicator (``comm0``; the table's ``allreduce``);
 - ``hier``: ``suite.comm.hierarchical`` (intra reduce-scatter, inter allreduce, intra allgather);
 - ``hier_reduce``: the same with Paddle's schedule (intra reduce, inter allreduce, intra broadcast);
+  both need at least 2 nodes of at least 2 ranks (one node has no inter-node step: a reduce-scatter
+  and an all-gather are not a hierarchical allreduce, and would be timed as one);
 - ``commN``: the message cut into N equal pieces, each allreduced asynchronously on its own
   communicator, then all waited on (the table's ``allreduce_comms``).
 """
@@ -29,7 +31,8 @@ from ..runtime.context import current
 from ..runtime.groups import comm_groups
 from .table import COLLECTIVES, Collective, Layout, busbw_factor
 
-__all__ = ["allreduce_sweep_on_rank", "format_table", "merge", "parse_variant", "sizes_between"]
+__all__ = ["allreduce_sweep_on_rank", "format_table", "merge", "parse_variant", "sizes_between", "one_node",
+           "default_variants"]
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -42,6 +45,23 @@ def sizes_between(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
     return out
 
 
+def one_node(world: int, inter_nranks: int) -> str:
+    """Why the hierarchical variants are not hierarchical at ``world`` ranks in nodes of ``inter_nranks``."""
+    return (f"{world} ranks in nodes of {inter_nranks} make one node, a reduce-scatter and an all-gather with no "
+            f"inter-node step (not a hierarchical allreduce); give --nproc {2 * inter_nranks} or more, or a smaller "
+            f"--inter-nranks")
+
+
+def default_variants(world: int, inter_nranks: int) -> tuple[list[str], str]:
+    """The variants swept when none are named, and a note on what was left out (empty: nothing): the hierarchical
+    ones only where ``world`` ranks make at least 2 nodes of ``inter_nranks``."""
+    hier = inter_nranks >= 2 and world % inter_nranks == 0
+    if hier and world // inter_nranks >= 2:
+        return ["flat", "hier", "hier_reduce", "comm2", "comm3"], ""
+    note = "hier and hier_reduce left out (they need at least 2 nodes): " + one_node(world, inter_nranks)
+    return ["flat", "comm2", "comm3"], note if hier else ""
+
+
 def parse_variant(name: str, world: int, inter_nranks: int) -> tuple[str, int]:
     """(kind, parameter) of a variant name; raises ValueError naming what is allowed."""
     if name == "flat":
@@ -50,6 +70,8 @@ def parse_variant(name: str, world: int, inter_nranks: int) -> tuple[str, int]:
         if inter_nranks < 2 or world % inter_nranks:
             raise ValueError(f"variant {name!r} needs --inter-nranks >= 2 dividing the world size {world}, "
                              f"got {inter_nranks}")
+        if world // inter_nranks < 2:
+            raise ValueError(f"variant {name!r} needs at least 2 nodes: {one_node(world, inter_nranks)}")
         return name, inter_nranks
     if name.startswith("comm") and name[4:].isdigit() and 1 <= int(name[4:]) <= 16:
         return "comm", int(name[4:])

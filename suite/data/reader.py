@@ -22,8 +22,11 @@ from r, so every rank has the same number of samples and batches, even when the 
 size does not divide.  A rank that got fewer batches would hang in the last collective.
 
 The "decode" is real: samples are stored zlib-compressed and decompressed per sample.
-``decode_work`` > 0 adds a costly, deterministic augmentation (a per-sample flip and
-``decode_work`` passes of an integer smoothing filter), for the data-bound benchmark case.
+``decode_work`` > 0 adds a costly augmentation (a random per-sample flip and ``decode_work``
+passes of an integer smoothing filter), for the data-bound benchmark case.  Its random draws come
+from a private generator seeded from (seed, rank, step) (``suite.runtime.rng.step_seed``; a step is
+a batch: epoch x batches per epoch + batch), so whichever thread or worker decodes a batch, and in
+whatever order, a rank's batch is the same, and replayable.
 Everything a reader yields is bit-for-bit the same whatever the knobs, on CPU and CUDA alike: the
 normalization multiplies by constants (:func:`suite.data.synthetic.normalize`), which rounds the same
 on the host and the device, where a division by a Python number would not.  The DALI backend is
@@ -50,6 +53,7 @@ import torch
 
 from ..config import StrategyConfig
 from ..runtime.device import CudaUnavailable, Platform, require_cuda
+from ..runtime.rng import step_seed
 from .synthetic import _INV_STD, _TO_UNIT, IMAGE_MEAN, normalize
 
 __all__ = ["BatchSource", "EncodedImages", "PlainReader", "OptimizedReader", "build_reader", "ReaderError",
@@ -99,14 +103,14 @@ class EncodedImages:
         return torch.frombuffer(raw, dtype=torch.uint8).view(self.shape)
 
 
-def augment(img: torch.Tensor, seed: int, epoch: int, index: int, work: int) -> torch.Tensor:
-    """Deterministic, costly augmentation of one uint8 image (C, H, W): a flip chosen by
-    (seed, epoch, index), then ``work`` passes of the integer filter (l + 2c + r + 2) // 4
-    along the width.  Integer arithmetic: bit-for-bit the same anywhere."""
+def augment(img: torch.Tensor, flip: bool, work: int) -> torch.Tensor:
+    """Costly augmentation of one uint8 image (C, H, W): flipped along the width when ``flip`` (drawn by the
+    caller), then ``work`` passes of the integer filter (l + 2c + r + 2) // 4 along the width.  Integer
+    arithmetic: bit-for-bit the same anywhere."""
     if work <= 0:
         return img
     x = img.to(torch.int16)
-    if (seed * 1_000_003 + epoch * 7_919 + index) * 2_654_435_761 % 4_294_967_296 >= 2_147_483_648:
+    if flip:
         x = x.flip(-1)
     for _ in range(work):
         left = torch.cat([x[..., :1], x[..., :-1]], dim=-1)
@@ -155,9 +159,14 @@ class BatchSource:
         b = self.batch_size
         return [idx[i * b:(i + 1) * b] for i in range(self.batches_per_epoch)]
 
-    def load(self, indices: torch.Tensor, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Decode (and augment) one batch: uint8 images (B, C, H, W) and int64 labels, on the host."""
-        imgs = [augment(self.data.decode(int(i)), self.seed, epoch, int(i), self.decode_work) for i in indices]
+    def load(self, indices: torch.Tensor, epoch: int, batch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode (and augment) batch ``batch`` of ``epoch``: uint8 images (B, C, H, W) and int64 labels, on the
+        host; the augmentation's draws from (seed, rank, step) (the module docstring)."""
+        flips = [False] * len(indices)
+        if self.decode_work > 0:
+            g = torch.Generator().manual_seed(step_seed(self.seed, self.rank, epoch * self.batches_per_epoch + batch))
+            flips = (torch.rand(len(indices), generator=g, device="cpu") < 0.5).tolist()  # host-side decode
+        imgs = [augment(self.data.decode(int(i)), f, self.decode_work) for i, f in zip(indices, flips)]
         return torch.stack(imgs), self.data.targets[indices]
 
 
@@ -182,8 +191,8 @@ class PlainReader:
 
     def epoch(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         device = self.platform.device
-        for idx in self.source.batch_indices(epoch):
-            x, y = _to_float_host(self.source.load(idx, epoch))
+        for b, idx in enumerate(self.source.batch_indices(epoch)):
+            x, y = _to_float_host(self.source.load(idx, epoch, b))
             yield x.to(device), y.to(device)
 
     def close(self) -> None:
@@ -216,7 +225,7 @@ class _EpochBatches(torch.utils.data.Dataset):
         if epoch not in self._cache:
             self._cache.clear()
             self._cache[epoch] = self.source.batch_indices(epoch)
-        batch = self.source.load(self._cache[epoch][b], epoch)
+        batch = self.source.load(self._cache[epoch][b], epoch, b)
         return batch if self.as_uint8 else _to_float_host(batch)
 
 
@@ -534,7 +543,7 @@ class DaliReader:  # pragma: no cover - needs CUDA and nvidia-dali; not testable
         def feed():  # called in order by DALI, one batch per call; StopIteration ends the epoch
             if self._b >= self.batches_per_epoch:
                 raise StopIteration
-            x, y = source.load(self._indices[self._b], self._epoch)
+            x, y = source.load(self._indices[self._b], self._epoch, self._b)
             self._b += 1
             return [t.numpy() for t in x], [t.reshape(1).numpy() for t in y]
 

@@ -37,6 +37,7 @@ from ..measure.summary import COMPUTE_ONLY
 from ..models import count_parameters, get_model
 from ..runner import CaseRunner, ResolvedCase, RunOptions
 from ..runtime.device import host_available_memory
+from ..selection import case_fields
 from ..workload import WorkloadSpec
 from .comm import comm_alone_on_rank
 
@@ -79,14 +80,15 @@ def rows_for(model: str) -> tuple:
     return ROWS
 
 
-def variant_config(model: str, variant: str) -> dict:
-    """The registry case's config: the figure measures what ``fleetbench run`` runs."""
-    return dict(get_case(f"{model}/{variant}").config)
+def variant_config(model: str, variant: str, size: str = "cpu") -> dict:
+    """The registry case's config at ``size`` (sized buckets included): the figure measures what ``fleetbench run``
+    runs."""
+    return case_fields(get_case(f"{model}/{variant}"), size)
 
 
-def _cases(model: str, rows: tuple) -> list[ResolvedCase]:
+def _cases(model: str, rows: tuple, size: str = "cpu") -> list[ResolvedCase]:
     """DDP, ``none`` and the rows as the runner's cases (the registry's configs)."""
-    return [ResolvedCase(get_case(f"{model}/{n}"), StrategyConfig.from_dict(variant_config(model, n)))
+    return [ResolvedCase(get_case(f"{model}/{n}"), StrategyConfig.from_dict(variant_config(model, n, size)))
             for n in (BASE, COMPUTE_ONLY, *rows)]
 
 
@@ -108,7 +110,7 @@ def groups(model: str, size: str, world: int, rows: tuple | None = None, budget:
     (16 bytes per parameter per engine per rank)."""
     budget = budget if budget is not None else _default_budget()
     rows = rows_for(model) if rows is None else rows
-    return _runner(None, world, Options(size=size), budget).groups(_cases(model, rows))
+    return _runner(None, world, Options(size=size), budget).groups(_cases(model, rows, size))
 
 
 class _FreshRanks:
@@ -147,7 +149,7 @@ def measure_model(pool, model: str, options: Options) -> dict:
     spec = get_model(model, options.size)
     world = pool.nproc
     budget = int(options.memory_gb * 2**30) if options.memory_gb else _default_budget()
-    rcs = _cases(model, rows_for(model))
+    rcs = _cases(model, rows_for(model), options.size)
     plan = _runner(None, world, options, budget).groups(rcs)
     timer = _runner(_FreshRanks(pool), world, options, budget=1 << 62)  # a planned group is timed as one
     out: dict[str, dict] = {}
@@ -217,7 +219,8 @@ def strategy_table(model: str, measured: dict, options: Options, world: int) -> 
 # ---------------------------------------------------------------------------------------
 def measure_alone(pool, model: str, options: Options) -> dict:
     """The gradient collectives alone: per path the slowest rank's seconds per round, and the gradient bytes."""
-    variants = [{"name": n} if n == "single" else {"name": n, "config": variant_config(model, n)} for n in ALONE]
+    variants = [{"name": n} if n == "single" else {"name": n, "config": variant_config(model, n, options.size)}
+                for n in ALONE]
     answers = _FreshRanks(pool).run(comm_alone_on_rank,
                                     dict(workload_spec=WorkloadSpec(model, options.size), variants=variants,
                                          rounds=options.rounds, reps=options.steps), timeout=options.timeout)

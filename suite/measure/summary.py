@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from ..results.records import Metrics
+from ..results.records import Metrics, allreduce_total
 from .stats import bootstrap_median_ci, busbw, describe, paired_speedup, window_seconds
 from .utilization import others_cpu
 
@@ -98,7 +98,7 @@ def summarize(answers: list[dict], names: list[str], global_batch: int, steps: i
         compute = out[COMPUTE_ONLY]["step_time_s"]["median"]
         for s in out.values():
             exposed = s["step_time_s"]["median"] - compute
-            ar = sum(v for k, v in s["comm_bytes_per_step"].items() if k.endswith("/all_reduce"))
+            ar = allreduce_total(s["comm_bytes_per_step"])  # a two-level allreduce's gradients counted once
             s.update(Metrics(exposed_comm_s=exposed, compute_s=compute,
                              busbw_GBps=busbw(ar, exposed, world) / 1e9).to_dict())
     return out

@@ -28,11 +28,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..comm.buckets import gradient_layout
 from ..data.synthetic import SyntheticImages, SyntheticTokens
 from ..model_registry import DATA_KINDS, REGISTRY, SIZES
 
 __all__ = ["ModelSpec", "SIZES", "DATA_KINDS", "get_model", "MODELS", "default_size", "model_names",
-           "is_user_ref", "ModelError", "count_parameters", "ModelInfo", "model_info"]
+           "is_user_ref", "ModelError", "count_parameters", "ModelInfo", "model_info", "finds_batchnorm"]
 
 
 class ModelError(ValueError):
@@ -47,6 +48,8 @@ class ModelSpec:
     targets)`` a scalar; ``make_data(n, seed)`` a dataset of ``n`` samples with ``kind``,
     ``len()`` and ``get(indices) -> (inputs, targets)`` (host tensors; see
     ``suite.data.synthetic``).  ``per_rank_batch`` is the batch each rank trains on.
+    ``has_batchnorm`` need not be set: a module with a BatchNorm layer is found to have one
+    (:func:`finds_batchnorm`), and gets the cases and the float64 check that BatchNorm calls for.
     """
 
     name: str
@@ -81,6 +84,11 @@ class ModelSpec:
 
     def dataset(self, n: int | None = None, seed: int = 0) -> Any:
         return self.make_data(n or self.dataset_size, seed)
+
+
+def finds_batchnorm(module: nn.Module) -> bool:
+    """Whether ``module`` holds a BatchNorm layer (torch's 1d/2d/3d, lazy and SyncBatchNorm alike)."""
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
 
 
 def count_parameters(spec: ModelSpec) -> tuple[int, int]:
@@ -220,10 +228,11 @@ class ModelInfo:
 
     name: str
     data: str
-    has_batchnorm: bool
+    has_batchnorm: bool  # declared by the spec, or found in the module
     per_rank_batch: int
     parameter_tensors: int
     parameter_elements: int
+    gradients: tuple = ()  # gradient_layout(): (bytes, layer, dtype) per trainable parameter, for bucket plans
 
 
 def _info(spec: ModelSpec) -> ModelInfo:
@@ -233,7 +242,8 @@ def _info(spec: ModelSpec) -> ModelInfo:
         raise ModelError(f"model {spec.name!r}: build() returned {type(module).__name__}; expected a "
                          f"torch.nn.Module")
     tensors, elements = count_parameters(spec)
-    return ModelInfo(spec.name, spec.data, spec.has_batchnorm, spec.per_rank_batch, tensors, elements)
+    return ModelInfo(spec.name, spec.data, spec.has_batchnorm or finds_batchnorm(module), spec.per_rank_batch,
+                     tensors, elements, gradient_layout(module))
 
 
 def _info_child(ref: str, size: str, conn) -> None:

@@ -9,9 +9,12 @@ and ``cls.predictions``: ``transform`` (dense, GELU, LayerNorm), ``decoder`` who
 ``bert.embeddings.word_embeddings.weight`` and whose bias *is* ``cls.predictions.bias`` (each
 one parameter tensor, counted and reduced once).
 
-Every token is real (no padding mask) and of token type 0; no dropout.  The output is the
-logits ``(batch, seq, vocab)``; the loss is cross-entropy over the masked positions only
-(``SyntheticMaskedTokens`` marks the others -100).  Initialisation follows Hugging Face's:
+Every token is real (no padding mask) and of token type 0; BERT's published dropout 0.1
+(``hidden_dropout_prob`` after the embeddings and before each residual LayerNorm,
+``attention_probs_dropout_prob`` on the attention weights; Hugging Face's module names ``dropout``),
+replayed by the check (``suite.runtime.rng``).  The output is the logits ``(batch, seq, vocab)``;
+the loss is cross-entropy over the masked positions only (``SyntheticMaskedTokens`` marks the
+others -100).  Initialisation follows Hugging Face's:
 normal(0, 0.02) weights and embeddings (the padding row zero), zero biases, LayerNorm 1/0.
 
 At 12 layers, hidden 768, 12 heads, FFN 3072, vocab 30522, 512 positions, 2 token types:
@@ -45,6 +48,7 @@ class BertDims:
     heads: int = 12
     intermediate: int = 3072
     eps: float = 1e-12
+    dropout: float = 0.1  # hidden_dropout_prob = attention_probs_dropout_prob, as published
 
 
 BERT_BASE = BertDims()
@@ -57,6 +61,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(d.positions, d.hidden)
         self.token_type_embeddings = nn.Embedding(d.token_types, d.hidden)
         self.LayerNorm = nn.LayerNorm(d.hidden, eps=d.eps)
+        self.dropout = nn.Dropout(d.dropout)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         t = tokens.shape[1]
@@ -66,7 +71,7 @@ class BertEmbeddings(nn.Module):
         pos = torch.arange(t, device=tokens.device)
         types = torch.zeros(t, dtype=torch.long, device=tokens.device)
         x = self.word_embeddings(tokens) + self.position_embeddings(pos) + self.token_type_embeddings(types)
-        return self.LayerNorm(x)
+        return self.dropout(self.LayerNorm(x))
 
 
 class BertSelfAttention(nn.Module):
@@ -75,6 +80,7 @@ class BertSelfAttention(nn.Module):
         if d.hidden % d.heads:
             raise ValueError(f"hidden {d.hidden} is not a multiple of heads {d.heads}")
         self.heads = d.heads
+        self.attn_pdrop = d.dropout
         self.query = nn.Linear(d.hidden, d.hidden)
         self.key = nn.Linear(d.hidden, d.hidden)
         self.value = nn.Linear(d.hidden, d.hidden)
@@ -83,7 +89,7 @@ class BertSelfAttention(nn.Module):
         b, t, c = x.shape
         q, k, v = (lin(x).view(b, t, self.heads, c // self.heads).transpose(1, 2)
                    for lin in (self.query, self.key, self.value))
-        y = F.scaled_dot_product_attention(q, k, v)
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_pdrop if self.training else 0.0)
         return y.transpose(1, 2).reshape(b, t, c)
 
 
@@ -92,9 +98,10 @@ class BertSelfOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(d.hidden, d.hidden)
         self.LayerNorm = nn.LayerNorm(d.hidden, eps=d.eps)
+        self.dropout = nn.Dropout(d.dropout)
 
     def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dense(h) + residual)
+        return self.LayerNorm(self.dropout(self.dense(h)) + residual)
 
 
 class BertAttention(nn.Module):
@@ -121,9 +128,10 @@ class BertOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(d.intermediate, d.hidden)
         self.LayerNorm = nn.LayerNorm(d.hidden, eps=d.eps)
+        self.dropout = nn.Dropout(d.dropout)
 
     def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dense(h) + residual)
+        return self.LayerNorm(self.dropout(self.dense(h)) + residual)
 
 
 class BertLayer(nn.Module):

@@ -8,8 +8,11 @@ embeddings, ``transformer.h.N`` blocks (``ln_1``, ``attn.c_attn``, ``attn.c_proj
 projections are Hugging Face's ``Conv1D``: weight stored ``(in, out)``.
 
 Pre-LayerNorm blocks (eps 1e-5), GELU with the tanh approximation (``gelu_new``), causal
-self-attention, no dropout; the output is the logits ``(batch, seq, vocab)`` and the loss
-next-token cross-entropy (``SyntheticTokens`` already shifts its targets by one).
+self-attention, GPT-2's published dropout 0.1 (``embd_pdrop``, ``attn_pdrop``, ``resid_pdrop``: after the
+embeddings, on the attention weights, after each residual projection; Hugging Face's module names
+``drop``, ``resid_dropout``, ``dropout``); the output is the logits ``(batch, seq, vocab)`` and the
+loss next-token cross-entropy (``SyntheticTokens`` already shifts its targets by one).  The check
+replays each rank's dropout masks (``suite.runtime.rng``).
 Initialisation follows Hugging Face's: normal(0, 0.02) weights and embeddings, zero biases,
 LayerNorm 1/0, and the residual projections (``c_proj``) at 0.02 / sqrt(2 · layers).
 
@@ -39,6 +42,7 @@ class GPT2Dims:
     layers: int = 12
     heads: int = 12
     eps: float = 1e-5
+    dropout: float = 0.1  # embd_pdrop = attn_pdrop = resid_pdrop, as published
 
 
 GPT2_SMALL = GPT2Dims()
@@ -63,15 +67,18 @@ class GPT2Attention(nn.Module):
         if d.d_model % d.heads:
             raise ValueError(f"d_model {d.d_model} is not a multiple of heads {d.heads}")
         self.heads = d.heads
+        self.attn_pdrop = d.dropout
         self.c_attn = Conv1D(d.d_model, 3 * d.d_model)
         self.c_proj = Conv1D(d.d_model, d.d_model)
+        self.resid_dropout = nn.Dropout(d.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
         q, k, v = self.c_attn(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.c_proj(y.transpose(1, 2).reshape(b, t, c))
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_pdrop if self.training else 0.0,
+                                           is_causal=True)
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(b, t, c)))
 
 
 class GPT2MLP(nn.Module):
@@ -79,9 +86,10 @@ class GPT2MLP(nn.Module):
         super().__init__()
         self.c_fc = Conv1D(d.d_model, 4 * d.d_model)
         self.c_proj = Conv1D(4 * d.d_model, d.d_model)
+        self.dropout = nn.Dropout(d.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
 
 
 class GPT2Block(nn.Module):
@@ -102,6 +110,7 @@ class GPT2Model(nn.Module):
         super().__init__()
         self.wte = nn.Embedding(d.vocab, d.d_model)
         self.wpe = nn.Embedding(d.positions, d.d_model)
+        self.drop = nn.Dropout(d.dropout)
         self.h = nn.ModuleList(GPT2Block(d) for _ in range(d.layers))
         self.ln_f = nn.LayerNorm(d.d_model, eps=d.eps)
 
@@ -110,7 +119,7 @@ class GPT2Model(nn.Module):
         if t > self.wpe.num_embeddings:
             raise ValueError(f"sequence of {t} tokens is longer than the position table ({self.wpe.num_embeddings})")
         pos = torch.arange(t, device=tokens.device)
-        x = self.wte(tokens) + self.wpe(pos)
+        x = self.drop(self.wte(tokens) + self.wpe(pos))
         for block in self.h:
             x = block(x)
         return self.ln_f(x)

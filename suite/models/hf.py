@@ -3,7 +3,7 @@
 ``get_model("hf:GPT2Config", size)`` builds ``transformers.GPT2LMHeadModel`` and
 ``hf:BertConfig`` builds ``transformers.BertForMaskedLM``, at the dimensions, sequence length
 and batch of the in-tree ``gpt2`` / ``bert`` at the same size (``suite.models.gpt2`` /
-``suite.models.bert``), dropout off.  Nothing is downloaded: the model is made from a config
+``suite.models.bert``), their published dropout (0.1) included.  Nothing is downloaded: the model is made from a config
 object with random weights (``HF_HUB_OFFLINE=1`` is set for the process unless the user set
 it), so this is the in-tree workload run through Hugging Face's own code.
 
@@ -69,7 +69,8 @@ def _logits_classes() -> dict:
 def _gpt2_config(transformers: Any, d: Any) -> Any:
     return transformers.GPT2Config(
         vocab_size=d.vocab, n_positions=d.positions, n_embd=d.d_model, n_layer=d.layers, n_head=d.heads,
-        layer_norm_epsilon=d.eps, activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        layer_norm_epsilon=d.eps, activation_function="gelu_new", resid_pdrop=d.dropout, embd_pdrop=d.dropout,
+        attn_pdrop=d.dropout,
         bos_token_id=d.vocab - 1, eos_token_id=d.vocab - 1, tie_word_embeddings=True, use_cache=False,
     )
 
@@ -78,7 +79,8 @@ def _bert_config(transformers: Any, d: Any) -> Any:
     return transformers.BertConfig(
         vocab_size=d.vocab, hidden_size=d.hidden, num_hidden_layers=d.layers, num_attention_heads=d.heads,
         intermediate_size=d.intermediate, max_position_embeddings=d.positions, type_vocab_size=d.token_types,
-        layer_norm_eps=d.eps, hidden_act="gelu", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        layer_norm_eps=d.eps, hidden_act="gelu", hidden_dropout_prob=d.dropout,
+        attention_probs_dropout_prob=d.dropout,
         pad_token_id=0, tie_word_embeddings=True,
     )
 

@@ -30,6 +30,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
 from ..cases import VARIANTS
+from ..results.records import allreduce_total
 from ..results.records import plain as escaped
 
 __all__ = ["latest", "throughput_figure", "speedup_figure", "breakdown_figure", "scaling_figure",
@@ -354,8 +355,8 @@ def busbw_measurable(metrics: dict) -> tuple[bool, str]:
         return False, f"exposed communication under {MIN_EXPOSED_FRACTION:.0%} of the step"
     if math.isfinite(iqr) and exposed < iqr / 2:
         return False, "exposed communication within the step times' spread (half the IQR)"
-    calls = sum(num(v) for k, v in (metrics.get("comm_calls_per_step") or {}).items() if k.endswith("/all_reduce"))
-    nbytes = sum(num(v) for k, v in (metrics.get("comm_bytes_per_step") or {}).items() if k.endswith("/all_reduce"))
+    calls = allreduce_total(metrics.get("comm_calls_per_step"))
+    nbytes = allreduce_total(metrics.get("comm_bytes_per_step"))
     if calls > 0 and nbytes / calls < MIN_BYTES_PER_CALL:
         return False, (f"allreduce messages of {nbytes / calls / 1e3:.0f} kB on average: their time is mostly "
                        f"latency, not bandwidth")

@@ -46,7 +46,7 @@ import sys
 import urllib.parse
 
 from ..measure.utilization import BUSY, busy_reason
-from ..results.records import NUMERIC_METRICS, jsonable, write_atomic
+from ..results.records import NUMERIC_METRICS, allreduce_total, jsonable, write_atomic
 from ..results.records import plain as _plain
 
 __all__ = ["build_report", "md_text", "trace_source", "png_size", "out_problem"]
@@ -338,7 +338,15 @@ def _row(r) -> tuple[list[str], dict]:
                                   "case's is not communication")
     calls = m.get("comm_calls_per_step") or {}
     ncalls = sum(F.num(v) for v in calls.values() if math.isfinite(F.num(v)))
-    ar_bytes = sum(F.num(v) for k, v in (m.get("comm_bytes_per_step") or {}).items() if k.endswith("/all_reduce"))
+    ar_bytes = allreduce_total(m.get("comm_bytes_per_step"))
+    per_op: collections.defaultdict = collections.defaultdict(float)
+    for k, v in (m.get("comm_bytes_per_step") or {}).items():
+        per_op[k.rpartition("/")[2]] += F.num(v) if math.isfinite(F.num(v)) else 0.0
+    if per_op.get("reduce_scatter"):  # a two-level allreduce: its gradients counted once, and what each step moved
+        why["allreduce MB/step"] = (
+            f"the gradients the two-level allreduce averages; its steps moved: intra-node reduce-scatter "
+            f"{per_op['reduce_scatter'] / 1e6:.2f} MB, inter-node allreduce of the shards "
+            f"{per_op['all_reduce'] / 1e6:.2f} MB, intra-node all-gather {per_op['all_gather'] / 1e6:.2f} MB")
     ok, reason = F.busbw_measurable(m) if m else (False, "")
     if ok and not split:
         ok, reason = False, "the strategy changes compute: its exposed communication is not known"

@@ -45,7 +45,7 @@ __all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "MAX_LINE_BYTES", "CaseRecord"
            "METRIC_NAMES", "NUMERIC_METRICS", "Describe", "Precision", "Structure", "CheckSummary", "STATUSES",
            "VERDICTS", "append_record", "read_records", "iter_records", "jsonable", "open_input", "loads_bounded",
            "ShortWrite", "name_problem", "plain", "write_atomic", "json_problem", "run_ids_held",
-           "runs_newest_first"]
+           "runs_newest_first", "allreduce_total"]
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
@@ -190,6 +190,20 @@ class Metrics(_Part):
     others_cpu_share: float | None = None  # ... over the machine's CPU seconds then (every core)
 
 
+def allreduce_total(per_step: Mapping[str, float] | None) -> float:
+    """The allreduces' share of ``comm_bytes_per_step`` or ``comm_calls_per_step`` ("group label/collective" ->
+    bytes or calls): the flat allreduces, and a two-level one counted once, by its first step over the whole
+    buffer (the intra-node reduce-scatter, or reduce: ``suite.comm.hierarchical``), not by the shards its
+    inter-node allreduce moves.  So a hierarchical case's bytes are the gradients it averages, as a flat one's."""
+    total = 0.0
+    for key, n in (per_step or {}).items():
+        group, _, op = str(key).rpartition("/")
+        if (op == "all_reduce" and not group.startswith("inter")) or op == "reduce_scatter" or (
+                op == "reduce" and group.startswith("intra")):
+            total += n if isinstance(n, (int, float)) and math.isfinite(n) else 0.0
+    return total
+
+
 METRIC_NAMES = _names(Metrics)
 NUMERIC_METRICS = tuple(f.name for f in dataclasses.fields(Metrics)  # numbers and intervals (the report's table)
                         if f.type.removesuffix(" | None") in ("float", "int", "Interval"))
@@ -246,6 +260,7 @@ class Structure(_Part):
     allreduce_ops: int | None = None
     fuse_all_reduce_ops: bool | None = None
     overlap: bool | None = None
+    launched_in_backward: int | None = None  # the fewest buckets launched before backward ended in a step
     nccl_comm_num: int | None = None
     hierarchical: dict | None = None
     init_broadcasts: int | None = None

@@ -1,12 +1,13 @@
 """A case's structure: the exact facts a structural gate compares, no statistics needed.
 
 A code change that alters *what* a case does (how many allreduces before and after fusion,
-the buckets and their bytes, the collectives and bytes per step on each process group, the
-fused-op counts, the precision settings torch reported (TF32, cuDNN), and, where the
-configuration is deterministic on CPU, the loss trajectory bit for bit) is a change whatever
-the timings say.  :func:`structure_of` extracts those facts from what a run records (the
-engine's ``describe()``, the per-step communication counts, the check's per-step losses);
-:func:`structure_diff` lists every difference between two.
+the buckets and their bytes, how many buckets were launched before backward ended, the
+collectives and bytes per step on each process group, the fused-op counts, the precision
+settings torch reported (TF32, cuDNN), and, where the configuration is deterministic on CPU,
+the loss trajectory bit for bit) is a change whatever the timings say.  :func:`structure_of`
+extracts those facts from what a run records (the engine's ``describe()``, the per-step
+communication counts, the check's per-step losses); :func:`structure_diff` lists every
+difference between two.
 """
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ ACK_FILE = "structure-changes.toml"
 
 # describe() keys that are structure (what the engine set up), copied as they are
 # ("precision": TF32, matmul precision, cuDNN switches and version, as torch reported them on the ranks)
+# ("launched_in_backward": the fewest buckets launched before backward ended in a step, what overlap means)
 _DESCRIBE_KEYS = ("strategy", "allreduce_ops_before_fusion", "allreduce_ops", "fuse_all_reduce_ops", "overlap",
-                  "nccl_comm_num", "hierarchical", "init_broadcasts", "precision")
+                  "launched_in_backward", "nccl_comm_num", "hierarchical", "init_broadcasts", "precision")
 
 
 def structure_of(describe: Mapping | None, metrics: Mapping | None, check: Mapping | None,
