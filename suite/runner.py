@@ -48,6 +48,7 @@ from .measure.timing import drop_case, prepare_case, prepared_result, run_window
 from .measure.trace import trace_on_rank
 from .measure.utilization import UtilizationSampler
 from .models import count_parameters, get_model, model_info
+from .outputs import OutputDir, safe_name
 from .report.trace import chrome_trace
 from .results.records import CaseRecord, CheckSummary, Describe, Metrics, Structure
 from .results.structure import structure_of
@@ -572,14 +573,12 @@ class CaseRunner:
             return
         if answers is None or not self.reporter:
             return
-        rel = os.path.join("traces", self.run_id, f"{rc.case.name.replace('/', '_')}@{self.world}.json")
-        path = os.path.join(self.opts.results_dir, rel)
-        root = os.path.join(os.path.realpath(self.opts.results_dir), "traces")
+        rel = "/".join(("traces", self.run_id, f"{rc.case.name.replace('/', '_')}@{self.world}.json"))
         try:  # the record stands whatever happens to its trace; nothing is written outside traces/
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            if os.path.commonpath([root, os.path.realpath(path)]) != root:  # a planted symlink, a crafted name
-                raise OSError(f"{path} leads outside {root}")
-            with open(path, "w", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as fh:
+            safe_name(self.run_id, "run id")
+            safe_name(rel.rsplit("/", 1)[1], "trace file name")
+            with OutputDir(self.opts.results_dir) as results, \
+                    results.replacing(rel) as fh:  # no component under the results directory is a link
                 json.dump(chrome_trace(answers, title=f"{rc.case.name} at world size {self.world}, "
                                                       f"run {self.run_id}"), fh)
         except (OSError, ValueError) as exc:

@@ -10,7 +10,7 @@ from ..cluster.calibrate import calibrate_on_pool
 from ..cluster.launch import apply_cluster_args, start_cluster
 from ..config import ConfigError
 from ..measure.metadata import machine_line
-from ..results.records import write_atomic
+from ..outputs import write_atomic
 from . import error, helps
 from .checks import available_memory, check_number, check_seconds, max_local_ranks, unwritable
 from .options import add_shared

@@ -8,6 +8,7 @@ import sys
 from .. import __version__
 from ..config import ConfigError
 from ..measure.metadata import git_info
+from ..outputs import InputError, OutputError
 from . import error
 
 # Sub-commands: name -> module in suite.cli (each has add_parser(subparsers) and main(args) -> int).
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return int(args.func(args) or 0)
-    except ConfigError as exc:
+    except (ConfigError, OutputError, InputError) as exc:  # an output or input found unusable late: one line too
         return error(args.command, exc)
     except KeyboardInterrupt:
         kept = "; finished cases are kept in the results file" if args.command == "run" else ""

@@ -15,7 +15,7 @@ from ..cluster import costmodel as cm
 from ..cluster.calibrate import Calibration
 from ..cluster.simulate import Profile, predict_step, predict_table, registry_settings
 from ..cluster.spec import ClusterSpecError, parse_cluster
-from ..results.records import write_atomic
+from ..outputs import write_atomic
 from . import error, helps
 from .checks import check_number, max_local_ranks, unwritable
 from .options import add_shared

@@ -35,17 +35,17 @@ from __future__ import annotations
 import collections
 import hashlib
 import html
+import io
 import json
 import math
 import os
 import re
-import shutil
-import stat
 import struct
 import sys
 import urllib.parse
 
-from ..results.records import NUMERIC_METRICS, jsonable, write_atomic
+from ..outputs import OutputDir
+from ..results.records import NUMERIC_METRICS, jsonable
 from ..results.records import plain as _plain
 
 __all__ = ["build_report", "md_text", "trace_source", "png_size", "out_problem"]
@@ -92,19 +92,11 @@ def trace_source(results_dir: str, rel) -> tuple[str | None, str]:
 MAX_TRACE_BYTES = 512 * 2**20
 
 
-def _copy_trace(src: str, dst: str) -> None:
-    """Copy ``src`` (checked by :func:`trace_source`) to a new ``dst``: neither end is followed if it
-    turned into a link meanwhile, the source must still be one regular file of traces/'s own."""
-    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as fin:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1 or st.st_size > MAX_TRACE_BYTES:
-            raise OSError(f"{src} changed, or is over {MAX_TRACE_BYTES // 2**20} MiB; not copied")
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        if os.path.lexists(dst):
-            os.unlink(dst)
-        with open(dst, "xb") as fout:
-            shutil.copyfileobj(fin, fout)
+def _copy_trace(src: str, out: OutputDir, dst: str) -> None:
+    """Copy ``src`` (checked by :func:`trace_source`) to ``dst`` under ``out``: neither end is followed if it
+    is (or turned into) a link, every folder on the way under ``out`` included; the source must still be one
+    regular file of traces/'s own."""
+    out.copy_in(src, dst, limit=MAX_TRACE_BYTES, links=False)
 
 
 MAX_MODEL_PLOTS = 24  # speedup plots (one per model) drawn at most
@@ -147,7 +139,11 @@ def out_problem(out_dir: str, results_dirs, force: bool = False) -> str | None:
 def png_size(path: str) -> tuple[int, int]:
     """(width, height) in pixels of a PNG file, from its header."""
     with open(path, "rb") as fh:
-        head = fh.read(24)
+        return png_size_of(fh.read(24), path)
+
+
+def png_size_of(head: bytes, path: str = "PNG data") -> tuple[int, int]:
+    """(width, height) in pixels of PNG data (its first 24 bytes suffice)."""
     if head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
         raise ValueError(f"{path}: not a PNG file")
     return struct.unpack(">II", head[16:24])
@@ -365,7 +361,11 @@ def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dic
 
     from . import figures as F
 
-    os.makedirs(out_dir, exist_ok=True)
+    with OutputDir(out_dir) as out:  # every file below it written without following a link
+        return _build(records, out, results_dir, record_dirs, plt, F)
+
+
+def _build(records, out: OutputDir, results_dir: str, record_dirs: dict | None, plt, F) -> dict:
     final = _final(records)
     # what is drawn: the final record of each (case, world), where it has numbers
     recs = {k: r for k, r in final.items() if r.status == "ok" and r.metrics}
@@ -385,9 +385,11 @@ def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dic
     def save(fig, name: str) -> str | None:
         if fig is None:
             return None
-        fig.savefig(os.path.join(out_dir, name), dpi=F.DPI)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=F.DPI)
         plt.close(fig)
-        images[name] = png_size(os.path.join(out_dir, name))
+        out.write(name, buf.getvalue())
+        images[name] = png_size_of(buf.getvalue()[:24], name)
         data["plots"].append(name)
         return name
 
@@ -445,7 +447,7 @@ def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dic
             k = roots.index(os.path.realpath(where))
             dst = os.path.join("traces", *([str(k)] if len(roots) > 1 else []), os.path.basename(src))
             try:
-                _copy_trace(src, os.path.join(out_dir, dst))
+                _copy_trace(src, out, dst)
             except OSError as exc:
                 data["warnings"].append(f"record {case}@{w}: trace {rel!r} not copied: {exc}")
                 continue
@@ -467,7 +469,7 @@ def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dic
     summary = f"{len(final)} case(s) over {len(runs)} run(s): " + _verdicts(final)
 
     groups = _groups(problems)
-    _write_markdown(out_dir, summary, groups, runs, tables, images, traces, notes)
+    _write_markdown(out, summary, groups, runs, tables, images, traces, notes)
     img = {n: {"src": n, "w": w, "h": h} for n, (w, h) in images.items()}
 
     def shown(name, alt):
@@ -485,9 +487,9 @@ def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dic
         traces=[(f"{c}@{w}", t) for (c, w), t in traces.items()],
         tables=[_html_table(model, t, traces, shown(speedup_plot.get(model), f"{model}: speedup over plain"))
                 for model, t in tables.items()])
-    write_atomic(os.path.join(out_dir, "index.html"), page)
-    write_atomic(os.path.join(out_dir, "report_data.json"),  # strict JSON: nan/inf as strings, as in records
-                 json.dumps(jsonable(data), indent=1, default=str, allow_nan=False))
+    out.write("index.html", page)
+    out.write("report_data.json",  # strict JSON: nan/inf as strings, as in records
+              json.dumps(jsonable(data), indent=1, default=str, allow_nan=False))
     return data
 
 
@@ -523,7 +525,7 @@ def _groups(problems: list[dict]) -> list[dict]:
     return out
 
 
-def _write_markdown(out_dir, summary, groups, runs, tables, images, traces, notes) -> None:
+def _write_markdown(out: OutputDir, summary, groups, runs, tables, images, traces, notes) -> None:
     m = md_text
     md = ["# fleetbench report", "", m(summary), ""]
     bad = [g for g in groups if g["kind"] in ("fail", "error")]
@@ -543,7 +545,7 @@ def _write_markdown(out_dir, summary, groups, runs, tables, images, traces, note
     md += [""] + [f"- trace {m(c)}@{m(w)}: [{m(t)}]({_md_link_target(t)}) (open in https://ui.perfetto.dev)"
                   for (c, w), t in traces.items()]
     md += [""] + [f"_{m(n)}_" for n in notes]
-    write_atomic(os.path.join(out_dir, "summary.md"), "\n".join(md) + "\n")
+    out.write("summary.md", "\n".join(md) + "\n")
 
 
 def _templates():
