@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..config import ConfigError
+from ..model_registry import is_user_ref
 from ..results.records import ResultsFileError, name_problem, read_records
 
 __all__ = ["RECORDED", "Resume", "recorded", "resolve_resume"]
@@ -142,6 +143,13 @@ def resolve_resume(args, world: int | None) -> Resume:
     if world is None:
         args.nproc = worlds.pop()
     told = _told(mine)
+    models = told.get("model")
+    factories = [m for m in models if isinstance(m, str) and is_user_ref(m)] if isinstance(models, list) else []
+    if factories and not _given(args, "model"):  # a results file never names code to run
+        raise ConfigError(f"--resume {target}: run {run_id} ran your own factory "
+                          f"{', '.join(repr(f[:200]) for f in factories[:5])}; a results file never names code to "
+                          f"run: give --model {' --model '.join(f[:200] for f in factories[:5])} again (with the "
+                          f"run's other --model options) to resume it")
     for name, value in told.items():
         if not _KINDS[name](value):
             raise ConfigError(f"--resume {target}: run {run_id}'s recorded {_option(name)} is {value!r}, not a value "

@@ -25,7 +25,6 @@ Nothing outlives the parent and nothing listens on the network for a local run:
 from __future__ import annotations
 
 import fcntl
-import multiprocessing as mp
 import os
 import pickle
 import queue
@@ -43,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .netns import enter_netns
+from .spawn import safe_start, spawn_context
 
 __all__ = ["RankPool", "RankFailure", "RankError", "RankFn", "fn_name", "check_rank_fn", "owned_tempdir",
            "remove_stale"]
@@ -341,25 +341,28 @@ class RankPool:
                          {**env, **(self.rank_env[r] if self.rank_env else {})},
                          self.rank_netns[r] if self.rank_netns else None, os.getpid() if main else 0)
                 for r in range(self.nproc)]
-        ctx = mp.get_context("spawn")
-        self._res_q = ctx.Queue()
-        self._cmd_qs = [ctx.Queue() for _ in range(self.nproc)]
-        # Spawned ranks inherit only the read end (multiprocessing passes exactly the fds it sends);
-        # the write end stays here, so the ranks see EOF when this process dies, whichever thread
-        # started them (prctl's parent-death signal would follow the starting *thread* instead).
-        watch_r, self._watch_w = ctx.Pipe(duplex=False)
-        self._procs = [
-            ctx.Process(target=_worker,
-                        args=(r, self.nproc, store_at, self._cmd_qs[r], self._res_q, opts[r], watch_r),
-                        daemon=True, name=f"fleetbench-rank{r}")
-            for r in range(self.nproc)
-        ]
-        _LIVE_POOLS.add(self)
-        try:
-            for p in self._procs:
-                p.start()
-        finally:
-            watch_r.close()
+        # The ranks (and multiprocessing's resource tracker) never have the current directory first on their
+        # path: a multiprocessing.py there would run in each of them (suite/runtime/spawn.py).
+        ctx = spawn_context()
+        with safe_start():
+            self._res_q = ctx.Queue()
+            self._cmd_qs = [ctx.Queue() for _ in range(self.nproc)]
+            # Spawned ranks inherit only the read end (multiprocessing passes exactly the fds it sends);
+            # the write end stays here, so the ranks see EOF when this process dies, whichever thread
+            # started them (prctl's parent-death signal would follow the starting *thread* instead).
+            watch_r, self._watch_w = ctx.Pipe(duplex=False)
+            self._procs = [
+                ctx.Process(target=_worker,
+                            args=(r, self.nproc, store_at, self._cmd_qs[r], self._res_q, opts[r], watch_r),
+                            daemon=True, name=f"fleetbench-rank{r}")
+                for r in range(self.nproc)
+            ]
+            _LIVE_POOLS.add(self)
+            try:
+                for p in self._procs:
+                    p.start()
+            finally:
+                watch_r.close()
 
     def close(self) -> None:
         """Stop every rank (politely, then by force) and forget them."""
