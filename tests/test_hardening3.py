@@ -178,3 +178,157 @@ def test_a_spawned_childs_path_has_the_current_directory_last(tmp_path, monkeypa
     assert child_sys_path(["/usr/lib/python3.11"], cwd) == ["/usr/lib/python3.11", cwd]
     monkeypatch.setenv("PYTHONPATH", cwd)  # PYTHONPATH names it: the user put it there, it stays
     assert child_sys_path(["", cwd, "/usr/lib/python3.11"], cwd) == [cwd, "/usr/lib/python3.11"]
+
+
+# ---- 3. names, home, loopback, bounds ------------------------------------------------------------------------
+NIGHT = ["nightly", "--plan", "--device", "cpu", "--case", "mlp/plain", "--worlds", "2"]
+
+
+@pytest.mark.parametrize("extra,words", [
+    (["--machine", "../../.."], ["--machine", "'../../..'", "not a name"]),
+    (["--machine", "a/b"], ["--machine", "not a name"]),
+    (["--worlds", "99999"], ["--worlds 99999", "local ranks"]),
+    (["--gate-budget", "1e308"], ["--gate-budget 1e+308"]),
+    (["--steps", "99999999999"], ["--steps 99999999999"]),
+    (["--limit", "1e308"], ["--limit 1e+308"]),
+    (["--out", "/dev/null"], ["--out '/dev/null'", "not a directory"]),
+    (["--ab-args=--delta"], ["--ab-args", "--delta", "expected one argument"]),
+    (["--ab-args=--nproc 1000"], ["--ab-args", "--nproc 1000"]),
+    (["--ab-args=--no-such-option"], ["--ab-args", "unrecognized arguments"]),
+    (["--ab-args='unclosed"], ["--ab-args", "No closing quotation"]),
+])
+def test_every_nightly_option_is_checked_before_the_first_stage(tmp_path, capsys, monkeypatch, extra, words):
+    """The probe: --ab-args, --worlds 99999, --gate-budget 1e308, --steps 99999999999 and --out /dev/null were found
+    out only when their stage ran, hours in; `nightly --machine ../../..` wrote asv results outside results/asv."""
+    from suite.cli import nightly
+
+    monkeypatch.setattr(nightly.Night, "run", lambda self: pytest.fail("the night started"))
+    argv = [a for a in NIGHT if a != "--plan"] if extra[0].startswith("--ab-args") else NIGHT  # ab's: a real night
+    code, _, err = _cli([*argv, "--out", tmp_path / "night", *extra], capsys)
+    _one_error(code, err, *words)
+    assert not (tmp_path / "night").exists()
+
+
+def test_asv_runs_with_a_home_inside_the_nights_output(tmp_path, monkeypatch):
+    """asv writes ~/.asv-machine.json itself: its HOME is a folder of the night's output, the user's is untouched."""
+    from suite.cli import nightly
+    from suite.cli.main import build_parser
+
+    calls = []
+    monkeypatch.setattr(nightly.Night, "call", lambda self, cmd, stdout=None, env=None: calls.append((cmd, env)) or 0)
+    monkeypatch.setattr(nightly.Night, "run_stage", lambda self: 0)
+    args = build_parser().parse_args([*[a for a in NIGHT if a != "--plan"], "--out", str(tmp_path / "night"),
+                                      "--machine", "m", "--last-good", str(tmp_path / "none")])
+    night = nightly.Night(args, *nightly.plan_of(args)[:2])
+    night.dir = None
+    assert night.asv_stage() == 0
+    asv = [(c, e) for c, e in calls if c[0].endswith("asv")]
+    assert asv and all(e is not None and e["HOME"] == str(tmp_path / "night" / "asv-home") for _, e in asv)
+    assert (tmp_path / "night" / "asv-home").is_dir()
+
+
+def test_stale_torchrun_variables_are_refused_unless_torchruns_agent_set_them(monkeypatch, capsys, no_ranks):
+    """The probe: `RANK=0 WORLD_SIZE=2 … MASTER_ADDR=127.0.0.1 fleetbench run …` listened on *:29778 for 20 s."""
+    for k, v in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29778"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    code, _, err = _cli(["run", "--case", "mlp/plain", "--size", "tiny"], capsys)
+    _one_error(code, err, "RANK='0'", "TORCHELASTIC_RUN_ID", "unset them")
+    from suite.runtime.launch import torchrun_env
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-1")  # torchrun's agent: the world is real
+    assert torchrun_env().world_size == 2
+
+
+@pytest.mark.parametrize("given,words", [(["--set", "straggler_ms=1e300"], ["straggler_ms=1e+300", "<= 60000"]),
+                                         (["--set", "num_threads=1024"], ["num_threads=1024", "CPU"])])
+def test_knob_values_are_bounded_by_what_a_rank_can_run(capsys, no_ranks, monkeypatch, given, words):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    code, _, err = _cli(["run", "--case", "mlp/plain", "--size", "tiny", *given], capsys)
+    _one_error(code, err, *words)
+
+
+def test_refusals_do_not_echo_huge_input(capsys, no_ranks):
+    huge = "x" * 500_000
+    for argv in (["run", "--case", huge, "--list"], ["run", "--set", f"lr={huge}", "--list"],
+                 ["run", "--steps", huge]):
+        code, _, err = _cli(argv, capsys)
+        assert code == 2 and len(err) < 3000 and "characters left out" in err, (argv[:2], len(err))
+
+
+# ---- 3. compare's input ------------------------------------------------------------------------------------------
+def _record_line(**kw) -> str:
+    from tests.test_hostile import _record
+
+    return _record(**kw).to_json()
+
+
+def test_compare_reads_a_raw_line_separator_as_report_and_run_do(tmp_path, capsys):
+    """The probe: `compare` refused a file with a raw U+2028 in a record that `report` and `run` read."""
+    line = _record_line(case="mlp/a\u2028b").replace("\\u2028", "\u2028")
+    assert "\u2028" in line
+    path = tmp_path / "runs.jsonl"
+    path.write_text(line + "\n" + _record_line(case="mlp/c") + "\n", encoding="utf-8")
+    code, out, err = _cli(["compare", path, path], capsys)
+    assert code in (0, 3) and "not valid JSON" not in err and "mlp/a" in out, err
+    code, _, err = _cli(["report", path, "--out", tmp_path / "out"], capsys)
+    assert code == 0, err
+
+
+def test_compare_caps_blank_lines(tmp_path, capsys):
+    """The probe: one record and 300 M blank lines took compare 2.9 GB; a few thousand past the cap suffice here."""
+    from suite.results.records import MAX_BLANK_LINES
+
+    path = tmp_path / "runs.jsonl"
+    path.write_text(_record_line() + "\n" + "\n" * (MAX_BLANK_LINES + 5))
+    code, _, err = _cli(["compare", path, path], capsys)
+    _one_error(code, err, "blank lines")
+    path.write_text("\n" * 3 + _record_line() + "\n\n")  # a few are fine
+    code, _, err = _cli(["compare", path, path], capsys)
+    assert code in (0, 3), err
+
+
+# ---- 3. the six tracebacks ----------------------------------------------------------------------------------------
+def test_run_list_into_a_closed_pipe_is_quiet(tmp_path):
+    """The probe: `fleetbench run --list | head -3` ended in a BrokenPipeError traceback."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "suite.cli.main", "run", "--list", "--tag", "nightly-gpu"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    proc.stdout.close()  # the reader is gone before the first line
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=120)
+    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err
+    assert proc.returncode == 141
+
+
+def test_too_few_open_files_is_one_error_before_any_rank(tmp_path):
+    """The probe: `ulimit -n 20; fleetbench run …` ended in a traceback."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (20, 20))
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "suite.cli.main", "run", "--case", "mlp/plain", "--size", "tiny",
+                           "--results", str(tmp_path / "r.jsonl")], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, preexec_fn=limit)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "ulimit -n" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["comm", "-n", "100000000000"], ["--iters 100000000000"]),
+    (["comm", "--timeout", "1e-9"], ["--timeout 1e-09", ">= 1"]),
+])
+def test_comm_bounds_its_iterations_and_timeout(capsys, no_ranks, argv, words):
+    code, _, err = _cli(argv, capsys)
+    _one_error(code, err, *words)
+
+
+def test_figures_load_of_a_file_that_is_not_raw_data_is_one_error(tmp_path, capsys, no_ranks):
+    """The probe: `figures host --load /etc/hostname` ended in a traceback."""
+    for text in ("myhost\n", "12345\n", '{"rows": 3}\n'):
+        (tmp_path / "hostname").write_text(text)
+        code, _, err = _cli(["figures", "host", "--load", tmp_path / "hostname"], capsys)
+        _one_error(code, err, "--load", str(tmp_path / "hostname"))

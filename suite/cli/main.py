@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import os
 import sys
 
 from .. import __version__
 from ..config import ConfigError
 from ..measure.metadata import git_info
 from ..outputs import InputError, OutputError
-from . import error
+from . import error, shorten
 
 # Sub-commands: name -> module in suite.cli (each has add_parser(subparsers) and main(args) -> int).
 COMMANDS = {
@@ -58,8 +60,15 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose errors (exit 2) quote at most :data:`MAX_ERROR_CHARS` of the input."""
+
+    def error(self, message: str):
+        super().error(shorten(message))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="fleetbench",
         description="Benchmarks and correctness checks of Paddle Fleet's data-parallel strategies on PyTorch.",
     )
@@ -70,6 +79,49 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# commands that start processes (ranks, servers, stages): each needs files for its pipes, queues and libraries
+STARTS_PROCESSES = {"run", "figures", "comm", "cluster", "predict", "doctor", "ab", "bisect", "nightly",
+                    "trial-server"}
+MIN_OPEN_FILES = 256
+
+
+def _nofile() -> tuple[int, int]:
+    import resource
+
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def enough_open_files(command: str) -> None:
+    """The open-file limit raised to what the command needs where the hard limit allows (:data:`MIN_OPEN_FILES`),
+    else a ConfigError saying so, before anything starts (a rank or a pipe failing half-way is a traceback)."""
+    import resource
+
+    soft, hard = _nofile()
+    if soft == resource.RLIM_INFINITY or soft >= MIN_OPEN_FILES:
+        return
+    want = MIN_OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, 4096)
+    if want > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            pass
+    if soft < MIN_OPEN_FILES:
+        raise ConfigError(f"the open-file limit is {soft} (`ulimit -n`, hard limit {hard}); fleetbench {command} needs "
+                          f"at least {MIN_OPEN_FILES} (its ranks' pipes, queues and libraries): `ulimit -n "
+                          f"{MIN_OPEN_FILES}` first")
+
+
+def _drop_stdout() -> None:
+    """stdout pointed at /dev/null: the interpreter's last flush at exit finds no closed pipe to complain about."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # not a real file (a test's capture)
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -78,9 +130,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     try:
-        return int(args.func(args) or 0)
+        if args.command in STARTS_PROCESSES:
+            enough_open_files(args.command)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader gone (`| head`) is found here, not in the interpreter's exit
+        return code
     except (ConfigError, OutputError, InputError) as exc:  # an output or input found unusable late: one line too
         return error(args.command, exc)
+    except BrokenPipeError:  # `fleetbench run --list | head -3`: the reader is gone, there is no one to tell
+        _drop_stdout()
+        return 141  # 128 + SIGPIPE, as a shell reports a command a closed pipe stopped
+    except OSError as exc:
+        if exc.errno != errno.EMFILE:
+            raise
+        return error(args.command, f"too many open files ({exc.strerror}): the limit is {_nofile()[0]} (`ulimit -n`); "
+                                   f"raise it to at least {MIN_OPEN_FILES}")
     except KeyboardInterrupt:
         kept = "; finished cases are kept in the results file" if args.command == "run" else ""
         print(f"fleetbench {args.command}: interrupted{kept}", file=sys.stderr)

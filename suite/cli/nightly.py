@@ -179,8 +179,6 @@ def check_ab_args(args, device: str | None) -> None:
         said = [ln for ln in err.getvalue().splitlines() if "error:" in ln]
         why = said[-1].split("error:", 1)[1].strip() if said else "not options of fleetbench ab"
         raise ConfigError(f"--ab-args {args.ab_args[:200]!r}: {why[:300]}") from None
-    if args.worlds:
-        ns.nproc = None  # each world size's own, given by the gate
     try:
         ab.options(ns)
     except ValueError as exc:

@@ -116,7 +116,13 @@ def main(args) -> int:
     launcher: Any = None
     cluster: Any = None  # an emulated cluster, taken down after the launcher
     if env:
-        ctx = init_from_env(device=device, pg_timeout=args.pg_timeout)
+        try:
+            ctx = init_from_env(device=device, pg_timeout=args.pg_timeout)
+        except (RuntimeError, OSError) as exc:  # the port taken, the rendezvous never met: said, not a traceback
+            first = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+            raise ConfigError(f"cannot join torchrun's world at MASTER_ADDR={env.master_addr} MASTER_PORT="
+                              f"{env.master_port} as rank {env.rank} of {env.world_size}: {first[:300]} (is the port "
+                              f"taken by another job?)") from None
         launcher = TorchrunLauncher(ctx)
         reporter = ctx.rank == 0
         shared = launcher.share(resume and (resume, recorded(args)))

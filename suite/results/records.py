@@ -511,11 +511,12 @@ def plain(text: Any, keep: str = "") -> str:
 
 
 MAX_WORLD = 2**20  # a world size beyond any machine (and beyond a usable file name)
+MAX_BLANK_LINES = 10_000  # blank lines a results file may hold (a run writes none; an editor leaves a few)
 
 
 def iter_records(path: str) -> Iterator[CaseRecord]:
     with open_input(path) as fh:
-        lineno = 0
+        lineno = blank = 0
         while True:
             raw = fh.readline(MAX_LINE_BYTES + 1)
             if not raw:
@@ -530,6 +531,10 @@ def iter_records(path: str) -> Iterator[CaseRecord]:
             except UnicodeDecodeError as exc:
                 raise ResultsFileError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
             if not line.strip():
+                blank += 1
+                if blank > MAX_BLANK_LINES:
+                    raise ResultsFileError(f"{where}: more than {MAX_BLANK_LINES} blank lines; not a fleetbench "
+                                           f"results file (a run writes none)")
                 continue
             rec = CaseRecord.from_dict(loads_bounded(line, where), where)
             if rec.world_size > MAX_WORLD:
