@@ -58,7 +58,7 @@ from .runtime.torchrun import rebuild_world_on_rank
 from .workload import WorkloadSpec
 
 __all__ = ["RunOptions", "ResolvedCase", "CaseRunner", "PreparedCase", "Progress", "new_run_id", "short_error",
-           "backend_lacks", "unused_parameters"]
+           "Interrupted", "backend_lacks", "unused_parameters"]
 
 Checked = CheckResult | Exception | None  # a check's verdict, the error that stopped it, or no check
 Outcome = dict | Exception | None  # a timing's metrics, the error that stopped it, or nothing (torchrun)
@@ -513,27 +513,50 @@ class CaseRunner:
     # ---- one model, then the whole selection ------------------------------------------------------
     def run_model(self, model_rcs: list[ResolvedCase], progress: Callable[[ResolvedCase, str, float], None]
                   ) -> list[CaseRecord]:
+        """The model group's records: each case checked, then all timed interleaved, then traced.  Ctrl-C (or
+        SIGTERM turned into it) raises :class:`Interrupted` holding what finished: a timed case's record, and for
+        a case checked but not yet timed a ``not_run`` record keeping its check (``--resume`` times it)."""
         checks: dict[str, Checked] = {}
-        for rc in model_rcs:
-            t0 = time.perf_counter()
-            self._progress("check", rc.case.model, case=rc.case.name, done=self._checks[0], total=self._checks[1])
-            checks[rc.case.name] = res = self.check(rc)
-            self._checks[0] += 1
-            line = self._check_line(res)
-            self._progress("checked", rc.case.model, case=rc.case.name, done=self._checks[0], total=self._checks[1],
-                           detail=line, seconds=time.perf_counter() - t0)
-            progress(rc, line, time.perf_counter() - t0)
-        drop = frozenset(rc.case.variant for rc in model_rcs if self._not_timed(checks.get(rc.case.name)))
-        measured, fallback = self.measure(model_rcs, drop)
-        records = []
+        try:
+            for rc in model_rcs:
+                t0 = time.perf_counter()
+                self._progress("check", rc.case.model, case=rc.case.name, done=self._checks[0],
+                               total=self._checks[1])
+                checks[rc.case.name] = res = self.check(rc)
+                self._checks[0] += 1
+                line = self._check_line(res)
+                self._progress("checked", rc.case.model, case=rc.case.name, done=self._checks[0],
+                               total=self._checks[1], detail=line, seconds=time.perf_counter() - t0)
+                progress(rc, line, time.perf_counter() - t0)
+            drop = frozenset(rc.case.variant for rc in model_rcs if self._not_timed(checks.get(rc.case.name)))
+            measured, fallback = self.measure(model_rcs, drop)
+        except KeyboardInterrupt:
+            raise Interrupted([self.not_timed(rc, c) for rc in model_rcs
+                               if isinstance(c := checks.get(rc.case.name), CheckResult)]) from None
+        records: list[CaseRecord] = []
         for rc in model_rcs:
             rec = self.record(rc, checks.get(rc.case.name), measured.get(rc.case.variant),
                               fallback.get(rc.case.variant))
-            if self.opts.trace_steps and rec.status == "ok":
-                self._progress("trace", rc.case.model, case=rc.case.name, steps=self.opts.trace_steps)
-                self.trace(rc, rec)
             records.append(rec)
+            if self.opts.trace_steps and rec.status == "ok":
+                try:
+                    self._progress("trace", rc.case.model, case=rc.case.name, steps=self.opts.trace_steps)
+                    self.trace(rc, rec)
+                except KeyboardInterrupt:  # the timings stand: every record of the group, without further traces
+                    rec.metrics = dataclasses.replace(rec.metrics, trace_error="interrupted while tracing")
+                    raise Interrupted(records + [
+                        self.record(o, checks.get(o.case.name), measured.get(o.case.variant),
+                                    fallback.get(o.case.variant)) for o in model_rcs[len(records):]]) from None
         return records
+
+    def not_timed(self, rc: ResolvedCase, check: CheckResult) -> CaseRecord:
+        """The record of a case whose check finished and whose timing was interrupted: status ``not_run``, the
+        check's verdict and summary kept."""
+        rec = self._base_record(rc)
+        rec.check = CheckSummary.from_dict(check.to_dict(), f"case {rc.case.name}", "check.")
+        rec.status, rec.verdict = "not_run", check.verdict
+        rec.error = "interrupted before its timing; its check is kept (--resume times it)"
+        return rec
 
     def run(self, selected: list[ResolvedCase],
             progress: Callable[[ResolvedCase, str, float], None] | None = None) -> Iterator[list[CaseRecord]]:
@@ -593,6 +616,14 @@ class CaseRunner:
                                                        config=rc.config.to_dict(), warmup=self.opts.warmup),
                                     timeout=self.call_timeout(rc.case.model, self.opts.warmup))
         return PreparedCase(self, rc, key, (answers or [{}])[0].get("describe", {}))
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a model group: ``records`` holds what the group finished (see :meth:`CaseRunner.run_model`)."""
+
+    def __init__(self, records: list[CaseRecord]):
+        super().__init__()
+        self.records = records
 
 
 def _device_label(metadata: dict, device: str | None) -> str:

@@ -4,6 +4,8 @@ writer, is tests/test_outputs.py.)  Each probe's one-line reproduction is a test
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -134,6 +136,17 @@ def test_resume_never_imports_a_factory_because_a_record_names_it(tmp_path, monk
 
 
 def test_resume_with_the_factory_given_again_goes_on(tmp_path, monkeypatch, capsys, fake_rank_pool):
+    import suite.models
+
+    # the factory's facts read here (it is the user's own module, checked all the same): no child process to wait for
+    import suite.runner
+    import suite.selection
+
+    def here(ref, size="cpu", timeout=None):
+        return suite.models._info(suite.models.get_model(ref, size))
+
+    for module in (suite.selection, suite.runner):
+        monkeypatch.setattr(module, "model_info", here)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "mine.py").write_text(GOOD_FACTORY)
     results = _resume_file(tmp_path, "mine:make")
@@ -332,3 +345,189 @@ def test_figures_load_of_a_file_that_is_not_raw_data_is_one_error(tmp_path, caps
         (tmp_path / "hostname").write_text(text)
         code, _, err = _cli(["figures", "host", "--load", tmp_path / "hostname"], capsys)
         _one_error(code, err, "--load", str(tmp_path / "hostname"))
+
+
+# ---- 3. nothing lost -------------------------------------------------------------------------------------------
+def _unshare_m() -> str:
+    import shutil
+
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("no unshare here: a full tmpfs (results disk and TMPDIR) cannot be made without touching the "
+                    "machine's own file systems")
+    probe = subprocess.run([unshare, "-m", "true"], capture_output=True, text=True)
+    if probe.returncode:
+        pytest.skip(f"`unshare -m` is not allowed here ({probe.stderr.strip()[:200]}): needs root or user "
+                    f"namespaces; a full tmpfs cannot be made")
+    return unshare
+
+
+def test_a_full_results_disk_and_a_full_tmpdir_lose_no_record(tmp_path):
+    """The probe: both full, the fallback append raised, an empty fallback file was left and there was no table.
+    Here both are one tmpfs of 64 KiB, filled, in a private mount namespace (`unshare -m`)."""
+    unshare = _unshare_m()
+    full = tmp_path / "full"
+    full.mkdir()
+    script = ("import sys\n"
+              "from suite.cli import run\n"
+              "from tests.test_hostile import _record\n"
+              "for case in ('mlp/plain', 'mlp/overlap'):\n"
+              "    print(run._append(sys.argv[1], _record(case=case)), flush=True)\n")
+    cmd = ('mount -t tmpfs -o size=64k tmpfs "$0" && (head -c 1M /dev/zero > "$0/fill" 2>/dev/null; true) && '
+           'exec "$1" -c "$2" "$0/runs.jsonl"')
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(full), "PYTHONDONTWRITEBYTECODE": "1"}
+    proc = subprocess.run([unshare, "-m", "sh", "-c", cmd, str(full), sys.executable, script], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    from suite.cli.run import STDERR
+    from suite.results.records import CaseRecord
+
+    assert proc.stdout.split("\n")[:2] == [STDERR, STDERR], proc.stdout
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("{")]
+    assert [CaseRecord.from_dict(json.loads(ln)).case for ln in lines] == ["mlp/plain", "mlp/overlap"]
+    assert proc.stderr.count("cannot append to") == 1 and "No space left" in proc.stderr, proc.stderr
+    assert os.listdir(full) == []  # the tmpfs is gone with its namespace; nothing was written beneath it
+
+
+def test_sigint_during_timing_keeps_the_checks_that_passed(tmp_path, capsys, fake_rank_pool, monkeypatch):
+    """The probe: Ctrl-C while a model group was timed discarded the checks its cases had passed.  They are kept as
+    ``not_run`` records with their check, and --resume times them."""
+    import suite.runner
+    from suite.check.harness import CheckResult
+    from suite.results.records import read_records
+
+    monkeypatch.setattr(suite.runner.CaseRunner, "check",
+                        lambda self, rc: CheckResult("pass", reference="fake", steps=2, losses=[1.0, 0.9]))
+
+    def interrupted(self, *a, **k):
+        raise KeyboardInterrupt
+
+    measure = suite.runner.CaseRunner.measure
+    monkeypatch.setattr(suite.runner.CaseRunner, "measure", interrupted)
+    results = tmp_path / "runs.jsonl"
+    code, _, err = _cli(["run", "--case", "mlp/plain,mlp/overlap", "--size", "tiny", "--results", results,
+                         "--no-utilization", "--timeout", "60"], capsys)
+    assert code == 130 and "2 of them checked, their timing interrupted" in err, err
+    recs = read_records(str(results))
+    assert [(r.case, r.status, r.verdict, r.check.reference) for r in recs] == [
+        ("mlp/plain", "not_run", "pass", "fake"), ("mlp/overlap", "not_run", "pass", "fake")]
+    monkeypatch.setattr(suite.runner.CaseRunner, "measure", measure)
+    code, out, err = _cli(["run", "--resume", results, "--no-utilization", "--timeout", "60"], capsys)
+    assert code == 0 and "to run: mlp/plain, mlp/overlap" in out, out + err
+    assert [r.status for r in read_records(str(results))] == ["not_run", "not_run", "ok", "ok"]
+
+
+# ---- 3. every process dies with fleetbench -------------------------------------------------------------------------
+FORKY = '''
+import os, subprocess, sys, time
+from suite.models import get_model
+
+def make(size):
+    pid = os.fork()
+    if pid == 0:  # the factory's own child, in its process group
+        time.sleep(600)
+        os._exit(0)
+    with open(os.environ["PIDS_FILE"], "w") as fh:
+        fh.write(f"{os.getpid()} {pid}\\n")
+    time.sleep(600)
+
+def daemon(size):
+    subprocess.Popen(["setsid", "sleep", "600"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)
+    return get_model("mlp", size)
+'''
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
+def _kill_while_the_factory_runs(tmp_path: Path, sig: int) -> list[int]:
+    """`fleetbench run --model forky:make --list` killed with ``sig`` while its factory (which forked) sleeps: the
+    factory's processes still alive 3 s later."""
+    import time
+
+    (tmp_path / "forky.py").write_text(FORKY)
+    pids_file = tmp_path / "pids"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PIDS_FILE": str(pids_file)}
+    proc = subprocess.Popen([sys.executable, "-m", "suite.cli.main", "run", "--model", "forky:make", "--list",
+                             "--size", "tiny"], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    pids: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not pids:  # a condition: the factory and its child are running
+            if pids_file.exists() and pids_file.read_text().endswith("\n"):
+                pids = [int(p) for p in pids_file.read_text().split()]
+            time.sleep(0.05)
+        assert len(pids) == 2 and all(map(_alive, pids)), "the factory never ran"
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 3.0
+        while any(map(_alive, pids)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return [p for p in pids if _alive(p)]
+    finally:
+        for p in pids + [proc.pid]:
+            with contextlib.suppress(OSError):
+                os.kill(p, signal.SIGKILL)
+        proc.wait()
+
+
+def test_a_factory_and_what_it_forked_die_with_a_killed_fleetbench(tmp_path):
+    """The probe: SIGKILL while a user's factory ran left it running with PPID 1; a factory that forked left two."""
+    left = _kill_while_the_factory_runs(tmp_path, signal.SIGKILL)
+    assert not left, f"the factory's processes {left} outlived fleetbench (SIGKILL) by 3 s"
+
+
+@pytest.mark.statistical  # one more start of fleetbench and its factory: make test-slow
+def test_a_factory_and_what_it_forked_die_with_a_terminated_fleetbench(tmp_path):
+    left = _kill_while_the_factory_runs(tmp_path, signal.SIGTERM)
+    assert not left, f"the factory's processes {left} outlived fleetbench (SIGTERM) by 3 s"
+
+
+def test_a_daemon_a_factory_started_is_named_at_the_end(tmp_path, monkeypatch, capsys, no_ranks):
+    """The probe: a `build()` or factory that started a new-session `sleep 600` left it behind, unsaid."""
+    import shutil
+
+    if shutil.which("setsid") is None:
+        pytest.skip("no setsid here: a daemon in a session of its own cannot be started")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "forky.py").write_text(FORKY)
+    code, out, err = _cli(["run", "--model", "forky:daemon", "--list", "--size", "tiny"], capsys)
+    found = [int(x.split(")")[0]) for x in err.split("(pid ")[1:]]
+    try:
+        assert code == 0 and "daemon/plain" in out, err
+        assert "outlived it in a session of their own" in err and "sleep (pid " in err, err
+        assert found and all(map(_alive, found)), err
+    finally:
+        for pid in found:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+# ---- 3. bounded reports ------------------------------------------------------------------------------------------
+def test_a_report_caps_its_plots_rows_and_boxes_and_says_so(tmp_path, monkeypatch):
+    """The probe: 300 world sizes drew 301 plots; 20,000 cases took minutes and gigabytes."""
+    import suite.report.figures as F
+    import suite.report.page as page
+    from tests.test_hardening import _record
+
+    drawn = []
+    for name in ("speedup_figure", "throughput_figure", "breakdown_figure", "scaling_figure", "local_sgd_figure"):
+        monkeypatch.setattr(F, name, lambda *a, _n=name: drawn.append(_n))  # counted, nothing drawn
+    monkeypatch.setattr(page, "MAX_TABLE_ROWS", 50)
+    monkeypatch.setattr(page, "MAX_PROBLEM_GROUPS", 5)
+    records = [_record(f"m{i % 4}/v{i}", world=2 + i % 300) for i in range(1200)]
+    records += [_record(f"m9/e{i}", status="error", error=f"boom {i}") for i in range(20)]
+    data = page.build_report(records, str(tmp_path / "out"), str(tmp_path))
+    assert drawn.count("throughput_figure") == page.MAX_WORLD_PLOTS == drawn.count("breakdown_figure")
+    md = (tmp_path / "out" / "summary.md").read_text()
+    rows = [ln for ln in md.splitlines() if ln.startswith("| m")]
+    assert 0 < len(rows) <= 50 and len(data["cases"]) == 1220
+    assert "world sizes only" in md and "a page lists at most 50 cases" in md and "boxes of failures" in md
+    assert md.count("- error:") == 5

@@ -2,16 +2,22 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import importlib
 import os
+import signal
 import sys
+import uuid
 
 from .. import __version__
 from ..config import ConfigError
 from ..measure.metadata import git_info
 from ..outputs import InputError, OutputError
-from . import error, shorten
+from ..results.records import plain
+from ..runtime.pool import remove_stale
+from ..runtime.spawn import RUN_TOKEN, sweep
+from . import error, shorten, terminate_cleanly
 
 # Sub-commands: name -> module in suite.cli (each has add_parser(subparsers) and main(args) -> int).
 COMMANDS = {
@@ -129,9 +135,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
 
+    ours = args.command in STARTS_PROCESSES
+    saved_token, saved_term = os.environ.get(RUN_TOKEN), signal.getsignal(signal.SIGTERM)
+    token = uuid.uuid4().hex
     try:
-        if args.command in STARTS_PROCESSES:
+        if ours:
             enough_open_files(args.command)
+            os.environ[RUN_TOKEN] = token  # every process this command starts, and theirs, carry it (sweep below)
+            if args.command != "trial-server":  # ab stops its servers itself
+                terminate_cleanly()  # SIGTERM unwinds like Ctrl-C: pools, servers, temp dirs removed, records kept
+            remove_stale()  # temp directories of dead runs (their owner's lock is free) in TMPDIR
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # a reader gone (`| head`) is found here, not in the interpreter's exit
         return code
@@ -149,6 +162,29 @@ def main(argv: list[str] | None = None) -> int:
         kept = "; finished cases are kept in the results file" if args.command == "run" else ""
         print(f"fleetbench {args.command}: interrupted{kept}", file=sys.stderr)
         return 130
+    finally:
+        if ours:
+            _sweep(args.command, token)
+            if saved_token is None:
+                os.environ.pop(RUN_TOKEN, None)
+            else:
+                os.environ[RUN_TOKEN] = saved_token
+            with contextlib.suppress(ValueError, TypeError):  # not the main thread; a handler set from C
+                signal.signal(signal.SIGTERM, saved_term)
+
+
+def _sweep(command: str, token: str) -> None:
+    """What the command started and left running: killed where it is below this process; what went off into a
+    session of its own (a daemon a user's code started) named on stderr, with how to stop it."""
+    try:
+        away = sweep(token)
+    except Exception:  # noqa: BLE001 - the sweep never turns a finished command into a failure
+        return
+    if away:
+        shown = ", ".join(f"{plain(name)} (pid {pid})" for pid, name in away[:20])
+        print(f"fleetbench {command}: warning: {len(away)} process(es) started during this command outlived it in a "
+              f"session of their own (started by your code, e.g. a daemon): {shown}; `kill "
+              f"{' '.join(str(p) for p, _ in away[:20])}` stops them", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -161,5 +161,6 @@ def resolve_resume(args, world: int | None) -> Resume:
                               f"command gives {_option(name)} {_shown(mine_given)}; leave {_option(name)} out to "
                               f"resume with the run's own")
         setattr(args, name, list(value) if isinstance(value, list) else value)
-    # A case that ended in an error is run again; finished ones are kept as they are.
-    return Resume(run_id, {r.case for r in mine if r.status != "error"}, [n for n in RECORDED if n not in told])
+    # A case that ended in an error, or was not run (its timing interrupted), is run again; finished ones are kept.
+    return Resume(run_id, {r.case for r in mine if r.status not in ("error", "not_run")},
+                  [n for n in RECORDED if n not in told])

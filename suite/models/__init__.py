@@ -18,6 +18,7 @@ spec's data kind and batch without allocating the model.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import os
@@ -31,7 +32,7 @@ from torch import nn
 
 from ..data.synthetic import SyntheticImages, SyntheticTokens
 from ..model_registry import DATA_KINDS, REGISTRY, SIZES, is_user_ref
-from ..runtime.spawn import child_sys_path, safe_start, spawn_context
+from ..runtime.spawn import child_sys_path, keeper, kill_group, safe_start, set_parent_death_signal, spawn_context
 
 __all__ = ["ModelSpec", "SIZES", "DATA_KINDS", "get_model", "MODELS", "default_size", "model_names",
            "is_user_ref", "ModelError", "count_parameters", "ModelInfo", "model_info", "model_factory"]
@@ -348,7 +349,38 @@ def _info(spec: ModelSpec) -> ModelInfo:
     return ModelInfo(spec.name, spec.data, spec.has_batchnorm, spec.per_rank_batch, tensors, elements)
 
 
-def _info_child(ref: str, size: str, conn) -> None:
+def _die_with(parent: int) -> None:
+    """In the factory's process: its own process group, and it (with whatever the factory forked) dies with the
+    fleetbench process that started it: the parent-death signal (SIGTERM, whose handler kills the group), and a
+    thread that does the same when the parent is gone (a handler waits for the main thread's next bytecode)."""
+    import signal
+    import threading
+    import time
+
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+
+    def kill_group(*_):
+        with contextlib.suppress(OSError):
+            os.killpg(0, signal.SIGKILL)
+        os._exit(3)
+
+    signal.signal(signal.SIGTERM, kill_group)
+    set_parent_death_signal(signal.SIGTERM)
+    if os.getppid() != parent:  # it died before the signal was set
+        kill_group()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        kill_group()
+
+    threading.Thread(target=watch, name="fleetbench-parent-watch", daemon=True).start()
+
+
+def _info_child(ref: str, size: str, conn, parent: int = 0) -> None:
+    if parent:
+        _die_with(parent)
     try:
         conn.send(("ok", _info(get_model(ref, size))))
     except BaseException as exc:  # noqa: BLE001 - SystemExit too: a factory that exits is an error, said
@@ -376,10 +408,16 @@ def model_info(ref: str, size: str = "cpu", timeout: float | None = None) -> Mod
         raise ModelError(f"--size {size!r}: allowed values are {', '.join(SIZES)}")
     timeout = FACTORY_TIMEOUT if timeout is None else timeout
     ctx = spawn_context()  # the child's path has the current directory last, never first
-    with safe_start():
-        recv, send = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_info_child, args=(ref, size, send), daemon=True, name="fleetbench-model-factory")
-        proc.start()
+
+    def start():  # on the keeper thread, which lives as long as this process: the parent-death signal's thread
+        with safe_start():
+            recv, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_info_child, args=(ref, size, send, os.getpid()), daemon=True,
+                               name="fleetbench-model-factory")
+            proc.start()
+        return recv, send, proc
+
+    recv, send, proc = keeper.call(start)
     send.close()
     ready = False
     try:
@@ -391,6 +429,7 @@ def model_info(ref: str, size: str = "cpu", timeout: float | None = None) -> Mod
         if proc.is_alive():
             proc.kill()
         proc.join(5)
+        kill_group(proc.pid)  # what the factory forked, still running in its group
         recv.close()
     if got is None:
         if not ready:

@@ -101,6 +101,9 @@ def _copy_trace(src: str, out: OutputDir, dst: str) -> None:
 
 MAX_MODEL_PLOTS = 24  # speedup plots (one per model) drawn at most
 MAX_BARS = 80  # cases in one throughput or breakdown plot at most
+MAX_WORLD_PLOTS = 8  # world sizes given throughput and breakdown plots at most (those with the most cases)
+MAX_TABLE_ROWS = 5000  # (case, world) rows the page's and the summary's tables list at most (report_data.json: all)
+MAX_PROBLEM_GROUPS = 200  # boxes of failures, errors and notes at most
 
 REPORT_FILES = ("index.html", "summary.md", "report_data.json")
 
@@ -408,9 +411,14 @@ def _build(records, out: OutputDir, results_dir: str, record_dirs: dict | None, 
     if crowded:
         notes.append(f"No throughput or breakdown plot at world size {', '.join(map(str, crowded))}: more than "
                      f"{MAX_BARS} cases to draw; the tables list them.")
-    throughput_plots = [(w, save(F.throughput_figure(recs, w), f"throughput_w{w}.png") if w not in crowded
+    drawable = [w for w in worlds if w not in crowded]
+    plotted = sorted(sorted(drawable, key=lambda w: -per_world[w])[:MAX_WORLD_PLOTS])
+    if len(drawable) > MAX_WORLD_PLOTS:
+        notes.append(f"Throughput and breakdown plots at {MAX_WORLD_PLOTS} of {len(drawable)} world sizes only "
+                     f"(those with the most cases: {', '.join(map(str, plotted))}); the tables list every case.")
+    throughput_plots = [(w, save(F.throughput_figure(recs, w), f"throughput_w{w}.png") if w in plotted
                          else None) for w in worlds]
-    breakdown_plots = [(w, save(F.breakdown_figure(recs, w), f"breakdown_w{w}.png") if w not in crowded
+    breakdown_plots = [(w, save(F.breakdown_figure(recs, w), f"breakdown_w{w}.png") if w in plotted
                         else None) for w in worlds]
     with_none = {r.model for r in recs.values() if math.isfinite(F.num(r.metrics.get("compute_s")))}
     no_none = [m for m in models if m not in with_none]
@@ -459,16 +467,30 @@ def _build(records, out: OutputDir, results_dir: str, record_dirs: dict | None, 
     data["problems"] = problems
     data["runs"] = runs
     tables: dict = {}
+    by_model: dict = {}
+    for (c, w), r in final.items():
+        by_model.setdefault(r.model, []).append(((c, w), r))
+    listed = 0
     for model in models:
-        rows = sorted(((c, w), r) for (c, w), r in final.items() if r.model == model)
+        rows = sorted(by_model.get(model, []))
         rows.sort(key=lambda kr: (kr[0][1], F.order_key(kr[0][0])))
-        tables[model] = _table([(r, *_row(r)) for _, r in rows])
         data["models"][model] = {"cases": [f"{r.case}@{r.world_size}" for _, r in rows],
                                  "speedup_plot": speedup_plot[model]}
+        rows = rows[: MAX_TABLE_ROWS - listed]  # over the page's budget: in report_data.json only (said below)
+        if rows:
+            tables[model] = _table([(r, *_row(r)) for _, r in rows])
+            listed += len(rows)
+    if listed < len(final):
+        notes.append(f"Tables of {listed} of {len(final)} cases ({len(tables)} of {len(models)} models) only: a page "
+                     f"lists at most {MAX_TABLE_ROWS} cases; report_data.json holds every case's numbers.")
     bad = [p for p in problems if p["kind"] in ("fail", "error")]
     summary = f"{len(final)} case(s) over {len(runs)} run(s): " + _verdicts(final)
 
     groups = _groups(problems)
+    if len(groups) > MAX_PROBLEM_GROUPS:
+        notes.append(f"The first {MAX_PROBLEM_GROUPS} of {len(groups)} boxes of failures, errors and notes only; "
+                     f"report_data.json's problems list every one.")
+        groups = groups[:MAX_PROBLEM_GROUPS]
     _write_markdown(out, summary, groups, runs, tables, images, traces, notes)
     img = {n: {"src": n, "w": w, "h": h} for n, (w, h) in images.items()}
 

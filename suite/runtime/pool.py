@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .netns import enter_netns
+from .spawn import descendants as _descendants
 from .spawn import safe_start, spawn_context
 
 __all__ = ["RankPool", "RankFailure", "RankError", "RankFn", "fn_name", "check_rank_fn", "owned_tempdir",
@@ -91,31 +92,6 @@ class _Options:
     env: dict = field(default_factory=dict)
     netns: str | None = None  # network namespace the rank enters first (emulated cluster node)
     parent: int = 0  # pid of the parent, when it started the ranks from its main thread (parent-death signal)
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (children, their children, …), read from /proc."""
-    children: dict[int, list[int]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read()
-            ppid = int(stat.rsplit(b")", 1)[1].split()[1])  # the name in (…) may hold spaces and ')'
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), ()):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 def _kill_descendants() -> None:
@@ -523,7 +499,7 @@ def owned_tempdir(prefix: str) -> tuple[str, int]:
     long as the descriptor is open, i.e. while this process lives: :func:`remove_stale` removes the
     directory only once that lock is free.  The file is locked before it gets its name, so no sweep
     ever sees it unlocked."""
-    d = tempfile.mkdtemp(prefix=prefix)
+    d = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")  # named per run: its owner's pid
     tmp = os.path.join(d, ".owner")
     fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR | getattr(os, "O_CLOEXEC", 0), 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
