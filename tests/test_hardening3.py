@@ -531,3 +531,60 @@ def test_a_report_caps_its_plots_rows_and_boxes_and_says_so(tmp_path, monkeypatc
     assert 0 < len(rows) <= 50 and len(data["cases"]) == 1220
     assert "world sizes only" in md and "a page lists at most 50 cases" in md and "boxes of failures" in md
     assert md.count("- error:") == 5
+
+
+# ---- 3. temporary directories -------------------------------------------------------------------------------------
+def test_a_command_sweeps_dead_runs_temp_directories_first(tmp_path, monkeypatch, capsys, no_ranks):
+    """A run killed -9 leaves its store; the next command that starts processes removes it (its owner's lock is
+    free), and leaves a live owner's alone."""
+    import tempfile
+
+    from suite.runtime.pool import OWNER_FILE, owned_tempdir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = tmp_path / "fleetbench-store-4242-dead"
+    dead.mkdir()
+    (dead / OWNER_FILE).write_text("")  # nobody holds its lock
+    (dead / "store").write_text("x")
+    live, fd = owned_tempdir("fleetbench-store-")
+    try:
+        code, out, err = _cli(["run", "--case", "mlp/plain", "--size", "tiny", "--list"], capsys)
+        assert code == 0, err
+        assert not dead.exists() and os.path.isdir(live)
+        assert os.path.basename(live).startswith(f"fleetbench-store-{os.getpid()}-")  # named per run
+    finally:
+        os.close(fd)
+        import shutil
+
+        shutil.rmtree(live, ignore_errors=True)
+
+
+@pytest.mark.statistical  # a real run's ranks: make test-slow
+@pytest.mark.timeout(600)
+def test_sigterm_during_a_run_removes_its_temp_directories_and_keeps_its_records(tmp_path):
+    import time
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)}
+    proc = subprocess.Popen([sys.executable, "-m", "suite.cli.main", "run", "--case", "mlp/plain", "--size", "tiny",
+                             "--nproc", "2", "--steps", "100000", "--rounds", "3", "--no-check", "--no-utilization",
+                             "--results", str(tmp_path / "runs.jsonl")], env=env, cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not list(tmp.glob("fleetbench-store-*/store")):
+            time.sleep(0.1)
+        assert list(tmp.glob("fleetbench-store-*/store")), "the ranks never started"
+        time.sleep(3.0)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        deadline = time.monotonic() + 5
+        while os.listdir(tmp) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert proc.returncode == 130 and "interrupted" in err, err[-2000:]
+        assert os.listdir(tmp) == [], os.listdir(tmp)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
