@@ -16,6 +16,7 @@ from ..config import ConfigError
 from ..measure.metadata import machine_name
 from ..nightly import NightlyOptions, finished_stages, last_night, make_plan
 from ..outputs import InputError, OutputDir, OutputError, output_problem, read_input, safe_name, write_atomic
+from ..runtime.spawn import keeper, pdeathsig_preexec
 from . import GATE_CODES, helps, unwind
 from .checks import MAX_ROUNDS, MAX_STEPS, check_nproc, check_number
 from .options import add_shared, selection
@@ -145,12 +146,13 @@ def check_options(args) -> None:
             read_input(args.last_good, "last good commit file", LAST_GOOD_BYTES)
         except InputError as exc:
             raise ConfigError(f"--last-good: {exc}") from None
-    try:
-        conf = json.loads(read_input(args.asv_config, "asv config (JSON)", 2**20))
-    except (InputError, ValueError, RecursionError) as exc:
-        raise ConfigError(f"--asv-config: {exc}") from None
-    if not isinstance(conf, dict):
-        raise ConfigError(f"--asv-config {args.asv_config!r}: expected a JSON object (asv.conf.json)")
+    if not args.plan:  # a plan runs no stage: asv's config is read by the night's asv and history stages
+        try:
+            conf = json.loads(read_input(args.asv_config, "asv config (JSON)", 2**20))
+        except (InputError, ValueError, RecursionError) as exc:
+            raise ConfigError(f"--asv-config: {exc}") from None
+        if not isinstance(conf, dict):
+            raise ConfigError(f"--asv-config {args.asv_config!r}: expected a JSON object (asv.conf.json)")
     try:
         shlex.split(args.ab_args)
     except ValueError as exc:
@@ -272,7 +274,9 @@ class Night:
     def call(self, cmd: list, stdout=None, env: dict | None = None) -> int:
         """A stage's command, bounded by --limit; on a cancel (SIGINT/SIGTERM) or at the limit the child gets
         SIGINT and a few seconds to clean up (what it finished is kept), then the night ends."""
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env or self.env, stdout=stdout)
+        # a stage dies with the night (SIGTERM from the kernel, a killed -9 night too: it unwinds like a cancel)
+        proc = keeper.call(subprocess.Popen, cmd, cwd=ROOT, env=env or self.env, stdout=stdout,
+                           preexec_fn=pdeathsig_preexec(signal.SIGTERM))
         try:
             return proc.wait(timeout=None if self.deadline is None else max(1.0, self.deadline - time.monotonic()))
         except (KeyboardInterrupt, subprocess.TimeoutExpired) as exc:
