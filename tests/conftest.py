@@ -60,10 +60,10 @@ def pytest_sessionfinish(session, exitstatus):
         print(f"\nfleetbench-* entries left in the tests' TMPDIR {SESSION_TMP} (the code must remove what it makes): "
               f"{', '.join(left[:20])}", file=sys.stderr)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    if session.exitstatus == 0:
-        shutil.rmtree(SESSION_TMP, ignore_errors=True)
+    if os.environ.get("FLEETBENCH_KEEP_TEST_TMP"):  # a failure's files kept for a look
+        print(f"\nthe tests' TMPDIR is kept (FLEETBENCH_KEEP_TEST_TMP): {SESSION_TMP}", file=sys.stderr)
     else:
-        print(f"\nthe tests' TMPDIR is kept for a look: {SESSION_TMP}", file=sys.stderr)
+        shutil.rmtree(SESSION_TMP, ignore_errors=True)
 
 
 class _NoRanks:
