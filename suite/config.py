@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import tomllib
 import types
 import typing
@@ -43,6 +44,10 @@ from .paddle_names import (
 
 __all__ = ["StrategyConfig", "ConfigError", "PRESETS", "PADDLE_FIELDS", "PADDLE_UNIMPLEMENTED", "toml_fields",
            "check_overrides", "knob", "FieldSpec", "field_specs", "to_toml"]
+
+
+MIN_THREAD_CAP = 16  # num_threads allowed per rank on a machine of fewer than 4 CPUs (check_world)
+THREADS_PER_CPU = 4  # num_threads at most this many per CPU (figures host times 2 x cores)
 
 
 class ConfigError(ValueError):
@@ -141,7 +146,8 @@ class StrategyConfig:
 
     # ---- benchmark conditions (ours) ---------------------------------------------
     straggler_ms: float = knob(0.0, "ours: a seeded random rank is delayed this long each step (CPU: a sleep; "
-                                        "CUDA: a spin kernel on its compute stream)", ge=0.0)
+                                        "CUDA: a spin kernel on its compute stream); at most a minute", ge=0.0,
+                               le=60_000.0)
 
     # ---- precision (ours; torch.backends switches) --------------------------------
     # Every default is PyTorch's own, so a run measures what a plain PyTorch program runs unless a
@@ -270,9 +276,13 @@ class StrategyConfig:
         )
 
     def check_world(self, world_size: int, local_world_size: int | None = None, torchrun: bool = False) -> None:
-        """Checks that need the world size; called before any rank is started (or any step is run)."""
+        """Checks that need the world size and the machine; called before any rank is started (or any step is
+        run): what a rank here can run (``num_threads`` at most this machine's CPUs, or 16 where it has fewer)."""
         if not isinstance(world_size, int) or world_size < 1:
             raise ConfigError(f"world size {world_size!r}: must be a whole number >= 1")
+        why = machine_problem("num_threads", self.num_threads)
+        if why:
+            raise ConfigError(why)
         if self.use_hierarchical_allreduce:
             inter = self.resolve_inter_nranks(world_size, local_world_size if torchrun else None)
             if inter > world_size or world_size % inter != 0:
@@ -632,6 +642,19 @@ def _check_choices_and_ranges(cfg: StrategyConfig) -> None:
         _check_range(name, getattr(cfg, name))
 
 
+def machine_problem(name: str, value: Any) -> str | None:
+    """Why a knob's value cannot run on this machine (None when it can): ``num_threads`` at most
+    :data:`THREADS_PER_CPU` per CPU of this machine, and :data:`MIN_THREAD_CAP` anywhere (the knob's own range
+    holds for any machine)."""
+    if name == "num_threads" and isinstance(value, int) and not isinstance(value, bool):
+        cpus = os.cpu_count() or 1
+        cap = max(MIN_THREAD_CAP, THREADS_PER_CPU * cpus)
+        if value > cap:
+            return (f"num_threads={value}: more intra-op threads per rank than a rank here runs: at most "
+                    f"max({MIN_THREAD_CAP}, {THREADS_PER_CPU} x CPUs) = {cap} (this machine has {cpus} CPU(s))")
+    return None
+
+
 def check_overrides(assignments: list[str]) -> None:
     """Each ``--set`` item on its own, as it applies to every case: ``key=value``, a known field, a value of the
     field's type and range; else a ConfigError naming ``--set`` and the item.  (Whether the fields combine with a
@@ -643,6 +666,8 @@ def check_overrides(assignments: list[str]) -> None:
         try:
             for name, value in _canonical_keys({key: _parse_set_value(key, raw)}).items():
                 _check_range(name, _checked_type(name, value))
+                if why := machine_problem(name, value):
+                    raise ConfigError(why)
         except ConfigError as exc:
             raise ConfigError(f"--set {item!r}: {exc}") from None
 

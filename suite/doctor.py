@@ -26,10 +26,12 @@ CPU.  Exit status 0 when nothing failed.  ``--json`` prints the same report as J
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -56,6 +58,7 @@ from .runtime.device import CudaUnavailable, cuda_device_count, select_platform
 from .runtime.groups import comm_groups, label_of
 from .runtime.launch import init_from_env, shutdown
 from .runtime.pool import RankPool, owned_tempdir, remove_stale
+from .runtime.spawn import keeper, kill_group, pdeathsig_preexec, set_parent_death_signal
 from .runtime.torchrun import TorchrunLauncher
 from .runtime.wheel import driver_facts, first_line, misfit
 from .strategies.optim import torch_optimizer
@@ -648,13 +651,22 @@ def item_torchrun(ctx: DoctorRun) -> Item:
     tmp, owner = owned_tempdir("fleetbench-doctor-")  # torchelastic_* directories go here, removed after
     env["TMPDIR"] = tmp
     t0 = time.monotonic()
+    # torchrun and its ranks: a process group of their own, started from the keeper thread with a parent-death
+    # signal (a killed doctor takes them along at once; each rank also dies with torchrun: torchrun_probe_main),
+    # the group killed when the job is over
+    job = keeper.call(subprocess.Popen, private + cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                      text=True, cwd=root, start_new_session=True, preexec_fn=pdeathsig_preexec(signal.SIGKILL))
     try:
-        proc = subprocess.run(private + cmd, env=env, capture_output=True, text=True, timeout=90, cwd=root)
+        out_text, err_text = job.communicate(timeout=90)
     except subprocess.TimeoutExpired:
         return Item("torchrun error path", FAIL, "the job did not end within 90 s (the error was not reported)")
     finally:
+        kill_group(job.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            job.communicate(timeout=5)
         shutil.rmtree(tmp, ignore_errors=True)
         os.close(owner)
+    proc = subprocess.CompletedProcess(job.args, job.returncode, out_text, err_text)
     took = time.monotonic() - t0
     out = proc.stdout + proc.stderr
     reported = "deliberate error on rank 1" in out and "rank 1 raised" in out
@@ -793,7 +805,12 @@ def to_json(report: Report) -> str:
 
 
 def torchrun_probe_main(device: str) -> int:
-    """``fleetbench torchrun-probe --device D`` (hidden) under torchrun: the error-path item's job."""
+    """``fleetbench torchrun-probe --device D`` (hidden) under torchrun: the error-path item's job.  Each rank dies
+    with torchrun (the parent-death signal; torchrun itself dies with the doctor that started it)."""
+    parent = os.getppid()
+    set_parent_death_signal(signal.SIGKILL)
+    if parent == 1 or os.getppid() != parent:  # torchrun is gone already
+        os._exit(3)
     ctx = init_from_env(device=device, pg_timeout=60.0)
     try:
         TorchrunLauncher(ctx, report_timeout=5.0).run(torchrun_probe)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["DATA_KINDS", "SIZES", "RegistryModel", "REGISTRY", "SMALL_MODELS", "PUBLISHED_MODELS"]
+__all__ = ["DATA_KINDS", "SIZES", "RegistryModel", "REGISTRY", "SMALL_MODELS", "PUBLISHED_MODELS", "is_user_ref"]
 
 # What the synthetic data is; it decides which variants apply to a model (suite.cases).
 DATA_KINDS = ("images", "tokens", "masked_tokens", "other")
@@ -40,3 +40,8 @@ REGISTRY: tuple[RegistryModel, ...] = (
 SMALL_MODELS = tuple(m.name for m in REGISTRY if m.small)
 # The published workloads: {name: (data kind, has BatchNorm)}.
 PUBLISHED_MODELS = {m.name: (m.data, m.has_batchnorm) for m in REGISTRY if not m.small}
+
+
+def is_user_ref(ref: str) -> bool:
+    """Whether ``ref`` names a user's factory (``module:function``), not a registry model or ``hf:Config``."""
+    return ":" in ref and not ref.startswith("hf:")

@@ -17,6 +17,8 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 
+from .outputs import read_input
+
 __all__ = ["STAGES", "ROUGH_STEP_S", "NightlyOptions", "StagePlan", "Plan", "make_plan", "last_night", "STATE_FILE",
            "finished_stages", "read_step_times", "gate_setup_s"]
 
@@ -170,10 +172,9 @@ def _rough(stage: str, pairs: list, gate: list, models: dict, device: str, o: Ni
 def last_night(out_dir: str, machine: str) -> dict | None:
     """The last night's recorded stages on ``machine`` (None without one, or from another machine)."""
     path = os.path.join(out_dir, STATE_FILE)
-    try:
-        with open(path) as fh:
-            state = json.load(fh)
-    except (OSError, ValueError):
+    try:  # a regular file only: a FIFO or a device planted there is no night (and never blocks the read)
+        state = json.loads(read_input(path, "nightly state (JSON)", 64 * 2**20))
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(state, dict) or state.get("machine") != machine or not isinstance(state.get("stages"), dict):
         return None

@@ -49,8 +49,9 @@ from .measure.timing import drop_case, prepare_case, prepared_result, run_window
 from .measure.trace import trace_on_rank
 from .measure.utilization import UtilizationSampler
 from .models import count_parameters, get_model, model_info
+from .outputs import OutputDir, safe_name
 from .report.trace import chrome_trace
-from .results.records import CaseRecord, CheckSummary, Describe, Metrics, Structure, write_atomic
+from .results.records import CaseRecord, CheckSummary, Describe, Metrics, Structure
 from .results.structure import structure_of
 from .runtime.context import current
 from .runtime.pool import RankError
@@ -58,7 +59,7 @@ from .runtime.torchrun import rebuild_world_on_rank
 from .workload import WorkloadSpec
 
 __all__ = ["RunOptions", "ResolvedCase", "CaseRunner", "PreparedCase", "Progress", "new_run_id", "short_error",
-           "backend_lacks", "unused_parameters"]
+           "Interrupted", "backend_lacks", "unused_parameters"]
 
 Checked = CheckResult | Exception | None  # a check's verdict, the error that stopped it, or no check
 Outcome = dict | Exception | None  # a timing's metrics, the error that stopped it, or nothing (torchrun)
@@ -535,27 +536,50 @@ class CaseRunner:
     # ---- one model, then the whole selection ------------------------------------------------------
     def run_model(self, model_rcs: list[ResolvedCase], progress: Callable[[ResolvedCase, str, float], None]
                   ) -> list[CaseRecord]:
+        """The model group's records: each case checked, then all timed interleaved, then traced.  Ctrl-C (or
+        SIGTERM turned into it) raises :class:`Interrupted` holding what finished: a timed case's record, and for
+        a case checked but not yet timed a ``not_run`` record keeping its check (``--resume`` times it)."""
         checks: dict[str, Checked] = {}
-        for rc in model_rcs:
-            t0 = time.perf_counter()
-            self._progress("check", rc.case.model, case=rc.case.name, done=self._checks[0], total=self._checks[1])
-            checks[rc.case.name] = res = self.check(rc)
-            self._checks[0] += 1
-            line = self._check_line(res)
-            self._progress("checked", rc.case.model, case=rc.case.name, done=self._checks[0], total=self._checks[1],
-                           detail=line, seconds=time.perf_counter() - t0)
-            progress(rc, line, time.perf_counter() - t0)
-        drop = frozenset(rc.case.variant for rc in model_rcs if self._not_timed(checks.get(rc.case.name)))
-        measured, fallback = self.measure(model_rcs, drop)
-        records = []
+        try:
+            for rc in model_rcs:
+                t0 = time.perf_counter()
+                self._progress("check", rc.case.model, case=rc.case.name, done=self._checks[0],
+                               total=self._checks[1])
+                checks[rc.case.name] = res = self.check(rc)
+                self._checks[0] += 1
+                line = self._check_line(res)
+                self._progress("checked", rc.case.model, case=rc.case.name, done=self._checks[0],
+                               total=self._checks[1], detail=line, seconds=time.perf_counter() - t0)
+                progress(rc, line, time.perf_counter() - t0)
+            drop = frozenset(rc.case.variant for rc in model_rcs if self._not_timed(checks.get(rc.case.name)))
+            measured, fallback = self.measure(model_rcs, drop)
+        except KeyboardInterrupt:
+            raise Interrupted([self.not_timed(rc, c) for rc in model_rcs
+                               if isinstance(c := checks.get(rc.case.name), CheckResult)]) from None
+        records: list[CaseRecord] = []
         for rc in model_rcs:
             rec = self.record(rc, checks.get(rc.case.name), measured.get(rc.case.variant),
                               fallback.get(rc.case.variant))
-            if self.opts.trace_steps and rec.status == "ok":
-                self._progress("trace", rc.case.model, case=rc.case.name, steps=self.opts.trace_steps)
-                self.trace(rc, rec)
             records.append(rec)
+            if self.opts.trace_steps and rec.status == "ok":
+                try:
+                    self._progress("trace", rc.case.model, case=rc.case.name, steps=self.opts.trace_steps)
+                    self.trace(rc, rec)
+                except KeyboardInterrupt:  # the timings stand: every record of the group, without further traces
+                    rec.metrics = dataclasses.replace(rec.metrics, trace_error="interrupted while tracing")
+                    raise Interrupted(records + [
+                        self.record(o, checks.get(o.case.name), measured.get(o.case.variant),
+                                    fallback.get(o.case.variant)) for o in model_rcs[len(records):]]) from None
         return records
+
+    def not_timed(self, rc: ResolvedCase, check: CheckResult) -> CaseRecord:
+        """The record of a case whose check finished and whose timing was interrupted: status ``not_run``, the
+        check's verdict and summary kept."""
+        rec = self._base_record(rc)
+        rec.check = CheckSummary.from_dict(check.to_dict(), f"case {rc.case.name}", "check.")
+        rec.status, rec.verdict = "not_run", check.verdict
+        rec.error = "interrupted before its timing; its check is kept (--resume times it)"
+        return rec
 
     def run(self, selected: list[ResolvedCase],
             progress: Callable[[ResolvedCase, str, float], None] | None = None) -> Iterator[list[CaseRecord]]:
@@ -598,8 +622,10 @@ class CaseRunner:
             self._progress("traced", rc.case.model, case=rc.case.name, seconds=time.perf_counter() - t0)
         if answers is None or not self.reporter:
             return
-        rel = os.path.join("traces", self.run_id, f"{rc.case.name.replace('/', '_')}@{self.world}")
+        rel = "/".join(("traces", self.run_id, f"{rc.case.name.replace('/', '_')}@{self.world}"))
         try:  # the record stands whatever happens to its trace; nothing is written outside traces/
+            safe_name(self.run_id, "run id")
+            safe_name(rel.rsplit("/", 1)[1], "trace directory name")
             _write_traces(self.opts.results_dir, rel, answers,
                           f"{rc.case.name} at world size {self.world}, run {self.run_id}")
         except (OSError, ValueError) as exc:
@@ -621,30 +647,28 @@ TRACE_MODE = 0o644  # traces are data: readable, never executable
 
 
 def _write_traces(results_dir: str, rel: str, answers: list[dict], title: str) -> None:
-    """The traced steps' files into ``results_dir/rel`` (see :meth:`CaseRunner.trace`), each through the atomic
-    writer (whole or not at all), mode 0644; refused if the directory leads outside ``results_dir/traces``."""
+    """The traced steps' files into ``results_dir/rel`` (see :meth:`CaseRunner.trace`), each whole or not at all,
+    mode 0644, through :class:`~suite.outputs.OutputDir`: no component under the results directory is a link."""
     import gzip
     import json
 
-    root = os.path.join(os.path.realpath(results_dir), "traces")
-    where = os.path.join(results_dir, rel)
+    with OutputDir(results_dir) as results, results.dir(rel) as where:
+        for a in answers:
+            packed = a.pop("kineto", None)
+            if packed is None:
+                continue
+            big = a.pop("kineto_bytes", 0) > GZIP_TRACE_OVER
+            name = f"rank{int(a['rank'])}.pt.trace.json" + (".gz" if big else "")
+            where.write(name, packed if big else gzip.decompress(packed), mode=TRACE_MODE)
+        where.write("timeline.json", json.dumps(chrome_trace(answers, title=title)), mode=TRACE_MODE)
 
-    def refuse_outside() -> None:  # a planted symlink, a crafted name
-        if os.path.commonpath([root, os.path.realpath(where)]) != root:
-            raise OSError(f"{where} leads outside {root}")
 
-    refuse_outside()  # before creating anything
-    os.makedirs(where, exist_ok=True)
-    refuse_outside()  # a link put there meanwhile
-    for a in answers:
-        packed = a.pop("kineto", None)
-        if packed is None:
-            continue
-        big = a.pop("kineto_bytes", 0) > GZIP_TRACE_OVER
-        name = f"rank{int(a['rank'])}.pt.trace.json" + (".gz" if big else "")
-        write_atomic(os.path.join(where, name), packed if big else gzip.decompress(packed), mode=TRACE_MODE)
-    write_atomic(os.path.join(where, "timeline.json"), json.dumps(chrome_trace(answers, title=title)),
-                 mode=TRACE_MODE)
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a model group: ``records`` holds what the group finished (see :meth:`CaseRunner.run_model`)."""
+
+    def __init__(self, records: list[CaseRecord]):
+        super().__init__()
+        self.records = records
 
 
 def _device_label(metadata: dict, device: str | None) -> str:

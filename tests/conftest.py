@@ -7,10 +7,19 @@ fine: the pool restarts itself on its next call.
 from __future__ import annotations
 
 import os
+import shutil
+import sys
+import tempfile
 
 import pytest
 
 from suite.runtime import RankPool
+
+# The session's own TMPDIR: every temporary entry a test (or the fleetbench code it runs, in this process or a child)
+# makes is in it, and at the end none may be a fleetbench-* leftover (pytest_sessionfinish checks; issue 36).
+SESSION_TMP = tempfile.mkdtemp(prefix="fbtests-")
+os.environ["TMPDIR"] = SESSION_TMP
+tempfile.tempdir = SESSION_TMP
 
 _POOLS: dict[int, RankPool] = {}
 
@@ -46,6 +55,15 @@ def pytest_sessionfinish(session, exitstatus):
     for pool in _POOLS.values():
         pool.close()
     _POOLS.clear()
+    left = sorted(n for n in os.listdir(SESSION_TMP) if n.startswith("fleetbench-"))
+    if left:
+        print(f"\nfleetbench-* entries left in the tests' TMPDIR {SESSION_TMP} (the code must remove what it makes): "
+              f"{', '.join(left[:20])}", file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if os.environ.get("FLEETBENCH_KEEP_TEST_TMP"):  # a failure's files kept for a look
+        print(f"\nthe tests' TMPDIR is kept (FLEETBENCH_KEEP_TEST_TMP): {SESSION_TMP}", file=sys.stderr)
+    else:
+        shutil.rmtree(SESSION_TMP, ignore_errors=True)
 
 
 class _NoRanks:

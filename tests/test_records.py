@@ -235,25 +235,3 @@ def test_the_record_shown_in_the_docs_is_a_valid_schema_3_record():
     rec = CaseRecord.from_dict(json.loads(block), path)
     assert rec.schema_version == SCHEMA_VERSION and rec.describe.precision.cudnn_allow_tf32 is True
     assert rec.metrics.footprint_bytes == 65536 and rec.structure.allreduce_ops == 2
-
-
-def test_write_atomic_replaces_whole_or_leaves_the_old_file(tmp_path, monkeypatch):
-    """Outputs (reports, figures' raw data, the nightly's state) are written whole or not at all: a failure at the
-    rename leaves the previous file as it was and no temporary file behind."""
-    import os
-
-    from suite.results.records import write_atomic
-
-    out = tmp_path / "summary.md"
-    write_atomic(str(out), "first\n")
-    assert out.read_text() == "first\n"
-    write_atomic(str(out), "second\n")
-    assert out.read_text() == "second\n"
-
-    def refuse(src, dst):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(os, "replace", refuse)
-    with pytest.raises(OSError, match="No space"):
-        write_atomic(str(out), "third, never whole\n")
-    assert out.read_text() == "second\n" and sorted(p.name for p in tmp_path.iterdir()) == ["summary.md"]

@@ -149,7 +149,9 @@ def test_model_alone_selects_its_cases_and_user_models_get_every_applicable_vari
     assert main(["run", "--model", "gpt2", "--list"]) == 0
     names = [ln.split()[0] for ln in capsys.readouterr().out.splitlines()]
     assert "gpt2/overlap" in names and "gpt2/plain" in names and not any("compute_fusion" in n for n in names)
-    monkeypatch.syspath_prepend(os.path.join(ROOT, "tests", "scripts"))
+    scripts = os.path.join(ROOT, "tests", "scripts")  # the user's own code: on PYTHONPATH (suite/models' rule)
+    monkeypatch.setenv("PYTHONPATH", scripts + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.syspath_prepend(scripts)
     assert main(["run", "--model", "my_models:make_spec", "--list"]) == 0
     names = [ln.split()[0] for ln in capsys.readouterr().out.splitlines()]
     assert {"make_spec/plain", "make_spec/overlap", "make_spec/local_sgd", "make_spec/none"} <= set(names)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +17,8 @@ import threading
 import time
 from typing import Any
 
+from ..runtime.pool import owned_tempdir
+from ..runtime.spawn import keeper, kill_group
 from .isolation import Isolation
 from .protocol import PROTOCOL, SUPPORTED_VERSIONS, VERSION, decode, encode
 
@@ -41,9 +44,11 @@ def _under(path: str, root: str) -> bool:
 
 
 def _pdeathsig() -> int | None:
-    """The parent-death signal the server asks for (SIGTERM), or None where it would not work: not Linux, or not
-    the main thread (the signal follows the thread that forks)."""
-    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+    """The parent-death signal the server asks for (SIGTERM), or None where it would not work (not Linux).  The
+    server is started from the keeper thread (suite.runtime.spawn), which lives as long as this process: the
+    signal follows the thread that forks, so a server started for a figure's worker thread still dies with `ab`,
+    not with that thread."""
+    if not sys.platform.startswith("linux"):
         return None
     return int(signal.SIGTERM)
 
@@ -54,11 +59,11 @@ class TrialServer:
                  env: dict | None = None, wait: bool = True, isolation: Isolation | None = None):
         self.root, self.label, self.nproc, self.timeout = os.path.abspath(root), label, nproc, timeout
         self._own_log = log_path is None  # a log made here is removed on close (errors quote its tail)
-        if log_path is None:
-            import tempfile
-
-            fd, log_path = tempfile.mkstemp(prefix=f"fleetbench-trial-{label}-", suffix=".log")
-            os.close(fd)
+        self._log_dir: str | None = None
+        self._log_owner: int | None = None
+        if log_path is None:  # in a temp directory of this process's (swept by the next run if it is killed)
+            self._log_dir, self._log_owner = owned_tempdir(f"fleetbench-trial-{label}-")
+            log_path = os.path.join(self._log_dir, "server.log")
         self.log_path = log_path
         pypath = os.environ.get("PYTHONPATH")
         isolation = isolation or Isolation()
@@ -73,9 +78,9 @@ class TrialServer:
         # A session of its own: a Ctrl-C in the terminal reaches `ab`, which shuts the servers down in order.
         # The server dies with `ab` (SIGTERM from the kernel when `ab` dies, killed -9 too; its ranks follow
         # through their parent pipe) when started from the main thread, which lives as long as `ab`.
-        self.proc = subprocess.Popen(cmd, cwd=self.root, env=child_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._log, text=True, bufsize=1, start_new_session=True,
-                                     preexec_fn=isolation.preexec(_pdeathsig()))
+        self.proc = keeper.call(subprocess.Popen, cmd, cwd=self.root, env=child_env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=self._log, text=True, bufsize=1, start_new_session=True,
+                                preexec_fn=isolation.preexec(_pdeathsig()))
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._stdin, self._stdout = self.proc.stdin, self.proc.stdout
         self._lines: queue.Queue[str | None] = queue.Queue()
@@ -203,10 +208,13 @@ class TrialServer:
     def _close_log(self) -> None:
         try:
             self._log.close()
-            if self._own_log:
-                os.unlink(self.log_path)
+            if self._own_log and self._log_dir:
+                shutil.rmtree(self._log_dir, ignore_errors=True)
         except OSError:
             pass
+        if self._log_owner is not None:
+            os.close(self._log_owner)
+            self._log_owner = None
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -225,6 +233,7 @@ class TrialServer:
                 except subprocess.TimeoutExpired:
                     self.proc.kill()
                     self.proc.wait(timeout=10)
+        kill_group(self.proc.pid)  # the sweep: whatever of the server's session is left (its session is its own)
         self._close_log()
 
     def __enter__(self) -> TrialServer:

@@ -27,7 +27,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from ..results.records import write_atomic
+from ..outputs import OutputError, file_kind, output_problem, safe_name, write_atomic
 
 __all__ = ["Alert", "series", "alerts", "alerts_in", "report"]
 
@@ -112,13 +112,48 @@ def alerts_in(all_series: dict, persist: int = 2, threshold: float = 0.05) -> li
     return found
 
 
+MAX_RESULT_BYTES = 256 * 2**20  # one asv result file (a commit's results on one machine: KB to a few MB)
+
+
+def unreadable(machine_dir: str) -> str | None:
+    """Why asv could not read ``machine_dir``'s result files without blocking (None when it can): every ``*.json``
+    under it (machine.json included) must be a regular file (a link to one is fine) of bounded size; a FIFO or a
+    device would block asv's reader, forever."""
+    for root, _dirs, files in os.walk(machine_dir):
+        for name in files:
+            if not name.endswith(".json"):
+                continue
+            path = os.path.join(root, name)
+            try:
+                st = os.stat(path)
+            except OSError as exc:
+                return f"{path}: cannot be read ({exc.strerror or exc})"
+            kind = file_kind(st.st_mode)
+            if kind is not None:
+                return f"{path}: is {kind}; expected a regular file (an asv result)"
+            if st.st_size > MAX_RESULT_BYTES:
+                return f"{path}: is {st.st_size} bytes, more than the {MAX_RESULT_BYTES // 2**20} MiB an asv result " \
+                       f"may have"
+    return None
+
+
 def report(results: str, machine: str, persist: int = 2, threshold: float = 0.05, markdown: str | None = None) -> int:
     """``fleetbench history``: print (and write to ``markdown``) the alerts; the exit status above."""
+    try:
+        safe_name(machine, "--machine")
+    except OutputError as exc:
+        print(f"history: error: {exc}", file=sys.stderr)
+        return 2
     if not os.path.isdir(os.path.join(results, machine)):
         print(f"history: error: no asv results for machine {machine!r} under {results}", file=sys.stderr)
         return 2
     if persist < 1:
         print(f"history: error: --persist {persist}: must be >= 1", file=sys.stderr)
+        return 2
+    problem = (f"--markdown {markdown!r}: {output_problem(markdown)}" if markdown and output_problem(markdown)
+               else unreadable(os.path.join(results, machine)))
+    if problem:  # found out before asv reads anything (a FIFO would block it) or anything is computed
+        print(f"history: error: {problem}", file=sys.stderr)
         return 2
     found, n = alerts(results, machine, persist, threshold)
     lines = [f"history alerts ({machine}: {n} series, asv step detection, a new level lasting >= "

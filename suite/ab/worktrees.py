@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import tempfile
 
+from ..results.records import plain
 from ..runtime.pool import owned_tempdir, remove_stale
 from .protocol import MARKER_PATH, PROTOCOL, VERSION
 
@@ -75,7 +76,9 @@ class Worktrees:
                 f"trial-server`; pick revisions at or after the commit that added it")
 
     def subject(self, commit: str) -> str:
-        return git(self.repo, "log", "-1", "--format=%s", commit, check=False)
+        """The commit's subject line as shown to a terminal: control characters (ANSI escapes) and bidirectional
+        overrides written as ``\\uXXXX`` (a commit message is anyone's text), at most 200 characters."""
+        return plain(git(self.repo, "log", "-1", "--format=%s", commit, check=False)[:200])
 
     def check_clean(self, revisions: dict) -> None:
         """Refuse a revision that names the commit checked out in the repository while its working tree has

@@ -32,9 +32,22 @@ def helps(doc: str | None, examples: str, verdicts: str = "", codes: dict[int, s
                 formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+MAX_ERROR_CHARS = 1000  # a refusal names the input; it does not echo a megabyte of it
+
+
+def shorten(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """``text`` cut to about ``limit`` characters, saying how many were left out (its start and end kept)."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    keep = limit - 80
+    return f"{text[: keep * 3 // 4]} … [{len(text) - keep} characters left out] … {text[-(keep // 4):]}"
+
+
 def error(command: str, message) -> int:
-    """``fleetbench COMMAND: error: MESSAGE`` on stderr; returns 2, the exit code of unusable input."""
-    print(f"fleetbench {command}: error: {message}", file=sys.stderr)
+    """``fleetbench COMMAND: error: MESSAGE`` on stderr (one line; a huge message shortened, :func:`shorten`);
+    returns 2, the exit code of unusable input."""
+    print(f"fleetbench {command}: error: {shorten(message)}", file=sys.stderr)
     return 2
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import os
-import stat
+
+from ..outputs import output_problem
 
 # Bounds on the timing options: steps in a timed window, timed rounds, and a wait in seconds (a week: a timedelta
 # of 1e300 s overflows in the ranks).
@@ -101,16 +102,6 @@ def oversubscribed(nproc: int, device: str | None = "cpu") -> str | None:
 
 
 def unwritable(path: str):
-    """Why ``path`` cannot be written as a file (None when it can, as far as can be told beforehand)."""
-    if os.path.isdir(path):
-        return "is a directory; give a file name"
-    if os.path.islink(path):
-        return "is a symbolic link; give the file itself"
-    if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):
-        return "is not a regular file (a FIFO, device or socket)"
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        return f"the directory {parent} does not exist"
-    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        return "not writable"
-    return None
+    """Why ``path`` cannot be written as a file (None when it can, as far as can be told beforehand):
+    :func:`suite.outputs.output_problem`, the writer's own rule."""
+    return output_problem(path)

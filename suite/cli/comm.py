@@ -10,9 +10,19 @@ from ..cluster.calibrate import calibrate_on_pool
 from ..cluster.launch import apply_cluster_args, start_cluster
 from ..config import ConfigError
 from ..measure.metadata import machine_line
-from ..results.records import write_atomic
+from ..outputs import write_atomic
+from ..runtime.pool import RankError, RankFailure
 from . import error, helps
-from .checks import available_memory, check_number, check_seconds, max_local_ranks, unwritable
+from .checks import (
+    MAX_ROUNDS,
+    MAX_STEPS,
+    WEEK,
+    available_memory,
+    check_number,
+    check_seconds,
+    max_local_ranks,
+    unwritable,
+)
 from .options import add_shared
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
@@ -92,8 +102,10 @@ def calibrate_main(args, cluster_spec) -> int:
     why = unwritable(args.calibrate)
     if why:
         return fail(f"--calibrate {args.calibrate!r}: {why}")
-    problem = (check_number("--iters", args.iters, minimum=1) or check_number("--rounds", args.rounds, minimum=1)
-               or check_seconds("--timeout", args.timeout, maximum=None))
+    problem = (check_number("--iters", args.iters, minimum=1, maximum=MAX_STEPS)
+               or check_number("--rounds", args.rounds, minimum=1, maximum=MAX_ROUNDS)
+               or check_seconds("--timeout", args.timeout, maximum=None)
+               or check_number("--timeout", args.timeout, minimum=1.0, maximum=WEEK, unit="seconds"))
     if problem:
         return fail(problem)
     cluster, pool_kw = start_cluster(cluster_spec)
@@ -137,9 +149,11 @@ def main(args) -> int:
                             unit="ranks are processes on this machine")
                or check_number("--inter-nranks", args.inter_nranks, minimum=1, maximum=args.nproc)
                or check_number("--step-factor", args.step_factor, minimum=2)
-               or check_number("--iters", args.iters, minimum=1)
-               or check_number("--warmup", args.warmup, minimum=0)
-               or check_seconds("--timeout", args.timeout, maximum=None, unit="seconds, the bound on the whole sweep"))
+               or check_number("--iters", args.iters, minimum=1, maximum=MAX_STEPS)
+               or check_number("--warmup", args.warmup, minimum=0, maximum=MAX_STEPS)
+               or check_seconds("--timeout", args.timeout, maximum=None, unit="seconds, the bound on the whole sweep")
+               or check_number("--timeout", args.timeout, minimum=1.0, maximum=WEEK,
+                               unit="seconds, the bound on the whole sweep"))
     if problem:
         return fail(problem)
     try:
@@ -180,6 +194,10 @@ def main(args) -> int:
             answers = pool.run(allreduce_sweep_on_rank,
                                dict(sizes=sizes, variants=variants, inter_nranks=args.inter_nranks, iters=args.iters,
                                     warmup=args.warmup, dtype=args.dtype))
+    except (RankFailure, RankError) as exc:  # a sweep past --timeout, a rank that died: said, not a traceback
+        lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+        return fail(f"the sweep did not finish (--timeout {args.timeout:g} s): {lines[0]}"
+                    + (f" ... {lines[-1].strip()}" if len(lines) > 1 else ""))
     finally:
         if cluster is not None:
             cluster.down()

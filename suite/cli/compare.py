@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import sys
 
+from ..outputs import write_atomic
 from ..report.page import md_text
 from ..results.load import load_side
-from ..results.records import ResultsFileError, plain, write_atomic
+from ..results.records import ResultsFileError, plain
 from . import GATE_CODES, error, helps, print_json
 from .checks import unwritable
 

@@ -18,14 +18,13 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-import os
 import pkgutil
 import sys
 
 import suite.figures as figures_pkg
 
 from ..measure.metadata import machine_line
-from ..results.records import write_atomic
+from ..outputs import read_input, write_atomic
 from . import error, helps, terminate_cleanly
 from .checks import MAX_ROUNDS, MAX_STEPS, check_nproc, check_number, check_seconds, unwritable
 from .options import add_shared
@@ -102,6 +101,31 @@ def add_parser(sub) -> None:
     p.set_defaults(func=main)
 
 
+MAX_RAW_BYTES = 256 * 2**20  # a figure's raw data (the gate's runs: a few MB)
+
+
+def _load(path: str):
+    """The JSON value kept in ``path`` (a regular file: a FIFO or device is refused without blocking); a
+    ValueError saying what is wrong."""
+    text = read_input(path, "file", MAX_RAW_BYTES)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); expected the raw "
+                         f"data a --save kept") from None
+    except RecursionError:
+        raise ValueError("JSON nested too deeply; not a figure's raw data") from None
+
+
+def _load_problem(path: str) -> str | None:
+    """Why ``path`` cannot be read as raw data (None when it can): read and parsed here, before anything runs."""
+    try:
+        _load(path)
+    except ValueError as exc:
+        return str(exc).removeprefix(f"{path}: ")
+    return None
+
+
 def options_for(name: str, module, args):
     """The figure's ``Options`` from the arguments; a ValueError naming an option the figure does not take."""
     fields = {f.name for f in dataclasses.fields(module.Options)}
@@ -127,7 +151,9 @@ def main(args) -> int:
                or check_number("--steps", args.steps, minimum=1, maximum=MAX_STEPS)
                or check_seconds("--timeout", args.timeout)
                or (f"--out {args.out!r}: {unwritable(args.out)}" if args.out and unwritable(args.out) else None)
-               or (f"--load {args.load!r}: no such file" if args.load and not os.path.isfile(args.load) else None))
+               or (f"--save {args.save!r}: {unwritable(args.save)}" if args.save and unwritable(args.save) else None)
+               or (f"--load {args.load!r}: {_load_problem(args.load)}" if args.load and _load_problem(args.load)
+                   else None))
     if problem:  # before any rank starts
         return error("figures", problem)
     from ..runtime import RankPool  # at call time: tests replace it
@@ -142,8 +168,7 @@ def main(args) -> int:
     terminate_cleanly()  # SIGTERM unwinds like Ctrl-C: pools and trial servers closed, their logs removed
     try:
         if args.load and "load" not in own:
-            with open(args.load) as fh:
-                raw = json.load(fh)
+            raw = _load(args.load)
         elif not getattr(module, "USES_POOL", True):  # the figure starts its own processes (ab's trial servers)
             raw = module.measure(opts, None)
         else:
@@ -155,7 +180,13 @@ def main(args) -> int:
         return 130
     if args.save and "save" not in own:
         write_atomic(args.save, json.dumps(raw, default=str))  # a value JSON has no form for is kept as text
-    text = module.render(raw, opts)
+    try:
+        text = module.render(raw, opts)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        if not args.load:
+            raise
+        return error("figures", f"--load {args.load!r}: not the raw data of figures {args.name} "
+                                f"({type(exc).__name__}: {str(exc)[:200]})")
     text = f"{text}\n\n_{machine_line(args.nproc)}_\n"
     print(text)
     if args.out:

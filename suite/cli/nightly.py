@@ -17,10 +17,11 @@ from ..config import ConfigError
 from ..measure.metadata import machine_name
 from ..measure.stats import ratio_interval_text
 from ..nightly import NightlyOptions, finished_stages, last_night, make_plan, read_step_times
+from ..outputs import InputError, OutputDir, OutputError, output_problem, read_input, safe_name, write_atomic
 from ..report import junit
-from ..results.records import write_atomic
+from ..runtime.spawn import keeper, pdeathsig_preexec
 from . import GATE_CODES, helps, unwind
-from .checks import check_number
+from .checks import MAX_ROUNDS, MAX_STEPS, check_nproc, check_number
 from .options import add_shared, selection
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -110,20 +111,103 @@ def _worlds(text: str | None) -> tuple[int, ...]:
     return tuple(dict.fromkeys(out))
 
 
+MAX_WORLD = 4096  # a declared world size (--plan --device cuda: no GPU is probed) at most
+LAST_GOOD_BYTES = 4096  # the last good commit's file: a commit hash and a newline
+YEAR_MIN = 525_600  # --limit and --gate-budget at most (minutes): beyond, a number is no duration
+
+
+def _path_problem(option: str, path: str, directory: bool) -> str | None:
+    """Why ``path`` cannot take the night's output (a directory, or a file), in one line naming the option."""
+    if directory:
+        if os.path.islink(path):
+            return f"{option} {path!r}: is a symbolic link; give the directory itself"
+        if os.path.lexists(path) and not os.path.isdir(path):
+            return f"{option} {path!r}: exists and is not a directory"
+        return None
+    if os.path.lexists(path):
+        return f"{option} {path!r}: {why}" if (why := output_problem(path)) else None
+    return None
+
+
+def check_options(args) -> None:
+    """Every option of the night checked before anything runs (a stage hours in never finds a bad one): one
+    ConfigError naming the first bad option, its value and what is allowed."""
+    problem = (check_number("--rounds", args.rounds, minimum=1, maximum=MAX_ROUNDS)
+               or check_number("--steps", args.steps, minimum=1, maximum=MAX_STEPS)
+               or check_number("--persist", args.persist, minimum=1, maximum=10_000)
+               or check_number("--gate-budget", args.gate_budget, above=0.0, maximum=YEAR_MIN, unit="minutes")
+               or check_number("--limit", args.limit, above=0.0, maximum=YEAR_MIN, unit="minutes")
+               or _path_problem("--out", args.out, directory=True)
+               or _path_problem("--last-good", args.last_good, directory=False))
+    problem = problem or junit.path_problem("--junit", junit_path(args), [os.path.join(args.out, "runs.jsonl"),
+                                                                          os.path.join(args.out, "nightly.json")])
+    if problem:
+        raise ConfigError(problem)
+    worlds = _worlds(args.worlds)
+    for w in worlds:
+        declared = args.plan and args.device == "cuda"  # no GPU is probed for a plan: bounded, not counted
+        why = check_number("--worlds", w, minimum=1, maximum=MAX_WORLD) if declared else \
+            check_nproc(w, args.device or "cpu", "--worlds")
+        if why:
+            raise ConfigError(why)
+    if args.machine is not None:
+        try:
+            safe_name(args.machine, "--machine")
+        except OutputError as exc:
+            raise ConfigError(str(exc)) from None
+    if os.path.lexists(args.last_good):
+        try:
+            read_input(args.last_good, "last good commit file", LAST_GOOD_BYTES)
+        except InputError as exc:
+            raise ConfigError(f"--last-good: {exc}") from None
+    if not args.plan:  # a plan runs no stage: asv's config is read by the night's asv and history stages
+        try:
+            conf = json.loads(read_input(args.asv_config, "asv config (JSON)", 2**20))
+        except (InputError, ValueError, RecursionError) as exc:
+            raise ConfigError(f"--asv-config: {exc}") from None
+        if not isinstance(conf, dict):
+            raise ConfigError(f"--asv-config {args.asv_config!r}: expected a JSON object (asv.conf.json)")
+    try:
+        shlex.split(args.ab_args)
+    except ValueError as exc:
+        raise ConfigError(f"--ab-args {args.ab_args[:200]!r}: {exc}") from None
+
+
+def check_ab_args(args, device: str | None) -> None:
+    """--ab-args parsed and checked as `fleetbench ab` will (its parser, its option checks), with the options the
+    gate adds itself: a ConfigError naming --ab-args and ab's complaint."""
+    import contextlib
+    import io
+
+    from . import ab
+    from .main import build_parser  # at call time: main imports every command, this one included
+
+    extra = shlex.split(args.ab_args)
+    argv = ["ab", "BASE", "HEAD", "--nproc", str(_worlds(args.worlds)[0] if args.worlds else 1), "--total-budget",
+            "60", *extra, "--json"]
+    if device:
+        argv[3:3] = ["--device", device]
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            ns = build_parser().parse_args(argv)
+    except SystemExit:
+        said = [ln for ln in err.getvalue().splitlines() if "error:" in ln]
+        why = said[-1].split("error:", 1)[1].strip() if said else "not options of fleetbench ab"
+        raise ConfigError(f"--ab-args {args.ab_args[:200]!r}: {why[:300]}") from None
+    try:
+        ab.options(ns)
+    except ValueError as exc:
+        raise ConfigError(f"--ab-args {args.ab_args[:200]!r}: {str(exc)[:300]}") from None
+
+
 def plan_of(args):
     """(resolved selection, plan, last night) of the options; nothing is run, and with --plan nothing probed."""
     import fnmatch
 
     from ..selection import choose_platform
 
-    problem = (check_number("--rounds", args.rounds, minimum=1) or check_number("--steps", args.steps, minimum=1)
-               or check_number("--persist", args.persist, minimum=1)
-               or check_number("--gate-budget", args.gate_budget, above=0.0, unit="minutes")
-               or check_number("--limit", args.limit, above=0.0, unit="minutes"))
-    problem = problem or junit.path_problem("--junit", junit_path(args), [os.path.join(args.out, "runs.jsonl"),
-                                                                          os.path.join(args.out, "nightly.json")])
-    if problem:
-        raise ConfigError(problem)
+    check_options(args)
     # the device first (a plan only declares it), for the default tag
     device = args.device or (None if args.plan else choose_platform(None)[0])
     tags = tuple(args.tag) or (() if (args.case or args.model) else ("nightly-gpu",) if device == "cuda" else
@@ -138,6 +222,8 @@ def plan_of(args):
                           "--tag gate` lists them)" + (" and matches --gate-case" if args.gate_case else ""))
     machine = args.machine or machine_name()
     last = last_night(args.out, machine)
+    if not args.plan:  # the gate's options: `fleetbench ab`'s own checks, hours before the gate runs
+        check_ab_args(args, device)
     opts = NightlyOptions(rounds=args.rounds, steps=args.steps, check=not args.quick,
                           gate_budget_s=args.gate_budget * 60.0)
     try:
@@ -174,8 +260,7 @@ def _code(rc: int) -> int:
 
 def _asv_html_dir(conf: str) -> str:
     """asv.conf.json's html_dir (relative to the config file's folder, as asv reads it)."""
-    with open(conf) as fh:
-        html = json.load(fh).get("html_dir", "html")
+    html = json.loads(read_input(conf, "asv config (JSON)", 2**20)).get("html_dir", "html")
     return os.path.join(os.path.dirname(os.path.abspath(conf)), html)
 
 
@@ -191,6 +276,7 @@ class Night:
         self.args, self.resolved, self.plan = args, resolved, plan
         self.py = sys.executable
         self.out = os.path.abspath(args.out)  # the stages run in the checkout's root
+        self.dir: OutputDir | None = None  # --out, held once the night starts (nothing written through a link)
         self.deadline = None if args.limit is None else time.monotonic() + args.limit * 60.0
         args.asv_config = os.path.abspath(args.asv_config)
         self.env = dict(os.environ, PYTHONPATH=ROOT + (os.pathsep + os.environ["PYTHONPATH"]
@@ -205,7 +291,9 @@ class Night:
 
     # -- bookkeeping ------------------------------------------------------------------------------------
     def save(self) -> None:
-        write_atomic(os.path.join(self.out, "nightly.json"), json.dumps(self.state, indent=1))
+        if self.dir is None:
+            self.dir = OutputDir(self.out)
+        self.dir.write("nightly.json", json.dumps(self.state, indent=1))
 
     def junit_file(self, stage: str, name: str) -> str:
         """Where a stage's command writes its own JUnit XML (OUT/junit/NAME.xml; last night's file removed first,
@@ -237,7 +325,9 @@ class Night:
     def call(self, cmd: list, stdout=None, env: dict | None = None) -> int:
         """A stage's command, bounded by --limit; on a cancel (SIGINT/SIGTERM) or at the limit the child gets
         SIGINT and a few seconds to clean up (what it finished is kept), then the night ends."""
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env or self.env, stdout=stdout)
+        # a stage dies with the night (SIGTERM from the kernel, a killed -9 night too: it unwinds like a cancel)
+        proc = keeper.call(subprocess.Popen, cmd, cwd=ROOT, env=env or self.env, stdout=stdout,
+                           preexec_fn=pdeathsig_preexec(signal.SIGTERM))
         try:
             return proc.wait(timeout=None if self.deadline is None else max(1.0, self.deadline - time.monotonic()))
         except (KeyboardInterrupt, subprocess.TimeoutExpired) as exc:
@@ -315,7 +405,15 @@ class Night:
                     FLEETBENCH_BENCH_DEVICE=self.resolved.device, FLEETBENCH_BENCH_SIZE=self.resolved.size,
                     FLEETBENCH_BENCH_CONFIG=os.path.abspath(sel.config) if sel.config else "",
                     FLEETBENCH_BENCH_SET=";".join(sel.sets), FLEETBENCH_BENCH_ROUNDS=str(self.args.rounds),
-                    FLEETBENCH_BENCH_STEPS=str(self.args.steps))
+                    FLEETBENCH_BENCH_STEPS=str(self.args.steps), HOME=self.asv_home())
+
+    def asv_home(self) -> str:
+        """asv's HOME: a folder of the night's output, where asv writes its machine file (~/.asv-machine.json):
+        the user's own home is not written."""
+        if self.dir is None:
+            self.dir = OutputDir(self.out)
+        self.dir.dir("asv-home").close()
+        return os.path.join(self.out, "asv-home")
 
     def asv_stage(self) -> int:
         asv, conf, env = os.path.join(os.path.dirname(self.py), "asv"), self.args.asv_config, self.asv_env()
@@ -336,10 +434,15 @@ class Night:
 
     def last_good(self) -> str | None:
         try:
-            with open(self.args.last_good) as fh:
-                good = fh.read().strip()
-        except OSError:
+            good = read_input(self.args.last_good, "last good commit file", LAST_GOOD_BYTES).strip()
+        except InputError as exc:
+            if os.path.lexists(self.args.last_good):
+                print(f"last good commit unreadable ({exc}): no gate tonight")
+                return None
             print(f"no last good commit at {self.args.last_good}: this night's commit becomes the baseline")
+            return None
+        if not good or good.startswith("-") or len(good) > 256 or not all(c.isalnum() or c in "._/~^-" for c in good):
+            print(f"last good commit {good[:64]!r} (from {self.args.last_good}) is not a revision: no gate tonight")
             return None
         ok = subprocess.run(["git", "cat-file", "-e", f"{good}^{{commit}}"], cwd=ROOT, capture_output=True)
         if ok.returncode:
@@ -361,7 +464,8 @@ class Night:
                 continue
             share = self.plan.gate_budget_s * len(names) / len(self.plan.gate)
             path = os.path.join(self.out, f"ab-w{w}.json")
-            with open(path, "w") as fh:
+            assert self.dir is not None
+            with self.dir.replacing(f"ab-w{w}.json") as fh:  # ab's --json document, never through a link
                 code = self.call(self.fleetbench(
                     "ab", good, self.commit, "--nproc", str(w), *self.selection_options(cases=names), "--total-budget",
                     f"{share:.0f}", *(["--no-check"] if self.args.quick else []), *shlex.split(self.args.ab_args),
@@ -369,16 +473,15 @@ class Night:
             codes.append(_code(code))
             gate["worlds"][str(w)] = {"exit": code, "cases": names, "budget_s": share}
             lines = _gate_lines(path, code)
-            with open(os.path.join(self.out, "gate.md"), "a") as fh:
-                fh.write("\n".join(lines) + "\n")
+            self.dir.append("gate.md", "\n".join(lines) + "\n")
             print("\n".join(lines), flush=True)
             self.save()  # the verdict of each world size is kept as it comes
         return _worst(codes)
 
     def history_stage(self) -> int:
         conf = self.args.asv_config
-        with open(conf) as fh:
-            results = os.path.join(os.path.dirname(conf), json.load(fh).get("results_dir", "results"))
+        conf_data = json.loads(read_input(conf, "asv config (JSON)", 2**20))
+        results = os.path.join(os.path.dirname(conf), conf_data.get("results_dir", "results"))
         code = self.call(self.fleetbench("history", "--results", results, "--machine", self.plan.machine,
                                          "--persist", str(self.args.persist), "--markdown",
                                          os.path.join(self.out, "history-alerts.md")))
@@ -387,7 +490,7 @@ class Night:
         return 2 if code == 2 else 0
 
     def run(self) -> int:
-        os.makedirs(self.out, exist_ok=True)
+        self.dir = OutputDir(self.out)
         print(f"== nightly: commit {self.commit[:10]}, device {self.resolved.device}, machine {self.plan.machine}, "
               f"worlds {' '.join(map(str, self.resolved.worlds))}, out {self.out}; plan "
               f"{self.plan.seconds / 60:.0f} min", flush=True)
@@ -429,8 +532,7 @@ class OverLimit(KeyboardInterrupt):
 def _gate_lines(path: str, code: int) -> list[str]:
     """The gate's verdict in Markdown lines, from `ab --json`'s output."""
     try:
-        with open(path) as fh:
-            doc = json.load(fh)
+        doc = json.loads(read_input(path, "ab --json document", 256 * 2**20))
     except (OSError, ValueError):
         return [f"ab gate: no result (exit {code}; the log above says why)"]
     lines = [f"- identical: {doc['identical']} (nothing timed)"] if doc.get("identical") else []

@@ -15,7 +15,8 @@ from ..cluster import costmodel as cm
 from ..cluster.calibrate import Calibration
 from ..cluster.simulate import Profile, predict_step, predict_table, registry_settings
 from ..cluster.spec import ClusterSpecError, parse_cluster
-from ..results.records import write_atomic
+from ..outputs import write_atomic
+from ..results.records import plain
 from . import error, helps
 from .checks import check_number, max_local_ranks, unwritable
 from .options import add_shared
@@ -155,8 +156,8 @@ def main(args) -> int:
     if args.json:
         print(json.dumps([predict_step(profile, cluster, cfg, name) for name, cfg in rows], indent=1))
         return 0
-    print(f"Predicted on {spec} ({note}; model "
-          f"{profile.model or '?'}, {len(profile.params)} gradients, {profile.grad_bytes / 2**20:.1f} MiB, compute "
+    print(f"Predicted on {spec} ({note}; model {plain(profile.model or '?')}, "
+          f"{len(profile.params)} gradients, {profile.grad_bytes / 2**20:.1f} MiB, compute "
           f"{profile.compute_s * 1e3:.1f} ms per step of {profile.per_rank_batch} samples per rank). The registry's "
           f"variants, fused ones at {args.bucket_mb:g} MiB, local_sgd at k={args.local_sgd_k}. Rates are link payload "
           f"rates; the model is an extrapolation, not a measurement.\n")

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..config import ConfigError
+from ..model_registry import is_user_ref
 from ..results.records import ResultsFileError, name_problem, read_records
 
 __all__ = ["RECORDED", "Resume", "recorded", "resolve_resume"]
@@ -142,6 +143,13 @@ def resolve_resume(args, world: int | None) -> Resume:
     if world is None:
         args.nproc = worlds.pop()
     told = _told(mine)
+    models = told.get("model")
+    factories = [m for m in models if isinstance(m, str) and is_user_ref(m)] if isinstance(models, list) else []
+    if factories and not _given(args, "model"):  # a results file never names code to run
+        raise ConfigError(f"--resume {target}: run {run_id} ran your own factory "
+                          f"{', '.join(repr(f[:200]) for f in factories[:5])}; a results file never names code to "
+                          f"run: give --model {' --model '.join(f[:200] for f in factories[:5])} again (with the "
+                          f"run's other --model options) to resume it")
     for name, value in told.items():
         if not _KINDS[name](value):
             raise ConfigError(f"--resume {target}: run {run_id}'s recorded {_option(name)} is {value!r}, not a value "
@@ -153,5 +161,6 @@ def resolve_resume(args, world: int | None) -> Resume:
                               f"command gives {_option(name)} {_shown(mine_given)}; leave {_option(name)} out to "
                               f"resume with the run's own")
         setattr(args, name, list(value) if isinstance(value, list) else value)
-    # A case that ended in an error is run again; finished ones are kept as they are.
-    return Resume(run_id, {r.case for r in mine if r.status != "error"}, [n for n in RECORDED if n not in told])
+    # A case that ended in an error, or was not run (its timing interrupted), is run again; finished ones are kept.
+    return Resume(run_id, {r.case for r in mine if r.status not in ("error", "not_run")},
+                  [n for n in RECORDED if n not in told])

@@ -7,6 +7,7 @@ validated before any rank starts.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import stat
@@ -126,7 +127,13 @@ def main(args) -> int:
     launcher: Any = None
     cluster: Any = None  # an emulated cluster, taken down after the launcher
     if env:
-        ctx = init_from_env(device=device, pg_timeout=args.pg_timeout)
+        try:
+            ctx = init_from_env(device=device, pg_timeout=args.pg_timeout)
+        except (RuntimeError, OSError) as exc:  # the port taken, the rendezvous never met: said, not a traceback
+            first = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+            raise ConfigError(f"cannot join torchrun's world at MASTER_ADDR={env.master_addr} MASTER_PORT="
+                              f"{env.master_port} as rank {env.rank} of {env.world_size}: {first[:300]} (is the port "
+                              f"taken by another job?)") from None
         launcher = TorchrunLauncher(ctx)
         reporter = ctx.rank == 0
         shared = launcher.share(resume and (resume, recorded(args)))
@@ -201,11 +208,19 @@ def main(args) -> int:
                     dest = _append(args.results, rec)
                     written[dest] = written.get(dest, 0) + 1
             records += batch
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        kept = list(getattr(exc, "records", None) or [])  # the interrupted group's finished checks and timings
+        checked = 0
+        for rec in kept if reporter else []:
+            dest = _append(args.results, rec)
+            written[dest] = written.get(dest, 0) + 1
+            checked += rec.status == "not_run"
         if reporter and args.junit:
-            _write_junit(args.junit, records, seconds, world)
+            _write_junit(args.junit, records + kept, seconds, world)
         saved = "; ".join(f"{n} record(s) of finished cases kept in {t}" for t, n in written.items())
-        print(f"fleetbench run: interrupted; {saved or 'no case had finished, nothing was written'}",
+        more = (f" ({checked} of them checked, their timing interrupted: status not_run, --resume times them)"
+                if checked else "")
+        print(f"fleetbench run: interrupted; {saved or 'no case had finished, nothing was written'}{more}",
               file=sys.stderr, flush=True)
         raise SystemExit(130) from None
     finally:
@@ -343,7 +358,8 @@ def _allreduce_counts(describe: Mapping) -> str:
     return f"   allreduce ops {before} before fusion, {after} after{during}"
 
 
-_FALLBACK: dict = {}
+_FALLBACK: dict = {}  # results file -> where its records go instead (a fallback file, or STDERR)
+STDERR = "stderr (one JSON line per record)"
 
 
 def _append_target(path: str) -> str:
@@ -351,23 +367,57 @@ def _append_target(path: str) -> str:
 
 
 def _append(path: str, rec) -> str:
-    """Append a record and return the file it went to: the results file, or, once that cannot take a
-    record (a full disk: the file is cut back to its last whole record), a fallback file, said where."""
+    """Append a record and return where it went: the results file; once that cannot take a record (a full disk:
+    the file is cut back to its last whole record), a fallback file in the temporary directory; and when that
+    fails too (the temporary directory full as well), stderr, one JSON line per record.  Never raises: the run's
+    records are also kept in memory (its table)."""
     from ..results.records import append_record  # at call time: tests replace it
 
     target = _append_target(path)
-    try:
-        append_record(target, rec)
-        return target
-    except OSError as exc:
-        why = f"{type(exc).__name__}: {exc}"
-    fd, fallback = tempfile.mkstemp(prefix="fleetbench-fallback-", suffix=".jsonl")
+    if target != STDERR:
+        try:
+            append_record(target, rec)
+            return target
+        except OSError as exc:
+            why = f"{type(exc).__name__}: {exc}"
+        if target == path:
+            fallback = _new_fallback()
+            if fallback is not None:
+                try:
+                    append_record(fallback, rec)
+                    _FALLBACK[path] = fallback
+                    _say(f"fleetbench run: cannot append to {path} ({why}; the file keeps its earlier records "
+                         f"intact); this and the next records of this run go to {fallback}")
+                    return fallback
+                except OSError as exc:
+                    why = f"{why}; the fallback {fallback}: {type(exc).__name__}: {exc}"
+                    with contextlib.suppress(OSError):
+                        if os.path.getsize(fallback) == 0:
+                            os.unlink(fallback)  # no empty fallback file left behind
+        _FALLBACK[path] = STDERR
+        _say(f"fleetbench run: cannot append to {target} ({why}); this and the next records of this run are "
+             f"printed on stderr, one JSON line each (lines starting with '{{'): keep them, e.g. "
+             f"`grep '^{{' LOG >> {path}` once there is room")
+    _say(rec.to_json())
+    return STDERR
+
+
+def _new_fallback() -> str | None:
+    try:  # TMPDIR as given: where it is full, not some other directory (tempfile would try /tmp next)
+        fd, fallback = tempfile.mkstemp(prefix="fleetbench-fallback-", suffix=".jsonl",
+                                        dir=os.environ.get("TMPDIR") or None)
+    except OSError:
+        return None
     os.close(fd)
-    _FALLBACK[path] = fallback
-    print(f"fleetbench run: cannot append to {path} ({why}; the file keeps its earlier records intact); this and "
-          f"the next records of this run go to {fallback}", file=sys.stderr, flush=True)
-    append_record(fallback, rec)
     return fallback
+
+
+def _say(line: str) -> None:
+    """A line on stderr that never raises (a closed or full stderr loses the line, not the run)."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def _prepare(args, env) -> tuple[list, RunOptions]:

@@ -50,7 +50,7 @@ from ..cluster.spec import parse_cluster, parse_rate
 from ..config import StrategyConfig
 from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
 from ..measure.timing import time_on_rank
-from ..results.records import write_atomic
+from ..outputs import read_input, write_atomic
 from ..runtime.pool import RankFailure
 from ..workload import WorkloadSpec
 
@@ -615,8 +615,7 @@ def measure(options: Options, pool=None) -> dict:
     """Every measurement (or the kept ones of ``options.load``), then the re-measurements of the rows outside
     15%.  The pool is not used: the figure brings up its own clusters and ranks."""
     if options.load:
-        with open(options.load) as fh:
-            raw = json.load(fh)
+        raw = json.loads(read_input(options.load, "figure's raw data (JSON)"))
         if options.rechecks:
             recheck(raw, raw["rounds"], raw["steps"], 3600.0, options.rechecks, options.save)
         return raw

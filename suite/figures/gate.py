@@ -69,8 +69,8 @@ from ..ab.power import (
     simulate_level,
 )
 from ..ab.stats import SeqOptions, block_log_ratio, lag1
+from ..outputs import read_input, write_atomic
 from ..results.gate import GateOptions, gate_samples
-from ..results.records import write_atomic
 
 DESCRIPTION = "regression gates: false alarms and detection of 2/5/10% slowdowns, ab and compare"
 
@@ -211,8 +211,7 @@ def _save(path: str, runs: list) -> None:
 
 
 def _load(path: str) -> list:
-    with open(path) as fh:
-        return [Run(**r) for r in json.load(fh)]
+    return [Run(**r) for r in json.loads(read_input(path, "figure's raw data (JSON)"))]
 
 
 def _passes(counts: dict) -> int:

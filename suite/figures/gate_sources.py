@@ -26,7 +26,7 @@ import numpy as np
 from ..ab.isolation import FACTORS, Isolation
 from ..ab.power import Run, block_noise, block_statistics, prep_spread, spread_interval
 from ..ab.stats import POWER, SeqOptions
-from ..results.records import write_atomic
+from ..outputs import read_input, write_atomic
 from .gate import long_run
 
 DESCRIPTION = "the gate's sources of bias: tau_prep, tau_process and block noise under each placement/layout factor"
@@ -83,8 +83,7 @@ def measure(options: Options, pool=None) -> dict:
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     t0 = time.monotonic()
     if options.load:
-        with open(options.load) as fh:
-            kept = json.load(fh)
+        kept = json.loads(read_input(options.load, "figure's raw data (JSON)"))
         if isinstance(kept, dict):  # a calibration's raw data
             return {"rows": [], "calibration": kept.get("calibration") or [], "seconds": 0.0, "loaded": True}
         return {"rows": kept, "seconds": 0.0, "loaded": True}

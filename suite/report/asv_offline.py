@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
+import stat
 
-from ..results.records import write_atomic
+from ..outputs import OutputDir
 
 __all__ = ["ASSETS", "VENDOR", "make_offline", "external_assets", "OfflineError"]
 
@@ -64,27 +64,54 @@ def _rewrite(html: str) -> str:
     return _TAG.sub(local, html)
 
 
+MAX_PAGE_BYTES = 64 * 2**20  # an asv page is a few KB; its data lives in other files
+
+
+def _read_page(out: OutputDir, name: str) -> str | None:
+    """The text of the regular file ``name`` in ``out`` (not a link, FIFO, device or oversized file: None)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=out.fd)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_PAGE_BYTES:
+            return None
+        os.set_blocking(fd, True)
+        return fh.read(MAX_PAGE_BYTES).decode("utf-8", errors="replace")
+
+
 def make_offline(html_dir: str) -> list[str]:
     """Copy the vendored assets into ``html_dir/vendor`` and point every top-level page at them; returns the
-    pages rewritten.  An OfflineError names a page that still loads an asset from elsewhere."""
+    pages rewritten.  An OfflineError names a page that still loads an asset from elsewhere; an OutputError (an
+    OSError) a link (or anything else not ours to replace) where a file or folder is written: every write goes
+    through :class:`suite.outputs.OutputDir`, so nothing lands outside ``html_dir``."""
     index = os.path.join(html_dir, "index.html")
     if not os.path.isfile(index):
         raise OfflineError(f"{html_dir}: no index.html here (run `asv publish` first; this is its html_dir)")
-    dest = os.path.join(html_dir, "vendor")
-    shutil.copytree(VENDOR, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns("README.md"))
-    pages, left = [], []
-    for name in sorted(os.listdir(html_dir)):
-        path = os.path.join(html_dir, name)
-        if not (name.endswith(".html") and os.path.isfile(path) and not os.path.islink(path)):
-            continue
-        with open(path, encoding="utf-8") as fh:
-            html = fh.read()
-        new = _rewrite(html)
-        if new != html:
-            write_atomic(path, new)
-            pages.append(name)
-        left += [f"{name}: {url}" for url in external_assets(new)]
+    with OutputDir(html_dir, create=False) as out:
+        for root, dirs, files in os.walk(VENDOR):
+            dirs.sort()
+            rel = os.path.relpath(root, VENDOR)
+            for f in sorted(files):
+                if rel == "." and f == "README.md":
+                    continue
+                out.copy_in(os.path.join(root, f), "/".join(["vendor", *([] if rel == "." else rel.split(os.sep)),
+                                                             f]))
+        pages, left = [], []
+        for name in out.entries():
+            if not name.endswith(".html"):
+                continue
+            html = _read_page(out, name)
+            if html is None:  # a link, a FIFO, a device: not a page of asv's
+                continue
+            new = _rewrite(html)
+            if new != html:
+                out.write(name, new)
+                pages.append(name)
+            left += [f"{name}: {url}" for url in external_assets(new)]
     if left:
         raise OfflineError("these pages still load assets from other hosts (add them to "
                            "suite/report/asv_offline.py ASSETS and vendor them): " + "; ".join(left))
     return pages
+

@@ -32,7 +32,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from ..results.records import CaseRecord, write_atomic
+from ..outputs import open_input, write_atomic
+from ..results.records import CaseRecord
 
 __all__ = ["TestCase", "Suite", "to_xml", "write_junit", "path_problem", "merge_files", "record_cases",
            "doctor_cases", "ab_cases", "stage_case", "MAX_MESSAGE"]
@@ -165,13 +166,12 @@ def merge_files(paths: Iterable[str]) -> tuple[list[ET.Element], list[str]]:
     suites: list[ET.Element] = []
     problems: list[str] = []
     for path in paths:
-        try:
-            if os.path.getsize(path) > MAX_MERGED_BYTES:
-                raise ValueError(f"over {MAX_MERGED_BYTES // 2**20} MiB")
-            root = ET.parse(path).getroot()
-        except FileNotFoundError:
+        if not os.path.lexists(path):
             problems.append(f"{path}: not written")
             continue
+        try:
+            with open_input(path, "JUnit XML file", MAX_MERGED_BYTES) as fh:  # a FIFO is refused, never read
+                root = ET.parse(fh).getroot()
         except (OSError, ValueError, ET.ParseError) as exc:
             problems.append(f"{path}: not read ({exc})")
             continue

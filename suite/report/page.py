@@ -35,18 +35,18 @@ from __future__ import annotations
 import collections
 import hashlib
 import html
+import io
 import json
 import math
 import os
 import re
-import shutil
-import stat
 import struct
 import sys
 import urllib.parse
 
 from ..measure.utilization import BUSY, busy_reason
-from ..results.records import NUMERIC_METRICS, allreduce_total, jsonable, write_atomic
+from ..outputs import OutputDir
+from ..results.records import NUMERIC_METRICS, allreduce_total, jsonable
 from ..results.records import plain as _plain
 
 __all__ = ["build_report", "md_text", "trace_source", "png_size", "out_problem"]
@@ -116,23 +116,18 @@ def trace_files(results_dir: str, rel) -> tuple[list[tuple[str, str]], list[str]
     return out, left
 
 
-def _copy_trace(src: str, dst: str) -> None:
-    """Copy ``src`` (checked by :func:`trace_source`) to a new ``dst``: neither end is followed if it
-    turned into a link meanwhile, the source must still be one regular file of traces/'s own."""
-    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as fin:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1 or st.st_size > MAX_TRACE_BYTES:
-            raise OSError(f"{src} changed, or is over {MAX_TRACE_BYTES // 2**20} MiB; not copied")
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        if os.path.lexists(dst):
-            os.unlink(dst)
-        with open(dst, "xb") as fout:
-            shutil.copyfileobj(fin, fout)
+def _copy_trace(src: str, out: OutputDir, dst: str) -> None:
+    """Copy ``src`` (checked by :func:`trace_source`) to ``dst`` under ``out``: neither end is followed if it
+    is (or turned into) a link, every folder on the way under ``out`` included; the source must still be one
+    regular file of traces/'s own."""
+    out.copy_in(src, dst, limit=MAX_TRACE_BYTES, links=False)
 
 
 MAX_MODEL_PLOTS = 24  # speedup plots (one per model) drawn at most
 MAX_BARS = 80  # cases in one throughput or breakdown plot at most
+MAX_WORLD_PLOTS = 8  # world sizes given throughput and breakdown plots at most (those with the most cases)
+MAX_TABLE_ROWS = 5000  # (case, world) rows the page's and the summary's tables list at most (report_data.json: all)
+MAX_PROBLEM_GROUPS = 200  # boxes of failures, errors and notes at most
 
 REPORT_FILES = ("index.html", "summary.md", "report_data.json")
 
@@ -171,7 +166,11 @@ def out_problem(out_dir: str, results_dirs, force: bool = False) -> str | None:
 def png_size(path: str) -> tuple[int, int]:
     """(width, height) in pixels of a PNG file, from its header."""
     with open(path, "rb") as fh:
-        head = fh.read(24)
+        return png_size_of(fh.read(24), path)
+
+
+def png_size_of(head: bytes, path: str = "PNG data") -> tuple[int, int]:
+    """(width, height) in pixels of PNG data (its first 24 bytes suffice)."""
     if head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
         raise ValueError(f"{path}: not a PNG file")
     return struct.unpack(">II", head[16:24])
@@ -428,7 +427,11 @@ def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dic
 
     from . import figures as F
 
-    os.makedirs(out_dir, exist_ok=True)
+    with OutputDir(out_dir) as out:  # every file below it written without following a link
+        return _build(records, out, results_dir, record_dirs, plt, F)
+
+
+def _build(records, out: OutputDir, results_dir: str, record_dirs: dict | None, plt, F) -> dict:
     final = _final(records)
     # what is drawn: the final record of each (case, world), where it has numbers
     recs = {k: r for k, r in final.items() if r.status == "ok" and r.metrics}
@@ -448,9 +451,11 @@ def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dic
     def save(fig, name: str) -> str | None:
         if fig is None:
             return None
-        fig.savefig(os.path.join(out_dir, name), dpi=F.DPI)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=F.DPI)
         plt.close(fig)
-        images[name] = png_size(os.path.join(out_dir, name))
+        out.write(name, buf.getvalue())
+        images[name] = png_size_of(buf.getvalue()[:24], name)
         data["plots"].append(name)
         return name
 
@@ -469,9 +474,14 @@ def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dic
     if crowded:
         notes.append(f"No throughput or breakdown plot at world size {', '.join(map(str, crowded))}: more than "
                      f"{MAX_BARS} cases to draw; the tables list them.")
-    throughput_plots = [(w, save(F.throughput_figure(recs, w), f"throughput_w{w}.png") if w not in crowded
+    drawable = [w for w in worlds if w not in crowded]
+    plotted = sorted(sorted(drawable, key=lambda w: -per_world[w])[:MAX_WORLD_PLOTS])
+    if len(drawable) > MAX_WORLD_PLOTS:
+        notes.append(f"Throughput and breakdown plots at {MAX_WORLD_PLOTS} of {len(drawable)} world sizes only "
+                     f"(those with the most cases: {', '.join(map(str, plotted))}); the tables list every case.")
+    throughput_plots = [(w, save(F.throughput_figure(recs, w), f"throughput_w{w}.png") if w in plotted
                          else None) for w in worlds]
-    breakdown_plots = [(w, save(F.breakdown_figure(recs, w), f"breakdown_w{w}.png") if w not in crowded
+    breakdown_plots = [(w, save(F.breakdown_figure(recs, w), f"breakdown_w{w}.png") if w in plotted
                         else None) for w in worlds]
     with_none = {r.model for r in recs.values() if math.isfinite(F.num(r.metrics.get("compute_s")))}
     no_none = [m for m in models if m not in with_none]
@@ -509,7 +519,7 @@ def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dic
             for src, name in files:
                 dst = os.path.join("traces", *([str(k)] if len(roots) > 1 else []), name)
                 try:
-                    _copy_trace(src, os.path.join(out_dir, dst))
+                    _copy_trace(src, out, dst)
                 except OSError as exc:
                     data["warnings"].append(f"record {case}@{w}: trace {rel!r} not copied: {exc}")
                     continue
@@ -523,17 +533,31 @@ def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dic
     data["problems"] = problems
     data["runs"] = runs
     tables: dict = {}
+    by_model: dict = {}
+    for (c, w), r in final.items():
+        by_model.setdefault(r.model, []).append(((c, w), r))
+    listed = 0
     for model in models:
-        rows = sorted(((c, w), r) for (c, w), r in final.items() if r.model == model)
+        rows = sorted(by_model.get(model, []))
         rows.sort(key=lambda kr: (kr[0][1], F.order_key(kr[0][0])))
-        tables[model] = _table([(r, *_row(r)) for _, r in rows])
         data["models"][model] = {"cases": [f"{r.case}@{r.world_size}" for _, r in rows],
                                  "speedup_plot": speedup_plot[model]}
+        rows = rows[: MAX_TABLE_ROWS - listed]  # over the page's budget: in report_data.json only (said below)
+        if rows:
+            tables[model] = _table([(r, *_row(r)) for _, r in rows])
+            listed += len(rows)
+    if listed < len(final):
+        notes.append(f"Tables of {listed} of {len(final)} cases ({len(tables)} of {len(models)} models) only: a page "
+                     f"lists at most {MAX_TABLE_ROWS} cases; report_data.json holds every case's numbers.")
     bad = [p for p in problems if p["kind"] in ("fail", "error")]
     summary = f"{len(final)} case(s) over {len(runs)} run(s): " + _verdicts(final)
 
     groups = _groups(problems)
-    _write_markdown(out_dir, summary, groups, runs, tables, images, traces, notes)
+    if len(groups) > MAX_PROBLEM_GROUPS:
+        notes.append(f"The first {MAX_PROBLEM_GROUPS} of {len(groups)} boxes of failures, errors and notes only; "
+                     f"report_data.json's problems list every one.")
+        groups = groups[:MAX_PROBLEM_GROUPS]
+    _write_markdown(out, summary, groups, runs, tables, images, traces, notes)
     img = {n: {"src": n, "w": w, "h": h} for n, (w, h) in images.items()}
 
     def shown(name, alt):
@@ -551,9 +575,9 @@ def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dic
         traces=[(f"{c}@{w}", t) for (c, w), t in traces.items()],
         tables=[_html_table(model, t, traces, shown(speedup_plot.get(model), f"{model}: speedup over plain"))
                 for model, t in tables.items()])
-    write_atomic(os.path.join(out_dir, "index.html"), page)
-    write_atomic(os.path.join(out_dir, "report_data.json"),  # strict JSON: nan/inf as strings, as in records
-                 json.dumps(jsonable(data), indent=1, default=str, allow_nan=False))
+    out.write("index.html", page)
+    out.write("report_data.json",  # strict JSON: nan/inf as strings, as in records
+              json.dumps(jsonable(data), indent=1, default=str, allow_nan=False))
     return data
 
 
@@ -589,7 +613,7 @@ def _groups(problems: list[dict]) -> list[dict]:
     return out
 
 
-def _write_markdown(out_dir, summary, groups, runs, tables, images, traces, notes) -> None:
+def _write_markdown(out: OutputDir, summary, groups, runs, tables, images, traces, notes) -> None:
     m = md_text
     md = ["# fleetbench report", "", m(summary), ""]
     bad = [g for g in groups if g["kind"] in ("fail", "error")]
@@ -609,7 +633,7 @@ def _write_markdown(out_dir, summary, groups, runs, tables, images, traces, note
     md += [""] + [f"- trace {m(c)}@{m(w)}: [{m(t)}]({_md_link_target(t)}) (every rank; each rank's torch.profiler "
                   f"trace beside it; open as a local file in https://ui.perfetto.dev)" for (c, w), t in traces.items()]
     md += [""] + [f"_{m(n)}_" for n in notes]
-    write_atomic(os.path.join(out_dir, "summary.md"), "\n".join(md) + "\n")
+    out.write("summary.md", "\n".join(md) + "\n")
 
 
 def _templates():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 
 from ..measure.utilization import busy_reason
@@ -142,7 +143,14 @@ def load_side(path: str, run_id: str | None = None) -> Side:
             return _from_pytest_benchmark(path, data)
     if data is not None:
         _not_a_record(path, data)
-    first = next(line for line in text.splitlines() if line.strip())
+    # the first line that is not blank, found without splitting the whole text (a file of blank lines would make a
+    # list of millions), and split at "\n" only, as records are written and read: a U+2028 inside a record's text
+    # is a character of that record, not a line break (str.splitlines would cut there)
+    start = re.search(r"\S", text)
+    assert start is not None  # the text is not blank (above)
+    begin = text.rfind("\n", 0, start.start()) + 1
+    end = text.find("\n", start.start())
+    first = text[begin:] if end < 0 else text[begin:end]
     try:
         value = json.loads(first)
     except json.JSONDecodeError:

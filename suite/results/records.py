@@ -27,18 +27,16 @@ and device come from the metadata, ``structure`` is derived from what was record
 from __future__ import annotations
 
 import dataclasses
-import errno
-import fcntl
 import functools
 import json
 import math
-import os
 import re
-import stat
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from .. import outputs
+from ..outputs import InputError, ShortWrite, append_whole, write_atomic  # the last two: re-exported (__all__)
 from .structure import structure_of
 
 __all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "MAX_LINE_BYTES", "CaseRecord", "ResultsFileError", "Metrics",
@@ -434,60 +432,12 @@ def jsonable(obj: Any) -> Any:
     return obj
 
 
-class ShortWrite(OSError):
-    """An append that the file system took only part of (a full disk): the file was cut back to its
-    previous end, so it holds every earlier record and nothing of this one."""
-
-
-def write_atomic(path: str, text: str | bytes, mode: int | None = None) -> None:
-    """``text`` into ``path`` whole or not at all: written to a temporary file beside it, then renamed over it, so
-    a crash, a cancel or a full disk leaves the previous file (or none), never half of the new one.  The suite's
-    written documents go through it: reports, figures' Markdown and raw data, the nightly's state and last good
-    commit, --markdown, calibrations and profiles, JUnit XML and torch.profiler traces (records are appended:
-    :func:`append_record`; plots and logs are written by their own libraries or as streams).  ``text`` may be
-    bytes (a gzipped trace); ``mode``: the file's permission bits exactly (else the umask's)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o666 if mode is None else mode)
-        with os.fdopen(fd, "wb") as fh:
-            if mode is not None:
-                os.fchmod(fh.fileno(), mode)  # exactly these bits, whatever the umask
-            fh.write(text if isinstance(text, bytes) else text.encode("utf-8"))
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def append_record(path: str, record: CaseRecord) -> None:
-    """Append one record as one line, all or nothing: an exclusive lock, one write whose count is
-    checked, fsync.  A short write (a full disk) truncates the file back to where it ended and raises
-    :class:`ShortWrite`; any OSError leaves the file as it was.  A symbolic link as ``path`` is refused
-    (it could lead the write anywhere)."""
-    line = (record.to_json() + "\n").encode()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, f"{path} is not a regular file")
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        # A previous writer killed mid-line would leave no newline: start on a fresh line.
-        size = os.fstat(fd).st_size
-        if size and os.pread(fd, 1, size - 1) != b"\n":
-            line = b"\n" + line
-        try:
-            written = os.write(fd, line)
-            if written != len(line):
-                raise ShortWrite(errno.ENOSPC, f"only {written} of {len(line)} bytes written")
-            os.fsync(fd)
-        except OSError:
-            os.ftruncate(fd, size)  # nothing half-written stays behind
-            raise
-    finally:
-        os.close(fd)  # closing releases the lock
+    """Append one record as one line, all or nothing (:func:`suite.outputs.append_whole`: an exclusive lock, one
+    write whose count is checked, fsync).  A short write (a full disk) truncates the file back to where it ended
+    and raises :class:`ShortWrite`; any OSError leaves the file as it was.  A symbolic link, a FIFO or a device
+    as ``path`` is refused (it could lead the write anywhere)."""
+    append_whole(path, (record.to_json() + "\n").encode())
 
 
 MAX_RESULTS_BYTES = 2**30  # a results file read whole (records are a few KB to a few hundred KB each)
@@ -496,27 +446,12 @@ MAX_DEPTH = 64  # nesting of a record's JSON (a real one nests 5 deep)
 
 def open_input(path: str, what: str = "results file", limit: int = MAX_RESULTS_BYTES):
     """``path`` opened for reading in binary, if it is a regular file of at most ``limit`` bytes;
-    otherwise :class:`ResultsFileError` naming it.  A FIFO or device is refused without blocking
-    (the open is non-blocking, the type read from the open file)."""
+    otherwise :class:`ResultsFileError` naming it (:func:`suite.outputs.open_input`: a FIFO or device is
+    refused without blocking)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
-    except FileNotFoundError:
-        raise ResultsFileError(f"{path}: no such {what}") from None
-    except PermissionError:
-        raise ResultsFileError(f"{path}: cannot be read (permission denied)") from None
-    except (OSError, ValueError) as exc:
-        raise ResultsFileError(f"{path}: cannot be opened ({exc})") from None
-    st = os.fstat(fd)
-    kind = ("is a directory" if stat.S_ISDIR(st.st_mode) else "is a FIFO (named pipe)"
-            if stat.S_ISFIFO(st.st_mode) else "is a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
-            else "is a socket" if stat.S_ISSOCK(st.st_mode) else None)
-    if kind is None and st.st_size > limit:
-        kind = f"is {st.st_size} bytes, more than the {limit // 2**20} MiB a {what} may have"
-    if kind is not None:
-        os.close(fd)
-        raise ResultsFileError(f"{path}: {kind}; expected a regular file ({what})")
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
+        return outputs.open_input(path, what, limit)
+    except InputError as exc:
+        raise ResultsFileError(str(exc)) from None
 
 
 def json_problem(exc: json.JSONDecodeError, line: bool = False) -> str:
@@ -598,11 +533,12 @@ def plain(text: Any, keep: str = "") -> str:
 
 
 MAX_WORLD = 2**20  # a world size beyond any machine (and beyond a usable file name)
+MAX_BLANK_LINES = 10_000  # blank lines a results file may hold (a run writes none; an editor leaves a few)
 
 
 def iter_records(path: str) -> Iterator[CaseRecord]:
     with open_input(path) as fh:
-        lineno = 0
+        lineno = blank = 0
         while True:
             raw = fh.readline(MAX_LINE_BYTES + 1)
             if not raw:
@@ -617,6 +553,10 @@ def iter_records(path: str) -> Iterator[CaseRecord]:
             except UnicodeDecodeError as exc:
                 raise ResultsFileError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
             if not line.strip():
+                blank += 1
+                if blank > MAX_BLANK_LINES:
+                    raise ResultsFileError(f"{where}: more than {MAX_BLANK_LINES} blank lines; not a fleetbench "
+                                           f"results file (a run writes none)")
                 continue
             rec = CaseRecord.from_dict(loads_bounded(line, where), where)
             if rec.world_size > MAX_WORLD:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..config import ConfigError
 from . import groups
 from .context import RankContext, set_current
 from .device import default_threads, select_platform
@@ -28,9 +29,21 @@ class TorchrunEnv:
     master_port: int
 
 
+RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")  # a rank of a launched world
+
+
 def torchrun_env(environ: dict | None = None) -> TorchrunEnv | None:
-    """The world torchrun describes in the environment, or None when not under torchrun."""
+    """The world torchrun describes in the environment, or None when not under torchrun.
+
+    A rank's variables without torchrun's agent (``TORCHELASTIC_RUN_ID``, which torchrun always sets) are stale:
+    left over in a shell, they would make a local run join a world nobody launched, listening for it on every
+    interface; they are refused (a :class:`~suite.config.ConfigError` naming them), never followed."""
     env = os.environ if environ is None else environ
+    stale = [v for v in RANK_VARS if v in env]
+    if stale and "TORCHELASTIC_RUN_ID" not in env:
+        shown = ", ".join(f"{v}={env[v][:20]!r}" for v in stale)
+        raise ConfigError(f"{shown} set without torchrun's agent (TORCHELASTIC_RUN_ID is not set): stale variables "
+                          f"of another launch? unset them for a local run, or start fleetbench with torchrun")
     if not all(v in env for v in TORCHRUN_VARS[:5]):
         return None
     try:
@@ -43,7 +56,8 @@ def torchrun_env(environ: dict | None = None) -> TorchrunEnv | None:
             master_port=int(env.get("MASTER_PORT", "29500")),
         )
     except ValueError as exc:
-        raise ValueError(f"torchrun environment is malformed ({exc}); expected integers in {TORCHRUN_VARS}") from None
+        raise ConfigError(f"torchrun environment is malformed ({exc}); expected integers in {TORCHRUN_VARS}") \
+            from None
 
 
 def init_rank(

@@ -25,7 +25,6 @@ Nothing outlives the parent and nothing listens on the network for a local run:
 from __future__ import annotations
 
 import fcntl
-import multiprocessing as mp
 import os
 import pickle
 import queue
@@ -43,6 +42,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .netns import enter_netns
+from .spawn import descendants as _descendants
+from .spawn import safe_start, spawn_context
 
 __all__ = ["RankPool", "RankFailure", "RankError", "RankFn", "fn_name", "check_rank_fn", "owned_tempdir",
            "remove_stale"]
@@ -91,31 +92,6 @@ class _Options:
     env: dict = field(default_factory=dict)
     netns: str | None = None  # network namespace the rank enters first (emulated cluster node)
     parent: int = 0  # pid of the parent, when it started the ranks from its main thread (parent-death signal)
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (children, their children, …), read from /proc."""
-    children: dict[int, list[int]] = {}
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return []
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read()
-            ppid = int(stat.rsplit(b")", 1)[1].split()[1])  # the name in (…) may hold spaces and ')'
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), ()):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 def _kill_descendants() -> None:
@@ -341,25 +317,28 @@ class RankPool:
                          {**env, **(self.rank_env[r] if self.rank_env else {})},
                          self.rank_netns[r] if self.rank_netns else None, os.getpid() if main else 0)
                 for r in range(self.nproc)]
-        ctx = mp.get_context("spawn")
-        self._res_q = ctx.Queue()
-        self._cmd_qs = [ctx.Queue() for _ in range(self.nproc)]
-        # Spawned ranks inherit only the read end (multiprocessing passes exactly the fds it sends);
-        # the write end stays here, so the ranks see EOF when this process dies, whichever thread
-        # started them (prctl's parent-death signal would follow the starting *thread* instead).
-        watch_r, self._watch_w = ctx.Pipe(duplex=False)
-        self._procs = [
-            ctx.Process(target=_worker,
-                        args=(r, self.nproc, store_at, self._cmd_qs[r], self._res_q, opts[r], watch_r),
-                        daemon=True, name=f"fleetbench-rank{r}")
-            for r in range(self.nproc)
-        ]
-        _LIVE_POOLS.add(self)
-        try:
-            for p in self._procs:
-                p.start()
-        finally:
-            watch_r.close()
+        # The ranks (and multiprocessing's resource tracker) never have the current directory first on their
+        # path: a multiprocessing.py there would run in each of them (suite/runtime/spawn.py).
+        ctx = spawn_context()
+        with safe_start():
+            self._res_q = ctx.Queue()
+            self._cmd_qs = [ctx.Queue() for _ in range(self.nproc)]
+            # Spawned ranks inherit only the read end (multiprocessing passes exactly the fds it sends);
+            # the write end stays here, so the ranks see EOF when this process dies, whichever thread
+            # started them (prctl's parent-death signal would follow the starting *thread* instead).
+            watch_r, self._watch_w = ctx.Pipe(duplex=False)
+            self._procs = [
+                ctx.Process(target=_worker,
+                            args=(r, self.nproc, store_at, self._cmd_qs[r], self._res_q, opts[r], watch_r),
+                            daemon=True, name=f"fleetbench-rank{r}")
+                for r in range(self.nproc)
+            ]
+            _LIVE_POOLS.add(self)
+            try:
+                for p in self._procs:
+                    p.start()
+            finally:
+                watch_r.close()
 
     def close(self) -> None:
         """Stop every rank (politely, then by force) and forget them."""
@@ -520,7 +499,7 @@ def owned_tempdir(prefix: str) -> tuple[str, int]:
     long as the descriptor is open, i.e. while this process lives: :func:`remove_stale` removes the
     directory only once that lock is free.  The file is locked before it gets its name, so no sweep
     ever sees it unlocked."""
-    d = tempfile.mkdtemp(prefix=prefix)
+    d = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")  # named per run: its owner's pid
     tmp = os.path.join(d, ".owner")
     fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR | getattr(os, "O_CLOEXEC", 0), 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX)
