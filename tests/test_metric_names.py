@@ -11,7 +11,8 @@ import os
 from suite.cases import CASES, RECORDED
 from suite.config import StrategyConfig
 from suite.results.records import METRIC_NAMES, Metrics
-from suite.runner import CaseRunner, ResolvedCase, RunOptions
+from suite.run_spec import ResolvedCase, RunOptions
+from suite.runner import CaseRunner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

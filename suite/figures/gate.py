@@ -71,6 +71,7 @@ from ..ab.power import (
 from ..ab.stats import SeqOptions, block_log_ratio, lag1
 from ..outputs import read_input, write_atomic
 from ..results.gate import GateOptions, gate_samples
+from ..run_spec import RunOptions, RunSpec, Selection
 
 DESCRIPTION = "regression gates: false alarms and detection of 2/5/10% slowdowns, ab and compare"
 
@@ -124,6 +125,8 @@ def long_run(case: str, inject: float, blocks: int, options, seed: int, say, reg
     servers = [TrialServer(root, label, nproc=options.nproc, timeout=options.timeout, wait=False, isolation=iso)
                for label in ("A", "B")]
     preparations = itertools.count()
+    spec = RunSpec(Selection(cases=(case,), size=options.size, worlds=(options.nproc,)),
+                   RunOptions(check=False)).to_dict()
     try:
         for s in servers:
             s.ready()
@@ -131,8 +134,8 @@ def long_run(case: str, inject: float, blocks: int, options, seed: int, say, reg
             s.receive(rid, "starting the rank pool")
         def prepare() -> list:
             k = next(preparations)
-            return [s.request("prepare", case=case, size=options.size, warmup=2, check=False, inject=inj,
-                              seed=seed * 7919 + 2 * k + side, **iso.prepare_fields())["key"]
+            return [s.request("prepare", case=case, spec=spec, inject=inj, seed=seed * 7919 + 2 * k + side,
+                              **iso.prepare_fields())["key"]
                     for side, (s, inj) in enumerate(zip(servers, (0.0, inject)))]
 
         keys = prepare()

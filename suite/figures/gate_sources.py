@@ -27,6 +27,7 @@ from ..ab.isolation import FACTORS, Isolation
 from ..ab.power import Run, block_noise, block_statistics, prep_spread, spread_interval
 from ..ab.stats import POWER, SeqOptions
 from ..outputs import read_input, write_atomic
+from ..run_spec import RunOptions, RunSpec, Selection
 from .gate import long_run
 
 DESCRIPTION = "the gate's sources of bias: tau_prep, tau_process and block noise under each placement/layout factor"
@@ -117,7 +118,8 @@ def _calibrate(case: str, fraction: float, options: Options, say) -> dict:
     after: list[float] = []
     with TrialServer(root, "A", nproc=options.nproc, timeout=options.timeout) as srv:
         srv.request("start")
-        key = srv.request("prepare", case=case, size=options.size, warmup=2, check=False)["key"]
+        spec = RunSpec(Selection(cases=(case,), size=options.size, worlds=(options.nproc,)), RunOptions(check=False))
+        key = srv.request("prepare", case=case, spec=spec.to_dict())["key"]
         ranks = srv.request("inject", key=key, fraction=fraction)["ranks"]  # calibrates once
         for _ in range(max(1, options.trials // 2)):
             for on in ((False, True, True, False) if rng.random() < 0.5 else (True, False, False, True)):

@@ -35,7 +35,8 @@ from ..config import StrategyConfig
 from ..measure.stats import bootstrap_median_ci
 from ..measure.summary import COMPUTE_ONLY
 from ..models import count_parameters, get_model
-from ..runner import CaseRunner, ResolvedCase, RunOptions
+from ..run_spec import ResolvedCase, RunOptions
+from ..runner import CaseRunner
 from ..runtime.device import host_available_memory
 from ..selection import case_fields
 from ..workload import WorkloadSpec

@@ -14,8 +14,7 @@ from collections.abc import Sequence
 __all__ = ["describe", "window_seconds", "paired_speedup", "bootstrap_median_ci", "busbw", "detectable_shift",
            "RUN_ROUNDS_FOR_95", "ratio_interval_text"]
 
-# The fewest rounds whose range can cover the median with 95% probability (1 - 2**(1 - n) >= 0.95).
-RUN_ROUNDS_FOR_95 = 6
+from ..run_spec import RUN_ROUNDS_FOR_95  # the fewest rounds whose range can cover the median 95% of the time
 
 
 def _quantile(xs: Sequence[float], q: float) -> float:
