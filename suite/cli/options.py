@@ -10,6 +10,8 @@ default is stated once (:func:`default` reads one for a help text).
 """
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from typing import Any
 
 from ..run_spec import SIZES, RunOptions, Selection
@@ -62,21 +64,29 @@ def given(args, *names: str) -> set[str]:
     return {n for n in names if (value := getattr(args, n, None)) is not None and value is not False and value != []}
 
 
-def selection(args, **fields) -> Selection:
+def _getter(options):
+    """The options' values by name: from a command's parsed arguments, or from a mapping of them (``run``'s, with
+    what a resumed run's records tell)."""
+    return options.__getitem__ if isinstance(options, Mapping) else functools.partial(getattr, options)
+
+
+def selection(options, **fields) -> Selection:
     """The typed selection of the options --case, --tag, --model, --size, --device, --config and --set (not resolved:
     ``suite.selection.resolve``); ``fields`` replace what the command decides itself (e.g. its default tags)."""
-    return Selection(**{"cases": tuple(args.case), "tags": tuple(args.tag), "models": tuple(args.model),
-                        "size": args.size, "device": args.device, "config": args.config, "sets": tuple(args.set),
+    o = _getter(options)
+    return Selection(**{"cases": tuple(o("case")), "tags": tuple(o("tag")), "models": tuple(o("model")),
+                        "size": o("size"), "device": o("device"), "config": o("config"), "sets": tuple(o("set")),
                         **fields})
 
 
-def run_options(args, names: dict[str, str], **fields) -> RunOptions:
+def run_options(options, names: dict[str, str], **fields) -> RunOptions:
     """The run options of the options given: ``names`` maps a RunOptions field to its option's attribute
     (``{"per_rank_batch": "batch"}``; ``check`` from a ``no_check`` switch); an option left at None takes the
     spec's default; ``fields`` are the command's own."""
+    o = _getter(options)
     kw: dict[str, Any] = {}
     for field, attr in names.items():
-        value = getattr(args, attr)
+        value = o(attr)
         if field in ("check", "utilization") and attr.startswith("no_"):
             kw[field] = not value
         elif value is not None:

@@ -3,9 +3,10 @@
 Every record of a run carries the run's specification (``CaseRecord.spec``, schema 4; ``suite/run_spec.py``):
 the selection as given (--case, --tag, --model), --config and --set, the size and device the run used, and how
 it measured (--batch, --steps, --rounds, --warmup, --check-steps, --no-check).  Resuming takes the spec of the
-run's last record (``RunSpec.from_dict``, as the record was read) and its world size (:func:`resolve_resume`);
-an option given again with another value is refused, naming the option and both values.  --trace-steps,
---timeout, --pg-timeout and --no-utilization are the resume's own.
+run's last record (``RunSpec.from_dict``, as the record was read) and its world size (:func:`resolve_resume`):
+what it says of those options (:attr:`Resume.told`) is what the resumed run's spec is built from
+(``suite/cli/run.py``); an option given again with another value is refused, naming the option and both values.
+--trace-steps, --timeout, --pg-timeout and --no-utilization are the resume's own.
 
 Records of schema 3 kept the options as the command line's names in ``metadata["run"]``: that is the legacy
 path (:func:`legacy_options`), each value checked as the spec's field says.  Records written before runs kept
@@ -73,14 +74,14 @@ def _shown(value) -> str:
 
 @dataclass
 class Resume:
-    """The run being resumed: its id, the results file it is in, its world size, its spec (the records', with the
-    command line's for what they cannot tell and for the resume's own options), the cases recorded for it (an
-    error is run again) and the options its records cannot tell."""
+    """The run being resumed: its id, the results file it is in, its world size, what its records tell of its
+    options (``told``: option -> value, as the option says it), the cases recorded for it (an error is run again)
+    and the options its records cannot tell."""
 
     run_id: str
     results: str
     world: int
-    spec: RunSpec
+    told: dict = field(default_factory=dict)
     done: set = field(default_factory=set)
     unknown: list = field(default_factory=list)
 
@@ -122,20 +123,11 @@ def _told(mine: list, where: str) -> dict:
     return told
 
 
-def _with(spec: RunSpec, told: dict, world: int) -> RunSpec:
-    """``spec`` (the command line's) with what the records told, and the run's world size."""
-    parts: dict = {"selection": {"worlds": (world,)}, "run": {}}
-    for name, value in told.items():
-        part, fname = RECORDED[name]
-        parts[part][fname] = (not value if name == "no_check" else tuple(value) if isinstance(value, list)
-                              else value)
-    return spec.replace(selection=parts["selection"], run=parts["run"])
-
-
-def resolve_resume(target: str, results: str, asked: RunSpec, given: set[str], nproc: int | None,
+def resolve_resume(target: str, results: str, asked: dict, given: set[str], nproc: int | None,
                    world: int | None) -> Resume:
-    """The run ``--resume TARGET`` names and its spec: ``asked`` is the command line's, ``given`` the options it gave
-    (each must agree with the run's), ``nproc`` its --nproc (None: not given) and ``world`` torchrun's world size.
+    """The run ``--resume TARGET`` names and what its records tell: ``asked`` is the command line's options (option ->
+    value), ``given`` the ones it gave (each must agree with the run's), ``nproc`` its --nproc (None: not given)
+    and ``world`` torchrun's world size.
 
     ``TARGET`` names a results file (its last run is resumed and new records go to it) or a run id in
     ``results``.  Every record is read through ``read_records``: a corrupt file is an error naming the file
@@ -181,7 +173,7 @@ def resolve_resume(target: str, results: str, asked: RunSpec, given: set[str], n
                           f"run's other --model options) to resume it")
     for name, theirs in told.items():
         theirs = _normal(name, theirs)
-        mine_given = _normal(name, option_value(asked, name))
+        mine_given = _normal(name, asked.get(name))
         same = sorted(mine_given) == sorted(theirs) if name in NAMES else mine_given == theirs
         if name in given and not same:
             raise ConfigError(f"--resume {target}: run {run_id} ran with {_option(name)} {_shown(theirs)}, this "
@@ -189,7 +181,5 @@ def resolve_resume(target: str, results: str, asked: RunSpec, given: set[str], n
                               f"resume with the run's own")
         told[name] = theirs
     # A case that ended in an error, or was not run (its timing interrupted), is run again; finished ones are kept.
-    run_world = worlds.pop()
-    return Resume(run_id, results, run_world, _with(asked, told, run_world),
-                  {r.case for r in mine if r.status not in ("error", "not_run")},
+    return Resume(run_id, results, worlds.pop(), told, {r.case for r in mine if r.status not in ("error", "not_run")},
                   [n for n in RECORDED if n not in told])

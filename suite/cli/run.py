@@ -33,7 +33,7 @@ from ..selection import resolve
 from . import helps
 from .checks import oversubscribed, require_nproc
 from .options import add_shared, default, given, run_options, selection
-from .resume import RECORDED, resolve_resume
+from .resume import Resume, resolve_resume
 
 DEFAULT_RESULTS = os.path.join("results", "runs.jsonl")
 
@@ -111,60 +111,59 @@ def add_parser(sub) -> None:
 RUN_FIELDS = {"per_rank_batch": "batch", "steps": "steps", "rounds": "rounds", "warmup": "warmup",
               "check": "no_check", "check_steps": "check_steps", "timeout": "timeout", "pg_timeout": "pg_timeout",
               "trace_steps": "trace_steps", "utilization": "no_utilization"}
-SPEC_OPTIONS = ("case", "tag", "model", "size", "device", "config", "set", *RUN_FIELDS.values())
+SPEC_OPTIONS = ("case", "tag", "model", "size", "device", "config", "set", *RUN_FIELDS.values())  # resume's too
 SPEC_BYTES = 2**20  # a run specification file is at most this long (a real one is under 2 KB)
 
 
-def command_spec(args, cluster=None, torchrun: bool = False) -> RunSpec:
-    """The run's specification from its command line: the options given (the spec's defaults for the rest), or
-    ``--spec FILE`` (then none of them); ``cluster`` (an emulated one) sets the world size and the hierarchy;
-    under torchrun (``torchrun``) the world is torchrun's and --nproc is ignored."""
-    nproc = None if torchrun else args.nproc
+def command_spec(args, env=None, resume: Resume | None = None) -> tuple[RunSpec, Resume | None, Any]:
+    """The run's specification from its command line, with the run it resumes and the emulated cluster it runs on.
+
+    The options given (the spec's defaults for the rest), what the resumed run's records tell (``--resume``:
+    :func:`~suite.cli.resume.resolve_resume`; ``resume``: rank 0's, under torchrun), or ``--spec FILE`` (then none
+    of them); ``--cluster`` sets the world size and the hierarchy.  Under torchrun (``env``) the world is
+    torchrun's and --nproc is ignored."""
+    gave = given(args, *SPEC_OPTIONS)
+    asked = {name: getattr(args, name) for name in SPEC_OPTIONS}  # option -> value (None: not given)
+    nproc = None if env else args.nproc
     if nproc is not None:
         require_nproc(nproc, args.device)  # the local ranks this machine runs, before anything else
+    if args.spec and (clash := sorted(gave) + (["resume"] if args.resume else [])):
+        raise ConfigError(f"--spec {args.spec}: the file states the selection and options; "
+                          f"{', '.join('--' + c.replace('_', '-') for c in clash)} given too")
+    if resume is None and args.resume and not (env and env.rank):  # under torchrun rank 0 reads its host's file
+        resume = resolve_resume(args.resume, args.results, asked, gave, nproc, env.world_size if env else None)
+    if resume is not None:
+        asked |= resume.told
+        nproc = None if env else resume.world
+    cluster = cluster_option(args.cluster, args.device, under_torchrun=env is not None) if args.cluster else None
     if cluster is not None:
         if nproc is not None and nproc != cluster.world_size:
             raise ConfigError(f"--nproc {nproc}: --cluster {args.cluster} has {cluster.world_size} ranks")
         nproc = cluster.world_size
-    if args.spec:
-        clash = sorted(given(args, *SPEC_OPTIONS)) + (["resume"] if args.resume else [])
-        if clash:
-            raise ConfigError(f"--spec {args.spec}: the file states the selection and options; "
-                              f"{', '.join('--' + c.replace('_', '-') for c in clash)} given too")
-        try:
-            text = read_input(args.spec, "run specification (JSON)", SPEC_BYTES)
-            spec = RunSpec.from_json(text, f"--spec {args.spec}")
-        except InputError as exc:
-            raise ConfigError(f"--spec: {exc}") from None
-        worlds = spec.selection.worlds
-        if nproc is None and len(worlds) > 1:
-            raise ConfigError(f"--spec {args.spec}: it names world sizes {', '.join(map(str, worlds))}; give --nproc "
-                              f"to run one of them")
-        if nproc is not None and worlds and nproc not in worlds:
-            raise ConfigError(f"--nproc {nproc}: --spec {args.spec} names world sizes {', '.join(map(str, worlds))}")
-        if nproc is not None:
-            spec = spec.replace(selection={"worlds": (nproc,)})
-    else:
-        sel = selection(args, config=os.path.abspath(args.config) if args.config else None,
+        asked["set"] = list(cluster_sets(cluster, asked["set"]))
+    if not args.spec:
+        sel = selection(asked, config=os.path.abspath(asked["config"]) if asked["config"] else None,
                         worlds=(nproc,) if nproc is not None else ())
-        spec = RunSpec(sel, run_options(args, RUN_FIELDS))
-    if cluster is not None:
-        spec = spec.replace(selection={"worlds": (nproc,), "sets": cluster_sets(cluster, spec.selection.sets)})
-    return spec
+        return RunSpec(sel, run_options(asked, RUN_FIELDS)), resume, cluster
+    try:
+        spec = RunSpec.from_json(read_input(args.spec, "run specification (JSON)", SPEC_BYTES), f"--spec {args.spec}")
+    except InputError as exc:
+        raise ConfigError(f"--spec: {exc}") from None
+    worlds = spec.selection.worlds
+    if nproc is None and len(worlds) > 1:
+        raise ConfigError(f"--spec {args.spec}: it names world sizes {', '.join(map(str, worlds))}; give --nproc to "
+                          f"run one of them")
+    if nproc is not None and worlds and nproc not in worlds and cluster is None:
+        raise ConfigError(f"--nproc {nproc}: --spec {args.spec} names world sizes {', '.join(map(str, worlds))}")
+    sets = cluster_sets(cluster, spec.selection.sets) if cluster is not None else spec.selection.sets
+    spec = spec.replace(selection={"worlds": (nproc,) if nproc is not None else worlds, "sets": sets})
+    return spec, resume, cluster
 
 
 def main(args) -> int:
     env = torchrun_env()
-    cluster_spec = cluster_option(args.cluster, args.device, under_torchrun=env is not None) if args.cluster \
-        else None
-    spec = command_spec(args, cluster_spec, torchrun=env is not None)
-    results = args.results
-    # under torchrun only rank 0 reads the results file (its host's); the others get its answer below
-    resume = None
-    if args.resume and not (env and env.rank):
-        resume = resolve_resume(args.resume, args.results, spec, given(args, *RECORDED), spec.world,
-                                env.world_size if env else None)
-        spec, results = resume.spec, resume.results
+    spec, resume, cluster_spec = command_spec(args, env)
+    results = resume.results if resume is not None else args.results
     selected, opts, ran = _prepare(spec, env, results)
     device, backend, world = opts.device, opts.backend, ran.selection.worlds[0]
     if args.list:
@@ -193,9 +192,9 @@ def main(args) -> int:
         launcher = TorchrunLauncher(ctx)
         reporter = ctx.rank == 0
         shared = launcher.share(resume)
-        if shared is not None and ctx.rank:  # rank 0's run: its spec, taken from the records
-            resume = shared
-            selected, opts, ran = _prepare(resume.spec, env, results)
+        if shared is not None and ctx.rank:  # rank 0's run: what its records tell, its spec built from that
+            spec, resume, _ = command_spec(args, env, shared)
+            selected, opts, ran = _prepare(spec, env, results)
     else:
         reporter = True
     todo = selected if resume is None else [rc for rc in selected if rc.case.name not in resume.done]
