@@ -91,7 +91,7 @@ def test_asv_version_is_asvs_own_for_the_default_setup_and_changes_with_the_setu
     from suite.selection import choose_platform
 
     size = default_size(choose_platform(None)[0])
-    envs = {"default": {}, "explicit defaults": {"FLEETBENCH_BENCH_SIZE": size, "FLEETBENCH_BENCH_ROUNDS": "5",
+    envs = {"default": {}, "explicit defaults": {"FLEETBENCH_BENCH_SIZE": size, "FLEETBENCH_BENCH_ROUNDS": "6",
                                                  "FLEETBENCH_BENCH_STEPS": "5", "FLEETBENCH_BENCH_PROCESSES": "2"},
             "selection": {"FLEETBENCH_BENCH_CASES": "mlp/plain", "FLEETBENCH_BENCH_WORLDS": "1"},
             "rounds": {"FLEETBENCH_BENCH_ROUNDS": "3"}, "steps": {"FLEETBENCH_BENCH_STEPS": "3"},
