@@ -730,7 +730,7 @@ def test_a_trend_per_case_with_several_runs_and_none_with_one(tmp_path):
     assert [(p["run_id"], p["samples_per_s"], p["busy"]) for p in points] == [
         ("r1", 200.0, False), ("r2<&'>", 600.0, True), ("r3", 400.0, False)]
     assert data["cases"]["resnet/plain@2"]["trend"] is None
-    assert "| ▁█▅ (3 runs) |" in md  # 200, 600, 400: lowest, highest, 4 of 7 steps up
+    assert "| ▁█▅ (3 runs, 1 busy) |" in md  # 200, 600, 400: lowest, highest, 4 of 7 steps up
     page, text, md = _build(tmp_path / "one", [r for r in recs if r.run_id == "r3"])
     assert "<svg" not in text and "<th>samples/s over runs</th>" not in text and "(1 runs)" not in md
     # capped: the latest 20 runs of a case, and how many there were

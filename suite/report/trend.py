@@ -77,8 +77,10 @@ def sparkline_svg(trend: dict) -> str:
 
 
 def sparkline_text(trend: dict) -> str:
-    """The trend in block characters, for Markdown: one per run, lowest ▁ to highest █, and how many runs."""
+    """The trend in block characters, for Markdown: one per run, lowest ▁ to highest █, how many runs and how many of
+    them on a busy machine."""
     vals = [p["samples_per_s"] for p in trend["points"]]
     lo, hi = min(vals), max(vals)
     blocks = "".join(_BLOCKS[3 if hi == lo else round((v - lo) / (hi - lo) * (len(_BLOCKS) - 1))] for v in vals)
-    return f"{blocks} ({len(vals)} runs)"
+    busy = sum(p["busy"] for p in trend["points"])
+    return f"{blocks} ({len(vals)} runs" + (f", {busy} busy)" if busy else ")")
