@@ -226,10 +226,12 @@ class PreparedCase:
     describe: dict
     windows: list = field(default_factory=list)  # per window: every rank's answer
 
-    def window(self) -> list:
-        """One window of ``steps`` steps on every rank (what a pytest-benchmark round or asv sample times)."""
-        answers = self.runner.launcher.run(run_window, dict(key=self.key, steps=self.runner.opts.steps),
-                                           timeout=self.runner.call_timeout(self.rc.case.model, self.runner.opts.steps))
+    def window(self, steps: int | None = None, warmup: int = 0) -> list:
+        """One window of ``steps`` steps (default: the options') on every rank, after ``warmup`` steps not recorded
+        (what a pytest-benchmark round, an asv sample or an `ab` trial times)."""
+        steps = self.runner.opts.steps if steps is None else steps
+        answers = self.runner.launcher.run(run_window, dict(key=self.key, steps=steps, warmup=warmup),
+                                           timeout=self.runner.call_timeout(self.rc.case.model, warmup + steps))
         self.windows.append(answers)
         return answers
 
@@ -607,12 +609,14 @@ class CaseRunner:
             return
         rec.metrics = dataclasses.replace(rec.metrics, trace_file=rel)
 
-    def prepare(self, rc: ResolvedCase) -> PreparedCase:
-        """Build and warm up the case's engine on every rank, for a harness that times windows itself."""
+    def prepare(self, rc: ResolvedCase, inject: float = 0.0) -> PreparedCase:
+        """Build and warm up the case's engine on every rank, for a harness that times windows itself; ``inject``:
+        busy work of that fraction of the step after every step (a calibration run: ``TimedCase.inject``)."""
         key = f"{rc.case.name}@{self.world}"
         answers = self.launcher.run(prepare_case, dict(key=key, workload_spec=self.workload_spec(rc.case),
-                                                       config=rc.config.to_dict(), warmup=self.opts.warmup),
-                                    timeout=self.call_timeout(rc.case.model, self.opts.warmup))
+                                                       config=rc.config.to_dict(), warmup=self.opts.warmup,
+                                                       inject=inject),
+                                    timeout=self.call_timeout(rc.case.model, self.opts.warmup + (15 if inject else 0)))
         return PreparedCase(self, rc, key, (answers or [{}])[0].get("describe", {}))
 
 

@@ -13,6 +13,7 @@ Statistics, protocol refusals and worktree clean-up are tested without timing.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import math
@@ -288,6 +289,33 @@ def test_the_client_says_a_revision_has_no_trial_server(tmp_path):
         TrialServer(str(root), "BASE", start_timeout=60)
 
 
+@pytest.mark.timeout(300)
+def test_a_trial_server_prepares_times_and_records_a_case_through_the_runner():
+    """This tree's trial server end to end, without timing asserted: a case prepared with injected busy work (the
+    prepared case's own option), a trial after a discarded step, the structure's record, the case closed."""
+    from suite.ab.client import TrialServer
+
+    with TrialServer(REPO, "A", nproc=2, timeout=300) as srv:
+        srv.request("start")
+        key = srv.request("prepare", case="mlp/plain", size="tiny", warmup=1, check=False, inject=0.5)["key"]
+        trial = srv.request("trial", key=key, steps=2, warmup=1)
+        assert trial["step_s"] > 0 and len(trial["step_times_s"]) == 2 and len(trial["losses"]) == 2, trial
+        record = srv.request("structure", key=key)["record"]
+        assert record["case"] == "mlp/plain" and record["structure"]["strategy"], record
+        assert srv.request("close", key=key)["closed"] is True
+
+
+def test_the_trial_server_prepares_through_the_runners_public_interface():
+    """No private name of another module (``measure.timing._PREPARED``) and no training step replaced on an
+    instance: the server prepares, times and injects through CaseRunner / PreparedCase."""
+    tree = ast.parse(open(os.path.join(REPO, "suite", "ab", "server.py"), encoding="utf-8").read())
+    private = [a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names
+               if a.name.startswith("_")]
+    assert private == []
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "setattr"]
+    assert "train_step" not in {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+
+
 # ---- statistics (no timing) -----------------------------------------------------------------------------
 def test_the_interval_answers_the_gates_question_four_ways():
     """Not slower by the threshold (the upper end below +5%), slower (the lower end above 0), same (inside the
@@ -553,6 +581,19 @@ def test_ab_options_are_validated_before_anything_starts(repo, capsys):
     finally:
         signal.signal(signal.SIGTERM, term)
     _no_worktrees_left(root)
+
+
+@pytest.mark.parametrize("command", ["ab", "bisect"])
+def test_the_retired_isolation_option_is_refused_as_unknown(command, capsys):
+    """`--isolation` went with the gate's study of placement and layout (docs/figures/gate.md section 3): argparse's
+    usual error for an unknown option, exit 2, before anything starts."""
+    from suite.cli.main import main
+
+    extra = ["--case", "mlp/plain"] if command == "bisect" else []
+    with pytest.raises(SystemExit) as exc:
+        main([command, "HEAD~1", "HEAD", *extra, "--isolation", "thp"])
+    assert exc.value.code == 2
+    assert "unrecognized arguments: --isolation thp" in capsys.readouterr().err
 
 
 def test_ab_on_one_commit_or_one_tree_answers_identical_at_once(repo, capsys):

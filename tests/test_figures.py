@@ -48,7 +48,7 @@ def test_gate_figure_renders_kept_runs_from_its_options(tmp_path, capsys):
 
 def test_figure_options_are_refused_by_a_figure_that_does_not_take_them(capsys, tmp_path):
     assert main(["figures", "comm", "--blocks", "5"]) == 2
-    assert "--blocks is an option of figures gate, gate_sources, not of figures comm" in capsys.readouterr().err
+    assert "--blocks is an option of figures gate, not of figures comm" in capsys.readouterr().err
     assert main(["figures", "gate", "--blocks", "0", "--load", str(tmp_path / "x.json")]) == 2
     err = capsys.readouterr().err
     assert f"--load '{tmp_path / 'x.json'}': no such file" in err, err
@@ -306,7 +306,7 @@ def test_every_figure_is_on_the_contract_and_reads_no_environment():
     from suite.cli.figures import FIGURE_OPTIONS, available
 
     names = available()
-    assert len(names) == 10, names
+    assert len(names) == 9, names
     for name in names:
         module = importlib.import_module(f"suite.figures.{name}")
         opts = module.Options()

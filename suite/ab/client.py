@@ -14,9 +14,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from .isolation import Isolation
 from .protocol import PROTOCOL, SUPPORTED_VERSIONS, VERSION, decode, encode
 
 __all__ = ["TrialServer", "TrialError", "ProtocolMismatch"]
@@ -40,6 +40,9 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
 def _pdeathsig() -> int | None:
     """The parent-death signal the server asks for (SIGTERM), or None where it would not work: not Linux, or not
     the main thread (the signal follows the thread that forks)."""
@@ -48,10 +51,24 @@ def _pdeathsig() -> int | None:
     return int(signal.SIGTERM)
 
 
+def _preexec(pdeathsig: int | None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` (run in the child between fork and exec) that asks for the parent-death signal; the ctypes
+    function is looked up here, so the child only calls it.  None when there is nothing to do or no libc."""
+    if pdeathsig is None:
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(PR_SET_PDEATHSIG, pdeathsig, 0, 0, 0)
+
+
 class TrialServer:
     def __init__(self, root: str, label: str, nproc: int = 2, python: str | None = None, timeout: float = 600.0,
                  start_timeout: float = 180.0, device: str | None = None, log_path: str | None = None,
-                 env: dict | None = None, wait: bool = True, isolation: Isolation | None = None):
+                 env: dict | None = None, wait: bool = True):
         self.root, self.label, self.nproc, self.timeout = os.path.abspath(root), label, nproc, timeout
         self._own_log = log_path is None  # a log made here is removed on close (errors quote its tail)
         if log_path is None:
@@ -61,8 +78,7 @@ class TrialServer:
             os.close(fd)
         self.log_path = log_path
         pypath = os.environ.get("PYTHONPATH")
-        isolation = isolation or Isolation()
-        child_env = {**os.environ, **isolation.env(), **(env or {})}  # the caller's env wins over both
+        child_env = {**os.environ, **(env or {})}  # the caller's env wins
         child_env["PYTHONPATH"] = self.root + (os.pathsep + pypath if pypath else "")
         child_env.setdefault("PYTHONUNBUFFERED", "1")
         cmd = [python or sys.executable, "-m", "suite.cli.main", "trial-server", "--nproc", str(nproc),
@@ -75,7 +91,7 @@ class TrialServer:
         # through their parent pipe) when started from the main thread, which lives as long as `ab`.
         self.proc = subprocess.Popen(cmd, cwd=self.root, env=child_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._log, text=True, bufsize=1, start_new_session=True,
-                                     preexec_fn=isolation.preexec(_pdeathsig()))
+                                     preexec_fn=_preexec(_pdeathsig()))
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._stdin, self._stdout = self.proc.stdin, self.proc.stdout
         self._lines: queue.Queue[str | None] = queue.Queue()

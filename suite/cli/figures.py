@@ -42,21 +42,15 @@ def _ints(text: str) -> tuple[int, ...]:
 # Figure options: field -> (type, figures that take it, help).  Each fills the field of the same name in the
 # figure's Options; an option left out keeps that figure's default.
 FIGURE_OPTIONS: dict[str, tuple] = {
-    "cases": (_csv, ("gate", "gate_sources"), "cases, comma-separated (default mlp/plain,resnet/plain)"),
-    "blocks": (int, ("gate", "gate_sources"), "ABBA blocks per pair of servers (default 60)"),
-    "regroup": (int, ("gate", "gate_sources"), "blocks per preparation (default 10; 0: one preparation per run)"),
-    "pairs": (int, ("gate", "gate_sources"), "A/A pairs of servers per case (default 3)"),
+    "cases": (_csv, ("gate",), "cases, comma-separated (default mlp/plain,resnet/plain)"),
+    "blocks": (int, ("gate",), "ABBA blocks per pair of servers (default 60)"),
+    "regroup": (int, ("gate",), "blocks per preparation (default 10; 0: one preparation per run)"),
+    "pairs": (int, ("gate",), "A/A pairs of servers per case (default 3)"),
     "slow_pairs": (int, ("gate",), "pairs per injected slowdown (default 2)"),
-    "factors": (_csv, ("gate_sources",), "placement/layout factors, comma-separated (default: all of "
-                "suite/ab/isolation.py's FACTORS)"),
-    "calibration": (lambda t: tuple(float(x) for x in _csv(t)), ("gate_sources",),
-                    "injected fractions to check against what the trials measure, comma-separated (e.g. 0.05,0.10); "
-                    "measures only that"),
-    "trials": (int, ("gate_sources",), "trials without and with the injection, for --calibration (default 60)"),
     "sims": (int, ("gate",), "simulated comparisons per measured pair (default 100)"),
     "rotate": (int, ("gate",), "the `ab --rotate` value simulated beside one preparation (default 5)"),
     "budget": (float, ("gate",), "ab's budget per simulated comparison, seconds (default 180)"),
-    "size": (str, ("gate", "gate_sources", "workloads"), "model size (gate: default tiny; workloads: default cpu)"),
+    "size": (str, ("gate", "workloads"), "model size (gate: default tiny; workloads: default cpu)"),
     "memory_gb": (float, ("workloads",), "memory the ranks' engines may hold at once, GB (default: 60%% of the "
                   "available memory), which sets the timing groups"),
     "sizes": (_ints, ("cluster",), "allreduce sizes in bytes, comma-separated (default 1e6,4e6,16e6)"),
