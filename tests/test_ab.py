@@ -391,6 +391,13 @@ def test_rotation_decides_over_whole_pairs_of_preparations_with_a_t_interval():
     assert one.finish() == "slower"  # blocks as samples: the same data looks decisive
 
 
+def _record(structure: dict, verdict: str = "pass") -> dict:
+    """A trial server's answer to "structure": a whole record as JSON (what `ab` reads into a CaseRecord)."""
+    from suite.results.records import CaseRecord
+
+    return json.loads(CaseRecord("mlp/plain", "mlp", 2, {}, "r", verdict=verdict, structure=structure).to_json())
+
+
 class _FakeServer:
     """Answers a trial server's requests in memory: a step time of `speed` per step, one key per preparation."""
 
@@ -410,7 +417,7 @@ class _FakeServer:
         if op == "trial":
             return {"step_s": self.speed() if callable(self.speed) else self.speed, "losses": [1.0]}
         if op == "structure":
-            return {"record": {"structure": {"prep": self.n}, "verdict": "pass" if self.n == 1 else "n/a"}}
+            return {"record": _record({"allreduce_ops": self.n}, "pass" if self.n == 1 else "n/a")}
         return {}
 
 
@@ -434,7 +441,7 @@ def test_rotation_prepares_the_case_afresh_every_n_blocks_and_keeps_the_first_re
         assert [f["key"] for op, f in side.server.requests if op == "close"] == ["k1", "k2"]
         # 12 trials per pair of preparations: 1 structure window + 3 blocks x 2 trials per side, per preparation
         assert ops.count("trial") == 3 * (1 + 3 * 2)
-        assert side.records["mlp/plain"]["structure"] == {"prep": 1}, side.records  # the gate's, not the last one's
+        assert side.records["mlp/plain"].structure.allreduce_ops == 1, side.records  # the gate's, not the last one's
 
 
 def test_rotation_restarts_the_servers_every_kth_time(monkeypatch):
@@ -460,7 +467,7 @@ def test_rotation_restarts_the_servers_every_kth_time(monkeypatch):
     assert [label for label, _ in started] == ["BASE", "HEAD"] and started[0][1].endswith("-servers2.log"), started
     assert first.closed and base.server is not first
     assert [f["check"] for op, f in base.server.requests if op == "prepare"] == [False, False]
-    assert base.records["mlp/plain"]["structure"] == {"prep": 1}  # the first server's first preparation
+    assert base.records["mlp/plain"].structure.allreduce_ops == 1  # the first server's first preparation
 
 
 def test_bisect_decides_bad_against_good_from_the_first_commits_blocks():
@@ -821,7 +828,7 @@ def test_ab_accepts_a_structure_change_its_head_acknowledges_and_reports_new_fac
         def request(self, op, **fields):
             if op == "structure":
                 self.requests.append((op, fields))
-                return {"record": {"structure": self.structure, "verdict": "pass"}}
+                return {"record": _record(self.structure)}
             return super().request(op, **fields)
 
     opts = AbOptions(seq=SeqOptions(rotate=3, min_pairs=3, budget_s=60, restart=0))

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from suite.cli.main import main
+from suite.measure.timing import RankTiming
 
 
 def _runs(path) -> None:
@@ -129,7 +130,7 @@ class _FakePool:
         one = {"windows": [1.0] * kwargs["rounds"], "step_times": [0.1] * 6, "losses": [1.0], "threads": 1,
                "comm_calls_per_step": {}, "comm_bytes_per_step": {}, "host_syncs": 0, "describe": {},
                "peak_memory_bytes": 1, "peak_memory_kind": "process_max_rss"}
-        return [{"rank": r, "variants": {n: dict(one) for n in names}} for r in range(2)]
+        return [RankTiming.from_dict({"rank": r, "variants": {n: dict(one) for n in names}}) for r in range(2)]
 
 
 def test_workloads_figure_times_each_group_through_the_runner_in_fresh_ranks():
@@ -212,12 +213,13 @@ def test_host_figure_renders_its_raw_data_as_before():
 def test_reader_figure_renders_its_raw_data_as_before():
     from suite.figures import reader
 
-    def rank() -> dict:
-        return {"steps_per_window": 8, "variants": {
+    def rank(r: int) -> dict:
+        return {"rank": r, "steps_per_window": 8, "variants": {
             n: {"windows": [1.0 if n == "plain" else 0.5] * 3, "data_wait_s": [0.002, 0.004, 0.006],
-                "step_times": [0.1] * 4, "worker_kind": "thread"} for n, _ in reader.VARIANTS}}
+                "step_times": [0.1] * 4, "losses": [1.0] * 4, "threads": 1, "reader": "PlainReader",
+                "worker_kind": "thread"} for n, _ in reader.VARIANTS}}
 
-    raw = {"world": 2, "answers": [rank(), rank()]}
+    raw = {"world": 2, "answers": [rank(0), rank(1)]}
     lines = reader.render(json.loads(json.dumps(raw)), reader.Options(rounds=3)).splitlines()
     assert lines[0].startswith("**Reader, data-bound** (resnet, 2 ranks, batch 16 per rank, dataset 256 ") and \
         lines[0].endswith("a window is one epoch = 8 steps, 3 interleaved rounds; workers are threads here)")

@@ -150,7 +150,7 @@ def test_injection_runs_on_real_ranks(pool2):
     try:
         assert all(s > 0 for s in pool2.run(_injected_on_rank, dict(key=key)))
         windows = pool2.run(run_window, dict(key=key, steps=2, warmup=1))
-        assert all(len(w["step_times_s"]) == 2 for w in windows)
+        assert all(len(w.step_times_s) == 2 for w in windows)
     finally:
         pool2.run(drop_case, dict(key=key))
 

@@ -91,14 +91,15 @@ def _op_prepare(st: _State, req: dict) -> dict:
 def _op_trial(st: _State, req: dict) -> dict:
     prepared = st.cases[req["key"]][2]
     answers = prepared.window(steps=int(req["steps"]), warmup=int(req.get("warmup", 1)))
-    window = [a["window_s"] for a in answers]
-    steps = [max(ts) for ts in zip(*(a["step_times_s"] for a in answers))]  # per step, the slowest rank
+    window = [a.window_s for a in answers]
+    steps = [max(ts) for ts in zip(*(a.step_times_s for a in answers))]  # per step, the slowest rank
     out = {"window_s": window, "step_s": max(window) / int(req["steps"]), "step_times_s": steps,
-           "losses": answers[0]["losses"]}
-    if all(a.get("machine") for a in answers):  # the CPU time others took during the window (ab: machine busy)
-        others_s, share = others_cpu([a["machine"] for a in answers])
+           "losses": answers[0].losses}
+    machines = [a.machine for a in answers]
+    if all(machines):  # the CPU time others took during the window (ab: machine busy)
+        others_s, share = others_cpu(machines)
         if math.isfinite(share):
-            out["machine"] = {"others_cpu_s": others_s, "host_total_s": answers[0]["machine"]["host_total_s"]}
+            out["machine"] = {"others_cpu_s": others_s, "host_total_s": machines[0]["host_total_s"]}
     return out
 
 

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 from ..measure.utilization import busy_reason
+from ..results.records import CaseRecord, ResultsFileError
 from ..results.structure import ACK_FILE, acknowledged, read_acks, structure_diff, structure_new
 from ..runtime.pool import remove_stale
 from . import blocks
@@ -109,7 +110,7 @@ class Side:
     server: TrialServer
     inject: float = 0.0
     prepared: dict = field(default_factory=dict)  # case -> key
-    records: dict = field(default_factory=dict)  # case -> record (structure, verdict)
+    records: dict[str, CaseRecord] = field(default_factory=dict)  # case -> its record (structure, verdict)
 
     origins: list = field(default_factory=list)  # where the server and each rank imported suite from
     others_cpu: list = field(default_factory=lambda: [0.0, 0.0])  # others' CPU s, the machine's CPU s: its trials
@@ -192,9 +193,18 @@ def _prepare(side: Side, case: str, opts: AbOptions, check: bool | None = None) 
         key = ans["key"]
         trial = side.server.request("trial", key=key, steps=opts.steps, warmup=0)  # the structure's window
         _finite_losses(trial, side, case)
-        side.records[case] = side.server.request("structure", key=key)["record"]
+        side.records[case] = _record(side, case, side.server.request("structure", key=key)["record"])
         side.prepared[case] = key
     return side.prepared[case]
+
+
+def _record(side: Side, case: str, data: dict) -> CaseRecord:
+    """The server's record of the case, read once into the typed record (any schema this fleetbench reads)."""
+    try:
+        return CaseRecord.from_dict(data, f"{side.label}'s record of {case}")
+    except ResultsFileError as exc:
+        raise TrialError(f"{side.label}: {case}: the trial server's record cannot be read: {exc}",
+                         kind="BadRecord") from None
 
 
 def _finite_losses(ans: dict, side: Side, case: str) -> None:
@@ -249,7 +259,7 @@ def fresh_preparations(sides: tuple[Side, ...], case: str, opts: AbOptions) -> N
         _prepare_again(side, case, opts, record)
 
 
-def _prepare_again(side: Side, case: str, opts: AbOptions, record: dict | None) -> None:
+def _prepare_again(side: Side, case: str, opts: AbOptions, record: CaseRecord | None) -> None:
     """The case prepared without the check; the structure record the gate compared (``record``) is kept."""
     _prepare(side, case, opts, check=False)
     side.records[case] = record or side.records[case]
@@ -288,21 +298,18 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
         out.summary = out.error
         return out
     brec, hrec = base.records[case], head.records[case]
-
-    bs, hs = brec.get("structure") or {}, hrec.get("structure") or {}
-    out.structure_diff = structure_diff(bs, hs)
-    out.structure_new = structure_new(bs, hs)
-    out.check = f"{brec.get('verdict')} -> {hrec.get('verdict')}"
+    out.structure_diff = structure_diff(brec.structure, hrec.structure)
+    out.structure_new = structure_new(brec.structure, hrec.structure)
+    out.check = f"{brec.verdict} -> {hrec.verdict}"
     if out.structure_diff and acknowledged(case, out.structure_diff, read_acks(os.path.join(head.root, ACK_FILE))):
         out.status = "structure changed (acknowledged)"
     elif out.structure_diff:
         out.status = "structure changed"
         out.failures.append(f"{case}@{world}: structure changed ({len(out.structure_diff)} difference(s)): "
                             + "; ".join(out.structure_diff[:6]) + (" …" if len(out.structure_diff) > 6 else ""))
-    if brec.get("verdict") in GOOD and hrec.get("verdict") in ("fail", "error"):
+    if brec.verdict in GOOD and hrec.verdict in ("fail", "error"):
         out.status = "check worse" if out.status == "ok" else out.status + ", check worse"
-        out.failures.append(f"{case}@{world}: correctness verdict went from {brec.get('verdict')} to "
-                            f"{hrec.get('verdict')}")
+        out.failures.append(f"{case}@{world}: correctness verdict went from {brec.verdict} to {hrec.verdict}")
     say(f"  {case}@{world}: structure {'identical' if not out.structure_diff else 'CHANGED'}, check {out.check}")
 
     # -- the timing: randomised ABBA blocks until the interval decides or the budget is spent

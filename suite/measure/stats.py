@@ -10,6 +10,11 @@ import functools
 import math
 import statistics
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .reader_timing import ReaderTiming
+    from .timing import RankTiming
 
 __all__ = ["describe", "window_seconds", "paired_speedup", "bootstrap_median_ci", "busbw", "detectable_shift",
            "RUN_ROUNDS_FOR_95", "ratio_interval_text"]
@@ -109,10 +114,10 @@ def ratio_interval_text(lo: float, hi: float) -> str:
     return f"[{end(lo)}, {end(hi)}]"
 
 
-def window_seconds(answers: list[dict], variant: str) -> list[float]:
+def window_seconds(answers: Sequence[RankTiming] | Sequence[ReaderTiming], variant: str) -> list[float]:
     """Per round, the slowest rank's window time (windows end on a barrier, so ranks agree closely); nan for a
     round in which any rank's window is not finite (``max`` would keep or drop a nan by its position)."""
-    per_rank = [a["variants"][variant]["windows"] for a in answers]
+    per_rank = [a.variants[variant].windows for a in answers]
     return [max(ws) if all(math.isfinite(w) for w in ws) else math.nan for ws in zip(*per_rank)]
 
 
