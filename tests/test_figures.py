@@ -58,6 +58,40 @@ def test_figure_options_are_refused_by_a_figure_that_does_not_take_them(capsys, 
     assert "figures gate: blocks 0: must be >= 1" in capsys.readouterr().err
 
 
+def test_an_option_left_out_keeps_the_figures_own_default_and_one_it_lacks_is_refused(capsys):
+    """--rounds and the other shared options fill a figure's field only when given: `figures gate` keeps its own 5
+    windows a run (the CLI used to put its 7 there silently), cluster its 3 rounds and hour-long bound; a figure
+    without the field refuses the option; `fleetbench figures` lists each set's defaults from its Options."""
+    from suite.cli.figures import options_for
+    from suite.cli.main import build_parser
+    from suite.figures import cluster, gate, reader
+
+    def opts(*argv):
+        args = build_parser().parse_args(["figures", *argv])
+        return options_for(args.name, {"gate": gate, "cluster": cluster, "reader": reader}[args.name], args)
+
+    assert opts("gate").rounds == 5 and opts("gate", "--rounds", "7").rounds == 7
+    assert (opts("cluster").rounds, opts("cluster").timeout) == (3, 3600.0)
+    assert opts("reader", "--nproc", "1").nproc == 1
+    with pytest.raises(ValueError, match="--steps is an option of figures .*gate.*, not of figures reader"):
+        opts("reader", "--steps", "3")
+    assert main(["figures"]) == 0
+    listing = capsys.readouterr().out
+    assert "defaults: --nproc 2, --steps 5, --rounds 5, --timeout 1800.0, --cases mlp/plain,resnet/plain" in listing
+
+
+def test_every_figure_that_uses_the_pool_says_its_size_and_bound():
+    import dataclasses
+    import importlib
+
+    from suite.cli.figures import available
+
+    for name in available():
+        module = importlib.import_module(f"suite.figures.{name}")
+        if getattr(module, "USES_POOL", True):
+            assert {"nproc", "timeout"} <= {f.name for f in dataclasses.fields(module.Options)}, name
+
+
 def test_cluster_figure_options_are_checked_before_anything_runs(capsys):
     assert main(["figures", "cluster", "--models", "mlp,nope"]) == 2
     assert "figures cluster: models nope unknown; allowed: mlp, resnet, resnet50, gpt2" in capsys.readouterr().err

@@ -15,9 +15,9 @@ import time
 
 from ..config import ConfigError
 from ..measure.metadata import machine_name
-from ..measure.stats import ratio_interval_text
 from ..nightly import NightlyOptions, finished_stages, last_night, make_plan, read_step_times
 from ..report import junit
+from ..results.gate import ratio_interval_text
 from ..results.records import write_atomic
 from . import GATE_CODES, helps, unwind
 from .checks import check_number

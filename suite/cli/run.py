@@ -94,9 +94,8 @@ def add_parser(sub) -> None:
                    help="after timing, run N traced steps per case under torch.profiler and write, next to the "
                         "results, each rank's trace (Kineto's Chrome-trace JSON, the engine's phases as ranges) and a "
                         "timeline of every rank (traces/RUN_ID/CASE@WORLD/; docs/report.md; default 0: no trace)")
-    p.add_argument("--cluster", metavar="NxR:inter=RATE[,intra=RATE]",
-                   help="run the ranks on an emulated cluster (network namespaces; root): N nodes of R ranks, "
-                        "node links limited to RATE (e.g. 2x2:inter=200mbit); sets --nproc N*R")
+    add_shared(p, cluster="run the ranks on an emulated cluster (network namespaces; root): N nodes of R ranks, "
+                          "node links limited to RATE (e.g. 2x2:inter=200mbit); sets --nproc N*R")
     p.set_defaults(func=main)
 
 

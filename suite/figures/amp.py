@@ -27,8 +27,10 @@ def _bytes(name: str, s: Metrics) -> str:
 
 @dataclass(frozen=True)
 class Options:
+    nproc: int = 2
     rounds: int = 7
     steps: int = 5
+    timeout: float = 1800.0  # bound on each multi-rank call, seconds
 
 
 MODELS = (("resnet", 16), ("mlp", 32))  # (model, per-rank batch)

@@ -118,6 +118,7 @@ class Options:
     nproc: int = 2
     rounds: int = 7
     steps: int = 5
+    timeout: float = 1800.0  # bound on each multi-rank call, seconds
 
 
 def _alone(pool, model, variants, rounds) -> dict[str, list[float]]:

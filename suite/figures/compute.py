@@ -137,8 +137,10 @@ def _optimizer_table(res: dict) -> str:
 
 @dataclass(frozen=True)
 class Options:
+    nproc: int = 2
     rounds: int = 7
     steps: int = 5
+    timeout: float = 1800.0  # bound on each multi-rank call, seconds
 
 
 PER_RANK_BATCH = 16

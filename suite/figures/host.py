@@ -20,8 +20,10 @@ FETCH_N = 10
 
 @dataclass(frozen=True)
 class Options:
+    nproc: int = 2
     rounds: int = 7
     steps: int = 5
+    timeout: float = 1800.0  # bound on each multi-rank call, seconds
 
 
 def _timed(pool, options: Options, variants: list[tuple[str, dict]], steps: int) -> dict:

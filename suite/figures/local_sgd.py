@@ -67,8 +67,10 @@ def _fmt_ci(med: float, ci) -> str:
 
 @dataclass(frozen=True)
 class Options:
+    nproc: int = 2
     rounds: int = 7
     steps: int = 5  # at least 16 are timed per window (one k=16 interval)
+    timeout: float = 1800.0  # bound on each multi-rank call, seconds
 
 
 def measure(options: Options, pool) -> dict:

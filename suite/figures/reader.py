@@ -31,7 +31,9 @@ VARIANTS = [
 
 @dataclass(frozen=True)
 class Options:
+    nproc: int = 2
     rounds: int = 7
+    timeout: float = 1800.0  # bound on each multi-rank call, seconds
 
 
 def measure(options: Options, pool) -> dict:

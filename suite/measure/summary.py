@@ -29,8 +29,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from ..comm.busbw import busbw
 from ..results.records import Describe, Metrics, allreduce_total
-from .stats import bootstrap_median_ci, busbw, describe, paired_speedup, window_seconds
+from .stats import bootstrap_median_ci, describe, paired_speedup, window_seconds
 from .utilization import others_cpu
 
 if TYPE_CHECKING:
