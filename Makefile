@@ -97,9 +97,9 @@ figures: setup
 	# (section 2's earlier measurement, gate-runs.json, is kept and not made again: `--load` renders it; sections 3
 	# and 4, the study of the bias's sources, keep their raw data; their code is retired, gate.md names its commit)
 	$(VENV)/bin/fleetbench figures gate --cases mlp/plain,resnet/plain --pairs 3 --slow-pairs 2 --blocks 30 \
-		--regroup 6 --sims 40 --out $(FIGURES)/gate-default.md --save $(FIGURES)/gate-default-runs.json
+		--regroup 6 --sims 40 --rounds 7 --out $(FIGURES)/gate-default.md --save $(FIGURES)/gate-default-runs.json
 	$(VENV)/bin/fleetbench figures gate --cases resnet50/overlap --size cpu --steps 2 --pairs 2 --slow-pairs 1 \
-		--blocks 24 --regroup 8 --budget 600 --out $(FIGURES)/gate-workload.md --save $(FIGURES)/gate-workload-runs.json
+		--blocks 24 --regroup 8 --budget 600 --rounds 7 --out $(FIGURES)/gate-workload.md --save $(FIGURES)/gate-workload-runs.json
 	$(VENV)/bin/fleetbench figures cluster   --rounds 3 --steps 4 --save $(FIGURES)/cluster-raw.json --out $(FIGURES)/cluster.md
 
 clean-venv:

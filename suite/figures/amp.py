@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from ..measure.timing import RankTiming, time_on_rank
 from ..results.records import Metrics
 from ..workload import WorkloadSpec
+from . import PoolOptions
 from .compute import timing_table
 
 DESCRIPTION = "AMP (bf16) vs fp32 step time; gradient bytes communicated with/without bf16 gradient communication"
@@ -26,11 +27,8 @@ def _bytes(name: str, s: Metrics) -> str:
 
 
 @dataclass(frozen=True)
-class Options:
-    nproc: int = 2
-    rounds: int = 7
-    steps: int = 5
-    timeout: float = 1800.0  # bound on each multi-rank call, seconds
+class Options(PoolOptions):
+    """The pool's options (``PoolOptions``), nothing of its own."""
 
 
 MODELS = (("resnet", 16), ("mlp", 32))  # (model, per-rank batch)

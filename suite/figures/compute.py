@@ -21,6 +21,7 @@ from ..measure.timing import RankTiming, time_on_rank
 from ..models import get_model
 from ..strategies.optim import torch_optimizer
 from ..workload import WorkloadSpec, workload
+from . import PoolOptions
 
 DESCRIPTION = ("compute fusion on/off on the ResNet (step time, saved-activation bytes, eager and compiled); "
                "fused optimizer vs torch loop/foreach/fused")
@@ -136,11 +137,8 @@ def _optimizer_table(res: dict) -> str:
 
 
 @dataclass(frozen=True)
-class Options:
-    nproc: int = 2
-    rounds: int = 7
-    steps: int = 5
-    timeout: float = 1800.0  # bound on each multi-rank call, seconds
+class Options(PoolOptions):
+    """The pool's options (``PoolOptions``), nothing of its own."""
 
 
 PER_RANK_BATCH = 16

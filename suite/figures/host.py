@@ -10,6 +10,7 @@ from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
 from ..measure.timing import RankTiming, time_on_rank
 from ..runtime.device import default_threads
 from ..workload import WorkloadSpec
+from . import PoolOptions
 
 DESCRIPTION = "fetch_frequency 1 vs N (host syncs) and num_threads swept: samples/s"
 
@@ -19,11 +20,8 @@ FETCH_N = 10
 
 
 @dataclass(frozen=True)
-class Options:
-    nproc: int = 2
-    rounds: int = 7
-    steps: int = 5
-    timeout: float = 1800.0  # bound on each multi-rank call, seconds
+class Options(PoolOptions):
+    """The pool's options (``PoolOptions``), nothing of its own."""
 
 
 def _timed(pool, options: Options, variants: list[tuple[str, dict]], steps: int) -> dict:

@@ -14,6 +14,7 @@ from ..data.synthetic import prepare
 from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
 from ..measure.timing import RankTiming, time_on_rank
 from ..workload import WorkloadSpec, workload
+from . import PoolOptions
 
 DESCRIPTION = "Local SGD k=1..16 and adaptive vs synchronous DP: samples/s with/without stragglers, final loss"
 
@@ -66,11 +67,8 @@ def _fmt_ci(med: float, ci) -> str:
 
 
 @dataclass(frozen=True)
-class Options:
-    nproc: int = 2
-    rounds: int = 7
-    steps: int = 5  # at least 16 are timed per window (one k=16 interval)
-    timeout: float = 1800.0  # bound on each multi-rank call, seconds
+class Options(PoolOptions):
+    """The pool's options (``PoolOptions``); at least 16 steps are timed per window (one k=16 interval)."""
 
 
 def measure(options: Options, pool) -> dict:

@@ -39,6 +39,7 @@ from ..runner import CaseRunner, ResolvedCase, RunOptions
 from ..runtime.device import host_available_memory
 from ..selection import case_fields
 from ..workload import WorkloadSpec
+from . import PoolOptions
 from .comm import comm_alone_on_rank
 
 DESCRIPTION = ("published workloads (resnet50, gpt2 at cpu size): speedup over DDP of plain, fused, overlap "
@@ -59,13 +60,9 @@ MiB = 2**20
 
 
 @dataclass(frozen=True)
-class Options:
-    """What `fleetbench figures workloads` measures (see the module docstring)."""
+class Options(PoolOptions):
+    """What `fleetbench figures workloads` measures (see the module docstring): the pool's options and these."""
 
-    nproc: int = 2
-    rounds: int = 7
-    steps: int = 5
-    timeout: float = 1800.0
     size: str = "cpu"
     memory_gb: float | None = None  # None: 60% of the machine's available memory
 
