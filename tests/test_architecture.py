@@ -232,6 +232,17 @@ def _callee(call: ast.Call) -> str:
     return call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
 
 
+def _units(tree: ast.Module) -> list[ast.AST]:
+    """The module-level functions and the methods of its classes (nested functions are walked inside them)."""
+    out: list[ast.AST] = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.append(node)
+        elif isinstance(node, ast.ClassDef):
+            out += [n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return out
+
+
 def _launchers(trees: dict[str, ast.Module]) -> dict[str, int]:
     """Functions and methods that hand one of their parameters to a ``.run(...)`` (a pool's, a launcher's): name ->
     the position of that parameter in a call (``DoctorRun.call(self, fn, ...)`` -> {"call": 0}), found again
@@ -241,8 +252,8 @@ def _launchers(trees: dict[str, ast.Module]) -> dict[str, int]:
     while changed:
         changed = False
         for tree in trees.values():
-            for fn in ast.walk(tree):
-                if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or fn.name in found:
+            for fn in _units(tree):
+                if fn.name in found:  # type: ignore[attr-defined]
                     continue
                 params = [a.arg for a in fn.args.args]
                 offset = 1 if params[:1] in (["self"], ["cls"]) else 0
@@ -261,9 +272,9 @@ def _rank_functions(trees: dict[str, ast.Module]) -> set[str]:
     launchers = _launchers(trees)
     passed: set[str] = set()
     for tree in trees.values():
-        for fn in ast.walk(tree):
-            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module)):
-                continue
+        module_level = ast.Module(body=[n for n in tree.body if not isinstance(
+            n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))], type_ignores=[])
+        for fn in _units(tree) + [module_level]:
             aliases: dict[str, set[str]] = {}
             for node in ast.walk(fn):
                 if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
