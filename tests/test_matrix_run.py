@@ -144,7 +144,7 @@ def test_gate_flags_a_sleeping_case_and_not_an_identical_rerun(pool2):
             {"name": "slept", "config": {"straggler_ms": 400.0}}]))
 
     def samples(name):
-        return [t for a in answers for t in a["variants"][name]["step_times"]]
+        return [t for a in answers for t in a.variants[name].step_times]
 
     opts = GateOptions(threshold=0.5)
     slow = gate_samples(samples("plain"), samples("slept"), opts)

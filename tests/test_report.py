@@ -31,7 +31,7 @@ def _metrics(step_ms: float, speedup: float | None = None, ci=None, compute_ms: 
          "comm_calls_per_step": calls or {}, "comm_bytes_per_step": nbytes or {}, "peak_memory_bytes": 2**20,
          "speedup": speedup if speedup is not None else 1.0, "speedup_ci": ci or [speedup or 1.0] * 2}
     if compute_ms is not None:
-        from suite.measure.stats import busbw
+        from suite.comm.busbw import busbw
 
         m["compute_s"] = compute_ms / 1e3
         m["exposed_comm_s"] = step - compute_ms / 1e3

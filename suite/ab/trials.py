@@ -8,7 +8,7 @@ cases both revisions have, and per case (:func:`compare_case`):
    and record; the records' structures (``suite.results.structure``) must be identical, any
    difference is "structure changed" (exit 1) whatever the timings say, and a check verdict
    that went pass -> fail fails too;
-3. the **timing**: blocks of four trials (``ABBA`` or ``BAAB``, at random), each trial a
+3. the **timing**: blocks of four trials (``ABBA`` or ``BAAB``, at random: :mod:`suite.ab.blocks`), each trial a
    discarded warm-up step then one timed window of ``steps`` steps; with rotation
    (``SeqOptions.rotate`` = N) the case is prepared afresh on both servers every N blocks
    (:func:`fresh_preparations`), every ``restart``-th time on fresh servers (:func:`fresh_servers`);
@@ -33,10 +33,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 from ..measure.utilization import busy_reason
+from ..results.records import CaseRecord, ResultsFileError
 from ..results.structure import ACK_FILE, acknowledged, read_acks, structure_diff, structure_new
 from ..runtime.pool import remove_stale
+from . import blocks
 from .client import ProtocolMismatch, TrialError, TrialServer
-from .isolation import AB_DEFAULT, Isolation
 from .protocol import PROTOCOL, VERSION
 from .stats import SeqOptions, Sequential, block_log_ratio, describe_verdict, fmt_span, lag1
 from .worktrees import Worktrees
@@ -74,7 +75,6 @@ class AbOptions:
     inject_head: float = 0.0
     python: str | None = None
     total_budget_s: float | None = None  # one budget for every case: shared out, left-over to inconclusive ones
-    isolation: Isolation = field(default_factory=lambda: AB_DEFAULT)  # both sides' servers placed/laid out alike
 
     def selection(self) -> dict:
         return {"cases": list(self.cases), "tags": list(self.tags), "models": list(self.models),
@@ -109,9 +109,8 @@ class Side:
     root: str
     server: TrialServer
     inject: float = 0.0
-    pin: bool = False  # its ranks pinned to cores when the pool starts (Isolation.pin)
     prepared: dict = field(default_factory=dict)  # case -> key
-    records: dict = field(default_factory=dict)  # case -> record (structure, verdict)
+    records: dict[str, CaseRecord] = field(default_factory=dict)  # case -> its record (structure, verdict)
 
     origins: list = field(default_factory=list)  # where the server and each rank imported suite from
     others_cpu: list = field(default_factory=lambda: [0.0, 0.0])  # others' CPU s, the machine's CPU s: its trials
@@ -188,17 +187,24 @@ class AbReport:
 # ---- one case ---------------------------------------------------------------------------------------
 def _prepare(side: Side, case: str, opts: AbOptions, check: bool | None = None) -> str:
     if case not in side.prepared:
-        sel = opts.selection()
-        fields = {**sel, **opts.isolation.prepare_fields(), "set": sel["set"] + opts.isolation.sets()}
         ans = side.server.request("prepare", case=case, batch=opts.batch, warmup=opts.warmup, steps=opts.steps,
                                   check=opts.check if check is None else check, check_steps=opts.check_steps,
-                                  inject=side.inject, **fields)
+                                  inject=side.inject, **opts.selection())
         key = ans["key"]
         trial = side.server.request("trial", key=key, steps=opts.steps, warmup=0)  # the structure's window
         _finite_losses(trial, side, case)
-        side.records[case] = side.server.request("structure", key=key)["record"]
+        side.records[case] = _record(side, case, side.server.request("structure", key=key)["record"])
         side.prepared[case] = key
     return side.prepared[case]
+
+
+def _record(side: Side, case: str, data: dict) -> CaseRecord:
+    """The server's record of the case, read once into the typed record (any schema this fleetbench reads)."""
+    try:
+        return CaseRecord.from_dict(data, f"{side.label}'s record of {case}")
+    except ResultsFileError as exc:
+        raise TrialError(f"{side.label}: {case}: the trial server's record cannot be read: {exc}",
+                         kind="BadRecord") from None
 
 
 def _finite_losses(ans: dict, side: Side, case: str) -> None:
@@ -227,7 +233,7 @@ def fresh_servers(sides: tuple[Side, ...], case: str, opts: AbOptions, n: int) -
         side.server.close()
         log = re.sub(r"(-servers\d+)?\.log$", f"-servers{n}.log", side.server.log_path)
         side.server = TrialServer(side.root, side.label, nproc=opts.nproc, python=opts.python, timeout=opts.timeout,
-                                  device=opts.device, log_path=log, wait=False, isolation=opts.isolation)
+                                  device=opts.device, log_path=log, wait=False)
     ready(*sides)
     for side in sides:
         _prepare_again(side, case, opts, records[side.label])
@@ -253,7 +259,7 @@ def fresh_preparations(sides: tuple[Side, ...], case: str, opts: AbOptions) -> N
         _prepare_again(side, case, opts, record)
 
 
-def _prepare_again(side: Side, case: str, opts: AbOptions, record: dict | None) -> None:
+def _prepare_again(side: Side, case: str, opts: AbOptions, record: CaseRecord | None) -> None:
     """The case prepared without the check; the structure record the gate compared (``record``) is kept."""
     _prepare(side, case, opts, check=False)
     side.records[case] = record or side.records[case]
@@ -292,21 +298,18 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
         out.summary = out.error
         return out
     brec, hrec = base.records[case], head.records[case]
-
-    bs, hs = brec.get("structure") or {}, hrec.get("structure") or {}
-    out.structure_diff = structure_diff(bs, hs)
-    out.structure_new = structure_new(bs, hs)
-    out.check = f"{brec.get('verdict')} -> {hrec.get('verdict')}"
+    out.structure_diff = structure_diff(brec.structure, hrec.structure)
+    out.structure_new = structure_new(brec.structure, hrec.structure)
+    out.check = f"{brec.verdict} -> {hrec.verdict}"
     if out.structure_diff and acknowledged(case, out.structure_diff, read_acks(os.path.join(head.root, ACK_FILE))):
         out.status = "structure changed (acknowledged)"
     elif out.structure_diff:
         out.status = "structure changed"
         out.failures.append(f"{case}@{world}: structure changed ({len(out.structure_diff)} difference(s)): "
                             + "; ".join(out.structure_diff[:6]) + (" …" if len(out.structure_diff) > 6 else ""))
-    if brec.get("verdict") in GOOD and hrec.get("verdict") in ("fail", "error"):
+    if brec.verdict in GOOD and hrec.verdict in ("fail", "error"):
         out.status = "check worse" if out.status == "ok" else out.status + ", check worse"
-        out.failures.append(f"{case}@{world}: correctness verdict went from {brec.get('verdict')} to "
-                            f"{hrec.get('verdict')}")
+        out.failures.append(f"{case}@{world}: correctness verdict went from {brec.verdict} to {hrec.verdict}")
     say(f"  {case}@{world}: structure {'identical' if not out.structure_diff else 'CHANGED'}, check {out.check}")
 
     # -- the timing: randomised ABBA blocks until the interval decides or the budget is spent
@@ -318,28 +321,29 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
     times: dict[str, list[float]] = {base.label: [], head.label: []}
     t0 = time.monotonic()
     last_say = t0
-    try:
-        while True:
-            order = (base, head, head, base) if rng.random() < 0.5 else (head, base, base, head)
-            got: dict[str, list[float]] = {base.label: [], head.label: []}
-            for side in order:
-                got[side.label].append(_trial(side, case, opts))
-            for k, v in got.items():
-                times[k] += v
 
-            elapsed = time.monotonic() - t0
-            verdict = s.add(block_log_ratio(got[base.label], got[head.label]), progress=elapsed / seq.budget_s)
-            if verdict is not None or elapsed >= seq.budget_s or len(s.d) >= seq.max_blocks:
-                break
-            if s.pair_done:
-                out.servers += rotate((base, head), case, opts, s)
-            if time.monotonic() - last_say > 15:
-                last_say = time.monotonic()
-                say(f"    {len(s.d)} blocks" + (f" from {len(s.pairs)} pairs" if seq.rotate else "")
-                    + f", {elapsed:.0f} s: " + (
-                    f"HEAD/BASE {fmt_span(s.ratio, s.ratio_ci)}" if math.isfinite(s.estimate)
-                    else f"no verdict before {seq.min_pairs} pairs" if seq.rotate
-                    else f"no verdict before {seq.min_blocks} blocks"))
+    def after(got: list[list[float]]) -> bool:
+        """One block of BASE and HEAD trials: its log ratio to the sequential rule; True to stop."""
+        nonlocal last_say
+        times[base.label] += got[0]
+        times[head.label] += got[1]
+        elapsed = time.monotonic() - t0
+        verdict = s.add(block_log_ratio(got[0], got[1]), progress=elapsed / seq.budget_s)
+        if verdict is not None or elapsed >= seq.budget_s or len(s.d) >= seq.max_blocks:
+            return True
+        if s.pair_done:
+            out.servers += rotate((base, head), case, opts, s)
+        if time.monotonic() - last_say > 15:
+            last_say = time.monotonic()
+            say(f"    {len(s.d)} blocks" + (f" from {len(s.pairs)} pairs" if seq.rotate else "")
+                + f", {elapsed:.0f} s: " + (
+                f"HEAD/BASE {fmt_span(s.ratio, s.ratio_ci)}" if math.isfinite(s.estimate)
+                else f"no verdict before {seq.min_pairs} pairs" if seq.rotate
+                else f"no verdict before {seq.min_blocks} blocks"))
+        return False
+
+    try:
+        blocks.run_blocks((base, head), lambda side: _trial(side, case, opts), rng, after)
     except TrialError as exc:
         out.verdict, out.status = "error", ("error" if out.status == "ok" else out.status + ", error")
         out.error = str(exc).splitlines()[0][:500]
@@ -391,8 +395,8 @@ def start_side(wt: Worktrees, label: str, rev: str, opts: AbOptions, inject: flo
     assert wt.dir is not None  # made by add()
     log = os.path.join(wt.dir, f"{label.lower()}-{commit[:10]}-{len(wt.paths)}.log")
     server = TrialServer(root, label, nproc=opts.nproc, python=opts.python, timeout=opts.timeout,
-                         device=opts.device, log_path=log, wait=wait, isolation=opts.isolation)
-    return Side(label, rev, commit, wt.subject(commit), root, server, inject, pin=opts.isolation.pin)
+                         device=opts.device, log_path=log, wait=wait)
+    return Side(label, rev, commit, wt.subject(commit), root, server, inject)
 
 
 def ready(*sides: Side) -> None:
@@ -414,7 +418,7 @@ def start_all(*sides: Side) -> dict:
     for s in sides:
         if s.label not in errors:
             try:
-                sent.append((s, s.server.send("start", **({"pin": True} if s.pin else {}))))
+                sent.append((s, s.server.send("start")))
             except TrialError as exc:
                 errors[s.label] = exc
     for s, rid in sent:
@@ -540,7 +544,6 @@ def compare_all(names: list[str], compare: Callable[[str, SeqOptions], CaseOutco
 def _options_dict(opts: AbOptions) -> dict:
     d = asdict(opts)
     d["seq"] = asdict(opts.seq)
-    d["isolation"] = opts.isolation.name  # e.g. "thp"; "default" for none
     return d
 
 

@@ -18,7 +18,6 @@ import os
 import sys
 
 from ..ab.client import TrialError
-from ..ab.isolation import AB_DEFAULT, Isolation
 from ..ab.worktrees import RevisionError, Worktrees, git
 from ..config import ConfigError
 from ..models import default_size
@@ -61,11 +60,6 @@ def add_selection(p) -> None:
     p.add_argument("--restart", type=int, default=2, metavar="K",
                    help="with --rotate: every K-th fresh preparation is on fresh trial servers (new processes), whose "
                         "own few percent of bias then change too; 1 = fresh servers every time, 0 = never (default 2)")
-    p.add_argument("--isolation", default=None, metavar="FACTORS",
-                   help="how both sides' trial servers and ranks are placed and laid out: 'none', or factors joined "
-                        "by '+': thp (torch's large tensors on transparent huge pages), pin, aslr_off, malloc_fixed, "
-                        "gc_frozen, layout_pad, threads=N (docs/figures/gate.md, 'Sources'; default "
-                        f"{AB_DEFAULT.name if AB_DEFAULT != Isolation() else 'none'})")
     p.add_argument("--seed", type=int, default=0, help="seed of the block orders and the bootstrap")
     p.add_argument("--repo", default=".", help="the git repository of the revisions (default: the current one)")
     p.add_argument("--python", help="interpreter of the trial servers (default: this one)")
@@ -142,9 +136,7 @@ def options(args):
                      nproc=args.nproc, device=None if device == "cpu" else device, steps=args.steps,
                      trial_warmup=args.trial_warmup, warmup=args.warmup, check=not args.no_check,
                      check_steps=args.check_steps, timeout=args.timeout, seq=seq, python=args.python,
-                     total_budget_s=getattr(args, "total_budget", None),
-                     isolation=AB_DEFAULT if getattr(args, "isolation", None) is None
-                     else Isolation.parse(args.isolation))
+                     total_budget_s=getattr(args, "total_budget", None))
     require_seconds(args, "total_budget")  # bisect has none
     return inject_from_env(opts)
 

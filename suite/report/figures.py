@@ -40,7 +40,8 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import NullLocator
 
 from ..cases import VARIANTS
-from ..measure.stats import CLIP, RUN_ROUNDS_FOR_95
+from ..measure.stats import RUN_ROUNDS_FOR_95
+from ..results.gate import CLIP
 from ..results.records import allreduce_total
 from ..results.records import plain as escaped
 
