@@ -93,18 +93,13 @@ figures: setup
 	$(VENV)/bin/fleetbench figures reader    --nproc 1 --rounds 5            --out $(FIGURES)/reader.md --save $(FIGURES)/reader-raw.json
 	$(VENV)/bin/fleetbench figures host      --nproc 2 --rounds 5 --steps 20 --out $(FIGURES)/host.md --save $(FIGURES)/host-raw.json
 	$(VENV)/bin/fleetbench figures workloads --nproc 2 --rounds 3 --steps 3 --out $(FIGURES)/workloads.md --save $(FIGURES)/workloads-raw.json
-	# gate.md combines these five with its prose (the command of each section is written above it there)
-	# (section 2's earlier measurement, gate-runs.json, is kept and not made again: `--load` renders it)
+	# gate.md combines these two with its prose (the command of each section is written above it there)
+	# (section 2's earlier measurement, gate-runs.json, is kept and not made again: `--load` renders it; sections 3
+	# and 4, the study of the bias's sources, keep their raw data; their code is retired, gate.md names its commit)
 	$(VENV)/bin/fleetbench figures gate --cases mlp/plain,resnet/plain --pairs 3 --slow-pairs 2 --blocks 30 \
-		--regroup 6 --sims 40 --out $(FIGURES)/gate-default.md --save $(FIGURES)/gate-default-runs.json
-	$(VENV)/bin/fleetbench figures gate_sources --pairs 5 --blocks 18 --regroup 6 --out $(FIGURES)/gate-sources.md \
-		--save $(FIGURES)/gate-sources-screen.json
-	$(VENV)/bin/fleetbench figures gate_sources --factors default,thp --pairs 5 --blocks 18 --regroup 6 \
-		--out $(FIGURES)/gate-sources-confirm.md --save $(FIGURES)/gate-sources-confirm.json
-	$(VENV)/bin/fleetbench figures gate_sources --cases mlp/plain,resnet/plain --calibration 0.05,0.10 --trials 80 \
-		--out $(FIGURES)/gate-calibration.md --save $(FIGURES)/gate-calibration.json
+		--regroup 6 --sims 40 --rounds 7 --out $(FIGURES)/gate-default.md --save $(FIGURES)/gate-default-runs.json
 	$(VENV)/bin/fleetbench figures gate --cases resnet50/overlap --size cpu --steps 2 --pairs 2 --slow-pairs 1 \
-		--blocks 24 --regroup 8 --budget 600 --out $(FIGURES)/gate-workload.md --save $(FIGURES)/gate-workload-runs.json
+		--blocks 24 --regroup 8 --budget 600 --rounds 7 --out $(FIGURES)/gate-workload.md --save $(FIGURES)/gate-workload-runs.json
 	$(VENV)/bin/fleetbench figures cluster   --rounds 3 --steps 4 --save $(FIGURES)/cluster-raw.json --out $(FIGURES)/cluster.md
 
 clean-venv:

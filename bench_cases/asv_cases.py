@@ -115,7 +115,7 @@ class StepTime:
 
     def time_step(self, case, world_size):
         answers = self._prepared(case, world_size).window()
-        _CLOCK[0] += max(a["window_s"] for a in answers) / STEPS
+        _CLOCK[0] += max(a.window_s for a in answers) / STEPS
 
 
 def _code_hash() -> str:

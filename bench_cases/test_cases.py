@@ -61,7 +61,7 @@ def test_step(benchmark, selection, rank_pools, timed, case: str, world: int):
 
     def one_window():
         answers = prepared.window()
-        _CLOCK[0] += max(a["window_s"] for a in answers) / k
+        _CLOCK[0] += max(a.window_s for a in answers) / k
         return answers
 
     try:
@@ -73,13 +73,13 @@ def test_step(benchmark, selection, rank_pools, timed, case: str, world: int):
         timed.add(benchmark.group, k)
     rec = runner.record(rc, check, metrics)
     m = rec.metrics
-    rank_windows = [[a["window_s"] for a in sorted(answers, key=lambda a: a["rank"])] for answers in prepared.windows]
-    info.update(status=rec.status, verdict=rec.verdict, samples_per_s=m["samples_per_s"],
-                throughput_per_round=m["throughput_per_round"], step_times_s=m["step_times_s"],
-                rank_median_step_s=m["rank_median_step_s"], peak_memory_bytes=m["peak_memory_bytes"],
+    rank_windows = [[a.window_s for a in sorted(answers, key=lambda a: a.rank)] for answers in prepared.windows]
+    info.update(status=rec.status, verdict=rec.verdict, samples_per_s=m.samples_per_s,
+                throughput_per_round=m.throughput_per_round, step_times_s=m.step_times_s,
+                rank_median_step_s=m.rank_median_step_s, peak_memory_bytes=m.peak_memory_bytes,
                 rank_window_s=rank_windows, window_s=[max(w) for w in rank_windows],
-                threads_per_rank=m["threads"], describe=jsonable(rec.describe), structure=jsonable(rec.structure),
+                threads_per_rank=m.threads, describe=jsonable(rec.describe), structure=jsonable(rec.structure),
                 backend=rec.backend,
-                device=rec.device, message=(rec.check or {}).get("message") or rec.error)
+                device=rec.device, message=(rec.check.message if rec.check else None) or rec.error)
     assert rec.verdict in ("pass", "n/a"), f"{case}@{world}: correctness verdict {rec.verdict}: " \
                                            f"{info.get('message')}"

@@ -45,11 +45,13 @@ from .check.harness import check_on_rank as check
 from .check.harness import summarize
 from .comm.bucketed import BucketedGradSync
 from .comm.table import COLLECTIVES, Layout
+from .compute.fused_ops import BatchNormReLU
 from .compute.fused_optim import build_fused_optimizer
 from .config import StrategyConfig
 from .data.reader import BatchSource, EncodedImages, OptimizedReader, PlainReader
 from .data.synthetic import SyntheticImages, normalize
 from .engine import apply_precision, precision_in_effect
+from .measure.interleave import interleaved_rounds
 from .measure.metadata import git_info, nccl_version
 from .measure.timing import TimedCase, footprint_bytes
 from .measure.utilization import visible_nvml_handles
@@ -135,25 +137,22 @@ def _grad(p: torch.nn.Parameter) -> torch.Tensor:
     return p.grad
 
 
-def _net(device) -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
-                               torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).to(device)
-
-
-def _input(rank: int, step: int, device) -> torch.Tensor:
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(16, 32, generator=g, device="cpu").to(device)  # the same values on any device
+# The doctor's model and data: the registry's small MLP at size tiny, 4 samples a rank (every rank function below
+# builds it through the workload, as the suite's timings do).
+DOCTOR_WORKLOAD = WorkloadSpec("mlp", size="tiny", per_rank_batch=4)
 
 
 def bucketed_on_rank(config: dict, steps: int = 3) -> dict:
-    """``steps`` steps of the bucketed path: the worst gradient error against the exact average (every
-    rank's gradients recomputed here), and whether every bucket was launched from the hooks."""
+    """``steps`` steps of the bucketed path on the workload's model (its gradient sync from ``Workload.grad_sync``):
+    the worst gradient error against the exact average (every rank's gradients recomputed here, on the same
+    shards), and whether every bucket was launched from the hooks."""
     ctx = current()
-    device, world, rank = ctx.platform.device, ctx.world_size, ctx.rank
-    ref = _net(device)
-    net = _net(device)
-    sync = BucketedGradSync(net, StrategyConfig.from_dict(config))
+    world, rank = ctx.world_size, ctx.rank
+    wl = workload(DOCTOR_WORKLOAD)
+    ref, net = wl.module(), wl.module()
+    sync = wl.grad_sync(StrategyConfig.from_dict(config), net)
+    if not isinstance(sync, BucketedGradSync):
+        raise ValueError(f"config {config}: not a bucketed gradient sync ({type(sync).__name__})")
     sync.events = []
     worst, scale, launched_in_backward = 0.0, 0.0, True
     try:
@@ -161,7 +160,8 @@ def bucketed_on_rank(config: dict, steps: int = 3) -> dict:
             total: list[torch.Tensor] = []
             for r in range(world):
                 ref.zero_grad(set_to_none=True)
-                ref(_input(r, step, device)).square().mean().backward()
+                x, y = wl.shard_of(step, r)
+                wl.spec.loss_fn(ref(x), y).backward()
                 g = [_grad(p).detach().clone() for p in ref.parameters()]
                 total = g if not total else [a + b for a, b in zip(total, g)]
             want = [w * (1.0 / world) for w in total]  # a multiplier: no division by a Python number
@@ -170,7 +170,8 @@ def bucketed_on_rank(config: dict, steps: int = 3) -> dict:
                     p.grad.zero_()
             sync.events.clear()
             sync.begin_step()
-            net(_input(rank, step, device)).square().mean().backward()
+            x, y = wl.shard_of(step, rank)
+            wl.spec.loss_fn(net(x), y).backward()
             after_backward = time.perf_counter()
             sync.finish_step()
             launches = [t for kind, _, t in sync.events if kind == "launch"]
@@ -280,16 +281,17 @@ def precision_verdict(r: dict) -> tuple[bool, str]:
 
 def optimizers_on_rank(steps: int = 5) -> dict:
     """The fused optimizers against torch.optim (its default implementation on this device), per kind."""
-    device = current().platform.device
+    wl = workload(DOCTOR_WORKLOAD)
     out = {}
     for kind in ("sgd", "momentum", "adam"):
         cfg = StrategyConfig(optimizer=kind, lr=0.01, weight_decay=0.01, fuse_all_optimizer_ops=True)
-        ref, fused = _net(device), _net(device)
+        ref, fused = wl.module(), wl.module()
         opts: tuple = (torch_optimizer(ref.parameters(), cfg), build_fused_optimizer(fused, cfg, None))
         for step in range(steps):
+            x, y = wl.shard_of(step, 0)
             for net, opt in zip((ref, fused), opts):
                 opt.zero_grad(set_to_none=False)
-                net(_input(0, step, device)).square().mean().backward()
+                wl.spec.loss_fn(net(x), y).backward()
                 opt.step()
         out[kind] = worst_error(dict(fused.named_parameters()), dict(ref.named_parameters()))[0]
     return out
@@ -302,14 +304,13 @@ def model_check_on_rank(model: str, config: dict) -> dict:
 
 def fusion_timing_on_rank(shape: tuple = (32, 256, 56, 56), repeats: int = 20) -> dict:
     """Forward and backward of BatchNorm + ReLU as the compute-fusion case runs it (``BatchNormReLU``, eager
-    composition) and unfused (``nn.BatchNorm2d`` (cuDNN on a GPU) then ReLU), each timed with the platform's marks
-    over ``repeats`` calls after a warm-up; and the two outputs' largest difference."""
-    from .compute.fused_ops import BatchNormReLU
-
+    composition) and unfused (``nn.BatchNorm2d`` (cuDNN on a GPU) then ReLU), interleaved call by call over
+    ``repeats`` rounds after a warm-up (``interleaved_rounds``), each call between two of the platform's marks (read
+    after one synchronize at the end); the mean per call, and the two outputs' largest difference."""
     p = current().platform
     torch.manual_seed(0)
     bn = torch.nn.BatchNorm2d(shape[1]).to(p.device)
-    fused, unfused = BatchNormReLU(bn), torch.nn.Sequential(bn, torch.nn.ReLU())
+    fused, unfused = BatchNormReLU(bn), lambda t: torch.relu(bn(t))
     x = torch.randn(*shape, device=p.device, requires_grad=True)
     g = torch.randn(*shape, device=p.device)
 
@@ -319,17 +320,21 @@ def fusion_timing_on_rank(shape: tuple = (32, 256, 56, 56), repeats: int = 20) -
         y.backward(g)
         return y
 
-    out: dict = {}
-    for name, module in (("fused", fused), ("unfused", unfused)):
+    def warm(variant) -> None:
         for _ in range(3):
-            step(module)
+            step(variant[1])
         p.synchronize()
+
+    def marked(variant) -> tuple:
         a = p.mark()
-        for _ in range(repeats):
-            step(module)
-        b = p.mark()
-        p.synchronize()
-        out[f"{name}_ms"] = p.elapsed(a, b) * 1e3 * (1.0 / repeats)
+        step(variant[1])
+        return a, p.mark()
+
+    variants = (("fused", fused), ("unfused", unfused))
+    spans = interleaved_rounds(variants, repeats, marked, warmup=warm)
+    p.synchronize()
+    out: dict = {f"{name}_ms": sum(p.elapsed(a, b) for a, b in marks) * 1e3 * (1.0 / repeats)
+                 for (name, _), marks in zip(variants, spans)}
     with torch.no_grad():
         out["max_diff"] = float((fused(x) - unfused(x)).abs().max())
     out["shape"] = list(shape)
@@ -353,7 +358,7 @@ def footprint_on_rank() -> dict:
     import gc
 
     p = current().platform
-    wl = workload(WorkloadSpec("mlp", size="tiny", per_rank_batch=4))
+    wl = workload(DOCTOR_WORKLOAD)
     wl.prepare_batches()  # the timing batches it keeps on the device are not the engine's
     warm = torch.nn.Linear(8, 8, device=p.device)  # cuBLAS's workspaces (main and autograd threads) come from
     warm(torch.ones(2, 8, device=p.device)).sum().backward()  # the allocator: taken now, in case no item has yet

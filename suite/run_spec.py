@@ -220,8 +220,6 @@ class AbOptions:
     inject_base: float = spec(0.0, "busy work injected into BASE's step, a fraction (calibration only)", ge=0.0,
                               le=10.0)
     inject_head: float = spec(0.0, "... into HEAD's step", ge=0.0, le=10.0)
-    isolation: str | None = spec(None, "how both sides' servers are placed and laid out (suite/ab/isolation.py's "
-                                       "factors; None: its default)")
 
     def __post_init__(self) -> None:
         _check_options(self)

@@ -16,9 +16,9 @@
   interleaved timing fails (a rank died), each case is timed alone with the baseline and the
   record says so (``fallback``);
 - **records** (:meth:`CaseRunner.record`): a schema-versioned ``CaseRecord`` with the size,
-  backend and device it ran on and its structure (``suite.results.structure``); its metrics,
-  describe, structure and check typed (``suite.results.records``: a metric name not in
-  ``Metrics`` is an error).
+  backend and device it ran on and its structure (``suite.results.structure``); its metrics and
+  describe are the summary's objects (``suite.measure.summary.Timed``), its check the harness's
+  ``CheckSummary``, each taken as it is (no conversion to a dict and back).
 
 Harnesses that time rounds themselves (pytest-benchmark, asv) use :meth:`prepare` and
 :class:`PreparedCase` instead of :meth:`measure`; the summary and the record are the same.
@@ -40,17 +40,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cases import BASELINE, Case
-from .check.harness import CANNOT_JUDGE, CheckResult, run_check
+from .check.harness import CANNOT_JUDGE, run_check
 from .config import StrategyConfig
 from .measure.metadata import collect
-from .measure.summary import COMPUTE_ONLY, summarize
+from .measure.summary import COMPUTE_ONLY, Timed, summarize
 from .measure.timing import drop_case, prepare_case, prepared_result, run_window, time_on_rank
 from .measure.trace import trace_on_rank
 from .measure.utilization import UtilizationSampler
 from .models import count_parameters, get_model, model_info
 from .outputs import OutputDir, safe_name
 from .report.trace import chrome_trace
-from .results.records import CaseRecord, CheckSummary, Describe, Metrics, Structure
+from .results.records import CaseRecord, CheckSummary, Structure
 from .results.structure import structure_of
 from .run_spec import ResolvedCase, RunOptions, RunSpec
 from .runtime.context import current
@@ -61,8 +61,8 @@ from .workload import WorkloadSpec
 __all__ = ["CaseRunner", "PreparedCase", "Progress", "new_run_id", "short_error",
            "Interrupted", "backend_lacks", "unused_parameters"]
 
-Checked = CheckResult | Exception | None  # a check's verdict, the error that stopped it, or no check
-Outcome = dict | Exception | None  # a timing's metrics, the error that stopped it, or nothing (torchrun)
+Checked = CheckSummary | Exception | None  # a check's verdict, the error that stopped it, or no check
+Outcome = Timed | Exception | None  # a timing's metrics and describe, the error that stopped it, or nothing
 
 
 @dataclass(frozen=True)
@@ -190,21 +190,24 @@ class PreparedCase:
     describe: dict
     windows: list = field(default_factory=list)  # per window: every rank's answer
 
-    def window(self) -> list:
-        """One window of ``steps`` steps on every rank (what a pytest-benchmark round or asv sample times)."""
-        answers = self.runner.launcher.run(run_window, dict(key=self.key, steps=self.runner.opts.steps),
-                                           timeout=self.runner.call_timeout(self.rc.case.model, self.runner.opts.steps))
+    def window(self, steps: int | None = None, warmup: int = 0) -> list:
+        """One window of ``steps`` steps (default: the options') on every rank, after ``warmup`` steps not recorded
+        (what a pytest-benchmark round, an asv sample or an `ab` trial times)."""
+        steps = self.runner.opts.steps if steps is None else steps
+        answers = self.runner.launcher.run(run_window, dict(key=self.key, steps=steps, warmup=warmup),
+                                           timeout=self.runner.call_timeout(self.rc.case.model, warmup + steps))
         self.windows.append(answers)
         return answers
 
-    def metrics(self) -> dict:
+    def metrics(self) -> Timed:
         """The summary of every window run so far, as ``fleetbench run`` would record it (no baseline)."""
         answers = self.runner.launcher.run(prepared_result, dict(key=self.key),
                                            timeout=self.runner.call_timeout(self.rc.case.model, 0))
         wl = self.runner.workload_spec(self.rc.case)
         batch = self.runner.per_rank_batch(self.rc.case)
-        return summarize(answers, [self.key], batch * self.runner.world, self.runner.opts.steps, self.runner.world,
-                         baseline=None)[self.key] | Metrics(workload=wl.describe()).to_dict()
+        timed = summarize(answers, [self.key], batch * self.runner.world, self.runner.opts.steps, self.runner.world,
+                          baseline=None)[self.key]
+        return dataclasses.replace(timed, metrics=dataclasses.replace(timed.metrics, workload=wl.describe()))
 
     def close(self) -> None:
         self.runner.launcher.run(drop_case, dict(key=self.key), timeout=self.runner.call_timeout(self.rc.case.model, 0))
@@ -229,7 +232,7 @@ class CaseRunner:
         self.metadata = metadata
         self._batches: dict[str, int] = {}
         self._unused_said = False  # the unused-parameter message is said once per run, then named
-        self._unjudged: dict[str, CheckResult] = {}  # model -> its "cannot judge" answer, said once, then reused
+        self._unjudged: dict[str, CheckSummary] = {}  # model -> its "cannot judge" answer, said once, then reused
         self._allowance: dict[str, float] = {}
 
     def brief(self, exc: BaseException) -> str:
@@ -301,7 +304,7 @@ class CaseRunner:
 
     # ---- check ----------------------------------------------------------------------------
     def check(self, rc: ResolvedCase) -> Checked:
-        """The case's CheckResult, the exception that stopped it, or None (no check asked)."""
+        """The case's CheckSummary, the exception that stopped it, or None (no check asked)."""
         if not self.opts.check:
             return None
         if rc.case.model in self._unjudged and rc.config.data_parallel != "none":
@@ -342,7 +345,7 @@ class CaseRunner:
         share = getattr(self.launcher, "share", None)
         return share(plan) if share is not None else plan
 
-    def _time(self, model_rcs: list[ResolvedCase], names: list[str]) -> dict[str, dict]:
+    def _time(self, model_rcs: list[ResolvedCase], names: list[str]) -> dict[str, Timed]:
         configs = {rc.case.variant: rc.config for rc in model_rcs}
         configs.setdefault(BASELINE, self.baseline_config())
         case = model_rcs[0].case
@@ -369,19 +372,16 @@ class CaseRunner:
             return {}
         out = summarize(answers, names, self.per_rank_batch(case) * self.world, self.opts.steps, self.world,
                         baseline=self.baseline)
-        machine = Metrics(load_avg_start=load_start, load_avg_end=load_end,
-                          cpu_cores=os.cpu_count()).to_dict()  # the machine's state beside the timing (busy_reason)
-        for s in out.values():
-            s.update(machine)
+        # the machine's state beside the timing (busy_reason), and the utilization the variants shared
+        extra: dict[str, Any] = dict(load_avg_start=load_start, load_avg_end=load_end, cpu_cores=os.cpu_count())
         if util is not None and self.reporter:
             if nodes is not None:
                 util["nodes"] = [{k: v for k, v in u.items() if k != "samples"} for u in nodes if u is not None]
             util["shared_by"] = names  # the variants ran interleaved: one sampling covers them all
-            for s in out.values():
-                s.update(Metrics(utilization=util).to_dict())
-        return out
+            extra["utilization"] = util
+        return {n: dataclasses.replace(t, metrics=dataclasses.replace(t.metrics, **extra)) for n, t in out.items()}
 
-    def _timed(self, model_rcs: list[ResolvedCase], names: list[str], group: int, groups: int) -> dict[str, dict]:
+    def _timed(self, model_rcs: list[ResolvedCase], names: list[str], group: int, groups: int) -> dict[str, Timed]:
         """:meth:`_time`, with progress before and after."""
         kw = dict(done=group, total=groups, variants=tuple(names), rounds=self.opts.rounds, steps=self.opts.steps)
         model = model_rcs[0].case.model
@@ -475,7 +475,7 @@ class CaseRunner:
             rec.status = rec.verdict = "skipped" if lacks else "error"
             rec.error = lacks or unused_parameters(check) or short_error(check, 2000)
         elif check is not None:
-            rec.check = CheckSummary.from_dict(check.to_dict(), f"case {rc.case.name}", "check.")
+            rec.check = check
             rec.verdict = check.verdict
         if isinstance(measured, Exception) and rec.verdict not in ("error", "fail") and backend_lacks(measured, device):
             rec.status = rec.verdict = "skipped"  # the check passed or did not run; the timing met the gap
@@ -483,11 +483,8 @@ class CaseRunner:
         elif isinstance(measured, Exception):
             rec.status, rec.verdict = "error", "error"
             rec.error = (rec.error + "\n" if rec.error else "") + short_error(measured, 2000)
-        elif isinstance(measured, dict):
-            metrics = dict(measured)
-            where = f"case {rc.case.name}"
-            rec.describe = Describe.from_dict(metrics.pop("describe", None) or {}, where, "describe.")
-            rec.metrics = Metrics.from_dict(metrics, where, "metrics.")  # a name not in Metrics is an error
+        elif isinstance(measured, Timed):
+            rec.metrics, rec.describe = measured.metrics, measured.describe
             bad = rec.metrics.nonfinite_loss
             if bad and rec.verdict != "error":
                 rec.verdict = "fail"
@@ -526,7 +523,7 @@ class CaseRunner:
             measured, fallback = self.measure(model_rcs, drop)
         except KeyboardInterrupt:
             raise Interrupted([self.not_timed(rc, c) for rc in model_rcs
-                               if isinstance(c := checks.get(rc.case.name), CheckResult)]) from None
+                               if isinstance(c := checks.get(rc.case.name), CheckSummary)]) from None
         records: list[CaseRecord] = []
         for rc in model_rcs:
             rec = self.record(rc, checks.get(rc.case.name), measured.get(rc.case.variant),
@@ -543,11 +540,11 @@ class CaseRunner:
                                     fallback.get(o.case.variant)) for o in model_rcs[len(records):]]) from None
         return records
 
-    def not_timed(self, rc: ResolvedCase, check: CheckResult) -> CaseRecord:
+    def not_timed(self, rc: ResolvedCase, check: CheckSummary) -> CaseRecord:
         """The record of a case whose check finished and whose timing was interrupted: status ``not_run``, the
         check's verdict and summary kept."""
         rec = self._base_record(rc)
-        rec.check = CheckSummary.from_dict(check.to_dict(), f"case {rc.case.name}", "check.")
+        rec.check = check
         rec.status, rec.verdict = "not_run", check.verdict
         rec.error = "interrupted before its timing; its check is kept (--resume times it)"
         return rec
@@ -604,13 +601,15 @@ class CaseRunner:
             return
         rec.metrics = dataclasses.replace(rec.metrics, trace_file=rel)
 
-    def prepare(self, rc: ResolvedCase) -> PreparedCase:
-        """Build and warm up the case's engine on every rank, for a harness that times windows itself."""
+    def prepare(self, rc: ResolvedCase, inject: float = 0.0) -> PreparedCase:
+        """Build and warm up the case's engine on every rank, for a harness that times windows itself; ``inject``:
+        busy work of that fraction of the step after every step (a calibration run: ``TimedCase.inject``)."""
         key = f"{rc.case.name}@{self.world}"
         answers = self.launcher.run(prepare_case, dict(key=key, workload_spec=self.workload_spec(rc.case),
-                                                       config=rc.config.to_dict(), warmup=self.opts.warmup),
-                                    timeout=self.call_timeout(rc.case.model, self.opts.warmup))
-        return PreparedCase(self, rc, key, (answers or [{}])[0].get("describe", {}))
+                                                       config=rc.config.to_dict(), warmup=self.opts.warmup,
+                                                       inject=inject),
+                                    timeout=self.call_timeout(rc.case.model, self.opts.warmup + (15 if inject else 0)))
+        return PreparedCase(self, rc, key, answers[0].describe if answers else {})
 
 
 GZIP_TRACE_OVER = 4 * 2**20  # a rank's torch.profiler trace larger than this (unzipped) is written gzipped

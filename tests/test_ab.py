@@ -13,6 +13,7 @@ Statistics, protocol refusals and worktree clean-up are tested without timing.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import math
@@ -289,6 +290,35 @@ def test_the_client_says_a_revision_has_no_trial_server(tmp_path):
         TrialServer(str(root), "BASE", start_timeout=60)
 
 
+@pytest.mark.timeout(300)
+def test_a_trial_server_prepares_times_and_records_a_case_through_the_runner():
+    """This tree's trial server end to end, without timing asserted: a case prepared with injected busy work (the
+    prepared case's own option), a trial after a discarded step, the structure's record, the case closed."""
+    from suite.ab.client import TrialServer
+    from suite.run_spec import RunOptions, RunSpec, Selection
+
+    spec = RunSpec(Selection(cases=("mlp/plain",), size="tiny", worlds=(2,)), RunOptions(warmup=1, check=False))
+    with TrialServer(REPO, "A", nproc=2, timeout=300) as srv:
+        srv.request("start")
+        key = srv.request("prepare", case="mlp/plain", spec=spec.to_dict(), inject=0.5)["key"]
+        trial = srv.request("trial", key=key, steps=2, warmup=1)
+        assert trial["step_s"] > 0 and len(trial["step_times_s"]) == 2 and len(trial["losses"]) == 2, trial
+        record = srv.request("structure", key=key)["record"]
+        assert record["case"] == "mlp/plain" and record["structure"]["strategy"], record
+        assert srv.request("close", key=key)["closed"] is True
+
+
+def test_the_trial_server_prepares_through_the_runners_public_interface():
+    """No private name of another module (``measure.timing._PREPARED``) and no training step replaced on an
+    instance: the server prepares, times and injects through CaseRunner / PreparedCase."""
+    tree = ast.parse(open(os.path.join(REPO, "suite", "ab", "server.py"), encoding="utf-8").read())
+    private = [a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names
+               if a.name.startswith("_")]
+    assert private == []
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "setattr"]
+    assert "train_step" not in {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+
+
 # ---- statistics (no timing) -----------------------------------------------------------------------------
 def test_the_interval_answers_the_gates_question_four_ways():
     """Not slower by the threshold (the upper end below +5%), slower (the lower end above 0), same (inside the
@@ -364,6 +394,13 @@ def test_rotation_decides_over_whole_pairs_of_preparations_with_a_t_interval():
     assert one.finish() == "slower"  # blocks as samples: the same data looks decisive
 
 
+def _record(structure: dict, verdict: str = "pass") -> dict:
+    """A trial server's answer to "structure": a whole record as JSON (what `ab` reads into a CaseRecord)."""
+    from suite.results.records import CaseRecord
+
+    return json.loads(CaseRecord("mlp/plain", "mlp", 2, {}, "r", verdict=verdict, structure=structure).to_json())
+
+
 class _FakeServer:
     """Answers a trial server's requests in memory: a step time of `speed` per step, one key per preparation."""
 
@@ -383,7 +420,7 @@ class _FakeServer:
         if op == "trial":
             return {"step_s": self.speed() if callable(self.speed) else self.speed, "losses": [1.0]}
         if op == "structure":
-            return {"record": {"structure": {"prep": self.n}, "verdict": "pass" if self.n == 1 else "n/a"}}
+            return {"record": _record({"allreduce_ops": self.n}, "pass" if self.n == 1 else "n/a")}
         return {}
 
 
@@ -414,7 +451,7 @@ def test_rotation_prepares_the_case_afresh_every_n_blocks_and_keeps_the_first_re
         assert [f["key"] for op, f in side.server.requests if op == "close"] == ["k1", "k2"]
         # 12 trials per pair of preparations: 1 structure window + 3 blocks x 2 trials per side, per preparation
         assert ops.count("trial") == 3 * (1 + 3 * 2)
-        assert side.records["mlp/plain"]["structure"] == {"prep": 1}, side.records  # the gate's, not the last one's
+        assert side.records["mlp/plain"].structure.allreduce_ops == 1, side.records  # the gate's, not the last one's
 
 
 def test_rotation_restarts_the_servers_every_kth_time(monkeypatch):
@@ -440,7 +477,7 @@ def test_rotation_restarts_the_servers_every_kth_time(monkeypatch):
     assert [label for label, _ in started] == ["BASE", "HEAD"] and started[0][1].endswith("-servers2.log"), started
     assert first.closed and base.server is not first
     assert [f["spec"]["run"]["check"] for op, f in base.server.requests if op == "prepare"] == [False, False]
-    assert base.records["mlp/plain"]["structure"] == {"prep": 1}  # the first server's first preparation
+    assert base.records["mlp/plain"].structure.allreduce_ops == 1  # the first server's first preparation
 
 
 def test_bisect_decides_bad_against_good_from_the_first_commits_blocks():
@@ -561,6 +598,19 @@ def test_ab_options_are_validated_before_anything_starts(repo, capsys):
     finally:
         signal.signal(signal.SIGTERM, term)
     _no_worktrees_left(root)
+
+
+@pytest.mark.parametrize("command", ["ab", "bisect"])
+def test_the_retired_isolation_option_is_refused_as_unknown(command, capsys):
+    """`--isolation` went with the gate's study of placement and layout (docs/figures/gate.md section 3): argparse's
+    usual error for an unknown option, exit 2, before anything starts."""
+    from suite.cli.main import main
+
+    extra = ["--case", "mlp/plain"] if command == "bisect" else []
+    with pytest.raises(SystemExit) as exc:
+        main([command, "HEAD~1", "HEAD", *extra, "--isolation", "thp"])
+    assert exc.value.code == 2
+    assert "unrecognized arguments: --isolation thp" in capsys.readouterr().err
 
 
 def test_ab_on_one_commit_or_one_tree_answers_identical_at_once(repo, capsys):
@@ -788,7 +838,7 @@ def test_ab_accepts_a_structure_change_its_head_acknowledges_and_reports_new_fac
         def request(self, op, **fields):
             if op == "structure":
                 self.requests.append((op, fields))
-                return {"record": {"structure": self.structure, "verdict": "pass"}}
+                return {"record": _record(self.structure)}
             return super().request(op, **fields)
 
     opts = _ab_spec(seq=SeqOptions(rotate=3, min_pairs=3, budget_s=60, restart=0))

@@ -212,30 +212,107 @@ def test_rank_jobs_build_through_the_workload(rel):
 
 
 # ---- rank functions build through the workload -------------------------------------------------------------------
-BUILDERS = {"get_model", "build_engine", "build_grad_sync", "make_dataset", "step_indices", "make"}
+# Names that build a model, a dataset, an engine or a gradient sync (and torch.nn layers put together into a model):
+# outside suite.workload and suite.engine no rank function may use them, nor construct a GradSync class itself, nor
+# call a function of its module that does.
+BUILDERS = {"get_model", "build_engine", "build_grad_sync", "make_dataset", "step_indices", "make", "Sequential"}
 # Rank functions that still build models or gradient syncs themselves.  Nothing may be added here.
-KNOWN_BUILDERS: set = set()  # none: the figures' rank functions moved onto the workload (issue 24 item 4)
+KNOWN_BUILDERS: set = set()  # none: the doctor's bucketed check moved onto the workload (issue 34)
+
+
+def _first_arg_name(call: ast.Call, index: int = 0) -> str | None:
+    """The function named by the call's argument ``index`` (``fn`` or ``module.fn``), else None."""
+    if len(call.args) <= index:
+        return None
+    arg = call.args[index]
+    return arg.id if isinstance(arg, ast.Name) else arg.attr if isinstance(arg, ast.Attribute) else None
+
+
+def _callee(call: ast.Call) -> str:
+    return call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", "")
+
+
+def _units(tree: ast.Module) -> list[ast.AST]:
+    """The module-level functions and the methods of its classes (nested functions are walked inside them)."""
+    out: list[ast.AST] = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            out.append(node)
+        elif isinstance(node, ast.ClassDef):
+            out += [n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return out
+
+
+def _launchers(trees: dict[str, ast.Module]) -> dict[str, int]:
+    """Functions and methods that hand one of their parameters to a ``.run(...)`` (a pool's, a launcher's): name ->
+    the position of that parameter in a call (``DoctorRun.call(self, fn, ...)`` -> {"call": 0}), found again
+    through wrappers of wrappers."""
+    found: dict[str, int] = {"run": 0}
+    changed = True
+    while changed:
+        changed = False
+        for tree in trees.values():
+            for fn in _units(tree):
+                if fn.name in found:  # type: ignore[attr-defined]
+                    continue
+                params = [a.arg for a in fn.args.args]
+                offset = 1 if params[:1] in (["self"], ["cls"]) else 0
+                for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call) and _callee(n) in found):
+                    name = _first_arg_name(call, found[_callee(call)])
+                    if name in params[offset:]:
+                        found[fn.name] = params.index(name) - offset
+                        changed = True
+                        break
+    return found
+
+
+def _rank_functions(trees: dict[str, ast.Module]) -> set[str]:
+    """Every function passed to a pool: as the first argument of a ``.run(...)``, of a wrapper around one
+    (:func:`_launchers`), or through a local variable assigned it before (``fn = job; pool.run(fn)``)."""
+    launchers = _launchers(trees)
+    passed: set[str] = set()
+    for tree in trees.values():
+        module_level = ast.Module(body=[n for n in tree.body if not isinstance(
+            n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))], type_ignores=[])
+        for fn in _units(tree) + [module_level]:
+            aliases: dict[str, set[str]] = {}
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                    values = [node.value.body, node.value.orelse] if isinstance(node.value, ast.IfExp) else [node.value]
+                    aliases.setdefault(node.targets[0].id, set()).update(
+                        v.id if isinstance(v, ast.Name) else v.attr for v in values
+                        if isinstance(v, (ast.Name, ast.Attribute)))
+            for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call) and _callee(n) in launchers):
+                name = _first_arg_name(call, launchers[_callee(call)])
+                if name is not None:
+                    passed |= {name} | aliases.get(name, set())
+    return passed
 
 
 def _rank_builders(sources: dict[str, str]) -> set[tuple[str, str]]:
-    """(module, function) of every module-level function passed by name to a ``.run(...)`` (a pool's, a
-    launcher's) anywhere in ``sources`` whose body names a model, dataset, engine or gradient-sync builder,
-    outside suite.workload and suite.engine."""
+    """(module, function) of every module-level function passed to a pool (:func:`_rank_functions`) anywhere in
+    ``sources`` whose body, or the body of a function of its module it calls, names a model, dataset, engine or
+    gradient-sync builder (:data:`BUILDERS`) or constructs a ``...GradSync`` class, outside suite.workload and
+    suite.engine."""
     trees = {m: ast.parse(src) for m, src in sources.items()}
-    passed = {n.args[0].id if isinstance(n.args[0], ast.Name) else n.args[0].attr
-              for t in trees.values() for n in ast.walk(t)
-              if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "run" and n.args
-              and isinstance(n.args[0], (ast.Name, ast.Attribute))}
+    passed = _rank_functions(trees)
     bad = set()
     for mod, tree in trees.items():
         if mod in ("suite.workload", "suite.engine"):
             continue
-        for fn in tree.body:
-            if isinstance(fn, ast.FunctionDef) and fn.name in passed:
-                names = {x.id for x in ast.walk(fn) if isinstance(x, ast.Name)} | \
-                        {x.attr for x in ast.walk(fn) if isinstance(x, ast.Attribute)}
-                if names & BUILDERS:
-                    bad.add((mod, fn.name))
+        local = {fn.name: fn for fn in tree.body if isinstance(fn, ast.FunctionDef)}
+        for name in passed & set(local):
+            seen, todo, names, built = set(), [name], set(), set()
+            while todo:  # the rank function and the functions of its module it calls, at any depth
+                f = local[todo.pop()]
+                seen.add(f.name)
+                found = {x.id for x in ast.walk(f) if isinstance(x, ast.Name)} | \
+                        {x.attr for x in ast.walk(f) if isinstance(x, ast.Attribute)}
+                names |= found
+                built |= {_callee(c) for c in ast.walk(f) if isinstance(c, ast.Call)}
+                todo += [n for n in found & set(local) if n not in seen]
+            if names & BUILDERS or any(n.endswith("GradSync") for n in built):
+                bad.add((mod, name))
     return bad
 
 
@@ -249,6 +326,20 @@ def test_the_rank_function_rule_finds_a_builder():
             "suite.workload": "def wl_job():\n    return build_engine(1)\n\ndef go(pool):\n    pool.run(wl_job)\n",
             "suite.y": "def helper():\n    return get_model('mlp')\n"}  # not a rank function
     assert _rank_builders(fake) == {("suite.x", "job")}
+
+
+def test_the_rank_function_rule_finds_one_called_through_a_variable():
+    """The doctor's shape before issue 34: ``ctx.call(bucketed_on_rank, ...)``, a method that hands its ``fn`` to
+    ``pool.run``, the rank function building its own model (a helper's nn.Sequential) and a BucketedGradSync; and a
+    rank function chosen into a variable first."""
+    doctor = ("class Run:\n    def call(self, fn, kwargs=None):\n        return self.pool.run(fn, kwargs or {})\n\n"
+              "def _net():\n    return torch.nn.Sequential(torch.nn.Linear(2, 2))\n\n"
+              "def bucketed_on_rank(config):\n    net = _net()\n    return BucketedGradSync(net, config)\n\n"
+              "def item(ctx):\n    return ctx.call(bucketed_on_rank, {})\n")
+    chosen = ("def model_on_rank():\n    return get_model('mlp')\n\ndef other_on_rank():\n    return 1\n\n"
+              "def go(pool, flag):\n    fn = model_on_rank if flag else other_on_rank\n    return pool.run(fn)\n")
+    assert _rank_builders({"suite.doctor": doctor}) == {("suite.doctor", "bucketed_on_rank")}
+    assert _rank_builders({"suite.z": chosen}) == {("suite.z", "model_on_rank")}
 
 
 # ---- imports at module level -------------------------------------------------------------------------------------

@@ -10,8 +10,10 @@ from suite.cases import REQUIRES, VARIANTS
 from suite.comm.buckets import SIZED_BUCKETS, plan, sized_bucket_mb
 from suite.config import ConfigError
 from suite.measure import timing
+from suite.measure.summary import Timed
 from suite.model_registry import REGISTRY, SIZES
 from suite.models import model_info
+from suite.results.records import Describe, Metrics
 from suite.run_spec import RunOptions, Selection
 from suite.runner import CaseRunner
 from suite.selection import base_cases, resolve, resolve_at
@@ -113,7 +115,7 @@ def test_a_broken_precondition_is_caught_before_any_rank(monkeypatch, no_ranks):
 # ---- the plan against what the engine built ------------------------------------------------------------------------
 def _record(rc, describe: dict):
     runner = CaseRunner(None, 2, RunOptions(check=False, utilization=False), metadata={}, reporter=False)
-    return runner.record(rc, None, {"describe": describe})
+    return runner.record(rc, None, Timed(Metrics(), Describe.from_dict(describe)))
 
 
 def test_an_engine_that_differs_from_its_plan_fails_the_case():

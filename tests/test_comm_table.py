@@ -98,9 +98,8 @@ def test_the_sites_take_their_collectives_from_the_table(rel):
 
 
 def test_exact_inputs_and_busbw_factors_are_written_once():
-    """nccl-tests' inputs ((i mod 7)+1, the half-precision (i mod 3)+1) and the allreduce factor 2(n-1)/n appear
-    in the table only (suite.measure.stats.busbw keeps its torch-free copy of the factors: measure/ does not
-    import torch there)."""
+    """nccl-tests' inputs ((i mod 7)+1, the half-precision (i mod 3)+1) appear in the table only, the allreduce
+    factor 2(n-1)/n in the one torch-free table of factors (suite/comm/busbw.py) only."""
     patterns = {"exact inputs": re.compile(r"%\s*[73]\s*\+\s*1"),
                 "busbw factor": re.compile(r"2(\.0)?\s*\*\s*\(\s*\w+\s*-\s*1\s*\)\s*/\s*\w+")}
     bad = []
@@ -111,7 +110,7 @@ def test_exact_inputs_and_busbw_factors_are_written_once():
                 continue
             src = open(os.path.join(ROOT, rel), encoding="utf-8").read()
             for what, pat in patterns.items():
-                if rel == os.path.join("suite", "measure", "stats.py") and what == "busbw factor":
+                if rel == os.path.join("suite", "comm", "busbw.py") and what == "busbw factor":
                     continue
                 bad += [f"{rel}:{src.count(chr(10), 0, m.start()) + 1}: {what}" for m in pat.finditer(src)]
     assert bad == []

@@ -454,3 +454,18 @@ def test_cluster_figure_rechecks_the_misses_and_says_whether_they_repeat():
     # the latency share the measured step leaves: (measured - prediction without latency) / latency charged
     row = fig.PredRow("m", "2x4", 100, "plain", 16, 0.05, [0.5], 0.6, 0.0, [0.05], [], latency_s=0.5)
     assert row.latency_bound and close(row.latency_used, 0.8, 1e-12)
+
+
+def test_the_calibrations_blocks_run_on_real_ranks_through_timed_block(pool2):
+    """calibration_on_rank on world 2 without a cluster (one node of 2 ranks: the allreduce and broadcast rows):
+    each row's seconds and CPU seconds per call, one of each per round, through suite.runtime.device.timed_block
+    (no timing asserted: finite and positive)."""
+    from suite.cluster.calibrate import calibration_on_rank
+
+    got = pool2.run(calibration_on_rank, {"sizes": {"allreduce": [4096], "broadcast": [1024]}, "ranks_per_node": 2,
+                                          "iters": 2, "rounds": 3, "warmup": 1})
+    for answer in got:
+        assert [r["kind"] for r in answer["rows"]] == ["allreduce", "broadcast"]
+        for r in answer["rows"]:
+            assert len(r["seconds"]) == len(r["cpu_seconds"]) == 3, r
+            assert all(math.isfinite(x) and x > 0 for x in r["seconds"]) and all(x >= 0 for x in r["cpu_seconds"])

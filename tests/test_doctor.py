@@ -288,13 +288,20 @@ def test_the_torchrun_item_releases_the_pools_gpus_before_its_job_starts(monkeyp
     ctx.device = "cpu"
     seen = []
 
-    def run(cmd, **kw):
-        seen.append(ctx.released)
-        return subprocess.CompletedProcess(cmd, 1, "", "fleetbench-doctor: deliberate error on rank 1\nrank 1 raised")
+    class Job:  # torchrun's process, as the keeper thread starts it
+        pid, returncode = -1, 1
+
+        def __init__(self, cmd, **kw):
+            seen.append(ctx.released)
+            self.args = cmd
+
+        def communicate(self, timeout=None):
+            return "", "fleetbench-doctor: deliberate error on rank 1\nrank 1 raised"
 
     with monkeypatch.context() as m:
         m.setattr(D, "_private_netns_prefix", lambda: [])
-        m.setattr(D.subprocess, "run", run)
+        m.setattr(D.subprocess, "Popen", Job)
+        m.setattr(D, "kill_group", lambda pid: None)
         item = D.item_torchrun(ctx)
     assert seen == [1] and item.status == D.PASS, item
 

@@ -60,15 +60,15 @@ def test_measure_applies_and_records_threads_fetches_and_stragglers(pool2):
                         dict(workload_spec=WorkloadSpec("transformer", per_rank_batch=4, dataset_size=64),
                              variants=variants, warmup=1, steps=steps, rounds=rounds))
     for a in answers:
-        t1, t2 = a["variants"]["t1"], a["variants"]["t2_f4_strag"]
-        assert (t1["threads"], t2["threads"]) == (1, 2)
-        assert (t1["threads_observed"], t2["threads_observed"]) == ([1], [2])
-        assert (t1["host_syncs"], t2["host_syncs"]) == (steps * rounds, rounds)
-        assert len(t1["losses"]) == len(t2["losses"]) == steps * rounds
-        assert all(math.isfinite(v) for v in t2["losses"])
-        assert t1["straggler_sleeps"] == 0
+        t1, t2 = a.variants["t1"], a.variants["t2_f4_strag"]
+        assert (t1.threads, t2.threads) == (1, 2)
+        assert (t1.threads_observed, t2.threads_observed) == ([1], [2])
+        assert (t1.host_syncs, t2.host_syncs) == (steps * rounds, rounds)
+        assert len(t1.losses) == len(t2.losses) == steps * rounds
+        assert all(math.isfinite(v) for v in t2.losses)
+        assert t1.straggler_sleeps == 0
     # exactly one rank straggles in each recorded step
-    assert sum(a["variants"]["t2_f4_strag"]["straggler_sleeps"] for a in answers) == steps * rounds
+    assert sum(a.variants["t2_f4_strag"].straggler_sleeps for a in answers) == steps * rounds
     # the rank's own thread setting is restored afterwards
     assert {w["threads"] for w in pool2.run(whoami)} == {1}
 

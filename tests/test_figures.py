@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from suite.cli.main import main
+from suite.measure.timing import RankTiming
 
 
 def _runs(path) -> None:
@@ -48,13 +49,47 @@ def test_gate_figure_renders_kept_runs_from_its_options(tmp_path, capsys):
 
 def test_figure_options_are_refused_by_a_figure_that_does_not_take_them(capsys, tmp_path):
     assert main(["figures", "comm", "--blocks", "5"]) == 2
-    assert "--blocks is an option of figures gate, gate_sources, not of figures comm" in capsys.readouterr().err
+    assert "--blocks is an option of figures gate, not of figures comm" in capsys.readouterr().err
     assert main(["figures", "gate", "--blocks", "0", "--load", str(tmp_path / "x.json")]) == 2
     err = capsys.readouterr().err
     assert f"--load '{tmp_path / 'x.json'}': no such file" in err, err
     (tmp_path / "x.json").write_text("[]")
     assert main(["figures", "gate", "--blocks", "0", "--load", str(tmp_path / "x.json")]) == 2
     assert "figures gate: blocks 0: must be >= 1" in capsys.readouterr().err
+
+
+def test_an_option_left_out_keeps_the_figures_own_default_and_one_it_lacks_is_refused(capsys):
+    """--rounds and the other shared options fill a figure's field only when given: `figures gate` keeps its own 5
+    windows a run (the CLI used to put its 7 there silently), cluster its 3 rounds and hour-long bound; a figure
+    without the field refuses the option; `fleetbench figures` lists each set's defaults from its Options."""
+    from suite.cli.figures import options_for
+    from suite.cli.main import build_parser
+    from suite.figures import cluster, gate, reader
+
+    def opts(*argv):
+        args = build_parser().parse_args(["figures", *argv])
+        return options_for(args.name, {"gate": gate, "cluster": cluster, "reader": reader}[args.name], args)
+
+    assert opts("gate").rounds == 5 and opts("gate", "--rounds", "7").rounds == 7
+    assert (opts("cluster").rounds, opts("cluster").timeout) == (3, 3600.0)
+    assert opts("reader", "--nproc", "1").nproc == 1
+    with pytest.raises(ValueError, match="--steps is an option of figures .*gate.*, not of figures reader"):
+        opts("reader", "--steps", "3")
+    assert main(["figures"]) == 0
+    listing = capsys.readouterr().out
+    assert "defaults: --nproc 2, --steps 5, --rounds 5, --timeout 1800.0, --cases mlp/plain,resnet/plain" in listing
+
+
+def test_every_figure_that_uses_the_pool_says_its_size_and_bound():
+    import dataclasses
+    import importlib
+
+    from suite.cli.figures import available
+
+    for name in available():
+        module = importlib.import_module(f"suite.figures.{name}")
+        if getattr(module, "USES_POOL", True):
+            assert {"nproc", "timeout"} <= {f.name for f in dataclasses.fields(module.Options)}, name
 
 
 def test_cluster_figure_options_are_checked_before_anything_runs(capsys):
@@ -129,7 +164,7 @@ class _FakePool:
         one = {"windows": [1.0] * kwargs["rounds"], "step_times": [0.1] * 6, "losses": [1.0], "threads": 1,
                "comm_calls_per_step": {}, "comm_bytes_per_step": {}, "host_syncs": 0, "describe": {},
                "peak_memory_bytes": 1, "peak_memory_kind": "process_max_rss"}
-        return [{"rank": r, "variants": {n: dict(one) for n in names}} for r in range(2)]
+        return [RankTiming.from_dict({"rank": r, "variants": {n: dict(one) for n in names}}) for r in range(2)]
 
 
 def test_workloads_figure_times_each_group_through_the_runner_in_fresh_ranks():
@@ -213,12 +248,13 @@ def test_host_figure_renders_its_raw_data_as_before():
 def test_reader_figure_renders_its_raw_data_as_before():
     from suite.figures import reader
 
-    def rank() -> dict:
-        return {"steps_per_window": 8, "variants": {
+    def rank(r: int) -> dict:
+        return {"rank": r, "steps_per_window": 8, "variants": {
             n: {"windows": [1.0 if n == "plain" else 0.5] * 3, "data_wait_s": [0.002, 0.004, 0.006],
-                "step_times": [0.1] * 4, "worker_kind": "thread"} for n, _ in reader.VARIANTS}}
+                "step_times": [0.1] * 4, "losses": [1.0] * 4, "threads": 1, "reader": "PlainReader",
+                "worker_kind": "thread"} for n, _ in reader.VARIANTS}}
 
-    raw = {"world": 2, "answers": [rank(), rank()]}
+    raw = {"world": 2, "answers": [rank(0), rank(1)]}
     lines = reader.render(json.loads(json.dumps(raw)), reader.Options(rounds=3)).splitlines()
     assert lines[0].startswith("**Reader, data-bound** (resnet, 2 ranks, batch 16 per rank, dataset 256 ") and \
         lines[0].endswith("a window is one epoch = 8 steps, 3 interleaved rounds; workers are threads here)")
@@ -307,7 +343,7 @@ def test_every_figure_is_on_the_contract_and_reads_no_environment():
     from suite.cli.figures import FIGURE_OPTIONS, available
 
     names = available()
-    assert len(names) == 10, names
+    assert len(names) == 9, names
     for name in names:
         module = importlib.import_module(f"suite.figures.{name}")
         opts = module.Options()

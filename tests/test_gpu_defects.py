@@ -80,13 +80,11 @@ def test_busy_on_cpu_spins_the_host_until_the_time_is_spent(monkeypatch):
     assert next(clock) == pytest.approx(11e-3)  # readings at 0 (the start), 1, … 10 ms (the end): 11 taken
 
 
-def test_injected_slowdown_is_a_fraction_of_the_measured_step_queued_after_the_step(monkeypatch):
-    """inject_on_rank measures the prepared case's step as the trials do (calibration windows' time between
-    barriers over their steps, the median of three) and adds fraction x that to every later step, after the
-    step's own work, on the device."""
-    from suite.ab import server
-    from suite.measure import timing
-    from suite.measure.timing import Window
+def test_injected_slowdown_is_a_fraction_of_the_measured_step_queued_after_the_step():
+    """TimedCase.inject measures the prepared case's step as the trials do (calibration windows' time between
+    barriers over their steps, the median of three) and its train_step adds fraction x that to every later step,
+    after the step's own work, on the device."""
+    from suite.measure.timing import TimedCase, Window
     from tests.fakes import FakeCuda, fake_cuda_platform
 
     api = FakeCuda()
@@ -96,6 +94,7 @@ def test_injected_slowdown_is_a_fraction_of_the_measured_step_queued_after_the_s
     class Prepared:
         wl = types.SimpleNamespace(platform=platform)
         engine = types.SimpleNamespace(train_step=lambda x, y: api._log("step") or "loss")
+        injected_s = 0.0
 
         seconds = iter([1.2, 0.9, 1.0])  # windows of 5 steps: 0.24, 0.18, 0.20 s a step
 
@@ -104,19 +103,17 @@ def test_injected_slowdown_is_a_fraction_of_the_measured_step_queued_after_the_s
             # single steps' median 0.10 s: what the calibration read before (it left out the window's barriers)
             return Window(next(self.seconds), [0.10, 0.10, 0.30, 0.10, 0.05], [], 0)
 
-    monkeypatch.setitem(timing._PREPARED, "k", Prepared())
-    assert server.inject_on_rank("k", 0.05) == {"step_s": pytest.approx(0.20), "added_s": pytest.approx(0.05 * 0.20)}
+    tc = Prepared()
     api.log.clear()
-    assert Prepared.engine.train_step(None, None) == "loss"
+    assert TimedCase.train_step(tc, None, None) == "loss"  # nothing injected: the step alone
+    assert [e[1] for e in api.log] == ["step"]
+    assert TimedCase.inject(tc, 0.05) == pytest.approx(0.20)
+    assert tc.injected_s == pytest.approx(0.05 * 0.20)
+    api.log.clear()
+    assert TimedCase.train_step(tc, None, None) == "loss"
     kinds = [e[1] for e in api.log]
     assert kinds == ["step", "sleep"], api.log
     assert abs(api.log[1][2] - 0.01 * api.spin_hz) <= 1  # 5% of the 0.2 s median step
-    # switched off and on again: the first calibration is reused (a fourth window would exhaust `seconds`)
-    assert server.inject_on_rank("k", 0.0) == {"step_s": pytest.approx(0.20), "added_s": 0.0}
-    api.log.clear()
-    Prepared.engine.train_step(None, None)
-    assert [e[1] for e in api.log] == ["step"]
-    assert server.inject_on_rank("k", 0.10)["added_s"] == pytest.approx(0.02)
 
 
 def test_ab_refuses_too_few_gpus_instead_of_running_on_the_cpu(monkeypatch):
@@ -136,19 +133,24 @@ def test_ab_refuses_too_few_gpus_instead_of_running_on_the_cpu(monkeypatch):
         raise AssertionError("ab chose a device with 2 ranks on 1 GPU")
 
 
+def _injected_on_rank(key: str) -> float:
+    from suite.measure import timing
+
+    return timing._PREPARED[key].injected_s
+
+
 def test_injection_runs_on_real_ranks(pool2):
-    """The real path on CPU ranks: calibration window, then slowed windows (no timing asserted)."""
-    from suite.ab.server import inject_on_rank
+    """The real path on CPU ranks: a case prepared with busy work (calibration windows, then slowed windows after a
+    discarded warm-up; no timing asserted)."""
     from suite.measure.timing import drop_case, prepare_case, run_window
     from suite.workload import WorkloadSpec
 
     key = "inject-test"
-    pool2.run(prepare_case, dict(key=key, workload_spec=WorkloadSpec("mlp", "tiny"), config={}, warmup=1))
+    pool2.run(prepare_case, dict(key=key, workload_spec=WorkloadSpec("mlp", "tiny"), config={}, warmup=1, inject=0.5))
     try:
-        got = pool2.run(inject_on_rank, dict(key=key, fraction=0.5, calibration_steps=3))
-        assert all(g["step_s"] > 0 and g["added_s"] == 0.5 * g["step_s"] for g in got), got
-        windows = pool2.run(run_window, dict(key=key, steps=2))
-        assert all(len(w["step_times_s"]) == 2 for w in windows)
+        assert all(s > 0 for s in pool2.run(_injected_on_rank, dict(key=key)))
+        windows = pool2.run(run_window, dict(key=key, steps=2, warmup=1))
+        assert all(len(w.step_times_s) == 2 for w in windows)
     finally:
         pool2.run(drop_case, dict(key=key))
 

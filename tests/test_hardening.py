@@ -342,7 +342,7 @@ def test_figures_draw_dollar_signs_in_names_as_text(tmp_path):
     records += [_record("mlp/$local_sgd$", world=2, losses=[1.0, 0.5]), _record("mlp/plain", world=2,
                                                                                 losses=[1.0, 0.6])]
     build_report(records, str(tmp_path / "report"), str(tmp_path))  # mathtext raised here
-    assert (tmp_path / "report" / "throughput_w2.png").exists()
+    assert (tmp_path / "report" / "throughput_w2.svg").exists()
     fig = F.throughput_figure(F.latest(records), 2)
     try:
         fig.canvas.draw()

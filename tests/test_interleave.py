@@ -16,7 +16,7 @@ THE_LOOP = os.path.join("suite", "measure", "interleave.py")
 # Every timing that compares variants: (file, function) -> it calls interleaved_rounds.
 SITES = [("suite/measure/timing.py", "time_on_rank"), ("suite/measure/reader_timing.py", "measure_reader_on_rank"),
          ("suite/figures/comm.py", "comm_alone_on_rank"), ("suite/figures/compute.py", "optimizer_bench_on_rank"),
-         ("suite/cluster/probes.py", "timed_allreduce")]
+         ("suite/cluster/probes.py", "timed_allreduce"), ("suite/doctor.py", "fusion_timing_on_rank")]
 
 
 def test_rounds_rotate_warm_up_and_collect_per_variant():
@@ -96,3 +96,45 @@ def test_every_timing_site_calls_the_one_loop(rel, fn):
     (func,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == fn]
     called = {n.func.id for n in ast.walk(func) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     assert "interleaved_rounds" in called, f"{rel}:{fn} times variants without interleaved_rounds"
+
+
+# ---- one timed block ------------------------------------------------------------------------------------------------
+# The functions that read a clock around a barrier: the timed block, the step loop's window, the traced steps.
+CLOCKED = {("suite/runtime/device.py", "timed_block"), ("suite/measure/timing.py", "timed_window"),
+           ("suite/measure/trace.py", "trace_on_rank")}
+
+
+def _clocked_barriers(tree: ast.AST) -> list[str]:
+    """Functions that call a barrier and read a clock (perf_counter, process_time, a platform's now): a block of
+    calls timed between barriers."""
+    found = []
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            called = {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
+                      for n in ast.walk(fn) if isinstance(n, ast.Call)}
+            if "barrier" in called and called & {"perf_counter", "process_time", "now", "monotonic"}:
+                found.append(fn.name)
+    return found
+
+
+def test_no_second_timed_block_in_suite():
+    """`fleetbench comm`'s sweep (comm/microbench.py) and the cost model's calibration (cluster/calibrate.py) time
+    through timed_block, as the interleaved timings do."""
+    got = set()
+    for root, _, files in os.walk(SUITE):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(root, f)
+                rel = os.path.relpath(path, ROOT)
+                got |= {(rel, fn) for fn in _clocked_barriers(ast.parse(open(path, encoding="utf-8").read()))}
+    assert got == CLOCKED, f"time a block of calls through suite.runtime.device.timed_block: {got - CLOCKED}"
+
+
+def test_the_timed_block_scan_finds_the_old_copies():
+    microbench = ("def sweep():\n    platform.synchronize()\n    dist.barrier()\n    t0 = time.perf_counter()\n"
+                  "    for _ in range(iters):\n        run(buf)\n    platform.synchronize()\n    dist.barrier()\n")
+    calibrate = ("def calibration_on_rank():\n    for _ in range(rounds):\n        dist.barrier()\n"
+                 "        c0, t0 = time.process_time(), time.perf_counter()\n        run()\n")
+    assert _clocked_barriers(ast.parse(microbench)) == ["sweep"]
+    assert _clocked_barriers(ast.parse(calibrate)) == ["calibration_on_rank"]
+    assert _clocked_barriers(ast.parse("def f():\n    dist.barrier()\n")) == []

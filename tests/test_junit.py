@@ -59,8 +59,8 @@ class NanOverlapPool:
         time.sleep(0.1)  # the interleaved timing of plain and overlap: each case's share is 0.05 s
         answers = _answers([v["name"] for v in kwargs["variants"]], ranks=self.nproc)
         for a in answers:
-            if "overlap" in a["variants"]:
-                a["variants"]["overlap"]["losses"] = [1.0, math.nan]
+            if "overlap" in a.variants:
+                a.variants["overlap"].losses = [1.0, math.nan]
         return answers
 
     def close(self):

@@ -60,30 +60,31 @@ def test_records_carry_utilization_memory_and_busbw(real_run):
 
 def test_report_plots_hold_the_runs_data(real_run):
     from suite.report import figures as F
-    from suite.report.page import build_report, png_size
+    from suite.report.page import build_report, svg_size
 
     recs = F.latest(real_run["records"])
-    fig = F.throughput_figure(recs, 2)
-    heights = sorted(p.get_height() for p in fig.axes[0].patches)
-    assert heights == pytest.approx(sorted(r.metrics["samples_per_s"] for r in recs.values()))
+    fig = F.throughput_figure(recs, 2)  # one horizontal bar per case
+    lengths = sorted(p.get_width() for p in fig.axes[0].patches)
+    assert lengths == pytest.approx(sorted(r.metrics["samples_per_s"] for r in recs.values()))
     fig = F.breakdown_figure(recs, 2)
     stacks: dict = {}
     for p in fig.axes[0].patches:
-        stacks[round(p.get_x(), 6)] = stacks.get(round(p.get_x(), 6), 0.0) + p.get_height()
+        stacks[round(p.get_y(), 6)] = stacks.get(round(p.get_y(), 6), 0.0) + p.get_width()
     # compute (the none case's step, capped at the case's) + exposed communication = the case's median step
     expected = sorted(1e3 * r.metrics["step_time_s"]["median"] for r in recs.values())
     assert sorted(stacks.values()) == pytest.approx(expected)
-    fig = F.speedup_figure(recs, "mlp")  # plain is the baseline (1 by definition): only none is drawn
-    assert [p.get_width() for p in fig.axes[0].patches] == pytest.approx([recs[("mlp/none", 2)].metrics["speedup"]])
+    fig = F.speedup_figure(recs, "mlp")  # plain is the baseline (1 by definition): only none's dot is drawn
+    dots = [ln.get_xdata()[0] for ln in fig.axes[0].lines if ln.get_gid() in ("resolved", "unresolved")]
+    assert dots == pytest.approx([recs[("mlp/none", 2)].metrics["speedup"]])
 
     out = str(real_run["out"] / "report")
     data = build_report(real_run["records"], out, os.path.dirname(real_run["results"]))
     page = open(os.path.join(out, "index.html")).read()
     for name in data["plots"]:
         assert os.path.getsize(os.path.join(out, name)) > 1000 and f"src='{name}'" in page
-        assert png_size(os.path.join(out, name))[0] <= 1400
-    assert {"throughput_w2.png", "breakdown_w2.png", data["models"]["mlp"]["speedup_plot"]} <= set(data["plots"])
-    assert "scaling.png" not in data["plots"]  # one world size: no scaling chart
+        assert svg_size(os.path.join(out, name))[0] <= 1400
+    assert {"throughput_w2.svg", "breakdown_w2.svg", data["models"]["mlp"]["speedup_plot"]} <= set(data["plots"])
+    assert "scaling.svg" not in data["plots"]  # one world size: no scaling chart
     assert data["cases"]["mlp/plain@2"]["samples_per_s"] == recs[("mlp/plain", 2)].metrics["samples_per_s"]
     assert "mlp/plain" in open(os.path.join(out, "summary.md")).read()
     # each case's directory: its timeline and one torch.profiler trace per rank
@@ -139,7 +140,7 @@ def test_gate_flags_a_sleeping_case_and_not_an_identical_rerun(pool2):
             {"name": "slept", "config": {"straggler_ms": 400.0}}]))
 
     def samples(name):
-        return [t for a in answers for t in a["variants"][name]["step_times"]]
+        return [t for a in answers for t in a.variants[name].step_times]
 
     opts = GateOptions(threshold=0.5)
     slow = gate_samples(samples("plain"), samples("slept"), opts)

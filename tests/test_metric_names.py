@@ -10,6 +10,7 @@ import os
 
 from suite.cases import CASES, RECORDED
 from suite.config import StrategyConfig
+from suite.measure.timing import CasePrepared, RankTiming, prepare_case
 from suite.results.records import METRIC_NAMES, Metrics
 from suite.run_spec import ResolvedCase, RunOptions
 from suite.runner import CaseRunner
@@ -17,7 +18,7 @@ from suite.runner import CaseRunner
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _answers(names: list[str], ranks: int = 2) -> list[dict]:
+def _answers(names: list[str], ranks: int = 2) -> list[RankTiming]:
     """What ``time_on_rank`` answers, made up (three rounds of two steps)."""
     out = []
     for rank in range(ranks):
@@ -26,7 +27,7 @@ def _answers(names: list[str], ranks: int = 2) -> list[dict]:
                         "comm_bytes_per_step": {"world/all_reduce": 4096.0}, "host_syncs": 0, "threads": 1,
                         "describe": {"strategy": n}, "peak_memory_bytes": 1000 + rank,
                         "peak_memory_kind": "process_rss"} for i, n in enumerate(names)}
-        out.append({"rank": rank, "variants": variants})
+        out.append(RankTiming.from_dict({"rank": rank, "variants": variants}))
     return out
 
 
@@ -37,6 +38,8 @@ class _Launcher:
         self.names = names
 
     def run(self, fn, kwargs, timeout=None):
+        if fn is prepare_case:
+            return [CasePrepared(r, {"strategy": "plain"}) for r in range(2)]
         return _answers(self.names)
 
 
@@ -52,9 +55,9 @@ def test_every_metric_the_summary_and_the_runner_write_is_a_metric_name():
     measured = runner._time([_rc("mlp/overlap"), _rc("mlp/none")], names)  # summary, speedup, exposed, utilization
     prepared = runner.prepare(_rc("mlp/plain"))
     prepared.key = "plain"
-    written = {n: dict(m) for n, m in measured.items()} | {"prepared": prepared.metrics()}
+    written = {n: t.metrics for n, t in measured.items()} | {"prepared": prepared.metrics().metrics}
     for name, metrics in written.items():
-        assert set(metrics) - {"describe"} <= set(METRIC_NAMES), (name, set(metrics) - set(METRIC_NAMES))
+        assert isinstance(metrics, Metrics) and set(metrics) <= set(METRIC_NAMES), name
     for key in ("speedup", "exposed_comm_s", "busbw_GBps", "utilization"):
         assert key in written["overlap"], key
     assert "workload" in written["prepared"]

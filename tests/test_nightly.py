@@ -194,7 +194,7 @@ def test_nightly_cpu_pipeline_end_to_end(tmp_path):
     assert "code.jquery.com" not in open(tmp_path / "html" / "index.html").read()
 
     page = open(out_dir / "report" / "index.html").read()
-    assert "mlp/plain" in page and "throughput_w2.png" in page
+    assert "mlp/plain" in page and "throughput_w2.svg" in page
     assert glob.glob(str(out_dir / "report" / "traces" / "*" / "timeline.json"))
     assert glob.glob(str(out_dir / "report" / "traces" / "*" / "rank0.pt.trace.json"))
     # the night's JUnit XML: a case per stage, then the run's own and pytest-benchmark's --junitxml

@@ -97,10 +97,12 @@ def test_the_correctness_check_runs_tf32_off_whatever_the_config_says(pool2):
 
 
 def _answers(precisions: list) -> list:
-    return [{"rank": r, "variants": {"plain": {
+    from suite.measure.timing import RankTiming
+
+    return [RankTiming.from_dict({"rank": r, "variants": {"plain": {
         "windows": [0.5, 0.5], "step_times": [0.1] * 4, "losses": [1.0, 0.9], "threads": 1,
         "comm_calls_per_step": {}, "comm_bytes_per_step": {}, "host_syncs": 2,
-        "describe": {"strategy": "plain", "precision": p}, "peak_memory_bytes": 1, "peak_memory_kind": "x"}}}
+        "describe": {"strategy": "plain", "precision": p}, "peak_memory_bytes": 1, "peak_memory_kind": "x"}}})
         for r, p in enumerate(precisions)]
 
 
@@ -109,7 +111,7 @@ def test_ranks_that_report_different_precision_make_the_case_an_error():
 
     same = {"cudnn_benchmark": False, "cudnn_version": 90100}
     out = summarize(_answers([same, dict(same)]), ["plain"], 8, 2, 2)
-    assert out["plain"]["describe"]["precision"] == same
+    assert dict(out["plain"].describe.precision) == same
     with pytest.raises(ValueError, match=r"plain: the ranks report different precision settings.*1: \{'cudnn_benchmark'"
                                          r": True"):
         summarize(_answers([same, dict(same, cudnn_benchmark=True)]), ["plain"], 8, 2, 2)

@@ -235,16 +235,16 @@ def test_reader_measurement_reports_data_wait_and_trains(pool2):
     answers = pool2.run(measure_reader_on_rank,
                         dict(workload_spec=WorkloadSpec("resnet", per_rank_batch=4, dataset_size=40),
                              variants=variants, warmup=1, rounds=2, epochs_per_window=1, decode_work=1))
-    steps = answers[0]["steps_per_window"]
+    steps = answers[0].steps_per_window
     assert steps == 5  # ceil(40 / 2) = 20 samples per rank, batches of 4
     for a in answers:
-        plain, fast = a["variants"]["plain"], a["variants"]["db+inf"]
-        assert (plain["reader"], fast["reader"]) == ("PlainReader", "OptimizedReader")
+        plain, fast = a.variants["plain"], a.variants["db+inf"]
+        assert (plain.reader, fast.reader) == ("PlainReader", "OptimizedReader")
         for v in (plain, fast):
-            assert len(v["windows"]) == 2 and len(v["data_wait_s"]) == len(v["step_times"]) == 2 * steps
-            assert all(t >= 0 for t in v["data_wait_s"]) and all(math.isfinite(x) for x in v["losses"])
+            assert len(v.windows) == 2 and len(v.data_wait_s) == len(v.step_times) == 2 * steps
+            assert all(t >= 0 for t in v.data_wait_s) and all(math.isfinite(x) for x in v.losses)
         # both readers fed the same batches in the same order to identically started engines
-        assert plain["losses"] == fast["losses"]
+        assert plain.losses == fast.losses
 
 
 # -- one normalization formula on the host and the device (issue 22.1) ------------------------------------

@@ -13,6 +13,7 @@ import suite.runtime
 from suite.cases import get_case
 from suite.cli.main import main
 from suite.config import StrategyConfig
+from suite.measure.timing import RankTiming
 from suite.run_spec import ResolvedCase, RunOptions
 from suite.runner import CaseRunner, free_memory_on_rank
 from suite.runtime.pool import RankFailure
@@ -27,12 +28,13 @@ def _rc(name: str, **cfg) -> ResolvedCase:
 
 
 def _answers(names, losses=(1.0, 0.9), ranks=2):
+    """What ``time_on_rank`` answers (typed), made up."""
     def one(rank):
-        return {"rank": rank, "variants": {n: {
+        return RankTiming.from_dict({"rank": rank, "variants": {n: {
             "windows": [0.5, 0.5], "step_times": [0.1] * 4, "losses": list(losses), "threads": 1,
             "comm_calls_per_step": {"world/all_reduce": 10.0}, "comm_bytes_per_step": {"world/all_reduce": 4e6},
             "host_syncs": 2, "describe": {"strategy": "plain", "allreduce_ops": 10}, "peak_memory_bytes": 1,
-            "peak_memory_kind": "process_max_rss"} for n in names}}
+            "peak_memory_kind": "process_max_rss"} for n in names}})
     return [one(r) for r in range(ranks)]
 
 

@@ -6,7 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from suite.measure.stats import bootstrap_median_ci, detectable_shift, paired_speedup
+from suite.measure.stats import bootstrap_median_ci, paired_speedup
+from suite.results.gate import detectable_shift
 
 
 def test_the_median_interval_covers_the_true_median_about_95_percent_of_the_time():
@@ -34,9 +35,10 @@ def test_degenerate_samples_and_paired_speedups():
 
 def test_a_round_with_a_non_finite_window_on_any_rank_is_nan_whichever_rank():
     from suite.measure.stats import window_seconds
+    from suite.measure.timing import RankTiming, VariantTiming
 
     for windows in ([[0.1, math.nan], [0.2, 0.3]], [[0.2, 0.3], [0.1, math.nan]]):  # rank 0 or rank 1
-        answers = [{"variants": {"v": {"windows": w}}} for w in windows]
+        answers = [RankTiming(r, {"v": VariantTiming(w, [], [], 1, {}, {}, 0, {})}) for r, w in enumerate(windows)]
         first, second = window_seconds(answers, "v")
         assert first == 0.2 and math.isnan(second), windows
 

@@ -8,7 +8,7 @@
    after GOOD, `ab` itself (:func:`suite.ab.trials.compare_case`) decides.
 2. The commits of BAD's first-parent line after GOOD are bisected.  A commit tested gets its
    own worktree and server, and its trials are interleaved with *both* GOOD's and BAD's in
-   blocks of six, ``ABCCBA`` with the three roles drawn at random each block (a mirror
+   blocks of six (:mod:`suite.ab.blocks`), ``ABCCBA`` with the three roles drawn at random each block (a mirror
    sequence: a linear drift within the block hits the three alike).  The block statistic is
    where the commit lies between the two, at the same moment::
 
@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..run_spec import RunSpec, SeqOptions
+from . import blocks
 from .client import ProtocolMismatch, TrialError
 from .stats import Sequential, describe_verdict
 from .trials import (
@@ -105,13 +106,11 @@ def classify(good: Side, bad: Side, cand: Side, case: str, opts: RunSpec, seq: S
     rng = random.Random(f"{seq.seed}:{cand.commit}")
     restarts = 0
     t0 = time.monotonic()
-    while True:
-        roles = [good, bad, cand]
-        rng.shuffle(roles)
-        got: dict[str, list[float]] = {good.label: [], bad.label: [], cand.label: []}
-        for side in roles + roles[::-1]:
-            got[side.label].append(_trial(side, case, opts))
-        lg, lb, lc = (math.log(float(np.mean(got[x.label]))) for x in (good, bad, cand))
+
+    def after(got: list[list[float]]) -> bool:
+        """One block of GOOD, BAD and commit trials: the commit's position (and BAD against GOOD); True to stop."""
+        nonlocal restarts
+        lg, lb, lc = (math.log(float(np.mean(g))) for g in got)
         fed = []  # the sequentials still taking blocks (a decided one is left as it decided)
         progress = (time.monotonic() - t0) / seq.budget_s
         for seq_, x in ((s, lc - (lg + lb) / 2), (ends, lb - lg)):
@@ -119,14 +118,17 @@ def classify(good: Side, bad: Side, cand: Side, case: str, opts: RunSpec, seq: S
                 seq_.add(x, progress=progress)
                 fed.append(seq_)
         if ends is not None and ends.verdict in NOT_SLOWER:
-            break  # BAD is not slower than GOOD: the candidate's position means nothing
+            return True  # BAD is not slower than GOOD: the candidate's position means nothing
         if s.verdict is not None and (ends is None or ends.verdict is not None):
-            break
+            return True
         lead = max(fed, key=lambda q: len(q.d))  # the one that has seen every block (both, until one decides)
         if time.monotonic() - t0 >= seq.budget_s or len(lead.d) >= seq.max_blocks:
-            break
+            return True
         if lead.pair_done:
             restarts += rotate((good, bad, cand), case, opts, lead)
+        return False
+
+    blocks.run_blocks((good, bad, cand), lambda side: _trial(side, case, opts), rng, after)
     s.finish()
     seconds = time.monotonic() - t0
     if ends is not None:

@@ -18,8 +18,7 @@ import time
 from typing import Any
 
 from ..runtime.pool import owned_tempdir
-from ..runtime.spawn import keeper, kill_group
-from .isolation import Isolation
+from ..runtime.spawn import keeper, kill_group, pdeathsig_preexec
 from .protocol import PROTOCOL, SUPPORTED_VERSIONS, VERSION, decode, encode
 
 __all__ = ["TrialServer", "TrialError", "ProtocolMismatch"]
@@ -43,20 +42,10 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def _pdeathsig() -> int | None:
-    """The parent-death signal the server asks for (SIGTERM), or None where it would not work (not Linux).  The
-    server is started from the keeper thread (suite.runtime.spawn), which lives as long as this process: the
-    signal follows the thread that forks, so a server started for a figure's worker thread still dies with `ab`,
-    not with that thread."""
-    if not sys.platform.startswith("linux"):
-        return None
-    return int(signal.SIGTERM)
-
-
 class TrialServer:
     def __init__(self, root: str, label: str, nproc: int = 2, python: str | None = None, timeout: float = 600.0,
                  start_timeout: float = 180.0, device: str | None = None, log_path: str | None = None,
-                 env: dict | None = None, wait: bool = True, isolation: Isolation | None = None):
+                 env: dict | None = None, wait: bool = True):
         self.root, self.label, self.nproc, self.timeout = os.path.abspath(root), label, nproc, timeout
         self._own_log = log_path is None  # a log made here is removed on close (errors quote its tail)
         self._log_dir: str | None = None
@@ -66,8 +55,7 @@ class TrialServer:
             log_path = os.path.join(self._log_dir, "server.log")
         self.log_path = log_path
         pypath = os.environ.get("PYTHONPATH")
-        isolation = isolation or Isolation()
-        child_env = {**os.environ, **isolation.env(), **(env or {})}  # the caller's env wins over both
+        child_env = {**os.environ, **(env or {})}  # the caller's env wins
         child_env["PYTHONPATH"] = self.root + (os.pathsep + pypath if pypath else "")
         child_env.setdefault("PYTHONUNBUFFERED", "1")
         cmd = [python or sys.executable, "-m", "suite.cli.main", "trial-server", "--nproc", str(nproc),
@@ -77,10 +65,11 @@ class TrialServer:
         self._log = open(self.log_path, "w")
         # A session of its own: a Ctrl-C in the terminal reaches `ab`, which shuts the servers down in order.
         # The server dies with `ab` (SIGTERM from the kernel when `ab` dies, killed -9 too; its ranks follow
-        # through their parent pipe) when started from the main thread, which lives as long as `ab`.
+        # through their parent pipe): it is started from the keeper thread (suite.runtime.spawn), which lives as
+        # long as this process, so a server started for a figure's worker thread does not die with that thread.
         self.proc = keeper.call(subprocess.Popen, cmd, cwd=self.root, env=child_env, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=self._log, text=True, bufsize=1, start_new_session=True,
-                                preexec_fn=isolation.preexec(_pdeathsig()))
+                                preexec_fn=pdeathsig_preexec(signal.SIGTERM))
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self._stdin, self._stdout = self.proc.stdin, self.proc.stdout
         self._lines: queue.Queue[str | None] = queue.Queue()

@@ -13,10 +13,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .stats import VERDICTS, SeqOptions, Sequential, _trimmed
+from .stats import VERDICTS, SeqOptions, Sequential
 
-__all__ = ["Run", "simulate", "process_spread", "prep_spread", "effect_scale", "simulate_level", "direct", "modes",
-           "block_noise", "spread_interval", "block_statistics", "TRIAL_STATISTICS"]
+__all__ = ["Run", "simulate", "process_spread", "prep_spread", "effect_scale", "simulate_level", "direct", "modes"]
 
 
 @dataclass
@@ -33,7 +32,7 @@ class Run:
     load: list = field(default_factory=list)  # the machine's 1-minute load average before and after the blocks
     group: list = field(default_factory=list)  # each block's preparation (0, 1, ...: the case prepared afresh)
     prep_s: list = field(default_factory=list)  # seconds each fresh preparation of both sides took
-    base_steps: list = field(default_factory=list)  # each trial's step times (the slowest rank's), when kept
+    base_steps: list = field(default_factory=list)  # each trial's step times (the slowest rank's), kept in the raw data
     head_steps: list = field(default_factory=list)
 
     def groups(self) -> list[list[float]]:
@@ -244,53 +243,3 @@ def modes(spread: dict, nested: dict, rotate: int, restart: int = SeqOptions().r
             (rotate, "servers", 0, f"--rotate {rotate} --restart 1 (fresh servers every time)")]
     return ((spread["tau"] if math.isfinite(spread["tau"]) else 0.0, 0.0),
             [(0, "servers", 0, "one pair"), (rotate, "servers", 0, f"fresh servers every {rotate}")])
-
-
-def block_noise(runs: list[Run]) -> float:
-    """The blocks' own spread: the pooled standard deviation of block log ratios about their preparation's mean."""
-    ss, df = 0.0, 0
-    for r in runs:
-        for g in r.groups():
-            if len(g) >= 2:
-                ss += float(np.var(g, ddof=1)) * (len(g) - 1)
-                df += len(g) - 1
-    return math.sqrt(ss / df) if df else math.nan
-
-
-def spread_interval(runs: list[Run], n: int = 1000, seed: int = 0, level: float = 0.90) -> dict:
-    """Percentile intervals of :func:`prep_spread`'s tau_prep and tau_process and of :func:`block_noise`, by
-    resampling whole pairs (the independent unit: a pair's preparations share its processes) with replacement."""
-    rng = np.random.default_rng(seed)
-    draws: dict[str, list[float]] = {"tau_prep": [], "tau_process": [], "noise": []}
-    for _ in range(n):
-        sample = [runs[i] for i in rng.integers(0, len(runs), size=len(runs))]
-        sp = prep_spread(sample)
-        draws["tau_prep"].append(sp["tau_prep"])
-        draws["tau_process"].append(sp["tau_process"])
-        draws["noise"].append(block_noise(sample))
-    lo, hi = (1 - level) / 2 * 100, (1 + level) / 2 * 100
-    out = {}
-    for k, xs in draws.items():
-        arr = np.asarray([x for x in xs if math.isfinite(x)])
-        out[k] = (float(np.percentile(arr, lo)), float(np.percentile(arr, hi))) if arr.size else (math.nan, math.nan)
-    return out
-
-
-TRIAL_STATISTICS = {  # a trial's time from its steps' times (the slowest rank's, per step)
-    "median step": lambda xs: float(np.median(xs)),
-    "20% trimmed mean of steps": lambda xs: float(_trimmed(np.asarray(xs, dtype=float))),
-    "fastest step": lambda xs: float(np.min(xs)),
-}
-
-
-def block_statistics(run: Run) -> dict[str, list[float]]:
-    """The run's block log ratios under each trial statistic (the window's mean step, as `ab` computes it, and
-    :data:`TRIAL_STATISTICS` of the kept step times); empty for a run whose step times were not kept."""
-    n = len(run.d)
-    if len(run.base_steps) != 2 * n or len(run.head_steps) != 2 * n or not all(run.base_steps + run.head_steps):
-        return {}
-    out = {"window mean step (ab)": list(run.d)}
-    for name, f in TRIAL_STATISTICS.items():
-        out[name] = [math.log(np.mean([f(run.head_steps[2 * b]), f(run.head_steps[2 * b + 1])])
-                              / np.mean([f(run.base_steps[2 * b]), f(run.base_steps[2 * b + 1])])) for b in range(n)]
-    return out

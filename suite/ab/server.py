@@ -19,10 +19,9 @@ from typing import Any
 from ..measure.metadata import collect
 from ..measure.utilization import others_cpu
 from ..run_spec import RunSpec
-from .isolation import gc_freeze_on_rank, layout_pad_on_rank
 from .protocol import decode, encode, hello
 
-__all__ = ["serve", "trial_on_rank", "inject_on_rank", "origin_on_rank"]
+__all__ = ["serve", "origin_on_rank"]
 
 
 # ---- rank functions (module level: the pool pickles them by reference) ---------------------------
@@ -32,85 +31,6 @@ def origin_on_rank() -> dict:
     from ..runtime.context import current
 
     return {"rank": current().rank, "suite": os.path.abspath(suite.__file__)}
-
-
-def pin_on_rank() -> list:
-    """Pin this rank to one core (rank r -> the r-th allowed core, wrapping), so both revisions' rank r
-    run on the same core: a symmetric placement, not one the scheduler draws differently per pool."""
-    from ..runtime.context import current
-
-    allowed = sorted(os.sched_getaffinity(0))
-    core = allowed[current().rank % len(allowed)]
-    os.sched_setaffinity(0, {core})
-    return [core]
-
-
-def trial_on_rank(key: str, steps: int, warmup: int = 1) -> dict:
-    """``warmup`` steps not recorded, then one recorded window of ``steps`` steps of the prepared case."""
-    import torch
-
-    from ..measure.timing import _PREPARED, run_window
-
-    if warmup:
-        if key not in _PREPARED:
-            raise KeyError(f"case {key!r} is not prepared on this rank (prepared: {sorted(_PREPARED)})")
-        before = torch.get_num_threads()
-        try:
-            _PREPARED[key].window(warmup, record=False)
-        finally:
-            torch.set_num_threads(before)
-    return run_window(key, steps)
-
-
-_INJECTED: dict = {}  # key -> (the engine's own train_step, the calibrated step time)
-
-
-def inject_on_rank(key: str, fraction: float, calibration_steps: int = 5, calibration_windows: int = 3) -> dict:
-    """Slow the prepared case's training step by ``fraction`` of its measured step time (a calibration knob).
-
-    First ``calibration_windows`` windows of ``calibration_steps`` steps, not recorded, measure the step as the
-    trials do: a window's time between its barriers over its steps (the median of the windows); then every step
-    adds ``fraction`` x that through ``Platform.busy``: on a GPU a spin kernel on the compute stream after the
-    step's kernels (a host spin would overlap the GPU's work and slow nothing), on CPU busy work on the host.
-    So "+5%" is 5% of the step the trials measure (the median of single steps, which the calibration read before,
-    leaves out a window's barriers and start, so small models were slowed by less than they said).  Calling it
-    again on the same case reuses the first calibration and replaces the slowdown (``fraction`` 0 removes it), so
-    ``figures gate_sources --calibration`` can switch it on and off between trials of one preparation.  Used by
-    ``fleetbench figures gate`` and, through ``FLEETBENCH_AB_INJECT``, by tests; it touches only the prepared
-    engine of this trial process.
-    """
-    import statistics
-
-    import torch
-
-    from ..measure.timing import _PREPARED
-
-    tc = _PREPARED[key]
-    if key in _INJECTED and hasattr(tc.engine, "_injected"):  # this engine was injected here: keep its calibration
-        real, step_s = _INJECTED[key]
-    else:
-        real = tc.engine.train_step
-        before = torch.get_num_threads()
-        try:
-            step_s = statistics.median(tc.window(calibration_steps, record=False).seconds / calibration_steps
-                                       for _ in range(max(1, calibration_windows)))
-        finally:
-            torch.set_num_threads(before)
-        _INJECTED[key] = (real, step_s)
-    added = fraction * step_s
-    platform = tc.wl.platform
-    if platform.is_cuda and added > 0:
-        platform.spin_rate()  # the spin kernel's calibration (one synchronize) now, not inside a timed step
-
-    def slowed(inputs, targets):
-        out = real(inputs, targets)
-        platform.busy(added)
-        return out
-
-    # an instance attribute over the method, on purpose; `_injected` marks it as ours (and which slowdown)
-    setattr(tc.engine, "train_step", slowed if added > 0 else real)  # noqa: B010
-    setattr(tc.engine, "_injected", added)  # noqa: B010
-    return {"step_s": step_s, "added_s": added}
 
 
 # ---- the server ----------------------------------------------------------------------------------
@@ -172,44 +92,25 @@ def _op_prepare(st: _State, req: dict) -> dict:
     rc = rcs[0]
     if rc.skip:
         raise ValueError(f"case {rc.case.name} cannot run at world size {st.nproc}: {rc.skip}")
-    runner = _runner(st, spec)
-    if req.get("layout_pad"):  # `figures gate-sources`: each preparation at other addresses
-
-        runner.launcher.run(layout_pad_on_rank, dict(seed=int(req.get("seed", 0))),
-                            timeout=st.timeout)
-    prepared = runner.prepare(rc)
-    if req.get("gc_frozen"):
-        runner.launcher.run(gc_freeze_on_rank, {}, timeout=st.timeout)
-    inject = float(req.get("inject") or 0.0)
-    if inject:
-        runner.launcher.run(inject_on_rank, dict(key=prepared.key, fraction=inject), timeout=st.timeout)
-    st.cases[prepared.key] = (runner, rc, prepared)
+    inject = float(req.get("inject") or 0.0)  # busy work in every step (a calibration run: the gate figure)
+    prepared = _runner(st, spec).prepare(rc, inject=inject)
+    st.cases[prepared.key] = (prepared.runner, rc, prepared)
     return {"key": prepared.key, "describe": prepared.describe, "config": rc.config.to_dict(), "inject": inject}
 
 
 def _op_trial(st: _State, req: dict) -> dict:
-    runner, _, prepared = st.cases[req["key"]]
-    answers = runner.launcher.run(trial_on_rank, dict(key=req["key"], steps=int(req["steps"]),
-                                                      warmup=int(req["warmup"])), timeout=st.timeout)
-    prepared.windows.append(answers)
-    window = [a["window_s"] for a in answers]
-    steps = [max(ts) for ts in zip(*(a["step_times_s"] for a in answers))]  # per step, the slowest rank
+    prepared = st.cases[req["key"]][2]
+    answers = prepared.window(steps=int(req["steps"]), warmup=int(req["warmup"]))
+    window = [a.window_s for a in answers]
+    steps = [max(ts) for ts in zip(*(a.step_times_s for a in answers))]  # per step, the slowest rank
     out = {"window_s": window, "step_s": max(window) / int(req["steps"]), "step_times_s": steps,
-           "losses": answers[0]["losses"]}
-    if all(a.get("machine") for a in answers):  # the CPU time others took during the window (ab: machine busy)
-        others_s, share = others_cpu([a["machine"] for a in answers])
+           "losses": answers[0].losses}
+    machines = [a.machine for a in answers]
+    if all(machines):  # the CPU time others took during the window (ab: machine busy)
+        others_s, share = others_cpu(machines)
         if math.isfinite(share):
-            out["machine"] = {"others_cpu_s": others_s, "host_total_s": answers[0]["machine"]["host_total_s"]}
+            out["machine"] = {"others_cpu_s": others_s, "host_total_s": machines[0]["host_total_s"]}
     return out
-
-
-def _op_inject(st: _State, req: dict) -> dict:
-    """Slow an already prepared case from now on (``figures gate_sources --calibration``: the same preparation
-    timed before and after, so neither a preparation's nor a process's own speed enters the ratio)."""
-    runner = st.cases[req["key"]][0]
-    answers = runner.launcher.run(inject_on_rank, dict(key=req["key"], fraction=float(req["fraction"])),
-                                  timeout=st.timeout)
-    return {"ranks": answers}
 
 
 def _op_structure(st: _State, req: dict) -> dict:
@@ -234,12 +135,11 @@ def _op_origin(st: _State, req: dict) -> dict:
 
 def _op_start(st: _State, req: dict) -> dict:
     pool = st.get_pool()
-    cores = pool.run(pin_on_rank, timeout=st.timeout) if req.get("pin") else None
-    return {"nproc": pool.nproc, "pids": pool.pids, "cores": cores}
+    return {"nproc": pool.nproc, "pids": pool.pids}
 
 
 OPS = {"select": _op_select, "start": _op_start, "origin": _op_origin, "prepare": _op_prepare,
-       "trial": _op_trial, "structure": _op_structure, "close": _op_close, "inject": _op_inject}
+       "trial": _op_trial, "structure": _op_structure, "close": _op_close}
 
 
 def serve(nproc: int, timeout: float = 600.0, pg_timeout: float = 120.0, device: str | None = None) -> int:

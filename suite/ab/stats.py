@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..measure.stats import detectable_shift, ratio_interval_text
+from ..results.gate import detectable_shift, ratio_interval_text
 from ..run_spec import SeqOptions  # the settings' data (suite/run_spec.py); their rules are here
 
 __all__ = ["SeqOptions", "Sequential", "block_log_ratio", "interval", "pair_interval", "decide", "lag1", "VERDICTS",
@@ -170,7 +170,7 @@ def detectable_slowdown(samples: Sequence[float], opts: SeqOptions = SeqOptions(
     "slower" needs the interval's low end above 0 (and its high end not below log(1+threshold), which a
     slowdown of the threshold or more gives): the estimate more than ``crit`` estimated standard errors above
     0, crit the t quantile of the interval's ``level`` (the last look's; default ``opts.confidence``).
-    :func:`suite.measure.stats.detectable_shift` gives the distance, noncentral t on the standard error's
+    :func:`suite.results.gate.detectable_shift` gives the distance, noncentral t on the standard error's
     degrees of freedom, with the standard error at its ``SPREAD_BOUND`` (95%) upper confidence bound from this
     comparison's own, so that the statement errs on the side of claiming less:
 
@@ -371,7 +371,7 @@ def fmt_ratio(x: float) -> str:
 
 def fmt_span(ratio: float, ci: tuple) -> str:
     """"1.020 [0.985, 1.061]": the ratio and its interval, an interval too wide to read said as such
-    (:func:`suite.measure.stats.ratio_interval_text`: "[< 0.1, > 10]" for [0.002, 692.970])."""
+    (:func:`suite.results.gate.ratio_interval_text`: "[< 0.1, > 10]" for [0.002, 692.970])."""
     return f"{fmt_ratio(ratio)} {ratio_interval_text(*ci)}"
 
 

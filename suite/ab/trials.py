@@ -8,7 +8,7 @@ cases both revisions have, and per case (:func:`compare_case`):
    and record; the records' structures (``suite.results.structure``) must be identical, any
    difference is "structure changed" (exit 1) whatever the timings say, and a check verdict
    that went pass -> fail fails too;
-3. the **timing**: blocks of four trials (``ABBA`` or ``BAAB``, at random), each trial a
+3. the **timing**: blocks of four trials (``ABBA`` or ``BAAB``, at random: :mod:`suite.ab.blocks`), each trial a
    discarded warm-up step then one timed window of ``steps`` steps; with rotation
    (``SeqOptions.rotate`` = N) the case is prepared afresh on both servers every N blocks
    (:func:`fresh_preparations`), every ``restart``-th time on fresh servers (:func:`fresh_servers`);
@@ -33,11 +33,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 from ..measure.utilization import busy_reason
+from ..results.records import CaseRecord, ResultsFileError
 from ..results.structure import ACK_FILE, acknowledged, read_acks, structure_diff, structure_new
 from ..run_spec import RunSpec, SeqOptions
 from ..runtime.pool import remove_stale
+from . import blocks
 from .client import ProtocolMismatch, TrialError, TrialServer
-from .isolation import AB_DEFAULT, Isolation
 from .protocol import PROTOCOL, VERSION
 from .stats import Sequential, block_log_ratio, describe_verdict, fmt_span, lag1
 from .worktrees import Worktrees
@@ -82,9 +83,8 @@ class Side:
     root: str
     server: TrialServer
     inject: float = 0.0
-    pin: bool = False  # its ranks pinned to cores when the pool starts (Isolation.pin)
     prepared: dict = field(default_factory=dict)  # case -> key
-    records: dict = field(default_factory=dict)  # case -> record (structure, verdict)
+    records: dict[str, CaseRecord] = field(default_factory=dict)  # case -> its record (structure, verdict)
 
     origins: list = field(default_factory=list)  # where the server and each rank imported suite from
     others_cpu: list = field(default_factory=lambda: [0.0, 0.0])  # others' CPU s, the machine's CPU s: its trials
@@ -159,25 +159,25 @@ class AbReport:
 
 
 # ---- one case ---------------------------------------------------------------------------------------
-def isolation(opts: RunSpec) -> Isolation:
-    """How both sides' servers and ranks are placed and laid out (``ab --isolation``; its default)."""
-    text = opts.ab.isolation if opts.ab is not None else None
-    return AB_DEFAULT if text is None else Isolation.parse(text)
-
-
 def _prepare(side: Side, case: str, opts: RunSpec, check: bool | None = None) -> str:
     if case not in side.prepared:
-        iso = isolation(opts)
-        spec = opts.replace(selection={"sets": opts.selection.sets + tuple(iso.sets())},
-                            run={"check": opts.run.check if check is None else check})
-        ans = side.server.request("prepare", case=case, spec=spec.to_dict(), inject=side.inject,
-                                  **iso.prepare_fields())
+        spec = opts.replace(run={"check": opts.run.check if check is None else check})
+        ans = side.server.request("prepare", case=case, spec=spec.to_dict(), inject=side.inject)
         key = ans["key"]
         trial = side.server.request("trial", key=key, steps=opts.run.steps, warmup=0)  # the structure's window
         _finite_losses(trial, side, case)
-        side.records[case] = side.server.request("structure", key=key)["record"]
+        side.records[case] = _record(side, case, side.server.request("structure", key=key)["record"])
         side.prepared[case] = key
     return side.prepared[case]
+
+
+def _record(side: Side, case: str, data: dict) -> CaseRecord:
+    """The server's record of the case, read once into the typed record (any schema this fleetbench reads)."""
+    try:
+        return CaseRecord.from_dict(data, f"{side.label}'s record of {case}")
+    except ResultsFileError as exc:
+        raise TrialError(f"{side.label}: {case}: the trial server's record cannot be read: {exc}",
+                         kind="BadRecord") from None
 
 
 def _finite_losses(ans: dict, side: Side, case: str) -> None:
@@ -231,7 +231,7 @@ def fresh_preparations(sides: tuple[Side, ...], case: str, opts: RunSpec) -> Non
         _prepare_again(side, case, opts, record)
 
 
-def _prepare_again(side: Side, case: str, opts: RunSpec, record: dict | None) -> None:
+def _prepare_again(side: Side, case: str, opts: RunSpec, record: CaseRecord | None) -> None:
     """The case prepared without the check; the structure record the gate compared (``record``) is kept."""
     _prepare(side, case, opts, check=False)
     side.records[case] = record or side.records[case]
@@ -272,21 +272,18 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: RunSpec,
         out.summary = out.error
         return out
     brec, hrec = base.records[case], head.records[case]
-
-    bs, hs = brec.get("structure") or {}, hrec.get("structure") or {}
-    out.structure_diff = structure_diff(bs, hs)
-    out.structure_new = structure_new(bs, hs)
-    out.check = f"{brec.get('verdict')} -> {hrec.get('verdict')}"
+    out.structure_diff = structure_diff(brec.structure, hrec.structure)
+    out.structure_new = structure_new(brec.structure, hrec.structure)
+    out.check = f"{brec.verdict} -> {hrec.verdict}"
     if out.structure_diff and acknowledged(case, out.structure_diff, read_acks(os.path.join(head.root, ACK_FILE))):
         out.status = "structure changed (acknowledged)"
     elif out.structure_diff:
         out.status = "structure changed"
         out.failures.append(f"{case}@{world}: structure changed ({len(out.structure_diff)} difference(s)): "
                             + "; ".join(out.structure_diff[:6]) + (" …" if len(out.structure_diff) > 6 else ""))
-    if brec.get("verdict") in GOOD and hrec.get("verdict") in ("fail", "error"):
+    if brec.verdict in GOOD and hrec.verdict in ("fail", "error"):
         out.status = "check worse" if out.status == "ok" else out.status + ", check worse"
-        out.failures.append(f"{case}@{world}: correctness verdict went from {brec.get('verdict')} to "
-                            f"{hrec.get('verdict')}")
+        out.failures.append(f"{case}@{world}: correctness verdict went from {brec.verdict} to {hrec.verdict}")
     say(f"  {case}@{world}: structure {'identical' if not out.structure_diff else 'CHANGED'}, check {out.check}")
 
     # -- the timing: randomised ABBA blocks until the interval decides or the budget is spent
@@ -298,28 +295,29 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: RunSpec,
     times: dict[str, list[float]] = {base.label: [], head.label: []}
     t0 = time.monotonic()
     last_say = t0
-    try:
-        while True:
-            order = (base, head, head, base) if rng.random() < 0.5 else (head, base, base, head)
-            got: dict[str, list[float]] = {base.label: [], head.label: []}
-            for side in order:
-                got[side.label].append(_trial(side, case, opts))
-            for k, v in got.items():
-                times[k] += v
 
-            elapsed = time.monotonic() - t0
-            verdict = s.add(block_log_ratio(got[base.label], got[head.label]), progress=elapsed / seq.budget_s)
-            if verdict is not None or elapsed >= seq.budget_s or len(s.d) >= seq.max_blocks:
-                break
-            if s.pair_done:
-                out.servers += rotate((base, head), case, opts, s)
-            if time.monotonic() - last_say > 15:
-                last_say = time.monotonic()
-                say(f"    {len(s.d)} blocks" + (f" from {len(s.pairs)} pairs" if seq.rotate else "")
-                    + f", {elapsed:.0f} s: " + (
-                    f"HEAD/BASE {fmt_span(s.ratio, s.ratio_ci)}" if math.isfinite(s.estimate)
-                    else f"no verdict before {seq.min_pairs} pairs" if seq.rotate
-                    else f"no verdict before {seq.min_blocks} blocks"))
+    def after(got: list[list[float]]) -> bool:
+        """One block of BASE and HEAD trials: its log ratio to the sequential rule; True to stop."""
+        nonlocal last_say
+        times[base.label] += got[0]
+        times[head.label] += got[1]
+        elapsed = time.monotonic() - t0
+        verdict = s.add(block_log_ratio(got[0], got[1]), progress=elapsed / seq.budget_s)
+        if verdict is not None or elapsed >= seq.budget_s or len(s.d) >= seq.max_blocks:
+            return True
+        if s.pair_done:
+            out.servers += rotate((base, head), case, opts, s)
+        if time.monotonic() - last_say > 15:
+            last_say = time.monotonic()
+            say(f"    {len(s.d)} blocks" + (f" from {len(s.pairs)} pairs" if seq.rotate else "")
+                + f", {elapsed:.0f} s: " + (
+                f"HEAD/BASE {fmt_span(s.ratio, s.ratio_ci)}" if math.isfinite(s.estimate)
+                else f"no verdict before {seq.min_pairs} pairs" if seq.rotate
+                else f"no verdict before {seq.min_blocks} blocks"))
+        return False
+
+    try:
+        blocks.run_blocks((base, head), lambda side: _trial(side, case, opts), rng, after)
     except TrialError as exc:
         out.verdict, out.status = "error", ("error" if out.status == "ok" else out.status + ", error")
         out.error = str(exc).splitlines()[0][:500]
@@ -366,7 +364,7 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: RunSpec,
 def _server(root: str, label: str, opts: RunSpec, log: str, wait: bool) -> TrialServer:
     assert opts.ab is not None
     return TrialServer(root, label, nproc=opts.world or 1, python=opts.ab.python, timeout=opts.ab.timeout,
-                       device=opts.selection.device, log_path=log, wait=wait, isolation=isolation(opts))
+                       device=opts.selection.device, log_path=log, wait=wait)
 
 
 def start_side(wt: Worktrees, label: str, rev: str, opts: RunSpec, inject: float = 0.0, wait: bool = True,
@@ -377,7 +375,7 @@ def start_side(wt: Worktrees, label: str, rev: str, opts: RunSpec, inject: float
     assert wt.dir is not None  # made by add()
     log = os.path.join(wt.dir, f"{label.lower()}-{commit[:10]}-{len(wt.paths)}.log")
     server = _server(root, label, opts, log, wait)
-    return Side(label, rev, commit, wt.subject(commit), root, server, inject, pin=isolation(opts).pin)
+    return Side(label, rev, commit, wt.subject(commit), root, server, inject)
 
 
 def ready(*sides: Side) -> None:
@@ -399,7 +397,7 @@ def start_all(*sides: Side) -> dict:
     for s in sides:
         if s.label not in errors:
             try:
-                sent.append((s, s.server.send("start", **({"pin": True} if s.pin else {}))))
+                sent.append((s, s.server.send("start")))
             except TrialError as exc:
                 errors[s.label] = exc
     for s, rid in sent:
@@ -525,10 +523,8 @@ def compare_all(names: list[str], compare: Callable[[str, SeqOptions], CaseOutco
 
 
 def _options_dict(opts: RunSpec) -> dict:
-    """The comparison's specification as the report keeps it (``RunSpec.to_dict``), the isolation by its name."""
-    d = opts.to_dict()
-    d["ab"]["isolation"] = isolation(opts).name  # e.g. "thp"; "default" for none
-    return d
+    """The comparison's specification as the report keeps it (``RunSpec.to_dict``)."""
+    return opts.to_dict()
 
 
 def format_table(report: AbReport) -> str:

@@ -2,7 +2,8 @@
 loss, parameters and buffers with the single-process reference that fits the strategy.
 
 Runs on every rank (:func:`check_on_rank`, through the rank pool or under torchrun); the
-parent folds the ranks' answers into one :class:`CheckResult` (:func:`summarize`).
+parent folds the ranks' answers into one ``suite.results.records.CheckSummary`` (:func:`summarize`), the
+type the record keeps as it is.
 Ranks are deliberately initialised differently: the engine's broadcast from rank 0 must
 make them agree.  Global batches are reshuffled every step.
 
@@ -19,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -27,45 +27,16 @@ import torch
 from ..comm import collectives as C
 from ..config import StrategyConfig
 from ..engine import strict_fp32
+from ..results.records import CheckSummary
 from ..runtime.rng import seed_step
 from ..workload import Workload, WorkloadSpec, workload
 from .errors import max_finite, rel_error, worst_error
 from .reference import make_reference
 from .tolerances import TOLERANCES, tolerance_for
 
-__all__ = ["CheckResult", "check_on_rank", "summarize", "run_check", "repeatable", "CANNOT_JUDGE"]
+__all__ = ["check_on_rank", "summarize", "run_check", "repeatable", "CANNOT_JUDGE"]
 
 CANNOT_JUDGE = "the check cannot judge this model"  # the start of an n/a check's message (the runner says it once)
-
-
-@dataclass
-class CheckResult:
-    verdict: str  # "pass" | "fail" | "n/a" | "error"
-    reference: str = ""
-    tolerance_key: str = ""
-    param_tol: float = 0.0
-    loss_tol: float = 0.0
-    param_error: float = math.inf
-    param_error_at: str = ""
-    loss_error: float = math.inf
-    buffer_error: float = 0.0
-    ranks_identical: bool = False
-    steps: int = 0
-    per_step: list = field(default_factory=list)
-    losses: list = field(default_factory=list)  # rank 0's loss at each step (the structural gate compares them)
-    precision: str = "float32"  # the dtype the check ran in (float64 for BatchNorm models: check_precision)
-    message: str = ""
-
-    @property
-    def passed(self) -> bool:
-        return self.verdict == "pass"
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        for k in ("param_error", "loss_error", "buffer_error"):
-            if not math.isfinite(d[k]):
-                d[k] = str(d[k])  # JSON has no inf/nan
-        return d
 
 
 def _digest(module: torch.nn.Module) -> str:
@@ -162,12 +133,12 @@ def check_on_rank(workload_spec: WorkloadSpec, config: dict, steps: int = 3) -> 
             "precision": str(dtype).removeprefix("torch.")}
 
 
-def summarize(config: StrategyConfig, answers: list[dict]) -> CheckResult:
+def summarize(config: StrategyConfig, answers: list[dict]) -> CheckSummary:
     """Fold every rank's answer into one verdict against the tolerance table."""
     key, p_tol, l_tol = tolerance_for(config)
     said = [a["cannot_judge"] for a in answers if a.get("cannot_judge") and a["cannot_judge"] != "on another rank"]
     if any(a.get("cannot_judge") for a in answers):
-        return CheckResult(verdict="n/a", tolerance_key=key, param_tol=p_tol, loss_tol=l_tol,
+        return CheckSummary(verdict="n/a", tolerance_key=key, param_tol=p_tol, loss_tol=l_tol,
                            precision=answers[0].get("precision", "float32"),
                            message=f"{CANNOT_JUDGE}: {said[0] if said else 'two identical runs differ'}")
     steps = len(answers[0]["per_step"])
@@ -197,7 +168,7 @@ def summarize(config: StrategyConfig, answers: list[dict]) -> CheckResult:
         problems.append(f"loss error {l_err:.3g} > {l_tol:g}")
     if not (b_err <= p_tol):
         problems.append(f"buffer error {b_err:.3g} > {p_tol:g}")
-    return CheckResult(
+    return CheckSummary(
         verdict="fail" if problems else "pass", reference=answers[0]["reference"], tolerance_key=key,
         param_tol=p_tol, loss_tol=l_tol, param_error=p_err, param_error_at=at, loss_error=l_err,
         buffer_error=b_err, ranks_identical=identical, steps=steps, per_step=per_step,
@@ -207,12 +178,12 @@ def summarize(config: StrategyConfig, answers: list[dict]) -> CheckResult:
 
 
 def run_check(launcher: Any, workload_spec: WorkloadSpec, config: StrategyConfig, steps: int = 3,
-              fn: Callable[..., dict] = check_on_rank, timeout: float | None = None) -> CheckResult | None:
+              fn: Callable[..., dict] = check_on_rank, timeout: float | None = None) -> CheckSummary | None:
     """Run the check through ``launcher`` (a RankPool, or the torchrun launcher) and summarise it.
 
     None on a non-reporting torchrun rank (rank 0 reports)."""
     if config.data_parallel == "none":
-        return CheckResult(verdict="n/a", message="data_parallel='none' communicates nothing: no reference to match")
+        return CheckSummary(verdict="n/a", message="data_parallel='none' communicates nothing: no reference to match")
     answers = launcher.run(fn, dict(workload_spec=workload_spec, config=config.to_dict(), steps=steps),
                            timeout=timeout)
     if answers is None:  # a non-zero torchrun rank: rank 0 reports

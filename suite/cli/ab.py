@@ -20,7 +20,6 @@ import sys
 from typing import Any
 
 from ..ab.client import TrialError
-from ..ab.isolation import AB_DEFAULT, Isolation
 from ..ab.worktrees import RevisionError, Worktrees, git
 from ..config import ConfigError
 from ..models import default_size
@@ -76,11 +75,6 @@ def add_selection(p) -> None:
                    help="with --rotate: every K-th fresh preparation is on fresh trial servers (new processes), whose "
                         "own few percent of bias then change too; 1 = fresh servers every time, 0 = never (default "
                         f"{d('restart')})")
-    p.add_argument("--isolation", default=None, metavar="FACTORS",
-                   help="how both sides' trial servers and ranks are placed and laid out: 'none', or factors joined "
-                        "by '+': thp (torch's large tensors on transparent huge pages), pin, aslr_off, malloc_fixed, "
-                        "gc_frozen, layout_pad, threads=N (docs/figures/gate.md, 'Sources'; default "
-                        f"{AB_DEFAULT.name if AB_DEFAULT != Isolation() else 'none'})")
     p.add_argument("--seed", type=int, help=f"seed of the block orders and the bootstrap (default {d('seed')})")
     p.add_argument("--repo", default=".", help="the git repository of the revisions (default: the current one)")
     p.add_argument("--python", help="interpreter of the trial servers (default: this one)")
@@ -187,7 +181,7 @@ def options(args) -> RunSpec:
     total = getattr(args, "total_budget", None)  # bisect has none
     ab = AbOptions(**_given(args, AB_FIELDS), seq=SeqOptions(**{**dataclasses.asdict(AbOptions().seq),
                                                                **_given(args, SEQ_FIELDS)}),
-                   total_budget_s=total, isolation=getattr(args, "isolation", None))
+                   total_budget_s=total)
     return inject_from_env(RunSpec(sel, run, ab))
 
 

@@ -83,9 +83,8 @@ def add_parser(sub) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                    help="element type of the messages (default float32; the sizes are bytes either way)")
     add_shared(p, timeout=dict(default=1800.0, help="bound on the whole sweep, seconds"))
-    p.add_argument("--cluster", metavar="NxR:inter=RATE[,intra=RATE]",
-                   help="run the ranks on an emulated cluster (network namespaces; root): N nodes of R ranks; "
-                        "sets --nproc to N*R and --inter-nranks to R")
+    add_shared(p, cluster="run the ranks on an emulated cluster (network namespaces; root): N nodes of R ranks; "
+                          "sets --nproc to N*R and --inter-nranks to R")
     p.add_argument("--calibrate", metavar="FILE",
                    help="with --cluster: run the cost model's calibration micro-benchmarks instead (flat allreduce, "
                         "broadcast, the two-level allreduce's intra-node phases, CPU time per byte) and write the "

@@ -2,11 +2,12 @@
 
 Each figure set is a module ``suite.figures.NAME`` with ``DESCRIPTION`` and the figure contract
 
-- ``Options``: a frozen dataclass of everything the figure takes (built here from the arguments: ``--nproc``,
-  ``--rounds``, ``--steps`` and ``--timeout`` fill the fields of those names, each figure option below the field
-  of its name; an option the figure has no field for is refused, naming the figures that take it);
-- ``measure(options, pool) -> raw`` (JSON-able data; ``pool`` is None when the module sets ``USES_POOL = False``;
-  ``--save FILE`` keeps it, ``--load FILE`` renders it again without measuring);
+- ``Options``: a frozen dataclass of everything the figure takes, its defaults stated there only (built here from
+  the arguments: ``--nproc``, ``--rounds``, ``--steps``, ``--timeout`` and each figure option below fill the field
+  of their name when given, and an option left out keeps the figure's default; an option the figure has no field
+  for is refused, naming the figures that take it; a figure that uses the pool has ``nproc`` and ``timeout``);
+- ``measure(options, pool) -> raw`` (JSON-able data; ``pool``, of ``options.nproc`` ranks, is None when the module
+  sets ``USES_POOL = False``; ``--save FILE`` keeps it, ``--load FILE`` renders it again without measuring);
 - ``render(raw, options) -> str`` (Markdown; statistics come from the package they belong to, e.g. the gate
   figure's from ``suite.ab.power``).
 
@@ -40,32 +41,26 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 # Figure options: field -> (type, figures that take it, help).  Each fills the field of the same name in the
-# figure's Options; an option left out keeps that figure's default.
+# figure's Options; an option left out keeps that figure's default (`fleetbench figures` lists the defaults).
 FIGURE_OPTIONS: dict[str, tuple] = {
-    "cases": (_csv, ("gate", "gate_sources"), "cases, comma-separated (default mlp/plain,resnet/plain)"),
-    "blocks": (int, ("gate", "gate_sources"), "ABBA blocks per pair of servers (default 60)"),
-    "regroup": (int, ("gate", "gate_sources"), "blocks per preparation (default 10; 0: one preparation per run)"),
-    "pairs": (int, ("gate", "gate_sources"), "A/A pairs of servers per case (default 3)"),
-    "slow_pairs": (int, ("gate",), "pairs per injected slowdown (default 2)"),
-    "factors": (_csv, ("gate_sources",), "placement/layout factors, comma-separated (default: all of "
-                "suite/ab/isolation.py's FACTORS)"),
-    "calibration": (lambda t: tuple(float(x) for x in _csv(t)), ("gate_sources",),
-                    "injected fractions to check against what the trials measure, comma-separated (e.g. 0.05,0.10); "
-                    "measures only that"),
-    "trials": (int, ("gate_sources",), "trials without and with the injection, for --calibration (default 60)"),
-    "sims": (int, ("gate",), "simulated comparisons per measured pair (default 100)"),
-    "rotate": (int, ("gate",), "the `ab --rotate` value simulated beside one preparation (default 5)"),
-    "budget": (float, ("gate",), "ab's budget per simulated comparison, seconds (default 180)"),
-    "size": (str, ("gate", "gate_sources", "workloads"), "model size (gate: default tiny; workloads: default cpu)"),
+    "cases": (_csv, ("gate",), "cases, comma-separated"),
+    "blocks": (int, ("gate",), "ABBA blocks per pair of servers"),
+    "regroup": (int, ("gate",), "blocks per preparation (0: one preparation per run)"),
+    "pairs": (int, ("gate",), "A/A pairs of servers per case"),
+    "slow_pairs": (int, ("gate",), "pairs per injected slowdown"),
+    "sims": (int, ("gate",), "simulated comparisons per measured pair"),
+    "rotate": (int, ("gate",), "the `ab --rotate` value simulated beside one preparation"),
+    "budget": (float, ("gate",), "ab's budget per simulated comparison, seconds"),
+    "size": (str, ("gate", "workloads"), "model size"),
     "memory_gb": (float, ("workloads",), "memory the ranks' engines may hold at once, GB (default: 60%% of the "
                   "available memory), which sets the timing groups"),
-    "sizes": (_ints, ("cluster",), "allreduce sizes in bytes, comma-separated (default 1e6,4e6,16e6)"),
-    "rates": (_csv, ("cluster",), "inter-node link rates, comma-separated (default 100mbit,1gbit)"),
-    "shapes": (_csv, ("cluster",), "cluster shapes NxR, comma-separated (default 2x2,2x4)"),
-    "models": (_csv, ("cluster",), "models, comma-separated (default mlp,resnet,resnet50,gpt2)"),
-    "rechecks": (int, ("cluster",), "re-measurements of each row outside 15%% (default 2; with --load 0)"),
+    "sizes": (_ints, ("cluster",), "allreduce sizes in bytes, comma-separated"),
+    "rates": (_csv, ("cluster",), "inter-node link rates, comma-separated"),
+    "shapes": (_csv, ("cluster",), "cluster shapes NxR, comma-separated"),
+    "models": (_csv, ("cluster",), "models, comma-separated"),
+    "rechecks": (int, ("cluster",), "re-measurements of each row outside 15%% (with --load: 0)"),
 }
-COMMON = ("nproc", "rounds", "steps", "timeout")
+COMMON = ("nproc", "rounds", "steps", "timeout")  # options of most figures, declared once below
 RAW = ("save", "load")  # every figure; a figure with fields of these names (gate, cluster) handles them itself
 
 
@@ -76,10 +71,11 @@ def available() -> list[str]:
 # --help's description: what the command does, for its users (the docstring above is for developers)
 ABOUT = """`fleetbench figures NAME`: measure a strategy's benchmark figures and print them as Markdown tables.
 
-Without NAME: the figure sets and what each shows.  --nproc, --rounds, --steps and --timeout apply to
-every set; each figure option below names the sets that take it (another set refuses it).  --save FILE
-keeps the measured data, --load FILE renders it again without measuring.  Variants are always measured
-interleaved in the same ranks, never one run against another made minutes apart."""
+Without NAME: the figure sets, what each shows and its options' defaults.  Every option left out keeps
+the set's own default; --nproc, --rounds, --steps and --timeout apply to the sets that have them, each
+figure option below names the sets that take it (another set refuses it).  --save FILE keeps the measured
+data, --load FILE renders it again without measuring.  Variants are always measured interleaved in the
+same ranks, never one run against another made minutes apart."""
 
 
 def add_parser(sub) -> None:
@@ -87,11 +83,10 @@ def add_parser(sub) -> None:
         fleetbench figures
         fleetbench figures gate --out docs/figures/gate.md"""))
     p.add_argument("name", nargs="?", help="figure set; omit to list them")
-    add_shared(p, nproc=dict(default=2, help="ranks (default 2)"),
-               rounds=dict(default=7, help="interleaved rounds (default 7)"),
-               steps=dict(default=5, help="steps per timed window (default 5)"))
+    add_shared(p, nproc="ranks (default: the set's own)", rounds="interleaved rounds (default: the set's own)",
+               steps="steps per timed window (default: the set's own)")
     p.add_argument("--out", help="also write the Markdown here")
-    add_shared(p, timeout=dict(default=1800.0, help="bound on each multi-rank call, seconds"))
+    add_shared(p, timeout="bound on each multi-rank call, seconds (default: the set's own)")
     p.add_argument("--save", help="keep the figure's raw data here (JSON; gate and cluster rewrite it as they go)")
     p.add_argument("--load", help="render the raw data kept here instead of measuring (gate: measures the cases "
                    "the file lacks; cluster: with --rechecks N, measures its misses again)")
@@ -127,23 +122,45 @@ def _load_problem(path: str) -> str | None:
     return None
 
 
+def takers(option: str) -> tuple[str, ...]:
+    """The figure sets that take ``option`` (a field of their Options)."""
+    if option in FIGURE_OPTIONS:
+        return FIGURE_OPTIONS[option][1]
+    modules = {n: importlib.import_module("suite.figures." + n) for n in available()}
+    return tuple(n for n, m in modules.items() if option in {f.name for f in dataclasses.fields(m.Options)})
+
+
 def options_for(name: str, module, args):
-    """The figure's ``Options`` from the arguments; a ValueError naming an option the figure does not take."""
+    """The figure's ``Options`` from the options given (the rest keep the figure's defaults); a ValueError naming
+    an option the figure does not take."""
     fields = {f.name for f in dataclasses.fields(module.Options)}
-    given = {k: getattr(args, k) for k in FIGURE_OPTIONS if getattr(args, k, None) is not None}
+    given = {k: getattr(args, k) for k in COMMON + tuple(FIGURE_OPTIONS) if getattr(args, k, None) is not None}
     foreign = [k for k in given if k not in fields]
     if foreign:
         k = foreign[0]
-        raise ValueError(f"--{k.replace('_', '-')} is an option of figures {', '.join(FIGURE_OPTIONS[k][1])}, "
+        raise ValueError(f"--{k.replace('_', '-')} is an option of figures {', '.join(takers(k))}, "
                          f"not of figures {name}")
-    return module.Options(**{k: getattr(args, k) for k in COMMON + RAW if k in fields}, **given)
+    return module.Options(**{k: getattr(args, k) for k in RAW if k in fields}, **given)
+
+
+def defaults(module) -> str:
+    """The figure's options with its defaults, as `fleetbench figures` lists them."""
+    shown = [f"--{f.name.replace('_', '-')} {_default(f)}" for f in dataclasses.fields(module.Options)
+             if f.name in COMMON or f.name in FIGURE_OPTIONS]
+    return ", ".join(shown)
+
+
+def _default(f: dataclasses.Field) -> str:
+    value = f.default  # the figures' Options are frozen: every default is a value, no factory
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
 
 
 def main(args) -> int:
     names = available()
     if not args.name:
         for n in names:
-            print(f"{n:16s} {importlib.import_module('suite.figures.' + n).DESCRIPTION}")
+            module = importlib.import_module("suite.figures." + n)
+            print(f"{n:16s} {module.DESCRIPTION}\n{'':16s} defaults: {defaults(module)}")
         return 0
     if args.name not in names:
         return error("figures", f"figure set {args.name!r} is unknown; allowed: {', '.join(names)}")
@@ -175,7 +192,7 @@ def main(args) -> int:
         elif not getattr(module, "USES_POOL", True):  # the figure starts its own processes (ab's trial servers)
             raw = module.measure(opts, None)
         else:
-            with RankPool(args.nproc, timeout=args.timeout) as pool:
+            with RankPool(opts.nproc, timeout=opts.timeout) as pool:
                 raw = module.measure(opts, pool)
     except KeyboardInterrupt:
         kept = f"; what was measured is kept in {args.save}" if args.save and "save" in own else ""
@@ -190,7 +207,7 @@ def main(args) -> int:
             raise
         return error("figures", f"--load {args.load!r}: not the raw data of figures {args.name} "
                                 f"({type(exc).__name__}: {str(exc)[:200]})")
-    text = f"{text}\n\n_{machine_line(args.nproc)}_\n"
+    text = f"{text}\n\n_{machine_line(getattr(opts, 'nproc', None))}_\n"
     print(text)
     if args.out:
         write_atomic(args.out, text)

@@ -15,10 +15,10 @@ import time
 
 from ..config import ConfigError
 from ..measure.metadata import machine_name
-from ..measure.stats import ratio_interval_text
 from ..nightly import NightlyOptions, finished_stages, last_night, make_plan, read_step_times
 from ..outputs import InputError, OutputDir, OutputError, output_problem, read_input, safe_name, write_atomic
 from ..report import junit
+from ..results.gate import ratio_interval_text
 from ..run_spec import RunOptions, RunSpec
 from ..runtime.spawn import keeper, pdeathsig_preexec
 from . import GATE_CODES, helps, unwind

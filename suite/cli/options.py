@@ -34,6 +34,7 @@ SHARED: dict[str, dict] = {
     "no_check": dict(action="store_true"),
     "timeout": dict(type=float),
     "pg_timeout": dict(type=float, default=None),
+    "cluster": dict(metavar="NxR:inter=RATE[,intra=RATE]"),  # suite.cluster.spec.ClusterSpec.parse reads it
 }
 
 

@@ -39,8 +39,7 @@ def add_parser(sub) -> None:
                        **helps(ABOUT, """
                            fleetbench predict --cluster 8x8:inter=100gbit,intra=2400gbit --profile mlp.json
                            fleetbench predict --cluster 2x2:inter=200mbit --model mlp --save-profile mlp.json"""))
-    p.add_argument("--cluster", required=True,
-                   help="NxR:inter=RATE[,intra=RATE], e.g. 64x8:inter=200gbit,intra=2400gbit")
+    add_shared(p, cluster=dict(required=True, help="the cluster to predict, e.g. 64x8:inter=200gbit,intra=2400gbit"))
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--profile", help="a profile JSON file (as written by --save-profile)")
     src.add_argument("--model", help="measure a profile of this model now (a registry name such as resnet50 or "

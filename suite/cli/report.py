@@ -11,9 +11,10 @@ from . import error, helps
 ABOUT = """`fleetbench report RESULTS...`: an HTML page and a Markdown summary of results files, with plots and traces.
 
 Reads the records `fleetbench run` wrote (a corrupt file is an error naming the file and line) and
-reports the last record of each case and world size: failures and errors first, with their messages,
-then what each run ran on, then one table and one speedup plot per model (docs/report.md says how to
-read them).  Traces are the ones `fleetbench run --trace-steps` wrote next to the results."""
+reports the last record of each case and world size (and its samples/s over the runs the files hold):
+failures and errors first, with their messages, then what each run ran on, then one table and one speedup
+chart per model (docs/report.md says how to read them).  Traces are the ones `fleetbench run --trace-steps`
+wrote next to the results."""
 
 
 def add_parser(sub) -> None:

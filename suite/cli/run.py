@@ -101,9 +101,8 @@ def add_parser(sub) -> None:
                         "results, each rank's trace (Kineto's Chrome-trace JSON, the engine's phases as ranges) and a "
                         "timeline of every rank (traces/RUN_ID/CASE@WORLD/; docs/report.md; default "
                         f"{default('trace_steps')}: no trace)")
-    p.add_argument("--cluster", metavar="NxR:inter=RATE[,intra=RATE]",
-                   help="run the ranks on an emulated cluster (network namespaces; root): N nodes of R ranks, "
-                        "node links limited to RATE (e.g. 2x2:inter=200mbit); sets --nproc N*R")
+    add_shared(p, cluster="run the ranks on an emulated cluster (network namespaces; root): N nodes of R ranks, "
+                          "node links limited to RATE (e.g. 2x2:inter=200mbit); sets --nproc N*R")
     p.set_defaults(func=main)
 
 
@@ -247,8 +246,8 @@ def main(args) -> int:
                 if rec.status == "skipped":
                     runner.say(f"  skip  {rec.case}: {rec.error}")
                 elif rec.metrics and reporter:
-                    sp = rec.metrics.get("speedup")  # none without the baseline (it could not run)
-                    ci = rec.metrics.get("speedup_ci") or [None, None]
+                    sp = rec.metrics.speedup  # none without the baseline (it could not run)
+                    ci = rec.metrics.speedup_ci or [None, None]
                     sp_text = "no baseline" if sp is None else f"speedup {sp:.2f}x" + (
                         " (not resolved)" if "not resolved" in _speedup_cell(sp, ci, rounds=_rounds(rec)) else "")
                     runner.say(f"      {rec.case:{width}s} {rec.samples_per_s:9.1f} samples/s   {sp_text}"
@@ -292,7 +291,7 @@ def main(args) -> int:
         print(("\n" + appended + (": " if len(written) == 1 else " (") + _tally(records)
                + ("" if len(written) == 1 else ")")) if written else "\nno record written")
         junit_written = not args.junit or _write_junit(args.junit, records, seconds, world)
-        traces = [r.metrics["trace_file"] for r in records if r.metrics.get("trace_file")]
+        traces = [r.metrics.trace_file for r in records if r.metrics.trace_file]
         if traces:
             print("traces (each a directory: rank<R>.pt.trace.json per rank, timeline.json; open a file in "
                   "https://ui.perfetto.dev, it stays in the browser): "
@@ -555,7 +554,7 @@ def busy_summary(records) -> str | None:
 
 def _rounds(rec) -> int | None:
     """The timed rounds a record's speedup is paired over (its windows), or None where not recorded."""
-    windows = (rec.metrics or {}).get("window_s")
+    windows = rec.metrics.window_s
     return len(windows) if isinstance(windows, list) else None
 
 
@@ -584,12 +583,12 @@ def print_table(records) -> None:
     for col in ("case", "verdict", "samples/s", "speedup vs plain", "step ms (median, IQR)", "collectives/step"):
         table.add_column(col, justify="left" if col in ("case", "verdict") else "right", no_wrap=True)
     for r in records:
-        m = r.metrics or {}
-        sps = m.get("samples_per_s")
-        sp = m.get("speedup")
-        ci = m.get("speedup_ci") or [None, None]
-        st = m.get("step_time_s") or {}
-        calls = m.get("comm_calls_per_step") or {}
+        m = r.metrics
+        sps = m.samples_per_s
+        sp = m.speedup
+        ci = m.speedup_ci or [None, None]
+        st = m.step_time_s or {}
+        calls = m.comm_calls_per_step or {}
         ar = sum(calls.values())  # every collective fleetbench issued (DDP's own are not counted)
         table.add_row(
             r.case,

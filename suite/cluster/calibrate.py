@@ -39,7 +39,6 @@ import json
 import math
 import os
 import statistics
-import time
 from dataclasses import asdict, dataclass, field
 
 from . import costmodel as cm
@@ -84,9 +83,9 @@ def calibration_on_rank(sizes: dict, ranks_per_node: int, iters: int = 10, round
     import functools
 
     import torch
-    import torch.distributed as dist
 
     from ..comm.table import COLLECTIVES, Layout
+    from ..measure.interleave import timed_block
     from ..runtime.context import current
 
     ctx = current()
@@ -102,16 +101,8 @@ def calibration_on_rank(sizes: dict, ranks_per_node: int, iters: int = 10, round
             n = _iters_for(int(size), iters)
             for _ in range(warmup):
                 run()
-            secs, cpus = [], []
-            for _ in range(rounds):
-                dist.barrier()
-                c0, t0 = time.process_time(), time.perf_counter()
-                for _ in range(n):
-                    run()
-                ctx.platform.synchronize()
-                t1, c1 = time.perf_counter(), time.process_time()
-                secs.append((t1 - t0) / n)
-                cpus.append((c1 - c0) / n)
+            cpus: list[float] = []
+            secs = [timed_block(run, n, ctx.platform, barriers="start", cpu_s=cpus) for _ in range(rounds)]
             rows.append({"kind": kind, "bytes": numel * 4, "seconds": secs, "cpu_seconds": cpus})
     return {"rank": ctx.rank, "world": ctx.world_size, "rows": rows}
 

@@ -22,12 +22,10 @@ Variants (rows of ``suite.comm.table``):
 """
 from __future__ import annotations
 
-import time
-
 import torch
-import torch.distributed as dist
 
 from ..runtime.context import current
+from ..runtime.device import timed_block
 from ..runtime.groups import comm_groups
 from .table import COLLECTIVES, Collective, Layout, busbw_factor
 
@@ -104,18 +102,12 @@ def allreduce_sweep_on_rank(sizes: list[int], variants: list[str], inter_nranks:
         for v in variants:
             run = runners[v]
             wrong = table[v][0].wrong(run, count, dt, device, table[v][1])  # exact verification on its own run
-            # timing on zeros
+            # timing on zeros: a block between barriers, the clock stopped after a synchronize
             buf = torch.zeros(count, dtype=dt, device=device)
             for _ in range(warmup):
                 run(buf)
             platform.synchronize()
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                run(buf)
-            platform.synchronize()  # NCCL calls return once queued: the clock stops when the work is done
-            dist.barrier()
-            seconds = (time.perf_counter() - t0) / iters
+            seconds = timed_block(lambda: run(buf), iters, platform)  # noqa: B023 - called at once, in this loop
             rows.append({"bytes": count * esize, "count": count, "variant": v, "seconds": seconds,
                          "wrong": wrong})
     return {"rank": rank, "world": world, "rows": rows, "dtype": dtype}

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from ..runtime.groups import comm_groups, node_groups
 from . import collectives as C
 from . import hierarchical
+from .busbw import busbw_factor
 
 __all__ = ["Layout", "Collective", "COLLECTIVES", "exact_inputs", "exact_sum", "busbw_factor"]
 
@@ -48,14 +49,6 @@ class Layout:
     comms: int = 1  # allreduce_comms: communicators (``comm_groups(comms)``)
     pieces: int = 0  # allreduce_comms: pieces of the message (0: one per communicator)
     ranks_per_node: int = 1  # hier, hier_reduce, intra: consecutive ranks per (emulated) node
-
-
-def busbw_factor(op: str, n: int) -> float:
-    """nccl-tests' bus bandwidth factor of ``op`` over ``n`` ranks: busbw = algbw x factor (0 alone)."""
-    if n < 2:
-        return 0.0
-    return {"all_reduce": 2 * (n - 1) / n, "reduce_scatter": (n - 1) / n, "all_gather": (n - 1) / n,
-            "broadcast": 1.0, "reduce": 1.0}[op]
 
 
 def exact_inputs(count: int, rank: int, dtype: torch.dtype, device: Any = "cpu") -> torch.Tensor:

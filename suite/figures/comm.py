@@ -34,6 +34,7 @@ from ..measure.timing import time_on_rank
 from ..models import get_model
 from ..runtime.groups import comm_groups
 from ..workload import WorkloadSpec, workload
+from . import PoolOptions
 
 DESCRIPTION = ("communication: speedup over DDP, exposed comm and overlap efficiency (nccl_comm_num 1/2/3), "
                "fused vs single allreduce busbw, bucket-size and communicator rules of thumb")
@@ -114,10 +115,8 @@ def _ms(x: float) -> str:
 
 
 @dataclass(frozen=True)
-class Options:
-    nproc: int = 2
-    rounds: int = 7
-    steps: int = 5
+class Options(PoolOptions):
+    """The pool's options (``PoolOptions``), nothing of its own."""
 
 
 def _alone(pool, model, variants, rounds) -> dict[str, list[float]]:

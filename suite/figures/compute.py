@@ -2,6 +2,7 @@
 backward; eager and compiled), and the fused optimizer against torch's loop, foreach and fused."""
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -16,10 +17,11 @@ from ..data.synthetic import make_dataset, prepare
 from ..measure.interleave import interleaved_rounds, timed_block
 from ..measure.stats import bootstrap_median_ci, paired_speedup
 from ..measure.summary import variant_summary
-from ..measure.timing import time_on_rank
+from ..measure.timing import RankTiming, time_on_rank
 from ..models import get_model
 from ..strategies.optim import torch_optimizer
 from ..workload import WorkloadSpec, workload
+from . import PoolOptions
 
 DESCRIPTION = ("compute fusion on/off on the ResNet (step time, saved-activation bytes, eager and compiled); "
                "fused optimizer vs torch loop/foreach/fused")
@@ -39,7 +41,7 @@ def _fmt_ci(lo: float, hi: float, digits: int = 2) -> str:
     return f"[{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
-def timing_table(answers: list, names: list, global_batch: int, steps: int, baseline: str,
+def timing_table(answers: list[RankTiming], names: list, global_batch: int, steps: int, baseline: str,
                  extra_cols=None) -> str:
     """One row per variant: median step time (ms) with IQR, throughput with a 95% CI, paired speedup."""
     extra_cols = extra_cols or {}
@@ -50,12 +52,12 @@ def timing_table(answers: list, names: list, global_batch: int, steps: int, base
     rows = []
     for name in names:
         s = variant_summary(answers, name, global_batch, steps)
-        st = s["step_time_s"]
-        sp = paired_speedup(base["window_s"], s["window_s"])
+        st = s.step_time_s or {}
+        sp = paired_speedup(base.window_s or [], s.window_s or [])
         extra = "".join(f" {fn(name, s)} |" for fn in extra_cols.values())
-        (lo, hi), (sp_lo, sp_hi) = s["samples_per_s_ci"], sp["ci"]
+        (lo, hi), (sp_lo, sp_hi) = s.samples_per_s_ci or [math.nan, math.nan], sp["ci"]
         rows.append(f"| {name} | {st['median'] * 1e3:.2f} [{st['q25'] * 1e3:.2f}, {st['q75'] * 1e3:.2f}] | "
-                    f"{s['samples_per_s']:.0f} {_fmt_ci(lo, hi, 0)} | "
+                    f"{s.samples_per_s:.0f} {_fmt_ci(lo, hi, 0)} | "
                     f"{sp['speedup']:.3f} {_fmt_ci(sp_lo, sp_hi, 3)} |{extra}")
     return head + "\n".join(rows)
 
@@ -135,9 +137,8 @@ def _optimizer_table(res: dict) -> str:
 
 
 @dataclass(frozen=True)
-class Options:
-    rounds: int = 7
-    steps: int = 5
+class Options(PoolOptions):
+    """The pool's options (``PoolOptions``), nothing of its own."""
 
 
 PER_RANK_BATCH = 16
@@ -150,8 +151,8 @@ def measure(options: Options, pool) -> dict:
     # 1. fusion on/off: compute only (data_parallel='none'), so communication noise stays out
     variants = [{"name": n, "config": dict(c, data_parallel="none")} for n, c in FUSION_VARIANTS]
     resnet = WorkloadSpec("resnet", per_rank_batch=PER_RANK_BATCH)  # the optimizers below reuse its workload
-    answers = pool.run(time_on_rank, dict(workload_spec=resnet, variants=variants, warmup=3, steps=steps,
-                                          rounds=rounds))
+    answers = [a.to_dict() for a in pool.run(time_on_rank, dict(workload_spec=resnet, variants=variants, warmup=3,
+                                                                 steps=steps, rounds=rounds))]
     saved = saved_bytes_rows("resnet", PER_RANK_BATCH)
     # 2. optimizers
     opt = pool.run(optimizer_bench_on_rank, dict(workload_spec=resnet, rounds=max(rounds, 5), steps=20))[0]
@@ -162,9 +163,10 @@ def measure(options: Options, pool) -> dict:
 
 def render(raw: dict, options: Options) -> str:
     rounds, steps, nproc = options.rounds, options.steps, raw["world"]
-    per_rank_batch, answers, saved = PER_RANK_BATCH, raw["answers"], raw["saved"]
+    per_rank_batch, saved = PER_RANK_BATCH, raw["saved"]
+    answers = [RankTiming.from_dict(a) for a in raw["answers"]]
     opt, opt_mlp = raw["optimizers"]["resnet"], raw["optimizers"]["mlp"]
-    ran = answers[0]["variants"]["all (compile)"]["describe"].get("compute_fusion", {}).get("backend", {})
+    ran = answers[0].variants["all (compile)"].describe.get("compute_fusion", {}).get("backend", {})
 
     def kb(field):
         return lambda name, s: f"{saved[name][field] / 1024:.0f}" if name in saved else "(as eager)"
@@ -172,7 +174,7 @@ def render(raw: dict, options: Options) -> str:
     names = [n for n, _ in FUSION_VARIANTS]
     table = timing_table(answers, names, per_rank_batch * nproc, steps, "unfused",
                          {"saved for backward KiB (sum)": kb("saved"), "distinct storages KiB": kb("unique")})
-    counts = answers[0]["variants"]["all (eager)"]["describe"].get("compute_fusion", {})
+    counts = answers[0].variants["all (eager)"].describe.get("compute_fusion", {})
     count_line = ", ".join(f"{k}: found {v['found']}, fused {v['fused']}" for k, v in counts.items()
                            if isinstance(v, dict) and "found" in v)
     return "\n\n".join([

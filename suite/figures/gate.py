@@ -5,7 +5,7 @@ are made exactly as `fleetbench ab` makes them: two trial servers (two interpret
 pools, the current tree), trials of ``--steps`` steps alternating in randomised ABBA blocks.
 Each run is one *pair* of fresh servers: A/A pairs (nothing changed) and pairs whose HEAD has
 busy work injected into every training step, costing 2%, 5% or 10% of the step
-(``suite.ab.server.inject_on_rank``: CPU spent in the trial process, proportional to the step,
+(``suite.measure.timing.TimedCase.inject``: CPU spent in the trial process, proportional to the step,
 like a real regression; not a sleep).  Within a run the case is prepared afresh on both servers
 every ``--regroup`` blocks, as `ab --rotate` does.
 
@@ -55,8 +55,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..ab import blocks as ab_blocks
 from ..ab.client import TrialServer
-from ..ab.isolation import AB_DEFAULT, Isolation
 from ..ab.power import (
     Run,
     direct,
@@ -113,58 +113,56 @@ class Options:
             raise ValueError(f"figures gate: budget {self.budget!r}: must be a finite number of seconds > 0")
 
 
-def long_run(case: str, inject: float, blocks: int, options, seed: int, say, regroup: int = 0,
-             isolation: Isolation | None = None) -> Run:
-    """One pair of fresh trial servers (placed and laid out as ``isolation`` says, both alike; by default as `ab`
-    places them, :data:`~suite.ab.isolation.AB_DEFAULT`): ``blocks`` ABBA blocks, the case prepared afresh on both
-    every ``regroup`` blocks.  ``options`` needs nproc, timeout, size and steps."""
+def long_run(case: str, inject: float, blocks: int, options, seed: int, say, regroup: int = 0) -> Run:
+    """One pair of fresh trial servers, placed as `ab` places them: ``blocks`` ABBA blocks (:mod:`suite.ab.blocks`,
+    never short-circuited: both sides are the same tree on purpose), the case prepared afresh on both every
+    ``regroup`` blocks.  ``options`` needs nproc, timeout, size and steps."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    iso = AB_DEFAULT if isolation is None else isolation
     run = Run(case, inject)
     t0 = time.monotonic()
-    servers = [TrialServer(root, label, nproc=options.nproc, timeout=options.timeout, wait=False, isolation=iso)
+    servers = [TrialServer(root, label, nproc=options.nproc, timeout=options.timeout, wait=False)
                for label in ("A", "B")]
-    preparations = itertools.count()
     spec = RunSpec(Selection(cases=(case,), size=options.size, worlds=(options.nproc,)),
                    RunOptions(check=False)).to_dict()
     try:
         for s in servers:
             s.ready()
-        for s, rid in [(s, s.send("start", pin=iso.pin)) for s in servers]:
+        for s, rid in [(s, s.send("start")) for s in servers]:
             s.receive(rid, "starting the rank pool")
+
         def prepare() -> list:
-            k = next(preparations)
-            return [s.request("prepare", case=case, spec=spec, inject=inj, seed=seed * 7919 + 2 * k + side,
-                              **iso.prepare_fields())["key"]
-                    for side, (s, inj) in enumerate(zip(servers, (0.0, inject)))]
+            return [s.request("prepare", case=case, spec=spec, inject=inj)["key"]
+                    for s, inj in zip(servers, (0.0, inject))]
 
         keys = prepare()
         run.setup_s = time.monotonic() - t0
-        rng = random.Random(seed)
         run.load.append(os.getloadavg()[0])
         t1 = time.monotonic()
         prep_time = 0.0
-        for b in range(blocks):
-            if regroup and b and b % regroup == 0:  # as `ab --rotate`: the case prepared afresh on both servers
+
+        def trial(i: int) -> dict:
+            return servers[i].request("trial", key=keys[i], steps=options.steps, warmup=1)
+
+        def after(got: list[list[dict]]) -> bool:
+            nonlocal keys, prep_time
+            run.group.append(len(run.d) // regroup if regroup else 0)
+            run.base_trials += [a["step_s"] for a in got[0]]
+            run.head_trials += [a["step_s"] for a in got[1]]
+            run.base_steps += [a.get("step_times_s") or [] for a in got[0]]
+            run.head_steps += [a.get("step_times_s") or [] for a in got[1]]
+            run.d.append(block_log_ratio([a["step_s"] for a in got[0]], [a["step_s"] for a in got[1]]))
+            if len(run.d) >= blocks:
+                return True
+            if regroup and len(run.d) % regroup == 0:  # as `ab --rotate`: the case prepared afresh on both servers
                 tp = time.monotonic()
                 for srv, key in zip(servers, keys):
                     srv.request("close", key=key)
                 keys = prepare()
                 run.prep_s.append(time.monotonic() - tp)
                 prep_time += run.prep_s[-1]
-            run.group.append(b // regroup if regroup else 0)
-            order = (0, 1, 1, 0) if rng.random() < 0.5 else (1, 0, 0, 1)
-            got: dict[int, list[float]] = {0: [], 1: []}
-            steps: dict[int, list] = {0: [], 1: []}
-            for i in order:
-                ans = servers[i].request("trial", key=keys[i], steps=options.steps, warmup=1)
-                got[i].append(ans["step_s"])
-                steps[i].append(ans.get("step_times_s") or [])
-            run.base_trials += got[0]
-            run.head_trials += got[1]
-            run.base_steps += steps[0]
-            run.head_steps += steps[1]
-            run.d.append(block_log_ratio(got[0], got[1]))
+            return False
+
+        ab_blocks.run_blocks((0, 1), trial, random.Random(seed), after)
         run.seconds = time.monotonic() - t1 - prep_time
         run.load.append(os.getloadavg()[0])
     finally:

@@ -7,9 +7,10 @@ import statistics
 from dataclasses import dataclass
 
 from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
-from ..measure.timing import time_on_rank
+from ..measure.timing import RankTiming, time_on_rank
 from ..runtime.device import default_threads
 from ..workload import WorkloadSpec
+from . import PoolOptions
 
 DESCRIPTION = "fetch_frequency 1 vs N (host syncs) and num_threads swept: samples/s"
 
@@ -19,9 +20,8 @@ FETCH_N = 10
 
 
 @dataclass(frozen=True)
-class Options:
-    rounds: int = 7
-    steps: int = 5
+class Options(PoolOptions):
+    """The pool's options (``PoolOptions``), nothing of its own."""
 
 
 def _timed(pool, options: Options, variants: list[tuple[str, dict]], steps: int) -> dict:
@@ -29,7 +29,7 @@ def _timed(pool, options: Options, variants: list[tuple[str, dict]], steps: int)
                        dict(workload_spec=WorkloadSpec(MODEL, per_rank_batch=PER_RANK_BATCH, dataset_size=1024),
                             variants=[{"name": n, "config": c} for n, c in variants], warmup=2,
                             steps=steps, rounds=options.rounds))
-    return {"variants": [n for n, _ in variants], "steps": steps, "answers": answers}
+    return {"variants": [n for n, _ in variants], "steps": steps, "answers": [a.to_dict() for a in answers]}
 
 
 def measure(options: Options, pool) -> dict:
@@ -43,7 +43,8 @@ def measure(options: Options, pool) -> dict:
 
 
 def _table(world: int, title: str, timed: dict, extra) -> list[str]:
-    answers, variants, steps = timed["answers"], timed["variants"], timed["steps"]
+    answers = [RankTiming.from_dict(a) for a in timed["answers"]]
+    variants, steps = timed["variants"], timed["steps"]
     gb = PER_RANK_BATCH * world
     base = window_seconds(answers, variants[0])
     lines = [title, "", f"| variant | samples/s [95% CI] | speedup vs {variants[0]} | {extra[0]} |",
@@ -55,7 +56,7 @@ def _table(world: int, title: str, timed: dict, extra) -> list[str]:
         sp = paired_speedup(base, w)
         lines.append(f"| {name} | {statistics.median(xs):,.0f} [{lo:,.0f}, {hi:,.0f}] | "
                      f"{sp['speedup']:.2f} [{sp['ci'][0]:.2f}, {sp['ci'][1]:.2f}] | "
-                     f"{extra[1](answers[0]['variants'][name])} |")
+                     f"{extra[1](answers[0].variants[name])} |")
     return lines
 
 
@@ -66,13 +67,13 @@ def render(raw: dict, options: Options) -> str:
         f"**Loss fetch frequency** ({MODEL}, {world} ranks, batch {PER_RANK_BATCH} per rank, windows of "
         f"{raw['fetch']['steps']} steps, {options.rounds} interleaved rounds)",
         raw["fetch"],
-        ("host syncs per window (rank 0)", lambda v: f"{v['host_syncs'] / max(1, len(v['windows'])):.0f}"),
+        ("host syncs per window (rank 0)", lambda v: f"{v.host_syncs / max(1, len(v.windows)):.0f}"),
     )
     threads = _table(
         world,
         f"**num_threads per rank** ({MODEL}, {world} ranks on {cores} cores; default = cores / local ranks "
         f"= {raw['default_threads']})",
-        raw["threads"], ("threads observed in the windows", lambda v: ", ".join(map(str, v["threads_observed"]))),
+        raw["threads"], ("threads observed in the windows", lambda v: ", ".join(map(str, v.threads_observed))),
     )
     note = [
         "",

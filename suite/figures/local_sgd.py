@@ -12,8 +12,9 @@ import torch
 from ..config import StrategyConfig
 from ..data.synthetic import prepare
 from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
-from ..measure.timing import time_on_rank
+from ..measure.timing import RankTiming, time_on_rank
 from ..workload import WorkloadSpec, workload
+from . import PoolOptions
 
 DESCRIPTION = "Local SGD k=1..16 and adaptive vs synchronous DP: samples/s with/without stragglers, final loss"
 
@@ -66,9 +67,8 @@ def _fmt_ci(med: float, ci) -> str:
 
 
 @dataclass(frozen=True)
-class Options:
-    rounds: int = 7
-    steps: int = 5  # at least 16 are timed per window (one k=16 interval)
+class Options(PoolOptions):
+    """The pool's options (``PoolOptions``); at least 16 steps are timed per window (one k=16 interval)."""
 
 
 def measure(options: Options, pool) -> dict:
@@ -86,11 +86,12 @@ def measure(options: Options, pool) -> dict:
     quality = pool.run(quality_on_rank, dict(workload_spec=quality_ws,
                                              variants=[{"name": n, "config": c} for n, c in variants()],
                                              steps=QUALITY_STEPS))
-    return {"world": pool.nproc, "steps": steps, "answers": answers, "quality": quality}
+    return {"world": pool.nproc, "steps": steps, "answers": [a.to_dict() for a in answers], "quality": quality}
 
 
 def render(raw: dict, options: Options) -> str:
-    nproc, steps, answers, quality = raw["world"], raw["steps"], raw["answers"], raw["quality"]
+    nproc, steps, quality = raw["world"], raw["steps"], raw["quality"]
+    answers = [RankTiming.from_dict(a) for a in raw["answers"]]
     names = variants()
     gb = PER_RANK_BATCH * nproc
 

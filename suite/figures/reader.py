@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from ..measure.reader_timing import measure_reader_on_rank
+from ..measure.reader_timing import ReaderTiming, measure_reader_on_rank
 from ..measure.stats import bootstrap_median_ci, describe, paired_speedup, window_seconds
 from ..workload import WorkloadSpec
 
@@ -31,7 +31,9 @@ VARIANTS = [
 
 @dataclass(frozen=True)
 class Options:
+    nproc: int = 2
     rounds: int = 7
+    timeout: float = 1800.0  # bound on each multi-rank call, seconds
 
 
 def measure(options: Options, pool) -> dict:
@@ -40,20 +42,20 @@ def measure(options: Options, pool) -> dict:
                        dict(workload_spec=WorkloadSpec(MODEL, per_rank_batch=PER_RANK_BATCH, dataset_size=DATASET_SIZE),
                             variants=[{"name": n, "config": c} for n, c in VARIANTS], warmup=1,
                             rounds=options.rounds, epochs_per_window=1, decode_work=DECODE_WORK))
-    return {"world": pool.nproc, "answers": answers}
+    return {"world": pool.nproc, "answers": [a.to_dict() for a in answers]}
 
 
 def render(raw: dict, options: Options) -> str:
-    answers, world = raw["answers"], raw["world"]
-    steps = answers[0]["steps_per_window"]
+    answers, world = [ReaderTiming.from_dict(a) for a in raw["answers"]], raw["world"]
+    steps = answers[0].steps_per_window
     gb = PER_RANK_BATCH * world
     base = window_seconds(answers, "plain")
-    first = answers[0]["variants"]
+    first = answers[0].variants
     lines = [
         f"**Reader, data-bound** ({MODEL}, {world} ranks, batch {PER_RANK_BATCH} per rank, dataset "
         f"{DATASET_SIZE} zlib-compressed images, augmentation {DECODE_WORK} passes per sample; a window is one epoch "
         f"= {steps} steps, {options.rounds} interleaved rounds; "
-        f"workers are {first[VARIANTS[-1][0]]['worker_kind']}s here)",
+        f"workers are {first[VARIANTS[-1][0]].worker_kind}s here)",
         "",
         "| reader | samples/s [95% CI] | speedup vs plain | data wait per step, median (IQR) ms | "
         "step time median ms |",
@@ -64,8 +66,8 @@ def render(raw: dict, options: Options) -> str:
         xs = [gb * steps / t for t in w]
         lo, hi = bootstrap_median_ci(xs)
         sp = paired_speedup(base, w)
-        waits = describe([t for a in answers for t in a["variants"][name]["data_wait_s"]])
-        st = describe([t for a in answers for t in a["variants"][name]["step_times"]])
+        waits = describe([t for a in answers for t in a.variants[name].data_wait_s])
+        st = describe([t for a in answers for t in a.variants[name].step_times])
         lines.append(
             f"| {name} | {statistics.median(xs):,.0f} [{lo:,.0f}, {hi:,.0f}] | "
             f"{sp['speedup']:.2f} [{sp['ci'][0]:.2f}, {sp['ci'][1]:.2f}] | "

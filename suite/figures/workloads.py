@@ -33,13 +33,14 @@ from ..cases import get_case
 from ..comm.table import busbw_factor
 from ..config import StrategyConfig
 from ..measure.stats import bootstrap_median_ci
-from ..measure.summary import COMPUTE_ONLY
+from ..measure.summary import COMPUTE_ONLY, Timed
 from ..models import count_parameters, get_model
 from ..run_spec import ResolvedCase, RunOptions
 from ..runner import CaseRunner
 from ..runtime.device import host_available_memory
 from ..selection import case_fields
 from ..workload import WorkloadSpec
+from . import PoolOptions
 from .comm import comm_alone_on_rank
 
 DESCRIPTION = ("published workloads (resnet50, gpt2 at cpu size): speedup over DDP of plain, fused, overlap "
@@ -60,13 +61,9 @@ MiB = 2**20
 
 
 @dataclass(frozen=True)
-class Options:
-    """What `fleetbench figures workloads` measures (see the module docstring)."""
+class Options(PoolOptions):
+    """What `fleetbench figures workloads` measures (see the module docstring): the pool's options and these."""
 
-    nproc: int = 2
-    rounds: int = 7
-    steps: int = 5
-    timeout: float = 1800.0
     size: str = "cpu"
     memory_gb: float | None = None  # None: 60% of the machine's available memory
 
@@ -100,7 +97,7 @@ def _default_budget() -> int:
 
 
 def _runner(launcher: Any, world: int, options: Options, budget: int | None = None) -> CaseRunner:
-    opts = RunOptions(size=options.size, steps=options.steps, rounds=options.rounds, warmup=2, check=False,
+    opts = RunOptions(size=options.size, steps=options.steps, rounds=options.rounds, check=False,
                       timeout=options.timeout, utilization=False, baseline=BASE, memory_budget=budget)
     return CaseRunner(launcher, world, opts, metadata={}, reporter=False)
 
@@ -157,10 +154,10 @@ def measure_model(pool, model: str, options: Options) -> dict:
     for gi, names in enumerate(plan, 1):
         got, fallback = timer.measure([rc for rc in rcs if rc.case.variant in names])
         for n in names:
-            s = got[n]
-            if not isinstance(s, dict):
-                raise RuntimeError(f"{model}/{n}: not timed ({s!r}; {fallback.get(n, '')})")
-            s = dict(s, group=gi, fallback=fallback.get(n))
+            t = got[n]
+            if not isinstance(t, Timed):
+                raise RuntimeError(f"{model}/{n}: not timed ({t!r}; {fallback.get(n, '')})")
+            s = dict(t.metrics.to_dict(), describe=t.describe.to_dict(), group=gi, fallback=fallback.get(n))
             if n in (BASE, COMPUTE_ONLY):
                 out.setdefault(n, {"groups": []})["groups"].append(s)
             else:

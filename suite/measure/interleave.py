@@ -5,13 +5,15 @@ collectives alone of the ``comm`` and ``workloads`` figures, the optimizer bench
 probes) runs through :func:`interleaved_rounds`: round ``r`` runs the variants starting at index
 ``r mod n`` (A B C, B C A, C A B, …), so slow drifts of a noisy machine hit every variant alike.
 What a variant's turn does (a window of training steps between barriers, a block of collectives)
-is the caller's ``run_one``; :func:`timed_block` is the block of back-to-back calls several sites time.
+is the caller's ``run_one``; :func:`timed_block` is the block of back-to-back calls several sites time (defined
+beside the platform's clock, ``suite.runtime.device``, so that ``suite.comm.microbench`` times through it too).
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
+
+from ..runtime.device import BARRIERS, timed_block
 
 __all__ = ["interleaved_rounds", "rotated", "timed_block", "BARRIERS"]
 
@@ -52,28 +54,3 @@ def interleaved_rounds(variants: Sequence[T], rounds: int, run_one: Callable[[T]
             if r >= warmup_rounds:
                 out[i].append(got)
     return out
-
-
-BARRIERS = ("both", "start", "none")
-
-
-def timed_block(fn: Callable[[], Any], reps: int, platform, barriers: str = "both") -> float:
-    """Seconds per call of ``reps`` back-to-back ``fn()`` calls, the device's queued work included (the clock
-    starts and stops after a synchronize: NCCL calls return once queued).
-
-    ``barriers``: ``"both"``, a barrier at each end and the clock read after the second (the block lasts until
-    the slowest rank is done: what the collectives cost the job); ``"start"``, the ranks start together and
-    each stops its own clock (the parent takes the slowest); ``"none"``, this rank alone."""
-    if barriers not in BARRIERS:
-        raise ValueError(f"barriers={barriers!r}: allowed {', '.join(BARRIERS)}")
-    import torch.distributed as dist
-
-    if barriers != "none":
-        dist.barrier()
-    t0 = platform.now()
-    for _ in range(reps):
-        fn()
-    platform.synchronize()
-    if barriers == "both":
-        dist.barrier()
-    return (time.perf_counter() - t0) / reps

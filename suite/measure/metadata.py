@@ -118,8 +118,9 @@ def machine_line(world_size: int | None = None) -> str:
 
     gpu = gpu_info()
     dev = ", ".join(gpu["names"]) if gpu.get("available") else "no GPU"
+    world = f"world size {world_size}; " if world_size is not None else ""
     return (f"measured on {cpu_model()}, {os.cpu_count()} cores, {dev}; torch {torch.__version__}; "
-            f"world size {world_size}; commit {(git_info().get('commit') or 'unknown')[:10]}")
+            f"{world}commit {(git_info().get('commit') or 'unknown')[:10]}")
 
 
 def machine_name() -> str:

@@ -14,6 +14,7 @@ that head start small; the per-step data wait is reported as a median, which it 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -25,7 +26,38 @@ from ..workload import WorkloadSpec, workload
 from .interleave import interleaved_rounds
 from .timing import timed_window
 
-__all__ = ["measure_reader_on_rank"]
+__all__ = ["measure_reader_on_rank", "ReaderTiming", "ReaderVariant"]
+
+
+@dataclass
+class ReaderVariant:
+    """What one rank measured of one reader variant."""
+
+    windows: list[float]  # each window's seconds (a window: ``epochs_per_window`` whole epochs)
+    data_wait_s: list[float]  # every step's wait for its batch
+    step_times: list[float]
+    losses: list[float]
+    threads: int
+    reader: str  # the reader's class
+    worker_kind: str  # "process", "thread" or "none"
+
+
+@dataclass
+class ReaderTiming:
+    """One rank's answer to :func:`measure_reader_on_rank` (kept as JSON by the reader figure: :meth:`to_dict`,
+    read back by :meth:`from_dict`)."""
+
+    rank: int
+    steps_per_window: int
+    variants: dict[str, ReaderVariant]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ReaderTiming:
+        return cls(data["rank"], data["steps_per_window"],
+                   {n: ReaderVariant(**v) for n, v in data["variants"].items()})
 
 
 def _stream(reader) -> Iterator:
@@ -36,7 +68,7 @@ def _stream(reader) -> Iterator:
 
 
 def measure_reader_on_rank(workload_spec: WorkloadSpec, variants: list[dict], warmup: int = 1, rounds: int = 5,
-                           epochs_per_window: int = 1, decode_work: int = 0) -> dict:
+                           epochs_per_window: int = 1, decode_work: int = 0) -> ReaderTiming:
     """Time every variant (``{"name": …, "config": {…}}``, reader knobs in the config) on this rank."""
     ctx = current()
     wl = workload(workload_spec)
@@ -80,13 +112,7 @@ def measure_reader_on_rank(workload_spec: WorkloadSpec, variants: list[dict], wa
         torch.set_num_threads(threads_before)
         for r in runs:
             r["reader"].close()
-    return {
-        "rank": rank,
-        "steps_per_window": steps,
-        "variants": {
-            r["name"]: {"windows": r["windows"], "data_wait_s": r["waits"], "step_times": r["step_times"],
-                        "losses": r["losses"], "threads": r["threads"], "reader": type(r["reader"]).__name__,
-                        "worker_kind": getattr(r["reader"], "worker_kind", "none")}
-            for r in runs
-        },
-    }
+    return ReaderTiming(rank, steps, {
+        r["name"]: ReaderVariant(r["windows"], r["waits"], r["step_times"], r["losses"], r["threads"],
+                                 type(r["reader"]).__name__, getattr(r["reader"], "worker_kind", "none"))
+        for r in runs})

@@ -2,9 +2,9 @@
 
 The ranks answer :func:`suite.measure.timing.time_on_rank` (or, per window, the prepared-case
 calls) with, per variant, their window times, per-step times, losses and communication
-counts.  :func:`summarize` folds every rank's answer into one metrics dict per variant, every name
-written through :class:`suite.results.records.Metrics` (the one list of metric names), plus the
-engine's ``describe``:
+counts (:class:`suite.measure.timing.RankTiming`).  :func:`summarize` folds every rank's answer into
+one :class:`Timed` per variant: its :class:`suite.results.records.Metrics` (the one list of metric
+names; the record takes the object as it is) and the engine's ``describe`` (typed, ``Describe``):
 
 - throughput per round (global batch × steps / the slowest rank's window), its median with a
   bootstrap interval, per-step time statistics over every rank's steps;
@@ -25,12 +25,19 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
-from ..results.records import Metrics, allreduce_total
-from .stats import bootstrap_median_ci, busbw, describe, paired_speedup, window_seconds
+from ..comm.busbw import busbw
+from ..results.records import Describe, Metrics, allreduce_total
+from .stats import bootstrap_median_ci, describe, paired_speedup, window_seconds
 from .utilization import others_cpu
 
-__all__ = ["variant_summary", "summarize", "first_nonfinite", "COMPUTE_ONLY"]
+if TYPE_CHECKING:
+    from .timing import RankTiming
+
+__all__ = ["Timed", "variant_summary", "summarize", "first_nonfinite", "COMPUTE_ONLY"]
 
 COMPUTE_ONLY = "none"  # the variant without gradient communication: compute alone
 
@@ -43,23 +50,31 @@ def first_nonfinite(losses: list) -> int | None:
     return None
 
 
-def variant_summary(answers: list[dict], variant: str, global_batch: int, steps: int) -> dict:
+@dataclass(frozen=True)
+class Timed:
+    """One variant's timing as a record takes it: its metrics and what its engine set up."""
+
+    metrics: Metrics
+    describe: Describe = field(default_factory=Describe)
+
+
+def variant_summary(answers: Sequence[RankTiming], variant: str, global_batch: int, steps: int) -> Metrics:
     windows = window_seconds(answers, variant)
     throughput = [global_batch * steps / w for w in windows if w > 0]
-    per_rank_steps = [a["variants"][variant]["step_times"] for a in answers]
+    per_rank = [a.variants[variant] for a in answers]
+    per_rank_steps = [v.step_times for v in per_rank]
     all_steps = [t for ts in per_rank_steps for t in ts]
     rank_medians = [statistics.median(ts) if ts else math.nan for ts in per_rank_steps]
     slowest = max(range(len(rank_medians)), key=lambda r: rank_medians[r]) if rank_medians else 0
     lo, hi = bootstrap_median_ci(throughput)
-    first = answers[0]["variants"][variant]
-    precision = {a["rank"]: a["variants"][variant].get("describe", {}).get("precision") for a in answers}
-    if any(p != precision[answers[0]["rank"]] for p in precision.values()):  # one process-wide state per rank
+    first = per_rank[0]
+    precision = {a.rank: a.variants[variant].describe.get("precision") for a in answers}
+    if any(p != precision[answers[0].rank] for p in precision.values()):  # one process-wide state per rank
         raise ValueError(f"{variant}: the ranks report different precision settings (torch.backends): {precision}")
-    bad = [(a["rank"], i) for a in answers
-           for i in [first_nonfinite(a["variants"][variant]["losses"])] if i is not None]
-    machine = [a["variants"][variant]["machine"] for a in answers if "machine" in a["variants"][variant]]
+    bad = [(a.rank, i) for a in answers for i in [first_nonfinite(a.variants[variant].losses)] if i is not None]
+    machine = [v.machine for v in per_rank if v.machine is not None]
     others_s, others_share = others_cpu(machine) if len(machine) == len(answers) else (math.nan, math.nan)
-    metrics = Metrics(
+    return Metrics(
         samples_per_s=statistics.median(throughput) if throughput else math.nan,
         samples_per_s_ci=[lo, hi],
         throughput_per_round=throughput,
@@ -68,37 +83,37 @@ def variant_summary(answers: list[dict], variant: str, global_batch: int, steps:
         step_times_s=all_steps,
         rank_median_step_s=rank_medians,
         slowest_rank=slowest,
-        losses=first["losses"],
+        losses=first.losses,
         nonfinite_loss={"rank": bad[0][0], "step": bad[0][1]} if bad else None,
-        comm_calls_per_step=first["comm_calls_per_step"],
-        comm_bytes_per_step=first["comm_bytes_per_step"],
-        host_syncs=first["host_syncs"],
-        threads=first["threads"],
-        peak_memory_bytes=max(a["variants"][variant].get("peak_memory_bytes", 0) for a in answers),
-        peak_memory_kind=first.get("peak_memory_kind", ""),
-        footprint_bytes=max(a["variants"][variant].get("footprint_bytes", 0) for a in answers),
+        comm_calls_per_step=first.comm_calls_per_step,
+        comm_bytes_per_step=first.comm_bytes_per_step,
+        host_syncs=first.host_syncs,
+        threads=first.threads,
+        peak_memory_bytes=max(v.peak_memory_bytes for v in per_rank),
+        peak_memory_kind=first.peak_memory_kind,
+        footprint_bytes=max(v.footprint_bytes for v in per_rank),
         global_batch=global_batch,
         steps_per_window=steps,
         others_cpu_s=others_s if math.isfinite(others_s) else None,
         others_cpu_share=others_share if math.isfinite(others_share) else None,
     )
-    return metrics.to_dict() | {"describe": first["describe"]}
 
 
-def summarize(answers: list[dict], names: list[str], global_batch: int, steps: int, world: int,
-              baseline: str | None = None) -> dict[str, dict]:
-    """Metrics per variant of one interleaved timing call (see the module docstring)."""
-    out = {n: variant_summary(answers, n, global_batch, steps) for n in names}
-    if baseline is not None and baseline in out:
+def summarize(answers: Sequence[RankTiming], names: list[str], global_batch: int, steps: int, world: int,
+              baseline: str | None = None) -> dict[str, Timed]:
+    """Each variant's metrics and describe from one interleaved timing call (see the module docstring)."""
+    metrics = {n: variant_summary(answers, n, global_batch, steps) for n in names}
+    if baseline is not None and baseline in metrics:
         base = window_seconds(answers, baseline)
-        for n, s in out.items():
+        for n, m in metrics.items():
             sp = paired_speedup(base, window_seconds(answers, n))
-            s.update(Metrics(speedup=sp["speedup"], speedup_ci=list(sp["ci"]), baseline=baseline).to_dict())
-    if COMPUTE_ONLY in out:
-        compute = out[COMPUTE_ONLY]["step_time_s"]["median"]
-        for s in out.values():
-            exposed = s["step_time_s"]["median"] - compute
-            ar = allreduce_total(s["comm_bytes_per_step"])  # a two-level allreduce's gradients counted once
-            s.update(Metrics(exposed_comm_s=exposed, compute_s=compute,
-                             busbw_GBps=busbw(ar, exposed, world) / 1e9).to_dict())
-    return out
+            metrics[n] = replace(m, speedup=sp["speedup"], speedup_ci=list(sp["ci"]), baseline=baseline)
+    if COMPUTE_ONLY in metrics:
+        compute = (metrics[COMPUTE_ONLY].step_time_s or {})["median"]
+        for n, m in metrics.items():
+            exposed = (m.step_time_s or {})["median"] - compute
+            ar = allreduce_total(m.comm_bytes_per_step)  # a two-level allreduce's gradients counted once
+            metrics[n] = replace(m, exposed_comm_s=exposed, compute_s=compute,
+                                 busbw_GBps=busbw(ar, exposed, world) / 1e9)
+    return {n: Timed(m, Describe.from_dict(answers[0].variants[n].describe, f"variant {n}", "describe."))
+            for n, m in metrics.items()}

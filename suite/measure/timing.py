@@ -7,9 +7,12 @@ Two ways in, one loop (:func:`timed_window`) and one per-case state (:class:`Tim
   in each round every variant runs one *window* of ``steps`` steps, in an order rotated round
   by round (A B C, B C A, …: :func:`suite.measure.interleave.interleaved_rounds`), so slow
   drifts of a noisy machine hit every variant alike.
-- :func:`prepare_case` / :func:`run_window` / :func:`drop_case` (pytest-benchmark and asv,
-  which time rounds themselves): the case's engine is built and warmed up once and kept on
-  the rank, and each call runs one window.
+- :func:`prepare_case` / :func:`run_window` / :func:`drop_case` (pytest-benchmark, asv and
+  `ab`'s trial server, which time rounds themselves): the case's engine is built and warmed up
+  once and kept on the rank, and each call runs one window.
+
+What a rank answers is typed: :class:`RankTiming` (per variant a :class:`VariantTiming`),
+:class:`WindowTiming` (one window of a prepared case), :class:`CasePrepared`.
 
 Two figures per window:
 - the window time, with a barrier only at its two ends (per-step barriers would hide
@@ -22,7 +25,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -37,7 +40,8 @@ from .interleave import interleaved_rounds
 from .utilization import CpuSpan
 
 __all__ = ["time_on_rank", "prepare_case", "run_window", "drop_case", "prepared_cases", "straggler_for_step",
-           "StepClock", "Window", "timed_window", "TimedCase", "footprint_bytes"]
+           "StepClock", "Window", "timed_window", "TimedCase", "footprint_bytes", "VariantTiming", "RankTiming",
+           "WindowTiming", "CasePrepared"]
 
 
 def straggler_for_step(step: int, world: int, seed: int = 0) -> int:
@@ -70,6 +74,63 @@ class Window:
     losses: list
     host_syncs: int
     cpu: dict | None = None  # a recorded window's CpuSpan (TimedCase.window): this rank's and the machine's CPU time
+
+
+@dataclass
+class VariantTiming:
+    """What one rank measured of one variant over its recorded windows (:meth:`TimedCase.result`): what
+    :mod:`suite.measure.summary` folds into the variant's metrics."""
+
+    windows: list[float]  # each recorded window's seconds (barriers at both ends only)
+    step_times: list[float]  # every recorded step's seconds
+    losses: list[float]  # every recorded step's loss
+    threads: int  # intra-op threads this rank ran with
+    comm_calls_per_step: dict[str, float]  # per "group label/collective", the last recorded window's
+    comm_bytes_per_step: dict[str, float]
+    host_syncs: int  # device-to-host syncs (loss fetches) in the recorded windows
+    describe: dict  # the engine's describe(): strategy, buckets, fusion counts .., and the precision
+    threads_observed: list[int] = field(default_factory=list)  # torch.get_num_threads() inside the windows
+    straggler_sleeps: int = 0  # steps this rank slept as the straggler
+    peak_memory_bytes: int = 0  # the largest transient rise above a window's start
+    peak_memory_kind: str = ""
+    footprint_bytes: int = 0  # what the engine holds between steps (footprint_bytes)
+    machine: dict | None = None  # CpuSpan.to_dict(): this rank's and the machine's CPU time in the windows
+
+
+@dataclass
+class RankTiming:
+    """One rank's answer to :func:`time_on_rank` (and :func:`prepared_result`): per variant, its timing.
+
+    Kept as JSON by the figures that save their raw data (:meth:`to_dict`, read back by :meth:`from_dict`)."""
+
+    rank: int
+    variants: dict[str, VariantTiming]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RankTiming:
+        return cls(data["rank"], {n: VariantTiming(**v) for n, v in data["variants"].items()})
+
+
+@dataclass
+class WindowTiming:
+    """One rank's answer to :func:`run_window`: one recorded window of a prepared case."""
+
+    rank: int
+    window_s: float
+    step_times_s: list[float]
+    losses: list[float]
+    machine: dict | None = None  # the window's CpuSpan.to_dict()
+
+
+@dataclass
+class CasePrepared:
+    """One rank's answer to :func:`prepare_case`: what the engine set up."""
+
+    rank: int
+    describe: dict
 
 
 def timed_window(platform, n: int, step: Callable[[], torch.Tensor], fetch_frequency: int = 1) -> Window:
@@ -139,6 +200,31 @@ class TimedCase:
         # summed window by window (prepared cases, whose windows come one call at a time)
         self.span: CpuSpan | None = None
         self.windows_cpu = {"cpu_s": 0.0, "host_busy_s": 0.0, "host_total_s": 0.0}
+        self.injected_s = 0.0  # busy work after every training step (:meth:`inject`: calibration runs only)
+
+    def inject(self, fraction: float, steps: int = 5, windows: int = 3) -> float:
+        """Slow every later step by ``fraction`` of the step as the trials measure it (a calibration knob: the
+        gate figure's injected slowdowns, ``FLEETBENCH_AB_INJECT``); returns that step's seconds.
+
+        ``windows`` windows of ``steps`` steps, not recorded, measure the step: a window's time between its
+        barriers over its steps (the median of the windows), so "+5%" is 5% of the step a trial measures; each
+        step then adds ``fraction`` x that through ``Platform.busy`` (:meth:`train_step`): on a GPU a spin kernel
+        on the compute stream after the step's kernels (a host spin would overlap the GPU's work and slow
+        nothing), on CPU busy work on the host."""
+        import statistics
+
+        step_s = statistics.median(self.window(steps, record=False).seconds / steps for _ in range(max(1, windows)))
+        self.injected_s = fraction * step_s
+        if self.wl.platform.is_cuda and self.injected_s > 0:
+            self.wl.platform.spin_rate()  # the spin kernel's calibration (one synchronize) now, not in a timed step
+        return step_s
+
+    def train_step(self, x, y) -> torch.Tensor:
+        """The engine's training step, then the injected busy work (none unless :meth:`inject` asked for it)."""
+        loss = self.engine.train_step(x, y)
+        if self.injected_s > 0:
+            self.wl.platform.busy(self.injected_s)
+        return loss
 
     def window(self, n: int, record: bool = True) -> Window:
         """``n`` steps between two barriers; recorded windows add to this case's figures."""
@@ -159,7 +245,7 @@ class TimedCase:
                     time.sleep(cfg.straggler_ms / 1e3)
                 sleeps += 1
             x, y = self.wl.batch(self.step_no)
-            return self.engine.train_step(x, y)
+            return self.train_step(x, y)
 
         if record and self.span is not None and not self.span.started:
             self.span.begin()
@@ -187,22 +273,20 @@ class TimedCase:
             self.comm_bytes = {k: v / n for k, v in snap["bytes"].items()}
         return w
 
-    def result(self) -> dict:
+    def result(self) -> VariantTiming:
         """What this rank measured, in the form :mod:`suite.measure.summary` reads."""
-        return {
-            "windows": self.windows, "step_times": self.step_times, "losses": self.losses, "threads": self.threads,
-            "comm_calls_per_step": self.comm_calls, "comm_bytes_per_step": self.comm_bytes,
-            "host_syncs": self.host_syncs, "describe": self.engine.describe(),
-            "threads_observed": sorted(self.threads_observed), "straggler_sleeps": self.straggler_sleeps,
-            "peak_memory_bytes": self.peak_memory, "peak_memory_kind": self.peak_memory_kind,
-            "footprint_bytes": footprint_bytes(self.engine),
-            "machine": self.span.to_dict() if self.span is not None and self.span.started
-            else dict(CpuSpan().to_dict(), **self.windows_cpu),
-        }
+        return VariantTiming(
+            windows=self.windows, step_times=self.step_times, losses=self.losses, threads=self.threads,
+            comm_calls_per_step=self.comm_calls, comm_bytes_per_step=self.comm_bytes, host_syncs=self.host_syncs,
+            describe=self.engine.describe(), threads_observed=sorted(self.threads_observed),
+            straggler_sleeps=self.straggler_sleeps, peak_memory_bytes=self.peak_memory,
+            peak_memory_kind=self.peak_memory_kind, footprint_bytes=footprint_bytes(self.engine),
+            machine=self.span.to_dict() if self.span is not None and self.span.started
+            else dict(CpuSpan().to_dict(), **self.windows_cpu))
 
 
 def time_on_rank(workload_spec: WorkloadSpec, variants: list[dict], warmup: int = 2, steps: int = 5,
-                 rounds: int = 5) -> dict:
+                 rounds: int = 5) -> RankTiming:
     """Time every variant (``{"name": …, "config": {…}}``) on this rank; see the module docstring."""
     wl = workload(workload_spec)
     runs = [TimedCase(v["name"], StrategyConfig.from_dict(v["config"]), wl) for v in variants]
@@ -214,41 +298,46 @@ def time_on_rank(workload_spec: WorkloadSpec, variants: list[dict], warmup: int 
         interleaved_rounds(runs, rounds, lambda tc: tc.window(steps), warmup=lambda tc: tc.window(warmup, record=False))
     finally:
         torch.set_num_threads(threads_before)  # the rank's own setting, for whatever runs next
-    return {"rank": wl.rank, "variants": {tc.name: tc.result() for tc in runs}}
+    return RankTiming(wl.rank, {tc.name: tc.result() for tc in runs})
 
 
 # ---- prepared cases: harnesses that time rounds themselves (pytest-benchmark, asv) -----------------
 _PREPARED: dict[str, TimedCase] = {}
 
 
-def prepare_case(key: str, workload_spec: WorkloadSpec, config: dict, warmup: int = 2) -> dict:
-    """Build (once) and warm up the engine of ``key``; returns what the engine set up."""
+def prepare_case(key: str, workload_spec: WorkloadSpec, config: dict, warmup: int = 2,
+                 inject: float = 0.0) -> CasePrepared:
+    """Build (once) and warm up the engine of ``key``; with ``inject``, busy work of that fraction of the step after
+    every later step (:meth:`TimedCase.inject`); returns what the engine set up."""
     if key not in _PREPARED:
         tc = _PREPARED[key] = TimedCase(key, StrategyConfig.from_dict(config), workload(workload_spec))
         if warmup:
             tc.window(warmup, record=False)
-    return {"rank": current().rank, "describe": _PREPARED[key].engine.describe()}
+        if inject:
+            tc.inject(inject)
+    return CasePrepared(current().rank, _PREPARED[key].engine.describe())
 
 
-def run_window(key: str, steps: int) -> dict:
-    """One recorded window of ``steps`` steps of the prepared case ``key`` on this rank."""
+def run_window(key: str, steps: int, warmup: int = 0) -> WindowTiming:
+    """``warmup`` steps not recorded, then one recorded window of ``steps`` steps of the prepared case ``key``."""
     if key not in _PREPARED:
         raise KeyError(f"case {key!r} is not prepared on rank {current().rank}; call prepare_case first "
                        f"(prepared: {sorted(_PREPARED)})")
     tc = _PREPARED[key]
     before = torch.get_num_threads()
     try:
+        if warmup:
+            tc.window(warmup, record=False)
         w = tc.window(steps)
     finally:
         torch.set_num_threads(before)
-    return {"rank": tc.wl.rank, "window_s": w.seconds, "step_times_s": w.step_times, "losses": w.losses,
-            "machine": w.cpu}
+    return WindowTiming(tc.wl.rank, w.seconds, w.step_times, w.losses, w.cpu)
 
 
-def prepared_result(key: str) -> dict:
+def prepared_result(key: str) -> RankTiming:
     """Everything the prepared case's recorded windows measured on this rank (as :func:`time_on_rank`)."""
     tc = _PREPARED[key]
-    return {"rank": tc.wl.rank, "variants": {key: tc.result()}}
+    return RankTiming(tc.wl.rank, {key: tc.result()})
 
 
 def drop_case(key: str) -> bool:

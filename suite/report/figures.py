@@ -1,8 +1,10 @@
 """The report's plots, drawn from records (matplotlib, Agg backend): each function returns a Figure, or
 None when there is nothing meaningful to draw (the page then shows no chart rather than an empty one).
 
-- speedup over the plain baseline per model (:func:`speedup_figure`), with the paired 95% intervals
-  the run measured: speedups are comparable across models, throughputs are not;
+- speedup over the plain baseline per model (:func:`speedup_figure`): a ratio chart centred on 1 (log scale,
+  as far either side), each case a dot and its paired 95% interval, hollow where the speedup is not resolved
+  (:func:`speedup_unresolved`: the interval spans 1, or fewer rounds than give a 95% interval); speedups are
+  comparable across models, throughputs are not;
 - throughput (samples/s) per model at one world size (:func:`throughput_figure`), one panel per model,
   each on its own axis;
 - the step broken into compute and exposed communication (:func:`breakdown_figure`), only for models
@@ -16,29 +18,44 @@ None when there is nothing meaningful to draw (the page then shows no chart rath
 
 ``latest(records)`` keeps the last ok record of each (case, world size); every figure reads only
 ``metrics`` the run wrote, so what is drawn is what was recorded.  Case names are drawn as plain text
-(:func:`plain`): a ``$`` in a name must not start matplotlib's mathtext.  Figures are at most
-:data:`MAX_WIDTH_PX` pixels wide when saved at :data:`DPI` (the page is read in a 1400 px window).
+(:func:`plain`): a ``$`` in a name must not start matplotlib's mathtext.
+
+The page embeds them as SVG (:func:`svg_bytes`), :data:`WIDTH_IN` wide: 480 px at the page's :data:`DPI`, so
+a 420 px window (a phone) shows them at four fifths of their size and their 9 pt text stays legible (10 px); one
+case is one row of a horizontal chart (labels never rotated), legends stand below the axes.  No figure is wider
+than :data:`MAX_WIDTH_PX`.
 """
 from __future__ import annotations
 
+import io
 import math
+import textwrap
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+from matplotlib.ticker import NullLocator
 
 from ..cases import VARIANTS
+from ..measure.stats import RUN_ROUNDS_FOR_95
+from ..results.gate import CLIP
 from ..results.records import allreduce_total
 from ..results.records import plain as escaped
 
 __all__ = ["latest", "throughput_figure", "speedup_figure", "breakdown_figure", "scaling_figure",
-           "local_sgd_figure", "scaling_table", "plain", "num", "busbw_measurable", "DPI", "MAX_WIDTH_PX",
-           "BASELINE_VARIANT", "COMPUTE_VARIANT", "variant_of", "order_key", "splits_step", "local_sgd_unresolved"]
+           "local_sgd_figure", "scaling_table", "plain", "num", "busbw_measurable", "DPI", "MAX_WIDTH_PX", "WIDTH_IN",
+           "BASELINE_VARIANT", "COMPUTE_VARIANT", "variant_of", "order_key", "splits_step", "local_sgd_unresolved",
+           "speedup_unresolved", "ratio_ticks", "svg_bytes", "NOT_RESOLVED"]
 
-DPI = 90
-MAX_WIDTH_PX = 1300  # a figure saved at DPI is never wider than this (the page's window is 1400 px)
+DPI = 96  # the page's pixels per inch (CSS: 96 px to the inch; an SVG's size in pt is shown at 96/72 px per pt)
+MAX_WIDTH_PX = 1300  # no figure is wider than this (the page's window is 1400 px)
+WIDTH_IN = 5.0  # every figure's width: 480 px, shown at 388/480 of its size in a 420 px window (text stays legible)
+ROW_IN = 0.24  # one case's row in a horizontal chart
+FONT = 9.0  # tick labels and legends, pt (titles 9.5): 12 px, 9.7 px in a 420 px window
+NOT_RESOLVED = "not resolved"
 BASELINE_VARIANT = "plain"
 COMPUTE_VARIANT = "none"
 # busbw is a bandwidth: it means something only where communication is exposed, measurably, and
@@ -90,10 +107,48 @@ def splits_step(case: str) -> bool:
     return family in COMM_FAMILIES
 
 
-def _figure(width_in: float, height_in: float, rows: int = 1, cols: int = 1):
+def _figure(width_in: float, height_in: float, rows: int = 1, cols: int = 1, height_ratios: list | None = None):
     width_in = min(width_in, MAX_WIDTH_PX / DPI)
-    fig, axes = plt.subplots(rows, cols, figsize=(width_in, height_in), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(width_in, height_in), squeeze=False,
+                             gridspec_kw={"height_ratios": height_ratios} if height_ratios else None)
     return fig, [ax for row in axes for ax in row]
+
+
+def _legend_in(entries: int, ncol: int = 1) -> float:
+    """The height, inches, of a legend of ``entries`` lines in ``ncol`` columns below the axes."""
+    return 0.08 + 0.19 * math.ceil(entries / ncol)
+
+
+def _legend_below(fig, handles: list, ncol: int = 1) -> None:
+    """``handles`` as one legend at the bottom of the figure (its height :func:`_legend_in`, included in the
+    figure's), the axes laid out above it: a legend beside the axes would take a narrow figure's width."""
+    fig.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.01, 0.0), ncol=ncol, fontsize=FONT - 0.5,
+               frameon=False, handlelength=1.6)
+    fig.tight_layout(rect=(0, _legend_in(len(handles), ncol) / fig.get_size_inches()[1], 1, 1))
+
+
+LABEL_CHARS = 24  # a case's label in a chart at most (the table has its whole name): the axes keep their width
+TITLE_CHARS = 40  # a title's line at most: centred over axes beside LABEL_CHARS labels, it stays inside WIDTH_IN
+
+
+def _label(variant: str, suffix: str = "") -> str:
+    """A case's row label: its variant (the panel's title names the model), cut to LABEL_CHARS, then ``suffix``."""
+    short = variant if len(variant) <= LABEL_CHARS else variant[:LABEL_CHARS - 1] + "…"
+    return plain(short + suffix)
+
+
+def _title(ax, text: str, pad: float = 6.0) -> None:
+    """A panel's title, in lines of at most TITLE_CHARS (a long model name wraps rather than leaving the figure),
+    ``pad`` points above the axes."""
+    lines = [ln for part in plain(text).split("\n") for ln in textwrap.wrap(part, TITLE_CHARS, break_on_hyphens=False)]
+    ax.set_title("\n".join(lines), fontsize=9.5, pad=pad)
+
+
+def _rows_axis(ax, labels: list) -> None:
+    """A horizontal chart's case axis: one row per label, the first on top."""
+    ax.set_yticks(range(len(labels)), labels, fontsize=FONT)
+    ax.set_ylim(len(labels) - 0.5, -0.5)
+    ax.tick_params(axis="x", labelsize=FONT)
 
 
 def _by_model(rows: list) -> dict:
@@ -103,14 +158,14 @@ def _by_model(rows: list) -> dict:
     return out
 
 
-def _model_panels(rows: list, legend_in: float = 0.0):
-    """One panel per model (a row per model), wide enough for its most cases and a legend of ``legend_in``
-    inches beside them: (figure, axes, rows by model), or None without rows."""
+def _model_panels(rows: list, below_in: float = 0.0):
+    """One panel per model (a row per model, each as tall as its cases), ``below_in`` inches under them for a
+    legend: (figure, axes, rows by model), or None without rows."""
     models = _by_model(sorted(rows, key=lambda cr: (cr[1].model, order_key(cr[0]))))
     if not models:
         return None
-    widest = max(len(v) for v in models.values())
-    fig, axes = _figure(max(6.0, 0.55 * widest + 2.5) + legend_in, 3.6 * len(models), rows=len(models))
+    heights = [ROW_IN * len(v) + 1.05 for v in models.values()]
+    fig, axes = _figure(WIDTH_IN, sum(heights) + below_in, rows=len(models), height_ratios=heights)
     return fig, axes, models
 
 
@@ -127,7 +182,7 @@ def order_key(case: str) -> tuple:
 
 
 def throughput_figure(recs: dict, world: int):
-    """Bars of samples/s per case at ``world`` ranks with their intervals, one panel per model (models
+    """Horizontal bars of samples/s per case at ``world`` ranks with their intervals, one panel per model (models
     never share an axis: their samples differ); the baseline drawn grey.  None without data."""
     rows = [(c, r) for (c, w), r in recs.items() if w == world and math.isfinite(num(r.metrics.get("samples_per_s")))]
     panels = _model_panels(rows)
@@ -135,58 +190,140 @@ def throughput_figure(recs: dict, world: int):
         return None
     fig, axes, models = panels
     for ax, (model, mrows) in zip(axes, models.items()):
-        xs = list(range(len(mrows)))
         vals = [num(r.metrics.get("samples_per_s")) for _, r in mrows]
         err = _error_bars(vals, [r.metrics.get("samples_per_s_ci") or [v, v] for (_, r), v in zip(mrows, vals)])
         colors = ["#888888" if variant_of(c) == BASELINE_VARIANT else "#1f77b4" for c, _ in mrows]
-        ax.bar(xs, vals, yerr=err, color=colors, capsize=3)
-        ax.set_xticks(xs, [plain(c) for c, _ in mrows], rotation=30, ha="right")
-        ax.set_ylabel("samples/s")
-        ax.set_title(plain(f"{model}: throughput at world size {world}\n(median over rounds, 95% interval; "
-                           f"grey: the plain baseline)"), fontsize=10)  # two lines: one overflowed a narrow plot
+        ax.barh(range(len(mrows)), vals, xerr=err, color=colors, capsize=2, height=0.65, error_kw={"elinewidth": 1})
+        _rows_axis(ax, [_label(variant_of(c)) for c, _ in mrows])
+        ax.set_xlabel("samples/s", fontsize=FONT)
+        _title(ax, f"{model}: throughput at world size {world}\n(median, 95% interval; grey: plain)")
     fig.tight_layout()
     return fig
 
 
+def _interval(ci) -> tuple[float, float]:
+    """A recorded [lo, hi] as two floats (nan where absent or not a number)."""
+    if isinstance(ci, (list, tuple)) and len(ci) == 2:
+        return num(ci[0]), num(ci[1])
+    return math.nan, math.nan
+
+
+def speedup_unresolved(metrics) -> str | None:
+    """Why a case's speedup is not resolved, in the words of ``fleetbench run``'s table (``suite/cli/run.py``'s
+    ``_speedup_cell``; tests/test_report.py checks that they agree), or None where it is resolved (or there is no
+    speedup): "not resolved" where its 95% interval spans 1 (neither faster nor slower), "not resolved (N rounds)"
+    where it comes from fewer than RUN_ROUNDS_FOR_95 rounds (such an interval covers less than 95%: docs/report.md),
+    "no interval" where none was recorded (one round)."""
+    if not math.isfinite(num(metrics.get("speedup"))):
+        return None
+    lo, hi = _interval(metrics.get("speedup_ci"))
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "no interval"
+    if lo <= 1 <= hi:
+        return NOT_RESOLVED
+    windows = metrics.get("window_s")  # the rounds the speedup is paired over, as run counts them
+    if isinstance(windows, list) and len(windows) < RUN_ROUNDS_FOR_95:
+        return f"{NOT_RESOLVED} ({len(windows)} rounds)"
+    return None
+
+
+_RATIO_TICKS = (1.05, 1.1, 1.25, 1.5, 2.0, 4.0, 10.0)
+
+
+def _ratio_extent(values) -> float:
+    """k such that the axis from 1/k to k (centred on 1 on a log scale) holds every finite positive value with a
+    margin: at least 1.25, at most CLIP's 10 (an end beyond is drawn at the edge)."""
+    k = 1.0
+    for x in values:
+        if math.isfinite(x) and x > 0:
+            k = max(k, x, 1 / x)
+    return min(max(1.15 * k, 1.25), CLIP[1])
+
+
+def ratio_ticks(k: float) -> list[float]:
+    """Ticks of a ratio axis from 1/k to k: 1, and the same ratios either side (1.5 and 1/1.5), at least a quarter of
+    the half-axis apart on the log scale (so their labels never touch)."""
+    gap = 0.25 * math.log(k)
+    kept: list[float] = []
+    for t in sorted(_RATIO_TICKS, reverse=True):
+        if t <= k * (1 + 1e-9) and math.log(t) >= gap and all(math.log(u / t) >= gap for u in kept):
+            kept.append(t)
+    return sorted([1 / t for t in kept] + [1.0] + kept)
+
+
+def _ratio_label(x: float) -> str:
+    return f"{x:g}" if x >= 1 else f"{x:.2f}".rstrip("0").rstrip(".")
+
+
 def speedup_figure(recs: dict, model: str):
-    """Horizontal bars of speedup over the plain baseline per case of ``model``, one colour per world size,
-    with the paired 95% intervals; a line at 1 (> 1: faster than plain).  None when no case of the model
-    has a speedup (the baseline's own is 1 by definition and is not drawn)."""
+    """A ratio chart of the speedup over the plain baseline per case of ``model``: a log axis centred on 1 (as far
+    either side: 2x faster and 2x slower lie as far from 1), each case a dot at its speedup and a line over its
+    paired 95% interval, one colour per world size; the dot filled where the speedup is resolved and hollow, its
+    interval dashed and its label grey, where it is not (:func:`speedup_unresolved`); a failed or errored case's
+    label red.  None when no case of the model has a speedup (the baseline's own is 1 by definition and is not
+    drawn)."""
     rows = [(c, w, r) for (c, w), r in recs.items()
             if r.model == model and variant_of(c) != BASELINE_VARIANT and math.isfinite(num(r.metrics.get("speedup")))]
     if not rows:
         return None
-    rows.sort(key=lambda cwr: (order_key(cwr[0]), cwr[1]), reverse=True)  # barh draws bottom-up
+    rows.sort(key=lambda cwr: (order_key(cwr[0]), cwr[1]))  # top to bottom
     worlds = sorted({w for _, w, _ in rows})
+    several = len(worlds) > 1
     color = {w: _WORLD_COLORS[i % len(_WORLD_COLORS)] for i, w in enumerate(worlds)}
-    fig, axes = _figure(9.5, max(2.2, 0.32 * len(rows) + 1.4))
+    bad = [r.verdict in ("fail", "error") for _, _, r in rows]
+    n_legend = 2 + (len(worlds) if several else 0) + any(bad)
+    fig, axes = _figure(WIDTH_IN, ROW_IN * len(rows) + 1.25 + _legend_in(n_legend))
     ax = axes[0]
-    ys = list(range(len(rows)))
-    vals = [num(r.metrics.get("speedup")) for _, _, r in rows]
-    err = _error_bars(vals, [r.metrics.get("speedup_ci") or [v, v] for (_, _, r), v in zip(rows, vals)])
-    bars = ax.barh(ys, vals, xerr=err, color=[color[w] for _, w, _ in rows], capsize=2, height=0.7)
-    for bar, (_, _, r) in zip(bars, rows):
-        if r.verdict in ("fail", "error"):
-            bar.set_hatch("//")
-            bar.set_edgecolor("#c00000")
-    labels = [plain(f"{c} @{w}" + (f" ({r.verdict})" if r.verdict in ("fail", "error") else ""))
-              for c, w, r in rows]
-    ax.set_yticks(ys, labels, fontsize=8)
-    ax.axvline(1.0, color="black", lw=0.8, ls="--")
-    ax.set_xlabel("speedup over plain data parallel (> 1: faster), paired 95% interval")
-    handles = [Patch(color=color[w], label=f"world size {w}") for w in worlds]
-    if any(r.verdict in ("fail", "error") for _, _, r in rows):
-        handles.append(Patch(facecolor="white", edgecolor="#c00000", hatch="//", label="check failed or error"))
-    ax.legend(handles=handles, fontsize=8, loc="lower right")
-    ax.set_title(plain(f"{model}: speedup over the plain baseline"), fontsize=10)
-    fig.tight_layout()
+    ax.set_xscale("log")
+    k = _ratio_extent(v for _, _, r in rows for v in (num(r.metrics.get("speedup")), *_interval(
+        r.metrics.get("speedup_ci"))))
+    ax.set_xlim(1 / k, k)
+    ax.axvspan(1 / k, 1, color="#d62728", alpha=0.06, lw=0, zorder=0)
+    ax.axvspan(1, k, color="#2ca02c", alpha=0.06, lw=0, zorder=0)
+    ax.axvline(1.0, color="black", lw=0.9, zorder=1)
+    for y, (_, w, r) in enumerate(rows):
+        v = num(r.metrics.get("speedup"))
+        lo, hi = _interval(r.metrics.get("speedup_ci"))
+        resolved = speedup_unresolved(r.metrics) is None
+        col = color[w]
+        if math.isfinite(lo) and math.isfinite(hi):
+            ends = [min(max(lo, 1 / k), k), min(max(hi, 1 / k), k)]
+            ax.plot(ends, [y, y], color=col, lw=1.5, ls="-" if resolved else (0, (2.5, 1.5)), zorder=2)
+            ax.plot([e for e, x in zip(ends, (lo, hi)) if e == x], [y] * sum(e == x for e, x in zip(ends, (lo, hi))),
+                    ls="none", marker="|", ms=7, mew=1.5, color=col, zorder=2)
+        at = min(max(v, 1 / k), k)  # a speedup beyond the axis: an arrowhead at its edge
+        ax.plot([at], [y], ls="none", marker="o" if at == v else (">" if v > k else "<"), ms=6, mew=1.5, mec=col,
+                mfc=col if resolved else "white", zorder=3, gid="resolved" if resolved else "unresolved")
+    labels = [_label(variant_of(c), (f" @{w}" if several else "") + (f" ({r.verdict})" if b else ""))
+              for (c, w, r), b in zip(rows, bad)]
+    _rows_axis(ax, labels)
+    for t, (_, _, r), b in zip(ax.get_yticklabels(), rows, bad):
+        if b:
+            t.set_color("#c00000")
+        elif speedup_unresolved(r.metrics) is not None:
+            t.set_color("#666666")
+    ticks = ratio_ticks(k)
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticks(ticks, [_ratio_label(t) for t in ticks])
+    ax.set_xlabel("speedup over plain (log scale)", fontsize=FONT)
+    for x, ha, text in ((0.0, "left", "\u2190 slower"), (1.0, "right", "faster \u2192")):  # over the shaded halves
+        ax.text(x, 1.01, text, transform=ax.transAxes, ha=ha, va="bottom", fontsize=FONT - 0.5, color="#555555")
+    _title(ax, f"{model}: speedup over plain" + ("" if several else f" at world size {worlds[0]}"), pad=15)
+    handles: list = [Line2D([], [], ls="-", marker="o", color="#444444",
+                      label="resolved: the paired 95% interval is apart from 1"),
+               Line2D([], [], ls=(0, (2.5, 1.5)), marker="o", color="#666666", mfc="white",
+                      label=f"{NOT_RESOLVED}: the interval spans 1, or under {RUN_ROUNDS_FOR_95} rounds")]
+    handles += [Patch(color=color[w], label=f"world size {w}") for w in worlds] if several else []
+    if any(bad):
+        handles.append(Patch(color="#c00000", label="red label: the check failed, or an error"))
+    _legend_below(fig, handles)
     return fig
 
 
 def breakdown_figure(recs: dict, world: int):
-    """Stacked bars per case: compute (the model's ``none`` case: the same step without communication) and
-    exposed communication (the rest of the step), ms per step (median); one panel per model, and only
-    models whose ``none`` case ran (without it the split is unknown).  None when no model qualifies.
+    """Stacked horizontal bars per case: compute (the model's ``none`` case: the same step without communication)
+    and exposed communication (the rest of the step), ms per step (median); one panel per model, and only models
+    whose ``none`` case ran (without it the split is unknown).  None when no model qualifies.
 
     A case whose strategy changes compute (:func:`splits_step` is False: AMP, compute fusion, Local SGD …)
     is drawn as its whole step in grey, not split: its difference to the ``none`` case is not
@@ -194,12 +331,21 @@ def breakdown_figure(recs: dict, world: int):
     whole step, hatched: its exposed communication is negative (noise)."""
     rows = [(c, r) for (c, w), r in recs.items() if w == world and math.isfinite(num(r.metrics.get("compute_s")))
             and math.isfinite(num((r.metrics.get("step_time_s") or {}).get("median")))]
-    panels = _model_panels(rows, legend_in=3.5)  # the legend stands right of the bars
+    splits = [splits_step(c) for c, _ in rows]
+    below_none = [s and num(r.metrics["step_time_s"]["median"]) < num(r.metrics["compute_s"])
+                  for (c, r), s in zip(rows, splits)]
+    handles = [Patch(color="#2ca02c", label="compute (the none case's step)"),
+               Patch(color="#d62728", label="exposed communication")]
+    if not all(splits):
+        handles.append(Patch(color="#9e9e9e", label="whole step: the strategy changes compute, not split"))
+    if any(below_none):
+        handles.append(Patch(facecolor="#2ca02c", hatch="//", label="step below the none case's"))
+    panels = _model_panels(rows, below_in=_legend_in(len(handles)))
     if panels is None:
         return None
     fig, axes, models = panels
     for ax, (model, mrows) in zip(axes, models.items()):
-        xs = list(range(len(mrows)))
+        ys = range(len(mrows))
         compute, exposed, below, whole = [], [], [], []
         for c, r in mrows:
             step = num(r.metrics["step_time_s"]["median"])
@@ -209,23 +355,16 @@ def breakdown_figure(recs: dict, world: int):
             compute.append(1e3 * min(comp, step) if split else 0.0)
             exposed.append(1e3 * max(0.0, step - comp) if split else 0.0)
             below.append(split and step < comp)
-        bars = ax.bar(xs, compute, color="#2ca02c")
+        bars = ax.barh(ys, compute, color="#2ca02c", height=0.65)
         for bar, b in zip(bars, below):
             if b:
                 bar.set_hatch("//")
-        ax.bar(xs, exposed, bottom=compute, color="#d62728")
-        ax.bar(xs, whole, color="#9e9e9e")
-        ax.set_xticks(xs, [plain(c) for c, _ in mrows], rotation=30, ha="right")
-        ax.set_ylabel("ms per step (median)")
-        ax.set_title(plain(f"{model}: step breakdown at world size {world}"), fontsize=10)
-        handles = [Patch(color="#2ca02c", label="compute (the none case's step)"),
-                   Patch(color="#d62728", label="exposed communication")]
-        if any(whole):
-            handles.append(Patch(color="#9e9e9e", label="whole step: the strategy changes compute, not split"))
-        if any(below):
-            handles.append(Patch(facecolor="#2ca02c", hatch="//", label="step below the none case's"))
-        ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
+        ax.barh(ys, exposed, left=compute, color="#d62728", height=0.65)
+        ax.barh(ys, whole, color="#9e9e9e", height=0.65)
+        _rows_axis(ax, [_label(variant_of(c)) for c, _ in mrows])
+        ax.set_xlabel("ms per step (median)", fontsize=FONT)
+        _title(ax, f"{model}: step breakdown at world size {world}")
+    _legend_below(fig, handles)
     return fig
 
 
@@ -250,16 +389,17 @@ def scaling_figure(recs: dict):
         models.setdefault(model, []).append((case, rows))
     if not models:
         return None
-    fig, axes = _figure(9.5, 3.8 * len(models), rows=len(models))
+    fig, axes = _figure(WIDTH_IN, 2.9 * len(models), rows=len(models))
     for ax, (model, cases) in zip(axes, models.items()):
         for case, rows in cases:
-            ax.plot([w for w, _, _ in rows], [e for _, _, e in rows], marker="o", label=plain(case))
+            ax.plot([w for w, _, _ in rows], [e for _, _, e in rows], marker="o", label=_label(variant_of(case)))
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_xticks(sorted({w for _, rows in cases for w, _, _ in rows}))
-        ax.set_xlabel("world size")
-        ax.set_ylabel("throughput(n) / (n · throughput(1))")
-        ax.set_title(plain(f"{model}: scaling efficiency over world sizes"), fontsize=10)
-        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        ax.tick_params(labelsize=FONT)
+        ax.set_xlabel("world size", fontsize=FONT)
+        ax.set_ylabel("throughput(n) / (n · throughput(1))", fontsize=FONT)
+        _title(ax, f"{model}: scaling efficiency over world sizes")
+        ax.legend(fontsize=FONT - 1, loc="best")  # each panel its own: colours repeat from one panel to the next
     fig.tight_layout()
     return fig
 
@@ -317,7 +457,7 @@ def local_sgd_figure(recs: dict) -> object | None:
     if local_sgd_unresolved(recs) is not None:
         return None
     pts = _local_sgd_points(recs)
-    fig, axes = _figure(7.5, 4.2)
+    fig, axes = _figure(WIDTH_IN, 4.0)
     ax = axes[0]
     mid = (min(p[5] for p in pts) + max(p[5] for p in pts)) / 2
     for case, w, _, sps, ci, loss, noise in pts:
@@ -328,13 +468,25 @@ def local_sgd_figure(recs: dict) -> object | None:
     ax.margins(x=0.25, y=0.2)
     for axis in (ax.xaxis, ax.yaxis):
         axis.get_major_formatter().set_useOffset(False)
-    ax.set_xlabel("final training loss (lower is better; bar: spread of the last steps)")
-    ax.set_ylabel("samples/s (95% interval)")
+    ax.tick_params(labelsize=FONT)
+    ax.set_xlabel("final training loss (lower is better;\nbar: spread of the last steps)", fontsize=FONT)
+    ax.set_ylabel("samples/s (95% interval)", fontsize=FONT)
     apart = any(abs(p[5] - b[5]) > p[6] + b[6] for p, b in _local_sgd_pairs(pts))
-    ax.set_title("Local SGD: throughput against loss" + ("" if apart else " (final losses: within their noise)"),
-                 fontsize=10)
+    ax.set_title("Local SGD: throughput against loss" + ("" if apart else "\n(final losses: within their noise)"),
+                 fontsize=9.5)
     fig.tight_layout()
     return fig
+
+
+def svg_bytes(fig) -> tuple[bytes, tuple[int, int]]:
+    """``fig`` as an SVG document and its size in the page's pixels (:data:`DPI`).  Text is drawn as paths (the
+    figure looks the same in every browser, whatever fonts it has) and the file holds no date and no random ids:
+    the same figure gives the same bytes."""
+    buf = io.BytesIO()
+    with matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": "fleetbench"}):
+        fig.savefig(buf, format="svg", metadata={"Date": None})
+    width, height = fig.get_size_inches()
+    return buf.getvalue(), (round(width * DPI), round(height * DPI))
 
 
 def busbw_measurable(metrics: dict) -> tuple[bool, str]:

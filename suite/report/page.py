@@ -1,8 +1,9 @@
-"""The report page: an HTML file and a Markdown summary, with the plots as PNG files beside them.
+"""The report page: an HTML file and a Markdown summary, with the plots as SVG files beside them.
 
 ``build_report(records, out_dir, results_dir)`` writes ``index.html``, ``summary.md``, the
-PNGs, ``report_data.json`` (the numbers every plot was drawn from) and copies the runs'
-Perfetto traces into ``traces/``.  The last record of each (case, world size) is reported.
+SVGs, ``report_data.json`` (the numbers every plot was drawn from) and copies the runs'
+Perfetto traces into ``traces/``.  The last record of each (case, world size) is reported, with its
+trend over the runs the records hold (``trend.py``).
 
 The page, top to bottom (``docs/report.md`` explains how to read it):
 
@@ -12,10 +13,12 @@ The page, top to bottom (``docs/report.md`` explains how to read it):
 2. run metadata: commit (and whether the tree was dirty), torch, CUDA, NCCL, device, backend,
    host, size, world size, run id, date: one column per run;
 3. a short "how to read this";
-4. per model: a table (verdict, throughput and speedup over plain with their 95% intervals,
-   step time, exposed communication where it is communication, collectives per step, busbw where it
-   means something, footprint and transient peak memory where measured) and a speedup plot; tables
-   scroll sideways in their own box;
+4. per model: a table (the case and its speedup over plain with its 95% interval first, "not resolved" as
+   ``fleetbench run`` says it; verdict, throughput with its interval and its trend over runs, step time,
+   exposed communication where it is communication, collectives per step, busbw where it means something,
+   footprint and transient peak memory, "no rise" told from "not measured") and a speedup chart centred on 1;
+   tables scroll sideways in their own box, the case column staying in view, and at 420 px the case and its
+   speedup fit without scrolling;
 5. throughput per model, the step breakdown (only where a ``none`` case ran), scaling (only with
    world size 1 and another), the Local SGD trade-off (only where its differences exceed their noise),
    traces.
@@ -23,8 +26,8 @@ The page, top to bottom (``docs/report.md`` explains how to read it):
 The HTML comes from the Jinja2 templates in ``templates/`` (autoescaping on; every text also through
 :func:`plain`); the Markdown is written here, each text through :func:`md_text`.
 
-A chart without data is not drawn; the page says why.  Images are at most
-``figures.MAX_WIDTH_PX`` wide and scale down with the window.
+A chart without data is not drawn; the page says why.  Plots are SVG, ``figures.WIDTH_IN`` wide (about 500 px:
+legible in a 420 px window) and scale down with the window.
 
 Records are untrusted input (a results file can be edited or crafted): only trace files inside
 the results directory's own ``traces/`` folder are copied (symlinks resolved), and every text
@@ -35,12 +38,10 @@ from __future__ import annotations
 import collections
 import hashlib
 import html
-import io
 import json
 import math
 import os
 import re
-import struct
 import sys
 import urllib.parse
 
@@ -48,8 +49,9 @@ from ..measure.utilization import BUSY, busy_reason
 from ..outputs import OutputDir
 from ..results.records import NUMERIC_METRICS, allreduce_total, jsonable
 from ..results.records import plain as _plain
+from .trend import MAX_TREND_RUNS, sparkline_svg, sparkline_text, trends
 
-__all__ = ["build_report", "md_text", "trace_source", "png_size", "out_problem"]
+__all__ = ["build_report", "md_text", "trace_source", "svg_size", "out_problem"]
 
 _MD_PUNCT = re.compile(r"([\\`*~\[\]|])")
 
@@ -130,6 +132,7 @@ MAX_TABLE_ROWS = 5000  # (case, world) rows the page's and the summary's tables 
 MAX_PROBLEM_GROUPS = 200  # boxes of failures, errors and notes at most
 
 REPORT_FILES = ("index.html", "summary.md", "report_data.json")
+SHOWN_SCALE = 1.25  # a plot's width on the page over its own (figures.WIDTH_IN: 480 px shown 600 px wide)
 
 
 def out_problem(out_dir: str, results_dirs, force: bool = False) -> str | None:
@@ -155,7 +158,7 @@ def out_problem(out_dir: str, results_dirs, force: bool = False) -> str | None:
     entries = os.listdir(out_dir)
     if entries and not force and "report_data.json" not in entries:
         return (f"is not empty ({len(entries)} entries) and holds no previous report; pick an empty or new "
-                f"directory, or pass --force to write the report into it (index.html, summary.md, *.png, traces/ "
+                f"directory, or pass --force to write the report into it (index.html, summary.md, the plots, traces/ "
                 f"there are replaced)")
     for name in entries:
         if os.path.islink(os.path.join(out_dir, name)):
@@ -163,17 +166,16 @@ def out_problem(out_dir: str, results_dirs, force: bool = False) -> str | None:
     return None
 
 
-def png_size(path: str) -> tuple[int, int]:
-    """(width, height) in pixels of a PNG file, from its header."""
+_SVG_SIZE = re.compile(rb"<svg\b[^>]*?\bwidth=\"([0-9.]+)pt\"[^>]*?\bheight=\"([0-9.]+)pt\"")
+
+
+def svg_size(path: str) -> tuple[int, int]:
+    """(width, height) in the page's pixels (96 to the inch) of an SVG file matplotlib wrote (its size in pt)."""
     with open(path, "rb") as fh:
-        return png_size_of(fh.read(24), path)
-
-
-def png_size_of(head: bytes, path: str = "PNG data") -> tuple[int, int]:
-    """(width, height) in pixels of PNG data (its first 24 bytes suffice)."""
-    if head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
-        raise ValueError(f"{path}: not a PNG file")
-    return struct.unpack(">II", head[16:24])
+        found = _SVG_SIZE.search(fh.read(4096))
+    if found is None:
+        raise ValueError(f"{path}: not an SVG file with its size in pt")
+    return round(float(found[1]) * 96 / 72), round(float(found[2]) * 96 / 72)
 
 
 # ---- numbers as text ------------------------------------------------------------------------------
@@ -309,13 +311,19 @@ def _machine(records) -> str:
     return f"quiet in its {len(timed)} timed cases" if timed else "not recorded"
 
 
-HEAD = ["case", "world", "verdict", "samples/s [95% CI]", "speedup vs plain [95% CI]", "step ms median (IQR)",
+# the key columns first: in a 420 px window the case and its speedup show without scrolling (the case column stays
+# in view when the table scrolls sideways)
+SPEEDUP, TREND = "speedup vs plain [95% CI]", "samples/s over runs"
+HEAD = ["case", "world", SPEEDUP, "verdict", "samples/s [95% CI]", TREND, "step ms median (IQR)",
         "exposed comm ms", "collectives/step", "allreduce MB/step", "busbw GB/s", "footprint MB", "transient peak MB"]
 MEMORY = ("footprint MB", "transient peak MB")  # a table leaves these out where no row has them
+NO_RISE = "no rise"  # a transient peak measured, and under PEAK_SHOWN: not "-", which is "not measured"
+PEAK_SHOWN = 0.05 * 2**20  # bytes: RSS moves by pages, a rise under this is none
 
 
-def _row(r) -> tuple[list[str], dict]:
-    """The table's cells for one record, and the reasons behind cells left empty (by column)."""
+def _row(r, trend: dict | None = None) -> tuple[list[str], dict]:
+    """The table's cells for one record, and the reasons behind cells left empty (by column); ``trend``: its
+    samples/s over runs (:func:`trend.trends`), or None with one run."""
     from . import figures as F
 
     m = r.metrics or {}
@@ -325,8 +333,13 @@ def _row(r) -> tuple[list[str], dict]:
     step_txt = f"{1e3 * step:.1f} ({1e3 * F.num(st.get('iqr')):.1f})" if math.isfinite(step) else "-"
     if F.variant_of(r.case) == F.BASELINE_VARIANT and math.isfinite(F.num(m.get("speedup"))):
         speedup = "1 (the baseline)"
-    else:
-        speedup = _ci(m.get("speedup"), m.get("speedup_ci"), ".2f", "×")
+    else:  # "not resolved" where run's table says so (the interval spans 1, or under 6 rounds)
+        unresolved = F.speedup_unresolved(m)
+        speedup = _ci(m.get("speedup"), m.get("speedup_ci"), ".2f", "×") + (f" {unresolved}" if unresolved else "")
+        if unresolved:
+            why[SPEEDUP] = {F.NOT_RESOLVED: "the 95% interval contains 1: no measured difference",
+                            "no interval": "one round: no interval"}.get(
+                unresolved, "fewer rounds than give a 95% interval (6): this one covers the median less often")
     exposed = F.num(m.get("exposed_comm_s"))
     split = F.splits_step(r.case)
     exposed_txt = f"{1e3 * exposed:.1f}" if math.isfinite(exposed) and split else "-"
@@ -352,17 +365,25 @@ def _row(r) -> tuple[list[str], dict]:
     if not ok and reason and math.isfinite(F.num(m.get("busbw_GBps"))):
         why["busbw GB/s"] = reason
     foot, peak = F.num(m.get("footprint_bytes")), F.num(m.get("peak_memory_bytes"))
-    peak_shown = math.isfinite(peak) and peak >= 0.05 * 2**20 and m.get("peak_memory_kind")  # not "0.0"
-    if m and math.isfinite(peak) and not peak_shown:
-        probe = m.get("peak_memory_kind") or "the memory probe"
-        why["transient peak MB"] = f"no rise above the window's start seen by {probe} (under 0.05 MB)"
-    elif peak_shown:
-        why["transient peak MB"] = f"the largest rise above a window's start, measured by {m['peak_memory_kind']}"
-    cells = [r.case, str(r.world_size), r.verdict, _ci(m.get("samples_per_s"), m.get("samples_per_s_ci"), ".1f"),
-             speedup if m else "-", step_txt, exposed_txt, f"{ncalls:.3g}" if m else "-",
-             f"{ar_bytes / 1e6:.2f}" if m and ar_bytes else ("0" if m else "-"),
-             _fmt(m.get("busbw_GBps"), ".3f") if ok else "-", f"{foot / 2**20:.1f}" if foot > 0 else "-",
-             f"{peak / 2**20:.1f}" if peak_shown else "-"]
+    probe = m.get("peak_memory_kind")  # a number without the probe that took it: a record from before the probes
+    if math.isfinite(peak) and probe and peak >= PEAK_SHOWN:
+        peak_txt = f"{peak / 2**20:.1f}"
+        why["transient peak MB"] = f"the largest rise above a window's start, measured by {probe}"
+    elif math.isfinite(peak) and probe:  # measured: no rise (0 is a measurement, not a missing one)
+        peak_txt = NO_RISE
+        why["transient peak MB"] = (f"measured by {probe}: no rise above the window's start of 0.05 MB or more "
+                                    f"({peak / 2**10:.0f} kB)")
+    else:
+        peak_txt = "-"
+        if m:
+            why["transient peak MB"] = "not measured (no peak memory in the record, or no probe named)"
+    trend_txt = sparkline_text(trend) if trend else "-"
+    if m and not trend:
+        why[TREND] = "one run measured this case (at this size and device)"
+    cells = [r.case, str(r.world_size), speedup if m else "-", r.verdict,
+             _ci(m.get("samples_per_s"), m.get("samples_per_s_ci"), ".1f"), trend_txt, step_txt, exposed_txt,
+             f"{ncalls:.3g}" if m else "-", f"{ar_bytes / 1e6:.2f}" if m and ar_bytes else ("0" if m else "-"),
+             _fmt(m.get("busbw_GBps"), ".3f") if ok else "-", f"{foot / 2**20:.1f}" if foot > 0 else "-", peak_txt]
     if calls:
         why["collectives/step"] = ", ".join(f"{k}: {F.num(v):g}" for k, v in sorted(calls.items()))
     label = fusion_kernels(r)
@@ -382,10 +403,11 @@ def fusion_kernels(r) -> tuple[str, str] | None:
 
 
 def _table(rows: list) -> dict:
-    """A model's table from its (record, cells, why) rows: a memory column no row has is left out."""
-    drop = {i for i, h in enumerate(HEAD) if h in MEMORY and all(cells[i] == "-" for _, cells, _ in rows)}
+    """A model's table from its (record, cells, why) rows: a memory column no row measured is left out (said in a
+    note), and so is the trend where no case was measured in several runs."""
+    drop = {i for i, h in enumerate(HEAD) if h in (*MEMORY, TREND) and all(cells[i] == "-" for _, cells, _ in rows)}
     head = [h for i, h in enumerate(HEAD) if i not in drop]
-    notes = [f"{HEAD[i]}: not measured in this run's records." for i in sorted(drop)]
+    notes = [f"{HEAD[i]}: not measured in this run's records." for i in sorted(drop) if HEAD[i] in MEMORY]
     for r, _, _ in rows:  # what a fused case's kernels are on a GPU (issue 32.6)
         label = fusion_kernels(r)
         if label:
@@ -398,7 +420,10 @@ HOW_TO_READ = [
     "Every case is timed interleaved with its model's baseline, plain data parallel (one allreduce per "
     "gradient after backward), round by round in one process group. <strong>Speedup</strong> is the "
     "baseline's window time over the case's, paired round by round: above 1 is faster than plain. The "
-    "bracket is its 95% bootstrap interval: an interval that contains 1 is no measured difference.",
+    "bracket is its 95% bootstrap interval: an interval that contains 1 is no measured difference, and with fewer "
+    "than 6 rounds the interval covers less than 95%: both say <em>not resolved</em>, as <code>fleetbench run</code> "
+    "does. The chart under each table draws the same: a dot and its interval on a log scale centred on 1, hollow "
+    "and dashed where not resolved.",
     "<strong>samples/s</strong> is the global batch times the steps of a window over the slowest rank's "
     "window, median over rounds, with its 95% interval. Throughputs of different models are not comparable; "
     "each model has its own table and plots.",
@@ -409,7 +434,11 @@ HOW_TO_READ = [
     "step in grey in the breakdown. Negative: a measured difference within noise.",
     "<strong>footprint</strong> is what the engine holds between steps (parameters, gradients, buckets, optimizer "
     "state) on the largest rank; <strong>transient peak</strong> the largest rise above a window's start "
-    "(activations, temporaries), shown where one was measured.",
+    "(activations, temporaries): <em>no rise</em> where it was measured and stayed under 0.05 MB, <code>-</code> "
+    "where it was not measured.",
+    "<strong>samples/s over runs</strong> (where the results hold several runs of a case at the same size and "
+    "device): the case's samples/s in each run, oldest first, the last point larger, a run whose machine was busy "
+    "hollow and grey; hover for the values.",
     "<strong>Collectives/step</strong> counts the collectives fleetbench issued per step (torch DDP's own are "
     "not counted). <strong>busbw</strong> (nccl-tests' bus bandwidth over the exposed time) is shown only "
     "where it is a bandwidth: exposed communication positive, measurable, and allreduce messages of 256 kB "
@@ -438,24 +467,26 @@ def _build(records, out: OutputDir, results_dir: str, record_dirs: dict | None, 
     worlds = sorted({w for _, w in recs})
     models = list(dict.fromkeys(r.model for _, r in sorted(final.items())))
     data: dict = {"cases": {}, "scaling": {}, "plots": [], "models": {}, "warnings": []}
+    trend = trends(records, final)  # (case, world) -> samples/s over the runs, where several measured it
     for (case, w), r in sorted(final.items()):
         m = r.metrics
         data["cases"][f"{case}@{w}"] = {k: m.get(k) for k in NUMERIC_METRICS}
         data["cases"][f"{case}@{w}"].update(verdict=r.verdict, status=r.status, model=r.model, run_id=r.run_id,
                                              step_median_s=(m.get("step_time_s") or {}).get("median"),
                                              busbw_shown=F.busbw_measurable(m)[0] if m else False,
-                                             exposed_is_comm=F.splits_step(case))
+                                             exposed_is_comm=F.splits_step(case),
+                                             speedup_unresolved=F.speedup_unresolved(m) if m else None,
+                                             trend=trend.get((case, w)))
 
     images: dict = {}  # file -> (width, height)
 
     def save(fig, name: str) -> str | None:
         if fig is None:
             return None
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=F.DPI)
+        svg, size = F.svg_bytes(fig)
         plt.close(fig)
-        out.write(name, buf.getvalue())
-        images[name] = png_size_of(buf.getvalue()[:24], name)
+        out.write(name, svg)
+        images[name] = size
         data["plots"].append(name)
         return name
 
@@ -464,7 +495,7 @@ def _build(records, out: OutputDir, results_dir: str, record_dirs: dict | None, 
     # plots, the tables stay complete, and the page says what was not drawn.
     speedup_plot: dict = {}
     for model in models[:MAX_MODEL_PLOTS]:
-        speedup_plot[model] = save(F.speedup_figure(recs, model), f"speedup_{_slug(model)}.png")
+        speedup_plot[model] = save(F.speedup_figure(recs, model), f"speedup_{_slug(model)}.svg")
     speedup_plot.update({m: None for m in models[MAX_MODEL_PLOTS:]})
     if len(models) > MAX_MODEL_PLOTS:
         notes.append(f"Speedup plots for the first {MAX_MODEL_PLOTS} of {len(models)} models only; the tables "
@@ -479,9 +510,9 @@ def _build(records, out: OutputDir, results_dir: str, record_dirs: dict | None, 
     if len(drawable) > MAX_WORLD_PLOTS:
         notes.append(f"Throughput and breakdown plots at {MAX_WORLD_PLOTS} of {len(drawable)} world sizes only "
                      f"(those with the most cases: {', '.join(map(str, plotted))}); the tables list every case.")
-    throughput_plots = [(w, save(F.throughput_figure(recs, w), f"throughput_w{w}.png") if w in plotted
+    throughput_plots = [(w, save(F.throughput_figure(recs, w), f"throughput_w{w}.svg") if w in plotted
                          else None) for w in worlds]
-    breakdown_plots = [(w, save(F.breakdown_figure(recs, w), f"breakdown_w{w}.png") if w in plotted
+    breakdown_plots = [(w, save(F.breakdown_figure(recs, w), f"breakdown_w{w}.svg") if w in plotted
                         else None) for w in worlds]
     with_none = {r.model for r in recs.values() if math.isfinite(F.num(r.metrics.get("compute_s")))}
     no_none = [m for m in models if m not in with_none]
@@ -491,12 +522,12 @@ def _build(records, out: OutputDir, results_dir: str, record_dirs: dict | None, 
                      f"communication cannot be told apart.")
     data["scaling"] = {c: rows for c, rows in F.scaling_table(recs).items()}
     few = len(recs) <= MAX_BARS * 4
-    scaling = save(F.scaling_figure(recs), "scaling.png") if few else None
+    scaling = save(F.scaling_figure(recs), "scaling.svg") if few else None
     if scaling is None:
         notes.append("No scaling plot: no case was recorded both at world size 1 and at another world size."
                      if few else f"No scaling plot: more than {MAX_BARS * 4} cases to draw.")
     lsgd_why = F.local_sgd_unresolved(recs) if few else f"No Local SGD plot: more than {MAX_BARS * 4} cases to draw."
-    lsgd = save(F.local_sgd_figure(recs), "local_sgd.png") if lsgd_why is None else None
+    lsgd = save(F.local_sgd_figure(recs), "local_sgd.svg") if lsgd_why is None else None
     if lsgd_why is not None:
         notes.append(lsgd_why)
     data["images"] = {k: list(v) for k, v in images.items()}
@@ -544,8 +575,12 @@ def _build(records, out: OutputDir, results_dir: str, record_dirs: dict | None, 
                                  "speedup_plot": speedup_plot[model]}
         rows = rows[: MAX_TABLE_ROWS - listed]  # over the page's budget: in report_data.json only (said below)
         if rows:
-            tables[model] = _table([(r, *_row(r)) for _, r in rows])
+            tables[model] = _table([(r, *_row(r, trend.get((r.case, r.world_size)))) for _, r in rows])
             listed += len(rows)
+    cut = sum(1 for t in trend.values() if t["runs"] > MAX_TREND_RUNS)
+    if cut:
+        notes.append(f"Trends over runs show the last {MAX_TREND_RUNS} runs of each case ({cut} case(s) have more); "
+                     f"report_data.json's trend says how many runs measured each.")
     if listed < len(final):
         notes.append(f"Tables of {listed} of {len(final)} cases ({len(tables)} of {len(models)} models) only: a page "
                      f"lists at most {MAX_TABLE_ROWS} cases; report_data.json holds every case's numbers.")
@@ -558,7 +593,8 @@ def _build(records, out: OutputDir, results_dir: str, record_dirs: dict | None, 
                      f"report_data.json's problems list every one.")
         groups = groups[:MAX_PROBLEM_GROUPS]
     _write_markdown(out, summary, groups, runs, tables, images, traces, notes)
-    img = {n: {"src": n, "w": w, "h": h} for n, (w, h) in images.items()}
+    # shown at 1.25 times their size where the window has room (12 pt text), scaled down to the window elsewhere
+    img = {n: {"src": n, "w": round(SHOWN_SCALE * w), "h": round(SHOWN_SCALE * h)} for n, (w, h) in images.items()}
 
     def shown(name, alt):
         return name and {**img[name], "alt": alt}
@@ -573,7 +609,7 @@ def _build(records, out: OutputDir, results_dir: str, record_dirs: dict | None, 
         summary=summary, n_bad=len(bad), groups=groups, runs=runs, run_keys=list(runs[0]) if runs else [],
         how_to_read=[_markup(t) for t in HOW_TO_READ], plots=plots, notes=notes,
         traces=[(f"{c}@{w}", t) for (c, w), t in traces.items()],
-        tables=[_html_table(model, t, traces, shown(speedup_plot.get(model), f"{model}: speedup over plain"))
+        tables=[_html_table(model, t, traces, shown(speedup_plot.get(model), f"{model}: speedup over plain"), trend)
                 for model, t in tables.items()])
     out.write("index.html", page)
     out.write("report_data.json",  # strict JSON: nan/inf as strings, as in records
@@ -657,14 +693,35 @@ def _markup(text: str):
     return markupsafe.Markup(text)
 
 
-def _html_table(model: str, t: dict, traces: dict, speedup) -> dict:
+# the pieces a cell with an interval never breaks inside: the value with its interval, then "not resolved (…)"
+_GROUPS = re.compile(r"\([^)]*\)|not resolved(?: \([^)]*\))?|\S+(?: \[[^\]]*\])?")
+
+
+def _html_cell(head: str, text: str, title, trend: dict | None) -> dict:
+    """One cell as the template draws it: its text (or its parts: a line may break between them, never inside),
+    class, hover reason, and the trend's sparkline (markup built by :func:`trend.sparkline_svg`, escaped there)."""
+    import markupsafe
+
+    cell = {"text": text, "title": title, "cls": None, "parts": None, "slash": False, "svg": None}
+    if head == "verdict":
+        cell["cls"] = f"verdict v-{text}"
+    elif head == "case":  # a long name may break after its "/" (model/variant) in a narrow window
+        cell.update(cls="narrow-wrap", parts=re.split(r"(?<=/)", text), slash=True)
+    elif head.endswith("[95% CI]"):  # "1.07× [0.73, 2.64] not resolved": the note under the value if need be
+        cell.update(cls="wrap", parts=_GROUPS.findall(text))
+    elif head == TREND and trend:
+        cell.update(cls="trend", svg=markupsafe.Markup(sparkline_svg(trend)))
+    return cell
+
+
+def _html_table(model: str, t: dict, traces: dict, speedup, trend: dict) -> dict:
     """A model's table as the template draws it: cells with their class and hover reason, busbw notes."""
     busbw: dict = {}
     rows = []
     for r, cells, why in t["rows"]:
-        rows.append({"bad": r.verdict in ("fail", "error"), "trace": traces.get((r.case, r.world_size)),
-                     "cells": [{"text": c, "title": why.get(h), "cls": f"verdict v-{c}" if h == "verdict" else None}
-                               for h, c in zip(t["head"], cells)]})
+        key = (r.case, r.world_size)
+        rows.append({"bad": r.verdict in ("fail", "error"), "trace": traces.get(key),
+                     "cells": [_html_cell(h, c, why.get(h), trend.get(key)) for h, c in zip(t["head"], cells)]})
         if why.get("busbw GB/s"):
             busbw.setdefault(why["busbw GB/s"], []).append(f"{r.case}@{r.world_size}")
     return {"model": model, "slug": _slug(model), "head": t["head"], "rows": rows, "notes": t["notes"],

@@ -25,8 +25,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from ..measure.stats import ratio_interval_text
-from .gate import MIN_SAMPLES, UNDECIDED, GateOptions, gate_samples, min_p_value
+from .gate import MIN_SAMPLES, UNDECIDED, GateOptions, gate_samples, min_p_value, ratio_interval_text
 from .load import Side
 from .records import ResultsFileError
 from .structure import structure_diff, structure_new

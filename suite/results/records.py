@@ -251,25 +251,29 @@ class Structure(_Part):
 
 @dataclass(frozen=True, eq=False)
 class CheckSummary(_Part):
-    """The correctness check as recorded (``suite.check.harness.CheckResult``, field for field)."""
+    """The correctness check: what ``suite.check.harness`` answers and the record keeps (one type)."""
 
     WHAT: ClassVar[str] = "check field"
 
     verdict: str  # pass | fail | n/a | error
-    reference: str = ""
-    tolerance_key: str = ""
+    reference: str = ""  # the reference's class (suite.check.reference)
+    tolerance_key: str = ""  # its row of suite.check.tolerances
     param_tol: float = 0.0
     loss_tol: float = 0.0
-    param_error: float = math.inf
-    param_error_at: str = ""
+    param_error: float = math.inf  # the worst over steps and ranks (relative)
+    param_error_at: str = ""  # the parameter where it was
     loss_error: float = math.inf
     buffer_error: float = 0.0
     ranks_identical: bool = False
     steps: int = 0
-    per_step: list = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)
-    precision: str = "float32"  # the dtype the check ran in
+    per_step: list = field(default_factory=list)  # per step: its errors, whether the ranks agreed, the worst param
+    losses: list[float] = field(default_factory=list)  # rank 0's loss at each step (the structural gate compares)
+    precision: str = "float32"  # the dtype the check ran in (float64 for BatchNorm models: check_precision)
     message: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
 
 
 _PARTS: dict[str, Any] = {"check": CheckSummary, "metrics": Metrics, "describe": Describe, "structure": Structure}

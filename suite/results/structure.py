@@ -55,7 +55,7 @@ def structure_of(describe: Mapping | None, metrics: Mapping | None, check: Mappi
     return out
 
 
-def structure_diff(base: dict, head: dict) -> list[str]:
+def structure_diff(base: Mapping, head: Mapping) -> list[str]:
     """Every difference between two structures, one readable line each (empty: identical).
 
     Only facts both sides recorded are compared: a fact one side does not record (an older revision
@@ -88,7 +88,7 @@ def structure_diff(base: dict, head: dict) -> list[str]:
     return lines
 
 
-def structure_new(base: dict, head: dict) -> list[str]:
+def structure_new(base: Mapping, head: Mapping) -> list[str]:
     """Facts recorded on one side only, one line each: reported as "new", never as a change."""
     return [f"{k}: new in HEAD" if k in head else f"{k}: recorded by BASE only"
             for k in dict.fromkeys(list(base) + list(head)) if (k in base) != (k in head)

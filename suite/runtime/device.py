@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +36,8 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["Platform", "CudaUnavailable", "require_cuda", "select_platform", "default_threads", "HostMark",
-           "MemoryWindow", "cuda_device_count", "host_available_memory", "platform_of", "bound_per_process"]
+           "MemoryWindow", "cuda_device_count", "host_available_memory", "platform_of", "bound_per_process",
+           "timed_block", "BARRIERS"]
 
 
 class CudaUnavailable(RuntimeError):
@@ -367,3 +368,33 @@ def threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(old)
+
+
+BARRIERS = ("both", "start", "none")
+
+
+def timed_block(fn: Callable[[], Any], reps: int, platform: Platform, barriers: str = "both",
+                cpu_s: list[float] | None = None) -> float:
+    """Seconds per call of ``reps`` back-to-back ``fn()`` calls, the device's queued work included (the clock
+    starts and stops after a synchronize: NCCL calls return once queued).  The one timed block of the suite
+    (``suite.measure.interleave`` re-exports it for the interleaved timings; ``fleetbench comm``'s sweep and the
+    cost model's calibration time through it too).
+
+    ``barriers``: ``"both"``, a barrier at each end and the clock read after the second (the block lasts until
+    the slowest rank is done: what the collectives cost the job); ``"start"``, the ranks start together and
+    each stops its own clock (the parent takes the slowest); ``"none"``, this rank alone.  ``cpu_s``: if given,
+    the process's CPU seconds per call over the same span are appended to it."""
+    if barriers not in BARRIERS:
+        raise ValueError(f"barriers={barriers!r}: allowed {', '.join(BARRIERS)}")
+    if barriers != "none":
+        dist.barrier()
+    c0 = time.process_time()
+    t0 = platform.now()
+    for _ in range(reps):
+        fn()
+    platform.synchronize()
+    if cpu_s is not None:
+        cpu_s.append((time.process_time() - c0) / reps)
+    if barriers == "both":
+        dist.barrier()
+    return (time.perf_counter() - t0) / reps
