@@ -405,11 +405,10 @@ def test_sigint_during_timing_keeps_the_checks_that_passed(tmp_path, capsys, fak
     """The probe: Ctrl-C while a model group was timed discarded the checks its cases had passed.  They are kept as
     ``not_run`` records with their check, and --resume times them."""
     import suite.runner
-    from suite.check.harness import CheckResult
-    from suite.results.records import read_records
+    from suite.results.records import CheckSummary, read_records
 
     monkeypatch.setattr(suite.runner.CaseRunner, "check",
-                        lambda self, rc: CheckResult("pass", reference="fake", steps=2, losses=[1.0, 0.9]))
+                        lambda self, rc: CheckSummary("pass", reference="fake", steps=2, losses=[1.0, 0.9]))
 
     def interrupted(self, *a, **k):
         raise KeyboardInterrupt
