@@ -346,9 +346,9 @@ def test_figures_draw_dollar_signs_in_names_as_text(tmp_path):
     fig = F.throughput_figure(F.latest(records), 2)
     try:
         fig.canvas.draw()
-        # what each tick label shows: (text, drawn as math?) as matplotlib decides it
-        shown = sorted(t._preprocess_math(t.get_text()) for t in fig.axes[0].get_xticklabels())
-        assert shown == sorted((r.case, False) for r in records if r.world_size == 2), shown
+        # what each tick label shows (variants on the y axis: horizontal bars): (text, drawn as math?)
+        shown = sorted(t._preprocess_math(t.get_text()) for t in fig.axes[0].get_yticklabels())
+        assert shown == sorted((r.case.split("/", 1)[1], False) for r in records if r.world_size == 2), shown
     finally:
         plt.close(fig)
 
