@@ -80,11 +80,10 @@ def add_selection(p) -> None:
     p.add_argument("--python", help="interpreter of the trial servers (default: this one)")
     add_shared(p, timeout=f"bound on each request to a trial server, seconds (default {d('timeout'):g})")
     p.add_argument("--json", action="store_true", help="print the result as JSON (for machines) instead of a table")
-    p.add_argument("--spec", metavar="FILE",
-                   help="the selection (and the run options) as a run specification (JSON, suite/run_spec.py's "
-                        "RunSpec; `fleetbench nightly` writes one for its gate) instead of the selection's options; "
-                        "--steps, --warmup ... given beside it replace the file's, and ab's own options (--threshold, "
-                        "--budget ...) come from the command line")
+    add_shared(p, spec="the selection (and the run options) as a run specification (JSON, suite/run_spec.py's "
+                       "RunSpec; `fleetbench nightly` writes one for its gate) instead of the selection's options; "
+                       "--steps, --warmup ... given beside it replace the file's, and ab's own options (--threshold, "
+                       "--budget ...) come from the command line")
 
 
 def add_parser(sub) -> None:

@@ -35,6 +35,7 @@ SHARED: dict[str, dict] = {
     "timeout": dict(type=float),
     "pg_timeout": dict(type=float, default=None),
     "cluster": dict(metavar="NxR:inter=RATE[,intra=RATE]"),  # suite.cluster.spec.ClusterSpec.parse reads it
+    "spec": dict(metavar="FILE"),  # a RunSpec as JSON (suite/run_spec.py): its selection (and options) instead
 }
 
 

@@ -88,10 +88,8 @@ def add_parser(sub) -> None:
                         "--results): the same cases, size, steps, rounds, warm-up, batch, --config and --set, taken "
                         "from its records (an option given with another value is an error), skipping the cases "
                         "already recorded for it")
-    p.add_argument("--spec", metavar="FILE",
-                   help="the run's specification as JSON (suite/run_spec.py's RunSpec; `fleetbench nightly` writes "
-                        "one): its selection and options instead of those options; --nproc picks one of its world "
-                        "sizes")
+    add_shared(p, spec="the run's specification as JSON (suite/run_spec.py's RunSpec; `fleetbench nightly` writes "
+                       "one): its selection and options instead of those options; --nproc picks one of its world sizes")
     p.add_argument("--no-utilization", action="store_true", help="do not sample CPU/GPU utilization")
     p.add_argument("--junit", metavar="FILE",
                    help="also write the verdicts as JUnit XML (CI systems' test view): one test case per case x world "
