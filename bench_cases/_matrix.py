@@ -1,11 +1,14 @@
-"""What both harnesses share: the selection (``suite/selection.py``) and the runner's options.
+"""What both harnesses share: the run specification (``suite/run_spec.py``), resolved by ``suite/selection.py``.
 
-pytest-benchmark takes its selection as ``--fleetbench-*`` options (``conftest.py``); asv runs the
-benchmarks in processes of its own and passes them no arguments, so for asv the selection comes
-from the environment.  These are the only environment variables the benchmarks read (``fleetbench
-nightly`` sets them for its asv stage):
+A harness receives a ``RunSpec``: pytest-benchmark as a file (``--fleetbench-spec FILE``), asv (which runs the
+benchmarks in processes of its own and passes them no arguments) as one variable holding its JSON,
+``FLEETBENCH_BENCH_SPEC``; ``fleetbench nightly`` hands both the spec its other stages run.  A person typing by
+hand may use the friendly per-field options instead (``conftest.py``'s ``--fleetbench-*``) or variables (below):
+they are sugar, built into the same ``RunSpec`` by one function, :func:`bench_spec`, and given with a spec they
+are an error (one or the other states the run).  These are the only environment variables the benchmarks read:
 
 ==============================  ==================================================================
+FLEETBENCH_BENCH_SPEC           the run specification as JSON (``RunSpec.to_json``); or the sugar:
 FLEETBENCH_BENCH_CASES          case names or globs, comma-separated
 FLEETBENCH_BENCH_TAGS           case tags, comma-separated (default: ``smoke``)
 FLEETBENCH_BENCH_MODELS         models, comma-separated (every case of each)
@@ -14,13 +17,13 @@ FLEETBENCH_BENCH_DEVICE         cpu | cuda (default: cuda where torch sees a GPU
 FLEETBENCH_BENCH_SIZE           full | cpu | tiny (default: the device's)
 FLEETBENCH_BENCH_CONFIG         a TOML file of strategy fields applied on top of every case
 FLEETBENCH_BENCH_SET            ``KEY=VALUE`` strategy fields, separated by ``;``
-FLEETBENCH_BENCH_ROUNDS/_STEPS  windows per process, steps per window (default: ``fleetbench run``'s, 6 / 5)
-FLEETBENCH_BENCH_PROCESSES      asv: processes whose samples are pooled (default 2)
+FLEETBENCH_BENCH_ROUNDS/_STEPS  windows per process, steps per window (default: the spec's, ``fleetbench run``'s)
+FLEETBENCH_BENCH_PROCESSES      asv: processes whose samples are pooled (default 2; asv's own, not the spec's)
 ==============================  ==================================================================
 
 An empty variable counts as unset.  A value that cannot be used is one :class:`ConfigError` naming the
-variable, the value and what is allowed (:func:`env_resolved`); pytest's options are named the same way
-(:func:`harness_message`), never as ``fleetbench run``'s ``--case``/``--set``.
+variable, the value and what is allowed (:func:`env_spec`, :func:`resolved_of`); pytest's options are named the
+same way (:func:`harness_message`), never as ``fleetbench run``'s ``--case``/``--set``.
 
 The *setup* (:func:`setup_of`: size, steps, rounds, warm-up, the strategy overrides, device) is what makes
 one benchmark's numbers comparable with another run's; the selection (which cases, which world sizes) is
@@ -37,18 +40,19 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from suite.config import ConfigError, toml_fields
-from suite.runner import RunOptions
-from suite.selection import Resolved, Selection
+from suite.run_spec import RunOptions, RunSpec, Selection
+from suite.selection import Resolved, resolve
 
-__all__ = ["split_csv", "env_selection", "env_int", "env_resolved", "make_selection", "run_options", "setup_of",
-           "setup_digest", "harness_message", "OPTION_NAMES", "STEPS", "ROUNDS", "PROCESSES"]
+__all__ = ["split_csv", "bench_spec", "env_spec", "env_int", "resolved_of", "run_options", "setup_of",
+           "default_setup", "setup_digest", "harness_message", "OPTION_NAMES", "PROCESSES", "SPEC_VAR", "SUGAR_VARS"]
 
-# Steps per timed window and windows: ``fleetbench run``'s defaults (tests/test_bench_conventions.py checks
-# that run's command line says the same).
-STEPS, ROUNDS = RunOptions.steps, RunOptions.rounds
 PROCESSES = 2  # asv: processes whose samples are pooled
+SPEC_VAR = "FLEETBENCH_BENCH_SPEC"
+SUGAR_VARS = ("FLEETBENCH_BENCH_CASES", "FLEETBENCH_BENCH_TAGS", "FLEETBENCH_BENCH_MODELS", "FLEETBENCH_BENCH_WORLDS",
+              "FLEETBENCH_BENCH_DEVICE", "FLEETBENCH_BENCH_SIZE", "FLEETBENCH_BENCH_CONFIG", "FLEETBENCH_BENCH_SET",
+              "FLEETBENCH_BENCH_ROUNDS", "FLEETBENCH_BENCH_STEPS")
 
-# The selection's options as ``fleetbench run`` (and suite/selection.py's messages) name them, and as each harness
+# The spec's options as ``fleetbench run`` (and suite/selection.py's messages) name them, and as each harness
 # does: (pytest option, asv variable).
 OPTION_NAMES = {
     "--case": ("--fleetbench-case", "FLEETBENCH_BENCH_CASES"),
@@ -58,15 +62,21 @@ OPTION_NAMES = {
     "--size": ("--fleetbench-size", "FLEETBENCH_BENCH_SIZE"),
     "--config": ("--fleetbench-config", "FLEETBENCH_BENCH_CONFIG"),
     "--set": ("--fleetbench-set", "FLEETBENCH_BENCH_SET"),
+    "--steps": ("--fleetbench-steps", "FLEETBENCH_BENCH_STEPS"),
+    "--rounds": ("--fleetbench-rounds", "FLEETBENCH_BENCH_ROUNDS"),
+    "--timeout": ("--fleetbench-timeout", "--fleetbench-timeout"),
 }
+WORLDS = ("--fleetbench-world", "FLEETBENCH_BENCH_WORLDS")  # a refused world size ("world size 0: must be ...")
 _RUN_FLAG = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, OPTION_NAMES)) + r")(?![\w-])")
 
 
 def harness_message(text: str, harness: str) -> str:
-    """A selection error as the harness's user typed it: ``--case`` becomes ``--fleetbench-case`` (``harness``
+    """An error as the harness's user typed it: ``--case`` becomes ``--fleetbench-case`` (``harness``
     "pytest") or ``FLEETBENCH_BENCH_CASES`` ("asv").  Commands quoted in backticks (``fleetbench run --list``)
     are left as they are: they are commands to run."""
     col = {"pytest": 0, "asv": 1}[harness]
+    if text.startswith("world size ") and ": must be" in text:
+        text = WORLDS[col] + text.removeprefix("world size")
     parts = text.split("`")
     for i in range(0, len(parts), 2):  # outside backticks
         parts[i] = _RUN_FLAG.sub(lambda m: OPTION_NAMES[m.group(1)][col], parts[i])
@@ -77,11 +87,15 @@ def split_csv(text: str | None, sep: str = ",") -> list[str]:
     return [t.strip() for t in (text or "").split(sep) if t.strip()]
 
 
-def make_selection(cases=(), tags=(), worlds=(), device=None, size=None, config=None, sets=(), models=()) -> Selection:
-    """The harnesses' selection: by default the smoke cases (a minute on a 2-core machine)."""
-    return Selection(cases=tuple(cases), tags=tuple(tags), models=tuple(models), worlds=tuple(worlds),
-                     device=device or None, size=size or None, config=config or None, sets=tuple(sets),
-                     default_tag="smoke")
+def bench_spec(cases=(), tags=(), models=(), worlds=(), device=None, size=None, config=None, sets=(), steps=None,
+               rounds=None, check=None, timeout=None) -> RunSpec:
+    """The one way the harnesses' friendly options become a run specification: the fields given (None, or empty:
+    the spec's default); by default the smoke cases (a minute on a 2-core machine)."""
+    run = {k: v for k, v in (("steps", steps), ("rounds", rounds), ("check", check), ("timeout", timeout))
+           if v is not None}
+    return RunSpec(Selection(cases=tuple(cases), tags=tuple(tags), models=tuple(models), worlds=tuple(worlds),
+                             device=device or None, size=size or None, config=config or None, sets=tuple(sets),
+                             default_tag="smoke"), RunOptions(**run))
 
 
 def _whole(name: str, text: str, minimum: int = 1) -> int:
@@ -101,45 +115,50 @@ def env_int(name: str, default: int, environ: Mapping[str, str] | None = None) -
     return _whole(name, text) if text else default
 
 
-def env_selection(environ: Mapping[str, str] | None = None) -> Selection:
-    """The selection the FLEETBENCH_BENCH_* variables state (see the table above)."""
-    env = (os.environ if environ is None else environ).get
+def env_spec(environ: Mapping[str, str] | None = None) -> RunSpec:
+    """The run specification of the environment: FLEETBENCH_BENCH_SPEC, or the sugar variables (see the table)."""
+    environ = os.environ if environ is None else environ
+    env = environ.get
+    text = (env(SPEC_VAR) or "").strip()
+    if text:
+        sugar = [v for v in SUGAR_VARS if (env(v) or "").strip()]
+        if sugar:
+            raise ConfigError(f"{SPEC_VAR} states the run; {', '.join(sugar)} set too: give one or the other")
+        return RunSpec.from_json(text, SPEC_VAR)
     worlds = [_whole("FLEETBENCH_BENCH_WORLDS", w) for w in split_csv(env("FLEETBENCH_BENCH_WORLDS"))]
+    steps, rounds = (env_int(f"FLEETBENCH_BENCH_{n}", 0, environ) or None for n in ("STEPS", "ROUNDS"))
     try:
-        return make_selection(split_csv(env("FLEETBENCH_BENCH_CASES")), split_csv(env("FLEETBENCH_BENCH_TAGS")),
-                              worlds, env("FLEETBENCH_BENCH_DEVICE"), env("FLEETBENCH_BENCH_SIZE"),
-                              env("FLEETBENCH_BENCH_CONFIG"), split_csv(env("FLEETBENCH_BENCH_SET"), ";"),
-                              split_csv(env("FLEETBENCH_BENCH_MODELS")))
+        return bench_spec(split_csv(env("FLEETBENCH_BENCH_CASES")), split_csv(env("FLEETBENCH_BENCH_TAGS")),
+                          split_csv(env("FLEETBENCH_BENCH_MODELS")), worlds, env("FLEETBENCH_BENCH_DEVICE"),
+                          env("FLEETBENCH_BENCH_SIZE"), env("FLEETBENCH_BENCH_CONFIG"),
+                          split_csv(env("FLEETBENCH_BENCH_SET"), ";"), steps, rounds)
     except ConfigError as exc:
         raise ConfigError(harness_message(str(exc), "asv")) from None
 
 
-def env_resolved(environ: Mapping[str, str] | None = None) -> Resolved:
-    """The FLEETBENCH_BENCH_* selection resolved; an error names the variable (never ``fleetbench run``'s
-    ``--case``): asv shows it under its own "failed to import the benchmark suite"."""
-    sel = env_selection(environ)
+def resolved_of(spec: RunSpec, harness: str) -> Resolved:
+    """The spec's selection resolved; an error names the harness's option or variable (never ``fleetbench run``'s
+    ``--case``): asv shows it under its own "failed to import the benchmark suite", pytest as a usage error."""
     try:
-        return sel.resolve()
+        return resolve(spec.selection)
     except ConfigError as exc:
-        raise ConfigError(harness_message(str(exc), "asv")) from None
+        raise ConfigError(harness_message(str(exc), harness)) from None
 
 
-def run_options(resolved: Resolved, steps: int, rounds: int, check: bool = True, timeout: float = 600.0):
-    """The runner's options for a benchmark harness, on the selection's platform and size."""
-    return RunOptions(size=resolved.size, steps=steps, rounds=rounds, check=check, timeout=timeout,
-                      device=resolved.device, backend=resolved.backend, utilization=False,
-                      baseline_overrides=resolved.selection.sets)
+def run_options(resolved: Resolved, spec: RunSpec) -> RunOptions:
+    """The runner's options for a benchmark harness: the spec's, on the selection's platform and size."""
+    return spec.run_options(resolved.size, resolved.device, resolved.backend)
 
 
-def setup_of(resolved: Resolved, steps: int, rounds: int, **more) -> dict:
+def setup_of(resolved: Resolved, run: RunOptions, **more) -> dict:
     """What a benchmark's numbers depend on besides the code and the machine: device and backend, model size,
     steps per window, windows, the engine's warm-up steps, the strategy overrides (``--fleetbench-set`` /
     FLEETBENCH_BENCH_SET, in order) and the config file's fields (None without one); ``more`` adds the
     harness's own (asv: ``processes``).  Not the selection: which cases and world sizes ran is in each
     benchmark's name."""
     sel = resolved.selection
-    return {"device": resolved.device, "backend": resolved.backend, "size": resolved.size, "steps": steps,
-            "rounds": rounds, "warmup": run_options(resolved, steps, rounds).warmup, "sets": list(sel.sets),
+    return {"device": resolved.device, "backend": resolved.backend, "size": resolved.size, "steps": run.steps,
+            "rounds": run.rounds, "warmup": run.warmup, "sets": list(sel.sets),
             "config": json.loads(json.dumps(toml_fields(sel.config), default=str)) if sel.config else None,
             **more}
 
@@ -149,7 +168,7 @@ def default_setup(resolved: Resolved, **more) -> dict:
     from suite.models import default_size
 
     base = replace(resolved, size=default_size(resolved.device), selection=Selection())
-    return setup_of(base, STEPS, ROUNDS, **more)
+    return setup_of(base, RunOptions(), **more)
 
 
 def setup_digest(setup: dict) -> str:

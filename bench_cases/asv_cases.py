@@ -14,13 +14,14 @@ rank's window over its steps), the same figure ``fleetbench run`` records.  asv 
 ``time_`` benchmark with its ``timer``; here the timer is the ranks' own clock
 (:func:`rank_clock`, advanced by each window's time), so the round trip from asv's process to
 the ranks and back is not in the samples.  ``number = 1`` (one window per sample, no
-calibration), ``repeat`` = FLEETBENCH_BENCH_ROUNDS windows per process, ``rounds`` =
+calibration), ``repeat`` = the spec's rounds (windows per process), ``rounds`` =
 FLEETBENCH_BENCH_PROCESSES processes (default 2: samples of two separate rank pools are
 pooled, so part of the between-run noise is in the spread), no warm-up loop (the engine is
 warmed up when the case is prepared).
 
-Parameters come from the selection (``suite/selection.py``) the FLEETBENCH_BENCH_* variables
-state (``_matrix.py`` lists them; default: the smoke tag at the device's default world size):
+Parameters come from the run specification of the environment (``_matrix.env_spec``:
+FLEETBENCH_BENCH_SPEC, as ``fleetbench nightly`` sets it, or the hand-typed FLEETBENCH_BENCH_* sugar;
+default: the smoke tag at the device's default world size), resolved by ``suite/selection.py``:
 case name × world size.  A (case, world size) pair the case does not run at is skipped (setup
 raises NotImplementedError with the reason, asv's way of saying "n/a").
 
@@ -28,7 +29,7 @@ The ranks (``RankPool``) and the prepared case are started on the first timed ca
 for the process (asv re-runs ``setup`` before every sample, so setup only validates);
 they run through the same runner as ``fleetbench run`` (``suite.runner``).
 
-Import reads the FLEETBENCH_BENCH_* variables and resolves the selection (asv reads ``params``
+Import reads the spec and resolves the selection (asv reads ``params``
 when it discovers the benchmarks, so they must be known then); nothing is started or written.  A
 variable it cannot use is one ConfigError naming it, its value and what is allowed.
 
@@ -42,15 +43,16 @@ setup it is the code's hash alone, what asv computed before (the history stays).
 from __future__ import annotations
 
 import atexit
+from dataclasses import replace
 
 from bench_cases import _matrix
-from bench_cases._matrix import env_int, env_resolved, run_options
+from bench_cases._matrix import env_int, env_spec, resolved_of, run_options
 
-ROUNDS = env_int("FLEETBENCH_BENCH_ROUNDS", _matrix.ROUNDS)
-STEPS = env_int("FLEETBENCH_BENCH_STEPS", _matrix.STEPS)
+SPEC = env_spec()
+ROUNDS, STEPS = SPEC.run.rounds, SPEC.run.steps
 PROCESSES = env_int("FLEETBENCH_BENCH_PROCESSES", _matrix.PROCESSES)
 
-_RESOLVED = env_resolved()
+_RESOLVED = resolved_of(SPEC, "asv")
 _PAIRS = {(rc.case.name, w): rc for rc, w in _RESOLVED.matrix()}
 _CLOCK = [0.0]  # seconds per step, summed over every window timed in this process
 _LIVE: dict = {}  # (case, world) -> (pool, prepared case)
@@ -100,10 +102,11 @@ class StepTime:
             from suite.runtime import RankPool
 
             rc = _PAIRS[key]
-            pool = RankPool(world_size, device=_RESOLVED.device, timeout=self.timeout / 2, pg_timeout=120.0)
+            # no check (asv times; `fleetbench run` judges), every call within half asv's timeout unless the spec says
+            opts = replace(run_options(_RESOLVED, SPEC), check=False, timeout=SPEC.run.timeout or self.timeout / 2)
+            pool = RankPool(world_size, device=_RESOLVED.device, timeout=opts.timeout, pg_timeout=opts.pg_timeout)
             try:
-                runner = CaseRunner(pool, world_size, run_options(_RESOLVED, STEPS, ROUNDS, check=False,
-                                                                  timeout=self.timeout / 2))
+                runner = CaseRunner(pool, world_size, opts, spec=SPEC)
                 _LIVE[key] = (pool, runner.prepare(rc))
             except BaseException:
                 pool.close()
@@ -142,5 +145,5 @@ def setup_version(setup: dict, default: dict, code_hash: str) -> str:
     return code_hash + "+" + "+".join(shown)
 
 
-StepTime.version = setup_version(_matrix.setup_of(_RESOLVED, STEPS, ROUNDS, processes=PROCESSES),
+StepTime.version = setup_version(_matrix.setup_of(_RESOLVED, SPEC.run, processes=PROCESSES),
                                  _matrix.default_setup(_RESOLVED, processes=_matrix.PROCESSES), _code_hash())

@@ -1,15 +1,17 @@
 """pytest-benchmark set-up: the case matrix as parameters, a session-scoped rank pool, machine info.
 
 Options (pytest has a command line, so no environment variable is read here; asv's are in ``_matrix.py``):
+``--fleetbench-spec FILE``, the run specification (``suite/run_spec.py``; ``fleetbench nightly`` writes one), or
+the friendly per-field options a person types, sugar built into the same spec by ``_matrix.bench_spec``:
 ``--fleetbench-case`` (name or glob, repeatable), ``--fleetbench-tag`` (default smoke), ``--fleetbench-model``,
 ``--fleetbench-world`` (repeatable; default one: 2 on CPU, every GPU on CUDA), ``--fleetbench-device``,
 ``--fleetbench-size``, ``--fleetbench-config``, ``--fleetbench-set`` (repeatable), ``--fleetbench-steps``
-(K steps per timed window), ``--fleetbench-rounds`` (timed windows; both default to ``fleetbench run``'s),
-``--fleetbench-no-check``, ``--fleetbench-timeout`` (bound on each multi-rank call, seconds).  The selection
-is resolved once (``suite/selection.py``), as ``fleetbench run`` resolves its own: a case named without
-``--fleetbench-world`` runs at the one default world size.  It is resolved when pytest is configured, so an
-option it cannot use is one ``ERROR:`` line naming the option (``--fleetbench-case``), the value and what is
-allowed, before anything is collected.
+(K steps per timed window), ``--fleetbench-rounds`` (timed windows; both default to the spec's, as
+``fleetbench run``), ``--fleetbench-no-check``, ``--fleetbench-timeout`` (bound on each multi-rank call,
+seconds; default the spec's, scaled to the model).  The selection is resolved once (``suite/selection.py``), as
+``fleetbench run`` resolves its own: a case named without ``--fleetbench-world`` runs at the one default world
+size.  It is resolved when pytest is configured, so an option it cannot use is one ``ERROR:`` line naming the
+option (``--fleetbench-case``), the value and what is allowed, before anything is collected.
 
 Each benchmark runs ``benchmark.pedantic``: a fixed number of rounds (``--fleetbench-rounds``, or
 ``--benchmark-min-rounds`` when only that is given), no calibration, no warm-up rounds (the engine is warmed
@@ -30,11 +32,9 @@ so only cases that share a baseline are compared side by side.  The unit, one tr
 """
 from __future__ import annotations
 
-import math
-
 import pytest
 
-from bench_cases._matrix import ROUNDS, STEPS, harness_message, make_selection, setup_of
+from bench_cases._matrix import bench_spec, harness_message, resolved_of, setup_of
 
 
 def what_a_round_is(k: int | str) -> str:
@@ -57,6 +57,7 @@ class Timed:
 
 _TIMED = pytest.StashKey[Timed]()
 _RESOLVED = pytest.StashKey[object]()
+_SPEC = pytest.StashKey[object]()
 _ROUNDS = pytest.StashKey[int]()
 _PARSER: list = []  # pytest's parser, for the defaults of pytest-benchmark's options
 
@@ -88,27 +89,63 @@ def pytest_addoption(parser):
     g.addoption("--fleetbench-config", help="TOML file of strategy fields applied on top of every case")
     g.addoption("--fleetbench-set", action="append", default=[], metavar="KEY=VALUE",
                 help="a strategy field applied on top of every case (repeatable)")
-    g.addoption("--fleetbench-steps", type=int, default=STEPS,
-                help=f"steps per timed window (default {STEPS}, as fleetbench run)")
-    g.addoption("--fleetbench-rounds", type=int, default=ROUNDS,
-                help=f"timed windows, pytest-benchmark's rounds (default {ROUNDS}, as fleetbench run)")
+    g.addoption("--fleetbench-steps", type=int, help="steps per timed window (default: the spec's, as fleetbench run)")
+    g.addoption("--fleetbench-rounds", type=int,
+                help="timed windows, pytest-benchmark's rounds (default: the spec's, as fleetbench run)")
     g.addoption("--fleetbench-no-check", action="store_true", help="skip the correctness verdict")
-    g.addoption("--fleetbench-timeout", type=float, default=600.0, help="bound on each multi-rank call, seconds")
+    g.addoption("--fleetbench-timeout", type=float,
+                help="bound on each multi-rank call, seconds (default: the spec's, scaled to the model)")
+    g.addoption("--fleetbench-spec", metavar="FILE",
+                help="the run specification as JSON (suite/run_spec.py; `fleetbench nightly` writes one) instead of "
+                     "the options above")
 
 
-def resolved(config):
-    """The selection of the options, resolved once per session; an error is a UsageError naming the option."""
-    if _RESOLVED not in config.stash:
+SUGAR = ("case", "tag", "model", "world", "device", "size", "config", "set", "steps", "rounds", "no_check",
+         "timeout")
+
+
+def spec_of(config):
+    """The session's run specification: --fleetbench-spec FILE, or the friendly options through
+    ``_matrix.bench_spec`` (the one function that builds it from them); an error is a UsageError naming the
+    option."""
+    if _SPEC not in config.stash:
         from suite.config import ConfigError
+        from suite.outputs import InputError, read_input
+        from suite.run_spec import RunSpec
 
         opt = config.getoption
         try:
-            sel = make_selection(opt("fleetbench_case"), opt("fleetbench_tag"), opt("fleetbench_world"),
-                                 opt("fleetbench_device"), opt("fleetbench_size"), opt("fleetbench_config"),
-                                 opt("fleetbench_set"), opt("fleetbench_model"))
-            config.stash[_RESOLVED] = sel.resolve()
+            if opt("fleetbench_spec"):
+                given = [f"--fleetbench-{n.replace('_', '-')}" for n in SUGAR if opt(f"fleetbench_{n}") not in
+                         (None, False, [])]
+                if given:
+                    raise ConfigError(f"--fleetbench-spec states the run; {', '.join(given)} given too")
+                try:
+                    text = read_input(opt("fleetbench_spec"), "run specification (JSON)", 2**20)
+                except InputError as exc:
+                    raise ConfigError(f"--fleetbench-spec: {exc}") from None
+                config.stash[_SPEC] = RunSpec.from_json(text, f"--fleetbench-spec {opt('fleetbench_spec')}")
+            else:
+                config.stash[_SPEC] = bench_spec(
+                    opt("fleetbench_case"), opt("fleetbench_tag"), opt("fleetbench_model"), opt("fleetbench_world"),
+                    opt("fleetbench_device"), opt("fleetbench_size"), opt("fleetbench_config"), opt("fleetbench_set"),
+                    opt("fleetbench_steps"), opt("fleetbench_rounds"), False if opt("fleetbench_no_check") else None,
+                    opt("fleetbench_timeout"))
         except ConfigError as exc:
             raise pytest.UsageError(harness_message(str(exc), "pytest")) from None
+    return config.stash[_SPEC]
+
+
+def resolved(config):
+    """The spec's selection, resolved once per session; an error is a UsageError naming the option."""
+    if _RESOLVED not in config.stash:
+        from suite.config import ConfigError
+
+        spec = spec_of(config)
+        try:
+            config.stash[_RESOLVED] = resolved_of(spec, "pytest")
+        except ConfigError as exc:
+            raise pytest.UsageError(str(exc)) from None
     return config.stash[_RESOLVED]
 
 
@@ -118,29 +155,16 @@ def _defaults() -> dict:
 
 
 def _rounds(config) -> int:
-    """The timed windows: --fleetbench-rounds, or --benchmark-min-rounds when only that one is given."""
-    rounds = config.getoption("fleetbench_rounds")
+    """The timed windows: the spec's (--fleetbench-rounds), or --benchmark-min-rounds when only that one is given."""
+    rounds = spec_of(config).run.rounds
     asked = config.getoption("benchmark_min_rounds", None)
     default = _defaults().get("benchmark_min_rounds", asked)
     if asked is None or asked == default or asked == rounds:
         return rounds
-    if rounds != ROUNDS:
+    if config.getoption("fleetbench_rounds") is not None or config.getoption("fleetbench_spec"):
         raise pytest.UsageError(f"--benchmark-min-rounds={asked} and --fleetbench-rounds {rounds}: both set the "
                                 f"timed windows (rounds); give one")
     return asked
-
-
-def _check_numbers(config) -> None:
-    opt = config.getoption
-    bad = [f"--fleetbench-world {w}: must be a whole number >= 1" for w in opt("fleetbench_world") if w < 1]
-    for name in ("steps", "rounds"):
-        if opt(f"fleetbench_{name}") < 1:
-            bad.append(f"--fleetbench-{name} {opt(f'fleetbench_{name}')}: must be a whole number >= 1")
-    timeout = opt("fleetbench_timeout")
-    if not (math.isfinite(timeout) and timeout > 0):
-        bad.append(f"--fleetbench-timeout {timeout:g}: must be a finite number > 0 (seconds)")
-    if bad:
-        raise pytest.UsageError(bad[0])
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -149,7 +173,6 @@ def pytest_configure(config):
     compares against a saved run): an option it cannot use is one line, not a collection traceback."""
     if config.getoption("help", False) or config.getoption("version", False):
         return
-    _check_numbers(config)
     config.stash[_ROUNDS] = _rounds(config)
     resolved(config)
 
@@ -172,13 +195,15 @@ def ignored_options(config) -> list[str]:
 
 def session_setup(config) -> dict:
     """This session's setup (``_matrix.setup_of``): what its numbers depend on besides code and machine."""
-    return setup_of(resolved(config), config.getoption("fleetbench_steps"), rounds_of(config))
+    from dataclasses import replace
+
+    return setup_of(resolved(config), replace(spec_of(config).run, rounds=rounds_of(config)))
 
 
 def pytest_report_header(config):
     rc = resolved(config)
     return (f"fleetbench: {rc.device} ({rc.backend}), size {rc.size}; each benchmark's rounds: {rounds_of(config)} "
-            f"timed windows of {config.getoption('fleetbench_steps')} steps (benchmark.pedantic), timed by the ranks' "
+            f"timed windows of {spec_of(config).run.steps} steps (benchmark.pedantic), timed by the ranks' "
             f"clock (rank_clock), whatever pytest-benchmark's defaults above say")
 
 
@@ -232,20 +257,27 @@ class _Pools:
         if self.pool is not None and self.pool.nproc != world:
             self.close()
         if self.pool is None:
-            self.pool = RankPool(world, device=resolved(self.config).device,
-                                 timeout=self.config.getoption("fleetbench_timeout"), pg_timeout=120.0)
+            from suite.runner import BASE_TIMEOUT_S  # a call's bound given none (the runner bounds each call itself)
+
+            opts = self.options()
+            self.pool = RankPool(world, device=resolved(self.config).device, timeout=opts.timeout or BASE_TIMEOUT_S,
+                                 pg_timeout=opts.pg_timeout)
         return self.pool
 
-    def runner(self, world: int):
+    def options(self):
+        """The runner's options: the spec's, on the resolved platform, with the session's rounds."""
+        from dataclasses import replace
+
         from bench_cases._matrix import run_options
+
+        return replace(run_options(resolved(self.config), spec_of(self.config)), rounds=rounds_of(self.config))
+
+    def runner(self, world: int):
         from suite.runner import CaseRunner
 
         pool = self.get(world)
         if self._runner is None or self._runner.launcher is not pool:
-            opt = self.config.getoption
-            opts = run_options(resolved(self.config), opt("fleetbench_steps"), rounds_of(self.config),
-                               check=not opt("fleetbench_no_check"), timeout=opt("fleetbench_timeout"))
-            self._runner = CaseRunner(pool, world, opts)
+            self._runner = CaseRunner(pool, world, self.options(), spec=spec_of(self.config))
         return self._runner
 
     def close(self):

@@ -7,8 +7,8 @@ default: the default config is plain data parallel (one allreduce per parameter
 gradient after backward, each waited on at once, averaged).
 
 Each field carries its type (``Literal[...]`` for a choice), its range and a one-line help
-next to it (:func:`knob`); types are read with :func:`typing.get_type_hints`, so any
-spelling of a type works (``int | None`` as well as ``Optional[int]``).
+next to it (:func:`knob`), read and checked by ``suite/validate.py`` (the one validation of the knobs, the run
+specification and the records).
 
 A config is validated on construction: every error names the field, the value and
 what is allowed.  The part that depends on the world size (the hierarchical split)
@@ -26,8 +26,6 @@ import json
 import math
 import os
 import tomllib
-import types
-import typing
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -41,6 +39,8 @@ from .paddle_names import (
     PADDLE_UNIMPLEMENTED,
     TABLE_ALIASES,
 )
+from .validate import FieldSpec, Invalid, check_fields, field_specs
+from .validate import spec as field_with_spec
 
 __all__ = ["StrategyConfig", "ConfigError", "PRESETS", "PADDLE_FIELDS", "PADDLE_UNIMPLEMENTED", "toml_fields",
            "check_overrides", "knob", "FieldSpec", "field_specs", "to_toml"]
@@ -56,14 +56,13 @@ class ConfigError(ValueError):
 
 def knob(default: Any, help: str, *, ge: float | None = None, gt: float | None = None,
          le: float | None = None, allow_inf: bool = False, only: str | None = None) -> Any:
-    """A StrategyConfig field: its default, one line of help and its numeric range.
+    """A StrategyConfig field: its default, one line of help and its numeric range (:func:`suite.validate.spec`).
 
     ``ge``/``gt`` are the lower bound (inclusive/exclusive), ``le`` the inclusive upper one;
     ``allow_inf`` lets a float field be ``inf`` (otherwise refused as out of range); ``only``: the
     one command that reads the knob (:meth:`StrategyConfig.refuse_unused`: others refuse it set).
     """
-    return dataclasses.field(default=default, metadata={"help": help, "ge": ge, "gt": gt, "le": le,
-                                                        "allow_inf": allow_inf, "only": only})
+    return field_with_spec(default, help, ge=ge, gt=gt, le=le, allow_inf=allow_inf, only=only)
 
 
 READER = "figures reader"  # the command that reads the reader knobs
@@ -168,8 +167,7 @@ class StrategyConfig:
                                      " PyTorch's default off)")
 
     def __post_init__(self) -> None:
-        _check_types(self)
-        _check_choices_and_ranges(self)
+        _check_fields(self)
         _check_combinations(self)
 
     # ---- construction -------------------------------------------------------------
@@ -301,73 +299,7 @@ class StrategyConfig:
                 )
 
 
-# ---- field specs: type, choices, range, help, read from the class -----------------------
-
-_SCALARS = (bool, int, float, str)
-
-
-@dataclass(frozen=True)
-class FieldSpec:
-    """What one field accepts, read from its annotation and its :func:`knob` metadata."""
-
-    name: str
-    type: type  # bool, int, float or str
-    optional: bool  # None allowed
-    choices: tuple | None  # from Literal[...]
-    default: Any
-    help: str
-    ge: float | None = None
-    gt: float | None = None
-    le: float | None = None
-    allow_inf: bool = False
-
-    def allowed(self) -> str:
-        """What the field accepts, in words: ``'off' | 'bf16' | 'fp16'``, ``int >= 1, <= 16``, ``bool | None``."""
-        if self.choices is not None:
-            text = " | ".join(map(repr, self.choices))
-        else:
-            text = " ".join([self.type.__name__, ", ".join(self.bounds())]).strip()
-            if self.allow_inf:
-                text += ", inf"
-        return text + (" | None" if self.optional else "")
-
-    def bounds(self) -> list[str]:
-        out = []
-        if self.ge is not None:
-            out.append(f">= {self.ge}")
-        if self.gt is not None:
-            out.append(f"> {self.gt}")
-        if self.le is not None:
-            out.append(f"<= {self.le}")
-        return out
-
-
-def field_specs(cls: type) -> dict[str, FieldSpec]:
-    """Each dataclass field's :class:`FieldSpec`, types resolved with :func:`typing.get_type_hints`."""
-    hints = typing.get_type_hints(cls)
-    out = {}
-    for f in fields(cls):
-        hint, optional = hints[f.name], False
-        if typing.get_origin(hint) in (typing.Union, types.UnionType):
-            members = typing.get_args(hint)
-            rest = [m for m in members if m is not type(None)]
-            optional = len(rest) < len(members)
-            if len(rest) != 1:
-                raise TypeError(f"{cls.__name__}.{f.name}: {hint} is not one type (or one type | None)")
-            hint = rest[0]
-        choices = None
-        if typing.get_origin(hint) is Literal:
-            choices = typing.get_args(hint)
-            hint = type(choices[0])
-            if any(type(c) is not hint for c in choices):
-                raise TypeError(f"{cls.__name__}.{f.name}: the choices of a Literal must be of one type")
-        if hint not in _SCALARS:
-            raise TypeError(f"{cls.__name__}.{f.name}: type {hint!r}; fields are bool, int, float, str or a Literal")
-        meta = f.metadata
-        out[f.name] = FieldSpec(f.name, hint, optional, choices, f.default, meta.get("help", ""), meta.get("ge"),
-                                meta.get("gt"), meta.get("le"), bool(meta.get("allow_inf")))
-    return out
-
+# ---- field specs: type, choices, range, help, read from the class (suite/validate.py) ------------
 
 _SPECS: dict[str, FieldSpec] = field_specs(StrategyConfig)
 _FIELDS = {f.name: f for f in fields(StrategyConfig)}
@@ -585,61 +517,20 @@ def _parse_set_value(key: str, raw: str) -> Any:
 
 # ---- validation ------------------------------------------------------------------------------
 
-def _checked_type(name: str, value: Any) -> Any:
-    """``value`` of field ``name`` if of its type (an int for a float field as a float), else a ConfigError."""
-    spec = _SPECS[name]
-    typ = spec.type
-    if value is None:
-        if spec.optional:
-            return value
-        raise ConfigError(f"{name}=None: a value is required ({typ.__name__})")
-    if spec.choices is not None:
-        return value  # checked against the choices
-    if typ is bool:
-        ok = isinstance(value, bool)
-    elif typ is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif typ is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if ok and not isinstance(value, float):
-            value = float(value)
-        if ok and math.isnan(value):
-            raise ConfigError(f"{name}=nan: a number is required")
-    else:
-        ok = isinstance(value, typ)
-    if not ok:
-        raise ConfigError(f"{name}={value!r}: expected {typ.__name__}, got {type(value).__name__}")
-    return value
+def _checked(name: str, value: Any) -> Any:
+    """``value`` of field ``name`` as the config keeps it (an int for a float field as a float), else a ConfigError
+    naming the field, the value and what is allowed (:meth:`suite.validate.FieldSpec.check`)."""
+    try:
+        return _SPECS[name].check(value)
+    except Invalid as exc:
+        raise ConfigError(str(exc)) from None
 
 
-def _check_range(name: str, value: Any) -> None:
-    """A ConfigError when ``value`` (of the field's type) is not among field ``name``'s choices or in its range."""
-    spec = _SPECS[name]
-    if value is None:
-        return
-    if spec.choices is not None:
-        if not any(_same(value, c) for c in spec.choices):
-            raise ConfigError(f"{name}={value!r}: allowed values are {', '.join(map(repr, spec.choices))}")
-        return
-    if spec.type not in (int, float):
-        return
-    below = (spec.ge is not None and value < spec.ge) or (spec.gt is not None and value <= spec.gt)
-    above = spec.le is not None and value > spec.le
-    if below or above or (isinstance(value, float) and math.isinf(value) and not spec.allow_inf):
-        raise ConfigError(f"{name}={value!r}: out of range, allowed {' and '.join(spec.bounds())}")
-
-
-def _check_types(cfg: StrategyConfig) -> None:
-    for name in _SPECS:
-        value = getattr(cfg, name)
-        checked = _checked_type(name, value)
-        if checked is not value:
-            object.__setattr__(cfg, name, checked)
-
-
-def _check_choices_and_ranges(cfg: StrategyConfig) -> None:
-    for name in _SPECS:
-        _check_range(name, getattr(cfg, name))
+def _check_fields(cfg: StrategyConfig) -> None:
+    try:
+        check_fields(cfg)
+    except Invalid as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def machine_problem(name: str, value: Any) -> str | None:
@@ -665,7 +556,7 @@ def check_overrides(assignments: list[str]) -> None:
         key, raw = (part.strip() for part in item.split("=", 1))
         try:
             for name, value in _canonical_keys({key: _parse_set_value(key, raw)}).items():
-                _check_range(name, _checked_type(name, value))
+                _checked(name, value)
                 if why := machine_problem(name, value):
                     raise ConfigError(why)
         except ConfigError as exc:

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from .run_spec import SIZES  # the sizes every model is built at (suite.models; `--size`), stated with the run's options
+
 __all__ = ["DATA_KINDS", "SIZES", "RegistryModel", "REGISTRY", "SMALL_MODELS", "PUBLISHED_MODELS", "is_user_ref"]
 
 # What the synthetic data is; it decides which variants apply to a model (suite.cases).
 DATA_KINDS = ("images", "tokens", "masked_tokens", "other")
-
-# The sizes every model is built at (suite.models; `--size`).
-SIZES = ("full", "cpu", "tiny")
 
 
 class RegistryModel(NamedTuple):

@@ -3,8 +3,8 @@
 ``fleetbench run``, pytest-benchmark (``bench_cases/test_cases.py``) and asv
 (``bench_cases/asv_cases.py``) all run cases through :class:`CaseRunner`:
 
-    runner = CaseRunner(launcher, world, RunOptions(size="cpu"))
-    for records in runner.run(resolve_cases(...)):     # one model at a time
+    runner = CaseRunner(launcher, world, spec.run_options(size, device, backend))   # suite/run_spec.py
+    for records in runner.run(resolved.at[world]):     # one model at a time (suite/selection.py)
         ...                                           # check each case, time them interleaved with
                                                       # the model's baseline, one CaseRecord per case
 
@@ -43,7 +43,6 @@ from .cases import BASELINE, Case
 from .check.harness import CANNOT_JUDGE, run_check
 from .config import StrategyConfig
 from .measure.metadata import collect
-from .measure.stats import RUN_ROUNDS_FOR_95
 from .measure.summary import COMPUTE_ONLY, Timed, summarize
 from .measure.timing import drop_case, prepare_case, prepared_result, run_window, time_on_rank
 from .measure.trace import trace_on_rank
@@ -53,53 +52,17 @@ from .outputs import OutputDir, safe_name
 from .report.trace import chrome_trace
 from .results.records import CaseRecord, CheckSummary, Structure
 from .results.structure import structure_of
+from .run_spec import ResolvedCase, RunOptions, RunSpec
 from .runtime.context import current
 from .runtime.pool import RankError
 from .runtime.torchrun import rebuild_world_on_rank
 from .workload import WorkloadSpec
 
-__all__ = ["RunOptions", "ResolvedCase", "CaseRunner", "PreparedCase", "Progress", "new_run_id", "short_error",
+__all__ = ["CaseRunner", "PreparedCase", "Progress", "new_run_id", "short_error",
            "Interrupted", "backend_lacks", "unused_parameters"]
 
 Checked = CheckSummary | Exception | None  # a check's verdict, the error that stopped it, or no check
 Outcome = Timed | Exception | None  # a timing's metrics and describe, the error that stopped it, or nothing
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """How cases are run; the CLI's options, typed (argparse stays in ``suite.cli``)."""
-
-    size: str = "cpu"
-    per_rank_batch: int | None = None  # None: each model's own at ``size``
-    steps: int = 5  # steps per timed window
-    rounds: int = RUN_ROUNDS_FOR_95  # interleaved timed rounds (6: the fewest whose speedup interval covers 95%)
-    warmup: int = 2  # warm-up steps per case, not recorded
-    check: bool = True
-    check_steps: int = 3
-    timeout: float | None = None  # bound on every multi-rank call, seconds (None: scaled, CaseRunner.call_timeout)
-    trace_steps: int = 0  # traced steps per case after timing (0: no trace)
-    utilization: bool = True
-    device: str | None = None  # "cpu" | "cuda" (what the ranks run on; None: the platform's choice)
-    backend: str = ""  # "gloo" | "nccl", recorded
-    baseline_overrides: tuple = ()  # the run's --set assignments, applied to the baseline too
-    results_dir: str = "results"  # traces go to results_dir/traces/RUN_ID/
-    memory_budget: int | None = None  # bytes all ranks' engines may hold at once (None: probed on every rank)
-    baseline: str = BASELINE  # the variant every timing group carries, the speedups' reference (figures: "ddp")
-
-
-@dataclass(frozen=True)
-class ResolvedCase:
-    """A selected case with its validated config; ``skip`` says why it cannot run at this world size; ``plan``:
-    what its gradient sync will do there (``suite.comm.buckets.CommPlan``, None where it buckets nothing),
-    compared with what the engine built when the case is recorded."""
-
-    case: Case
-    config: StrategyConfig
-    skip: str | None = None
-    plan: Any = None
-
-    def __post_init__(self) -> None:
-        self.config.refuse_unused("run")  # run, ab, nightly and the benchmark harnesses all run cases here
 
 
 @dataclass(frozen=True)
@@ -253,8 +216,10 @@ class PreparedCase:
 class CaseRunner:
     def __init__(self, launcher: Any, world: int, opts: RunOptions, run_id: str | None = None,
                  metadata: dict | None = None, say: Callable[[str], None] | None = None,
-                 reporter: bool = True, on_progress: Callable[[Progress], None] | None = None):
+                 reporter: bool = True, on_progress: Callable[[Progress], None] | None = None,
+                 spec: RunSpec | None = None):
         self.launcher = launcher
+        self.spec = spec  # the run's specification as it runs, kept in every record (schema 4; `run --resume`)
         self.on_progress = on_progress
         self._checks = [0, 0]  # cases checked, cases to check (set by run())
         self.world = world
@@ -313,6 +278,12 @@ class CaseRunner:
             self._allowance[model] = step_allowance_s(model, self.opts.size, self.opts.device)
         return BASE_TIMEOUT_S + steps * variants * self._allowance[model]
 
+    @property
+    def baseline(self) -> str:
+        """The variant every timing group carries, the speedups' reference: the options' (figures: "ddp"), else the
+        model's baseline case (``suite.cases.BASELINE``)."""
+        return self.opts.baseline or BASELINE
+
     def baseline_config(self) -> StrategyConfig:
         return StrategyConfig().with_overrides(list(self.opts.baseline_overrides))
 
@@ -361,7 +332,7 @@ class CaseRunner:
         probed, on every host: GPU memory on CUDA, host RAM shared by the local ranks on CPU), and under
         torchrun rank 0's plan is sent to every rank (``TorchrunLauncher.share``), so ranks on hosts with
         different free memory still build the same engines and issue collectives in the same order."""
-        head = [self.opts.baseline] + [COMPUTE_ONLY for rc in rcs if rc.case.variant == COMPUTE_ONLY][:1]
+        head = [self.baseline] + [COMPUTE_ONLY for rc in rcs if rc.case.variant == COMPUTE_ONLY][:1]
         names = [rc.case.variant for rc in rcs if rc.case.variant not in head]
         if self.opts.memory_budget:
             budget = self.opts.memory_budget // self.world
@@ -400,7 +371,7 @@ class CaseRunner:
         if answers is None:  # a non-reporting torchrun rank
             return {}
         out = summarize(answers, names, self.per_rank_batch(case) * self.world, self.opts.steps, self.world,
-                        baseline=self.opts.baseline)
+                        baseline=self.baseline)
         # the machine's state beside the timing (busy_reason), and the utilization the variants shared
         extra: dict[str, Any] = dict(load_avg_start=load_start, load_avg_end=load_end, cpu_cores=os.cpu_count())
         if util is not None and self.reporter:
@@ -451,7 +422,7 @@ class CaseRunner:
                 self.recover(exc)
                 why = f"interleaved timing of {len(names)} variants failed ({self.brief(exc)})"
                 self.say(f"      {why}; timing each case alone with the baseline")
-            baseline = self.opts.baseline
+            baseline = self.baseline
             for n in names:
                 if n == baseline and baseline in out:
                     continue
@@ -487,7 +458,7 @@ class CaseRunner:
         return CaseRecord(rc.case.name, rc.case.model, self.world, rc.config.to_dict(), self.run_id,
                           tags=list(rc.case.tags), timestamp=_now(), size=self.opts.size,
                           backend=self.opts.backend, device=_device_label(self.metadata, self.opts.device),
-                          metadata=self.metadata)
+                          metadata=self.metadata, spec=self.spec)
 
     def skipped(self, rc: ResolvedCase) -> CaseRecord:
         rec = self._base_record(rc)

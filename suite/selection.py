@@ -1,7 +1,7 @@
-"""The selection: which cases, at which world sizes, with which configs, on which platform.
+"""The selection resolved: which cases, at which world sizes, with which configs, on which platform.
 
-One typed, frozen :class:`Selection` (what a command's options say) resolved once
-(:meth:`Selection.resolve`) into :class:`Resolved`: the platform, the model size, the world
+The typed, frozen ``Selection`` (what a command's options say; ``suite/run_spec.py``) resolved once
+(:func:`resolve`) into :class:`Resolved`: the platform, the model size, the world
 sizes and, per world size, every selected case with its validated config (or why it is skipped
 there).  ``fleetbench run``, ``ab`` (and its trial servers), ``nightly``, pytest-benchmark and asv
 (``bench_cases/``) all select through here; argparse stays in ``suite/cli``.
@@ -26,13 +26,12 @@ from .cases import CASES, Case, cases_for_model, select_cases
 from .comm.buckets import CommPlan, comm_plan, sized_bucket_mb
 from .comm.factory import uses_buckets
 from .config import ConfigError, StrategyConfig, check_overrides, toml_fields
-from .models import MODELS, SIZES, ModelError, default_size, model_info
-from .runner import ResolvedCase
+from .models import MODELS, ModelError, default_size, model_info
+from .run_spec import DEVICES, ResolvedCase, Selection
 
-__all__ = ["Selection", "Resolved", "choose_platform", "default_worlds", "resolve_at", "SIZES", "DEVICES",
-           "case_fields", "plan_case"]
+__all__ = ["resolve", "base_cases", "Resolved", "choose_platform", "default_worlds", "resolve_at", "case_fields",
+           "plan_case"]
 
-DEVICES = ("cpu", "cuda")
 CPU_WORLD = 2  # the default world size on CPU
 
 
@@ -89,63 +88,36 @@ def _pool(models: tuple[str, ...], size: str) -> list[Case]:
     return pool
 
 
-@dataclass(frozen=True)
-class Selection:
-    """What to run, as a command's options say it (nothing resolved yet).
+def base_cases(sel: Selection, size: str) -> list[Case]:
+    """The selected cases of the registry (and of user models), before any world size."""
+    tags = list(sel.tags) or ([] if (sel.cases or sel.models) else [sel.default_tag])
+    try:
+        out = select_cases(list(sel.cases), tags, list(sel.models), cases=_pool(sel.models, size))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if not out:
+        raise ConfigError("no case matches the selection (--case/--tag/--model); `fleetbench run --list --tag "
+                          "nightly-cpu` shows the cases")
+    return out
 
-    ``cases`` are names or globs, ``tags`` and ``models`` select as ``fleetbench run`` does (with
-    none of the three: ``default_tag``); ``worlds`` empty means the device's default; ``device``
-    None means CUDA where there is a GPU; ``size`` None the device's default; ``config`` a TOML
-    file and ``sets`` ``KEY=VALUE`` overrides applied on top of every case."""
 
-    cases: tuple[str, ...] = ()
-    tags: tuple[str, ...] = ()
-    models: tuple[str, ...] = ()
-    size: str | None = None
-    worlds: tuple[int, ...] = ()
-    device: str | None = None
-    config: str | None = None
-    sets: tuple[str, ...] = ()
-    default_tag: str = "default"
+def resolve(sel: Selection, world: int | None = None, local_world: int | None = None, probe: bool = True
+            ) -> Resolved:
+    """Platform, size, world sizes and every case's config at each, all validated (no rank started).
 
-    def __post_init__(self) -> None:
-        for name in ("cases", "tags", "models"):  # "a,b" is two, as figures' --cases takes them
-            object.__setattr__(self, name, tuple(p.strip() for v in getattr(self, name) for p in v.split(",")
-                                                 if p.strip()))
-        if self.size is not None and self.size not in SIZES:
-            raise ConfigError(f"--size {self.size!r}: allowed values are {', '.join(SIZES)}")
-        for w in self.worlds:
-            if isinstance(w, bool) or not isinstance(w, int) or w < 1:
-                raise ConfigError(f"world size {w!r}: must be a whole number >= 1")
-
-    def base_cases(self, size: str) -> list[Case]:
-        """The selected cases of the registry (and of user models), before any world size."""
-        tags = list(self.tags) or ([] if (self.cases or self.models) else [self.default_tag])
-        try:
-            out = select_cases(list(self.cases), tags, list(self.models), cases=_pool(self.models, size))
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        if not out:
-            raise ConfigError("no case matches the selection (--case/--tag/--model); `fleetbench run --list --tag "
-                              "nightly-cpu` shows the cases")
-        return out
-
-    def resolve(self, world: int | None = None, local_world: int | None = None, probe: bool = True) -> Resolved:
-        """Platform, size, world sizes and every case's config at each, all validated (no rank started).
-
-        ``world`` (a launcher's own, e.g. ``--nproc`` or torchrun's) replaces ``worlds``; ``local_world``
-        is torchrun's LOCAL_WORLD_SIZE (the hierarchy's nodes are then the real machines)."""
-        worlds = (world,) if world is not None else self.worlds
-        device, backend = choose_platform(self.device, local_world or max(worlds or (1,)) if probe else 1, probe)
-        worlds = worlds or default_worlds(device)
-        size = self.size or default_size(device)
-        base = self.base_cases(size)
-        at = {w: resolve_at(self, base, w, local_world, size) for w in worlds}
-        for w, rcs in at.items():
-            if all(rc.skip for rc in rcs):
-                why = "; ".join(sorted({rc.skip for rc in rcs if rc.skip}))
-                raise ConfigError(f"world size {w}: no selected case can run at it ({why})")
-        return Resolved(self, device, backend, size, tuple(worlds), at)
+    ``world`` (a launcher's own, e.g. ``--nproc`` or torchrun's) replaces ``sel.worlds``; ``local_world``
+    is torchrun's LOCAL_WORLD_SIZE (the hierarchy's nodes are then the real machines)."""
+    worlds = (world,) if world is not None else sel.worlds
+    device, backend = choose_platform(sel.device, local_world or max(worlds or (1,)) if probe else 1, probe)
+    worlds = worlds or default_worlds(device)
+    size = sel.size or default_size(device)
+    base = base_cases(sel, size)
+    at = {w: resolve_at(sel, base, w, local_world, size) for w in worlds}
+    for w, rcs in at.items():
+        if all(rc.skip for rc in rcs):
+            why = "; ".join(sorted({rc.skip for rc in rcs if rc.skip}))
+            raise ConfigError(f"world size {w}: no selected case can run at it ({why})")
+    return Resolved(sel, device, backend, size, tuple(worlds), at)
 
 
 def case_fields(case: Case, size: str) -> dict:

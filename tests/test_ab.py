@@ -267,8 +267,9 @@ def test_the_client_refuses_a_server_of_another_protocol_version(tmp_path):
 
 def test_the_client_refuses_a_server_that_imported_suite_from_elsewhere(tmp_path):
     from suite.ab.client import TrialError, TrialServer
+    from suite.ab.protocol import VERSION
 
-    root = _fake_server(tmp_path, json.dumps({"protocol": "fleetbench-trial", "version": 1,
+    root = _fake_server(tmp_path, json.dumps({"protocol": "fleetbench-trial", "version": VERSION,
                                               "suite": os.path.join(REPO, "suite", "__init__.py")}))
     with pytest.raises(TrialError, match="PYTHONPATH did not win"):
         TrialServer(str(root), "HEAD", start_timeout=60)
@@ -294,10 +295,12 @@ def test_a_trial_server_prepares_times_and_records_a_case_through_the_runner():
     """This tree's trial server end to end, without timing asserted: a case prepared with injected busy work (the
     prepared case's own option), a trial after a discarded step, the structure's record, the case closed."""
     from suite.ab.client import TrialServer
+    from suite.run_spec import RunOptions, RunSpec, Selection
 
+    spec = RunSpec(Selection(cases=("mlp/plain",), size="tiny", worlds=(2,)), RunOptions(warmup=1, check=False))
     with TrialServer(REPO, "A", nproc=2, timeout=300) as srv:
         srv.request("start")
-        key = srv.request("prepare", case="mlp/plain", size="tiny", warmup=1, check=False, inject=0.5)["key"]
+        key = srv.request("prepare", case="mlp/plain", spec=spec.to_dict(), inject=0.5)["key"]
         trial = srv.request("trial", key=key, steps=2, warmup=1)
         assert trial["step_s"] > 0 and len(trial["step_times_s"]) == 2 and len(trial["losses"]) == 2, trial
         record = srv.request("structure", key=key)["record"]
@@ -421,22 +424,29 @@ class _FakeServer:
         return {}
 
 
+def _ab_spec(seq):
+    """The run specification a comparison at world size 2 takes, with these statistics."""
+    from suite.run_spec import AbOptions, RunSpec, Selection
+
+    return RunSpec(Selection(worlds=(2,)), ab=AbOptions(seq=seq))
+
+
 def test_rotation_prepares_the_case_afresh_every_n_blocks_and_keeps_the_first_records():
     """compare_case with --rotate 3: after every 3 blocks each side's preparation is closed and a new one made
     without the check; the structure the gate compared (the first preparation's) is what the sides keep."""
     from suite.ab.stats import SeqOptions
-    from suite.ab.trials import AbOptions, Side, compare_case
+    from suite.ab.trials import Side, compare_case
 
     base, head = (Side(label, label, label, "", "/nowhere", _FakeServer(speed)) for label, speed in
                   (("BASE", 0.100), ("HEAD", 0.125)))
-    opts = AbOptions(seq=SeqOptions(rotate=3, min_pairs=3, budget_s=60, restart=0))
+    opts = _ab_spec(seq=SeqOptions(rotate=3, min_pairs=3, budget_s=60, restart=0))
     out = compare_case(base, head, "mlp/plain", 2, opts)
     assert out.verdict == "slower" and out.pairs == 3 and out.blocks == 9 and out.servers == 1, out
     assert out.ratio == pytest.approx(1.25)
     for side in (base, head):
         ops = [op for op, _ in side.server.requests]
         prepares = [f for op, f in side.server.requests if op == "prepare"]
-        assert len(prepares) == 3 and [f["check"] for f in prepares] == [True, False, False], prepares
+        assert len(prepares) == 3 and [f["spec"]["run"]["check"] for f in prepares] == [True, False, False], prepares
         assert ops.count("close") == 2  # the first two preparations closed before the next (the last by the caller)
         assert [f["key"] for op, f in side.server.requests if op == "close"] == ["k1", "k2"]
         # 12 trials per pair of preparations: 1 structure window + 3 blocks x 2 trials per side, per preparation
@@ -461,12 +471,12 @@ def test_rotation_restarts_the_servers_every_kth_time(monkeypatch):
     base, head = (trials.Side(label, label, label, "", "/nowhere", _FakeServer(speed)) for label, speed in
                   (("BASE", 0.100), ("HEAD", 0.125)))
     first = base.server
-    opts = trials.AbOptions(seq=SeqOptions(rotate=3, min_pairs=4, budget_s=60, restart=2))
+    opts = _ab_spec(seq=SeqOptions(rotate=3, min_pairs=4, budget_s=60, restart=2))
     out = trials.compare_case(base, head, "mlp/plain", 2, opts)
     assert out.verdict == "slower" and out.pairs == 4 and out.servers == 2, out  # rotations: prep, servers, prep
     assert [label for label, _ in started] == ["BASE", "HEAD"] and started[0][1].endswith("-servers2.log"), started
     assert first.closed and base.server is not first
-    assert [f["check"] for op, f in base.server.requests if op == "prepare"] == [False, False]
+    assert [f["spec"]["run"]["check"] for op, f in base.server.requests if op == "prepare"] == [False, False]
     assert base.records["mlp/plain"].structure.allreduce_ops == 1  # the first server's first preparation
 
 
@@ -477,10 +487,10 @@ def test_bisect_decides_bad_against_good_from_the_first_commits_blocks():
 
     from suite.ab.bisect import classify
     from suite.ab.stats import SeqOptions, Sequential
-    from suite.ab.trials import AbOptions, Side, _prepare
+    from suite.ab.trials import Side, _prepare
 
     seq = SeqOptions(rotate=3, min_pairs=3, budget_s=600, restart=0)
-    opts = AbOptions(seq=seq)
+    opts = _ab_spec(seq=seq)
     rng = np.random.default_rng(3)
 
     def sides(bad_speed, commit_speed=0.100):
@@ -506,7 +516,7 @@ def test_bisect_decides_bad_against_good_from_the_first_commits_blocks():
     # commit 5% faster than GOOD: the commit decides, BAD-against-GOOD never does; --max-blocks ends the blocks
     capped = SeqOptions(rotate=3, min_pairs=3, budget_s=5, restart=0, max_blocks=30)
     g, b, c = sides(lambda: 0.1025 * math.exp(rng.normal(0, 0.12)), commit_speed=0.095)
-    res = classify(g, b, c, "mlp/plain", AbOptions(seq=capped), capped, ends=Sequential(capped))
+    res = classify(g, b, c, "mlp/plain", _ab_spec(seq=capped), capped, ends=Sequential(capped))
     assert res["class"] == "good" and res["blocks"] < 30, res
     assert res["ends"]["verdict"] == "inconclusive" and res["ends"]["blocks"] == 30, res
 
@@ -818,7 +828,7 @@ def test_ab_accepts_a_structure_change_its_head_acknowledges_and_reports_new_fac
     """HEAD's committed structure-changes.toml names the case and the fact: the change is reported, not failed;
     a fact BASE did not record yet (an older revision) is "new", not a change."""
     from suite.ab.stats import SeqOptions
-    from suite.ab.trials import AbOptions, Side, compare_case
+    from suite.ab.trials import Side, compare_case
 
     class Server(_FakeServer):
         def __init__(self, speed, structure):
@@ -831,7 +841,7 @@ def test_ab_accepts_a_structure_change_its_head_acknowledges_and_reports_new_fac
                 return {"record": _record(self.structure)}
             return super().request(op, **fields)
 
-    opts = AbOptions(seq=SeqOptions(rotate=3, min_pairs=3, budget_s=60, restart=0))
+    opts = _ab_spec(seq=SeqOptions(rotate=3, min_pairs=3, budget_s=60, restart=0))
 
     def run(head_structure, head_root):
         base = Side("BASE", "b", "b", "", str(tmp_path / "nowhere"), Server(0.1, {"allreduce_ops": 6}))

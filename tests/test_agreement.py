@@ -69,15 +69,16 @@ def test_hierarchical_cases_under_torchrun_take_the_nodes_from_local_world_size(
     """`*/hierarchical` emulates two nodes of half the ranks on one machine (8 ranks: 4 + 4); under torchrun
     (LOCAL_WORLD_SIZE known) its nodes are the real machines: 4 hosts of 2 ranks -> inter_nranks 2, not 4; a
     --set value still wins (with a warning when it differs from LOCAL_WORLD_SIZE)."""
-    from suite.selection import Selection, resolve_at
+    from suite.run_spec import Selection
+    from suite.selection import base_cases, resolve_at
 
     sel = Selection(cases=("mlp/hierarchical",), size="tiny")
-    (local,) = resolve_at(sel, sel.base_cases("tiny"), 8)
+    (local,) = resolve_at(sel, base_cases(sel, "tiny"), 8)
     assert local.config.resolve_inter_nranks(8) == 4 and local.skip is None
-    (multi,) = resolve_at(sel, sel.base_cases("tiny"), 8, local_world=2)
+    (multi,) = resolve_at(sel, base_cases(sel, "tiny"), 8, local_world=2)
     assert multi.config.resolve_inter_nranks(8, 2) == 2 and multi.skip is None
     given = Selection(cases=("mlp/hierarchical",), size="tiny", sets=("hierarchical_allreduce_inter_nranks=4",))
-    (rc,) = resolve_at(given, given.base_cases("tiny"), 8, local_world=2)
+    (rc,) = resolve_at(given, base_cases(given, "tiny"), 8, local_world=2)
     assert rc.config.hierarchical_allreduce_inter_nranks == 4
     with pytest.warns(UserWarning, match="differs from torchrun's LOCAL_WORLD_SIZE=2"):
         rc.config.check_world(8, 2, torchrun=True)
@@ -142,7 +143,8 @@ def test_a_rank_pool_world_is_rebuilt_in_place_after_a_rank_error():
 
 
 def test_the_runner_rebuilds_the_world_after_a_rank_error_under_nccl():
-    from suite.runner import CaseRunner, RunOptions
+    from suite.run_spec import RunOptions
+    from suite.runner import CaseRunner
     from suite.runtime.pool import RankError
     from suite.runtime.torchrun import rebuild_world_on_rank
     from tests.test_runner import FakeLauncher, _rc

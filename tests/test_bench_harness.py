@@ -36,7 +36,7 @@ def _pytest_bench(tmp_path, *args: str, cwd: str = ROOT, timeout: float = 300) -
 @pytest.mark.parametrize("args, message", [
     (["--fleetbench-case", "mlp/nope"], "ERROR: --fleetbench-case 'mlp/nope' matches no case"),
     (["--fleetbench-world", "0"], "ERROR: --fleetbench-world 0: must be a whole number >= 1"),
-    (["--fleetbench-rounds", "0"], "ERROR: --fleetbench-rounds 0: must be a whole number >= 1"),
+    (["--fleetbench-rounds", "0"], "ERROR: --fleetbench-rounds 0: must be >= 1"),  # the spec's range, its name
     (["--fleetbench-set", "bogus"], "--fleetbench-set 'bogus': expected key=value, e.g. --fleetbench-set "),
     (["--fleetbench-tag", "nope"], "ERROR: --fleetbench-tag 'nope' is unknown; allowed: default, smoke"),
 ])
@@ -88,11 +88,15 @@ print(json.dumps(out))
 
 def test_asv_version_is_asvs_own_for_the_default_setup_and_changes_with_the_setup_not_the_selection():
     from suite.models import default_size
+    from suite.run_spec import RunOptions
     from suite.selection import choose_platform
 
-    size = default_size(choose_platform(None)[0])
-    envs = {"default": {}, "explicit defaults": {"FLEETBENCH_BENCH_SIZE": size, "FLEETBENCH_BENCH_ROUNDS": "6",
-                                                 "FLEETBENCH_BENCH_STEPS": "5", "FLEETBENCH_BENCH_PROCESSES": "2"},
+    size, run = default_size(choose_platform(None)[0]), RunOptions()
+    envs = {"default": {}, "explicit defaults": {"FLEETBENCH_BENCH_SIZE": size,
+                                                 "FLEETBENCH_BENCH_ROUNDS": str(run.rounds),
+                                                 "FLEETBENCH_BENCH_STEPS": str(run.steps),
+                                                 "FLEETBENCH_BENCH_PROCESSES": "2"},
+            "the spec": {"FLEETBENCH_BENCH_SPEC": json.dumps({"selection": {"size": size}})},
             "selection": {"FLEETBENCH_BENCH_CASES": "mlp/plain", "FLEETBENCH_BENCH_WORLDS": "1"},
             "rounds": {"FLEETBENCH_BENCH_ROUNDS": "3"}, "steps": {"FLEETBENCH_BENCH_STEPS": "3"},
             "size": {"FLEETBENCH_BENCH_SIZE": "tiny"}, "processes": {"FLEETBENCH_BENCH_PROCESSES": "1"},
@@ -102,8 +106,9 @@ def test_asv_version_is_asvs_own_for_the_default_setup_and_changes_with_the_setu
     assert proc.returncode == 0, proc.stderr[-3000:]
     v = json.loads(proc.stdout.strip().splitlines()[-1])
     own = v["asv"]
-    # the default setup keeps asv's own version (the history stays); so does the same setup spelled out
-    assert v["default"][0] == own and v["explicit defaults"][0] == own, v
+    # the default setup keeps asv's own version (the history stays); so does the same setup spelled out, as sugar
+    # or as a spec
+    assert v["default"][0] == own and v["explicit defaults"][0] == own and v["the spec"][0] == own, v
     # another selection is other params, the same series
     assert v["selection"][0] == own and v["selection"][1] == [["mlp/plain"], [1]], v
     # another setup is another version, saying what differs
@@ -130,11 +135,12 @@ def _saved_run(path, setup: dict | None) -> str:
 def test_benchmark_compare_warns_when_the_compared_runs_setup_differs(tmp_path):
     """pytest-benchmark loads the compared run when pytest is configured: --collect-only is enough to see it."""
     from bench_cases._matrix import setup_of
-    from suite.selection import Selection
+    from suite.run_spec import Selection
+    from suite.selection import resolve
 
     args = ["--collect-only", "-q", "--fleetbench-case", "mlp/plain", "--fleetbench-size", "tiny",
             "--fleetbench-steps", "2", "--fleetbench-rounds", "3", "--benchmark-storage", "file://st"]
-    rc = Selection(cases=("mlp/plain",), size="tiny").resolve()
+    rc = resolve(Selection(cases=("mlp/plain",), size="tiny"))
     same = setup_of(rc, 2, 3)
     other = dict(same, steps=5, sets=["nccl_comm_num=2"])
     (tmp_path / "runs").mkdir()

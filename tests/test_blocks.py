@@ -101,20 +101,21 @@ def driver(monkeypatch):
 
 def test_ab_bisect_and_the_gate_figure_all_time_through_the_one_driver(driver, monkeypatch):
     from suite.ab.bisect import classify
-    from suite.ab.trials import AbOptions, Side, _prepare, compare_case
+    from suite.ab.trials import Side, _prepare, compare_case
     from suite.figures import gate
+    from suite.run_spec import AbOptions, RunSpec, Selection
 
     def side(label):
         return Side(label, label, label, "", "/nowhere", _Server())
 
-    opts = AbOptions()
+    opts = RunSpec(Selection(worlds=(2,)), ab=AbOptions())
     with pytest.raises(_Called):
         compare_case(side("BASE"), side("HEAD"), "mlp/plain", 2, opts)
     good, bad = side("GOOD"), side("BAD")
     for s in (good, bad):
         _prepare(s, "mlp/plain", opts)
     with pytest.raises(_Called):
-        classify(good, bad, side("c1"), "mlp/plain", opts, opts.seq)
+        classify(good, bad, side("c1"), "mlp/plain", opts, opts.ab.seq)
     monkeypatch.setattr(gate, "TrialServer", _Server)
     with pytest.raises(_Called):
         gate.long_run("mlp/plain", 0.0, 4, gate.Options(), seed=0, say=lambda m: None)

@@ -14,8 +14,9 @@ from suite.measure.summary import Timed
 from suite.model_registry import REGISTRY, SIZES
 from suite.models import model_info
 from suite.results.records import Describe, Metrics
-from suite.runner import CaseRunner, RunOptions
-from suite.selection import Selection, resolve_at
+from suite.run_spec import RunOptions, Selection
+from suite.runner import CaseRunner
+from suite.selection import base_cases, resolve, resolve_at
 
 NAMED = {"fusion": ("fusion",), "overlap": ("overlap",), "multicomm": ("overlap", "communicators"),
          "hierarchical": ("nodes",)}
@@ -23,7 +24,7 @@ NAMED = {"fusion": ("fusion",), "overlap": ("overlap",), "multicomm": ("overlap"
 
 def _at(world: int, *cases: str, local_world: int | None = None, size: str = "cpu", sets: tuple = ()) -> dict:
     sel = Selection(cases=cases, size=size, sets=sets)
-    return {rc.case.name: rc for rc in resolve_at(sel, sel.base_cases(size), world, local_world, size)}
+    return {rc.case.name: rc for rc in resolve_at(sel, base_cases(sel, size), world, local_world, size)}
 
 
 def test_every_variant_named_for_a_communication_pattern_states_what_its_name_requires():
@@ -47,7 +48,7 @@ def test_sized_buckets_give_2_to_16_buckets_at_every_size(model):
 def test_default_run_overlaps_and_skips_one_node_hierarchical():
     """`fleetbench run`'s default selection at its default world (2) and size (cpu): every overlap and multicomm
     case plans 2 or more buckets on its communicators; */hierarchical is skipped, saying why."""
-    resolved = Selection().resolve(probe=False)
+    resolved = resolve(Selection(), probe=False)
     assert resolved.worlds == (2,) and resolved.size == "cpu"
     seen = set()
     for rc, _ in resolved.matrix():

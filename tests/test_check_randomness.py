@@ -16,8 +16,9 @@ from suite.check.harness import CANNOT_JUDGE, run_check, summarize
 from suite.cli.main import main
 from suite.config import StrategyConfig
 from suite.models import get_model, model_info
+from suite.run_spec import Selection
 from suite.runtime.rng import step_seed
-from suite.selection import Selection
+from suite.selection import base_cases
 from suite.workload import WorkloadSpec
 from tests.scripts import my_models
 
@@ -118,7 +119,7 @@ def test_batchnorm_is_found_without_being_declared(pool2):
     """make_normed leaves has_batchnorm False: its cases still include BatchNorm's, and its check runs in float64."""
     assert get_model(f"{MODELS}:make_normed", "tiny").has_batchnorm is False
     assert model_info(f"{MODELS}:make_normed", "tiny").has_batchnorm
-    cases = Selection(models=(f"{MODELS}:make_normed",), size="tiny").base_cases("tiny")
+    cases = base_cases(Selection(models=(f"{MODELS}:make_normed",), size="tiny"), "tiny")
     assert {"make_normed/compute_fusion", "make_normed/fused_broadcast"} <= {c.name for c in cases}
     res = run_check(pool2, WorkloadSpec(f"{MODELS}:make_normed", size="tiny"), StrategyConfig(), steps=2)
     assert res.verdict == "pass" and res.precision == "float64", (res.verdict, res.precision, res.message)

@@ -17,7 +17,7 @@ class NoRanks:
 
 
 BAD_ARGS = [
-    (["run", "--nproc", "0"], "--nproc 0: must be >= 1"),
+    (["run", "--nproc", "0"], "--nproc 0: must be a whole number >= 1"),
     (["run", "--case", "resnet/nope"], "--case 'resnet/nope' matches no case"),
     (["run", "--tag", "weekly"], "--tag 'weekly' is unknown; allowed: default"),
     (["run", "--set", "nccl_comm_num=-1"], "nccl_comm_num=-1: out of range"),
@@ -101,7 +101,8 @@ def test_version_names_the_package_version_and_the_commit(capsys):
 
 
 def test_the_runner_reports_progress_per_check_and_per_timing_group():
-    from suite.runner import CaseRunner, RunOptions
+    from suite.run_spec import RunOptions
+    from suite.runner import CaseRunner
     from tests.test_runner import FakeLauncher, _rc
 
     events = []

@@ -440,11 +440,12 @@ def test_paddle_toml_runs_through_fleetbench_run(monkeypatch, capsys, tmp_path):
 
 def test_run_config_applies_fields_set_to_their_default(tmp_path, monkeypatch, capsys):
     """A --config file that sets a field to its default still overrides a case that sets it otherwise."""
-    from suite.selection import Selection
+    from suite.run_spec import Selection
+    from suite.selection import resolve
 
     path = tmp_path / "s.toml"
     path.write_text("[strategy]\nfuse_all_optimizer_ops = false\n")
-    (rc,) = Selection(cases=("mlp/fused_optimizer",), size="cpu", device="cpu", config=str(path)).resolve(2).at[2]
+    (rc,) = resolve(Selection(cases=("mlp/fused_optimizer",), size="cpu", device="cpu", config=str(path)), 2).at[2]
     assert rc.config.fuse_all_optimizer_ops is False  # the case itself sets it True
 
 

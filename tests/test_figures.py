@@ -187,7 +187,8 @@ def test_runner_groups_carry_the_compute_only_case_and_count_it():
     the baseline and `none`, both counted in the memory bound; a single group keeps the cases' order."""
     from suite.cases import get_case
     from suite.config import StrategyConfig
-    from suite.runner import CaseRunner, ResolvedCase, RunOptions
+    from suite.run_spec import ResolvedCase, RunOptions
+    from suite.runner import CaseRunner
 
     rcs = [ResolvedCase(get_case(f"mlp/{v}"), StrategyConfig.from_dict(get_case(f"mlp/{v}").config))
            for v in ("none", "plain", "ddp", "fusion", "overlap", "multicomm")]

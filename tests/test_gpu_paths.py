@@ -558,7 +558,7 @@ def test_metadata_names_the_visible_gpus(monkeypatch):
 def test_emulated_cluster_ranks_see_no_gpu_and_cuda_is_refused():
     import types
 
-    from suite.cluster.launch import apply_cluster_args, rank_env
+    from suite.cluster.launch import cluster_option, rank_env
     from suite.cluster.spec import parse_cluster
     from suite.config import ConfigError
 
@@ -566,9 +566,8 @@ def test_emulated_cluster_ranks_see_no_gpu_and_cuda_is_refused():
     cluster = types.SimpleNamespace(spec=spec, node_of_rank=lambda r: types.SimpleNamespace(index=r // 2))
     for r in range(4):
         assert rank_env(cluster, r)["CUDA_VISIBLE_DEVICES"] == ""  # so the ranks pick CPU/gloo
-    args = types.SimpleNamespace(cluster="2x2:inter=200mbit", device="cuda", nproc=2, set=[])
     with pytest.raises(ConfigError, match="bypass its rate-limited links"):
-        apply_cluster_args(args)
+        cluster_option("2x2:inter=200mbit", device="cuda")
 
 
 # -- traces: overlapping collectives are async events ------------------------------------------------------

@@ -129,7 +129,8 @@ def test_report_refuses_a_hard_linked_trace(tmp_path, capsys):
 
 
 def test_runner_trace_is_not_written_through_a_planted_symlink(tmp_path):
-    from suite.runner import CaseRunner, ResolvedCase, RunOptions
+    from suite.run_spec import ResolvedCase, RunOptions
+    from suite.runner import CaseRunner
 
     class Launcher:
         def run(self, *a, **k):

@@ -46,7 +46,8 @@ def test_a_cpu_bound_process_beside_a_case_is_in_its_record_and_every_view_says_
     from suite.results.compare import compare_sides
     from suite.results.load import load_side
     from suite.results.records import append_record
-    from suite.runner import CaseRunner, ResolvedCase, RunOptions
+    from suite.run_spec import ResolvedCase, RunOptions
+    from suite.runner import CaseRunner
 
     case = get_case("mlp/plain")
     rc = ResolvedCase(case, StrategyConfig.from_dict(case.config))

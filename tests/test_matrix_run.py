@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from suite.cli.main import build_parser
-from suite.cli.run import selection
 from suite.measure.timing import time_on_rank
 from suite.results.gate import GateOptions, gate_samples
 from suite.results.records import read_records
-from suite.runner import CaseRunner, RunOptions
+from suite.run_spec import RunOptions, Selection
+from suite.runner import CaseRunner
+from suite.selection import resolve
 from suite.workload import WorkloadSpec
 
 STEPS = 2  # traced steps
@@ -28,14 +28,10 @@ MLP_PARAMS = 10  # the MLP's parameter tensors: plain data parallel allreduces e
 def real_run(pool2, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     results = str(out / "runs.jsonl")
-    args = build_parser().parse_args(
-        ["run", "--case", "mlp/plain", "--case", "mlp/none", "--rounds", "2", "--steps", "2", "--warmup", "1",
-         "--no-check", "--trace-steps", str(STEPS), "--results", results, "--timeout", "300"])
     t_start = time.time()
-    args.size = "cpu"
     opts = RunOptions(steps=2, rounds=2, warmup=1, check=False, trace_steps=STEPS, timeout=300,
                       results_dir=str(out))
-    selected = selection(args).resolve(2).at[2]
+    selected = resolve(Selection(cases=("mlp/plain", "mlp/none"), size="cpu"), 2).at[2]
     records = [r for batch in CaseRunner(pool2, 2, opts).run(selected) for r in batch]
     t_end = time.time()
     from suite.results.records import append_record

@@ -12,7 +12,8 @@ from suite.cases import CASES, RECORDED
 from suite.config import StrategyConfig
 from suite.measure.timing import CasePrepared, RankTiming, prepare_case
 from suite.results.records import METRIC_NAMES, Metrics
-from suite.runner import CaseRunner, ResolvedCase, RunOptions
+from suite.run_spec import ResolvedCase, RunOptions
+from suite.runner import CaseRunner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -262,23 +262,32 @@ def _fake_night(tmp_path, monkeypatch, codes: dict, cancel_at: str | None = None
 
 
 def test_every_stage_gets_the_same_selection_and_an_undecided_gate_keeps_the_last_good_commit(tmp_path, monkeypatch):
+    """One run specification for every stage, handed over as it is (never spelled back into options): run gets
+    the file, pytest-benchmark the file, asv the JSON in FLEETBENCH_BENCH_SPEC, the gate's ab the same spec
+    narrowed to its cases at its world size."""
+    from suite.run_spec import RunSpec
+
     code, calls, state, good, before = _fake_night(tmp_path, monkeypatch, {"ab": 3})
     assert code == 3 and state["status"] == 3 and state["stages"]["gate"]["exit"] == 3
     assert good == before  # an undecided gate never advances the last good commit
     run, ab = (next(c for c, _ in calls if c[1:4] == ["-m", "suite.cli.main", name]) for name in ("run", "ab"))
-    for cmd in (run, ab):
-        assert cmd[cmd.index("--case") + 1] == "mlp/plain" and cmd[cmd.index("--set") + 1] == "fetch_frequency=2"
-        assert cmd[cmd.index("--size") + 1] == "tiny" and cmd[cmd.index("--device") + 1] == "cpu"
-        assert cmd[cmd.index("--nproc") + 1] == "2"
+    spec = RunSpec.from_json(open(run[run.index("--spec") + 1]).read())
+    sel = spec.selection
+    assert (sel.cases, sel.sets, sel.size, sel.device, sel.worlds) == (("mlp/plain",), ("fetch_frequency=2",), "tiny",
+                                                                       "cpu", (2,))
+    assert (spec.run.rounds, spec.run.steps, spec.run.warmup, spec.run.trace_steps) == (3, 3, 1, 2)
+    for cmd in (run, ab):  # no selection option spelled out
+        assert not {"--case", "--set", "--size", "--device", "--rounds", "--steps"} & set(cmd), cmd
+    assert run[run.index("--nproc") + 1] == "2"
+    gate = RunSpec.from_json(open(ab[ab.index("--spec") + 1]).read())
+    assert gate == spec.replace(selection={"cases": ("mlp/plain",), "tags": (), "models": (), "worlds": (2,)})
     assert ab[ab.index("--total-budget") + 1] == "120"  # the whole gate budget: one world size, one case
     pyb = next(c for c, _ in calls if "pytest" in c)
-    for opt, value in (("--fleetbench-case", "mlp/plain"), ("--fleetbench-set", "fetch_frequency=2"),
-                       ("--fleetbench-size", "tiny"), ("--fleetbench-device", "cpu"), ("--fleetbench-world", "2")):
-        assert pyb[pyb.index(opt) + 1] == value, opt
+    assert RunSpec.from_json(open(pyb[pyb.index("--fleetbench-spec") + 1]).read()) == spec
+    assert not any(a.startswith("--fleetbench-") and a != "--fleetbench-spec" for a in pyb), pyb
     asv_env = next(env for c, env in calls if c[1:2] == ["run"] and c[0].endswith("asv"))
-    assert (asv_env["FLEETBENCH_BENCH_CASES"], asv_env["FLEETBENCH_BENCH_SET"], asv_env["FLEETBENCH_BENCH_SIZE"],
-            asv_env["FLEETBENCH_BENCH_WORLDS"], asv_env["FLEETBENCH_BENCH_DEVICE"]) == \
-        ("mlp/plain", "fetch_frequency=2", "tiny", "2", "cpu")
+    assert RunSpec.from_json(asv_env["FLEETBENCH_BENCH_SPEC"]) == spec
+    assert not [k for k in asv_env if k.startswith("FLEETBENCH_BENCH_") and k != "FLEETBENCH_BENCH_SPEC"]
     assert "mlp/plain@2: inconclusive" in (tmp_path / "out" / "gate.md").read_text()
     assert "ab gate: UNDECIDED (exit 3)" in (tmp_path / "out" / "gate.md").read_text()
 

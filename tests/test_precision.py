@@ -121,11 +121,12 @@ def test_a_precision_change_is_structure_changed_for_compare_and_ab(pool2, tmp_p
     """Two real runs of mlp/plain that differ in one precision knob: their records carry the precision torch
     reported, `compare` exits 1 with "structure changed", and ab's case comparison says the same."""
     from suite.ab.stats import SeqOptions
-    from suite.ab.trials import AbOptions, Side, compare_case
+    from suite.ab.trials import Side, compare_case
     from suite.cases import get_case
     from suite.cli.main import main
     from suite.results.records import append_record
-    from suite.runner import CaseRunner, ResolvedCase, RunOptions
+    from suite.run_spec import AbOptions, ResolvedCase, RunOptions, RunSpec, Selection
+    from suite.runner import CaseRunner
 
     case = get_case("mlp/plain")
     opts = RunOptions(size="tiny", per_rank_batch=4, steps=2, rounds=1, warmup=1, check=False, utilization=False,
@@ -161,6 +162,7 @@ def test_a_precision_change_is_structure_changed_for_compare_and_ab(pool2, tmp_p
             return {"record": self.record} if op == "structure" else {}
 
     base, head = (Side(label, label, label, "", "/nowhere", Server(records[label])) for label in ("base", "head"))
-    out = compare_case(base, head, "mlp/plain", 2, AbOptions(seq=SeqOptions(min_pairs=3, budget_s=5, restart=0)))
+    spec = RunSpec(Selection(worlds=(2,)), ab=AbOptions(seq=SeqOptions(min_pairs=3, budget_s=5, restart=0)))
+    out = compare_case(base, head, "mlp/plain", 2, spec)
     assert out.status.startswith("structure changed"), out
     assert "precision.cudnn_benchmark: False -> True" in out.structure_diff

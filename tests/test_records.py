@@ -29,7 +29,7 @@ def test_round_trip_and_schema(tmp_path):
     recs = read_records(path)
     assert [r.case for r in recs] == ["a", "b"]
     assert recs[1].samples_per_s == 50.0
-    assert recs[0].schema_version == SCHEMA_VERSION == 3
+    assert recs[0].schema_version == SCHEMA_VERSION == 4
     with open(path) as fh:
         assert json.loads(fh.readline())["metrics"]["speedup_ci"] == ["inf", "nan"]  # JSON has no inf/nan
     lo, hi = recs[0].metrics.speedup_ci  # read back as numbers
@@ -111,13 +111,13 @@ WRONG_TYPES = [
     ("metrics", {"step_times_s": ["a"]}, "field 'metrics.step_times_s'"),
     ("metrics", {"samples_per_s": [1]}, "field 'metrics.samples_per_s'"),
     ("metrics", {"trace_file": 3}, "field 'metrics.trace_file'"),
-    ("metrics", {"samples_per_second": 1.0}, "field 'metrics.samples_per_second' is not a metric of schema 3; "
+    ("metrics", {"samples_per_second": 1.0}, "field 'metrics.samples_per_second' is not a metric of schema 4; "
                                              "allowed: samples_per_s,"),
     ("metrics", {"peak_memory_bytes": 1.5}, "field 'metrics.peak_memory_bytes' is 1.5; expected a whole number"),
     ("metrics", {"footprint_bytes": "1 GB"}, "field 'metrics.footprint_bytes' is '1 GB'; expected a whole number"),
     ("metrics", {"speedup_ci": [1.0]}, "field 'metrics.speedup_ci' is [1.0]; expected a list of two numbers"),
     ("describe", {"precision": {"cudnn_version": "8.9"}}, "field 'describe.precision.cudnn_version' is '8.9'"),
-    ("describe", {"precision": {"tf32": True}}, "field 'describe.precision.tf32' is not a name of schema 3"),
+    ("describe", {"precision": {"tf32": True}}, "field 'describe.precision.tf32' is not a name of schema 4"),
     ("structure", {"allreduce_ops": "ten"}, "field 'structure.allreduce_ops' is 'ten'; expected a whole number"),
     ("check", {"verdict": "pass", "param_error": [1]}, "field 'check.param_error' is [1]; expected a number"),
     ("check", {"message": "no verdict"}, "check: "),
@@ -232,12 +232,13 @@ def test_the_check_answers_the_summary_the_record_keeps_and_it_survives_the_file
     assert dataclasses.asdict(back.check) == dataclasses.asdict(res)
 
 
-def test_the_record_shown_in_the_docs_is_a_valid_schema_3_record():
+def test_the_record_shown_in_the_docs_is_a_valid_schema_4_record():
     import os
 
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "benchmarks.md")
     text = open(path, encoding="utf-8").read()
-    block = text.split("**The record (schema 3).**")[1].split("```json\n")[1].split("```")[0]
+    block = text.split("**The record (schema 4).**")[1].split("```json\n")[1].split("```")[0]
     rec = CaseRecord.from_dict(json.loads(block), path)
     assert rec.schema_version == SCHEMA_VERSION and rec.describe.precision.cudnn_allow_tf32 is True
     assert rec.metrics.footprint_bytes == 65536 and rec.structure.allreduce_ops == 2
+    assert rec.spec is not None and rec.spec.selection.worlds == (2,) and rec.spec.run.rounds == 6

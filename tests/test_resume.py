@@ -120,8 +120,11 @@ def test_a_resumed_run_takes_its_selection_and_options_from_its_records(tmp_path
     assert [(r["case"], r["run_id"], r["size"]) for r in recs] == [("mlp/plain", run_id, "tiny"),
                                                                    ("mlp/overlap", run_id, "tiny")]
     assert recs[1]["config"]["fuse_grad_size_in_MB"] == 8.0 and recs[1]["metrics"]["steps_per_window"] == 4
-    assert recs[1]["metadata"]["run"] == recs[0]["metadata"]["run"]
-    assert recs[0]["metadata"]["run"]["case"] == ["mlp/plain", "mlp/overlap"]
+    # schema 4: every record carries the run's specification, the resumed ones the same
+    assert recs[0]["schema_version"] == recs[1]["schema_version"] == 4 and "run" not in recs[0]["metadata"]
+    assert recs[1]["spec"] == recs[0]["spec"]
+    assert recs[0]["spec"]["selection"]["cases"] == ["mlp/plain", "mlp/overlap"]
+    assert (recs[0]["spec"]["run"]["steps"], recs[0]["spec"]["selection"]["size"]) == (4, "tiny")
 
 
 def test_resuming_a_complete_run_says_so_and_starts_no_rank(tmp_path, capsys, fake_ranks):
@@ -181,7 +184,9 @@ def test_records_written_before_runs_kept_their_options_resume_with_the_command_
 
 @pytest.mark.parametrize("stored,words", [({"steps": "many"}, "recorded --steps is 'many'"),
                                           ({"case": "mlp/plain"}, "recorded --case is 'mlp/plain'"),
-                                          ({"steps": 10**9}, "--steps 1000000000 / --rounds 6: at most")])
+                                          ({"steps": 10**9}, "recorded --steps is 1000000000, not a value of that "
+                                                             "option (expected a whole number >= 1 and <= 1000000)"),
+                                          ({"no_check": "yes"}, "recorded --no-check is 'yes'")])
 def test_damaged_recorded_options_are_one_error(tmp_path, capsys, fake_ranks, stored, words):
     from suite.results.records import CaseRecord, append_record
 
@@ -192,3 +197,51 @@ def test_damaged_recorded_options_are_one_error(tmp_path, capsys, fake_ranks, st
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words in err, err
     assert fake_ranks.made == []
+
+
+def test_a_schema_3_run_resumes_from_its_metadata_run(tmp_path, capsys, fake_ranks):
+    """The legacy path: a schema-3 record kept the run's options in ``metadata["run"]`` (argparse names); the resume
+    takes them (converted into the run's spec, each value checked as the spec's field) and its new records are
+    schema 4, with the spec."""
+    results = tmp_path / "runs.jsonl"
+    assert main(FIRST + ["--results", str(results)]) == 0
+    capsys.readouterr()
+    new = json.loads(results.read_text().splitlines()[0])
+    old = {k: v for k, v in new.items() if k != "spec"} | {"schema_version": 3}
+    old["metadata"] = dict(new["metadata"], run={
+        "case": ["mlp/plain", "mlp/overlap"], "tag": [], "model": [], "config": None,
+        "set": ["fuse_grad_size_in_MB=8"], "size": "tiny", "device": "cpu", "batch": None, "steps": 4, "rounds": 3,
+        "warmup": 1, "check_steps": 3, "no_check": True})
+    results.write_text(json.dumps(old) + "\n")
+    fake_ranks.made.clear()
+    assert main(["run", "--resume", str(results), "--steps", "5"]) == 2  # the run's own are checked as before
+    assert "ran with --steps 4, this command gives --steps 5" in capsys.readouterr().err
+    assert main(["run", "--resume", str(results), "--no-utilization"]) == 0
+    out = capsys.readouterr().out
+    assert f"resuming run {old['run_id']}: 1 case(s) already recorded, skipped: mlp/plain; to run: mlp/overlap" in out
+    (call,) = fake_ranks.made[-1].calls
+    assert (call["steps"], call["rounds"], call["warmup"], call["workload_spec"].size) == (4, 3, 1, "tiny")
+    first, second = (json.loads(line) for line in results.read_text().splitlines())
+    assert first["schema_version"] == 3 and second["schema_version"] == 4
+    assert second["spec"]["run"]["check"] is False and second["spec"]["selection"]["sets"] == ["fuse_grad_size_in_MB=8"]
+    assert second["config"]["fuse_grad_size_in_MB"] == 8.0
+
+
+def test_a_schema_4_record_s_spec_is_what_resume_reads(tmp_path, capsys, fake_ranks):
+    """The spec in the run's last record, and nothing else, says what the resumed run does: a record whose spec says
+    --steps 7 resumes with 7 steps, whatever the metadata holds; a spec a results file cannot hold is refused as the
+    file's error."""
+    results, run_id = _interrupted(tmp_path, capsys)
+    rec = json.loads(open(results).read())
+    rec["spec"]["run"]["steps"] = 7
+    rec["metadata"]["run"] = {"steps": 9}  # ignored: schema 4 reads the spec
+    open(results, "w").write(json.dumps(rec) + "\n")
+    fake_ranks.made.clear()
+    assert main(["run", "--resume", results, "--no-utilization"]) == 0
+    capsys.readouterr()
+    assert fake_ranks.made[-1].calls[0]["steps"] == 7
+    rec["spec"]["run"]["steps"] = 0
+    open(results, "w").write(json.dumps(rec) + "\n")
+    assert main(["run", "--resume", results]) == 2
+    err = capsys.readouterr().err
+    assert f"{results}:1: spec: field 'run.steps' is 0; expected a whole number >= 1" in err, err

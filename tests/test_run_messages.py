@@ -33,12 +33,18 @@ def test_the_world_size_cap_says_what_it_is_and_why(no_ranks, two_cpus, capsys):
 
 
 def test_memory_lowers_the_cap_and_says_so(two_cpus, monkeypatch):
+    """The command line's one error style: ``require_*`` raises (a ConfigError: one line, exit 2) or returns."""
+    from suite.config import ConfigError
+
     monkeypatch.setattr(checks, "available_memory", lambda: 3 * checks.RANK_MEMORY)
-    assert checks.check_nproc(4) == ("--nproc 4: at most 3 local ranks on this machine (fleetbench's cap is "
-                                     "max(32, CPUs) = 32, this machine has 2 CPU(s); its available memory holds 3 "
-                                     "at 300 MiB a rank)")
-    assert checks.check_nproc(3) is None and checks.check_nproc(None) is None
-    assert checks.check_nproc(0) == "--nproc 0: must be a whole number >= 1"
+    with pytest.raises(ConfigError) as info:
+        checks.require_nproc(4)
+    assert str(info.value) == ("--nproc 4: at most 3 local ranks on this machine (fleetbench's cap is max(32, CPUs) = "
+                               "32, this machine has 2 CPU(s); its available memory holds 3 at 300 MiB a rank)")
+    assert checks.require_nproc(3) is None and checks.require_nproc(None) is None
+    with pytest.raises(ConfigError) as info:
+        checks.require_nproc(0)
+    assert str(info.value) == "--nproc 0: must be a whole number >= 1"
 
 
 def test_more_cpu_ranks_than_cpus_is_a_warning_before_the_run_not_an_error(no_ranks, two_cpus, capsys, tmp_path):
@@ -113,7 +119,8 @@ FAST = ["--no-check", "--no-utilization", "--size", "tiny", "--device", "cpu", "
 
 def test_check_lines_keep_their_columns_past_nine_cases():
     from suite.cases import CASES
-    from suite.runner import CaseRunner, RunOptions
+    from suite.run_spec import RunOptions
+    from suite.runner import CaseRunner
     from tests.test_runner import FakeLauncher, _rc
 
     names = [c.name for c in CASES if c.model == "mlp" and c.variant != "hierarchical"]

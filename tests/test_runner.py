@@ -14,7 +14,8 @@ from suite.cases import get_case
 from suite.cli.main import main
 from suite.config import StrategyConfig
 from suite.measure.timing import RankTiming
-from suite.runner import CaseRunner, ResolvedCase, RunOptions, free_memory_on_rank
+from suite.run_spec import ResolvedCase, RunOptions
+from suite.runner import CaseRunner, free_memory_on_rank
 from suite.runtime.pool import RankFailure
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

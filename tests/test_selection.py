@@ -10,7 +10,8 @@ import pytest
 import suite.runtime.device as device_mod
 from suite.cases import CASES, VARIANTS
 from suite.config import ConfigError
-from suite.selection import Selection
+from suite.run_spec import Selection
+from suite.selection import base_cases, resolve
 from tests.fakes import fake_cuda_platform
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,7 +64,7 @@ def test_no_python_m_entry_point_but_suite_cli_main():
 
 
 def test_requested_world_sizes_replace_the_cases_and_skip_with_a_reason():
-    r = Selection(cases=("mlp/*",), device="cpu", worlds=(1, 3)).resolve()
+    r = resolve(Selection(cases=("mlp/*",), device="cpu", worlds=(1, 3)))
     assert r.worlds == (1, 3) and r.device == "cpu" and r.size == "cpu"
     at1 = {rc.case.name: rc.skip for rc in r.at[1]}
     at3 = {rc.case.name: rc.skip for rc in r.at[3]}
@@ -72,14 +73,14 @@ def test_requested_world_sizes_replace_the_cases_and_skip_with_a_reason():
     assert {w for _, w in r.matrix()} == {1, 3}
     # a size no selected case can run at is an error naming the size
     with pytest.raises(ConfigError, match="world size 1: no selected case can run at it"):
-        Selection(cases=("*/hierarchical",), device="cpu", worlds=(1, 4)).resolve()
+        resolve(Selection(cases=("*/hierarchical",), device="cpu", worlds=(1, 4)))
 
 
 def test_default_world_is_two_on_cpu_and_every_gpu_on_cuda(monkeypatch):
-    assert Selection(tags=("smoke",), device="cpu").resolve().worlds == (2,)
+    assert resolve(Selection(tags=("smoke",), device="cpu")).worlds == (2,)
     monkeypatch.setattr(device_mod, "select_platform", lambda d, r, n: fake_cuda_platform(backend="nccl"))
     monkeypatch.setattr(device_mod, "cuda_device_count", lambda: 8)
-    r = Selection(tags=("smoke",)).resolve()
+    r = resolve(Selection(tags=("smoke",)))
     assert (r.device, r.backend, r.worlds, r.size) == ("cuda", "nccl", (8,), "full")
 
 
@@ -94,7 +95,7 @@ def test_nightly_gpu_selection_at_worlds_1_and_8_runs_every_applicable_case_at_8
 
     monkeypatch.setattr(device_mod, "select_platform", fake_select)
     monkeypatch.setattr(device_mod, "cuda_device_count", lambda: 8)
-    r = Selection(tags=("nightly-gpu",), device="cuda", worlds=(1, 8)).resolve()
+    r = resolve(Selection(tags=("nightly-gpu",), device="cuda", worlds=(1, 8)))
     assert asked == [("cuda", 8)]  # one GPU per local rank at the largest world size
     gpu_cases = [c.name for c in CASES if "nightly-gpu" in c.tags]
     assert [rc.case.name for rc in r.at[8]] == gpu_cases
@@ -105,11 +106,11 @@ def test_nightly_gpu_selection_at_worlds_1_and_8_runs_every_applicable_case_at_8
     skipped1 = {rc.case.name for rc in r.at[1] if rc.skip}
     assert skipped1 == {c.name for c in CASES if "nightly-gpu" in c.tags and c.min_world > 1}
     # under torchrun the nodes are the real machines (LOCAL_WORLD_SIZE)
-    r = Selection(cases=("mlp/hierarchical",), device="cuda").resolve(world=16, local_world=8)
+    r = resolve(Selection(cases=("mlp/hierarchical",), device="cuda"), world=16, local_world=8)
     assert r.at[16][0].config.hierarchical_allreduce_inter_nranks == 8
     # a user's own split wins
-    r = Selection(cases=("mlp/hierarchical",), device="cuda", sets=("hierarchical_allreduce_inter_nranks=2",)
-                  ).resolve(world=8)
+    r = resolve(Selection(cases=("mlp/hierarchical",), device="cuda", sets=("hierarchical_allreduce_inter_nranks=2",)),
+                world=8)
     assert r.at[8][0].config.hierarchical_allreduce_inter_nranks == 2
 
 
@@ -121,7 +122,7 @@ def test_comma_separated_cases_tags_and_models_are_several(monkeypatch):
     """`--case a,b` is two cases (as `figures --cases` takes them), in run, nightly (the selection) and ab."""
     sel = Selection(cases=("mlp/plain, mlp/fusion", "resnet/overlap"), tags=("smoke,",), device="cpu")
     assert sel.cases == ("mlp/plain", "mlp/fusion", "resnet/overlap") and sel.tags == ("smoke",)
-    names = {c.name for c in Selection(cases=("mlp/plain,mlp/fusion",), device="cpu").base_cases("tiny")}
+    names = {c.name for c in base_cases(Selection(cases=("mlp/plain,mlp/fusion",), device="cpu"), "tiny")}
     assert names == {"mlp/plain", "mlp/fusion"}
     from suite.cli import ab as ab_cli
     from suite.cli.main import build_parser
@@ -129,4 +130,5 @@ def test_comma_separated_cases_tags_and_models_are_several(monkeypatch):
     args = build_parser().parse_args(["ab", "A", "B", "--case", "mlp/plain,mlp/fusion", "--model", "mlp", "--no-check"])
     monkeypatch.delenv("FLEETBENCH_AB_INJECT", raising=False)
     opts = ab_cli.options(args)
-    assert opts.cases == ["mlp/plain", "mlp/fusion"] and opts.models == ["mlp"] and opts.tags == []
+    sel = opts.selection
+    assert sel.cases == ("mlp/plain", "mlp/fusion") and sel.models == ("mlp",) and sel.tags == ()

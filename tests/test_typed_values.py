@@ -76,8 +76,8 @@ def test_the_check_harness_answers_the_records_check_summary():
 
 def test_ab_reads_each_record_once_into_its_types(monkeypatch):
     from suite.ab.stats import SeqOptions
-    from suite.ab.trials import AbOptions, Side, compare_case
-    from tests.test_ab import _FakeServer
+    from suite.ab.trials import Side, compare_case
+    from tests.test_ab import _ab_spec, _FakeServer
 
     record = json.loads(CaseRecord("mlp/plain", "mlp", 2, {}, "r", verdict="pass", check=CHECK,
                                    metrics=Metrics(samples_per_s=100.0, step_time_s={"median": 0.1}),
@@ -100,8 +100,8 @@ def test_ab_reads_each_record_once_into_its_types(monkeypatch):
     monkeypatch.setattr(CaseRecord, "from_dict", classmethod(counted))
     base, head = (Side(label, label, label, "", "/nowhere", Server(speed)) for label, speed in
                   (("BASE", 0.100), ("HEAD", 0.125)))
-    out = compare_case(base, head, "mlp/plain", 2, AbOptions(seq=SeqOptions(rotate=3, min_pairs=3, budget_s=60,
-                                                                             restart=0)))
+    out = compare_case(base, head, "mlp/plain", 2, _ab_spec(seq=SeqOptions(rotate=3, min_pairs=3, budget_s=60,
+                                                                            restart=0)))
     assert out.verdict == "slower" and out.check == "pass -> pass" and out.structure_diff == [], out
     # each answer read once, where it arrives: one per preparation and side
     assert reads == [f"{s.label}'s record of mlp/plain" for s in (base, head)] + \

@@ -39,12 +39,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..run_spec import RunSpec, SeqOptions
 from . import blocks
 from .client import ProtocolMismatch, TrialError
-from .stats import SeqOptions, Sequential, describe_verdict
+from .stats import Sequential, describe_verdict
 from .trials import (
     AbInputError,
-    AbOptions,
     Side,
     _prepare,
     _trial,
@@ -91,7 +91,7 @@ class BisectReport:
         return d
 
 
-def classify(good: Side, bad: Side, cand: Side, case: str, opts: AbOptions, seq: SeqOptions,
+def classify(good: Side, bad: Side, cand: Side, case: str, opts: RunSpec, seq: SeqOptions,
              say: Callable[[str], None] = lambda m: None, ends: Sequential | None = None) -> dict:
     """Blocks of six trials until the candidate's position between GOOD and BAD is decided (see above).
 
@@ -150,8 +150,10 @@ def classify(good: Side, bad: Side, cand: Side, case: str, opts: AbOptions, seq:
     return out
 
 
-def run_bisect(repo: str, good: str, bad: str, case: str, opts: AbOptions, retries: int = 1,
+def run_bisect(repo: str, good: str, bad: str, case: str, opts: RunSpec, retries: int = 1,
                say: Callable[[str], None] = lambda m: None) -> BisectReport:
+    assert opts.ab is not None and opts.world is not None
+    ab, world = opts.ab, opts.world
     with Worktrees(repo) as wt:
         gc, bc = wt.resolve(good), wt.resolve(bad)
         wt.check_protocol(gc, "GOOD")
@@ -164,17 +166,17 @@ def run_bisect(repo: str, good: str, bad: str, case: str, opts: AbOptions, retri
         say(f"fleetbench bisect: {case}, {len(commits)} commit(s) after GOOD {gc[:10]} up to BAD {bc[:10]}")
         sides: list[Side] = []
         try:
-            sides.append(start_side(wt, "GOOD", good, opts, opts.inject_base, wait=False, commit=gc))
-            sides.append(start_side(wt, "BAD", bad, opts, opts.inject_head, wait=False, commit=bc))
+            sides.append(start_side(wt, "GOOD", good, opts, ab.inject_base, wait=False, commit=gc))
+            sides.append(start_side(wt, "BAD", bad, opts, ab.inject_head, wait=False, commit=bc))
             g, b = sides
             try:
                 ready(g, b)
             except ProtocolMismatch as exc:
                 raise AbInputError(str(exc)) from None
-            names = [c["case"] for c in select(g, dataclasses.replace(opts, cases=[case], tags=[], models=[]))
+            names = [c["case"] for c in select(g, opts.replace(selection={"cases": (case,), "tags": (), "models": ()}))
                      if not c["skip"]]
             if case not in names:
-                raise AbInputError(f"case {case} does not run on GOOD at world size {opts.nproc}")
+                raise AbInputError(f"case {case} does not run on GOOD at world size {opts.world}")
             def ends_decided(verdict: str, ratio: float, ci: list, blocks: int, seconds: float) -> bool:
                 """BAD against GOOD, first in the report; False (and why) when it is not slower."""
                 report.bad_ratio = ratio
@@ -186,19 +188,19 @@ def run_bisect(repo: str, good: str, bad: str, case: str, opts: AbOptions, retri
                 return verdict == "slower"
 
             if len(commits) == 1:  # BAD is the only commit after GOOD: ab's verdict is the whole answer
-                o = compare_case(g, b, case, opts.nproc, opts, say)
+                o = compare_case(g, b, case, world, opts, say)
                 if not ends_decided(o.verdict, o.ratio, list(o.ci), o.blocks, o.seconds):
                     return report
             else:  # BAD against GOOD is decided from the first commit's blocks (they hold both): see classify
                 for side in (g, b):
                     _prepare(side, case, opts)
-            ends: Sequential | None = None if len(commits) == 1 else Sequential(opts.seq)
+            ends: Sequential | None = None if len(commits) == 1 else Sequential(ab.seq)
 
             def test(i: int) -> str:
                 nonlocal ends
                 commit = commits[i]
                 cand: Side | None = None
-                seq = opts.seq
+                seq = ab.seq
                 res: dict = {}
                 try:
                     wt.check_protocol(commit, f"commit {i + 1}/{len(commits)}")

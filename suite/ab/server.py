@@ -9,6 +9,7 @@ libraries print can never corrupt an answer.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -17,6 +18,7 @@ from typing import Any
 
 from ..measure.metadata import collect
 from ..measure.utilization import others_cpu
+from ..run_spec import RunSpec
 from .protocol import decode, encode, hello
 
 __all__ = ["serve", "origin_on_rank"]
@@ -49,48 +51,56 @@ class _State:
         return self.pool
 
 
-def _selection(req: dict, nproc: int, names: list | None = None) -> list:
-    from ..selection import Selection, resolve_at
+def _spec(req: dict) -> RunSpec:
+    """The request's run specification (``RunSpec.to_dict`` of the client's): its selection and run options."""
+    return RunSpec.from_dict(req.get("spec"), f"the {req.get('op')} request's spec")
 
-    sel = Selection(cases=tuple(names if names is not None else req.get("cases") or ()),
-                    tags=tuple(req.get("tags") or ()), models=tuple(req.get("models") or ()),
-                    size=req.get("size") or "cpu", config=req.get("config"), sets=tuple(req.get("set") or ()))
-    return resolve_at(sel, sel.base_cases(sel.size or "cpu"), nproc)
+
+def _selection(spec: RunSpec, nproc: int, names: tuple | None = None) -> list:
+    from ..models import default_size
+    from ..selection import base_cases, resolve_at
+
+    sel = spec.selection if names is None else dataclasses.replace(spec.selection, cases=names, tags=(), models=())
+    size = sel.size or default_size(sel.device or "cpu")
+    return resolve_at(sel, base_cases(sel, size), nproc, size=size)
 
 
 def _op_select(st: _State, req: dict) -> dict:
     return {"cases": [{"case": rc.case.name, "model": rc.case.model, "variant": rc.case.variant,
-                       "config": rc.config.to_dict(), "skip": rc.skip} for rc in _selection(req, st.nproc)]}
+                       "config": rc.config.to_dict(), "skip": rc.skip} for rc in _selection(_spec(req), st.nproc)]}
 
 
-def _runner(st: _State, req: dict):
-    from ..runner import CaseRunner, RunOptions
+def _runner(st: _State, spec: RunSpec):
+    """A runner for the spec's options on this server's ranks: each trial is one window it times itself (one
+    round), with no utilization sampling; every call bounded by the server's --timeout."""
+    from ..models import default_size
+    from ..runner import CaseRunner
 
     if st.metadata is None:
         st.metadata = collect(world_size=st.nproc, backend=st.backend)
-    opts = RunOptions(size=req.get("size") or "cpu", per_rank_batch=req.get("batch"), steps=int(req.get("steps", 5)),
-                      rounds=1, warmup=int(req.get("warmup", 2)), check=bool(req.get("check", True)),
-                      check_steps=int(req.get("check_steps", 3)), timeout=st.timeout, device=st.device or "cpu",
-                      backend=st.backend, utilization=False)
-    return CaseRunner(st.get_pool(), st.nproc, opts, metadata=st.metadata, reporter=False)
+    opts = dataclasses.replace(spec.run_options(spec.selection.size or default_size(st.device or "cpu"),
+                                                st.device or "cpu", st.backend),
+                               rounds=1, timeout=st.timeout, utilization=False)
+    return CaseRunner(st.get_pool(), st.nproc, opts, metadata=st.metadata, reporter=False, spec=spec)
 
 
 def _op_prepare(st: _State, req: dict) -> dict:
-    rcs = [rc for rc in _selection(req, st.nproc, [req["case"]]) if rc.case.name == req["case"]]
+    spec = _spec(req)
+    rcs = [rc for rc in _selection(spec, st.nproc, (req["case"],)) if rc.case.name == req["case"]]
     if not rcs:
         raise ValueError(f"case {req['case']!r} is not in this revision's registry")
     rc = rcs[0]
     if rc.skip:
         raise ValueError(f"case {rc.case.name} cannot run at world size {st.nproc}: {rc.skip}")
     inject = float(req.get("inject") or 0.0)  # busy work in every step (a calibration run: the gate figure)
-    prepared = _runner(st, req).prepare(rc, inject=inject)
+    prepared = _runner(st, spec).prepare(rc, inject=inject)
     st.cases[prepared.key] = (prepared.runner, rc, prepared)
     return {"key": prepared.key, "describe": prepared.describe, "config": rc.config.to_dict(), "inject": inject}
 
 
 def _op_trial(st: _State, req: dict) -> dict:
     prepared = st.cases[req["key"]][2]
-    answers = prepared.window(steps=int(req["steps"]), warmup=int(req.get("warmup", 1)))
+    answers = prepared.window(steps=int(req["steps"]), warmup=int(req["warmup"]))
     window = [a.window_s for a in answers]
     steps = [max(ts) for ts in zip(*(a.step_times_s for a in answers))]  # per step, the slowest rank
     out = {"window_s": window, "step_s": max(window) / int(req["steps"]), "step_times_s": steps,

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..results.gate import detectable_shift, ratio_interval_text
+from ..run_spec import SeqOptions  # the settings' data (suite/run_spec.py); their rules are here
 
 __all__ = ["SeqOptions", "Sequential", "block_log_ratio", "interval", "pair_interval", "decide", "lag1", "VERDICTS",
            "describe_verdict", "describe_power", "detectable_slowdown", "POWER", "LOOK_GROWTH", "SPEND_RHO",
@@ -64,49 +65,6 @@ POWER = 0.95  # of the power statement: the slowdown a comparison would have cau
 SPREAD_BOUND = 0.95  # the power statement takes the samples' spread at its 95% upper confidence bound
 LOOK_GROWTH = 1.25  # a look after at least this many times the samples of the last one (and one more)
 SPEND_RHO = 2.0  # alpha spent by the budget's share t: alpha * t**SPEND_RHO (Lan-DeMets' power family)
-
-
-@dataclass(frozen=True)
-class SeqOptions:
-    delta: float = 0.02  # equivalence margin on the step-time ratio (0.02: ±2%): "same" inside it
-    threshold: float = 0.05  # the gate's question: slower by this much or more? ("not slower" below it)
-    confidence: float = 0.99  # of the intervals, over all the looks of one comparison (alpha = 1 - confidence)
-    min_blocks: int = 10  # no look before this many blocks
-    max_blocks: int = 2000
-    budget_s: float = 180.0  # timed blocks per case, seconds (prepare and check not counted)
-    trim: float = 0.2  # trimmed mean of the block log ratios
-    seed: int = 0
-    split: float | None = None  # bisection: a log ratio; above it "slower", below it "same" (two regions)
-    rotate: int = 0  # blocks per pair of preparations (0: one for the whole comparison); see pair_interval
-    min_pairs: int = 3  # with rotation: pairs of preparations before any verdict
-    restart: int = 2  # with rotation: every K-th fresh preparation is on fresh servers (0: never, 1: always)
-
-    def __post_init__(self):
-        if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
-            raise ValueError(f"--delta {self.delta!r}: must be a fraction in (0, 1) (0.02 = 2%)")
-        if not (isinstance(self.threshold, (int, float)) and 0 < self.threshold < 1):
-            raise ValueError(f"--threshold {self.threshold!r}: must be a fraction in (0, 1) (0.05 = 5%)")
-        if self.delta > self.threshold:
-            raise ValueError(f"--delta {self.delta:g} is above --threshold {self.threshold:g}: the equivalence "
-                             f"margin ('same') must lie within the threshold ('not slower by {self.threshold:.0%}')")
-        if not (0.5 < self.confidence < 1):
-            raise ValueError(f"--confidence {self.confidence!r}: must be in (0.5, 1)")
-        if not (isinstance(self.min_blocks, int) and self.min_blocks >= 3):
-            raise ValueError(f"--min-blocks {self.min_blocks!r}: must be a whole number >= 3")
-        if self.max_blocks < self.min_blocks:
-            raise ValueError(f"--max-blocks {self.max_blocks}: must be >= --min-blocks ({self.min_blocks})")
-        if not (math.isfinite(self.budget_s) and self.budget_s > 0):
-            raise ValueError(f"--budget {self.budget_s!r}: must be a finite number of seconds > 0")
-        if not (0 <= self.trim < 0.5):
-            raise ValueError(f"trim {self.trim!r}: must be in [0, 0.5)")
-        if not (isinstance(self.rotate, int) and (self.rotate == 0 or self.rotate >= 2)):
-            raise ValueError(f"--rotate {self.rotate!r}: must be 0 (one preparation) or a whole number "
-                             f">= 2 (blocks per pair of preparations)")
-        if not (isinstance(self.restart, int) and self.restart >= 0):
-            raise ValueError(f"--restart {self.restart!r}: must be a whole number >= 0 (fresh servers every K-th "
-                             f"rotation; 0: never)")
-        if not (isinstance(self.min_pairs, int) and self.min_pairs >= 2):
-            raise ValueError(f"min_pairs {self.min_pairs!r}: must be a whole number >= 2")
 
 
 def block_log_ratio(base_trials: Sequence[float], head_trials: Sequence[float]) -> float:

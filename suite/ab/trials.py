@@ -35,14 +35,15 @@ from dataclasses import asdict, dataclass, field, replace
 from ..measure.utilization import busy_reason
 from ..results.records import CaseRecord, ResultsFileError
 from ..results.structure import ACK_FILE, acknowledged, read_acks, structure_diff, structure_new
+from ..run_spec import RunSpec, SeqOptions
 from ..runtime.pool import remove_stale
 from . import blocks
 from .client import ProtocolMismatch, TrialError, TrialServer
 from .protocol import PROTOCOL, VERSION
-from .stats import SeqOptions, Sequential, block_log_ratio, describe_verdict, fmt_span, lag1
+from .stats import Sequential, block_log_ratio, describe_verdict, fmt_span, lag1
 from .worktrees import Worktrees
 
-__all__ = ["AbOptions", "CaseOutcome", "AbReport", "Side", "compare_case", "run_ab", "start_side", "AbInputError",
+__all__ = ["CaseOutcome", "AbReport", "Side", "compare_case", "run_ab", "start_side", "AbInputError",
            "inject_from_env", "fresh_preparations", "fresh_servers", "rotate"]
 
 GOOD = ("pass", "n/a")
@@ -53,39 +54,12 @@ class AbInputError(ValueError):
     """Input `ab` cannot use (exit status 2)."""
 
 
-@dataclass
-class AbOptions:
-    cases: list = field(default_factory=list)
-    tags: list = field(default_factory=list)
-    models: list = field(default_factory=list)
-    sets: list = field(default_factory=list)
-    config: str | None = None  # a TOML file, absolute path
-    size: str = "cpu"
-    batch: int | None = None
-    nproc: int = 2
-    device: str | None = None
-    steps: int = 5  # steps per trial window
-    trial_warmup: int = 1  # discarded steps before each trial
-    warmup: int = 2  # warm-up steps when a case is prepared
-    check: bool = True
-    check_steps: int = 3
-    timeout: float = 600.0
-    seq: SeqOptions = field(default_factory=SeqOptions)
-    inject_base: float = 0.0  # busy work injected into BASE's step (calibration only)
-    inject_head: float = 0.0
-    python: str | None = None
-    total_budget_s: float | None = None  # one budget for every case: shared out, left-over to inconclusive ones
-
-    def selection(self) -> dict:
-        return {"cases": list(self.cases), "tags": list(self.tags), "models": list(self.models),
-                "set": list(self.sets), "config": self.config, "size": self.size}
-
-
-def inject_from_env(opts: AbOptions) -> AbOptions:
+def inject_from_env(opts: RunSpec) -> RunSpec:
     """``FLEETBENCH_AB_INJECT=head=0.10`` (or ``base=…,head=…``): busy work in that side's step, for calibration."""
     text = os.environ.get(INJECT_ENV, "").strip()
     if not text:
         return opts
+    inject = {}
     for part in text.split(","):
         side, _, value = part.partition("=")
         try:
@@ -94,8 +68,8 @@ def inject_from_env(opts: AbOptions) -> AbOptions:
             raise AbInputError(f"{INJECT_ENV}={text!r}: expected side=fraction, e.g. head=0.10") from None
         if side.strip() not in ("base", "head") or not (0 <= frac < 10):
             raise AbInputError(f"{INJECT_ENV}={text!r}: expected base=F or head=F with 0 <= F < 10")
-        setattr(opts, f"inject_{side.strip()}", frac)
-    return opts
+        inject[f"inject_{side.strip()}"] = frac
+    return opts.replace(ab=inject)
 
 
 @dataclass
@@ -185,13 +159,12 @@ class AbReport:
 
 
 # ---- one case ---------------------------------------------------------------------------------------
-def _prepare(side: Side, case: str, opts: AbOptions, check: bool | None = None) -> str:
+def _prepare(side: Side, case: str, opts: RunSpec, check: bool | None = None) -> str:
     if case not in side.prepared:
-        ans = side.server.request("prepare", case=case, batch=opts.batch, warmup=opts.warmup, steps=opts.steps,
-                                  check=opts.check if check is None else check, check_steps=opts.check_steps,
-                                  inject=side.inject, **opts.selection())
+        spec = opts.replace(run={"check": opts.run.check if check is None else check})
+        ans = side.server.request("prepare", case=case, spec=spec.to_dict(), inject=side.inject)
         key = ans["key"]
-        trial = side.server.request("trial", key=key, steps=opts.steps, warmup=0)  # the structure's window
+        trial = side.server.request("trial", key=key, steps=opts.run.steps, warmup=0)  # the structure's window
         _finite_losses(trial, side, case)
         side.records[case] = _record(side, case, side.server.request("structure", key=key)["record"])
         side.prepared[case] = key
@@ -224,7 +197,7 @@ def close_case(side: Side, case: str) -> None:
             pass
 
 
-def fresh_servers(sides: tuple[Side, ...], case: str, opts: AbOptions, n: int) -> None:
+def fresh_servers(sides: tuple[Side, ...], case: str, opts: RunSpec, n: int) -> None:
     """Rotation's restart: each side's trial server replaced by a fresh process (new interpreter and rank pool)
     and the case prepared on it without the check; the first preparation's structure records stay the gate's."""
     records = {s.label: s.records.get(case) for s in sides}
@@ -232,14 +205,13 @@ def fresh_servers(sides: tuple[Side, ...], case: str, opts: AbOptions, n: int) -
         close_case(side, case)
         side.server.close()
         log = re.sub(r"(-servers\d+)?\.log$", f"-servers{n}.log", side.server.log_path)
-        side.server = TrialServer(side.root, side.label, nproc=opts.nproc, python=opts.python, timeout=opts.timeout,
-                                  device=opts.device, log_path=log, wait=False)
+        side.server = _server(side.root, side.label, opts, log, wait=False)
     ready(*sides)
     for side in sides:
         _prepare_again(side, case, opts, records[side.label])
 
 
-def rotate(sides: tuple[Side, ...], case: str, opts: AbOptions, s: Sequential) -> int:
+def rotate(sides: tuple[Side, ...], case: str, opts: RunSpec, s: Sequential) -> int:
     """After a pair (group) of preparations: fresh servers when the restart is due, else fresh preparations.
     Returns 1 for a restart, 0 otherwise."""
     if s.restart_due:
@@ -249,7 +221,7 @@ def rotate(sides: tuple[Side, ...], case: str, opts: AbOptions, s: Sequential) -
     return 0
 
 
-def fresh_preparations(sides: tuple[Side, ...], case: str, opts: AbOptions) -> None:
+def fresh_preparations(sides: tuple[Side, ...], case: str, opts: RunSpec) -> None:
     """Rotation: the case closed and prepared again on each side's server (a new engine, model, buffers and data
     in the same processes), without a second check: the first preparation's structure records and verdicts stay
     the ones the gate compared."""
@@ -259,14 +231,15 @@ def fresh_preparations(sides: tuple[Side, ...], case: str, opts: AbOptions) -> N
         _prepare_again(side, case, opts, record)
 
 
-def _prepare_again(side: Side, case: str, opts: AbOptions, record: CaseRecord | None) -> None:
+def _prepare_again(side: Side, case: str, opts: RunSpec, record: CaseRecord | None) -> None:
     """The case prepared without the check; the structure record the gate compared (``record``) is kept."""
     _prepare(side, case, opts, check=False)
     side.records[case] = record or side.records[case]
 
 
-def _trial(side: Side, case: str, opts: AbOptions) -> float:
-    ans = side.server.request("trial", key=side.prepared[case], steps=opts.steps, warmup=opts.trial_warmup)
+def _trial(side: Side, case: str, opts: RunSpec) -> float:
+    assert opts.ab is not None
+    ans = side.server.request("trial", key=side.prepared[case], steps=opts.run.steps, warmup=opts.ab.trial_warmup)
     _finite_losses(ans, side, case)
     t = ans["step_s"]
     if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
@@ -278,10 +251,11 @@ def _trial(side: Side, case: str, opts: AbOptions) -> float:
     return float(t)
 
 
-def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
+def compare_case(base: Side, head: Side, case: str, world: int, opts: RunSpec,
                  say: Callable[[str], None] = lambda m: None, seq: SeqOptions | None = None) -> CaseOutcome:
     """Structure, check and timing of one case on both sides (see the module docstring)."""
-    seq = seq or opts.seq
+    assert opts.ab is not None
+    seq = seq or opts.ab.seq
     out = CaseOutcome(case, world)
     # -- prepare and the structural gate
     errors = {}
@@ -387,15 +361,20 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: AbOptions,
 
 
 # ---- a whole comparison -------------------------------------------------------------------------------
-def start_side(wt: Worktrees, label: str, rev: str, opts: AbOptions, inject: float = 0.0, wait: bool = True,
+def _server(root: str, label: str, opts: RunSpec, log: str, wait: bool) -> TrialServer:
+    assert opts.ab is not None
+    return TrialServer(root, label, nproc=opts.world or 1, python=opts.ab.python, timeout=opts.ab.timeout,
+                       device=opts.selection.device, log_path=log, wait=wait)
+
+
+def start_side(wt: Worktrees, label: str, rev: str, opts: RunSpec, inject: float = 0.0, wait: bool = True,
                commit: str | None = None) -> Side:
     commit = commit or wt.resolve(rev)
     wt.check_protocol(commit, label)
     root = wt.add(commit, label.lower())
     assert wt.dir is not None  # made by add()
     log = os.path.join(wt.dir, f"{label.lower()}-{commit[:10]}-{len(wt.paths)}.log")
-    server = TrialServer(root, label, nproc=opts.nproc, python=opts.python, timeout=opts.timeout,
-                         device=opts.device, log_path=log, wait=wait)
+    server = _server(root, label, opts, log, wait)
     return Side(label, rev, commit, wt.subject(commit), root, server, inject)
 
 
@@ -435,14 +414,14 @@ def start_all(*sides: Side) -> dict:
     return errors
 
 
-def select(side: Side, opts: AbOptions) -> list:
+def select(side: Side, opts: RunSpec) -> list:
     try:
-        return side.server.request("select", **opts.selection())["cases"]
+        return side.server.request("select", spec=opts.to_dict())["cases"]
     except TrialError as exc:
         raise AbInputError(f"{side.label} ({side.commit[:10]}): {str(exc).split(': ', 1)[-1]}") from None
 
 
-def common_cases(base: Side, head: Side, opts: AbOptions, report: AbReport) -> list[str]:
+def common_cases(base: Side, head: Side, opts: RunSpec, report: AbReport) -> list[str]:
     bsel, hsel = select(base, opts), select(head, opts)
     bnames = {c["case"]: c for c in bsel}
     hnames = {c["case"]: c for c in hsel}
@@ -460,14 +439,16 @@ def common_cases(base: Side, head: Side, opts: AbOptions, report: AbReport) -> l
             names.append(name)
     if not names:
         raise AbInputError("no case of the selection runs on both revisions at world size "
-                           f"{opts.nproc}" + (f" ({'; '.join(o['case'] + ': ' + o['why'] for o in report.only)})"
+                           f"{opts.world}" + (f" ({'; '.join(o['case'] + ': ' + o['why'] for o in report.only)})"
                                               if report.only else ""))
     return names
 
 
-def run_ab(repo: str, base_rev: str, head_rev: str, opts: AbOptions,
+def run_ab(repo: str, base_rev: str, head_rev: str, opts: RunSpec,
            say: Callable[[str], None] = lambda m: None) -> AbReport:
     """`fleetbench ab BASE HEAD` (see the module docstring); raises AbInputError/RevisionError for exit 2."""
+    assert opts.ab is not None and opts.world is not None
+    ab, world = opts.ab, opts.world
     with Worktrees(repo) as wt:
         bc, hc = wt.resolve(base_rev), wt.resolve(head_rev)
         wt.check_clean({"BASE": (base_rev, bc), "HEAD": (head_rev, hc)})
@@ -475,8 +456,8 @@ def run_ab(repo: str, base_rev: str, head_rev: str, opts: AbOptions,
         wt.check_protocol(hc, "HEAD")
         sides: list[Side] = []
         try:
-            sides.append(start_side(wt, "BASE", base_rev, opts, opts.inject_base, wait=False, commit=bc))
-            sides.append(start_side(wt, "HEAD", head_rev, opts, opts.inject_head, wait=False, commit=hc))
+            sides.append(start_side(wt, "BASE", base_rev, opts, ab.inject_base, wait=False, commit=bc))
+            sides.append(start_side(wt, "HEAD", head_rev, opts, ab.inject_head, wait=False, commit=hc))
             base, head = sides
             say(f"fleetbench ab: BASE {base_rev} ({bc[:10]} {base.subject[:60]})\n"
                 f"               HEAD {head_rev} ({hc[:10]} {head.subject[:60]})")
@@ -495,20 +476,20 @@ def run_ab(repo: str, base_rev: str, head_rev: str, opts: AbOptions,
                 report.errors.append(f"HEAD's trial server failed: {errors['HEAD']}")
                 return report
             names = common_cases(base, head, opts, report)
-            total = opts.total_budget_s
-            say(f"  {len(names)} case(s) at world size {opts.nproc}, size {opts.size}; trials of {opts.steps} steps, "
-                f"threshold {opts.seq.threshold:.0%}, margin ±{opts.seq.delta:.0%}, {opts.seq.confidence:.0%} over all "
-                f"looks, budget "
-                + (f"{total:.0f} s in total" if total else f"{opts.seq.budget_s:.0f} s per case"))
+            total = ab.total_budget_s
+            say(f"  {len(names)} case(s) at world size {opts.world}, size {opts.selection.size}; trials of "
+                f"{opts.run.steps} steps, threshold {ab.seq.threshold:.0%}, margin ±{ab.seq.delta:.0%}, "
+                f"{ab.seq.confidence:.0%} over all looks, budget "
+                + (f"{total:.0f} s in total" if total else f"{ab.seq.budget_s:.0f} s per case"))
 
             def one(name: str, seq: SeqOptions) -> CaseOutcome:
                 try:
-                    return compare_case(base, head, name, opts.nproc, opts, say, seq)
+                    return compare_case(base, head, name, world, opts, say, seq)
                 finally:
                     for s in sides:
                         close_case(s, name)
 
-            report.cases = compare_all(names, one, opts.seq, total, say)
+            report.cases = compare_all(names, one, ab.seq, total, say)
             return report
         finally:
             interrupted = isinstance(sys.exc_info()[1], (KeyboardInterrupt, SystemExit))
@@ -541,10 +522,9 @@ def compare_all(names: list[str], compare: Callable[[str, SeqOptions], CaseOutco
     return out
 
 
-def _options_dict(opts: AbOptions) -> dict:
-    d = asdict(opts)
-    d["seq"] = asdict(opts.seq)
-    return d
+def _options_dict(opts: RunSpec) -> dict:
+    """The comparison's specification as the report keeps it (``RunSpec.to_dict``)."""
+    return opts.to_dict()
 
 
 def format_table(report: AbReport) -> str:

@@ -14,18 +14,28 @@ Every verdict states its power: the smallest slowdown the comparison would have 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+from typing import Any
 
 from ..ab.client import TrialError
 from ..ab.worktrees import RevisionError, Worktrees, git
 from ..config import ConfigError
 from ..models import default_size
+from ..outputs import InputError, read_input
 from ..report import junit
+from ..run_spec import AbOptions, RunSpec, SeqOptions
 from ..selection import choose_platform, default_worlds
 from . import GATE_CODES, error, helps, print_json, terminate_cleanly
-from .checks import MAX_STEPS, check_nproc, check_number, check_seconds
-from .options import add_shared, require_at_least, require_seconds, selection
+from .checks import require_nproc
+from .options import add_shared, default, given, run_options, selection
+
+
+def _ab_default(name: str):
+    """A default of ab's own options (``AbOptions``; its statistics' ``SeqOptions``), for a help text."""
+    ab = AbOptions()
+    return getattr(ab, name) if hasattr(ab, name) else getattr(ab.seq, name)
 
 
 def add_selection(p) -> None:
@@ -36,35 +46,44 @@ def add_selection(p) -> None:
                       "else cpu)",
                size="model size (default: cpu on CPU, full on CUDA)", config=None, set=None,
                batch="per-rank batch size (default: the model's)",
-               steps=dict(default=5, help="steps per trial window (default 5)"))
-    p.add_argument("--trial-warmup", type=int, default=1, help="discarded steps before each trial (default 1)")
-    add_shared(p, warmup=dict(default=2, help="warm-up steps when a case is prepared (default 2)"),
+               steps=f"steps per trial window (default {default('steps')})")
+    d = _ab_default
+    p.add_argument("--trial-warmup", type=int, help=f"discarded steps before each trial (default {d('trial_warmup')})")
+    add_shared(p, warmup=f"warm-up steps when a case is prepared (default {default('warmup')})",
                no_check="skip the correctness check (and the loss trajectory)", check_steps=None)
-    p.add_argument("--threshold", type=float, default=0.05,
-                   help="the gate's question: is HEAD slower by this fraction or more? (default 0.05: not slower "
-                        "means the whole interval below +5%%; slower means the whole interval above 1)")
-    p.add_argument("--delta", type=float, default=0.02,
-                   help="equivalence margin on the step-time ratio, at most --threshold (default 0.02: same means "
-                        "the whole interval inside ±2%%)")
-    p.add_argument("--confidence", type=float, default=0.99,
-                   help="level of the intervals over all the looks of one comparison (default 0.99)")
-    p.add_argument("--budget", type=float, default=180.0,
-                   help="seconds of timed blocks per case before the verdict is inconclusive (default 180)")
-    p.add_argument("--min-blocks", type=int, default=10, help="with --rotate 0: blocks before any verdict (default 10)")
-    p.add_argument("--max-blocks", type=int, default=2000, help="blocks at most per case (default 2000)")
-    p.add_argument("--rotate", type=int, default=5, metavar="N",
+    p.add_argument("--threshold", type=float,
+                   help=f"the gate's question: is HEAD slower by this fraction or more? (default {d('threshold'):g}: "
+                        f"not slower means the whole interval below +{d('threshold'):.0%}%; slower means the whole "
+                        f"interval above 1)")
+    p.add_argument("--delta", type=float,
+                   help=f"equivalence margin on the step-time ratio, at most --threshold (default {d('delta'):g}: same "
+                        f"means the whole interval inside ±{d('delta'):.0%}%)")
+    p.add_argument("--confidence", type=float,
+                   help=f"level of the intervals over all the looks of one comparison (default {d('confidence'):g})")
+    p.add_argument("--budget", type=float,
+                   help=f"seconds of timed blocks per case before the verdict is inconclusive (default "
+                        f"{d('budget_s'):g})")
+    p.add_argument("--min-blocks", type=int,
+                   help=f"with --rotate 0: blocks before any verdict (default {d('min_blocks')})")
+    p.add_argument("--max-blocks", type=int, help=f"blocks at most per case (default {d('max_blocks')})")
+    p.add_argument("--rotate", type=int, metavar="N",
                    help="the case prepared afresh on both servers every N blocks, the pairs of preparations being "
                         "the samples (t interval over pairs): two preparations of the same code can differ in "
                         "speed for as long as they run (docs/figures/gate.md measures it); 0 = one preparation "
-                        "per comparison, blocks as samples (default 5)")
-    p.add_argument("--restart", type=int, default=2, metavar="K",
+                        f"per comparison, blocks as samples (default {d('rotate')})")
+    p.add_argument("--restart", type=int, metavar="K",
                    help="with --rotate: every K-th fresh preparation is on fresh trial servers (new processes), whose "
-                        "own few percent of bias then change too; 1 = fresh servers every time, 0 = never (default 2)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the block orders and the bootstrap")
+                        "own few percent of bias then change too; 1 = fresh servers every time, 0 = never (default "
+                        f"{d('restart')})")
+    p.add_argument("--seed", type=int, help=f"seed of the block orders and the bootstrap (default {d('seed')})")
     p.add_argument("--repo", default=".", help="the git repository of the revisions (default: the current one)")
     p.add_argument("--python", help="interpreter of the trial servers (default: this one)")
-    add_shared(p, timeout=dict(default=600.0, help="bound on each request to a trial server, seconds"))
+    add_shared(p, timeout=f"bound on each request to a trial server, seconds (default {d('timeout'):g})")
     p.add_argument("--json", action="store_true", help="print the result as JSON (for machines) instead of a table")
+    add_shared(p, spec="the selection (and the run options) as a run specification (JSON, suite/run_spec.py's "
+                       "RunSpec; `fleetbench nightly` writes one for its gate) instead of the selection's options; "
+                       "--steps, --warmup ... given beside it replace the file's, and ab's own options (--threshold, "
+                       "--budget ...) come from the command line")
 
 
 def add_parser(sub) -> None:
@@ -101,44 +120,68 @@ def add_parser(sub) -> None:
     p.set_defaults(func=main)
 
 
-def options(args):
-    """AbOptions from the command line; a ValueError (exit 2) for anything out of range."""
-    from ..ab.stats import SeqOptions
-    from ..ab.trials import AbOptions, inject_from_env
+# RunOptions field -> ab's option; AbOptions and SeqOptions fields -> ab's options (None: the spec's default)
+RUN_FIELDS = {"per_rank_batch": "batch", "steps": "steps", "warmup": "warmup", "check": "no_check",
+              "check_steps": "check_steps"}
+AB_FIELDS = {"trial_warmup": "trial_warmup", "timeout": "timeout", "python": "python"}
+SEQ_FIELDS = {"delta": "delta", "threshold": "threshold", "confidence": "confidence", "min_blocks": "min_blocks",
+              "max_blocks": "max_blocks", "budget_s": "budget", "seed": "seed", "rotate": "rotate",
+              "restart": "restart"}
+SELECTION_OPTIONS = ("case", "tag", "model", "size", "device", "config", "set")
 
-    require_at_least(args, nproc=1, steps=1, check_steps=1)
-    problem = (check_nproc(args.nproc, args.device) or check_number("--batch", args.batch, minimum=1)
-               or check_seconds("--timeout", args.timeout)
-               or check_number("--seed", args.seed, minimum=0, maximum=2**32 - 1)
-               or check_number("--steps", args.steps, minimum=1, maximum=MAX_STEPS))
-    if problem:
-        raise ValueError(problem)
+
+def _given(args, names: dict) -> dict:
+    return {field: getattr(args, attr) for field, attr in names.items() if getattr(args, attr, None) is not None}
+
+
+def options(args) -> RunSpec:
+    """The comparison's run specification from the command line (selection, run options, ab's own); a ValueError
+    (exit 2) naming the option for anything out of range."""
+    from ..ab.trials import inject_from_env
+
     if args.python is not None and not (os.path.isfile(args.python) and os.access(args.python, os.X_OK)):
         raise ValueError(f"--python {args.python!r}: not an executable file; give the interpreter of the trial "
                          f"servers (e.g. {sys.executable})")
-    require_at_least(args, trial_warmup=0, warmup=0)
+    if getattr(args, "spec", None):
+        clash = sorted(given(args, *SELECTION_OPTIONS))
+        if clash:
+            raise ValueError(f"--spec {args.spec}: the file states the selection; "
+                             f"{', '.join('--' + c.replace('_', '-') for c in clash)} given too")
+        try:
+            asked = RunSpec.from_json(read_input(args.spec, "run specification (JSON)", 2**20), f"--spec {args.spec}")
+        except InputError as exc:
+            raise ValueError(f"--spec: {exc}") from None
+        sel = asked.selection
+        given_run: dict[str, Any] = {f: (not v if a == "no_check" else v) for f, a in RUN_FIELDS.items()
+                                     if (v := getattr(args, a)) not in (None, False)}
+        run = dataclasses.replace(asked.run, **given_run)
+        if args.nproc is None and len(sel.worlds) == 1:
+            nproc = sel.worlds[0]
+        elif args.nproc is not None and sel.worlds and args.nproc not in sel.worlds:
+            raise ValueError(f"--nproc {args.nproc}: --spec {args.spec} names world sizes "
+                             f"{', '.join(map(str, sel.worlds))}")
+        else:
+            nproc = args.nproc
+    else:
+        # "a,b" is two (split by the selection); a relative --config is the caller's, not the worktree's
+        sel = selection(args, config=os.path.abspath(args.config) if args.config else None)
+        run = run_options(args, RUN_FIELDS)
+        nproc = args.nproc
+    require_nproc(nproc, sel.device)
     try:
-        device = choose_platform(args.device, args.nproc or 1)[0]
-        args.nproc = args.nproc or default_worlds(device)[0]
+        device = choose_platform(sel.device, nproc or 1)[0]
+        nproc = nproc or default_worlds(device)[0]
     except ConfigError as exc:  # e.g. fewer GPUs than --nproc: never a silent CPU run
-        raise ValueError(f"--nproc {args.nproc}: {exc}" if args.nproc else str(exc)) from None
-    size = args.size or default_size(device)
-    seq = SeqOptions(delta=args.delta, threshold=args.threshold, confidence=args.confidence, min_blocks=args.min_blocks,
-                     max_blocks=args.max_blocks, budget_s=args.budget, seed=args.seed, rotate=args.rotate,
-                     restart=args.restart)
-    # "a,b" is two (split here, by the selection: a BASE's trial server may be older than the selection layer)
-    sel = selection(args)
-    cases, tags, models = list(sel.cases), list(sel.tags), list(sel.models)
-    if not (cases or tags or models):
-        tags = [sel.default_tag]
-    opts = AbOptions(cases=cases, tags=tags, models=models, sets=list(args.set),
-                     config=os.path.abspath(args.config) if args.config else None, size=size, batch=args.batch,
-                     nproc=args.nproc, device=None if device == "cpu" else device, steps=args.steps,
-                     trial_warmup=args.trial_warmup, warmup=args.warmup, check=not args.no_check,
-                     check_steps=args.check_steps, timeout=args.timeout, seq=seq, python=args.python,
-                     total_budget_s=getattr(args, "total_budget", None))
-    require_seconds(args, "total_budget")  # bisect has none
-    return inject_from_env(opts)
+        raise ValueError(f"--nproc {nproc}: {exc}" if nproc else str(exc)) from None
+    if not (sel.cases or sel.tags or sel.models):
+        sel = dataclasses.replace(sel, tags=(sel.default_tag,))
+    sel = dataclasses.replace(sel, size=sel.size or default_size(device), worlds=(nproc,),
+                              device=None if device == "cpu" else device)
+    total = getattr(args, "total_budget", None)  # bisect has none
+    ab = AbOptions(**_given(args, AB_FIELDS), seq=SeqOptions(**{**dataclasses.asdict(AbOptions().seq),
+                                                               **_given(args, SEQ_FIELDS)}),
+                   total_budget_s=total)
+    return inject_from_env(RunSpec(sel, run, ab))
 
 
 def progress(args):
@@ -170,13 +213,14 @@ def main(args) -> int:
     terminate_cleanly()
     try:
         opts = options(args)
+        assert opts.ab is not None
         if args.junit is not None and (why := junit.path_problem("--junit", args.junit)):
             raise ValueError(why)
         # busy work injected into one side (FLEETBENCH_AB_INJECT, a calibration run) makes one commit two sides
-        same = None if opts.inject_base or opts.inject_head else identical(args.repo, args.base, args.head)
+        same = None if opts.ab.inject_base or opts.ab.inject_head else identical(args.repo, args.base, args.head)
         if same is not None:
             if args.json:
-                print_json(same | {"options": {"threshold": opts.seq.threshold, "delta": opts.seq.delta}})
+                print_json(same | {"options": {"threshold": opts.ab.seq.threshold, "delta": opts.ab.seq.delta}})
             else:
                 print(f"ab: BASE {args.base} and HEAD {args.head} are {same['identical']}: identical, nothing "
                       f"timed\n\nab gate: ok (identical)")
@@ -190,7 +234,7 @@ def main(args) -> int:
                     print(f"fleetbench ab: --junit {args.junit}: not written ({exc})", file=sys.stderr, flush=True)
                     return 2
             return 0
-        if opts.seq.rotate == 0:
+        if opts.ab.seq.rotate == 0:
             print("ab: note: --rotate 0 times one preparation per side: its own bias (a few percent on this machine, "
                   "docs/figures/gate.md) is not in the blocks' spread, so a verdict may be the preparation's, not the "
                   "code's", file=sys.stderr, flush=True)
@@ -210,12 +254,13 @@ def main(args) -> int:
                 print(f"  {f}")
         elif report.inconclusive:
             print(f"\nab gate: UNDECIDED ({len(report.inconclusive)} case(s) inconclusive; "
-                  f"threshold {opts.seq.threshold:.0%})")
+                  f"threshold {opts.ab.seq.threshold:.0%})")
             for c in report.inconclusive:
                 print(f"  {c.case}@{c.world}: {c.summary}")
         else:
-            print(f"\nab gate: ok (no case slower; threshold {opts.seq.threshold:.0%}, margin ±{opts.seq.delta:.0%}, "
-                  f"{opts.seq.confidence:.0%} over all looks)")
+            seq = opts.ab.seq
+            print(f"\nab gate: ok (no case slower; threshold {seq.threshold:.0%}, margin ±{seq.delta:.0%}, "
+                  f"{seq.confidence:.0%} over all looks)")
     if args.junit is not None:
         suite = junit.Suite(f"fleetbench ab {args.base} {args.head}",
                             tuple(junit.ab_cases(report.cases, report.only, report.errors)),

@@ -12,7 +12,7 @@ import math
 from ..ab.client import TrialError
 from ..ab.worktrees import RevisionError
 from . import error, helps, print_json, terminate_cleanly
-from .options import require_at_least
+from .checks import require_number
 
 
 def add_parser(sub) -> None:
@@ -49,7 +49,7 @@ def main(args) -> int:
     if len(args.case) != 1 or any(ch in args.case[0] for ch in "*?[,"):
         return error("bisect", "name exactly one case with --case (e.g. --case mlp/plain)")
     try:
-        require_at_least(args, retries=0)
+        require_number("--retries", args.retries, minimum=0)
         opts = options(args)
         report = run_bisect(args.repo, args.good, args.bad, args.case[0], opts, retries=args.retries,
                             say=progress(args))

@@ -1,24 +1,32 @@
 """Checks shared by the sub-commands' arguments: numbers in range, local rank counts, writable paths.
 
-Each returns one line naming the option or path, the value and what is allowed (None when fine), so a
-command can refuse bad input before any rank starts.  A value of None is an option not given: fine (the
-command chooses it later).
+The one error style of the command line: each ``require_*`` raises a :class:`~suite.config.ConfigError`
+(``fleetbench CMD: error: ...``, exit 2) naming the option or path, the value and what is allowed, so a command
+refuses bad input before any rank starts; it returns nothing when the value is fine.  A value of None is an
+option not given: fine (the command chooses it later).  What a run specification's fields accept is checked
+by the spec itself (``suite/run_spec.py``), with the option's name in its refusal.
 """
 from __future__ import annotations
 
 import math
 import os
 
+from ..config import ConfigError
 from ..outputs import output_problem
+from ..run_spec import MAX_ROUNDS, MAX_STEPS, WEEK
 
-# Bounds on the timing options: steps in a timed window, timed rounds, and a wait in seconds (a week: a timedelta
-# of 1e300 s overflows in the ranks).
-MAX_STEPS, MAX_ROUNDS, WEEK = 10**6, 10**5, 7 * 86400
+__all__ = ["MAX_STEPS", "MAX_ROUNDS", "WEEK", "require_number", "require_seconds", "require_nproc",
+           "require_writable", "oversubscribed", "local_rank_limit", "max_local_ranks", "available_memory"]
 
 
-def check_number(option: str, value, *, minimum=None, above=None, maximum=None, unit: str = "") -> str | None:
-    """None when ``value`` is a finite number within the bounds (or None: not given), else one line naming the
+def require_number(option: str, value, *, minimum=None, above=None, maximum=None, unit: str = "") -> None:
+    """A ConfigError unless ``value`` is a finite number within the bounds (or None: not given), naming the
     option, the value and what is allowed (``minimum``/``maximum`` inclusive, ``above`` exclusive)."""
+    if (problem := _number_problem(option, value, minimum=minimum, above=above, maximum=maximum, unit=unit)):
+        raise ConfigError(problem)
+
+
+def _number_problem(option: str, value, *, minimum=None, above=None, maximum=None, unit: str = "") -> str | None:
     if value is None:
         return None
     shown = f"{value:g}" if isinstance(value, float) else str(value)
@@ -80,17 +88,19 @@ def max_local_ranks(device: str | None = "cpu") -> int:
     return local_rank_limit(device)[0]
 
 
-def check_seconds(option: str, value, maximum: float | None = WEEK, unit: str = "seconds") -> str | None:
-    """:func:`check_number` for a wait in seconds: > 0, and at most ``maximum`` (default a week)."""
-    return check_number(option, value, above=0.0, maximum=maximum, unit=unit)
+def require_seconds(option: str, value, maximum: float | None = WEEK, unit: str = "seconds") -> None:
+    """:func:`require_number` for a wait in seconds: > 0, and at most ``maximum`` (default a week)."""
+    require_number(option, value, above=0.0, maximum=maximum, unit=unit)
 
 
-def check_nproc(value, device: str | None = "cpu", option: str = "--nproc") -> str | None:
-    """None when ``value`` local ranks fit this machine, else one line saying what does and why."""
-    if value is None or (problem := check_number(option, value, minimum=1)):
-        return None if value is None else problem
+def require_nproc(value, device: str | None = "cpu", option: str = "--nproc") -> None:
+    """A ConfigError unless ``value`` local ranks (None: not given) fit this machine, saying what does and why."""
+    if value is None:
+        return
+    require_number(option, value, minimum=1)
     limit, why = local_rank_limit(device)
-    return None if value <= limit else f"{option} {value}: at most {limit} local ranks on this machine ({why})"
+    if value > limit:
+        raise ConfigError(f"{option} {value}: at most {limit} local ranks on this machine ({why})")
 
 
 def oversubscribed(nproc: int, device: str | None = "cpu") -> str | None:
@@ -101,7 +111,8 @@ def oversubscribed(nproc: int, device: str | None = "cpu") -> str | None:
     return f"{nproc} ranks on {cpus} CPU(s): ranks share cores, steps are slower and timings noisier"
 
 
-def unwritable(path: str):
-    """Why ``path`` cannot be written as a file (None when it can, as far as can be told beforehand):
-    :func:`suite.outputs.output_problem`, the writer's own rule."""
-    return output_problem(path)
+def require_writable(option: str, path: str | None) -> None:
+    """A ConfigError when ``path`` (None: not given) cannot be written as a file, as far as can be told beforehand
+    (:func:`suite.outputs.output_problem`, the writer's own rule): ``--out 'x': why``."""
+    if path and (why := output_problem(path)):
+        raise ConfigError(f"{option} {path!r}: {why}")

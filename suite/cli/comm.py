@@ -7,8 +7,7 @@ import re
 import sys
 
 from ..cluster.calibrate import calibrate_on_pool
-from ..cluster.launch import apply_cluster_args, start_cluster
-from ..config import ConfigError
+from ..cluster.launch import cluster_option, start_cluster
 from ..measure.metadata import machine_line
 from ..outputs import write_atomic
 from ..runtime.pool import RankError, RankFailure
@@ -18,10 +17,10 @@ from .checks import (
     MAX_STEPS,
     WEEK,
     available_memory,
-    check_number,
-    check_seconds,
     max_local_ranks,
-    unwritable,
+    require_number,
+    require_seconds,
+    require_writable,
 )
 from .options import add_shared
 
@@ -98,15 +97,11 @@ def calibrate_main(args, cluster_spec) -> int:
     """``--calibrate FILE``: the calibration micro-benchmarks on the emulated cluster, fitted, written."""
     from ..runtime import RankPool  # at call time: tests replace it
 
-    why = unwritable(args.calibrate)
-    if why:
-        return fail(f"--calibrate {args.calibrate!r}: {why}")
-    problem = (check_number("--iters", args.iters, minimum=1, maximum=MAX_STEPS)
-               or check_number("--rounds", args.rounds, minimum=1, maximum=MAX_ROUNDS)
-               or check_seconds("--timeout", args.timeout, maximum=None)
-               or check_number("--timeout", args.timeout, minimum=1.0, maximum=WEEK, unit="seconds"))
-    if problem:
-        return fail(problem)
+    require_writable("--calibrate", args.calibrate)
+    require_number("--iters", args.iters, minimum=1, maximum=MAX_STEPS)
+    require_number("--rounds", args.rounds, minimum=1, maximum=MAX_ROUNDS)
+    require_seconds("--timeout", args.timeout, maximum=None)
+    require_number("--timeout", args.timeout, minimum=1.0, maximum=WEEK, unit="seconds")
     cluster, pool_kw = start_cluster(cluster_spec)
     try:
         with RankPool(cluster_spec.world_size, timeout=args.timeout, num_threads=1, **pool_kw) as pool:
@@ -131,30 +126,23 @@ def calibrate_main(args, cluster_spec) -> int:
 def main(args) -> int:
     from ..comm.microbench import default_variants, format_table, merge, parse_variant, sizes_between
 
-    cluster_spec = None
-    if getattr(args, "cluster", None):
-        try:
-            cluster_spec = apply_cluster_args(args)
-        except ConfigError as exc:
-            return fail(str(exc))
-        args.inter_nranks = cluster_spec.ranks_per_node
+    # the cluster's shape: its world size and ranks per node (the command line's own otherwise)
+    cluster_spec = cluster_option(args.cluster) if getattr(args, "cluster", None) else None
+    nproc = cluster_spec.world_size if cluster_spec else args.nproc
+    inter_nranks = cluster_spec.ranks_per_node if cluster_spec else args.inter_nranks
     if getattr(args, "calibrate", None):
         if cluster_spec is None:
             return fail("--calibrate needs --cluster: the terms are fitted on an emulated cluster")
         return calibrate_main(args, cluster_spec)
-    if args.nproc < 2:
-        return fail(f"--nproc {args.nproc}: an allreduce needs at least 2 ranks")
-    problem = (check_number("--nproc", args.nproc, minimum=2, maximum=max_local_ranks(),
-                            unit="ranks are processes on this machine")
-               or check_number("--inter-nranks", args.inter_nranks, minimum=1, maximum=args.nproc)
-               or check_number("--step-factor", args.step_factor, minimum=2)
-               or check_number("--iters", args.iters, minimum=1, maximum=MAX_STEPS)
-               or check_number("--warmup", args.warmup, minimum=0, maximum=MAX_STEPS)
-               or check_seconds("--timeout", args.timeout, maximum=None, unit="seconds, the bound on the whole sweep")
-               or check_number("--timeout", args.timeout, minimum=1.0, maximum=WEEK,
-                               unit="seconds, the bound on the whole sweep"))
-    if problem:
-        return fail(problem)
+    if nproc < 2:
+        return fail(f"--nproc {nproc}: an allreduce needs at least 2 ranks")
+    require_number("--nproc", nproc, minimum=2, maximum=max_local_ranks(), unit="ranks are processes on this machine")
+    require_number("--inter-nranks", inter_nranks, minimum=1, maximum=nproc)
+    require_number("--step-factor", args.step_factor, minimum=2)
+    require_number("--iters", args.iters, minimum=1, maximum=MAX_STEPS)
+    require_number("--warmup", args.warmup, minimum=0, maximum=MAX_STEPS)
+    require_seconds("--timeout", args.timeout, maximum=None, unit="seconds, the bound on the whole sweep")
+    require_number("--timeout", args.timeout, minimum=1.0, maximum=WEEK, unit="seconds, the bound on the whole sweep")
     try:
         lo, hi = parse_size(args.min_bytes, "--min-bytes"), parse_size(args.max_bytes, "--max-bytes")
     except ValueError as exc:
@@ -163,10 +151,10 @@ def main(args) -> int:
         return fail(f"--min-bytes {args.min_bytes} is larger than --max-bytes {args.max_bytes}")
     largest = max(sizes_between(lo, hi, args.step_factor))
     avail = available_memory()
-    need = args.nproc * _HELD_PER_BYTE[args.dtype] * largest
+    need = nproc * _HELD_PER_BYTE[args.dtype] * largest
     if avail is not None and need > avail:
-        fits = int(avail / (args.nproc * _HELD_PER_BYTE[args.dtype]))
-        return fail(f"--max-bytes {args.max_bytes}: {args.nproc} ranks each hold about "
+        fits = int(avail / (nproc * _HELD_PER_BYTE[args.dtype]))
+        return fail(f"--max-bytes {args.max_bytes}: {nproc} ranks each hold about "
                     f"{_HELD_PER_BYTE[args.dtype]:g}x the largest message ({format_bytes(largest)}) as {args.dtype}, "
                     f"{format_bytes(need)} in all, but {format_bytes(avail)} of memory is available; the largest "
                     f"message that fits is about {format_bytes(fits)}")
@@ -174,10 +162,10 @@ def main(args) -> int:
     if args.variants:
         variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     else:
-        variants, left_out = default_variants(args.nproc, args.inter_nranks)
+        variants, left_out = default_variants(nproc, inter_nranks)
     try:
         for v in variants:
-            parse_variant(v, args.nproc, args.inter_nranks)
+            parse_variant(v, nproc, inter_nranks)
     except ValueError as exc:
         return fail(str(exc))
     from ..runtime import RankPool  # at call time: tests replace it
@@ -189,9 +177,9 @@ def main(args) -> int:
     from ..comm.microbench import allreduce_sweep_on_rank
 
     try:
-        with RankPool(args.nproc, timeout=args.timeout, **pool_kw) as pool:
+        with RankPool(nproc, timeout=args.timeout, **pool_kw) as pool:
             answers = pool.run(allreduce_sweep_on_rank,
-                               dict(sizes=sizes, variants=variants, inter_nranks=args.inter_nranks, iters=args.iters,
+                               dict(sizes=sizes, variants=variants, inter_nranks=inter_nranks, iters=args.iters,
                                     warmup=args.warmup, dtype=args.dtype))
     except (RankFailure, RankError) as exc:  # a sweep past --timeout, a rank that died: said, not a traceback
         lines = [ln for ln in str(exc).splitlines() if ln.strip()]
@@ -201,13 +189,13 @@ def main(args) -> int:
         if cluster is not None:
             cluster.down()
     rows = merge(answers)
-    print(f"# fleetbench comm: allreduce, {args.nproc} ranks, variants {', '.join(variants)}"
-          + (f", emulated nodes of {args.inter_nranks} ranks" if any(v.startswith("hier") for v in variants) else "")
+    print(f"# fleetbench comm: allreduce, {nproc} ranks, variants {', '.join(variants)}"
+          + (f", emulated nodes of {inter_nranks} ranks" if any(v.startswith("hier") for v in variants) else "")
           + (f", on the emulated cluster {cluster_spec}" if cluster_spec is not None else ""))
-    print(format_table(rows, args.nproc))
+    print(format_table(rows, nproc))
     if left_out:
         print(f"\n{left_out}")
-    print(f"\n_{machine_line(args.nproc)}_")
+    print(f"\n_{machine_line(nproc)}_")
     wrong = sum(r["wrong"] for r in rows)
     if wrong:
         print(f"fleetbench comm: {wrong} wrong element(s): an allreduce path is broken", file=sys.stderr)

@@ -15,7 +15,7 @@ from ..report.page import md_text
 from ..results.load import load_side
 from ..results.records import ResultsFileError, plain
 from . import GATE_CODES, error, helps, print_json
-from .checks import unwritable
+from .checks import require_writable
 
 
 def add_parser(sub) -> None:
@@ -67,8 +67,7 @@ def main(args) -> int:
     from ..results.compare import IDENTICAL, NOT_RUN, SAME_RECORDS, compare_sides, could_catch
     from ..results.gate import GateOptions
 
-    if args.markdown and unwritable(args.markdown):  # found out now, not after the comparison
-        return error("compare", f"--markdown {args.markdown!r}: {unwritable(args.markdown)}")
+    require_writable("--markdown", args.markdown)  # found out now, not after the comparison
     try:
         opts = GateOptions(threshold=args.threshold, alpha=args.alpha, method=args.method)
         base = load_side(args.base, args.base_run_id)

@@ -6,7 +6,7 @@ import sys
 from ..config import ConfigError
 from ..report import junit
 from . import helps, terminate_cleanly
-from .checks import check_nproc, check_seconds
+from .checks import require_nproc, require_seconds
 from .options import add_shared
 
 # --help's description: what the command does, for its users (the docstring above is for developers)
@@ -44,10 +44,10 @@ def main(args) -> int:
 
     terminate_cleanly()  # SIGTERM (a CI cancel) unwinds like Ctrl-C: the pool and temp dirs are removed
 
-    problem = (check_nproc(args.nproc, args.device) or check_seconds("--hang-timeout", args.hang_timeout, 86400.0)
-               or (args.junit is not None and junit.path_problem("--junit", args.junit)))
-    if problem:
-        raise ConfigError(problem)
+    require_nproc(args.nproc, args.device)
+    require_seconds("--hang-timeout", args.hang_timeout, 86400.0)
+    if args.junit is not None and (why := junit.path_problem("--junit", args.junit)):
+        raise ConfigError(why)
     progress = None if args.json else (lambda item: print(f"  {item.status:<20} {item.item}", file=sys.stderr,
                                                           flush=True))
     try:

@@ -24,10 +24,11 @@ import sys
 
 import suite.figures as figures_pkg
 
+from ..config import ConfigError
 from ..measure.metadata import machine_line
 from ..outputs import read_input, write_atomic
 from . import error, helps, terminate_cleanly
-from .checks import MAX_ROUNDS, MAX_STEPS, check_nproc, check_number, check_seconds, unwritable
+from .checks import MAX_ROUNDS, MAX_STEPS, require_nproc, require_number, require_seconds, require_writable
 from .options import add_shared
 
 
@@ -164,15 +165,17 @@ def main(args) -> int:
     if args.name not in names:
         return error("figures", f"figure set {args.name!r} is unknown; allowed: {', '.join(names)}")
 
-    problem = (check_nproc(args.nproc) or check_number("--rounds", args.rounds, minimum=1, maximum=MAX_ROUNDS)
-               or check_number("--steps", args.steps, minimum=1, maximum=MAX_STEPS)
-               or check_seconds("--timeout", args.timeout)
-               or (f"--out {args.out!r}: {unwritable(args.out)}" if args.out and unwritable(args.out) else None)
-               or (f"--save {args.save!r}: {unwritable(args.save)}" if args.save and unwritable(args.save) else None)
-               or (f"--load {args.load!r}: {_load_problem(args.load)}" if args.load and _load_problem(args.load)
-                   else None))
-    if problem:  # before any rank starts
-        return error("figures", problem)
+    try:  # before any rank starts
+        require_nproc(args.nproc)
+        require_number("--rounds", args.rounds, minimum=1, maximum=MAX_ROUNDS)
+        require_number("--steps", args.steps, minimum=1, maximum=MAX_STEPS)
+        require_seconds("--timeout", args.timeout)
+        require_writable("--out", args.out)
+        require_writable("--save", args.save)
+        if args.load and (why := _load_problem(args.load)):
+            raise ConfigError(f"--load {args.load!r}: {why}")
+    except ConfigError as exc:
+        return error("figures", exc)
     from ..runtime import RankPool  # at call time: tests replace it
 
     module = importlib.import_module("suite.figures." + args.name)

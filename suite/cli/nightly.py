@@ -19,9 +19,10 @@ from ..nightly import NightlyOptions, finished_stages, last_night, make_plan, re
 from ..outputs import InputError, OutputDir, OutputError, output_problem, read_input, safe_name, write_atomic
 from ..report import junit
 from ..results.gate import ratio_interval_text
+from ..run_spec import RunOptions, RunSpec
 from ..runtime.spawn import keeper, pdeathsig_preexec
 from . import GATE_CODES, helps, unwind
-from .checks import MAX_ROUNDS, MAX_STEPS, check_nproc, check_number
+from .checks import MAX_ROUNDS, MAX_STEPS, require_nproc, require_number
 from .options import add_shared, selection
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -70,14 +71,15 @@ def add_parser(sub) -> None:
                tag="cases with this tag; repeatable (default: nightly-gpu on CUDA, smoke on CPU)", model=None)
     p.add_argument("--worlds", help="world sizes, comma-separated (default one: 2 on CPU, every GPU on CUDA)")
     add_shared(p, size="model size (default: the device's)", config=None, set=None,
-               rounds=dict(default=3, help="timed rounds (default 3)"),
-               steps=dict(default=3, help="steps per round (default 3)"))
+               rounds=f"timed rounds (default {NightlyOptions().rounds})",
+               steps=f"steps per round (default {NightlyOptions().steps})")
     p.add_argument("--out", default=os.path.join("results", "nightly"), help="output directory (default "
                    "results/nightly; keep nightly.json in it between nights for the estimates)")
     p.add_argument("--last-good", default=os.path.join("results", "last-good", "commit"),
                    help="file holding the last good commit (default results/last-good/commit)")
-    p.add_argument("--gate-budget", type=float, default=30.0, metavar="MINUTES",
-                   help="the gate's timed trials, all cases and world sizes together (default 30)")
+    p.add_argument("--gate-budget", type=float, default=NightlyOptions().gate_budget_s / 60, metavar="MINUTES",
+                   help=f"the gate's timed trials, all cases and world sizes together (default "
+                        f"{NightlyOptions().gate_budget_s / 60:g})")
     p.add_argument("--gate-case", action="append", default=[], metavar="GLOB",
                    help="narrows the gate to these of the selected cases tagged gate (default: all of them); "
                         "repeatable")
@@ -132,24 +134,23 @@ def _path_problem(option: str, path: str, directory: bool) -> str | None:
 def check_options(args) -> None:
     """Every option of the night checked before anything runs (a stage hours in never finds a bad one): one
     ConfigError naming the first bad option, its value and what is allowed."""
-    problem = (check_number("--rounds", args.rounds, minimum=1, maximum=MAX_ROUNDS)
-               or check_number("--steps", args.steps, minimum=1, maximum=MAX_STEPS)
-               or check_number("--persist", args.persist, minimum=1, maximum=10_000)
-               or check_number("--gate-budget", args.gate_budget, above=0.0, maximum=YEAR_MIN, unit="minutes")
-               or check_number("--limit", args.limit, above=0.0, maximum=YEAR_MIN, unit="minutes")
-               or _path_problem("--out", args.out, directory=True)
-               or _path_problem("--last-good", args.last_good, directory=False))
-    problem = problem or junit.path_problem("--junit", junit_path(args), [os.path.join(args.out, "runs.jsonl"),
-                                                                          os.path.join(args.out, "nightly.json")])
+    require_number("--rounds", args.rounds, minimum=1, maximum=MAX_ROUNDS)
+    require_number("--steps", args.steps, minimum=1, maximum=MAX_STEPS)
+    require_number("--persist", args.persist, minimum=1, maximum=10_000)
+    require_number("--gate-budget", args.gate_budget, above=0.0, maximum=YEAR_MIN, unit="minutes")
+    require_number("--limit", args.limit, above=0.0, maximum=YEAR_MIN, unit="minutes")
+    problem = (_path_problem("--out", args.out, directory=True)
+               or _path_problem("--last-good", args.last_good, directory=False)
+               or junit.path_problem("--junit", junit_path(args), [os.path.join(args.out, "runs.jsonl"),
+                                                                   os.path.join(args.out, "nightly.json")]))
     if problem:
         raise ConfigError(problem)
     worlds = _worlds(args.worlds)
     for w in worlds:
-        declared = args.plan and args.device == "cuda"  # no GPU is probed for a plan: bounded, not counted
-        why = check_number("--worlds", w, minimum=1, maximum=MAX_WORLD) if declared else \
-            check_nproc(w, args.device or "cpu", "--worlds")
-        if why:
-            raise ConfigError(why)
+        if args.plan and args.device == "cuda":  # no GPU is probed for a plan: bounded, not counted
+            require_number("--worlds", w, minimum=1, maximum=MAX_WORLD)
+        else:
+            require_nproc(w, args.device or "cpu", "--worlds")
     if args.machine is not None:
         try:
             safe_name(args.machine, "--machine")
@@ -205,7 +206,7 @@ def plan_of(args):
     """(resolved selection, plan, last night) of the options; nothing is run, and with --plan nothing probed."""
     import fnmatch
 
-    from ..selection import choose_platform
+    from ..selection import choose_platform, resolve
 
     check_options(args)
     # the device first (a plan only declares it), for the default tag
@@ -214,7 +215,7 @@ def plan_of(args):
                                ("smoke",))
     sel = selection(args, tags=tags, worlds=_worlds(args.worlds), device=device,
                     config=os.path.abspath(args.config) if args.config else None)
-    resolved = sel.resolve(probe=not args.plan)
+    resolved = resolve(sel, probe=not args.plan)
     gate = [rc.case.name for rc in resolved.at[resolved.worlds[0]] if "gate" in rc.case.tags
             and any(fnmatch.fnmatchcase(rc.case.name, g) for g in args.gate_case or ["*"])]
     if not gate:
@@ -224,17 +225,26 @@ def plan_of(args):
     last = last_night(args.out, machine)
     if not args.plan:  # the gate's options: `fleetbench ab`'s own checks, hours before the gate runs
         check_ab_args(args, device)
-    opts = NightlyOptions(rounds=args.rounds, steps=args.steps, check=not args.quick,
-                          gate_budget_s=args.gate_budget * 60.0)
+    opts = NightlyOptions(**{k: v for k, v in (("rounds", args.rounds), ("steps", args.steps)) if v is not None},
+                          check=not args.quick, gate_budget_s=args.gate_budget * 60.0)
     try:
         measured = read_step_times(args.step_times) if args.step_times else None
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return resolved, make_plan(resolved, gate, machine, opts, last, measured), last
+    return resolved, make_plan(resolved, gate, machine, opts, last, measured), last, night_spec(resolved, opts)
+
+
+def night_spec(resolved, opts: NightlyOptions) -> RunSpec:
+    """What every stage runs: the resolved selection (its size, device and world sizes) and the night's options,
+    one run specification (``suite/run_spec.py``) handed to each stage as it is (``run --spec``,
+    ``--fleetbench-spec``, FLEETBENCH_BENCH_SPEC, ``ab --spec``), never spelled back into their options."""
+    sel = dataclasses.replace(resolved.selection, size=resolved.size, device=resolved.device, worlds=resolved.worlds)
+    return RunSpec(sel, RunOptions(steps=opts.steps, rounds=opts.rounds, warmup=opts.warmup, check=opts.check,
+                                   trace_steps=opts.trace_steps))
 
 
 def main(args) -> int:
-    resolved, plan, last = plan_of(args)
+    resolved, plan, last, spec = plan_of(args)
     if args.plan:
         print("\n".join(plan.lines()))
     if args.limit is not None:
@@ -246,7 +256,7 @@ def main(args) -> int:
                               f"cases or world sizes, or lower --rounds/--steps/--gate-budget")
     if args.plan:
         return 0
-    return Night(args, resolved, plan, last).run()
+    return Night(args, resolved, plan, spec, last).run()
 
 
 def junit_path(args) -> str:
@@ -272,13 +282,13 @@ def _worst(codes) -> int:
 class Night:
     """One night: the stages in order, the state (``nightly.json``) saved as each ends."""
 
-    def __init__(self, args, resolved, plan, last: dict | None = None):
-        self.args, self.resolved, self.plan = args, resolved, plan
+    def __init__(self, args, resolved, plan, spec: RunSpec, last: dict | None = None):
+        self.args, self.resolved, self.plan, self.spec = args, resolved, plan, spec
         self.py = sys.executable
         self.out = os.path.abspath(args.out)  # the stages run in the checkout's root
         self.dir: OutputDir | None = None  # --out, held once the night starts (nothing written through a link)
         self.deadline = None if args.limit is None else time.monotonic() + args.limit * 60.0
-        args.asv_config = os.path.abspath(args.asv_config)
+        self.asv_config = os.path.abspath(args.asv_config)
         self.env = dict(os.environ, PYTHONPATH=ROOT + (os.pathsep + os.environ["PYTHONPATH"]
                                                        if os.environ.get("PYTHONPATH") else ""))
         self.commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
@@ -360,52 +370,35 @@ class Night:
         return code
 
     # -- the stages -------------------------------------------------------------------------------------
-    def selection_options(self, prefix: str = "--", cases: list | None = None) -> list:
-        """The resolved selection as options of a stage's command; ``cases`` (the gate's) instead of the selection's
-        cases, tags and models."""
-        sel, out = self.resolved.selection, []
-        chosen = ((("case", sel.cases), ("tag", sel.tags), ("model", sel.models)) if cases is None
-                  else (("case", cases),))
-        for opt, values in (*chosen, ("set", sel.sets)):
-            for v in values:
-                out += [f"{prefix}{opt}", v]
-        for opt, value in (("size", self.resolved.size), ("config", sel.config), ("device", self.resolved.device)):
-            if value:
-                out += [f"{prefix}{opt}", value]
-        return out
+    def spec_file(self, name: str, spec: RunSpec) -> str:
+        """``spec`` written into the night's output as NAME (JSON), for a stage's command; its path."""
+        assert self.dir is not None
+        self.dir.write(name, json.dumps(spec.to_dict(), indent=1))
+        return os.path.join(self.out, name)
 
     def fleetbench(self, *args: str) -> list:
         return [self.py, "-m", "suite.cli.main", *args]
 
     def run_stage(self) -> int:
+        spec = self.spec_file("spec.json", self.spec)
         codes = [self.call(self.fleetbench(
-            "run", "--nproc", str(w), *self.selection_options(), "--rounds", str(self.args.rounds), "--steps",
-            str(self.args.steps), "--warmup", "1", "--trace-steps", "2", "--results",
-            os.path.join(self.out, "runs.jsonl"), "--junit", self.junit_file("run", f"run-w{w}"),
-            *(["--no-check"] if self.args.quick else [])))
-            for w in self.resolved.worlds]
+            "run", "--spec", spec, "--nproc", str(w), "--results", os.path.join(self.out, "runs.jsonl"), "--junit",
+            self.junit_file("run", f"run-w{w}"))) for w in self.resolved.worlds]
         return _worst(_code(c) for c in codes)
 
     def pytest_stage(self) -> int:
-        worlds = [x for w in self.resolved.worlds for x in ("--fleetbench-world", str(w))]
         return _code(self.call([
             self.py, "-m", "pytest", "bench_cases", "--benchmark-only", "-q", "-p", "no:cacheprovider",
-            *self.selection_options("--fleetbench-"), *worlds, "--fleetbench-rounds", str(self.args.rounds),
-            "--fleetbench-steps", str(self.args.steps), *(["--fleetbench-no-check"] if self.args.quick else []),
+            "--fleetbench-spec", self.spec_file("spec.json", self.spec),
             "--benchmark-storage", "file://" + os.path.join(self.out, "pytest-benchmark"),
             "--benchmark-json", os.path.join(self.out, "pytest-benchmark.json"),
             "--junitxml", self.junit_file("pytest-benchmark", "pytest-benchmark")]))
 
     def asv_env(self) -> dict:
-        """The selection for asv, through the variables bench_cases/_matrix.py documents (asv passes no arguments)."""
-        sel = self.resolved.selection
-        return dict(self.env, FLEETBENCH_BENCH_CASES=",".join(sel.cases), FLEETBENCH_BENCH_TAGS=",".join(sel.tags),
-                    FLEETBENCH_BENCH_MODELS=",".join(sel.models),
-                    FLEETBENCH_BENCH_WORLDS=",".join(map(str, self.resolved.worlds)),
-                    FLEETBENCH_BENCH_DEVICE=self.resolved.device, FLEETBENCH_BENCH_SIZE=self.resolved.size,
-                    FLEETBENCH_BENCH_CONFIG=os.path.abspath(sel.config) if sel.config else "",
-                    FLEETBENCH_BENCH_SET=";".join(sel.sets), FLEETBENCH_BENCH_ROUNDS=str(self.args.rounds),
-                    FLEETBENCH_BENCH_STEPS=str(self.args.steps), HOME=self.asv_home())
+        """The spec for asv, in the one variable bench_cases/_matrix.py reads (asv passes its benchmarks no
+        arguments); the hand-typed FLEETBENCH_BENCH_* variables of the night's own environment are left out."""
+        env = {k: v for k, v in self.env.items() if not k.startswith("FLEETBENCH_BENCH_")}
+        return dict(env, FLEETBENCH_BENCH_SPEC=self.spec.to_json(), HOME=self.asv_home())
 
     def asv_home(self) -> str:
         """asv's HOME: a folder of the night's output, where asv writes its machine file (~/.asv-machine.json):
@@ -416,7 +409,7 @@ class Night:
         return os.path.join(self.out, "asv-home")
 
     def asv_stage(self) -> int:
-        asv, conf, env = os.path.join(os.path.dirname(self.py), "asv"), self.args.asv_config, self.asv_env()
+        asv, conf, env = os.path.join(os.path.dirname(self.py), "asv"), self.asv_config, self.asv_env()
         with open(os.devnull, "w") as null:
             if self.call([asv, "machine", "--machine", self.plan.machine, "--yes", "--config", conf], null, env):
                 return 2
@@ -465,11 +458,13 @@ class Night:
             share = self.plan.gate_budget_s * len(names) / len(self.plan.gate)
             path = os.path.join(self.out, f"ab-w{w}.json")
             assert self.dir is not None
+            gate_spec = self.spec.replace(selection={"cases": tuple(names), "tags": (), "models": (), "worlds": (w,)})
+            spec = self.spec_file(f"gate-w{w}.spec.json", gate_spec)
             with self.dir.replacing(f"ab-w{w}.json") as fh:  # ab's --json document, never through a link
                 code = self.call(self.fleetbench(
-                    "ab", good, self.commit, "--nproc", str(w), *self.selection_options(cases=names), "--total-budget",
-                    f"{share:.0f}", *(["--no-check"] if self.args.quick else []), *shlex.split(self.args.ab_args),
-                    "--junit", self.junit_file("gate", f"ab-w{w}"), "--json"), stdout=fh)
+                    "ab", good, self.commit, "--spec", spec, "--total-budget", f"{share:.0f}",
+                    *shlex.split(self.args.ab_args), "--junit", self.junit_file("gate", f"ab-w{w}"), "--json"),
+                    stdout=fh)
             codes.append(_code(code))
             gate["worlds"][str(w)] = {"exit": code, "cases": names, "budget_s": share}
             lines = _gate_lines(path, code)
@@ -479,7 +474,7 @@ class Night:
         return _worst(codes)
 
     def history_stage(self) -> int:
-        conf = self.args.asv_config
+        conf = self.asv_config
         conf_data = json.loads(read_input(conf, "asv config (JSON)", 2**20))
         results = os.path.join(os.path.dirname(conf), conf_data.get("results_dir", "results"))
         code = self.call(self.fleetbench("history", "--results", results, "--machine", self.plan.machine,

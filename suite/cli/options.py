@@ -3,18 +3,18 @@
 :data:`SHARED` holds what an option is (its type, action, choices, metavar, and the help text the commands
 that share it word for word); a command declares it with :func:`add_shared`, giving its own help text (and
 default) where its use differs: run's ``--case`` help names the pattern, ab's is short.
+
+The options of a run specification (``suite/run_spec.py``) default to None here: a command builds its spec
+from what was given (:func:`selection`, :func:`given`), and the spec's own defaults fill the rest, so each
+default is stated once (:func:`default` reads one for a help text).
 """
 from __future__ import annotations
 
-import argparse
-import math
-from typing import TYPE_CHECKING
+import functools
+from collections.abc import Mapping
+from typing import Any
 
-from ..config import ConfigError
-from ..model_registry import SIZES
-
-if TYPE_CHECKING:
-    from ..selection import Selection
+from ..run_spec import SIZES, RunOptions, Selection
 
 # --NAME (underscores for dashes) -> add_argument keywords; a command's help (and default) go over them
 SHARED: dict[str, dict] = {
@@ -30,21 +30,26 @@ SHARED: dict[str, dict] = {
     "steps": dict(type=int),
     "rounds": dict(type=int),
     "warmup": dict(type=int),
-    "check_steps": dict(type=int, default=3, help="steps of the correctness check (default 3)"),
+    "check_steps": dict(type=int, default=None),
     "no_check": dict(action="store_true"),
     "timeout": dict(type=float),
-    "pg_timeout": dict(type=float, default=120.0, help="bound on each collective wait, seconds"),
+    "pg_timeout": dict(type=float, default=None),
     "cluster": dict(metavar="NxR:inter=RATE[,intra=RATE]"),  # suite.cluster.spec.ClusterSpec.parse reads it
+    "spec": dict(metavar="FILE"),  # a RunSpec as JSON (suite/run_spec.py): its selection (and options) instead
 }
 
 
-class Given(argparse.Action):
-    """Stores the option's value and notes that the command line gave it (``args.given``, a set of names), so an
-    option left at its default can be told from one given with the default's value (``run --resume``)."""
+def default(name: str):
+    """The run specification's default of a run option (``RunOptions().steps``), for a help text."""
+    return getattr(RunOptions(), name)
 
-    def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, values)
-        namespace.given = getattr(namespace, "given", set()) | {self.dest}
+
+def _shared_help() -> None:
+    SHARED["check_steps"]["help"] = f"steps of the correctness check (default {default('check_steps')})"
+    SHARED["pg_timeout"]["help"] = f"bound on each collective wait, seconds (default {default('pg_timeout'):g})"
+
+
+_shared_help()
 
 
 def add_shared(p, **given) -> None:
@@ -55,29 +60,38 @@ def add_shared(p, **given) -> None:
         p.add_argument("--" + name.replace("_", "-"), **{**SHARED[name], **own})
 
 
-def selection(args, **fields) -> Selection:
-    """The typed selection of the options --case, --tag, --model, --size, --device, --config and --set (not resolved:
-    see :meth:`Selection.resolve`); ``fields`` replace what the command decides itself (e.g. its default tags)."""
-    from ..selection import Selection  # at call time: it imports torch (the models); importing options stays light
+def given(args, *names: str) -> set[str]:
+    """Which of the options ``names`` the command line gave: a value (the options of a spec default to None, so
+    ``--steps 5`` is given even where 5 is the default), a list with an element, a switch that is on."""
+    return {n for n in names if (value := getattr(args, n, None)) is not None and value is not False and value != []}
 
-    return Selection(**{"cases": tuple(args.case), "tags": tuple(args.tag), "models": tuple(args.model),
-                        "size": args.size, "device": args.device, "config": args.config, "sets": tuple(args.set),
+
+def _getter(options):
+    """The options' values by name: from a command's parsed arguments, or from a mapping of them (``run``'s, with
+    what a resumed run's records tell)."""
+    return options.__getitem__ if isinstance(options, Mapping) else functools.partial(getattr, options)
+
+
+def selection(options, **fields) -> Selection:
+    """The typed selection of the options --case, --tag, --model, --size, --device, --config and --set (not resolved:
+    ``suite.selection.resolve``); ``fields`` replace what the command decides itself (e.g. its default tags)."""
+    o = _getter(options)
+    return Selection(**{"cases": tuple(o("case")), "tags": tuple(o("tag")), "models": tuple(o("model")),
+                        "size": o("size"), "device": o("device"), "config": o("config"), "sets": tuple(o("set")),
                         **fields})
 
 
-def require_at_least(args, **lows: int) -> None:
-    """A ConfigError (a ValueError) naming the first option (an attribute of ``args``; None: not given) below its
-    lowest value in ``lows``: ``--check-steps 0: must be >= 1``."""
-    for name, low in lows.items():
-        value = getattr(args, name)
-        if value is not None and value < low:
-            raise ConfigError(f"--{name.replace('_', '-')} {value}: must be >= {low}")
+def run_options(options, names: dict[str, str], **fields) -> RunOptions:
+    """The run options of the options given: ``names`` maps a RunOptions field to its option's attribute
+    (``{"per_rank_batch": "batch"}``; ``check`` from a ``no_check`` switch); an option left at None takes the
+    spec's default; ``fields`` are the command's own."""
+    o = _getter(options)
+    kw: dict[str, Any] = {}
+    for field, attr in names.items():
+        value = o(attr)
+        if field in ("check", "utilization") and attr.startswith("no_"):
+            kw[field] = not value
+        elif value is not None:
+            kw[field] = value
+    return RunOptions(**kw, **fields)
 
-
-def require_seconds(args, *names: str) -> None:
-    """A ConfigError naming the first option (an attribute of ``args``; None or absent: not given) that is not a
-    finite number of seconds > 0."""
-    for name in names:
-        value = getattr(args, name, None)
-        if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-            raise ConfigError(f"--{name.replace('_', '-')} {value}: must be a finite number of seconds > 0")

@@ -18,7 +18,7 @@ from ..cluster.spec import ClusterSpecError, parse_cluster
 from ..outputs import write_atomic
 from ..results.records import plain
 from . import error, helps
-from .checks import check_number, max_local_ranks, unwritable
+from .checks import max_local_ranks, require_number, require_writable
 from .options import add_shared
 
 MAX_PROFILE_BYTES = 64 * 2**20  # a profile is a few KB; refuse to read a huge file (or a device) whole
@@ -103,14 +103,12 @@ def main(args) -> int:
         spec = parse_cluster(args.cluster, emulate=False)
     except ClusterSpecError as exc:
         return fail(str(exc))
-    problem = (check_number("--inter-lat", args.inter_lat, minimum=0.0, unit="µs")
-               or check_number("--intra-lat", args.intra_lat, minimum=0.0, unit="µs")
-               or check_number("--bucket-mb", args.bucket_mb, above=0.0, unit="MiB")
-               or check_number("--local-sgd-k", args.local_sgd_k, minimum=1)
-               or check_number("--per-rank-batch", args.per_rank_batch, minimum=1)  # None: the model's own
-               or check_number("--nproc", args.nproc, minimum=1, maximum=max_local_ranks()))
-    if problem:
-        return fail(problem)
+    require_number("--inter-lat", args.inter_lat, minimum=0.0, unit="µs")
+    require_number("--intra-lat", args.intra_lat, minimum=0.0, unit="µs")
+    require_number("--bucket-mb", args.bucket_mb, above=0.0, unit="MiB")
+    require_number("--local-sgd-k", args.local_sgd_k, minimum=1)
+    require_number("--per-rank-batch", args.per_rank_batch, minimum=1)  # None: the model's own
+    require_number("--nproc", args.nproc, minimum=1, maximum=max_local_ranks())
     if args.profile:
         try:
             profile = Profile.from_dict(read_json_file(args.profile))
@@ -123,10 +121,7 @@ def main(args) -> int:
             model_info(args.model, args.size)  # a user's factory runs in a child process
         except ModelError as exc:
             return fail(str(exc))
-        if args.save_profile:
-            why = unwritable(args.save_profile)
-            if why:  # found out now, not after the measurement
-                return fail(f"--save-profile {args.save_profile!r}: {why}")
+        require_writable("--save-profile", args.save_profile)  # found out now, not after the measurement
         nproc = args.nproc if args.nproc is not None else min(4, spec.ranks_per_node)
         raw = measure_profile(args.model, nproc, args.per_rank_batch, args.size)
         if args.save_profile:

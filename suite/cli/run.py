@@ -18,20 +18,22 @@ from typing import Any
 
 from .. import runtime
 from ..cases import ALL_TAGS, BASELINE
-from ..cluster.launch import apply_cluster_args, start_cluster
+from ..cluster.launch import cluster_option, cluster_sets, start_cluster
 from ..config import ConfigError
 from ..measure.metadata import collect
-from ..measure.stats import RUN_ROUNDS_FOR_95
 from ..measure.utilization import BUSY, BUSY_SHARE, busy_reason
+from ..outputs import InputError, read_input
 from ..report import junit
 from ..results.records import ResultsFileError, read_records
-from ..runner import CaseRunner, RunOptions
+from ..run_spec import RUN_ROUNDS_FOR_95, RunOptions, RunSpec
+from ..runner import BASE_TIMEOUT_S, CaseRunner
 from ..runtime.launch import init_from_env, shutdown, torchrun_env
 from ..runtime.torchrun import TorchrunLauncher
+from ..selection import resolve
 from . import helps
-from .checks import MAX_ROUNDS, MAX_STEPS, WEEK, check_nproc, oversubscribed
-from .options import Given, add_shared, require_at_least, require_seconds, selection
-from .resume import recorded, resolve_resume
+from .checks import oversubscribed, require_nproc
+from .options import add_shared, default, given, run_options, selection
+from .resume import Resume, resolve_resume
 
 DEFAULT_RESULTS = os.path.join("results", "runs.jsonl")
 
@@ -55,29 +57,28 @@ def add_parser(sub) -> None:
                            fleetbench run --tag smoke --nproc 2
                            fleetbench run --case 'mlp/*' --case resnet/ddp --nproc 4 --rounds 9
                            fleetbench run --set fuse_grad_size_in_MB=8 --config my.toml --trace-steps 2
-                           fleetbench run --resume results/runs.jsonl"""))
-    # options a run's records keep (suite/cli/resume.py): Given notes the ones the command line gives
+                           fleetbench run --resume results/runs.jsonl
+                           fleetbench run --spec results/nightly/spec.json --nproc 2"""))
+    # the options of the run's specification (suite/run_spec.py): None when not given, the spec's default then
     add_shared(p, nproc="local ranks to spawn, the world size (default: 2 on CPU, every GPU on CUDA; ignored under "
                         "torchrun)",
-               device=dict(action=Given, help="override the device (default: cuda where CUDA has a GPU for every "
-                                              "local rank, else cpu; with CUDA present, fewer GPUs than ranks is an "
-                                              "error)"),
+               device="override the device (default: cuda where CUDA has a GPU for every local rank, else cpu; with "
+                      "CUDA present, fewer GPUs than ranks is an error)",
                case="case name or glob (model/variant, e.g. 'resnet/overlap', '*/local_sgd'); repeatable or "
                     "comma-separated",
                tag=f"cases with this tag ({', '.join(ALL_TAGS)}); repeatable. Without "
                    "--case/--tag/--model: the 'default' tag",
                model="a registry model (resnet50, gpt2, bert, resnet, mlp, transformer), hf:GPT2Config / "
                      "hf:BertConfig, or your own factory as module:function; alone, every case of that model",
-               size=dict(action=Given, help="model size: full (published; default on CUDA), cpu (full parameters, "
-                                            "smaller inputs; default on CPU), tiny (tests)"),
-               config=dict(action=Given), set="a strategy field applied on top of every case; repeatable",
-               steps=dict(action=Given, default=5, help="steps per timed window (default 5)"),
-               rounds=dict(action=Given, default=RunOptions.rounds,
-                           help=f"interleaved timed rounds (default {RUN_ROUNDS_FOR_95}: the fewest whose speedup "
-                                f"interval can cover 95%%; fewer leave every speedup 'not resolved')"),
-               warmup=dict(action=Given, default=2, help="warm-up steps per case (default 2)"),
-               batch=dict(action=Given, help="per-rank batch size (default: the model's at its size)"),
-               check_steps=dict(action=Given), no_check="skip the correctness check")
+               size="model size: full (published; default on CUDA), cpu (full parameters, smaller inputs; default on "
+                    "CPU), tiny (tests)",
+               config=None, set="a strategy field applied on top of every case; repeatable",
+               steps=f"steps per timed window (default {default('steps')})",
+               rounds=f"interleaved timed rounds (default {default('rounds')}: the fewest whose speedup interval can "
+                      f"cover 95%%; fewer leave every speedup 'not resolved')",
+               warmup=f"warm-up steps per case (default {default('warmup')})",
+               batch="per-rank batch size (default: the model's at its size)",
+               check_steps=None, no_check="skip the correctness check")
     p.add_argument("--results", default=DEFAULT_RESULTS, help=f"JSON-lines results file (default {DEFAULT_RESULTS})")
     add_shared(p, timeout="bound on each multi-rank call, seconds (default: 600 s plus an allowance scaled by the "
                           "call's steps x variants x the model's size)", pg_timeout=None)
@@ -87,29 +88,81 @@ def add_parser(sub) -> None:
                         "--results): the same cases, size, steps, rounds, warm-up, batch, --config and --set, taken "
                         "from its records (an option given with another value is an error), skipping the cases "
                         "already recorded for it")
+    add_shared(p, spec="the run's specification as JSON (suite/run_spec.py's RunSpec; `fleetbench nightly` writes "
+                       "one): its selection and options instead of those options; --nproc picks one of its world sizes")
     p.add_argument("--no-utilization", action="store_true", help="do not sample CPU/GPU utilization")
     p.add_argument("--junit", metavar="FILE",
                    help="also write the verdicts as JUnit XML (CI systems' test view): one test case per case x world "
                         "size, pass / failure / error / skipped with its message and seconds")
-    p.add_argument("--trace-steps", type=int, default=0, metavar="N",
+    p.add_argument("--trace-steps", type=int, default=None, metavar="N",
                    help="after timing, run N traced steps per case under torch.profiler and write, next to the "
                         "results, each rank's trace (Kineto's Chrome-trace JSON, the engine's phases as ranges) and a "
-                        "timeline of every rank (traces/RUN_ID/CASE@WORLD/; docs/report.md; default 0: no trace)")
+                        "timeline of every rank (traces/RUN_ID/CASE@WORLD/; docs/report.md; default "
+                        f"{default('trace_steps')}: no trace)")
     add_shared(p, cluster="run the ranks on an emulated cluster (network namespaces; root): N nodes of R ranks, "
                           "node links limited to RATE (e.g. 2x2:inter=200mbit); sets --nproc N*R")
     p.set_defaults(func=main)
 
 
+# RunOptions field -> the option that gives it (suite/cli/options.py's run_options)
+RUN_FIELDS = {"per_rank_batch": "batch", "steps": "steps", "rounds": "rounds", "warmup": "warmup",
+              "check": "no_check", "check_steps": "check_steps", "timeout": "timeout", "pg_timeout": "pg_timeout",
+              "trace_steps": "trace_steps", "utilization": "no_utilization"}
+SPEC_OPTIONS = ("case", "tag", "model", "size", "device", "config", "set", *RUN_FIELDS.values())  # resume's too
+SPEC_BYTES = 2**20  # a run specification file is at most this long (a real one is under 2 KB)
+
+
+def command_spec(args, env=None, resume: Resume | None = None) -> tuple[RunSpec, Resume | None, Any]:
+    """The run's specification from its command line, with the run it resumes and the emulated cluster it runs on.
+
+    The options given (the spec's defaults for the rest), what the resumed run's records tell (``--resume``:
+    :func:`~suite.cli.resume.resolve_resume`; ``resume``: rank 0's, under torchrun), or ``--spec FILE`` (then none
+    of them); ``--cluster`` sets the world size and the hierarchy.  Under torchrun (``env``) the world is
+    torchrun's and --nproc is ignored."""
+    gave = given(args, *SPEC_OPTIONS)
+    asked = {name: getattr(args, name) for name in SPEC_OPTIONS}  # option -> value (None: not given)
+    nproc = None if env else args.nproc
+    if nproc is not None:
+        require_nproc(nproc, args.device)  # the local ranks this machine runs, before anything else
+    if args.spec and (clash := sorted(gave) + (["resume"] if args.resume else [])):
+        raise ConfigError(f"--spec {args.spec}: the file states the selection and options; "
+                          f"{', '.join('--' + c.replace('_', '-') for c in clash)} given too")
+    if resume is None and args.resume and not (env and env.rank):  # under torchrun rank 0 reads its host's file
+        resume = resolve_resume(args.resume, args.results, asked, gave, nproc, env.world_size if env else None)
+    if resume is not None:
+        asked |= resume.told
+        nproc = None if env else resume.world
+    cluster = cluster_option(args.cluster, args.device, under_torchrun=env is not None) if args.cluster else None
+    if cluster is not None:
+        if nproc is not None and nproc != cluster.world_size:
+            raise ConfigError(f"--nproc {nproc}: --cluster {args.cluster} has {cluster.world_size} ranks")
+        nproc = cluster.world_size
+        asked["set"] = list(cluster_sets(cluster, asked["set"]))
+    if not args.spec:
+        sel = selection(asked, config=os.path.abspath(asked["config"]) if asked["config"] else None,
+                        worlds=(nproc,) if nproc is not None else ())
+        return RunSpec(sel, run_options(asked, RUN_FIELDS)), resume, cluster
+    try:
+        spec = RunSpec.from_json(read_input(args.spec, "run specification (JSON)", SPEC_BYTES), f"--spec {args.spec}")
+    except InputError as exc:
+        raise ConfigError(f"--spec: {exc}") from None
+    worlds = spec.selection.worlds
+    if nproc is None and len(worlds) > 1:
+        raise ConfigError(f"--spec {args.spec}: it names world sizes {', '.join(map(str, worlds))}; give --nproc to "
+                          f"run one of them")
+    if nproc is not None and worlds and nproc not in worlds and cluster is None:
+        raise ConfigError(f"--nproc {nproc}: --spec {args.spec} names world sizes {', '.join(map(str, worlds))}")
+    sets = cluster_sets(cluster, spec.selection.sets) if cluster is not None else spec.selection.sets
+    spec = spec.replace(selection={"worlds": (nproc,) if nproc is not None else worlds, "sets": sets})
+    return spec, resume, cluster
+
+
 def main(args) -> int:
     env = torchrun_env()
-    cluster_spec = None
-    if getattr(args, "cluster", None):
-        cluster_spec = apply_cluster_args(args, under_torchrun=env is not None)
-    # under torchrun only rank 0 reads the results file (its host's); the others get its answer below
-    resume = resolve_resume(args, env.world_size if env else None) if args.resume and not (env and env.rank) \
-        else None
-    selected, opts = _prepare(args, env)
-    device, backend, world = opts.device, opts.backend, args.nproc if not env else env.world_size
+    spec, resume, cluster_spec = command_spec(args, env)
+    results = resume.results if resume is not None else args.results
+    selected, opts, ran = _prepare(spec, env, results)
+    device, backend, world = opts.device, opts.backend, ran.selection.worlds[0]
     if args.list:
         rows = [(rc.case.name, ",".join(rc.case.tags), rc) for rc in selected]
         name_width, tags_width = (max(len(row[i]) for row in rows) for i in (0, 1))
@@ -117,17 +170,17 @@ def main(args) -> int:
             print(f"{name:{name_width}s}  {tags:{tags_width}s}  {rc.case.description}"
                   + (f"  [skip: {rc.skip}]" if rc.skip else ""))
         return 0
-    _check_results_file(args.results)
-    if args.junit and not (env and env.rank) and (why := junit.path_problem("--junit", args.junit, [args.results])):
+    _check_results_file(results)
+    if args.junit and not (env and env.rank) and (why := junit.path_problem("--junit", args.junit, [results])):
         raise ConfigError(why)
-    if args.trace_steps:
-        _check_traces_dir(os.path.join(os.path.dirname(os.path.abspath(args.results)), "traces"))
+    if opts.trace_steps:
+        _check_traces_dir(os.path.join(opts.results_dir, "traces"))
 
     launcher: Any = None
     cluster: Any = None  # an emulated cluster, taken down after the launcher
     if env:
         try:
-            ctx = init_from_env(device=device, pg_timeout=args.pg_timeout)
+            ctx = init_from_env(device=device, pg_timeout=opts.pg_timeout)
         except (RuntimeError, OSError) as exc:  # the port taken, the rendezvous never met: said, not a traceback
             first = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
             raise ConfigError(f"cannot join torchrun's world at MASTER_ADDR={env.master_addr} MASTER_PORT="
@@ -135,11 +188,10 @@ def main(args) -> int:
                               f"taken by another job?)") from None
         launcher = TorchrunLauncher(ctx)
         reporter = ctx.rank == 0
-        shared = launcher.share(resume and (resume, recorded(args)))
-        if shared is not None and ctx.rank:  # rank 0's run and the options it took from the records
-            resume, options = shared
-            vars(args).update(options)
-            selected, opts = _prepare(args, env)
+        shared = launcher.share(resume)
+        if shared is not None and ctx.rank:  # rank 0's run: what its records tell, its spec built from that
+            spec, resume, _ = command_spec(args, env, shared)
+            selected, opts, ran = _prepare(spec, env, results)
     else:
         reporter = True
     todo = selected if resume is None else [rc for rc in selected if rc.case.name not in resume.done]
@@ -156,21 +208,20 @@ def main(args) -> int:
               f"rounds, which covers the median {coverage:.0%} of the time at best, so no speedup is called "
               f"resolved; --rounds {RUN_ROUNDS_FOR_95} or more for 95%", file=sys.stderr, flush=True)
     if not env:
-        if crowded := oversubscribed(args.nproc, device):
+        if crowded := oversubscribed(world, device):
             print(f"fleetbench run: warning: {crowded}", file=sys.stderr, flush=True)
         cluster_kw: dict = {}
         if cluster_spec is not None:
             cluster, cluster_kw = start_cluster(cluster_spec)
-        launcher = runtime.RankPool(args.nproc, device=device, timeout=args.timeout or 600.0,
-                                    pg_timeout=args.pg_timeout, **cluster_kw)
+        launcher = runtime.RankPool(world, device=device, timeout=opts.timeout or BASE_TIMEOUT_S,
+                                    pg_timeout=opts.pg_timeout, **cluster_kw)
     records: list = []
     written: dict = {}  # file -> records appended to it (the results file, or a fallback)
     display = RunDisplay(live=sys.stdout.isatty() and reporter)
     seconds = CaseSeconds(selected, display.event)  # each case's, for --junit
     try:
-        metadata = collect(world_size=world, backend=backend) | {"run": recorded(args)}  # what --resume reads
-        runner = CaseRunner(launcher, world, opts, metadata=metadata, reporter=reporter, say=display.say,
-                            on_progress=seconds.event)
+        runner = CaseRunner(launcher, world, opts, metadata=collect(world_size=world, backend=backend),
+                            reporter=reporter, say=display.say, on_progress=seconds.event, spec=ran)
         if resume is not None:
             runner.run_id = resume.run_id
             kept = [rc.case.name for rc in selected if rc.case.name in resume.done]
@@ -184,7 +235,7 @@ def main(args) -> int:
         runnable = sum(1 for rc in selected if rc.skip is None)
         skipped = f" ({len(selected) - runnable} more skipped)" if len(selected) > runnable else ""
         runner.say(f"fleetbench run {runner.run_id}: {runnable} case(s) on {world} rank(s){skipped}, size "
-                   f"{args.size}, {device}/{backend}; results -> {args.results}")
+                   f"{ran.selection.size}, {device}/{backend}; results -> {results}")
         width = max((len(rc.case.name) for rc in selected), default=0)  # the case column, as the check lines'
         said_busy: set = set()
         display.start(runnable)
@@ -204,14 +255,14 @@ def main(args) -> int:
                         said_busy.add(busy)
                         runner.say(f"      {busy}")
                 if reporter:
-                    dest = _append(args.results, rec)
+                    dest = _append(results, rec)
                     written[dest] = written.get(dest, 0) + 1
             records += batch
     except KeyboardInterrupt as exc:
         kept = list(getattr(exc, "records", None) or [])  # the interrupted group's finished checks and timings
         checked = 0
         for rec in kept if reporter else []:
-            dest = _append(args.results, rec)
+            dest = _append(results, rec)
             written[dest] = written.get(dest, 0) + 1
             checked += rec.status == "not_run"
         if reporter and args.junit:
@@ -419,32 +470,17 @@ def _say(line: str) -> None:
         pass
 
 
-def _prepare(args, env) -> tuple[list, RunOptions]:
-    """The cases to run at this world size and how, from ``args`` (every option and config validated, no rank
-    started); sets ``args.size``, ``args.device`` and ``args.nproc`` to what the run uses."""
-    require_at_least(args, nproc=1)
-    if not env and (why := check_nproc(args.nproc, args.device)):
-        raise ConfigError(why)
-    if args.steps > MAX_STEPS or args.rounds > MAX_ROUNDS:
-        raise ConfigError(f"--steps {args.steps} / --rounds {args.rounds}: at most {MAX_STEPS} steps per window and "
-                          f"{MAX_ROUNDS} rounds")
-    require_at_least(args, steps=1, rounds=1, check_steps=1, warmup=0, trace_steps=0)
-    require_seconds(args, "timeout", "pg_timeout")
-    for name, value in (("timeout", args.timeout), ("pg-timeout", args.pg_timeout)):
-        if value is not None and value > WEEK:  # a timedelta of 1e300 s overflows in the ranks
-            raise ConfigError(f"--{name} {value:g}: at most {WEEK} seconds (a week)")
-    require_at_least(args, batch=1)
+def _prepare(spec: RunSpec, env, results: str) -> tuple[list, RunOptions, RunSpec]:
+    """The cases to run at this world size, the runner's options and the spec as it runs (its size, device and world
+    size resolved: what the records keep), from ``spec`` (every option and config validated, no rank started)."""
+    if not env:
+        require_nproc(spec.world, spec.selection.device)
     # every config validated before any rank starts
-    resolved = selection(args).resolve(env.world_size if env else args.nproc,
-                                       env.local_world_size if env else None)
+    resolved = resolve(spec.selection, env.world_size if env else spec.world, env.local_world_size if env else None)
     device, backend, world = resolved.device, resolved.backend, resolved.worlds[0]
-    args.size, args.device, args.nproc = resolved.size, device, args.nproc or world
-    opts = RunOptions(
-        size=args.size, per_rank_batch=args.batch, steps=args.steps, rounds=args.rounds, warmup=args.warmup,
-        check=not args.no_check, check_steps=args.check_steps, timeout=args.timeout, trace_steps=args.trace_steps,
-        utilization=not args.no_utilization, device=device, backend=backend, baseline_overrides=tuple(args.set),
-        results_dir=os.path.dirname(os.path.abspath(args.results)))
-    return resolved.at[world], opts
+    ran = spec.replace(selection={"size": resolved.size, "device": device, "worlds": (world,)})
+    opts = spec.run_options(resolved.size, device, backend, os.path.dirname(os.path.abspath(results)))
+    return resolved.at[world], opts, ran
 
 
 def _check_results_file(path: str) -> None:
@@ -564,4 +600,4 @@ def print_table(records) -> None:
         table)
 
 
-__all__ = ["add_parser", "main", "selection", "print_table", "DEFAULT_RESULTS", "RunDisplay", "busy_summary"]
+__all__ = ["add_parser", "main", "command_spec", "print_table", "DEFAULT_RESULTS", "RunDisplay", "busy_summary"]

@@ -25,7 +25,7 @@ from ..runtime.pool import RankPool
 from .emulate import NODE_IF, EmulatedCluster
 from .spec import ClusterSpec, ClusterSpecError, parse_cluster
 
-__all__ = ["pool_kwargs", "cluster_pool", "rank_env", "apply_cluster_args", "start_cluster", "refuse_cuda"]
+__all__ = ["pool_kwargs", "cluster_pool", "rank_env", "cluster_option", "cluster_sets", "start_cluster", "refuse_cuda"]
 
 
 def rank_env(cluster: EmulatedCluster, rank: int) -> dict:
@@ -71,31 +71,36 @@ def cluster_pool(spec: ClusterSpec, **pool_options) -> Iterator[tuple]:
             cluster.down()
 
 
-def apply_cluster_args(args, under_torchrun: bool = False) -> ClusterSpec:
-    """For a CLI with ``--cluster``/``--nproc``/``--set``: parse the cluster (errors as ConfigError, before
-    any rank starts), set ``args.nproc`` to its world size and, unless given, the hierarchical split
-    (``hierarchical_allreduce_inter_nranks`` = ranks per node)."""
+def cluster_option(text: str, device: str | None = None, under_torchrun: bool = False) -> ClusterSpec:
+    """A command's ``--cluster`` value parsed and checked before any rank starts (errors as ConfigError naming
+    it): not under torchrun, not with ``device`` cuda, and only where a cluster can be emulated.  The command
+    takes its world size from it (``spec.world_size``) and its hierarchy from :func:`cluster_sets`."""
     from .emulate import unavailable_reason  # at call time: tests replace it
 
     try:
-        spec = parse_cluster(args.cluster)
+        spec = parse_cluster(text)
     except ClusterSpecError as exc:
         raise ConfigError(str(exc)) from None
     if under_torchrun:
-        raise ConfigError(f"--cluster {args.cluster!r}: not under torchrun (the real machines are the cluster)")
+        raise ConfigError(f"--cluster {text!r}: not under torchrun (the real machines are the cluster)")
     try:
-        refuse_cuda(getattr(args, "device", None))
+        refuse_cuda(device)
     except ValueError as exc:
-        raise ConfigError(f"--cluster {args.cluster!r}: {exc}") from None
+        raise ConfigError(f"--cluster {text!r}: {exc}") from None
     reason = unavailable_reason()
     if reason:
-        raise ConfigError(f"--cluster {args.cluster!r}: cannot emulate a cluster here: {reason}")
-    args.nproc = spec.world_size
-    sets = getattr(args, "set", None)
-    if sets is not None and spec.ranks_per_node > 1 and not any(
-            s.split("=", 1)[0].strip() == "hierarchical_allreduce_inter_nranks" for s in sets):
-        sets.append(f"hierarchical_allreduce_inter_nranks={spec.ranks_per_node}")
+        raise ConfigError(f"--cluster {text!r}: cannot emulate a cluster here: {reason}")
     return spec
+
+
+def cluster_sets(spec: ClusterSpec, sets: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """``sets`` (``--set`` values) with the hierarchical split of the cluster's nodes
+    (``hierarchical_allreduce_inter_nranks`` = ranks per node) unless they give it."""
+    sets = tuple(sets)
+    if spec.ranks_per_node > 1 and not any(s.split("=", 1)[0].strip() == "hierarchical_allreduce_inter_nranks"
+                                           for s in sets):
+        sets += (f"hierarchical_allreduce_inter_nranks={spec.ranks_per_node}",)
+    return sets
 
 
 def refuse_cuda(device) -> None:

@@ -71,6 +71,7 @@ from ..ab.power import (
 from ..ab.stats import SeqOptions, block_log_ratio, lag1
 from ..outputs import read_input, write_atomic
 from ..results.gate import GateOptions, gate_samples
+from ..run_spec import RunOptions, RunSpec, Selection
 
 DESCRIPTION = "regression gates: false alarms and detection of 2/5/10% slowdowns, ab and compare"
 
@@ -121,6 +122,8 @@ def long_run(case: str, inject: float, blocks: int, options, seed: int, say, reg
     t0 = time.monotonic()
     servers = [TrialServer(root, label, nproc=options.nproc, timeout=options.timeout, wait=False)
                for label in ("A", "B")]
+    spec = RunSpec(Selection(cases=(case,), size=options.size, worlds=(options.nproc,)),
+                   RunOptions(check=False)).to_dict()
     try:
         for s in servers:
             s.ready()
@@ -128,7 +131,7 @@ def long_run(case: str, inject: float, blocks: int, options, seed: int, say, reg
             s.receive(rid, "starting the rank pool")
 
         def prepare() -> list:
-            return [s.request("prepare", case=case, size=options.size, warmup=2, check=False, inject=inj)["key"]
+            return [s.request("prepare", case=case, spec=spec, inject=inj)["key"]
                     for s, inj in zip(servers, (0.0, inject))]
 
         keys = prepare()

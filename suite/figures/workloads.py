@@ -35,7 +35,8 @@ from ..config import StrategyConfig
 from ..measure.stats import bootstrap_median_ci
 from ..measure.summary import COMPUTE_ONLY, Timed
 from ..models import count_parameters, get_model
-from ..runner import CaseRunner, ResolvedCase, RunOptions
+from ..run_spec import ResolvedCase, RunOptions
+from ..runner import CaseRunner
 from ..runtime.device import host_available_memory
 from ..selection import case_fields
 from ..workload import WorkloadSpec
@@ -96,7 +97,7 @@ def _default_budget() -> int:
 
 
 def _runner(launcher: Any, world: int, options: Options, budget: int | None = None) -> CaseRunner:
-    opts = RunOptions(size=options.size, steps=options.steps, rounds=options.rounds, warmup=2, check=False,
+    opts = RunOptions(size=options.size, steps=options.steps, rounds=options.rounds, check=False,
                       timeout=options.timeout, utilization=False, baseline=BASE, memory_budget=budget)
     return CaseRunner(launcher, world, opts, metadata={}, reporter=False)
 

@@ -17,8 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = ["describe", "window_seconds", "paired_speedup", "bootstrap_median_ci", "RUN_ROUNDS_FOR_95"]
 
-# The fewest rounds whose range can cover the median with 95% probability (1 - 2**(1 - n) >= 0.95).
-RUN_ROUNDS_FOR_95 = 6
+from ..run_spec import RUN_ROUNDS_FOR_95  # the fewest rounds whose range can cover the median 95% of the time
 
 
 def _quantile(xs: Sequence[float], q: float) -> float:

@@ -37,6 +37,8 @@ from typing import Any, ClassVar
 
 from .. import outputs
 from ..outputs import InputError, ShortWrite, append_whole, write_atomic  # the last two: re-exported (__all__)
+from ..run_spec import SIZES, RunSpec, SpecError
+from ..validate import FieldSpec, Invalid, field_specs, show, spec
 from .structure import structure_of
 
 __all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "MAX_LINE_BYTES", "CaseRecord", "ResultsFileError", "Metrics",
@@ -45,8 +47,8 @@ __all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "MAX_LINE_BYTES", "CaseRecord"
            "ShortWrite", "name_problem", "plain", "write_atomic", "json_problem", "run_ids_held",
            "runs_newest_first", "allreduce_total"]
 
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 MAX_LINE_BYTES = 8 * 2**20  # one record; a real one is a few KB to a few hundred KB
 STATUSES = ("ok", "error", "skipped", "not_run")  # skipped / not_run: ``error`` holds the reason
 VERDICTS = ("pass", "fail", "n/a", "error", "skipped", "not_run")
@@ -55,32 +57,6 @@ Interval = list  # [lo, hi]: two numbers
 
 class ResultsFileError(ValueError):
     """A results file that cannot be used: names the file, the line and what is wrong."""
-
-
-def _number(v: Any) -> bool:
-    return not isinstance(v, bool) and (isinstance(v, (int, float)) or v in ("nan", "inf", "-inf"))
-
-
-def _to_number(v: Any) -> Any:
-    return float(v) if isinstance(v, str) else v  # "nan"/"inf" back to floats; whole numbers stay ints
-
-
-# a field's annotation (without "| None") -> (check, what is allowed, conversion of a valid value)
-_KINDS: dict[str, tuple] = {
-    "str": (lambda v: isinstance(v, str), "a string", None),
-    "bool": (lambda v: isinstance(v, bool), "true or false", None),
-    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "a whole number", None),
-    "float": (_number, "a number", _to_number),
-    "list[float]": (lambda v: isinstance(v, list) and all(map(_number, v)), "a list of numbers",
-                    lambda v: [_to_number(x) for x in v]),
-    "Interval": (lambda v: isinstance(v, list) and len(v) == 2 and all(map(_number, v)),
-                 "a list of two numbers [lo, hi]", lambda v: [_to_number(x) for x in v]),
-    "dict[str, float]": (lambda v: isinstance(v, dict) and all(map(_number, v.values())), "an object of numbers",
-                         lambda v: {k: _to_number(x) for k, x in v.items()}),
-    "list[str]": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings", None),
-    "list": (lambda v: isinstance(v, list), "a list", None),
-    "dict": (lambda v: isinstance(v, dict), "an object", None),
-}
 
 
 class _Part(Mapping[str, Any]):
@@ -105,29 +81,24 @@ class _Part(Mapping[str, Any]):
 
     @classmethod
     def from_dict(cls, data: Mapping, where: str = "", prefix: str = "", strict: bool = True) -> Any:
-        """Validated and converted; ``strict``: a name this schema does not know is an error (else dropped)."""
+        """Validated and converted (``suite/validate.py``); ``strict``: a name this schema does not know is an error
+        (else dropped).  A field given as null is absent."""
         kw = {}
+        specs = _part_specs(cls)
         for key, value in data.items():
-            f = _fields(cls).get(key)
-            if f is None:
+            fs = specs.get(key)
+            if fs is None:
                 if strict:
                     raise ResultsFileError(f"{where}: field '{prefix}{key}' is not a {cls.WHAT} of schema "
                                            f"{SCHEMA_VERSION}; allowed: {', '.join(_names(cls))}")
                 continue
-            optional = f.type.endswith(" | None")
-            if value is None and optional:
+            if value is None and _fields(cls)[key].default is None:
                 continue
-            kind = f.type.removesuffix(" | None")
-            if kind in _NESTED:
-                if not isinstance(value, Mapping):
-                    raise ResultsFileError(f"{where}: field '{prefix}{key}' is {_show(value)}; expected an object")
-                kw[key] = _NESTED[kind].from_dict(value, where, f"{prefix}{key}.", strict)
-                continue
-            check, allowed, convert = _KINDS[kind]
-            if not check(value):
-                raise ResultsFileError(f"{where}: field '{prefix}{key}' is {_show(value)}; expected {allowed}"
-                                       + (" or null" if optional else ""))
-            kw[key] = convert(value) if convert else value
+            try:
+                value = fs.check(value)
+            except Invalid as exc:
+                raise ResultsFileError(exc.field(where, prefix)) from None
+            kw[key] = fs.nested.from_dict(value, where, f"{prefix}{key}.", strict) if fs.nested else value
         try:
             return cls(**kw)
         except TypeError as exc:  # a required field missing
@@ -142,6 +113,13 @@ def _fields(cls: type) -> dict:
 @functools.cache
 def _names(cls: type) -> tuple:
     return tuple(f.name for f in dataclasses.fields(cls))
+
+
+@functools.cache
+def _part_specs(cls: type) -> dict[str, FieldSpec]:
+    """What each field of a part accepts, a record's numbers read leniently (``"nan"``); a part's field that is
+    None is absent, so a value given is said against the type alone ("expected a whole number")."""
+    return {k: dataclasses.replace(fs, optional=False) for k, fs in field_specs(cls, lenient=True).items()}
 
 
 @dataclass(frozen=True, eq=False)  # equal to any mapping of the same present fields
@@ -242,7 +220,7 @@ class Describe(_Part):
     def from_dict(cls, data: Mapping, where: str = "", prefix: str = "", strict: bool = True) -> Describe:
         precision = data.get("precision")
         if precision is not None and not isinstance(precision, Mapping):
-            raise ResultsFileError(f"{where}: field '{prefix}precision' is {_show(precision)}; expected an object")
+            raise ResultsFileError(f"{where}: field '{prefix}precision' is {show(precision)}; expected an object")
         return cls({k: v for k, v in data.items() if k != "precision"},
                    Precision.from_dict(precision, where, prefix + "precision.", strict) if precision else None)
 
@@ -298,22 +276,21 @@ class CheckSummary(_Part):
         return self.verdict == "pass"
 
 
-_NESTED: dict[str, Any] = {"Precision": Precision}
 _PARTS: dict[str, Any] = {"check": CheckSummary, "metrics": Metrics, "describe": Describe, "structure": Structure}
 
 
 @dataclass
 class CaseRecord:
-    case: str  # registry name, e.g. "resnet/overlap"
-    model: str
-    world_size: int
-    config: dict  # the full resolved StrategyConfig
-    run_id: str
-    status: str = "ok"  # ok | error | skipped | not_run (skipped, not_run: ``error`` says why)
-    verdict: str = "n/a"  # pass | fail | n/a | error | skipped | not_run
-    tags: list = field(default_factory=list)
+    case: str = spec(help="registry name, e.g. resnet/overlap", nonempty=True)
+    model: str = spec()
+    world_size: int = spec(ge=1)
+    config: dict = spec()  # the full resolved StrategyConfig
+    run_id: str = spec(nonempty=True)
+    status: str = spec("ok", choices=STATUSES)  # skipped, not_run: ``error`` says why
+    verdict: str = spec("n/a", choices=VERDICTS)
+    tags: list[str] = field(default_factory=list)
     timestamp: str = ""
-    size: str | None = None  # full | cpu | tiny (None: a schema-1 record, size unknown)
+    size: str | None = spec(None, choices=SIZES)  # None: a schema-1 record, size unknown
     backend: str = ""  # gloo | nccl
     device: str = ""  # "cpu", or "cuda" with the GPU's name
     check: CheckSummary | None = None
@@ -323,6 +300,7 @@ class CaseRecord:
     fallback: str | None = None  # why the case was timed alone rather than interleaved with its model's cases
     error: str | None = None
     metadata: dict = field(default_factory=dict)
+    spec: RunSpec | None = None  # what the run was asked (schema 4; None before): `run --resume` reads it
     schema_version: int = SCHEMA_VERSION
     kind: str = "fleetbench.case"
 
@@ -355,10 +333,22 @@ class CaseRecord:
             raise ResultsFileError(f"{where}: record lacks {', '.join(missing)}")
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
+        if version == SCHEMA_VERSION:
+            extra = [k for k in data if k not in known]
+            if extra:
+                raise ResultsFileError(f"{where}: field {extra[0]!r} is not a field of a schema-{SCHEMA_VERSION} "
+                                       f"record; allowed: {', '.join(sorted(known))}")
+        else:
+            values.pop("spec", None)  # a record before schema 4 has none (resume reads its metadata["run"])
         _validate(values, where)
-        for name, part in _PARTS.items():  # older schemas: names schema 3 does not know are dropped
+        for name, part in _PARTS.items():  # older schemas: names schema 4 does not know are dropped
             if values.get(name) is not None:
                 values[name] = part.from_dict(values[name], where, name + ".", strict=version == SCHEMA_VERSION)
+        if values.get("spec") is not None:
+            try:
+                values["spec"] = RunSpec.from_dict(values["spec"], f"{where}: spec")
+            except SpecError as exc:
+                raise ResultsFileError(str(exc)) from None
         rec = cls(**values)
         if version == 1:
             _upgrade_v1(rec, where)
@@ -370,44 +360,19 @@ class CaseRecord:
         return float(v) if v is not None else math.nan
 
 
-def _is_str_list(v: Any) -> bool:
-    return isinstance(v, list) and all(isinstance(x, str) for x in v)
-
-
-# field -> (check, what is allowed); a field absent from the record keeps its default
-_FIELD_CHECKS: dict = {
-    "case": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
-    "model": (lambda v: isinstance(v, str), "a string"),
-    "world_size": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a whole number >= 1"),
-    "config": (lambda v: isinstance(v, dict), "an object"),
-    "run_id": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
-    "status": (lambda v: v in STATUSES, "one of " + ", ".join(STATUSES)),
-    "verdict": (lambda v: v in VERDICTS, "one of " + ", ".join(VERDICTS)),
-    "tags": (_is_str_list, "a list of strings"),
-    "timestamp": (lambda v: isinstance(v, str), "a string"),
-    "size": (lambda v: v is None or v in ("full", "cpu", "tiny"), "null, full, cpu or tiny"),
-    "backend": (lambda v: isinstance(v, str), "a string"),
-    "device": (lambda v: isinstance(v, str), "a string"),
-    "check": (lambda v: v is None or isinstance(v, dict), "null or an object"),
-    "metrics": (lambda v: isinstance(v, dict), "an object"),
-    "describe": (lambda v: isinstance(v, dict), "an object"),
-    "structure": (lambda v: isinstance(v, dict), "an object"),
-    "fallback": (lambda v: v is None or isinstance(v, str), "null or a string"),
-    "error": (lambda v: v is None or isinstance(v, str), "null or a string"),
-    "metadata": (lambda v: isinstance(v, dict), "an object"),
-}
-
-
 def _validate(values: dict, where: str) -> None:
+    """Each top-level field given checked against :class:`CaseRecord`'s own (``suite/validate.py``); the parts
+    (metrics, describe, structure, check) only as objects here, field by field by their own classes."""
+    specs = field_specs(CaseRecord, lenient=True)
     for name, value in values.items():
-        check = _FIELD_CHECKS.get(name)
-        if check is not None and not check[0](value):
-            raise ResultsFileError(f"{where}: field {name!r} is {_show(value)}; expected {check[1]}")
+        try:
+            specs[name].check(value)
+        except Invalid as exc:
+            raise ResultsFileError(exc.field(where)) from None
 
 
 def _show(value: Any) -> str:
-    text = json.dumps(jsonable(value)) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return show(value)
 
 
 def _upgrade_v1(rec: CaseRecord, where: str) -> None:
@@ -427,7 +392,7 @@ def jsonable(obj: Any) -> Any:
         if math.isfinite(obj):
             return obj
         return "nan" if obj != obj else ("inf" if obj > 0 else "-inf")
-    if isinstance(obj, _Part):
+    if isinstance(obj, (_Part, RunSpec)):
         return jsonable(obj.to_dict())
     if isinstance(obj, dict):
         return {str(k): jsonable(v) for k, v in obj.items()}

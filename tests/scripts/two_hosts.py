@@ -7,11 +7,12 @@ import json
 import os
 import sys
 
-from suite.runner import CaseRunner, RunOptions
+from suite.run_spec import RunOptions, Selection
+from suite.runner import CaseRunner
 from suite.runtime.device import Platform
 from suite.runtime.launch import init_from_env, shutdown
 from suite.runtime.torchrun import TorchrunLauncher
-from suite.selection import Selection, resolve_at
+from suite.selection import base_cases, resolve_at
 
 FREE = {"0": 2**40, "1": 1}  # bytes free per host
 
@@ -26,7 +27,7 @@ if __name__ == "__main__":
         launcher = TorchrunLauncher(ctx, timeout=60)
         runner = CaseRunner(launcher, ctx.world_size, RunOptions(size="tiny", check=False, utilization=False),
                             metadata={}, reporter=ctx.rank == 0)
-        cases = resolve_at(SELECTION, SELECTION.base_cases("tiny"), ctx.world_size, ctx.local_world_size)
+        cases = resolve_at(SELECTION, base_cases(SELECTION, "tiny"), ctx.world_size, ctx.local_world_size)
         plan = runner.groups(cases)
         hosts = launcher.gather(os.environ["GROUP_RANK"])  # what each node's sampler would send to rank 0
         with open(f"{sys.argv[1]}.{ctx.rank}", "w") as fh:
