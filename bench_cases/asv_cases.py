@@ -144,8 +144,8 @@ class StepTime:
 
 # what asv's dashboard names the benchmark (its grid, list and graph): said beside the table, outside the code and
 # its hash (the version; asv_runner reads ``pretty_name`` from the function)
-StepTime.time_step.pretty_name = ("StepTime.time_step: s per step, each case timed apart (compare `fleetbench run`'s "
-                                  "interleaved speedups)")
+StepTime.time_step.pretty_name = (  # type: ignore[attr-defined]
+    "StepTime.time_step: s per step, each case timed apart (compare `fleetbench run`'s interleaved speedups)")
 
 
 def _code_hash() -> str:
