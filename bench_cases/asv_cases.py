@@ -19,6 +19,16 @@ FLEETBENCH_BENCH_PROCESSES processes (default 2: samples of two separate rank po
 pooled, so part of the between-run noise is in the spread), no warm-up loop (the engine is
 warmed up when the case is prepared).
 
+**Timed apart.**  asv runs each (case, world size) in processes of its own, so a case's samples and its
+baseline's (``plain``) come from different processes at different times, never from the same rounds: the
+ratio of two cases' medians here mixes the machine's drift between them into the speedup (issue 33 saw a
+separate timing call ``mlp/overlap`` 1.30x slower than plain where ``fleetbench run``, interleaved, measured it
+1.10x faster).  So asv's output says so beside its table (:data:`TIMED_APART`): the benchmark's name on the
+dashboard (``pretty_name``), this class's docstring, and one note the first case's process prints (``asv run
+--show-stderr``, as ``make asv-smoke`` runs it, shows it under the table).  The speedups to compare are
+``fleetbench run``'s (and pytest-benchmark's, which times each model interleaved as ``run`` does); asv's series
+are for one case's history, commit after commit.
+
 Parameters come from the run specification of the environment (``_matrix.env_spec``:
 FLEETBENCH_BENCH_SPEC, as ``fleetbench nightly`` sets it, or the hand-typed FLEETBENCH_BENCH_* sugar;
 default: the smoke tag at the device's default world size), resolved by ``suite/selection.py``:
@@ -43,6 +53,7 @@ setup it is the code's hash alone, what asv computed before (the history stays).
 from __future__ import annotations
 
 import atexit
+import sys
 from dataclasses import replace
 
 from bench_cases import _matrix
@@ -56,6 +67,13 @@ _RESOLVED = resolved_of(SPEC, "asv")
 _PAIRS = {(rc.case.name, w): rc for rc, w in _RESOLVED.matrix()}
 _CLOCK = [0.0]  # seconds per step, summed over every window timed in this process
 _LIVE: dict = {}  # (case, world) -> (pool, prepared case)
+TIMED_APART = ("fleetbench: asv times each case in processes of its own, timed apart from its model's other cases "
+               "and its baseline (plain): compare a case's history here, not one case with another; the speedups to "
+               "compare are `fleetbench run`'s, whose cases are timed interleaved with the baseline round by round "
+               "(docs/benchmarks.md, asv)")
+# the note is printed by the process of the first runnable pair in asv's order (cases x world sizes), once a round
+_NOTE_PAIR = next(((c, w) for c in sorted({n for n, _ in _PAIRS}) for w in sorted({w for _, w in _PAIRS})
+                   if (c, w) in _PAIRS and not _PAIRS[(c, w)].skip), None)
 
 
 def rank_clock() -> float:
@@ -73,7 +91,11 @@ atexit.register(_close_all)
 
 
 class StepTime:
-    """Seconds per training step of a case at a world size (samples: the ranks' timed windows)."""
+    """Seconds per training step of a case at a world size (samples: the ranks' timed windows).
+
+    Each case is timed apart (asv runs every case in processes of its own), not interleaved with its baseline:
+    compare a case with its own history; the speedups between cases to compare are `fleetbench run`'s, timed
+    interleaved round by round."""
 
     params = [sorted({n for n, _ in _PAIRS}), sorted({w for _, w in _PAIRS})]
     param_names = ["case", "world_size"]
@@ -102,6 +124,8 @@ class StepTime:
             from suite.runtime import RankPool
 
             rc = _PAIRS[key]
+            if key == _NOTE_PAIR:
+                print(TIMED_APART, file=sys.stderr, flush=True)
             # no check (asv times; `fleetbench run` judges), every call within half asv's timeout unless the spec says
             opts = replace(run_options(_RESOLVED, SPEC), check=False, timeout=SPEC.run.timeout or self.timeout / 2)
             pool = RankPool(world_size, device=_RESOLVED.device, timeout=opts.timeout, pg_timeout=opts.pg_timeout)
@@ -116,6 +140,12 @@ class StepTime:
     def time_step(self, case, world_size):
         answers = self._prepared(case, world_size).window()
         _CLOCK[0] += max(a.window_s for a in answers) / STEPS
+
+
+# what asv's dashboard names the benchmark (its grid, list and graph): said beside the table, outside the code and
+# its hash (the version; asv_runner reads ``pretty_name`` from the function)
+StepTime.time_step.pretty_name = (  # type: ignore[attr-defined]
+    "StepTime.time_step: s per step, each case timed apart (compare `fleetbench run`'s interleaved speedups)")
 
 
 def _code_hash() -> str:

@@ -13,9 +13,13 @@ seconds; default the spec's, scaled to the model).  The selection is resolved on
 size.  It is resolved when pytest is configured, so an option it cannot use is one ``ERROR:`` line naming the
 option (``--fleetbench-case``), the value and what is allowed, before anything is collected.
 
-Each benchmark runs ``benchmark.pedantic``: a fixed number of rounds (``--fleetbench-rounds``, or
-``--benchmark-min-rounds`` when only that is given), no calibration, no warm-up rounds (the engine is warmed
-up when the case is prepared), the ranks' clock as timer.  pytest-benchmark's options for its own rounds
+Each model's cases at a world size are measured once, together, as ``fleetbench run`` measures them
+(:meth:`_Pools.measured`, ``CaseRunner.run_model``): the group is the session's cases of that model after every
+selection (``-k``, ``--deselect``, node ids: :func:`pytest_collection_finish`), always timed with the model's
+baseline, interleaved round by round in one call on the ranks.  Each benchmark then runs ``benchmark.pedantic``
+over its own case's windows: a fixed number of rounds (``--fleetbench-rounds``, or ``--benchmark-min-rounds``
+when only that is given), no calibration, no warm-up rounds (the engines are warmed up before the timed
+rounds), the ranks' clock as timer.  pytest-benchmark's options for its own rounds
 (``--benchmark-timer``, ``--benchmark-warmup``, ``--benchmark-max-time`` ...) do nothing here: given, they
 are named in one warning line at the start.  The saved JSON's ``options`` say what ran (``min_rounds``,
 ``warmup``, ``timer``).
@@ -32,6 +36,8 @@ so only cases that share a baseline are compared side by side.  The unit, one tr
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
 from bench_cases._matrix import bench_spec, harness_message, resolved_of, setup_of
@@ -40,7 +46,8 @@ from bench_cases._matrix import bench_spec, harness_message, resolved_of, setup_
 def what_a_round_is(k: int | str) -> str:
     return (f"one training step: the mean step of one timed window of {k} steps on every rank between two "
             f"barriers (the slowest rank's window / {k}), timed by the ranks' own clocks, without the round trip "
-            f"from pytest to the ranks")
+            f"from pytest to the ranks; the model's cases and its baseline timed interleaved, window by window in "
+            f"the same rounds, as `fleetbench run` times them")
 
 
 class Timed:
@@ -56,6 +63,7 @@ class Timed:
 
 
 _TIMED = pytest.StashKey[Timed]()
+_GROUPS = pytest.StashKey[dict]()  # (model, world) -> the session's cases of that model, in order
 _RESOLVED = pytest.StashKey[object]()
 _SPEC = pytest.StashKey[object]()
 _ROUNDS = pytest.StashKey[int]()
@@ -65,9 +73,9 @@ _PARSER: list = []  # pytest's parser, for the defaults of pytest-benchmark's op
 # decides it here).  --benchmark-min-rounds is not here: it is taken as the number of rounds (_rounds).
 IGNORED = {
     "benchmark_timer": ("--benchmark-timer", "the ranks' clock times the rounds"),
-    "benchmark_warmup": ("--benchmark-warmup", "the engine is warmed up as each case is prepared"),
-    "benchmark_warmup_iterations": ("--benchmark-warmup-iterations", "the engine is warmed up as each case is "
-                                                                     "prepared"),
+    "benchmark_warmup": ("--benchmark-warmup", "the engines are warmed up before the timed rounds"),
+    "benchmark_warmup_iterations": ("--benchmark-warmup-iterations", "the engines are warmed up before the timed "
+                                                                     "rounds"),
     "benchmark_min_time": ("--benchmark-min-time", "a round is one window"),
     "benchmark_max_time": ("--benchmark-max-time", "the rounds run however long they take"),
     "benchmark_calibration_precision": ("--benchmark-calibration-precision", "nothing is calibrated"),
@@ -204,7 +212,8 @@ def pytest_report_header(config):
     rc = resolved(config)
     return (f"fleetbench: {rc.device} ({rc.backend}), size {rc.size}; each benchmark's rounds: {rounds_of(config)} "
             f"timed windows of {spec_of(config).run.steps} steps (benchmark.pedantic), timed by the ranks' "
-            f"clock (rank_clock), whatever pytest-benchmark's defaults above say")
+            f"clock (rank_clock), whatever pytest-benchmark's defaults above say; each model's cases timed "
+            f"together, interleaved with its baseline, as `fleetbench run` does")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -243,13 +252,85 @@ def pytest_generate_tests(metafunc):
                              ids=[f"{rc.case.name}@{w}" for rc, w in pairs])
 
 
+def pytest_collection_finish(session):
+    """Each model's group at each world size: the session's cases of that model (after ``-k``, ``--deselect``,
+    node ids ...), in the session's order; :meth:`_Pools.measured` times them together, once."""
+    groups: dict[tuple[str, int], list[str]] = {}
+    rc = None
+    for item in session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "case" in params and "world" in params:
+            rc = rc or resolved(session.config)
+            model = rc.find(params["case"], params["world"]).case.model
+            group = groups.setdefault((model, params["world"]), [])
+            if params["case"] not in group:
+                group.append(params["case"])
+    session.config.stash[_GROUPS] = groups
+
+
+@dataclass
+class Measured:
+    """One model's measurement at one world size: each case's record (``CaseRunner.run_model``, as ``fleetbench
+    run`` records it) and, per variant, the variants timed together with it and every rank's answer (its windows)."""
+
+    records: dict  # case name -> CaseRecord
+    answers: dict  # variant -> (the variants timed in the same interleaved call, every rank's RankTiming)
+
+    def rank_windows(self, variant: str) -> list[list[float]]:
+        """Per window, each rank's window (by rank), as the interleaved call measured them."""
+        _, answers = self.answers.get(variant, ((), ()))
+        per_rank = [a.variants[variant].windows for a in sorted(answers, key=lambda a: a.rank)]
+        return [list(ws) for ws in zip(*per_rank)]
+
+    def timed_with(self, variant: str) -> list[str]:
+        return list(self.answers.get(variant, ((), ()))[0])
+
+
 class _Pools:
-    """One RankPool (and its case runner) per world size, started on first use; the previous world's is closed."""
+    """One RankPool (and its case runner) per world size, started on first use; the previous world's is closed.
+    Each model's cases at a world size are measured once, together (:meth:`measured`)."""
 
     def __init__(self, config):
         self.config = config
         self.pool = None
         self._runner = None
+        self._measured: dict[tuple[str, int], Measured | Exception] = {}
+
+    def measured(self, case: str, world: int) -> Measured:
+        """The measurement of ``case``'s model at ``world``, made by the first benchmark of the group that runs: the
+        group's cases checked, then every one of them and the model's baseline (always, selected or not)
+        interleaved round by round in one timing on the ranks, as ``fleetbench run`` times a model
+        (``CaseRunner.run_model``: ``time_on_rank``, ``suite.measure.interleave.interleaved_rounds``).  An error
+        that stopped the whole group is raised for each of its benchmarks."""
+        sel = resolved(self.config)
+        model = sel.find(case, world).case.model
+        key = (model, world)
+        if key not in self._measured:
+            names = list(self.config.stash.get(_GROUPS, {}).get(key, ()))
+            if case not in names:  # not collected as this session's (called directly): its own group
+                names.append(case)
+            rcs = [rc for rc in (sel.find(n, world) for n in names) if rc.skip is None]
+            runner = self.runner(world)
+            answers: dict = {}
+
+            def keep(variants: list[str], got: list) -> None:
+                for v in variants:  # a variant's first timing is its record's (CaseRunner.measure: setdefault)
+                    answers.setdefault(v, (tuple(variants), got))
+
+            runner.on_answers = keep
+            try:
+                records = runner.run_model(rcs, lambda rc, line, seconds: None)
+                self._measured[key] = Measured({r.case: r for r in records}, answers)
+            except Exception as exc:  # noqa: BLE001 - each benchmark of the group fails with it
+                self._measured[key] = exc
+            finally:
+                runner.on_answers = None
+        got = self._measured[key]
+        if isinstance(got, Exception):
+            raise got
+        if case not in got.records:
+            raise RuntimeError(f"{case}@{world} was not in its model's measurement ({sorted(got.records)})")
+        return got
 
     def get(self, world: int):
         from suite.runtime import RankPool
@@ -270,7 +351,9 @@ class _Pools:
 
         from bench_cases._matrix import run_options
 
-        return replace(run_options(resolved(self.config), spec_of(self.config)), rounds=rounds_of(self.config))
+        # pytest-benchmark traces nothing (`fleetbench run --trace-steps` does): the nightly's spec asks for traces
+        return replace(run_options(resolved(self.config), spec_of(self.config)), rounds=rounds_of(self.config),
+                       trace_steps=0)
 
     def runner(self, world: int):
         from suite.runner import CaseRunner
@@ -322,8 +405,10 @@ def pytest_terminal_summary(terminalreporter):
                   f"{what_a_round_is(steps)}.")
     tr.write_line("extra_info holds each rank's windows (rank_window_s), the slowest rank's (window_s) and every "
                   "rank's step times (step_times_s), in seconds.")
-    tr.write_line("One table per group, MODEL@WORLD: compare cases within a group only; "
-                  "`fleetbench run` states speedups over plain with intervals.")
+    tr.write_line("One table per group, MODEL@WORLD, measured once: its cases and the model's baseline (plain, "
+                  "selected or not) interleaved round by round in one timing, as `fleetbench run` does, each row "
+                  "its own case's windows. Compare cases within a group only; extra_info.speedup (and `fleetbench "
+                  "run`) states each case's speedup over plain with its interval.")
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):

@@ -1,20 +1,28 @@
-"""Every case of the matrix under pytest-benchmark: each round is one training step.
+"""Every case of the matrix under pytest-benchmark, timed as ``fleetbench run`` times it: each round is one
+training step of one window of the model's **interleaved** measurement.
 
-The case runs through the same runner as ``fleetbench run`` (``suite.runner``): its correctness
-check, then its engine built and warmed up once on the ranks (``CaseRunner.prepare``), then
-pytest-benchmark's rounds.  Each round runs one window of K steps on every rank between two
-barriers, and what pytest-benchmark records for it is **one step**: the slowest rank's window over
-K.  The benchmark's timer is the ranks' own clock (:func:`rank_clock`, advanced by each window's
-seconds per step; pytest-benchmark takes a timer callable in ``@pytest.mark.benchmark(timer=...)``),
-so the round trip from pytest to the ranks and back is not in the tables, as it is not in asv's
-samples (``asv_cases.py``) nor in ``fleetbench run``'s windows.  ``extra_info`` holds each rank's
-windows, samples/s, per-step samples, the correctness verdict and the record's structure.
-``fleetbench compare`` reads the saved JSON.
+The first benchmark of a model (at a world size) that runs measures the whole group through the same runner as
+``fleetbench run`` (``CaseRunner.run_model`` in ``suite/runner.py``): the session's cases of that model (what
+``--fleetbench-*``/``--fleetbench-spec`` selected and ``-k`` kept) are checked, then timed together with the
+model's baseline, ``plain`` (always, selected or not), in one call on the ranks: round by round, every variant's
+window of K steps between two barriers, the order rotated each round (``time_on_rank``,
+``suite.measure.interleave.interleaved_rounds``), so a slow drift of the machine hits every case alike.  Each
+benchmark then reports its own case's windows to pytest-benchmark: ``benchmark.pedantic`` replays them, one
+round a window, through the benchmark's timer, the ranks' own clock (:func:`rank_clock`, advanced by each
+window's slowest rank over K; pytest-benchmark takes a timer callable in ``@pytest.mark.benchmark(timer=...)``).
+So a round is **one step** (the slowest rank's window over K), without the round trip from pytest to the ranks,
+and the rows of one table (``MODEL@WORLD``) come from the same rounds: the speedups they show agree with
+``fleetbench run``'s, which ``extra_info`` carries too (``speedup``, its interval, ``baseline``).  Before, each case
+was timed alone, one after the other, and a table could disagree with ``run`` on a speedup's direction (issue 33).
+``extra_info`` holds each rank's windows, samples/s, per-step samples, the correctness verdict, the record's
+structure and the variants timed together (``interleaved_with``).  ``fleetbench compare`` reads the saved JSON.
 
 Parameters: ``case`` (the case's name) and ``world`` (the world size), plain values, so nothing in
 the saved JSON is ``UNSERIALIZABLE``; ``benchmark.group`` is the model and world size (``mlp@2``).
 """
 from __future__ import annotations
+
+import math
 
 import pytest
 
@@ -30,13 +38,19 @@ UNITS = {
     "samples_per_s": "samples/s: global batch x steps per window / the slowest rank's window, median over windows",
     "throughput_per_round": "samples/s, per window",
     "peak_memory_bytes": "bytes",
+    "speedup": "ratio: the baseline's window / this case's, paired round by round (> 1: faster), median; "
+               "speedup_ci its 95% interval",
 }
-_CLOCK = [0.0]  # seconds per step, summed over every window timed in this session
+_CLOCK = [0.0]  # seconds per step, summed over every window reported in this session
 
 
 def rank_clock() -> float:
-    """pytest-benchmark's timer for test_step: the ranks' own seconds per step, accumulated window by window."""
-    return _CLOCK[0]
+    """pytest-benchmark's timer for test_step: the ranks' own seconds per step, accumulated window by window.  A
+    window that is not a finite time gives its round a nan once; the clock then starts again from 0."""
+    now = _CLOCK[0]
+    if not math.isfinite(now):
+        _CLOCK[0] = 0.0
+    return now
 
 
 @pytest.mark.benchmark(timer=rank_clock)
@@ -52,34 +66,32 @@ def test_step(benchmark, selection, rank_pools, timed, case: str, world: int):
     info.update(case=case, model=c.model, variant=c.variant, world_size=world, unit=UNIT, steps_per_window=k,
                 round=timed.round(k), units=UNITS, size=runner.opts.size, config=jsonable(rc.config.to_dict()),
                 tags=list(c.tags))
-    check = runner.check(rc)
-    try:
-        prepared = runner.prepare(rc)
-    except Exception as exc:  # noqa: BLE001 - reported as the benchmark's failure
-        info.update(status="error", verdict="error")
-        pytest.fail(f"{case}@{world}: the engine could not be built: {str(exc).splitlines()[0][:500]}")
+    got = rank_pools.measured(case, world)  # the model's one interleaved measurement (made by its first benchmark)
+    rec = got.records[case]
+    m = rec.metrics
+    info.update(status=rec.status, verdict=rec.verdict, fallback=rec.fallback, backend=rec.backend,
+                device=rec.device, message=(rec.check.message if rec.check else None) or rec.error)
+    if rec.status == "skipped":
+        pytest.skip(f"{case}@{world}: {rec.error}")
+    windows = list(m.window_s or [])
+    if not windows:
+        pytest.fail(f"{case}@{world}: not timed: {str(rec.error or 'no windows').splitlines()[0][:500]}")
+    replay = iter(windows)
 
-    def one_window():
-        answers = prepared.window()
-        _CLOCK[0] += max(a.window_s for a in answers) / k
-        return answers
+    def one_window():  # the next window of the interleaved measurement, as one round of pytest-benchmark's
+        w = next(replay, None)
+        if w is not None:
+            _CLOCK[0] += w / k
 
-    try:
-        benchmark.pedantic(one_window, rounds=runner.opts.rounds, iterations=1, warmup_rounds=0)
-        metrics = prepared.metrics()
-    finally:
-        prepared.close()
+    benchmark.pedantic(one_window, rounds=len(windows), iterations=1, warmup_rounds=0)
     if benchmark.enabled:  # timed: a table will show it (not under --benchmark-disable)
         timed.add(benchmark.group, k)
-    rec = runner.record(rc, check, metrics)
-    m = rec.metrics
-    rank_windows = [[a.window_s for a in sorted(answers, key=lambda a: a.rank)] for answers in prepared.windows]
-    info.update(status=rec.status, verdict=rec.verdict, samples_per_s=m.samples_per_s,
-                throughput_per_round=m.throughput_per_round, step_times_s=m.step_times_s,
-                rank_median_step_s=m.rank_median_step_s, peak_memory_bytes=m.peak_memory_bytes,
-                rank_window_s=rank_windows, window_s=[max(w) for w in rank_windows],
-                threads_per_rank=m.threads, describe=jsonable(rec.describe), structure=jsonable(rec.structure),
-                backend=rec.backend,
-                device=rec.device, message=(rec.check.message if rec.check else None) or rec.error)
+    rank_windows = got.rank_windows(c.variant)
+    info.update(samples_per_s=m.samples_per_s, throughput_per_round=m.throughput_per_round,
+                step_times_s=m.step_times_s, rank_median_step_s=m.rank_median_step_s,
+                peak_memory_bytes=m.peak_memory_bytes, rank_window_s=rank_windows, window_s=windows,
+                threads_per_rank=m.threads, speedup=m.speedup, speedup_ci=m.speedup_ci, baseline=m.baseline,
+                interleaved_with=got.timed_with(c.variant), describe=jsonable(rec.describe),
+                structure=jsonable(rec.structure))
     assert rec.verdict in ("pass", "n/a"), f"{case}@{world}: correctness verdict {rec.verdict}: " \
                                            f"{info.get('message')}"

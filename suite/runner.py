@@ -20,8 +20,10 @@
   describe are the summary's objects (``suite.measure.summary.Timed``), its check the harness's
   ``CheckSummary``, each taken as it is (no conversion to a dict and back).
 
-Harnesses that time rounds themselves (pytest-benchmark, asv) use :meth:`prepare` and
-:class:`PreparedCase` instead of :meth:`measure`; the summary and the record are the same.
+pytest-benchmark times each model through :meth:`run_model` as ``fleetbench run`` does (one interleaved timing,
+each benchmark then reporting its own case's windows; ``on_answers`` hands it every rank's windows); harnesses
+that time rounds themselves (asv, `ab`'s trials) use :meth:`prepare` and :class:`PreparedCase` instead of
+:meth:`measure`; the summary and the record are the same.
 
 A display follows the run through ``on_progress``: called with a :class:`Progress` before and after
 each check, each timing group and each trace (the runner itself prints only through ``say``).
@@ -234,6 +236,9 @@ class CaseRunner:
         self._unused_said = False  # the unused-parameter message is said once per run, then named
         self._unjudged: dict[str, CheckSummary] = {}  # model -> its "cannot judge" answer, said once, then reused
         self._allowance: dict[str, float] = {}
+        # a harness that reports each rank's windows (pytest-benchmark's extra_info) sees every interleaved timing's
+        # answers: called with the variants timed together and every rank's RankTiming
+        self.on_answers: Callable[[list[str], list], None] | None = None
 
     def brief(self, exc: BaseException) -> str:
         """:func:`short_error`; the unused-parameter message, said in full once per run, is named after that."""
@@ -370,6 +375,8 @@ class CaseRunner:
         nodes = gather(util if sampler is not None and sampler.active else None) if gather and util else None
         if answers is None:  # a non-reporting torchrun rank
             return {}
+        if self.on_answers is not None:
+            self.on_answers(list(names), answers)
         out = summarize(answers, names, self.per_rank_batch(case) * self.world, self.opts.steps, self.world,
                         baseline=self.baseline)
         # the machine's state beside the timing (busy_reason), and the utilization the variants shared

@@ -135,13 +135,13 @@ def _saved_run(path, setup: dict | None) -> str:
 def test_benchmark_compare_warns_when_the_compared_runs_setup_differs(tmp_path):
     """pytest-benchmark loads the compared run when pytest is configured: --collect-only is enough to see it."""
     from bench_cases._matrix import setup_of
-    from suite.run_spec import Selection
+    from suite.run_spec import RunOptions, Selection
     from suite.selection import resolve
 
     args = ["--collect-only", "-q", "--fleetbench-case", "mlp/plain", "--fleetbench-size", "tiny",
             "--fleetbench-steps", "2", "--fleetbench-rounds", "3", "--benchmark-storage", "file://st"]
     rc = resolve(Selection(cases=("mlp/plain",), size="tiny"))
-    same = setup_of(rc, 2, 3)
+    same = setup_of(rc, RunOptions(steps=2, rounds=3))
     other = dict(same, steps=5, sets=["nccl_comm_num=2"])
     (tmp_path / "runs").mkdir()
     for name, setup, expect in [
