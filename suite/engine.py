@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from .comm.broadcast import broadcast_module
+from .comm.broadcast import broadcast_module, broadcast_tensors, module_state
 from .comm.factory import build_grad_sync
 from .comm.grad_sync import GradSync
 from .compute.fusion import apply_compute_fusion
@@ -81,7 +81,9 @@ class Engine:
         # 2. everyone starts from rank 0's parameters and buffers.
         bucket_mb = config.fuse_grad_size_in_MB if config.fuse_broadcast_ops else math.inf
         self.init_broadcasts = broadcast_module(model, group, fused=config.fuse_broadcast_ops, bucket_mb=bucket_mb)
-        self._has_buffers = any(b.numel() for b in model.buffers())
+        # the buffers broadcast before every forward, listed once (as DDP lists its modules' buffers at construction)
+        self._buffers = [b for b in module_state(model, buffers_only=True) if b.numel()]
+        self._src = 0 if group is None else dist.get_global_rank(group, 0)
 
         # 3. gradient communication.
         self.grad_sync: GradSync | None = build_grad_sync(model, config, group)
@@ -131,9 +133,9 @@ class Engine:
         communicate = self.local_sgd.communicate_grads(self.steps) if self.local_sgd else True
 
         # DDP's rule for buffers (BatchNorm statistics): rank 0's are broadcast before each forward.
-        if cfg.data_parallel == "suite" and self._has_buffers and communicate:
-            with record_function("broadcast buffers"):
-                broadcast_module(self.module, self.group, fused=cfg.fuse_broadcast_ops, buffers_only=True)
+        if cfg.data_parallel == "suite" and self._buffers and communicate:
+            with record_function("broadcast buffers"), torch.no_grad():
+                broadcast_tensors(self._buffers, self._src, self.group, fused=cfg.fuse_broadcast_ops)
 
         if self.grad_sync is not None:
             self.grad_sync.begin_step(communicate)
@@ -155,7 +157,9 @@ class Engine:
             if not skip:
                 self.optimizer.step()
             self.amp.update(skip)
-            self.optimizer.zero_grad(set_to_none=False)
+            # gradients to zero: bucket by bucket where they are the buckets' views (one fill per bucket)
+            if self.grad_sync is None or not self.grad_sync.zero_grad():
+                self.optimizer.zero_grad(set_to_none=False)
 
         if self.local_sgd is not None:
             with record_function("local sgd"):

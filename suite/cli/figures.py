@@ -56,13 +56,18 @@ FIGURE_OPTIONS: dict[str, tuple] = {
     "sims": (int, ("gate",), "simulated comparisons per measured pair (default 100)"),
     "rotate": (int, ("gate",), "the `ab --rotate` value simulated beside one preparation (default 5)"),
     "budget": (float, ("gate",), "ab's budget per simulated comparison, seconds (default 180)"),
-    "size": (str, ("gate", "gate_sources", "workloads"), "model size (gate: default tiny; workloads: default cpu)"),
+    "size": (str, ("gate", "gate_sources", "workloads", "engine_cost"),
+             "model size (gate: default tiny; workloads, engine_cost: default cpu)"),
     "memory_gb": (float, ("workloads",), "memory the ranks' engines may hold at once, GB (default: 60%% of the "
                   "available memory), which sets the timing groups"),
     "sizes": (_ints, ("cluster",), "allreduce sizes in bytes, comma-separated (default 1e6,4e6,16e6)"),
     "rates": (_csv, ("cluster",), "inter-node link rates, comma-separated (default 100mbit,1gbit)"),
     "shapes": (_csv, ("cluster",), "cluster shapes NxR, comma-separated (default 2x2,2x4)"),
-    "models": (_csv, ("cluster",), "models, comma-separated (default mlp,resnet,resnet50,gpt2)"),
+    "models": (_csv, ("cluster", "engine_cost"), "models, comma-separated (cluster: default mlp,resnet,resnet50,gpt2; "
+               "engine_cost: default mlp,resnet50,gpt2)"),
+    "max_rounds": (int, ("engine_cost",), "the most rounds per model while the ratio's 95%% interval is wider than "
+                   "0.05 (default 160)"),
+    "profile_steps": (int, ("engine_cost",), "profiled steps of each side per model (default 5)"),
     "rechecks": (int, ("cluster",), "re-measurements of each row outside 15%% (default 2; with --load 0)"),
 }
 COMMON = ("nproc", "rounds", "steps", "timeout")

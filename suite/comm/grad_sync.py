@@ -5,6 +5,7 @@ The engine drives a ``GradSync`` the same way whatever the strategy:
     sync.begin_step(communicate)   # before backward: arm hooks (overlap) or not
     loss.backward()
     sync.finish_step()             # after backward: every gradient is averaged over the group
+    sync.zero_grad() or optimizer.zero_grad()   # gradients zeroed for the next step
 
 ``average_tensors`` averages arbitrary tensors (Local SGD's parameters) over the same
 collective path (buckets, communicators, hierarchy) as the gradients.
@@ -84,6 +85,11 @@ class GradSync:
         allreduce of each parameter's own tensor, averaged in place."""
         for p in self.params:
             self._allreduce_average(p.detach(), self.group)
+
+    def zero_grad(self) -> bool:
+        """Zero every gradient where the strategy holds them itself (buckets whose views they are) and say so;
+        False: the optimizer zeroes them."""
+        return False
 
     def describe(self) -> dict:
         """What the strategy did at set-up (allreduce ops before and after fusion, buckets …)."""
