@@ -43,6 +43,7 @@ from .check.harness import check_on_rank as check
 from .check.harness import summarize
 from .comm.bucketed import BucketedGradSync
 from .comm.table import COLLECTIVES, Layout
+from .compute.fused_ops import BatchNormReLU
 from .compute.fused_optim import build_fused_optimizer
 from .config import StrategyConfig
 from .data.reader import BatchSource, EncodedImages, OptimizedReader, PlainReader
@@ -301,8 +302,6 @@ def fusion_timing_on_rank(shape: tuple = (32, 256, 56, 56), repeats: int = 20) -
     """Forward and backward of BatchNorm + ReLU as the compute-fusion case runs it (``BatchNormReLU``, eager
     composition) and unfused (``nn.BatchNorm2d`` (cuDNN on a GPU) then ReLU), each timed with the platform's marks
     over ``repeats`` calls after a warm-up; and the two outputs' largest difference."""
-    from .compute.fused_ops import BatchNormReLU
-
     p = current().platform
     torch.manual_seed(0)
     bn = torch.nn.BatchNorm2d(shape[1]).to(p.device)
