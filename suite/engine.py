@@ -85,8 +85,12 @@ class Engine:
         self._buffers = [b for b in module_state(model, buffers_only=True) if b.numel()]
         self._src = 0 if group is None else dist.get_global_rank(group, 0)
 
-        # 3. gradient communication.
+        # 3. gradient communication; where it takes them (the buckets), the gradients come out of backward already
+        #    divided by the world size: the loss gradient seeding backward is 1/world (Paddle's gradient_scale
+        #    "avg"), so no pass over the gradients divides them (exact: bit for bit the division at 2 and 4 ranks).
         self.grad_sync: GradSync | None = build_grad_sync(model, config, group)
+        folded = self.grad_sync is not None and self.world_size > 1 and self.grad_sync.fold_average_into_backward()
+        self._seed = 1.0 / self.world_size if folded else None
         if config.data_parallel == "ddp":
             from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -145,7 +149,11 @@ class Engine:
             outputs = self.model(inputs)
             loss = self.loss_fn(outputs, targets)
         with record_function("backward"):  # overlap: buckets are issued from inside it, as they become ready
-            self.amp.scale_loss(loss).backward()
+            scaled = self.amp.scale_loss(loss)
+            if self._seed is not None and communicate:  # averaged in backward (Local SGD's local steps: whole)
+                scaled.backward(torch.full_like(scaled, self._seed))
+            else:
+                scaled.backward()
         if self.grad_sync is not None:
             with record_function("wait"):
                 self.grad_sync.finish_step()  # every gradient averaged over the group

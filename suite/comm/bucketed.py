@@ -7,7 +7,9 @@ as soon as one of them is set):
   buckets (``suite.comm.buckets``, where DDP's first-bucket rule is decided); fusion off = one parameter per
   bucket.  ``p.grad`` are views into one flat buffer per bucket (``gradient_as_bucket_view``; False: their
   own tensors, copied in by the hook and out once the bucket is reduced), one allreduce per bucket,
-  averaging folded in (divide, sum).
+  averaging folded in: under the engine, into backward's seed (the loss gradient is 1/world, Paddle's
+  ``gradient_scale_configs`` "avg"), so the buckets are summed as they are; driven by anyone else, each
+  bucket is divided by the world size before its sum.
 - ``sync_nccl_allreduce``: a post-accumulate-grad hook per parameter counts the bucket's
   gradients; when a bucket is complete it is launched.  Buckets are launched strictly in
   bucket order (a bucket whose predecessor is not complete waits for it), so every rank issues
@@ -174,6 +176,12 @@ class BucketedGradSync(GradSync):
             raise RuntimeError(f"internal error: {len(self.buckets) - self._next} bucket(s) never launched")
         self._drain()
 
+    def fold_average_into_backward(self) -> bool:
+        """Yes: the engine scales backward's seed by 1/world and the buckets are summed as they are (no division
+        pass over the gradients; see :meth:`GradSync.fold_average_into_backward`)."""
+        self.averaged_in_backward = True
+        return True
+
     def average_tensors(self, tensors: list[torch.Tensor]) -> None:
         """Average ``tensors`` in place over the same path: buckets (byte cap), communicators, hierarchy."""
         tensors = [t for t in tensors if t.numel() > 0]
@@ -256,7 +264,10 @@ class BucketedGradSync(GradSync):
         params = [p for b in self.buckets for p in b.params]
         if not params:
             return 0.0
-        self._start = lambda flat, comm, asynchronous: (lambda: None)  # type: ignore[method-assign]
+        def nothing(flat: torch.Tensor, comm: int, asynchronous: bool, divide: bool = True) -> Callable[[], None]:
+            return lambda: None
+
+        self._start = nothing  # type: ignore[method-assign]
         seconds = 0.0
         try:
             for _ in range(reps):
@@ -325,21 +336,23 @@ class BucketedGradSync(GradSync):
             self._next += 1
             self._event("launch", b.index)
             with record_function(f"bucket {b.index} allreduce issue"):
-                complete = self._start(b.flat, b.comm_index, asynchronous=self.overlap)
+                complete = self._start(b.flat, b.comm_index, asynchronous=self.overlap,
+                                       divide=not self.averaged_in_backward)
             if self.overlap:
                 self._inflight.append((b, complete))
             else:
                 self._complete(b, complete)
 
-    def _start(self, flat: torch.Tensor, comm: int, asynchronous: bool) -> Callable[[], None]:
-        """Start averaging ``flat`` over the world on communicator ``comm``; returns its completion."""
+    def _start(self, flat: torch.Tensor, comm: int, asynchronous: bool, divide: bool = True) -> Callable[[], None]:
+        """Start averaging ``flat`` over the world on communicator ``comm`` (``divide=False``: it holds gradients
+        divided already, by backward's seed); returns its completion."""
         if self.hier is None:
-            done = self._allreduce_average(flat, self.groups[comm], async_op=asynchronous)
+            done = self._allreduce_average(flat, self.groups[comm], async_op=asynchronous, divide=divide)
             return done if done is not None else (lambda: None)
         ng = self.hier[comm]
 
         def chain() -> None:
-            wire = self._to_wire(flat)  # the flat path's averaging and wire dtype
+            wire = self._to_wire(flat, divide)  # the flat path's averaging and wire dtype
             hierarchical_all_reduce(wire, ng, HIER_MODE)
             if wire is not flat:
                 flat.copy_(wire)
