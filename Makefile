@@ -93,6 +93,9 @@ figures: setup
 	$(VENV)/bin/fleetbench figures reader    --nproc 1 --rounds 5            --out $(FIGURES)/reader.md --save $(FIGURES)/reader-raw.json
 	$(VENV)/bin/fleetbench figures host      --nproc 2 --rounds 5 --steps 20 --out $(FIGURES)/host.md --save $(FIGURES)/host-raw.json
 	$(VENV)/bin/fleetbench figures workloads --nproc 2 --rounds 3 --steps 3 --out $(FIGURES)/workloads.md --save $(FIGURES)/workloads-raw.json
+	# the engine's own cost beside DDP: 60 rounds and on, until each ratio's interval is 0.05 wide (at most 160)
+	$(VENV)/bin/fleetbench figures engine_cost --nproc 2 --rounds 60 --max-rounds 160 --steps 3 \
+		--out $(FIGURES)/engine_cost.md --save $(FIGURES)/engine_cost-raw.json
 	# gate.md combines these two with its prose (the command of each section is written above it there)
 	# (section 2's earlier measurement, gate-runs.json, is kept and not made again: `--load` renders it; sections 3
 	# and 4, the study of the bias's sources, keep their raw data; their code is retired, gate.md names its commit)

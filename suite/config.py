@@ -94,6 +94,12 @@ class StrategyConfig:
         50, "max layers per fused allreduce (Paddle's _fuse_grad_size_in_TFLOPS, a layer count)", ge=1)
     grad_comm_dtype: Literal["fp32", "bf16", "fp16"] = knob(
         "fp32", "ours: dtype gradients travel in (master weights stay fp32)")
+    first_bucket_MB: float | None = knob(
+        None, "ours: DDP's first-bucket rule, the first bucket launched (the last layers') closes at this many MiB "
+        "(DDP: 1); None = every bucket up to fuse_grad_size_in_MB, as in Paddle", gt=0.0)
+    gradient_as_bucket_view: bool = knob(
+        True, "ours (DDP's name): each gradient is a view into its bucket, no copies; False = own tensors copied "
+        "into the bucket and back (DDP's default)")
 
     # ---- compute fusion (Paddle BuildStrategy) -----------------------------------
     fuse_bn_act_ops: bool = knob(False, "BatchNorm + activation fused")
@@ -573,6 +579,8 @@ def _check_combinations(cfg: StrategyConfig) -> None:
         ("sync_nccl_allreduce", not cfg.sync_nccl_allreduce),
         ("use_local_sgd", cfg.use_local_sgd),
         ("grad_comm_dtype", cfg.grad_comm_dtype != "fp32"),
+        ("first_bucket_MB", cfg.first_bucket_MB is not None),
+        ("gradient_as_bucket_view", not cfg.gradient_as_bucket_view),
     ]
     for name, on in suite_only:
         if on and cfg.data_parallel != "suite":
@@ -580,6 +588,10 @@ def _check_combinations(cfg: StrategyConfig) -> None:
                 f"{name}={getattr(cfg, name)!r} needs data_parallel='suite' (this project's gradient "
                 f"communication), but data_parallel={cfg.data_parallel!r}"
             )
+    if cfg.first_bucket_MB is not None and not cfg.fuse_all_reduce_ops:
+        raise ConfigError(
+            f"first_bucket_MB={cfg.first_bucket_MB!r} caps the first fused bucket, but fuse_all_reduce_ops=False "
+            "(one gradient per bucket); set fuse_all_reduce_ops=true or leave first_bucket_MB unset")
     if cfg.use_hierarchical_allreduce and cfg.hierarchical_allreduce_inter_nranks == 1:
         raise ConfigError(
             "hierarchical_allreduce_inter_nranks=1: a node of one rank makes the hierarchy a flat allreduce; "
@@ -640,7 +652,7 @@ def to_toml(cfg: StrategyConfig, title: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-# Paddle's recommended settings, as named presets (overrides on the all-off default).
+# Paddle's recommended settings as named presets (overrides on the all-off default), and DDP's own configuration.
 PRESETS: dict[str, dict[str, Any]] = {
     # Paddle's proto defaults for allreduce fusion: 32 MB buckets, at most 50 layers each.
     "paddle_proto_fusion": {"fuse_all_reduce_ops": True, "fuse_grad_size_in_MB": 32.0, "fuse_grad_size_in_layers": 50},
@@ -670,4 +682,9 @@ PRESETS: dict[str, dict[str, Any]] = {
                          "optimizer": "momentum"},
     # Paddle's AMP defaults: fp16 with dynamic loss scaling.
     "paddle_amp": {"amp": "fp16"},
+    # Not Paddle's: torch DDP's own configuration on fleetbench's engine (what `figures engine_cost` times against
+    # DDP): 25 MiB buckets with DDP's 1 MiB first bucket, overlapped on one communicator, gradients as bucket views,
+    # buffers broadcast over flat buckets (DDP coalesces its own).
+    "ddp_configuration": {"fuse_all_reduce_ops": True, "fuse_grad_size_in_MB": 25.0, "first_bucket_MB": 1.0,
+                          "sync_nccl_allreduce": False, "nccl_comm_num": 1, "fuse_broadcast_ops": True},
 }

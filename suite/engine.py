@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from .comm.broadcast import broadcast_module
+from .comm.broadcast import broadcast_module, broadcast_tensors, module_state
 from .comm.factory import build_grad_sync
 from .comm.grad_sync import GradSync
 from .compute.fusion import apply_compute_fusion
@@ -81,10 +81,16 @@ class Engine:
         # 2. everyone starts from rank 0's parameters and buffers.
         bucket_mb = config.fuse_grad_size_in_MB if config.fuse_broadcast_ops else math.inf
         self.init_broadcasts = broadcast_module(model, group, fused=config.fuse_broadcast_ops, bucket_mb=bucket_mb)
-        self._has_buffers = any(b.numel() for b in model.buffers())
+        # the buffers broadcast before every forward, listed once (as DDP lists its modules' buffers at construction)
+        self._buffers = [b for b in module_state(model, buffers_only=True) if b.numel()]
+        self._src = 0 if group is None else dist.get_global_rank(group, 0)
 
-        # 3. gradient communication.
+        # 3. gradient communication; where it takes them (the buckets), the gradients come out of backward already
+        #    divided by the world size: the loss gradient seeding backward is 1/world (Paddle's gradient_scale
+        #    "avg"), so no pass over the gradients divides them (exact: bit for bit the division at 2 and 4 ranks).
         self.grad_sync: GradSync | None = build_grad_sync(model, config, group)
+        folded = self.grad_sync is not None and self.world_size > 1 and self.grad_sync.fold_average_into_backward()
+        self._seed = 1.0 / self.world_size if folded else None
         if config.data_parallel == "ddp":
             from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -131,9 +137,9 @@ class Engine:
         communicate = self.local_sgd.communicate_grads(self.steps) if self.local_sgd else True
 
         # DDP's rule for buffers (BatchNorm statistics): rank 0's are broadcast before each forward.
-        if cfg.data_parallel == "suite" and self._has_buffers and communicate:
-            with record_function("broadcast buffers"):
-                broadcast_module(self.module, self.group, fused=cfg.fuse_broadcast_ops, buffers_only=True)
+        if cfg.data_parallel == "suite" and self._buffers and communicate:
+            with record_function("broadcast buffers"), torch.no_grad():
+                broadcast_tensors(self._buffers, self._src, self.group, fused=cfg.fuse_broadcast_ops)
 
         if self.grad_sync is not None:
             self.grad_sync.begin_step(communicate)
@@ -143,7 +149,11 @@ class Engine:
             outputs = self.model(inputs)
             loss = self.loss_fn(outputs, targets)
         with record_function("backward"):  # overlap: buckets are issued from inside it, as they become ready
-            self.amp.scale_loss(loss).backward()
+            scaled = self.amp.scale_loss(loss)
+            if self._seed is not None and communicate:  # averaged in backward (Local SGD's local steps: whole)
+                scaled.backward(torch.full_like(scaled, self._seed))
+            else:
+                scaled.backward()
         if self.grad_sync is not None:
             with record_function("wait"):
                 self.grad_sync.finish_step()  # every gradient averaged over the group
@@ -155,7 +165,9 @@ class Engine:
             if not skip:
                 self.optimizer.step()
             self.amp.update(skip)
-            self.optimizer.zero_grad(set_to_none=False)
+            # gradients to zero: bucket by bucket where they are the buckets' views (one fill per bucket)
+            if self.grad_sync is None or not self.grad_sync.zero_grad():
+                self.optimizer.zero_grad(set_to_none=False)
 
         if self.local_sgd is not None:
             with record_function("local sgd"):

@@ -137,7 +137,8 @@ def plan_case(case: Case, cfg: StrategyConfig, size: str, world: int, local_worl
         return None
     rpn = cfg.resolve_inter_nranks(world, local_world) if cfg.use_hierarchical_allreduce else None
     return comm_plan(_model_info(case.model, size).gradients, cfg.fuse_all_reduce_ops, cfg.fuse_grad_size_in_MB,
-                     cfg.fuse_grad_size_in_layers, cfg.nccl_comm_num, not cfg.sync_nccl_allreduce, world, rpn)
+                     cfg.fuse_grad_size_in_layers, cfg.nccl_comm_num, not cfg.sync_nccl_allreduce, world, rpn,
+                     cfg.first_bucket_MB)
 
 
 def _model_info(ref: str, size: str):

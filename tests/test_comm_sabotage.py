@@ -24,13 +24,20 @@ def sabotaged_check_on_rank(kind: str, **kwargs) -> dict:
     from suite.comm import bucketed
 
     saved_start, saved_hier = bucketed.BucketedGradSync._start, bucketed.hierarchical_all_reduce
+    saved_fold = bucketed.BucketedGradSync.fold_average_into_backward
     if kind == "skip_bucket":
-        def start(self, flat, comm, asynchronous):
+        def start(self, flat, comm, asynchronous, divide=True):
             if len(self.buckets) > 1 and flat is self.buckets[1].flat:
                 return lambda: None  # bucket 1 is never reduced
-            return saved_start(self, flat, comm, asynchronous)
+            return saved_start(self, flat, comm, asynchronous, divide)
 
         bucketed.BucketedGradSync._start = start
+    elif kind == "sum_not_average":
+        def fold(self):
+            self.averaged_in_backward = True  # the buckets are summed as they are ...
+            return False  # ... but the engine is told not to scale backward's seed: a sum, not an average
+
+        bucketed.BucketedGradSync.fold_average_into_backward = fold
     elif kind == "wrong_group":
         def hier(tensor, ng, mode="scatter"):
             return saved_hier(tensor, dataclasses.replace(ng, inter=ng.intra), mode)  # inter step inside the node
@@ -43,6 +50,7 @@ def sabotaged_check_on_rank(kind: str, **kwargs) -> dict:
     finally:
         bucketed.BucketedGradSync._start = saved_start
         bucketed.hierarchical_all_reduce = saved_hier
+        bucketed.BucketedGradSync.fold_average_into_backward = saved_fold
 
 
 def _check(pool, kind, model, values):
@@ -56,6 +64,13 @@ def _check(pool, kind, model, values):
 def test_bucket_left_out_is_caught(pool2):
     assert _check(pool2, "none", "mlp", FUSED).verdict == "pass"  # the same run unsabotaged passes
     res = _check(pool2, "skip_bucket", "mlp", FUSED)
+    assert res.verdict == "fail" and "parameter error" in res.message, res.message
+
+
+def test_an_average_left_out_of_backwards_seed_is_caught(pool2):
+    """The bucketed path's averaging lives in backward's seed (the loss gradient is 1/world): without it the
+    buckets are summed, and the check fails."""
+    res = _check(pool2, "sum_not_average", "mlp", FUSED)
     assert res.verdict == "fail" and "parameter error" in res.message, res.message
 
 

@@ -101,11 +101,12 @@ def test_cluster_figure_options_are_checked_before_anything_runs(capsys):
     assert "--sims is an option of figures gate, not of figures cluster" in capsys.readouterr().err
 
 
-def _summary(group: int, speedup=(0.9, 0.8, 1.0), calls=161.0, bcasts=159.0) -> dict:
-    return {"group": group, "step_time_s": {"median": 0.5}, "speedup": speedup[0], "speedup_ci": list(speedup[1:]),
-            "exposed_comm_s": 0.1, "comm_calls_per_step": {"world/all_reduce": calls, "world/broadcast": bcasts},
-            "comm_bytes_per_step": {"world/all_reduce": 97.5 * 2**20},
-            "describe": {"allreduce_ops_before_fusion": 161, "allreduce_ops": 5}}
+def _summary(group: int, speedup=(0.9, 0.8, 1.0), calls=161.0, bcasts=159.0, windows=None) -> dict:
+    s = {"group": group, "step_time_s": {"median": 0.5}, "speedup": speedup[0], "speedup_ci": list(speedup[1:]),
+         "exposed_comm_s": 0.1, "comm_calls_per_step": {"world/all_reduce": calls, "world/broadcast": bcasts},
+         "comm_bytes_per_step": {"world/all_reduce": 97.5 * 2**20},
+         "describe": {"allreduce_ops_before_fusion": 161, "allreduce_ops": 5}}
+    return s | ({"window_s": windows} if windows is not None else {})
 
 
 def test_workloads_figure_renders_its_raw_data_as_before():
@@ -129,16 +130,19 @@ def test_workloads_figure_renders_its_raw_data_as_before():
     assert lines[0] == "## Published workloads at size `cpu`: speedup over torch DDP (2 ranks)"
     assert ("**resnet50** (`cpu`: resnet50; batch 8 per rank), 2 ranks; 161 gradient tensors, 100.0 MiB fp32; "
             "3 rounds x 3 steps; 1 group(s): {ddp, none, plain, fusion") in text
-    assert ("| resnet50/ddp | DDP (baseline) | 2 | 500.0 | 1.000 [1.000, 1.000] | 100.0 | (DDP's own) |  "
+    assert ("| resnet50/ddp | DDP (baseline) | 2 | 500.0 | 1.000 [1.000, 1.000] |  |  | 100.0 | (DDP's own) |  "
             "| (DDP's own) |") in lines
-    assert ("| resnet50/none | no communication | 1 | 500.0 | 1.200 [1.100, 1.300] | 0 (by definition) | 0 "
-            "| 97.5 | 0 |") in lines
-    assert ("| gpt2/plain | plain (one allreduce per gradient) | 1 | 500.0 | 0.900 [0.800, 1.000] | 100.0 | 161 "
-            "| 97.5 | 159 |") in lines
+    assert ("| resnet50/none | no communication | 1 | 500.0 | 1.200 [1.100, 1.300] | n/a | no (width 0.200; ~48 "
+            "rounds) | 0 (by definition) | 0 | 97.5 | 0 |") in lines
+    assert ("| gpt2/plain | plain (one allreduce per gradient) | 1 | 500.0 | 0.900 [0.800, 1.000] | n/a | no (width "
+            "0.200; ~48 rounds) | 100.0 | 161 | 97.5 | 159 |") in lines
+    # data measured before the engine in DDP's configuration joined the groups: said, not invented
+    assert ("- The engine in DDP's configuration was not in these groups (data measured before it joined them): "
+            "its own cost is not shown; `fleetbench figures engine_cost` measures it.") in lines
     # overlap's own row (the registry's overlap fuses its broadcasts now: no separate fused-broadcast row)
     assert "- Aim (overlap + bucketing at least as fast as DDP), overlap: speedup 0.900 [0.800, " \
            "1.000]: **not met** on this run." in lines
-    assert "- Allreduce ops 161 before fusion, 5 after (overlap's 25 MB buckets)." in lines
+    assert "- Allreduce ops 161 before fusion, 5 after (overlap's buckets)." in lines
     assert "| one allreduce of all gradient bytes | 10.0 | 10.000 | 1.000 [1.000, 1.000] |" in lines
     assert "| gpt2/multicomm: overlap, 2 communicators (4 MB buckets) | 20.0 | 5.000 | 0.500 [0.500, 0.500] |" in lines
     assert not any("fallback" in ln or "timed alone" in ln for ln in lines)
@@ -176,8 +180,9 @@ def test_workloads_figure_times_each_group_through_the_runner_in_fresh_ranks():
     raw = W.measure(W.Options(rounds=2, steps=1, size="tiny", memory_gb=1e-3), pool)
     json.dumps(raw)
     timed = [c for c in pool.calls if isinstance(c, list)]
-    assert all(c[:2] == ["ddp", "none"] and len(c) == 3 for c in timed), timed  # one row a group at 1 MB
-    assert [c[2] for c in timed] == list(W.rows_for("resnet50")) + list(W.rows_for("gpt2"))
+    # one row a group at 1 MB, each group with the engine in DDP's configuration
+    assert all(c[:3] == ["ddp", "none", W.ENGINE] and len(c) == 4 for c in timed), timed
+    assert [c[3] for c in timed] == list(W.rows_for("resnet50")) + list(W.rows_for("gpt2"))
     assert pool.calls.count("fresh ranks") == len(timed) + 2  # after every group and each collectives table
     assert raw["strategies"]["gpt2"]["variants"]["ddp"]["groups"][-1]["group"] == len(W.rows_for("gpt2"))
 
@@ -343,7 +348,7 @@ def test_every_figure_is_on_the_contract_and_reads_no_environment():
     from suite.cli.figures import FIGURE_OPTIONS, available
 
     names = available()
-    assert len(names) == 9, names
+    assert len(names) == 10, names
     for name in names:
         module = importlib.import_module(f"suite.figures.{name}")
         opts = module.Options()
@@ -392,3 +397,33 @@ def test_the_workloads_aim_is_not_resolved_when_the_overlap_interval_spans_one()
                                W.Options(rounds=3, steps=3), 2)
     assert "- Aim (overlap + bucketing at least as fast as DDP), overlap: speedup 1.150 [0.550, 1.390]: " \
            "**not resolved (the interval spans 1)** on this run." in text.splitlines()
+
+
+def test_workloads_figure_shows_each_speedup_beside_the_engines_own_cost():
+    """With the engine in DDP's configuration in a group: its cost over DDP, each row's speedup over it (paired by
+    round), and whether each row's intervals resolve 5% (else the rounds they would take), worked out by hand."""
+    from suite.figures import workloads as W
+
+    model = W.MODELS[0]
+    rows = W.rows_for(model)
+    engine_w = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    v = {n: _summary(1, (1.0, 0.99, 1.01), windows=[0.8] * 7) for n in rows}  # 1.25x the engine in every round
+    v["plain"] = _summary(1, (0.9, 0.8, 1.0), windows=[1.0, 1.1, 0.9, 1.2, 0.8, 1.0, 1.05])
+    v["ddp"] = {"groups": [_summary(1, (1.0, 1.0, 1.0))]}
+    v["none"] = {"groups": [_summary(1, (1.2, 1.1, 1.3), calls=0, bcasts=0)]}
+    v[W.ENGINE] = {"groups": [_summary(1, (0.8, 0.79, 0.81), windows=engine_w)]}
+    spec = {"name": model, "size": "cpu", "description": "", "per_rank_batch": 8, "tensors": 161,
+            "elements": 25 * 2**20}
+    text, _ = W.strategy_table(model, {"variants": v, "groups": [["ddp", "none", W.ENGINE, *rows]], "spec": spec,
+                                       "load": [[0.5, 0.6, 0.7], [2.1, 1.0, 0.8]]}, W.Options(rounds=7, steps=3), 2)
+    lines = text.splitlines()
+    assert (f"| {model}/fusion | fused, synchronous (25 MB buckets) | 1 | 500.0 | 1.000 [0.990, 1.010] | "
+            "1.250 [1.250, 1.250] | yes | 100.0 | 161 | 97.5 | 159 |") in lines
+    plain = next(ln for ln in lines if ln.startswith(f"| {model}/plain |"))
+    assert "| 1.000 [" in plain and "| no (width " in plain, plain  # the engine's over plain's: median 1.0
+    assert any(ln.startswith(f"| {model}/{W.ENGINE} | the engine in DDP's configuration (its own cost) | 1 | "
+                             "500.0 | 0.800 [0.790, 0.810] |  | yes |") for ln in lines), lines
+    assert ("- The engine's own cost: in DDP's configuration its step takes 1.250 [1.235, 1.266] in group 1 x DDP's "
+            "(> 1: slower; `fleetbench figures engine_cost` profiles it). A strategy's speedup over the engine in "
+            "DDP's configuration is what the strategy itself changes.") in lines
+    assert "- Load average (1, 5, 15 min) before 0.5 0.6 0.7, after 2.1 1.0 0.8." in lines

@@ -95,3 +95,41 @@ def test_resnet_at_world_4_matches_its_reference_to_float64_rounding(pool4, vari
     res = run_check(pool4, WorkloadSpec("resnet", per_rank_batch=8), cfg, steps=3)
     assert res.verdict == "pass" and res.precision == "float64", res.message
     assert res.param_error < 1e-12 and res.buffer_error < 1e-12, (res.param_error, res.buffer_error)
+
+
+def test_the_parameter_digest_sees_every_bit_and_copies_no_parameter_to_the_host(monkeypatch):
+    """The check's "ranks identical" digest: equal parameters give equal digests; one flipped bit anywhere (the
+    first word, inside a later chunk of 2**20 words, the last word) changes it, in fp32, fp64 and bf16; the only
+    host copy is of the sums (two per chunk), never of a parameter."""
+    from suite.check import harness
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(1100, 1000), torch.nn.Linear(1000, 3))  # 1.1 M words: two chunks
+    base = harness.param_digest(net)
+    assert harness.param_digest(net) == base
+    big = net[0].weight
+    for index in (0, 2**20 + 5, big.numel() - 1):
+        for bit in (0, 17, 31):
+            with torch.no_grad():
+                words = big.view(-1).view(torch.int32)
+                words[index] ^= 1 << bit if bit < 31 else -(2**31)
+                assert harness.param_digest(net) != base, (index, bit)
+                words[index] ^= 1 << bit if bit < 31 else -(2**31)
+    assert harness.param_digest(net) == base
+    for dtype in (torch.float64, torch.bfloat16):
+        other = torch.nn.Linear(5, 3).to(dtype)
+        d = harness.param_digest(other)
+        with torch.no_grad():
+            other.bias.view(-1).view(torch.int16)[-1] ^= 1
+        assert harness.param_digest(other) != d, dtype
+    copied = []
+    real_cpu = torch.Tensor.cpu
+
+    def cpu(self, *a, **k):
+        copied.append(self.numel())
+        return real_cpu(self, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "cpu", cpu)
+    harness.param_digest(net)
+    # 5 chunks (the big weight's two, one each of the other three tensors) x (sum, weighted sum): one copy of 10
+    assert copied == [2 * 5], copied

@@ -130,8 +130,9 @@ def test_check_catches_an_unreduced_tied_embedding(pool2, model):
 
 def test_figure_groups_are_memory_bounded_and_each_carries_the_baseline():
     """`fleetbench figures workloads` times a model's rows in groups that fit the ranks' memory, each with
-    DDP (the speedups' baseline) and `none` (exposed communication), every row exactly once."""
-    from suite.figures.workloads import groups, rows_for
+    DDP (the speedups' baseline), `none` (exposed communication) and the engine in DDP's configuration (its own
+    cost), every row exactly once; a group holds at least one row, so at the least 4 engines."""
+    from suite.figures.workloads import ENGINE, groups, rows_for
     from suite.runner import _engine_bytes
 
     rows = rows_for("resnet50")
@@ -140,10 +141,11 @@ def test_figure_groups_are_memory_bounded_and_each_carries_the_baseline():
     assert variant_config("resnet50", "overlap")["fuse_broadcast_ops"] is True  # the registry's config, coalesced
     assert "fuse_broadcast_ops" not in variant_config("resnet50", "plain")
     per_engine = _engine_bytes("gpt2", "cpu") * 2  # ~4 GB at world 2 (124M parameters, 16 bytes each)
-    for engines, per_group in ((4, 2), (3, 1), (1, 1), (100, len(rows))):
+    for engines, per_group in ((5, 2), (4, 1), (3, 1), (1, 1), (100, len(rows))):
         plan = groups("gpt2", "cpu", 2, rows, budget=engines * per_engine)
-        assert all(g[:2] == ["ddp", "none"] and 1 <= len(g) - 2 <= per_group for g in plan), plan
-        assert [r for g in plan for r in g[2:]] == list(rows)
+        assert all(g[:3] == ["ddp", "none", ENGINE] and 1 <= len(g) - 3 <= per_group for g in plan), plan
+        assert all(len(g) <= max(engines, 4) for g in plan), (engines, plan)
+        assert [r for g in plan for r in g[3:]] == list(rows)
 
 
 def _batches_before_timing_on_rank() -> dict:

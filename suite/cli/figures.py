@@ -57,7 +57,10 @@ FIGURE_OPTIONS: dict[str, tuple] = {
     "sizes": (_ints, ("cluster",), "allreduce sizes in bytes, comma-separated"),
     "rates": (_csv, ("cluster",), "inter-node link rates, comma-separated"),
     "shapes": (_csv, ("cluster",), "cluster shapes NxR, comma-separated"),
-    "models": (_csv, ("cluster",), "models, comma-separated"),
+    "models": (_csv, ("cluster", "engine_cost"), "models, comma-separated"),
+    "max_rounds": (int, ("engine_cost",), "the most rounds per model while the ratio's 95%% interval is wider than "
+                   "0.05"),
+    "profile_steps": (int, ("engine_cost",), "profiled steps of each side per model"),
     "rechecks": (int, ("cluster",), "re-measurements of each row outside 15%% (with --load: 0)"),
 }
 COMMON = ("nproc", "rounds", "steps", "timeout")  # options of most figures, declared once below

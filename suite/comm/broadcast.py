@@ -29,7 +29,9 @@ def broadcast_tensors(tensors: list[torch.Tensor], src: int = 0, group=None, fus
     """Broadcast ``tensors`` in place from global rank ``src``; returns the number of broadcasts.
 
     Fused: tensors of one dtype and device are packed into flat buckets of at most ``bucket_mb``
-    MiB, one broadcast per bucket, then unpacked.  Unfused: one broadcast per tensor.
+    MiB, one broadcast per bucket (all issued, then each waited on and unpacked with one
+    ``_foreach_copy_``, as DDP's coalesced broadcast does).  Unfused: one broadcast per tensor,
+    each waited on before the next (Paddle's ``fuse_broadcast_ops=False``).
     """
     tensors = [t for t in tensors if t.numel() > 0]
     if not fused:
@@ -48,14 +50,14 @@ def broadcast_tensors(tensors: list[torch.Tensor], src: int = 0, group=None, fus
             buckets.append(cur[0])
         cur[0].append(t)
         by_kind[key] = (cur[0], cur[1] + nbytes)
+    pending = []
     for bucket in buckets:
         flat = torch.cat([t.reshape(-1) for t in bucket])
-        C.broadcast(flat, src=src, group=group)
-        offset = 0
-        for t in bucket:
-            n = t.numel()
-            t.copy_(flat[offset:offset + n].view_as(t))
-            offset += n
+        pending.append((bucket, flat, C.broadcast(flat, src=src, group=group, async_op=True)))
+    for bucket, flat, work in pending:
+        work.wait()
+        parts = flat.split([t.numel() for t in bucket])
+        torch._foreach_copy_(bucket, [v.view_as(t) for v, t in zip(parts, bucket)])
     return len(buckets)
 
 

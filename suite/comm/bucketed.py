@@ -3,9 +3,13 @@
 One class covers the knobs that change *how* gradients travel (``build_grad_sync`` picks it
 as soon as one of them is set):
 
-- ``fuse_all_reduce_ops`` / ``fuse_grad_size_in_MB`` / ``fuse_grad_size_in_layers``: buckets
-  (``suite.comm.buckets``); fusion off = one parameter per bucket.  ``p.grad`` are views into
-  one flat buffer per bucket, one allreduce per bucket, averaging folded in (divide, sum).
+- ``fuse_all_reduce_ops`` / ``fuse_grad_size_in_MB`` / ``fuse_grad_size_in_layers`` / ``first_bucket_MB``:
+  buckets (``suite.comm.buckets``, where DDP's first-bucket rule is decided); fusion off = one parameter per
+  bucket.  ``p.grad`` are views into one flat buffer per bucket (``gradient_as_bucket_view``; False: their
+  own tensors, copied in by the hook and out once the bucket is reduced), one allreduce per bucket,
+  averaging folded in: under the engine, into backward's seed (the loss gradient is 1/world, Paddle's
+  ``gradient_scale_configs`` "avg"), so the buckets are summed as they are; driven by anyone else, each
+  bucket is divided by the world size before its sum.
 - ``sync_nccl_allreduce``: a post-accumulate-grad hook per parameter counts the bucket's
   gradients; when a bucket is complete it is launched.  Buckets are launched strictly in
   bucket order (a bucket whose predecessor is not complete waits for it), so every rank issues
@@ -35,8 +39,13 @@ as soon as one of them is set):
     thread issues a collective but the hook's and the caller's, always in bucket order.
 
 Each bucket's moments are ``record_function`` ranges for a torch.profiler trace: "bucket N ready" (its last
-gradient arrived: a marker, before anything is launched for it), "bucket N allreduce issue" (the launch) and
-"bucket N wait" (its completion, in ``finish_step`` with overlap); per bucket, never per parameter hook.
+gradient arrived: a marker, before anything is launched for it), "bucket N allreduce issue" (the launch),
+"bucket N wait" (its completion, in ``finish_step`` with overlap) and, with copies, "bucket N copy out"; per
+bucket, never per parameter hook.
+
+The hook is the only Python that runs per parameter in a step: one dictionary look-up, one identity test
+(``p.grad`` is still its view), its bucket's count; everything else is per bucket.  With views the engine
+zeroes the gradients bucket by bucket (:meth:`zero_grad`: one fill per bucket, not one per parameter).
 
 Parameters with ``requires_grad=False`` are skipped.  A parameter whose hook did not fire in
 a step (unused) is reduced as zeros with ``find_unused_parameters=True`` (DDP's behaviour),
@@ -84,6 +93,7 @@ class BucketedGradSync(GradSync):
         self.platform: Platform = ctx.platform if ctx is not None else platform_of(self.params, group)
         self.wait_timeout = (ctx.pg_timeout if ctx else 60.0) + 30.0
         self.fuse = config.fuse_all_reduce_ops
+        self.as_views = config.gradient_as_bucket_view
         self.overlap = not config.sync_nccl_allreduce
         self.comm_num = config.nccl_comm_num
         self.hier = None
@@ -106,22 +116,23 @@ class BucketedGradSync(GradSync):
         self.pad_to = pad_to
 
         plans = plan_buckets(self.named_params, param_owners(model), self.fuse, config.fuse_grad_size_in_MB,
-                             config.fuse_grad_size_in_layers)
+                             config.fuse_grad_size_in_layers, config.first_bucket_MB if self.fuse else None)
         self.buckets: list[Bucket] = [
             Bucket.allocate(pl.index, [self.named_params[i] for i in pl.members], pl.layers,
-                            pl.index % self.comm_num, pad_to)
+                            pl.index % self.comm_num, pad_to, as_views=self.as_views)
             for pl in plans
         ]
-        self._slot: dict[int, tuple[int, int]] = {}
+        self._slot: dict[int, tuple[Bucket, int]] = {}  # id(parameter) -> its bucket and place in it
         for b in self.buckets:
             for k, p in enumerate(b.params):
-                self._slot[id(p)] = (b.index, k)
+                self._slot[id(p)] = (b, k)
         self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
         self._executors: dict[int, cf.ThreadPoolExecutor] = {}  # CPU: one worker thread per communicator
         self._side_streams: dict = {}  # CUDA: one side stream per communicator
-        self._inflight: list[tuple[int, Callable[[], None]]] = []
+        self._inflight: list[tuple[Bucket, Callable[[], None]]] = []
         self._next = 0
         self._armed = False
+        self._listening = False  # the hooks count gradients (between begin_step(True) and finish_step)
         self.launched_in_backward: int | None = None  # fewest buckets launched before backward ended, any step
         self.events: list | None = None  # (kind, bucket, time) when recording: "hook", "ready", "launch", "wait"
         self.clock: Callable[[], object] = time.perf_counter  # the events' time (a trace sets a device mark)
@@ -138,15 +149,16 @@ class BucketedGradSync(GradSync):
             b.ready = [False] * len(b.params)
         self._next = 0
         self._armed = True
+        self._listening = communicate
 
     def finish_step(self) -> None:
-        armed, self._armed = self._armed, False
+        armed, self._armed, self._listening = self._armed, False, False
         if not self.communicate:
             return
         if not armed:
             raise RuntimeError("finish_step() without begin_step(): call begin_step before backward")
         self._note_launched_in_backward()
-        missing = [(b, k) for b in self.buckets for k in range(len(b.params)) if not b.ready[k]]
+        missing = [(b, k) for b in self.buckets if b.pending for k in range(len(b.params)) if not b.ready[k]]
         if missing:
             if not self.config.find_unused_parameters:
                 self._drain()  # what was launched completes on every rank; nothing is left hanging
@@ -154,7 +166,7 @@ class BucketedGradSync(GradSync):
             with torch.no_grad():
                 for b, k in missing:
                     b.bind(k)
-                    b.views[k].zero_()
+                    b.views[k].zero_()  # copies: its slice of the bucket; copied out into a zero gradient
                     b.ready[k] = True
                     b.pending -= 1
                     if b.pending == 0:
@@ -163,6 +175,12 @@ class BucketedGradSync(GradSync):
         if self._next != len(self.buckets):  # cannot happen: every bucket is complete here
             raise RuntimeError(f"internal error: {len(self.buckets) - self._next} bucket(s) never launched")
         self._drain()
+
+    def fold_average_into_backward(self) -> bool:
+        """Yes: the engine scales backward's seed by 1/world and the buckets are summed as they are (no division
+        pass over the gradients; see :meth:`GradSync.fold_average_into_backward`)."""
+        self.averaged_in_backward = True
+        return True
 
     def average_tensors(self, tensors: list[torch.Tensor]) -> None:
         """Average ``tensors`` in place over the same path: buckets (byte cap), communicators, hierarchy."""
@@ -205,6 +223,7 @@ class BucketedGradSync(GradSync):
             "allreduce_ops_before_fusion": len(self.params),
             "allreduce_ops": len(self.buckets),
             "fuse_all_reduce_ops": self.fuse,
+            "gradient_as_bucket_view": self.as_views,
             "overlap": self.overlap,
             "nccl_comm_num": self.comm_num,
             "buckets": [
@@ -224,6 +243,43 @@ class BucketedGradSync(GradSync):
         pending = [self._start(b.flat, b.comm_index, asynchronous=self.overlap) for b in self.buckets]
         for complete in pending:
             complete()
+
+    def zero_grad(self) -> bool:
+        """Zero every gradient bucket by bucket (one fill each) when the gradients are its views; False (nothing
+        done) with copies, whose gradients the optimizer zeroes."""
+        if not self.as_views:
+            return False
+        with torch.no_grad():
+            for b in self.buckets:
+                b.bind_all()  # a gradient replaced since the hooks ran (set to None, or a new tensor) is a view again
+                b.flat.zero_()
+        return True
+
+    def time_hooks(self, reps: int = 20) -> float:
+        """Microseconds per parameter of the gradient hook's own work (its bookkeeping, the per-bucket ranges, with
+        copies its copy into the bucket), communication left out: every hook called in bucket order, ``reps``
+        times, each between ``begin_step`` and ``finish_step`` with the launches stubbed (what
+        `fleetbench figures engine_cost` reports beside the profile, where the profiler's own cost per event
+        would weigh on a figure this small).  Leaves the gradients' values as they were (copies: as reduced)."""
+        params = [p for b in self.buckets for p in b.params]
+        if not params:
+            return 0.0
+        def nothing(flat: torch.Tensor, comm: int, asynchronous: bool, divide: bool = True) -> Callable[[], None]:
+            return lambda: None
+
+        self._start = nothing  # type: ignore[method-assign]
+        seconds = 0.0
+        try:
+            for _ in range(reps):
+                self.begin_step(True)
+                t0 = time.perf_counter()
+                for p in params:
+                    self._on_grad(p)
+                seconds += time.perf_counter() - t0
+                self.finish_step()
+        finally:
+            del self._start  # the method again
+        return seconds / reps / len(params) * 1e6
 
     def close(self) -> None:
         """Remove the hooks and stop the worker threads (the engine need not call it)."""
@@ -250,21 +306,27 @@ class BucketedGradSync(GradSync):
             self._event("ready", bucket)
 
     def _on_grad(self, p: torch.nn.Parameter) -> None:
-        if not self._armed or not self.communicate:
+        """A parameter's gradient is accumulated: its bucket counts it down and launches when complete (the only
+        Python per parameter in a step: keep it to look-ups and one identity test)."""
+        if not self._listening:
             return
-        bi, k = self._slot[id(p)]
-        b = self.buckets[bi]
-        b.bind(k)  # if autograd replaced the view (it does when p.grad was None), restore it
-        if b.ready[k]:
+        b, k = self._slot[id(p)]
+        if not b.as_views:
+            b.copy_in(k)  # copies: into its slice of the bucket, as DDP's reducer does
+        elif p.grad is not b.views[k]:
+            b.bind(k)  # autograd replaced the view (it does when p.grad was None): restore it, keeping the value
+        ready = b.ready
+        if ready[k]:
             raise RuntimeError(
                 f"parameter {b.names[k]!r} got a gradient twice in one step (two backward calls between "
                 "begin_step and finish_step); accumulate with begin_step(communicate=False) steps instead"
             )
-        b.ready[k] = True
+        ready[k] = True
         b.pending -= 1
-        self._event("hook", bi)
+        if self.events is not None:
+            self.events.append(("hook", b.index, self.clock()))
         if b.pending == 0:
-            self._ready(bi)
+            self._ready(b.index)
             self._launch_ready()
 
     def _launch_ready(self) -> None:
@@ -274,23 +336,23 @@ class BucketedGradSync(GradSync):
             self._next += 1
             self._event("launch", b.index)
             with record_function(f"bucket {b.index} allreduce issue"):
-                complete = self._start(b.flat, b.comm_index, asynchronous=self.overlap)
+                complete = self._start(b.flat, b.comm_index, asynchronous=self.overlap,
+                                       divide=not self.averaged_in_backward)
             if self.overlap:
-                self._inflight.append((b.index, complete))
+                self._inflight.append((b, complete))
             else:
-                with record_function(f"bucket {b.index} wait"):
-                    complete()
-                self._event("wait", b.index)
+                self._complete(b, complete)
 
-    def _start(self, flat: torch.Tensor, comm: int, asynchronous: bool) -> Callable[[], None]:
-        """Start averaging ``flat`` over the world on communicator ``comm``; returns its completion."""
+    def _start(self, flat: torch.Tensor, comm: int, asynchronous: bool, divide: bool = True) -> Callable[[], None]:
+        """Start averaging ``flat`` over the world on communicator ``comm`` (``divide=False``: it holds gradients
+        divided already, by backward's seed); returns its completion."""
         if self.hier is None:
-            done = self._allreduce_average(flat, self.groups[comm], async_op=asynchronous)
+            done = self._allreduce_average(flat, self.groups[comm], async_op=asynchronous, divide=divide)
             return done if done is not None else (lambda: None)
         ng = self.hier[comm]
 
         def chain() -> None:
-            wire = self._to_wire(flat)  # the flat path's averaging and wire dtype
+            wire = self._to_wire(flat, divide)  # the flat path's averaging and wire dtype
             hierarchical_all_reduce(wire, ng, HIER_MODE)
             if wire is not flat:
                 flat.copy_(wire)
@@ -333,9 +395,16 @@ class BucketedGradSync(GradSync):
 
         return complete
 
+    def _complete(self, b: Bucket, complete: Callable[[], None]) -> None:
+        """Wait for bucket ``b``'s allreduce (copies: then copy it out into the gradients)."""
+        with record_function(f"bucket {b.index} wait"):
+            complete()
+        self._event("wait", b.index)
+        if not b.as_views:
+            with record_function(f"bucket {b.index} copy out"), torch.no_grad():
+                b.copy_out()
+
     def _drain(self) -> None:
         inflight, self._inflight = self._inflight, []
-        for bi, complete in inflight:
-            with record_function(f"bucket {bi} wait"):
-                complete()
-            self._event("wait", bi)
+        for b, complete in inflight:
+            self._complete(b, complete)

@@ -5,13 +5,26 @@ model's parameters) walks the trainable parameters in *reverse registration orde
 order backward produces their gradients) and closes a bucket when
 
 - its bytes reach ``fuse_grad_size_in_MB`` MiB (the parameter that crosses the cap stays in,
-  as in DDP; ``inf`` = no byte cap), or
+  as in DDP; ``inf`` = no byte cap; the first bucket at ``first_bucket_MB`` when that is set: DDP's
+  first-bucket rule, see below), or
 - the next parameter belongs to a new layer and the bucket already holds
   ``fuse_grad_size_in_layers`` layers (a *layer* is the module that owns the parameter, so
   an fc's weight and bias always share a bucket under the layer cap, as in Paddle's docs), or
 - the next parameter has another dtype or device (one flat buffer has one of each).
 
 Fusion off (``fuse_all_reduce_ops=False``): one parameter per bucket, the same machinery.
+
+DDP's first-bucket rule (decided here, once).  DDP closes its first bucket (the first launched: the last layers'
+gradients) at 1 MiB (``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``, applied when ``bucket_cap_mb`` is left at
+its default; an explicit ``bucket_cap_mb`` makes every bucket that size in torch 2.13), so communication starts
+early in backward.  Paddle's knobs do not have it: ``fuse_grad_size_in_MB`` is the size of every fused allreduce
+(the op-fusion docs: "each AllReduce call transfers 16 MB"; the static graph's fuse pass has no smaller group),
+and Paddle's dygraph ``DataParallel`` makes the *last* group small (``last_comm_group_size_MB``, 1 MB: the
+gradients of the first layers, communicated last; ``AssignGroupBySize`` applies the small limit to the first group
+in registration order and the reducer reverses the groups), the opposite end of DDP's.  So under Paddle's knobs no
+bucket is smaller than the cap: the rule is ours, off by default (``first_bucket_MB``, None), and DDP's
+configuration (the ``ddp_configuration`` preset, which `fleetbench figures engine_cost` times against DDP) sets it
+to DDP's 1 MiB.  Paddle's small last group is not implemented (``last_comm_group_size_MB`` is refused by name).
 
 Sized buckets (:func:`sized_bucket_mb`, the registry's ``*/overlap`` and ``*/multicomm``): the byte cap
 follows the model's gradient bytes, so that every model at every size gets between 2 and 16 buckets
@@ -25,9 +38,13 @@ The parent plans a case before any rank starts (:func:`comm_plan`, from :func:`g
 built on the meta device), so a case whose name its plan cannot honour is skipped with the reason
 (``suite.cases``), and what the engine then built (``describe()``) is compared with the plan.
 
-Storage (:class:`Bucket`): one flat buffer per bucket, and every parameter's ``p.grad`` is
-a view into it (DDP's ``gradient_as_bucket_view``): autograd accumulates straight into the
-buffer and the allreduce runs on it, no copies on the hot path.  The buffer may be padded
+Storage (:class:`Bucket`): one flat buffer per bucket, and by default every parameter's ``p.grad``
+is a view into it (DDP's ``gradient_as_bucket_view``; ``gradient_as_bucket_view=True``): autograd
+accumulates straight into the buffer and the allreduce runs on it, no copies on the hot path.  It is
+exact: the same additions into the same values as a gradient of its own, the same division and sum of the
+same buffer (``tests/test_bucket_views.py`` shows the parameters bitwise equal to the copies' over 3 steps).
+Copies (``gradient_as_bucket_view=False``, DDP's default): each gradient is its own tensor, copied into
+its slice of the bucket by its hook and back once the bucket is reduced.  The buffer may be padded
 (zeros nobody views) to a multiple of the intra-node group size for the reduce-scatter of
 the hierarchical allreduce.
 """
@@ -71,12 +88,14 @@ class BucketPlan:
 
 
 def plan(grads: Sequence[tuple[int, str, Hashable]], fuse: bool, cap_mb: float = math.inf,
-         cap_layers: int = 50) -> list[BucketPlan]:
+         cap_layers: int = 50, first_cap_mb: float | None = None) -> list[BucketPlan]:
     """Group gradients into buckets (see the module docstring): ``grads`` holds (bytes, layer, kind) of each
     trainable parameter in registration order, a kind being what one flat buffer must share (dtype and
-    device).  Torch-free: the engine plans through :func:`plan_buckets`, the cost model
-    (``suite.cluster.simulate``) from a profile."""
+    device); ``first_cap_mb``: the first bucket's byte cap (DDP's first-bucket rule; None: ``cap_mb``).
+    Torch-free: the engine plans through :func:`plan_buckets`, the cost model (``suite.cluster.simulate``) from
+    a profile."""
     cap_bytes = cap_mb * MiB
+    first_bytes = cap_bytes if first_cap_mb is None else min(first_cap_mb * MiB, cap_bytes)
     plans: list[BucketPlan] = []
     cur: BucketPlan | None = None
     cur_kind = None
@@ -91,16 +110,17 @@ def plan(grads: Sequence[tuple[int, str, Hashable]], fuse: bool, cap_mb: float =
         if layer not in cur.layers:
             cur.layers.append(layer)
         cur.nbytes += nbytes
-        if cur.nbytes >= cap_bytes:
+        if cur.nbytes >= (first_bytes if cur.index == 0 else cap_bytes):
             cur = None  # closed: the byte cap is reached
     return plans
 
 
 def plan_buckets(named_params: list[tuple[str, torch.nn.Parameter]], owners: dict[int, str], fuse: bool,
-                 cap_mb: float = math.inf, cap_layers: int = 50) -> list[BucketPlan]:
+                 cap_mb: float = math.inf, cap_layers: int = 50, first_cap_mb: float | None = None
+                 ) -> list[BucketPlan]:
     """:func:`plan` of the engine's parameters (a layer: the module that owns it, see :func:`param_owners`)."""
     return plan([(p.numel() * p.element_size(), owners.get(id(p), name), (p.dtype, p.device))
-                 for name, p in named_params], fuse, cap_mb, cap_layers)
+                 for name, p in named_params], fuse, cap_mb, cap_layers, first_cap_mb)
 
 
 def gradient_layout(model: torch.nn.Module) -> tuple[tuple[int, str, str], ...]:
@@ -165,10 +185,11 @@ class CommPlan:
 
 
 def comm_plan(grads: Sequence[tuple[int, str, Hashable]], fuse: bool, cap_mb: float, cap_layers: int,
-              comm_num: int, overlap: bool, world: int, ranks_per_node: int | None = None) -> CommPlan:
+              comm_num: int, overlap: bool, world: int, ranks_per_node: int | None = None,
+              first_cap_mb: float | None = None) -> CommPlan:
     """The :class:`CommPlan` of gradients ``grads`` (see :func:`gradient_layout`) under these knobs at ``world``
-    ranks (``ranks_per_node``: the hierarchy's, None without one)."""
-    plans = plan(grads, fuse, cap_mb, cap_layers)
+    ranks (``ranks_per_node``: the hierarchy's, None without one; ``first_cap_mb``: ``first_bucket_MB``)."""
+    plans = plan(grads, fuse, cap_mb, cap_layers, first_cap_mb)
     rpn = ranks_per_node or 0
     return CommPlan(len(grads), sum(g[0] for g in grads), fuse, cap_mb, len(plans),
                     len({p.index % comm_num for p in plans}), overlap, world // rpn if rpn else 1, rpn)
@@ -182,7 +203,8 @@ def fusion_log_line(before: int, after: int) -> str:
 
 @dataclass
 class Bucket:
-    """A flat gradient buffer and the parameters whose ``.grad`` are views into it."""
+    """A flat gradient buffer and its parameters; their ``.grad`` are views into it (``as_views``), or their own
+    tensors copied in and out (:meth:`copy_in`, :meth:`copy_out`)."""
 
     index: int
     names: list[str]
@@ -193,18 +215,19 @@ class Bucket:
     views: list[torch.Tensor] = field(repr=False, default_factory=list)
     offsets: list[int] = field(default_factory=list)
     numel: int = 0  # elements the parameters use (the buffer may be longer: padding)
+    as_views: bool = True  # p.grad is views[k] (False: p.grad is its own tensor, copied in and out)
     # per-step state
     pending: int = 0
     ready: list[bool] = field(default_factory=list)
 
     @classmethod
     def allocate(cls, index: int, named: list[tuple[str, torch.nn.Parameter]], layers: list[str], comm_index: int,
-                 pad_to: int = 1) -> Bucket:
+                 pad_to: int = 1, as_views: bool = True) -> Bucket:
         params = [p for _, p in named]
         numel = sum(p.numel() for p in params)
         padded = -(-numel // pad_to) * pad_to if pad_to > 1 else numel
         flat = torch.zeros(max(padded, 1), dtype=params[0].dtype, device=params[0].device)
-        b = cls(index, [n for n, _ in named], params, layers, comm_index, flat=flat, numel=numel)
+        b = cls(index, [n for n, _ in named], params, layers, comm_index, flat=flat, numel=numel, as_views=as_views)
         off = 0
         with torch.no_grad():
             for p in params:
@@ -222,14 +245,24 @@ class Bucket:
         return self.numel * self.flat.element_size()
 
     def bind_all(self) -> None:
-        """Make every ``p.grad`` its view again (after ``zero_grad(set_to_none=True)`` or a replacement)."""
-        for k in range(len(self.params)):
-            self.bind(k)
+        """Make every ``p.grad`` its view again (after ``zero_grad(set_to_none=True)`` or a replacement); copies:
+        nothing to bind."""
+        if not self.as_views:
+            return
+        for p, view in zip(self.params, self.views):
+            if p.grad is not view:  # the same tensor object while it stays the view: one identity test
+                self._rebind(p, view)
 
     def bind(self, k: int) -> None:
-        p, view = self.params[k], self.views[k]
+        """Make ``p.grad`` of parameter ``k`` its view again, keeping its value (copies: nothing to bind)."""
+        if self.as_views and self.params[k].grad is not self.views[k]:
+            self._rebind(self.params[k], self.views[k])
+
+    @staticmethod
+    def _rebind(p: torch.nn.Parameter, view: torch.Tensor) -> None:
         g = p.grad
         if g is not None and g.data_ptr() == view.data_ptr() and g.shape == view.shape:
+            p.grad = view  # another tensor object over the same memory (e.g. a detached alias): the view itself
             return
         with torch.no_grad():
             if g is None:
@@ -237,3 +270,19 @@ class Bucket:
             else:
                 view.copy_(g)  # autograd or someone else replaced the view: keep the value, restore the view
         p.grad = view
+
+    def copy_in(self, k: int) -> None:
+        """Copies: parameter ``k``'s gradient into its slice of the bucket (its hook, as DDP's reducer does)."""
+        g = self.params[k].grad
+        if g is None:  # cannot be in a post-accumulate-grad hook; None means zero
+            self.views[k].zero_()
+        else:
+            self.views[k].copy_(g)
+
+    def copy_out(self) -> None:
+        """Copies: the reduced bucket back into every parameter's own gradient."""
+        for p, view in zip(self.params, self.views):
+            if p.grad is None:
+                p.grad = view.clone()
+            else:
+                p.grad.copy_(view)

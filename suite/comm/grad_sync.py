@@ -5,6 +5,7 @@ The engine drives a ``GradSync`` the same way whatever the strategy:
     sync.begin_step(communicate)   # before backward: arm hooks (overlap) or not
     loss.backward()
     sync.finish_step()             # after backward: every gradient is averaged over the group
+    sync.zero_grad() or optimizer.zero_grad()   # gradients zeroed for the next step
 
 ``average_tensors`` averages arbitrary tensors (Local SGD's parameters) over the same
 collective path (buckets, communicators, hierarchy) as the gradients.
@@ -66,6 +67,16 @@ class GradSync:
         if self.comm_dtype is not None and self.params:
             check_reducible(self.comm_dtype, group, "grad_comm_dtype", config.grad_comm_dtype, self.params[0].device)
         self.communicate = True
+        # the gradients arrive already divided by the world size (the engine scaled backward's seed: see
+        # fold_average_into_backward); False for anyone else driving begin_step / backward / finish_step
+        self.averaged_in_backward = False
+
+    def fold_average_into_backward(self) -> bool:
+        """Whether the strategy takes its gradients already divided by the world size, the engine scaling the loss
+        gradient that seeds backward by 1/world instead (Paddle's ``gradient_scale_configs`` "avg": the loss
+        gradient is 1/nranks), so that no pass over the gradients divides them; the engine calls it once, and when
+        it answers True scales every communicating step's seed.  Plain data parallel keeps its own division."""
+        return False
 
     # -- the engine's calls --------------------------------------------------------
     def begin_step(self, communicate: bool = True) -> None:
@@ -85,19 +96,25 @@ class GradSync:
         for p in self.params:
             self._allreduce_average(p.detach(), self.group)
 
+    def zero_grad(self) -> bool:
+        """Zero every gradient where the strategy holds them itself (buckets whose views they are) and say so;
+        False: the optimizer zeroes them."""
+        return False
+
     def describe(self) -> dict:
         """What the strategy did at set-up (allreduce ops before and after fusion, buckets …)."""
         n = len(self.params)
         return {"strategy": self.name, "allreduce_ops_before_fusion": n, "allreduce_ops": n}
 
     # -- shared helpers ------------------------------------------------------------
-    def _allreduce_average(self, tensor: torch.Tensor, group, async_op: bool = False):
-        """Allreduce ``tensor`` (in ``grad_comm_dtype``) and divide by the world size, in place.
+    def _allreduce_average(self, tensor: torch.Tensor, group, async_op: bool = False, divide: bool = True):
+        """Allreduce ``tensor`` (in ``grad_comm_dtype``) and divide by the world size, in place (``divide=False``:
+        ``tensor`` was divided already, so the sum is the average).
 
-        Returns a callable that completes the operation (waits, divides, copies back), so
+        Returns a callable that completes the operation (waits, copies back), so
         asynchronous callers can launch now and finish later.
         """
-        wire = self._to_wire(tensor)
+        wire = self._to_wire(tensor, divide)
         work = C.all_reduce(wire, group=group, async_op=async_op)
 
         def complete() -> None:
@@ -111,15 +128,16 @@ class GradSync:
             return None
         return complete
 
-    def _to_wire(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``tensor`` divided by the world size (averaging folded in before the sum), in ``grad_comm_dtype``.
+    def _to_wire(self, tensor: torch.Tensor, divide: bool = True) -> torch.Tensor:
+        """``tensor`` divided by the world size (averaging folded in before the sum; ``divide=False``: it was
+        divided already), in ``grad_comm_dtype``.
 
         In place when no cast is needed; otherwise divided in full precision first, then cast, so large
         (loss-scaled) gradients stay in fp16's range.  The caller copies a cast result back.
         """
         if self.comm_dtype is not None and self.comm_dtype != tensor.dtype:
-            return tensor.div(self.world).to(self.comm_dtype)
-        return tensor.div_(self.world)
+            return (tensor.div(self.world) if divide else tensor).to(self.comm_dtype)
+        return tensor.div_(self.world) if divide else tensor
 
     def _missing_grad(self, name: str, p: torch.nn.Parameter) -> torch.Tensor:
         """A parameter without a gradient this step: zeros (find_unused_parameters) or a clear error."""

@@ -10,7 +10,8 @@ into contiguous buffers and runs one optimizer op over them.  Here:
   (``grad_sync.buckets``: objects with ``flat``, ``params``, ``offsets``, ``numel``, whose
   ``p.grad`` are views into ``flat``, as in ``suite.comm.buckets.Bucket``), one group per
   bucket and those very buffers are the gradients: nothing is copied.  Otherwise (plain,
-  none, DDP) the optimizer allocates its own flat gradient buffer per (dtype, device) and
+  none, DDP, and buckets with ``gradient_as_bucket_view=False``, whose gradients are copied in
+  and out: the fallback) the optimizer allocates its own flat gradient buffer per (dtype, device) and
   makes every ``p.grad`` a view into it, so autograd accumulates straight into it.
 - **State** (momentum buffer; Adam's ``exp_avg``, ``exp_avg_sq``) lives in flat buffers laid
   out like the parameters; ``state[p]`` gives per-parameter views for inspection.
@@ -242,8 +243,12 @@ def _buckets_cover(buckets: list, params: list[torch.nn.Parameter]) -> bool:
 
 
 def build_fused_optimizer(model: torch.nn.Module, config: StrategyConfig, grad_sync=None) -> FlatOptimizer:
-    """The engine's plug point (``fuse_all_optimizer_ops``)."""
+    """The engine's plug point (``fuse_all_optimizer_ops``).  The gradient buckets are its gradient buffers only
+    where the gradients are their views (``gradient_as_bucket_view``); with copies it keeps its own flat
+    gradient buffers, which the buckets copy from and back into."""
     buckets = getattr(grad_sync, "buckets", None) if grad_sync is not None else None
+    if buckets and not all(getattr(b, "as_views", True) for b in buckets):
+        buckets = None
     seen: set[int] = set()
     params = []
     for p in model.parameters():

@@ -4,6 +4,11 @@
    ``overlap``, ``multicomm``, ``fused_optimizer``, ``grad_bf16``: the same configs ``fleetbench
    run --model M`` runs), with exposed communication (step time − the ``none`` case's, measured in
    the same group) and the allreduces each step issues (161 per step on ResNet-50 without fusion).
+   Beside it, the engine's own cost: fleetbench's engine in DDP's configuration (the preset
+   ``ddp_configuration``, ``suite/figures/engine_cost.py``) runs in every group, so each strategy's
+   speedup over DDP is shown beside its speedup over the engine in DDP's configuration (what the
+   strategy changes, the engine's Python left out).  Every interval says whether it resolves a 5%
+   difference (95% interval no wider than 0.05) and, where not, about how many rounds would.
 2. Fused allreduce vs one allreduce of the same bytes: each model's gradient collectives alone
    (no compute), as buckets and per parameter, against one allreduce of all gradient bytes (busbw).
 
@@ -24,6 +29,7 @@ nothing about the real models).  ``--memory-gb`` bounds the memory the ranks' en
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +38,7 @@ from typing import Any
 from ..cases import get_case
 from ..comm.table import busbw_factor
 from ..config import StrategyConfig
-from ..measure.stats import bootstrap_median_ci
+from ..measure.stats import bootstrap_median_ci, paired_speedup
 from ..measure.summary import COMPUTE_ONLY, Timed
 from ..models import count_parameters, get_model
 from ..run_spec import ResolvedCase, RunOptions
@@ -42,12 +48,14 @@ from ..selection import case_fields
 from ..workload import WorkloadSpec
 from . import PoolOptions
 from .comm import comm_alone_on_rank
+from .engine_cost import ENGINE_CASE, WIDTH, engine_case, needed_rounds
 
 DESCRIPTION = ("published workloads (resnet50, gpt2 at cpu size): speedup over DDP of plain, fused, overlap "
                "(1/2 comms), fused optimizer, bf16 gradients; exposed comm; fused vs single allreduce busbw")
 
 MODELS = ("resnet50", "gpt2")
 BASE = "ddp"
+ENGINE = ENGINE_CASE  # fleetbench's engine in DDP's configuration, in every group
 ROWS = ("plain", "fusion", "overlap", "multicomm", "fused_optimizer", "grad_bf16")
 # The gradient collectives timed alone (table 2): one allreduce of every byte, then the cases' own paths.
 ALONE = ("single", "fusion", "overlap", "multicomm", "plain")
@@ -56,6 +64,7 @@ LABELS = {
     "fusion": "fused, synchronous (25 MB buckets)", "overlap": "overlap, 1 communicator (25 MB buckets)",
     "multicomm": "overlap, 2 communicators (4 MB buckets)", "fused_optimizer": "fused optimizer (plain comm)",
     "grad_bf16": "bf16 gradient communication (plain comm)", "single": "one allreduce of all gradient bytes",
+    ENGINE: "the engine in DDP's configuration (its own cost)",
 }
 MiB = 2**20
 
@@ -84,10 +93,15 @@ def variant_config(model: str, variant: str, size: str = "cpu") -> dict:
     return case_fields(get_case(f"{model}/{variant}"), size)
 
 
-def _cases(model: str, rows: tuple, size: str = "cpu") -> list[ResolvedCase]:
-    """DDP, ``none`` and the rows as the runner's cases (the registry's configs)."""
-    return [ResolvedCase(get_case(f"{model}/{n}"), StrategyConfig.from_dict(variant_config(model, n, size)))
-            for n in (BASE, COMPUTE_ONLY, *rows)]
+def _cases(model: str, rows: tuple, size: str = "cpu", engine: bool = True) -> list[ResolvedCase]:
+    """DDP, ``none``, the engine in DDP's configuration (``engine``) and the rows as the runner's cases (the
+    registry's configs; the engine's is this figure's own case)."""
+    out = [ResolvedCase(get_case(f"{model}/{n}"), StrategyConfig.from_dict(variant_config(model, n, size)))
+           for n in (BASE, COMPUTE_ONLY, *rows)]
+    if engine:
+        case = engine_case(model)
+        out.insert(2, ResolvedCase(case, StrategyConfig.from_dict(case.config)))
+    return out
 
 
 def _default_budget() -> int:
@@ -105,10 +119,16 @@ def _runner(launcher: Any, world: int, options: Options, budget: int | None = No
 def groups(model: str, size: str, world: int, rows: tuple | None = None, budget: int | None = None
            ) -> list[list[str]]:
     """Variants timed together: the runner's groups of DDP, ``none`` and as many rows as the ranks' memory holds
-    (16 bytes per parameter per engine per rank)."""
+    (16 bytes per parameter per engine per rank), each group then carrying the engine in DDP's configuration too
+    (one row fewer per group where the memory bounds them)."""
     budget = budget if budget is not None else _default_budget()
     rows = rows_for(model) if rows is None else rows
-    return _runner(None, world, Options(size=size), budget).groups(_cases(model, rows, size))
+    plan = _runner(None, world, Options(size=size), budget).groups(_cases(model, rows, size, engine=False))
+    head = [BASE, COMPUTE_ONLY]
+    if len(plan) == 1:
+        return [head + [ENGINE] + [n for n in plan[0] if n not in head]]
+    per = max(1, len(plan[0]) - len(head) - 1)  # the runner's group size, one place left for the engine
+    return [head + [ENGINE] + list(rows[i:i + per]) for i in range(0, len(rows), per)]
 
 
 class _FreshRanks:
@@ -148,8 +168,9 @@ def measure_model(pool, model: str, options: Options) -> dict:
     world = pool.nproc
     budget = int(options.memory_gb * 2**30) if options.memory_gb else _default_budget()
     rcs = _cases(model, rows_for(model), options.size)
-    plan = _runner(None, world, options, budget).groups(rcs)
+    plan = groups(model, options.size, world, budget=budget)
     timer = _runner(_FreshRanks(pool), world, options, budget=1 << 62)  # a planned group is timed as one
+    load_before = [round(x, 2) for x in os.getloadavg()]
     out: dict[str, dict] = {}
     for gi, names in enumerate(plan, 1):
         got, fallback = timer.measure([rc for rc in rcs if rc.case.variant in names])
@@ -158,57 +179,102 @@ def measure_model(pool, model: str, options: Options) -> dict:
             if not isinstance(t, Timed):
                 raise RuntimeError(f"{model}/{n}: not timed ({t!r}; {fallback.get(n, '')})")
             s = dict(t.metrics.to_dict(), describe=t.describe.to_dict(), group=gi, fallback=fallback.get(n))
-            if n in (BASE, COMPUTE_ONLY):
+            if n in (BASE, COMPUTE_ONLY, ENGINE):
                 out.setdefault(n, {"groups": []})["groups"].append(s)
             else:
                 out[n] = s
     tensors, elements = count_parameters(spec)
-    return {"variants": out, "groups": plan,
+    return {"variants": out, "groups": plan, "load": [load_before, [round(x, 2) for x in os.getloadavg()]],
             "spec": {"name": spec.name, "size": spec.size, "description": spec.description,
                      "per_rank_batch": spec.per_rank_batch, "tensors": tensors, "elements": elements}}
 
 
+def _resolution(*intervals: tuple, rounds: int) -> str:
+    """Whether intervals resolve a 5% difference (each no wider than WIDTH), else about how many rounds would."""
+    widths = [hi - lo for lo, hi in intervals if math.isfinite(lo) and math.isfinite(hi)]
+    if not widths:
+        return "n/a"
+    worst = max(widths)
+    return "yes" if worst <= WIDTH else f"no (width {worst:.3f}; ~{needed_rounds(rounds, worst)} rounds)"
+
+
+def _over_engine(s: dict, engine: dict | None) -> tuple[float, tuple]:
+    """A case's speedup over the engine in DDP's configuration of its own group, paired round by round."""
+    if engine is None or not s.get("window_s") or not engine.get("window_s"):
+        return math.nan, (math.nan, math.nan)
+    sp = paired_speedup(engine["window_s"], s["window_s"])
+    return sp["speedup"], tuple(sp["ci"])
+
+
+def _span(x: float, ci: tuple) -> str:
+    return "n/a" if not math.isfinite(x) else f"{x:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
 def strategy_table(model: str, measured: dict, options: Options, world: int) -> tuple[str, dict | None]:
-    """A model's table of cases (``measured``: :func:`measure_model`'s data)."""
+    """A model's table of cases (``measured``: :func:`measure_model`'s data; data measured before the engine in
+    DDP's configuration joined the groups renders with its column empty)."""
     spec = measured["spec"]
     tensors, elements = spec["tensors"], spec["elements"]
     v = measured["variants"]
     grad_mib = 4 * elements / MiB
     n_groups = len(measured["groups"])
+    engines = {s["group"]: s for s in v.get(ENGINE, {}).get("groups", [])}
     head = (f"**{model}** (`{spec['size']}`: {spec['description'] or spec['name']}; batch {spec['per_rank_batch']} "
             f"per rank), {world} ranks; {tensors} gradient tensors, {grad_mib:.1f} MiB fp32; {options.rounds} rounds "
             f"x {options.steps} steps; {n_groups} group(s): "
             + "; ".join("{" + ", ".join(g) + "}" for g in measured["groups"]))
     lines = [head, "",
-             "| case | what | group | step (ms) | speedup over DDP [95% CI] | exposed comm (ms) "
-             "| allreduces/step | allreduce MiB/step | broadcasts/step |",
-             "|---|---|---:|---:|---|---:|---:|---:|---:|"]
-    for special in (BASE, COMPUTE_ONLY):
-        for s in v[special]["groups"]:
+             "| case | what | group | step (ms) | speedup over DDP [95% CI] | over the engine in DDP's configuration "
+             "[95% CI] | resolves 5%? | exposed comm (ms) | allreduces/step | allreduce MiB/step | broadcasts/step |",
+             "|---|---|---:|---:|---|---|---|---:|---:|---:|---:|"]
+    for special in (BASE, ENGINE, COMPUTE_ONLY):
+        for s in v.get(special, {}).get("groups", []):
             sp = s.get("speedup"), s.get("speedup_ci")
             calls, nbytes, bcasts = _allreduces(s)
             exposed = "0 (by definition)" if special == COMPUTE_ONLY else _ms(s["exposed_comm_s"])
             counts = "(DDP's own)" if special == BASE else f"{calls:.0f}"
             bc = "(DDP's own)" if special == BASE else f"{bcasts:.0f}"
+            eng = _over_engine(s, engines.get(s["group"])) if special == COMPUTE_ONLY else (math.nan, ())
+            res = _resolution(tuple(sp[1]), rounds=options.rounds) if special != BASE else ""
             lines.append(f"| {model}/{special} | {LABELS[special]} | {s['group']} | "
                          f"{_ms(s['step_time_s']['median'])} | {sp[0]:.3f} [{sp[1][0]:.3f}, {sp[1][1]:.3f}] | "
+                         f"{_span(*eng) if eng[1] else ''} | {res} | "
                          f"{exposed} | {counts} | {'' if special == BASE else f'{nbytes / MiB:.1f}'} | {bc} |")
     for n in rows_for(model):
         s = v[n]
         calls, nbytes, bcasts = _allreduces(s)
+        eng = _over_engine(s, engines.get(s["group"]))
+        res = _resolution(tuple(s["speedup_ci"]), *([eng[1]] if math.isfinite(eng[0]) else []), rounds=options.rounds)
         lines.append(f"| {model}/{n} | {LABELS[n]} | {s['group']} | {_ms(s['step_time_s']['median'])} | "
-                     f"{s['speedup']:.3f} [{s['speedup_ci'][0]:.3f}, {s['speedup_ci'][1]:.3f}] | "
-                     f"{_ms(s['exposed_comm_s'])} | {calls:.0f} | {nbytes / MiB:.1f} | {bcasts:.0f} |")
+                     f"{s['speedup']:.3f} [{s['speedup_ci'][0]:.3f}, {s['speedup_ci'][1]:.3f}] | {_span(*eng)} | "
+                     f"{res} | {_ms(s['exposed_comm_s'])} | {calls:.0f} | {nbytes / MiB:.1f} | {bcasts:.0f} |")
+    if engines:
+        parts = []
+        for g, e in sorted(engines.items()):
+            cost = 1 / e["speedup"] if e["speedup"] else math.nan
+            lo, hi = e["speedup_ci"]
+            parts.append(f"{cost:.3f} [{1 / hi:.3f}, {1 / lo:.3f}] in group {g}" if lo > 0 and hi > 0
+                         else f"{cost:.3f} in group {g}")
+        lines += ["", f"- The engine's own cost: in DDP's configuration its step takes {'; '.join(parts)} x DDP's "
+                      "(> 1: slower; `fleetbench figures engine_cost` profiles it). A strategy's speedup over the "
+                      "engine in DDP's configuration is what the strategy itself changes."]
+    else:
+        lines += ["", "- The engine in DDP's configuration was not in these groups (data measured before it "
+                      "joined them): its own cost is not shown; `fleetbench figures engine_cost` measures it."]
     ov = v.get("overlap")
     if ov is not None:
         d = ov.get("describe", {})
-        lines += ["", f"- Allreduce ops {d.get('allreduce_ops_before_fusion')} before fusion, "
-                      f"{d.get('allreduce_ops')} after (overlap's 25 MB buckets)."]
+        lines += [f"- Allreduce ops {d.get('allreduce_ops_before_fusion')} before fusion, "
+                  f"{d.get('allreduce_ops')} after (overlap's buckets)."]
         lo, hi = ov["speedup_ci"]
         met = "not resolved (the interval spans 1)" if lo < 1 < hi else "met" if ov["speedup"] >= 1 else "not met"
         lines.append(f"- Aim (overlap + bucketing at least as fast as DDP), overlap: speedup {ov['speedup']:.3f} "
                      f"[{ov['speedup_ci'][0]:.3f}, {ov['speedup_ci'][1]:.3f}]: **{met}** on this run.")
-    lines += [f"- {model}/{n}: {s['fallback']}." for n, s in v.items() if s.get("fallback")]  # the runner's
+    lines += [f"- {model}/{n}: {s['fallback']}." for n, s in v.items() if isinstance(s, dict) and s.get("fallback")]
+    load = measured.get("load")
+    if load:
+        lines.append(f"- Load average (1, 5, 15 min) before {' '.join(map(str, load[0]))}, after "
+                     f"{' '.join(map(str, load[1]))}.")
     return "\n".join(lines), ov
 
 
@@ -255,10 +321,14 @@ def render(raw: dict, options: Options) -> str:
              "How this was measured: `fleetbench figures workloads` "
              f"(`--nproc {world} --rounds {options.rounds} --steps {options.steps}`). Each model's cases are the "
              "registry's (`fleetbench run --model M` runs the same configs), timed interleaved round by round "
-             "(rotated order, warm-up 2 steps) in groups bounded by the ranks' memory; every group also runs DDP "
-             "and `none`, so each speedup is a per-round ratio to the DDP of its own group and each exposed "
-             "communication is the step time minus the `none` step of its own group. Step times are medians over "
-             "every rank's steps; intervals are bootstrap 95% intervals of the median of the paired ratios.", ""]
+             "(rotated order, warm-up 2 steps) in groups bounded by the ranks' memory; every group also runs DDP, "
+             "`none` and fleetbench's engine in DDP's configuration (preset `ddp_configuration`), so each speedup is "
+             "a per-round ratio to the DDP of its own group (and to the engine in DDP's configuration of its own "
+             "group: the strategy's effect without the engine's own cost) and each exposed communication is the "
+             "step time minus the `none` step of its own group. Step times are medians over every rank's steps; "
+             f"intervals are bootstrap 95% intervals of the median of the paired ratios; `resolves 5%?` says "
+             f"whether a row's intervals are no wider than {WIDTH} (else about how many rounds would make them so, "
+             "from the width falling as one over the square root of the rounds).", ""]
     for model in MODELS:
         table, _ = strategy_table(model, raw["strategies"][model], options, world)
         parts += [table, ""]
