@@ -138,3 +138,28 @@ def test_the_report_copies_a_trace_directory_file_by_file_and_leaves_a_link_out(
     assert "rank1.pt.trace.json resolves to" in capsys.readouterr().err
     page = (tmp_path / "out" / "index.html").read_text()
     assert "href='traces/mlp_plain@2/timeline.json'" in page
+
+
+def test_kineto_says_nothing_on_the_terminal_of_a_cpu_rank(monkeypatch):
+    """Kineto's ``USDT: … profiler_start/stop`` lines (two per profiled section per rank, on stderr) are silenced on
+    CPU by ``quiet_kineto`` before the process's first profiler; without it they are printed (the first run shows
+    what the second removes).  On CUDA, and where the user set KINETO_LOG_LEVEL, the variable is left alone."""
+    import subprocess
+    import sys
+
+    from suite.measure.trace import quiet_kineto
+
+    body = ("import os, torch\nfrom torch.profiler import profile\nfrom suite.measure.trace import quiet_kineto\n"
+            "{call}\nwith profile() as p:\n    torch.ones(3) + 1\n")
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    loud, quiet = (subprocess.run([sys.executable, "-c", body.format(call=call)], capture_output=True, text=True,
+                                  timeout=120, env=env) for call in ("pass", "quiet_kineto(False)"))
+    assert loud.returncode == 0 and quiet.returncode == 0, loud.stderr[-2000:] + quiet.stderr[-2000:]
+    assert "profiler_start" in loud.stderr, loud.stderr[-2000:]
+    assert "USDT" not in quiet.stderr and "profiler_st" not in quiet.stderr, quiet.stderr[-2000:]
+    monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)
+    quiet_kineto(True)
+    assert "KINETO_LOG_LEVEL" not in os.environ  # CUDA: CUPTI's warnings are kept
+    monkeypatch.setenv("KINETO_LOG_LEVEL", "4")
+    quiet_kineto(False)
+    assert os.environ["KINETO_LOG_LEVEL"] == "4"  # the user's own level

@@ -57,6 +57,7 @@ from ..runtime.context import current
 from ..runtime.device import default_threads
 from ..workload import workload
 from .interleave import interleaved_rounds, timed_block
+from .trace import quiet_kineto
 
 __all__ = ["profile_on_rank", "side_costs_on_rank", "step_rows", "ROWS", "EXTRA", "MODEL_START"]
 
@@ -173,6 +174,7 @@ def profile_on_rank(workload_spec, variants: list[dict], steps: int = 3, warmup:
     step; per variant its rows per step (:func:`step_rows`), the median of each, ``hook_us`` (the engine's hook
     timed alone, None for DDP) and what its engine set up."""
     wl = workload(workload_spec)
+    quiet_kineto(current().platform.is_cuda)
     threads_before = torch.get_num_threads()
     torch.set_num_threads(default_threads(current().local_world_size))
     try:

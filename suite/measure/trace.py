@@ -43,7 +43,19 @@ from ..comm.bucketed import BucketedGradSync
 from ..config import StrategyConfig
 from ..workload import WorkloadSpec, workload
 
-__all__ = ["trace_on_rank"]
+__all__ = ["trace_on_rank", "quiet_kineto", "KINETO_QUIET"]
+
+KINETO_QUIET = "6"  # KINETO_LOG_LEVEL: its levels end with its USDT lines (5); 6 prints none of them
+
+
+def quiet_kineto(cuda: bool) -> None:
+    """Kineto (torch 2.13) prints two lines, ``USDT: … profiler_start`` and ``profiler_stop``, to stderr at every
+    profiler start and stop: two lines per rank per profiled section on the user's terminal, between the run's own
+    lines.  On CPU, where Kineto has nothing else to say (no CUPTI), its log is silenced for this rank process
+    (``KINETO_LOG_LEVEL``, read when a profiler starts) unless the user set the variable; on CUDA it is left as it
+    is: CUPTI's warnings are worth reading there."""
+    if not cuda:
+        os.environ.setdefault("KINETO_LOG_LEVEL", KINETO_QUIET)
 
 
 def _buckets(engine, names: list[str]) -> list[list[str]]:
@@ -103,6 +115,7 @@ def trace_on_rank(workload_spec: WorkloadSpec, config: dict, steps: int = 3, war
     out_steps = []
     activities = [ProfilerActivity.CPU] + (
         [ProfilerActivity.CUDA] if platform.is_cuda and ProfilerActivity.CUDA in supported_activities() else [])
+    quiet_kineto(platform.is_cuda)
     try:
         with tempfile.TemporaryDirectory(prefix="fleetbench-trace-") as private:  # mode 0700: this process's own
             path = os.path.join(private, f"rank{rank}.pt.trace.json")
