@@ -182,7 +182,7 @@ def test_ab_of_a_commit_against_the_same_code_is_not_slower_or_inconclusive_and_
 @pytest.mark.timeout(900)
 def test_ab_reports_structure_changed_for_a_bucket_size_change(repo):
     root, c = repo
-    proc, out = _ab(root, c["base"], c["bucket"], "--case", "mlp/fusion", "--budget", "3", "--min-blocks", "3")
+    proc, out = _ab(root, c["base"], c["bucket"], "--case", "mlp/fusion", "--budget", "3")
     (case,) = out["cases"]
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert case["status"].startswith("structure changed"), case
@@ -586,15 +586,17 @@ def test_ab_options_are_validated_before_anything_starts(repo, capsys):
     root, c = repo
     term = signal.getsignal(signal.SIGTERM)  # ab turns SIGTERM into Ctrl-C for its process
     try:
-        for bad in (["--delta", "0"], ["--budget", "nan"], ["--min-blocks", "1"], ["--steps", "0"],
-                    ["--rotate", "1"], ["--restart", "-1"]):
+        for bad in (["--delta", "0"], ["--budget", "nan"], ["--rotate", "0"], ["--steps", "0"],
+                    ["--rotate", "1"], ["--restart", "-1"], ["--min-blocks", "3"]):
             try:
                 code = main(["ab", c["base"], c["base"], "--repo", str(root), "--case", "mlp/plain", *bad])
             except SystemExit as exc:
                 code = exc.code
             err = capsys.readouterr().err
             assert code == 2, (bad, err)
-            assert "fleetbench ab: error:" in err, err
+            assert "fleetbench ab: error:" in err or "unrecognized arguments: --min-blocks" in err, err
+            if bad == ["--rotate", "0"]:  # one preparation cannot earn a verdict: refused, the figure named
+                assert "one preparation per side cannot earn a verdict" in err and "gate.md" in err, err
     finally:
         signal.signal(signal.SIGTERM, term)
     _no_worktrees_left(root)

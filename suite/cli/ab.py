@@ -63,14 +63,13 @@ def add_selection(p) -> None:
     p.add_argument("--budget", type=float,
                    help=f"seconds of timed blocks per case before the verdict is inconclusive (default "
                         f"{d('budget_s'):g})")
-    p.add_argument("--min-blocks", type=int,
-                   help=f"with --rotate 0: blocks before any verdict (default {d('min_blocks')})")
     p.add_argument("--max-blocks", type=int, help=f"blocks at most per case (default {d('max_blocks')})")
     p.add_argument("--rotate", type=int, metavar="N",
-                   help="the case prepared afresh on both servers every N blocks, the pairs of preparations being "
-                        "the samples (t interval over pairs): two preparations of the same code can differ in "
-                        "speed for as long as they run (docs/figures/gate.md measures it); 0 = one preparation "
-                        f"per comparison, blocks as samples (default {d('rotate')})")
+                   help="the case prepared afresh on both servers every N blocks (N >= 2), the pairs of "
+                        "preparations being the samples (t interval over pairs): two preparations of the same code "
+                        "can differ in speed for as long as they run, so one preparation per comparison cannot earn "
+                        "a verdict and is refused (docs/figures/gate.md: an unchanged mlp/plain was called slower in "
+                        f"26.7%% of such comparisons) (default {d('rotate')})")
     p.add_argument("--restart", type=int, metavar="K",
                    help="with --rotate: every K-th fresh preparation is on fresh trial servers (new processes), whose "
                         "own few percent of bias then change too; 1 = fresh servers every time, 0 = never (default "
@@ -124,9 +123,8 @@ def add_parser(sub) -> None:
 RUN_FIELDS = {"per_rank_batch": "batch", "steps": "steps", "warmup": "warmup", "check": "no_check",
               "check_steps": "check_steps"}
 AB_FIELDS = {"trial_warmup": "trial_warmup", "timeout": "timeout", "python": "python"}
-SEQ_FIELDS = {"delta": "delta", "threshold": "threshold", "confidence": "confidence", "min_blocks": "min_blocks",
-              "max_blocks": "max_blocks", "budget_s": "budget", "seed": "seed", "rotate": "rotate",
-              "restart": "restart"}
+SEQ_FIELDS = {"delta": "delta", "threshold": "threshold", "confidence": "confidence", "max_blocks": "max_blocks",
+              "budget_s": "budget", "seed": "seed", "rotate": "rotate", "restart": "restart"}
 SELECTION_OPTIONS = ("case", "tag", "model", "size", "device", "config", "set")
 
 
@@ -139,6 +137,11 @@ def options(args) -> RunSpec:
     (exit 2) naming the option for anything out of range."""
     from ..ab.trials import inject_from_env
 
+    if args.rotate == 0:  # the statistics keep one preparation (SeqOptions(rotate=0)) for the gate figure's row
+        raise ValueError("--rotate 0: one preparation per side cannot earn a verdict: its own speed (a few percent "
+                         "here) is shared by every block, not in their spread, and an unchanged mlp/plain was called "
+                         "slower in 26.7% of such comparisons (docs/figures/gate.md, section 0); give --rotate N >= 2 "
+                         f"(default {AbOptions().seq.rotate})")
     if args.python is not None and not (os.path.isfile(args.python) and os.access(args.python, os.X_OK)):
         raise ValueError(f"--python {args.python!r}: not an executable file; give the interpreter of the trial "
                          f"servers (e.g. {sys.executable})")
@@ -234,10 +237,6 @@ def main(args) -> int:
                     print(f"fleetbench ab: --junit {args.junit}: not written ({exc})", file=sys.stderr, flush=True)
                     return 2
             return 0
-        if opts.ab.seq.rotate == 0:
-            print("ab: note: --rotate 0 times one preparation per side: its own bias (a few percent on this machine, "
-                  "docs/figures/gate.md) is not in the blocks' spread, so a verdict may be the preparation's, not the "
-                  "code's", file=sys.stderr, flush=True)
         report = run_ab(args.repo, args.base, args.head, opts, progress(args))
     except (AbInputError, RevisionError, ValueError, TrialError) as exc:
         return error("ab", exc)
