@@ -322,7 +322,7 @@ class CaseRunner:
         if isinstance(exc, RankFailure):
             self.generation += 1
             return
-        if not isinstance(exc, RankError) or self.opts.backend != "nccl":
+        if not isinstance(exc, RankError):
             return
         self.generation += 1
         if hasattr(self.launcher, "rebuild"):
