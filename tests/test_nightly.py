@@ -32,7 +32,7 @@ def test_gpu_workflow_runs_the_nightly_pipeline_on_a_schedule():
                   "results/nightly/nightly.json", "fetch-depth: 0", "--limit 330", "--gate-budget"):
         assert words in text, words
     # the self-check runs first and stops the job; the plan (refused over the limit) comes before the night
-    assert text.index("run: .venv/bin/fleetbench doctor --device cuda") < text.index(".ci/nightly --device cuda")
+    assert text.index(".venv/bin/fleetbench doctor --device cuda") < text.index(".ci/nightly --device cuda")
     assert text.index("--limit 330 --plan") < text.index("--limit 330\n")
     # GPUs are counted by torch (CUDA_VISIBLE_DEVICES, no MIG lines)
     assert 'n=$(.venv/bin/python -c "import torch; print(torch.cuda.device_count())")' in text
@@ -559,3 +559,35 @@ def test_the_scheduled_profile_is_smoke_until_one_smoke_night_is_green_then_full
     assert gate.startswith("2 (case, world) pair(s)") and "budget of 10 min" in gate  # one case at 1 and 8
     total = float(next(ln for ln in lines if ln.strip().startswith("total")).split()[1])
     assert total <= SMOKE_LIMIT_S / 60, total
+
+
+def _steps() -> list[dict]:
+    import yaml
+
+    return yaml.safe_load(open(WORKFLOW))["jobs"]["matrix"]["steps"]
+
+
+def test_the_asv_history_is_kept_on_a_branch_and_the_doctors_json_is_among_the_artifacts():
+    """The asv history (and the last good commit and the nightly state) live on the branch asv-history, restored
+    before the night and pushed after it whatever the night's outcome, not in actions/cache alone (it evicts);
+    the doctor's JSON and the versions are written to results/doctor/ even when it fails, and uploaded always."""
+    steps = _steps()
+    names = [s.get("name", s.get("uses", "")) for s in steps]
+    night = next(i for i, s in enumerate(steps) if ".ci/nightly" in s.get("run", ""))
+    restore = next(i for i, s in enumerate(steps) if "git fetch --quiet origin asv-history" in s.get("run", "")
+                   and "git archive FETCH_HEAD" in s.get("run", ""))
+    save = next(i for i, s in enumerate(steps) if "refs/heads/asv-history" in s.get("run", ""))
+    assert restore < night < save, names
+    for i in (restore, save):
+        assert "results/asv" in steps[i]["run"] and "results/nightly/nightly.json" in steps[i]["run"]
+        assert "results/last-good/commit" in steps[i]["run"]
+    assert "always()" in steps[save]["if"]
+    assert not [s for s in steps if "actions/cache" in s.get("uses", "")], "asv history in actions/cache"
+    assert "--profile auto" in steps[night]["run"]
+    doctor = next(s for s in steps if "fleetbench doctor" in s.get("run", ""))
+    run = doctor["run"]
+    assert "fleetbench doctor --device cuda --json > results/doctor/doctor.json || code=$?" in run, run
+    assert run.index("doctor.json || code=$?") < run.index('exit "$code"')  # the JSON first, then the stop
+    assert "pip freeze > results/doctor/" in run and "nvidia-smi -q > results/doctor/" in run
+    upload = next(s for s in steps if "actions/upload-artifact" in s.get("uses", ""))
+    assert upload["if"].startswith("always()") and "results/doctor" in upload["with"]["path"].split(), upload
