@@ -294,7 +294,7 @@ def smoke_cases(resolved, gate_names: list[str]) -> tuple[list[str], str]:
     """A smoke night's cases: one per strategy family (``suite.cases.FAMILIES``) among the selected ones that run at
     the largest world size (a gate case preferred), and the one gate case its `ab` compares (of ``gate_names``, the
     night's gate cases, which must not be empty)."""
-    from .cases import VARIANTS
+    from .cases import VARIANTS  # the smoke profile only: the registry is not needed for a plan otherwise
 
     family = {v.name: v.family for v in VARIANTS}
     at = resolved.at[max(resolved.worlds)]
