@@ -41,13 +41,7 @@ from dataclasses import dataclass
 import pytest
 
 from bench_cases._matrix import bench_spec, harness_message, resolved_of, setup_of
-
-
-def what_a_round_is(k: int | str) -> str:
-    return (f"one training step: the mean step of one timed window of {k} steps on every rank between two "
-            f"barriers (the slowest rank's window / {k}), timed by the ranks' own clocks, without the round trip "
-            f"from pytest to the ranks; the model's cases and its baseline timed interleaved, window by window in "
-            f"the same rounds, as `fleetbench run` times them")
+from suite.results.export import what_a_round_is  # the nightly's export says the same
 
 
 class Timed:

@@ -26,21 +26,9 @@ import math
 
 import pytest
 
+from suite.results.export import UNIT, UNITS  # one shape: the nightly's export writes the same
 from suite.results.records import jsonable
 
-UNIT = "s per training step"  # what pytest-benchmark's numbers (stats) are; files before it were per round
-UNITS = {
-    "stats": "s: per round, one training step (the slowest rank's window / steps_per_window)",
-    "rank_window_s": "s: per window, each rank's window between its two barriers",
-    "window_s": "s: per window, the slowest rank's window",
-    "step_times_s": "s: every step of every rank, window after window",
-    "rank_median_step_s": "s: each rank's median step",
-    "samples_per_s": "samples/s: global batch x steps per window / the slowest rank's window, median over windows",
-    "throughput_per_round": "samples/s, per window",
-    "peak_memory_bytes": "bytes",
-    "speedup": "ratio: the baseline's window / this case's, paired round by round (> 1: faster), median; "
-               "speedup_ci its 95% interval",
-}
 _CLOCK = [0.0]  # seconds per step, summed over every window reported in this session
 
 

@@ -7,6 +7,9 @@ each stage has tonight against then; with no such night, from :data:`ROUGH_STEP_
 step times per model that is **rough** (a guess to size a first night, not a measurement), or from step times
 measured on the machine (``--step-times FILE``: :func:`read_step_times`, e.g. what ``.ci/gpu-check`` measured).
 
+Each case x world size is timed once, by the ``run`` stage; the pytest-benchmark and asv stages export its records
+(``suite/results/export.py``), so their estimates are an export's and asv's discovery and publishing, not timings.
+
 The gate's set-up (two worktrees, a trial server per revision and world size, a check and a preparation of both
 revisions per case: ``suite/ab/trials.py``) comes on top of its budget of timed trials.  A night that skipped the
 gate (no last good commit) is no basis for it; a cancelled gate's time is kept as a lower bound.
@@ -19,10 +22,12 @@ from dataclasses import asdict, dataclass, field
 
 from .outputs import read_input
 
-__all__ = ["STAGES", "ROUGH_STEP_S", "NightlyOptions", "StagePlan", "Plan", "make_plan", "last_night", "STATE_FILE",
-           "finished_stages", "read_step_times", "gate_setup_s"]
+__all__ = ["STAGES", "EXPORTS", "ROUGH_STEP_S", "NightlyOptions", "StagePlan", "Plan", "make_plan", "last_night",
+           "STATE_FILE", "finished_stages", "read_step_times", "gate_setup_s", "PROFILES", "SMOKE_LIMIT_S",
+           "SMOKE_GATE_BUDGET_S", "choose_profile", "smoke_green", "smoke_cases"]
 
 STAGES = ("run", "pytest-benchmark", "asv", "report", "gate", "history")
+EXPORTS = ("pytest-benchmark", "asv")  # stages that export the run stage's records (their state entry: exported)
 STATE_FILE = "nightly.json"  # in the results directory: tonight's stages as each ends (durations, exit codes)
 
 # Rough seconds per training step, one rank, at each device's default size (cpu: the `cpu` size, cuda: `full`).
@@ -37,6 +42,8 @@ CASE_OVERHEAD_S = 15.0  # per (case, world): engine build, warm-up bookkeeping, 
 WORLD_OVERHEAD_S = 30.0  # per world size and stage: a rank pool (and for the gate, two revisions' servers)
 RANK_START_S = 5.0  # the gate's trial servers: per rank of a world (interpreter, CUDA context, communicator)
 WORKTREE_S = 60.0  # the gate: each revision's worktree (git worktree add and its checkout)
+EXPORT_S = 10.0  # pytest-benchmark: the run's records read and written as its JSON
+ASV_EXPORT_S = 90.0  # asv: its machine file, discovery (one import of bench_cases), the results file, publish
 
 
 @dataclass(frozen=True)
@@ -47,7 +54,6 @@ class NightlyOptions:
     check_steps: int = 3
     warmup: int = 1
     trace_steps: int = 2
-    asv_processes: int = 2  # FLEETBENCH_BENCH_PROCESSES
     gate_budget_s: float = 1800.0  # the gate's timed trials, all cases and world sizes together
 
 
@@ -69,6 +75,7 @@ class Plan:
     gate_budget_s: float = 0.0
     stages: tuple[StagePlan, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    profile: str = "full"  # or "smoke": one case per family at each world size, `ab` on one gate case
 
     @property
     def seconds(self) -> float:
@@ -85,7 +92,7 @@ class Plan:
 
     def lines(self) -> list[str]:
         run = [p for p in self.pairs if p[3] is None]
-        out = [f"nightly plan: machine {self.machine}, device {self.device}, world sizes "
+        out = [f"nightly plan ({self.profile} profile): machine {self.machine}, device {self.device}, world sizes "
                f"{', '.join(map(str, self.worlds))}; {len(run)} (case, world) pair(s) run, "
                f"{len(self.pairs) - len(run)} skipped", "", "cases x world sizes:"]
         for case, _, world, skip in self.pairs:
@@ -157,13 +164,13 @@ def _rough(stage: str, pairs: list, gate: list, models: dict, device: str, o: Ni
     def step(c: str, m: str) -> float:
         return _step_s(m, device, measured, c)
 
-    per_pair = {
-        "run": lambda c, m: CASE_OVERHEAD_S + (check + o.warmup + o.trace_steps + o.rounds * o.steps) * step(c, m),
-        "pytest-benchmark": lambda c, m: CASE_OVERHEAD_S + (check + o.warmup + o.rounds * o.steps) * step(c, m),
-        "asv": lambda c, m: o.asv_processes * (CASE_OVERHEAD_S + (o.warmup + o.rounds * o.steps) * step(c, m)),
-    }
-    if stage in per_pair:
-        return worlds * WORLD_OVERHEAD_S + sum(per_pair[stage](c, m) for c, m in pairs)
+    if stage == "run":  # the night's one timing of each (case, world): the other harnesses export it
+        return worlds * WORLD_OVERHEAD_S + sum(
+            CASE_OVERHEAD_S + (check + o.warmup + o.trace_steps + o.rounds * o.steps) * step(c, m) for c, m in pairs)
+    if stage == "pytest-benchmark":
+        return EXPORT_S + 0.1 * len(pairs)
+    if stage == "asv":
+        return ASV_EXPORT_S + 0.1 * len(pairs)
     if stage == "gate":
         return o.gate_budget_s + gate_setup_s(gate, models, device, o, measured) if gate else 0.0
     return {"report": 30.0 + len(pairs), "history": 30.0}[stage]
@@ -212,7 +219,7 @@ def finished_stages(state: dict | None) -> dict:
 
 
 def make_plan(resolved, gate_names: list[str], machine: str, o: NightlyOptions, last: dict | None = None,
-              step_times: dict | None = None) -> Plan:
+              step_times: dict | None = None, profile: str = "full") -> Plan:
     """The plan of a night over ``resolved`` (a :class:`suite.selection.Resolved`); ``gate_names`` the cases the
     gate compares (at every world size where they run); ``step_times`` measured (:func:`read_step_times`) instead of
     the rough ones."""
@@ -224,6 +231,8 @@ def make_plan(resolved, gate_names: list[str], machine: str, o: NightlyOptions, 
     for name in STAGES:
         rough = _rough(name, runnable, gate, models, resolved.device, o, step_times)
         done = finished_stages(last).get(name)
+        if name in EXPORTS and isinstance(done, dict) and not done.get("exported"):
+            done = None  # a night before measure-once timed the pairs again in this stage: no basis for an export
         if isinstance(done, dict) and isinstance(done.get("seconds"), (int, float)) and done.get("pairs"):
             now = len(gate) if name == "gate" else len(runnable)
             scale = now / done["pairs"]
@@ -249,6 +258,49 @@ def make_plan(resolved, gate_names: list[str], machine: str, o: NightlyOptions, 
                   "report": "", "history": ""}.get(name, f"{len(runnable)} pair(s)")
         stages.append(StagePlan(name, float(seconds), basis, detail))
     source = "measured step times (--step-times)" if step_times is not None else "rough step times"
-    notes = () if last else (f"no earlier night recorded for this machine: estimates from {source}",)
+    notes: tuple[str, ...] = () if last else (f"no earlier night recorded for this machine: estimates from {source}",)
+    if profile == "smoke":
+        notes += ("smoke profile: one case per strategy family, `ab` on one gate case, within "
+                  f"{SMOKE_LIMIT_S / 60:.0f} min; the scheduled night runs it until one smoke night is green "
+                  "(--profile auto), then the full profile",)
     return Plan(machine, resolved.device, resolved.worlds, tuple(pairs), tuple(gate), o.gate_budget_s,
-                tuple(stages), notes)
+                tuple(stages), notes, profile)
+
+
+# ---- profiles: smoke until one smoke night is green, then full ---------------------------------------------------
+PROFILES = ("full", "smoke", "auto")
+SMOKE_LIMIT_S = 3600.0  # a smoke night fits an hour on the runner (8 GPUs), whatever --limit allows
+SMOKE_GATE_BUDGET_S = 600.0  # its gate: `ab` on one gate case
+
+
+def smoke_green(state: dict | None) -> bool:
+    """Whether a smoke night has ever been green on this machine: the state says so (``smoke_green``, carried from
+    night to night), or its own night was a smoke one that ended with status 0."""
+    state = state or {}
+    return bool(state.get("smoke_green")) or (state.get("profile") == "smoke" and state.get("status") == 0)
+
+
+def choose_profile(asked: str, state: dict | None) -> str:
+    """``auto`` (what the scheduled workflow asks): ``smoke`` until one smoke night is green in the state, then
+    ``full``; ``full`` and ``smoke`` as asked."""
+    if asked not in PROFILES:
+        raise ValueError(f"--profile {asked!r}: expected one of {', '.join(PROFILES)}")
+    if asked != "auto":
+        return asked
+    return "full" if smoke_green(state) else "smoke"
+
+
+def smoke_cases(resolved, gate_names: list[str]) -> tuple[list[str], str]:
+    """A smoke night's cases: one per strategy family (``suite.cases.FAMILIES``) among the selected ones that run at
+    the largest world size (a gate case preferred), and the one gate case its `ab` compares (of ``gate_names``, the
+    night's gate cases, which must not be empty)."""
+    from .cases import VARIANTS  # the smoke profile only: the registry is not needed for a plan otherwise
+
+    family = {v.name: v.family for v in VARIANTS}
+    at = resolved.at[max(resolved.worlds)]
+    chosen: dict[str, str] = {}
+    for rc in sorted((rc for rc in at if rc.skip is None), key=lambda rc: rc.case.name not in gate_names):
+        chosen.setdefault(family.get(rc.case.variant, rc.case.variant), rc.case.name)
+    names = sorted(chosen.values())
+    gate = next((n for n in names if n in gate_names), gate_names[0])
+    return sorted(set(names) | {gate}), gate

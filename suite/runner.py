@@ -46,7 +46,7 @@ from .check.harness import CANNOT_JUDGE, run_check
 from .config import StrategyConfig
 from .measure.metadata import collect
 from .measure.summary import COMPUTE_ONLY, Timed, summarize
-from .measure.timing import drop_case, prepare_case, prepared_result, run_window, time_on_rank
+from .measure.timing import drop_case, prepare_case, prepared_result, rebuild_on_rank, run_window, time_on_rank
 from .measure.trace import trace_on_rank
 from .measure.utilization import UtilizationSampler
 from .models import count_parameters, get_model, model_info
@@ -56,11 +56,10 @@ from .results.records import CaseRecord, CheckSummary, Structure
 from .results.structure import structure_of
 from .run_spec import ResolvedCase, RunOptions, RunSpec
 from .runtime.context import current
-from .runtime.pool import RankError
-from .runtime.torchrun import rebuild_world_on_rank
+from .runtime.pool import RankError, RankFailure
 from .workload import WorkloadSpec
 
-__all__ = ["CaseRunner", "PreparedCase", "Progress", "new_run_id", "short_error",
+__all__ = ["CaseRunner", "PreparedCase", "StaleCase", "Progress", "new_run_id", "short_error",
            "Interrupted", "backend_lacks", "unused_parameters"]
 
 Checked = CheckSummary | Exception | None  # a check's verdict, the error that stopped it, or no check
@@ -184,27 +183,44 @@ def free_memory_on_rank() -> int:
 
 @dataclass
 class PreparedCase:
-    """A case built and warmed up on the ranks, timed window by window by a harness that times rounds itself."""
+    """A case built and warmed up on the ranks, timed window by window by a harness that times rounds itself.
+
+    A rank error in any of its calls rebuilds the world (:meth:`CaseRunner.recover`), which drops every prepared
+    case on the ranks: this one is then *stale* (``generation`` behind the runner's), its further calls refused
+    with one clear error, its ``close`` a no-op; the next case is prepared afresh on the new world."""
 
     runner: CaseRunner
     rc: ResolvedCase
     key: str
     describe: dict
     windows: list = field(default_factory=list)  # per window: every rank's answer
+    generation: int = 0  # the runner's world (CaseRunner.generation) it was prepared on
+
+    @property
+    def stale(self) -> bool:
+        return self.generation != self.runner.generation
+
+    def _run(self, fn: Callable, kwargs: dict, steps: int) -> Any:
+        if self.stale:
+            raise StaleCase(f"{self.key}: its world was rebuilt after a rank error (its engine went with it); "
+                            f"prepare the case again")
+        try:
+            return self.runner.launcher.run(fn, kwargs, timeout=self.runner.call_timeout(self.rc.case.model, steps))
+        except Exception as exc:
+            self.runner.recover(exc)
+            raise
 
     def window(self, steps: int | None = None, warmup: int = 0) -> list:
         """One window of ``steps`` steps (default: the options') on every rank, after ``warmup`` steps not recorded
         (what a pytest-benchmark round, an asv sample or an `ab` trial times)."""
         steps = self.runner.opts.steps if steps is None else steps
-        answers = self.runner.launcher.run(run_window, dict(key=self.key, steps=steps, warmup=warmup),
-                                           timeout=self.runner.call_timeout(self.rc.case.model, warmup + steps))
+        answers = self._run(run_window, dict(key=self.key, steps=steps, warmup=warmup), warmup + steps)
         self.windows.append(answers)
         return answers
 
     def metrics(self) -> Timed:
         """The summary of every window run so far, as ``fleetbench run`` would record it (no baseline)."""
-        answers = self.runner.launcher.run(prepared_result, dict(key=self.key),
-                                           timeout=self.runner.call_timeout(self.rc.case.model, 0))
+        answers = self._run(prepared_result, dict(key=self.key), 0)
         wl = self.runner.workload_spec(self.rc.case)
         batch = self.runner.per_rank_batch(self.rc.case)
         timed = summarize(answers, [self.key], batch * self.runner.world, self.runner.opts.steps, self.runner.world,
@@ -212,7 +228,13 @@ class PreparedCase:
         return dataclasses.replace(timed, metrics=dataclasses.replace(timed.metrics, workload=wl.describe()))
 
     def close(self) -> None:
-        self.runner.launcher.run(drop_case, dict(key=self.key), timeout=self.runner.call_timeout(self.rc.case.model, 0))
+        """The case dropped on the ranks (nothing to do for a stale one: its world dropped it)."""
+        if not self.stale:
+            self._run(drop_case, dict(key=self.key), 0)
+
+
+class StaleCase(RuntimeError):
+    """A prepared case whose world was rebuilt after a rank error: it must be prepared again."""
 
 
 class CaseRunner:
@@ -239,6 +261,7 @@ class CaseRunner:
         # a harness that reports each rank's windows (pytest-benchmark's extra_info) sees every interleaved timing's
         # answers: called with the variants timed together and every rank's RankTiming
         self.on_answers: Callable[[list[str], list], None] | None = None
+        self.generation = 0  # worlds rebuilt (or pools restarted) after rank errors: see recover()
 
     def brief(self, exc: BaseException) -> str:
         """:func:`short_error`; the unused-parameter message, said in full once per run, is named after that."""
@@ -293,15 +316,24 @@ class CaseRunner:
         return StrategyConfig().with_overrides(list(self.opts.baseline_overrides))
 
     def recover(self, exc: BaseException) -> None:
-        """After a rank error under NCCL, a peer of the failing rank may hold a collective queued on its NCCL
-        stream that the next case's first collective would pair with: every rank aborts its communicators
-        and joins a new world before the next call (``rebuild_world_on_rank``; the torchrun launcher does
-        it itself).  If that fails, the pool is closed, and its next call starts fresh ranks."""
-        if not (isinstance(exc, RankError) and self.opts.backend == "nccl") or hasattr(self.launcher, "rebuild"):
+        """After a rank error, under NCCL and gloo alike: a peer of the failing rank may hold a collective it
+        launched (an overlapped bucket's allreduce, NCCL's queued kernel) that the next case's first collective
+        would pair with: wrong numbers when the shapes match, else a wait until the process-group timeout, and
+        under gloo a world broken for every later call (``tests/test_recover.py``).  So every rank drops its
+        prepared cases and joins a new world before the next call (``rebuild_on_rank``; the torchrun launcher
+        rebuilds by itself); if that fails, the pool is closed and its next call starts fresh ranks.  A pool
+        torn down (``RankFailure``) starts fresh ranks by itself.  Either way ``generation`` moves on, so a
+        :class:`PreparedCase` of the old world is known stale."""
+        if isinstance(exc, RankFailure):
+            self.generation += 1
             return
-
+        if not isinstance(exc, RankError):
+            return
+        self.generation += 1
+        if hasattr(self.launcher, "rebuild"):
+            return
         try:
-            self.launcher.run(rebuild_world_on_rank, dict(tag=uuid.uuid4().hex), timeout=BASE_TIMEOUT_S)
+            self.launcher.run(rebuild_on_rank, dict(tag=uuid.uuid4().hex), timeout=BASE_TIMEOUT_S)
         except Exception as again:  # noqa: BLE001 - fresh ranks instead
             self.say(f"      rebuilding the process group after a rank error failed ({short_error(again)}); "
                      f"restarting the ranks")
@@ -610,13 +642,18 @@ class CaseRunner:
 
     def prepare(self, rc: ResolvedCase, inject: float = 0.0) -> PreparedCase:
         """Build and warm up the case's engine on every rank, for a harness that times windows itself; ``inject``:
-        busy work of that fraction of the step after every step (a calibration run: ``TimedCase.inject``)."""
+        busy work of that fraction of the step after every step (a calibration run: ``TimedCase.inject``).  A rank
+        error rebuilds the world (:meth:`recover`) before it is raised."""
         key = f"{rc.case.name}@{self.world}"
-        answers = self.launcher.run(prepare_case, dict(key=key, workload_spec=self.workload_spec(rc.case),
-                                                       config=rc.config.to_dict(), warmup=self.opts.warmup,
-                                                       inject=inject),
-                                    timeout=self.call_timeout(rc.case.model, self.opts.warmup + (15 if inject else 0)))
-        return PreparedCase(self, rc, key, answers[0].describe if answers else {})
+        try:
+            answers = self.launcher.run(
+                prepare_case, dict(key=key, workload_spec=self.workload_spec(rc.case), config=rc.config.to_dict(),
+                                   warmup=self.opts.warmup, inject=inject),
+                timeout=self.call_timeout(rc.case.model, self.opts.warmup + (15 if inject else 0)))
+        except Exception as exc:
+            self.recover(exc)
+            raise
+        return PreparedCase(self, rc, key, answers[0].describe if answers else {}, generation=self.generation)
 
 
 GZIP_TRACE_OVER = 4 * 2**20  # a rank's torch.profiler trace larger than this (unzipped) is written gzipped

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 
 import pytest
 
@@ -31,7 +32,7 @@ def test_gpu_workflow_runs_the_nightly_pipeline_on_a_schedule():
                   "results/nightly/nightly.json", "fetch-depth: 0", "--limit 330", "--gate-budget"):
         assert words in text, words
     # the self-check runs first and stops the job; the plan (refused over the limit) comes before the night
-    assert text.index("run: .venv/bin/fleetbench doctor --device cuda") < text.index(".ci/nightly --device cuda")
+    assert text.index(".venv/bin/fleetbench doctor --device cuda") < text.index(".ci/nightly --device cuda")
     assert text.index("--limit 330 --plan") < text.index("--limit 330\n")
     # GPUs are counted by torch (CUDA_VISIBLE_DEVICES, no MIG lines)
     assert 'n=$(.venv/bin/python -c "import torch; print(torch.cuda.device_count())")' in text
@@ -87,7 +88,7 @@ def test_a_limit_below_the_estimate_exits_2_naming_the_stage_before_anything_run
     state = {"machine": "gpu-test", "stages": {"run": {"seconds": 60.0, "pairs": 150}}}
     (tmp_path / "nightly.json").write_text(json.dumps(state))
     assert main(argv + ["--plan", "--limit", "5"]) == 2
-    assert "stage 'pytest-benchmark' would end at" in capsys.readouterr().err
+    assert "stage 'report' would end at" in capsys.readouterr().err  # the exports fit: 1.7 min of 5
     assert main(argv + ["--plan", "--limit", "100000"]) == 0
 
 
@@ -170,8 +171,12 @@ def test_nightly_cpu_pipeline_end_to_end(tmp_path):
     assert [(r["case"], r["world_size"], r["status"]) for r in recs] == [("mlp/plain", 2, "ok")]
     assert os.path.exists(out_dir / recs[0]["metrics"]["trace_file"])
 
-    pb = json.load(open(out_dir / "pytest-benchmark.json"))
+    pb = json.load(open(out_dir / "pytest-benchmark.json"))  # the run's windows exported, read by its compare
     (bench,) = pb["benchmarks"]
+    assert bench["stats"]["data"] == pytest.approx([w / 2 for w in recs[0]["metrics"]["window_s"]])
+    compared = subprocess.run([os.path.join(BIN, "py.test-benchmark"), "compare",
+                               str(out_dir / "pytest-benchmark.json")], capture_output=True, text=True, timeout=120)
+    assert compared.returncode == 0 and "test_step[mlp/plain@2]" in compared.stdout, compared.stderr[-2000:]
     assert bench["extra_info"]["case"] == "mlp/plain" and bench["extra_info"]["world_size"] == 2
     assert len(bench["stats"]["data"]) == 2 and bench["extra_info"]["samples_per_s"] > 0
     assert pb["machine_info"]["torch"] and "gpu" in pb["machine_info"]
@@ -186,7 +191,9 @@ def test_nightly_cpu_pipeline_end_to_end(tmp_path):
     # a statistic with its spread, and the samples (the ranks' windows, seconds per step)
     eps = 1e-3 * row["result"][0]  # asv rounds the stats it stores
     assert row["stats_q_25"][0] - eps <= row["result"][0] <= row["stats_q_75"][0] + eps, row
-    assert row["samples"][0] and all(0 < x < 60 for x in row["samples"][0]), row
+    assert row["samples"][0] == pytest.approx([w / 2 for w in recs[0]["metrics"]["window_s"]]), row  # measured once
+    discovered = json.load(open(tmp_path / "asv" / "benchmarks.json"))["asv_cases.StepTime.time_step"]
+    assert row["version"] == discovered["version"] and row["params"] == discovered["params"]  # the series go on
     assert os.path.exists(tmp_path / "html" / "index.html")
     assert os.path.exists(tmp_path / "html" / "index.json")
     # and made to work offline (vendored assets, no CDN): fleetbench asv-offline
@@ -197,13 +204,13 @@ def test_nightly_cpu_pipeline_end_to_end(tmp_path):
     assert "mlp/plain" in page and "throughput_w2.svg" in page
     assert glob.glob(str(out_dir / "report" / "traces" / "*" / "timeline.json"))
     assert glob.glob(str(out_dir / "report" / "traces" / "*" / "rank0.pt.trace.json"))
-    # the night's JUnit XML: a case per stage, then the run's own and pytest-benchmark's --junitxml
+    # the night's JUnit XML: a case per stage, then the run's own
     from tests.test_junit import cases, outcome, valid
 
     junit = cases(valid(out_dir / "junit.xml"))
     stages = ("run", "pytest-benchmark", "asv", "report", "gate", "history")
     assert {n: outcome(junit[n])[0] for n in stages} == dict.fromkeys(stages, "passed"), junit
-    assert outcome(junit["mlp/plain@2"])[0] == "passed" and outcome(junit["test_step[mlp/plain@2]"])[0] == "passed"
+    assert outcome(junit["mlp/plain@2"])[0] == "passed" and "test_step[mlp/plain@2]" not in junit  # no re-timing
 
 
 @pytest.mark.statistical
@@ -226,10 +233,39 @@ def test_the_gate_fails_the_night_when_head_is_twice_as_slow(tmp_path):
     assert state["gate"]["worlds"]["2"]["cases"] == ["mlp/plain"]
 
 
+def _fake_record(path: str, run_id: str) -> None:
+    """What a `fleetbench run` of mlp/plain at world 2 appends: one timed record (3 windows of 3 steps)."""
+    from suite.results.records import CaseRecord, append_record
+
+    append_record(path, CaseRecord(case="mlp/plain", model="mlp", world_size=2, config={}, run_id=run_id,
+                                   size="tiny", backend="gloo", device="cpu",
+                                   metrics={"window_s": [0.3, 0.33, 0.36], "steps_per_window": 3}))
+
+
+def _stands_for(cmd: list, env: dict | None, measure: bool = True) -> None:
+    """What a night's command writes, for a night whose commands are recorded, not run: `fleetbench run` its record,
+    `asv machine` the machine file in asv's HOME, asv's discovery benchmarks.json."""
+    if cmd[1:4] == ["-m", "suite.cli.main", "run"] and measure:
+        _fake_record(cmd[cmd.index("--results") + 1], f"run-w{cmd[cmd.index('--nproc') + 1]}-{uuid.uuid4().hex[:6]}")
+    elif cmd[0].endswith("asv") and cmd[1] == "machine":
+        home = (env or {})["HOME"]
+        with open(os.path.join(home, ".asv-machine.json"), "w") as fh:
+            json.dump({"version": 1, "m": {"machine": "m", "arch": "x", "cpu": "c", "num_cpu": "2", "os": "o",
+                                           "ram": "1"}}, fh)
+    elif cmd[0].endswith("asv") and cmd[1:4] == ["run", "--bench", "just-discover"]:
+        conf = json.load(open(cmd[cmd.index("--config") + 1]))
+        os.makedirs(conf["results_dir"], exist_ok=True)
+        with open(os.path.join(conf["results_dir"], "benchmarks.json"), "w") as fh:
+            json.dump({"version": 2, "asv_cases.StepTime.time_step": {
+                "name": "asv_cases.StepTime.time_step", "params": [["'mlp/plain'"], ["2"]], "version": "v1",
+                "param_names": ["case", "world_size"], "type": "time", "unit": "seconds"}}, fh)
+
+
 def _fake_night(tmp_path, monkeypatch, codes: dict, cancel_at: str | None = None, *extra: str, on_call=None,
-                verdict: str = "inconclusive"):
+                verdict: str = "inconclusive", measure: bool = True):
     """A night whose stage commands are recorded, not run: ``codes`` maps a command's first words to its exit;
-    ``on_call(cmd)`` stands for what a command writes; the gate's `ab --json` says ``verdict`` for its one case."""
+    ``on_call(cmd)`` stands for what a command writes (besides :func:`_stands_for`; ``measure``: the run stage
+    appends its record); the gate's `ab --json` says ``verdict`` for its one case."""
     from suite.cli import nightly
     from suite.cli.main import build_parser
 
@@ -237,6 +273,7 @@ def _fake_night(tmp_path, monkeypatch, codes: dict, cancel_at: str | None = None
 
     def call(self, cmd, stdout=None, env=None):
         calls.append((cmd, env))
+        _stands_for(cmd, env or self.env, measure)
         if on_call is not None:
             on_call(cmd)
         key = cmd[3] if cmd[1:3] == ["-m", "suite.cli.main"] else "pytest" if "pytest" in cmd else "asv"
@@ -252,10 +289,13 @@ def _fake_night(tmp_path, monkeypatch, codes: dict, cancel_at: str | None = None
     before = subprocess.run(["git", "rev-parse", "HEAD~1"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     good = tmp_path / "good"
     good.write_text(before + "\n")
+    conf = tmp_path / "asv.conf.json"  # asv's results and pages under tmp_path, never the checkout's
+    conf.write_text(json.dumps({"version": 1, "results_dir": str(tmp_path / "asv"),
+                                "html_dir": str(tmp_path / "html")}))
     args = build_parser().parse_args(
         ["nightly", "--device", "cpu", "--case", "mlp/plain", "--set", "fetch_frequency=2", "--size", "tiny",
          "--worlds", "2", "--out", str(tmp_path / "out"), "--last-good", str(good), "--machine", "m",
-         "--gate-budget", "2", *extra])
+         "--gate-budget", "2", "--asv-config", str(conf), *extra])
     code = args.func(args)
     state = json.load(open(tmp_path / "out" / "nightly.json"))
     return code, calls, state, good.read_text().strip(), before
@@ -263,8 +303,8 @@ def _fake_night(tmp_path, monkeypatch, codes: dict, cancel_at: str | None = None
 
 def test_every_stage_gets_the_same_selection_and_an_undecided_gate_keeps_the_last_good_commit(tmp_path, monkeypatch):
     """One run specification for every stage, handed over as it is (never spelled back into options): run gets
-    the file, pytest-benchmark the file, asv the JSON in FLEETBENCH_BENCH_SPEC, the gate's ab the same spec
-    narrowed to its cases at its world size."""
+    the file, asv's discovery the JSON in FLEETBENCH_BENCH_SPEC (the benchmark's version depends on it), the gate's
+    ab the same spec narrowed to its cases at its world size."""
     from suite.run_spec import RunSpec
 
     code, calls, state, good, before = _fake_night(tmp_path, monkeypatch, {"ab": 3})
@@ -282,10 +322,7 @@ def test_every_stage_gets_the_same_selection_and_an_undecided_gate_keeps_the_las
     gate = RunSpec.from_json(open(ab[ab.index("--spec") + 1]).read())
     assert gate == spec.replace(selection={"cases": ("mlp/plain",), "tags": (), "models": (), "worlds": (2,)})
     assert ab[ab.index("--total-budget") + 1] == "120"  # the whole gate budget: one world size, one case
-    pyb = next(c for c, _ in calls if "pytest" in c)
-    assert RunSpec.from_json(open(pyb[pyb.index("--fleetbench-spec") + 1]).read()) == spec
-    assert not any(a.startswith("--fleetbench-") and a != "--fleetbench-spec" for a in pyb), pyb
-    asv_env = next(env for c, env in calls if c[1:2] == ["run"] and c[0].endswith("asv"))
+    asv_env = next(env for c, env in calls if c[1:2] == ["run"] and c[0].endswith("asv"))  # asv's discovery
     assert RunSpec.from_json(asv_env["FLEETBENCH_BENCH_SPEC"]) == spec
     assert not [k for k in asv_env if k.startswith("FLEETBENCH_BENCH_") and k != "FLEETBENCH_BENCH_SPEC"]
     assert "mlp/plain@2: inconclusive" in (tmp_path / "out" / "gate.md").read_text()
@@ -311,15 +348,18 @@ def test_exit_codes_and_the_last_good_commit(tmp_path, monkeypatch):
     assert code == 0 and state["stages"]["history"]["exit"] == 0  # an alert is reported, not the gate
     assert good == _head() == state["commit"]  # a night with every stage ok is the new last good commit
     (tmp_path / "c").mkdir()
-    code, _, state, _, _ = _fake_night(tmp_path / "c", monkeypatch, {"report": 2, "pytest": 5})
-    assert code == 1 and state["stages"]["report"]["exit"] == 2 and state["stages"]["pytest-benchmark"]["exit"] == 1
+    code, _, state, _, _ = _fake_night(tmp_path / "c", monkeypatch, {"report": 2, "run": 5})
+    assert code == 1 and state["stages"]["report"]["exit"] == 2 and state["stages"]["run"]["exit"] == 1
+    (tmp_path / "d").mkdir()  # a run stage that timed nothing: nothing to export, the exports say so
+    code, _, state, _, _ = _fake_night(tmp_path / "d", monkeypatch, {}, measure=False)
+    assert code == 2 and state["stages"]["pytest-benchmark"]["exit"] == 2 and state["stages"]["asv"]["exit"] == 2
 
 
 def test_a_cancelled_night_keeps_the_stages_that_ended_and_the_earlier_estimates(tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
     out.mkdir()
-    earlier = {"machine": "m", "stages": {name: {"seconds": 60.0, "pairs": 1, "exit": 0} for name in
-                                          ("run", "pytest-benchmark", "asv", "report", "gate", "history")}}
+    earlier = {"machine": "m", "stages": {name: {"seconds": 60.0, "pairs": 1, "exit": 0, "exported": True} for name
+                                          in ("run", "pytest-benchmark", "asv", "report", "gate", "history")}}
     (out / "nightly.json").write_text(json.dumps(earlier))
     code, calls, state, _, _ = _fake_night(tmp_path, monkeypatch, {}, "asv")
     assert code == 130 and state["status"] == "cancelled"
@@ -378,8 +418,7 @@ def test_the_nights_junit_has_a_case_per_stage_and_the_suites_its_stages_wrote(t
     assert outcome(got["mlp/plain@2"]) == ("failure", "nan")  # the run stage's own suite
     assert "old/case@2" not in got and not stale.exists()
     assert "junit/ab-w2.xml: not written" in got["gate"].findtext("system-out")
-    pyb = next(c for c, _ in calls if "pytest" in c)
-    assert pyb[pyb.index("--junitxml") + 1] == str(tmp_path / "out" / "junit" / "pytest-benchmark.xml")
+    assert not [c for c, _ in calls if "pytest" in c]  # the night measures once: no pytest session
 
 
 def _plan_rows(capsys, out_dir, *extra: str) -> dict:
@@ -443,3 +482,112 @@ def test_measured_step_times_replace_the_rough_ones_in_the_plan(tmp_path, capsys
                  str(tmp_path), "--step-times", str(tmp_path / "bad.json")]) == 2
     err = capsys.readouterr().err
     assert "bad.json: models.mlp is -1; expected seconds per step" in err and err.count("error:") == 1
+
+
+def test_the_night_measures_once_and_exports_the_run_stages_records(tmp_path, monkeypatch):
+    """Each case x world size is timed once, by the run stage: no pytest session, no `asv run` that times; the
+    pytest-benchmark JSON and the asv results file hold the run's windows (seconds per step), the asv benchmark's
+    version as asv's discovery gave it."""
+    from suite.results.export import asv_env_name, asv_results_path
+
+    code, calls, state, _, _ = _fake_night(tmp_path, monkeypatch, {"ab": 0}, verdict="not slower")
+    assert code == 0, state
+    assert not [c for c, _ in calls if "pytest" in c]
+    asv_runs = [c for c, _ in calls if c[0].endswith("asv") and c[1] == "run"]
+    assert asv_runs and all(c[2:4] == ["--bench", "just-discover"] for c in asv_runs), asv_runs
+    runs = [c for c, _ in calls if c[1:4] == ["-m", "suite.cli.main", "run"]]
+    assert len(runs) == 1 and [i[:7] for i in state["stages"]["run"]["run_ids"]] == ["run-w2-"]
+    pb = json.load(open(tmp_path / "out" / "pytest-benchmark.json"))
+    (bench,) = pb["benchmarks"]
+    assert bench["name"] == "test_step[mlp/plain@2]" and bench["stats"]["data"] == pytest.approx([0.1, 0.11, 0.12])
+    assert glob.glob(str(tmp_path / "out" / "pytest-benchmark" / "*" / "0001_*.json"))
+    path = tmp_path / "asv" / asv_results_path("m", state["commit"], asv_env_name(sys.executable))
+    doc = json.load(open(path))
+    row = dict(zip(doc["result_columns"], doc["results"]["asv_cases.StepTime.time_step"]))
+    assert row["version"] == "v1" and row["samples"] == [pytest.approx([0.1, 0.11, 0.12])], row
+    assert json.load(open(tmp_path / "asv" / "m" / "machine.json"))["machine"] == "m"
+
+
+def test_the_plan_times_each_pair_once(tmp_path, capsys):
+    """Only the run stage's estimate grows with the step time: the exports time nothing; an earlier night's
+    pytest-benchmark or asv stage that timed the pairs again is no basis for tonight's export."""
+    rough = _plan_rows(capsys, tmp_path)
+    (tmp_path / "steps.json").write_text(json.dumps({"models": {"mlp": 100.0}}))
+    slow = _plan_rows(capsys, tmp_path, "--step-times", str(tmp_path / "steps.json"))
+    assert float(slow["run"].split()[1]) > 30 * float(rough["run"].split()[1])
+    for stage in ("pytest-benchmark", "asv"):
+        assert slow[stage].split()[1] == rough[stage].split()[1], (slow[stage], rough[stage])
+    old = {"machine": "m", "stages": {s: {"seconds": 1500.0, "pairs": 1, "exit": 0}
+                                      for s in ("pytest-benchmark", "asv")}}
+    (tmp_path / "nightly.json").write_text(json.dumps(old))
+    rows = _plan_rows(capsys, tmp_path)
+    assert all("rough" in rows[s] and float(rows[s].split()[1]) < 2 for s in ("pytest-benchmark", "asv")), rows
+    old["stages"]["asv"]["exported"] = True  # a measure-once night's export is
+    (tmp_path / "nightly.json").write_text(json.dumps(old))
+    assert _plan_rows(capsys, tmp_path)["asv"].split()[1] == "25.0"
+
+
+def test_the_scheduled_profile_is_smoke_until_one_smoke_night_is_green_then_full(tmp_path, monkeypatch, capsys):
+    """--profile auto (what the workflow runs): smoke (one case per strategy family, `ab` on one gate case, an hour
+    at most) until a smoke night ends green in the state, then full, and full stays."""
+    from suite.nightly import SMOKE_LIMIT_S
+
+    out = tmp_path / "out"
+    code, _, state, _, _ = _fake_night(tmp_path, monkeypatch, {"ab": 3}, None, "--profile", "auto")
+    assert code == 3 and state["profile"] == "smoke" and state["smoke_green"] is False  # undecided: not green
+    code, _, state, _, _ = _fake_night(tmp_path, monkeypatch, {"ab": 0}, None, "--profile", "auto",
+                                       verdict="not slower")
+    assert code == 0 and state["profile"] == "smoke" and state["smoke_green"] is True
+    for _night_n in range(2):  # then full, night after night (the flag is carried, whatever a full night says)
+        code, _, state, _, _ = _fake_night(tmp_path, monkeypatch, {"ab": 1}, None, "--profile", "auto")
+        assert code == 1 and state["profile"] == "full" and state["smoke_green"] is True
+    (out / "nightly.json").write_text(json.dumps({"machine": "gpu-test", "stages": {}}))  # no green smoke night
+    _no_gpu_probe(monkeypatch)
+    capsys.readouterr()
+    assert main(["nightly", "--plan", "--device", "cuda", "--worlds", "1,8", "--out", str(out), "--machine",
+                 "gpu-test", "--profile", "auto", "--limit", "330"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("nightly plan (smoke profile)")
+    lines = text.splitlines()
+    gate_at = next(i for i, ln in enumerate(lines) if ln.startswith("gate:"))
+    pairs = lines[lines.index("cases x world sizes:") + 1:gate_at]
+    cases = {ln.strip().rsplit("@", 1)[0] for ln in pairs if ln.startswith("  ")}
+    fam = {v.name: v.family for v in VARIANTS}
+    by_family = [fam[c.split("/", 1)[1]] for c in cases if c.split("/", 1)[1] in fam]
+    assert sorted(set(by_family)) == sorted(FAMILIES) and len(by_family) == len(set(by_family)) == len(FAMILIES)
+    gate = text.split("gate: ", 1)[1]
+    assert gate.startswith("2 (case, world) pair(s)") and "budget of 10 min" in gate  # one case at 1 and 8
+    total = float(next(ln for ln in lines if ln.strip().startswith("total")).split()[1])
+    assert total <= SMOKE_LIMIT_S / 60, total
+
+
+def _steps() -> list[dict]:
+    import yaml
+
+    return yaml.safe_load(open(WORKFLOW))["jobs"]["matrix"]["steps"]
+
+
+def test_the_asv_history_is_kept_on_a_branch_and_the_doctors_json_is_among_the_artifacts():
+    """The asv history (and the last good commit and the nightly state) live on the branch asv-history, restored
+    before the night and pushed after it whatever the night's outcome, not in actions/cache alone (it evicts);
+    the doctor's JSON and the versions are written to results/doctor/ even when it fails, and uploaded always."""
+    steps = _steps()
+    names = [s.get("name", s.get("uses", "")) for s in steps]
+    night = next(i for i, s in enumerate(steps) if ".ci/nightly" in s.get("run", ""))
+    restore = next(i for i, s in enumerate(steps) if "git fetch --quiet origin asv-history" in s.get("run", "")
+                   and "git archive FETCH_HEAD" in s.get("run", ""))
+    save = next(i for i, s in enumerate(steps) if "refs/heads/asv-history" in s.get("run", ""))
+    assert restore < night < save, names
+    for i in (restore, save):
+        assert "results/asv" in steps[i]["run"] and "results/nightly/nightly.json" in steps[i]["run"]
+        assert "results/last-good/commit" in steps[i]["run"]
+    assert "always()" in steps[save]["if"]
+    assert not [s for s in steps if "actions/cache" in s.get("uses", "")], "asv history in actions/cache"
+    assert "--profile auto" in steps[night]["run"]
+    doctor = next(s for s in steps if "fleetbench doctor" in s.get("run", ""))
+    run = doctor["run"]
+    assert "fleetbench doctor --device cuda --json > results/doctor/doctor.json || code=$?" in run, run
+    assert run.index("doctor.json || code=$?") < run.index('exit "$code"')  # the JSON first, then the stop
+    assert "pip freeze > results/doctor/" in run and "nvidia-smi -q > results/doctor/" in run
+    upload = next(s for s in steps if "actions/upload-artifact" in s.get("uses", ""))
+    assert upload["if"].startswith("always()") and "results/doctor" in upload["with"]["path"].split(), upload

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import shlex
 import signal
@@ -15,10 +16,24 @@ import time
 
 from ..config import ConfigError
 from ..measure.metadata import machine_name
-from ..nightly import NightlyOptions, finished_stages, last_night, make_plan, read_step_times
+from ..nightly import (
+    PROFILES,
+    SMOKE_GATE_BUDGET_S,
+    SMOKE_LIMIT_S,
+    NightlyOptions,
+    choose_profile,
+    finished_stages,
+    last_night,
+    make_plan,
+    read_step_times,
+    smoke_cases,
+    smoke_green,
+)
 from ..outputs import InputError, OutputDir, OutputError, output_problem, read_input, safe_name, write_atomic
 from ..report import junit
+from ..results import export
 from ..results.gate import ratio_interval_text
+from ..results.records import read_records
 from ..run_spec import RunOptions, RunSpec
 from ..runtime.spawn import keeper, pdeathsig_preexec
 from . import GATE_CODES, helps, unwind
@@ -31,11 +46,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # --help's description: what the command does, for its users (the docstring above is for developers)
 ABOUT = """`fleetbench nightly`: the nightly pipeline, the same on GPU runners and on CPU (`make nightly-cpu`).
 
-Stages, each a fleetbench (or pytest, asv) command over the one selection the options make:
+Stages, each a fleetbench (or asv) command over the one selection the options make:
 
-1. run: `fleetbench run` of the selected cases at each world size (records, traces);
-2. pytest-benchmark: bench_cases with the raw data (JSON) and pytest's own --junitxml;
-3. asv: results recorded for this commit (with samples), then `asv publish` (the dashboard);
+1. run: `fleetbench run` of the selected cases at each world size (records, traces): the night's one
+   measurement, each case x world size timed once, interleaved with its model's other cases;
+2. pytest-benchmark: those measurements exported as pytest-benchmark's JSON (pytest-benchmark.json, and
+   its storage folder pytest-benchmark/; `pytest-benchmark compare` reads them), nothing re-timed;
+3. asv: the same measurements as asv results for this commit (with samples; the benchmark's version as
+   asv discovers it in bench_cases, so the series continue), then `asv publish` (the dashboard);
 4. report: `fleetbench report` (HTML page, Markdown summary, plots, traces);
 5. gate: `fleetbench ab LAST_GOOD HEAD` over the selected cases tagged gate (every strategy family)
    at each world size, under one total budget; a night whose every stage is ok (exit 0) makes this commit
@@ -50,7 +68,7 @@ runs; a night that still reaches the limit stops its running stage like a cancel
 kept) and ends with exit 2.  The state (nightly.json in --out: each stage's duration and exit code, the
 gate's verdict) is written as each stage ends, so a cancelled job keeps what it measured, and the next
 night's estimates read it; so is the JUnit XML (--junit, default junit.xml in --out: a test case per stage,
-then the run's cases, pytest-benchmark's tests and the gate's comparisons)."""
+then the run's cases and the gate's comparisons)."""
 
 
 def add_parser(sub) -> None:
@@ -86,12 +104,16 @@ def add_parser(sub) -> None:
     p.add_argument("--ab-args", default="", help="more `fleetbench ab` options, e.g. \"--delta 0.03 --steps 10\"")
     p.add_argument("--junit", metavar="FILE",
                    help="the night's JUnit XML (CI systems' test view): a test case per stage, with the run's cases, "
-                        "pytest-benchmark's tests and the gate's comparisons, rewritten as each stage ends (default "
+                        "and the gate's comparisons, rewritten as each stage ends (default "
                         "OUT/junit.xml; the stages' own files are in OUT/junit/)")
     p.add_argument("--persist", type=int, default=2, help="nights a new level must last before a history alert")
     p.add_argument("--asv-config", default="asv.conf.json", help="asv config (default asv.conf.json)")
     p.add_argument("--machine", help="asv machine name (default: `fleetbench machine-name`)")
-    p.add_argument("--quick", action="store_true", help="a smoke pass: no correctness checks, asv --quick")
+    p.add_argument("--quick", action="store_true", help="a smoke pass: no correctness checks")
+    p.add_argument("--profile", choices=PROFILES, default="full",
+                   help="full (default): every selected case; smoke: one case per strategy family at each world size, "
+                        "`ab` on one gate case, within an hour; auto (the scheduled workflow's): smoke until one smoke "
+                        "night is green in the state (nightly.json in --out), then full")
     p.add_argument("--plan", action="store_true", help="print the plan (stages, cases x world sizes, the gate, "
                    "estimated durations) and exit; --device cuda is declared, not probed")
     p.add_argument("--step-times", metavar="FILE",
@@ -223,15 +245,22 @@ def plan_of(args):
                           "--tag gate` lists them)" + (" and matches --gate-case" if args.gate_case else ""))
     machine = args.machine or machine_name()
     last = last_night(args.out, machine)
+    profile = choose_profile(args.profile, last)
+    budget = args.gate_budget * 60.0
+    if profile == "smoke":  # one case per strategy family at each world size, `ab` on one gate case
+        names, one = smoke_cases(resolved, gate)
+        resolved = resolve(dataclasses.replace(sel, cases=tuple(names), tags=(), models=()), probe=not args.plan)
+        gate, budget = [one], min(budget, SMOKE_GATE_BUDGET_S)
     if not args.plan:  # the gate's options: `fleetbench ab`'s own checks, hours before the gate runs
         check_ab_args(args, device)
     opts = NightlyOptions(**{k: v for k, v in (("rounds", args.rounds), ("steps", args.steps)) if v is not None},
-                          check=not args.quick, gate_budget_s=args.gate_budget * 60.0)
+                          check=not args.quick, gate_budget_s=budget)
     try:
         measured = read_step_times(args.step_times) if args.step_times else None
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return resolved, make_plan(resolved, gate, machine, opts, last, measured), last, night_spec(resolved, opts)
+    return (resolved, make_plan(resolved, gate, machine, opts, last, measured, profile), last,
+            night_spec(resolved, opts))
 
 
 def night_spec(resolved, opts: NightlyOptions) -> RunSpec:
@@ -247,16 +276,25 @@ def main(args) -> int:
     resolved, plan, last, spec = plan_of(args)
     if args.plan:
         print("\n".join(plan.lines()))
-    if args.limit is not None:
-        over = plan.over(args.limit * 60.0)
+    limit = night_limit(args, plan)
+    if limit is not None:
+        over = plan.over(limit * 60.0)
         if over is not None:
             stage, end = over
-            raise ConfigError(f"--limit {args.limit:g} min: the plan does not fit: stage {stage.name!r} would end "
+            said = f"--limit {limit:g} min" if limit == args.limit else f"the smoke profile's {limit:g} min"
+            raise ConfigError(f"{said}: the plan does not fit: stage {stage.name!r} would end "
                               f"at {end / 60:.1f} min (the whole night {plan.seconds / 60:.1f} min); select fewer "
                               f"cases or world sizes, or lower --rounds/--steps/--gate-budget")
     if args.plan:
         return 0
     return Night(args, resolved, plan, spec, last).run()
+
+
+def night_limit(args, plan) -> float | None:
+    """The night's limit in minutes: --limit, and for a smoke night at most an hour (``SMOKE_LIMIT_S``)."""
+    if plan.profile != "smoke":
+        return args.limit
+    return min(args.limit if args.limit is not None else math.inf, SMOKE_LIMIT_S / 60)
 
 
 def junit_path(args) -> str:
@@ -287,7 +325,8 @@ class Night:
         self.py = sys.executable
         self.out = os.path.abspath(args.out)  # the stages run in the checkout's root
         self.dir: OutputDir | None = None  # --out, held once the night starts (nothing written through a link)
-        self.deadline = None if args.limit is None else time.monotonic() + args.limit * 60.0
+        limit = night_limit(args, plan)
+        self.deadline = None if limit is None else time.monotonic() + limit * 60.0
         self.asv_config = os.path.abspath(args.asv_config)
         self.env = dict(os.environ, PYTHONPATH=ROOT + (os.pathsep + os.environ["PYTHONPATH"]
                                                        if os.environ.get("PYTHONPATH") else ""))
@@ -297,7 +336,8 @@ class Night:
         self.junit_files: dict[str, list[str]] = {}  # stage -> the JUnit files its commands were given
         self.state: dict = {"machine": plan.machine, "commit": self.commit, "device": resolved.device,
                             "worlds": list(resolved.worlds), "started": time.time(), "stages": {},
-                            "status": None, "earlier": finished_stages(last)}
+                            "status": None, "earlier": finished_stages(last), "profile": plan.profile,
+                            "smoke_green": smoke_green(last)}
 
     # -- bookkeeping ------------------------------------------------------------------------------------
     def save(self) -> None:
@@ -380,19 +420,47 @@ class Night:
         return [self.py, "-m", "suite.cli.main", *args]
 
     def run_stage(self) -> int:
+        """Every case x world size timed once (``fleetbench run``, interleaved): the night's one measurement, which
+        the pytest-benchmark and asv stages export; the run ids it appended are noted for them."""
         spec = self.spec_file("spec.json", self.spec)
-        codes = [self.call(self.fleetbench(
-            "run", "--spec", spec, "--nproc", str(w), "--results", os.path.join(self.out, "runs.jsonl"), "--junit",
-            self.junit_file("run", f"run-w{w}"))) for w in self.resolved.worlds]
+        results = os.path.join(self.out, "runs.jsonl")
+        before = {r.run_id for r in read_records(results)} if os.path.exists(results) else set()
+        entry = self.state["stages"]["run"]
+        try:
+            codes = [self.call(self.fleetbench(
+                "run", "--spec", spec, "--nproc", str(w), "--results", results, "--junit",
+                self.junit_file("run", f"run-w{w}"))) for w in self.resolved.worlds]
+        finally:
+            after = read_records(results) if os.path.exists(results) else []
+            entry["run_ids"] = sorted({r.run_id for r in after} - before)
         return _worst(_code(c) for c in codes)
 
+    def tonight(self) -> list:
+        """The records tonight's run stage appended (its run ids, noted as it ended)."""
+        ids = set(self.state["stages"].get("run", {}).get("run_ids") or ())
+        path = os.path.join(self.out, "runs.jsonl")
+        return [r for r in read_records(path) if r.run_id in ids] if ids and os.path.exists(path) else []
+
     def pytest_stage(self) -> int:
-        return _code(self.call([
-            self.py, "-m", "pytest", "bench_cases", "--benchmark-only", "-q", "-p", "no:cacheprovider",
-            "--fleetbench-spec", self.spec_file("spec.json", self.spec),
-            "--benchmark-storage", "file://" + os.path.join(self.out, "pytest-benchmark"),
-            "--benchmark-json", os.path.join(self.out, "pytest-benchmark.json"),
-            "--junitxml", self.junit_file("pytest-benchmark", "pytest-benchmark")]))
+        """The run stage's measurements as pytest-benchmark's JSON (``suite/results/export.py``): nothing re-timed,
+        no check re-run; ``pytest-benchmark compare`` reads OUT/pytest-benchmark.json and the storage folder."""
+        recs = export.measured(self.tonight())
+        if not recs:
+            print("pytest-benchmark: nothing measured tonight (the run stage timed no case): nothing exported")
+            return 2
+        doc = json.dumps(export.pytest_benchmark_doc(recs, self.commit, branch=self.branch()), indent=1)
+        assert self.dir is not None
+        self.dir.write("pytest-benchmark.json", doc)
+        storage = self.dir.dir(os.path.join("pytest-benchmark", export.pytest_benchmark_machine_id()))
+        with storage:
+            taken = [int(n[:4]) for n in storage.entries() if n[:4].isdigit() and n.endswith(".json")]
+            storage.write(f"{max(taken, default=0) + 1:04d}_{self.commit[:12]}.json", doc)
+        print(f"pytest-benchmark: {len(recs)} benchmark(s) exported to {self.out}/pytest-benchmark.json")
+        return 0
+
+    def branch(self) -> str | None:
+        got = subprocess.run(["git", "rev-parse", "--abbrev-ref", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        return got.stdout.strip() or None if got.returncode == 0 else None
 
     def asv_env(self) -> dict:
         """The spec for asv, in the one variable bench_cases/_matrix.py reads (asv passes its benchmarks no
@@ -409,17 +477,42 @@ class Night:
         return os.path.join(self.out, "asv-home")
 
     def asv_stage(self) -> int:
+        """The run stage's measurements as asv results for this commit (``suite/results/export.py``): asv discovers
+        bench_cases/asv_cases.py under tonight's spec (``benchmarks.json``: the benchmark's params and version, so
+        the series continue), then the results file is written from the records, nothing re-timed; then `asv
+        publish` (the dashboard) and the offline copy."""
         asv, conf, env = os.path.join(os.path.dirname(self.py), "asv"), self.asv_config, self.asv_env()
         with open(os.devnull, "w") as null:
             if self.call([asv, "machine", "--machine", self.plan.machine, "--yes", "--config", conf], null, env):
                 return 2
-        # --record-samples: every case's samples (its timed windows) are stored with the statistic and its spread
-        code = self.call([asv, "run", "-E", "existing:same", "--set-commit-hash", self.commit, "--machine",
-                          self.plan.machine, "--launch-method", "spawn", "--config", conf, "--show-stderr",
-                          "--record-samples", *(["--quick"] if self.args.quick else [])], env=env)
+        if self.call([asv, "run", "--bench", "just-discover", "-E", f"existing:{self.py}", "--machine",
+                      self.plan.machine, "--launch-method", "spawn", "--config", conf, "--show-stderr"], env=env):
+            return 2
+        conf_data = json.loads(read_input(conf, "asv config (JSON)", 2**20))
+        results = os.path.join(os.path.dirname(conf), conf_data.get("results_dir", "results"))
+        try:
+            benchmarks = json.loads(read_input(os.path.join(results, "benchmarks.json"), "asv benchmarks.json",
+                                               64 * 2**20))
+            machine = json.loads(read_input(os.path.join(env["HOME"], ".asv-machine.json"), "asv machine file",
+                                            2**20))[self.plan.machine]
+            bench = benchmarks[export.ASV_BENCHMARK]
+        except (InputError, ValueError, KeyError, TypeError) as exc:
+            print(f"asv: discovery left no {export.ASV_BENCHMARK} ({exc}): nothing exported")
+            return 2
+        recs = export.measured(self.tonight())
+        if not recs:
+            print("asv: nothing measured tonight (the run stage timed no case): nothing exported")
+            return 2
+        date = subprocess.run(["git", "rev-list", "-n", "1", "--format=%at", self.commit], cwd=ROOT,
+                              capture_output=True, text=True, check=True).stdout.split()[-1]
+        doc = export.asv_results_doc(recs, bench, machine, self.commit, int(date) * 1000,
+                                     f"{sys.version_info[0]}.{sys.version_info[1]}", export.asv_env_name(self.py))
+        with OutputDir(results) as rd:
+            rel = export.write_asv(rd, doc, machine)
+        print(f"asv: {len(recs)} (case, world) pair(s) exported to {os.path.join(results, rel)}")
         published = self.call([asv, "publish", "--config", conf], env=env)
         offline = published or self.call(self.fleetbench("asv-offline", _asv_html_dir(conf)))  # offline dashboard
-        return _worst([1 if code else 0, 2 if published or offline else 0])
+        return 2 if published or offline else 0
 
     def report_stage(self) -> int:
         return _code(self.call(self.fleetbench("report", os.path.join(self.out, "runs.jsonl"), "--out",
@@ -495,8 +588,8 @@ class Night:
         try:
             codes = {
                 "run": self.stage("run", self.run_stage, pairs=n_pairs),
-                "pytest-benchmark": self.stage("pytest-benchmark", self.pytest_stage, pairs=n_pairs),
-                "asv": self.stage("asv", self.asv_stage, pairs=n_pairs),
+                "pytest-benchmark": self.stage("pytest-benchmark", self.pytest_stage, pairs=n_pairs, exported=True),
+                "asv": self.stage("asv", self.asv_stage, pairs=n_pairs, exported=True),
                 "report": self.stage("report", self.report_stage),
                 "gate": self.stage("gate", self.gate_stage, pairs=len(self.plan.gate),
                                    budget_s=self.plan.gate_budget_s),
@@ -515,6 +608,7 @@ class Night:
             signal.signal(signal.SIGTERM, previous)
         status = _worst(codes.values())
         self.state["status"] = status
+        self.state["smoke_green"] = smoke_green(self.state)  # kept from night to night: auto then runs full
         self.save()
         print(f"== nightly: status {status} (" + ", ".join(f"{k} {v}" for k, v in codes.items()) + ")")
         return status

@@ -34,14 +34,15 @@ from ..comm import collectives as C
 from ..config import StrategyConfig
 from ..runtime.context import current
 from ..runtime.device import default_threads
+from ..runtime.torchrun import rebuild_world_on_rank
 from ..strategies.fetch import LossFetcher
 from ..workload import Workload, WorkloadSpec, workload
 from .interleave import interleaved_rounds
 from .utilization import CpuSpan
 
-__all__ = ["time_on_rank", "prepare_case", "run_window", "drop_case", "prepared_cases", "straggler_for_step",
-           "StepClock", "Window", "timed_window", "TimedCase", "footprint_bytes", "VariantTiming", "RankTiming",
-           "WindowTiming", "CasePrepared"]
+__all__ = ["time_on_rank", "prepare_case", "run_window", "drop_case", "prepared_cases", "rebuild_on_rank",
+           "straggler_for_step", "StepClock", "Window", "timed_window", "TimedCase", "footprint_bytes", "VariantTiming",
+           "RankTiming", "WindowTiming", "CasePrepared"]
 
 
 def straggler_for_step(step: int, world: int, seed: int = 0) -> int:
@@ -346,3 +347,13 @@ def drop_case(key: str) -> bool:
 
 def prepared_cases() -> list:
     return sorted(_PREPARED)
+
+
+def rebuild_on_rank(tag: str) -> int:
+    """After a rank error: every prepared case dropped (its engine holds the old world's communicators, on which a
+    peer may have left a collective queued), then the world rebuilt (``rebuild_world_on_rank``: NCCL's communicators
+    aborted, gloo's group destroyed, a new one joined under ``tag``).  Returns how many cases were dropped."""
+    dropped = len(_PREPARED)
+    _PREPARED.clear()
+    rebuild_world_on_rank(tag)
+    return dropped

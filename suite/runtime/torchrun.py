@@ -76,7 +76,8 @@ class TorchrunLauncher:
         """``store``: the rendezvous store (default: the default process group's); ``report_timeout``:
         how long a failing rank waits for the others (default: the process group's timeout, at most
         60 s); ``timeout``: how long a succeeding rank waits (a call's ``timeout`` overrides it);
-        ``rebuild_on_error``: rebuild the world after a rank error (default: under NCCL)."""
+        ``rebuild_on_error``: rebuild the world after a rank error (default: yes, under NCCL and gloo alike: a
+        peer's orphaned collective would pair with the next call's, ``suite.runner.CaseRunner.recover``)."""
         self.ctx = ctx
         self.nproc = ctx.world_size
         self.is_reporter = ctx.rank == 0
@@ -85,7 +86,7 @@ class TorchrunLauncher:
         self.timeout = timeout
         self.exit_fn = exit_fn
         self._call = 0
-        self.rebuild_on_error = ctx.platform.backend == "nccl" if rebuild_on_error is None else rebuild_on_error
+        self.rebuild_on_error = True if rebuild_on_error is None else rebuild_on_error
         self.rebuilds = 0
 
     def run(self, fn: RankFn, kwargs: dict | None = None, *, timeout: float | None = None,

@@ -25,7 +25,7 @@ def reduce_rank():
 
 if __name__ == "__main__":
     ctx = init_from_env(device="cpu", pg_timeout=20)
-    launcher = TorchrunLauncher(ctx, report_timeout=5, rebuild_on_error=True)
+    launcher = TorchrunLauncher(ctx, report_timeout=5)  # rebuilds by default, gloo too
     try:
         try:
             launcher.run(leave_one_queued)
