@@ -68,6 +68,17 @@ def main(args) -> int:
 
 
 def _probe(args) -> int:
+    import os
+    import signal
+
+    from ..runtime.spawn import set_parent_death_signal
+
+    # Dead with torchrun from the start: the parent-death signal set before suite.doctor's import of torch (seconds
+    # on a loaded machine), so a killed doctor (whose torchrun dies with it) leaves no rank importing on its own.
+    parent = os.getppid()
+    set_parent_death_signal(signal.SIGKILL)
+    if parent == 1 or os.getppid() != parent:  # torchrun is gone already
+        os._exit(3)
     from ..doctor import torchrun_probe_main
 
     return torchrun_probe_main(args.device)
