@@ -226,8 +226,9 @@ def _revision_with_a_daemon(tmp: Path) -> Path:
     (root / "suite" / "cli" / "main.py").write_text(
         "import json, subprocess, sys\n"
         "if __name__ == '__main__':\n"
-        "    subprocess.Popen(['setsid', 'sleep', '600'], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,\n"
-        "                     stderr=subprocess.DEVNULL)\n"
+        "    daemon = subprocess.Popen(['setsid', 'sleep', '600'], stdin=subprocess.DEVNULL,\n"
+        "                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        f"    open({str(tmp / 'daemon.pid')!r}, 'w').write(str(daemon.pid))\n"
         f"    sys.stdout.write(json.dumps({hello!r}) + '\\n')\n"
         "    sys.stdout.flush()\n"
         "    sys.stdin.readline()\n")
@@ -257,19 +258,23 @@ def test_a_daemon_a_revision_started_is_named_at_the_end_of_ab(tmp_path, monkeyp
         assert "outlived it in a session of their own" in err and ("sleep (pid " in err or "setsid (pid " in err), err
         assert found and all(map(_alive, found)), err
     finally:
+        if (tmp_path / "daemon.pid").exists():  # said or not, the daemon goes
+            found.append(int((tmp_path / "daemon.pid").read_text()))
         for pid in found:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
 
 
 BUILD_DAEMON = '''
-import dataclasses, subprocess
+import dataclasses, os, subprocess
 from suite.models import get_model
 
 def _build_and_daemonize(build):
     def build_it():
-        subprocess.Popen(["setsid", "sleep", "600"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+        daemon = subprocess.Popen(["setsid", "sleep", "600"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        with open(os.environ["DAEMON_PIDS"], "a") as fh:
+            fh.write(f"{daemon.pid}\\n")
         return build()
     return build_it
 
@@ -288,7 +293,8 @@ def test_a_daemon_a_models_build_started_in_a_rank_is_named_at_the_end(tmp_path)
     if shutil.which("setsid") is None:
         pytest.skip("no setsid here: a daemon in a session of its own cannot be started")
     (tmp_path / "daemonic.py").write_text(BUILD_DAEMON)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
+    pids = tmp_path / "daemon.pids"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path), "DAEMON_PIDS": str(pids)}
     proc = subprocess.run([sys.executable, "-m", "suite.cli.main", "run", "--model", "daemonic:make", "--case",
                            "make/plain", "--size", "tiny", "--nproc", "1", "--steps", "1", "--rounds", "1", "--warmup",
                            "0", "--no-check", "--no-utilization", "--results", str(tmp_path / "runs.jsonl")],
@@ -300,6 +306,8 @@ def test_a_daemon_a_models_build_started_in_a_rank_is_named_at_the_end(tmp_path)
         assert ("sleep (pid " in proc.stderr or "setsid (pid " in proc.stderr) and found, proc.stderr[-3000:]
         assert all(map(_alive, found)), proc.stderr[-3000:]
     finally:
+        if pids.exists():  # said or not, the daemons go
+            found += [int(p) for p in pids.read_text().split()]
         for pid in found:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
@@ -383,3 +391,22 @@ def test_a_profiles_model_name_reaches_the_terminal_with_its_control_characters_
     code, out, err = _cli(["predict", "--cluster", "2x2:inter=1gbit", "--profile", path], capsys)
     assert code == 0, err
     assert not _raw_controls(out + err) and "model evil\\u001b[31mred" in out, out
+
+
+# ---- the map of probes to tests ---------------------------------------------------------------------------------
+def test_every_test_the_probe_table_names_exists():
+    """docs/benchmarks.md's table of issue 36's probes names tests as ``tests/FILE.py::NAME``: each is a test
+    function of that file (a renamed or removed test fails here, not silently in the table)."""
+    import ast
+    import re
+
+    doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    table = doc[doc.index("## Issue 36's probes and their tests"):]
+    named = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", table)
+    assert len(named) >= 30, named
+    missing = []
+    for path, name in named:
+        tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
+        if name not in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}:
+            missing.append(f"{path}::{name}")
+    assert not missing, missing
