@@ -410,3 +410,28 @@ def test_every_test_the_probe_table_names_exists():
         if name not in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}:
             missing.append(f"{path}::{name}")
     assert not missing, missing
+
+
+# ---- make test leaves no fleetbench-* entry in TMPDIR ---------------------------------------------------------------
+LEAVES = """
+import os, tempfile
+
+def test_that_passes_but_leaves_a_directory():
+    os.mkdir(os.path.join(tempfile.gettempdir(), "fleetbench-left-behind"))
+"""
+
+
+def test_a_test_session_that_leaves_a_fleetbench_entry_in_its_tmpdir_fails_naming_it(tmp_path):
+    """Issue 36's acceptance: `make test` leaves no `fleetbench-*` entry in TMPDIR.  tests/conftest.py gives the
+    session a TMPDIR of its own and fails the session, naming them, when entries are left in it (then removes it):
+    here a session whose one test passes but leaves one."""
+    outer = tmp_path / "outer"
+    outer.mkdir()
+    (tmp_path / "test_leaves.py").write_text(LEAVES)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(outer)}
+    env.pop("FLEETBENCH_KEEP_TEST_TMP", None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
+                           "test_leaves.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert "1 passed" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "fleetbench-left-behind" in proc.stderr, (proc.returncode, proc.stderr)
+    assert os.listdir(outer) == [], os.listdir(outer)  # the session's TMPDIR removed with what was left in it
