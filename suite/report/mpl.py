@@ -22,7 +22,10 @@ __all__ = ["matplotlib", "plt", "Line2D", "Patch", "NullLocator"]
 def _private_config_dir() -> tuple[str, int] | None:
     if os.environ.get("MPLCONFIGDIR") or "matplotlib" in sys.modules:
         return None
-    path, owner = owned_tempdir("fleetbench-mpl-")
+    try:
+        path, owner = owned_tempdir("fleetbench-mpl-")
+    except OSError:  # no room in TMPDIR: matplotlib's own choice, rather than no drawing at all
+        return None
     os.environ["MPLCONFIGDIR"] = path
     return path, owner
 
