@@ -73,12 +73,17 @@ nightly-cpu: setup test-slow
 # Its own asv machine, `fleetbench machine-name` + "-smoke": asv keeps one result per commit and machine, written
 # whole by each run, so a pass of another selection under the nightly's machine name would replace the nightly's
 # cases for this commit (docs/benchmarks.md, "One selection per machine name").
+# asv writes its machine file (~/.asv-machine.json) under HOME itself: every asv call gets a HOME inside results/
+# (as the nightly's, --out/asv-home), so nothing is written under the user's home.
 ASV_MACHINE ?= $(addsuffix -smoke,$(shell PYTHONPATH=. $(PY) -m suite.cli.main machine-name 2>/dev/null))
+ASV_HOME := $(CURDIR)/results/asv-home
+ASV := env HOME=$(ASV_HOME) $(VENV)/bin/asv
 asv-smoke: setup
-	$(VENV)/bin/asv machine --machine $(ASV_MACHINE) --yes
-	FLEETBENCH_BENCH_CASES=mlp/plain FLEETBENCH_BENCH_WORLDS=2 $(VENV)/bin/asv run -E existing:same --record-samples \
+	mkdir -p $(ASV_HOME)
+	$(ASV) machine --machine $(ASV_MACHINE) --yes
+	FLEETBENCH_BENCH_CASES=mlp/plain FLEETBENCH_BENCH_WORLDS=2 $(ASV) run -E existing:same --record-samples \
 		--set-commit-hash $$(git rev-parse HEAD) --machine $(ASV_MACHINE) --launch-method spawn --show-stderr
-	$(VENV)/bin/asv publish
+	$(ASV) publish
 	$(VENV)/bin/fleetbench asv-offline results/html
 
 # Every strategy's benchmark figures, as written into the README (takes a while; run on a quiet machine).

@@ -1,10 +1,13 @@
 """`fleetbench doctor`: the self-check's command line (its --help: ``ABOUT``); the items are ``suite.doctor``'s."""
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 from ..config import ConfigError
 from ..report import junit
+from ..runtime.spawn import set_parent_death_signal
 from . import helps, terminate_cleanly
 from .checks import require_nproc, require_seconds
 from .options import add_shared
@@ -68,6 +71,12 @@ def main(args) -> int:
 
 
 def _probe(args) -> int:
+    # Dead with torchrun from the start: the parent-death signal set before suite.doctor's import of torch (seconds
+    # on a loaded machine), so a killed doctor (whose torchrun dies with it) leaves no rank importing on its own.
+    parent = os.getppid()
+    set_parent_death_signal(signal.SIGKILL)
+    if parent == 1 or os.getppid() != parent:  # torchrun is gone already
+        os._exit(3)
     from ..doctor import torchrun_probe_main
 
     return torchrun_probe_main(args.device)

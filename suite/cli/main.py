@@ -39,9 +39,11 @@ COMMANDS = {
     "trial-server": "suite.cli.trial_server",  # hidden: one revision's side of `ab` (JSON lines)
     "gpu-check": "suite.cli.gpu_check",
 }
-# Commands that must start without torch (the GPU check picks the interpreter the others then run under): main()
-# builds only their parser, so no other command module is imported.
-TORCH_FREE = ("gpu-check",)
+# Commands that must start without torch, so main() builds only their parser (no other command module imported):
+# the command -> the COMMANDS entry that declares it.  The GPU check picks the interpreter the others then run
+# under; torchrun-probe (doctor's torchrun job) sets its parent-death signal first thing, not after seconds of
+# imports (a killed doctor leaves no rank importing on its own).
+TORCH_FREE = {"gpu-check": "gpu-check", "torchrun-probe": "doctor"}
 
 
 def version_line() -> str:
@@ -136,7 +138,7 @@ def _drop_stdout() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(argv[0] if argv and argv[0] in TORCH_FREE else None)
+    parser = build_parser(TORCH_FREE.get(argv[0]) if argv else None)
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()

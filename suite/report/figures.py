@@ -31,19 +31,12 @@ import io
 import math
 import textwrap
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
-from matplotlib.ticker import NullLocator
-
 from ..cases import VARIANTS
 from ..measure.stats import RUN_ROUNDS_FOR_95
 from ..results.gate import CLIP
 from ..results.records import allreduce_total
 from ..results.records import plain as escaped
+from .mpl import Line2D, NullLocator, Patch, matplotlib, plt  # matplotlib without writing under ~ (mpl.py)
 
 __all__ = ["latest", "throughput_figure", "speedup_figure", "breakdown_figure", "scaling_figure",
            "local_sgd_figure", "scaling_table", "plain", "num", "busbw_measurable", "DPI", "MAX_WIDTH_PX", "WIDTH_IN",

@@ -452,9 +452,9 @@ HOW_TO_READ = [
 def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dict | None = None) -> dict:
     """``record_dirs`` maps ``id(record)`` to the results directory its traces are under (several
     results files: each file's own); others use ``results_dir``."""
-    import matplotlib.pyplot as plt
+    from . import figures as F  # first: matplotlib imported through .mpl, nothing written under ~
 
-    from . import figures as F
+    plt = F.plt
 
     with OutputDir(out_dir) as out:  # every file below it written without following a link
         return _build(records, out, results_dir, record_dirs, plt, F)
