@@ -544,8 +544,9 @@ def _aa_slower_rate(opts, comparisons: int, blocks: int, noise, tau: float = 0.0
 
 
 def test_aa_comparisons_at_the_smallest_allowed_settings_say_slower_at_most_1_percent():
-    """Issue 36: `ab --min-blocks 3 --rotate 0` said "slower" on identical code 2 times in 7.  The rule now looks
-    at geometrically spaced sample counts and spends its alpha over the looks (so an A/A comparison's chance of
+    """Issue 36: `ab --min-blocks 3 --rotate 0` said "slower" on identical code 2 times in 7 (`ab` now refuses
+    --rotate 0 and has no --min-blocks; the statistics keep both for the gate figure).  The rule now looks at
+    geometrically spaced sample counts and spends its alpha over the looks (so an A/A comparison's chance of
     any "slower" is at most alpha/2 = 0.5%), on Yuen's interval, which holds from 3 blocks (a bootstrap of 3 did
     not).  Seeded A/A comparisons at the smallest settings `ab` allows, over a long budget (200 blocks: many
     looks): normal and heavy-tailed (t, 3 df) block noise of 9% without rotation from 3 blocks, and --rotate 2
