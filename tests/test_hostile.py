@@ -15,7 +15,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.clitools import bounded_by
+from tests.clitools import cli as _cli
+from tests.clitools import one_error as _one_error
+
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def bounded():
+    """In-process calls that must not block: a hang becomes a failure after 30 s."""
+    with bounded_by(30):
+        yield
 
 
 def _record(case="mlp/plain", world=2, run_id="r1", **metrics):
@@ -43,44 +54,6 @@ def no_ranks(monkeypatch):
             raise AssertionError("a rank pool was started despite bad input")
 
     monkeypatch.setattr(suite.runtime, "RankPool", NoRanks)
-
-
-class _Alarm(Exception):
-    pass
-
-
-@pytest.fixture
-def bounded():
-    """In-process calls that must not block: a SIGALRM after 30 s turns a hang into a failure."""
-    def ring(*_):
-        raise _Alarm("blocked for 30 s")
-
-    old = signal.signal(signal.SIGALRM, ring)
-    signal.alarm(30)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
-
-
-def _cli(argv, capsys) -> tuple[int, str, str]:
-    from suite.cli.main import main
-
-    term = signal.getsignal(signal.SIGTERM)  # ab and doctor turn SIGTERM into Ctrl-C for their process
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        signal.signal(signal.SIGTERM, term)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _one_error(code, err, *words) -> None:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert code == 2 and len(lines) == 1 and "Traceback" not in err, (code, err)
-    for w in words:
-        assert w in err, (w, err)
 
 
 RUN = ["run", "--case", "mlp/plain", "--size", "tiny", "--device", "cpu"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import stat
 from pathlib import Path
@@ -19,23 +18,21 @@ from pathlib import Path
 import pytest
 
 from suite.outputs import OutputDir, OutputError, append_whole, open_input, write_atomic
-
-
-class _Alarm(Exception):
-    pass
+from tests.clitools import bounded_by
+from tests.clitools import cli as _cli_full
+from tests.clitools import one_error as _one_error
 
 
 @pytest.fixture
 def bounded():
-    """A call that must not block: a SIGALRM after 20 s turns a hang into a failure."""
-    def ring(*_):
-        raise _Alarm("blocked for 20 s")
+    """In-process calls that must not block: a hang becomes a failure after 20 s."""
+    with bounded_by(20):
+        yield
 
-    old = signal.signal(signal.SIGALRM, ring)
-    signal.alarm(20)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+
+def _cli(argv, capsys) -> tuple[int, str]:
+    code, _, err = _cli_full(argv, capsys)
+    return code, err
 
 
 def _device_copy(tmp: Path, name: str = "null-copy") -> Path:
@@ -70,26 +67,6 @@ def _special(tmp: Path, kind: str) -> Path:
 
 def _kind(path: Path) -> int:
     return stat.S_IFMT(os.lstat(path).st_mode)
-
-
-def _cli(argv, capsys) -> tuple[int, str]:
-    from suite.cli.main import main
-
-    term = signal.getsignal(signal.SIGTERM)
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        signal.signal(signal.SIGTERM, term)
-    return code, capsys.readouterr().err
-
-
-def _one_error(code, err, *words) -> None:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert code == 2 and len(lines) == 1 and "Traceback" not in err, (code, err)
-    for w in words:
-        assert w in err, (w, err)
 
 
 # ---- the writer itself ---------------------------------------------------------------------------------------

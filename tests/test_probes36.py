@@ -17,29 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.clitools import cli as _cli
+from tests.clitools import one_error as _one_error
+
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = "evil\x1b[31mred\x1b[0m\u202eright\x07"
-
-
-def _cli(argv, capsys) -> tuple[int, str, str]:
-    from suite.cli.main import main
-
-    term = signal.getsignal(signal.SIGTERM)
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    finally:
-        signal.signal(signal.SIGTERM, term)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _one_error(code, err, *words) -> None:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert code == 2 and len(lines) == 1 and "Traceback" not in err, (code, err)
-    for w in words:
-        assert w in err, (w, err)
 
 
 def _alive(pid: int) -> bool:

@@ -1,0 +1,49 @@
+"""What the hostile-input tests share: a command called in process, its one-line refusal, a bound on a call."""
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
+
+
+def cli(argv, capsys) -> tuple[int, str, str]:
+    """``fleetbench ARGV`` in this process: its exit code, stdout and stderr (SIGTERM's handler put back: ab and
+    doctor turn SIGTERM into Ctrl-C for their process)."""
+    from suite.cli.main import main
+
+    term = signal.getsignal(signal.SIGTERM)
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        signal.signal(signal.SIGTERM, term)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_error(code, err, *words) -> None:
+    """Exit 2 with one line on stderr, no traceback, naming every one of ``words``."""
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, (code, err)
+    for w in words:
+        assert w in err, (w, err)
+
+
+class Blocked(Exception):
+    """A call that blocked past its bound (:func:`bounded_by`)."""
+
+
+@contextlib.contextmanager
+def bounded_by(seconds: int) -> Iterator[None]:
+    """An in-process call that must not block: a SIGALRM after ``seconds`` turns a hang into a failure."""
+    def ring(*_):
+        raise Blocked(f"blocked for {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, ring)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
