@@ -47,3 +47,30 @@ def bounded_by(seconds: int) -> Iterator[None]:
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a process that still runs (not gone, not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
+def scan_suite(find, except_path: str) -> list[str]:
+    """``path:line`` of every place in suite/ (but ``except_path``, relative to the checkout) where ``find(tree)``
+    (an ast.Module -> line numbers) finds something: the one-loop rules' scan."""
+    import ast
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found = []
+    for folder, _, files in os.walk(os.path.join(root, "suite")):
+        for f in files:
+            path = os.path.join(folder, f)
+            if f.endswith(".py") and os.path.relpath(path, root) != except_path:
+                with open(path, encoding="utf-8") as fh:
+                    tree = ast.parse(fh.read())
+                found += [f"{os.path.relpath(path, root)}:{line}" for line in find(tree)]
+    return found

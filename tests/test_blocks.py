@@ -13,6 +13,7 @@ import pytest
 from suite.ab import blocks
 from suite.ab.blocks import block_order, run_blocks
 from suite.results.records import CaseRecord
+from tests.clitools import scan_suite
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUITE = os.path.join(ROOT, "suite")
@@ -151,13 +152,7 @@ def _mirrors(tree: ast.AST) -> list[int]:
 
 
 def test_no_second_abba_loop_in_suite():
-    bad = []
-    for root, _, files in os.walk(SUITE):
-        for f in files:
-            path = os.path.join(root, f)
-            if f.endswith(".py") and os.path.relpath(path, ROOT) != THE_LOOP:
-                tree = ast.parse(open(path, encoding="utf-8").read())
-                bad += [f"{os.path.relpath(path, ROOT)}:{line}" for line in _mirrors(tree)]
+    bad = scan_suite(_mirrors, THE_LOOP)
     assert bad == [], f"run trials in blocks through suite.ab.blocks.run_blocks, not a loop of its own: {bad}"
 
 

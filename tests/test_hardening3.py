@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.clitools import alive as _alive
 from tests.clitools import cli as _cli
 from tests.clitools import one_error as _one_error
 
@@ -431,14 +432,6 @@ def daemon(size):
                      stderr=subprocess.DEVNULL)
     return get_model("mlp", size)
 '''
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False
 
 
 def _kill_while_the_factory_runs(tmp_path: Path, sig: int) -> list[int]:

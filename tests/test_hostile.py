@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.clitools import alive as _alive
 from tests.clitools import bounded_by
 from tests.clitools import cli as _cli
 from tests.clitools import one_error as _one_error
@@ -321,14 +322,6 @@ def test_control_characters_and_bidi_overrides_are_escaped_in_markdown_and_on_th
 
 
 # ---- 4. processes --------------------------------------------------------------------------------
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False
-
-
 def _kill_in_rendezvous(tmp_path: Path, *flags: str) -> tuple[list[int], dict]:
     """Start the rendezvous parent, wait until both ranks are inside their store (blocked in C, holding the
     GIL), SIGKILL the parent; the ranks still alive 3 s later, and the parent's report."""

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from suite.measure.interleave import interleaved_rounds, rotated, timed_block
+from tests.clitools import scan_suite
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUITE = os.path.join(ROOT, "suite")
@@ -66,13 +67,7 @@ def _rotations(tree: ast.AST) -> list[int]:
 
 
 def test_no_second_interleaving_loop_in_suite():
-    bad = []
-    for root, _, files in os.walk(SUITE):
-        for f in files:
-            path = os.path.join(root, f)
-            if f.endswith(".py") and os.path.relpath(path, ROOT) != THE_LOOP:
-                tree = ast.parse(open(path, encoding="utf-8").read())
-                bad += [f"{os.path.relpath(path, ROOT)}:{line}" for line in _rotations(tree)]
+    bad = scan_suite(_rotations, THE_LOOP)
     assert bad == [], f"interleave through suite.measure.interleave.interleaved_rounds, not a loop of its own: {bad}"
 
 

@@ -17,19 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.clitools import alive as _alive
 from tests.clitools import cli as _cli
 from tests.clitools import one_error as _one_error
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = "evil\x1b[31mred\x1b[0m\u202eright\x07"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return False
 
 
 def _gone_within(pids, seconds: float) -> list[int]:
