@@ -21,6 +21,7 @@ from suite.runtime.rng import step_seed
 from suite.selection import base_cases
 from suite.workload import WorkloadSpec
 from tests.scripts import my_models
+from tests.test_user_models import Borrowed
 
 MODELS = "tests.scripts.my_models"
 OVERLAP = StrategyConfig(fuse_all_reduce_ops=True, fuse_grad_size_in_MB=0.004, sync_nccl_allreduce=False)
@@ -83,17 +84,6 @@ def test_replaying_a_shard_with_another_ranks_random_state_fails_the_check(pool2
                                                        config=cfg.to_dict(), steps=3))
     res = summarize(cfg, answers)
     assert res.verdict == "fail" and "loss error" in res.message, res.message
-
-
-class Borrowed:
-    def __init__(self, pool):
-        self.pool = pool
-
-    def run(self, *args, **kwargs):
-        return self.pool.run(*args, **kwargs)
-
-    def close(self):
-        pass
 
 
 def test_a_model_whose_identical_runs_differ_gets_one_message_not_a_fail_per_case(pool2, monkeypatch, tmp_path):
