@@ -178,8 +178,8 @@ def test_ab_of_a_commit_against_the_same_code_is_not_slower_or_inconclusive_and_
     _no_worktrees_left(root)
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(900)
+@pytest.mark.heavy  # two worktrees and two trial servers, ~20 s: make test-slow
 def test_ab_reports_structure_changed_for_a_bucket_size_change(repo):
     root, c = repo
     proc, out = _ab(root, c["base"], c["bucket"], "--case", "mlp/fusion", "--budget", "3")
@@ -235,6 +235,7 @@ def test_a_revision_older_than_the_protocol_is_refused_clearly(repo):
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.heavy  # two worktrees and trial servers, ~20 s: make test-slow
 def test_a_head_that_cannot_start_fails_the_gate_and_a_base_that_cannot_is_unusable(repo):
     root, c = repo
     proc, out = _ab(root, c["base"], c["broken"], "--case", "mlp/plain", "--no-check")

@@ -84,6 +84,7 @@ def test_hierarchical_cases_under_torchrun_take_the_nodes_from_local_world_size(
         rc.config.check_world(8, 2, torchrun=True)
 
 
+@pytest.mark.heavy  # two torchrun jobs, ~15 s: make test-slow
 def test_resume_under_torchrun_is_decided_by_rank_0_not_by_each_hosts_results_file(tmp_path):
     """`fleetbench run --resume FILE` on two hosts: only rank 0's host holds the results file.  Each rank used
     to read its own host's (the other host's rank stopped: no such file) and so select other cases; now rank

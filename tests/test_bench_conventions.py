@@ -35,6 +35,7 @@ def test_smoke_is_a_handful_of_cases_distinct_from_default():
     assert set(smoke) < set(default)
 
 
+@pytest.mark.heavy  # a pytest session as a subprocess, ~10 s: make test-slow
 def test_the_default_bench_selection_is_the_smoke_cases_at_world_size_2():
     proc = _pytest_bench("--collect-only", "-q", timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -61,7 +61,7 @@ def test_list_shows_the_default_cases(capsys):
         assert name in out
 
 
-@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("nproc", [2, pytest.param(4, marks=pytest.mark.heavy)])  # 4 ranks: make test-slow
 def test_run_prints_verdicts_and_throughput_and_appends_records(capsys, tmp_path, nproc):
     path = tmp_path / "runs.jsonl"
     code = main(["run", "--nproc", str(nproc), "--case", "mlp/plain", "--case", "mlp/ddp", "--case", "mlp/none",

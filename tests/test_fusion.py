@@ -293,6 +293,7 @@ def test_fused_resnet_under_bf16_autocast_stays_close():
     assert finite_le(rel_error(yf.float(), yp.float()), 5e-2)
 
 
+@pytest.mark.heavy  # torch.compile's first compile, ~20 s: make test-slow
 def test_compile_backend_runs_and_matches():
     """The one compiled case (torch.compile is slow here): a fused add+ReLU through the compiler."""
     class Res(nn.Module):

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -47,6 +49,7 @@ def test_fleetbench_run_under_torchrun(tmp_path):
     assert all(r["metrics"]["samples_per_s"] > 0 for r in recs)
 
 
+@pytest.mark.heavy  # a 4-rank torchrun job, ~10 s: make test-slow
 def test_hierarchical_under_torchrun_takes_local_world_size_as_the_node(tmp_path):
     """The README's multi-node command: no inter_nranks given, so nodes are torchrun's machines."""
     results = tmp_path / "runs.jsonl"

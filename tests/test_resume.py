@@ -29,6 +29,7 @@ def _env():
     return dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
+@pytest.mark.heavy  # two whole runs as subprocesses, ~15 s: make test-slow
 def test_killed_run_resumed_loses_no_finished_case(tmp_path):
     results = tmp_path / "runs.jsonl"
     # A 300 ms sleep in every step keeps mlp's group running long after resnet's record lands.
