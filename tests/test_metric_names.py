@@ -11,7 +11,7 @@ import os
 from suite.cases import CASES, RECORDED
 from suite.config import StrategyConfig
 from suite.measure.timing import CasePrepared, RankTiming, prepare_case
-from suite.results.records import METRIC_NAMES, Metrics
+from suite.results.records import METRIC_NAMES, METRIC_UNITS, Metrics
 from suite.run_spec import ResolvedCase, RunOptions
 from suite.runner import CaseRunner
 
@@ -100,6 +100,7 @@ def test_no_other_module_lists_metric_names():
             if len(names) >= 3:
                 found.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: {names}")
     assert not found, "metric names listed outside suite/results/records.py:\n" + "\n".join(found)
+    assert set(METRIC_UNITS) <= set(METRIC_NAMES), set(METRIC_UNITS) - set(METRIC_NAMES)  # units of metrics only
 
 
 READERS = ["suite/report", "suite/results/load.py", "suite/results/compare.py", "suite/cli/run.py",

@@ -30,24 +30,17 @@ import sys
 from collections.abc import Iterable
 
 from ..outputs import OutputDir
-from .records import CaseRecord, jsonable
+from .records import METRIC_UNITS, CaseRecord, jsonable
 
 __all__ = ["UNIT", "UNITS", "what_a_round_is", "measured", "round_samples", "pytest_benchmark_doc",
            "pytest_benchmark_machine_id", "asv_env_name", "asv_results_doc", "asv_results_path", "write_asv",
            "ASV_BENCHMARK", "ASV_API_VERSION", "ASV_MACHINE_API_VERSION"]
 
 UNIT = "s per training step"  # what the benchmarks' numbers (stats) are
-UNITS = {
+UNITS = {  # what each number in a benchmark's extra_info is: the record's metrics, and two of the harness's own
     "stats": "s: per round, one training step (the slowest rank's window / steps_per_window)",
     "rank_window_s": "s: per window, each rank's window between its two barriers",
-    "window_s": "s: per window, the slowest rank's window",
-    "step_times_s": "s: every step of every rank, window after window",
-    "rank_median_step_s": "s: each rank's median step",
-    "samples_per_s": "samples/s: global batch x steps per window / the slowest rank's window, median over windows",
-    "throughput_per_round": "samples/s, per window",
-    "peak_memory_bytes": "bytes",
-    "speedup": "ratio: the baseline's window / this case's, paired round by round (> 1: faster), median; "
-               "speedup_ci its 95% interval",
+    **METRIC_UNITS,
 }
 ASV_BENCHMARK = "asv_cases.StepTime.time_step"
 ASV_API_VERSION = 2  # asv.results.Results.api_version

@@ -42,9 +42,9 @@ from ..validate import FieldSpec, Invalid, field_specs, show, spec
 from .structure import structure_of
 
 __all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "MAX_LINE_BYTES", "CaseRecord", "ResultsFileError", "Metrics",
-           "METRIC_NAMES", "NUMERIC_METRICS", "Describe", "Precision", "Structure", "CheckSummary", "STATUSES",
-           "VERDICTS", "append_record", "read_records", "iter_records", "jsonable", "open_input", "loads_bounded",
-           "ShortWrite", "name_problem", "plain", "write_atomic", "json_problem", "run_ids_held",
+           "METRIC_NAMES", "METRIC_UNITS", "NUMERIC_METRICS", "Describe", "Precision", "Structure", "CheckSummary",
+           "STATUSES", "VERDICTS", "append_record", "read_records", "iter_records", "jsonable", "open_input",
+           "loads_bounded", "ShortWrite", "name_problem", "plain", "write_atomic", "json_problem", "run_ids_held",
            "runs_newest_first", "allreduce_total"]
 
 SCHEMA_VERSION = 4
@@ -181,6 +181,17 @@ def allreduce_total(per_step: Mapping[str, float] | None) -> float:
 
 
 METRIC_NAMES = _names(Metrics)
+# the units of the metrics a benchmark's extra_info carries (pytest-benchmark JSON: bench_cases, the nightly's export)
+METRIC_UNITS = {
+    "window_s": "s: per window, the slowest rank's window",
+    "step_times_s": "s: every step of every rank, window after window",
+    "rank_median_step_s": "s: each rank's median step",
+    "samples_per_s": "samples/s: global batch x steps per window / the slowest rank's window, median over windows",
+    "throughput_per_round": "samples/s, per window",
+    "peak_memory_bytes": "bytes",
+    "speedup": "ratio: the baseline's window / this case's, paired round by round (> 1: faster), median; "
+               "speedup_ci its 95% interval",
+}
 NUMERIC_METRICS = tuple(f.name for f in dataclasses.fields(Metrics)  # numbers and intervals (the report's table)
                         if f.type.removesuffix(" | None") in ("float", "int", "Interval"))
 
