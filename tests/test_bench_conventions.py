@@ -54,6 +54,7 @@ def test_the_default_bench_selection_is_the_smoke_cases_at_world_size_2():
     assert "mlp/hierarchical@1" in ids and not any(i.endswith("@2") for i in ids), proc.stdout
 
 
+@pytest.mark.heavy  # a real pytest-benchmark session, ~10 s: make test-slow
 def test_saved_json_has_plain_params_short_groups_and_a_round_of_one_step(tmp_path):
     out = tmp_path / "bench.json"
     proc = _pytest_bench("--benchmark-only", "--fleetbench-case", "mlp/plain", "--fleetbench-case", "mlp/overlap",

@@ -33,12 +33,17 @@ def _pytest_bench(tmp_path, *args: str, cwd: str = ROOT, timeout: float = 300) -
 
 # ---- one error naming the option or variable -------------------------------------------------------------------
 
+# each a pytest process (~3 s): the first in make test, the others in make test-slow
 @pytest.mark.parametrize("args, message", [
     (["--fleetbench-case", "mlp/nope"], "ERROR: --fleetbench-case 'mlp/nope' matches no case"),
-    (["--fleetbench-world", "0"], "ERROR: --fleetbench-world 0: must be a whole number >= 1"),
-    (["--fleetbench-rounds", "0"], "ERROR: --fleetbench-rounds 0: must be >= 1"),  # the spec's range, its name
-    (["--fleetbench-set", "bogus"], "--fleetbench-set 'bogus': expected key=value, e.g. --fleetbench-set "),
-    (["--fleetbench-tag", "nope"], "ERROR: --fleetbench-tag 'nope' is unknown; allowed: default, smoke"),
+    pytest.param(["--fleetbench-world", "0"], "ERROR: --fleetbench-world 0: must be a whole number >= 1",
+                 marks=pytest.mark.heavy),
+    pytest.param(["--fleetbench-rounds", "0"], "ERROR: --fleetbench-rounds 0: must be >= 1",
+                 marks=pytest.mark.heavy),  # the spec's range, its name
+    pytest.param(["--fleetbench-set", "bogus"], "--fleetbench-set 'bogus': expected key=value, e.g. --fleetbench-set ",
+                 marks=pytest.mark.heavy),
+    pytest.param(["--fleetbench-tag", "nope"], "ERROR: --fleetbench-tag 'nope' is unknown; allowed: default, smoke",
+                 marks=pytest.mark.heavy),
 ])
 def test_a_bad_pytest_option_is_one_usage_error_naming_it(args, message, tmp_path):
     proc = _pytest_bench(tmp_path, "--collect-only", "-q", *args, timeout=120)
@@ -50,11 +55,15 @@ def test_a_bad_pytest_option_is_one_usage_error_naming_it(args, message, tmp_pat
     assert len([line for line in out.splitlines() if line.strip()]) <= 2, out
 
 
+# each an interpreter importing the benchmarks (~3 s): the first in make test, the others in make test-slow
 @pytest.mark.parametrize("var, value, message", [
     ("FLEETBENCH_BENCH_CASES", "mlp/nope", "ConfigError: FLEETBENCH_BENCH_CASES 'mlp/nope' matches no case"),
-    ("FLEETBENCH_BENCH_STEPS", "abc", "ConfigError: FLEETBENCH_BENCH_STEPS='abc': must be a whole number >= 1"),
-    ("FLEETBENCH_BENCH_WORLDS", "2,x", "ConfigError: FLEETBENCH_BENCH_WORLDS='x': must be a whole number >= 1"),
-    ("FLEETBENCH_BENCH_SIZE", "huge", "ConfigError: FLEETBENCH_BENCH_SIZE 'huge': allowed values are"),
+    pytest.param("FLEETBENCH_BENCH_STEPS", "abc",
+                 "ConfigError: FLEETBENCH_BENCH_STEPS='abc': must be a whole number >= 1", marks=pytest.mark.heavy),
+    pytest.param("FLEETBENCH_BENCH_WORLDS", "2,x",
+                 "ConfigError: FLEETBENCH_BENCH_WORLDS='x': must be a whole number >= 1", marks=pytest.mark.heavy),
+    pytest.param("FLEETBENCH_BENCH_SIZE", "huge", "ConfigError: FLEETBENCH_BENCH_SIZE 'huge': allowed values are",
+                 marks=pytest.mark.heavy),
 ])
 def test_a_bad_asv_variable_is_one_error_naming_it(var, value, message):
     """What asv's discovery runs into when it imports the benchmarks (asv adds its own wrapper around it)."""

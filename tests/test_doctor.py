@@ -32,6 +32,7 @@ def cpu_report():
     return proc, time.monotonic() - t0
 
 
+@pytest.mark.heavy  # the whole doctor as a subprocess, ~20 s (its items are tested one by one here): make test-slow
 def test_doctor_on_cpu_passes_every_cpu_item(cpu_report):
     proc, _elapsed = cpu_report
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]

@@ -20,6 +20,7 @@ def torchrun(args: list[str], timeout: float = 240) -> subprocess.CompletedProce
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.heavy  # a second torchrun job, ~7 s: make test-slow
 def test_user_script_with_its_own_model_under_torchrun(tmp_path):
     out = tmp_path / "result.json"
     proc = torchrun([os.path.join(HERE, "scripts", "user_script.py"), "--out", str(out)])

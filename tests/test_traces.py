@@ -140,6 +140,7 @@ def test_the_report_copies_a_trace_directory_file_by_file_and_leaves_a_link_out(
     assert "href='traces/mlp_plain@2/timeline.json'" in page
 
 
+@pytest.mark.heavy  # two interpreters importing torch, ~7 s: make test-slow
 def test_kineto_says_nothing_on_the_terminal_of_a_cpu_rank(monkeypatch):
     """Kineto's ``USDT: … profiler_start/stop`` lines (two per profiled section per rank, on stderr) are silenced on
     CPU by ``quiet_kineto`` before the process's first profiler; without it they are printed (the first run shows
