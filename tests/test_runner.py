@@ -169,7 +169,7 @@ def test_model_alone_selects_its_cases_and_user_models_get_every_applicable_vari
         assert "ModelError" not in err and err.count(f"{ref!r}") == 1, err  # said once, without the class name
 
 
-@pytest.mark.slow
+@pytest.mark.heavy  # a whole run as a subprocess, ~10 s (test_user_models runs user models in process): make test-slow
 def test_a_user_model_from_outside_suite_runs_with_check_and_timing(tmp_path):
     results = tmp_path / "runs.jsonl"
     env = dict(os.environ, PYTHONPATH=ROOT)
