@@ -21,7 +21,7 @@ from ..cases import ALL_TAGS, BASELINE
 from ..cluster.launch import cluster_option, cluster_sets, start_cluster
 from ..config import ConfigError
 from ..measure.metadata import collect
-from ..measure.utilization import BUSY, BUSY_SHARE, busy_reason
+from ..measure.utilization import BUSY, BUSY_SHARE, LOAD_MARGIN, busy_reason
 from ..outputs import InputError, read_input
 from ..report import junit
 from ..results.records import ResultsFileError, read_records
@@ -547,7 +547,7 @@ def busy_summary(records) -> str | None:
     why = "; ".join(dict.fromkeys(str(busy_reason(r.metrics)).removeprefix(BUSY).strip(" ()") for r in busy))
     return (f"{BUSY} for {len(busy)} of {sum(1 for r in records if r.metrics)} timed case(s): {why} (the rule: "
             f"others' CPU time over {BUSY_SHARE:.0%} of the machine's during the windows, or a load average above "
-            f"the cores)")
+            f"the cores by more than {LOAD_MARGIN:g})")
 
 
 def _rounds(rec) -> int | None:
