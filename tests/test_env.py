@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
@@ -60,6 +61,7 @@ def test_floor_is_one_every_pinned_package_accepts():
     assert not refused, f"pyproject.toml declares requires-python >= {floor}, but " + "; ".join(refused)
 
 
+@pytest.mark.heavy  # vermin over every file, ~7 s: make test-slow
 def test_code_needs_no_python_newer_than_the_floor():
     floor = declared_floor()
     target = f"{floor.major}.{floor.minor}"

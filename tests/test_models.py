@@ -120,6 +120,7 @@ def test_full_and_cpu_sizes():
         assert cpu.per_rank_batch <= full.per_rank_batch
 
 
+@pytest.mark.heavy  # an interpreter importing every model with the two hidden, ~5 s: make test-slow
 def test_importable_without_torchvision_and_transformers():
     """A fresh interpreter in which both optional packages fail to import still builds every model."""
     code = (

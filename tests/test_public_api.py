@@ -36,6 +36,7 @@ def test_user_script_with_its_own_model_under_torchrun(tmp_path):
     assert results[0]["losses"] != results[1]["losses"]
 
 
+@pytest.mark.heavy  # a 2-rank torchrun job, ~12 s (test_agreement's torchrun scripts stay here): make test-slow
 def test_fleetbench_run_under_torchrun(tmp_path):
     results = tmp_path / "runs.jsonl"
     proc = torchrun(["-m", "suite.cli.main", "run", "--case", "mlp/plain", "--case", "mlp/ddp", "--rounds", "2",
