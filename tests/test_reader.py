@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import sys
 import threading
 import time
 
@@ -22,6 +23,7 @@ from suite.data.reader import (
     ReaderError,
     ReaderTimeout,
     ReaderUnavailable,
+    _EpochBatches,
     _Prefetcher,
     build_reader,
     shard_epoch,
@@ -227,6 +229,78 @@ def test_prefetch_thread_times_out_reports_errors_and_never_blocks_shutdown():
     pre.close()
     assert not pre.thread.is_alive() and time.monotonic() - t0 < 6
     assert not any(t.name == "fleetbench-reader-prefetch" and t.is_alive() for t in threading.enumerate())
+
+
+def _lockstep(code, *calls) -> list:
+    """Each call on a thread of its own, the threads taking turns line by line inside ``code`` (in the order given;
+    what a line calls runs within its turn): one interleaving of the lines, every time.  What each call returned or
+    raised, in order; a turn not given within 10 s is a failure."""
+    cond, n = threading.Condition(), len(calls)
+    state = {"turn": 0, "done": set()}
+    out: list = [None] * n
+
+    def pass_turn(i: int) -> None:  # with cond held
+        live = [j for j in range(n) if j not in state["done"]]
+        if live:
+            state["turn"] = next((j for j in live if j > i), live[0])
+        cond.notify_all()
+
+    def wait_turn(i: int) -> None:  # with cond held
+        assert cond.wait_for(lambda: state["turn"] == i, timeout=10), f"call {i} never got its turn"
+
+    def body(i: int) -> None:
+        ran = [False]
+
+        def local(frame, event, arg):
+            if event == "line":
+                with cond:
+                    if ran[0]:
+                        pass_turn(i)
+                    wait_turn(i)
+                ran[0] = True
+            return local
+
+        sys.settrace(lambda frame, event, arg: local if frame.f_code is code else None)
+        try:
+            out[i] = calls[i]()
+        except Exception as exc:  # noqa: BLE001 - what the call raised is its result here
+            out[i] = exc
+        finally:
+            sys.settrace(None)
+            with cond:
+                state["done"].add(i)
+                pass_turn(i)
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    return out
+
+
+class _TwoBatchSource:
+    """Two batches an epoch; a batch is (epoch, number, the indices it was given)."""
+
+    batches_per_epoch = 2
+
+    def batch_indices(self, epoch):
+        return [[epoch, b] for b in range(self.batches_per_epoch)]
+
+    def load(self, indices, epoch, b):
+        return epoch, b, indices
+
+
+def test_reader_threads_straddling_an_epochs_end_each_get_their_own_epochs_batch():
+    """The optimized reader's decode threads (the ranks' _ThreadWorkers) share one map from (epoch, batch) to a
+    batch and hold keys of two epochs near an epoch's end.  Line by line in turn: a thread starting epoch 1 while
+    another still reads epoch 0 (make test's two workers once met it as `KeyError: 0` in a rank)."""
+    ds = _EpochBatches(_TwoBatchSource(), as_uint8=True)
+    assert ds[(0, 0)] == (0, 0, [0, 0])
+    got = _lockstep(_EpochBatches.__getitem__.__code__, lambda: ds[(1, 0)], lambda: ds[(0, 1)],
+                    lambda: ds[(1, 1)])
+    assert got == [(1, 0, [1, 0]), (0, 1, [0, 1]), (1, 1, [1, 1])], got
 
 
 def test_reader_measurement_reports_data_wait_and_trains(pool2):

@@ -222,10 +222,15 @@ class _EpochBatches(torch.utils.data.Dataset):
 
     def __getitem__(self, key):
         epoch, b = key
-        if epoch not in self._cache:
-            self._cache.clear()
-            self._cache[epoch] = self.source.batch_indices(epoch)
-        batch = self.source.load(self._cache[epoch][b], epoch, b)
+        # _ThreadWorkers' threads share this view and straddle an epoch's end (keys of two epochs in flight): the
+        # cache is read once and replaced whole, never checked and then indexed (a thread's clear() between the two
+        # was a KeyError), and keeps the epoch before this one for the threads still finishing it.
+        cache = self._cache
+        indices = cache.get(epoch)
+        if indices is None:
+            indices = self.source.batch_indices(epoch)
+            self._cache = {**{e: v for e, v in cache.items() if e == epoch - 1}, epoch: indices}
+        batch = self.source.load(indices[b], epoch, b)
         return batch if self.as_uint8 else _to_float_host(batch)
 
 
