@@ -130,6 +130,7 @@ def test_doctor_items_pass_fail_and_not_applicable(monkeypatch, tmp_path, capsys
 def test_ab_comparisons_failure_error_inconclusive_and_same(monkeypatch, tmp_path, capsys):
     from suite.ab import trials
     from suite.ab.trials import AbReport, CaseOutcome
+    from suite.cli import ab as ab_cli
 
     report = AbReport({"commit": "b" * 40}, {"commit": "h" * 40}, {}, cases=[
         CaseOutcome("mlp/plain", 2, verdict="slower", failures=["mlp/plain@2: slower: HEAD/BASE 1.10"],
@@ -139,6 +140,7 @@ def test_ab_comparisons_failure_error_inconclusive_and_same(monkeypatch, tmp_pat
         CaseOutcome("mlp/amp", 2, verdict="same", summary="same within ±2%")],
         only=[{"case": "mlp/new", "why": "on HEAD only"}])
     monkeypatch.setattr(trials, "run_ab", lambda *a, **k: report)
+    monkeypatch.setattr(ab_cli, "identical", lambda repo, base, head: None)  # git: this checkout may not be clean
     xml = tmp_path / "ab.xml"
     code = main(["ab", "HEAD~1", "HEAD", "--case", "mlp/*", "--size", "tiny", "--nproc", "2", "--json",
                  "--junit", str(xml)])
