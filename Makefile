@@ -53,11 +53,16 @@ run: setup
 # Lint, type check, then the tests (CI runs this through .ci/run).
 # Tests whose verdict depends on the machine's load (marked `statistical`) and whole pipelines run as
 # subprocesses (marked `heavy`) are left to `make test-slow`.
+# The tests run on TEST_WORKERS pytest-xdist workers, each test file on one worker (its module fixtures and its rank
+# pools started once): a test waits on its ranks, children and bounds much of the time, so two workers keep a 2-core
+# machine busy (about 26% less time here); TEST_WORKERS=0 runs them in this process, one at a time.
+TEST_WORKERS ?= 2
 test: setup-hf lint
-	$(PY) -m pytest tests -m "not statistical and not heavy" $(ARGS)
+	$(PY) -m pytest tests -m "not statistical and not heavy" -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 # The statistical end-to-end tests: ab catching +10%, bisect naming a +10% commit, asv history, kill sweeps,
-# browser checks. Run by the scheduled CPU workflow and by `make nightly-cpu`; best on a quiet machine.
+# browser checks. Run by the scheduled CPU workflow and by `make nightly-cpu`; best on a quiet machine, and one test
+# at a time (no workers): their verdicts depend on the machine's load.
 test-slow: setup-hf
 	$(PY) -m pytest tests -m "statistical or heavy" $(ARGS)
 

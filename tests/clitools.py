@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 from collections.abc import Iterator
 
@@ -74,3 +75,14 @@ def scan_suite(find, except_path: str) -> list[str]:
                     tree = ast.parse(fh.read())
                 found += [f"{os.path.relpath(path, root)}:{line}" for line in find(tree)]
     return found
+
+
+def nested_pytest_env(**more: str) -> dict[str, str]:
+    """The environment for a pytest session started from a test: none of this session's FLEETBENCH_BENCH_*
+    selection, nor pytest-xdist's worker variables (make test runs on two workers, and pytest-benchmark disables
+    itself where PYTEST_XDIST_WORKER is set); the checkout first on PYTHONPATH."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("FLEETBENCH_BENCH_", "PYTEST_XDIST_")) and k != "PYTEST_CURRENT_TEST"}
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return {**env, **more}

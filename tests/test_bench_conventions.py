@@ -18,13 +18,13 @@ from suite.cases import SMOKE, select_cases
 from suite.cli.main import build_parser
 from suite.results.load import load_side
 from suite.results.records import ResultsFileError
+from tests.clitools import nested_pytest_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _pytest_bench(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETBENCH_BENCH_")}
-    return subprocess.run([sys.executable, "-m", "pytest", "bench_cases", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "pytest", "bench_cases", *args], cwd=ROOT, env=nested_pytest_env(),
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -14,13 +14,12 @@ import sys
 
 import pytest
 
+from tests.clitools import nested_pytest_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _env(**more: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETBENCH_BENCH_")}
-    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return {**env, **more}
+_env = nested_pytest_env
 
 
 def _pytest_bench(tmp_path, *args: str, cwd: str = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:

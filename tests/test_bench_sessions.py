@@ -16,15 +16,14 @@ import sys
 import pytest
 
 from tests.bench_fake_ranks import window_s
+from tests.clitools import nested_pytest_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROUNDS, STEPS = 4, 2
 
 
 def _session(tmp_path, *args: str) -> tuple[dict, dict]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETBENCH_BENCH_")}
-    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["FAKE_RANKS_LOG"] = str(tmp_path / "ranks.json")
+    env = nested_pytest_env(FAKE_RANKS_LOG=str(tmp_path / "ranks.json"))
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, "-m", "pytest", "bench_cases", "-p", "tests.bench_fake_ranks",
                            "--benchmark-only", "--fleetbench-size", "tiny", "--fleetbench-steps", str(STEPS),

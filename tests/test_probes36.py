@@ -19,6 +19,7 @@ import pytest
 
 from tests.clitools import alive as _alive
 from tests.clitools import cli as _cli
+from tests.clitools import nested_pytest_env
 from tests.clitools import one_error as _one_error
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -403,7 +404,7 @@ def test_a_test_session_that_leaves_a_fleetbench_entry_in_its_tmpdir_fails_namin
     outer = tmp_path / "outer"
     outer.mkdir()
     (tmp_path / "test_leaves.py").write_text(LEAVES)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(outer)}
+    env = nested_pytest_env(PYTHONPATH=str(ROOT), TMPDIR=str(outer))
     env.pop("FLEETBENCH_KEEP_TEST_TMP", None)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
                            "test_leaves.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
