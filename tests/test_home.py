@@ -63,6 +63,28 @@ def test_make_asv_smoke_gives_every_asv_call_a_home_inside_results(tmp_path):
     assert os.listdir(home) == [], os.listdir(home)
 
 
+def test_make_test_runs_the_tests_on_two_workers_and_make_test_slow_one_at_a_time(tmp_path):
+    """make test: pytest-xdist's two workers, one test file each at a time (TEST_WORKERS=0: none); make test-slow,
+    whose verdicts depend on the machine's load, never on workers.  The recipes as make would run them (make -n)."""
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("no make here: the Makefile's recipe cannot run")
+    work, venv = _copy_of_the_makefile(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS"))}
+
+    def pytest_line(*argv: str) -> str:
+        proc = subprocess.run([make, "-n", *argv, f"VENV={venv}"], cwd=work, env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        lines = [ln for ln in proc.stdout.splitlines() if "-m pytest tests" in ln]
+        assert len(lines) == 1, proc.stdout
+        return lines[0] + " "
+
+    assert " -n 2 --dist loadfile " in pytest_line("test")
+    assert " -n 0 " in pytest_line("test", "TEST_WORKERS=0")
+    assert " -n " not in pytest_line("test-slow") and "--dist" not in pytest_line("test-slow")
+
+
 MATPLOTLIB_USER = """
 import os, sys
 from suite.report import figures
