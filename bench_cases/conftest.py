@@ -53,8 +53,6 @@ class Timed:
     def add(self, group: str, steps: int) -> None:
         self.runs.append((group, steps))
 
-    round = staticmethod(what_a_round_is)
-
 
 _TIMED = pytest.StashKey[Timed]()
 _GROUPS = pytest.StashKey[dict]()  # (model, world) -> the session's cases of that model, in order
@@ -379,7 +377,7 @@ def rank_pools(pytestconfig):
 
 @pytest.fixture
 def timed(pytestconfig) -> Timed:
-    """Where a benchmark notes its group and steps per window, and says what a round is."""
+    """Where a benchmark notes its group and steps per window (for the note after the tables)."""
     return pytestconfig.stash.setdefault(_TIMED, Timed())
 
 
