@@ -192,3 +192,23 @@ def test_the_live_harness_and_the_export_give_a_record_the_same_extra_info():
     assert live["run_id"] == "r9" and live["speedup"] == 1.08 and live["baseline"] == "plain"
     assert live["rank_window_s"] == rank_windows and live["interleaved_with"] == ["plain", "overlap"]
     json.dumps(live, allow_nan=False)  # JSON as it is written: no NaN/Infinity tokens
+
+
+def test_the_exported_setup_is_the_live_sessions_for_the_same_run():
+    """The same run's setup through the live harnesses (``bench_cases/_matrix.setup_of``: what is asked) and through
+    the export (the records: what ran): one dict, so pytest-benchmark's compare of the two does not warn."""
+    from bench_cases._matrix import setup_of
+    from suite.run_spec import RunOptions, RunSpec, Selection
+    from suite.selection import resolve
+
+    sel = Selection(cases=("mlp/plain", "mlp/overlap"), size="tiny", device="cpu",
+                    sets=("nccl_comm_num=2", "sync_nccl_allreduce=false"))
+    run = RunOptions(steps=3, rounds=5, warmup=1)
+    live = setup_of(resolve(sel), run)
+    recs = _records()
+    for rec in recs:
+        rec.spec = RunSpec(sel, run)
+    exported = export.pytest_benchmark_doc(recs, "a" * 40)["machine_info"]["fleetbench"]["setup"]
+    assert exported == live == {"device": "cpu", "backend": "gloo", "size": "tiny", "steps": 3, "rounds": 5,
+                                "warmup": 1, "sets": ["nccl_comm_num=2", "sync_nccl_allreduce=false"],
+                                "config": None}

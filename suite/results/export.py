@@ -31,6 +31,7 @@ import sys
 from collections.abc import Iterable
 
 from ..outputs import OutputDir
+from ..run_spec import run_setup
 from .records import METRIC_UNITS, CaseRecord, jsonable
 
 __all__ = ["UNIT", "UNITS", "what_a_round_is", "extra_info", "MEASURED_BY", "measured", "round_samples",
@@ -95,13 +96,14 @@ def _stats(samples: list[float]) -> dict:
 
 
 def _setup(rec: CaseRecord) -> dict:
-    """What the numbers depend on besides code and machine (``bench_cases/_matrix.setup_of``'s fields)."""
+    """The setup (``suite.run_spec.run_setup``) the record ran: its platform and size, the steps and windows it timed,
+    its spec's warm-up and overrides.  ``config`` is None: a record keeps each case's whole config, not the config
+    file's fields."""
     run = rec.spec.run if rec.spec is not None else None
     sel = rec.spec.selection if rec.spec is not None else None
-    return {"device": rec.device.split()[0] if rec.device else None, "backend": rec.backend, "size": rec.size,
-            "steps": rec.metrics.steps_per_window, "rounds": len(rec.metrics.window_s or ()),
-            "warmup": run.warmup if run else None, "sets": list(sel.sets) if sel else [],
-            "config": None}
+    return run_setup(device=rec.device.split()[0] if rec.device else None, backend=rec.backend, size=rec.size,
+                     steps=rec.metrics.steps_per_window, rounds=len(rec.metrics.window_s or ()),
+                     warmup=run.warmup if run else None, sets=sel.sets if sel else (), config=None)
 
 
 def extra_info(rec: CaseRecord, measured_by: str, **more) -> dict:
