@@ -25,10 +25,11 @@ An empty variable counts as unset.  A value that cannot be used is one :class:`C
 variable, the value and what is allowed (:func:`env_spec`, :func:`resolved_of`); pytest's options are named the
 same way (:func:`harness_message`), never as ``fleetbench run``'s ``--case``/``--set``.
 
-The *setup* (:func:`setup_of`: size, steps, rounds, warm-up, the strategy overrides, device) is what makes
-one benchmark's numbers comparable with another run's; the selection (which cases, which world sizes) is
-not part of it.  pytest-benchmark records it in ``machine_info["fleetbench"]["setup"]`` and warns when a
-compared run's differs; asv's benchmark ``version`` depends on it (``asv_cases.py``).
+The *setup* (:func:`setup_of`, ``suite.run_spec.run_setup``'s fields: size, steps, rounds, warm-up, the strategy
+overrides, device) is what makes one benchmark's numbers comparable with another run's; the selection (which
+cases, which world sizes) is not part of it.  pytest-benchmark records it in
+``machine_info["fleetbench"]["setup"]`` and warns when a compared run's differs; asv's benchmark ``version``
+depends on it (``asv_cases.py``).
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from suite.config import ConfigError, toml_fields
-from suite.run_spec import RunOptions, RunSpec, Selection
+from suite.run_spec import RunOptions, RunSpec, Selection, run_setup
 from suite.selection import Resolved, resolve
 
 __all__ = ["split_csv", "bench_spec", "env_spec", "env_int", "resolved_of", "run_options", "setup_of",
@@ -151,16 +152,13 @@ def run_options(resolved: Resolved, spec: RunSpec) -> RunOptions:
 
 
 def setup_of(resolved: Resolved, run: RunOptions, **more) -> dict:
-    """What a benchmark's numbers depend on besides the code and the machine: device and backend, model size,
-    steps per window, windows, the engine's warm-up steps, the strategy overrides (``--fleetbench-set`` /
-    FLEETBENCH_BENCH_SET, in order) and the config file's fields (None without one); ``more`` adds the
-    harness's own (asv: ``processes``).  Not the selection: which cases and world sizes ran is in each
-    benchmark's name."""
+    """The setup (``suite.run_spec.run_setup``: what a benchmark's numbers depend on besides the code and the
+    machine) of a harness's session: the resolved selection's device, backend, size, overrides and config file's
+    fields, ``run``'s steps, rounds and warm-up; ``more``: the harness's own (asv: ``processes``)."""
     sel = resolved.selection
-    return {"device": resolved.device, "backend": resolved.backend, "size": resolved.size, "steps": run.steps,
-            "rounds": run.rounds, "warmup": run.warmup, "sets": list(sel.sets),
-            "config": json.loads(json.dumps(toml_fields(sel.config), default=str)) if sel.config else None,
-            **more}
+    return run_setup(device=resolved.device, backend=resolved.backend, size=resolved.size, steps=run.steps,
+                     rounds=run.rounds, warmup=run.warmup, sets=sel.sets,
+                     config=toml_fields(sel.config) if sel.config else None, **more)
 
 
 def default_setup(resolved: Resolved, **more) -> dict:

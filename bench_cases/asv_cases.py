@@ -45,10 +45,10 @@ variable it cannot use is one ConfigError naming it, its value and what is allow
 
 ``version``: asv keeps one series per benchmark version and starts a new one when the version
 changes (for a benchmark it takes the hash of the code).  The numbers also depend on the setup
-(model size, steps, windows, warm-up, processes, strategy overrides: ``_matrix.setup_of``), so
-the version is the code's hash followed by what differs from the default setup; with the default
-setup it is the code's hash alone, what asv computed before (the history stays).  The selection
-(the cases and world sizes) is the ``params``, not part of the version.
+(model size, steps, windows, warm-up, processes, strategy overrides: ``_matrix.setup_of``, the fields
+of ``suite.run_spec.run_setup``), so the version is the code's hash followed by what differs from the
+default setup; with the default setup it is the code's hash alone, what asv computed before (the history
+stays).  The selection (the cases and world sizes) is the ``params``, not part of the version.
 """
 from __future__ import annotations
 

@@ -24,9 +24,9 @@ rounds), the ranks' clock as timer.  pytest-benchmark's options for its own roun
 are named in one warning line at the start.  The saved JSON's ``options`` say what ran (``min_rounds``,
 ``warmup``, ``timer``).
 
-``machine_info["fleetbench"]`` holds the machine's metadata and ``setup`` (``_matrix.setup_of``: device,
-backend, size, steps, rounds, warm-up, overrides); ``--benchmark-compare`` against a run whose setup differs
-warns, naming the fields (pytest-benchmark's own warning, ``PytestBenchmarkWarning``).
+``machine_info["fleetbench"]`` holds the machine's metadata and ``setup`` (``_matrix.setup_of``, the fields of
+``suite.run_spec.run_setup``: device, backend, size, steps, rounds, warm-up, overrides); ``--benchmark-compare``
+against a run whose setup differs warns, naming the fields (pytest-benchmark's own warning, ``PytestBenchmarkWarning``).
 
 Parameters are ``case`` (the case's name, a string) and ``world`` (an int), so the saved JSON holds
 ``"params": {"case": "mlp/plain", "world": 2}`` and test ids read ``test_step[mlp/plain@2]``.  Each
@@ -52,8 +52,6 @@ class Timed:
 
     def add(self, group: str, steps: int) -> None:
         self.runs.append((group, steps))
-
-    round = staticmethod(what_a_round_is)
 
 
 _TIMED = pytest.StashKey[Timed]()
@@ -196,7 +194,8 @@ def ignored_options(config) -> list[str]:
 
 
 def session_setup(config) -> dict:
-    """This session's setup (``_matrix.setup_of``): what its numbers depend on besides code and machine."""
+    """This session's setup (``_matrix.setup_of``, ``suite.run_spec.run_setup``'s fields): what its numbers depend
+    on besides code and machine; the nightly's export writes the same from its records."""
     from dataclasses import replace
 
     return setup_of(resolved(config), replace(spec_of(config).run, rounds=rounds_of(config)))
@@ -379,7 +378,7 @@ def rank_pools(pytestconfig):
 
 @pytest.fixture
 def timed(pytestconfig) -> Timed:
-    """Where a benchmark notes its group and steps per window, and says what a round is."""
+    """Where a benchmark notes its group and steps per window (for the note after the tables)."""
     return pytestconfig.stash.setdefault(_TIMED, Timed())
 
 

@@ -14,8 +14,10 @@ So a round is **one step** (the slowest rank's window over K), without the round
 and the rows of one table (``MODEL@WORLD``) come from the same rounds: the speedups they show agree with
 ``fleetbench run``'s, which ``extra_info`` carries too (``speedup``, its interval, ``baseline``).  Before, each case
 was timed alone, one after the other, and a table could disagree with ``run`` on a speedup's direction (issue 33).
-``extra_info`` holds each rank's windows, samples/s, per-step samples, the correctness verdict, the record's
-structure and the variants timed together (``interleaved_with``).  ``fleetbench compare`` reads the saved JSON.
+``extra_info`` is the record's, built by the function the nightly's export uses
+(``suite.results.export.extra_info``: samples/s, per-step samples, the correctness verdict, the record's
+structure ...), with what only this harness knows: each rank's windows (``rank_window_s``) and the variants
+timed together (``interleaved_with``).  ``fleetbench compare`` reads the saved JSON.
 
 Parameters: ``case`` (the case's name) and ``world`` (the world size), plain values, so nothing in
 the saved JSON is ``UNSERIALIZABLE``; ``benchmark.group`` is the model and world size (``mlp@2``).
@@ -26,8 +28,10 @@ import math
 
 import pytest
 
-from suite.results.export import UNIT, UNITS  # one shape: the nightly's export writes the same
-from suite.results.records import jsonable
+from suite.results.export import extra_info  # one shape: the nightly's export writes the same
+
+MEASURED_BY = ("pytest-benchmark (bench_cases: the session's cases of the model, interleaved with its baseline, as "
+               "fleetbench run times them)")
 
 _CLOCK = [0.0]  # seconds per step, summed over every window reported in this session
 
@@ -50,18 +54,14 @@ def test_step(benchmark, selection, rank_pools, timed, case: str, world: int):
     runner = rank_pools.runner(world)
     k = runner.opts.steps
     benchmark.group = f"{c.model}@{world}"
-    info = benchmark.extra_info
-    info.update(case=case, model=c.model, variant=c.variant, world_size=world, unit=UNIT, steps_per_window=k,
-                round=timed.round(k), units=UNITS, size=runner.opts.size, config=jsonable(rc.config.to_dict()),
-                tags=list(c.tags))
     got = rank_pools.measured(case, world)  # the model's one interleaved measurement (made by its first benchmark)
     rec = got.records[case]
-    m = rec.metrics
-    info.update(status=rec.status, verdict=rec.verdict, fallback=rec.fallback, backend=rec.backend,
-                device=rec.device, message=(rec.check.message if rec.check else None) or rec.error)
+    info = benchmark.extra_info
+    info.update(extra_info(rec, MEASURED_BY, rank_window_s=got.rank_windows(c.variant),
+                           interleaved_with=got.timed_with(c.variant)))
     if rec.status == "skipped":
         pytest.skip(f"{case}@{world}: {rec.error}")
-    windows = list(m.window_s or [])
+    windows = list(rec.metrics.window_s or [])
     if not windows:
         pytest.fail(f"{case}@{world}: not timed: {str(rec.error or 'no windows').splitlines()[0][:500]}")
     replay = iter(windows)
@@ -74,12 +74,5 @@ def test_step(benchmark, selection, rank_pools, timed, case: str, world: int):
     benchmark.pedantic(one_window, rounds=len(windows), iterations=1, warmup_rounds=0)
     if benchmark.enabled:  # timed: a table will show it (not under --benchmark-disable)
         timed.add(benchmark.group, k)
-    rank_windows = got.rank_windows(c.variant)
-    info.update(samples_per_s=m.samples_per_s, throughput_per_round=m.throughput_per_round,
-                step_times_s=m.step_times_s, rank_median_step_s=m.rank_median_step_s,
-                peak_memory_bytes=m.peak_memory_bytes, rank_window_s=rank_windows, window_s=windows,
-                threads_per_rank=m.threads, speedup=m.speedup, speedup_ci=m.speedup_ci, baseline=m.baseline,
-                interleaved_with=got.timed_with(c.variant), describe=jsonable(rec.describe),
-                structure=jsonable(rec.structure))
     assert rec.verdict in ("pass", "n/a"), f"{case}@{world}: correctness verdict {rec.verdict}: " \
                                            f"{info.get('message')}"

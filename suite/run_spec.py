@@ -37,7 +37,8 @@ from .config import ConfigError, StrategyConfig
 from .validate import Invalid, field_specs, show, spec
 
 __all__ = ["RunSpec", "Selection", "RunOptions", "AbOptions", "SeqOptions", "ResolvedCase", "SpecError",
-           "SPEC_VERSION", "SIZES", "DEVICES", "AB_ROTATE", "MAX_STEPS", "MAX_ROUNDS", "WEEK", "RUN_ROUNDS_FOR_95"]
+           "SPEC_VERSION", "SIZES", "DEVICES", "AB_ROTATE", "MAX_STEPS", "MAX_ROUNDS", "WEEK", "RUN_ROUNDS_FOR_95",
+           "run_setup"]
 
 SPEC_VERSION = 1  # of to_dict/from_dict: a change of meaning of a field is a new version
 
@@ -333,6 +334,25 @@ def _part(cls: type, data: Any, where: str, prefix: str, names: tuple | None = N
         return cls(**kw, **given)
     except ValueError as exc:  # a combination (e.g. ab's delta above its threshold)
         raise SpecError(f"{where}: {prefix.rstrip('.')}: {exc}") from None
+
+
+# ---- the setup ---------------------------------------------------------------------------------------------------
+def run_setup(*, device: str | None, backend: str | None, size: str | None, steps: int | None, rounds: int | None,
+              warmup: int | None, sets: tuple[str, ...] | list[str] = (), config: Mapping | None = None,
+              **more: Any) -> dict:
+    """A benchmark's *setup*: what its numbers depend on besides the code and the machine: the device
+    (``cpu``/``cuda``) and backend, the models' size, steps per timed window, timed windows (rounds), the engine's
+    warm-up steps, the strategy overrides (``--set``, in order) and the ``--config`` file's fields (None without
+    one, JSON-able); ``more`` adds a harness's own (asv: ``processes``).  Not the selection: which cases and world
+    sizes ran is in each benchmark's name.
+
+    The one definition: pytest-benchmark records it (``machine_info["fleetbench"]["setup"]``, its compare warns when
+    a compared run's differs) and asv's benchmark ``version`` depends on it, through ``bench_cases/_matrix.py``'s
+    ``setup_of`` (a resolved selection and its options: what is asked); the nightly's export writes it from a
+    record (``suite/results/export.py``: what ran)."""
+    fields = json.loads(json.dumps(dict(config), default=str)) if config is not None else None
+    return {"device": device, "backend": backend, "size": size, "steps": steps, "rounds": rounds, "warmup": warmup,
+            "sets": list(sets), "config": fields, **more}
 
 
 # ---- a selected case ----------------------------------------------------------------------------------------------

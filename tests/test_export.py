@@ -113,3 +113,102 @@ def test_the_asv_results_are_published_by_asv_and_read_by_its_regression_detecti
     regressions = json.load(open(tmp_path / "html" / "regressions.json"))
     flagged = json.dumps(regressions["regressions"])
     assert "mlp/plain" in flagged and "mlp/overlap" in flagged, regressions  # asv saw night 2 slower
+
+
+def test_the_exported_setup_is_what_the_records_ran():
+    """``machine_info["fleetbench"]["setup"]``: the fields a live pytest-benchmark session records (its compare warns
+    when they differ), read from the records: the timed windows' steps and count, the spec's warm-up and overrides."""
+    from suite.run_spec import RunOptions, RunSpec, Selection
+
+    doc = export.pytest_benchmark_doc(_records(), "a" * 40)
+    assert doc["machine_info"]["fleetbench"]["setup"] == {
+        "device": "cpu", "backend": "gloo", "size": "tiny", "steps": 3, "rounds": 5, "warmup": None, "sets": [],
+        "config": None}  # a record without its spec (before schema 4): no warm-up known
+    spec = RunSpec(Selection(sets=("nccl_comm_num=2",)), RunOptions(warmup=1, steps=3))
+    recs = _records()
+    for rec in recs:
+        rec.spec, rec.device = spec, "cuda NVIDIA H100 80GB HBM3"
+    assert export.pytest_benchmark_doc(recs, "a" * 40)["machine_info"]["fleetbench"]["setup"] == {
+        "device": "cuda", "backend": "gloo", "size": "tiny", "steps": 3, "rounds": 5, "warmup": 1,
+        "sets": ["nccl_comm_num=2"], "config": None}
+
+
+def _live_extra_info(rec: CaseRecord, rank_windows: list[list[float]]) -> dict:
+    """``extra_info`` as the live harness fills it: its ``test_step`` run on ``rec`` through stand-ins for its fixtures
+    (the selection, the rank pools with their one interleaved measurement, pytest-benchmark's ``benchmark``)."""
+    from types import SimpleNamespace as NS
+
+    from bench_cases import test_cases
+    from bench_cases.conftest import Measured, Timed
+
+    model, variant = rec.case.split("/")
+
+    class Benchmark:
+        group, enabled, extra_info = None, True, {}
+
+        def pedantic(self, fn, rounds, iterations, warmup_rounds):
+            for _ in range(rounds):
+                fn()
+
+    answers = [NS(rank=r, variants={variant: NS(windows=[w[r] for w in rank_windows])}) for r in range(2)]
+    got = Measured({rec.case: rec}, {variant: (("plain", variant), answers)})
+    pools = NS(runner=lambda world: NS(opts=NS(steps=rec.metrics.steps_per_window, size=rec.size)),
+               measured=lambda case, world: got)
+    selection = NS(find=lambda case, world: NS(case=NS(model=model, variant=variant, tags=rec.tags), skip=None))
+    bench = Benchmark()
+    bench.extra_info = {}
+    test_cases.test_step(bench, selection, pools, Timed(), rec.case, rec.world_size)
+    assert bench.group == f"{model}@{rec.world_size}"
+    return bench.extra_info
+
+
+def test_the_live_harness_and_the_export_give_a_record_the_same_extra_info():
+    """One record, its ``extra_info`` through the nightly's export and through bench_cases' live ``test_step``: the
+    same keys and values, but for what only the live harness knows (each rank's windows, the variants timed in the
+    same rounds) and which harness measured it."""
+    rank_windows = [[0.27, 0.30], [0.24, 0.21]]
+    rec = CaseRecord(case="mlp/overlap", model="mlp", world_size=2, config={"fuse_grad_size_in_MB": 1.5},
+                     run_id="r9", verdict="pass", tags=["smoke", "default"], size="tiny", backend="gloo",
+                     device="cpu", check={"verdict": "pass", "message": "within tolerance"},
+                     fallback="timed alone: the interleaved timing failed",
+                     metrics={"window_s": [0.30, 0.24], "steps_per_window": 3, "samples_per_s": 100.0,
+                              "speedup": 1.08, "baseline": "plain", "threads": 1,
+                              "rank_median_step_s": [0.09, float("inf")]},
+                     structure={"allreduce_ops": 4})
+    (bench,) = export.pytest_benchmark_doc([rec], "a" * 40)["benchmarks"]
+    exported = bench["extra_info"]
+    live = _live_extra_info(rec, rank_windows)
+    assert set(live) - set(exported) == {"rank_window_s", "interleaved_with"}, sorted(live)
+    assert set(exported) <= set(live), sorted(set(exported) - set(live))
+    differ = {k for k in exported if exported[k] != live[k]}
+    assert differ == {"measured_by"}, {k: (exported[k], live[k]) for k in differ}
+    assert exported["measured_by"].startswith("fleetbench run") and live["measured_by"].startswith("pytest-benchmark")
+    # a few by hand: the record's, JSON-able (inf as a string), and the live harness's own
+    assert (live["case"], live["model"], live["variant"], live["world_size"]) == ("mlp/overlap", "mlp", "overlap", 2)
+    assert live["steps_per_window"] == 3 and live["window_s"] == [0.30, 0.24] and live["size"] == "tiny"
+    assert live["config"] == {"fuse_grad_size_in_MB": 1.5} and live["tags"] == ["smoke", "default"]
+    assert live["message"] == "within tolerance" and live["fallback"] == "timed alone: the interleaved timing failed"
+    assert live["rank_median_step_s"] == [0.09, "inf"] and live["structure"] == {"allreduce_ops": 4}
+    assert live["run_id"] == "r9" and live["speedup"] == 1.08 and live["baseline"] == "plain"
+    assert live["rank_window_s"] == rank_windows and live["interleaved_with"] == ["plain", "overlap"]
+    json.dumps(live, allow_nan=False)  # JSON as it is written: no NaN/Infinity tokens
+
+
+def test_the_exported_setup_is_the_live_sessions_for_the_same_run():
+    """The same run's setup through the live harnesses (``bench_cases/_matrix.setup_of``: what is asked) and through
+    the export (the records: what ran): one dict, so pytest-benchmark's compare of the two does not warn."""
+    from bench_cases._matrix import setup_of
+    from suite.run_spec import RunOptions, RunSpec, Selection
+    from suite.selection import resolve
+
+    sel = Selection(cases=("mlp/plain", "mlp/overlap"), size="tiny", device="cpu",
+                    sets=("nccl_comm_num=2", "sync_nccl_allreduce=false"))
+    run = RunOptions(steps=3, rounds=5, warmup=1)
+    live = setup_of(resolve(sel), run)
+    recs = _records()
+    for rec in recs:
+        rec.spec = RunSpec(sel, run)
+    exported = export.pytest_benchmark_doc(recs, "a" * 40)["machine_info"]["fleetbench"]["setup"]
+    assert exported == live == {"device": "cpu", "backend": "gloo", "size": "tiny", "steps": 3, "rounds": 5,
+                                "warmup": 1, "sets": ["nccl_comm_num=2", "sync_nccl_allreduce=false"],
+                                "config": None}

@@ -6,8 +6,9 @@ pytest-benchmark: the document ``--benchmark-json`` writes (``pytest_benchmark.p
 ``machine_info``, ``commit_info``, ``benchmarks``, ``datetime``, ``version``), one benchmark per measured (case, world)
 in the shape bench_cases' plugin gives its own (``bench_cases/test_cases.py``): name ``test_step[CASE@WORLD]``, group
 ``MODEL@WORLD``, params ``{"case", "world"}``, one round = one timed window's mean step (the slowest rank's window /
-steps per window), ``extra_info`` with the unit and the record's numbers; the statistics are pytest-benchmark's own
-(``pytest_benchmark.stats.Stats``), so ``pytest-benchmark compare`` reads the file as one of its own.
+steps per window), ``extra_info`` with the unit and the record's numbers (:func:`extra_info`, which the live
+harness calls too); the statistics are pytest-benchmark's own (``pytest_benchmark.stats.Stats``), so
+``pytest-benchmark compare`` reads the file as one of its own.
 
 asv: the results file ``asv run`` writes for a commit (``asv/results.py``, ``Results.save``, api version 2:
 ``results/<machine>/<commit[:8]>-<env>.json``) for the benchmark ``asv_cases.StepTime.time_step`` as asv discovered
@@ -30,11 +31,12 @@ import sys
 from collections.abc import Iterable
 
 from ..outputs import OutputDir
+from ..run_spec import run_setup
 from .records import METRIC_UNITS, CaseRecord, jsonable
 
-__all__ = ["UNIT", "UNITS", "what_a_round_is", "measured", "round_samples", "pytest_benchmark_doc",
-           "pytest_benchmark_machine_id", "asv_env_name", "asv_results_doc", "asv_results_path", "write_asv",
-           "ASV_BENCHMARK", "ASV_API_VERSION", "ASV_MACHINE_API_VERSION"]
+__all__ = ["UNIT", "UNITS", "what_a_round_is", "extra_info", "MEASURED_BY", "measured", "round_samples",
+           "pytest_benchmark_doc", "pytest_benchmark_machine_id", "asv_env_name", "asv_results_doc", "asv_results_path",
+           "write_asv", "ASV_BENCHMARK", "ASV_API_VERSION", "ASV_MACHINE_API_VERSION"]
 
 UNIT = "s per training step"  # what the benchmarks' numbers (stats) are
 UNITS = {  # what each number in a benchmark's extra_info is: the record's metrics, and two of the harness's own
@@ -94,34 +96,57 @@ def _stats(samples: list[float]) -> dict:
 
 
 def _setup(rec: CaseRecord) -> dict:
-    """What the numbers depend on besides code and machine (``bench_cases/_matrix.setup_of``'s fields)."""
+    """The setup (``suite.run_spec.run_setup``) the record ran: its platform and size, the steps and windows it timed,
+    its spec's warm-up and overrides.  ``config`` is None: a record keeps each case's whole config, not the config
+    file's fields."""
     run = rec.spec.run if rec.spec is not None else None
     sel = rec.spec.selection if rec.spec is not None else None
-    return {"device": rec.device.split()[0] if rec.device else None, "backend": rec.backend, "size": rec.size,
-            "steps": rec.metrics.steps_per_window, "rounds": len(rec.metrics.window_s or ()),
-            "warmup": run.warmup if run else None, "sets": list(sel.sets) if sel else [],
-            "config": None}
+    return run_setup(device=rec.device.split()[0] if rec.device else None, backend=rec.backend, size=rec.size,
+                     steps=rec.metrics.steps_per_window, rounds=len(rec.metrics.window_s or ()),
+                     warmup=run.warmup if run else None, sets=sel.sets if sel else (), config=None)
 
 
-def _benchmark(rec: CaseRecord) -> dict:
+def extra_info(rec: CaseRecord, measured_by: str, **more) -> dict:
+    """A benchmark's ``extra_info`` from its record: the one shape both pytest-benchmark writers give, the nightly's
+    export (:func:`pytest_benchmark_doc`) and the live harness (``bench_cases/test_cases.py``), JSON-able
+    (:func:`~suite.results.records.jsonable`: nan and inf as strings).
+
+    The case (``case``, ``model``, ``variant``, ``world_size``, ``tags``, ``size``, ``config``: its whole resolved
+    strategy config), the unit (``unit``, ``units``: what each number is, ``steps_per_window``, ``round``: what one
+    round is), how it went (``status``, ``verdict``, ``message``: the check's message or the error, ``fallback``: why
+    it was timed alone, else None), the record's numbers (``samples_per_s``, ``throughput_per_round``, ``window_s``,
+    ``step_times_s``, ``rank_median_step_s``, ``peak_memory_bytes``, ``threads_per_rank``, ``speedup``,
+    ``speedup_ci``, ``baseline``), its ``describe`` and ``structure``, ``backend``, ``device``, ``run_id`` and
+    ``measured_by`` (which harness timed it, how).  ``more``: what a harness knows beyond the record (the live
+    one: ``rank_window_s``, each rank's windows, and ``interleaved_with``, the variants timed in the same rounds);
+    it may not replace a key of the record's."""
     m, k = rec.metrics, rec.metrics.steps_per_window
-    param = f"{rec.case}@{rec.world_size}"
-    variant = rec.case.split("/", 1)[1] if "/" in rec.case else rec.case
-    info = dict(case=rec.case, model=rec.model, variant=variant, world_size=rec.world_size, unit=UNIT,
-                steps_per_window=k, round=what_a_round_is(k or "?"), units=UNITS, size=rec.size,
-                config=jsonable(rec.config), tags=list(rec.tags), status=rec.status, verdict=rec.verdict,
+    info = dict(case=rec.case, model=rec.model, variant=rec.case.rsplit("/", 1)[-1], world_size=rec.world_size,
+                unit=UNIT, steps_per_window=k, round=what_a_round_is(k or "?"), units=UNITS, size=rec.size,
+                config=rec.config, tags=list(rec.tags), status=rec.status, verdict=rec.verdict,
+                message=(rec.check.message if rec.check else None) or rec.error, fallback=rec.fallback,
                 samples_per_s=m.samples_per_s, throughput_per_round=m.throughput_per_round,
                 step_times_s=m.step_times_s, rank_median_step_s=m.rank_median_step_s,
                 peak_memory_bytes=m.peak_memory_bytes, window_s=m.window_s, threads_per_rank=m.threads,
-                speedup=m.speedup, speedup_ci=m.speedup_ci, baseline=m.baseline,
-                describe=jsonable(rec.describe.to_dict()), structure=jsonable(rec.structure.to_dict()),
-                backend=rec.backend, device=rec.device, run_id=rec.run_id,
-                message=(rec.check.message if rec.check else None) or rec.error,
-                measured_by="fleetbench run (the nightly's run stage, interleaved with the model's other cases)")
+                speedup=m.speedup, speedup_ci=m.speedup_ci, baseline=m.baseline, describe=rec.describe,
+                structure=rec.structure, backend=rec.backend, device=rec.device, run_id=rec.run_id,
+                measured_by=measured_by)
+    clash = sorted(set(more) & set(info))
+    if clash:
+        raise ValueError(f"extra_info: {', '.join(clash)} are the record's, not a harness's own")
+    return jsonable({**info, **more})
+
+
+MEASURED_BY = "fleetbench run (the nightly's run stage, interleaved with the model's other cases)"
+
+
+def _benchmark(rec: CaseRecord) -> dict:
+    m = rec.metrics
+    param = f"{rec.case}@{rec.world_size}"
     return {"group": f"{rec.model}@{rec.world_size}", "name": f"test_step[{param}]",
             "fullname": f"bench_cases/test_cases.py::test_step[{param}]", "params": {"case": rec.case,
                                                                                      "world": rec.world_size},
-            "param": param, "extra_info": jsonable(info),
+            "param": param, "extra_info": extra_info(rec, MEASURED_BY),
             "options": {"disable_gc": False, "timer": "rank_clock", "min_rounds": len(m.window_s or ()),
                         "max_time": None, "min_time": None, "warmup": False},
             "stats": _stats(round_samples(rec))}
