@@ -55,7 +55,7 @@ run: setup
 # subprocesses (marked `heavy`) are left to `make test-slow`.
 # The tests run on TEST_WORKERS pytest-xdist workers, each test file on one worker (its module fixtures and its rank
 # pools started once): a test waits on its ranks, children and bounds much of the time, so two workers keep a 2-core
-# machine busy (about 26% less time here); TEST_WORKERS=0 runs them in this process, one at a time.
+# machine busy (a quarter less time here: docs/environment.md); TEST_WORKERS=0 runs them in this process, one at a time.
 TEST_WORKERS ?= 2
 test: setup-hf lint
 	$(PY) -m pytest tests -m "not statistical and not heavy" -n $(TEST_WORKERS) --dist loadfile $(ARGS)
