@@ -16,9 +16,16 @@ import pytest
 from suite.runtime import RankPool
 
 # The session's own TMPDIR: every temporary entry a test (or the fleetbench code it runs, in this process or a child)
-# makes is in it, and at the end none may be a fleetbench-* leftover (pytest_sessionfinish checks; issue 36).
-SESSION_TMP = tempfile.mkdtemp(prefix="fbtests-")
-os.environ["TMPDIR"] = SESSION_TMP
+# makes is in it, and at the end none may be a fleetbench-* leftover (pytest_sessionfinish checks; issue 36).  Under
+# pytest-xdist (make test's workers) the controller makes it and checks it once every worker has finished; a worker
+# works in the controller's, which it inherits as its TMPDIR (a worker's own check could not fail the run: xdist
+# takes the exit status from the tests' reports).
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if XDIST_WORKER:
+    SESSION_TMP = os.environ["TMPDIR"]
+else:
+    SESSION_TMP = tempfile.mkdtemp(prefix="fbtests-")
+    os.environ["TMPDIR"] = SESSION_TMP
 tempfile.tempdir = SESSION_TMP
 
 _POOLS: dict[int, RankPool] = {}
@@ -55,6 +62,8 @@ def pytest_sessionfinish(session, exitstatus):
     for pool in _POOLS.values():
         pool.close()
     _POOLS.clear()
+    if XDIST_WORKER:  # the controller checks the shared TMPDIR after the last worker (above)
+        return
     left = sorted(n for n in os.listdir(SESSION_TMP) if n.startswith("fleetbench-"))
     if left:
         print(f"\nfleetbench-* entries left in the tests' TMPDIR {SESSION_TMP} (the code must remove what it makes): "

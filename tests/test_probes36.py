@@ -397,17 +397,19 @@ def test_that_passes_but_leaves_a_directory():
 """
 
 
-def test_a_test_session_that_leaves_a_fleetbench_entry_in_its_tmpdir_fails_naming_it(tmp_path):
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "two-xdist-workers"])
+def test_a_test_session_that_leaves_a_fleetbench_entry_in_its_tmpdir_fails_naming_it(tmp_path, workers):
     """Issue 36's acceptance: `make test` leaves no `fleetbench-*` entry in TMPDIR.  tests/conftest.py gives the
     session a TMPDIR of its own and fails the session, naming them, when entries are left in it (then removes it):
-    here a session whose one test passes but leaves one."""
+    here a session whose one test passes but leaves one, in one process and on two workers as make test runs."""
     outer = tmp_path / "outer"
     outer.mkdir()
     (tmp_path / "test_leaves.py").write_text(LEAVES)
     env = nested_pytest_env(PYTHONPATH=str(ROOT), TMPDIR=str(outer))
     env.pop("FLEETBENCH_KEEP_TEST_TMP", None)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
-                           "test_leaves.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+                           *workers, "test_leaves.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
     assert "1 passed" in proc.stdout, proc.stdout + proc.stderr
     assert proc.returncode == 1 and "fleetbench-left-behind" in proc.stderr, (proc.returncode, proc.stderr)
     assert os.listdir(outer) == [], os.listdir(outer)  # the session's TMPDIR removed with what was left in it
