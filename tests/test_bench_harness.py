@@ -19,15 +19,13 @@ from tests.clitools import nested_pytest_env
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-_env = nested_pytest_env
-
 
 def _pytest_bench(tmp_path, *args: str, cwd: str = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
     """pytest over bench_cases/, its benchmark storage (made even by --collect-only) under ``tmp_path``."""
     if not any(a.startswith("--benchmark-storage") for a in args):
         args = (*args, "--benchmark-storage", f"file://{tmp_path / 'storage'}")
     return subprocess.run([sys.executable, "-m", "pytest", os.path.join(ROOT, "bench_cases"), *args], cwd=cwd,
-                          env=_env(), capture_output=True, text=True, timeout=timeout)
+                          env=nested_pytest_env(), capture_output=True, text=True, timeout=timeout)
 
 
 # ---- one error naming the option or variable -------------------------------------------------------------------
@@ -66,8 +64,8 @@ def test_a_bad_pytest_option_is_one_usage_error_naming_it(args, message, tmp_pat
 ])
 def test_a_bad_asv_variable_is_one_error_naming_it(var, value, message):
     """What asv's discovery runs into when it imports the benchmarks (asv adds its own wrapper around it)."""
-    proc = subprocess.run([sys.executable, "-c", "import bench_cases.asv_cases"], cwd=ROOT, env=_env(**{var: value}),
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", "import bench_cases.asv_cases"], cwd=ROOT,
+                          env=nested_pytest_env(**{var: value}), capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1].startswith(f"suite.config.{message}"), proc.stderr
     assert "--case" not in proc.stderr.splitlines()[-1]
@@ -109,7 +107,7 @@ def test_asv_version_is_asvs_own_for_the_default_setup_and_changes_with_the_setu
             "rounds": {"FLEETBENCH_BENCH_ROUNDS": "3"}, "steps": {"FLEETBENCH_BENCH_STEPS": "3"},
             "size": {"FLEETBENCH_BENCH_SIZE": "tiny"}, "processes": {"FLEETBENCH_BENCH_PROCESSES": "1"},
             "sets": {"FLEETBENCH_BENCH_SET": "nccl_comm_num=2"}}
-    proc = subprocess.run([sys.executable, "-c", _VERSIONS, ROOT, json.dumps(envs)], cwd=ROOT, env=_env(),
+    proc = subprocess.run([sys.executable, "-c", _VERSIONS, ROOT, json.dumps(envs)], cwd=ROOT, env=nested_pytest_env(),
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     v = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -253,7 +251,7 @@ def test_asv_smoke_records_under_a_machine_name_of_its_own():
     the nightly's machine name would replace the nightly's cases for that commit."""
     from suite.measure.metadata import machine_name
 
-    proc = subprocess.run(["make", "-n", "asv-smoke", f"PY={sys.executable}"], cwd=ROOT, env=_env(),
+    proc = subprocess.run(["make", "-n", "asv-smoke", f"PY={sys.executable}"], cwd=ROOT, env=nested_pytest_env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     runs = [ln for ln in proc.stdout.replace("\\\n", " ").splitlines() if "asv run" in ln]
