@@ -26,8 +26,6 @@ CPU.  Exit status 0 when nothing failed.  ``--json`` prints the same report as J
 """
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 import os
 import shutil
@@ -36,7 +34,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -50,53 +47,29 @@ from .compute.fused_optim import build_fused_optimizer
 from .config import StrategyConfig
 from .data.reader import BatchSource, EncodedImages, OptimizedReader, PlainReader
 from .data.synthetic import SyntheticImages, normalize
+from .doctor_report import FAIL, NA, PASS, Item, Report, format_table
 from .engine import apply_precision, precision_in_effect
 from .measure.interleave import interleaved_rounds
 from .measure.metadata import git_info, nccl_version
 from .measure.timing import TimedCase, footprint_bytes
 from .measure.utilization import visible_nvml_handles
+from .runtime.child import run_child
 from .runtime.context import current
 from .runtime.device import CudaUnavailable, cuda_device_count, select_platform
 from .runtime.groups import comm_groups, label_of
 from .runtime.launch import init_from_env, shutdown
 from .runtime.pool import RankPool, owned_tempdir, remove_stale
-from .runtime.spawn import keeper, kill_group, pdeathsig_preexec, set_parent_death_signal
+from .runtime.spawn import set_parent_death_signal
 from .runtime.torchrun import TorchrunLauncher
 from .runtime.wheel import driver_facts, first_line, misfit
 from .strategies.optim import torch_optimizer
 from .workload import WorkloadSpec, workload
 
-__all__ = ["Item", "Report", "run_doctor", "format_table", "PASS", "FAIL", "NA"]
+__all__ = ["Item", "Report", "run_doctor", "format_table", "PASS", "FAIL", "NA"]  # the report: suite.doctor_report
 
-PASS, FAIL, NA = "pass", "fail", "not applicable here"
 CALL_TIMEOUT = 30.0  # per check; a hang fails its item, the pool restarts for the next
 GROUPS_TIMEOUT = 120.0  # the hierarchical item's communicators (12 splits under NCCL) and first step
 PG_TIMEOUT = 30.0
-
-
-@dataclass
-class Item:
-    item: str
-    status: str
-    numbers: str
-    seconds: float = 0.0
-
-
-@dataclass
-class Report:
-    platform: str
-    nproc: int
-    versions: dict
-    items: list = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return not any(i.status == FAIL for i in self.items)
-
-    def as_dict(self) -> dict:
-        return {"ok": self.ok, "platform": self.platform, "nproc": self.nproc, "versions": self.versions,
-                "seconds": round(self.seconds, 2), "items": [asdict(i) for i in self.items]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -655,30 +628,22 @@ def item_torchrun(ctx: DoctorRun) -> Item:
     remove_stale()
     tmp, owner = owned_tempdir("fleetbench-doctor-")  # torchelastic_* directories go here, removed after
     env["TMPDIR"] = tmp
-    t0 = time.monotonic()
-    # torchrun and its ranks: a process group of their own, started from the keeper thread with a parent-death
-    # signal (a killed doctor takes them along at once; each rank also dies with torchrun: torchrun_probe_main),
-    # the group killed when the job is over
-    job = keeper.call(subprocess.Popen, private + cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                      text=True, cwd=root, start_new_session=True, preexec_fn=pdeathsig_preexec(signal.SIGKILL))
+    # torchrun and its ranks: a process group of their own with a parent-death signal (a killed doctor takes them
+    # along at once; each rank also dies with torchrun: torchrun_probe_main), the group killed when the job is over
     try:
-        out_text, err_text = job.communicate(timeout=90)
-    except subprocess.TimeoutExpired:
-        return Item("torchrun error path", FAIL, "the job did not end within 90 s (the error was not reported)")
+        job = run_child(private + cmd, 90.0, env=env, cwd=root, death_signal=signal.SIGKILL, stop=signal.SIGKILL)
     finally:
-        kill_group(job.pid)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            job.communicate(timeout=5)
         shutil.rmtree(tmp, ignore_errors=True)
         os.close(owner)
-    proc = subprocess.CompletedProcess(job.args, job.returncode, out_text, err_text)
-    took = time.monotonic() - t0
-    out = proc.stdout + proc.stderr
+    if job.timed_out:
+        return Item("torchrun error path", FAIL, "the job did not end within 90 s (the error was not reported)")
+    took = job.seconds
+    out = job.stdout + job.stderr
     reported = "deliberate error on rank 1" in out and "rank 1 raised" in out
-    ok = proc.returncode != 0 and reported and took < 60
+    ok = job.rc != 0 and reported and took < 60
     return Item("torchrun error path", PASS if ok else FAIL,
                 f"2 ranks ({device}): rank 1's error {'reported' if reported else 'NOT reported'}, job ended "
-                f"in {took:.1f} s with exit status {proc.returncode}; "
+                f"in {took:.1f} s with exit status {job.rc}; "
                 + ("in a private network namespace (loopback only)" if private else
                    "its rendezvous store listened on all interfaces meanwhile (no private network namespace here)"))
 
@@ -751,7 +716,10 @@ def default_nproc(device: str) -> int:
 
 
 def run_doctor(nproc: int | None = None, device: str | None = None, hang_timeout: float = 30.0,
-               items: list | None = None, on_item: Callable[[Item], None] | None = None) -> Report:
+               items: list | None = None, on_item: Callable[[Item], None] | None = None,
+               on_start: Callable[[Report], None] | None = None) -> Report:
+    """Every item in turn; ``on_start`` is told the report (platform, versions) before the first item, ``on_item``
+    each item as it ends (``--json`` streams them: suite.doctor_report)."""
 
     t0 = time.monotonic()
     driver = driver_facts()
@@ -764,6 +732,8 @@ def run_doctor(nproc: int | None = None, device: str | None = None, hang_timeout
     nproc = nproc or default_nproc(device)
     platform = select_platform(device, 0, nproc)  # a GPU machine with too few GPUs is an error, named
     report = Report(f"{platform.device_type}/{platform.backend}", nproc, versions(driver))
+    if on_start is not None:
+        on_start(report)
     run = DoctorRun(nproc, device, hang_timeout, report.versions)
     try:
         for fn in items or ITEMS:
@@ -785,28 +755,6 @@ def run_doctor(nproc: int | None = None, device: str | None = None, hang_timeout
         run.close()
     report.seconds = time.monotonic() - t0
     return report
-
-
-def format_table(report: Report) -> str:
-    v = report.versions
-    head = (f"fleetbench doctor: {v['wheel_line']}; {report.platform}, {report.nproc} ranks; "
-            f"NCCL {v['nccl'] or '-'}, Python {v['python']}, commit {v['commit']}")
-    rows = [("item", "result", "s", "numbers")] + [(i.item, i.status, f"{i.seconds:.1f}", i.numbers)
-                                                   for i in report.items]
-    w = [max(len(r[k]) for r in rows) for k in range(3)]
-    lines = [head, ""]
-    for n, r in enumerate(rows):
-        lines.append(f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:>{w[2]}}  {r[3]}")
-        if n == 0:
-            lines.append(f"{'-' * w[0]}  {'-' * w[1]}  {'-' * w[2]}  {'-' * 40}")
-    failed = [i.item for i in report.items if i.status == FAIL]
-    lines += ["", f"{'FAIL: ' + ', '.join(failed) if failed else 'all checks passed'} "
-                  f"({len(report.items)} items, {report.seconds:.0f} s)"]
-    return "\n".join(lines)
-
-
-def to_json(report: Report) -> str:
-    return json.dumps(report.as_dict(), indent=2)
 
 
 def torchrun_probe_main(device: str) -> int:

@@ -18,7 +18,9 @@ appended records):
   fsync; a short write (a full disk) is cut back, so the file keeps every earlier line and nothing of this one;
 - files are created mode 0644 (less what the umask takes), directories 0755;
 - **an input where a file is expected is a regular file of bounded size** (:func:`open_input`): opened
-  without blocking, so a FIFO or a device is refused by its type, never read (nothing hangs).
+  without blocking, so a FIFO or a device is refused by its type, never read (nothing hangs);
+- **a command whose standard output is its result keeps it for the result alone** (:func:`claimed_stdout`):
+  ranks, NCCL (whose banner and warnings go to stdout) and libraries write to stderr instead.
 
 This module is at the bottom of the layers (docs/architecture.md): every layer may write through it.
 """
@@ -30,11 +32,12 @@ import fcntl
 import os
 import secrets
 import stat
+import sys
 from collections.abc import Iterator
 from typing import IO, Any
 
 __all__ = ["OutputError", "InputError", "ShortWrite", "OutputDir", "write_atomic", "append_whole", "output_problem",
-           "open_input", "read_input", "file_kind", "safe_name", "FILE_MODE", "DIR_MODE"]
+           "open_input", "read_input", "file_kind", "safe_name", "claimed_stdout", "FILE_MODE", "DIR_MODE"]
 
 FILE_MODE = 0o644  # files written (the umask applies, as it does to open())
 DIR_MODE = 0o755
@@ -486,3 +489,32 @@ def read_input(path: str, what: str = "file", limit: int = MAX_INPUT_BYTES) -> s
     except UnicodeDecodeError as exc:
         raise InputError(f"{_shown(path)}: not UTF-8 text ({exc.reason} at byte {exc.start}); expected a "
                          f"{what}") from None
+
+
+@contextlib.contextmanager
+def claimed_stdout() -> Iterator[IO[str]]:
+    """Standard output kept for this command's result: the block gets a private, line-buffered copy of fd 1, and
+    fd 1 (with ``sys.stdout``) points at stderr until it ends, so whatever else writes there (a rank started in the
+    block, NCCL's ``NCCL version`` banner and ``NCCL_DEBUG`` lines, a library's print) goes to stderr and the
+    result stays whole.  When ``sys.stdout`` is not fd 1 (a capture, an in-process redirect) nothing else can write
+    into it, and it is the block's as it is."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        fd = None
+    if fd != 1:
+        yield sys.stdout
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    before, sys.stdout = sys.stdout, sys.stderr
+    try:
+        yield out
+    finally:
+        with contextlib.suppress(OSError):
+            out.close()
+        os.dup2(saved, 1)
+        os.close(saved)
+        sys.stdout = before

@@ -304,3 +304,37 @@ def fake_nvidia_smi(folder, driver: str = "580.65.06", cuda: str = "13.0", gpus:
                  f"  *) printf '%s' '{text}' ;;\nesac\n")  # shell builtins only: works on any PATH
     os.chmod(path, 0o755)
     return str(folder)
+
+
+# A sitecustomize for a command's processes that stands for NCCL's output (issue 43.1): each rank (a spawned child)
+# writes NCCL's banner on its fd 1, as NCCL rank 0 does at its first communicator (ncclDebugFile defaults to stdout),
+# and a WARN line into NCCL_DEBUG_FILE when that is set (%h and %p as NCCL fills them); the doctor's parent keeps only
+# ITEMS (a short doctor).  `NCCL_LIKE_ITEMS` names the doctor's items kept, comma-separated.
+NCCL_LIKE_RANKS = r'''
+import os, socket, sys
+
+argv = " ".join(getattr(sys, "orig_argv", sys.argv))
+if "--multiprocessing-fork" in argv and os.environ.get("NCCL_LIKE_RANKS"):
+    os.write(1, b"NCCL version 2.28.9+cuda13.0\n")
+    path = os.environ.get("NCCL_DEBUG_FILE")
+    if path:
+        path = path.replace("%h", socket.gethostname()).replace("%p", str(os.getpid()))
+        with open(path, "a") as fh:
+            fh.write(f"{socket.gethostname()}:{os.getpid()} [0] NCCL WARN a warning only NCCL_DEBUG_FILE keeps\n")
+elif "suite.cli.main" in argv and " doctor" in argv and os.environ.get("NCCL_LIKE_ITEMS"):
+    import suite.doctor as _doctor
+
+    keep = os.environ["NCCL_LIKE_ITEMS"].split(",")
+    _doctor.ITEMS[:] = [fn for fn in _doctor.ITEMS if fn.__name__ in keep]
+'''
+
+
+def nccl_like_site(folder) -> str:
+    """A folder holding the :data:`NCCL_LIKE_RANKS` sitecustomize (put it first on PYTHONPATH, with
+    NCCL_LIKE_RANKS=1 and NCCL_LIKE_ITEMS set); returns it."""
+    import os
+
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "sitecustomize.py"), "w") as fh:
+        fh.write(NCCL_LIKE_RANKS)
+    return str(folder)

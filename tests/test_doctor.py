@@ -11,6 +11,14 @@ import time
 import pytest
 
 from suite import doctor as D
+from suite.doctor_report import end_line, head_line, item_line, read_lines
+
+
+def asdict_report(rep) -> dict:
+    """A report read back from the doctor's JSON lines, as plain values."""
+    assert rep is not None and rep.complete, "no complete report in the doctor's output"
+    return {"ok": rep.ok, "platform": rep.platform, "nproc": rep.nproc,
+            "items": [{"item": i.item, "status": i.status, "numbers": i.numbers} for i in rep.items]}
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALL_ITEMS = ["platform", "allreduce on each communicator", "half-precision allreduce", "bucketed overlap",
@@ -36,7 +44,7 @@ def cpu_report():
 def test_doctor_on_cpu_passes_every_cpu_item(cpu_report):
     proc, _elapsed = cpu_report
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
-    rep = json.loads(proc.stdout)
+    rep = asdict_report(read_lines(proc.stdout))
     assert rep["ok"] is True and rep["platform"] == "cpu/gloo" and rep["nproc"] == 4
     # its duration (under 2 minutes on a quiet machine) is not asserted: the subprocess timeout bounds a hang
     items = {i["item"].split(" (")[0]: i for i in rep["items"]}
@@ -86,7 +94,43 @@ def test_a_failing_raising_or_hanging_item_fails_the_run():
     assert table.splitlines()[0].startswith(f"fleetbench doctor: torch {D.torch.__version__} (")
     assert "; cpu/gloo, 2 ranks; " in table.splitlines()[0]
     assert "FAIL: sums, _raises, _hangs" in table and "3 wrong of 1024 elements" in table
-    assert json.loads(D.to_json(rep))["ok"] is False
+    stream = head_line(rep) + "".join(map(item_line, rep.items)) + end_line(rep)
+    lines = [json.loads(ln) for ln in stream.splitlines()]
+    assert lines[0]["kind"] == "fleetbench.doctor" and lines[-1]["end"] is True and lines[-1]["ok"] is False
+    assert [x["item"] for x in lines[1:-1]] == ["fine", "sums", "_raises", "_hangs"]
+    back = read_lines("NCCL version 2.28.9+cuda13.0\n" + stream)  # a line not the doctor's is skipped
+    assert back is not None and back.complete and back.items == rep.items and back.failed == ["sums", "_raises",
+                                                                                               "_hangs"]
+    cut = read_lines(head_line(rep) + item_line(rep.items[0]))  # a doctor stopped after its first item
+    assert cut is not None and not cut.complete and not cut.ok and [i.item for i in cut.items] == ["fine"]
+
+
+def _doctor_with_printing_ranks(tmp_path, *json_args: str):
+    """`fleetbench doctor --device cpu --nproc 2 --json ...` (its platform and allreduce items only) whose ranks
+    print NCCL's banner on their stdout, as NCCL rank 0 does (tests/fakes.py NCCL_LIKE_RANKS)."""
+    from .fakes import nccl_like_site
+
+    site = nccl_like_site(tmp_path / "site")
+    env = dict(os.environ, PYTHONPATH=site + os.pathsep + ROOT, NCCL_LIKE_RANKS="1",
+               NCCL_LIKE_ITEMS="item_platform,item_allreduce")
+    return subprocess.run([sys.executable, "-m", "suite.cli.main", "doctor", "--device", "cpu", "--nproc", "2",
+                           "--json", *json_args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+
+
+def test_ranks_printing_on_stdout_never_break_the_doctors_json(tmp_path):
+    """NCCL prints `NCCL version ...` on its process's stdout (issue 43.1): the doctor's ranks write to stderr, its
+    stdout holds the JSON lines alone, one per item as it ends; --json FILE streams the same into the file."""
+    proc = _doctor_with_printing_ranks(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [json.loads(ln) for ln in proc.stdout.splitlines()]  # every line the doctor's: no banner among them
+    assert lines[0]["kind"] == "fleetbench.doctor" and lines[0]["nproc"] == 2 and lines[-1]["ok"] is True
+    assert [x["item"].split(" (")[0] for x in lines[1:-1]] == ["platform", "allreduce on each communicator"]
+    assert proc.stderr.count("NCCL version 2.28.9+cuda13.0") == 2  # both ranks' banners, on stderr
+    path = tmp_path / "doctor.jsonl"
+    proc = _doctor_with_printing_ranks(tmp_path, str(path))
+    assert proc.returncode == 0 and "NCCL version" not in proc.stdout, proc.stdout[-2000:]
+    rep = read_lines(path.read_text())
+    assert rep is not None and rep.complete and rep.ok and len(rep.items) == 2
 
 
 def test_cli_exit_status_follows_the_report(monkeypatch, capsys):
@@ -97,7 +141,9 @@ def test_cli_exit_status_follows_the_report(monkeypatch, capsys):
     assert "all checks passed" in capsys.readouterr().out
     monkeypatch.setattr(D, "ITEMS", [_ok, _wrong])
     assert main(["doctor", "--device", "cpu", "--nproc", "1", "--json"]) == 1
-    assert json.loads(capsys.readouterr().out)["ok"] is False
+    lines = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]  # JSON lines, nothing else
+    assert lines[0]["kind"] == "fleetbench.doctor" and lines[-1]["end"] is True and lines[-1]["ok"] is False
+    assert [x["status"] for x in lines[1:-1]] == [D.PASS, D.FAIL]
 
 
 # -- the single-GPU items' logic, on CPU (issue 22.7); a GPU confirms them with `fleetbench doctor --nproc 1` --
@@ -289,20 +335,15 @@ def test_the_torchrun_item_releases_the_pools_gpus_before_its_job_starts(monkeyp
     ctx.device = "cpu"
     seen = []
 
-    class Job:  # torchrun's process, as the keeper thread starts it
-        pid, returncode = -1, 1
+    from suite.runtime.child import ChildResult
 
-        def __init__(self, cmd, **kw):
-            seen.append(ctx.released)
-            self.args = cmd
-
-        def communicate(self, timeout=None):
-            return "", "fleetbench-doctor: deliberate error on rank 1\nrank 1 raised"
+    def job(cmd, timeout, **kw):  # torchrun's job, as the bounded-child helper runs it
+        seen.append(ctx.released)
+        return ChildResult(1, False, "", "fleetbench-doctor: deliberate error on rank 1\nrank 1 raised", 3.0)
 
     with monkeypatch.context() as m:
         m.setattr(D, "_private_netns_prefix", lambda: [])
-        m.setattr(D.subprocess, "Popen", Job)
-        m.setattr(D, "kill_group", lambda pid: None)
+        m.setattr(D, "run_child", job)
         item = D.item_torchrun(ctx)
     assert seen == [1] and item.status == D.PASS, item
 

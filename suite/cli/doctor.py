@@ -6,6 +6,8 @@ import signal
 import sys
 
 from ..config import ConfigError
+from ..doctor_report import Item, Report, end_line, format_table, head_line, item_line
+from ..outputs import OutputDir, claimed_stdout, output_problem
 from ..report import junit
 from ..runtime.spawn import set_parent_death_signal
 from . import helps, terminate_cleanly
@@ -31,7 +33,10 @@ def add_parser(sub) -> None:
     add_shared(p, nproc="ranks (default: every GPU torch sees on CUDA, 4 on CPU)", device=None)
     p.add_argument("--hang-timeout", type=float, default=30.0,
                    help="seconds the hierarchical-overlap item may take before it counts as a hang (default 30)")
-    p.add_argument("--json", action="store_true", help="print the report as JSON instead of the table")
+    p.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                   help="the report as JSON lines instead of the table, one line per item as it ends (a doctor "
+                        "stopped half-way keeps what ended): into FILE, or on stdout without one; the ranks' and "
+                        "NCCL's output goes to stderr, never into it")
     p.add_argument("--junit", metavar="FILE", help="also write the items as JUnit XML (CI systems' test view): "
                                                    "pass, failure, or skipped with the reason it does not apply")
     p.set_defaults(func=main)
@@ -42,7 +47,7 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
-    from ..doctor import format_table, run_doctor, to_json
+    from ..doctor import run_doctor
     from ..runtime.device import CudaUnavailable
 
     terminate_cleanly()  # SIGTERM (a CI cancel) unwinds like Ctrl-C: the pool and temp dirs are removed
@@ -51,13 +56,26 @@ def main(args) -> int:
     require_seconds("--hang-timeout", args.hang_timeout, 86400.0)
     if args.junit is not None and (why := junit.path_problem("--junit", args.junit)):
         raise ConfigError(why)
-    progress = None if args.json else (lambda item: print(f"  {item.status:<20} {item.item}", file=sys.stderr,
-                                                          flush=True))
-    try:
-        report = run_doctor(args.nproc, args.device, args.hang_timeout, on_item=progress)
-    except CudaUnavailable as exc:
-        raise ConfigError(str(exc)) from None
-    print(to_json(report) if args.json else format_table(report), flush=True)
+    if args.json not in (None, "-") and (why := output_problem(args.json)):
+        raise ConfigError(f"--json {args.json}: {why}")
+    # stdout is the result's alone: the ranks (started below) and NCCL in them print on stderr
+    with claimed_stdout() as result:
+        sink = JsonLines(args.json, result) if args.json is not None else None
+
+        def ended(item: Item) -> None:
+            print(f"  {item.status:<20} {item.item}", file=sys.stderr, flush=True)
+            if sink is not None:
+                sink.item(item)
+
+        try:
+            report = run_doctor(args.nproc, args.device, args.hang_timeout, on_item=ended,
+                                on_start=sink.start if sink else None)
+        except CudaUnavailable as exc:
+            raise ConfigError(str(exc)) from None
+        if sink is not None:
+            sink.end(report)
+        else:
+            print(format_table(report), file=result, flush=True)
     if args.junit is not None:
         suite = junit.Suite(f"fleetbench doctor ({report.platform}, {report.nproc} ranks)",
                             tuple(junit.doctor_cases(report.items)),
@@ -68,6 +86,35 @@ def main(args) -> int:
             print(f"fleetbench doctor: --junit {args.junit}: not written ({exc})", file=sys.stderr, flush=True)
             return 1
     return 0 if report.ok else 1
+
+
+class JsonLines:
+    """``--json``'s stream: each line written as it is known, into FILE (written whole line by line through
+    suite.outputs, never through a link) or onto the claimed stdout."""
+
+    def __init__(self, path: str, stdout):
+        self.path, self.stdout = path, stdout
+
+    def _write(self, text: str, first: bool = False) -> None:
+        if self.path == "-":
+            self.stdout.write(text)
+            self.stdout.flush()
+            return
+        folder, name = os.path.split(os.path.abspath(self.path))
+        with OutputDir(folder) as out:
+            if first:
+                out.write(name, text)  # last run's report replaced by this one's head
+            else:
+                out.append(name, text)
+
+    def start(self, report: Report) -> None:
+        self._write(head_line(report), first=True)
+
+    def item(self, item: Item) -> None:
+        self._write(item_line(item))
+
+    def end(self, report: Report) -> None:
+        self._write(end_line(report))
 
 
 def _probe(args) -> int:
