@@ -16,7 +16,7 @@ import pytest
 from suite.gpucheck import phases as P
 from suite.gpucheck.interpreter import Interpreter
 from suite.gpucheck.summary import FILES
-from tests.fakes import fake_nvidia_smi
+from tests.fakes import NCCL_LIKE_RANKS, fake_nvidia_smi
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NO_INDEX = "http://127.0.0.1:9/"  # the 20 s index probe, stubbed: refused at once (nothing listens on port 9)
@@ -37,10 +37,11 @@ sys.meta_path.insert(0, _NoAsv())
 """
 
 
-def _fake_python3(tmp_path) -> tuple[str, str]:
-    """A folder holding `python3` (see NO_ASV) and the log of each start's PYTHONPATH."""
+def _fake_python3(tmp_path, more: str = "") -> tuple[str, str]:
+    """A folder holding `python3` (see NO_ASV; ``more``: more of its sitecustomize) and the log of each start's
+    PYTHONPATH."""
     (tmp_path / "noasv").mkdir()
-    (tmp_path / "noasv" / "sitecustomize.py").write_text(NO_ASV)
+    (tmp_path / "noasv" / "sitecustomize.py").write_text(NO_ASV + more)
     (tmp_path / "bin").mkdir()
     log = tmp_path / "python3.log"
     py = tmp_path / "bin" / "python3"
@@ -56,15 +57,15 @@ def _path(*first: str) -> str:
     return os.pathsep.join([*first, *system])
 
 
-def _gpu_check(tmp_path, *args: str, gpu: bool, timeout: float):
-    fake_bin, log = _fake_python3(tmp_path)
+def _gpu_check(tmp_path, *args: str, gpu: bool, timeout: float, more: str = "", env_more: dict | None = None):
+    fake_bin, log = _fake_python3(tmp_path, more)
     dirs = [fake_bin]
     if gpu:
         (tmp_path / "smi").mkdir()
         dirs.append(fake_nvidia_smi(tmp_path / "smi", gpus=1))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VENV", "VIRTUAL_ENV")}
     env.update(PATH=_path(*dirs), OUT=str(tmp_path / "out"), VENV=str(tmp_path / "no-venv"),
-               MPLCONFIGDIR=str(tmp_path / "mpl"), HOME=str(tmp_path))
+               MPLCONFIGDIR=str(tmp_path / "mpl"), HOME=str(tmp_path), **(env_more or {}))
     proc = subprocess.run([os.path.join(REPO, ".ci", "gpu-check"), "--index-url", NO_INDEX, *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
     return proc, tmp_path / "out", log
@@ -84,7 +85,8 @@ def test_a_cpu_wheel_beside_a_gpu_exits_2_in_one_line_and_the_present_python3_ru
     it = env["interpreter"]
     assert it["path"] == str(tmp_path / "bin" / "python3") and "the present python3" in it["how"], it
     assert it["missing"] == ["asv"] and it["torch"] == str(torch.__version__)
-    assert any("no such environment" in t for t in it["tried"]) and any("did not answer" in t for t in it["tried"])
+    assert any("no such environment" in t for t in it["tried"])
+    assert any("make setup not tried: not asked" in t for t in it["tried"])  # nothing installed (issue 43.6)
     starts = open(log).read().split()
     assert starts and all(s.split(os.pathsep)[0] == REPO for s in starts), starts  # PYTHONPATH=. every time
     by = {p["number"]: p for p in env["phases"]}
@@ -149,6 +151,7 @@ def test_phase_4_takes_one_case_per_strategy_family_of_each_published_model():
         assert families == [f for f in FAMILIES if any(c.model == model and family[c.variant] == f for c in CASES)]
         assert names[0] == f"{model}/plain"
         assert all(next(c for c in CASES if c.name == n).min_world == 1 for n in names)
+        assert f"{model}/multicomm" in names  # overlap on 2 communicators: the trace shows it (issue 43.8)
     assert "resnet50/compute_fusion" in chosen["resnet50"]  # the gate's case of the compute family
 
 
@@ -164,8 +167,10 @@ def test_gpu_check_on_cpu_runs_phases_0_2_4_5_for_real_within_the_output_limits(
     names = os.listdir(out)
     assert "SUMMARY.md" in names and len(names) <= 8 and set(names) <= {"SUMMARY.md", *FILES}, names
     assert all(os.path.isfile(out / n) and os.path.getsize(out / n) <= 16 << 20 for n in names)
-    doctor = json.load(open(out / "doctor.json"))
-    assert doctor["ok"] and doctor["platform"] == "cpu/gloo" and doctor["nproc"] == 1
+    from suite.doctor_report import read_lines
+
+    doctor = read_lines((out / "doctor.jsonl").read_text())
+    assert doctor is not None and doctor.ok and doctor.platform == "cpu/gloo" and doctor.nproc == 1
     records = [json.loads(ln) for ln in open(out / "runs.jsonl")]
     wanted = [n for names in P.phase_cases(P.MODELS["cpu"], ("baseline", "compute")).values() for n in names]
     assert sorted(r["case"] for r in records) == sorted(wanted)
@@ -189,3 +194,102 @@ def test_no_interpreter_with_torch_skips_the_phases_that_need_it_with_the_reason
     assert check.run() == 1
     assert [(n, p.status) for n, p in sorted(check.results.items())] == [(0, P.PASS), (2, P.SKIPPED), (5, P.SKIPPED)]
     assert check.results[2].next == "no interpreter imports torch: python3: no torch (...)"
+
+
+def test_a_rank_printing_on_stdout_leaves_the_doctors_json_and_the_summarys_doctor_table_whole(tmp_path):
+    """The doctor's ranks print NCCL's banner on their stdout and a WARN line into NCCL_DEBUG_FILE (tests/fakes.py
+    NCCL_LIKE_RANKS; a doctor of two items): phase 2 passes, doctor.jsonl is whole, the summary has the doctor's
+    table and NCCL's WARN line (issue 43.1)."""
+    proc, out, _ = _gpu_check(tmp_path, "--device", "cpu", "--only", "0,2", gpu=False, timeout=300,
+                              more=NCCL_LIKE_RANKS,
+                              env_more={"NCCL_LIKE_RANKS": "1", "NCCL_LIKE_ITEMS": "item_platform,item_allreduce"})
+    env = json.load(open(out / "env.json"))
+    by = {p["number"]: p for p in env["phases"]}
+    assert by[2]["status"] == P.PASS, (by[2], proc.stderr[-3000:])
+    lines = [json.loads(ln) for ln in open(out / "doctor.jsonl")]
+    assert lines[0]["kind"] == "fleetbench.doctor" and lines[-1]["end"] is True and len(lines) == 4
+    summary = (out / "SUMMARY.md").read_text()
+    assert "## 2 doctor (cpu/gloo" in summary and "| platform | pass |" in summary, summary
+    assert "| allreduce on each communicator (fp32, exact) | pass |" in summary
+    assert "NCCL WARN a warning only NCCL_DEBUG_FILE keeps" in summary  # NCCL's lines kept, not thrown away
+    assert "NCCL WARN a warning only NCCL_DEBUG_FILE keeps" in (out / "stderr.log").read_text()
+
+
+def test_a_reused_out_shows_nothing_an_earlier_check_wrote(tmp_path, monkeypatch, no_interpreter_probe):
+    """An earlier check's doctor report, premises and records in OUT are removed before this check's phases run:
+    the summary reads only what this check wrote; with --only, the phases not rerun keep theirs (issue 43.8)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    earlier = {"doctor.jsonl": '{"kind": "fleetbench.doctor", "platform": "cuda/nccl", "nproc": 1, "versions": {}}\n'
+                               '{"item": "stale item", "status": "pass", "numbers": "", "seconds": 1}\n',
+               "premises.json": '[{"premise": "stale premise", "ok": true}]',
+               "runs.jsonl": '{"case": "stale/case"}\n', "pip-freeze.txt": "stale==1\n"}
+    for name, text in earlier.items():
+        (out / name).write_text(text)
+    monkeypatch.setattr(P, "PHASES", ((0, P.host_facts), (2, _quick(P.PASS)), (4, _quick(P.PASS))))
+    P.Check(P.Options(device="cpu", out=str(out)), log=lambda s: None).run()
+    summary = (out / "SUMMARY.md").read_text()
+    assert "stale" not in summary and not [n for n in earlier if (out / n).exists()], os.listdir(out)
+    (out / "doctor.jsonl").write_text(earlier["doctor.jsonl"])  # as phase 2 of that check would have left it
+    P.Check(P.Options(device="cpu", out=str(out), only=(4,)), log=lambda s: None).run()
+    assert "stale item" in (out / "SUMMARY.md").read_text()  # phase 2 not rerun: its report stays
+
+
+def test_the_interpreter_choice_installs_nothing_unless_asked_and_probes_within_the_deadline(tmp_path, monkeypatch):
+    """Without --setup no `make setup` runs, on a GPU check too, and the index is not even asked; every probe's bound
+    is what is left of the check's deadline (the choice is inside its six minutes: issue 43.6)."""
+    import time
+
+    from suite.gpucheck import interpreter as I
+
+    started, bounds = [], []
+    monkeypatch.setattr(I, "run_child", lambda cmd, *a, **k: started.append(cmd) or pytest.fail(f"ran {cmd}"))
+    monkeypatch.setattr(I, "index_answers", lambda *a, **k: pytest.fail("the index was asked"))
+    def probe(python, env, timeout=I.PROBE_TIMEOUT_S):
+        bounds.append(timeout)
+        return {"torch": "2.11.0+cu130", "cuda": "13.0", "missing": []} if "python3" in python else {"torch_error": "x"}
+
+    monkeypatch.setattr(I, "probe", probe)
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").write_text("#!/bin/sh\n")
+    (venv / "python").chmod(0o755)
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "python3").write_text("#!/bin/sh\n")
+    (bin_ / "python3").chmod(0o755)
+    deadline = time.monotonic() + 7.0
+    it = I.choose(REPO, str(tmp_path / "venv"), "cuda", {"PATH": str(bin_)}, deadline=deadline)
+    assert it.path == str(bin_ / "python3") and started == []
+    assert any("make setup not tried: not asked" in t for t in it.tried), it.tried
+    assert len(bounds) == 2 and all(1.0 <= b <= 7.0 for b in bounds), bounds  # not the probe's own 90 s
+
+
+def test_premise_1_expects_the_count_of_cudas_own_formula_computed_on_the_host():
+    """CUDA divides by a CPU scalar as a * (1/b) with the reciprocal in float32: that differs from true division on
+    126 of the 256 byte values (111 was the old normalization's count); the premise expects the host's count of the
+    same formula (issue 43.2), so a correct GPU passes it and another count fails it."""
+    from suite.gpucheck.premises import division_verdict, host_division_mismatches
+
+    assert host_division_mismatches() == 126
+    assert division_verdict(126, 0)[2] is True and "126 of 256" in division_verdict(126, 0)[0]
+    assert division_verdict(111, 0)[2] is False and division_verdict(126, 1)[2] is False
+
+
+def test_one_rank_collectives_are_not_called_confirmed_beyond_torchs_stream_plumbing(tmp_path):
+    """At one rank NCCL launches nothing for an in-place sum (ncclLaunchOneRank): the premises timed on such a
+    collective are listed as seen on one rank, not under "Confirmed on this GPU" (issue 43.8)."""
+    from suite.gpucheck.summary import write_summary
+
+    check = P.Check(P.Options(device="cuda", out=str(tmp_path)), log=lambda s: None)
+    rows = [{"premise": name, "expected": "", "observed": "", "ok": True} for name in
+            ("work.wait() does not block the host", "a synchronous collective runs on the current stream",
+             "post-accumulate hook: thread and stream")]
+    (tmp_path / "premises.json").write_text(json.dumps(rows))
+    write_summary(check)
+    text = (tmp_path / "SUMMARY.md").read_text()
+    confirmed = text.split("Confirmed on this GPU:")[1].split("Seen on one rank")[0]
+    one_rank = text.split("Seen on one rank")[1].split("Not confirmed by this run:")[0]
+    assert "post-accumulate hooks" in confirmed and "Work.wait()" not in confirmed
+    assert "Work.wait() makes the current stream wait" in one_rank and "collective spans" in one_rank
+    assert "ncclLaunchOneRank" in one_rank

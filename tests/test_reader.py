@@ -351,9 +351,17 @@ def _byte_values() -> torch.Tensor:
 
 
 def test_the_emulation_reproduces_cudas_rounding_of_a_division_by_255():
-    """The old formula, ``x / 255.0``: the CPU divides, CUDA multiplies by the reciprocal; they differ
-    on 111 of the 256 byte values (the number issue 22 reports from a read of the CUDA kernel)."""
+    """``x / 255.0``: the CPU divides, CUDA multiplies by the reciprocal; they differ on 126 of the 256 byte values
+    (numpy's float32 agrees, and so does the GPU check's premise 1, which counts the same formula on the host); the
+    old normalization, ``(x / 255.0 - 0.5) / 0.25``, on 111 (the number issue 22 reported)."""
+    import numpy as np
+
     x = _byte_values().to(torch.float32)
+    with _CudaScalarDivision() as mode:
+        device = x / 255.0
+    assert mode.emulated == 1 and int((x / 255.0 != device).sum()) == 126
+    b = np.arange(256, dtype=np.float32)
+    assert int(np.count_nonzero(b * (np.float32(1) / np.float32(255)) != b / np.float32(255))) == 126
     old = lambda t: (t / 255.0 - 0.5) / 0.25  # noqa: E731
     host = old(x)
     with _CudaScalarDivision() as mode:

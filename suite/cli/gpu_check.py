@@ -16,9 +16,10 @@ Phases, each bounded (a hung phase is killed and marked; the later ones still ru
 0 host facts (nvidia-smi), 1 versions (torch, CUDA, cuDNN, NCCL, TF32; exit 2 with one line when torch is a CPU
 wheel beside a GPU or the driver is too old for its CUDA), 2 the doctor (one rank), 3 the premises probe (what
 docs/gpu.md assumes of CUDA and NCCL, expected vs observed), 4 one case per strategy family of resnet50, gpt2 and
-bert (capped), 5 the nightly's plan from the step times measured in 4.  OUT/SUMMARY.md says what passed, what to
-do next and which docs/gpu.md rows are confirmed; at most 7 more files beside it.  --device cpu runs 0, 2, 4 and 5
-on CPU (tiny size) and marks 1 and 3 not applicable."""
+bert (capped), 5 the GPU workflow's nightly plan from the step times measured in 4.  OUT/SUMMARY.md says what
+passed, what to do next, which docs/gpu.md rows are confirmed and NCCL's own warnings; at most 7 more files beside
+it.  The whole check, the choice of its interpreter included, keeps within six minutes; nothing is installed unless
+--setup asks.  --device cpu runs 0, 2, 4 and 5 on CPU (tiny size) and marks 1 and 3 not applicable."""
 
 
 CODES = {0: "every phase passed or did not apply",
@@ -42,9 +43,14 @@ def add_parser(sub) -> None:
                    "keep what the last check wrote in --out")
     p.add_argument("--venv", default=os.environ.get("VENV") or ".venv",
                    help="the project's environment, tried first (default $VENV, else .venv)")
-    p.add_argument("--index-url", default=None, help="what the package index probe asks (default the public index)")
+    p.add_argument("--setup", action="store_true",
+                   help="when no environment imports a CUDA torch, run `make setup` (the pinned CUDA build) if the "
+                        "package index answers; its time is not the check's.  Without it nothing is installed: the "
+                        "present python3 runs the phases")
+    p.add_argument("--index-url", default=None, help="what the package index probe asks (--setup; default the "
+                                                     "public index)")
     p.add_argument("--index-timeout", type=float, default=None,
-                   help="seconds the index may take to answer before make setup is not tried (default 20)")
+                   help="seconds the index may take to answer before make setup is not tried (--setup; default 20)")
     p.set_defaults(func=main)
 
 
@@ -60,7 +66,7 @@ def _only(text: str | None) -> tuple:
 
 
 def main(args) -> int:
-    opts = Options(device=args.device, out=args.out, only=_only(args.only), venv=args.venv,
+    opts = Options(device=args.device, out=args.out, only=_only(args.only), venv=args.venv, setup=args.setup,
                    index_url=args.index_url or INDEX_URL,
                    index_timeout=INDEX_TIMEOUT_S if args.index_timeout is None else args.index_timeout)
     check = Check(opts)

@@ -125,10 +125,11 @@ def make_dataset(spec, size: int = 2048, seed: int = 0):
 
 # Multipliers, never divisors: on CUDA, ``tensor / python_number`` is computed as ``a * (1/b)``
 # (aten/src/ATen/native/cuda/BinaryDivTrueKernel.cu, the CPU-scalar branch: "may lose one bit"),
-# while the CPU kernel divides, so ``x / 255.0`` gives a different float on 111 of the 256 byte
-# values.  A multiplication by a constant rounds the same on both (the constant is cast to float32
-# on both: MulFunctor<opmath_t> in BinaryMulKernel.cu), and ``- 0.5`` is ``a + alpha * b`` with an
-# exact product, so host and device normalization are one formula, bit for bit (tests/test_reader.py).
+# while the CPU kernel divides, so ``x / 255.0`` gives a different float on 126 of the 256 byte
+# values (and the old normalization ``(x / 255 - 0.5) / 0.25`` on 111).  A multiplication by a
+# constant rounds the same on both (the constant is cast to float32 on both: MulFunctor<opmath_t>
+# in BinaryMulKernel.cu), and ``- 0.5`` is ``a + alpha * b`` with an exact product, so host and
+# device normalization are one formula, bit for bit (tests/test_reader.py).
 _TO_UNIT = 1.0 / 255.0
 _INV_STD = 1.0 / IMAGE_STD
 

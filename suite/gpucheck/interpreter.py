@@ -1,11 +1,14 @@
 """Which Python the GPU check's phases run under, and why.
 
-In order: the project's ``.venv`` when it imports a CUDA torch (any torch for ``--device cpu``); else, on a GPU
-check, ``make setup`` when the package index answers within 20 s (a real runner: it installs the pinned CUDA build,
-constraints-cuda.txt), then the ``.venv`` again; else the present ``python3`` when it imports torch, with
-``PYTHONPATH`` at the checkout and the packages it lacks named (a phase that needs one is skipped with that reason).
-A CPU torch on a machine whose driver lists a GPU is still chosen when nothing better exists: the versions phase
-then says so in one line (exit 2).
+In order: the project's ``.venv`` when it imports a CUDA torch (any torch for ``--device cpu``); else, only when
+asked (``--setup``: nothing is installed on a lent machine otherwise), ``make setup`` when the package index answers
+within 20 s (a real runner: it installs the pinned CUDA build, constraints-cuda.txt), then the ``.venv`` again; else
+the present ``python3`` when it imports torch, with ``PYTHONPATH`` at the checkout and the packages it lacks named
+(a phase that needs one is skipped with that reason).  A CPU torch on a machine whose driver lists a GPU is still
+chosen when nothing better exists: the versions phase then says so in one line (exit 2).
+
+Every probe is bounded by what is left of the check's deadline (the choice is part of its six minutes); ``make
+setup``, when asked, has its own bound (:data:`SETUP_TIMEOUT_S`) and the check's deadline starts after it.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
-from .bounded import run_bounded, tail
+from ..runtime.child import run_child, tail
 
 __all__ = ["Interpreter", "choose", "probe", "index_answers", "WANTED", "INDEX_URL", "INDEX_TIMEOUT_S"]
 
@@ -57,6 +60,7 @@ class Interpreter:
     cuda: str | None = None
     missing: list = field(default_factory=list)
     tried: list = field(default_factory=list)  # what was looked at before, each "path: why not"
+    setup_s: float = 0.0  # seconds `make setup` (--setup) took before the choice
 
     @property
     def cuda_torch(self) -> bool:
@@ -64,14 +68,14 @@ class Interpreter:
 
     def as_dict(self) -> dict:
         return {"path": self.path, "how": self.how, "torch": self.torch, "cuda": self.cuda, "missing": self.missing,
-                "tried": self.tried}
+                "tried": self.tried, "setup_s": round(self.setup_s, 1)}
 
 
-def probe(python: str, env: dict) -> dict:
+def probe(python: str, env: dict, timeout: float = PROBE_TIMEOUT_S) -> dict:
     """What ``python`` has: its torch (version, CUDA) or why it cannot import it, and which wanted modules it lacks."""
-    out = run_bounded([python, "-c", _PROBE % (WANTED,)], PROBE_TIMEOUT_S, env=env)
+    out = run_child([python, "-c", _PROBE % (WANTED,)], timeout, env=env)
     if out.timed_out:
-        return {"torch_error": f"importing torch took over {PROBE_TIMEOUT_S:.0f} s", "missing": []}
+        return {"torch_error": f"importing torch took over {timeout:.0f} s", "missing": []}
     try:
         return json.loads(out.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -100,18 +104,28 @@ def _accept(name: str, info: dict, device: str) -> str | None:
 
 
 def choose(root: str, venv: str, device: str, env: dict, index_url: str = INDEX_URL,
-           index_timeout: float = INDEX_TIMEOUT_S, log=print) -> Interpreter:
+           index_timeout: float = INDEX_TIMEOUT_S, log=print, setup: bool = False,
+           deadline: float | None = None) -> Interpreter:
     """The interpreter of the phases (the module's docstring says in which order); ``env`` is the phases'
-    environment (``PYTHONPATH`` at the checkout)."""
+    environment (``PYTHONPATH`` at the checkout); ``setup``: ``make setup`` may be tried (``--setup``);
+    ``deadline`` (``time.monotonic()``): every probe ends by then."""
     tried: list[str] = []
+
+    shifted = [0.0]  # seconds `make setup` took: not the check's (its deadline starts after it)
+
+    def probed(python: str) -> dict:  # within what is left of the deadline
+        left = PROBE_TIMEOUT_S if deadline is None else deadline + shifted[0] - time.monotonic()
+        return probe(python, env, max(1.0, min(PROBE_TIMEOUT_S, left)))
+
     fallback: tuple[str, dict, str] | None = None  # a CPU torch, when nothing better turns up
     venv_py = os.path.join(venv if os.path.isabs(venv) else os.path.join(root, venv), "bin", "python")
 
     def pick(path: str, info: dict, how: str) -> Interpreter:
-        return Interpreter(path, how, info.get("torch"), info.get("cuda"), list(info.get("missing") or []), tried)
+        return Interpreter(path, how, info.get("torch"), info.get("cuda"), list(info.get("missing") or []), tried,
+                           shifted[0])
 
     if os.access(venv_py, os.X_OK):
-        info = probe(venv_py, env)
+        info = probed(venv_py)
         why = _accept(venv, info, device)
         if why is None:
             return pick(venv_py, info, f"the project's environment ({venv})")
@@ -119,25 +133,29 @@ def choose(root: str, venv: str, device: str, env: dict, index_url: str = INDEX_
         fallback = (venv_py, info, f"the project's environment ({venv}), the best found")
     else:
         tried.append(f"{venv}: no such environment")
-    if device == "cuda":
+    if device == "cuda" and not setup:
+        tried.append("make setup not tried: not asked (--setup installs the pinned CUDA build when the package "
+                     "index answers)")
+    elif device == "cuda":
         answered, words = index_answers(index_url, index_timeout)
         if answered:
-            log(f"gpu-check: the package index answers ({words}): make setup")
-            setup = run_bounded(["make", "setup", f"VENV={venv}"], SETUP_TIMEOUT_S, env=dict(os.environ), cwd=root)
-            if setup.rc == 0 and os.access(venv_py, os.X_OK):
-                info = probe(venv_py, env)
+            log(f"gpu-check: the package index answers ({words}): make setup (--setup)")
+            made = run_child(["make", "setup", f"VENV={venv}"], SETUP_TIMEOUT_S, env=dict(os.environ), cwd=root)
+            shifted[0] = made.seconds
+            if made.rc == 0 and os.access(venv_py, os.X_OK):
+                info = probed(venv_py)
                 why = _accept(venv, info, device)
                 if why is None:
                     return pick(venv_py, info, f"make setup ({words}), then {venv}")
                 tried.append(f"make setup, then {why}")
             else:
-                tried.append(f"make setup: {'timed out' if setup.timed_out else f'exit {setup.rc}'}: "
-                             f"{tail(setup.stderr, 3)}")
+                tried.append(f"make setup: {'timed out' if made.timed_out else f'exit {made.rc}'}: "
+                             f"{tail(made.stderr, 3)}")
         else:
             tried.append(f"make setup not tried: {words}")
     python3 = shutil.which("python3", path=env.get("PATH"))
     if python3:
-        info = probe(python3, env)
+        info = probed(python3)
         why = _accept("python3", info, device)
         how = f"the present python3 ({python3}) with PYTHONPATH at the checkout"
         if why is None:
@@ -149,5 +167,5 @@ def choose(root: str, venv: str, device: str, env: dict, index_url: str = INDEX_
         tried.append("python3: not on the PATH")
     if fallback is not None:
         return pick(*fallback)
-    return Interpreter(None, "none: no interpreter here imports torch", tried=tried)
+    return Interpreter(None, "none: no interpreter here imports torch", tried=tried, setup_s=shifted[0])
 

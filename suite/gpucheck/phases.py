@@ -9,13 +9,20 @@ written (``SUMMARY.md``, ``env.json``) as it ends, a phase that hangs killed at 
  1    versions        torch, CUDA, cuDNN, NCCL, TF32 defaults, the freeze; exit 2 with  not applicable
                       one line when torch is a CPU wheel beside a GPU, or the driver
                       is too old for its CUDA
- 2    doctor          ``fleetbench doctor --device D --nproc 1 --json``                  run on CPU
+ 2    doctor          ``fleetbench doctor --device D --nproc 1 --json FILE`` (streamed)  run on CPU
  3    premises        :mod:`.premises` (1-rank NCCL)                                    not applicable
  4    cases           ``fleetbench run --nproc 1`` over one case per strategy family    run, size tiny
-                      of resnet50, gpt2 and bert (a call per model, one traced), capped
- 5    plan            ``fleetbench nightly --plan --step-times FILE`` from phase 4's     run (worlds 1,2)
-                      step times (worlds 1,8)
+                      of resnet50, gpt2 and bert (a call per model, the first traced,
+                      its communication case an overlap on 2 communicators), capped
+ 5    plan            ``fleetbench nightly --plan --workflow gpu --step-times FILE``    run (worlds 1,2)
+                      from phase 4's step times (worlds 1,8): the workflow's own
+                      options (suite/nightly.py WORKFLOWS)
 ====  ==============  ================================================================  ==========================
+
+Nothing a phase's processes print reaches a result: the doctor streams its JSON into a file, NCCL writes its
+lines into files of the work folder (``NCCL_DEBUG_FILE``), which each phase's end collects into ``stderr.log`` and
+the summary.  A phase rerun, or a check that reruns every phase, first removes the files that phase wrote before
+(a reused ``OUT`` never shows an earlier check's results as this one's).
 """
 from __future__ import annotations
 
@@ -32,13 +39,16 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from ..cases import BASELINE, CASES, FAMILIES, VARIANTS
+from ..doctor_report import read_lines
+from ..nightly import WORKFLOWS
+from ..outputs import OutputDir
+from ..runtime.child import ChildResult, run_child, tail
 from ..runtime.wheel import driver_facts, misfit, warning, wheel_label
-from .bounded import Outcome, run_bounded, tail
 from .interpreter import INDEX_TIMEOUT_S, INDEX_URL, Interpreter, choose
-from .summary import write_summary
+from .summary import PHASE_FILES, write_summary
 
-__all__ = ["Options", "Phase", "Check", "PHASE_NAMES", "phase_cases", "PASS", "FAIL", "TIMED_OUT", "NA", "SKIPPED",
-           "NOT_RUN"]
+__all__ = ["Options", "Phase", "Check", "PHASE_NAMES", "phase_cases", "plan_args", "PASS", "FAIL", "TIMED_OUT", "NA",
+           "SKIPPED", "NOT_RUN", "NCCL_LINES"]
 
 PASS, FAIL, TIMED_OUT, NA, SKIPPED, NOT_RUN = ("pass", "fail", "timed out", "not applicable", "skipped",
                                                "not run (--only)")
@@ -55,6 +65,8 @@ MODELS = {"cuda": ("resnet50", "gpt2", "bert"), "cpu": ("bert", "gpt2", "resnet5
 # phase 4's settings per device: size, rounds, steps per round, warm-up, check steps
 RUN = {"cuda": ("full", 2, 3, 1, 2), "cpu": ("tiny", 2, 2, 1, 1)}
 WORLDS = {"cuda": "1,8", "cpu": "1,2"}
+WORKFLOW = WORKFLOWS["gpu"].name  # the scheduled workflow phase 5 plans (suite/nightly.py WORKFLOWS)
+NCCL_LINES = 40  # NCCL's lines kept per phase in env.json and the summary (all of them in stderr.log)
 
 
 @dataclass
@@ -63,6 +75,7 @@ class Options:
     out: str = "results/gpu-check"
     only: tuple = ()  # phase numbers; () = every phase
     venv: str = ".venv"
+    setup: bool = False  # `make setup` may be tried (nothing is installed on a lent machine unless asked)
     index_url: str = INDEX_URL
     index_timeout: float = INDEX_TIMEOUT_S
     root: str = field(default_factory=lambda: os.path.dirname(os.path.dirname(os.path.dirname(
@@ -80,9 +93,12 @@ class Phase:
 
 
 def phase_cases(models: tuple = MODELS["cuda"], families: tuple = FAMILIES) -> dict[str, list[str]]:
-    """One case per strategy family of each model, the gate's where the family has one (``plain`` for the
-    baseline family), runnable on one rank.  On CPU (``families`` the baseline and compute) the script is what is
-    proven, not the cases: a few keep phase 4 within its cap on a 2-core machine."""
+    """One case per strategy family of each model, runnable on one rank: ``plain`` for the baseline family, an
+    overlap case on several communicators for the communication family (what the trace of the first model shows:
+    buckets launched in backward on their own NCCL streams), else the gate's case where the family has one.  On CPU
+    (``families`` the baseline and compute) the script is what is proven, not the cases: a few keep phase 4 within
+    its cap on a 2-core machine."""
+    overlap = {v.name: len(v.requires) for v in VARIANTS if "overlap" in v.requires}  # multicomm 2, overlap 1
     out: dict[str, list[str]] = {}
     for model in models:
         chosen = []
@@ -90,7 +106,7 @@ def phase_cases(models: tuple = MODELS["cuda"], families: tuple = FAMILIES) -> d
             mine = [c for c in CASES if c.model == model and c.min_world <= 1 and _family(c.variant) == family]
             if family == "baseline":
                 mine = [c for c in mine if c.variant == BASELINE] or mine
-            mine.sort(key=lambda c: "gate" not in c.tags)
+            mine.sort(key=lambda c: (-overlap.get(c.variant, 0), "gate" not in c.tags))
             if mine:
                 chosen.append(mine[0].name)
         out[model] = chosen
@@ -117,12 +133,14 @@ def _version_tuple(v: str) -> tuple:
 
 
 class Check:
-    """One run of the check: the interpreter, the phases in order, the files under ``out``."""
+    """One run of the check: the interpreter, the phases in order, the files under ``out`` (written through
+    ``suite.outputs``: never through a link, each whole)."""
 
     def __init__(self, opts: Options, log: Callable[[str], None] = print):
         self.opts, self.log = opts, log
         self.out = os.path.abspath(opts.out)
-        self.work = tempfile.mkdtemp(prefix="fleetbench-gpu-check-")
+        self.dir = OutputDir(self.out)
+        self.work = ""  # the run's temporary folder (run() makes and removes it)
         self.started = time.time()
         self.deadline = time.monotonic() + DEADLINE_S[opts.device]
         self.results: dict[int, Phase] = {}
@@ -131,12 +149,13 @@ class Check:
         self.driver: dict | None = None
         self.fatal: str | None = None  # phase 1's one line (exit 2)
         self.notes: list[str] = []
-        os.makedirs(self.out, exist_ok=True)
+        self.nccl: dict[str, list[str]] = {}  # phase number -> NCCL's lines (NCCL_DEBUG_FILE), the first NCCL_LINES
         self._load_earlier()
 
     # -- environment and bounded commands ------------------------------------------------------------------------
     def env(self) -> dict:
         env = dict(os.environ, NCCL_DEBUG="WARN", MPLCONFIGDIR=os.path.join(self.work, "mpl"),
+                   NCCL_DEBUG_FILE=os.path.join(self.work, "nccl", "nccl.%h.%p.log"),
                    PYTHONPATH=self.opts.root + (os.pathsep + os.environ["PYTHONPATH"]
                                                 if os.environ.get("PYTHONPATH") else ""))
         env.pop("CUDA_LAUNCH_BLOCKING", None)
@@ -149,14 +168,32 @@ class Check:
         own = BOUNDS[self.opts.device][number]
         return max(min(own, 5.0), min(own, left))
 
-    def command(self, number: int, cmd: list[str], timeout: float) -> Outcome:
-        out = run_bounded(cmd, timeout, env=self.env(), cwd=self.opts.root)
-        with open(os.path.join(self.out, "stderr.log"), "a") as fh:  # NCCL_DEBUG=WARN's lines land here too
-            fh.write(f"==== phase {number} ({PHASE_NAMES[number]}): {' '.join(cmd)[:300]}\n"
-                     f"==== exit {'killed at its bound' if out.timed_out else out.rc} after {out.seconds:.1f} s\n")
-            fh.write(out.stderr[-(2 << 20):])  # the last 2 MiB of each: the files stay under 16 MiB
-            fh.write("\n")
+    def command(self, number: int, cmd: list[str], timeout: float) -> ChildResult:
+        os.makedirs(os.path.join(self.work, "nccl"), exist_ok=True)
+        out = run_child(cmd, timeout, env=self.env(), cwd=self.opts.root)
+        nccl = self._nccl_lines()
+        self.dir.append("stderr.log",
+                        f"==== phase {number} ({PHASE_NAMES[number]}): {' '.join(cmd)[:300]}\n"
+                        f"==== exit {'killed at its bound' if out.timed_out else out.rc} after {out.seconds:.1f} s\n"
+                        + out.stderr[-(2 << 20):]  # the last 2 MiB of each: the files stay under 16 MiB
+                        + "\n" + "".join(f"NCCL: {ln}\n" for ln in nccl[-2000:]))
+        if nccl:
+            self.nccl.setdefault(str(number), [])
+            self.nccl[str(number)] = (self.nccl[str(number)] + nccl)[:NCCL_LINES]
         return out
+
+    def _nccl_lines(self) -> list[str]:
+        """The lines NCCL wrote (``NCCL_DEBUG_FILE``) since the last command; their files removed."""
+        folder = os.path.join(self.work, "nccl")
+        lines: list[str] = []
+        for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
+            path = os.path.join(folder, name)
+            try:
+                with open(path, errors="replace") as fh:
+                    lines += [ln.rstrip() for ln in fh if ln.strip()]
+            finally:
+                os.remove(path)
+        return lines
 
     def python(self) -> list[str]:
         assert self.interpreter is not None and self.interpreter.path
@@ -167,12 +204,15 @@ class Check:
 
     # -- results -------------------------------------------------------------------------------------------------
     def _load_earlier(self) -> None:
-        """With --only: the phases not rerun keep what the last check wrote (env.json)."""
+        """What an earlier check left in ``out`` is removed for every phase this one runs (all of them without
+        --only), so the summary never reads another check's results as this one's; with --only, the phases not
+        rerun keep what the last check wrote (env.json)."""
+        rerun = self.opts.only or tuple(PHASE_NAMES)
+        stale = [f for n in rerun for f in PHASE_FILES.get(n, ())] + ([] if self.opts.only else ["stderr.log"])
+        for name in stale:
+            if self.dir.lstat(name) is not None:
+                self.dir.remove(name)
         if not self.opts.only:
-            for name in ("stderr.log",):
-                path = os.path.join(self.out, name)
-                if os.path.exists(path):
-                    os.remove(path)
             return
         try:
             with open(os.path.join(self.out, "env.json")) as fh:
@@ -182,15 +222,17 @@ class Check:
         for p in earlier.get("phases", []):
             if p.get("number") not in self.opts.only:
                 self.results[p["number"]] = Phase(**p)
-        for key in ("host", "versions", "step_times", "plan"):
+        for key in ("host", "versions", "step_times", "plan", "nccl"):
             if key in earlier:
                 self.facts[key] = earlier[key]
+        self.nccl = {k: v for k, v in (earlier.get("nccl") or {}).items() if int(k) not in self.opts.only}
 
     def write(self) -> None:
         self.facts["phases"] = [asdict(self.results[n]) for n in sorted(self.results)]
         self.facts["interpreter"] = self.interpreter.as_dict() if self.interpreter else None
         self.facts["notes"] = self.notes
-        _write(os.path.join(self.out, "env.json"), json.dumps(self.facts, indent=1, default=str))
+        self.facts["nccl"] = self.nccl
+        self.dir.write("env.json", json.dumps(self.facts, indent=1, default=str))
         write_summary(self)
 
     def exit_code(self) -> int:
@@ -200,10 +242,13 @@ class Check:
 
     # -- the run -------------------------------------------------------------------------------------------------
     def run(self) -> int:
+        self.work = tempfile.mkdtemp(prefix="fleetbench-gpu-check-")
         try:
             self.driver = driver_facts()
             self.interpreter = choose(self.opts.root, self.opts.venv, self.opts.device, self.env(),
-                                      self.opts.index_url, self.opts.index_timeout, log=self.log)
+                                      self.opts.index_url, self.opts.index_timeout, log=self.log,
+                                      setup=self.opts.setup, deadline=self.deadline)
+            self.deadline += self.interpreter.setup_s  # `make setup` (--setup, asked) is not the check's time
             self.log(f"gpu-check: phases run under {self.interpreter.path or 'nothing'} ({self.interpreter.how}; "
                      f"torch {self.interpreter.torch or '-'})"
                      + (f"; lacks {', '.join(self.interpreter.missing)}" if self.interpreter.missing else ""))
@@ -220,6 +265,7 @@ class Check:
         finally:
             shutil.rmtree(self.work, ignore_errors=True)
         self.write()
+        self.dir.close()
         return self.exit_code()
 
     def _one(self, number: int, fn) -> Phase:
@@ -252,18 +298,11 @@ class Check:
                               f"version the tests run on): this check ran the code on an untested torch")
 
 
-def _write(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
-def _status(out: Outcome, ok: bool) -> str:
+def _status(out: ChildResult, ok: bool) -> str:
     return TIMED_OUT if out.timed_out else PASS if ok else FAIL
 
 
-def _why(out: Outcome, bound: float) -> str:
+def _why(out: ChildResult, bound: float) -> str:
     if out.timed_out:
         return f"killed at its bound of {bound:.0f} s: rerun with --only (stderr.log has its last lines)"
     return tail(out.stderr, 4) or tail(out.stdout, 4)
@@ -307,7 +346,7 @@ def versions(c: Check, bound: float) -> tuple:
         v = json.loads(out.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         return _status(out, False), _why(out, bound) or "the versions probe printed nothing", {}
-    _write(os.path.join(c.out, "pip-freeze.txt"), "\n".join(v.pop("freeze", [])) + "\n")
+    c.dir.write("pip-freeze.txt", "\n".join(v.pop("freeze", [])) + "\n")
     c.facts["versions"] = v
     c.facts["versions"]["wheel"] = wheel_label(v["torch"], v.get("cuda"))
     problem = misfit(v["torch"], v.get("cuda"), c.driver)
@@ -326,15 +365,24 @@ def versions(c: Check, bound: float) -> tuple:
 
 
 def doctor(c: Check, bound: float) -> tuple:
-    out = c.command(2, c.fleetbench("doctor", "--device", c.opts.device, "--nproc", "1", "--json"), bound)
+    """The doctor on one rank, its report streamed item by item into OUT/doctor.jsonl (a doctor killed at its bound
+    keeps what ended; nothing its ranks or NCCL print can break it: they never write into that file)."""
+    path = c.dir.join("doctor.jsonl")
+    out = c.command(2, c.fleetbench("doctor", "--device", c.opts.device, "--nproc", "1", "--json", path), bound)
     try:
-        rep = json.loads(out.stdout)
-    except ValueError:
-        return _status(out, False), _why(out, bound) or "the doctor printed no report", {}
-    _write(os.path.join(c.out, "doctor.json"), json.dumps(rep, indent=1))
-    failed = [i["item"] for i in rep.get("items", []) if i.get("status") == "fail"]
-    return (_status(out, out.rc == 0 and not failed),
-            f"failed items: {', '.join(failed)} (their numbers: below and in doctor.json)" if failed else "", {})
+        with open(path, errors="replace") as fh:
+            rep = read_lines(fh.read())
+    except OSError:
+        rep = None
+    if rep is None:
+        return _status(out, False), _why(out, bound) or "the doctor wrote no report", {}
+    failed = rep.failed
+    if failed:
+        return (_status(out, False), f"failed items: {', '.join(failed)} (their numbers: below and in doctor.jsonl)",
+                {})
+    if not rep.complete:
+        return (_status(out, False), _why(out, bound) + f"; {len(rep.items)} item(s) ended first (doctor.jsonl)", {})
+    return _status(out, out.rc == 0), "" if out.rc == 0 else _why(out, bound), {}
 
 
 def premises(c: Check, bound: float) -> tuple:
@@ -345,7 +393,7 @@ def premises(c: Check, bound: float) -> tuple:
             rows.append(json.loads(ln))
         except ValueError:
             continue
-    _write(os.path.join(c.out, "premises.json"), json.dumps(rows, indent=1))
+    c.dir.write("premises.json", json.dumps(rows, indent=1))
     wrong = [r["premise"] for r in rows if not r.get("ok")]
     if out.timed_out or out.rc:
         return _status(out, False), _why(out, bound) + (f"; {len(rows)} premise(s) measured first" if rows else ""), {}
@@ -374,10 +422,10 @@ def cases(c: Check, bound: float) -> tuple:
                       "seconds": round(out.seconds, 1), "tail": tail(out.stderr, 6)})
     records = []
     if os.path.exists(results):
-        shutil.copy(results, os.path.join(c.out, "runs.jsonl"))
+        c.dir.copy_in(results, "runs.jsonl")
         with open(results) as fh:
             records = [json.loads(ln) for ln in fh if ln.strip()]
-        _archive_traces(os.path.dirname(results), os.path.join(c.out, "traces.tar.gz"))
+        _archive_traces(os.path.dirname(results), c.dir, "traces.tar.gz")
     seen = {r["case"]: r for r in records}
     wanted = [n for names in chosen.values() for n in names]
     missing = [n for n in wanted if n not in seen]
@@ -393,21 +441,21 @@ def cases(c: Check, bound: float) -> tuple:
     return PASS, "", details
 
 
-def _archive_traces(results_dir: str, archive: str) -> None:
+def _archive_traces(results_dir: str, out: OutputDir, name: str) -> None:
     """Every trace of phase 4 in one gzipped tar; only the first when all would pass the 15 MiB the lent machine
     brings back (16 MiB a file)."""
     traces = os.path.join(results_dir, "traces")
     files = sorted(os.path.join(d, f) for d, _, fs in os.walk(traces) for f in fs)
+    archive = os.path.join(results_dir, name)
     for chosen in (files, files[:1]):
         if not chosen:
             return
-        with tarfile.open(archive + ".tmp", "w:gz") as tar:
+        with tarfile.open(archive, "w:gz") as tar:
             for f in chosen:
                 tar.add(f, arcname=os.path.relpath(f, results_dir))
-        if os.path.getsize(archive + ".tmp") <= 15 << 20:
-            os.replace(archive + ".tmp", archive)
+        if os.path.getsize(archive) <= 15 << 20:
+            out.copy_in(archive, name)
             return
-    os.remove(archive + ".tmp")
 
 
 def step_times(runs_jsonl: str) -> dict | None:
@@ -431,16 +479,23 @@ def step_times(runs_jsonl: str) -> dict | None:
     return {"models": models, "cases": measured, "source": "phase 4 of .ci/gpu-check, world size 1"}
 
 
+def plan_args(device: str, out: str, step_times_file: str | None) -> list[str]:
+    """Phase 5's command: the nightly's plan with the scheduled workflow's own options (``--workflow``, the one
+    place the workflow reads them from too), at this check's device, sizes and world sizes."""
+    args = ["nightly", "--plan", "--workflow", WORKFLOW, "--device", device, "--worlds", WORLDS[device], "--size",
+            RUN[device][0], "--out", out, "--machine", "gpu-check"]
+    return args + (["--step-times", step_times_file] if step_times_file else [])
+
+
 def plan(c: Check, bound: float) -> tuple:
-    measured = step_times(os.path.join(c.out, "runs.jsonl"))
+    measured = step_times(c.dir.join("runs.jsonl"))
     c.facts["step_times"] = measured
-    args = ["nightly", "--plan", "--device", c.opts.device, "--worlds", WORLDS[c.opts.device], "--size",
-            RUN[c.opts.device][0], "--out", os.path.join(c.work, "nightly"), "--machine", "gpu-check"]
+    path = None
     if measured:
         path = os.path.join(c.work, "step-times.json")
-        _write(path, json.dumps(measured))
-        args += ["--step-times", path]
-    out = c.command(5, c.fleetbench(*args), bound)
+        with open(path, "w") as fh:
+            json.dump(measured, fh)
+    out = c.command(5, c.fleetbench(*plan_args(c.opts.device, os.path.join(c.work, "nightly"), path)), bound)
     c.facts["plan"] = out.stdout
     if out.timed_out or out.rc:
         return _status(out, False), _why(out, bound), {}

@@ -2,8 +2,9 @@
 vs observed.  Run under the chosen interpreter by the GPU check's phase 3 (``python -c "from suite.gpucheck.premises
 import main; main()"``); one JSON line per premise as it ends, so a premise that hangs leaves the earlier ones.
 
-1. ``x / 255.0`` rounds differently on the device (``a * (1/b)``) on 111 of the 256 byte values; ``normalize()`` on
-   none (issue 22.1);
+1. ``x / 255.0`` rounds differently on the device (``a * (1/b)`` in float32) on as many of the 256 byte values as
+   that formula differs from a true division on the host (126: :func:`host_division_mismatches` counts them from
+   the same formula, never a constant); ``normalize()`` on none (issue 22.1);
 2. a post-accumulate-grad hook runs off the main thread, on the stream current when its AccumulateGrad node was
    made, even when a later forward on another stream reuses the node (pytorch#137483);
 3. ``work.wait()`` of an asynchronous allreduce returns while the collective, held back by a ``torch.cuda._sleep``
@@ -21,7 +22,7 @@ import json
 import threading
 import time
 
-__all__ = ["main", "PREMISES"]
+__all__ = ["main", "PREMISES", "host_division_mismatches", "division_verdict"]
 
 GiB = 1 << 30
 
@@ -37,6 +38,25 @@ def _spin_rate(torch) -> float:
     return 20_000_000 / (a.elapsed_time(b) * 1e-3)
 
 
+def host_division_mismatches(divisor: float = 255.0) -> int:
+    """On how many of the 256 byte values CUDA's division by a CPU scalar (``a * (1/b)``, the reciprocal taken in
+    float32: aten/src/ATen/native/cuda/BinaryDivTrueKernel.cu, ``iter.is_cpu_scalar(2)``) differs from a correctly
+    rounded float32 division: computed here, on the host, with numpy's float32."""
+    import numpy as np
+
+    x = np.arange(256, dtype=np.float32)
+    inv = np.float32(1.0) / np.float32(divisor)
+    return int(np.count_nonzero(x * inv != x / np.float32(divisor)))
+
+
+def division_verdict(divided: int, normalized: int) -> tuple:
+    """(expected, observed, as expected) of premise 1 from the device's counts."""
+    want = host_division_mismatches()
+    return (f"x/255.0 differs on {want} of 256 byte values (a * (1/b) in float32, counted on the host); "
+            f"normalize() on 0", f"x/255.0 differs on {divided}; normalize() on {normalized}",
+            divided == want and normalized == 0)
+
+
 def division(torch, rate) -> tuple:
     from suite.data.synthetic import normalize
 
@@ -44,8 +64,7 @@ def division(torch, rate) -> tuple:
     divided = int(((x.float() / 255.0) != (x.cuda().float() / 255.0).cpu()).sum())
     img = x.reshape(1, 1, 16, 16)
     normalized = int((normalize(img) != normalize(img.cuda()).cpu()).sum())
-    return ("x/255.0 differs on 111 of 256 byte values; normalize() on 0",
-            f"x/255.0 differs on {divided}; normalize() on {normalized}", divided == 111 and normalized == 0)
+    return division_verdict(divided, normalized)
 
 
 def hook_stream(torch, rate) -> tuple:

@@ -9,12 +9,21 @@ import os
 import time
 from typing import Any
 
+from ..doctor_report import Report, read_lines
 from ..runtime.wheel import first_line
 
-__all__ = ["write_summary", "CONFIRMS", "NEEDS_MORE_GPUS", "FILES"]
+__all__ = ["write_summary", "CONFIRMS", "NEEDS_MORE_GPUS", "FILES", "PHASE_FILES", "ONE_RANK"]
 
 # the files a check leaves beside SUMMARY.md (at most 7; traces as one archive)
-FILES = ("env.json", "doctor.json", "premises.json", "runs.jsonl", "traces.tar.gz", "pip-freeze.txt", "stderr.log")
+FILES = ("env.json", "doctor.jsonl", "premises.json", "runs.jsonl", "traces.tar.gz", "pip-freeze.txt", "stderr.log")
+# the files each phase writes (removed before the phase runs again: a reused OUT shows nothing stale)
+PHASE_FILES = {1: ("pip-freeze.txt",), 2: ("doctor.jsonl",), 3: ("premises.json",), 4: ("runs.jsonl", "traces.tar.gz")}
+
+# What a collective on one rank proves: NCCL launches no kernel for an in-place sum on a one-rank communicator
+# (ncclLaunchOneRank, src/enqueue.cc: a copy only when the buffers differ), so the premises timed on such a
+# collective confirm torch's stream plumbing around it (its event, the wait of the current stream), not NCCL's.
+ONE_RANK = ("at one rank NCCL launches nothing for an in-place sum (ncclLaunchOneRank): this confirms torch's stream "
+            "plumbing around a collective, not NCCL's kernels on their streams")
 
 # docs/gpu.md's rows a single GPU confirms, each with its evidence: a doctor item (name prefix), a premise, or the
 # cases of phase 4 ("run")
@@ -35,9 +44,9 @@ CONFIRMS = (
     ("post-accumulate hooks: off the main thread, on the stream of their AccumulateGrad node",
      (("premise", "post-accumulate hook: thread and stream"),)),
     ("Work.wait() makes the current stream wait, not the host",
-     (("premise", "work.wait() does not block the host"),)),
+     (("premise", "work.wait() does not block the host"),), ONE_RANK),
     ("collective spans: a synchronous collective runs on the calling stream",
-     (("premise", "a synchronous collective runs on the current stream"),)),
+     (("premise", "a synchronous collective runs on the current stream"),), ONE_RANK),
     ("side streams and record_stream (double buffer, hierarchical overlap's streams)",
      (("premise", "side-stream chain and record_stream under a spin"),)),
     ("the memory budget: mem_get_info plus the allocator's reserved-but-free blocks (issue 32.7)",
@@ -75,13 +84,21 @@ def _records(path: str) -> list[dict]:
         return []
 
 
-def _evidence(kind: str, key: str, doctor: dict | None, premises: list, records: list) -> str | None:
+def _doctor(path: str) -> Report | None:
+    try:
+        with open(path, errors="replace") as fh:
+            return read_lines(fh.read())
+    except OSError:
+        return None
+
+
+def _evidence(kind: str, key: str, doctor: Report | None, premises: list, records: list) -> str | None:
     """pass / fail / None (not measured) for one piece of evidence."""
     if kind == "doctor":
-        items = [i for i in (doctor or {}).get("items", []) if i.get("item", "").startswith(key)]
-        if not items or items[0].get("status") == "not applicable here":
+        items = [i for i in (doctor.items if doctor else []) if i.item.startswith(key)]
+        if not items or items[0].status == "not applicable here":
             return None
-        return "pass" if items[0].get("status") == "pass" else "fail"
+        return "pass" if items[0].status == "pass" else "fail"
     if kind == "premise":
         rows = [r for r in premises if r.get("premise") == key]
         return None if not rows else ("pass" if rows[0].get("ok") else "fail")
@@ -93,7 +110,7 @@ def write_summary(c: Any) -> None:
     """``c``: the running :class:`suite.gpucheck.phases.Check` (its options, phases, facts and files)."""
     out = c.out
     host, v = c.facts.get("host") or {}, c.facts.get("versions") or {}
-    doctor = _read_json(os.path.join(out, "doctor.json"))
+    doctor = _doctor(os.path.join(out, "doctor.jsonl"))
     premises = _read_json(os.path.join(out, "premises.json")) or []
     records = _records(os.path.join(out, "runs.jsonl"))
     gpus = sorted({g.get("name", "?") for g in host.get("gpus") or []})
@@ -138,11 +155,10 @@ def write_summary(c: Any) -> None:
               f"- device {i}: {d}" for i, d in enumerate(v.get("devices") or [])]
 
     if doctor:
-        L += ["", f"## 2 doctor ({doctor.get('platform')}, {doctor.get('seconds')} s)", "",
-              f"{doctor.get('versions', {}).get('wheel_line', '')}", "",
+        ended = f"{doctor.seconds:.1f} s" if doctor.complete else f"stopped after {len(doctor.items)} item(s)"
+        L += ["", f"## 2 doctor ({doctor.platform}, {ended})", "", f"{doctor.versions.get('wheel_line', '')}", "",
               "| item | result | s | numbers |", "|---|---|---|---|"]
-        L += [f"| {_cell(i.get('item'))} | {i.get('status')} | {i.get('seconds')} | {_cell(i.get('numbers'))} |"
-              for i in doctor.get("items", [])]
+        L += [f"| {_cell(i.item)} | {i.status} | {i.seconds:.1f} | {_cell(i.numbers)} |" for i in doctor.items]
     if premises:
         L += ["", "## 3 premises (1-rank NCCL)", "", "| premise | expected | observed | verdict |", "|---|---|---|---|"]
         L += [f"| {_cell(r.get('premise'))} | {_cell(r.get('expected'))} | {_cell(r.get('observed'))} | "
@@ -178,23 +194,32 @@ def write_summary(c: Any) -> None:
                   ""]
         L += ["```", (c.facts.get("plan") or "").strip()[-6000:], "```"]
 
+    nccl = {k: v for k, v in sorted((c.nccl or {}).items()) if v}
+    if nccl:
+        L += ["", "## NCCL's own lines (NCCL_DEBUG=WARN, written into NCCL_DEBUG_FILE: the first of each phase here, "
+                  "all of them in stderr.log)", ""]
+        for number, lines in nccl.items():
+            L += [f"phase {number}:", "", "```", *lines, "```", ""]
+
     L += ["", "## docs/gpu.md rows", ""]
-    confirmed, open_rows = [], []
-    for row, evidence in CONFIRMS:
+    confirmed: list[str] = []
+    plumbing: list[str] = []
+    open_rows: list[str] = []
+    for row, evidence, *caveat in CONFIRMS:
         got = [_evidence(k, key, doctor, premises, records) for k, key in evidence]
         if got and all(g == "pass" for g in got) and c.opts.device == "cuda":
-            confirmed.append(row)
+            (plumbing if caveat else confirmed).append(row)
         else:
             why = "failed here" if "fail" in got else "not measured here"
             open_rows.append(f"{row} ({why})")
     L += ["Confirmed on this GPU:", ""] + ([f"- {r}" for r in confirmed] or [
         "- none" + (" (--device cpu: no GPU was asked for)" if c.opts.device == "cpu" else "")])
+    if plumbing:
+        L += ["", f"Seen on one rank, not confirmed for NCCL ({ONE_RANK}; 2 GPUs confirm them):", ""]
+        L += [f"- {r}" for r in plumbing]
     L += ["", "Not confirmed by this run:", ""] + ([f"- {r}" for r in open_rows] or ["- none"])
     L += ["", "Still need more GPUs (NCCL refuses two ranks on one GPU):", ""]
     L += [f"- {row}: {n} GPUs" for row, n in NEEDS_MORE_GPUS]
     L += ["", "## files", ""]
     L += [f"- `{f}`" for f in FILES if os.path.exists(os.path.join(out, f))]
-    tmp = os.path.join(out, "SUMMARY.md.tmp")
-    with open(tmp, "w") as fh:
-        fh.write("\n".join(L) + "\n")
-    os.replace(tmp, os.path.join(out, "SUMMARY.md"))
+    c.dir.write("SUMMARY.md", "\n".join(L) + "\n")
