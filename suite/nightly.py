@@ -13,6 +13,16 @@ Each case x world size is timed once, by the ``run`` stage; the pytest-benchmark
 The gate's set-up (two worktrees, a trial server per revision and world size, a check and a preparation of both
 revisions per case: ``suite/ab/trials.py``) comes on top of its budget of timed trials.  A night that skipped the
 gate (no last good commit) is no basis for it; a cancelled gate's time is kept as a lower bound.
+
+Only a night of the same profile is a basis: a smoke night (one case per family, a short gate) says nothing of a
+full night's stages, whose fixed costs (asv's discovery, the gate's set-up) do not scale with the pairs.  The state
+keeps each profile's last finished stages apart (``earlier``: profile -> stage -> entry).
+
+How a night measures is the run specification's (:class:`suite.run_spec.RunOptions`: its defaults are the night's,
+so the nightly's speedups are resolved by the same rule as ``fleetbench run``'s); the night adds its traced steps
+and the gate's budget (:class:`NightlyOptions`).  A scheduled workflow's own options (steps, the gate's budget and
+cases, the profile, the limit) live in :data:`WORKFLOWS`, read by the workflow (``--workflow NAME``) and by whatever
+plans its nights (``.ci/gpu-check``'s phase 5): one place.
 """
 from __future__ import annotations
 
@@ -21,10 +31,12 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from .outputs import read_input
+from .run_spec import RunOptions
 
 __all__ = ["STAGES", "EXPORTS", "ROUGH_STEP_S", "NightlyOptions", "StagePlan", "Plan", "make_plan", "last_night",
-           "STATE_FILE", "finished_stages", "read_step_times", "gate_setup_s", "PROFILES", "SMOKE_LIMIT_S",
-           "SMOKE_GATE_BUDGET_S", "choose_profile", "smoke_green", "smoke_cases"]
+           "STATE_FILE", "finished_stages", "stage_history", "read_step_times", "gate_setup_s", "PROFILES",
+           "SMOKE_LIMIT_S", "SMOKE_GATE_BUDGET_S", "choose_profile", "smoke_green", "smoke_cases", "Workflow",
+           "WORKFLOWS", "overlap_variants", "gate_ran"]
 
 STAGES = ("run", "pytest-benchmark", "asv", "report", "gate", "history")
 EXPORTS = ("pytest-benchmark", "asv")  # stages that export the run stage's records (their state entry: exported)
@@ -46,15 +58,41 @@ EXPORT_S = 10.0  # pytest-benchmark: the run's records read and written as its J
 ASV_EXPORT_S = 90.0  # asv: its machine file, discovery (one import of bench_cases), the results file, publish
 
 
+NIGHT_TRACE_STEPS = 2  # the night traces each case (its report draws the timeline); `run` traces none by default
+
+
 @dataclass(frozen=True)
 class NightlyOptions:
-    rounds: int = 3
-    steps: int = 3
-    check: bool = True
-    check_steps: int = 3
-    warmup: int = 1
-    trace_steps: int = 2
-    gate_budget_s: float = 1800.0  # the gate's timed trials, all cases and world sizes together
+    """A night's options: how each case is measured (``run``: the run specification's own defaults, and the night's
+    traced steps) and the gate's budget of timed trials, all its cases and world sizes together."""
+
+    run: RunOptions = field(default_factory=lambda: RunOptions(trace_steps=NIGHT_TRACE_STEPS))
+    gate_budget_s: float = 1800.0
+
+
+@dataclass(frozen=True)
+class Workflow:
+    """A scheduled workflow's own choices: what its command line passes to every night (``--workflow NAME``) and
+    what a plan of its nights assumes (the GPU check's phase 5)."""
+
+    name: str
+    device: str
+    steps: int  # per timed window (rounds: the run specification's default)
+    gate_budget_min: float
+    gate_cases: tuple[str, ...]
+    profile: str
+    limit_min: float  # the job's limit for the night itself (its timeout-minutes less set-up and upload)
+
+    def args(self) -> list[str]:
+        """The night's options as `fleetbench nightly` takes them."""
+        return ["--device", self.device, "--steps", str(self.steps), "--gate-budget", f"{self.gate_budget_min:g}",
+                *[x for g in self.gate_cases for x in ("--gate-case", g)], "--profile", self.profile,
+                "--limit", f"{self.limit_min:g}"]
+
+
+# .github/workflows/nightly-gpu.yml runs `.ci/nightly --workflow gpu` (tests/test_nightly.py reads both)
+WORKFLOWS = {"gpu": Workflow("gpu", device="cuda", steps=10, gate_budget_min=45.0,
+                             gate_cases=("resnet50/*", "gpt2/*", "bert/*"), profile="auto", limit_min=330.0)}
 
 
 @dataclass(frozen=True)
@@ -149,24 +187,26 @@ def gate_setup_s(gate: list, models: dict, device: str, o: NightlyOptions, measu
     revision."""
     if not gate:
         return 0.0
-    check = (2 * o.check_steps if o.check else 0)
+    r = o.run
+    check = (2 * r.check_steps if r.check else 0)
     worlds = sorted({w for _, w in gate})
     servers = sum(2 * (WORLD_OVERHEAD_S + RANK_START_S * w) for w in worlds)
-    cases = sum(2 * (CASE_OVERHEAD_S + (check + o.warmup) * _step_s(models[c], device, measured, c)) for c, _ in gate)
+    cases = sum(2 * (CASE_OVERHEAD_S + (check + r.warmup) * _step_s(models[c], device, measured, c)) for c, _ in gate)
     return 2 * WORKTREE_S + servers + cases
 
 
 def _rough(stage: str, pairs: list, gate: list, models: dict, device: str, o: NightlyOptions,
            measured: dict | None = None) -> float:
     worlds = len({w for *_, w in pairs}) or 1
-    check = (2 * o.check_steps if o.check else 0)  # the check runs the case and its reference
+    r = o.run
+    check = (2 * r.check_steps if r.check else 0)  # the check runs the case and its reference
 
     def step(c: str, m: str) -> float:
         return _step_s(m, device, measured, c)
 
     if stage == "run":  # the night's one timing of each (case, world): the other harnesses export it
         return worlds * WORLD_OVERHEAD_S + sum(
-            CASE_OVERHEAD_S + (check + o.warmup + o.trace_steps + o.rounds * o.steps) * step(c, m) for c, m in pairs)
+            CASE_OVERHEAD_S + (check + r.warmup + r.trace_steps + r.rounds * r.steps) * step(c, m) for c, m in pairs)
     if stage == "pytest-benchmark":
         return EXPORT_S + 0.1 * len(pairs)
     if stage == "asv":
@@ -190,19 +230,39 @@ def last_night(out_dir: str, machine: str) -> dict | None:
 
 def _gate_skipped(entry: dict, state: dict, own: bool) -> bool:
     """A gate that compared nothing (no last good commit): its seconds hold no set-up.  ``skipped`` is recorded since
-    this rule; an older night's own gate with ``last_good`` null is one too."""
-    legacy = own and "gate" in state and (state.get("gate") or {}).get("last_good") is None
+    this rule; an older night's own gate with ``last_good`` null (and no ``base``: a smoke night compares against
+    HEAD~1 before there is a last good commit) is one too."""
+    gate = state.get("gate") or {}
+    legacy = own and "gate" in state and gate.get("base", gate.get("last_good")) is None
     return bool(entry.get("skipped")) or legacy
 
 
-def finished_stages(state: dict | None) -> dict:
-    """The stages a night finished (cancelled ones left out), over those it carried from earlier nights: a night
-    cancelled half-way still leaves estimates for every stage.  The gate: one skipped for want of a last good commit
-    is left out (the earlier gate, or the rough set-up, stands), and a cancelled one is kept when it ran longer than
-    the gate it would replace (its time is a lower bound, ``exit`` says so)."""
+def _profile_layers(state: dict) -> list[tuple[bool, str, dict]]:
+    """(own night?, profile, {stage: entry}) of a state, the older layers first: ``earlier`` (profile -> stages; a
+    state written before profiles were kept apart holds one flat layer, a full night's), then its own stages."""
+    layers: list[tuple[bool, str, dict]] = []
+    earlier = state.get("earlier") or {}
+    if isinstance(earlier, dict):
+        if any(k in STAGES for k in earlier):
+            layers.append((False, "full", earlier))
+        else:
+            layers += [(False, str(p), v) for p, v in earlier.items() if isinstance(v, dict)]
+    own = state.get("stages") or {}
+    if isinstance(own, dict):
+        layers.append((True, str(state.get("profile") or "full"), own))
+    return layers
+
+
+def stage_history(state: dict | None) -> dict[str, dict]:
+    """Per profile, the stages its nights finished (cancelled ones left out), the latest night's over those it
+    carried from earlier nights: a night cancelled half-way still leaves estimates for every stage.  The gate: one
+    skipped for want of a last good commit is left out (the earlier gate, or the rough set-up, stands), and a
+    cancelled one is kept when it ran longer than the gate it would replace (its time is a lower bound, ``exit``
+    says so).  A night carries this forward as its ``earlier``."""
     state = state or {}
-    out: dict = {}
-    for own, layer in ((False, state.get("earlier") or {}), (True, state.get("stages") or {})):
+    out: dict[str, dict] = {}
+    for own, profile, layer in _profile_layers(state):
+        mine = out.setdefault(profile, {})
         for k, v in layer.items():
             if not isinstance(v, dict):
                 continue
@@ -210,12 +270,17 @@ def finished_stages(state: dict | None) -> dict:
                 if _gate_skipped(v, state, own):
                     continue
                 if v.get("exit") == "cancelled" and float(v.get("seconds") or 0) <= float(
-                        (out.get("gate") or {}).get("seconds") or 0):
+                        (mine.get("gate") or {}).get("seconds") or 0):
                     continue
             elif v.get("exit") == "cancelled":
                 continue
-            out[k] = v
-    return out
+            mine[k] = v
+    return {p: v for p, v in out.items() if v}
+
+
+def finished_stages(state: dict | None, profile: str = "full") -> dict:
+    """The stages the nights of ``profile`` finished (:func:`stage_history`): the basis of that profile's plan."""
+    return stage_history(state).get(profile, {})
 
 
 def make_plan(resolved, gate_names: list[str], machine: str, o: NightlyOptions, last: dict | None = None,
@@ -230,7 +295,7 @@ def make_plan(resolved, gate_names: list[str], machine: str, o: NightlyOptions, 
     stages = []
     for name in STAGES:
         rough = _rough(name, runnable, gate, models, resolved.device, o, step_times)
-        done = finished_stages(last).get(name)
+        done = finished_stages(last, profile).get(name)
         if name in EXPORTS and isinstance(done, dict) and not done.get("exported"):
             done = None  # a night before measure-once timed the pairs again in this stage: no basis for an export
         if isinstance(done, dict) and isinstance(done.get("seconds"), (int, float)) and done.get("pairs"):
@@ -258,7 +323,13 @@ def make_plan(resolved, gate_names: list[str], machine: str, o: NightlyOptions, 
                   "report": "", "history": ""}.get(name, f"{len(runnable)} pair(s)")
         stages.append(StagePlan(name, float(seconds), basis, detail))
     source = "measured step times (--step-times)" if step_times is not None else "rough step times"
-    notes: tuple[str, ...] = () if last else (f"no earlier night recorded for this machine: estimates from {source}",)
+    notes: tuple[str, ...] = ()
+    if not last:
+        notes = (f"no earlier night recorded for this machine: estimates from {source}",)
+    elif not finished_stages(last, profile):
+        others = ", ".join(sorted(stage_history(last))) or "none"
+        notes = (f"no earlier {profile} night recorded for this machine (nights of other profiles: {others}; they are "
+                 f"no basis): estimates from {source}",)
     if profile == "smoke":
         notes += ("smoke profile: one case per strategy family, `ab` on one gate case, within "
                   f"{SMOKE_LIMIT_S / 60:.0f} min; the scheduled night runs it until one smoke night is green "
@@ -268,16 +339,38 @@ def make_plan(resolved, gate_names: list[str], machine: str, o: NightlyOptions, 
 
 
 # ---- profiles: smoke until one smoke night is green, then full ---------------------------------------------------
+
+
+def overlap_variants() -> dict[str, int]:
+    """The variants whose buckets are launched during backward (what a smoke night must have run green), each with
+    how many of the registry's requirements it has (multicomm: overlap on several communicators, 2)."""
+    from .cases import VARIANTS  # a plan of the full profile needs no registry
+
+    return {v.name: len(v.requires) for v in VARIANTS if "overlap" in v.requires}
 PROFILES = ("full", "smoke", "auto")
 SMOKE_LIMIT_S = 3600.0  # a smoke night fits an hour on the runner (8 GPUs), whatever --limit allows
 SMOKE_GATE_BUDGET_S = 600.0  # its gate: `ab` on one gate case
 
 
+def gate_ran(state: dict | None) -> bool:
+    """Whether a night's gate compared something: a base commit, and at some world size `ab` timed cases against it
+    (not "identical": the same code on both sides times nothing)."""
+    gate = (state or {}).get("gate") or {}
+    worlds = gate.get("worlds") or {}
+    return bool(gate.get("base")) and any(isinstance(w, dict) and w.get("cases") and not w.get("identical")
+                                          for w in worlds.values())
+
+
 def smoke_green(state: dict | None) -> bool:
     """Whether a smoke night has ever been green on this machine: the state says so (``smoke_green``, carried from
-    night to night), or its own night was a smoke one that ended with status 0."""
+    night to night), or its own night was a smoke one that ended with status 0, whose gate ran (:func:`gate_ran`:
+    against the last good commit, or HEAD~1 on a first night) and which ran an overlap case (``overlap_cases``:
+    buckets launched during backward, the path NCCL's streams matter most for)."""
     state = state or {}
-    return bool(state.get("smoke_green")) or (state.get("profile") == "smoke" and state.get("status") == 0)
+    if state.get("smoke_green"):
+        return True
+    return (state.get("profile") == "smoke" and state.get("status") == 0 and gate_ran(state)
+            and bool(state.get("overlap_cases")))
 
 
 def choose_profile(asked: str, state: dict | None) -> str:
@@ -292,14 +385,17 @@ def choose_profile(asked: str, state: dict | None) -> str:
 
 def smoke_cases(resolved, gate_names: list[str]) -> tuple[list[str], str]:
     """A smoke night's cases: one per strategy family (``suite.cases.FAMILIES``) among the selected ones that run at
-    the largest world size (a gate case preferred), and the one gate case its `ab` compares (of ``gate_names``, the
-    night's gate cases, which must not be empty)."""
+    the largest world size (the communication family's an overlap case on several communicators where one runs,
+    else an overlap case; otherwise a gate case preferred), and the one gate case its `ab` compares (of
+    ``gate_names``, the night's gate cases, which must not be empty)."""
     from .cases import VARIANTS  # the smoke profile only: the registry is not needed for a plan otherwise
 
     family = {v.name: v.family for v in VARIANTS}
+    overlap = overlap_variants()
     at = resolved.at[max(resolved.worlds)]
     chosen: dict[str, str] = {}
-    for rc in sorted((rc for rc in at if rc.skip is None), key=lambda rc: rc.case.name not in gate_names):
+    for rc in sorted((rc for rc in at if rc.skip is None),
+                     key=lambda rc: (-overlap.get(rc.case.variant, 0), rc.case.name not in gate_names)):
         chosen.setdefault(family.get(rc.case.variant, rc.case.variant), rc.case.name)
     names = sorted(chosen.values())
     gate = next((n for n in names if n in gate_names), gate_names[0])

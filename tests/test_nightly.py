@@ -20,6 +20,7 @@ import pytest
 import suite.runtime.device as device_mod
 from suite.cases import CASES, FAMILIES, PUBLISHED_MODELS, SMALL_MODELS, VARIANTS
 from suite.cli.main import main
+from suite.run_spec import RUN_ROUNDS_FOR_95
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
@@ -28,12 +29,12 @@ WORKFLOW = os.path.join(REPO, ".github", "workflows", "nightly-gpu.yml")
 
 def test_gpu_workflow_runs_the_nightly_pipeline_on_a_schedule():
     text = open(WORKFLOW).read()
-    for words in ("schedule:", "self-hosted", "gpu", ".ci/nightly --device cuda", "results/last-good",
-                  "results/nightly/nightly.json", "fetch-depth: 0", "--limit 330", "--gate-budget"):
+    for words in ("schedule:", "self-hosted", "gpu", ".ci/nightly --workflow gpu", "results/last-good",
+                  "results/nightly/nightly.json", "fetch-depth: 0"):
         assert words in text, words
     # the self-check runs first and stops the job; the plan (refused over the limit) comes before the night
-    assert text.index(".venv/bin/fleetbench doctor --device cuda") < text.index(".ci/nightly --device cuda")
-    assert text.index("--limit 330 --plan") < text.index("--limit 330\n")
+    assert text.index(".venv/bin/fleetbench doctor --device cuda") < text.index(".ci/nightly --workflow gpu")
+    assert text.index('"$NIGHTLY_WORLDS" --plan') < text.index('"$NIGHTLY_WORLDS"\n')
     # GPUs are counted by torch (CUDA_VISIBLE_DEVICES, no MIG lines)
     assert 'n=$(.venv/bin/python -c "import torch; print(torch.cuda.device_count())")' in text
     assert "n=$(nvidia-smi" not in text
@@ -262,10 +263,10 @@ def _stands_for(cmd: list, env: dict | None, measure: bool = True) -> None:
 
 
 def _fake_night(tmp_path, monkeypatch, codes: dict, cancel_at: str | None = None, *extra: str, on_call=None,
-                verdict: str = "inconclusive", measure: bool = True):
+                verdict: str = "inconclusive", measure: bool = True, ab_doc: dict | None = None):
     """A night whose stage commands are recorded, not run: ``codes`` maps a command's first words to its exit;
     ``on_call(cmd)`` stands for what a command writes (besides :func:`_stands_for`; ``measure``: the run stage
-    appends its record); the gate's `ab --json` says ``verdict`` for its one case."""
+    appends its record); the gate's `ab --json` says ``verdict`` for its one case (or writes ``ab_doc``)."""
     from suite.cli import nightly
     from suite.cli.main import build_parser
 
@@ -279,7 +280,9 @@ def _fake_night(tmp_path, monkeypatch, codes: dict, cancel_at: str | None = None
         key = cmd[3] if cmd[1:3] == ["-m", "suite.cli.main"] else "pytest" if "pytest" in cmd else "asv"
         if cancel_at == key:
             raise KeyboardInterrupt
-        if key == "ab" and stdout is not None:
+        if key == "ab" and stdout is not None and ab_doc is not None:
+            stdout.write(json.dumps(ab_doc))
+        elif key == "ab" and stdout is not None:
             stdout.write(json.dumps({"cases": [{"case": "mlp/plain", "world": 2, "verdict": verdict,
                                                 "ci": [0.9, 1.1], "ratio": 1.0, "blocks": 12, "structure_diff": [],
                                                 "check": "n/a -> n/a"}], "failures": []}))
@@ -315,7 +318,9 @@ def test_every_stage_gets_the_same_selection_and_an_undecided_gate_keeps_the_las
     sel = spec.selection
     assert (sel.cases, sel.sets, sel.size, sel.device, sel.worlds) == (("mlp/plain",), ("fetch_frequency=2",), "tiny",
                                                                        "cpu", (2,))
-    assert (spec.run.rounds, spec.run.steps, spec.run.warmup, spec.run.trace_steps) == (3, 3, 1, 2)
+    # the run specification's own defaults (issue 43.9: the nightly restated 3 rounds and 1 warm-up step), traced 2
+    assert (spec.run.rounds, spec.run.steps, spec.run.warmup, spec.run.trace_steps) == (6, 5, 2, 2)
+    assert spec.run.rounds >= RUN_ROUNDS_FOR_95  # the night's speedups are "resolved" by run's own rule
     for cmd in (run, ab):  # no selection option spelled out
         assert not {"--case", "--set", "--size", "--device", "--rounds", "--steps"} & set(cmd), cmd
     assert run[run.index("--nproc") + 1] == "2"
@@ -429,15 +434,15 @@ def _plan_rows(capsys, out_dir, *extra: str) -> dict:
 
 # the gate's rough set-up for mlp/plain@2 on CPU, by hand (suite/nightly.py's constants): two worktrees 2 x 60 s;
 # a trial server of 2 ranks per revision 2 x (30 + 2 x 5) s; the case checked and prepared on each revision
-# 2 x (15 + (2 x 3 check steps + 1 warm-up) x 0.01 s); plus tonight's 5-minute budget
-GATE_MLP_PLAIN_2 = (2 * 60 + 2 * (30 + 2 * 5) + 2 * (15 + 7 * 0.01) + 300) / 60
+# 2 x (15 + (2 x 3 check steps + 2 warm-up) x 0.01 s); plus tonight's 5-minute budget
+GATE_MLP_PLAIN_2 = (2 * 60 + 2 * (30 + 2 * 5) + 2 * (15 + 8 * 0.01) + 300) / 60
 
 
 def test_night_2_after_a_night_without_a_gate_plans_the_gates_set_up(tmp_path, monkeypatch, capsys):
     """Night 1 had no last good commit: its gate took no time and is no basis; night 2's plan is the budget plus the
     set-up (worktrees, servers, checks and preparations of both revisions), whatever form night 1's state has."""
     code, _, state, _, _ = _fake_night(tmp_path, monkeypatch, {}, None)  # a night 1 as nightly writes it ...
-    state["gate"]["last_good"] = None  # ... had it found no last good commit
+    state["gate"].update(last_good=None, base=None)  # ... had it found no last good commit
     state["stages"]["gate"].update(seconds=0.01, skipped="no last good commit")
     out = tmp_path / "out"
     (out / "nightly.json").write_text(json.dumps(state))
@@ -445,6 +450,7 @@ def test_night_2_after_a_night_without_a_gate_plans_the_gates_set_up(tmp_path, m
     assert rows["gate"].split()[1] == f"{GATE_MLP_PLAIN_2:.1f}" and "rough" in rows["gate"], rows["gate"]
     assert "last night's" in rows["run"]  # the stages night 1 did run stay its basis
     del state["stages"]["gate"]["skipped"]  # a night 1 written before the flag: its gate's last_good says it
+    del state["gate"]["base"]
     (out / "nightly.json").write_text(json.dumps(state))
     assert _plan_rows(capsys, out)["gate"].split()[1] == f"{GATE_MLP_PLAIN_2:.1f}"
     # the flag is what nightly writes when there is no last good commit
@@ -474,8 +480,8 @@ def test_measured_step_times_replace_the_rough_ones_in_the_plan(tmp_path, capsys
     rough = _plan_rows(capsys, tmp_path)
     (tmp_path / "steps.json").write_text(json.dumps({"models": {"mlp": 1.0}, "cases": {"mlp/plain": 2.0}}))
     measured = _plan_rows(capsys, tmp_path, "--step-times", str(tmp_path / "steps.json"))
-    # run: one world's pool 30 s + the case: 15 s + (2 x 3 check + 1 warm-up + 2 traced + 3 x 3 timed) steps x 2.0 s
-    assert measured["run"].split()[1] == f"{(30 + 15 + 18 * 2.0) / 60:.1f}" and "measured step times" in measured["run"]
+    # run: one world's pool 30 s + the case: 15 s + (2 x 3 check + 2 warm-up + 2 traced + 6 x 5 timed) steps x 2.0 s
+    assert measured["run"].split()[1] == f"{(30 + 15 + 40 * 2.0) / 60:.1f}" and "measured step times" in measured["run"]
     assert float(measured["run"].split()[1]) > float(rough["run"].split()[1])
     (tmp_path / "bad.json").write_text(json.dumps({"models": {"mlp": -1}}))
     assert main(["nightly", "--plan", "--device", "cpu", "--case", "mlp/plain", "--worlds", "2", "--out",
@@ -527,17 +533,33 @@ def test_the_plan_times_each_pair_once(tmp_path, capsys):
     assert _plan_rows(capsys, tmp_path)["asv"].split()[1] == "25.0"
 
 
+def _overlap_too(cmd) -> None:
+    """The run stage also appends a passed mlp/overlap record (a smoke night must run an overlap case green)."""
+    from suite.results.records import CaseRecord, append_record
+
+    if cmd[1:4] == ["-m", "suite.cli.main", "run"]:
+        append_record(cmd[cmd.index("--results") + 1], CaseRecord(
+            case="mlp/overlap", model="mlp", world_size=2, config={}, run_id=f"run-w2-{uuid.uuid4().hex[:6]}",
+            size="tiny", backend="gloo", device="cpu", verdict="pass",
+            metrics={"window_s": [0.3, 0.33, 0.36], "steps_per_window": 3}))
+
+
 def test_the_scheduled_profile_is_smoke_until_one_smoke_night_is_green_then_full(tmp_path, monkeypatch, capsys):
-    """--profile auto (what the workflow runs): smoke (one case per strategy family, `ab` on one gate case, an hour
-    at most) until a smoke night ends green in the state, then full, and full stays."""
+    """--profile auto (what the workflow runs): smoke (one case per strategy family, an overlap case among them, `ab`
+    on one gate case, an hour at most) until a smoke night ends green in the state, then full, and full stays.  Green
+    needs status 0, a gate that compared something and an overlap case that passed (issue 43.4)."""
     from suite.nightly import SMOKE_LIMIT_S
 
     out = tmp_path / "out"
-    code, _, state, _, _ = _fake_night(tmp_path, monkeypatch, {"ab": 3}, None, "--profile", "auto")
+    smoke = ("--profile", "auto", "--case", "mlp/overlap")
+    code, _, state, _, _ = _fake_night(tmp_path, monkeypatch, {"ab": 3}, None, *smoke, on_call=_overlap_too)
     assert code == 3 and state["profile"] == "smoke" and state["smoke_green"] is False  # undecided: not green
-    code, _, state, _, _ = _fake_night(tmp_path, monkeypatch, {"ab": 0}, None, "--profile", "auto",
-                                       verdict="not slower")
+    code, _, state, _, _ = _fake_night(tmp_path, monkeypatch, {"ab": 0}, None, *smoke, verdict="not slower")
+    assert code == 0 and state["smoke_green"] is False and state["overlap_cases"] == []  # no overlap case ran
+    code, _, state, _, _ = _fake_night(tmp_path, monkeypatch, {"ab": 0}, None, *smoke, verdict="not slower",
+                                       on_call=_overlap_too)
     assert code == 0 and state["profile"] == "smoke" and state["smoke_green"] is True
+    assert state["overlap_cases"] == ["mlp/overlap"] and state["gate"]["worlds"]["2"]["identical"] is False
     for _night_n in range(2):  # then full, night after night (the flag is carried, whatever a full night says)
         code, _, state, _, _ = _fake_night(tmp_path, monkeypatch, {"ab": 1}, None, "--profile", "auto")
         assert code == 1 and state["profile"] == "full" and state["smoke_green"] is True
@@ -555,10 +577,104 @@ def test_the_scheduled_profile_is_smoke_until_one_smoke_night_is_green_then_full
     fam = {v.name: v.family for v in VARIANTS}
     by_family = [fam[c.split("/", 1)[1]] for c in cases if c.split("/", 1)[1] in fam]
     assert sorted(set(by_family)) == sorted(FAMILIES) and len(by_family) == len(set(by_family)) == len(FAMILIES)
+    assert [c for c in cases if c.endswith("/multicomm")], cases  # overlap on 2 communicators (issue 43.4)
     gate = text.split("gate: ", 1)[1]
     assert gate.startswith("2 (case, world) pair(s)") and "budget of 10 min" in gate  # one case at 1 and 8
     total = float(next(ln for ln in lines if ln.strip().startswith("total")).split()[1])
     assert total <= SMOKE_LIMIT_S / 60, total
+
+
+def test_a_first_smoke_night_gates_against_head_1_and_an_identical_gate_is_not_green(tmp_path, monkeypatch):
+    """No last good commit: a full night makes this commit the baseline (no gate), a smoke night compares HEAD with
+    HEAD~1, so the gate has run before smoke counts as green; `ab` saying "identical" (the same code) is no gate."""
+    from suite.cli import nightly
+
+    monkeypatch.setattr(nightly.Night, "last_good", lambda self: None)
+    parent = subprocess.run(["git", "rev-parse", "HEAD~1"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    smoke = ("--profile", "smoke", "--case", "mlp/overlap")
+    code, calls, state, _, _ = _fake_night(tmp_path, monkeypatch, {"ab": 0}, None, *smoke, verdict="not slower",
+                                           on_call=_overlap_too)
+    (ab,) = [c for c, _ in calls if c[1:4] == ["-m", "suite.cli.main", "ab"]]
+    assert ab[4] == parent and state["gate"]["base"] == parent and state["gate"]["base_kind"].startswith("HEAD~1")
+    assert code == 0 and state["smoke_green"] is True
+
+    (tmp_path / "n2").mkdir()  # ab answers "identical" (the same code: nothing timed)
+    code, _, state, _, _ = _fake_night(tmp_path / "n2", monkeypatch, {"ab": 0}, None, *smoke, on_call=_overlap_too,
+                                       ab_doc={"identical": "the same tree", "cases": [], "failures": []})
+    assert code == 0 and state["gate"]["worlds"]["2"]["identical"] is True and state["smoke_green"] is False
+    (tmp_path / "n3").mkdir()
+    code, calls, state, _, _ = _fake_night(tmp_path / "n3", monkeypatch, {"ab": 0}, None, "--profile", "full")
+    assert not [c for c, _ in calls if c[1:4] == ["-m", "suite.cli.main", "ab"]]  # full: this commit the baseline
+    assert state["stages"]["gate"]["skipped"] == "no last good commit"
+
+
+def test_night_2_after_a_smoke_night_is_planned_from_full_estimates_and_fits_the_workflow(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """A green smoke night whose run stage took 25 minutes for 12 pairs: the next night (auto: full) is no scaling
+    of it (x12.5, with asv's fixed costs: refused before), but planned from the rough step times, and fits the GPU
+    workflow's limit; its plan says its basis (issue 43.3)."""
+    from suite.nightly import WORKFLOWS
+
+    _no_gpu_probe(monkeypatch)
+    smoke = {"run": {"seconds": 1500.0, "pairs": 12, "exit": 0},
+             "pytest-benchmark": {"seconds": 20.0, "pairs": 12, "exit": 0, "exported": True},
+             "asv": {"seconds": 240.0, "pairs": 12, "exit": 0, "exported": True},
+             "report": {"seconds": 60.0, "exit": 0}, "gate": {"seconds": 900.0, "pairs": 2, "budget_s": 600.0,
+                                                             "exit": 0}}
+    state = {"machine": "gpu-test", "profile": "smoke", "status": 0, "smoke_green": True, "stages": smoke,
+             "gate": {"last_good": None, "base": "abc", "worlds": {"8": {"cases": ["gpt2/overlap"]}}},
+             "overlap_cases": ["gpt2/multicomm"]}
+    (tmp_path / "nightly.json").write_text(json.dumps(state))
+    argv = ["nightly", "--plan", "--workflow", "gpu", "--worlds", "1,8", "--out", str(tmp_path), "--machine",
+            "gpu-test"]
+    assert main(argv) == 0, capsys.readouterr().err
+    text = capsys.readouterr().out
+    assert text.startswith("nightly plan (full profile)")
+    rows = {ln.split()[0]: ln for ln in text.splitlines() if " min  (ends at" in ln}
+    assert all("rough step times" in rows[s] for s in ("run", "asv", "gate")), rows
+    assert "no earlier full night recorded for this machine (nights of other profiles: smoke" in text
+    total = float(next(ln for ln in text.splitlines() if ln.strip().startswith("total")).split()[1])
+    assert total <= WORKFLOWS["gpu"].limit_min, total
+    # the smoke night's own estimates stay the basis of a later smoke night
+    assert main(argv + ["--profile", "smoke"]) == 0
+    smoke_rows = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines() if " min  (ends at" in ln}
+    assert "last night's 25.0 min for 12 pair(s)" in smoke_rows["run"], smoke_rows["run"]
+
+
+def test_a_refused_night_records_why_and_auto_picks_a_profile_that_fits(tmp_path, monkeypatch, capsys):
+    """A night whose plan does not fit --limit is refused before anything runs, and its state says why (what was
+    recorded stays); under --profile auto a full plan that does not fit becomes a smoke night, said in the plan."""
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: pytest.fail("nothing may run"))
+    state = {"machine": "m", "profile": "smoke", "status": 0, "smoke_green": True,
+             "stages": {"run": {"seconds": 60.0, "pairs": 1, "exit": 0}}}
+    (tmp_path / "nightly.json").write_text(json.dumps(state))
+    argv = ["nightly", "--device", "cpu", "--tag", "nightly-cpu", "--out", str(tmp_path), "--machine", "m"]
+    assert main(argv + ["--limit", "5"]) == 2
+    err = capsys.readouterr().err
+    kept = json.loads((tmp_path / "nightly.json").read_text())
+    assert kept["refused"]["profile"] == "full" and "--limit 5 min: the plan does not fit" in kept["refused"]["why"]
+    assert kept["refused"]["why"] in err and kept["stages"] == state["stages"] and kept["smoke_green"] is True
+    assert main(argv + ["--plan", "--limit", "30", "--profile", "auto"]) == 0  # full does not fit 30 min: smoke
+    out = capsys.readouterr().out
+    assert out.startswith("nightly plan (smoke profile)") and "the full profile does not fit: --limit 30 min" in out
+
+
+def test_the_gpu_workflow_and_the_gpu_checks_plan_take_the_nights_options_from_one_place():
+    """The workflow passes `--workflow gpu` and none of the options that preset holds; the GPU check's phase 5 plans
+    with the same preset (issue 43.7); the preset's limit leaves the job's timeout room for its other steps."""
+    import yaml
+
+    from suite.gpucheck import phases as P
+    from suite.nightly import WORKFLOWS
+
+    (night,) = [s for s in _steps() if ".ci/nightly" in s.get("run", "")]
+    for line in [ln for ln in night["run"].splitlines() if ".ci/nightly" in ln]:
+        assert "--workflow gpu" in line, line
+        assert not {"--rounds", "--steps", "--gate-budget", "--gate-case", "--limit", "--profile"} & set(line.split())
+    job = yaml.safe_load(open(WORKFLOW))["jobs"]["matrix"]
+    assert WORKFLOWS["gpu"].limit_min <= job["timeout-minutes"] - 20
+    args = P.plan_args("cuda", "/tmp/x", None)
+    assert args[args.index("--workflow") + 1] == "gpu" and "--rounds" not in args and "--steps" not in args
 
 
 def _steps() -> list[dict]:
@@ -583,11 +699,14 @@ def test_the_asv_history_is_kept_on_a_branch_and_the_doctors_json_is_among_the_a
         assert "results/last-good/commit" in steps[i]["run"]
     assert "always()" in steps[save]["if"]
     assert not [s for s in steps if "actions/cache" in s.get("uses", "")], "asv history in actions/cache"
-    assert "--profile auto" in steps[night]["run"]
+    from suite.nightly import WORKFLOWS
+
+    assert "--workflow gpu" in steps[night]["run"] and WORKFLOWS["gpu"].profile == "auto"
     doctor = next(s for s in steps if "fleetbench doctor" in s.get("run", ""))
     run = doctor["run"]
-    assert "fleetbench doctor --device cuda --json > results/doctor/doctor.json || code=$?" in run, run
-    assert run.index("doctor.json || code=$?") < run.index('exit "$code"')  # the JSON first, then the stop
+    # into a file, never through stdout (NCCL prints its banner there: issue 43.1), streamed item by item
+    assert "fleetbench doctor --device cuda --json results/doctor/doctor.jsonl || code=$?" in run, run
+    assert run.index("doctor.jsonl || code=$?") < run.index('exit "$code"')  # the JSON first, then the stop
     assert "pip freeze > results/doctor/" in run and "nvidia-smi -q > results/doctor/" in run
     upload = next(s for s in steps if "actions/upload-artifact" in s.get("uses", ""))
     assert upload["if"].startswith("always()") and "results/doctor" in upload["with"]["path"].split(), upload

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 from ..config import ConfigError
 from ..measure.metadata import machine_name
@@ -20,22 +21,25 @@ from ..nightly import (
     PROFILES,
     SMOKE_GATE_BUDGET_S,
     SMOKE_LIMIT_S,
+    STATE_FILE,
+    WORKFLOWS,
     NightlyOptions,
     choose_profile,
-    finished_stages,
     last_night,
     make_plan,
+    overlap_variants,
     read_step_times,
     smoke_cases,
     smoke_green,
+    stage_history,
 )
 from ..outputs import InputError, OutputDir, OutputError, output_problem, read_input, safe_name, write_atomic
 from ..report import junit
 from ..results import export
 from ..results.gate import ratio_interval_text
 from ..results.records import read_records
-from ..run_spec import RunOptions, RunSpec
-from ..runtime.spawn import keeper, pdeathsig_preexec
+from ..run_spec import RunSpec
+from ..runtime.child import INHERIT, run_child
 from . import GATE_CODES, helps, unwind
 from .checks import MAX_ROUNDS, MAX_STEPS, require_nproc, require_number
 from .options import add_shared, selection
@@ -89,13 +93,16 @@ def add_parser(sub) -> None:
                tag="cases with this tag; repeatable (default: nightly-gpu on CUDA, smoke on CPU)", model=None)
     p.add_argument("--worlds", help="world sizes, comma-separated (default one: 2 on CPU, every GPU on CUDA)")
     add_shared(p, size="model size (default: the device's)", config=None, set=None,
-               rounds=f"timed rounds (default {NightlyOptions().rounds})",
-               steps=f"steps per round (default {NightlyOptions().steps})")
+               rounds=f"timed rounds (default {NightlyOptions().run.rounds}, the run specification's)",
+               steps=f"steps per round (default {NightlyOptions().run.steps}, the run specification's)")
+    p.add_argument("--workflow", choices=sorted(WORKFLOWS),
+                   help="a scheduled workflow's own options (suite/nightly.py WORKFLOWS: gpu is "
+                        + " ".join(WORKFLOWS["gpu"].args()) + "); options given as well win")
     p.add_argument("--out", default=os.path.join("results", "nightly"), help="output directory (default "
                    "results/nightly; keep nightly.json in it between nights for the estimates)")
     p.add_argument("--last-good", default=os.path.join("results", "last-good", "commit"),
                    help="file holding the last good commit (default results/last-good/commit)")
-    p.add_argument("--gate-budget", type=float, default=NightlyOptions().gate_budget_s / 60, metavar="MINUTES",
+    p.add_argument("--gate-budget", type=float, metavar="MINUTES",
                    help=f"the gate's timed trials, all cases and world sizes together (default "
                         f"{NightlyOptions().gate_budget_s / 60:g})")
     p.add_argument("--gate-case", action="append", default=[], metavar="GLOB",
@@ -110,10 +117,12 @@ def add_parser(sub) -> None:
     p.add_argument("--asv-config", default="asv.conf.json", help="asv config (default asv.conf.json)")
     p.add_argument("--machine", help="asv machine name (default: `fleetbench machine-name`)")
     p.add_argument("--quick", action="store_true", help="a smoke pass: no correctness checks")
-    p.add_argument("--profile", choices=PROFILES, default="full",
-                   help="full (default): every selected case; smoke: one case per strategy family at each world size, "
-                        "`ab` on one gate case, within an hour; auto (the scheduled workflow's): smoke until one smoke "
-                        "night is green in the state (nightly.json in --out), then full")
+    p.add_argument("--profile", choices=PROFILES,
+                   help="full (default): every selected case; smoke: one case per strategy family at each world size "
+                        "(an overlap case among them), `ab` on one gate case (against HEAD~1 before there is a last "
+                        "good commit), within an hour; auto (the scheduled workflow's): smoke until one smoke night "
+                        "is green in the state (nightly.json in --out), then full, or smoke again on a night full "
+                        "does not fit --limit")
     p.add_argument("--plan", action="store_true", help="print the plan (stages, cases x world sizes, the gate, "
                    "estimated durations) and exit; --device cuda is declared, not probed")
     p.add_argument("--step-times", metavar="FILE",
@@ -153,14 +162,14 @@ def _path_problem(option: str, path: str, directory: bool) -> str | None:
     return None
 
 
-def check_options(args) -> None:
+def check_options(args, ch: Chosen) -> None:
     """Every option of the night checked before anything runs (a stage hours in never finds a bad one): one
     ConfigError naming the first bad option, its value and what is allowed."""
     require_number("--rounds", args.rounds, minimum=1, maximum=MAX_ROUNDS)
-    require_number("--steps", args.steps, minimum=1, maximum=MAX_STEPS)
+    require_number("--steps", ch.steps, minimum=1, maximum=MAX_STEPS)
     require_number("--persist", args.persist, minimum=1, maximum=10_000)
-    require_number("--gate-budget", args.gate_budget, above=0.0, maximum=YEAR_MIN, unit="minutes")
-    require_number("--limit", args.limit, above=0.0, maximum=YEAR_MIN, unit="minutes")
+    require_number("--gate-budget", ch.gate_budget, above=0.0, maximum=YEAR_MIN, unit="minutes")
+    require_number("--limit", ch.limit, above=0.0, maximum=YEAR_MIN, unit="minutes")
     problem = (_path_problem("--out", args.out, directory=True)
                or _path_problem("--last-good", args.last_good, directory=False)
                or junit.path_problem("--junit", junit_path(args), [os.path.join(args.out, "runs.jsonl"),
@@ -169,10 +178,10 @@ def check_options(args) -> None:
         raise ConfigError(problem)
     worlds = _worlds(args.worlds)
     for w in worlds:
-        if args.plan and args.device == "cuda":  # no GPU is probed for a plan: bounded, not counted
+        if args.plan and ch.device == "cuda":  # no GPU is probed for a plan: bounded, not counted
             require_number("--worlds", w, minimum=1, maximum=MAX_WORLD)
         else:
-            require_nproc(w, args.device or "cpu", "--worlds")
+            require_nproc(w, ch.device or "cpu", "--worlds")
     if args.machine is not None:
         try:
             safe_name(args.machine, "--machine")
@@ -224,43 +233,80 @@ def check_ab_args(args, device: str | None) -> None:
         raise ConfigError(f"--ab-args {args.ab_args[:200]!r}: {str(exc)[:300]}") from None
 
 
-def plan_of(args):
-    """(resolved selection, plan, last night) of the options; nothing is run, and with --plan nothing probed."""
+@dataclass(frozen=True)
+class Chosen:
+    """The night's options that ``--workflow`` fills where none was given (suite/nightly.py ``WORKFLOWS``), with
+    the night's own defaults; the parsed options stay as they were given."""
+
+    device: str | None
+    steps: int | None
+    gate_budget: float  # minutes
+    gate_case: tuple[str, ...]
+    profile: str
+    limit: float | None  # minutes
+
+
+def chosen(args) -> Chosen:
+    wf = WORKFLOWS[args.workflow] if args.workflow else None
+    return Chosen(
+        device=args.device or (wf.device if wf else None),
+        steps=args.steps if args.steps is not None or wf is None else wf.steps,
+        gate_budget=args.gate_budget if args.gate_budget is not None else
+        wf.gate_budget_min if wf else NightlyOptions().gate_budget_s / 60,
+        gate_case=tuple(args.gate_case) or (wf.gate_cases if wf else ()),
+        profile=args.profile or (wf.profile if wf else "full"),
+        limit=args.limit if args.limit is not None or wf is None else wf.limit_min)
+
+
+def plan_of(args, ch: Chosen):
+    """(resolved selection, plan, last night, spec) of the options; nothing is run, and with --plan nothing probed.
+    Under ``--profile auto`` a night whose full plan does not fit ``--limit`` is planned as a smoke night (said in
+    its notes): the night chooses a profile that fits."""
     import fnmatch
 
     from ..selection import choose_platform, resolve
 
-    check_options(args)
+    check_options(args, ch)
     # the device first (a plan only declares it), for the default tag
-    device = args.device or (None if args.plan else choose_platform(None)[0])
+    device = ch.device or (None if args.plan else choose_platform(None)[0])
     tags = tuple(args.tag) or (() if (args.case or args.model) else ("nightly-gpu",) if device == "cuda" else
                                ("smoke",))
     sel = selection(args, tags=tags, worlds=_worlds(args.worlds), device=device,
                     config=os.path.abspath(args.config) if args.config else None)
     resolved = resolve(sel, probe=not args.plan)
     gate = [rc.case.name for rc in resolved.at[resolved.worlds[0]] if "gate" in rc.case.tags
-            and any(fnmatch.fnmatchcase(rc.case.name, g) for g in args.gate_case or ["*"])]
+            and any(fnmatch.fnmatchcase(rc.case.name, g) for g in ch.gate_case or ["*"])]
     if not gate:
         raise ConfigError("the gate has no case: none of the selected cases is tagged gate (`fleetbench run --list "
-                          "--tag gate` lists them)" + (" and matches --gate-case" if args.gate_case else ""))
+                          "--tag gate` lists them)" + (" and matches --gate-case" if ch.gate_case else ""))
     machine = args.machine or machine_name()
     last = last_night(args.out, machine)
-    profile = choose_profile(args.profile, last)
-    budget = args.gate_budget * 60.0
-    if profile == "smoke":  # one case per strategy family at each world size, `ab` on one gate case
-        names, one = smoke_cases(resolved, gate)
-        resolved = resolve(dataclasses.replace(sel, cases=tuple(names), tags=(), models=()), probe=not args.plan)
-        gate, budget = [one], min(budget, SMOKE_GATE_BUDGET_S)
     if not args.plan:  # the gate's options: `fleetbench ab`'s own checks, hours before the gate runs
         check_ab_args(args, device)
-    opts = NightlyOptions(**{k: v for k, v in (("rounds", args.rounds), ("steps", args.steps)) if v is not None},
-                          check=not args.quick, gate_budget_s=budget)
+    night = NightlyOptions().run  # the run specification's defaults, the night's traced steps
+    run = dataclasses.replace(night, check=not args.quick, rounds=night.rounds if args.rounds is None else args.rounds,
+                              steps=night.steps if ch.steps is None else ch.steps)
     try:
         measured = read_step_times(args.step_times) if args.step_times else None
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return (resolved, make_plan(resolved, gate, machine, opts, last, measured, profile), last,
-            night_spec(resolved, opts))
+
+    def planned(profile: str):
+        picked, cases, budget = resolved, gate, ch.gate_budget * 60.0
+        if profile == "smoke":  # one case per strategy family at each world size, `ab` on one gate case
+            names, one = smoke_cases(resolved, gate)
+            picked = resolve(dataclasses.replace(sel, cases=tuple(names), tags=(), models=()), probe=not args.plan)
+            cases, budget = [one], min(budget, SMOKE_GATE_BUDGET_S)
+        opts = NightlyOptions(run=run, gate_budget_s=budget)
+        return picked, make_plan(picked, cases, machine, opts, last, measured, profile), night_spec(picked, opts)
+
+    profile = choose_profile(ch.profile, last)
+    picked, plan, spec = planned(profile)
+    if ch.profile == "auto" and profile == "full" and (why := does_not_fit(ch, plan)):
+        picked, plan, spec = planned("smoke")
+        plan = dataclasses.replace(plan, notes=plan.notes + (f"the full profile does not fit: {why}; a smoke night "
+                                                             f"instead (--profile auto)",))
+    return picked, plan, last, spec
 
 
 def night_spec(resolved, opts: NightlyOptions) -> RunSpec:
@@ -268,33 +314,55 @@ def night_spec(resolved, opts: NightlyOptions) -> RunSpec:
     one run specification (``suite/run_spec.py``) handed to each stage as it is (``run --spec``,
     ``--fleetbench-spec``, FLEETBENCH_BENCH_SPEC, ``ab --spec``), never spelled back into their options."""
     sel = dataclasses.replace(resolved.selection, size=resolved.size, device=resolved.device, worlds=resolved.worlds)
-    return RunSpec(sel, RunOptions(steps=opts.steps, rounds=opts.rounds, warmup=opts.warmup, check=opts.check,
-                                   trace_steps=opts.trace_steps))
+    return RunSpec(sel, opts.run)
+
+
+def does_not_fit(ch: Chosen, plan) -> str | None:
+    """Why ``plan`` does not fit the night's limit (``night_limit``), in words; None when it fits."""
+    limit = night_limit(ch, plan)
+    over = plan.over(limit * 60.0) if limit is not None else None
+    if over is None:
+        return None
+    stage, end = over
+    said = f"--limit {limit:g} min" if limit == ch.limit else f"the smoke profile's {limit:g} min"
+    return (f"{said}: the plan does not fit: stage {stage.name!r} would end at {end / 60:.1f} min (the whole "
+            f"night {plan.seconds / 60:.1f} min)")
 
 
 def main(args) -> int:
-    resolved, plan, last, spec = plan_of(args)
+    ch = chosen(args)
+    resolved, plan, last, spec = plan_of(args, ch)
     if args.plan:
         print("\n".join(plan.lines()))
-    limit = night_limit(args, plan)
-    if limit is not None:
-        over = plan.over(limit * 60.0)
-        if over is not None:
-            stage, end = over
-            said = f"--limit {limit:g} min" if limit == args.limit else f"the smoke profile's {limit:g} min"
-            raise ConfigError(f"{said}: the plan does not fit: stage {stage.name!r} would end "
-                              f"at {end / 60:.1f} min (the whole night {plan.seconds / 60:.1f} min); select fewer "
-                              f"cases or world sizes, or lower --rounds/--steps/--gate-budget")
+    why = does_not_fit(ch, plan)
+    if why is not None:
+        if not args.plan:
+            record_refusal(args, ch, plan, why)
+        raise ConfigError(f"{why}; select fewer cases or world sizes, or lower --rounds/--steps/--gate-budget")
     if args.plan:
         return 0
-    return Night(args, resolved, plan, spec, last).run()
+    return Night(args, ch, resolved, plan, spec, last).run()
 
 
-def night_limit(args, plan) -> float | None:
+def record_refusal(args, ch: Chosen, plan, why: str) -> None:
+    """A night refused before anything ran says why in the state it would have written (nightly.json in --out):
+    what was recorded stays, ``refused`` is added (the next night's plan and its reader see it)."""
+    state = last_night(args.out, plan.machine) or {"machine": plan.machine, "stages": {}}
+    state["refused"] = {"at": time.time(), "profile": plan.profile, "plan_s": round(plan.seconds, 1),
+                        "limit_min": ch.limit, "why": why}
+    try:
+        with OutputDir(args.out) as out:
+            out.write(STATE_FILE, json.dumps(state, indent=1))
+    except OSError as exc:
+        print(f"fleetbench nightly: the refusal could not be recorded in {args.out}/{STATE_FILE} ({exc})",
+              file=sys.stderr, flush=True)
+
+
+def night_limit(ch: Chosen, plan) -> float | None:
     """The night's limit in minutes: --limit, and for a smoke night at most an hour (``SMOKE_LIMIT_S``)."""
     if plan.profile != "smoke":
-        return args.limit
-    return min(args.limit if args.limit is not None else math.inf, SMOKE_LIMIT_S / 60)
+        return ch.limit
+    return min(ch.limit if ch.limit is not None else math.inf, SMOKE_LIMIT_S / 60)
 
 
 def junit_path(args) -> str:
@@ -320,12 +388,12 @@ def _worst(codes) -> int:
 class Night:
     """One night: the stages in order, the state (``nightly.json``) saved as each ends."""
 
-    def __init__(self, args, resolved, plan, spec: RunSpec, last: dict | None = None):
-        self.args, self.resolved, self.plan, self.spec = args, resolved, plan, spec
+    def __init__(self, args, ch: Chosen, resolved, plan, spec: RunSpec, last: dict | None = None):
+        self.args, self.ch, self.resolved, self.plan, self.spec = args, ch, resolved, plan, spec
         self.py = sys.executable
         self.out = os.path.abspath(args.out)  # the stages run in the checkout's root
         self.dir: OutputDir | None = None  # --out, held once the night starts (nothing written through a link)
-        limit = night_limit(args, plan)
+        limit = night_limit(ch, plan)
         self.deadline = None if limit is None else time.monotonic() + limit * 60.0
         self.asv_config = os.path.abspath(args.asv_config)
         self.env = dict(os.environ, PYTHONPATH=ROOT + (os.pathsep + os.environ["PYTHONPATH"]
@@ -336,7 +404,7 @@ class Night:
         self.junit_files: dict[str, list[str]] = {}  # stage -> the JUnit files its commands were given
         self.state: dict = {"machine": plan.machine, "commit": self.commit, "device": resolved.device,
                             "worlds": list(resolved.worlds), "started": time.time(), "stages": {},
-                            "status": None, "earlier": finished_stages(last), "profile": plan.profile,
+                            "status": None, "earlier": stage_history(last), "profile": plan.profile,
                             "smoke_green": smoke_green(last)}
 
     # -- bookkeeping ------------------------------------------------------------------------------------
@@ -372,24 +440,16 @@ class Night:
         except OSError as exc:
             print(f"fleetbench nightly: --junit {self.junit}: not written ({exc})", file=sys.stderr, flush=True)
 
-    def call(self, cmd: list, stdout=None, env: dict | None = None) -> int:
+    def call(self, cmd: list, stdout=INHERIT, env: dict | None = None) -> int:
         """A stage's command, bounded by --limit; on a cancel (SIGINT/SIGTERM) or at the limit the child gets
-        SIGINT and a few seconds to clean up (what it finished is kept), then the night ends."""
-        # a stage dies with the night (SIGTERM from the kernel, a killed -9 night too: it unwinds like a cancel)
-        proc = keeper.call(subprocess.Popen, cmd, cwd=ROOT, env=env or self.env, stdout=stdout,
-                           preexec_fn=pdeathsig_preexec(signal.SIGTERM))
-        try:
-            return proc.wait(timeout=None if self.deadline is None else max(1.0, self.deadline - time.monotonic()))
-        except (KeyboardInterrupt, subprocess.TimeoutExpired) as exc:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=6)
-            except (subprocess.TimeoutExpired, KeyboardInterrupt):
-                proc.kill()
-                proc.wait()
-            if isinstance(exc, subprocess.TimeoutExpired):
-                raise OverLimit from None
-            raise
+        SIGINT and a few seconds to clean up (what it finished is kept), then the night ends.  It dies with the
+        night (SIGTERM from the kernel: a killed -9 night's stage unwinds like a cancel)."""
+        left = None if self.deadline is None else max(1.0, self.deadline - time.monotonic())
+        done = run_child(cmd, left, cwd=ROOT, env=env or self.env, stdout=stdout, stderr=INHERIT, stop=signal.SIGINT,
+                         grace=6.0, death_signal=signal.SIGTERM)
+        if done.timed_out:
+            raise OverLimit
+        return 127 if done.rc is None else done.rc
 
     def stage(self, name: str, fn, **facts) -> int:
         print(f"== {name}", flush=True)
@@ -537,10 +597,28 @@ class Night:
             return None
         return good
 
+    def parent_commit(self) -> str | None:
+        """HEAD~1, when this checkout has it (a first smoke night's gate compares against it)."""
+        got = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{self.commit}~1^{{commit}}"], cwd=ROOT,
+                             capture_output=True, text=True)
+        return got.stdout.strip() or None if got.returncode == 0 else None
+
+    def gate_base(self, good: str | None) -> tuple[str | None, str]:
+        """The commit the gate compares HEAD with, and why that one: ``good``, the last good commit; on a smoke night
+        before there is one, HEAD~1 (a smoke night proves the gate runs; a full night without one makes this commit
+        the baseline)."""
+        if good is not None:
+            return good, "the last good commit"
+        if self.plan.profile == "smoke" and (parent := self.parent_commit()):
+            print(f"smoke night without a last good commit: the gate compares HEAD with HEAD~1 ({parent[:10]})")
+            return parent, "HEAD~1 (no last good commit yet)"
+        return None, "no last good commit"
+
     def gate_stage(self) -> int:
         good = self.last_good()
-        gate = self.state["gate"] = {"last_good": good, "worlds": {}}
-        if good is None:  # no basis for the next plan's gate estimate (suite/nightly.py, finished_stages)
+        base, kind = self.gate_base(good)
+        gate = self.state["gate"] = {"last_good": good, "base": base, "base_kind": kind, "worlds": {}}
+        if base is None:  # no basis for the next plan's gate estimate (suite/nightly.py, stage_history)
             self.state["stages"]["gate"]["skipped"] = "no last good commit"
             return 0
         codes = []
@@ -555,12 +633,14 @@ class Night:
             spec = self.spec_file(f"gate-w{w}.spec.json", gate_spec)
             with self.dir.replacing(f"ab-w{w}.json") as fh:  # ab's --json document, never through a link
                 code = self.call(self.fleetbench(
-                    "ab", good, self.commit, "--spec", spec, "--total-budget", f"{share:.0f}",
+                    "ab", base, self.commit, "--spec", spec, "--total-budget", f"{share:.0f}",
                     *shlex.split(self.args.ab_args), "--junit", self.junit_file("gate", f"ab-w{w}"), "--json"),
                     stdout=fh)
             codes.append(_code(code))
-            gate["worlds"][str(w)] = {"exit": code, "cases": names, "budget_s": share}
-            lines = _gate_lines(path, code)
+            doc = _ab_doc(path)
+            gate["worlds"][str(w)] = {"exit": code, "cases": names, "budget_s": share,
+                                      "identical": bool(doc and doc.get("identical"))}
+            lines = _gate_lines(doc, code)
             self.dir.append("gate.md", "\n".join(lines) + "\n")
             print("\n".join(lines), flush=True)
             self.save()  # the verdict of each world size is kept as it comes
@@ -601,13 +681,16 @@ class Night:
             codes["history"] = self.stage("history", self.history_stage)
         except KeyboardInterrupt as exc:
             over = isinstance(exc, OverLimit)
-            print(f"fleetbench nightly: {f'over --limit {self.args.limit:g} min' if over else 'cancelled'}; what "
-                  f"finished is kept in {self.out}", file=sys.stderr)
+            said = f"over --limit {night_limit(self.ch, self.plan):g} min" if over else "cancelled"
+            print(f"fleetbench nightly: {said}; what finished is kept in {self.out}", file=sys.stderr)
             return 2 if over else 130
         finally:
             signal.signal(signal.SIGTERM, previous)
         status = _worst(codes.values())
         self.state["status"] = status
+        overlap = overlap_variants()
+        self.state["overlap_cases"] = sorted({r.case for r in self.tonight() if r.case.rsplit("/", 1)[-1] in overlap
+                                              and r.status == "ok" and r.verdict == "pass"})
         self.state["smoke_green"] = smoke_green(self.state)  # kept from night to night: auto then runs full
         self.save()
         print(f"== nightly: status {status} (" + ", ".join(f"{k} {v}" for k, v in codes.items()) + ")")
@@ -618,11 +701,18 @@ class OverLimit(KeyboardInterrupt):
     """The night reached --limit: the running stage is stopped like a cancel, and the night ends (exit 2)."""
 
 
-def _gate_lines(path: str, code: int) -> list[str]:
-    """The gate's verdict in Markdown lines, from `ab --json`'s output."""
+def _ab_doc(path: str) -> dict | None:
+    """`ab --json`'s document, or None when it wrote none."""
     try:
         doc = json.loads(read_input(path, "ab --json document", 256 * 2**20))
     except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _gate_lines(doc: dict | None, code: int) -> list[str]:
+    """The gate's verdict in Markdown lines, from `ab --json`'s document."""
+    if doc is None:
         return [f"ab gate: no result (exit {code}; the log above says why)"]
     lines = [f"- identical: {doc['identical']} (nothing timed)"] if doc.get("identical") else []
     for c in doc["cases"]:
