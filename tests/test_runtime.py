@@ -68,3 +68,28 @@ def test_two_pools_side_by_side_do_not_collide(pool2):
         assert pool2.run(allreduce_rank_sum) == [1.0, 1.0]
     finally:
         other.close()
+
+
+def communicators_on_rank() -> dict:
+    """comm_groups asked for 3, then 2, then 1 communicators: how many were made, and whether the smaller asks got
+    the first of the same ones."""
+    from suite.runtime import groups
+
+    groups.reset()
+    three, two, one = groups.comm_groups(3), groups.comm_groups(2), groups.comm_groups(1)
+    made = {id(g) for g in three + two + one}
+    labels = [groups.label_of(g) for g in three]
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(4)
+    dist.all_reduce(t, group=two[1])  # a shared communicator still reduces over every rank
+    groups.reset()
+    return {"made": len(made), "same": two == three[:2] and one == three[:1], "labels": labels, "sum": float(t[0])}
+
+
+def test_engines_of_fewer_communicators_reuse_the_first_ones(pool2):
+    """At world 8 each rank held 10 to 19 communicators, one set per nccl_comm_num asked (issue 43.8): now 1, 2 and 3
+    communicators are the first 1, 2 and 3 of one list, 3 groups in all, labelled comm0..comm2."""
+    for r in pool2.run(communicators_on_rank):
+        assert r == {"made": 3, "same": True, "labels": ["comm0", "comm1", "comm2"], "sum": 2.0}, r

@@ -38,16 +38,19 @@ def _new_group(ranks: list[int], label: str):
 
 
 def comm_groups(n: int, parent: dist.ProcessGroup | None = None) -> list:
-    """``n`` communicators over the same ranks (Paddle's ``nccl_comm_num``).
+    """``n`` communicators over the same ranks (Paddle's ``nccl_comm_num``): the first ``n`` of one list per set of
+    ranks, made as they are first asked for, so engines of 1, 2 and 3 communicators share ``comm0`` (3 in all, not
+    6: each NCCL communicator holds its own buffers, NVLS's several hundred MB on a GPU of an NVLink switch).
 
     On CUDA each NCCL communicator runs its collectives on its own stream; on gloo each
     group has its own worker threads, so collectives on different groups can proceed at once.
+    Every rank asks in the same order (the engines are built in the same order), so the made groups agree.
     """
     ranks = list(range(dist.get_world_size())) if parent is None else dist.get_process_group_ranks(parent)
-    key = ("comm", n, tuple(ranks))
-    if key not in _CACHE:
-        _CACHE[key] = [_new_group(ranks, f"comm{i}") for i in range(n)]
-    return _CACHE[key]
+    made = _CACHE.setdefault(("comm", tuple(ranks)), [])
+    while len(made) < n:
+        made.append(_new_group(ranks, f"comm{len(made)}"))
+    return made[:n]
 
 
 @dataclass(frozen=True)
