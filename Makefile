@@ -23,7 +23,7 @@ CHECK_WHEEL := $(PY) -c 'import sys, torch; sys.exit(None if torch.version.cuda 
 endif
 ARGS ?=
 
-.PHONY: run test test-slow lint setup setup-hf bench asv-smoke nightly-cpu figures clean-venv
+.PHONY: run test test-slow lint setup setup-hf bench asv-smoke asv-preview nightly-cpu figures clean-venv
 
 # pip byte-compiles one file at a time (about 50 s of a 2-core machine's install for torch); compileall does the same on
 # every core (about 20 s). Files in a newer Python's syntax (torch's testing/_internal/py312_intrinsics.py) are skipped,
@@ -97,6 +97,10 @@ asv-smoke: setup
 		--set-commit-hash $$(git rev-parse HEAD) --machine $(ASV_MACHINE) --launch-method spawn --show-stderr
 	$(ASV) publish
 	$(VENV)/bin/fleetbench asv-offline results/html
+
+# The dashboard served on loopback (opened as a file its pages cannot fetch their data): http://127.0.0.1:8080/
+asv-preview:
+	$(PY) -m http.server --bind 127.0.0.1 --directory results/html 8080
 
 # Every strategy's benchmark figures, as written into the README (takes a while; run on a quiet machine).
 # Each keeps its raw data (*-raw.json, gate-runs.json): `fleetbench figures NAME --load FILE` renders it again.

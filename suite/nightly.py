@@ -30,6 +30,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 
+from .model_registry import REGISTRY
 from .outputs import read_input
 from .run_spec import RunOptions
 
@@ -42,13 +43,9 @@ STAGES = ("run", "pytest-benchmark", "asv", "report", "gate", "history")
 EXPORTS = ("pytest-benchmark", "asv")  # stages that export the run stage's records (their state entry: exported)
 STATE_FILE = "nightly.json"  # in the results directory: tonight's stages as each ends (durations, exit codes)
 
-# Rough seconds per training step, one rank, at each device's default size (cpu: the `cpu` size, cuda: `full`).
-# Stated as rough: orders of magnitude from this project's CPU runs and published GPU throughputs, only used
-# until a night on this machine has recorded its stages.
-ROUGH_STEP_S = {
-    "cpu": {"mlp": 0.01, "resnet": 0.05, "transformer": 0.05, "resnet50": 1.5, "gpt2": 2.0, "bert": 1.5},
-    "cuda": {"mlp": 0.002, "resnet": 0.005, "transformer": 0.005, "resnet50": 0.15, "gpt2": 0.35, "bert": 0.25},
-}
+# Rough seconds per training step, one rank, at each device's default size (cpu: the `cpu` size, cuda: `full`): the
+# registry's (suite/model_registry.py), only used until a night on this machine has recorded its stages.
+ROUGH_STEP_S = {device: {m.name: m.rough_step_s[i] for m in REGISTRY} for i, device in enumerate(("cpu", "cuda"))}
 ROUGH_OTHER_STEP_S = {"cpu": 2.0, "cuda": 0.5}  # a user's own model
 CASE_OVERHEAD_S = 15.0  # per (case, world): engine build, warm-up bookkeeping, the harness's own start
 WORLD_OVERHEAD_S = 30.0  # per world size and stage: a rank pool (and for the gate, two revisions' servers)
@@ -77,6 +74,7 @@ class Workflow:
 
     name: str
     device: str
+    tag: str  # the cases it selects when no --case, --tag or --model is given
     steps: int  # per timed window (rounds: the run specification's default)
     gate_budget_min: float
     gate_cases: tuple[str, ...]
@@ -85,13 +83,13 @@ class Workflow:
 
     def args(self) -> list[str]:
         """The night's options as `fleetbench nightly` takes them."""
-        return ["--device", self.device, "--steps", str(self.steps), "--gate-budget", f"{self.gate_budget_min:g}",
-                *[x for g in self.gate_cases for x in ("--gate-case", g)], "--profile", self.profile,
-                "--limit", f"{self.limit_min:g}"]
+        return ["--device", self.device, "--tag", self.tag, "--steps", str(self.steps), "--gate-budget",
+                f"{self.gate_budget_min:g}", *[x for g in self.gate_cases for x in ("--gate-case", g)], "--profile",
+                self.profile, "--limit", f"{self.limit_min:g}"]
 
 
 # .github/workflows/nightly-gpu.yml runs `.ci/nightly --workflow gpu` (tests/test_nightly.py reads both)
-WORKFLOWS = {"gpu": Workflow("gpu", device="cuda", steps=10, gate_budget_min=45.0,
+WORKFLOWS = {"gpu": Workflow("gpu", device="cuda", tag="nightly-gpu", steps=10, gate_budget_min=45.0,
                              gate_cases=("resnet50/*", "gpt2/*", "bert/*"), profile="auto", limit_min=330.0)}
 
 

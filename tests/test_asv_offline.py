@@ -33,7 +33,10 @@ def test_every_cdn_asset_of_asvs_pages_is_vendored_and_the_pages_load_nothing_fr
     before = (published / "index.html").read_text()
     assert set(external_assets(before)) == set(ASSETS), "asv's CDN assets changed: update ASSETS and vendor/asv"
     assert main(["asv-offline", str(published)]) == 0
-    assert "works offline" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "works offline" in said  # and how to open it (issue 46.5): served on loopback, not as a file
+    assert f"python3 -m http.server --bind 127.0.0.1 --directory {published} 8080" in said
+    assert "http://127.0.0.1:8080/" in said
     for page in published.glob("*.html"):
         html = page.read_text()
         assert external_assets(html) == [], page

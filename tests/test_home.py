@@ -85,6 +85,21 @@ def test_make_test_runs_the_tests_on_two_workers_and_make_test_slow_one_at_a_tim
     assert " -n " not in pytest_line("test-slow") and "--dist" not in pytest_line("test-slow")
 
 
+def test_make_asv_preview_serves_the_dashboard_on_loopback_only(tmp_path):
+    """The dashboard opened as a file shows "Error fetching content" (issue 46.5): `make asv-preview` serves
+    results/html, bound to 127.0.0.1 (`asv preview` binds every interface).  The recipe as make would run it."""
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("no make here: the Makefile's recipe cannot run")
+    work, venv = _copy_of_the_makefile(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS"))}
+    proc = subprocess.run([make, "-n", "asv-preview", f"VENV={venv}"], cwd=work, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (line,) = [ln for ln in proc.stdout.splitlines() if "http.server" in ln]
+    assert "-m http.server --bind 127.0.0.1 --directory results/html 8080" in line, line
+
+
 MATPLOTLIB_USER = """
 import os, sys
 from suite.report import figures

@@ -659,9 +659,11 @@ def test_a_refused_night_records_why_and_auto_picks_a_profile_that_fits(tmp_path
     assert out.startswith("nightly plan (smoke profile)") and "the full profile does not fit: --limit 30 min" in out
 
 
-def test_the_gpu_workflow_and_the_gpu_checks_plan_take_the_nights_options_from_one_place():
+def test_the_gpu_workflow_and_the_gpu_checks_plan_take_the_nights_options_from_one_place(tmp_path, monkeypatch,
+                                                                                          capsys):
     """The workflow passes `--workflow gpu` and none of the options that preset holds; the GPU check's phase 5 plans
-    with the same preset (issue 43.7); the preset's limit leaves the job's timeout room for its other steps."""
+    with the same preset (issue 43.7), and that plan is accepted on CUDA and on CPU (`.ci/gpu-check --device cpu`);
+    the preset's limit leaves the job's timeout room for its other steps."""
     import yaml
 
     from suite.gpucheck import phases as P
@@ -675,6 +677,11 @@ def test_the_gpu_workflow_and_the_gpu_checks_plan_take_the_nights_options_from_o
     assert WORKFLOWS["gpu"].limit_min <= job["timeout-minutes"] - 20
     args = P.plan_args("cuda", "/tmp/x", None)
     assert args[args.index("--workflow") + 1] == "gpu" and "--rounds" not in args and "--steps" not in args
+    _no_gpu_probe(monkeypatch)
+    for device in ("cuda", "cpu"):
+        assert main(P.plan_args(device, str(tmp_path / device), None)) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        assert "(smoke profile)" in out and "gate: 2 (case, world) pair(s)" in out, out[-2000:]
 
 
 def _steps() -> list[dict]:

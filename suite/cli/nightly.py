@@ -239,6 +239,7 @@ class Chosen:
     the night's own defaults; the parsed options stay as they were given."""
 
     device: str | None
+    tags: tuple[str, ...]
     steps: int | None
     gate_budget: float  # minutes
     gate_case: tuple[str, ...]
@@ -250,6 +251,7 @@ def chosen(args) -> Chosen:
     wf = WORKFLOWS[args.workflow] if args.workflow else None
     return Chosen(
         device=args.device or (wf.device if wf else None),
+        tags=tuple(args.tag) or ((wf.tag,) if wf and not (args.case or args.model) else ()),
         steps=args.steps if args.steps is not None or wf is None else wf.steps,
         gate_budget=args.gate_budget if args.gate_budget is not None else
         wf.gate_budget_min if wf else NightlyOptions().gate_budget_s / 60,
@@ -269,8 +271,7 @@ def plan_of(args, ch: Chosen):
     check_options(args, ch)
     # the device first (a plan only declares it), for the default tag
     device = ch.device or (None if args.plan else choose_platform(None)[0])
-    tags = tuple(args.tag) or (() if (args.case or args.model) else ("nightly-gpu",) if device == "cuda" else
-                               ("smoke",))
+    tags = ch.tags or (() if (args.case or args.model) else ("nightly-gpu",) if device == "cuda" else ("smoke",))
     sel = selection(args, tags=tags, worlds=_worlds(args.worlds), device=device,
                     config=os.path.abspath(args.config) if args.config else None)
     resolved = resolve(sel, probe=not args.plan)

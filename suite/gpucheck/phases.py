@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..cases import BASELINE, CASES, FAMILIES, VARIANTS
 from ..doctor_report import read_lines
+from ..model_registry import PUBLISHED_MODELS, REGISTRY
 from ..nightly import WORKFLOWS
 from ..outputs import OutputDir
 from ..runtime.child import ChildResult, run_child, tail
@@ -60,8 +61,11 @@ CUDA_ONLY = {1: "CUDA, cuDNN and NCCL versions and the wheel's fit to the driver
 BOUNDS = {"cuda": {0: 20, 1: 40, 2: 110, 3: 45, 4: 150, 5: 40}, "cpu": {0: 20, 1: 40, 2: 240, 3: 45, 4: 240, 5: 90}}
 DEADLINE_S = {"cuda": 345.0, "cpu": 720.0}
 NEEDS = {1: ("torch",), 2: ("torch", "numpy"), 3: ("torch", "numpy"), 4: ("torch", "numpy"), 5: ("torch", "numpy")}
-# phase 4's models in order (the first is traced and gets the first share of the cap); on CPU the fastest first
-MODELS = {"cuda": ("resnet50", "gpt2", "bert"), "cpu": ("bert", "gpt2", "resnet50")}
+# phase 4's models in order, the registry's published ones (the first is traced and gets the first share of the cap);
+# on CPU the fastest first (the registry's rough step times)
+MODELS = {"cuda": tuple(PUBLISHED_MODELS),
+          "cpu": tuple(sorted(PUBLISHED_MODELS, key=lambda m: next(r.rough_step_s[0] for r in REGISTRY
+                                                                   if r.name == m)))}
 # phase 4's settings per device: size, rounds, steps per round, warm-up, check steps
 RUN = {"cuda": ("full", 2, 3, 1, 2), "cpu": ("tiny", 2, 2, 1, 1)}
 WORLDS = {"cuda": "1,8", "cpu": "1,2"}
