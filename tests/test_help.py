@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +44,10 @@ def test_the_side_projects_commands_and_options_are_gone():
                      "figures cluster", "cost model"):
             assert gone not in text, (name, gone)
     assert "--rotate" in texts["ab"] and "--rotate" in texts["bisect"]  # ab's rotation stays, N >= 2
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    assert len(readme.split()) < 2000, len(readme.split())  # as `wc -w` counts
+    for gone in ("predict", "--calibrate", "extrapolate", "figures gate", "figures cluster", "INJECT", "experiments"):
+        assert gone not in readme, gone
 
 
 def _examples(text: str) -> list[str]:
