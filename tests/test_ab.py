@@ -591,6 +591,23 @@ def test_aa_comparisons_at_the_smallest_allowed_settings_say_slower_at_most_1_pe
     assert all(r <= 0.01 for r in rates.values()), rates
 
 
+def test_the_statistics_always_rotate_and_need_the_blocks_of_min_pairs():
+    """One preparation per side (rotate 0) is no mode of the statistics any more (ab refused it already), and a cap
+    on the blocks below --rotate x min_pairs could never reach a verdict: both refused, naming the option; the
+    default rotation is ab's, 5, in the statistics and in ab's options alike."""
+    from suite.run_spec import AB_ROTATE, AbOptions, RunSpec, SeqOptions, SpecError
+
+    for bad in (0, 1):
+        with pytest.raises(ValueError, match=f"--rotate {bad}: must be a whole number >= 2"):
+            SeqOptions(rotate=bad)
+    with pytest.raises(ValueError, match=r"--max-blocks 14: must be >= 15 \(--rotate 5 blocks x 3 pairs"):
+        SeqOptions(max_blocks=14)
+    assert SeqOptions(max_blocks=15).max_blocks == 15 and SeqOptions(rotate=2, max_blocks=6).min_pairs == 3
+    assert SeqOptions().rotate == AbOptions().seq.rotate == AB_ROTATE == 5
+    with pytest.raises(SpecError, match="ab.seq: --rotate 0"):
+        RunSpec.from_dict({"ab": {"seq": {"rotate": 0}}})
+
+
 def test_bisection_split_classifies_two_ways():
     from suite.ab.stats import SeqOptions, Sequential
 
