@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from suite.cli import error
 from suite.cli.checks import MAX_ROUNDS, MAX_STEPS, WEEK, require_number, require_seconds, require_writable
@@ -64,8 +66,9 @@ def extrapolate_main(args) -> int:
     return 0
 
 
-FIGURE_FIELDS = {"rounds": int, "steps": int, "timeout": float, "sizes": lambda t: tuple(int(float(x)) for x in
-                 _csv(t)), "rates": _csv, "shapes": _csv, "models": _csv, "rechecks": int, "save": str, "load": str}
+FIGURE_FIELDS: dict[str, Callable[[str], Any]] = {
+    "rounds": int, "steps": int, "timeout": float, "sizes": lambda t: tuple(int(float(x)) for x in _csv(t)),
+    "rates": _csv, "shapes": _csv, "models": _csv, "rechecks": int, "save": str, "load": str}
 
 
 def figure_main(args) -> int:
