@@ -469,3 +469,14 @@ def test_the_calibrations_blocks_run_on_real_ranks_through_timed_block(pool2):
         for r in answer["rows"]:
             assert len(r["seconds"]) == len(r["cpu_seconds"]) == 3, r
             assert all(math.isfinite(x) and x > 0 for x in r["seconds"]) and all(x >= 0 for x in r["cpu_seconds"])
+
+
+def test_cluster_figure_options_are_checked_before_anything_runs(capsys):
+    """(moved from tests/test_figures.py) a bad model or rate is refused when the options are built, before any
+    cluster comes up."""
+    from experiments.costmodel.cli import main
+
+    assert main(["figure", "--models", "mlp,nope"]) == 2
+    assert "figures cluster: models nope unknown; allowed: mlp, resnet, resnet50, gpt2" in capsys.readouterr().err
+    assert main(["figure", "--rates", "fast"]) == 2
+    assert "rate='fast': expected a number and a unit" in capsys.readouterr().err
