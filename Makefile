@@ -103,7 +103,7 @@ asv-preview:
 	$(PY) -m http.server --bind 127.0.0.1 --directory results/html 8080
 
 # Every strategy's benchmark figures, as written into the README (takes a while; run on a quiet machine).
-# Each keeps its raw data (*-raw.json, gate-runs.json): `fleetbench figures NAME --load FILE` renders it again.
+# Each keeps its raw data (*-raw.json): `fleetbench figures NAME --load FILE` renders it again.
 FIGURES := docs/figures
 figures: setup
 	mkdir -p $(FIGURES)
@@ -117,14 +117,8 @@ figures: setup
 	# the engine's own cost beside DDP: 60 rounds and on, until each ratio's interval is 0.05 wide (at most 160)
 	$(VENV)/bin/fleetbench figures engine_cost --nproc 2 --rounds 60 --max-rounds 160 --steps 3 \
 		--out $(FIGURES)/engine_cost.md --save $(FIGURES)/engine_cost-raw.json
-	# gate.md combines these two with its prose (the command of each section is written above it there)
-	# (section 2's earlier measurement, gate-runs.json, is kept and not made again: `--load` renders it; sections 3
-	# and 4, the study of the bias's sources, keep their raw data; their code is retired, gate.md names its commit)
-	$(VENV)/bin/fleetbench figures gate --cases mlp/plain,resnet/plain --pairs 3 --slow-pairs 2 --blocks 30 \
-		--regroup 6 --sims 40 --rounds 7 --out $(FIGURES)/gate-default.md --save $(FIGURES)/gate-default-runs.json
-	$(VENV)/bin/fleetbench figures gate --cases resnet50/overlap --size cpu --steps 2 --pairs 2 --slow-pairs 1 \
-		--blocks 24 --regroup 8 --budget 600 --rounds 7 --out $(FIGURES)/gate-workload.md --save $(FIGURES)/gate-workload-runs.json
-	$(VENV)/bin/fleetbench figures cluster   --rounds 3 --steps 4 --save $(FIGURES)/cluster-raw.json --out $(FIGURES)/cluster.md
+	# gate.md and cluster.md are kept as measured: their generators left the package (gate.md and cluster.md say how
+	# they were made; experiments/README.md)
 
 clean-venv:
 	rm -rf $(VENV)

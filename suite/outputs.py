@@ -1,7 +1,7 @@
 """The one way fleetbench writes a file, and reads one where a file is expected.
 
 Every output of every command goes through here (reports, plots, traces, --markdown, --save, --out,
-profiles, calibrations, the nightly's state and last good commit, the asv dashboard's vendored assets,
+the nightly's state and last good commit, the asv dashboard's vendored assets,
 appended records):
 
 - **nothing that is not ours is replaced**: an existing path that is not a regular file (a directory

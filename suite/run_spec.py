@@ -158,6 +158,9 @@ class RunOptions:
 
 
 # ---- ab: trials and the sequential statistics -------------------------------------------------------------------
+AB_ROTATE = 5  # `ab --rotate`'s default: the case prepared afresh on both sides every 5 blocks (docs/figures/gate.md)
+
+
 @dataclass(frozen=True)
 class SeqOptions:
     """The sequential ABBA comparison's settings (its rules: ``suite/ab/stats.py``)."""
@@ -165,15 +168,14 @@ class SeqOptions:
     delta: float = spec(0.02, "equivalence margin on the step-time ratio (0.02: ±2%): 'same' inside it")
     threshold: float = spec(0.05, "the gate's question: slower by this much or more? ('not slower' below it)")
     confidence: float = spec(0.99, "of the intervals, over all the looks of one comparison (alpha = 1 - it)")
-    min_blocks: int = spec(10, "no look before this many blocks")
     max_blocks: int = spec(2000, "blocks at most per case")
     budget_s: float = spec(180.0, "timed blocks per case, seconds (prepare and check not counted)", option="--budget")
     trim: float = spec(0.2, "trimmed mean of the block log ratios")
     seed: int = spec(0, "seed of the block orders and the bootstrap", ge=0, le=2**32 - 1)
     split: float | None = spec(None, "bisection: a log ratio; above it 'slower', below it 'same' (two regions)")
-    rotate: int = spec(0, "blocks per pair of preparations (0: one preparation for the whole comparison)")
-    min_pairs: int = spec(3, "with rotation: pairs of preparations before any verdict")
-    restart: int = spec(2, "with rotation: every K-th fresh preparation on fresh servers (0: never, 1: always)")
+    rotate: int = spec(AB_ROTATE, "blocks per pair of preparations: the case prepared afresh on both sides every N")
+    min_pairs: int = spec(3, "pairs of preparations before any verdict")
+    restart: int = spec(2, "every K-th fresh preparation on fresh servers (0: never, 1: always)")
 
     def __post_init__(self):
         _check_options(self)  # types and the seed's range; the rest below, with the statistics' own words
@@ -186,25 +188,22 @@ class SeqOptions:
                              f"margin ('same') must lie within the threshold ('not slower by {self.threshold:.0%}')")
         if not (0.5 < self.confidence < 1):
             raise ValueError(f"--confidence {self.confidence!r}: must be in (0.5, 1)")
-        if self.min_blocks < 3:
-            raise ValueError(f"--min-blocks {self.min_blocks!r}: must be a whole number >= 3")
-        if self.max_blocks < self.min_blocks:
-            raise ValueError(f"--max-blocks {self.max_blocks}: must be >= --min-blocks ({self.min_blocks})")
         if not (self.budget_s > 0 and self.budget_s != float("inf")):
             raise ValueError(f"--budget {self.budget_s!r}: must be a finite number of seconds > 0")
         if not (0 <= self.trim < 0.5):
             raise ValueError(f"trim {self.trim!r}: must be in [0, 0.5)")
-        if not (self.rotate == 0 or self.rotate >= 2):
-            raise ValueError(f"--rotate {self.rotate!r}: must be 0 (one preparation) or a whole number "
-                             f">= 2 (blocks per pair of preparations)")
+        if self.rotate < 2:
+            raise ValueError(f"--rotate {self.rotate!r}: must be a whole number >= 2 (blocks per pair of "
+                             f"preparations)")
         if self.restart < 0:
             raise ValueError(f"--restart {self.restart!r}: must be a whole number >= 0 (fresh servers every K-th "
                              f"rotation; 0: never)")
         if self.min_pairs < 2:
             raise ValueError(f"min_pairs {self.min_pairs!r}: must be a whole number >= 2")
-
-
-AB_ROTATE = 5  # `ab --rotate`'s default: the case prepared afresh on both sides every 5 blocks (docs/figures/gate.md)
+        if self.max_blocks < self.rotate * self.min_pairs:
+            raise ValueError(f"--max-blocks {self.max_blocks}: must be >= {self.rotate * self.min_pairs} (--rotate "
+                             f"{self.rotate} blocks x {self.min_pairs} pairs of preparations, the fewest a verdict "
+                             f"looks at)")
 
 
 @dataclass(frozen=True)
@@ -214,13 +213,10 @@ class AbOptions:
     trial_warmup: int = spec(1, "discarded steps before each trial", ge=0, le=MAX_STEPS)
     timeout: float = spec(600.0, "bound on each request to a trial server", gt=0.0, le=float(WEEK), unit="seconds",
                           note="a week")
-    seq: SeqOptions = field(default_factory=lambda: SeqOptions(rotate=AB_ROTATE))  # ab's: a fresh pair every 5 blocks
+    seq: SeqOptions = field(default_factory=SeqOptions)
     python: str | None = spec(None, "interpreter of the trial servers (None: this one)")
     total_budget_s: float | None = spec(None, "one budget of timed blocks for all cases", gt=0.0, le=float(WEEK),
                                         unit="seconds", note="a week", option="--total-budget")
-    inject_base: float = spec(0.0, "busy work injected into BASE's step, a fraction (calibration only)", ge=0.0,
-                              le=10.0)
-    inject_head: float = spec(0.0, "... into HEAD's step", ge=0.0, le=10.0)
 
     def __post_init__(self) -> None:
         _check_options(self)

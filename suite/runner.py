@@ -640,16 +640,15 @@ class CaseRunner:
             return
         rec.metrics = dataclasses.replace(rec.metrics, trace_file=rel)
 
-    def prepare(self, rc: ResolvedCase, inject: float = 0.0) -> PreparedCase:
-        """Build and warm up the case's engine on every rank, for a harness that times windows itself; ``inject``:
-        busy work of that fraction of the step after every step (a calibration run: ``TimedCase.inject``).  A rank
+    def prepare(self, rc: ResolvedCase) -> PreparedCase:
+        """Build and warm up the case's engine on every rank, for a harness that times windows itself.  A rank
         error rebuilds the world (:meth:`recover`) before it is raised."""
         key = f"{rc.case.name}@{self.world}"
         try:
             answers = self.launcher.run(
                 prepare_case, dict(key=key, workload_spec=self.workload_spec(rc.case), config=rc.config.to_dict(),
-                                   warmup=self.opts.warmup, inject=inject),
-                timeout=self.call_timeout(rc.case.model, self.opts.warmup + (15 if inject else 0)))
+                                   warmup=self.opts.warmup),
+                timeout=self.call_timeout(rc.case.model, self.opts.warmup))
         except Exception as exc:
             self.recover(exc)
             raise

@@ -64,9 +64,9 @@ def _commit(repo, message):
     return _git(repo, "rev-parse", "HEAD")
 
 
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ab") / "repo"
+def copy_tree(root) -> None:
+    """This project's current tree (tracked and untracked-but-not-ignored files) as a fresh git repository at
+    ``root`` with nothing committed yet."""
     files = subprocess.run(["git", "-C", REPO, "ls-files", "-co", "--exclude-standard", "-z"], capture_output=True,
                            check=True).stdout.decode().split("\0")
     for f in filter(None, files):
@@ -78,6 +78,12 @@ def repo(tmp_path_factory):
     subprocess.run(["git", "init", "-q", "-b", "main", str(root)], check=True)
     _git(root, "config", "user.email", "ab@test")
     _git(root, "config", "user.name", "ab test")
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ab") / "repo"
+    copy_tree(root)
     c = {"base": _commit(root, "base: the current tree")}
     with open(root / "README.md", "a") as fh:
         fh.write("\n<!-- neutral 1 -->\n")
@@ -293,15 +299,19 @@ def test_the_client_says_a_revision_has_no_trial_server(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_a_trial_server_prepares_times_and_records_a_case_through_the_runner():
-    """This tree's trial server end to end, without timing asserted: a case prepared with injected busy work (the
-    prepared case's own option), a trial after a discarded step, the structure's record, the case closed."""
+    """This tree's trial server end to end, without timing asserted: a case prepared, a trial after a discarded
+    step, the structure's record, the case closed.  The client is of another revision: its spec's ab part holds
+    options this one does not know (an older client's ``inject_head`` and ``seq.min_blocks``), which the server,
+    using only the selection and the run options, leaves out."""
     from suite.ab.client import TrialServer
-    from suite.run_spec import RunOptions, RunSpec, Selection
+    from suite.run_spec import AbOptions, RunOptions, RunSpec, Selection
 
-    spec = RunSpec(Selection(cases=("mlp/plain",), size="tiny", worlds=(2,)), RunOptions(warmup=1, check=False))
+    spec = RunSpec(Selection(cases=("mlp/plain",), size="tiny", worlds=(2,)), RunOptions(warmup=1, check=False),
+                   AbOptions()).to_dict()
+    spec["ab"]["inject_head"], spec["ab"]["seq"]["min_blocks"] = 0.0, 10
     with TrialServer(REPO, "A", nproc=2, timeout=300) as srv:
         srv.request("start")
-        key = srv.request("prepare", case="mlp/plain", spec=spec.to_dict(), inject=0.5)["key"]
+        key = srv.request("prepare", case="mlp/plain", spec=spec)["key"]
         trial = srv.request("trial", key=key, steps=2, warmup=1)
         assert trial["step_s"] > 0 and len(trial["step_times_s"]) == 2 and len(trial["losses"]) == 2, trial
         record = srv.request("structure", key=key)["record"]
@@ -311,7 +321,7 @@ def test_a_trial_server_prepares_times_and_records_a_case_through_the_runner():
 
 def test_the_trial_server_prepares_through_the_runners_public_interface():
     """No private name of another module (``measure.timing._PREPARED``) and no training step replaced on an
-    instance: the server prepares, times and injects through CaseRunner / PreparedCase."""
+    instance: the server prepares and times through CaseRunner / PreparedCase."""
     tree = ast.parse(open(os.path.join(REPO, "suite", "ab", "server.py"), encoding="utf-8").read())
     private = [a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names
                if a.name.startswith("_")]
@@ -346,17 +356,19 @@ def test_sequential_blocks_stop_on_the_verdict_and_refuse_nan():
     # the first look that answers the gate's question stops: a faster HEAD is "not slower" unless that first
     # answer's interval is already below -2% ("faster"), an A/A "same" only when it is already inside ±2%
     for effect, sd, want in ((0.10, 0.03, "slower"), (-0.10, 0.03, "not slower"), (-0.10, 0.0005, "faster"),
-                             (0.0, 0.03, "not slower"), (0.0, 0.0005, "same")):
-        s = Sequential(SeqOptions(delta=0.02, min_blocks=8, seed=1))
+                             (0.0, 0.03, "not slower"), (0.0, 0.00005, "same")):
+        # (4 pairs of 2 blocks: the first look's t interval on 3 degrees of freedom at its small spend of alpha is
+        # ±2.5% at a block spread of 0.05%, so the A/A that is "same" at once has a spread of 0.005%)
+        s = Sequential(SeqOptions(delta=0.02, rotate=2, min_pairs=4, seed=1))
         for i in range(400):
             if s.add(rng.normal(math.log1p(effect), sd), progress=i / 400) is not None:
                 break
         assert s.finish() == want, (effect, s.ratio, s.ratio_ci, len(s.d))
         assert len(s.d) < 400
-    s = Sequential(SeqOptions(min_blocks=8))
-    for _ in range(5):
+    s = Sequential(SeqOptions(rotate=2, min_pairs=4))
+    for _ in range(7):
         s.add(0.01)
-    assert s.finish() == "inconclusive"  # too few blocks to decide anything
+    assert s.finish() == "inconclusive"  # 3 whole pairs of the 4 a verdict needs: too few to decide anything
     with pytest.raises(ValueError):
         block_log_ratio([0.1, float("nan")], [0.1, 0.1])
     with pytest.raises(ValueError):
@@ -371,7 +383,7 @@ def test_rotation_decides_over_whole_pairs_of_preparations_with_a_t_interval():
     interval is Student's t over the pairs' trimmed means (t(2 df, 0.995) = 9.925 from the tables)."""
     import numpy as np
 
-    from suite.ab.stats import SeqOptions, Sequential, pair_interval
+    from suite.ab.stats import SeqOptions, Sequential, interval, pair_interval
 
     est, lo, hi = pair_interval([[0.10] * 5, [0.12] * 5, [0.08] * 5], SeqOptions(confidence=0.99))
     half = 9.925 * 0.02 / math.sqrt(3)
@@ -388,11 +400,9 @@ def test_rotation_decides_over_whole_pairs_of_preparations_with_a_t_interval():
         for _ in range(5):
             s.add(bias + rng.normal(0, 0.001))
     assert s.finish() == "inconclusive" and s.low < 0 and math.log1p(0.05) < s.high, (s.low, s.high)
-    one = Sequential(SeqOptions(min_blocks=10))
-    for bias in (0.09, 0.01, 0.05):
-        for _ in range(5):
-            one.add(bias + rng.normal(0, 0.001))
-    assert one.finish() == "slower"  # blocks as samples: the same data looks decisive
+    # blocks as samples (Yuen's interval, one preparation's way) would call the same data slower
+    _, lo, _ = interval(s.d, s.opts)
+    assert lo > 0, lo
 
 
 def _record(structure: dict, verdict: str = "pass") -> dict:
@@ -400,6 +410,26 @@ def _record(structure: dict, verdict: str = "pass") -> dict:
     from suite.results.records import CaseRecord
 
     return json.loads(CaseRecord("mlp/plain", "mlp", 2, {}, "r", verdict=verdict, structure=structure).to_json())
+
+
+def test_a_record_from_a_revision_with_other_ab_options_is_read_without_them():
+    """An older revision's trial server echoes the comparison's spec in its record with ab options this revision
+    no longer has (``inject_head``, ``seq.min_blocks``): the client reads the record without its spec's ab part
+    (the options are the client's own), where the strict spec reading alone would refuse it."""
+    from suite.ab.trials import Side
+    from suite.ab.trials import _record as read_record
+    from suite.results.records import CaseRecord, ResultsFileError
+    from suite.run_spec import AbOptions, RunSpec, Selection
+
+    data = _record({"allreduce_ops": 1})
+    data["spec"] = RunSpec(Selection(worlds=(2,)), ab=AbOptions()).to_dict()
+    data["spec"]["ab"]["inject_head"], data["spec"]["ab"]["seq"]["min_blocks"] = 0.0, 10
+    side = Side("BASE", "b", "b" * 40, "", "/nowhere", None)
+    rec = read_record(side, "mlp/plain", data)
+    assert rec.structure.allreduce_ops == 1 and rec.spec is not None and rec.spec.ab is None
+    assert rec.spec.selection.worlds == (2,)
+    with pytest.raises(ResultsFileError, match="is not a field of the run specification"):  # read whole: refused
+        CaseRecord.from_dict(data, "the record")
 
 
 class _FakeServer:
@@ -534,9 +564,7 @@ def _aa_slower_rate(opts, comparisons: int, blocks: int, noise, tau: float = 0.0
     slower = 0
     for i in range(comparisons):
         s = Sequential(dataclasses.replace(opts, seed=i))
-        d = noise(rng, blocks)
-        if opts.rotate:
-            d = d + np.repeat(rng.normal(0.0, tau, blocks // opts.rotate + 1), opts.rotate)[:blocks]
+        d = noise(rng, blocks) + np.repeat(rng.normal(0.0, tau, blocks // opts.rotate + 1), opts.rotate)[:blocks]
         for k, x in enumerate(d, 1):
             if s.add(float(x), progress=k / blocks) is not None:
                 break
@@ -545,23 +573,39 @@ def _aa_slower_rate(opts, comparisons: int, blocks: int, noise, tau: float = 0.0
 
 
 def test_aa_comparisons_at_the_smallest_allowed_settings_say_slower_at_most_1_percent():
-    """Issue 36: `ab --min-blocks 3 --rotate 0` said "slower" on identical code 2 times in 7 (`ab` now refuses
-    --rotate 0 and has no --min-blocks; the statistics keep both for the gate figure).  The rule now looks at
-    geometrically spaced sample counts and spends its alpha over the looks (so an A/A comparison's chance of
-    any "slower" is at most alpha/2 = 0.5%), on Yuen's interval, which holds from 3 blocks (a bootstrap of 3 did
-    not).  Seeded A/A comparisons at the smallest settings `ab` allows, over a long budget (200 blocks: many
-    looks): normal and heavy-tailed (t, 3 df) block noise of 9% without rotation from 3 blocks, and --rotate 2
-    (min 3 pairs) with each pair's own 3% bias.  Each says "slower" in at most 1%."""
+    """Issue 36: `ab --min-blocks 3 --rotate 0` said "slower" on identical code 2 times in 7 (`ab` has neither
+    now: every comparison rotates its preparations).  The rule looks at geometrically spaced sample counts and
+    spends its alpha over the looks (so an A/A comparison's chance of any "slower" is at most alpha/2 = 0.5%).
+    Seeded A/A comparisons at the smallest settings `ab` allows (--rotate 2, min 3 pairs), over a long budget (200
+    blocks: many looks), each pair with its own 3% bias: normal and heavy-tailed (t, 3 df) block noise of 9%.
+    Each says "slower" in at most 1%."""
     from suite.ab.stats import SeqOptions
 
     normal = lambda rng, n: rng.normal(0.0, 0.09, n)  # noqa: E731
     heavy = lambda rng, n: 0.09 / math.sqrt(3) * rng.standard_t(3, n)  # noqa: E731
+    smallest = SeqOptions(rotate=2, restart=0)
     rates = {
-        "rotate 0, min 3 blocks, normal": _aa_slower_rate(SeqOptions(min_blocks=3, rotate=0), 1000, 200, normal),
-        "rotate 0, min 3 blocks, t(3)": _aa_slower_rate(SeqOptions(min_blocks=3, rotate=0), 1000, 200, heavy, seed=1),
-        "rotate 2, min 3 pairs": _aa_slower_rate(SeqOptions(rotate=2, restart=0), 1000, 200, normal, 0.03, seed=2),
+        "rotate 2, min 3 pairs, normal": _aa_slower_rate(smallest, 1000, 200, normal, 0.03, seed=2),
+        "rotate 2, min 3 pairs, t(3)": _aa_slower_rate(smallest, 1000, 200, heavy, 0.03, seed=1),
     }
     assert all(r <= 0.01 for r in rates.values()), rates
+
+
+def test_the_statistics_always_rotate_and_need_the_blocks_of_min_pairs():
+    """One preparation per side (rotate 0) is no mode of the statistics any more (ab refused it already), and a cap
+    on the blocks below --rotate x min_pairs could never reach a verdict: both refused, naming the option; the
+    default rotation is ab's, 5, in the statistics and in ab's options alike."""
+    from suite.run_spec import AB_ROTATE, AbOptions, RunSpec, SeqOptions, SpecError
+
+    for bad in (0, 1):
+        with pytest.raises(ValueError, match=f"--rotate {bad}: must be a whole number >= 2"):
+            SeqOptions(rotate=bad)
+    with pytest.raises(ValueError, match=r"--max-blocks 14: must be >= 15 \(--rotate 5 blocks x 3 pairs"):
+        SeqOptions(max_blocks=14)
+    assert SeqOptions(max_blocks=15).max_blocks == 15 and SeqOptions(rotate=2, max_blocks=6).min_pairs == 3
+    assert SeqOptions().rotate == AbOptions().seq.rotate == AB_ROTATE == 5
+    with pytest.raises(SpecError, match="ab.seq: --rotate 0"):
+        RunSpec.from_dict({"ab": {"seq": {"rotate": 0}}})
 
 
 def test_bisection_split_classifies_two_ways():
@@ -569,7 +613,7 @@ def test_bisection_split_classifies_two_ways():
 
     split = math.log(1.05)
     for effect, want in ((0.10, "slower"), (0.0, "same")):
-        s = Sequential(SeqOptions(split=split, min_blocks=8, seed=2))
+        s = Sequential(SeqOptions(split=split, rotate=2, min_pairs=4, seed=2))
         import numpy as np
 
         rng = np.random.default_rng(5)
@@ -656,7 +700,7 @@ def _caught_at_own_statement(stated: list, caught: list) -> tuple[float, float]:
     """The per-comparison check of a power statement: every comparison stated a slowdown it could catch at 95%;
     a fresh comparison at exactly that slowdown said "slower" (``caught``) or not.  (rate, the lower end of its
     one-sided 95% Clopper-Pearson bound); the statements must be finite for this to mean anything."""
-    from suite.ab.power import rate_interval
+    from suite.ab.stats import rate_interval
 
     assert stated and all(math.isfinite(d) and d > 0 for d in stated), stated
     return sum(caught) / len(caught), rate_interval(sum(caught), len(caught), level=0.90)[0]
@@ -727,30 +771,7 @@ def test_the_stated_slowdown_of_a_sequential_not_slower_is_caught_95_percent_of_
     assert rate >= 0.95 and low >= 0.92, (rate, low, float(np.median(stated)))
 
 
-@pytest.mark.parametrize("blocks", [10, 30])
-def test_each_comparisons_stated_slowdown_is_caught_95_percent_of_the_time_without_rotation(blocks):
-    """ab --rotate 0: Yuen's interval of the trimmed mean over iid blocks (sd 5%); a fresh comparison of as many
-    blocks at each comparison's own stated slowdown says "slower" at least 95% of the time (with the bootstrap
-    interval's width for a known standard error: 86% with 10 blocks, 90% with 30)."""
-    import numpy as np
-
-    from suite.ab.stats import SeqOptions, decide, detectable_slowdown, interval
-
-    opts = SeqOptions()
-    rng = np.random.default_rng(blocks)
-    sd, n = 0.05, 400
-    stated, caught = [], []
-    for _ in range(n):
-        d_aa = rng.normal(0, sd, blocks)
-        d = detectable_slowdown(list(d_aa), opts, t_samples=False)
-        _, lo, hi = interval(math.log1p(d) + rng.normal(0, sd, blocks), opts)
-        stated.append(d)
-        caught.append(decide(lo, hi, opts.delta, opts.threshold) == "slower")
-    rate, low = _caught_at_own_statement(stated, caught)
-    assert rate >= 0.95 and low >= 0.92, (blocks, rate, low, float(np.median(stated)))
-
-
-def test_the_detectable_slowdown_of_yuens_interval_and_of_too_few_samples():
+def test_the_detectable_slowdown_of_the_pairs_t_interval_and_of_too_few_samples():
     """The statement's formula: the slowdown at which the noncentral t (the standard error's degrees of freedom)
     crosses the interval's quantile with probability 95%, with the standard error at its 95% upper bound; never
     below the threshold; past 100% it is said as the samples it would take."""
@@ -759,21 +780,13 @@ def test_the_detectable_slowdown_of_yuens_interval_and_of_too_few_samples():
     from suite.ab.stats import SeqOptions, describe_power, detectable_slowdown, needed_samples
 
     opts = SeqOptions(delta=0.02, confidence=0.99)
-    # Yuen's branch: blocks 0, 1, ..., 9%, 20% trimmed: g = 2 winsorized at each end -> 2,2,2,3,4,5,6,7,7,7 %,
-    # s_w^2 = 0.00047222 (by hand: mean 4.5%, squared deviations 3*6.25 + 2.25 + 0.25 + 0.25 + 2.25 + 3*6.25
-    # = 42.5 (1e-4) over 9); h = 6 kept, se = sqrt(9 s_w^2 / (6*5)) = 0.011902; 5 degrees of freedom,
-    # t(0.995, 5) = 4.0321, chi-square(5)'s 5% quantile 1.1455 (tables)
-    got = detectable_slowdown([i / 100 for i in range(10)], opts, t_samples=False)
-    upper = 0.011902 * math.sqrt(5 / 1.1455)
-    assert nct.sf(4.0321, 5, math.log1p(got) / upper) == pytest.approx(0.95, abs=2e-3), got
-    # the t branch: 4 pairs 0, 1, 2, 3% -> s = 0.012910, se = s/2 on 3 degrees of freedom, t(0.995, 3) = 5.8409,
+    # 4 pairs 0, 1, 2, 3% -> s = 0.012910, se = s/2 on 3 degrees of freedom, t(0.995, 3) = 5.8409,
     # chi-square(3)'s 5% quantile 0.35185
     got = detectable_slowdown([0.0, 0.01, 0.02, 0.03], opts)
     upper = 0.012910 / 2 * math.sqrt(3 / 0.35185)
     assert nct.sf(5.8409, 3, math.log1p(got) / upper) == pytest.approx(0.95, abs=1e-3), got
     assert detectable_slowdown([0.0, 0.0001, 0.0002], opts) == opts.threshold  # tiny spread: the threshold's floor
     assert detectable_slowdown([0.01], opts) == math.inf  # one pair: nothing can be caught
-    assert detectable_slowdown([0.0, 0.01], opts, t_samples=False) == math.inf  # two blocks: no Yuen interval
     # past 100%: 3 pairs 60% apart cannot catch anything below 100%; the statement names how many would
     wide = [0.0, 0.6, 1.2]
     assert detectable_slowdown(wide, opts) > 1

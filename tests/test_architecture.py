@@ -167,6 +167,46 @@ def test_the_layer_rule_fails_on_an_upward_import_and_an_unassigned_module():
     assert _layer_of("suite", LAYERS) == 5 and _layer_of("suitex.y", LAYERS) is None
 
 
+# ---- experiments/: a consumer of the package, never a dependency ---------------------------------------------
+def _experiments_imports(source: str, where: str = "") -> list[str]:
+    """Where ``source`` imports ``experiments`` (an import statement at any depth, or ``import_module`` /
+    ``__import__`` of a constant name)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in
+              ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant)):
+            names = [str(node.args[0].value)]
+        found += [f"{where}:{node.lineno}: {n}" for n in names if n == "experiments" or n.startswith("experiments.")]
+    return found
+
+
+def test_nothing_in_the_package_its_harnesses_or_its_tests_imports_experiments():
+    """experiments/ (unsupported side projects, experiments/README.md) may import suite; suite/, bench_cases/ and
+    tests/ never import it, so `make test` and the package run without it."""
+    found = []
+    for top in ("suite", "bench_cases", "tests"):
+        for root, _, files in os.walk(os.path.join(ROOT, top)):
+            for f in files:
+                if f.endswith(".py"):
+                    path = os.path.join(root, f)
+                    found += _experiments_imports(open(path, encoding="utf-8").read(), os.path.relpath(path, ROOT))
+    assert found == [], found
+
+
+def test_the_experiments_scan_finds_each_kind_of_import():
+    for source in ("import experiments\n", "from experiments.costmodel import cli\n",
+                   "def f():\n    import experiments.costmodel.simulate as s\n",
+                   "import importlib\nimportlib.import_module('experiments.costmodel')\n",
+                   "__import__('experiments')\n"):
+        assert len(_experiments_imports(source)) == 1, source
+    assert _experiments_imports("import experimentsx\nfrom . import experiments\nx = 'experiments.a'\n") == []
+
+
 def _string_rank_calls(path: str) -> list[str]:
     tree = ast.parse(open(path, encoding="utf-8").read())
     bad = []
@@ -199,7 +239,7 @@ def test_the_pool_refuses_names_and_lambdas():
 
 # Rank-side jobs start from the workload: none of them builds a model, a dataset or an engine itself.
 WORKLOAD_USERS = ("measure/timing.py", "measure/trace.py", "measure/reader_timing.py", "check/harness.py",
-                  "cluster/profile.py", "figures/local_sgd.py")
+                  "figures/local_sgd.py")
 
 
 @pytest.mark.parametrize("rel", WORKLOAD_USERS)

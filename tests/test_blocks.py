@@ -1,5 +1,5 @@
 """One ABBA block loop (issue 34): ``suite.ab.blocks.run_blocks`` is the only loop that runs trials of two or more
-sides in mirrored blocks, and `ab`, `bisect` and the gate figure all call it."""
+sides in mirrored blocks, and `ab` and `bisect` both call it."""
 from __future__ import annotations
 
 import ast
@@ -100,10 +100,9 @@ def driver(monkeypatch):
     return called
 
 
-def test_ab_bisect_and_the_gate_figure_all_time_through_the_one_driver(driver, monkeypatch):
+def test_ab_and_bisect_both_time_through_the_one_driver(driver):
     from suite.ab.bisect import classify
     from suite.ab.trials import Side, _prepare, compare_case
-    from suite.figures import gate
     from suite.run_spec import AbOptions, RunSpec, Selection
 
     def side(label):
@@ -117,10 +116,7 @@ def test_ab_bisect_and_the_gate_figure_all_time_through_the_one_driver(driver, m
         _prepare(s, "mlp/plain", opts)
     with pytest.raises(_Called):
         classify(good, bad, side("c1"), "mlp/plain", opts, opts.ab.seq)
-    monkeypatch.setattr(gate, "TrialServer", _Server)
-    with pytest.raises(_Called):
-        gate.long_run("mlp/plain", 0.0, 4, gate.Options(), seed=0, say=lambda m: None)
-    assert driver == [2, 3, 2]
+    assert driver == [2, 3]
 
 
 # ---- no second copy of the loop -----------------------------------------------------------------------------------

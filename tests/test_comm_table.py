@@ -1,6 +1,6 @@
 """One collective table (issue 24, item 2): ``suite.comm.table.COLLECTIVES`` is exact at world 2 on every row, a
-broken path is counted, nccl-tests' busbw factors, and ``fleetbench comm``, the cluster probes and calibration and
-the doctor take their collectives, exact inputs and expected results from it."""
+broken path is counted, nccl-tests' busbw factors, and ``fleetbench comm`` and the doctor take their collectives,
+exact inputs and expected results from it."""
 from __future__ import annotations
 
 import ast
@@ -15,8 +15,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE = os.path.join("suite", "comm", "table.py")
 # The sites of the table: the functions that run or check collectives through it.
 SITES = {"suite/comm/microbench.py": ["allreduce_sweep_on_rank"],
-         "suite/cluster/probes.py": ["timed_allreduce", "check_two_level"],
-         "suite/cluster/calibrate.py": ["calibration_on_rank"],
          "suite/doctor.py": ["allreduce_exact_on_rank"]}
 LAYOUTS = {"allreduce": [Layout()], "allreduce_comms": [Layout(comms=2), Layout(comms=2, pieces=3)],
            "hier": [Layout(ranks_per_node=1), Layout(ranks_per_node=2)],

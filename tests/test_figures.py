@@ -1,86 +1,52 @@
 """The figure contract (suite/cli/figures.py): typed options built from `fleetbench figures`' arguments,
-measure -> raw data -> render.  Runs no ranks: the gate figure renders runs read from a file."""
+measure -> raw data -> render.  Runs no ranks: each figure renders raw data made here."""
 from __future__ import annotations
 
 import json
 import math
 
-import numpy as np
 import pytest
 
 from suite.cli.main import main
 from suite.measure.timing import RankTiming
 
 
-def _runs(path) -> None:
-    """Two A/A pairs and one pair per slowdown of one case, each of 20 blocks in 2 preparations."""
-    rng = np.random.default_rng(0)
-    runs = []
-    for inject in (0.0, 0.0, 0.02, 0.05, 0.10):
-        d = list(math.log1p(inject) + rng.normal(0, 0.02, 20))
-        runs.append({"case": "mlp/plain", "inject": inject, "d": d, "base_trials": list(0.05 + rng.random(12) / 100),
-                     "head_trials": list((0.05 + rng.random(12) / 100) * (1 + inject)), "seconds": 20.0,
-                     "setup_s": 5.0, "load": [1.0, 2.0], "group": [0] * 10 + [1] * 10, "prep_s": [0.3]})
-    path.write_text(json.dumps(runs))
-
-
-def test_gate_figure_renders_kept_runs_from_its_options(tmp_path, capsys):
-    """--load renders the kept runs (nothing measured), with the options given: one case, 2 simulations a pair,
-    compare's windows from --rounds, a budget of 12 s (short: the simulation stays cheap)."""
-    raw = tmp_path / "runs.json"
-    _runs(raw)
-    out = tmp_path / "gate.md"
-    assert main(["figures", "gate", "--load", str(raw), "--cases", "mlp/plain", "--sims", "2", "--rounds", "4",
-                 "--budget", "12", "--out", str(out)]) == 0
-    text = out.read_text()
-    assert "| mlp/plain | none (A/A) | one preparation (--rotate 0) | 2 x 20 (1.00) |" in text, text
-    assert "| mlp/plain | +10% | --rotate 5 --restart 2 (default) | 1 x 20 (1.00) |" in text, text
-    assert "resnet/plain" not in text and "(4 windows a run," in text and "(recomputed from saved runs)." in text
-    assert "sequential comparisons simulated (2 per pair measured)" in text and "budget 12 s per comparison" in text
-    # every rate with its count and its Clopper-Pearson interval (clarifications: figures and statistics)
-    import re
-
-    row = next(line for line in text.splitlines() if line.startswith("| mlp/plain | none (A/A) | one preparation"))
-    # slower, not slower, same, faster, inconclusive, and the within-pair slower rate
-    assert len(re.findall(r"\d+\.\d% \(\d+/\d+\) \[\d+\.\d, \d+\.\d\]", row)) == 6, row
-    assert re.search(r"false alarms \d+\.\d% \(\d+/\d+\) \[", text), text
-    assert re.search(r'A/A "not slower" \(or same, faster\) \d+\.\d% \(\d+/\d+\) \[', text), text
-
-
 def test_figure_options_are_refused_by_a_figure_that_does_not_take_them(capsys, tmp_path):
-    assert main(["figures", "comm", "--blocks", "5"]) == 2
-    assert "--blocks is an option of figures gate, not of figures comm" in capsys.readouterr().err
-    assert main(["figures", "gate", "--blocks", "0", "--load", str(tmp_path / "x.json")]) == 2
+    assert main(["figures", "comm", "--memory-gb", "5"]) == 2
+    assert "--memory-gb is an option of figures workloads, not of figures comm" in capsys.readouterr().err
+    assert main(["figures", "amp", "--load", str(tmp_path / "x.json")]) == 2
     err = capsys.readouterr().err
     assert f"--load '{tmp_path / 'x.json'}': no such file" in err, err
-    (tmp_path / "x.json").write_text("[]")
-    assert main(["figures", "gate", "--blocks", "0", "--load", str(tmp_path / "x.json")]) == 2
-    assert "figures gate: blocks 0: must be >= 1" in capsys.readouterr().err
+    for gone in ("gate", "cluster"):  # the gate's calibration and the cost model's figure left the package
+        assert main(["figures", gone]) == 2
+        assert f"figure set {gone!r} is unknown" in capsys.readouterr().err
 
 
 def test_an_option_left_out_keeps_the_figures_own_default_and_one_it_lacks_is_refused(capsys):
-    """--rounds and the other shared options fill a figure's field only when given: `figures gate` keeps its own 5
-    windows a run (the CLI used to put its 7 there silently), cluster its 3 rounds and hour-long bound; a figure
-    without the field refuses the option; `fleetbench figures` lists each set's defaults from its Options."""
+    """--rounds and the other shared options fill a figure's field only when given: `figures engine_cost` keeps its
+    own 60 rounds (the CLI used to put its 7 there silently), workloads its own size; a figure without the field
+    refuses the option; `fleetbench figures` lists each set's defaults from its Options."""
     from suite.cli.figures import options_for
     from suite.cli.main import build_parser
-    from suite.figures import cluster, gate, reader
+    from suite.figures import engine_cost, reader, workloads
 
     def opts(*argv):
         args = build_parser().parse_args(["figures", *argv])
-        return options_for(args.name, {"gate": gate, "cluster": cluster, "reader": reader}[args.name], args)
+        return options_for(args.name, {"engine_cost": engine_cost, "workloads": workloads, "reader": reader}[
+            args.name], args)
 
-    assert opts("gate").rounds == 5 and opts("gate", "--rounds", "7").rounds == 7
-    assert (opts("cluster").rounds, opts("cluster").timeout) == (3, 3600.0)
+    assert opts("engine_cost").rounds == 60 and opts("engine_cost", "--rounds", "7").rounds == 7
+    assert opts("workloads").size == "cpu" and opts("workloads", "--size", "tiny").size == "tiny"
     assert opts("reader", "--nproc", "1").nproc == 1
-    with pytest.raises(ValueError, match="--steps is an option of figures .*gate.*, not of figures reader"):
+    with pytest.raises(ValueError, match="--steps is an option of figures .*comm.*, not of figures reader"):
         opts("reader", "--steps", "3")
     assert main(["figures"]) == 0
     listing = capsys.readouterr().out
-    assert "defaults: --nproc 2, --steps 5, --rounds 5, --timeout 1800.0, --cases mlp/plain,resnet/plain" in listing
+    assert "defaults: --nproc 2, --rounds 60, --max-rounds 160, --steps 2, --timeout 1800.0, --size cpu, --models " \
+           "mlp,resnet50,gpt2, --profile-steps 5" in listing, listing
 
 
-def test_every_figure_that_uses_the_pool_says_its_size_and_bound():
+def test_every_figure_says_the_size_and_bound_of_its_pool():
     import dataclasses
     import importlib
 
@@ -88,17 +54,7 @@ def test_every_figure_that_uses_the_pool_says_its_size_and_bound():
 
     for name in available():
         module = importlib.import_module(f"suite.figures.{name}")
-        if getattr(module, "USES_POOL", True):
-            assert {"nproc", "timeout"} <= {f.name for f in dataclasses.fields(module.Options)}, name
-
-
-def test_cluster_figure_options_are_checked_before_anything_runs(capsys):
-    assert main(["figures", "cluster", "--models", "mlp,nope"]) == 2
-    assert "figures cluster: models nope unknown; allowed: mlp, resnet, resnet50, gpt2" in capsys.readouterr().err
-    assert main(["figures", "cluster", "--rates", "fast"]) == 2
-    assert "rate='fast': expected a number and a unit" in capsys.readouterr().err
-    assert main(["figures", "cluster", "--sims", "3"]) == 2
-    assert "--sims is an option of figures gate, not of figures cluster" in capsys.readouterr().err
+        assert {"nproc", "timeout"} <= {f.name for f in dataclasses.fields(module.Options)}, name
 
 
 def _summary(group: int, speedup=(0.9, 0.8, 1.0), calls=161.0, bcasts=159.0, windows=None) -> dict:
@@ -348,7 +304,7 @@ def test_every_figure_is_on_the_contract_and_reads_no_environment():
     from suite.cli.figures import FIGURE_OPTIONS, available
 
     names = available()
-    assert len(names) == 10, names
+    assert len(names) == 8 and not {"gate", "cluster"} & set(names), names
     for name in names:
         module = importlib.import_module(f"suite.figures.{name}")
         opts = module.Options()

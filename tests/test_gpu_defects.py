@@ -52,7 +52,7 @@ def test_bucketed_sync_without_a_rank_context_asks_the_process_group(pool2):
     assert got == [{"device_type": "cpu", "backend": "the-groups-backend"}] * 2, got
 
 
-# ---- ab's injected slowdown: on the device, x% of the measured step (call-sequence tests on the fake) ----
+# ---- Platform.busy, a straggler's delay: on the device, a spin kernel (call-sequence tests on the fake) ----
 def test_busy_on_cuda_queues_a_spin_kernel_on_the_current_stream_sized_by_event_timing():
     """Locks the call sequence only: the fake's clock stands for the GPU's, so the event calibration is exact."""
     from tests.fakes import FakeCuda, fake_cuda_platform
@@ -80,42 +80,6 @@ def test_busy_on_cpu_spins_the_host_until_the_time_is_spent(monkeypatch):
     assert next(clock) == pytest.approx(11e-3)  # readings at 0 (the start), 1, … 10 ms (the end): 11 taken
 
 
-def test_injected_slowdown_is_a_fraction_of_the_measured_step_queued_after_the_step():
-    """TimedCase.inject measures the prepared case's step as the trials do (calibration windows' time between
-    barriers over their steps, the median of three) and its train_step adds fraction x that to every later step,
-    after the step's own work, on the device."""
-    from suite.measure.timing import TimedCase, Window
-    from tests.fakes import FakeCuda, fake_cuda_platform
-
-    api = FakeCuda()
-    platform = fake_cuda_platform(api)
-    platform.spin_rate()  # calibrated once, before the log is read
-
-    class Prepared:
-        wl = types.SimpleNamespace(platform=platform)
-        engine = types.SimpleNamespace(train_step=lambda x, y: api._log("step") or "loss")
-        injected_s = 0.0
-
-        seconds = iter([1.2, 0.9, 1.0])  # windows of 5 steps: 0.24, 0.18, 0.20 s a step
-
-        def window(self, n, record=True):
-            assert not record and n == 5
-            # single steps' median 0.10 s: what the calibration read before (it left out the window's barriers)
-            return Window(next(self.seconds), [0.10, 0.10, 0.30, 0.10, 0.05], [], 0)
-
-    tc = Prepared()
-    api.log.clear()
-    assert TimedCase.train_step(tc, None, None) == "loss"  # nothing injected: the step alone
-    assert [e[1] for e in api.log] == ["step"]
-    assert TimedCase.inject(tc, 0.05) == pytest.approx(0.20)
-    assert tc.injected_s == pytest.approx(0.05 * 0.20)
-    api.log.clear()
-    assert TimedCase.train_step(tc, None, None) == "loss"
-    kinds = [e[1] for e in api.log]
-    assert kinds == ["step", "sleep"], api.log
-    assert abs(api.log[1][2] - 0.01 * api.spin_hz) <= 1  # 5% of the 0.2 s median step
-
-
 def test_ab_refuses_too_few_gpus_instead_of_running_on_the_cpu(monkeypatch):
 
     from suite.cli import ab
@@ -131,28 +95,6 @@ def test_ab_refuses_too_few_gpus_instead_of_running_on_the_cpu(monkeypatch):
         assert "--nproc 2" in str(exc) and "torch sees 1" in str(exc), exc
     else:
         raise AssertionError("ab chose a device with 2 ranks on 1 GPU")
-
-
-def _injected_on_rank(key: str) -> float:
-    from suite.measure import timing
-
-    return timing._PREPARED[key].injected_s
-
-
-def test_injection_runs_on_real_ranks(pool2):
-    """The real path on CPU ranks: a case prepared with busy work (calibration windows, then slowed windows after a
-    discarded warm-up; no timing asserted)."""
-    from suite.measure.timing import drop_case, prepare_case, run_window
-    from suite.workload import WorkloadSpec
-
-    key = "inject-test"
-    pool2.run(prepare_case, dict(key=key, workload_spec=WorkloadSpec("mlp", "tiny"), config={}, warmup=1, inject=0.5))
-    try:
-        assert all(s > 0 for s in pool2.run(_injected_on_rank, dict(key=key)))
-        windows = pool2.run(run_window, dict(key=key, steps=2, warmup=1))
-        assert all(len(w.step_times_s) == 2 for w in windows)
-    finally:
-        pool2.run(drop_case, dict(key=key))
 
 
 # ---- what a collective's start mark means -------------------------------------------------------------

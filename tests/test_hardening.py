@@ -354,48 +354,8 @@ def test_figures_draw_dollar_signs_in_names_as_text(tmp_path):
 
 
 # ---- numbers and files checked before any rank starts ------------------------------------------
-GOOD_PROFILE = {"forward_s": 0.01, "backward_s": 0.02, "optimizer_s": 0.005, "per_rank_batch": 16, "model": "mlp",
-                "buffers": [64], "params": [{"name": "w", "nbytes": 4096, "ready_s": 0.01}]}
-
-
-def _profile_with(**change) -> str:
-    d = json.loads(json.dumps(GOOD_PROFILE))
-    for key, value in change.items():
-        if key.startswith("param_"):
-            d["params"][0][key[6:]] = value
-        else:
-            d[key] = value
-    return json.dumps(d)
-
-
-PROFILE_TEXTS = {  # file content -> words the one error line must hold
-    "list": ("[]", ["expected a JSON object"]),
-    "params-int": (_profile_with(params=3), ["params is int"]),
-    "param-not-object": (_profile_with(params=[1]), ["params[0] is 1"]),
-    "nbytes-float": (_profile_with(param_nbytes=1.5), ["nbytes is 1.5"]),
-    "nbytes-bool": (_profile_with(param_nbytes=True), ["nbytes is True"]),
-    "nbytes-negative": (_profile_with(param_nbytes=-1), ["nbytes is -1"]),
-    "forward-nan": (_profile_with(forward_s="__NaN__"), ["forward_s is nan"]),
-    "forward-negative": (_profile_with(forward_s=-0.1), ["forward_s is -0.1"]),
-    "forward-string": (_profile_with(forward_s="fast"), ["forward_s is 'fast'"]),
-    "backward-infinity": (_profile_with(backward_s="__Infinity__"), ["backward_s is inf"]),
-    "backward-overflow": (_profile_with(backward_s="__1e400__"), ["backward_s is inf"]),
-    "ready-nan": (_profile_with(param_ready_s="__NaN__"), ["ready_s is nan"]),
-    "ready-negative": (_profile_with(param_ready_s=-1), ["ready_s is -1"]),
-    "batch-zero": (_profile_with(per_rank_batch=0), ["per_rank_batch is 0"]),
-    "batch-float": (_profile_with(per_rank_batch=2.5), ["per_rank_batch is 2.5"]),
-    "buffers-negative": (_profile_with(buffers=[-1]), ["buffers[0] is -1"]),
-    "buffers-string": (_profile_with(buffers="x"), ["buffers is str"]),
-    "model-number": (_profile_with(model=3), ["model is 3"]),
-    "all-zero": (_profile_with(forward_s=0, backward_s=0, optimizer_s=0, params=[]), ["is 0"]),
-    "nested": ("[" * 100000 + "]" * 100000, ["nested too deeply"]),
-    "not-json": ("{forward_s: 1}", ["not valid JSON"]),
-    "empty": ("", ["not valid JSON"]),
-}
-
-
 def _bad_inputs(tmp: Path) -> list:
-    """(argv, words) for every bad numeric option and unusable file of comm, predict, cluster, compare."""
+    """(argv, words) for every bad numeric option and unusable file of comm, cluster, compare."""
     from suite.results.records import append_record
 
     good = tmp / "good.jsonl"
@@ -404,13 +364,6 @@ def _bad_inputs(tmp: Path) -> list:
     binary.write_bytes(b"\xff\xfe\x00{not text")
     folder = tmp / "folder.json"
     folder.mkdir()
-    huge = tmp / "huge.json"  # sparse: no disk space, but more than any profile
-    with open(huge, "wb") as fh:
-        fh.truncate(65 * 2**20)
-    prof = tmp / "profile.json"
-    prof.write_text(json.dumps(GOOD_PROFILE))
-    P = ["predict", "--cluster", "2x2:inter=1gbit", "--profile", str(prof)]
-    M = ["predict", "--cluster", "2x2:inter=1gbit", "--model", "mlp"]
     C = ["compare", str(good), str(good)]
     cases = [
         (["comm", "--timeout", "-5"], ["--timeout -5", "> 0"]),
@@ -431,30 +384,6 @@ def _bad_inputs(tmp: Path) -> list:
         (["comm", "-n", "0"], ["--iters 0", ">= 1"]),
         (["comm", "-w", "-1"], ["--warmup -1", ">= 0"]),
         (["comm", "--cluster", "0x2:inter=1gbit"], ["--cluster '0x2:inter=1gbit'", "nodes=0"]),
-        (M + ["--per-rank-batch", "0"], ["--per-rank-batch 0", ">= 1"]),
-        (M + ["--per-rank-batch", "-3"], ["--per-rank-batch -3", ">= 1"]),
-        (M + ["--nproc", "0"], ["--nproc 0", ">= 1"]),
-        (M + ["--nproc", "100000"], ["--nproc 100000", "<= "]),
-        (M + ["--save-profile", str(folder)], ["--save-profile", "is a directory"]),
-        (M + ["--save-profile", str(tmp / "no" / "such" / "dir.json")], ["--save-profile", "does not exist"]),
-        (P + ["--inter-lat", "nan"], ["--inter-lat nan", "finite"]),
-        (P + ["--inter-lat", "-1"], ["--inter-lat -1", ">= 0"]),
-        (P + ["--inter-lat", "inf"], ["--inter-lat inf", "finite"]),
-        (P + ["--intra-lat", "-1"], ["--intra-lat -1", ">= 0"]),
-        (P + ["--bucket-mb", "0"], ["--bucket-mb 0", "> 0"]),
-        (P + ["--bucket-mb", "inf"], ["--bucket-mb inf", "finite"]),
-        (P + ["--bucket-mb", "nan"], ["--bucket-mb nan", "finite"]),
-        (P + ["--local-sgd-k", "0"], ["--local-sgd-k 0", ">= 1"]),
-        (P + ["--per-rank-batch", "0"], ["--per-rank-batch 0", ">= 1"]),
-        (P + ["--nproc", "-1"], ["--nproc -1", ">= 1"]),
-        (["predict", "--cluster", "0x2:inter=1gbit", "--profile", str(prof)], ["--cluster '0x2:inter=1gbit'"]),
-        (["predict", "--cluster", "2x2:inter=0mbit", "--profile", str(prof)], ["inter='0mbit'"]),
-        (["predict", "--cluster", "2x2:inter=1gbit", "--profile", str(binary)], ["--profile", "not UTF-8"]),
-        (["predict", "--cluster", "2x2:inter=1gbit", "--profile", str(folder)], ["--profile", "is a directory"]),
-        (["predict", "--cluster", "2x2:inter=1gbit", "--profile", "/dev/null"], ["--profile", "not a regular file"]),
-        (["predict", "--cluster", "2x2:inter=1gbit", "--profile", str(huge)], ["--profile", "a profile is at most"]),
-        (["predict", "--cluster", "2x2:inter=1gbit", "--profile", str(tmp / "missing.json")],
-         ["--profile", "No such file"]),
         (["cluster", "up", "0x2:inter=1gbit"], ["'0x2:inter=1gbit'", "nodes=0"]),
         (["cluster", "up", "2x0:inter=1gbit"], ["'2x0:inter=1gbit'", "ranks per node=0"]),
         (["cluster", "up", "2x2:inter=nanmbit"], ["inter='nanmbit'"]),
@@ -469,17 +398,10 @@ def _bad_inputs(tmp: Path) -> list:
         (["compare", str(folder), str(good)], [str(folder), "directory"]),
         (["compare", str(good), str(binary)], [str(binary), "not a text file"]),
     ]
-    for name, (text, words) in PROFILE_TEXTS.items():
-        path = tmp / f"profile-{name}.json"
-        for token in ("NaN", "Infinity", "1e400"):
-            text = text.replace(f'"__{token}__"', token)
-        path.write_text(text)
-        cases.append((["predict", "--cluster", "2x2:inter=1gbit", "--profile", str(path)], ["--profile", *words]))
     return cases
 
 
 def test_every_bad_number_or_file_is_one_line_exit_2_before_any_rank(tmp_path, monkeypatch, capsys):
-    import suite.cli.predict
     import suite.cluster.emulate
     import suite.runtime
     from suite.cli.main import main
@@ -488,11 +410,7 @@ def test_every_bad_number_or_file_is_one_line_exit_2_before_any_rank(tmp_path, m
         def __init__(self, *a, **k):
             raise AssertionError("a rank pool was started despite bad input")
 
-    def no_measuring(*a, **k):
-        raise AssertionError("a profile was measured despite bad input")
-
     monkeypatch.setattr(suite.runtime, "RankPool", NoRanks)
-    monkeypatch.setattr(suite.cli.predict, "measure_profile", no_measuring)
     # No cluster may come up: and a bad value must be named even where none could be emulated.
     monkeypatch.setattr(suite.cluster.emulate, "unavailable_reason", lambda: "not here (test)")
     problems = []
@@ -509,16 +427,6 @@ def test_every_bad_number_or_file_is_one_line_exit_2_before_any_rank(tmp_path, m
         if code != 2 or len(lines) != 1 or "Traceback" in err or not all(w in err for w in words):
             problems.append(f"{shown}: exit {code}, stderr {err[:300]!r}; expected one line with {words}")
     assert not problems, "\n".join(problems)
-
-
-def test_a_good_profile_file_still_predicts(tmp_path, capsys):
-    from suite.cli.main import main
-
-    path = tmp_path / "p.json"
-    path.write_text(json.dumps(GOOD_PROFILE))
-    assert main(["predict", "--cluster", "2x2:inter=1gbit", "--profile", str(path), "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    assert rows and all(r["step_s"] > 0 for r in rows)
 
 
 def test_an_interrupted_start_leaves_no_rank_and_no_store(monkeypatch):

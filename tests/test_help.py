@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -28,7 +29,25 @@ NAMES = sorted(set(SUBS) - HIDDEN)
 
 def test_every_command_of_the_registry_is_checked():
     assert set(COMMANDS) - {"trial-server"} <= set(NAMES) and "torchrun-probe" in SUBS
-    assert not {"ab", "predict", "report", "comm"} - set(NAMES)
+    assert not {"ab", "report", "comm"} - set(NAMES)
+
+
+def test_the_side_projects_commands_and_options_are_gone():
+    """The cost model (`predict`, `cluster extrapolate`, `comm --calibrate`) and the gate's calibration (`figures
+    gate`, the injected slowdown, one preparation per side) left the package (experiments/README.md): no command,
+    action or option of theirs is left, nor named in a --help."""
+    assert "predict" not in SUBS
+    assert set(_subcommands(SUBS["cluster"])) == {"up", "down", "cleanup", "status"}
+    texts = {name: SUBS[name].format_help() for name in NAMES}
+    for name, text in texts.items():
+        for gone in ("predict", "--calibrat", "extrapolat", "inject", "INJECT", "--min-blocks", "figures gate",
+                     "figures cluster", "cost model"):
+            assert gone not in text, (name, gone)
+    assert "--rotate" in texts["ab"] and "--rotate" in texts["bisect"]  # ab's rotation stays, N >= 2
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    assert len(readme.split()) < 2000, len(readme.split())  # as `wc -w` counts
+    for gone in ("predict", "--calibrate", "extrapolate", "figures gate", "figures cluster", "INJECT", "experiments"):
+        assert gone not in readme, gone
 
 
 def _examples(text: str) -> list[str]:

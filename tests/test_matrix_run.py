@@ -132,7 +132,7 @@ def test_gate_flags_a_sleeping_case_and_not_an_identical_rerun(pool2):
 
     The threshold is 50%: on this shared 2-core machine identical variants interleaved in one
     process group have differed by over 20% (windows of 0.2 s next to windows of 1.2 s);
-    `fleetbench figures gate` measures the false-alarm rate per threshold.
+    docs/figures/gate.md (made by a figure since removed) measured the false-alarm rate per threshold.
     """
     answers = pool2.run(time_on_rank, dict(
         workload_spec=WorkloadSpec("mlp", per_rank_batch=16), warmup=1, steps=3, rounds=4, variants=[

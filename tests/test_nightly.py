@@ -3,8 +3,8 @@ run): its plan (stages, cases x world sizes, the gate's cases and budget, estima
 limit that refuses a night that does not fit, the gate cases covering every strategy family, and the pipeline end
 to end on CPU: records and traces, a pytest-benchmark pass of bench_cases with raw data, an asv results file for
 this commit (a statistic with its spread and the samples) and the dashboard `asv publish` builds, the report, the
-state written as each stage ends, and the history alerts step.  The gate failing the job when HEAD's trials are
-made twice as slow (FLEETBENCH_AB_INJECT) depends on timing: `statistical`.  The workflows are validated against
+state written as each stage ends, and the history alerts step.  The gate failing the job when HEAD is a commit
+whose training step is twice as slow depends on timing: `statistical`.  The workflows are validated against
 GitHub's schema in tests/test_workflows.py."""
 from __future__ import annotations
 
@@ -133,9 +133,10 @@ def _head():
     return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
 
-def _night(tmp_path, last_good: str | None, *extra: str, env: dict | None = None):
-    conf = json.load(open(os.path.join(REPO, "asv.conf.json")))
-    conf.update(repo=REPO, benchmark_dir=os.path.join(REPO, "bench_cases"), results_dir=str(tmp_path / "asv"),
+def _night(tmp_path, last_good: str | None, *extra: str, env: dict | None = None, repo: str = REPO):
+    """`.ci/nightly` of ``repo`` (this checkout, or a throw-away repository's) on mlp/plain at world 2."""
+    conf = json.load(open(os.path.join(repo, "asv.conf.json")))
+    conf.update(repo=repo, benchmark_dir=os.path.join(repo, "bench_cases"), results_dir=str(tmp_path / "asv"),
                  html_dir=str(tmp_path / "html"), env_dir=str(tmp_path / "asv-env"))
     (tmp_path / "asv.conf.json").write_text(json.dumps(conf))
     good = tmp_path / "last-good" / "commit"
@@ -144,10 +145,10 @@ def _night(tmp_path, last_good: str | None, *extra: str, env: dict | None = None
         good.write_text(last_good + "\n")
     out_dir = tmp_path / "out"
     env = dict(os.environ, HOME=str(tmp_path), PY=sys.executable, MPLCONFIGDIR=str(tmp_path / "mpl"), **(env or {}))
-    proc = subprocess.run([os.path.join(REPO, ".ci", "nightly"), "--device", "cpu", "--case", "mlp/plain",
+    proc = subprocess.run([os.path.join(repo, ".ci", "nightly"), "--device", "cpu", "--case", "mlp/plain",
                            "--worlds", "2", "--rounds", "2", "--steps", "2", "--quick", "--out", str(out_dir),
                            "--last-good", str(good), "--asv-config", str(tmp_path / "asv.conf.json"),
-                           "--machine", "cpu-test", *extra], cwd=REPO, env=env, capture_output=True, text=True,
+                           "--machine", "cpu-test", *extra], cwd=repo, env=env, capture_output=True, text=True,
                           timeout=900)
     return proc, proc.stdout + proc.stderr, out_dir, good
 
@@ -216,16 +217,26 @@ def test_nightly_cpu_pipeline_end_to_end(tmp_path):
 
 @pytest.mark.statistical
 def test_the_gate_fails_the_night_when_head_is_twice_as_slow(tmp_path):
-    """The last good commit is this one and HEAD's trials are made twice as slow (busy work in HEAD's trial server
-    only): the gate must find mlp/plain slower, fail the job and keep the last good commit."""
-    head = _head()
-    proc, log, out_dir, good = _night(tmp_path, head, "--gate-budget", "1.5", "--ab-args", "--steps 3 --rotate 2",
-                                      env={"FLEETBENCH_AB_INJECT": "head=1.0"})
+    """A throw-away repository of this tree: the last good commit is the tree as it is, HEAD a commit whose
+    training step is twice as slow (tests/test_ab.py's busy work, at 100%): the nightly of HEAD's checkout must
+    find mlp/plain slower at its gate, fail the job and keep the last good commit."""
+    from tests.test_ab import SLOW_PATCH, _commit, _git, copy_tree
+
+    root = tmp_path / "repo"
+    copy_tree(root)
+    base = _commit(root, "base: the current tree")
+    with open(root / "suite" / "engine.py", "a") as fh:
+        fh.write(SLOW_PATCH)
+    head = _commit(root, "slow: busy work in the training step")
+    assert _git(root, "rev-parse", "HEAD") == head
+    proc, log, out_dir, good = _night(tmp_path, base, "--gate-budget", "1.5", "--ab-args", "--steps 3 --rotate 2",
+                                      env={"FLEETBENCH_TEST_SLOWDOWN": "1.0", "PYTHONPATH": str(root)},
+                                      repo=str(root))
     assert proc.returncode == 1, log[-5000:]
     assert "ab gate: FAIL" in log and "mlp/plain@2: slower" in log, log[-5000:]
-    assert good.read_text().strip() == head, "a failed night must not become the last good commit"
+    assert good.read_text().strip() == base, "a failed night must not become the last good commit"
     ab = json.load(open(out_dir / "ab-w2.json"))
-    assert ab["base"]["commit"] == ab["head"]["commit"] == head and ab["head"]["inject"] == 1.0
+    assert (ab["base"]["commit"], ab["head"]["commit"]) == (base, head), (ab["base"], ab["head"])
     (case,) = ab["cases"]
     assert case["verdict"] == "slower" and case["structure_diff"] == [] and ab["exit_code"] == 1, case
     assert "mlp/plain@2: slower" in (out_dir / "gate.md").read_text()

@@ -9,7 +9,6 @@ Device nodes are ``mknod`` copies of /dev/null in the test's temporary directory
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 import stat
@@ -178,14 +177,6 @@ def _asv_machine(tmp: Path) -> Path:
     return tmp / "a"
 
 
-def _profile(tmp: Path) -> Path:
-    from tests.test_hardening import GOOD_PROFILE
-
-    p = tmp / "profile.json"
-    p.write_text(json.dumps(GOOD_PROFILE))
-    return p
-
-
 def _records(tmp: Path) -> Path:
     from tests.test_hostile import _record, _write
 
@@ -200,8 +191,6 @@ WRITERS = {  # command line with TARGET where the output goes; the words of the 
     "compare --markdown": (lambda t: ["compare", _records(t), _records(t), "--markdown"], ["--markdown"]),
     "nightly --last-good": (lambda t: ["nightly", "--plan", "--device", "cpu", "--out", t / "night", "--last-good"],
                             ["--last-good"]),
-    "predict --save-profile": (lambda t: ["predict", "--cluster", "2x2:inter=1gbit", "--model", "mlp", "--size",
-                                          "tiny", "--save-profile"], ["--save-profile"]),
 }
 
 
@@ -211,9 +200,6 @@ def test_no_command_turns_a_fifo_or_a_device_node_into_a_file(tmp_path, capsys, 
                                                               writer, kind):
     """The probe: `mkdir -p a/m && echo '{}' > a/m/machine.json && mkfifo n && fleetbench history --results a
     --machine m --markdown n; stat -c %F n` said `regular file`; `figures --save` replaced a device node."""
-    import suite.cli.predict
-
-    monkeypatch.setattr(suite.cli.predict, "measure_profile", lambda *a, **k: pytest.fail("measured"))
     target = _special(tmp_path, kind)
     before = _kind(target)
     make, words = WRITERS[writer]

@@ -150,6 +150,8 @@ def test_a_precision_change_is_structure_changed_for_compare_and_ab(pool2, tmp_p
     assert "mlp/plain@2: structure changed" in err and "precision.cudnn_benchmark: False -> True" in err, err
 
     class Server:
+        proc = type("Running", (), {"poll": staticmethod(lambda: None)})  # a live process: cases closed on it
+
         def __init__(self, record):
             self.record, self.n = record, 0
 

@@ -1,12 +1,11 @@
 """Issue 36's probes that had no test of their own (docs/benchmarks.md, "Issue 36's probes and their tests", maps
 every probe to its test): a taken ``MASTER_PORT``, a killed ``doctor`` while its torchrun job runs, a killed trial
-server, a revision's or a ``build()``'s daemon, an ``ab`` killed -9 with its two worktrees, commit subjects and a
-profile's model name on the terminal.
+server, a revision's or a ``build()``'s daemon, an ``ab`` killed -9 with its two worktrees, commit subjects on the
+terminal.
 """
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -356,17 +355,6 @@ def test_a_commit_subject_reaches_the_terminal_with_its_control_characters_escap
     wt = Worktrees(str(repo))
     subject = wt.subject(wt.resolve("HEAD"))
     assert not _raw_controls(subject) and subject.startswith("fix evil") and "\\u001b" in subject, repr(subject)
-
-
-def test_a_profiles_model_name_reaches_the_terminal_with_its_control_characters_escaped(tmp_path, capsys, no_ranks):
-    """The probe: `predict --profile` printed the profile's model name raw."""
-    from tests.test_hardening import GOOD_PROFILE
-
-    path = tmp_path / "profile.json"
-    path.write_text(json.dumps({**GOOD_PROFILE, "model": HOSTILE}))
-    code, out, err = _cli(["predict", "--cluster", "2x2:inter=1gbit", "--profile", path], capsys)
-    assert code == 0, err
-    assert not _raw_controls(out + err) and "model evil\\u001b[31mred" in out, out
 
 
 # ---- the map of probes to tests ---------------------------------------------------------------------------------

@@ -123,7 +123,6 @@ def test_a_default_changed_once_shows_in_run_in_abs_trial_server_and_in_bench_ca
     assert FakeRankPool.made[-1].calls[0]["steps"] == 7
     assert json.loads(open(tmp_path / "runs.jsonl").readline())["spec"]["run"]["steps"] == 7
     # ab: its client's spec, and its trial server's runner
-    monkeypatch.delenv("FLEETBENCH_AB_INJECT", raising=False)
     spec = ab_cli.options(build_parser().parse_args(["ab", "A", "B", "--case", "mlp/plain", "--nproc", "2"]))
     assert spec.run.steps == 7
     state = server._State(2, 60.0, 60.0, None)

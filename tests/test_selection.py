@@ -128,7 +128,6 @@ def test_comma_separated_cases_tags_and_models_are_several(monkeypatch):
     from suite.cli.main import build_parser
 
     args = build_parser().parse_args(["ab", "A", "B", "--case", "mlp/plain,mlp/fusion", "--model", "mlp", "--no-check"])
-    monkeypatch.delenv("FLEETBENCH_AB_INJECT", raising=False)
     opts = ab_cli.options(args)
     sel = opts.selection
     assert sel.cases == ("mlp/plain", "mlp/fusion") and sel.models == ("mlp",) and sel.tags == ()

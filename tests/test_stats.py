@@ -48,7 +48,7 @@ def test_rate_interval_is_clopper_pearson():
     2 the ends are 1 - sqrt(1 - alpha/2) and sqrt(1 - alpha/2)."""
     import math
 
-    from suite.ab.power import rate_interval
+    from suite.ab.stats import rate_interval
 
     lo, hi = rate_interval(0, 120)
     assert lo == 0.0 and hi == pytest.approx(1 - 0.025 ** (1 / 120), rel=1e-9)
@@ -78,7 +78,7 @@ def test_detectable_shift_is_caught_95_percent_of_the_time_per_comparison(g):
     time; a fresh sample of ``g`` values shifted by exactly that much crosses at least 95% of the time."""
     from scipy.stats import t as student_t
 
-    from suite.ab.power import rate_interval
+    from suite.ab.stats import rate_interval
 
     rng = np.random.default_rng(g)
     n, crit = 4000, float(student_t.ppf(0.995, g - 1))

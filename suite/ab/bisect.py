@@ -17,13 +17,12 @@
    The whole interval of ``x`` at 95% (over all its looks, as `ab`'s) above 0 -> *bad* (like
    BAD), below 0 -> *good* (like GOOD).  Measured against both ends at once, the classification
    does not depend on how large the slowdown looks at any one moment (busy work costs more wall time on a loaded machine
-   than on a quiet one).  With rotation (``--rotate N``, as `ab`) the case is prepared afresh on
-   all three servers every N blocks, every ``--restart``-th time on fresh servers
+   than on a quiet one).  As in `ab` (``--rotate N``) the case is prepared afresh on all three
+   servers every N blocks, every ``--restart``-th time on fresh servers
    (:func:`suite.ab.trials.rotate`), and the groups' trimmed means are the samples of a Student
    t interval (``suite.ab.stats.pair_interval``): two preparations, and two processes, of the
    same code differ by a few percent for as long as they run, a bias that blocks of one
-   preparation cannot average out.  ``--rotate 0``: one preparation, blocks as
-   samples, Yuen's interval of their trimmed mean.
+   preparation cannot average out.
 3. An *inconclusive* commit (its interval still straddles 0 when the budget is spent) is tested
    again with twice the budget (``retries`` times); if it stays inconclusive the bisection
    stops and says so, with the range the first slow commit lies in (exit 3, undecided).
@@ -100,8 +99,7 @@ def classify(good: Side, bad: Side, cand: Side, case: str, opts: RunSpec, seq: S
     until both have decided; they stop at once when BAD is *same* or *faster* (nothing to bisect)."""
     _prepare(cand, case, opts)
     # 95%, not ab's 99%: a bisection step chooses between two hypotheses; the blocks it saves are many on a loaded
-    # machine.  With rotation (seq.rotate = N): groups of N blocks, each on fresh preparations of all three, are
-    # the samples.
+    # machine.  Groups of seq.rotate = N blocks, each on fresh preparations of all three, are the samples.
     s = Sequential(dataclasses.replace(seq, split=0.0, confidence=min(seq.confidence, CLASSIFY_CONFIDENCE)))
     rng = random.Random(f"{seq.seed}:{cand.commit}")
     restarts = 0
@@ -135,18 +133,17 @@ def classify(good: Side, bad: Side, cand: Side, case: str, opts: RunSpec, seq: S
         ends.finish()
     cls = {"slower": "bad", "same": "good"}.get(s.verdict or "", "inconclusive")
     lo, hi = s.ratio_ci
-    groups = len(s.pairs) if seq.rotate else 1
+    groups = len(s.pairs)
     out = {"class": cls, "position": s.ratio, "ci": [lo, hi], "blocks": len(s.d), "groups": groups,
            "restarts": restarts, "seconds": seconds}
     if ends is not None:
         out["ends"] = {"verdict": ends.verdict, "ratio": ends.ratio, "ci": list(ends.ratio_ci),
-                       "blocks": len(ends.d), "groups": len(ends.pairs) if seq.rotate else 1}
+                       "blocks": len(ends.d), "groups": len(ends.pairs)}
         say(f"  {case}: BAD against GOOD: " + describe_verdict(ends.verdict or "inconclusive", ends.ratio,
                                                                 ends.ratio_ci, seq.delta, threshold=seq.threshold)
             + f" ({len(ends.d)} blocks, shared with the first commit's)")
     say(f"  {case}: {cls}: commit / midpoint(GOOD, BAD) step time {s.ratio:.3f} [{lo:.3f}, {hi:.3f}] "
-        f"({len(s.d)} blocks" + (f" in {groups} groups of fresh preparations" if seq.rotate else "")
-        + f", {seconds:.0f} s)")
+        f"({len(s.d)} blocks in {groups} groups of fresh preparations, {seconds:.0f} s)")
     return out
 
 
@@ -166,8 +163,8 @@ def run_bisect(repo: str, good: str, bad: str, case: str, opts: RunSpec, retries
         say(f"fleetbench bisect: {case}, {len(commits)} commit(s) after GOOD {gc[:10]} up to BAD {bc[:10]}")
         sides: list[Side] = []
         try:
-            sides.append(start_side(wt, "GOOD", good, opts, ab.inject_base, wait=False, commit=gc))
-            sides.append(start_side(wt, "BAD", bad, opts, ab.inject_head, wait=False, commit=bc))
+            sides.append(start_side(wt, "GOOD", good, opts, wait=False, commit=gc))
+            sides.append(start_side(wt, "BAD", bad, opts, wait=False, commit=bc))
             g, b = sides
             try:
                 ready(g, b)
@@ -204,7 +201,7 @@ def run_bisect(repo: str, good: str, bad: str, case: str, opts: RunSpec, retries
                 res: dict = {}
                 try:
                     wt.check_protocol(commit, f"commit {i + 1}/{len(commits)}")
-                    cand = start_side(wt, commit[:10], commit, opts, 0.0, commit=commit)
+                    cand = start_side(wt, commit[:10], commit, opts, commit=commit)
                     ready(cand)
                     for attempt in range(retries + 1):
                         say(f"  testing {commit[:10]} ({i + 1}/{len(commits)}: {wt.subject(commit)[:60]})"

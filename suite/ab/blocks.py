@@ -2,14 +2,14 @@
 
 Every timing of one revision against another runs through :func:`run_blocks`: `fleetbench ab`
 (:func:`suite.ab.trials.compare_case`), `fleetbench bisect` (:func:`suite.ab.bisect.classify`, GOOD, BAD and
-the commit tested) and the gate figure's A/A and slowed pairs (:func:`suite.figures.gate.long_run`).  A block
+the commit tested).  A block
 runs every side twice, in an order and its mirror image, so that a linear drift within the block costs every
 side alike: with two sides ``ABBA`` or ``BAAB`` (each with probability 1/2), with more the sides shuffled and
 mirrored (``ABCCBA``).  What a trial is (a request to a trial server), what a block's numbers mean, when to stop
 and what to do between blocks (fresh preparations, fresh servers) is the caller's: ``after(block)`` sees each
 block's results and returns True to stop.  Nothing here decides that two revisions are the same: `ab` answers
-"identical" itself, before any server starts (``suite.cli.ab.identical``), so A/A measurements through this
-loop are always timed.  ``tests/test_blocks.py`` fails on a second copy of the loop.
+"identical" itself, before any server starts (``suite.cli.ab.identical``), so whatever reaches this loop is
+timed.  ``tests/test_blocks.py`` fails on a second copy of the loop.
 """
 from __future__ import annotations
 

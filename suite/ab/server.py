@@ -52,8 +52,13 @@ class _State:
 
 
 def _spec(req: dict) -> RunSpec:
-    """The request's run specification (``RunSpec.to_dict`` of the client's): its selection and run options."""
-    return RunSpec.from_dict(req.get("spec"), f"the {req.get('op')} request's spec")
+    """The request's run specification (``RunSpec.to_dict`` of the client's): its selection and run options.  Its
+    ``ab`` part (the comparison's own options, which the server does not use) is left out: a client of another
+    revision may spell them otherwise."""
+    data = req.get("spec")
+    if isinstance(data, dict):
+        data = {k: v for k, v in data.items() if k != "ab"}
+    return RunSpec.from_dict(data, f"the {req.get('op')} request's spec")
 
 
 def _selection(spec: RunSpec, nproc: int, names: tuple | None = None) -> list:
@@ -92,10 +97,9 @@ def _op_prepare(st: _State, req: dict) -> dict:
     rc = rcs[0]
     if rc.skip:
         raise ValueError(f"case {rc.case.name} cannot run at world size {st.nproc}: {rc.skip}")
-    inject = float(req.get("inject") or 0.0)  # busy work in every step (a calibration run: the gate figure)
-    prepared = _runner(st, spec).prepare(rc, inject=inject)
+    prepared = _runner(st, spec).prepare(rc)
     st.cases[prepared.key] = (prepared.runner, rc, prepared)
-    return {"key": prepared.key, "describe": prepared.describe, "config": rc.config.to_dict(), "inject": inject}
+    return {"key": prepared.key, "describe": prepared.describe, "config": rc.config.to_dict()}
 
 
 def _op_trial(st: _State, req: dict) -> dict:

@@ -32,14 +32,15 @@ spends what is left.  By the union bound, an A/A comparison's chance of any "slo
 looks is at most α/2, whatever the budget (``tests/test_ab.py`` simulates it at the smallest
 settings `ab` allows).
 
-Rotation (``rotate`` = N, `ab --rotate N`): two preparations of the same case (engine, model,
+Rotation (``rotate`` = N, `ab --rotate N`, N >= 2): two preparations of the same case (engine, model,
 buffers, data) can differ in speed by a few percent for as long as they run, and two pairs of
-processes by a few percent more (``fleetbench figures gate`` measures both spreads), a bias no
-number of blocks from one preparation averages out.  With rotation, after every N blocks the case
-is prepared afresh on both servers, and every ``restart``-th time on fresh servers (which draws
-the processes' part again); each pair of preparations' trimmed mean is one sample, the estimate
-is their mean and the interval a Student t interval over the pairs (:func:`pair_interval`),
-looked at over whole pairs from ``min_pairs`` on.
+processes by a few percent more (docs/figures/gate.md measured both spreads), a bias no number of
+blocks from one preparation averages out.  So after every N blocks the case is prepared afresh on
+both servers, and every ``restart``-th time on fresh servers (which draws the processes' part
+again); each pair of preparations' trimmed mean is one sample, the estimate is their mean and the
+interval a Student t interval over the pairs (:func:`pair_interval`), looked at over whole pairs
+from ``min_pairs`` on.  Yuen's interval over the blocks (:func:`interval`) is only the report's, for
+a comparison that ended before two whole pairs.
 
 Power (:func:`detectable_slowdown`): every verdict states the smallest slowdown the comparison would have
 called "slower" with probability ``POWER`` (95%), from its own spread (at its 95% upper confidence bound) and
@@ -58,7 +59,7 @@ from ..run_spec import SeqOptions  # the settings' data (suite/run_spec.py); the
 
 __all__ = ["SeqOptions", "Sequential", "block_log_ratio", "interval", "pair_interval", "decide", "lag1", "VERDICTS",
            "describe_verdict", "describe_power", "detectable_slowdown", "POWER", "LOOK_GROWTH", "SPEND_RHO",
-           "fmt_ratio", "fmt_span", "needed_samples"]
+           "fmt_ratio", "fmt_span", "needed_samples", "rate_interval"]
 
 VERDICTS = ("slower", "not slower", "faster", "same", "inconclusive")
 POWER = 0.95  # of the power statement: the slowdown a comparison would have caught this often
@@ -77,7 +78,7 @@ def block_log_ratio(base_trials: Sequence[float], head_trials: Sequence[float]) 
 
 def _trimmed(x, axis=-1, trim: float = 0.2):
     """scipy.stats.trim_mean's rule (int(trim * n) cut from each end of the sorted values), in numpy alone: the
-    gate figure's simulation calls it hundreds of thousands of times, and scipy's wrapper costs 0.3 ms a call."""
+    tests' simulations call it hundreds of thousands of times, and scipy's wrapper costs 0.3 ms a call."""
     a = np.sort(np.asarray(x, dtype=float), axis=axis)
     n = a.shape[axis]
     cut = int(trim * n)
@@ -149,57 +150,50 @@ def _mean_interval(means: Sequence[float], level: float) -> tuple[float, float, 
     return est, est - half, est + half
 
 
-def _se_df(samples: Sequence[float], opts: SeqOptions, t_samples: bool) -> tuple[float, int]:
-    """(standard error, degrees of freedom) of the estimate: over pairs (s/sqrt(G), G - 1) or Yuen's over blocks;
-    (nan, 0) when there is no spread to speak of (fewer than 2 pairs or 3 blocks)."""
+def _se_df(samples: Sequence[float]) -> tuple[float, int]:
+    """(standard error, degrees of freedom) of the estimate over pairs: (s/sqrt(G), G - 1); (nan, 0) when there is
+    no spread to speak of (fewer than 2 pairs)."""
     a = np.asarray(samples, dtype=float)
-    if t_samples:
-        return (float(a.std(ddof=1)) / math.sqrt(a.size), a.size - 1) if a.size >= 2 else (math.nan, 0)
-    if a.size < 3:
-        return math.nan, 0
-    _, se, df = _yuen(a, opts.trim)
-    return se, df
+    return (float(a.std(ddof=1)) / math.sqrt(a.size), a.size - 1) if a.size >= 2 else (math.nan, 0)
 
 
-def detectable_slowdown(samples: Sequence[float], opts: SeqOptions = SeqOptions(), t_samples: bool = True,
+def detectable_slowdown(samples: Sequence[float], opts: SeqOptions = SeqOptions(),
                         level: float | None = None) -> float:
-    """The smallest slowdown (a fraction: 0.05 = 5%) that a comparison like this one, with as many samples and
-    their spread, would have called "slower" with probability ``POWER``; ``inf`` when it could catch none (fewer
-    than two pairs, fewer than three blocks without rotation).
+    """The smallest slowdown (a fraction: 0.05 = 5%) that a comparison like this one, with as many pairs of
+    preparations (``samples``: their trimmed means) and their spread, would have called "slower" with probability
+    ``POWER``; ``inf`` when it could catch none (fewer than two pairs).
 
     "slower" needs the interval's low end above 0 (and its high end not below log(1+threshold), which a
     slowdown of the threshold or more gives): the estimate more than ``crit`` estimated standard errors above
     0, crit the t quantile of the interval's ``level`` (the last look's; default ``opts.confidence``).
     :func:`suite.results.gate.detectable_shift` gives the distance, noncentral t on the standard error's
     degrees of freedom, with the standard error at its ``SPREAD_BOUND`` (95%) upper confidence bound from this
-    comparison's own, so that the statement errs on the side of claiming less:
-
-    - over G pairs (rotation: the pairs' trimmed means, ``t_samples``): se = s/√G, G−1 degrees of freedom;
-    - over blocks (no rotation): Yuen's se of the trimmed mean, h − 1 degrees of freedom.
+    comparison's own, so that the statement errs on the side of claiming less: over G pairs, se = s/√G, G−1
+    degrees of freedom.
 
     The slowdown is exp(shift) − 1, and never below the threshold (a smaller slowdown may be called "not
     slower").  Validated per comparison in tests/test_ab.py: each simulated comparison's own stated value,
     then a fresh comparison (same design, same true spread) at exactly that slowdown; at least 95% of those
     say "slower"."""
-    se, df = _se_df(samples, opts, t_samples)
+    se, df = _se_df(samples)
     if df < 1 or not math.isfinite(se):
         return math.inf
     crit = _t(opts.confidence if level is None else level, df)
     return max(math.expm1(detectable_shift(se, df, crit, POWER, SPREAD_BOUND)), opts.threshold)
 
 
-def needed_samples(samples: Sequence[float], opts: SeqOptions = SeqOptions(), t_samples: bool = True,
+def needed_samples(samples: Sequence[float], opts: SeqOptions = SeqOptions(),
                    level: float | None = None, limit: int = 100_000) -> int | None:
-    """The fewest samples (pairs or blocks) with which a comparison of this spread would state a slowdown below
-    100% (the spread taken as this one's; None when it has none to go by, or needs more than ``limit``)."""
-    se, df = _se_df(samples, opts, t_samples)
+    """The fewest pairs of preparations with which a comparison of this spread would state a slowdown below 100%
+    (the spread taken as this one's; None when it has none to go by, or needs more than ``limit``)."""
+    se, df = _se_df(samples)
     n = len(samples)
     if df < 1 or not math.isfinite(se):
         return None
     crit_level = opts.confidence if level is None else level
 
     def caught(m: int) -> bool:  # the same spread, m samples: se shrinks as 1/sqrt(m)
-        df_m = m - 1 if t_samples else (m - 2 * int(opts.trim * m)) - 1
+        df_m = m - 1
         if df_m < 1:
             return False
         shift = detectable_shift(se * math.sqrt(n / m), df_m, _t(crit_level, df_m), POWER, SPREAD_BOUND)
@@ -216,6 +210,18 @@ def needed_samples(samples: Sequence[float], opts: SeqOptions = SeqOptions(), t_
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if caught(mid) else (mid, hi)
     return hi
+
+
+def rate_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Clopper-Pearson (exact binomial) interval of the rate ``k / n`` at ``level``: the tests bound the rates of
+    simulated verdicts (false alarms, power) with it."""
+    from scipy.stats import beta
+
+    if not 0 <= k <= n or n == 0:
+        raise ValueError(f"rate_interval: {k} of {n}: need 0 <= k <= n and n > 0")
+    a = (1 - level) / 2
+    return (0.0 if k == 0 else float(beta.ppf(a, k, n - k + 1)),
+            1.0 if k == n else float(beta.ppf(1 - a, k + 1, n - k)))
 
 
 def decide(lo: float, hi: float, delta: float, threshold: float = SeqOptions.threshold) -> str | None:
@@ -253,29 +259,29 @@ class Sequential:
     low: float = -math.inf
     high: float = math.inf
     verdict: str | None = None
-    pairs: list = field(default_factory=list)  # with rotation: the blocks of each pair of preparations
+    pairs: list = field(default_factory=list)  # the blocks of each pair of preparations
     looks: list = field(default_factory=list)  # (samples, the interval's level) of every look
     spent: float = 0.0  # of alpha = 1 - confidence, by the looks so far
-    means: list = field(default_factory=list)  # with rotation: each whole pair's trimmed mean, as it completes
+    means: list = field(default_factory=list)  # each whole pair's trimmed mean, as it completes
 
     @property
     def pair_done(self) -> bool:
-        """With rotation: the current pair of preparations has run its blocks (time for fresh ones)."""
-        return bool(self.opts.rotate) and bool(self.pairs) and len(self.pairs[-1]) >= self.opts.rotate
+        """The current pair of preparations has run its blocks (time for fresh ones)."""
+        return bool(self.pairs) and len(self.pairs[-1]) >= self.opts.rotate
 
     @property
     def restart_due(self) -> bool:
-        """With rotation and ``restart`` = K: the pair just done is the K-th since fresh servers (restart them)."""
+        """With ``restart`` = K: the pair just done is the K-th since fresh servers (restart them)."""
         return self.pair_done and bool(self.opts.restart) and len(self.pairs) % self.opts.restart == 0
 
     @property
     def samples(self) -> list[float]:
-        """What the interval is over: the whole pairs' trimmed means (rotation), or the blocks."""
-        return list(self.means) if self.opts.rotate else list(self.d)
+        """What the interval is over: the whole pairs' trimmed means."""
+        return list(self.means)
 
     @property
     def unit(self) -> str:
-        return "pairs of preparations" if self.opts.rotate else "blocks"
+        return "pairs of preparations"
 
     @property
     def level(self) -> float:
@@ -283,7 +289,7 @@ class Sequential:
         return self.looks[-1][1] if self.looks else self.opts.confidence
 
     def _due(self, n: int) -> bool:
-        if n < (self.opts.min_pairs if self.opts.rotate else self.opts.min_blocks):
+        if n < self.opts.min_pairs:
             return False
         return not self.looks or n >= max(self.looks[-1][0] + 1, math.ceil(self.looks[-1][0] * LOOK_GROWTH))
 
@@ -297,10 +303,7 @@ class Sequential:
         self.spent = target
         level = 1 - spend
         self.looks.append((len(self.samples), level))
-        if self.opts.rotate:
-            self.estimate, self.low, self.high = _mean_interval(self.means, level)
-        else:
-            self.estimate, self.low, self.high = interval(self.d, self.opts, level)
+        self.estimate, self.low, self.high = _mean_interval(self.means, level)
         if self.opts.split is None:
             self.verdict = decide(self.low, self.high, self.opts.delta, self.opts.threshold)
         else:
@@ -314,14 +317,13 @@ class Sequential:
         if not math.isfinite(d):
             raise ValueError(f"block log ratio {d!r} is not finite")
         self.d.append(float(d))
-        if self.opts.rotate:
-            if not self.pairs or len(self.pairs[-1]) >= self.opts.rotate:
-                self.pairs.append([])
-            self.pairs[-1].append(float(d))
-            if not self.pair_done:
-                return None  # looks only over whole pairs
-            self.means.append(float(_trimmed(np.asarray(self.pairs[-1]), trim=self.opts.trim)))
-        if not self._due(len(self.means) if self.opts.rotate else len(self.d)):
+        if not self.pairs or len(self.pairs[-1]) >= self.opts.rotate:
+            self.pairs.append([])
+        self.pairs[-1].append(float(d))
+        if not self.pair_done:
+            return None  # looks only over whole pairs
+        self.means.append(float(_trimmed(np.asarray(self.pairs[-1]), trim=self.opts.trim)))
+        if not self._due(len(self.means)):
             return None
         share = len(self.d) / self.opts.max_blocks
         return self._look(share if progress is None else max(progress, share))
@@ -329,11 +331,10 @@ class Sequential:
     def finish(self) -> str:
         """The verdict when blocks stop coming: a last look spending what is left of alpha, or inconclusive."""
         if self.verdict is None:
-            n = len(self.samples)
-            if n >= (self.opts.min_pairs if self.opts.rotate else self.opts.min_blocks):
+            if len(self.samples) >= self.opts.min_pairs:
                 self._look(1.0)
             if self.verdict is None and self.d and not self.looks:  # never looked: an interval for the report only
-                if self.opts.rotate and len([g for g in self.pairs if g]) >= 2:
+                if len([g for g in self.pairs if g]) >= 2:
                     self.estimate, self.low, self.high = pair_interval([g for g in self.pairs if g], self.opts)
                 else:
                     self.estimate, self.low, self.high = interval(self.d, self.opts)
@@ -347,16 +348,15 @@ class Sequential:
     @property
     def detectable(self) -> float:
         """:func:`detectable_slowdown` of the samples so far at the last look's level."""
-        return detectable_slowdown(self.samples, self.opts, bool(self.opts.rotate), self.level)
+        return detectable_slowdown(self.samples, self.opts, self.level)
 
     @property
     def needed(self) -> int | None:
         """:func:`needed_samples` of the samples so far (None: no spread to go by)."""
-        return needed_samples(self.samples, self.opts, bool(self.opts.rotate), self.level)
+        return needed_samples(self.samples, self.opts, self.level)
 
     def power_statement(self) -> str:
-        return describe_power(self.detectable, self.needed, self.unit, len(self.samples),
-                              2 if self.opts.rotate else 3)
+        return describe_power(self.detectable, self.needed, self.unit, len(self.samples), 2)
 
     @property
     def ratio_ci(self) -> tuple[float, float]:

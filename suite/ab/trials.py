@@ -9,9 +9,9 @@ cases both revisions have, and per case (:func:`compare_case`):
    difference is "structure changed" (exit 1) whatever the timings say, and a check verdict
    that went pass -> fail fails too;
 3. the **timing**: blocks of four trials (``ABBA`` or ``BAAB``, at random: :mod:`suite.ab.blocks`), each trial a
-   discarded warm-up step then one timed window of ``steps`` steps; with rotation
-   (``SeqOptions.rotate`` = N) the case is prepared afresh on both servers every N blocks
-   (:func:`fresh_preparations`), every ``restart``-th time on fresh servers (:func:`fresh_servers`);
+   discarded warm-up step then one timed window of ``steps`` steps; the case is prepared afresh on
+   both servers every ``SeqOptions.rotate`` = N blocks (:func:`fresh_preparations`), every
+   ``restart``-th time on fresh servers (:func:`fresh_servers`);
    the sequential statistics of :mod:`suite.ab.stats` decide slower / not slower (by the threshold) /
    faster / same, or inconclusive when the budget is spent.
 
@@ -44,32 +44,13 @@ from .stats import Sequential, block_log_ratio, describe_verdict, fmt_span, lag1
 from .worktrees import Worktrees
 
 __all__ = ["CaseOutcome", "AbReport", "Side", "compare_case", "run_ab", "start_side", "AbInputError",
-           "inject_from_env", "fresh_preparations", "fresh_servers", "rotate"]
+           "fresh_preparations", "fresh_servers", "rotate"]
 
 GOOD = ("pass", "n/a")
-INJECT_ENV = "FLEETBENCH_AB_INJECT"
 
 
 class AbInputError(ValueError):
     """Input `ab` cannot use (exit status 2)."""
-
-
-def inject_from_env(opts: RunSpec) -> RunSpec:
-    """``FLEETBENCH_AB_INJECT=head=0.10`` (or ``base=…,head=…``): busy work in that side's step, for calibration."""
-    text = os.environ.get(INJECT_ENV, "").strip()
-    if not text:
-        return opts
-    inject = {}
-    for part in text.split(","):
-        side, _, value = part.partition("=")
-        try:
-            frac = float(value)
-        except ValueError:
-            raise AbInputError(f"{INJECT_ENV}={text!r}: expected side=fraction, e.g. head=0.10") from None
-        if side.strip() not in ("base", "head") or not (0 <= frac < 10):
-            raise AbInputError(f"{INJECT_ENV}={text!r}: expected base=F or head=F with 0 <= F < 10")
-        inject[f"inject_{side.strip()}"] = frac
-    return opts.replace(ab=inject)
 
 
 @dataclass
@@ -82,7 +63,6 @@ class Side:
     subject: str
     root: str
     server: TrialServer
-    inject: float = 0.0
     prepared: dict = field(default_factory=dict)  # case -> key
     records: dict[str, CaseRecord] = field(default_factory=dict)  # case -> its record (structure, verdict)
 
@@ -90,7 +70,7 @@ class Side:
     others_cpu: list = field(default_factory=lambda: [0.0, 0.0])  # others' CPU s, the machine's CPU s: its trials
 
     def describe(self) -> dict:
-        return {"rev": self.rev, "commit": self.commit, "subject": self.subject, "inject": self.inject,
+        return {"rev": self.rev, "commit": self.commit, "subject": self.subject,
                 "worktree": self.root, "imported_from": self.origins}
 
 
@@ -105,11 +85,11 @@ class CaseOutcome:
     base_ms: float = math.nan  # median trial step time
     head_ms: float = math.nan
     blocks: int = 0
-    pairs: int = 1  # pairs of preparations the blocks came from (rotation: fresh ones every --rotate blocks)
-    servers: int = 1  # pairs of trial servers they ran on (rotation: fresh ones every --restart-th time)
-    seconds: float = 0.0  # timed blocks, and with rotation the fresh preparations
+    pairs: int = 1  # pairs of preparations the blocks came from (fresh ones every --rotate blocks)
+    servers: int = 1  # pairs of trial servers they ran on (fresh ones every --restart-th time)
+    seconds: float = 0.0  # timed blocks, and the fresh preparations
     lag1: float = math.nan
-    estimate: float = math.nan  # trimmed mean of the block log ratios (rotation: mean of the pairs' trimmed means)
+    estimate: float = math.nan  # mean of the pairs' trimmed means of the block log ratios
     # the smallest slowdown (a fraction) this comparison would have called "slower" at 95% (None: none below 100%)
     detectable_slowdown: float | None = None
     power: str = ""  # the power statement in words (stats.describe_power)
@@ -162,7 +142,7 @@ class AbReport:
 def _prepare(side: Side, case: str, opts: RunSpec, check: bool | None = None) -> str:
     if case not in side.prepared:
         spec = opts.replace(run={"check": opts.run.check if check is None else check})
-        ans = side.server.request("prepare", case=case, spec=spec.to_dict(), inject=side.inject)
+        ans = side.server.request("prepare", case=case, spec=spec.to_dict())
         key = ans["key"]
         trial = side.server.request("trial", key=key, steps=opts.run.steps, warmup=0)  # the structure's window
         _finite_losses(trial, side, case)
@@ -172,7 +152,12 @@ def _prepare(side: Side, case: str, opts: RunSpec, check: bool | None = None) ->
 
 
 def _record(side: Side, case: str, data: dict) -> CaseRecord:
-    """The server's record of the case, read once into the typed record (any schema this fleetbench reads)."""
+    """The server's record of the case, read once into the typed record (any schema this fleetbench reads).  The
+    ``ab`` part of its run specification is left out: the comparison's options are this process's, and a revision
+    of another time spells them otherwise."""
+    spec = data.get("spec") if isinstance(data, dict) else None
+    if isinstance(spec, dict) and spec.get("ab") is not None:
+        data = {**data, "spec": {**spec, "ab": None}}
     try:
         return CaseRecord.from_dict(data, f"{side.label}'s record of {case}")
     except ResultsFileError as exc:
@@ -309,11 +294,9 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: RunSpec,
             out.servers += rotate((base, head), case, opts, s)
         if time.monotonic() - last_say > 15:
             last_say = time.monotonic()
-            say(f"    {len(s.d)} blocks" + (f" from {len(s.pairs)} pairs" if seq.rotate else "")
-                + f", {elapsed:.0f} s: " + (
+            say(f"    {len(s.d)} blocks from {len(s.pairs)} pairs, {elapsed:.0f} s: " + (
                 f"HEAD/BASE {fmt_span(s.ratio, s.ratio_ci)}" if math.isfinite(s.estimate)
-                else f"no verdict before {seq.min_pairs} pairs" if seq.rotate
-                else f"no verdict before {seq.min_blocks} blocks"))
+                else f"no verdict before {seq.min_pairs} pairs"))
         return False
 
     try:
@@ -351,9 +334,9 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: RunSpec,
                        f"{math.exp(seq.split):.3f} ({out.blocks} blocks, {out.seconds:.0f} s)")
     elif out.verdict != "error":
         out.summary = describe_verdict(out.verdict, out.ratio, out.ci, seq.delta, threshold=seq.threshold,
-                                       power=out.power) + f" ({out.blocks} blocks" + (
-            f" from {out.pairs} pairs of preparations on {out.servers} pairs of servers" if seq.rotate else ""
-        ) + f", {out.seconds:.0f} s)"
+                                       power=out.power) + (f" ({out.blocks} blocks from {out.pairs} pairs of "
+                                                           f"preparations on {out.servers} pairs of servers, "
+                                                           f"{out.seconds:.0f} s)")
     if out.busy and out.summary:
         out.summary += f"; {out.busy}"
     say(f"  {case}@{world}: {out.summary or out.error}")
@@ -367,7 +350,7 @@ def _server(root: str, label: str, opts: RunSpec, log: str, wait: bool) -> Trial
                        device=opts.selection.device, log_path=log, wait=wait)
 
 
-def start_side(wt: Worktrees, label: str, rev: str, opts: RunSpec, inject: float = 0.0, wait: bool = True,
+def start_side(wt: Worktrees, label: str, rev: str, opts: RunSpec, wait: bool = True,
                commit: str | None = None) -> Side:
     commit = commit or wt.resolve(rev)
     wt.check_protocol(commit, label)
@@ -375,7 +358,7 @@ def start_side(wt: Worktrees, label: str, rev: str, opts: RunSpec, inject: float
     assert wt.dir is not None  # made by add()
     log = os.path.join(wt.dir, f"{label.lower()}-{commit[:10]}-{len(wt.paths)}.log")
     server = _server(root, label, opts, log, wait)
-    return Side(label, rev, commit, wt.subject(commit), root, server, inject)
+    return Side(label, rev, commit, wt.subject(commit), root, server)
 
 
 def ready(*sides: Side) -> None:
@@ -456,15 +439,11 @@ def run_ab(repo: str, base_rev: str, head_rev: str, opts: RunSpec,
         wt.check_protocol(hc, "HEAD")
         sides: list[Side] = []
         try:
-            sides.append(start_side(wt, "BASE", base_rev, opts, ab.inject_base, wait=False, commit=bc))
-            sides.append(start_side(wt, "HEAD", head_rev, opts, ab.inject_head, wait=False, commit=hc))
+            sides.append(start_side(wt, "BASE", base_rev, opts, wait=False, commit=bc))
+            sides.append(start_side(wt, "HEAD", head_rev, opts, wait=False, commit=hc))
             base, head = sides
             say(f"fleetbench ab: BASE {base_rev} ({bc[:10]} {base.subject[:60]})\n"
                 f"               HEAD {head_rev} ({hc[:10]} {head.subject[:60]})")
-            for s in sides:
-                if s.inject:
-                    say(f"  note: busy work of {s.inject:.0%} of each step injected into {s.label} ({INJECT_ENV}): "
-                        f"a calibration run")
             errors = start_all(base, head)
             for exc in errors.values():
                 if isinstance(exc, ProtocolMismatch):

@@ -135,9 +135,7 @@ def _given(args, names: dict) -> dict:
 def options(args) -> RunSpec:
     """The comparison's run specification from the command line (selection, run options, ab's own); a ValueError
     (exit 2) naming the option for anything out of range."""
-    from ..ab.trials import inject_from_env
-
-    if args.rotate == 0:  # the statistics keep one preparation (SeqOptions(rotate=0)) for the gate figure's row
+    if args.rotate == 0:  # said here with why; SeqOptions refuses any N < 2 too
         raise ValueError("--rotate 0: one preparation per side cannot earn a verdict: its own speed (a few percent "
                          "here) is shared by every block, not in their spread, and an unchanged mlp/plain was called "
                          "slower in 26.7% of such comparisons (docs/figures/gate.md, section 0); give --rotate N >= 2 "
@@ -184,7 +182,7 @@ def options(args) -> RunSpec:
     ab = AbOptions(**_given(args, AB_FIELDS), seq=SeqOptions(**{**dataclasses.asdict(AbOptions().seq),
                                                                **_given(args, SEQ_FIELDS)}),
                    total_budget_s=total)
-    return inject_from_env(RunSpec(sel, run, ab))
+    return RunSpec(sel, run, ab)
 
 
 def progress(args):
@@ -194,8 +192,7 @@ def progress(args):
 
 def identical(repo: str, base_rev: str, head_rev: str) -> dict | None:
     """When BASE and HEAD are the same commit, or commits with the same tree (the same code), what they are; else
-    None.  Decided here, before any worktree or server: the ABBA driver itself (suite.ab.trials) always times, so
-    that A/A measurements through it (the gate figure) are never short-circuited."""
+    None.  Decided here, before any worktree or server: the ABBA driver itself (suite.ab.trials) always times."""
     wt = Worktrees(repo)  # resolves the repository; makes nothing until a worktree is added
     bc, hc = wt.resolve(base_rev), wt.resolve(head_rev)
     wt.check_clean({"BASE": (base_rev, bc), "HEAD": (head_rev, hc)})
@@ -219,8 +216,7 @@ def main(args) -> int:
         assert opts.ab is not None
         if args.junit is not None and (why := junit.path_problem("--junit", args.junit)):
             raise ValueError(why)
-        # busy work injected into one side (FLEETBENCH_AB_INJECT, a calibration run) makes one commit two sides
-        same = None if opts.ab.inject_base or opts.ab.inject_head else identical(args.repo, args.base, args.head)
+        same = identical(args.repo, args.base, args.head)
         if same is not None:
             if args.json:
                 print_json(same | {"options": {"threshold": opts.ab.seq.threshold, "delta": opts.ab.seq.delta}})

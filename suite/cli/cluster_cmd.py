@@ -1,19 +1,17 @@
 """`fleetbench cluster`: the emulated cluster by hand (its --help: ``ABOUT``).
 
 The namespaces are ``suite.cluster``'s; runs bring their own clusters up and down through
-``suite.cluster.launch``; ``extrapolate`` prints ``suite.cluster.extrapolate``'s tables."""
+``suite.cluster.launch``."""
 from __future__ import annotations
 
 import json
 
 from ..cluster.emulate import ClusterUnavailable, EmulatedCluster, cleanup, list_namespaces, unavailable_reason
-from ..cluster.extrapolate import extrapolation_markdown
 from ..cluster.spec import ClusterSpecError, parse_cluster
 from . import error, helps
 
 # --help's description: what the command does, for its users (the docstring above is for developers)
-ABOUT = """`fleetbench cluster up|down|cleanup|status|extrapolate`: the emulated cluster by hand, and the cost
-model's extrapolation to real clusters (Markdown tables, no measurement).
+ABOUT = """`fleetbench cluster up|down|cleanup|status`: the emulated cluster by hand.
 
 `up SPEC` leaves a cluster standing (owned by no process, so `cleanup` removes it) and prints its
 namespaces; run a program in a node with `ip netns exec fbc-…-n0 …`.  `fleetbench run --cluster` and
@@ -21,12 +19,11 @@ namespaces; run a program in a node with `ip netns exec fbc-…-n0 …`.  `fleet
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("cluster", help="emulated multi-node cluster (network namespaces): up, down, cleanup, status; "
-                                       "extrapolate (the cost model to real clusters)", **helps(ABOUT, """
+    p = sub.add_parser("cluster", help="emulated multi-node cluster (network namespaces): up, down, cleanup, status",
+                       **helps(ABOUT, """
                            fleetbench cluster up 2x2:inter=200mbit,intra=10gbit
                            fleetbench cluster status
-                           fleetbench cluster cleanup
-                           fleetbench cluster extrapolate"""))
+                           fleetbench cluster cleanup"""))
     csub = p.add_subparsers(dest="action", metavar="ACTION")
 
     def action(name: str, text: str):
@@ -40,16 +37,12 @@ def add_parser(sub) -> None:
     clean = action("cleanup", "remove leftover clusters (whose owner process is gone)")
     clean.add_argument("--all", action="store_true", help="also clusters of live runs")
     action("status", "list fleetbench cluster namespaces")
-    action("extrapolate", "print the cost model's extrapolation tables (published figures as inputs)")
     p.set_defaults(func=main)
 
 
 def main(args) -> int:
     if args.action is None:
-        return error("cluster", "give an action: up, down, cleanup, status, extrapolate")
-    if args.action == "extrapolate":
-        print(extrapolation_markdown())
-        return 0
+        return error("cluster", "give an action: up, down, cleanup, status")
     if args.action == "status":
         rows = list_namespaces()
         for name, rid, owner in rows:

@@ -1,26 +1,22 @@
 """`fleetbench comm`: the allreduce micro-benchmarks' command line (its --help: ``ABOUT``); the sweep is
-``suite.comm``'s, the emulated cluster ``suite.cluster.launch``'s, the calibration ``suite.cluster.calibrate``'s."""
+``suite.comm``'s, the emulated cluster ``suite.cluster.launch``'s."""
 from __future__ import annotations
 
 import functools
 import re
 import sys
 
-from ..cluster.calibrate import calibrate_on_pool
 from ..cluster.launch import cluster_option, start_cluster
 from ..measure.metadata import machine_line
-from ..outputs import write_atomic
 from ..runtime.pool import RankError, RankFailure
 from . import error, helps
 from .checks import (
-    MAX_ROUNDS,
     MAX_STEPS,
     WEEK,
     available_memory,
     max_local_ranks,
     require_number,
     require_seconds,
-    require_writable,
 )
 from .options import add_shared
 
@@ -61,7 +57,7 @@ communicators).
 One row per message size (from -b to -e, times -f each row) and variant: the time of one allreduce,
 algbw (bytes / time) and busbw (algbw x 2(n-1)/n, comparable across rank counts), each row's result
 checked exactly against integers summed on every rank.  --cluster runs the ranks on an emulated
-multi-node cluster; --calibrate fits the cost model's terms there (for `fleetbench predict --calibration`)."""
+multi-node cluster."""
 
 
 def add_parser(sub) -> None:
@@ -69,7 +65,7 @@ def add_parser(sub) -> None:
                        **helps(ABOUT, """
                            fleetbench comm --nproc 4 -b 1K -e 64M
                            fleetbench comm --nproc 4 --variants flat,comm2 --dtype float64 -n 50
-                           fleetbench comm --cluster 2x2:inter=200mbit --calibrate calibration.json"""))
+                           fleetbench comm --cluster 2x2:inter=200mbit"""))
     add_shared(p, nproc=dict(default=2, help="ranks (default 2)"))
     p.add_argument("-b", "--min-bytes", default="1K", help="smallest message (default 1K)")
     p.add_argument("-e", "--max-bytes", default="16M", help="largest message (default 16M)")
@@ -85,42 +81,7 @@ def add_parser(sub) -> None:
     add_shared(p, timeout=dict(default=1800.0, help="bound on the whole sweep, seconds"))
     add_shared(p, cluster="run the ranks on an emulated cluster (network namespaces; root): N nodes of R ranks; "
                           "sets --nproc to N*R and --inter-nranks to R")
-    p.add_argument("--calibrate", metavar="FILE",
-                   help="with --cluster: run the cost model's calibration micro-benchmarks instead (flat allreduce, "
-                        "broadcast, the two-level allreduce's intra-node phases, CPU time per byte) and write the "
-                        "fitted terms to FILE as JSON (fleetbench predict --calibration FILE)")
-    add_shared(p, rounds=dict(default=5, help="with --calibrate: timed blocks per size (median taken)"))
     p.set_defaults(func=main)
-
-
-def calibrate_main(args, cluster_spec) -> int:
-    """``--calibrate FILE``: the calibration micro-benchmarks on the emulated cluster, fitted, written."""
-    from ..runtime import RankPool  # at call time: tests replace it
-
-    require_writable("--calibrate", args.calibrate)
-    require_number("--iters", args.iters, minimum=1, maximum=MAX_STEPS)
-    require_number("--rounds", args.rounds, minimum=1, maximum=MAX_ROUNDS)
-    require_seconds("--timeout", args.timeout, maximum=None)
-    require_number("--timeout", args.timeout, minimum=1.0, maximum=WEEK, unit="seconds")
-    cluster, pool_kw = start_cluster(cluster_spec)
-    try:
-        with RankPool(cluster_spec.world_size, timeout=args.timeout, num_threads=1, **pool_kw) as pool:
-            cal = calibrate_on_pool(pool, cluster_spec, iters=args.iters, rounds=args.rounds)
-    finally:
-        cluster.down()
-    write_atomic(args.calibrate, cal.to_json())
-    print(f"# fleetbench comm --calibrate: {cluster_spec}, {args.rounds} blocks per size (medians of the slowest "
-          f"rank)")
-    print("| kind | bytes | time (us) | CPU per rank (us) |\n|---|---:|---:|---:|")
-    for r in cal.rows:
-        print(f"| {r['kind']} | {r['bytes']} | {r['seconds'] * 1e6:.1f} | {r['cpu_seconds'] * 1e6:.1f} |")
-    print(f"\nintra-node phases: alpha {cal.intra_lat * 1e6:.0f} us per step, {cal.intra_bw / 1e6:.0f} MB/s per edge; "
-          f"link {cal.inter_bw / 1e6:.1f} MB/s payload; CPU {cal.cpu_per_byte * 1e9:.2f} ns/B flat, "
-          f"{cal.cpu_per_byte_hier * 1e9:.2f} ns/B two-level, {cal.cores} cores")
-    print("alpha per ring step (message bytes: us): "
-          + ", ".join(f"{int(m)}: {a * 1e6:.0f}" for m, a in cal.alpha_table))
-    print(f"fitted terms written to {args.calibrate}")
-    return 0
 
 
 def main(args) -> int:
@@ -130,10 +91,6 @@ def main(args) -> int:
     cluster_spec = cluster_option(args.cluster) if getattr(args, "cluster", None) else None
     nproc = cluster_spec.world_size if cluster_spec else args.nproc
     inter_nranks = cluster_spec.ranks_per_node if cluster_spec else args.inter_nranks
-    if getattr(args, "calibrate", None):
-        if cluster_spec is None:
-            return fail("--calibrate needs --cluster: the terms are fitted on an emulated cluster")
-        return calibrate_main(args, cluster_spec)
     if nproc < 2:
         return fail(f"--nproc {nproc}: an allreduce needs at least 2 ranks")
     require_number("--nproc", nproc, minimum=2, maximum=max_local_ranks(), unit="ranks are processes on this machine")

@@ -50,7 +50,7 @@ def add_parser(sub) -> None:
                         "docs/figures/gate.md section 1 (`fleetbench compare` on separate runs, 2-core CPU, 7 "
                         "windows a run): over pairs of unchanged runs 10%% gave 1.2%% (mlp/plain) and 0.2%% "
                         "(resnet/plain) false alarms, 25%% gave 0.1%% and 0.0%%, and caught a +10%% slowdown in 9%% "
-                        "and 0%% of pairs; `fleetbench figures gate` measures it again; pass a smaller value on "
+                        "and 0%% of pairs; pass a smaller value on "
                         "quieter GPU runners")
     p.add_argument("--alpha", type=float, default=0.01, help="significance level (default 0.01)")
     p.add_argument("--method", default="mwu", help="mwu (Mann-Whitney U, default) or bootstrap (interval)")

@@ -6,10 +6,10 @@ Each figure set is a module ``suite.figures.NAME`` with ``DESCRIPTION`` and the 
   the arguments: ``--nproc``, ``--rounds``, ``--steps``, ``--timeout`` and each figure option below fill the field
   of their name when given, and an option left out keeps the figure's default; an option the figure has no field
   for is refused, naming the figures that take it; a figure that uses the pool has ``nproc`` and ``timeout``);
-- ``measure(options, pool) -> raw`` (JSON-able data; ``pool``, of ``options.nproc`` ranks, is None when the module
-  sets ``USES_POOL = False``; ``--save FILE`` keeps it, ``--load FILE`` renders it again without measuring);
-- ``render(raw, options) -> str`` (Markdown; statistics come from the package they belong to, e.g. the gate
-  figure's from ``suite.ab.power``).
+- ``measure(options, pool) -> raw`` (JSON-able data; ``pool`` has ``options.nproc`` ranks; ``--save FILE`` keeps
+  it, ``--load FILE`` renders it again without measuring);
+- ``render(raw, options) -> str`` (Markdown; statistics come from the package they belong to, e.g.
+  ``suite.measure.stats``).
 
 They measure variants interleaved in one process group (``suite.measure.timing``, or the runner), never one run
 against another made minutes apart.
@@ -36,35 +36,18 @@ def _csv(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(float(x)) for x in _csv(text))
-
-
 # Figure options: field -> (type, figures that take it, help).  Each fills the field of the same name in the
 # figure's Options; an option left out keeps that figure's default (`fleetbench figures` lists the defaults).
 FIGURE_OPTIONS: dict[str, tuple] = {
-    "cases": (_csv, ("gate",), "cases, comma-separated"),
-    "blocks": (int, ("gate",), "ABBA blocks per pair of servers"),
-    "regroup": (int, ("gate",), "blocks per preparation (0: one preparation per run)"),
-    "pairs": (int, ("gate",), "A/A pairs of servers per case"),
-    "slow_pairs": (int, ("gate",), "pairs per injected slowdown"),
-    "sims": (int, ("gate",), "simulated comparisons per measured pair"),
-    "rotate": (int, ("gate",), "the `ab --rotate` value simulated beside one preparation"),
-    "budget": (float, ("gate",), "ab's budget per simulated comparison, seconds"),
-    "size": (str, ("gate", "workloads"), "model size"),
+    "size": (str, ("workloads",), "model size"),
     "memory_gb": (float, ("workloads",), "memory the ranks' engines may hold at once, GB (default: 60%% of the "
                   "available memory), which sets the timing groups"),
-    "sizes": (_ints, ("cluster",), "allreduce sizes in bytes, comma-separated"),
-    "rates": (_csv, ("cluster",), "inter-node link rates, comma-separated"),
-    "shapes": (_csv, ("cluster",), "cluster shapes NxR, comma-separated"),
-    "models": (_csv, ("cluster", "engine_cost"), "models, comma-separated"),
+    "models": (_csv, ("engine_cost",), "models, comma-separated"),
     "max_rounds": (int, ("engine_cost",), "the most rounds per model while the ratio's 95%% interval is wider than "
                    "0.05"),
     "profile_steps": (int, ("engine_cost",), "profiled steps of each side per model"),
-    "rechecks": (int, ("cluster",), "re-measurements of each row outside 15%% (with --load: 0)"),
 }
 COMMON = ("nproc", "rounds", "steps", "timeout")  # options of most figures, declared once below
-RAW = ("save", "load")  # every figure; a figure with fields of these names (gate, cluster) handles them itself
 
 
 def available() -> list[str]:
@@ -84,15 +67,14 @@ same ranks, never one run against another made minutes apart."""
 def add_parser(sub) -> None:
     p = sub.add_parser("figures", help="produce a strategy's benchmark figures (Markdown)", **helps(ABOUT, """
         fleetbench figures
-        fleetbench figures gate --out docs/figures/gate.md"""))
+        fleetbench figures comm --nproc 2 --out docs/figures/comm.md"""))
     p.add_argument("name", nargs="?", help="figure set; omit to list them")
     add_shared(p, nproc="ranks (default: the set's own)", rounds="interleaved rounds (default: the set's own)",
                steps="steps per timed window (default: the set's own)")
     p.add_argument("--out", help="also write the Markdown here")
     add_shared(p, timeout="bound on each multi-rank call, seconds (default: the set's own)")
-    p.add_argument("--save", help="keep the figure's raw data here (JSON; gate and cluster rewrite it as they go)")
-    p.add_argument("--load", help="render the raw data kept here instead of measuring (gate: measures the cases "
-                   "the file lacks; cluster: with --rechecks N, measures its misses again)")
+    p.add_argument("--save", help="keep the figure's raw data here (JSON)")
+    p.add_argument("--load", help="render the raw data kept here instead of measuring")
     g = p.add_argument_group("figure options (each taken only by the figures named)")
     for field, (kind, names, text) in FIGURE_OPTIONS.items():
         g.add_argument("--" + field.replace("_", "-"), dest=field, type=kind, default=None,
@@ -100,7 +82,7 @@ def add_parser(sub) -> None:
     p.set_defaults(func=main)
 
 
-MAX_RAW_BYTES = 256 * 2**20  # a figure's raw data (the gate's runs: a few MB)
+MAX_RAW_BYTES = 256 * 2**20  # a figure's raw data (a few MB at most)
 
 
 def _load(path: str):
@@ -143,7 +125,7 @@ def options_for(name: str, module, args):
         k = foreign[0]
         raise ValueError(f"--{k.replace('_', '-')} is an option of figures {', '.join(takers(k))}, "
                          f"not of figures {name}")
-    return module.Options(**{k: getattr(args, k) for k in RAW if k in fields}, **given)
+    return module.Options(**given)
 
 
 def defaults(module) -> str:
@@ -187,21 +169,17 @@ def main(args) -> int:
     except ValueError as exc:
         return error("figures", exc)
 
-    own = {f.name for f in dataclasses.fields(module.Options)}
     terminate_cleanly()  # SIGTERM unwinds like Ctrl-C: pools and trial servers closed, their logs removed
     try:
-        if args.load and "load" not in own:
+        if args.load:
             raw = _load(args.load)
-        elif not getattr(module, "USES_POOL", True):  # the figure starts its own processes (ab's trial servers)
-            raw = module.measure(opts, None)
         else:
             with RankPool(opts.nproc, timeout=opts.timeout) as pool:
                 raw = module.measure(opts, pool)
     except KeyboardInterrupt:
-        kept = f"; what was measured is kept in {args.save}" if args.save and "save" in own else ""
-        print(f"fleetbench figures {args.name}: interrupted{kept}", file=sys.stderr)
+        print(f"fleetbench figures {args.name}: interrupted", file=sys.stderr)
         return 130
-    if args.save and "save" not in own:
+    if args.save:
         write_atomic(args.save, json.dumps(raw, default=str))  # a value JSON has no form for is kept as text
     try:
         text = module.render(raw, opts)

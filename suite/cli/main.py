@@ -28,7 +28,6 @@ COMMANDS = {
     "report": "suite.cli.report",
     "comm": "suite.cli.comm",
     "cluster": "suite.cli.cluster_cmd",
-    "predict": "suite.cli.predict",
     "doctor": "suite.cli.doctor",
     "ab": "suite.cli.ab",
     "bisect": "suite.cli.bisect",
@@ -94,7 +93,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 # commands that start processes (ranks, servers, stages): each needs files for its pipes, queues and libraries
-STARTS_PROCESSES = {"run", "figures", "comm", "cluster", "predict", "doctor", "ab", "bisect", "nightly",
+STARTS_PROCESSES = {"run", "figures", "comm", "cluster", "doctor", "ab", "bisect", "nightly",
                     "trial-server"}
 MIN_OPEN_FILES = 256
 

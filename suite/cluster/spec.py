@@ -78,8 +78,8 @@ def format_rate(bps: float) -> str:
 def parse_cluster(text: str, emulate: bool = True) -> ClusterSpec:
     """Parse ``NxR:inter=RATE[,intra=RATE]``; raise :class:`ClusterSpecError` naming the bad part.
 
-    ``emulate=False`` (a cluster only to be modelled, e.g. by ``fleetbench predict``) lifts the
-    limits of this machine: any number of ranks, rates up to 10 tbit (NVLink-class links)."""
+    ``emulate=False`` (a cluster only to be modelled, not emulated here) lifts the limits of this
+    machine: any number of ranks, rates up to 10 tbit (NVLink-class links)."""
     max_ranks = MAX_RANKS if emulate else 10**7
     max_rate = MAX_RATE if emulate else 10**13
     if not isinstance(text, str) or not text.strip():

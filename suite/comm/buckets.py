@@ -1,6 +1,6 @@
 """Gradient buckets: which parameters share one fused allreduce, and the flat buffer they live in.
 
-Assignment (:func:`plan`, torch-free, which the cost model uses too; :func:`plan_buckets` for a
+Assignment (:func:`plan`, torch-free; :func:`plan_buckets` for a
 model's parameters) walks the trainable parameters in *reverse registration order* (roughly the
 order backward produces their gradients) and closes a bucket when
 
@@ -92,8 +92,8 @@ def plan(grads: Sequence[tuple[int, str, Hashable]], fuse: bool, cap_mb: float =
     """Group gradients into buckets (see the module docstring): ``grads`` holds (bytes, layer, kind) of each
     trainable parameter in registration order, a kind being what one flat buffer must share (dtype and
     device); ``first_cap_mb``: the first bucket's byte cap (DDP's first-bucket rule; None: ``cap_mb``).
-    Torch-free: the engine plans through :func:`plan_buckets`, the cost model (``suite.cluster.simulate``) from
-    a profile."""
+    Torch-free: the engine plans through :func:`plan_buckets`; a consumer may plan from a profile of sizes
+    alone (experiments/costmodel does)."""
     cap_bytes = cap_mb * MiB
     first_bytes = cap_bytes if first_cap_mb is None else min(first_cap_mb * MiB, cap_bytes)
     plans: list[BucketPlan] = []

@@ -201,31 +201,6 @@ class TimedCase:
         # summed window by window (prepared cases, whose windows come one call at a time)
         self.span: CpuSpan | None = None
         self.windows_cpu = {"cpu_s": 0.0, "host_busy_s": 0.0, "host_total_s": 0.0}
-        self.injected_s = 0.0  # busy work after every training step (:meth:`inject`: calibration runs only)
-
-    def inject(self, fraction: float, steps: int = 5, windows: int = 3) -> float:
-        """Slow every later step by ``fraction`` of the step as the trials measure it (a calibration knob: the
-        gate figure's injected slowdowns, ``FLEETBENCH_AB_INJECT``); returns that step's seconds.
-
-        ``windows`` windows of ``steps`` steps, not recorded, measure the step: a window's time between its
-        barriers over its steps (the median of the windows), so "+5%" is 5% of the step a trial measures; each
-        step then adds ``fraction`` x that through ``Platform.busy`` (:meth:`train_step`): on a GPU a spin kernel
-        on the compute stream after the step's kernels (a host spin would overlap the GPU's work and slow
-        nothing), on CPU busy work on the host."""
-        import statistics
-
-        step_s = statistics.median(self.window(steps, record=False).seconds / steps for _ in range(max(1, windows)))
-        self.injected_s = fraction * step_s
-        if self.wl.platform.is_cuda and self.injected_s > 0:
-            self.wl.platform.spin_rate()  # the spin kernel's calibration (one synchronize) now, not in a timed step
-        return step_s
-
-    def train_step(self, x, y) -> torch.Tensor:
-        """The engine's training step, then the injected busy work (none unless :meth:`inject` asked for it)."""
-        loss = self.engine.train_step(x, y)
-        if self.injected_s > 0:
-            self.wl.platform.busy(self.injected_s)
-        return loss
 
     def window(self, n: int, record: bool = True) -> Window:
         """``n`` steps between two barriers; recorded windows add to this case's figures."""
@@ -246,7 +221,7 @@ class TimedCase:
                     time.sleep(cfg.straggler_ms / 1e3)
                 sleeps += 1
             x, y = self.wl.batch(self.step_no)
-            return self.train_step(x, y)
+            return self.engine.train_step(x, y)
 
         if record and self.span is not None and not self.span.started:
             self.span.begin()
@@ -306,16 +281,12 @@ def time_on_rank(workload_spec: WorkloadSpec, variants: list[dict], warmup: int 
 _PREPARED: dict[str, TimedCase] = {}
 
 
-def prepare_case(key: str, workload_spec: WorkloadSpec, config: dict, warmup: int = 2,
-                 inject: float = 0.0) -> CasePrepared:
-    """Build (once) and warm up the engine of ``key``; with ``inject``, busy work of that fraction of the step after
-    every later step (:meth:`TimedCase.inject`); returns what the engine set up."""
+def prepare_case(key: str, workload_spec: WorkloadSpec, config: dict, warmup: int = 2) -> CasePrepared:
+    """Build (once) and warm up the engine of ``key``; returns what the engine set up."""
     if key not in _PREPARED:
         tc = _PREPARED[key] = TimedCase(key, StrategyConfig.from_dict(config), workload(workload_spec))
         if warmup:
             tc.window(warmup, record=False)
-        if inject:
-            tc.inject(inject)
     return CasePrepared(current().rank, _PREPARED[key].engine.describe())
 
 

@@ -51,7 +51,7 @@ MIN_SAMPLES = 3
 
 @dataclass(frozen=True)
 class GateOptions:
-    threshold: float = 0.25  # relative slowdown that counts (0.25: 25% slower; measured by `figures gate`)
+    threshold: float = 0.25  # relative slowdown that counts (0.25: 25% slower; docs/figures/gate.md section 1)
     alpha: float = 0.01  # significance level of the test
     method: str = "mwu"  # mwu | bootstrap
     n_boot: int = 1000

@@ -2,7 +2,7 @@
 
 Everything else asks the :class:`Platform` object, so the CPU path tested here is the code that
 runs on GPU runners, and the CUDA branches are reachable from CPU tests: every CUDA call goes
-through ``platform.cuda`` (``torch.cuda`` unless a test injects a fake, see ``tests/fakes.py``).
+through ``platform.cuda`` (``torch.cuda`` unless a test puts a fake there, see ``tests/fakes.py``).
 
 What the CUDA semantics are (torch 2.13, checked against its sources), and why the API is shaped so:
 
@@ -163,7 +163,7 @@ class Platform:
     device_type: str  # "cpu" | "cuda"
     backend: str  # "gloo" | "nccl"
     local_rank: int = 0
-    # The torch.cuda API the CUDA branches call; None = torch.cuda.  Tests inject a recording fake.
+    # The torch.cuda API the CUDA branches call; None = torch.cuda.  Tests put a recording fake here.
     cuda_api: Any = field(default=None, compare=False, repr=False)
     # The CUDA index of this rank's GPU when it is not the local rank: a scheduler that binds one GPU to each process
     # (SLURM's gpu-bind: every process sees its own GPU as cuda:0), see select_platform.
@@ -258,7 +258,7 @@ class Platform:
             return b.t - a.t
         return a.elapsed_time(b) / 1e3  # milliseconds -> seconds
 
-    # -- injected work ---------------------------------------------------------------
+    # -- busy work (a straggler's delay) --------------------------------------------
     def busy(self, seconds: float) -> None:
         """Add ``seconds`` of work where this rank's step runs, never a sleep of the host.  CUDA: a spin
         kernel (``torch.cuda._sleep``, cycles) queued on the current (compute) stream, its cycles per second
@@ -377,8 +377,8 @@ def timed_block(fn: Callable[[], Any], reps: int, platform: Platform, barriers: 
                 cpu_s: list[float] | None = None) -> float:
     """Seconds per call of ``reps`` back-to-back ``fn()`` calls, the device's queued work included (the clock
     starts and stops after a synchronize: NCCL calls return once queued).  The one timed block of the suite
-    (``suite.measure.interleave`` re-exports it for the interleaved timings; ``fleetbench comm``'s sweep and the
-    cost model's calibration time through it too).
+    (``suite.measure.interleave`` re-exports it for the interleaved timings; ``fleetbench comm``'s sweep times
+    through it too).
 
     ``barriers``: ``"both"``, a barrier at each end and the clock read after the second (the block lasts until
     the slowest rank is done: what the collectives cost the job); ``"start"``, the ranks start together and

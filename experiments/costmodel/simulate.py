@@ -15,8 +15,8 @@ ready.  A ``StrategyConfig`` says how gradients travel, read as the engine reads
 - ``use_local_sgd``: gradients are not communicated; every ``local_sgd_steps``-th step the parameters
   are averaged after the optimizer step (registration-order chunks, all ready at once).
 
-What ``fleetbench predict`` predicts are the registry's variants (``suite.cases.VARIANTS``) named in
-``PREDICTED``, with their configs: the ones that differ only in how gradients travel.
+What ``python -m experiments.costmodel predict`` predicts are the registry's variants (``suite.cases.VARIANTS``)
+named in ``PREDICTED``, with their configs: the ones that differ only in how gradients travel.
 
 Collectives that run at once share the network: each allreduce's cost is split into a
 latency part (its alpha terms; it does not slow down when shared) followed by a bandwidth
@@ -34,8 +34,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from ..cases import VARIANTS
-from ..config import StrategyConfig
+from suite.cases import VARIANTS
+from suite.config import StrategyConfig
+
 from . import costmodel as cm
 
 __all__ = ["Profile", "ParamGrad", "Bucket", "scaled_profile", "make_buckets", "engine_buckets", "average_chunks",
@@ -190,7 +191,7 @@ def engine_buckets(params: Sequence[ParamGrad], bucket_mb: float | None, layers_
     order (a layer: the name without its last component, the module that owns the parameter).  A bucket is
     launched when it is complete and every earlier bucket was launched, so its ready time is the running
     maximum."""
-    from ..comm.buckets import plan  # heavy: the module imports torch (for the engine's flat buffers)
+    from suite.comm.buckets import plan  # heavy: the module imports torch (for the engine's flat buffers)
 
     plans = plan([(p.nbytes, p.name.rpartition(".")[0], None) for p in params], bucket_mb is not None,
                  math.inf if bucket_mb is None else bucket_mb, layers_cap)

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from suite.cluster import costmodel as cm
-from suite.cluster.simulate import Bucket, ParamGrad, Profile, make_buckets, predict_table, simulate_comm
-from suite.cluster.simulate import predict_step as _predict_step
+from experiments.costmodel import costmodel as cm
+from experiments.costmodel.simulate import Bucket, ParamGrad, Profile, make_buckets, predict_table, simulate_comm
+from experiments.costmodel.simulate import predict_step as _predict_step
 from suite.cluster.spec import parse_cluster
 from suite.config import StrategyConfig
 
@@ -175,7 +175,7 @@ def test_profile_round_trip_and_errors():
 def test_predict_cli_from_profile(tmp_path, capsys):
     import json
 
-    from suite.cli.main import main
+    from experiments.costmodel.cli import main
 
     prof = _profile([(1e8, 0.2), (1e6, 0.1)])
     path = tmp_path / "p.json"
@@ -193,7 +193,7 @@ def test_predict_cli_from_profile(tmp_path, capsys):
     assert "inter='1kbit'" in capsys.readouterr().err
 
 
-# ---- calibrated terms (suite.cluster.calibrate) ----------------------------------------------
+# ---- calibrated terms (experiments.costmodel.calibrate) ----------------------------------------------
 def test_latency_table_interpolates_in_log_size_and_splits_latency_from_bytes():
     cl = cm.Cluster(2, 2, B, alpha_table=((1e3, 1e-3), (1e6, 0.0)))
     assert close(cm.step_alpha(cl, 1e3), 1e-3) and close(cm.step_alpha(cl, 1e6), 0.0)
@@ -237,7 +237,7 @@ def _synthetic_rows(spec, alpha, bcast_alpha, intra_lat, intra_bw, cpu):
 
 
 def test_fit_recovers_the_terms_that_made_the_rows():
-    from suite.cluster.calibrate import Calibration, fit
+    from experiments.costmodel.calibrate import Calibration, fit
 
     spec = parse_cluster("2x2:inter=800mbit")
 
@@ -274,7 +274,7 @@ def test_one_bucket_planner_for_the_engine_and_the_cost_model(monkeypatch):
     """The engine (plan_buckets) and the cost model (a profile of the same parameters) plan through the one
     function suite.comm.buckets.plan and get the same buckets; the cost model's ready times are the running
     maximum (a bucket is launched after the one before)."""
-    from suite.cluster.simulate import engine_buckets
+    from experiments.costmodel.simulate import engine_buckets
     from suite.comm import buckets
     from suite.comm.grad_sync import trainable_params
     from suite.models import get_model
@@ -308,9 +308,8 @@ def test_one_bucket_planner_for_the_engine_and_the_cost_model(monkeypatch):
 def test_one_list_of_settings_the_registrys():
     """predict, its table and the extrapolation take the registry's variants (by name, with their configs) from
     one list; no module keeps a vocabulary of its own."""
+    from experiments.costmodel import extrapolate, predict, simulate
     from suite.cases import VARIANTS
-    from suite.cli import predict
-    from suite.cluster import extrapolate, simulate
 
     registry = {v.name: StrategyConfig.from_dict(v.config) for v in VARIANTS}
     got = simulate.registry_settings()
@@ -344,7 +343,7 @@ def test_contention_stretches_overlapped_backward_only_on_shared_cores():
 
 
 def test_local_sgd_averages_parameters_in_registration_chunks_without_buffers():
-    from suite.cluster.simulate import average_chunks
+    from experiments.costmodel.simulate import average_chunks
 
     ps = [ParamGrad("a", 3 * 2**20, 0.3), ParamGrad("b", 2**20, 0.1), ParamGrad("c", 2**20, 0.2)]
     assert [c.names for c in average_chunks(ps, 2.0)] == [("a",), ("b", "c")]
@@ -355,12 +354,13 @@ def test_local_sgd_averages_parameters_in_registration_chunks_without_buffers():
     assert close(_predict_step(prof, C22, PLAIN)["step_s"], 0.35 + 1.5 + cm.broadcast(1e6, C22))
 
 
-def test_comm_calibrate_and_predict_calibration_refuse_bad_use(tmp_path, capsys):
-    from suite.cli.main import main
-    from suite.cluster.calibrate import fit
+def test_calibrate_and_predict_calibration_refuse_bad_use(tmp_path, capsys):
+    from experiments.costmodel.calibrate import fit
+    from experiments.costmodel.cli import main
 
-    assert main(["comm", "--calibrate", str(tmp_path / "c.json")]) == 2
-    assert "--calibrate needs --cluster" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse: --cluster is required
+        main(["calibrate", "--out", str(tmp_path / "c.json")])
+    assert "--cluster" in capsys.readouterr().err
     spec = parse_cluster("2x2:inter=800mbit")
     cal = fit(spec, _synthetic_rows(spec, lambda m: 1e-3, 5e-4, 3e-4, 2e8, 2e-9), cores=2)
     cpath, ppath = tmp_path / "cal.json", tmp_path / "p.json"
@@ -388,7 +388,7 @@ def test_gloo_lanes_let_one_communicator_run_two_collectives_at_once():
 
 
 def test_one_noisy_small_size_does_not_bend_the_small_message_latency():
-    from suite.cluster.calibrate import fit
+    from experiments.costmodel.calibrate import fit
 
     spec = parse_cluster("2x2:inter=800mbit")
     bw = 1e8 * cm.tcp_payload_efficiency()
@@ -401,7 +401,7 @@ def test_one_noisy_small_size_does_not_bend_the_small_message_latency():
 def test_cluster_figure_renders_kept_measurements_with_the_current_model():
     """The figure's measurements are plain data; rendering re-fits the kept micro-benchmark rows, predicts
     every setting, and lists each row outside 15% with the noise measured alongside it."""
-    from suite.figures import cluster as fig
+    from experiments.costmodel import figure as fig
 
     spec = parse_cluster("2x2:inter=800mbit")
     rows = _synthetic_rows(spec, lambda m: 1e-3, 5e-4, 3e-4, 2e8, 2e-9)
@@ -428,7 +428,7 @@ def test_cluster_figure_rechecks_the_misses_and_says_whether_they_repeat():
     """Rows outside 15% are re-measured in fresh ranks (kept as data like the rest); the figure says per miss
     whether the re-measurements repeat it, and for a latency-bound row what share of the charged latency the
     measured step leaves."""
-    from suite.figures import cluster as fig
+    from experiments.costmodel import figure as fig
 
     spec = parse_cluster("2x2:inter=800mbit")
     rows = _synthetic_rows(spec, lambda m: 1e-3, 5e-4, 3e-4, 2e8, 2e-9)
@@ -460,7 +460,7 @@ def test_the_calibrations_blocks_run_on_real_ranks_through_timed_block(pool2):
     """calibration_on_rank on world 2 without a cluster (one node of 2 ranks: the allreduce and broadcast rows):
     each row's seconds and CPU seconds per call, one of each per round, through suite.runtime.device.timed_block
     (no timing asserted: finite and positive)."""
-    from suite.cluster.calibrate import calibration_on_rank
+    from experiments.costmodel.calibrate import calibration_on_rank
 
     got = pool2.run(calibration_on_rank, {"sizes": {"allreduce": [4096], "broadcast": [1024]}, "ranks_per_node": 2,
                                           "iters": 2, "rounds": 3, "warmup": 1})
@@ -469,3 +469,14 @@ def test_the_calibrations_blocks_run_on_real_ranks_through_timed_block(pool2):
         for r in answer["rows"]:
             assert len(r["seconds"]) == len(r["cpu_seconds"]) == 3, r
             assert all(math.isfinite(x) and x > 0 for x in r["seconds"]) and all(x >= 0 for x in r["cpu_seconds"])
+
+
+def test_cluster_figure_options_are_checked_before_anything_runs(capsys):
+    """(moved from tests/test_figures.py) a bad model or rate is refused when the options are built, before any
+    cluster comes up."""
+    from experiments.costmodel.cli import main
+
+    assert main(["figure", "--models", "mlp,nope"]) == 2
+    assert "figures cluster: models nope unknown; allowed: mlp, resnet, resnet50, gpt2" in capsys.readouterr().err
+    assert main(["figure", "--rates", "fast"]) == 2
+    assert "rate='fast': expected a number and a unit" in capsys.readouterr().err

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from ..comm.table import COLLECTIVES, Layout, exact_inputs
-from ..measure.interleave import interleaved_rounds, timed_block
-from ..runtime.context import current
+from suite.comm.table import COLLECTIVES, Layout, exact_inputs
+from suite.measure.interleave import interleaved_rounds, timed_block
+from suite.runtime.context import current
 
 __all__ = ["timed_allreduce", "check_two_level", "VARIANTS"]
 

@@ -5,20 +5,20 @@ This figure set needs no pool from `fleetbench figures`: it brings up its own em
 changes the link rate between sections while the ranks keep running, and takes everything
 down at the end.  ``--rounds`` rounds per measurement (at least 3); ``--steps`` steps per training
 window (rounded up to a multiple of 4, so every window holds one Local SGD k=4 averaging).
-Options (:class:`Options`, from `fleetbench figures cluster`'s arguments) for a quick look: ``--sizes`` (bytes,
-comma separated), ``--rates`` (e.g. 100mbit,1gbit), ``--shapes`` (2x2,2x4), ``--models``
+Options (:class:`Options`, from `python -m experiments.costmodel figure`'s arguments) for a quick look:
+``--sizes`` (bytes, comma separated), ``--rates`` (e.g. 100mbit,1gbit), ``--shapes`` (2x2,2x4), ``--models``
 (mlp,resnet,resnet50,gpt2).  ``--save FILE`` keeps everything measured so far as data, rewritten as it grows (a
 long run that fails late keeps what it measured); ``--load FILE`` renders kept measurements with the current
 model instead of measuring (with ``--rechecks N`` it first measures the rows outside 15% again, N times; add
 ``--save FILE`` to keep them).
 
 Per shape and rate the model is first calibrated on the same ranks from collective
-micro-benchmarks only (``suite.cluster.calibrate``, what ``fleetbench comm --calibrate`` runs);
+micro-benchmarks only (``experiments.costmodel.calibrate``, what ``python -m experiments.costmodel calibrate`` runs);
 nothing measured below feeds it.
 
 1. Flat ring against two-level allreduce, per size and rate, against the calibrated model.
 2. ``nccl_comm_num`` 1 against 2: four buckets launched at once on 1 or 2 communicators.
-3. ``fleetbench predict`` against measured training steps: per shape a profile is measured on
+3. ``python -m experiments.costmodel predict`` against measured training steps: per shape a profile is measured on
    the same ranks without communication, then every setting (plain, fused, overlap with 1 and 2
    communicators, hierarchical, Local SGD k=4) is timed and predicted.  The small models (mlp,
    resnet) time all settings interleaved; the large ones (resnet50, gpt2) one setting at a time
@@ -37,22 +37,23 @@ import os
 import statistics
 from dataclasses import dataclass, replace
 
-from ..cluster import costmodel as cm
-from ..cluster.calibrate import calibrate_on_pool, fit
-from ..cluster.costmodel import without_latency
-from ..cluster.emulate import unavailable_reason
-from ..cluster.extrapolate import extrapolation_markdown
-from ..cluster.launch import cluster_pool
-from ..cluster.probes import timed_allreduce
-from ..cluster.profile import record_profile, summarize_profile
-from ..cluster.simulate import Bucket, Profile, predict_step, scaled_profile, simulate_comm
-from ..cluster.spec import parse_cluster, parse_rate
-from ..config import StrategyConfig
-from ..measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
-from ..measure.timing import time_on_rank
-from ..outputs import read_input, write_atomic
-from ..runtime.pool import RankFailure
-from ..workload import WorkloadSpec
+from suite.cluster.emulate import unavailable_reason
+from suite.cluster.launch import cluster_pool
+from suite.cluster.spec import parse_cluster, parse_rate
+from suite.config import StrategyConfig
+from suite.measure.stats import bootstrap_median_ci, paired_speedup, window_seconds
+from suite.measure.timing import time_on_rank
+from suite.outputs import read_input, write_atomic
+from suite.runtime.pool import RankFailure
+from suite.workload import WorkloadSpec
+
+from . import costmodel as cm
+from .calibrate import calibrate_on_pool, fit
+from .costmodel import without_latency
+from .extrapolate import extrapolation_markdown
+from .probes import timed_allreduce
+from .profile import record_profile, summarize_profile
+from .simulate import Bucket, Profile, predict_step, scaled_profile, simulate_comm
 
 DESCRIPTION = ("emulated 2x2/2x4 clusters (namespaces + tbf): calibration from micro-benchmarks, flat vs "
                "hierarchical allreduce, nccl_comm_num 1 vs 2, predict vs measured steps (own pools; needs root)")
@@ -64,7 +65,7 @@ AIM = 0.15  # |predicted / measured - 1| the issue asks for
 
 @dataclass(frozen=True)
 class Options:
-    """What `fleetbench figures cluster` measures (see the module docstring)."""
+    """What `python -m experiments.costmodel figure` measures (see the module docstring)."""
 
     rounds: int = 3
     steps: int = 4
@@ -226,7 +227,7 @@ def _calibrate(pool, spec) -> dict:
 
 def _dump(raw: dict, path: str | None) -> None:
     """``--save FILE``: everything measured so far, rewritten as it grows (a long run that fails late keeps what
-    it measured; ``fleetbench figures cluster --load FILE`` renders it with the current model)."""
+    it measured; ``python -m experiments.costmodel figure --load FILE`` renders it with the current model)."""
     if path:
         write_atomic(path, json.dumps(raw))
 
@@ -505,9 +506,10 @@ def render(raw: dict, options: Options | None = None) -> str:
         "",
         "Links are veth pairs through a switch namespace, each node's link limited by tbf in both directions "
         "(netem is absent from this kernel: no added latency). The model is calibrated per cluster and rate from "
-        "collective micro-benchmarks on the same ranks only (`fleetbench comm --cluster SPEC --calibrate FILE`, "
-        "`suite/cluster/calibrate.py`), run just before that rate's training runs and never fitted on them: link "
-        "bandwidth = tbf rate x TCP payload efficiency (1448/1514); per-message latency as a function of size "
+        "collective micro-benchmarks on the same ranks only (`python -m experiments.costmodel calibrate --cluster "
+        "SPEC --out FILE`, `experiments/costmodel/calibrate.py`), run just before that rate's training runs and never "
+        "fitted on them: link bandwidth = tbf rate x TCP payload efficiency (1448/1514); per-message latency as a "
+        "function of size "
         "(flat allreduce and broadcast sweeps); the intra-node phases' own alpha and bandwidth (reduce-scatter + "
         "allgather on every node's group at once); the CPU seconds a rank spends per byte allreduced (the "
         f"contention term: ranks compute and communicate on the same {', '.join(map(str, cores))} cores); "
@@ -528,7 +530,7 @@ def render(raw: dict, options: Options | None = None) -> str:
         worst = max(abs(r.error) for r in pred)
         out += [
             "",
-            "### `fleetbench predict` against measured training steps",
+            "### `python -m experiments.costmodel predict` against measured training steps",
             "",
             f"Every setting; small models: {rounds} interleaved rounds of windows of {steps} steps (the small "
             f"ResNet, whose steps are short: {rounds * PLANS['resnet'].rounds_factor} rounds of "
@@ -603,7 +605,7 @@ def render(raw: dict, options: Options | None = None) -> str:
         "",
         "### Beyond this machine: EXTRAPOLATION (predictions, not measurements)",
         "",
-        "Regenerated from the same model (`fleetbench cluster extrapolate`); its inputs are published "
+        "Regenerated from the same model (`python -m experiments.costmodel extrapolate`); its inputs are published "
         "figures, not this machine's calibration (see `docs/cluster.md`).",
         "",
         extrapolation_markdown(),

@@ -1,7 +1,7 @@
-"""`fleetbench predict`: the cost model's command line (its --help: ``ABOUT``).
+"""`python -m experiments.costmodel predict`: the cost model's command line (its --help: ``ABOUT``).
 
-The variants predicted are ``suite.cluster.simulate.PREDICTED``; a profile is measured by
-``suite.cluster.profile`` or read from JSON as saved."""
+The variants predicted are ``experiments.costmodel.simulate.PREDICTED``; a profile is measured by
+``experiments.costmodel.profile`` or read from JSON as saved."""
 from __future__ import annotations
 
 import functools
@@ -11,23 +11,25 @@ import os
 import stat
 import sys
 
-from ..cluster import costmodel as cm
-from ..cluster.calibrate import Calibration
-from ..cluster.simulate import Profile, predict_step, predict_table, registry_settings
-from ..cluster.spec import ClusterSpecError, parse_cluster
-from ..outputs import write_atomic
-from ..results.records import plain
-from . import error, helps
-from .checks import max_local_ranks, require_number, require_writable
-from .options import add_shared
+from suite.cli import error, helps
+from suite.cli.checks import max_local_ranks, require_number, require_writable
+from suite.cli.options import add_shared
+from suite.cluster.spec import ClusterSpecError, parse_cluster
+from suite.outputs import write_atomic
+from suite.results.records import plain
+
+from . import costmodel as cm
+from .calibrate import Calibration
+from .simulate import Profile, predict_step, predict_table, registry_settings
 
 MAX_PROFILE_BYTES = 64 * 2**20  # a profile is a few KB; refuse to read a huge file (or a device) whole
 fail = functools.partial(error, "predict")
 
 
 # --help's description: what the command does, for its users (the docstring above is for developers)
-ABOUT = """`fleetbench predict`: predicted step time, throughput and scaling efficiency of each strategy the cost
-model covers (plain, fusion, overlap, multicomm, hierarchical, local_sgd) on a cluster of any size.
+ABOUT = """`python -m experiments.costmodel predict`: predicted step time, throughput and scaling efficiency of
+each strategy the cost model covers (plain, fusion, overlap, multicomm, hierarchical, local_sgd) on a cluster of
+any size.
 
 The model's compute profile is measured (--model: ranks on this machine train without gradient
 communication) or read (--profile, a JSON file --save-profile wrote).  The cluster is only modelled;
@@ -37,8 +39,8 @@ nothing is emulated."""
 def add_parser(sub) -> None:
     p = sub.add_parser("predict", help="predict step time per communication setting on a cluster (cost model)",
                        **helps(ABOUT, """
-                           fleetbench predict --cluster 8x8:inter=100gbit,intra=2400gbit --profile mlp.json
-                           fleetbench predict --cluster 2x2:inter=200mbit --model mlp --save-profile mlp.json"""))
+    python -m experiments.costmodel predict --cluster 8x8:inter=100gbit,intra=2400gbit --profile mlp.json
+    python -m experiments.costmodel predict --cluster 2x2:inter=200mbit --model mlp --save-profile mlp.json"""))
     add_shared(p, cluster=dict(required=True, help="the cluster to predict, e.g. 64x8:inter=200gbit,intra=2400gbit"))
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--profile", help="a profile JSON file (as written by --save-profile)")
@@ -50,9 +52,9 @@ def add_parser(sub) -> None:
     p.add_argument("--save-profile", help="write the measured profile here")
     p.add_argument("--inter-lat", type=float, default=100.0, help="alpha of an inter-node message step, µs (100)")
     p.add_argument("--intra-lat", type=float, default=50.0, help="alpha of an intra-node message step, µs (50)")
-    p.add_argument("--calibration", help="fitted terms of this emulated cluster (fleetbench comm --cluster SPEC "
-                   "--calibrate FILE): calibrated latency per message size, intra-node phases, CPU contention; "
-                   "its shape and rates must be --cluster's")
+    p.add_argument("--calibration", help="fitted terms of this emulated cluster (python -m experiments.costmodel "
+                   "calibrate --cluster SPEC --out FILE): calibrated latency per message size, intra-node phases, CPU "
+                   "contention; its shape and rates must be --cluster's")
     p.add_argument("--bucket-mb", type=float, default=16.0, help="bucket size of the fused variants, MiB")
     p.add_argument("--local-sgd-k", type=int, default=4, help="Local SGD averaging period of local_sgd's row")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
@@ -61,9 +63,10 @@ def add_parser(sub) -> None:
 
 def measure_profile(model: str, nproc: int, per_rank_batch: int | None, size: str = "cpu",
                     timeout: float = 600.0) -> dict:
-    from ..cluster.profile import record_profile, summarize_profile
-    from ..runtime import RankPool  # at call time: tests replace it
-    from ..workload import WorkloadSpec
+    from suite.runtime import RankPool  # at call time: tests replace it
+    from suite.workload import WorkloadSpec
+
+    from .profile import record_profile, summarize_profile
 
     with RankPool(nproc, timeout=timeout) as pool:
         answers = pool.run(record_profile, {"workload_spec": WorkloadSpec(model, size, per_rank_batch)})
@@ -115,7 +118,7 @@ def main(args) -> int:
         except ValueError as exc:
             return fail(f"--profile {args.profile!r}: {exc}")
     else:
-        from ..models import ModelError, model_info
+        from suite.models import ModelError, model_info
 
         try:
             model_info(args.model, args.size)  # a user's factory runs in a child process
@@ -143,7 +146,8 @@ def main(args) -> int:
             return fail(f"--calibration {args.calibration!r}: {exc}")
         if cal.cluster != str(spec):
             return fail(f"--calibration {args.calibration!r} was fitted on {cal.cluster}, not {spec}: calibrate "
-                        f"on the cluster predicted (fleetbench comm --cluster {spec} --calibrate FILE)")
+                        f"on the cluster predicted (python -m experiments.costmodel calibrate --cluster {spec} --out "
+                        f"FILE)")
         cluster = cal.cluster_model()
         note = f"calibrated terms of {args.calibration}"
     rows = registry_settings(args.bucket_mb, args.local_sgd_k)

@@ -1,4 +1,4 @@
-"""Calibrating the cost model from collective micro-benchmarks (``fleetbench comm --calibrate``).
+"""Calibrating the cost model from collective micro-benchmarks (``python -m experiments.costmodel calibrate``).
 
 Only micro-benchmarks feed the model, never the training runs it is checked against.  On the
 ranks of an emulated cluster (:func:`calibration_on_rank`) each *kind* of collective the
@@ -31,7 +31,7 @@ system: ``time.process_time``) is read around each block:
   tensor allreduced, the slope of CPU time against size over the sizes >= 1 MB.  This is the
   contention term: on the emulated cluster every rank computes and communicates on the same
   few cores, so what a collective costs in CPU is taken from the computation it overlaps
-  (``suite.cluster.simulate``), shared over the cores (``cores``: the CPUs the ranks may use).
+  (``experiments.costmodel.simulate``), shared over the cores (``cores``: the CPUs the ranks may use).
 """
 from __future__ import annotations
 
@@ -41,9 +41,10 @@ import os
 import statistics
 from dataclasses import asdict, dataclass, field
 
+from suite.cluster.spec import ClusterSpec
+
 from . import costmodel as cm
 from .costmodel import interp_log
-from .spec import ClusterSpec
 
 __all__ = ["Calibration", "calibration_on_rank", "fit", "merge_rows", "DEFAULT_SIZES", "interp_log",
            "usable_cores", "calibrate_on_pool"]
@@ -84,9 +85,9 @@ def calibration_on_rank(sizes: dict, ranks_per_node: int, iters: int = 10, round
 
     import torch
 
-    from ..comm.table import COLLECTIVES, Layout
-    from ..measure.interleave import timed_block
-    from ..runtime.context import current
+    from suite.comm.table import COLLECTIVES, Layout
+    from suite.measure.interleave import timed_block
+    from suite.runtime.context import current
 
     ctx = current()
     device = ctx.platform.device
@@ -152,8 +153,8 @@ class Calibration:
         names = [f.name for f in cls.__dataclass_fields__.values()]
         missing = [n for n in names if n not in d and n != "rows"]
         if missing:
-            raise ValueError(f"calibration: field(s) {', '.join(missing)} missing; written by fleetbench comm "
-                             f"--cluster … --calibrate FILE")
+            raise ValueError(f"calibration: field(s) {', '.join(missing)} missing; written by python -m "
+                             f"experiments.costmodel calibrate --cluster … --out FILE")
         c = cls(**{n: d[n] for n in names if n in d})  # other keys (e.g. a figure's notes) are ignored
         for name in ("inter_bw", "intra_bw", "cores"):
             v = getattr(c, name)

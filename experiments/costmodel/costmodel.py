@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from .spec import ClusterSpec
+from suite.cluster.spec import ClusterSpec
 
 __all__ = ["Cluster", "ring_allreduce", "hierarchical_allreduce", "hierarchical_allreduce_reduce_bcast",
            "broadcast", "allgather", "reduce_scatter", "ring_step_time", "hierarchical_speedup_bound",
@@ -40,7 +40,7 @@ class Cluster:
     inter_lat: float = 0.0  # alpha of a message step that crosses nodes, seconds
     intra_lat: float = 0.0  # alpha of a message step inside a node, seconds
     intra_shared: bool = False  # intra_bw is one bus per node (loopback) instead of per rank pair
-    # Calibrated per-message latency (``suite.cluster.calibrate``): ((message bytes, seconds per step), …),
+    # Calibrated per-message latency (``experiments.costmodel.calibrate``): ((message bytes, seconds per step), …),
     # interpolated in log size; empty: ``inter_lat`` for every size.
     alpha_table: tuple = ()
     bcast_table: tuple = ()  # the same for a broadcast's tree steps; empty: max(inter_lat, intra_lat)

@@ -16,7 +16,7 @@ Inputs are published figures, each named where it is used:
   backward 2/3 minus a 3 ms optimizer; gradients ready evenly through backward, the larger
   ones (late layers) first).  It is synthetic: only its totals are published figures.
 
-    fleetbench cluster extrapolate        # prints the Markdown tables
+    python -m experiments.costmodel extrapolate        # prints the Markdown tables
 """
 from __future__ import annotations
 
@@ -64,7 +64,8 @@ def extrapolation_markdown() -> str:
     prof = resnet50_like_profile()
     n = prof.grad_bytes
     out = [
-        "**EXTRAPOLATION** (cost model only; inputs are published figures, see `suite/cluster/extrapolate.py`).",
+        "**EXTRAPOLATION** (cost model only; inputs are published figures, see "
+        "`experiments/costmodel/extrapolate.py`).",
         "",
         f"Allreduce of {n / 1e6:.0f} MB (ResNet-50's fp32 gradients) on N nodes x 8 GPUs, NVLink inside a node "
         f"({NVLINK_BUS_BW / 1e9:.0f} GB/s), one NIC per node; alpha {ALPHA_INTER * 1e6:g} µs inter / "

@@ -1,4 +1,4 @@
-"""Measuring a case's profile for ``fleetbench predict`` (a rank function, and its summary).
+"""Measuring a case's profile for ``python -m experiments.costmodel predict`` (a rank function, and its summary).
 
 On every rank of a pool, the case's model trains with no gradient communication
 (``data_parallel='none'``: the plain engine minus its allreduces), all ranks stepping at once
@@ -19,9 +19,10 @@ import statistics
 
 import torch.distributed as dist
 
-from ..comm.grad_sync import trainable_params
-from ..config import StrategyConfig
-from ..workload import WorkloadSpec, workload
+from suite.comm.grad_sync import trainable_params
+from suite.config import StrategyConfig
+from suite.workload import WorkloadSpec, workload
+
 from .simulate import Profile
 
 __all__ = ["record_profile", "summarize_profile"]
