@@ -16,7 +16,7 @@ import pytest
 from suite.cluster.emulate import NODE_IF, EmulatedCluster, cleanup, list_namespaces, unavailable_reason
 from suite.cluster.launch import cluster_pool, pool_kwargs
 from suite.cluster.spec import ClusterSpec, ClusterSpecError, parse_cluster, parse_rate
-from suite.comm.microbench import allreduce_sweep_on_rank
+from suite.measure.collectives import allreduce_sweep_on_rank
 from suite.runtime.pool import RankFailure
 from suite.runtime.probes import crash
 

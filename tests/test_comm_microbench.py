@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from suite.cli.comm import parse_size
-from suite.comm.microbench import allreduce_sweep_on_rank, format_table, merge, parse_variant
 from suite.comm.table import busbw_factor
+from suite.measure.collectives import allreduce_sweep_on_rank, format_table, merge, parse_variant
 
 VARIANTS = ["flat", "hier", "hier_reduce", "comm3"]
 
@@ -32,7 +32,8 @@ def broken_sweep_on_rank(**kwargs):
     table's rows call it through the module)."""
     import dataclasses
 
-    from suite.comm import hierarchical, microbench
+    from suite.comm import hierarchical
+    from suite.measure import collectives as microbench
 
     saved = hierarchical.hierarchical_all_reduce
     hierarchical.hierarchical_all_reduce = lambda t, ng, mode: saved(t, dataclasses.replace(ng, inter=ng.intra), mode)
@@ -43,12 +44,16 @@ def broken_sweep_on_rank(**kwargs):
 
 
 def test_every_path_is_exact_and_breakage_is_counted(pool4):
-    kw = dict(sizes=[64, 4096], variants=VARIANTS, inter_nranks=2, iters=1, warmup=0)
-    rows = merge(pool4.run(allreduce_sweep_on_rank, kw))
+    kw = dict(sizes=[64, 4096], variants=VARIANTS, inter_nranks=2, iters=1, warmup=0, rounds=3)
+    answers = pool4.run(allreduce_sweep_on_rank, kw)
+    rows = merge(answers)
     assert [(r["bytes"], r["variant"]) for r in rows] == [(s, v) for s in (64, 4096) for v in VARIANTS]
     assert all(r["wrong"] == 0 for r in rows), rows
+    for a in answers:  # the variants of a size took turns in 3 rounds (issue 44.7); a row is the median round
+        for r in a["rows"]:
+            assert len(r["rounds"]) == 3 and r["seconds"] == sorted(r["rounds"])[1] > 0, r
     # (only the scatter schedule: in the reduce schedule the wrong group would pair mismatched collectives)
-    broken = merge(pool4.run(broken_sweep_on_rank, dict(kw, variants=["flat", "hier"])))
+    broken = merge(pool4.run(broken_sweep_on_rank, dict(kw, variants=["flat", "hier"], rounds=1)))
     assert all(r["wrong"] > 0 for r in broken if r["variant"] == "hier"), broken
     assert all(r["wrong"] == 0 for r in broken if r["variant"] == "flat")
 
@@ -57,7 +62,7 @@ def test_one_node_is_not_presented_as_hierarchical(no_ranks, capsys):
     """2 ranks in nodes of 2 are one node (a reduce-scatter and an all-gather, no inter-node step): the default
     sweep leaves the hierarchical variants out and says why; naming them is refused before any rank starts."""
     from suite.cli.main import main
-    from suite.comm.microbench import default_variants
+    from suite.measure.collectives import default_variants
 
     assert default_variants(4, 2) == (["flat", "hier", "hier_reduce", "comm2", "comm3"], "")
     variants, note = default_variants(2, 2)

@@ -14,7 +14,7 @@ from suite.comm.table import COLLECTIVES, Layout, busbw_factor
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TABLE = os.path.join("suite", "comm", "table.py")
 # The sites of the table: the functions that run or check collectives through it.
-SITES = {"suite/comm/microbench.py": ["allreduce_sweep_on_rank"],
+SITES = {"suite/measure/collectives.py": ["allreduce_sweep_on_rank"],
          "suite/doctor.py": ["allreduce_exact_on_rank"]}
 LAYOUTS = {"allreduce": [Layout()], "allreduce_comms": [Layout(comms=2), Layout(comms=2, pieces=3)],
            "hier": [Layout(ranks_per_node=1), Layout(ranks_per_node=2)],

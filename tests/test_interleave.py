@@ -17,7 +17,7 @@ THE_LOOP = os.path.join("suite", "measure", "interleave.py")
 # Every timing that compares variants: (file, function) -> it calls interleaved_rounds.
 SITES = [("suite/measure/timing.py", "time_on_rank"), ("suite/measure/reader_timing.py", "measure_reader_on_rank"),
          ("suite/figures/comm.py", "comm_alone_on_rank"), ("suite/figures/compute.py", "optimizer_bench_on_rank"),
-         ("suite/doctor.py", "fusion_timing_on_rank")]
+         ("suite/doctor.py", "fusion_timing_on_rank"), ("suite/measure/collectives.py", "allreduce_sweep_on_rank")]
 
 
 def test_rounds_rotate_warm_up_and_collect_per_variant():
@@ -113,7 +113,7 @@ def _clocked_barriers(tree: ast.AST) -> list[str]:
 
 
 def test_no_second_timed_block_in_suite():
-    """`fleetbench comm`'s sweep (comm/microbench.py) times through timed_block, as the interleaved timings do."""
+    """`fleetbench comm`'s sweep (measure/collectives.py) times through timed_block, as the interleaved timings do."""
     got = set()
     for root, _, files in os.walk(SUITE):
         for f in files:

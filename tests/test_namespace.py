@@ -150,8 +150,8 @@ def stubbed(monkeypatch, tmp_path):
     from suite import doctor
     from suite.ab import bisect, trials
     from suite.cli import ab, gpu_check, nightly, trial_server
-    from suite.comm import microbench
     from suite.figures import host
+    from suite.measure import collectives as microbench
     from tests.fakes import FakeRankPool
 
     monkeypatch.setattr(FakeRankPool, "made", [])

@@ -11,6 +11,7 @@ from ..measure.metadata import machine_line
 from ..runtime.pool import RankError, RankFailure
 from . import error, helps
 from .checks import (
+    MAX_ROUNDS,
     MAX_STEPS,
     WEEK,
     available_memory,
@@ -54,7 +55,8 @@ def parse_size(text: str, option: str | None = None) -> int:
 ABOUT = """`fleetbench comm`: allreduce micro-benchmarks in the manner of nccl-tests (flat, hierarchical, N
 communicators).
 
-One row per message size (from -b to -e, times -f each row) and variant: the time of one allreduce,
+One row per message size (from -b to -e, times -f each row) and variant, the variants of a size taking turns
+in --rounds rounds (the median round kept): the time of one allreduce,
 algbw (bytes / time) and busbw (algbw x 2(n-1)/n, comparable across rank counts), each row's result
 checked exactly against integers summed on every rank.  --cluster runs the ranks on an emulated
 multi-node cluster."""
@@ -74,7 +76,10 @@ def add_parser(sub) -> None:
                    help="comma list of flat, hier, hier_reduce, commN (default: flat,hier,hier_reduce,comm2,comm3; "
                         "hier* only when --inter-nranks divides --nproc)")
     p.add_argument("--inter-nranks", type=int, default=2, help="ranks per emulated node for hier (default 2)")
-    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per row (default 20)")
+    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per row and round (default 20)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds in which the variants of a size take turns, the order rotated round by round; a row "
+                        "is the median round (default 3)")
     p.add_argument("-w", "--warmup", type=int, default=5, help="untimed iterations per row (default 5)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                    help="element type of the messages (default float32; the sizes are bytes either way)")
@@ -85,7 +90,7 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
-    from ..comm.microbench import default_variants, format_table, merge, parse_variant, sizes_between
+    from ..measure.collectives import default_variants, format_table, merge, parse_variant, sizes_between
 
     # the cluster's shape: its world size and ranks per node (the command line's own otherwise)
     cluster_spec = cluster_option(args.cluster) if getattr(args, "cluster", None) else None
@@ -98,6 +103,7 @@ def main(args) -> int:
     require_number("--step-factor", args.step_factor, minimum=2)
     require_number("--iters", args.iters, minimum=1, maximum=MAX_STEPS)
     require_number("--warmup", args.warmup, minimum=0, maximum=MAX_STEPS)
+    require_number("--rounds", args.rounds, minimum=1, maximum=MAX_ROUNDS)
     require_seconds("--timeout", args.timeout, maximum=None, unit="seconds, the bound on the whole sweep")
     require_number("--timeout", args.timeout, minimum=1.0, maximum=WEEK, unit="seconds, the bound on the whole sweep")
     try:
@@ -131,13 +137,13 @@ def main(args) -> int:
     cluster, pool_kw = None, {}
     if cluster_spec is not None:
         cluster, pool_kw = start_cluster(cluster_spec)
-    from ..comm.microbench import allreduce_sweep_on_rank
+    from ..measure.collectives import allreduce_sweep_on_rank
 
     try:
         with RankPool(nproc, timeout=args.timeout, **pool_kw) as pool:
             answers = pool.run(allreduce_sweep_on_rank,
                                dict(sizes=sizes, variants=variants, inter_nranks=inter_nranks, iters=args.iters,
-                                    warmup=args.warmup, dtype=args.dtype))
+                                    warmup=args.warmup, dtype=args.dtype, rounds=args.rounds))
     except (RankFailure, RankError) as exc:  # a sweep past --timeout, a rank that died: said, not a traceback
         lines = [ln for ln in str(exc).splitlines() if ln.strip()]
         return fail(f"the sweep did not finish (--timeout {args.timeout:g} s): {lines[0]}"

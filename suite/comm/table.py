@@ -4,7 +4,7 @@ One row per collective (:data:`COLLECTIVES`): how it runs (in place on a flat te
 of a :class:`Layout`), the bytes it moves, its bus-bandwidth factor (nccl-tests'
 ``doc/PERFORMANCE.md``: allreduce 2(n-1)/n, allgather and reduce-scatter (n-1)/n, broadcast and
 reduce 1), inputs whose result is exact in floating point, and that result.  ``fleetbench comm``
-(``microbench.py``) and ``fleetbench doctor`` take their collectives from here.
+(``suite/measure/collectives.py``) and ``fleetbench doctor`` take their collectives from here.
 
 Exact inputs (nccl-tests' method): rank r holds (r+1)·((i mod 7)+1), small integers whose sums are
 exact in fp32 and fp64; in half precision (fp16, bf16) (i mod 3)+1 + (r mod 2), so every partial sum

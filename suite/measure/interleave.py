@@ -6,7 +6,7 @@ probes) runs through :func:`interleaved_rounds`: round ``r`` runs the variants s
 ``r mod n`` (A B C, B C A, C A B, …), so slow drifts of a noisy machine hit every variant alike.
 What a variant's turn does (a window of training steps between barriers, a block of collectives)
 is the caller's ``run_one``; :func:`timed_block` is the block of back-to-back calls several sites time (defined
-beside the platform's clock, ``suite.runtime.device``, so that ``suite.comm.microbench`` times through it too).
+beside the platform's clock, ``suite.runtime.device``, so that the ranks of the lower layers time through it too).
 """
 from __future__ import annotations
 

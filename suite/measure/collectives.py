@@ -1,8 +1,10 @@
 """Collective micro-benchmarks in the manner of nccl-tests (``fleetbench comm``).
 
-For each message size and each variant, every rank times ``iters`` back-to-back allreduces
-(after ``warmup`` untimed ones, a barrier at each end of the timed loop) and reports the
-time per operation; the table takes the slowest rank.  Bandwidths use nccl-tests'
+For each message size, the variants take turns (:func:`suite.measure.interleave.interleaved_rounds`: every
+variant once per round, the order rotated round by round, so a noisy machine's drift hits them alike): in each of
+``rounds`` rounds every rank times ``iters`` back-to-back allreduces of each variant (after ``warmup`` untimed ones
+per variant, a barrier at each end of every timed block) and keeps the time per operation; a rank reports the
+median round, the table takes the slowest rank.  Bandwidths use nccl-tests'
 formulas (``doc/PERFORMANCE.md``): algbw = bytes / time; allreduce busbw = algbw · 2(n−1)/n
 (every variant below computes an allreduce, so all use the allreduce factor).
 
@@ -22,12 +24,14 @@ Variants (rows of ``suite.comm.table``):
 """
 from __future__ import annotations
 
+import statistics
+
 import torch
 
+from ..comm.table import COLLECTIVES, Collective, Layout, busbw_factor
 from ..runtime.context import current
-from ..runtime.device import timed_block
 from ..runtime.groups import comm_groups
-from .table import COLLECTIVES, Collective, Layout, busbw_factor
+from .interleave import interleaved_rounds, timed_block
 
 __all__ = ["allreduce_sweep_on_rank", "format_table", "merge", "parse_variant", "sizes_between", "one_node",
            "default_variants"]
@@ -86,8 +90,9 @@ def _collective(kind: str, param: int) -> tuple[Collective, Layout]:
 
 
 def allreduce_sweep_on_rank(sizes: list[int], variants: list[str], inter_nranks: int = 2, iters: int = 20,
-                            warmup: int = 5, dtype: str = "float32") -> dict:
-    """Time and verify every (size, variant) on this rank; returns per-row seconds per op and #wrong."""
+                            warmup: int = 5, dtype: str = "float32", rounds: int = 3) -> dict:
+    """Verify, then time every (size, variant) on this rank, the variants of a size interleaved over ``rounds``
+    rounds; returns per row the median round's seconds per op, every round's, and #wrong."""
     ctx = current()
     world, rank, platform = ctx.world_size, ctx.rank, ctx.platform
     device = platform.device  # NCCL carries only tensors on the rank's GPU
@@ -99,17 +104,22 @@ def allreduce_sweep_on_rank(sizes: list[int], variants: list[str], inter_nranks:
     rows = []
     for size in sizes:
         count = max(pad, (size // esize) // pad * pad)  # whole elements, divisible by the node / piece counts
-        for v in variants:
-            run = runners[v]
-            wrong = table[v][0].wrong(run, count, dt, device, table[v][1])  # exact verification on its own run
-            # timing on zeros: a block between barriers, the clock stopped after a synchronize
-            buf = torch.zeros(count, dtype=dt, device=device)
+        # exact verification, each variant on its own run; the timing on zeros (no overflow of repeated sums)
+        wrong = {v: table[v][0].wrong(runners[v], count, dt, device, table[v][1]) for v in variants}
+        bufs = {v: torch.zeros(count, dtype=dt, device=device) for v in variants}
+
+        def warm(v: str) -> None:
             for _ in range(warmup):
-                run(buf)
+                runners[v](bufs[v])  # noqa: B023 - called at once, in this loop
             platform.synchronize()
-            seconds = timed_block(lambda: run(buf), iters, platform)  # noqa: B023 - called at once, in this loop
-            rows.append({"bytes": count * esize, "count": count, "variant": v, "seconds": seconds,
-                         "wrong": wrong})
+
+        def block(v: str) -> float:  # a block between barriers, the clock stopped after a synchronize
+            return timed_block(lambda: runners[v](bufs[v]), iters, platform)  # noqa: B023 - called at once
+
+        spans = interleaved_rounds(variants, rounds, block, warmup=warm)
+        for v, per_round in zip(variants, spans):
+            rows.append({"bytes": count * esize, "count": count, "variant": v,
+                         "seconds": statistics.median(per_round), "rounds": per_round, "wrong": wrong[v]})
     return {"rank": rank, "world": world, "rows": rows, "dtype": dtype}
 
 
@@ -133,6 +143,8 @@ def format_table(rows: list[dict], world: int) -> str:
         lines.append(f"| {r['bytes']} | {r['count']} | {r['dtype']} | {r['variant']} | {r['seconds'] * 1e6:.1f} | "
                      f"{r['algbw']:.3f} | {r['busbw']:.3f} | {r['wrong']} |")
     lines.append("")
-    lines.append(f"busbw = algbw x 2(n-1)/n with n = {world} (nccl-tests' allreduce factor); time = slowest rank's "
-                 "mean over the timed iterations; #wrong = elements differing from the exact sum (must be 0).")
+    lines.append(f"busbw = algbw x 2(n-1)/n with n = {world} (nccl-tests' allreduce factor); time = the slowest "
+                 "rank's median round (each round one block of the timed iterations per variant, the variants of a "
+                 "size interleaved, their order rotated round by round); #wrong = elements differing from the exact "
+                 "sum (must be 0).")
     return "\n".join(lines)
