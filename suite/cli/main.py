@@ -135,10 +135,23 @@ def _drop_stdout() -> None:
         pass
 
 
+def _quiet_interrupts(unraisable) -> None:
+    """``sys.unraisablehook`` while a command runs: a Ctrl-C that lands in a callback the interpreter cannot raise
+    from (importlib's module-lock callback) is the one line main() prints, not "Exception ignored in …"."""
+    if not issubclass(unraisable.exc_type, KeyboardInterrupt):
+        sys.__unraisablehook__(unraisable)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(TORCH_FREE.get(argv[0]) if argv else None)
-    args = parser.parse_args(argv)
+    sys.unraisablehook = _quiet_interrupts
+    try:  # a Ctrl-C while the command's modules import (torch: seconds) is one line too
+        parser = build_parser(TORCH_FREE.get(argv[0]) if argv else None)
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        print(f"fleetbench{' ' + argv[0] if argv and not argv[0].startswith('-') else ''}: interrupted",
+              file=sys.stderr)
+        return 130
     if not args.command:
         parser.print_help()
         return 2

@@ -8,6 +8,9 @@ resource tracker, before any of fleetbench's code.  Every process fleetbench spa
 
 - the child runs with ``PYTHONSAFEPATH=1`` (Python 3.11+: ``-c``, ``-m`` and scripts prepend nothing), which its
   own children inherit;
+- the child starts with SIGINT blocked (a thread's signal mask is inherited through fork and exec): a Ctrl-C in the
+  terminal, which reaches every process of the foreground group, interrupts fleetbench alone, which stops its
+  children itself; a rank interrupted while its interpreter starts printed a fatal error and a traceback each;
 - the path the child takes over from its parent (multiprocessing sends ``sys.path`` along) has the current
   directory moved to the end, where a module of the user's (a ``--model`` factory) is still found, after the
   standard library and the installed packages; an entry that PYTHONPATH names stays where it is (the user
@@ -71,13 +74,23 @@ def spawn_context():
 @contextlib.contextmanager
 def safe_start() -> Iterator[None]:
     """Processes started (and multiprocessing's resource tracker, if it starts now) inherit ``PYTHONSAFEPATH=1``:
-    set in this process's environment for the block only (children inherit the environment at their start)."""
+    set in this process's environment for the block only (children inherit the environment at their start); and
+    a blocked SIGINT: this thread blocks it for the block (a Ctrl-C meanwhile goes to another thread of this process,
+    or waits until the block ends: it is not lost)."""
+    import signal
+    from multiprocessing import resource_tracker
+
     with _LOCK:
         saved = {k: os.environ.get(k) for k in SAFE_ENV}
         os.environ.update(SAFE_ENV)
+        # the tracker first: starting it unblocks SIGINT and SIGTERM in this thread (multiprocessing's
+        # resource_tracker.ensure_running blocks them around its spawn, then unblocks them)
+        resource_tracker.ensure_running()
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             yield
         finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)
