@@ -184,6 +184,13 @@ class Case:
     def observed_unmet(self, plan: CommPlan | None, describe: Mapping) -> str | None:
         """How what the engine built and did (its ``describe()``) differs from the plan, or None (also when the
         describe holds no buckets: nothing of them was observed)."""
+        if "fused" in self.requires and isinstance(describe.get("compute_fusion"), Mapping):
+            report = describe["compute_fusion"]
+            rows = [(name, r.get("found", 0), r.get("fused", 0)) for name, r in report.items()
+                    if name in FUSION_KNOBS and isinstance(r, Mapping)]
+            enabled = {FUSION_KNOBS[name]: bool(report[name].get("enabled")) for name, _, _ in rows}
+            if rows and (why := unmet_fusion(rows, enabled)):
+                return f"plan and observation differ: the engine's {why}"
         if plan is None or "buckets" not in describe:
             return None
         why = plan.mismatch(describe)

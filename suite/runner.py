@@ -345,8 +345,12 @@ class CaseRunner:
         model's baseline case (``suite.cases.BASELINE``)."""
         return self.opts.baseline or BASELINE
 
-    def baseline_config(self) -> StrategyConfig:
-        return StrategyConfig().with_overrides(list(self.opts.baseline_overrides))
+    def baseline_config(self, model: str | None = None) -> StrategyConfig:
+        """The baseline's config when no case of it was selected: the defaults, what ``model``'s factory declares
+        (``find_unused_parameters``, as its cases get it), then the selection's ``--set``."""
+        declared = model is not None and model_info(model, self.opts.size).find_unused_parameters
+        base = StrategyConfig(find_unused_parameters=True) if declared else StrategyConfig()
+        return base.with_overrides(list(self.opts.baseline_overrides))
 
     def recover(self, exc: BaseException) -> None:
         """After a rank error, under NCCL and gloo alike: a peer of the failing rank may hold a collective it
@@ -419,7 +423,7 @@ class CaseRunner:
 
     def _time(self, model_rcs: list[ResolvedCase], names: list[str]) -> dict[str, Timed]:
         configs = {rc.case.variant: rc.config for rc in model_rcs}
-        configs.setdefault(BASELINE, self.baseline_config())
+        configs.setdefault(BASELINE, self.baseline_config(model_rcs[0].case.model))
         case = model_rcs[0].case
         device = self.opts.device or "cpu"
         # every node's local rank 0 samples (UtilizationSampler.active); under torchrun that is not only rank 0

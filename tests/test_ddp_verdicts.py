@@ -31,7 +31,6 @@ from suite.runtime import RankError
 from suite.runtime.context import current
 from suite.selection import resolve
 from suite.workload import WorkloadSpec
-from tests.scripts import frozen_flags_models
 
 MODELS = "tests.scripts.ddp_models"
 STEPS = 3  # the check's steps
@@ -234,7 +233,8 @@ def test_find_unused_with_overlap_launches_buckets_in_backward_and_passes(pools,
         assert (rec["status"], rec["verdict"]) == ("ok", "pass"), rec
         assert rec["config"]["find_unused_parameters"] is True  # the factory declared it
         assert rec["describe"]["launched_in_backward"] >= 1, rec["describe"]
-    assert "after its check passed" not in out, out
+    assert "after its check passed" not in out and "interleaved timing" not in out, out  # the baseline ran too
+    assert all(rec["metrics"]["speedup"] for rec in recs.values()), "timed with its baseline (plain, declared too)"
     truth = pool.run(truth_on_rank, dict(model="make_branchy_declared", configs={"overlap": OVERLAP}))
     assert trains_as_ddp(truth, "overlap")
     assert any(not torch.equal(t["ddp"]["lin2.weight"], t["initial"]["lin2.weight"]) for t in truth[:1]), \
@@ -307,13 +307,26 @@ def test_ranks_that_take_different_branches_all_stop_with_the_fix(pool2):
 
 
 # ---- 4. torch's test utilities freeze torch.backends' flags ---------------------------------------------------------
+def thaw_on_rank() -> bool:
+    """torch.backends' flags settable again on this rank, as before the model module froze them (the session's pool
+    goes on as it was); True if they were frozen.  Here, not in tests/scripts/frozen_flags_models.py: importing that
+    module freezes them."""
+    try:
+        torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark
+        was = False
+    except RuntimeError:
+        was = True
+    vars(torch.backends)["__allow_nonbracketed_mutation_flag"] = True
+    return was
+
+
 def test_frozen_backends_flags_do_not_stop_a_case(pool2):
     try:
         summary = run_check(pool2, WorkloadSpec("tests.scripts.frozen_flags_models:make_plain", "tiny"),
                             StrategyConfig(cudnn_benchmark=True), steps=2)
         assert summary.verdict == "pass", summary.message
     finally:
-        thawed = pool2.run(frozen_flags_models.thaw)
+        thawed = pool2.run(thaw_on_rank)
     assert thawed == [True, True], "the model module froze the flags on the ranks (else this shows nothing)"
 
 
@@ -323,6 +336,18 @@ def test_compute_fusion_with_nothing_to_fuse_is_skipped(no_ranks):
     rc = r.find("make_bn_nothing_to_fuse/compute_fusion", 2)
     assert rc is not None and rc.skip and rc.skip.startswith("nothing to fuse"), rc and rc.skip
     assert r.find("make_bn_nothing_to_fuse/plain", 2).skip is None
+
+
+def test_a_compute_fusion_case_whose_engine_fused_nothing_fails():
+    from suite.cases import get_case
+
+    case = get_case("resnet/compute_fusion")
+    report = {"bn_act": {"enabled": True, "found": 3, "fused": 0}, "elewise_add_act": {"enabled": True, "found": 0,
+              "fused": 0}, "relu_depthwise_conv": {"enabled": False, "found": 2, "fused": 0}}
+    why = case.observed_unmet(None, {"compute_fusion": report})
+    assert why and "nothing to fuse" in why and "found but not fusable: bn_act 3" in why, why
+    report["bn_act"]["fused"] = 1
+    assert case.observed_unmet(None, {"compute_fusion": report}) is None
 
 
 def test_a_knob_that_contradicts_a_case_name_is_refused(no_ranks):
