@@ -193,7 +193,6 @@ class Engine:
                 self.local_sgd.after_step(self.steps, loss.detach())
         return loss.detach()
 
-
     def _before_backward(self, scaled: torch.Tensor, marks: bool) -> None:
         """The parameters this step's graph reaches (DDP's ``search_unused_parameters``): compared across ranks
         (``verify_gradients``) and handed to the gradient sync, which marks the others ready (``marks``)."""
