@@ -34,6 +34,12 @@ buckets from the model's gradient bytes (``Variant.sized_buckets``; the rule:
 ``suite.comm.buckets.sized_bucket_mb``, 2 to 16 buckets at every size); a ``--set
 fuse_grad_size_in_MB=…`` still wins, and is skipped if it leaves one bucket.
 
+A case's name also asserts some knobs (``Variant.named_by``: ``amp_bf16`` is ``amp='bf16'``, ``ddp`` is
+``data_parallel='ddp'`` …); a ``--set`` or ``--config`` that gives one of them another value contradicts the name, and
+the case is refused (skipped with the reason; an error when named exactly), never run and recorded under it.
+``compute_fusion`` requires a pattern its knobs fuse in the model (``REQUIRES["fused"]``, from the fusion pass run
+over the model built on the meta device): a model with nothing to fuse is skipped "nothing to fuse".
+
 What a case records (``RECORDED``): the metric names of ``suite.results.records.Metrics``, the one
 list; ``Case.records`` names the case-specific ones a variant adds (e.g. ``compute_s``).
 """
@@ -65,7 +71,27 @@ REQUIRES = {
     "overlap": "at least 2 buckets, the first launched before backward ends",
     "communicators": "buckets on at least 2 communicators",
     "nodes": "at least 2 nodes of at least 2 ranks",
+    "fused": "a pattern its knobs fuse in the model",
 }
+
+# the compute-fusion patterns and the knob that enables each (suite.compute.fusion.PATTERNS; torch-free here)
+FUSION_KNOBS = {"bn_act": "fuse_bn_act_ops", "elewise_add_act": "fuse_elewise_add_act_ops",
+                "relu_depthwise_conv": "fuse_relu_depthwise_conv"}
+
+
+def unmet_fusion(fusible: Iterable, config: Mapping) -> str | None:
+    """Why compute fusion has nothing to fuse in a model (``fusible``: (pattern, found, fused) of the pass over it;
+    empty: unknown, never a reason), given the case's knobs (``config``: knob -> value), or None."""
+    rows = list(fusible)
+    if not rows:
+        return None
+    enabled = [(name, found, fused) for name, found, fused in rows if config.get(FUSION_KNOBS.get(name, ""), False)]
+    if any(fused for _, _, fused in enabled):
+        return None
+    found = ", ".join(f"{name} {n}" for name, n, _ in enabled if n)
+    knobs = " / ".join(FUSION_KNOBS[n] for n, _, _ in enabled) or "enabled"
+    return (f"nothing to fuse: the fusion pass finds no {knobs} pattern it can fuse in the model (BatchNorm -> ReLU, "
+            f"add -> ReLU, ReLU -> depthwise conv)" + (f"; found but not fusable: {found}" if found else ""))
 
 
 def _mb(nbytes: float) -> str:
@@ -117,6 +143,7 @@ class Variant:
     gate_on: tuple = ()  # models on which the case is in the nightly's `gate` tag
     requires: tuple = ()  # what its name requires (keys of REQUIRES), checked against the case's plan
     sized_buckets: bool = False  # fuse_grad_size_in_MB follows the model's gradient bytes (2 to 16 buckets)
+    named_by: tuple = ()  # the knobs its name asserts (their values: its config's, else the default)
 
     def applies(self, model: str, kind: str, has_batchnorm: bool) -> bool:
         if model in SMALL_MODELS:
@@ -137,6 +164,7 @@ class Case:
     records: tuple = RECORDED  # metrics keys the case's record carries
     requires: tuple = ()  # what its name requires (keys of REQUIRES)
     sized_buckets: bool = False  # fuse_grad_size_in_MB from the model's gradient bytes (the selection sets it)
+    named_by: tuple = ()  # the knobs its name asserts (Variant.named_by)
 
     def applies_to_world(self, world: int) -> str | None:
         """None when the case runs at ``world`` ranks, else why not."""
@@ -144,13 +172,25 @@ class Case:
             return f"needs at least {self.min_world} ranks"
         return None
 
-    def unmet(self, plan: CommPlan | None) -> str | None:
-        """Why the case cannot run under its name with this plan (its first unmet requirement), or None."""
-        return next((why for r in self.requires if (why := unmet(r, plan)) is not None), None)
+    def unmet(self, plan: CommPlan | None, fusible: Iterable = (), config: Mapping | None = None) -> str | None:
+        """Why the case cannot run under its name with this plan (its first unmet requirement), or None;
+        ``fusible`` and ``config`` (knob -> value) for ``fused`` (:func:`unmet_fusion`)."""
+        for r in self.requires:
+            why = unmet_fusion(fusible, config or {}) if r == "fused" else unmet(r, plan)
+            if why is not None:
+                return why
+        return None
 
     def observed_unmet(self, plan: CommPlan | None, describe: Mapping) -> str | None:
         """How what the engine built and did (its ``describe()``) differs from the plan, or None (also when the
         describe holds no buckets: nothing of them was observed)."""
+        if "fused" in self.requires and isinstance(describe.get("compute_fusion"), Mapping):
+            report = describe["compute_fusion"]
+            rows = [(name, r.get("found", 0), r.get("fused", 0)) for name, r in report.items()
+                    if name in FUSION_KNOBS and isinstance(r, Mapping)]
+            enabled = {FUSION_KNOBS[name]: bool(report[name].get("enabled")) for name, _, _ in rows}
+            if rows and (why := unmet_fusion(rows, enabled)):
+                return f"plan and observation differ: the engine's {why}"
         if plan is None or "buckets" not in describe:
             return None
         why = plan.mismatch(describe)
@@ -189,11 +229,11 @@ _FB = {"fuse_broadcast_ops": True}
 
 VARIANTS: list[Variant] = [
     Variant("none", {"data_parallel": "none"}, "no gradient communication: compute alone", default_on=_RM,
-            records=("compute_s",), family="baseline"),
+            records=("compute_s",), family="baseline", named_by=("data_parallel",)),
     Variant(BASELINE, {}, "plain data parallel: one allreduce per gradient after backward", default_on=_RM,
-            family="baseline", gate_on=("mlp", "resnet50", "gpt2")),
+            family="baseline", gate_on=("mlp", "resnet50", "gpt2"), named_by=("data_parallel",)),
     Variant("ddp", {"data_parallel": "ddp"}, "torch DDP (baseline implementation)", default_on=_RM,
-            family="baseline"),
+            family="baseline", named_by=("data_parallel",)),
     # communication
     Variant("fusion", {"fuse_all_reduce_ops": True, "fuse_grad_size_in_MB": 25.0, **_FB},
             "allreduce fusion: 25 MB buckets, synchronous", default_on=("mlp",), gate_on=("resnet50",),
@@ -212,24 +252,24 @@ VARIANTS: list[Variant] = [
     Variant("compute_fusion", {"fuse_bn_act_ops": True, "fuse_elewise_add_act_ops": True,
                                "fuse_relu_depthwise_conv": True},
             "bn+act, add+act and relu+depthwise-conv fusion", models=("resnet",), default_on=("resnet",),
-            needs_batchnorm=True, family="compute", gate_on=("resnet", "resnet50")),
+            needs_batchnorm=True, family="compute", gate_on=("resnet", "resnet50"), requires=("fused",)),
     Variant("fused_broadcast", {"fuse_broadcast_ops": True}, "broadcasts over flat buckets", models=("resnet",),
-            default_on=("resnet",), needs_batchnorm=True, family="compute"),
+            default_on=("resnet",), needs_batchnorm=True, family="compute", named_by=("fuse_broadcast_ops",)),
     Variant("fused_optimizer", {"fuse_all_optimizer_ops": True}, "one optimizer update over flat buffers",
-            default_on=("mlp",), family="compute", gate_on=("gpt2",)),
+            default_on=("mlp",), family="compute", gate_on=("gpt2",), named_by=("fuse_all_optimizer_ops",)),
     # precision
     Variant("amp_bf16", {"amp": "bf16"}, "bf16 autocast", default_on=("resnet",), records=("losses",),
-            family="precision", gate_on=("resnet50", "bert")),
+            family="precision", gate_on=("resnet50", "bert"), named_by=("amp",)),
     Variant("grad_bf16", {"grad_comm_dtype": "bf16"}, "gradients communicated in bf16", models=("mlp",),
-            default_on=("mlp",), family="precision", gate_on=("mlp",)),
+            default_on=("mlp",), family="precision", gate_on=("mlp",), named_by=("grad_comm_dtype",)),
     # training method and host
     Variant("local_sgd", {"use_local_sgd": True, "local_sgd_steps": 4, "local_sgd_is_warm_steps": 1},
             "Local SGD, k=4 after 1 warm-up step", default_on=("mlp",), records=("losses",), family="method",
-            gate_on=("mlp", "gpt2")),
+            gate_on=("mlp", "gpt2"), named_by=("use_local_sgd", "use_adaptive_local_sgd")),
     Variant("adaptive_local_sgd", {"use_adaptive_local_sgd": True, "local_sgd_is_warm_steps": 1},
-            "adaptive Local SGD", tags=_N, records=("losses",), family="method"),
+            "adaptive Local SGD", tags=_N, records=("losses",), family="method", named_by=("use_adaptive_local_sgd",)),
     Variant("fetch_10", {"fetch_frequency": 10}, "losses fetched to the host every 10 steps", models=("mlp",),
-            default_on=("mlp",), family="host", gate_on=("mlp", "bert")),
+            default_on=("mlp",), family="host", gate_on=("mlp", "bert"), named_by=("fetch_frequency",)),
 ]
 
 def model_label(ref: str) -> str:
@@ -253,7 +293,8 @@ def cases_for_model(ref: str, kind: str, has_batchnorm: bool, tags: tuple = ()) 
         extra += ("gate",) if ref in v.gate_on else ()
         out.append(Case(f"{label}/{v.name}", ref, v.name, dict(v.config), v.description,
                         (tuple(v.tags) + extra) if not tags else tags, min_world=v.min_world,
-                        records=RECORDED + tuple(v.records), requires=v.requires, sized_buckets=v.sized_buckets))
+                        records=RECORDED + tuple(v.records), requires=v.requires, sized_buckets=v.sized_buckets,
+                        named_by=v.named_by))
     return out
 
 

@@ -22,6 +22,17 @@ start of every step, so engines with different settings can run interleaved in o
 ``describe()["precision"]`` holds what torch reports after setting it.  The correctness check runs
 its engine on :func:`strict_fp32` of the config (TF32 off).
 
+Before its first collective the engine checks that every rank built the same model
+(``suite.comm.agree.verify_structure``: names, shapes, dtypes; all ranks stop with one message naming what
+differs).  Inputs are a tensor, or a tuple/list (positional arguments) or dict (keyword arguments) of them
+(:func:`call_model`), as torch DDP's ``forward(*inputs, **kwargs)`` takes them.  With ``find_unused_parameters``
+the parameters the step's autograd graph does not reach are found between forward and backward and handed to the
+gradient sync (``GradSync.mark_unused``), as DDP's ``prepare_for_backward`` does; ``verify_gradients`` (the
+check's engines) also has every rank compare them before backward (``suite.comm.agree.agree_on_used``), so ranks
+that take different branches stop together with the fix instead of one waiting in a collective for the other.
+Gradients are zeroed in place between steps (``zero_grad(set_to_none=False)``): a parameter no rank has ever given
+a gradient keeps ``grad`` None, and the optimizer skips it, as in torch DDP and in one process.
+
 Each phase of a step is a ``record_function`` range, so a torch.profiler trace (``fleetbench run --trace-steps``)
 shows fleetbench's names over the CPU ops, kernels and NCCL calls: "forward", "backward", "wait" (the gradient
 communication still outstanding after backward: ``GradSync.finish_step``), "optimizer" (never any communication
@@ -39,9 +50,10 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
+from .comm.agree import agree_on_used, used_parameters, verify_structure
 from .comm.broadcast import broadcast_module, broadcast_tensors, module_state
 from .comm.factory import build_grad_sync
-from .comm.grad_sync import GradSync
+from .comm.grad_sync import GradSync, trainable_params
 from .compute.fusion import apply_compute_fusion
 from .config import StrategyConfig
 from .runtime.rng import seed_step
@@ -50,12 +62,12 @@ from .strategies.local_sgd import LocalSGD
 from .strategies.optim import build_optimizer
 
 __all__ = ["Engine", "build_engine", "apply_precision", "precision_in_effect", "strict_fp32",
-           "PRECISION_KEYS"]
+           "PRECISION_KEYS", "call_model"]
 
 
 class Engine:
     def __init__(self, model: torch.nn.Module, loss_fn: Callable, config: StrategyConfig | None = None,
-                 group=None, rng_seed: int | None = None):
+                 group=None, rng_seed: int | None = None, verify_gradients: bool = False):
         if not dist.is_initialized():
             raise RuntimeError(
                 "build_engine needs an initialised process group: call torch.distributed.init_process_group "
@@ -72,6 +84,10 @@ class Engine:
         self.device = device = next(iter(model.parameters())).device
         apply_precision(config)
         self.precision = precision_in_effect(device.type)  # what torch reports, for the records
+        self.verify_gradients = verify_gradients
+        # the first collective: every rank built the same model (else all stop with one message naming the difference)
+        verify_structure(model, group, device)
+        self._trainable = trainable_params(model)  # what the used-parameter search and agreement speak of
 
         # 1. compute fusion: a pass over the user's model.
         self.fusion_report: dict = {}
@@ -146,10 +162,13 @@ class Engine:
         if self.rng_seed is not None:  # this rank's dropout masks for this step, replayable by the reference
             seed_step(self.rng_seed, self.rank, self.steps, self.device)
         with record_function("forward"), self.amp.autocast():
-            outputs = self.model(inputs)
+            outputs = call_model(self.model, inputs)
             loss = self.loss_fn(outputs, targets)
         with record_function("backward"):  # overlap: buckets are issued from inside it, as they become ready
             scaled = self.amp.scale_loss(loss)
+            marks = communicate and self.grad_sync is not None and self.grad_sync.wants_used()
+            if marks or (self.verify_gradients and communicate):
+                self._before_backward(scaled, marks)
             if self._seed is not None and communicate:  # averaged in backward (Local SGD's local steps: whole)
                 scaled.backward(torch.full_like(scaled, self._seed))
             else:
@@ -174,6 +193,29 @@ class Engine:
                 self.local_sgd.after_step(self.steps, loss.detach())
         return loss.detach()
 
+    def _before_backward(self, scaled: torch.Tensor, marks: bool) -> None:
+        """The parameters this step's graph reaches (DDP's ``search_unused_parameters``): compared across ranks
+        (``verify_gradients``) and handed to the gradient sync, which marks the others ready (``marks``)."""
+        with record_function("find unused parameters"):
+            params = self.grad_sync.params if self.grad_sync is not None else [p for _, p in self._trainable]
+            used = used_parameters(scaled, params)
+            if self.verify_gradients:
+                names = {id(p): n for n, p in self._trainable}
+                agree_on_used(used, [names[id(p)] for p in params], self.group, self.device,
+                              find_unused=self.config.find_unused_parameters)
+            if marks:
+                self.grad_sync.mark_unused(used)  # type: ignore[union-attr]
+
+
+def call_model(model: Callable, inputs: Any) -> Any:
+    """``model`` on a batch's inputs: a tuple or list is its positional arguments, a dict its keyword arguments,
+    anything else (a tensor) its one argument; as torch DDP's ``forward(*inputs, **kwargs)`` passes them on."""
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
+
 
 PRECISION_KEYS = ("matmul_allow_tf32", "cudnn_allow_tf32", "float32_matmul_precision", "cudnn_benchmark",
                   "cudnn_deterministic")
@@ -186,15 +228,25 @@ def apply_precision(config: StrategyConfig) -> None:
     (``allow_tf32 = True`` is precision "high"): True raises "highest" to "high".  Only
     ``set_float32_matmul_precision`` is called for it; torch 2.13 refuses to read the precision back
     once its legacy and new APIs were mixed in one process.
+
+    Each switch is set only where it differs from what torch holds, and the cuDNN ones through
+    ``torch.backends.cudnn.set_flags`` (the setter torch's own ``cudnn.flags()`` context uses): importing
+    torch's test utilities (``torch.testing._internal.common_utils``, as models taken from torch's test
+    suite do) calls ``torch.backends.disable_global_flags()``, after which assigning ``cudnn.benchmark``
+    raises "not allowed to set torch.backends.cudnn flags after disable_global_flags".
     """
     cudnn = torch.backends.cudnn
     precision = config.float32_matmul_precision
     if precision == "highest" and config.matmul_allow_tf32:
         precision = "high"
-    torch.set_float32_matmul_precision(precision)
-    cudnn.allow_tf32 = config.cudnn_allow_tf32
-    cudnn.benchmark = config.cudnn_benchmark
-    cudnn.deterministic = config.cudnn_deterministic
+    if torch.get_float32_matmul_precision() != precision:
+        torch.set_float32_matmul_precision(precision)
+    want = {"_allow_tf32": config.cudnn_allow_tf32, "_benchmark": config.cudnn_benchmark,
+            "_deterministic": config.cudnn_deterministic}
+    held = {"_allow_tf32": cudnn.allow_tf32, "_benchmark": cudnn.benchmark, "_deterministic": cudnn.deterministic}
+    differ = {k: v for k, v in want.items() if bool(held[k]) != v}
+    if differ:
+        cudnn.set_flags(**differ, _fp32_precision=None)  # None: leave the new precision API alone
 
 
 def precision_in_effect(device_type: str) -> dict:
@@ -242,6 +294,6 @@ def _local_world_size() -> int | None:
 
 
 def build_engine(model: torch.nn.Module, loss_fn: Callable, config: StrategyConfig | None = None,
-                 group=None, rng_seed: int | None = None) -> Engine:
+                 group=None, rng_seed: int | None = None, verify_gradients: bool = False) -> Engine:
     """Compose the strategies ``config`` enables around ``model``; see :class:`Engine`."""
-    return Engine(model, loss_fn, config, group, rng_seed)
+    return Engine(model, loss_fn, config, group, rng_seed, verify_gradients)

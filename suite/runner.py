@@ -43,6 +43,7 @@ from typing import Any
 
 from .cases import BASELINE, Case
 from .check.harness import CANNOT_JUDGE, run_check
+from .comm.agree import MISMATCH
 from .config import StrategyConfig
 from .measure.metadata import collect
 from .measure.summary import COMPUTE_ONLY, Timed, summarize
@@ -60,7 +61,7 @@ from .runtime.pool import RankError, RankFailure
 from .workload import WorkloadSpec
 
 __all__ = ["CaseRunner", "PreparedCase", "StaleCase", "Progress", "new_run_id", "short_error",
-           "Interrupted", "backend_lacks", "unused_parameters"]
+           "Interrupted", "backend_lacks", "unused_parameters", "structure_mismatch"]
 
 Checked = CheckSummary | Exception | None  # a check's verdict, the error that stopped it, or no check
 Outcome = Timed | Exception | None  # a timing's metrics and describe, the error that stopped it, or nothing
@@ -145,14 +146,37 @@ def backend_lacks(exc: BaseException, device: str) -> str | None:
     return f"the {device} backend cannot run this: {reasons[0]}" if reasons else None
 
 
+def _said(exc: BaseException) -> list[str]:
+    """The first line of every error the ranks raised: :func:`_raised`'s, and for a pool torn down because ranks were
+    stuck after another raised (``RankFailure``), the errors of the ranks that raised, quoted in its message."""
+    lines = [first for _, first in _raised(exc)]
+    if isinstance(exc, RankFailure):
+        for section in str(exc).split("\n--- rank ")[1:]:
+            body = section.splitlines()
+            frames = [i for i, ln in enumerate(body) if ln.startswith('  File "')]
+            after = body[frames[-1] + 1:] if frames else body[1:]
+            lines += [ln for ln in after if ln.strip() and not ln.startswith(" ")][:1]
+    return lines
+
+
 def unused_parameters(exc: BaseException) -> str | None:
     """The message for parameters that got no gradient (fleetbench's or torch DDP's), the fix first; else None."""
-    for _, first in _raised(exc):
+    for first in _said(exc):
         msg = first.split(": ", 1)[-1]
         if msg.startswith("set find_unused_parameters"):
             return msg
         if "find_unused_parameters" in msg:
             return f"set find_unused_parameters=true: torch DDP says {msg}"
+    return None
+
+
+def structure_mismatch(exc: BaseException) -> str | None:
+    """The message for ranks that built different models (``suite.comm.agree.StructureMismatch``, raised on every
+    rank alike), else None."""
+    for first in _said(exc):
+        msg = first.split(": ", 1)[-1]
+        if msg.startswith(MISMATCH):
+            return msg
     return None
 
 
@@ -256,6 +280,7 @@ class CaseRunner:
         self.metadata = metadata
         self._batches: dict[str, int] = {}
         self._unused_said = False  # the unused-parameter message is said once per run, then named
+        self._mismatch_said: set[str] = set()  # each structure-mismatch message likewise
         self._unjudged: dict[str, CheckSummary] = {}  # model -> its "cannot judge" answer, said once, then reused
         self._allowance: dict[str, float] = {}
         # a harness that reports each rank's windows (pytest-benchmark's extra_info) sees every interleaved timing's
@@ -264,19 +289,27 @@ class CaseRunner:
         self.generation = 0  # worlds rebuilt (or pools restarted) after rank errors: see recover()
 
     def brief(self, exc: BaseException) -> str:
-        """:func:`short_error`; the unused-parameter message, said in full once per run, is named after that."""
+        """:func:`short_error`; the unused-parameter and the structure-mismatch messages, said in full once per run,
+        are named after that."""
         msg = unused_parameters(exc)
-        if msg is None:
-            return short_error(exc)
-        if not self._unused_said:
-            self._unused_said = True
-            self.say(msg)
-        return "parameters without a gradient: find_unused_parameters (see above)"
+        if msg is not None:
+            if not self._unused_said:
+                self._unused_said = True
+                self.say(msg)
+            return "parameters without a gradient: find_unused_parameters (see above)"
+        msg = structure_mismatch(exc)
+        if msg is not None:
+            if msg not in self._mismatch_said:
+                self._mismatch_said.add(msg)
+                self.say(msg)
+            return f"{MISMATCH} (see above)"
+        return short_error(exc)
 
     def _not_timed(self, check: Checked) -> bool:
-        """A check that stopped where timing would stop too: a kernel missing, parameters without a gradient."""
+        """A check that stopped where timing would stop too: a kernel missing, parameters without a gradient, ranks
+        that built different models."""
         return isinstance(check, Exception) and bool(
-            backend_lacks(check, self.opts.device or "cpu") or unused_parameters(check))
+            backend_lacks(check, self.opts.device or "cpu") or unused_parameters(check) or structure_mismatch(check))
 
     def say(self, msg: str) -> None:
         if self.reporter and self._say is not None:
@@ -312,8 +345,12 @@ class CaseRunner:
         model's baseline case (``suite.cases.BASELINE``)."""
         return self.opts.baseline or BASELINE
 
-    def baseline_config(self) -> StrategyConfig:
-        return StrategyConfig().with_overrides(list(self.opts.baseline_overrides))
+    def baseline_config(self, model: str | None = None) -> StrategyConfig:
+        """The baseline's config when no case of it was selected: the defaults, what ``model``'s factory declares
+        (``find_unused_parameters``, as its cases get it), then the selection's ``--set``."""
+        declared = model is not None and model_info(model, self.opts.size).find_unused_parameters
+        base = StrategyConfig(find_unused_parameters=True) if declared else StrategyConfig()
+        return base.with_overrides(list(self.opts.baseline_overrides))
 
     def recover(self, exc: BaseException) -> None:
         """After a rank error, under NCCL and gloo alike: a peer of the failing rank may hold a collective it
@@ -350,8 +387,10 @@ class CaseRunner:
         try:
             # every rank's steps, then the reference's (every rank's shard in one process)
             timeout = self.call_timeout(rc.case.model, self.opts.check_steps, variants=self.world + 1)
+            # what the engine built and did in the check's steps is compared with the case's plan there, so the
+            # check never passes a case that its own steps show does not do what its name says
             res = run_check(self.launcher, self.workload_spec(rc.case), rc.config, steps=self.opts.check_steps,
-                            timeout=timeout)
+                            timeout=timeout, observe=lambda describe: rc.case.observed_unmet(rc.plan, describe))
         except Exception as exc:  # noqa: BLE001 - a failed case is reported, the run goes on
             self.recover(exc)
             return exc
@@ -384,7 +423,7 @@ class CaseRunner:
 
     def _time(self, model_rcs: list[ResolvedCase], names: list[str]) -> dict[str, Timed]:
         configs = {rc.case.variant: rc.config for rc in model_rcs}
-        configs.setdefault(BASELINE, self.baseline_config())
+        configs.setdefault(BASELINE, self.baseline_config(model_rcs[0].case.model))
         case = model_rcs[0].case
         device = self.opts.device or "cpu"
         # every node's local rank 0 samples (UtilizationSampler.active); under torchrun that is not only rank 0
@@ -459,6 +498,11 @@ class CaseRunner:
                 continue
             except Exception as exc:  # noqa: BLE001 - fall back to one case at a time
                 self.recover(exc)
+                if structure_mismatch(exc):  # the model, not a variant: every case of it stops alike
+                    for n in names:
+                        out.setdefault(n, exc)
+                    self.brief(exc)
+                    continue
                 why = f"interleaved timing of {len(names)} variants failed ({self.brief(exc)})"
                 self.say(f"      {why}; timing each case alone with the baseline")
             baseline = self.baseline
@@ -512,7 +556,7 @@ class CaseRunner:
         if isinstance(check, Exception):
             lacks = backend_lacks(check, device)
             rec.status = rec.verdict = "skipped" if lacks else "error"
-            rec.error = lacks or unused_parameters(check) or short_error(check, 2000)
+            rec.error = lacks or unused_parameters(check) or structure_mismatch(check) or short_error(check, 2000)
         elif check is not None:
             rec.check = check
             rec.verdict = check.verdict
@@ -521,7 +565,8 @@ class CaseRunner:
             rec.error = backend_lacks(measured, device)
         elif isinstance(measured, Exception):
             rec.status, rec.verdict = "error", "error"
-            rec.error = (rec.error + "\n" if rec.error else "") + short_error(measured, 2000)
+            said = unused_parameters(measured) or structure_mismatch(measured) or short_error(measured, 2000)
+            rec.error = rec.error if rec.error == said else (rec.error + "\n" if rec.error else "") + said
         elif isinstance(measured, Timed):
             rec.metrics, rec.describe = measured.metrics, measured.describe
             bad = rec.metrics.nonfinite_loss
@@ -565,9 +610,13 @@ class CaseRunner:
                                if isinstance(c := checks.get(rc.case.name), CheckSummary)]) from None
         records: list[CaseRecord] = []
         for rc in model_rcs:
-            rec = self.record(rc, checks.get(rc.case.name), measured.get(rc.case.variant),
-                              fallback.get(rc.case.variant))
+            check = checks.get(rc.case.name)
+            rec = self.record(rc, check, measured.get(rc.case.variant), fallback.get(rc.case.variant))
             records.append(rec)
+            if isinstance(check, CheckSummary) and check.verdict == "pass" and rec.verdict in ("fail", "error"):
+                # its check line said pass: the case's outcome is said too, never left to the table alone
+                self.say(f"      {rc.case.name}: {rec.verdict} after its check passed: "
+                         f"{(rec.error or '').splitlines()[0] if rec.error else 'see its record'}")
             if self.opts.trace_steps and rec.status == "ok":
                 try:
                     self._progress("trace", rc.case.model, case=rc.case.name, steps=self.opts.trace_steps)

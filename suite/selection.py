@@ -16,7 +16,11 @@ Cases prove their names (``suite.cases``): a bucketed case's buckets are planned
 model's parameter sizes read on the meta device (``model_info``), before any rank starts; sized
 buckets (``*/overlap``, ``*/multicomm``) get their cap from the same sizes (:func:`case_fields`); a
 case whose plan does not meet its name is skipped with the reason, and the plan travels with the
-case (``ResolvedCase.plan``) for the runner to compare with what the engine built.
+case (``ResolvedCase.plan``) for the runner to compare with what the engine built.  The same holds for what
+the model is (``model_info``): a model whose factory declares ``find_unused_parameters`` runs every case with
+it (under ``--config``/``--set``); a case whose flat buckets or flat gradient buffer cannot hold the model's
+sparse gradients, whose compute fusion finds nothing to fuse, or whose knobs a ``--set``/``--config``
+contradicts (``Case.named_by``) is skipped with the reason.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from dataclasses import dataclass, field
 from .cases import CASES, Case, cases_for_model, select_cases
 from .comm.buckets import CommPlan, comm_plan, sized_bucket_mb
 from .comm.factory import uses_buckets
+from .comm.grad_sync import sparse_gradients_refused
 from .config import ConfigError, StrategyConfig, check_overrides, toml_fields
 from .models import MODELS, ModelError, default_size, model_info
 from .run_spec import DEVICES, ResolvedCase, Selection
@@ -161,12 +166,14 @@ def resolve_at(sel: Selection, cases: list[Case], world: int, local_world: int |
     exact = {n for n in sel.cases if not _is_glob(n)}
     out = []
     for case in cases:
+        info = _model_info(case.model, size)
+        declared = {"find_unused_parameters": True} if info.find_unused_parameters else {}  # the factory's
         try:
             cfg = StrategyConfig.from_dict({**case_fields(case, size), **case.world_config(world, local_world),
-                                            **base}).with_overrides(list(sel.sets))
+                                            **declared, **base}).with_overrides(list(sel.sets))
         except ConfigError as exc:
             raise ConfigError(f"case {case.name}: {exc}") from None
-        why, plan = case.applies_to_world(world), None
+        why, plan = contradicted(case, cfg, sel) or case.applies_to_world(world), None
         if why is None:
             try:
                 # Under torchrun (local_world given) the hierarchy's nodes default to the real machines.
@@ -175,11 +182,39 @@ def resolve_at(sel: Selection, cases: list[Case], world: int, local_world: int |
                 why = str(exc)
         if why is None:
             plan = plan_case(case, cfg, size, world, local_world)
-            why = case.unmet(plan)
+            why = case.unmet(plan, info.fusible, cfg.to_dict()) or sparse_unmet(cfg, info.sparse_gradients)
         if why is not None and case.name in exact:
             raise ConfigError(f"case {case.name} cannot run at world size {world}: {why}")
         out.append(ResolvedCase(case, cfg, why, plan))
     return out
+
+
+def contradicted(case: Case, cfg: StrategyConfig, sel: Selection) -> str | None:
+    """Why ``cfg`` (the case's config under ``--config``/``--set``) contradicts what the case's name asserts
+    (``Case.named_by``: its own value of each knob, else the default), or None."""
+    default = StrategyConfig()
+    for key in case.named_by:
+        named, got = case.config.get(key, getattr(default, key)), getattr(cfg, key)
+        if got == named:
+            continue
+        where = next((f"--set {s.strip()}" for s in reversed(sel.sets) if s.split("=", 1)[0].strip() == key),
+                     f"{key}={got!r} (--config {sel.config})")
+        return (f"{where} contradicts the case's name: {case.name} runs {key}={named!r}; select a case that runs "
+                f"{key}={got!r}, or leave {key} alone")
+    return None
+
+
+def sparse_unmet(cfg: StrategyConfig, sparse: tuple) -> str | None:
+    """Why ``cfg`` cannot train a model whose gradients ``sparse`` (names) are sparse, or None: flat buckets and the
+    fused optimizer's flat gradient buffer hold dense gradients only, where torch DDP keeps a sparse gradient sparse
+    in a bucket of its own and plain data parallel reduces it as it is."""
+    if not sparse:
+        return None
+    what = ("flat gradient buckets" if uses_buckets(cfg) else
+            "the fused optimizer's flat gradient buffer" if cfg.fuse_all_optimizer_ops else None)
+    if what is None:
+        return None
+    return sparse_gradients_refused(what, sparse)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import torch
 from .comm.factory import build_grad_sync
 from .comm.grad_sync import GradSync
 from .config import StrategyConfig
-from .data.synthetic import prepare, shard, step_indices
+from .data.synthetic import move, prepare, shard, step_indices
 from .engine import Engine, build_engine
 from .models import ModelSpec, count_parameters, finds_batchnorm, get_model
 from .runtime.context import current
@@ -79,10 +79,7 @@ class Workload:
         floating-point inputs in ``dtype`` when given (the float64 check)."""
         idx = shard(step_indices(len(self.data), step, self.global_batch, self.ws.seed), rank, self.world)
         x, y = self.data.get(idx)
-        x = prepare(self.data, x, self.device)
-        if dtype is not None and isinstance(x, torch.Tensor) and x.is_floating_point():
-            x = x.to(dtype)
-        return x, y.to(self.device)
+        return prepare(self.data, x, self.device, dtype), move(y, self.device)
 
     def shards(self, step: int, dtype: torch.dtype | None = None) -> list[tuple[Any, Any]]:
         """Every rank's shard of ``step`` (the check's reference runs them all)."""
@@ -107,10 +104,12 @@ class Workload:
             self.batch(key)
 
     # -- model and engine --------------------------------------------------------------------
-    def module(self, seed: int | None = None, dtype: torch.dtype | None = None) -> torch.nn.Module:
-        """A fresh model, initialised from ``seed`` (default: the workload's), on this rank's device
-        (in ``dtype`` when given: the float64 check)."""
-        module = self.spec.make(self.ws.seed if seed is None else seed, self.device)
+    def module(self, seed: int | None = None, dtype: torch.dtype | None = None, rank: int | None = None
+               ) -> torch.nn.Module:
+        """A fresh model for ``rank`` (default: this rank; a factory's ``build(rank)`` is told it), initialised from
+        ``seed`` (default: the workload's), on this rank's device (in ``dtype`` when given: the float64 check)."""
+        module = self.spec.make(self.ws.seed if seed is None else seed, self.device,
+                                self.rank if rank is None else rank)
         return module.to(dtype) if dtype is not None else module
 
     @property
@@ -118,14 +117,17 @@ class Workload:
         """Whether the model has BatchNorm: as its spec declares, or found in the module (built on the meta device)."""
         if self._has_batchnorm is None:
             with torch.device("meta"):
-                found = finds_batchnorm(self.spec.build())
+                found = finds_batchnorm(self.spec.module(self.rank))
             self._has_batchnorm = self.spec.has_batchnorm or found
         return self._has_batchnorm
 
-    def engine(self, config: StrategyConfig, seed: int | None = None, dtype: torch.dtype | None = None) -> Engine:
+    def engine(self, config: StrategyConfig, seed: int | None = None, dtype: torch.dtype | None = None,
+               verify_gradients: bool = False) -> Engine:
         """An engine on a fresh model (initialised from ``seed``); its per-rank randomness (dropout) follows the
-        workload's seed, this rank and the step, whatever ``seed`` the model was initialised from."""
-        return build_engine(self.module(seed, dtype), self.spec.loss_fn, config, rng_seed=self.ws.seed)
+        workload's seed, this rank and the step, whatever ``seed`` the model was initialised from
+        (``verify_gradients``: the check's engine, see :class:`suite.engine.Engine`)."""
+        return build_engine(self.module(seed, dtype), self.spec.loss_fn, config, rng_seed=self.ws.seed,
+                            verify_gradients=verify_gradients)
 
     def grad_sync(self, config: StrategyConfig, module: torch.nn.Module) -> GradSync | None:
         """The gradient communication ``config`` asks for on ``module`` (one of :meth:`module`'s), without an engine

@@ -39,6 +39,9 @@ def get_pool(world: int) -> RankPool:
     pool = _POOLS.get(world)
     if pool is None:
         pool = _POOLS[world] = RankPool(world, timeout=CALL_TIMEOUT, pg_timeout=PG_TIMEOUT, num_threads=1)
+    # started here, not by its first call: a `fleetbench run` driven in-process on a borrowed pool sweeps, at its end,
+    # the processes that carry its run token, which ranks it started itself would
+    pool.start()
     return pool
 
 

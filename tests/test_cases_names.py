@@ -19,7 +19,7 @@ from suite.runner import CaseRunner
 from suite.selection import base_cases, resolve, resolve_at
 
 NAMED = {"fusion": ("fusion",), "overlap": ("overlap",), "multicomm": ("overlap", "communicators"),
-         "hierarchical": ("nodes",)}
+         "hierarchical": ("nodes",), "compute_fusion": ("fused",)}
 
 
 def _at(world: int, *cases: str, local_world: int | None = None, size: str = "cpu", sets: tuple = ()) -> dict:

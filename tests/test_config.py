@@ -444,9 +444,14 @@ def test_run_config_applies_fields_set_to_their_default(tmp_path, monkeypatch, c
     from suite.selection import resolve
 
     path = tmp_path / "s.toml"
+    path.write_text("[strategy]\nfuse_broadcast_ops = false\n")  # a knob the case's name does not assert
+    (rc,) = resolve(Selection(cases=("mlp/fusion",), size="cpu", device="cpu", config=str(path)), 2).at[2]
+    assert rc.config.fuse_broadcast_ops is False  # the case itself sets it True
+    # one its name asserts is refused instead (tests/test_ddp_verdicts.py): fused_optimizer without the fused optimizer
     path.write_text("[strategy]\nfuse_all_optimizer_ops = false\n")
-    (rc,) = resolve(Selection(cases=("mlp/fused_optimizer",), size="cpu", device="cpu", config=str(path)), 2).at[2]
-    assert rc.config.fuse_all_optimizer_ops is False  # the case itself sets it True
+    with pytest.raises(ConfigError, match=r"contradicts the case's name: mlp/fused_optimizer runs "
+                                          r"fuse_all_optimizer_ops=True"):
+        resolve(Selection(cases=("mlp/fused_optimizer",), size="cpu", device="cpu", config=str(path)), 2)
 
 
 @pytest.mark.parametrize("content,words", [

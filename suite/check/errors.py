@@ -22,9 +22,10 @@ SCALE_FLOOR = 1e-2
 
 
 def rel_error(a: torch.Tensor, b: torch.Tensor, floor: float = SCALE_FLOOR) -> float:
-    """max |a - b| / max(max |b|, floor); inf if anything is not finite or the shapes differ."""
-    a = a.detach().to(torch.float64)
-    b = b.detach().to(torch.float64)
+    """max |a - b| / max(max |b|, floor); inf if anything is not finite or the shapes differ.  A sparse tensor (an
+    ``nn.Embedding(sparse=True)``'s gradient) is compared as the dense tensor it stands for."""
+    a = _dense(a.detach()).to(torch.float64)
+    b = _dense(b.detach()).to(torch.float64)
     if a.shape != b.shape:
         return math.inf
     if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
@@ -33,6 +34,10 @@ def rel_error(a: torch.Tensor, b: torch.Tensor, floor: float = SCALE_FLOOR) -> f
         return 0.0
     diff = (a - b).abs().max().item()
     return diff / max(b.abs().max().item(), floor)
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    return t.to_dense() if t.layout != torch.strided else t
 
 
 def worst_error(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> tuple[float, str]:

@@ -5,7 +5,9 @@ Runs on every rank (:func:`check_on_rank`, through the rank pool or under torchr
 parent folds the ranks' answers into one ``suite.results.records.CheckSummary`` (:func:`summarize`), the
 type the record keeps as it is.
 Ranks are deliberately initialised differently: the engine's broadcast from rank 0 must
-make them agree.  Global batches are reshuffled every step.
+make them agree.  Global batches are reshuffled every step.  The check's engine compares, every
+step before any gradient collective, which parameters each rank uses (``verify_gradients``):
+ranks that take different branches all stop with the fix instead of one waiting for the other.
 
 Randomness: the engine sets each rank's generators from (seed, rank, step) before its forward and
 the reference replays each shard with that rank's state (``suite.runtime.rng``), so dropout and
@@ -26,7 +28,7 @@ import torch
 
 from ..comm import collectives as C
 from ..config import StrategyConfig
-from ..engine import strict_fp32
+from ..engine import call_model, strict_fp32
 from ..results.records import CheckSummary
 from ..runtime.rng import seed_step
 from ..workload import Workload, WorkloadSpec, workload
@@ -99,7 +101,7 @@ def repeatable(wl: Workload, dtype: torch.dtype | None = None) -> str | None:
         module = wl.module(wl.ws.seed, dtype)
         inputs, targets = wl.shard_of(0, wl.rank, dtype)
         seed_step(wl.ws.seed, wl.rank, 1, wl.device)
-        loss = wl.spec.loss_fn(module(inputs), targets)
+        loss = wl.spec.loss_fn(call_model(module, inputs), targets)
         loss.backward()
         runs.append((loss.detach(), {n: p.grad for n, p in module.named_parameters() if p.grad is not None}))
     (loss_a, grads_a), (loss_b, grads_b) = runs
@@ -138,8 +140,11 @@ def check_on_rank(workload_spec: WorkloadSpec, config: dict, steps: int = 3) -> 
     why = _judgeable(wl, cast)
     if why is not None:
         return {"rank": rank, "cannot_judge": why, "per_step": [], "precision": str(dtype).removeprefix("torch.")}
-    engine = wl.engine(cfg, seed=seed + 7919 * rank, dtype=cast)  # ranks start different on purpose
-    reference = make_reference(wl.module(seed, cast), wl.spec.loss_fn, cfg, world, rng_seed=seed)
+    # ranks start different on purpose; every step the ranks compare the parameters they use before any gradient
+    # collective (verify_gradients): ranks that take different branches all stop, with the fix, instead of hanging
+    engine = wl.engine(cfg, seed=seed + 7919 * rank, dtype=cast, verify_gradients=True)
+    # the reference is rank 0's model (a build told the rank: the engine broadcast rank 0's state)
+    reference = make_reference(wl.module(seed, cast, rank=0), wl.spec.loss_fn, cfg, world, rng_seed=seed)
     per_step = []
     for step in range(steps):
         shards = wl.shards(step, cast)
@@ -161,8 +166,11 @@ def check_on_rank(workload_spec: WorkloadSpec, config: dict, steps: int = 3) -> 
             "precision": str(dtype).removeprefix("torch.")}
 
 
-def summarize(config: StrategyConfig, answers: list[dict]) -> CheckSummary:
-    """Fold every rank's answer into one verdict against the tolerance table."""
+def summarize(config: StrategyConfig, answers: list[dict],
+              observe: Callable[[dict], str | None] | None = None) -> CheckSummary:
+    """Fold every rank's answer into one verdict against the tolerance table; ``observe`` (the runner's: does what the
+    engine built and did in the check's steps match the case's plan?) turns its answer into a failure, so a check
+    never passes a case that then fails on what its own steps showed (a check in float32, the plan's dtype)."""
     key, p_tol, l_tol = tolerance_for(config)
     said = [a["cannot_judge"] for a in answers if a.get("cannot_judge") and a["cannot_judge"] != "on another rank"]
     if any(a.get("cannot_judge") for a in answers):
@@ -196,6 +204,10 @@ def summarize(config: StrategyConfig, answers: list[dict]) -> CheckSummary:
         problems.append(f"loss error {l_err:.3g} > {l_tol:g}")
     if not (b_err <= p_tol):
         problems.append(f"buffer error {b_err:.3g} > {p_tol:g}")
+    # the plan is the timing's (float32); a check run in float64 (BatchNorm models) has twice the bytes per bucket
+    if observe is not None and answers[0].get("precision", "float32") == "float32" \
+            and (differs := observe(answers[0].get("describe") or {})):
+        problems.append(differs)
     return CheckSummary(
         verdict="fail" if problems else "pass", reference=answers[0]["reference"], tolerance_key=key,
         param_tol=p_tol, loss_tol=l_tol, param_error=p_err, param_error_at=at, loss_error=l_err,
@@ -206,8 +218,10 @@ def summarize(config: StrategyConfig, answers: list[dict]) -> CheckSummary:
 
 
 def run_check(launcher: Any, workload_spec: WorkloadSpec, config: StrategyConfig, steps: int = 3,
-              fn: Callable[..., dict] = check_on_rank, timeout: float | None = None) -> CheckSummary | None:
-    """Run the check through ``launcher`` (a RankPool, or the torchrun launcher) and summarise it.
+              fn: Callable[..., dict] = check_on_rank, timeout: float | None = None,
+              observe: Callable[[dict], str | None] | None = None) -> CheckSummary | None:
+    """Run the check through ``launcher`` (a RankPool, or the torchrun launcher) and summarise it (``observe``: see
+    :func:`summarize`).
 
     None on a non-reporting torchrun rank (rank 0 reports)."""
     if config.data_parallel == "none":
@@ -216,4 +230,4 @@ def run_check(launcher: Any, workload_spec: WorkloadSpec, config: StrategyConfig
                            timeout=timeout)
     if answers is None:  # a non-zero torchrun rank: rank 0 reports
         return None
-    return summarize(config, answers)
+    return summarize(config, answers, observe)

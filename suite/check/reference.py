@@ -16,6 +16,13 @@ torch's generators as the engine on rank r did before its forward (``suite.runti
 Buffers follow DDP's rule: every shard starts from rank 0's buffers (broadcast before each
 forward), so rank r ends the step with rank 0's buffers updated by shard r's statistics.
 
+"No gradient" stays None where torch keeps it None.  The engine zeroes gradients in place between
+steps (``zero_grad(set_to_none=False)``), so a parameter's gradient exists from the first step in
+which any rank gave it one; before that it is None, and torch.optim skips it (no weight decay, no
+momentum), as torch DDP leaves a globally unused parameter's gradient untouched
+(``Reducer::finalize_bucket_dense``) and one process would.  A parameter that some shards used and
+others did not gets the average over every shard, the missing ones counted as zeros (DDP's rule).
+
 Strategies whose semantics differ have their own reference here, picked by
 :func:`make_reference`: :class:`LocalSGDReference` (one model and optimizer per rank) and
 :class:`AmpReference` (the same autocast and loss scaler).  The references import the
@@ -32,6 +39,7 @@ import torch
 
 from ..compute.fusion import fuse_model
 from ..config import StrategyConfig
+from ..engine import call_model
 from ..runtime.rng import seed_step
 from ..strategies.amp import LossScaler, autocast_dtype, check_amp_supported, unscale_
 from ..strategies.optim import torch_optimizer
@@ -80,15 +88,16 @@ class DataParallelReference:
         self.world = world
         self.optimizer = torch_optimizer(model.parameters(), config)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self.defined = [False] * len(self.params)  # a gradient exists (the engine zeroes it in place from then on)
         self.replay = Replay(model, rng_seed)
 
     def forward_loss(self, inputs, targets) -> torch.Tensor:
-        return self.loss_fn(self.model(inputs), targets)
+        return self.loss_fn(call_model(self.model, inputs), targets)
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
-    def apply_update(self, grads: list[torch.Tensor]) -> None:
+    def apply_update(self, grads: list[torch.Tensor | None]) -> None:
         for p, g in zip(self.params, grads):
             p.grad = g
         self.optimizer.step()
@@ -107,10 +116,11 @@ class DataParallelReference:
             self.backward(loss)
             losses.append(loss.item())
             buffers.append(snapshot(dict(self.model.named_buffers())))
-            for s, p in zip(sums, self.params):
+            for i, (s, p) in enumerate(zip(sums, self.params)):
                 if p.grad is not None:
                     s.add_(p.grad)
-        self.apply_update([s / self.world for s in sums])
+                    self.defined[i] = True
+        self.apply_update([s / self.world if defined else None for s, defined in zip(sums, self.defined)])
         if buffers:
             _load(self.model, buffers[0])  # rank 0's buffers are what the next step broadcasts
         return StepRef(losses, [snapshot(dict(self.model.named_parameters()))], buffers)
@@ -149,7 +159,7 @@ class AmpReference(DataParallelReference):
 
     def forward_loss(self, inputs, targets) -> torch.Tensor:
         with torch.autocast(self.device_type, dtype=self.dtype):
-            return self.loss_fn(self.model(inputs), targets)
+            return self.loss_fn(call_model(self.model, inputs), targets)
 
     def backward(self, loss: torch.Tensor) -> None:
         if self.scaler.enabled:
@@ -157,9 +167,10 @@ class AmpReference(DataParallelReference):
         else:
             loss.backward()
 
-    def apply_update(self, grads: list[torch.Tensor]) -> None:
+    def apply_update(self, grads: list[torch.Tensor | None]) -> None:
         if self.scaler.enabled:
-            found = unscale_(grads, self.scaler.scale, grads[0].device)
+            present = [g for g in grads if g is not None]
+            found = unscale_(present, self.scaler.scale, present[0].device if present else "cpu")
             skip = bool(found.item() > 0)
             self.scaler.update(skip)
             if skip:
@@ -177,6 +188,8 @@ class LocalSGDReference:
     Synchronous steps (1..W): every rank starts from rank 0's buffers (DDP's broadcast), runs
     its shard, the gradients are averaged and every rank steps with the average.  Local steps:
     every rank runs its own shard through its own model with its own buffers and optimizer.
+    Gradients that do not exist stay None as in :class:`DataParallelReference` (per rank on local
+    steps: a rank's gradient exists once that rank had one, or a synchronous step averaged one).
     After each due step the parameters are averaged (buffers are not).  The adaptive interval
     is recomputed here from the rank-averaged losses, written out again on purpose.
     """
@@ -191,6 +204,7 @@ class LocalSGDReference:
         self.models = [copy.deepcopy(model) for _ in range(world)]
         self.optimizers = [torch_optimizer(m.parameters(), config) for m in self.models]
         self.params = [[p for p in m.parameters() if p.requires_grad] for m in self.models]
+        self.defined = [[False] * len(ps) for ps in self.params]  # per rank: the engine's gradient exists
         self.warm = config.local_sgd_is_warm_steps
         self.adaptive = config.use_adaptive_local_sgd
         self.init_k = config.init_k_steps
@@ -216,15 +230,25 @@ class LocalSGDReference:
             for p in ps:
                 p.grad = None
             self.replay.state_of(rank)
-            loss = self.loss_fn(m(inputs), targets)
+            loss = self.loss_fn(call_model(m, inputs), targets)
             loss.backward()
             losses.append(loss.item())
+            for i, p in enumerate(ps):
+                self.defined[rank][i] |= p.grad is not None
         if sync:
             for i in range(len(self.params[0])):
+                if not any(d[i] for d in self.defined):
+                    continue  # no rank has ever had a gradient for it: None everywhere, skipped by the optimizer
                 grads = [ps[i].grad if ps[i].grad is not None else torch.zeros_like(ps[i]) for ps in self.params]
                 mean = torch.stack(grads).sum(0) / self.world
-                for ps in self.params:
+                for r, ps in enumerate(self.params):
                     ps[i].grad = mean.clone()
+                    self.defined[r][i] = True
+        else:  # a local step: a gradient this rank has had before and did not get now is zeros (zeroed in place)
+            for d, ps in zip(self.defined, self.params):
+                for i, p in enumerate(ps):
+                    if p.grad is None and d[i]:
+                        p.grad = torch.zeros_like(p)
         for opt in self.optimizers:
             opt.step()
         mean_loss = sum(losses) / self.world

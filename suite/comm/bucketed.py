@@ -47,10 +47,24 @@ The hook is the only Python that runs per parameter in a step: one dictionary lo
 (``p.grad`` is still its view), its bucket's count; everything else is per bucket.  With views the engine
 zeroes the gradients bucket by bucket (:meth:`zero_grad`: one fill per bucket, not one per parameter).
 
-Parameters with ``requires_grad=False`` are skipped.  A parameter whose hook did not fire in
-a step (unused) is reduced as zeros with ``find_unused_parameters=True`` (DDP's behaviour),
-otherwise ``finish_step`` raises an error naming it, after draining the collectives already in
-flight, so nothing hangs.
+Parameters with ``requires_grad=False`` are skipped.  Unused parameters (``find_unused_parameters=True``) follow
+torch DDP's reducer (torch/csrc/distributed/c10d/reducer.cpp):
+
+- before backward the engine finds which parameters the step's autograd graph reaches (``search_unused_parameters``
+  in ``prepare_for_backward``; here ``suite.comm.agree.used_parameters``) and :meth:`mark_unused` marks the others
+  ready at once, their slots holding their gradient as it is (zeros when they have none), as the reducer does at
+  the first autograd hook (``autograd_hook``: "if (!has_marked_unused_parameters_) … mark_variable_ready(unused_index)",
+  whose ``mark_variable_ready_dense`` zeroes the slot of an undefined gradient): so a bucket holding an unused
+  parameter is launched during backward like any other, instead of holding back every bucket after it (buckets
+  launch strictly in order);
+- after backward one allreduce of flags says which parameters any rank has a gradient for (DDP's
+  ``local_used_map``); one that no rank has keeps ``grad`` None ("If a parameter is globally unused, we keep its grad
+  untouched", ``finalize_bucket_dense``), so the optimizer skips it as it would in one process; one that another
+  rank used gets the average.  A gradient is never bound to its bucket view before it exists (the reducer's
+  ``initialize_bucket_views``: "grads should be kept as being undefined for globally unused parameters").
+
+A parameter whose hook did not fire otherwise is reduced as zeros with ``find_unused_parameters=True``; without
+it ``finish_step`` raises an error naming it, after draining the collectives already in flight, so nothing hangs.
 """
 from __future__ import annotations
 
@@ -67,7 +81,7 @@ from ..runtime.context import current
 from ..runtime.device import Platform, platform_of
 from ..runtime.groups import comm_groups, label_of, node_groups
 from .buckets import Bucket, fusion_log_line, log, param_owners, plan_buckets
-from .grad_sync import GradSync, unused_parameters_error
+from .grad_sync import GradSync, sparse_gradients_refused, unused_parameters_error
 from .hierarchical import hierarchical_all_reduce
 
 __all__ = ["BucketedGradSync"]
@@ -87,6 +101,8 @@ class BucketedGradSync(GradSync):
 
     def __init__(self, model: torch.nn.Module, config: StrategyConfig, group=None):
         super().__init__(model, config, group)
+        if self._sparse:  # refused here too, for a user's own build_engine (the selection skips such cases)
+            raise ValueError(sparse_gradients_refused("flat gradient buckets", sorted(self._sparse)))
         ctx = _rank_context()
         # a user's own process group: the parameters' device and the group's backend (on NCCL the CUDA paths,
         # never collectives from worker threads)
@@ -163,18 +179,53 @@ class BucketedGradSync(GradSync):
             if not self.config.find_unused_parameters:
                 self._drain()  # what was launched completes on every rank; nothing is left hanging
                 raise unused_parameters_error([b.names[k] for b, k in missing])
-            with torch.no_grad():
-                for b, k in missing:
-                    b.bind(k)
-                    b.views[k].zero_()  # copies: its slice of the bucket; copied out into a zero gradient
-                    b.ready[k] = True
-                    b.pending -= 1
-                    if b.pending == 0:
-                        self._ready(b.index)
+            for b, k in missing:  # in the graph, yet no gradient arrived: as an unused one
+                self._mark_ready_unused(b, k)
             self._launch_ready()
         if self._next != len(self.buckets):  # cannot happen: every bucket is complete here
             raise RuntimeError(f"internal error: {len(self.buckets) - self._next} bucket(s) never launched")
+        read = self._defined_anywhere() if self.config.find_unused_parameters and self.params else None
         self._drain()
+        if read is not None:
+            lacking = [i for i, p in enumerate(self.params) if p.grad is None]
+            anywhere = read() if lacking else None  # waited for and read on the host only where needed, as DDP
+            self._settle()
+            for i in lacking:  # a gradient another rank has: this rank's zeros were in the average; adopt it
+                if anywhere is not None and anywhere[i]:
+                    b, k = self._slot[id(self.params[i])]
+                    b.adopt(k)
+
+    def wants_used(self) -> bool:
+        """With ``find_unused_parameters``, on a communicating step: the unused parameters are marked ready before
+        backward (see the module docstring)."""
+        return self.config.find_unused_parameters and self._listening
+
+    def mark_unused(self, used: list[bool]) -> None:
+        """Before backward: every parameter the step's graph does not reach is ready now (its slot holds its gradient
+        as it is, zeros when it has none), and every bucket that completes is launched, in order."""
+        if not self._listening:
+            return
+        for p, u in zip(self.params, used):
+            if not u:
+                b, k = self._slot[id(p)]
+                if not b.ready[k]:
+                    self._mark_ready_unused(b, k)
+        self._launch_ready()
+
+    def _mark_ready_unused(self, b: Bucket, k: int) -> None:
+        """Parameter ``k`` of bucket ``b`` gets no gradient in this step: its slot holds the gradient it has (zeros
+        when it has none, which stays None until the flags after backward say another rank has one)."""
+        with torch.no_grad():
+            if b.params[k].grad is None:
+                b.views[k].zero_()
+            elif b.as_views:
+                b.bind(k)
+            else:
+                b.copy_in(k)
+        b.ready[k] = True
+        b.pending -= 1
+        if b.pending == 0:
+            self._ready(b.index)
 
     def fold_average_into_backward(self) -> bool:
         """Yes: the engine scales backward's seed by 1/world and the buckets are summed as they are (no division

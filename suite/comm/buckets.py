@@ -39,8 +39,10 @@ built on the meta device), so a case whose name its plan cannot honour is skippe
 (``suite.cases``), and what the engine then built (``describe()``) is compared with the plan.
 
 Storage (:class:`Bucket`): one flat buffer per bucket, and by default every parameter's ``p.grad``
-is a view into it (DDP's ``gradient_as_bucket_view``; ``gradient_as_bucket_view=True``): autograd
-accumulates straight into the buffer and the allreduce runs on it, no copies on the hot path.  It is
+is a view into it once the gradient exists (DDP's ``gradient_as_bucket_view``;
+``gradient_as_bucket_view=True``; a gradient that does not exist yet stays None, as DDP keeps it, and its
+first arrival is copied in once and bound): autograd then accumulates straight into the buffer and the
+allreduce runs on it, no copies on the hot path.  It is
 exact: the same additions into the same values as a gradient of its own, the same division and sum of the
 same buffer (``tests/test_bucket_views.py`` shows the parameters bitwise equal to the copies' over 3 steps).
 Copies (``gradient_as_bucket_view=False``, DDP's default): each gradient is its own tensor, copied into
@@ -245,12 +247,14 @@ class Bucket:
         return self.numel * self.flat.element_size()
 
     def bind_all(self) -> None:
-        """Make every ``p.grad`` its view again (after ``zero_grad(set_to_none=True)`` or a replacement); copies:
-        nothing to bind."""
+        """Make every ``p.grad`` that exists its view again (after a replacement); copies: nothing to bind.  A
+        gradient that does not exist (None: the parameter never had one, or ``zero_grad(set_to_none=True)``) stays
+        None, as torch DDP's reducer leaves it (``initialize_bucket_views``: "grads should be kept as being
+        undefined for globally unused parameters"): its hook binds it when autograd makes it."""
         if not self.as_views:
             return
         for p, view in zip(self.params, self.views):
-            if p.grad is not view:  # the same tensor object while it stays the view: one identity test
+            if p.grad is not view and p.grad is not None:  # one identity test while it stays the view
                 self._rebind(p, view)
 
     def bind(self, k: int) -> None:
@@ -280,9 +284,13 @@ class Bucket:
             self.views[k].copy_(g)
 
     def copy_out(self) -> None:
-        """Copies: the reduced bucket back into every parameter's own gradient."""
+        """Copies: the reduced bucket back into every parameter's own gradient (one without a gradient is left to
+        :meth:`adopt`: whether it gets one depends on the other ranks)."""
         for p, view in zip(self.params, self.views):
-            if p.grad is None:
-                p.grad = view.clone()
-            else:
+            if p.grad is not None:
                 p.grad.copy_(view)
+
+    def adopt(self, k: int) -> None:
+        """Parameter ``k`` had no gradient on this rank and another rank had one: its gradient is the reduced slot
+        (its view; copies: a copy of it)."""
+        self.params[k].grad = self.views[k] if self.as_views else self.views[k].clone()

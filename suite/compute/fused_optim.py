@@ -26,10 +26,13 @@ into contiguous buffers and runs one optimizer op over them.  Here:
   ``std::divides`` in aten/src/ATen/native/cuda/ForeachBinaryOpScalarList.cu, compute it); a
   Python number as divisor would be ``a * (1/b)`` on CUDA (BinaryDivTrueKernel.cu).
 
-One difference from torch.optim, by construction: every parameter always has a gradient
-(its view), so a parameter that got no gradient in a step is updated with a zero gradient
-(weight decay and momentum still apply) where torch.optim would skip it.  With
-``find_unused_parameters`` the gradient communication hands zeros to torch.optim too.
+A parameter without a gradient (``p.grad`` None: no rank has ever given it one, see
+``suite.comm.grad_sync``) is skipped, as torch.optim skips it: the update runs over the whole
+buffers, and that parameter's slices of the parameters and of the state are put back as they were.
+Its gradient is bound to its view once it exists (never before: a view would be a zero gradient,
+which weight decay and momentum act on).  One difference from torch.optim remains: Adam's bias
+correction counts the optimizer's steps, not each parameter's own, so a parameter that first gets a
+gradient after the first step is corrected as if it had had one from the start.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ import math
 
 import torch
 
+from ..comm.grad_sync import sparse_gradient_names, sparse_gradients_refused
 from ..config import StrategyConfig
 
 __all__ = ["FlatOptimizer", "build_fused_optimizer"]
@@ -69,9 +73,9 @@ class _Group:
             self.grad_views = [flat_grad[off:off + p.numel()].view_as(p) for p, off in zip(params, offsets)]
             with torch.no_grad():
                 for p, v in zip(params, self.grad_views):
-                    if p.grad is not None:
+                    if p.grad is not None:  # a gradient that does not exist stays None (see the module docstring)
                         v.copy_(p.grad)
-                    p.grad = v
+                        p.grad = v
         else:
             self.grad_views = [flat_grad[off:off + p.numel()].view_as(p) for p, off in zip(params, offsets)]
         self.flat_grad = flat_grad
@@ -86,7 +90,8 @@ class _Group:
         return buf
 
     def bind(self) -> None:
-        """Make every ``p.grad`` the view into the flat gradient buffer again, keeping its value."""
+        """Make every ``p.grad`` that exists the view into the flat gradient buffer again, keeping its value; the
+        slot of one that does not exist is zero (it stays None)."""
         if self.bucket is not None and hasattr(self.bucket, "bind_all"):
             self.bucket.bind_all()
             return
@@ -97,9 +102,13 @@ class _Group:
             with torch.no_grad():
                 if g is None:
                     v.zero_()
-                else:
-                    v.copy_(g)
+                    continue
+                v.copy_(g)
             p.grad = v
+
+    def absent(self) -> list[tuple[int, int]]:
+        """(offset, numel) of every parameter without a gradient (``p.grad`` None): the update leaves them alone."""
+        return [(off, p.numel()) for p, off in zip(self.params, self.offsets) if p.grad is None]
 
 
 class FlatOptimizer:
@@ -156,6 +165,9 @@ class FlatOptimizer:
         self.step_count += 1
         for g in self.groups:
             g.bind()
+            absent = g.absent()  # torch.optim skips a parameter without a gradient: its slices are put back after
+            kept = [(off, n, g.flat_param[off:off + n].clone(), {k: t[off:off + n].clone() for k, t in g.state.items()})
+                    for off, n in absent]
             p = g.flat_param
             grad = g.flat_grad
             if wd != 0:  # into a scratch buffer allocated once: no per-step allocation of a full buffer
@@ -179,6 +191,10 @@ class FlatOptimizer:
                 bc2_sqrt = torch.full((), math.sqrt(bc2), dtype=p.dtype, device=p.device)  # see the docstring
                 denom = torch.sqrt(v, out=g.scratch("denom")).div_(bc2_sqrt).add_(hp["eps"])
                 p.addcdiv_(m, denom, value=-lr / bc1)
+            for off, n, param, state in kept:
+                g.flat_param[off:off + n].copy_(param)
+                for k, t in state.items():
+                    g.state[k][off:off + n].copy_(t)
         return loss
 
     @torch.no_grad()
@@ -246,6 +262,9 @@ def build_fused_optimizer(model: torch.nn.Module, config: StrategyConfig, grad_s
     """The engine's plug point (``fuse_all_optimizer_ops``).  The gradient buckets are its gradient buffers only
     where the gradients are their views (``gradient_as_bucket_view``); with copies it keeps its own flat
     gradient buffers, which the buckets copy from and back into."""
+    sparse = sparse_gradient_names(model)
+    if sparse:
+        raise ValueError(sparse_gradients_refused("the fused optimizer's flat gradient buffer", sparse))
     buckets = getattr(grad_sync, "buckets", None) if grad_sync is not None else None
     if buckets and not all(getattr(b, "as_views", True) for b in buckets):
         buckets = None

@@ -10,10 +10,12 @@ per-rank shards, so every rank has the same number of samples.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-__all__ = ["SyntheticImages", "SyntheticTokens", "SyntheticMaskedTokens", "IGNORE_INDEX", "make_dataset", "normalize",
-           "step_indices", "shard",
+__all__ = ["move", "SyntheticImages", "SyntheticTokens", "SyntheticMaskedTokens", "IGNORE_INDEX", "make_dataset",
+           "normalize", "step_indices", "shard",
            "IMAGE_MEAN", "IMAGE_STD"]
 
 IMAGE_MEAN = 0.5
@@ -139,10 +141,27 @@ def normalize(images: torch.Tensor) -> torch.Tensor:
     return (images.to(torch.float32) * _TO_UNIT - IMAGE_MEAN) * _INV_STD
 
 
-def prepare(dataset, raw_inputs: torch.Tensor, device) -> torch.Tensor:
+def move(batch: Any, device, dtype: torch.dtype | None = None) -> Any:
+    """``batch`` on ``device``: a tensor, or a tuple, list or dict of them (nested), the same shape of container
+    back; floating-point tensors in ``dtype`` when given (the float64 check).  Anything else is kept as it is."""
+    if isinstance(batch, torch.Tensor):
+        batch = batch.to(device)
+        return batch.to(dtype) if dtype is not None and batch.is_floating_point() else batch
+    if isinstance(batch, dict):
+        return type(batch)((k, move(v, device, dtype)) for k, v in batch.items())
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
+        return type(batch)(*(move(v, device, dtype) for v in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(move(v, device, dtype) for v in batch)
+    return batch
+
+
+def prepare(dataset, raw_inputs: Any, device, dtype: torch.dtype | None = None) -> Any:
+    """A dataset's raw inputs ready for the model on ``device``: images normalized to float32, anything else (a
+    tensor, or a tuple, list or dict of them) moved as it is (:func:`move`); floats in ``dtype`` when given."""
     if dataset.kind == "images":
-        return normalize(raw_inputs.to(device))
-    return raw_inputs.to(device)
+        return move(normalize(raw_inputs.to(device)), device, dtype)
+    return move(raw_inputs, device, dtype)
 
 
 def step_indices(dataset_size: int, step: int, global_batch: int, seed: int = 0) -> torch.Tensor:

@@ -165,9 +165,11 @@ def footprint_bytes(engine) -> int:
     tensors += [t for v in held for t in (v.values() if isinstance(v, dict) else [v])]
     storages = {}
     for t in tensors:
-        if isinstance(t, torch.Tensor):
-            st = t.untyped_storage()
-            storages[(str(t.device), st.data_ptr())] = st.nbytes()
+        if not isinstance(t, torch.Tensor):
+            continue
+        for part in ((t._indices(), t._values()) if t.layout == torch.sparse_coo else (t,)):  # a sparse gradient
+            st = part.untyped_storage()
+            storages[(str(part.device), st.data_ptr())] = st.nbytes()
     return sum(storages.values())
 
 

@@ -31,13 +31,14 @@ import torch
 from torch import nn
 
 from ..comm.buckets import gradient_layout
+from ..comm.grad_sync import sparse_gradient_names
 from ..data.synthetic import SyntheticImages, SyntheticTokens
 from ..model_registry import DATA_KINDS, REGISTRY, SIZES, is_user_ref
 from ..runtime.spawn import child_sys_path, keeper, kill_group, safe_start, set_parent_death_signal, spawn_context
 
 __all__ = ["ModelSpec", "SIZES", "DATA_KINDS", "get_model", "MODELS", "default_size", "model_names",
            "is_user_ref", "ModelError", "count_parameters", "ModelInfo", "model_info", "finds_batchnorm",
-           "model_factory"]
+           "model_factory", "sparse_gradient_names"]
 
 
 class ModelError(ValueError):
@@ -48,16 +49,22 @@ class ModelError(ValueError):
 class ModelSpec:
     """One workload at one size.
 
-    ``build()`` returns a fresh module (the caller seeds the generator); ``loss_fn(outputs,
-    targets)`` a scalar; ``make_data(n, seed)`` a dataset of ``n`` samples with ``kind``,
-    ``len()`` and ``get(indices) -> (inputs, targets)`` (host tensors; see
-    ``suite.data.synthetic``).  ``per_rank_batch`` is the batch each rank trains on.
-    ``has_batchnorm`` need not be set: a module with a BatchNorm layer is found to have one
+    ``build()`` returns a fresh module (the caller seeds the generator); a ``build`` with a parameter named
+    ``rank`` is told the rank it builds for (``build(rank=r)``; the check's reference and the parent's look at
+    the model build rank 0's).  ``loss_fn(outputs, targets)`` a scalar; ``make_data(n, seed)`` a dataset of
+    ``n`` samples with ``kind``, ``len()`` and ``get(indices) -> (inputs, targets)`` (host tensors, or tuples,
+    lists and dicts of them; see ``suite.data.synthetic``): a tensor is the model's one argument, a tuple or
+    list its positional arguments and a dict its keyword arguments (:func:`suite.engine.call_model`), and
+    ``loss_fn`` gets the model's output and the targets as they are.  ``per_rank_batch`` is the batch each
+    rank trains on.  ``has_batchnorm`` need not be set: a module with a BatchNorm layer is found to have one
     (:func:`finds_batchnorm`), and gets the cases and the float64 check that BatchNorm calls for.
+    ``find_unused_parameters``: the model leaves parameters without a gradient in some steps (an unused
+    layer, control flow), so every case of it runs with ``find_unused_parameters=true`` unless a
+    ``--config``/``--set`` says otherwise.
     """
 
     name: str
-    build: Callable[[], nn.Module]
+    build: Callable[..., nn.Module]  # build() or build(rank)
     loss_fn: Callable[[Any, Any], torch.Tensor]
     make_data: Callable[[int, int], Any]
     data: str = "images"
@@ -66,6 +73,7 @@ class ModelSpec:
     dataset_size: int = 1024
     has_batchnorm: bool = False
     description: str = ""
+    find_unused_parameters: bool = False
 
     def __post_init__(self) -> None:
         if self.data not in DATA_KINDS:
@@ -79,12 +87,27 @@ class ModelSpec:
         for what in ("build", "loss_fn", "make_data"):
             if not callable(getattr(self, what)):
                 raise ModelError(f"model {self.name!r}: {what} must be callable")
+        for what in ("has_batchnorm", "find_unused_parameters"):
+            if not isinstance(getattr(self, what), bool):
+                raise ModelError(f"model {self.name!r}: {what}={getattr(self, what)!r}; must be True or False")
 
-    def make(self, seed: int, device: Any = "cpu") -> nn.Module:
-        """The model, initialised from ``seed`` (identical for an identical seed), on ``device``."""
+    @property
+    def takes_rank(self) -> bool:
+        """Whether ``build`` has a parameter named ``rank`` (it is then told the rank it builds for)."""
+        try:
+            return "rank" in inspect.signature(self.build).parameters
+        except (TypeError, ValueError):  # a builtin or a class whose signature cannot be read
+            return False
+
+    def module(self, rank: int = 0) -> nn.Module:
+        """``build()``, told ``rank`` when it takes one; the caller seeds the generator."""
+        return self.build(rank=rank) if self.takes_rank else self.build()
+
+    def make(self, seed: int, device: Any = "cpu", rank: int = 0) -> nn.Module:
+        """The model for ``rank``, initialised from ``seed`` (identical for an identical seed), on ``device``."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            return self.build().to(device)
+            return self.module(rank).to(device)
 
     def dataset(self, n: int | None = None, seed: int = 0) -> Any:
         return self.make_data(n or self.dataset_size, seed)
@@ -98,7 +121,7 @@ def finds_batchnorm(module: nn.Module) -> bool:
 def count_parameters(spec: ModelSpec) -> tuple[int, int]:
     """(parameter tensors, parameter elements) of the trainable parameters, built on the meta device."""
     with torch.device("meta"):
-        module = spec.build()
+        module = spec.module()
     seen: set = set()
     tensors = elements = 0
     for p in module.parameters():
@@ -347,17 +370,36 @@ class ModelInfo:
     parameter_tensors: int
     parameter_elements: int
     gradients: tuple = ()  # gradient_layout(): (bytes, layer, dtype) per trainable parameter, for bucket plans
+    find_unused_parameters: bool = False  # declared by the spec: its cases run with find_unused_parameters=true
+    sparse_gradients: tuple = ()  # the parameters whose gradients are sparse (nn.Embedding(sparse=True) …)
+    fusible: tuple = ()  # (pattern, found, fused) of the compute-fusion pass over the model; () if it could not run
+
+
+def _fusible(module: nn.Module) -> tuple:
+    """What the compute-fusion pass finds and fuses in ``module`` (on the meta device; nothing runs), every pattern
+    enabled; () when the pass cannot run there (the case is then not skipped for it: the engine's report says)."""
+    from ..compute.fusion import PATTERNS, fuse_model  # the fx pass: imported when a model is looked at
+
+    try:
+        _, report = fuse_model(module)
+    except Exception:  # noqa: BLE001 - a model the pass cannot handle on the meta device: unknown, not nothing
+        return ()
+    return tuple((name, report[name]["found"], report[name]["fused"]) for name in PATTERNS)
 
 
 def _info(spec: ModelSpec) -> ModelInfo:
     with torch.device("meta"):
-        module = spec.build()
+        module = spec.module()
     if not isinstance(module, nn.Module):
         raise ModelError(f"model {spec.name!r}: build() returned {type(module).__name__}; expected a "
                          f"torch.nn.Module")
     tensors, elements = count_parameters(spec)
-    return ModelInfo(spec.name, spec.data, spec.has_batchnorm or finds_batchnorm(module), spec.per_rank_batch,
-                     tensors, elements, gradient_layout(module))
+    has_bn = spec.has_batchnorm or finds_batchnorm(module)
+    layout, sparse = gradient_layout(module), sparse_gradient_names(module)
+    with torch.device("meta"):
+        fusible = _fusible(spec.module()) if has_bn else ()  # compute fusion's cases are BatchNorm models'
+    return ModelInfo(spec.name, spec.data, has_bn, spec.per_rank_batch, tensors, elements, layout,
+                     spec.find_unused_parameters, sparse, fusible)
 
 
 def _die_with(parent: int) -> None:
