@@ -132,7 +132,14 @@ def test_ctrl_c_while_a_command_imports_is_one_line_and_exit_130(tmp_path):
                              "--results", str(tmp_path / "r.jsonl")], cwd=os.path.dirname(os.path.dirname(
                                  os.path.abspath(__file__))), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
-    time.sleep(0.5)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # torch's libraries mapped: the command is importing its modules
+        try:
+            if "libtorch" in open(f"/proc/{proc.pid}/maps").read():
+                break
+        except OSError:
+            pass
+        time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, (out, err)
