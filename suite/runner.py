@@ -46,12 +46,12 @@ from .check.harness import CANNOT_JUDGE, run_check
 from .config import StrategyConfig
 from .measure.metadata import collect
 from .measure.summary import COMPUTE_ONLY, Timed, summarize
+from .measure.timeline import chrome_trace
 from .measure.timing import drop_case, prepare_case, prepared_result, rebuild_on_rank, run_window, time_on_rank
 from .measure.trace import trace_on_rank
 from .measure.utilization import UtilizationSampler
 from .models import count_parameters, get_model, model_info
 from .outputs import OutputDir, safe_name
-from .report.trace import chrome_trace
 from .results.records import CaseRecord, CheckSummary, Structure
 from .results.structure import structure_of
 from .run_spec import ResolvedCase, RunOptions, RunSpec
@@ -615,7 +615,7 @@ class CaseRunner:
     def trace(self, rc: ResolvedCase, rec: CaseRecord) -> None:
         """A few traced steps of the case on every rank, written into ``traces/RUN_ID/CASE@WORLD/`` (the record's
         ``trace_file``): each rank's torch.profiler trace (``rank<R>.pt.trace.json``, gzipped over
-        :data:`GZIP_TRACE_OVER` bytes) and ``timeline.json``, every rank on one clock (``suite.report.trace``)."""
+        :data:`GZIP_TRACE_OVER` bytes) and ``timeline.json``, every rank on one clock (``suite.measure.timeline``)."""
         t0 = time.perf_counter()
         try:
             answers = self.launcher.run(trace_on_rank, dict(workload_spec=self.workload_spec(rc.case),

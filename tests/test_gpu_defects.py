@@ -163,7 +163,7 @@ def test_collective_spans_say_what_their_start_marks():
     which is not reachable from Python and waits for the calling stream at launch. The span and the trace say
     which, rather than passing the mark off as the kernel's start."""
     from suite.comm import collectives as C
-    from suite.report.trace import chrome_trace
+    from suite.measure.timeline import chrome_trace
 
     C.STATS.record_spans(True)
     try:
