@@ -52,8 +52,7 @@ from .measure.trace import trace_on_rank
 from .measure.utilization import UtilizationSampler
 from .models import count_parameters, get_model, model_info
 from .outputs import OutputDir, safe_name
-from .results.records import CaseRecord, CheckSummary, Structure
-from .results.structure import structure_of
+from .results.records import CaseRecord, CheckSummary
 from .run_spec import ResolvedCase, RunOptions, RunSpec
 from .runtime.context import current
 from .runtime.pool import RankError, RankFailure
@@ -525,19 +524,17 @@ class CaseRunner:
         elif isinstance(measured, Timed):
             rec.metrics, rec.describe = measured.metrics, measured.describe
             bad = rec.metrics.nonfinite_loss
-            if bad and rec.verdict != "error":
+            if bad is not None and rec.verdict != "error":
                 rec.verdict = "fail"
-                rec.error = (f"non-finite loss at step {bad['step']} of the timed windows on rank {bad['rank']}")
-            differs = rc.case.observed_unmet(rc.plan, rec.describe)  # the case did what its name says?
+                rec.error = (f"non-finite loss at step {bad.step} of the timed windows on rank {bad.rank}")
+            differs = rc.case.observed_unmet(rc.plan, rec.describe.engine)  # the case did what its name says?
             if differs and rec.verdict != "error":
                 rec.verdict = "fail"
                 rec.error = (rec.error + "\n" if rec.error else "") + differs
         deterministic = (self.opts.backend in ("", "gloo") and not rc.config.straggler_ms
                          and rc.config.fusion_backend != "compile")
         if rec.status == "ok":
-            rec.structure = Structure.from_dict(
-                structure_of(rec.describe, rec.metrics, rec.check, deterministic=deterministic),
-                f"case {rc.case.name}", "structure.")
+            rec.structure = rec.derived_structure(deterministic=deterministic)
         return rec
 
     # ---- one model, then the whole selection ------------------------------------------------------

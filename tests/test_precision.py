@@ -138,9 +138,9 @@ def test_a_precision_change_is_structure_changed_for_compare_and_ab(pool2, tmp_p
             (rec,) = CaseRunner(pool2, 2, opts, metadata={"torch": "test", "gpu": {"available": False}},
                                 reporter=False).run_model([rc], lambda *a: None)
             assert rec.status == "ok", rec.error
-            assert rec.describe["precision"]["cudnn_benchmark"] is bool(extra)
+            assert rec.describe.precision is not None and rec.describe.precision.cudnn_benchmark is bool(extra)
             # the typed record keeps the set values; cudnn_version is None off CUDA, so absent here
-            assert set(PRECISION_KEYS) <= set(rec.describe["precision"]) <= set(PRECISION_KEYS) | {"cudnn_version"}
+            assert set(PRECISION_KEYS) <= set(rec.describe.precision.to_dict()) <= set(PRECISION_KEYS) | {"cudnn_version"}
             append_record(str(tmp_path / f"{side}.jsonl"), rec)
             records[side] = json.loads(rec.to_json())
     finally:

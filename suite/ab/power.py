@@ -61,7 +61,7 @@ def rate_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
             1.0 if k == n else float(beta.ppf(1 - a, k + 1, n - k)))
 
 
-def simulate(run: Run, sims: int, budget_s: float, seed: int, opts=None) -> dict:
+def simulate(run: Run, sims: int, budget_s: float, seed: int, opts: SeqOptions | None = None) -> dict:
     """Sequential comparisons drawn from one run's blocks: verdict counts and blocks to a verdict."""
     opts = opts or SeqOptions()
     rng = np.random.default_rng(seed)
@@ -166,7 +166,7 @@ def effect_scale(runs: list[Run]) -> float:
     return sum(x * y for x, y in slowed) / den if den > 0 else 1.0
 
 
-def simulate_level(runs: list[Run], sims: int, budget_s: float, seed: int, tau: float, opts=None,
+def simulate_level(runs: list[Run], sims: int, budget_s: float, seed: int, tau: float, opts: SeqOptions | None = None,
                    rotate: int = 0, scale: float | None = None, tau_process: float = 0.0,
                    fresh: str = "servers", servers_every: int = 0) -> dict:
     """Sequential comparisons of one level, each with its own biases: a process part ~ N(0, tau_process^2) and
