@@ -63,7 +63,8 @@ def test_every_metric_the_summary_and_the_runner_write_is_a_metric_name():
     assert written["prepared"].workload is not None
     rec = runner.record(_rc("mlp/overlap"), None, measured["overlap"])
     assert isinstance(rec.metrics, Metrics) and rec.metrics.comm_calls_per_step == {"world/all_reduce": 2.0}
-    assert rec.describe.engine["strategy"] == "overlap" and rec.structure.comm_calls_per_step == {"world/all_reduce": 2.0}
+    assert rec.describe.engine["strategy"] == "overlap"
+    assert rec.structure.comm_calls_per_step == {"world/all_reduce": 2.0}
 
 
 def test_the_registry_uses_the_one_list():

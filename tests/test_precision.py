@@ -140,7 +140,8 @@ def test_a_precision_change_is_structure_changed_for_compare_and_ab(pool2, tmp_p
             assert rec.status == "ok", rec.error
             assert rec.describe.precision is not None and rec.describe.precision.cudnn_benchmark is bool(extra)
             # the typed record keeps the set values; cudnn_version is None off CUDA, so absent here
-            assert set(PRECISION_KEYS) <= set(rec.describe.precision.to_dict()) <= set(PRECISION_KEYS) | {"cudnn_version"}
+            reported = set(rec.describe.precision.to_dict())
+            assert set(PRECISION_KEYS) <= reported <= set(PRECISION_KEYS) | {"cudnn_version"}
             append_record(str(tmp_path / f"{side}.jsonl"), rec)
             records[side] = json.loads(rec.to_json())
     finally:

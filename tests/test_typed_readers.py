@@ -71,9 +71,9 @@ def test_a_part_has_no_mapping_reads_a_name_it_lacks_is_an_error(part):
     for name in ("get", "keys", "items", "values", "__getitem__", "__iter__", "__contains__"):
         assert not hasattr(obj, name), (part.__name__, name)
     with pytest.raises(TypeError):
-        obj["speedup"]  # noqa: B018 - the read itself is the test
+        obj["speedup"]  # the read itself is the test
     with pytest.raises(AttributeError):
-        obj.speedupp  # noqa: B018
+        obj.speedupp  # noqa: B018 - the read itself is the test
     assert isinstance(obj.to_dict(), dict)
 
 
@@ -283,7 +283,8 @@ def test_compare_reads_records_and_pytest_benchmark_files_into_case_records(tmp_
     rec = side.cases["mlp/plain@2"]
     assert isinstance(rec, CaseRecord) and side.where["mlp/plain@2"] == f"{OLD_RECORDS}:2"
     k = rec.metrics.steps_per_window
-    assert k and windows(rec) == [w / k for w in rec.metrics.window_s or []] and samples(rec) == rec.metrics.step_times_s
+    assert k and windows(rec) == [w / k for w in rec.metrics.window_s or []]
+    assert samples(rec) == rec.metrics.step_times_s
     bench = tmp_path / "b.json"
     bench.write_text(json.dumps({"machine_info": {}, "benchmarks": [
         {"name": "test_step[mlp/plain@2]", "stats": {"data": [0.1, 0.2]},
@@ -322,10 +323,9 @@ def test_the_trial_answers_are_typed_and_keep_their_keys_on_the_wire():
 
 def test_ab_refuses_a_trial_answer_that_is_not_one():
     from suite.ab.client import TrialError
+    from suite.ab.stats import SeqOptions
     from suite.ab.trials import Side, _prepare
     from tests.test_ab import _ab_spec, _FakeServer
-
-    from suite.ab.stats import SeqOptions
 
     class Server(_FakeServer):
         def request(self, op, **fields):
