@@ -270,6 +270,7 @@ def test_compute_fusion_is_labelled_eager_composition_on_cuda_in_the_record_and_
     from suite.config import StrategyConfig
     from suite.models import get_model
     from suite.report.page import _row, _table
+    from suite.results.records import Metrics
     from suite.runtime import context
 
     spec = get_model("resnet", "tiny")
@@ -288,7 +289,7 @@ def test_compute_fusion_is_labelled_eager_composition_on_cuda_in_the_record_and_
     assert on_cpu["kernels"] == "eager composition" and "on CPU" in on_cpu["kernels_note"]
 
     def record(device, fusion):
-        return types.SimpleNamespace(case="resnet/compute_fusion", world_size=8, verdict="pass", metrics={},
+        return types.SimpleNamespace(case="resnet/compute_fusion", world_size=8, verdict="pass", metrics=Metrics(),
                                      device=device, describe=types.SimpleNamespace(engine={"compute_fusion": fusion}))
 
     gpu, cpu = record("cuda (NVIDIA H100 80GB HBM3)", report), record("cpu", on_cpu)

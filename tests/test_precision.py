@@ -111,7 +111,8 @@ def test_ranks_that_report_different_precision_make_the_case_an_error():
 
     same = {"cudnn_benchmark": False, "cudnn_version": 90100}
     out = summarize(_answers([same, dict(same)]), ["plain"], 8, 2, 2)
-    assert dict(out["plain"].describe.precision) == same
+    precision = out["plain"].describe.precision
+    assert precision is not None and precision.to_dict() == same
     with pytest.raises(ValueError, match=r"plain: the ranks report different precision settings.*1: \{'cudnn_benchmark'"
                                          r": True"):
         summarize(_answers([same, dict(same, cudnn_benchmark=True)]), ["plain"], 8, 2, 2)
