@@ -18,7 +18,10 @@ appended records):
   fsync; a short write (a full disk) is cut back, so the file keeps every earlier line and nothing of this one;
 - files are created mode 0644 (less what the umask takes), directories 0755;
 - **an input where a file is expected is a regular file of bounded size** (:func:`open_input`): opened
-  without blocking, so a FIFO or a device is refused by its type, never read (nothing hangs);
+  without blocking, so a FIFO or a device is refused by its type, never read (nothing hangs); JSON read from
+  one is bounded too (:func:`loads_bounded`: its nesting, its integers), its faults said in words
+  (:func:`json_problem`);
+- **a name the suite turns into a path is one safe component** (:func:`name_problem`, :func:`safe_name`);
 - **a command whose standard output is its result keeps it for the result alone** (:func:`claimed_stdout`):
   ranks, NCCL (whose banner and warnings go to stdout) and libraries write to stderr instead.
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import secrets
 import stat
@@ -36,8 +40,11 @@ import sys
 from collections.abc import Iterator
 from typing import IO, Any
 
+from .validate import show
+
 __all__ = ["OutputError", "InputError", "ShortWrite", "OutputDir", "write_atomic", "append_whole", "output_problem",
-           "open_input", "read_input", "file_kind", "safe_name", "claimed_stdout", "FILE_MODE", "DIR_MODE"]
+           "open_input", "read_input", "file_kind", "safe_name", "name_problem", "NAME_CHARS", "loads_bounded",
+           "json_problem", "MAX_DEPTH", "claimed_stdout", "FILE_MODE", "DIR_MODE"]
 
 FILE_MODE = 0o644  # files written (the umask applies, as it does to open())
 DIR_MODE = 0o755
@@ -81,12 +88,28 @@ def _shown(path: str) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
+NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-:@+")
+
+
+def _is_name(value: Any) -> bool:
+    return isinstance(value, str) and 1 <= len(value) <= 128 and not value.startswith(".") \
+        and set(value) <= NAME_CHARS
+
+
+def name_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be one component of a file name the suite builds (a run id, a case name
+    with its '/' replaced): None when it is 1-128 characters of letters, digits and ``._-:@+``, not
+    starting with '.'; a name is never a path."""
+    if not _is_name(value):
+        return (f"{show(value)} is not a name: expected 1-128 letters, digits and . _ - : @ +, not starting "
+                f"with '.'")
+    return None
+
+
 def safe_name(value: Any, what: str = "name") -> str:
-    """``value`` if it is one safe path component (1-128 letters, digits and ``._-:@+``, not starting with '.');
-    else an :class:`OutputError` naming ``what``: a name the suite turns into a path is never a path."""
-    allowed = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-:@+")
-    if not isinstance(value, str) or not 1 <= len(value) <= 128 or value.startswith(".") \
-            or not set(value) <= allowed:
+    """``value`` if it is one safe path component (:func:`name_problem`'s rule); else an :class:`OutputError`
+    naming ``what``: a name the suite turns into a path is never a path."""
+    if not _is_name(value):
         raise OutputError(f"{what} {_shown(repr(value))} is not a name: expected 1-128 letters, digits and "
                           f". _ - : @ +, not starting with '.' (a name becomes one path component)")
     return value
@@ -489,6 +512,40 @@ def read_input(path: str, what: str = "file", limit: int = MAX_INPUT_BYTES) -> s
     except UnicodeDecodeError as exc:
         raise InputError(f"{_shown(path)}: not UTF-8 text ({exc.reason} at byte {exc.start}); expected a "
                          f"{what}") from None
+
+
+MAX_DEPTH = 64  # nesting of a JSON input (a record nests 5 deep)
+
+
+def json_problem(exc: json.JSONDecodeError, line: bool = False) -> str:
+    """What the JSON decoder found and where, in words: "Unterminated string starting at column 294" (its
+    message ends in "at" for some errors: not "starting at at column")."""
+    msg = exc.msg[:-3] if exc.msg.endswith(" at") else exc.msg
+    return f"{msg} at " + (f"line {exc.lineno}, " if line else "") + f"column {exc.colno}"
+
+
+def loads_bounded(text: str | bytes, where: str, what: str = "fleetbench record") -> Any:
+    """``json.loads`` with its failures as :class:`InputError` naming ``where``: invalid JSON, nesting deeper than
+    :data:`MAX_DEPTH`, an integer of more digits than Python converts (``what``: what the text was meant to be)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        hint = " (truncated: the file ends mid-record)" if not str(text).endswith("\n") else ""
+        raise InputError(f"{where}: not valid JSON{hint}: {json_problem(exc)}") from None
+    except RecursionError:
+        raise InputError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels; not a {what}") from None
+    except ValueError as exc:  # an integer beyond sys.get_int_max_str_digits()
+        raise InputError(f"{where}: not usable JSON ({exc})") from None
+    todo = [(data, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            raise InputError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels; not a {what}")
+        if isinstance(value, dict):
+            todo += [(v, depth + 1) for v in value.values()]
+        elif isinstance(value, list):
+            todo += [(v, depth + 1) for v in value if isinstance(v, (dict, list))]
+    return data
 
 
 @contextlib.contextmanager

@@ -47,14 +47,13 @@ from .comm.agree import MISMATCH
 from .config import StrategyConfig
 from .measure.metadata import collect
 from .measure.summary import COMPUTE_ONLY, Timed, summarize
+from .measure.timeline import chrome_trace
 from .measure.timing import drop_case, prepare_case, prepared_result, rebuild_on_rank, run_window, time_on_rank
 from .measure.trace import trace_on_rank
 from .measure.utilization import UtilizationSampler
 from .models import count_parameters, get_model, model_info
 from .outputs import OutputDir, safe_name
-from .report.trace import chrome_trace
-from .results.records import CaseRecord, CheckSummary, Structure
-from .results.structure import structure_of
+from .results.records import CaseRecord, CheckSummary
 from .run_spec import ResolvedCase, RunOptions, RunSpec
 from .runtime.context import current
 from .runtime.pool import RankError, RankFailure
@@ -570,19 +569,17 @@ class CaseRunner:
         elif isinstance(measured, Timed):
             rec.metrics, rec.describe = measured.metrics, measured.describe
             bad = rec.metrics.nonfinite_loss
-            if bad and rec.verdict != "error":
+            if bad is not None and rec.verdict != "error":
                 rec.verdict = "fail"
-                rec.error = (f"non-finite loss at step {bad['step']} of the timed windows on rank {bad['rank']}")
-            differs = rc.case.observed_unmet(rc.plan, rec.describe)  # the case did what its name says?
+                rec.error = (f"non-finite loss at step {bad.step} of the timed windows on rank {bad.rank}")
+            differs = rc.case.observed_unmet(rc.plan, rec.describe.engine)  # the case did what its name says?
             if differs and rec.verdict != "error":
                 rec.verdict = "fail"
                 rec.error = (rec.error + "\n" if rec.error else "") + differs
         deterministic = (self.opts.backend in ("", "gloo") and not rc.config.straggler_ms
                          and rc.config.fusion_backend != "compile")
         if rec.status == "ok":
-            rec.structure = Structure.from_dict(
-                structure_of(rec.describe, rec.metrics, rec.check, deterministic=deterministic),
-                f"case {rc.case.name}", "structure.")
+            rec.structure = rec.derived_structure(deterministic=deterministic)
         return rec
 
     # ---- one model, then the whole selection ------------------------------------------------------
@@ -664,7 +661,7 @@ class CaseRunner:
     def trace(self, rc: ResolvedCase, rec: CaseRecord) -> None:
         """A few traced steps of the case on every rank, written into ``traces/RUN_ID/CASE@WORLD/`` (the record's
         ``trace_file``): each rank's torch.profiler trace (``rank<R>.pt.trace.json``, gzipped over
-        :data:`GZIP_TRACE_OVER` bytes) and ``timeline.json``, every rank on one clock (``suite.report.trace``)."""
+        :data:`GZIP_TRACE_OVER` bytes) and ``timeline.json``, every rank on one clock (``suite.measure.timeline``)."""
         t0 = time.perf_counter()
         try:
             answers = self.launcher.run(trace_on_rank, dict(workload_spec=self.workload_spec(rc.case),

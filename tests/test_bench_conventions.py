@@ -16,7 +16,7 @@ import pytest
 
 from suite.cases import SMOKE, select_cases
 from suite.cli.main import build_parser
-from suite.results.load import load_side
+from suite.results.load import load_side, windows
 from suite.results.records import ResultsFileError
 from tests.clitools import nested_pytest_env
 
@@ -95,7 +95,7 @@ def test_saved_json_has_plain_params_short_groups_and_a_round_of_one_step(tmp_pa
     # fleetbench compare reads the file: its windows are the rounds, per step
     side = load_side(str(out))
     for case, b in benches.items():
-        assert side.cases[f"{case}@2"].windows == pytest.approx(b["stats"]["data"], rel=1e-9, abs=1e-12)
+        assert windows(side.cases[f"{case}@2"]) == pytest.approx(b["stats"]["data"], rel=1e-9, abs=1e-12)
 
 
 def _bench_file(path, extra: dict, data: list) -> str:
@@ -106,19 +106,19 @@ def _bench_file(path, extra: dict, data: list) -> str:
 
 
 def test_compare_reads_per_step_files_and_the_older_per_round_ones(tmp_path):
-    windows = [0.50, 0.55, 0.60]  # the slowest rank's window of 5 steps, seconds
+    ranks = [0.50, 0.55, 0.60]  # the slowest rank's window of 5 steps, seconds
     per_step = [0.10, 0.11, 0.12]
     # now: a round is one step; window_s and steps_per_window beside it
-    new = _bench_file(tmp_path / "new.json", {"steps_per_window": 5, "window_s": windows}, per_step)
+    new = _bench_file(tmp_path / "new.json", {"steps_per_window": 5, "window_s": ranks}, per_step)
     # now, without window_s (another tool's or a trimmed file): the rounds are the per-step samples as they are
     new_bare = _bench_file(tmp_path / "new_bare.json", {"steps_per_window": 5}, per_step)
     # before: a round was a window of steps_per_round steps plus the round trip (0.2 s here); the ranks' own
     # windows in window_s, or only the rounds
-    old = _bench_file(tmp_path / "old.json", {"steps_per_round": 5, "window_s": windows, "round_trip_s": [0.2] * 3},
-                      [w + 0.2 for w in windows])
-    old_bare = _bench_file(tmp_path / "old_bare.json", {"steps_per_round": 5}, windows)
+    old = _bench_file(tmp_path / "old.json", {"steps_per_round": 5, "window_s": ranks, "round_trip_s": [0.2] * 3},
+                      [w + 0.2 for w in ranks])
+    old_bare = _bench_file(tmp_path / "old_bare.json", {"steps_per_round": 5}, ranks)
     for path in (new, new_bare, old, old_bare):
-        assert load_side(path).cases["mlp/plain@2"].windows == pytest.approx(per_step), path
+        assert windows(load_side(path).cases["mlp/plain@2"]) == pytest.approx(per_step), path
     bad = _bench_file(tmp_path / "bad.json", {"steps_per_window": 0}, per_step)
     with pytest.raises(ResultsFileError, match="extra_info.steps_per_window is 0"):
         load_side(bad)

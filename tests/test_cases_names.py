@@ -122,7 +122,7 @@ def test_an_engine_that_differs_from_its_plan_fails_the_case():
     rc = _at(2, "mlp/overlap")["mlp/overlap"]
     built = [{"params": 2, "layers": 1, "bytes": 1, "comm": 0}] * 4
     ok = _record(rc, {"strategy": "bucketed", "allreduce_ops": 4, "buckets": built, "launched_in_backward": 3})
-    assert ok.verdict != "fail" and ok.structure["launched_in_backward"] == 3
+    assert ok.verdict != "fail" and ok.structure.launched_in_backward == 3
     late = _record(rc, {"strategy": "bucketed", "allreduce_ops": 4, "buckets": built, "launched_in_backward": 0})
     assert late.verdict == "fail" and "no bucket was launched before backward ended" in late.error, late.error
     fewer = _record(rc, {"strategy": "bucketed", "allreduce_ops": 2, "buckets": built[:2], "launched_in_backward": 1})
@@ -174,11 +174,11 @@ def test_the_ranks_launch_buckets_before_backward_ends_as_planned(pool2, launch)
     got = {r.case: r for r in records}
     for name in ("mlp/overlap", "mlp/multicomm"):
         rec = got[name]
-        assert rec.describe["allreduce_ops"] == 4 and len(rec.describe["buckets"]) == 4
+        assert rec.describe.engine["allreduce_ops"] == 4 and len(rec.describe.engine["buckets"]) == 4
         if launch == "as planned":
-            assert rec.verdict != "fail" and rec.describe["launched_in_backward"] >= 1, (rec.verdict, rec.error)
+            assert rec.verdict != "fail" and rec.describe.engine["launched_in_backward"] >= 1, (rec.verdict, rec.error)
         else:
-            assert rec.describe["launched_in_backward"] == 0
+            assert rec.describe.engine["launched_in_backward"] == 0
             assert rec.verdict == "fail" and "no bucket was launched before backward ended" in rec.error
 
 

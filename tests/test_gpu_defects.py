@@ -105,7 +105,7 @@ def test_collective_spans_say_what_their_start_marks():
     which is not reachable from Python and waits for the calling stream at launch. The span and the trace say
     which, rather than passing the mark off as the kernel's start."""
     from suite.comm import collectives as C
-    from suite.report.trace import chrome_trace
+    from suite.measure.timeline import chrome_trace
 
     C.STATS.record_spans(True)
     try:
@@ -212,6 +212,7 @@ def test_compute_fusion_is_labelled_eager_composition_on_cuda_in_the_record_and_
     from suite.config import StrategyConfig
     from suite.models import get_model
     from suite.report.page import _row, _table
+    from suite.results.records import Metrics
     from suite.runtime import context
 
     spec = get_model("resnet", "tiny")
@@ -230,7 +231,7 @@ def test_compute_fusion_is_labelled_eager_composition_on_cuda_in_the_record_and_
     assert on_cpu["kernels"] == "eager composition" and "on CPU" in on_cpu["kernels_note"]
 
     def record(device, fusion):
-        return types.SimpleNamespace(case="resnet/compute_fusion", world_size=8, verdict="pass", metrics={},
+        return types.SimpleNamespace(case="resnet/compute_fusion", world_size=8, verdict="pass", metrics=Metrics(),
                                      device=device, describe=types.SimpleNamespace(engine={"compute_fusion": fusion}))
 
     gpu, cpu = record("cuda (NVIDIA H100 80GB HBM3)", report), record("cpu", on_cpu)

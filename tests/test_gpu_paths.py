@@ -572,7 +572,7 @@ def test_emulated_cluster_ranks_see_no_gpu_and_cuda_is_refused():
 
 # -- traces: overlapping collectives are async events ------------------------------------------------------
 def test_trace_draws_overlapping_collectives_as_async_begin_end_pairs():
-    from suite.report.trace import chrome_trace
+    from suite.measure.timeline import chrome_trace
 
     step = {"t0": 1.0, "t1": 1.1, "forward": [1.0, 1.02], "grads": [("w", 1.05), ("b", 1.06)],
             "comm": [{"op": "all_reduce", "group": "comm0", "nbytes": 64, "t0": 1.050, "t1": 1.090},

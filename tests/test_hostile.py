@@ -102,7 +102,7 @@ def test_report_refuses_a_hard_linked_trace(tmp_path, capsys):
     assert "hard links" in capsys.readouterr().err
 
 
-def test_runner_trace_is_not_written_through_a_planted_symlink(tmp_path):
+def test_runner_trace_is_not_written_through_a_planted_symlink(tmp_path, monkeypatch):
     from suite.run_spec import ResolvedCase, RunOptions
     from suite.runner import CaseRunner
 
@@ -121,16 +121,12 @@ def test_runner_trace_is_not_written_through_a_planted_symlink(tmp_path):
     from suite.config import StrategyConfig
 
     case = next(c for c in CASES if c.name == "mlp/plain")
-    import suite.report.trace
+    import suite.runner
 
-    orig = suite.report.trace.chrome_trace
-    suite.report.trace.chrome_trace = lambda answers, title="": {"traceEvents": []}
-    try:
-        runner.trace(ResolvedCase(case, StrategyConfig.from_dict(case.config), None), rec)
-    finally:
-        suite.report.trace.chrome_trace = orig
-    assert os.listdir(outside) == [] and "trace_file" not in rec.metrics
-    assert "outside" in rec.metrics["trace_error"]
+    monkeypatch.setattr(suite.runner, "chrome_trace", lambda answers, title="": {"traceEvents": []})
+    runner.trace(ResolvedCase(case, StrategyConfig.from_dict(case.config), None), rec)
+    assert os.listdir(outside) == [] and rec.metrics.trace_file is None
+    assert rec.metrics.trace_error is not None and "outside" in rec.metrics.trace_error
 
 
 def test_report_out_refuses_a_users_directory_a_file_and_the_results_directory(tmp_path, capsys):
@@ -166,7 +162,8 @@ def test_report_with_two_results_files_keeps_their_traces_apart(tmp_path, capsys
 
 # ---- 2. appends all or nothing; every write target checked first; SIGINT ------------------------
 def test_a_short_write_leaves_the_results_file_whole(tmp_path, monkeypatch):
-    from suite.results.records import ShortWrite, append_record, read_records
+    from suite.outputs import ShortWrite
+    from suite.results.records import append_record, read_records
 
     path = tmp_path / "runs.jsonl"
     append_record(str(path), _record(case="mlp/first"))
@@ -182,6 +179,7 @@ def test_a_short_write_leaves_the_results_file_whole(tmp_path, monkeypatch):
 
 def test_a_failed_append_goes_to_a_fallback_file_and_says_so(tmp_path, monkeypatch, capsys):
     from suite.cli import run
+    from suite.outputs import ShortWrite
     from suite.results import records
     from suite.results.records import read_records
 
@@ -190,7 +188,7 @@ def test_a_failed_append_goes_to_a_fallback_file_and_says_so(tmp_path, monkeypat
 
     def full(target, rec):
         if target == path:
-            raise records.ShortWrite(28, "only 10 of 900 bytes written")
+            raise ShortWrite(28, "only 10 of 900 bytes written")
         real(target, rec)
 
     monkeypatch.setattr(records, "append_record", full)

@@ -129,7 +129,7 @@ def test_doctor_items_pass_fail_and_not_applicable(monkeypatch, tmp_path, capsys
 
 def test_ab_comparisons_failure_error_inconclusive_and_same(monkeypatch, tmp_path, capsys):
     from suite.ab import trials
-    from suite.ab.trials import AbReport, CaseOutcome
+    from suite.ab.trials import AbReport, CaseOutcome, NotCompared
     from suite.cli import ab as ab_cli
 
     report = AbReport({"commit": "b" * 40}, {"commit": "h" * 40}, {}, cases=[
@@ -138,7 +138,7 @@ def test_ab_comparisons_failure_error_inconclusive_and_same(monkeypatch, tmp_pat
         CaseOutcome("mlp/overlap", 2, verdict="inconclusive", summary="HEAD/BASE 1.004 [0.98, 1.03] (12 blocks)"),
         CaseOutcome("mlp/fused", 2, verdict="error", status="error", error="BASE: rank 1 died"),
         CaseOutcome("mlp/amp", 2, verdict="same", summary="same within ±2%")],
-        only=[{"case": "mlp/new", "why": "on HEAD only"}])
+        only=[NotCompared("mlp/new", "on HEAD only")])
     monkeypatch.setattr(trials, "run_ab", lambda *a, **k: report)
     monkeypatch.setattr(ab_cli, "identical", lambda repo, base, head: None)  # git: this checkout may not be clean
     xml = tmp_path / "ab.xml"

@@ -8,23 +8,25 @@ import math
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
 from suite.measure.utilization import BUSY, BUSY_SHARE, busy_reason, others_cpu
+from suite.results.records import Metrics
 
 
 def test_the_busy_rule_reads_others_share_and_the_load_against_the_cores():
-    quiet = {"others_cpu_share": 0.04, "load_avg_start": 1.2, "load_avg_end": 1.9, "cpu_cores": 2}
+    quiet = Metrics(others_cpu_share=0.04, load_avg_start=1.2, load_avg_end=1.9, cpu_cores=2)
     assert busy_reason(quiet) is None
-    assert busy_reason({}) is None  # an older record: nothing recorded, nothing claimed
-    others = busy_reason(dict(quiet, others_cpu_share=0.25))
+    assert busy_reason(Metrics()) is None  # an older record: nothing recorded, nothing claimed
+    others = busy_reason(replace(quiet, others_cpu_share=0.25))
     assert others == f"{BUSY} (other processes took 25% of the CPU during the windows (over 10%))", others
-    assert busy_reason(dict(quiet, load_avg_end=2.9)) is None  # the run's own ranks and parent: within the margin
-    load = busy_reason(dict(quiet, load_avg_end=3.2))
+    assert busy_reason(replace(quiet, load_avg_end=2.9)) is None  # the run's own ranks and parent: within the margin
+    load = busy_reason(replace(quiet, load_avg_end=3.2))
     assert load == f"{BUSY} (load average 3.2 above the 2 cores by more than 1)", load
-    assert busy_reason(dict(quiet, others_cpu_share=BUSY_SHARE)) is None  # "over" the share, not at it
-    assert busy_reason(dict(quiet, others_cpu_share=math.nan)) is None
+    assert busy_reason(replace(quiet, others_cpu_share=BUSY_SHARE)) is None  # "over" the share, not at it
+    assert busy_reason(replace(quiet, others_cpu_share=math.nan)) is None
     # others = the machine's busy CPU time less the ranks' own on that machine (a rank elsewhere is not counted),
     # over the machine's whole CPU time; ticks against nanoseconds never make it negative
     ranks = [{"cpu_s": 0.9, "host_busy_s": 2.5, "host_total_s": 4.0, "host": "a"},
@@ -64,9 +66,11 @@ def test_a_cpu_bound_process_beside_a_case_is_in_its_record_and_every_view_says_
     m = rec.metrics
     assert rec.status == "ok", rec.error
     for name in ("load_avg_start", "load_avg_end", "others_cpu_s", "others_cpu_share"):
-        assert isinstance(m.get(name), float) and math.isfinite(m[name]) and m[name] >= 0, (name, dict(m))
-    assert m["cpu_cores"] == os.cpu_count()
-    assert m["others_cpu_share"] > BUSY_SHARE and m["others_cpu_s"] > 0, dict(m)  # a spinning process's core
+        value = getattr(m, name)
+        assert isinstance(value, float) and math.isfinite(value) and value >= 0, (name, m.to_dict())
+    assert m.cpu_cores == os.cpu_count()
+    assert m.others_cpu_share is not None and m.others_cpu_share > BUSY_SHARE, m.to_dict()  # a spinning process's core
+    assert m.others_cpu_s is not None and m.others_cpu_s > 0, m.to_dict()
     assert busy_reason(m).startswith(BUSY + " (other processes took"), busy_reason(m)
     line = busy_summary(records)
     assert line is not None and line.startswith(f"{BUSY} for 1 of 1 timed case(s): other processes took"), line
@@ -74,7 +78,7 @@ def test_a_cpu_bound_process_beside_a_case_is_in_its_record_and_every_view_says_
     path = tmp_path / "runs.jsonl"
     append_record(str(path), rec)
     (again,) = load_side(str(path)).records
-    assert again.metrics["others_cpu_share"] == pytest.approx(m["others_cpu_share"])
+    assert again.metrics.others_cpu_share == pytest.approx(m.others_cpu_share)
     other = tmp_path / "other.jsonl"
     append_record(str(other), rec)
     cmp = compare_sides(load_side(str(path)), load_side(str(other)))

@@ -45,17 +45,19 @@ def test_records_carry_utilization_memory_and_busbw(real_run):
     by = {r.case: r for r in real_run["records"]}
     assert set(by) == {"mlp/plain", "mlp/none"}
     for r in by.values():
-        util = r.metrics["utilization"]
+        util = r.metrics.utilization
+        assert util is not None
         assert util["n"] >= 1 and 0 <= util["cpu_util_pct"]["median"] <= 100, util
         assert any("GPU utilization unavailable" in u for u in util["unavailable"])
         # the window's peak above its start (platform.memory_window; tested on a known allocation in test_platform)
-        assert r.metrics["peak_memory_kind"] in ("process_rss", "process_rss_lifetime_peak")
-        assert isinstance(r.metrics["peak_memory_bytes"], int) and r.metrics["peak_memory_bytes"] >= 0
-        assert len(r.metrics["step_times_s"]) == 2 * 2 * 2  # rounds x steps x ranks
+        assert r.metrics.peak_memory_kind in ("process_rss", "process_rss_lifetime_peak")
+        assert isinstance(r.metrics.peak_memory_bytes, int) and r.metrics.peak_memory_bytes >= 0
+        assert len(r.metrics.step_times_s or []) == 2 * 2 * 2  # rounds x steps x ranks
     plain = by["mlp/plain"].metrics
-    assert plain["exposed_comm_s"] == plain["step_time_s"]["median"] - plain["compute_s"]
-    if plain["exposed_comm_s"] > 0:
-        assert math.isfinite(plain["busbw_GBps"]) and plain["busbw_GBps"] > 0
+    assert plain.step_time_s is not None and plain.exposed_comm_s is not None and plain.compute_s is not None
+    assert plain.exposed_comm_s == plain.step_time_s.median - plain.compute_s
+    if plain.exposed_comm_s > 0:
+        assert plain.busbw_GBps is not None and math.isfinite(plain.busbw_GBps) and plain.busbw_GBps > 0
 
 
 def test_report_plots_hold_the_runs_data(real_run):
@@ -65,17 +67,17 @@ def test_report_plots_hold_the_runs_data(real_run):
     recs = F.latest(real_run["records"])
     fig = F.throughput_figure(recs, 2)  # one horizontal bar per case
     lengths = sorted(p.get_width() for p in fig.axes[0].patches)
-    assert lengths == pytest.approx(sorted(r.metrics["samples_per_s"] for r in recs.values()))
+    assert lengths == pytest.approx(sorted(r.metrics.samples_per_s for r in recs.values()))
     fig = F.breakdown_figure(recs, 2)
     stacks: dict = {}
     for p in fig.axes[0].patches:
         stacks[round(p.get_y(), 6)] = stacks.get(round(p.get_y(), 6), 0.0) + p.get_width()
     # compute (the none case's step, capped at the case's) + exposed communication = the case's median step
-    expected = sorted(1e3 * r.metrics["step_time_s"]["median"] for r in recs.values())
+    expected = sorted(1e3 * r.metrics.step_time_s.median for r in recs.values())
     assert sorted(stacks.values()) == pytest.approx(expected)
     fig = F.speedup_figure(recs, "mlp")  # plain is the baseline (1 by definition): only none's dot is drawn
     dots = [ln.get_xdata()[0] for ln in fig.axes[0].lines if ln.get_gid() in ("resolved", "unresolved")]
-    assert dots == pytest.approx([recs[("mlp/none", 2)].metrics["speedup"]])
+    assert dots == pytest.approx([recs[("mlp/none", 2)].metrics.speedup])
 
     out = str(real_run["out"] / "report")
     data = build_report(real_run["records"], out, os.path.dirname(real_run["results"]))
@@ -85,7 +87,7 @@ def test_report_plots_hold_the_runs_data(real_run):
         assert svg_size(os.path.join(out, name))[0] <= 1400
     assert {"throughput_w2.svg", "breakdown_w2.svg", data["models"]["mlp"]["speedup_plot"]} <= set(data["plots"])
     assert "scaling.svg" not in data["plots"]  # one world size: no scaling chart
-    assert data["cases"]["mlp/plain@2"]["samples_per_s"] == recs[("mlp/plain", 2)].metrics["samples_per_s"]
+    assert data["cases"]["mlp/plain@2"]["samples_per_s"] == recs[("mlp/plain", 2)].metrics.samples_per_s
     assert "mlp/plain" in open(os.path.join(out, "summary.md")).read()
     # each case's directory: its timeline and one torch.profiler trace per rank
     assert sorted(os.path.basename(t) for t in data["traces"]) == \
@@ -99,7 +101,7 @@ def test_report_plots_hold_the_runs_data(real_run):
 
 def test_trace_has_compute_and_one_allreduce_span_per_bucket_per_step_on_every_rank(real_run):
     rec = {r.case: r for r in real_run["records"]}["mlp/plain"]
-    path = os.path.join(os.path.dirname(real_run["results"]), rec.metrics["trace_file"], "timeline.json")
+    path = os.path.join(os.path.dirname(real_run["results"]), rec.metrics.trace_file, "timeline.json")
     trace = json.load(open(path))
     events = trace["traceEvents"]
     lo, hi = (t * 1e6 for t in real_run["window"])
@@ -121,7 +123,7 @@ def test_trace_has_compute_and_one_allreduce_span_per_bucket_per_step_on_every_r
             assert all(e["tid"] != 0 for e in allreduce)  # on the communicator's track, not compute's
             assert len([e for e in at if e["cat"] == "bucket"]) == MLP_PARAMS
     none = {r.case: r for r in real_run["records"]}["mlp/none"]
-    t_none = json.load(open(os.path.join(os.path.dirname(real_run["results"]), none.metrics["trace_file"],
+    t_none = json.load(open(os.path.join(os.path.dirname(real_run["results"]), none.metrics.trace_file,
                                          "timeline.json")))
     assert not [e for e in t_none["traceEvents"] if e.get("name") == "all_reduce"]
 

@@ -111,7 +111,8 @@ def test_ranks_that_report_different_precision_make_the_case_an_error():
 
     same = {"cudnn_benchmark": False, "cudnn_version": 90100}
     out = summarize(_answers([same, dict(same)]), ["plain"], 8, 2, 2)
-    assert dict(out["plain"].describe.precision) == same
+    precision = out["plain"].describe.precision
+    assert precision is not None and precision.to_dict() == same
     with pytest.raises(ValueError, match=r"plain: the ranks report different precision settings.*1: \{'cudnn_benchmark'"
                                          r": True"):
         summarize(_answers([same, dict(same, cudnn_benchmark=True)]), ["plain"], 8, 2, 2)
@@ -138,9 +139,10 @@ def test_a_precision_change_is_structure_changed_for_compare_and_ab(pool2, tmp_p
             (rec,) = CaseRunner(pool2, 2, opts, metadata={"torch": "test", "gpu": {"available": False}},
                                 reporter=False).run_model([rc], lambda *a: None)
             assert rec.status == "ok", rec.error
-            assert rec.describe["precision"]["cudnn_benchmark"] is bool(extra)
+            assert rec.describe.precision is not None and rec.describe.precision.cudnn_benchmark is bool(extra)
             # the typed record keeps the set values; cudnn_version is None off CUDA, so absent here
-            assert set(PRECISION_KEYS) <= set(rec.describe["precision"]) <= set(PRECISION_KEYS) | {"cudnn_version"}
+            reported = set(rec.describe.precision.to_dict())
+            assert set(PRECISION_KEYS) <= reported <= set(PRECISION_KEYS) | {"cudnn_version"}
             append_record(str(tmp_path / f"{side}.jsonl"), rec)
             records[side] = json.loads(rec.to_json())
     finally:

@@ -12,6 +12,8 @@ from suite.results.records import (
     Metrics,
     Precision,
     ResultsFileError,
+    Stat,
+    Structure,
     append_record,
     read_records,
 )
@@ -84,9 +86,9 @@ def test_schema_1_records_are_read_and_upgraded_in_memory(tmp_path):
     (rec,) = read_records(str(path))
     assert rec.schema_version == 1 and rec.size is None
     assert (rec.backend, rec.device) == ("gloo", "cpu")
-    assert rec.structure["allreduce_ops_before_fusion"] == 10 and rec.structure["allreduce_ops"] == 1
-    assert rec.structure["buckets"] == [{"params": 10, "bytes": 4096, "comm": 0}]
-    assert rec.structure["comm_calls_per_step"] == {"comm0/all_reduce": 1.0}
+    assert rec.structure.allreduce_ops_before_fusion == 10 and rec.structure.allreduce_ops == 1
+    assert rec.structure.buckets == [{"params": 10, "bytes": 4096, "comm": 0}]
+    assert rec.structure.comm_calls_per_step == {"comm0/all_reduce": 1.0}
     assert path.read_bytes() == before  # never rewritten
 
 
@@ -97,7 +99,7 @@ def test_new_records_carry_size_backend_device_and_structure(tmp_path):
     (rec,) = read_records(path)
     assert rec.schema_version == SCHEMA_VERSION
     assert (rec.size, rec.backend, rec.device, rec.structure, rec.fallback) == (
-        "cpu", "gloo", "cpu", {"allreduce_ops": 10}, "timed alone: rank 1 died")
+        "cpu", "gloo", "cpu", Structure(allreduce_ops=10), "timed alone: rank 1 died")
 
 
 WRONG_TYPES = [
@@ -178,10 +180,10 @@ def test_schema_2_records_are_read_typed(tmp_path):
     assert (m.samples_per_s, m.samples_per_s_ci, m.steps_per_window) == (812.5, [800.0, 830.0], 5)
     assert isinstance(m.peak_memory_bytes, int) and m.peak_memory_bytes == 123456789
     assert math.isnan(m.speedup) and all(math.isnan(x) for x in m.speedup_ci)  # numbers, not strings
-    assert m.step_time_s == {"n": 20, "median": 0.02} and isinstance(m.step_time_s["n"], int)
-    assert m.footprint_bytes is None and m.nonfinite_loss is None and "an_old_metric" not in m
-    assert rec.describe.precision is None and rec.describe["buckets"] == [{"params": 4, "bytes": 64, "comm": 0}]
-    assert rec.structure.allreduce_ops == 2 and "an_old_fact" not in rec.structure
+    assert m.step_time_s == Stat(n=20, median=0.02) and isinstance(m.step_time_s.n, int)  # the rest absent: None
+    assert m.footprint_bytes is None and m.nonfinite_loss is None and "an_old_metric" not in m.to_dict()
+    assert rec.describe.precision is None and rec.describe.engine["buckets"] == [{"params": 4, "bytes": 64, "comm": 0}]
+    assert rec.structure.allreduce_ops == 2 and "an_old_fact" not in rec.structure.to_dict()
     assert rec.check.reference == "DataParallelReference" and math.isinf(rec.check.param_error)
     assert path.read_bytes() == before  # never rewritten
 
@@ -198,12 +200,12 @@ def test_schema_3_carries_precision_footprint_and_not_run(tmp_path):
     append_record(path, CaseRecord("resnet/fusion", "resnet", 2, {}, "r", status="skipped", verdict="skipped",
                                    error="backend cpu (oneDNN) has no fused kernel for this op"))
     ran, not_run, skipped = read_records(path)
-    assert ran.describe.precision == Precision(**precision) and ran.describe["strategy"] == "plain"
+    assert ran.describe.precision == Precision(**precision) and ran.describe.engine["strategy"] == "plain"
     assert (ran.metrics.footprint_bytes, ran.metrics.peak_memory_bytes) == (4096, 512)
     assert json.loads(ran.to_json())["describe"]["precision"] == precision  # flat beside the engine's keys
     assert (not_run.status, not_run.error) == ("not_run", "the job's time ran out before this case")
     assert skipped.status == "skipped" and "oneDNN" in skipped.error
-    assert not not_run.metrics and "metrics" in json.loads(not_run.to_json())  # an empty object, not absent
+    assert not_run.metrics.empty and "metrics" in json.loads(not_run.to_json())  # an empty object, not absent
 
 
 def test_a_record_built_in_code_is_validated_too():

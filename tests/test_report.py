@@ -15,7 +15,7 @@ import pytest
 
 from suite.report import figures as F
 from suite.report.page import build_report, svg_size
-from suite.results.records import CaseRecord
+from suite.results.records import CaseRecord, Metrics
 
 META = {"git": {"commit": "0123456789abcdef0123456789abcdef01234567", "branch": "main", "dirty": True},
         "torch": "2.4.1+cpu", "cuda": None, "nccl": None, "python": "3.11.7", "host": "bench-host-7",
@@ -237,8 +237,8 @@ def test_busbw_only_where_it_is_a_bandwidth(report):
     shown, why = F.busbw_measurable(metrics)
     assert not shown and "latency" in why
     small = _metrics(31, 1.0, None, 30, {"world/all_reduce": 1.0}, MLP_BYTES)  # 1 ms exposed of 31
-    assert F.busbw_measurable(small) == (False, "exposed communication under 10% of the step")
-    assert F.busbw_measurable(_metrics(60, 1.0, None, 30, {"world/all_reduce": 10.0}, MLP_BYTES))[0]
+    assert F.busbw_measurable(Metrics.from_dict(small)) == (False, "exposed communication under 10% of the step")
+    assert F.busbw_measurable(Metrics.from_dict(_metrics(60, 1.0, None, 30, {"world/all_reduce": 10.0}, MLP_BYTES)))[0]
 
 
 def test_images_fit_a_1400_px_window_and_exist(report):
@@ -395,7 +395,7 @@ def test_a_strategy_that_changes_compute_shows_no_exposed_communication(tmp_path
 
 
 def num_step(recs, case) -> float:
-    return next(r.metrics["step_time_s"]["median"] for r in recs if r.case == case)
+    return next(r.metrics.step_time_s.median for r in recs if r.case == case and r.metrics.step_time_s is not None)
 
 
 def _lsgd(lsgd_ms: float, lsgd_loss: float, spread: float = 1.0) -> list[CaseRecord]:
@@ -690,12 +690,13 @@ def test_not_resolved_is_decided_as_fleetbench_runs_table_decides():
     for sp, ci, rounds in [(1.3, [1.1, 1.5], 6), (1.3, [1.1, 1.5], 5), (1.3, [1.1, 1.5], 12), (1.1, [0.9, 1.3], 6),
                            (0.7, [0.6, 1.0], 6), (0.7, [0.6, 0.8], 3), (1.2, [nan, nan], 1), (0.9, [0.8, 0.95], 6)]:
         cell = _speedup_cell(sp, ci, rounds=rounds)
-        why = F.speedup_unresolved({"speedup": sp, "speedup_ci": ci, "window_s": [0.1] * rounds})
+        why = F.speedup_unresolved(Metrics(speedup=sp, speedup_ci=ci, window_s=[0.1] * rounds))
         if why is None:
             assert "not resolved" not in cell and "no interval" not in cell, (sp, ci, rounds, cell)
         else:
             assert cell.endswith(why if why != "no interval" else "(no interval)"), (sp, ci, rounds, cell, why)
-    assert F.speedup_unresolved({"speedup": "nan"}) is None  # no speedup: nothing to resolve
+    assert F.speedup_unresolved(Metrics(speedup=nan)) is None  # no speedup: nothing to resolve
+    assert F.speedup_unresolved(Metrics()) is None  # none recorded: read as None, nothing to resolve
 
 
 def test_a_trend_per_case_with_several_runs_and_none_with_one(tmp_path):

@@ -95,7 +95,7 @@ def test_a_failed_interleaved_timing_is_recorded_as_a_fallback():
     assert launcher.calls[0] == ["plain", "overlap", "fusion"]
     by = {r.case: r for r in records}
     for name in ("mlp/overlap", "mlp/fusion"):
-        assert by[name].status == "ok" and by[name].metrics["samples_per_s"] > 0
+        assert by[name].status == "ok" and by[name].metrics.samples_per_s > 0
         assert "interleaved timing of 3 variants failed" in by[name].fallback
         assert "rank(s) [1] died" in by[name].fallback and "timed alone with the baseline" in by[name].fallback
     interleaved = _runner(FakeLauncher()).run_model(rcs, lambda *a: None)
@@ -112,8 +112,10 @@ def test_utilization_of_every_node_reaches_the_record():
 
     runner = CaseRunner(TorchrunLike(), 2, RunOptions(check=False, utilization=True), metadata=META)
     (rec,) = runner.run_model([_rc("mlp/plain")], lambda *a: None)
-    nodes = rec.metrics["utilization"]["nodes"]
-    assert [n["host"] for n in nodes] == [rec.metrics["utilization"]["host"], "node1"], nodes
+    util = rec.metrics.utilization
+    assert util is not None
+    nodes = util["nodes"]
+    assert [n["host"] for n in nodes] == [util["host"], "node1"], nodes
     assert nodes[1]["gpus"][0]["util_pct"]["median"] == 77.0 and "samples" not in nodes[1]
 
 
@@ -128,7 +130,7 @@ def test_records_carry_size_backend_device_and_structure():
     (rec,) = [r for r in _runner(FakeLauncher(), size="tiny", backend="gloo", device="cpu").run_model(
         [_rc("mlp/plain")], lambda *a: None)]
     assert (rec.size, rec.backend, rec.device) == ("tiny", "gloo", "cpu")
-    assert rec.structure["allreduce_ops"] == 10 and rec.structure["comm_calls_per_step"] == {"world/all_reduce": 10.0}
+    assert rec.structure.allreduce_ops == 10 and rec.structure.comm_calls_per_step == {"world/all_reduce": 10.0}
 
 
 class NoRanks:

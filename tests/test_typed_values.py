@@ -36,7 +36,7 @@ def test_the_ranks_answers_are_typed_and_the_summary_answers_metrics():
     out = summarize(answers, ["plain", "none"], 8, 2, 2, baseline="plain")
     assert all(isinstance(t, Timed) and isinstance(t.metrics, Metrics) and isinstance(t.describe, Describe)
                for t in out.values())
-    assert out["plain"].metrics.speedup == 1.0 and out["plain"].describe["allreduce_ops"] == 10
+    assert out["plain"].metrics.speedup == 1.0 and out["plain"].describe.engine["allreduce_ops"] == 10
     assert RankTiming.from_dict(json.loads(json.dumps(answers[0].to_dict()))) == answers[0]  # figures' raw data
 
 

@@ -170,8 +170,8 @@ def run_bisect(repo: str, good: str, bad: str, case: str, opts: RunSpec, retries
                 ready(g, b)
             except ProtocolMismatch as exc:
                 raise AbInputError(str(exc)) from None
-            names = [c["case"] for c in select(g, opts.replace(selection={"cases": (case,), "tags": (), "models": ()}))
-                     if not c["skip"]]
+            names = [c.case for c in select(g, opts.replace(selection={"cases": (case,), "tags": (), "models": ()}))
+                     if not c.skip]
             if case not in names:
                 raise AbInputError(f"case {case} does not run on GOOD at world size {opts.world}")
             def ends_decided(verdict: str, ratio: float, ci: list, blocks: int, seconds: float) -> bool:

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..runtime.pool import owned_tempdir
 from ..runtime.spawn import keeper, kill_group, pdeathsig_preexec
-from .protocol import PROTOCOL, SUPPORTED_VERSIONS, VERSION, decode, encode
+from .protocol import PROTOCOL, SUPPORTED_VERSIONS, VERSION, Hello, ProtocolError, decode, encode
 
 __all__ = ["TrialServer", "TrialError", "ProtocolMismatch"]
 
@@ -77,7 +77,7 @@ class TrialServer:
         self._reader.start()
         self._id = 0
         self.start_timeout = start_timeout
-        self.hello: dict | None = None
+        self.hello: Hello | None = None
         if wait:
             try:
                 self.ready()
@@ -85,7 +85,7 @@ class TrialServer:
                 self.kill()
                 raise
 
-    def ready(self) -> dict:
+    def ready(self) -> Hello:
         """Wait for the server's hello (and check it) once."""
         if self.hello is None:
             self.hello = self._hello(self.start_timeout)
@@ -122,7 +122,7 @@ class TrialServer:
             raise TrialError(f"{self.label}: the trial server wrote a line that is not JSON while {what}: "
                              f"{line[:200]!r}", kind="ProtocolError") from None
 
-    def _hello(self, timeout: float) -> dict:
+    def _hello(self, timeout: float) -> Hello:
         try:
             msg = self._next_line(timeout, "starting")
         except TrialError as exc:
@@ -141,11 +141,15 @@ class TrialServer:
             raise ProtocolMismatch(f"{self.label}: the revision's trial server speaks {PROTOCOL} version "
                                    f"{msg.get('version')}, this fleetbench speaks {ours}: run `fleetbench ab` from "
                                    f"a checkout whose protocol matches")
-        if not _under(str(msg.get("suite", "")), self.root):
-            raise TrialError(f"{self.label}: the trial server imported suite from {msg.get('suite')}, not from the "
+        try:
+            hello = Hello.from_dict(msg, f"{self.label}: the trial server's hello")
+        except ProtocolError as exc:
+            raise ProtocolMismatch(str(exc)) from None
+        if not _under(hello.suite, self.root):
+            raise TrialError(f"{self.label}: the trial server imported suite from {hello.suite}, not from the "
                              f"revision's worktree {self.root} (PYTHONPATH did not win over the installed fleetbench)",
                              kind="ImportPath")
-        return msg
+        return hello
 
     def send(self, op: str, **fields: Any) -> int:
         if self.proc.poll() is not None:
@@ -228,5 +232,5 @@ class TrialServer:
     def __enter__(self) -> TrialServer:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

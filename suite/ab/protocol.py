@@ -24,15 +24,28 @@ its own defaults).
 The version changes whenever a request or an answer changes meaning; the client refuses a
 server of another version, and a revision older than the protocol (no trial server at all)
 with a message that says so.
+
+The answers are typed here, once (:class:`Hello`, :class:`SelectedCase`, :class:`RankOrigin`,
+:class:`Prepared`, :class:`TrialAnswer` with its :class:`TrialMachine`, :class:`RecordAnswer`): the
+server writes ``to_dict()`` (every field, so a client of an earlier checkout reads the keys it knows) and
+the client reads each answer once with ``from_dict()`` (each field checked against its annotation,
+``suite/validate.py``; a field the answer lacks takes its default, keys a type does not know are left, so
+a revision's server that answers more is still read), then reads attributes.  An answer that does not hold
+what its type says is a :class:`ProtocolError` naming the field.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
 
 from ..results.records import jsonable
+from ..validate import Invalid, field_specs, show
 
-__all__ = ["PROTOCOL", "VERSION", "SUPPORTED_VERSIONS", "MARKER_PATH", "encode", "decode", "hello"]
+__all__ = ["PROTOCOL", "VERSION", "SUPPORTED_VERSIONS", "MARKER_PATH", "encode", "decode", "hello", "ProtocolError",
+           "Hello", "SelectedCase", "RankOrigin", "Prepared", "TrialMachine", "TrialAnswer", "RecordAnswer"]
 
 PROTOCOL = "fleetbench-trial"
 VERSION = 2  # 2: select and prepare carry the run specification
@@ -50,11 +63,114 @@ def decode(line: str) -> Any:
     return json.loads(line)
 
 
+class ProtocolError(ValueError):
+    """An answer that does not hold what its operation answers (a field missing, or of another type)."""
+
+
+T = TypeVar("T", bound="_Answer")
+
+
+class _Answer:
+    """A typed answer: ``to_dict()`` for the line the server writes, ``from_dict()`` where the client reads it."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]  # every answer is a dataclass
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls: type[T], data: Any, where: str = "") -> T:
+        where = where or cls.__name__
+        if not isinstance(data, Mapping):
+            raise ProtocolError(f"{where}: expected a JSON object, got {show(data)}")
+        kw: dict[str, Any] = {}
+        required = {f.name for f in dataclasses.fields(cls)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        answer: type = cls  # field_specs is cached: the class as a plain type (mypy: type[X] is no Hashable)
+        for name, fs in field_specs(answer, lenient=True).items():
+            if name not in data:
+                if name in required:
+                    raise ProtocolError(f"{where}: field '{name}' is missing; expected {fs.expected()}")
+                continue
+            try:
+                value = fs.check(data[name])
+            except Invalid as exc:
+                raise ProtocolError(exc.field(where)) from None
+            if fs.nested is not None and value is not None and not isinstance(value, fs.nested):
+                value = fs.nested.from_dict(value, f"{where}: {name}")
+            kw[name] = value
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class Hello(_Answer):
+    """The server's first line (read once the protocol and its version are known to match)."""
+
+    protocol: str
+    version: int
+    suite: str  # the suite/__init__.py it imported
+    python: str = ""
+    pid: int = 0
+
+
+@dataclass(frozen=True)
+class SelectedCase(_Answer):
+    """One case of a ``select`` answer: the revision's own case and config at the server's world size."""
+
+    case: str
+    model: str = ""
+    variant: str = ""
+    config: dict = field(default_factory=dict)
+    skip: str | None = None  # why it cannot run at this world size
+
+
+@dataclass(frozen=True)
+class RankOrigin(_Answer):
+    """Where one rank imported ``suite`` from (an ``origin`` answer)."""
+
+    rank: int
+    suite: str
+
+
+@dataclass(frozen=True)
+class Prepared(_Answer):
+    """A ``prepare`` answer: the prepared case's key, what its engine set up, its config."""
+
+    key: str
+    describe: dict = field(default_factory=dict)
+    config: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrialMachine(_Answer):
+    """The CPU time processes other than the ranks took during a trial's window, and the machine's."""
+
+    others_cpu_s: float
+    host_total_s: float
+
+
+@dataclass(frozen=True)
+class TrialAnswer(_Answer):
+    """A ``trial`` answer: one timed window of every rank (the slowest rank's per step), and rank 0's losses."""
+
+    step_s: float  # the slowest rank's window over the steps
+    window_s: list[float] = field(default_factory=list)  # each rank's window
+    step_times_s: list[float] = field(default_factory=list)  # per step, the slowest rank's
+    losses: list[float] = field(default_factory=list)  # rank 0's (nan/inf read back as floats)
+    machine: TrialMachine | None = None  # None: not measured (/proc/stat unreadable, or an older server)
+
+
+@dataclass(frozen=True)
+class RecordAnswer(_Answer):
+    """A ``structure`` answer: the case's whole record as JSON (the client reads it into a ``CaseRecord``)."""
+
+    record: dict
+
+
 def hello() -> dict:
     import os
     import sys
 
     import suite
 
-    return {"protocol": PROTOCOL, "version": VERSION, "suite": os.path.abspath(suite.__file__),
-            "python": sys.executable, "pid": os.getpid()}
+    return Hello(PROTOCOL, VERSION, os.path.abspath(suite.__file__), sys.executable, os.getpid()).to_dict()

@@ -14,35 +14,49 @@ import math
 import os
 import sys
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..measure.metadata import collect
 from ..measure.utilization import others_cpu
 from ..run_spec import RunSpec
-from .protocol import decode, encode, hello
+from .protocol import (
+    Prepared,
+    RankOrigin,
+    RecordAnswer,
+    SelectedCase,
+    TrialAnswer,
+    TrialMachine,
+    decode,
+    encode,
+    hello,
+)
+
+if TYPE_CHECKING:
+    from ..runner import CaseRunner
+    from ..runtime import RankPool
 
 __all__ = ["serve", "origin_on_rank"]
 
 
 # ---- rank functions (module level: the pool pickles them by reference) ---------------------------
-def origin_on_rank() -> dict:
+def origin_on_rank() -> RankOrigin:
     import suite
 
     from ..runtime.context import current
 
-    return {"rank": current().rank, "suite": os.path.abspath(suite.__file__)}
+    return RankOrigin(current().rank, os.path.abspath(suite.__file__))
 
 
 # ---- the server ----------------------------------------------------------------------------------
 class _State:
     def __init__(self, nproc: int, timeout: float, pg_timeout: float, device: str | None):
         self.nproc, self.timeout, self.pg_timeout, self.device = nproc, timeout, pg_timeout, device
-        self.pool = None
+        self.pool: RankPool | None = None
         self.cases: dict[str, Any] = {}  # key -> (runner, resolved case, prepared case)
         self.metadata: dict | None = None
         self.backend = "nccl" if device == "cuda" else "gloo"
 
-    def get_pool(self):
+    def get_pool(self) -> RankPool:
         if self.pool is None:
             from ..runtime import RankPool  # heavy (torch): imported once the server has said hello
 
@@ -71,11 +85,11 @@ def _selection(spec: RunSpec, nproc: int, names: tuple | None = None) -> list:
 
 
 def _op_select(st: _State, req: dict) -> dict:
-    return {"cases": [{"case": rc.case.name, "model": rc.case.model, "variant": rc.case.variant,
-                       "config": rc.config.to_dict(), "skip": rc.skip} for rc in _selection(_spec(req), st.nproc)]}
+    return {"cases": [SelectedCase(rc.case.name, rc.case.model, rc.case.variant, rc.config.to_dict(), rc.skip).to_dict()
+                      for rc in _selection(_spec(req), st.nproc)]}
 
 
-def _runner(st: _State, spec: RunSpec):
+def _runner(st: _State, spec: RunSpec) -> CaseRunner:
     """A runner for the spec's options on this server's ranks: each trial is one window it times itself (one
     round), with no utilization sampling; every call bounded by the server's --timeout."""
     from ..models import default_size
@@ -99,7 +113,7 @@ def _op_prepare(st: _State, req: dict) -> dict:
         raise ValueError(f"case {rc.case.name} cannot run at world size {st.nproc}: {rc.skip}")
     prepared = _runner(st, spec).prepare(rc)
     st.cases[prepared.key] = (prepared.runner, rc, prepared)
-    return {"key": prepared.key, "describe": prepared.describe, "config": rc.config.to_dict()}
+    return Prepared(prepared.key, prepared.describe, rc.config.to_dict()).to_dict()
 
 
 def _op_trial(st: _State, req: dict) -> dict:
@@ -107,14 +121,13 @@ def _op_trial(st: _State, req: dict) -> dict:
     answers = prepared.window(steps=int(req["steps"]), warmup=int(req["warmup"]))
     window = [a.window_s for a in answers]
     steps = [max(ts) for ts in zip(*(a.step_times_s for a in answers))]  # per step, the slowest rank
-    out = {"window_s": window, "step_s": max(window) / int(req["steps"]), "step_times_s": steps,
-           "losses": answers[0].losses}
+    machine = None
     machines = [a.machine for a in answers]
     if all(machines):  # the CPU time others took during the window (ab: machine busy)
         others_s, share = others_cpu(machines)
         if math.isfinite(share):
-            out["machine"] = {"others_cpu_s": others_s, "host_total_s": machines[0]["host_total_s"]}
-    return out
+            machine = TrialMachine(others_s, machines[0]["host_total_s"])
+    return TrialAnswer(max(window) / int(req["steps"]), window, steps, answers[0].losses, machine).to_dict()
 
 
 def _op_structure(st: _State, req: dict) -> dict:
@@ -123,7 +136,7 @@ def _op_structure(st: _State, req: dict) -> dict:
     rec = runner.record(rc, check, prepared.metrics())
     import json
 
-    return {"record": json.loads(rec.to_json())}
+    return RecordAnswer(json.loads(rec.to_json())).to_dict()
 
 
 def _op_close(st: _State, req: dict) -> dict:
@@ -134,7 +147,7 @@ def _op_close(st: _State, req: dict) -> dict:
 
 
 def _op_origin(st: _State, req: dict) -> dict:
-    return {"ranks": st.get_pool().run(origin_on_rank, timeout=st.timeout)}
+    return {"ranks": [o.to_dict() for o in st.get_pool().run(origin_on_rank, timeout=st.timeout)]}
 
 
 def _op_start(st: _State, req: dict) -> dict:

@@ -51,6 +51,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -76,7 +77,7 @@ def block_log_ratio(base_trials: Sequence[float], head_trials: Sequence[float]) 
     return math.log(float(np.mean(head_trials)) / float(np.mean(base_trials)))
 
 
-def _trimmed(x, axis=-1, trim: float = 0.2):
+def _trimmed(x: Any, axis: int = -1, trim: float = 0.2) -> Any:
     """scipy.stats.trim_mean's rule (int(trim * n) cut from each end of the sorted values), in numpy alone: the
     tests' simulations call it hundreds of thousands of times, and scipy's wrapper costs 0.3 ms a call."""
     a = np.sort(np.asarray(x, dtype=float), axis=axis)

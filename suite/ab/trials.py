@@ -31,19 +31,30 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from typing import TypeVar
 
 from ..measure.utilization import busy_reason
-from ..results.records import CaseRecord, ResultsFileError
+from ..results.records import CaseRecord, Metrics, ResultsFileError
 from ..results.structure import ACK_FILE, acknowledged, read_acks, structure_diff, structure_new
 from ..run_spec import RunSpec, SeqOptions
 from ..runtime.pool import remove_stale
 from . import blocks
 from .client import ProtocolMismatch, TrialError, TrialServer
-from .protocol import PROTOCOL, VERSION
+from .protocol import (
+    PROTOCOL,
+    VERSION,
+    Prepared,
+    ProtocolError,
+    RankOrigin,
+    RecordAnswer,
+    SelectedCase,
+    TrialAnswer,
+    _Answer,
+)
 from .stats import Sequential, block_log_ratio, describe_verdict, fmt_span, lag1
 from .worktrees import Worktrees
 
-__all__ = ["CaseOutcome", "AbReport", "Side", "compare_case", "run_ab", "start_side", "AbInputError",
+__all__ = ["CaseOutcome", "AbReport", "NotCompared", "Side", "compare_case", "run_ab", "start_side", "AbInputError",
            "fresh_preparations", "fresh_servers", "rotate"]
 
 GOOD = ("pass", "n/a")
@@ -107,13 +118,21 @@ class CaseOutcome:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class NotCompared:
+    """A case of the selection not compared: on one side only, or skipped on a side (``why``)."""
+
+    case: str
+    why: str
+
+
 @dataclass
 class AbReport:
     base: dict
     head: dict
     options: dict
-    cases: list = field(default_factory=list)  # CaseOutcome
-    only: list = field(default_factory=list)  # cases on one side only, or skipped
+    cases: list[CaseOutcome] = field(default_factory=list)
+    only: list[NotCompared] = field(default_factory=list)  # cases on one side only, or skipped
     warnings: list = field(default_factory=list)
     errors: list = field(default_factory=list)  # failures not tied to one case (HEAD's server would not start)
 
@@ -134,20 +153,34 @@ class AbReport:
 
     def to_dict(self) -> dict:
         return {"kind": "fleetbench.ab", "protocol": f"{PROTOCOL}/{VERSION}", "base": self.base, "head": self.head,
-                "options": self.options, "cases": [c.to_dict() for c in self.cases], "only": self.only,
+                "options": self.options, "cases": [c.to_dict() for c in self.cases],
+                "only": [asdict(o) for o in self.only],
                 "warnings": self.warnings, "failures": self.failures, "exit_code": self.exit_code}
 
 
 # ---- one case ---------------------------------------------------------------------------------------
+A = TypeVar("A", bound=_Answer)
+
+
+def _answer(kind: type[A], data: dict, side: Side, what: str) -> A:
+    """A server's answer read once into its type (``suite.ab.protocol``); one that does not hold it is a failed
+    request of that side."""
+    try:
+        return kind.from_dict(data, f"the {what} answer")
+    except ProtocolError as exc:
+        raise TrialError(f"{side.label}: {exc}", kind="ProtocolError") from None
+
+
 def _prepare(side: Side, case: str, opts: RunSpec, check: bool | None = None) -> str:
     if case not in side.prepared:
         spec = opts.replace(run={"check": opts.run.check if check is None else check})
-        ans = side.server.request("prepare", case=case, spec=spec.to_dict())
-        key = ans["key"]
-        trial = side.server.request("trial", key=key, steps=opts.run.steps, warmup=0)  # the structure's window
+        ans = _answer(Prepared, side.server.request("prepare", case=case, spec=spec.to_dict()), side, f"prepare {case}")
+        trial = _answer(TrialAnswer, side.server.request("trial", key=ans.key, steps=opts.run.steps, warmup=0),
+                        side, f"trial {case}")  # the structure's window
         _finite_losses(trial, side, case)
-        side.records[case] = _record(side, case, side.server.request("structure", key=key)["record"])
-        side.prepared[case] = key
+        got = _answer(RecordAnswer, side.server.request("structure", key=ans.key), side, f"structure {case}")
+        side.records[case] = _record(side, case, got.record)
+        side.prepared[case] = ans.key
     return side.prepared[case]
 
 
@@ -165,9 +198,9 @@ def _record(side: Side, case: str, data: dict) -> CaseRecord:
                          kind="BadRecord") from None
 
 
-def _finite_losses(ans: dict, side: Side, case: str) -> None:
-    for i, v in enumerate(ans.get("losses") or [], 1):
-        if isinstance(v, str) or not isinstance(v, (int, float)) or not math.isfinite(v):
+def _finite_losses(ans: TrialAnswer, side: Side, case: str) -> None:
+    for i, v in enumerate(ans.losses, 1):
+        if not math.isfinite(v):
             raise TrialError(f"{side.label}: {case}: non-finite loss {v!r} at step {i} of a trial window",
                              kind="NonFiniteLoss")
 
@@ -224,15 +257,15 @@ def _prepare_again(side: Side, case: str, opts: RunSpec, record: CaseRecord | No
 
 def _trial(side: Side, case: str, opts: RunSpec) -> float:
     assert opts.ab is not None
-    ans = side.server.request("trial", key=side.prepared[case], steps=opts.run.steps, warmup=opts.ab.trial_warmup)
+    ans = _answer(TrialAnswer, side.server.request("trial", key=side.prepared[case], steps=opts.run.steps,
+                                                   warmup=opts.ab.trial_warmup), side, f"trial {case}")
     _finite_losses(ans, side, case)
-    t = ans["step_s"]
-    if not (isinstance(t, (int, float)) and math.isfinite(t) and t > 0):
+    t = ans.step_s
+    if not (math.isfinite(t) and t > 0):
         raise TrialError(f"{side.label}: {case}: trial time {t!r} is not a finite positive number", kind="BadTime")
-    machine = ans.get("machine") or {}  # a trial server older than the machine's state leaves it out
-    if isinstance(machine.get("others_cpu_s"), (int, float)) and isinstance(machine.get("host_total_s"), (int, float)):
-        side.others_cpu[0] += machine["others_cpu_s"]
-        side.others_cpu[1] += machine["host_total_s"]
+    if ans.machine is not None:  # a trial server older than the machine's state leaves it out
+        side.others_cpu[0] += ans.machine.others_cpu_s
+        side.others_cpu[1] += ans.machine.host_total_s
     return float(t)
 
 
@@ -257,8 +290,9 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: RunSpec,
         out.summary = out.error
         return out
     brec, hrec = base.records[case], head.records[case]
-    out.structure_diff = structure_diff(brec.structure, hrec.structure)
-    out.structure_new = structure_new(brec.structure, hrec.structure)
+    bfacts, hfacts = brec.structure.to_dict(), hrec.structure.to_dict()
+    out.structure_diff = structure_diff(bfacts, hfacts)
+    out.structure_new = structure_new(bfacts, hfacts)
     out.check = f"{brec.verdict} -> {hrec.verdict}"
     if out.structure_diff and acknowledged(case, out.structure_diff, read_acks(os.path.join(head.root, ACK_FILE))):
         out.status = "structure changed (acknowledged)"
@@ -307,11 +341,11 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: RunSpec,
         out.failures.append(f"{case}@{world}: timing failed: {out.error}")
     out.seconds = time.monotonic() - t0
     others, total = (sum(x) for x in zip(base.others_cpu, head.others_cpu))
-    out.machine = {"load_avg_start": load_start, "load_avg_end": os.getloadavg()[0] if load_start is not None else None,
-                   "cpu_cores": os.cpu_count()}
-    if total > 0:
-        out.machine.update(others_cpu_s=others, others_cpu_share=others / total)
-    out.busy = busy_reason(out.machine)
+    machine = Metrics(load_avg_start=load_start, load_avg_end=os.getloadavg()[0] if load_start is not None else None,
+                      cpu_cores=os.cpu_count(), others_cpu_s=others if total > 0 else None,
+                      others_cpu_share=others / total if total > 0 else None)  # the machine's state, as a record's
+    out.machine = machine.to_dict()
+    out.busy = busy_reason(machine)
     if out.verdict != "error":
         out.verdict = s.finish()
     out.blocks = len(s.d)
@@ -386,43 +420,51 @@ def start_all(*sides: Side) -> dict:
     for s, rid in sent:
         try:
             s.server.receive(rid, "starting the rank pool")
-            s.origins = [{"process": "server", "suite": (s.server.hello or {}).get("suite")}]
-            for r in s.server.request("origin")["ranks"]:
-                s.origins.append({"process": f"rank {r['rank']}", "suite": r["suite"]})
-                if not os.path.realpath(r["suite"]).startswith(os.path.realpath(s.root) + os.sep):
-                    raise TrialError(f"{s.label}: rank {r['rank']} imported suite from {r['suite']}, not from the "
+            s.origins = [{"process": "server", "suite": s.server.hello.suite if s.server.hello is not None else None}]
+            ranks = s.server.request("origin").get("ranks")
+            if not isinstance(ranks, list):
+                raise TrialError(f"{s.label}: the origin answer holds no list of ranks", kind="ProtocolError")
+            for r in (_answer(RankOrigin, one, s, "origin") for one in ranks):
+                s.origins.append({"process": f"rank {r.rank}", "suite": r.suite})
+                if not os.path.realpath(r.suite).startswith(os.path.realpath(s.root) + os.sep):
+                    raise TrialError(f"{s.label}: rank {r.rank} imported suite from {r.suite}, not from the "
                                      f"revision's worktree {s.root}", kind="ImportPath")
         except TrialError as exc:
             errors[s.label] = exc
     return errors
 
 
-def select(side: Side, opts: RunSpec) -> list:
+def select(side: Side, opts: RunSpec) -> list[SelectedCase]:
+    """The revision's own cases for the run specification (its ``select`` answer)."""
     try:
-        return side.server.request("select", spec=opts.to_dict())["cases"]
+        cases = side.server.request("select", spec=opts.to_dict()).get("cases")
+        if not isinstance(cases, list):
+            raise TrialError(f"{side.label}: the select answer holds no list of cases", kind="ProtocolError")
+        return [_answer(SelectedCase, c, side, "select") for c in cases]
     except TrialError as exc:
         raise AbInputError(f"{side.label} ({side.commit[:10]}): {str(exc).split(': ', 1)[-1]}") from None
 
 
 def common_cases(base: Side, head: Side, opts: RunSpec, report: AbReport) -> list[str]:
     bsel, hsel = select(base, opts), select(head, opts)
-    bnames = {c["case"]: c for c in bsel}
-    hnames = {c["case"]: c for c in hsel}
+    bnames = {c.case: c for c in bsel}
+    hnames = {c.case: c for c in hsel}
     names = []
     for name in dict.fromkeys(list(bnames) + list(hnames)):
         if name not in bnames or name not in hnames:
-            report.only.append({"case": name, "why": f"only in {'HEAD' if name not in bnames else 'BASE'}"})
-        elif bnames[name]["skip"] or hnames[name]["skip"]:
-            report.only.append({"case": name, "why": f"skipped: {bnames[name]['skip'] or hnames[name]['skip']}"})
+            report.only.append(NotCompared(name, f"only in {'HEAD' if name not in bnames else 'BASE'}"))
+            continue
+        b, h = bnames[name], hnames[name]
+        if b.skip or h.skip:
+            report.only.append(NotCompared(name, f"skipped: {b.skip or h.skip}"))
         else:
-            if bnames[name]["config"] != hnames[name]["config"]:
-                diff = sorted(k for k in set(bnames[name]["config"]) | set(hnames[name]["config"])
-                              if bnames[name]["config"].get(k) != hnames[name]["config"].get(k))
+            if b.config != h.config:
+                diff = sorted(k for k in set(b.config) | set(h.config) if b.config.get(k) != h.config.get(k))
                 report.warnings.append(f"{name}: configs differ between the revisions in {', '.join(diff)}")
             names.append(name)
     if not names:
         raise AbInputError("no case of the selection runs on both revisions at world size "
-                           f"{opts.world}" + (f" ({'; '.join(o['case'] + ': ' + o['why'] for o in report.only)})"
+                           f"{opts.world}" + (f" ({'; '.join(o.case + ': ' + o.why for o in report.only)})"
                                               if report.only else ""))
     return names
 
@@ -531,7 +573,7 @@ def format_table(report: AbReport) -> str:
         if c.busy:
             lines.append(f"\n{c.case}@{c.world}: {c.busy}")
     for o in report.only:
-        lines.append(f"not compared: {o['case']}: {o['why']}")
+        lines.append(f"not compared: {o.case}: {o.why}")
     for e in report.errors:
         lines.append(f"\nerror: {e}")
     return "\n".join(lines)

@@ -126,5 +126,5 @@ class Worktrees:
     def __enter__(self) -> Worktrees:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.remove()

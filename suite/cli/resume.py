@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 from ..config import ConfigError
 from ..model_registry import is_user_ref
-from ..results.records import ResultsFileError, name_problem, read_records
+from ..outputs import name_problem
+from ..results.records import ResultsFileError, read_records
 from ..run_spec import RunOptions, RunSpec, Selection
 from ..validate import Invalid, field_specs, show
 

@@ -243,13 +243,13 @@ def main(args) -> int:
             for rec in batch:
                 if rec.status == "skipped":
                     runner.say(f"  skip  {rec.case}: {rec.error}")
-                elif rec.metrics and reporter:
+                elif not rec.metrics.empty and reporter:
                     sp = rec.metrics.speedup  # none without the baseline (it could not run)
                     ci = rec.metrics.speedup_ci or [None, None]
                     sp_text = "no baseline" if sp is None else f"speedup {sp:.2f}x" + (
                         " (not resolved)" if "not resolved" in _speedup_cell(sp, ci, rounds=_rounds(rec)) else "")
                     runner.say(f"      {rec.case:{width}s} {rec.samples_per_s:9.1f} samples/s   {sp_text}"
-                               f"{_allreduce_counts(rec.describe)}")
+                               f"{_allreduce_counts(rec.describe.engine)}")
                     busy = busy_reason(rec.metrics)
                     if busy and busy not in said_busy:  # the variants timed together share one machine state
                         said_busy.add(busy)
@@ -541,11 +541,12 @@ def _count(x) -> str:
 
 def busy_summary(records) -> str | None:
     """The line under run's table when timings were taken on a busy machine (``busy_reason``), or None."""
-    busy = [r for r in records if r.metrics and busy_reason(r.metrics)]
+    busy = [r for r in records if not r.metrics.empty and busy_reason(r.metrics)]
     if not busy:
         return None
     why = "; ".join(dict.fromkeys(str(busy_reason(r.metrics)).removeprefix(BUSY).strip(" ()") for r in busy))
-    return (f"{BUSY} for {len(busy)} of {sum(1 for r in records if r.metrics)} timed case(s): {why} (the rule: "
+    timed = sum(1 for r in records if not r.metrics.empty)
+    return (f"{BUSY} for {len(busy)} of {timed} timed case(s): {why} (the rule: "
             f"others' CPU time over {BUSY_SHARE:.0%} of the machine's during the windows, or a load average above "
             f"the cores by more than {LOAD_MARGIN:g})")
 
@@ -585,7 +586,7 @@ def print_table(records) -> None:
         sps = m.samples_per_s
         sp = m.speedup
         ci = m.speedup_ci or [None, None]
-        st = m.step_time_s or {}
+        st = m.step_time_s
         calls = m.comm_calls_per_step or {}
         ar = sum(calls.values())  # every collective fleetbench issued (DDP's own are not counted)
         table.add_row(
@@ -593,8 +594,9 @@ def print_table(records) -> None:
             r.verdict,
             f"{sps:.1f}" if isinstance(sps, float) else "-",
             _speedup_cell(sp, ci, baseline=r.case.endswith("/" + BASELINE) and r.status == "ok", rounds=_rounds(r)),
-            f"{st['median'] * 1e3:.1f} ({st['iqr'] * 1e3:.1f})" if st.get("n") else "-",
-            _count(ar) if m else "-",
+            f"{st.median * 1e3:.1f} ({st.iqr * 1e3:.1f})" if st is not None and st.n and st.median is not None
+            and st.iqr is not None else "-",
+            _count(ar) if not m.empty else "-",
         )
     Console(width=max(132, os.get_terminal_size(sys.stdout.fileno()).columns if sys.stdout.isatty() else 132)).print(
         table)

@@ -19,6 +19,7 @@ from ..measure.stats import bootstrap_median_ci, paired_speedup
 from ..measure.summary import variant_summary
 from ..measure.timing import RankTiming, time_on_rank
 from ..models import get_model
+from ..results.records import Stat
 from ..strategies.optim import torch_optimizer
 from ..workload import WorkloadSpec, workload
 from . import PoolOptions
@@ -37,6 +38,10 @@ FUSION_VARIANTS: list[tuple[str, dict]] = [
 ]
 
 
+def _ms(seconds: float | None) -> str:
+    return f"{seconds * 1e3:.2f}" if seconds is not None else "-"
+
+
 def _fmt_ci(lo: float, hi: float, digits: int = 2) -> str:
     return f"[{lo:.{digits}f}, {hi:.{digits}f}]"
 
@@ -52,11 +57,11 @@ def timing_table(answers: list[RankTiming], names: list, global_batch: int, step
     rows = []
     for name in names:
         s = variant_summary(answers, name, global_batch, steps)
-        st = s.step_time_s or {}
+        st = s.step_time_s if s.step_time_s is not None else Stat()
         sp = paired_speedup(base.window_s or [], s.window_s or [])
         extra = "".join(f" {fn(name, s)} |" for fn in extra_cols.values())
         (lo, hi), (sp_lo, sp_hi) = s.samples_per_s_ci or [math.nan, math.nan], sp["ci"]
-        rows.append(f"| {name} | {st['median'] * 1e3:.2f} [{st['q25'] * 1e3:.2f}, {st['q75'] * 1e3:.2f}] | "
+        rows.append(f"| {name} | {_ms(st.median)} [{_ms(st.q25)}, {_ms(st.q75)}] | "
                     f"{s.samples_per_s:.0f} {_fmt_ci(lo, hi, 0)} | "
                     f"{sp['speedup']:.3f} {_fmt_ci(sp_lo, sp_hi, 3)} |{extra}")
     return head + "\n".join(rows)

@@ -45,6 +45,10 @@ def measure(options: Options, pool) -> dict:
     return {"world": pool.nproc, "answers": [a.to_dict() for a in answers]}
 
 
+def _ms(seconds: float | None) -> str:
+    return f"{1e3 * seconds:.1f}" if seconds is not None else "-"
+
+
 def render(raw: dict, options: Options) -> str:
     answers, world = [ReaderTiming.from_dict(a) for a in raw["answers"]], raw["world"]
     steps = answers[0].steps_per_window
@@ -71,8 +75,7 @@ def render(raw: dict, options: Options) -> str:
         lines.append(
             f"| {name} | {statistics.median(xs):,.0f} [{lo:,.0f}, {hi:,.0f}] | "
             f"{sp['speedup']:.2f} [{sp['ci'][0]:.2f}, {sp['ci'][1]:.2f}] | "
-            f"{1e3 * waits['median']:.1f} ({1e3 * waits['q25']:.1f}–{1e3 * waits['q75']:.1f}) | "
-            f"{1e3 * st['median']:.1f} |"
+            f"{_ms(waits.median)} ({_ms(waits.q25)}–{_ms(waits.q75)}) | {_ms(st.median)} |"
         )
     lines += [
         "",

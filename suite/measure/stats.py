@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = ["describe", "window_seconds", "paired_speedup", "bootstrap_median_ci", "RUN_ROUNDS_FOR_95"]
 
+from ..results.records import Stat
 from ..run_spec import RUN_ROUNDS_FOR_95  # the fewest rounds whose range can cover the median 95% of the time
 
 
@@ -29,14 +30,14 @@ def _quantile(xs: Sequence[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def describe(xs: Sequence[float]) -> dict:
-    """median, IQR (q25..q75), min, max, mean, n."""
+def describe(xs: Sequence[float]) -> Stat:
+    """median, IQR (q25..q75), min, max, mean, n (no values: n 0, the rest nan)."""
     if not xs:
-        return {"n": 0, "median": math.nan, "q25": math.nan, "q75": math.nan, "iqr": math.nan, "min": math.nan,
-                "max": math.nan, "mean": math.nan}
+        return Stat(n=0, median=math.nan, q25=math.nan, q75=math.nan, iqr=math.nan, min=math.nan, max=math.nan,
+                    mean=math.nan)
     q25, q75 = _quantile(xs, 0.25), _quantile(xs, 0.75)
-    return {"n": len(xs), "median": statistics.median(xs), "q25": q25, "q75": q75, "iqr": q75 - q25,
-            "min": min(xs), "max": max(xs), "mean": statistics.fmean(xs)}
+    return Stat(n=len(xs), median=statistics.median(xs), q25=q25, q75=q75, iqr=q75 - q25, min=min(xs), max=max(xs),
+                mean=statistics.fmean(xs))
 
 
 def bootstrap_median_ci(xs: Sequence[float], level: float = 0.95, n_boot: int = 2000, seed: int = 0) -> tuple:

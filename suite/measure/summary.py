@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from ..comm.busbw import busbw
-from ..results.records import Describe, Metrics, allreduce_total
+from ..results.records import Describe, Metrics, NonfiniteLoss, allreduce_total
 from .stats import bootstrap_median_ci, describe, paired_speedup, window_seconds
 from .utilization import others_cpu
 
@@ -84,7 +84,7 @@ def variant_summary(answers: Sequence[RankTiming], variant: str, global_batch: i
         rank_median_step_s=rank_medians,
         slowest_rank=slowest,
         losses=first.losses,
-        nonfinite_loss={"rank": bad[0][0], "step": bad[0][1]} if bad else None,
+        nonfinite_loss=NonfiniteLoss(rank=bad[0][0], step=bad[0][1]) if bad else None,
         comm_calls_per_step=first.comm_calls_per_step,
         comm_bytes_per_step=first.comm_bytes_per_step,
         host_syncs=first.host_syncs,
@@ -99,6 +99,12 @@ def variant_summary(answers: Sequence[RankTiming], variant: str, global_batch: i
     )
 
 
+def _median_step(m: Metrics) -> float:
+    """The median step of a variant's summary (nan where it has none)."""
+    median = m.step_time_s.median if m.step_time_s is not None else None
+    return median if median is not None else math.nan
+
+
 def summarize(answers: Sequence[RankTiming], names: list[str], global_batch: int, steps: int, world: int,
               baseline: str | None = None) -> dict[str, Timed]:
     """Each variant's metrics and describe from one interleaved timing call (see the module docstring)."""
@@ -109,9 +115,9 @@ def summarize(answers: Sequence[RankTiming], names: list[str], global_batch: int
             sp = paired_speedup(base, window_seconds(answers, n))
             metrics[n] = replace(m, speedup=sp["speedup"], speedup_ci=list(sp["ci"]), baseline=baseline)
     if COMPUTE_ONLY in metrics:
-        compute = (metrics[COMPUTE_ONLY].step_time_s or {})["median"]
+        compute = _median_step(metrics[COMPUTE_ONLY])
         for n, m in metrics.items():
-            exposed = (m.step_time_s or {})["median"] - compute
+            exposed = _median_step(m) - compute
             ar = allreduce_total(m.comm_bytes_per_step)  # a two-level allreduce's gradients counted once
             metrics[n] = replace(m, exposed_comm_s=exposed, compute_s=compute,
                                  busbw_GBps=busbw(ar, exposed, world) / 1e9)

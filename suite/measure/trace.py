@@ -13,7 +13,7 @@ synchronizer's own "ready" event, taken before it launches anything), the optimi
 ``step`` called: what comes between backward and it is the wait for communication), and every
 collective's launch and completion (``collectives.STATS.record_spans``).  These draw the one file
 Kineto cannot: every rank on one clock with each communicator's collectives on its own track
-(``suite.report.trace``); Kineto writes one file per rank.  On CUDA a
+(``suite.measure.timeline``); Kineto writes one file per rank.  On CUDA a
 hook runs when its kernels are *queued*, so a host clock there would show every gradient ready
 at once and every collective near-instant; device events show when the work ran.  After each
 step's synchronize, every mark becomes wall-clock seconds (an anchor mark taken with the host

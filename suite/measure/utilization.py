@@ -31,6 +31,8 @@ import statistics
 import threading
 import time
 
+from ..results.records import Metrics
+
 __all__ = ["UtilizationSampler", "read_proc_stat", "cpu_busy_fraction", "visible_nvml_handles", "samples_here",
            "CpuSpan", "host_cpu_seconds", "busy_reason", "BUSY", "BUSY_SHARE", "LOAD_MARGIN", "others_cpu"]
 
@@ -152,18 +154,18 @@ def others_cpu(ranks: list[dict]) -> tuple[float, float]:
     return others, others / total
 
 
-def busy_reason(metrics, share: float = BUSY_SHARE) -> str | None:
+def busy_reason(metrics: Metrics, share: float = BUSY_SHARE) -> str | None:
     """Why a case's timings are unreliable ("machine busy: ..."), or None: other processes' CPU time over
     ``share`` of the machine's during its windows (``others_cpu_share``), or a 1-minute load average at the
     start or end of its timing above the machine's cores by more than :data:`LOAD_MARGIN` (``load_avg_start``/
     ``load_avg_end``, ``cpu_cores``).
-    ``metrics``: a record's metrics (any mapping)."""
+    ``metrics``: a record's metrics, or a :class:`Metrics` of those five alone (`ab`'s comparison of a case)."""
     why = []
-    others = metrics.get("others_cpu_share")
+    others = metrics.others_cpu_share
     if isinstance(others, (int, float)) and math.isfinite(others) and others > share:
         why.append(f"other processes took {others:.0%} of the CPU during the windows (over {share:.0%})")
-    cores = metrics.get("cpu_cores")
-    loads = [x for x in (metrics.get("load_avg_start"), metrics.get("load_avg_end"))
+    cores = metrics.cpu_cores
+    loads = [x for x in (metrics.load_avg_start, metrics.load_avg_end)
              if isinstance(x, (int, float)) and math.isfinite(x)]
     if isinstance(cores, int) and cores > 0 and loads and max(loads) > cores + LOAD_MARGIN:
         why.append(f"load average {max(loads):.1f} above the {cores} cores by more than {LOAD_MARGIN:g}")

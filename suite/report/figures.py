@@ -30,18 +30,20 @@ from __future__ import annotations
 import io
 import math
 import textwrap
+from collections.abc import Iterable
+from typing import Any
 
 from ..cases import VARIANTS
 from ..measure.stats import RUN_ROUNDS_FOR_95
 from ..results.gate import CLIP
-from ..results.records import allreduce_total
+from ..results.records import CaseRecord, Metrics, allreduce_total
 from ..results.records import plain as escaped
 from .mpl import Line2D, NullLocator, Patch, matplotlib, plt  # matplotlib without writing under ~ (mpl.py)
 
 __all__ = ["latest", "throughput_figure", "speedup_figure", "breakdown_figure", "scaling_figure",
            "local_sgd_figure", "scaling_table", "plain", "num", "busbw_measurable", "DPI", "MAX_WIDTH_PX", "WIDTH_IN",
            "BASELINE_VARIANT", "COMPUTE_VARIANT", "variant_of", "order_key", "splits_step", "local_sgd_unresolved",
-           "speedup_unresolved", "ratio_ticks", "svg_bytes", "NOT_RESOLVED"]
+           "speedup_unresolved", "ratio_ticks", "svg_bytes", "NOT_RESOLVED", "median_step", "Records"]
 
 DPI = 96  # the page's pixels per inch (CSS: 96 px to the inch; an SVG's size in pt is shown at 96/72 px per pt)
 MAX_WIDTH_PX = 1300  # no figure is wider than this (the page's window is 1400 px)
@@ -58,30 +60,38 @@ MIN_BYTES_PER_CALL = 256e3  # mean allreduce message at least this large (smalle
 _WORLD_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 
 
-def latest(records) -> dict:
+Records = dict[tuple[str, int], CaseRecord]  # (case, world) -> its record: what every figure draws from
+
+
+def latest(records: Iterable[CaseRecord]) -> Records:
     """(case, world) -> the last ok record of it."""
     out = {}
     for r in records:
-        if r.status == "ok" and r.metrics:
+        if r.status == "ok" and not r.metrics.empty:
             out[(r.case, r.world_size)] = r
     return out
 
 
-def plain(text) -> str:
+def plain(text: object) -> str:
     """``text`` for a matplotlib label, shown as it is: every ``$`` escaped, so mathtext never parses
     it (matplotlib counts ``$`` against ``\\$`` and shows ``\\$`` as ``$`` in text that is not math)."""
     return escaped(text, keep="\n").replace("$", r"\$")  # control characters and bidi overrides as \uXXXX
 
 
-def num(x) -> float:
-    """A recorded number as a float (records keep nan/inf as the strings "nan", "inf", "-inf"); nan otherwise."""
+def num(x: object) -> float:
+    """A recorded number as a float (an absent one, None, is nan; JSON's "nan", "inf", "-inf" are read as theirs)."""
     if isinstance(x, bool):
         return math.nan
     if isinstance(x, (int, float)):
         return float(x)
-    if x in ("nan", "inf", "-inf"):
+    if isinstance(x, str) and x in ("nan", "inf", "-inf"):
         return float(x)
     return math.nan
+
+
+def median_step(metrics: Metrics) -> float:
+    """The record's median step, seconds (nan where it has none)."""
+    return num(metrics.step_time_s.median) if metrics.step_time_s is not None else math.nan
 
 
 def variant_of(case: str) -> str:
@@ -100,7 +110,8 @@ def splits_step(case: str) -> bool:
     return family in COMM_FAMILIES
 
 
-def _figure(width_in: float, height_in: float, rows: int = 1, cols: int = 1, height_ratios: list | None = None):
+def _figure(width_in: float, height_in: float, rows: int = 1, cols: int = 1,
+            height_ratios: list | None = None) -> tuple[Any, list]:
     width_in = min(width_in, MAX_WIDTH_PX / DPI)
     fig, axes = plt.subplots(rows, cols, figsize=(width_in, height_in), squeeze=False,
                              gridspec_kw={"height_ratios": height_ratios} if height_ratios else None)
@@ -112,7 +123,7 @@ def _legend_in(entries: int, ncol: int = 1) -> float:
     return 0.08 + 0.19 * math.ceil(entries / ncol)
 
 
-def _legend_below(fig, handles: list, ncol: int = 1) -> None:
+def _legend_below(fig: Any, handles: list, ncol: int = 1) -> None:
     """``handles`` as one legend at the bottom of the figure (its height :func:`_legend_in`, included in the
     figure's), the axes laid out above it: a legend beside the axes would take a narrow figure's width."""
     fig.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.01, 0.0), ncol=ncol, fontsize=FONT - 0.5,
@@ -130,28 +141,29 @@ def _label(variant: str, suffix: str = "") -> str:
     return plain(short + suffix)
 
 
-def _title(ax, text: str, pad: float = 6.0) -> None:
+def _title(ax: Any, text: str, pad: float = 6.0) -> None:
     """A panel's title, in lines of at most TITLE_CHARS (a long model name wraps rather than leaving the figure),
     ``pad`` points above the axes."""
     lines = [ln for part in plain(text).split("\n") for ln in textwrap.wrap(part, TITLE_CHARS, break_on_hyphens=False)]
     ax.set_title("\n".join(lines), fontsize=9.5, pad=pad)
 
 
-def _rows_axis(ax, labels: list) -> None:
+def _rows_axis(ax: Any, labels: list) -> None:
     """A horizontal chart's case axis: one row per label, the first on top."""
     ax.set_yticks(range(len(labels)), labels, fontsize=FONT)
     ax.set_ylim(len(labels) - 0.5, -0.5)
     ax.tick_params(axis="x", labelsize=FONT)
 
 
-def _by_model(rows: list) -> dict:
-    out: dict = {}
+def _by_model(rows: list[tuple[str, CaseRecord]]) -> dict[str, list[tuple[str, CaseRecord]]]:
+    out: dict[str, list[tuple[str, CaseRecord]]] = {}
     for case, r in rows:
         out.setdefault(r.model, []).append((case, r))
     return out
 
 
-def _model_panels(rows: list, below_in: float = 0.0):
+def _model_panels(rows: list[tuple[str, CaseRecord]], below_in: float = 0.0
+                  ) -> tuple[Any, list, dict[str, list[tuple[str, CaseRecord]]]] | None:
     """One panel per model (a row per model, each as tall as its cases), ``below_in`` inches under them for a
     legend: (figure, axes, rows by model), or None without rows."""
     models = _by_model(sorted(rows, key=lambda cr: (cr[1].model, order_key(cr[0]))))
@@ -174,17 +186,17 @@ def order_key(case: str) -> tuple:
     return (v != BASELINE_VARIANT, v != COMPUTE_VARIANT, case)
 
 
-def throughput_figure(recs: dict, world: int):
+def throughput_figure(recs: Records, world: int) -> Any:
     """Horizontal bars of samples/s per case at ``world`` ranks with their intervals, one panel per model (models
     never share an axis: their samples differ); the baseline drawn grey.  None without data."""
-    rows = [(c, r) for (c, w), r in recs.items() if w == world and math.isfinite(num(r.metrics.get("samples_per_s")))]
+    rows = [(c, r) for (c, w), r in recs.items() if w == world and math.isfinite(num(r.metrics.samples_per_s))]
     panels = _model_panels(rows)
     if panels is None:
         return None
     fig, axes, models = panels
     for ax, (model, mrows) in zip(axes, models.items()):
-        vals = [num(r.metrics.get("samples_per_s")) for _, r in mrows]
-        err = _error_bars(vals, [r.metrics.get("samples_per_s_ci") or [v, v] for (_, r), v in zip(mrows, vals)])
+        vals = [num(r.metrics.samples_per_s) for _, r in mrows]
+        err = _error_bars(vals, [r.metrics.samples_per_s_ci or [v, v] for (_, r), v in zip(mrows, vals)])
         colors = ["#888888" if variant_of(c) == BASELINE_VARIANT else "#1f77b4" for c, _ in mrows]
         ax.barh(range(len(mrows)), vals, xerr=err, color=colors, capsize=2, height=0.65, error_kw={"elinewidth": 1})
         _rows_axis(ax, [_label(variant_of(c)) for c, _ in mrows])
@@ -194,27 +206,27 @@ def throughput_figure(recs: dict, world: int):
     return fig
 
 
-def _interval(ci) -> tuple[float, float]:
+def _interval(ci: object) -> tuple[float, float]:
     """A recorded [lo, hi] as two floats (nan where absent or not a number)."""
     if isinstance(ci, (list, tuple)) and len(ci) == 2:
         return num(ci[0]), num(ci[1])
     return math.nan, math.nan
 
 
-def speedup_unresolved(metrics) -> str | None:
+def speedup_unresolved(metrics: Metrics) -> str | None:
     """Why a case's speedup is not resolved, in the words of ``fleetbench run``'s table (``suite/cli/run.py``'s
     ``_speedup_cell``; tests/test_report.py checks that they agree), or None where it is resolved (or there is no
     speedup): "not resolved" where its 95% interval spans 1 (neither faster nor slower), "not resolved (N rounds)"
     where it comes from fewer than RUN_ROUNDS_FOR_95 rounds (such an interval covers less than 95%: docs/report.md),
     "no interval" where none was recorded (one round)."""
-    if not math.isfinite(num(metrics.get("speedup"))):
+    if not math.isfinite(num(metrics.speedup)):
         return None
-    lo, hi = _interval(metrics.get("speedup_ci"))
+    lo, hi = _interval(metrics.speedup_ci)
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return "no interval"
     if lo <= 1 <= hi:
         return NOT_RESOLVED
-    windows = metrics.get("window_s")  # the rounds the speedup is paired over, as run counts them
+    windows = metrics.window_s  # the rounds the speedup is paired over, as run counts them
     if isinstance(windows, list) and len(windows) < RUN_ROUNDS_FOR_95:
         return f"{NOT_RESOLVED} ({len(windows)} rounds)"
     return None
@@ -223,7 +235,7 @@ def speedup_unresolved(metrics) -> str | None:
 _RATIO_TICKS = (1.05, 1.1, 1.25, 1.5, 2.0, 4.0, 10.0)
 
 
-def _ratio_extent(values) -> float:
+def _ratio_extent(values: Iterable[float]) -> float:
     """k such that the axis from 1/k to k (centred on 1 on a log scale) holds every finite positive value with a
     margin: at least 1.25, at most CLIP's 10 (an end beyond is drawn at the edge)."""
     k = 1.0
@@ -248,7 +260,7 @@ def _ratio_label(x: float) -> str:
     return f"{x:g}" if x >= 1 else f"{x:.2f}".rstrip("0").rstrip(".")
 
 
-def speedup_figure(recs: dict, model: str):
+def speedup_figure(recs: Records, model: str) -> Any:
     """A ratio chart of the speedup over the plain baseline per case of ``model``: a log axis centred on 1 (as far
     either side: 2x faster and 2x slower lie as far from 1), each case a dot at its speedup and a line over its
     paired 95% interval, one colour per world size; the dot filled where the speedup is resolved and hollow, its
@@ -256,7 +268,7 @@ def speedup_figure(recs: dict, model: str):
     label red.  None when no case of the model has a speedup (the baseline's own is 1 by definition and is not
     drawn)."""
     rows = [(c, w, r) for (c, w), r in recs.items()
-            if r.model == model and variant_of(c) != BASELINE_VARIANT and math.isfinite(num(r.metrics.get("speedup")))]
+            if r.model == model and variant_of(c) != BASELINE_VARIANT and math.isfinite(num(r.metrics.speedup))]
     if not rows:
         return None
     rows.sort(key=lambda cwr: (order_key(cwr[0]), cwr[1]))  # top to bottom
@@ -268,15 +280,14 @@ def speedup_figure(recs: dict, model: str):
     fig, axes = _figure(WIDTH_IN, ROW_IN * len(rows) + 1.25 + _legend_in(n_legend))
     ax = axes[0]
     ax.set_xscale("log")
-    k = _ratio_extent(v for _, _, r in rows for v in (num(r.metrics.get("speedup")), *_interval(
-        r.metrics.get("speedup_ci"))))
+    k = _ratio_extent(v for _, _, r in rows for v in (num(r.metrics.speedup), *_interval(r.metrics.speedup_ci)))
     ax.set_xlim(1 / k, k)
     ax.axvspan(1 / k, 1, color="#d62728", alpha=0.06, lw=0, zorder=0)
     ax.axvspan(1, k, color="#2ca02c", alpha=0.06, lw=0, zorder=0)
     ax.axvline(1.0, color="black", lw=0.9, zorder=1)
     for y, (_, w, r) in enumerate(rows):
-        v = num(r.metrics.get("speedup"))
-        lo, hi = _interval(r.metrics.get("speedup_ci"))
+        v = num(r.metrics.speedup)
+        lo, hi = _interval(r.metrics.speedup_ci)
         resolved = speedup_unresolved(r.metrics) is None
         col = color[w]
         if math.isfinite(lo) and math.isfinite(hi):
@@ -313,7 +324,7 @@ def speedup_figure(recs: dict, model: str):
     return fig
 
 
-def breakdown_figure(recs: dict, world: int):
+def breakdown_figure(recs: Records, world: int) -> Any:
     """Stacked horizontal bars per case: compute (the model's ``none`` case: the same step without communication)
     and exposed communication (the rest of the step), ms per step (median); one panel per model, and only models
     whose ``none`` case ran (without it the split is unknown).  None when no model qualifies.
@@ -322,11 +333,10 @@ def breakdown_figure(recs: dict, world: int):
     is drawn as its whole step in grey, not split: its difference to the ``none`` case is not
     communication.  A communication strategy's step shorter than the ``none`` case's is drawn as its
     whole step, hatched: its exposed communication is negative (noise)."""
-    rows = [(c, r) for (c, w), r in recs.items() if w == world and math.isfinite(num(r.metrics.get("compute_s")))
-            and math.isfinite(num((r.metrics.get("step_time_s") or {}).get("median")))]
+    rows = [(c, r) for (c, w), r in recs.items() if w == world and math.isfinite(num(r.metrics.compute_s))
+            and math.isfinite(median_step(r.metrics))]
     splits = [splits_step(c) for c, _ in rows]
-    below_none = [s and num(r.metrics["step_time_s"]["median"]) < num(r.metrics["compute_s"])
-                  for (c, r), s in zip(rows, splits)]
+    below_none = [s and median_step(r.metrics) < num(r.metrics.compute_s) for (c, r), s in zip(rows, splits)]
     handles = [Patch(color="#2ca02c", label="compute (the none case's step)"),
                Patch(color="#d62728", label="exposed communication")]
     if not all(splits):
@@ -339,10 +349,13 @@ def breakdown_figure(recs: dict, world: int):
     fig, axes, models = panels
     for ax, (model, mrows) in zip(axes, models.items()):
         ys = range(len(mrows))
-        compute, exposed, below, whole = [], [], [], []
+        compute: list[float] = []
+        exposed: list[float] = []
+        below: list[bool] = []
+        whole: list[float] = []
         for c, r in mrows:
-            step = num(r.metrics["step_time_s"]["median"])
-            comp = num(r.metrics["compute_s"])
+            step = median_step(r.metrics)
+            comp = num(r.metrics.compute_s)
             split = splits_step(c)
             whole.append(0.0 if split else 1e3 * step)
             compute.append(1e3 * min(comp, step) if split else 0.0)
@@ -361,22 +374,22 @@ def breakdown_figure(recs: dict, world: int):
     return fig
 
 
-def scaling_table(recs: dict) -> dict:
+def scaling_table(recs: Records) -> dict[str, list[tuple[int, float, float]]]:
     """case -> [(world, samples/s, efficiency vs world size 1)], for cases recorded at world size 1 and another."""
-    out: dict = {}
+    out: dict[str, list[tuple[int, float, float]]] = {}
     for (case, w), r in sorted(recs.items()):
         one = recs.get((case, 1))
         if one is None:
             continue
-        t1, tn = num(one.metrics.get("samples_per_s")), num(r.metrics.get("samples_per_s"))
+        t1, tn = num(one.metrics.samples_per_s), num(r.metrics.samples_per_s)
         out.setdefault(case, []).append((w, tn, tn / (w * t1) if t1 > 0 else math.nan))
     return {c: rows for c, rows in out.items() if len(rows) > 1}
 
 
-def scaling_figure(recs: dict):
+def scaling_figure(recs: Records) -> Any:
     """Scaling efficiency over world sizes, one panel per model; None when no case has world size 1 and another."""
     table = scaling_table(recs)
-    models: dict = {}
+    models: dict[str, list] = {}
     for case, rows in table.items():
         model = recs[(case, rows[0][0])].model
         models.setdefault(model, []).append((case, rows))
@@ -397,13 +410,13 @@ def scaling_figure(recs: dict):
     return fig
 
 
-def _loss_noise(losses: list) -> float:
+def _loss_noise(losses: list[float]) -> float:
     """The final loss's noise: half the range of the last quarter of the losses (at least the last 2)."""
     tail = losses[-max(2, len(losses) // 4):]
     return (max(tail) - min(tail)) / 2
 
 
-def _local_sgd_points(recs: dict) -> list:
+def _local_sgd_points(recs: Records) -> list:
     """(case, world, model, samples/s, its 95% interval, final loss, its noise) for the Local SGD cases and their
     model's baseline, where a finite final loss was recorded."""
     pts = []
@@ -411,9 +424,9 @@ def _local_sgd_points(recs: dict) -> list:
     for (case, w), r in sorted(recs.items()):
         variant = variant_of(case)
         if "local_sgd" in variant or (variant == BASELINE_VARIANT and r.model in with_lsgd):
-            losses = [float(x) for x in r.metrics.get("losses") or [] if isinstance(x, (int, float))]
-            sps = num(r.metrics.get("samples_per_s"))
-            ci = [num(c) for c in r.metrics.get("samples_per_s_ci") or [sps, sps]]
+            losses = [float(x) for x in r.metrics.losses or [] if isinstance(x, (int, float))]
+            sps = num(r.metrics.samples_per_s)
+            ci = [num(c) for c in r.metrics.samples_per_s_ci or [sps, sps]]
             if losses and all(math.isfinite(x) for x in [losses[-1], sps, *ci]):
                 pts.append((case, w, r.model, sps, ci, losses[-1], _loss_noise(losses)))
     return pts
@@ -425,7 +438,7 @@ def _local_sgd_pairs(pts: list) -> list:
     return [(p, base[(p[2], p[1])]) for p in pts if "local_sgd" in variant_of(p[0]) and (p[2], p[1]) in base]
 
 
-def local_sgd_unresolved(recs: dict) -> str | None:
+def local_sgd_unresolved(recs: Records) -> str | None:
     """Why the Local SGD trade-off is not drawn (no Local SGD records, no baseline to compare with, or every
     difference within its noise), or None when it is: some Local SGD case's throughput interval is apart
     from its baseline's (same model and world size), or its final loss differs by more than both losses'
@@ -444,7 +457,7 @@ def local_sgd_unresolved(recs: dict) -> str | None:
             "there is no trade-off to draw.")
 
 
-def local_sgd_figure(recs: dict) -> object | None:
+def local_sgd_figure(recs: Records) -> Any:
     """Throughput (with its 95% interval) against final loss for the Local SGD settings and their baseline;
     None where :func:`local_sgd_unresolved` gives a reason."""
     if local_sgd_unresolved(recs) is not None:
@@ -471,7 +484,7 @@ def local_sgd_figure(recs: dict) -> object | None:
     return fig
 
 
-def svg_bytes(fig) -> tuple[bytes, tuple[int, int]]:
+def svg_bytes(fig: Any) -> tuple[bytes, tuple[int, int]]:
     """``fig`` as an SVG document and its size in the page's pixels (:data:`DPI`).  Text is drawn as paths (the
     figure looks the same in every browser, whatever fonts it has) and the file holds no date and no random ids:
     the same figure gives the same bytes."""
@@ -482,26 +495,26 @@ def svg_bytes(fig) -> tuple[bytes, tuple[int, int]]:
     return buf.getvalue(), (round(width * DPI), round(height * DPI))
 
 
-def busbw_measurable(metrics: dict) -> tuple[bool, str]:
+def busbw_measurable(metrics: Metrics) -> tuple[bool, str]:
     """(True, "") when the record's busbw means something, else (False, why not).
 
     busbw divides the allreduce bytes by the exposed communication time: it is a bandwidth only where
     that time is positive, a measurable share of the step (at least MIN_EXPOSED_FRACTION of it and above
     half the interquartile range of the step times, the spread of the measurement) and spent on messages
     of at least MIN_BYTES_PER_CALL on average (smaller messages measure latency, not bandwidth)."""
-    if not math.isfinite(num(metrics.get("busbw_GBps"))):
+    if not math.isfinite(num(metrics.busbw_GBps)):
         return False, "not recorded (no none case, or no allreduce counted by fleetbench)"
-    exposed = num(metrics.get("exposed_comm_s"))
-    st = metrics.get("step_time_s") or {}
-    step, iqr = num(st.get("median")), num(st.get("iqr"))
+    exposed = num(metrics.exposed_comm_s)
+    st = metrics.step_time_s
+    step, iqr = (num(st.median), num(st.iqr)) if st is not None else (math.nan, math.nan)
     if not exposed > 0:
         return False, "no exposed communication"
     if math.isfinite(step) and exposed < MIN_EXPOSED_FRACTION * step:
         return False, f"exposed communication under {MIN_EXPOSED_FRACTION:.0%} of the step"
     if math.isfinite(iqr) and exposed < iqr / 2:
         return False, "exposed communication within the step times' spread (half the IQR)"
-    calls = allreduce_total(metrics.get("comm_calls_per_step"))
-    nbytes = allreduce_total(metrics.get("comm_bytes_per_step"))
+    calls = allreduce_total(metrics.comm_calls_per_step)
+    nbytes = allreduce_total(metrics.comm_bytes_per_step)
     if calls > 0 and nbytes / calls < MIN_BYTES_PER_CALL:
         return False, (f"allreduce messages of {nbytes / calls / 1e3:.0f} kB on average: their time is mostly "
                        f"latency, not bandwidth")

@@ -246,7 +246,15 @@ class AbComparison(Protocol):
     seconds: float
 
 
-def ab_cases(comparisons: Iterable[AbComparison], only: Iterable[dict] = (), errors: Iterable[str] = ()
+class NotComparedCase(Protocol):
+    @property
+    def case(self) -> str: ...
+
+    @property
+    def why(self) -> str: ...
+
+
+def ab_cases(comparisons: Iterable[AbComparison], only: Iterable[NotComparedCase] = (), errors: Iterable[str] = ()
              ) -> list[TestCase]:
     """``fleetbench ab``'s comparisons: a failure where the gate fails the case (slower, structure changed, check
     worse, an error on HEAD only), an error where the case errors on both sides or BASE only, skipped where it is
@@ -264,8 +272,7 @@ def ab_cases(comparisons: Iterable[AbComparison], only: Iterable[dict] = (), err
             out.append(TestCase(name, "fleetbench.ab", "skipped", f"inconclusive: {c.summary}", c.seconds))
         else:
             out.append(TestCase(name, "fleetbench.ab", "passed", "", c.seconds, output=c.summary))
-    out += [TestCase(str(o.get("case")), "fleetbench.ab", "skipped", f"not compared: {o.get('why')}")
-            for o in only]
+    out += [TestCase(o.case, "fleetbench.ab", "skipped", f"not compared: {o.why}") for o in only]
     out += [TestCase("gate", "fleetbench.ab", "error", e) for e in errors]
     return out
 

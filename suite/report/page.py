@@ -44,19 +44,23 @@ import os
 import re
 import sys
 import urllib.parse
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from ..measure.utilization import BUSY, busy_reason
 from ..outputs import OutputDir
-from ..results.records import NUMERIC_METRICS, allreduce_total, jsonable
+from ..results.records import NUMERIC_METRICS, CaseRecord, allreduce_total, jsonable
 from ..results.records import plain as _plain
 from .trend import MAX_TREND_RUNS, sparkline_svg, sparkline_text, trends
 
 __all__ = ["build_report", "md_text", "trace_source", "svg_size", "out_problem"]
 
+Final = dict[tuple[str, int], CaseRecord]  # (case, world) -> its last record
+
 _MD_PUNCT = re.compile(r"([\\`*~\[\]|])")
 
 
-def md_text(value) -> str:
+def md_text(value: object) -> str:
     """Untrusted text as one Markdown table cell or list line: HTML-escaped (no tags, entities or
     autolinks; quotes stay as they are, Markdown text has no attributes to break out of), the characters
     of links, code spans, emphasis and table cells backslash-escaped, line breaks as ``<br>``."""
@@ -69,7 +73,7 @@ def _md_link_target(path: str) -> str:
     return urllib.parse.quote(path, safe="/@")
 
 
-def trace_source(results_dir: str, rel, directory: bool = False) -> tuple[str | None, str]:
+def trace_source(results_dir: str, rel: object, directory: bool = False) -> tuple[str | None, str]:
     """(the file to copy, "") when ``rel`` names a regular file inside ``results_dir/traces`` (after
     resolving symlinks), else (None, why); with ``directory``, a directory there is taken too (a run's
     traces of one case: :func:`trace_files`)."""
@@ -99,7 +103,7 @@ MAX_TRACE_BYTES = 512 * 2**20
 MAX_TRACE_FILES = 1024  # files of one case's trace directory (one per rank, and the timeline)
 
 
-def trace_files(results_dir: str, rel) -> tuple[list[tuple[str, str]], list[str]]:
+def trace_files(results_dir: str, rel: str) -> tuple[list[tuple[str, str]], list[str]]:
     """The files of a record's ``trace_file`` to copy, as (source, name in the report's traces/), and why any other
     was left: the file itself, or each regular file of the directory (``CaseRunner.trace``: one torch.profiler
     trace per rank and ``timeline.json``), every one checked by :func:`trace_source`."""
@@ -135,7 +139,7 @@ REPORT_FILES = ("index.html", "summary.md", "report_data.json")
 SHOWN_SCALE = 1.25  # a plot's width on the page over its own (figures.WIDTH_IN: 480 px shown 600 px wide)
 
 
-def out_problem(out_dir: str, results_dirs, force: bool = False) -> str | None:
+def out_problem(out_dir: str, results_dirs: Iterable[str], force: bool = False) -> str | None:
     """Why ``out_dir`` cannot take a report (None when it can): it must be a directory of its own (not
     a file, not a results directory), writable, and empty or holding a previous report (``force``
     allows any directory); no link inside may lead a write elsewhere."""
@@ -179,14 +183,14 @@ def svg_size(path: str) -> tuple[int, int]:
 
 
 # ---- numbers as text ------------------------------------------------------------------------------
-def _fmt(x, spec=".1f") -> str:
+def _fmt(x: object, spec: str = ".1f") -> str:
     from .figures import num
 
     v = num(x)
     return format(v, spec) if math.isfinite(v) else "-"
 
 
-def _ci(value, ci, spec: str, suffix: str = "") -> str:
+def _ci(value: object, ci: object, spec: str, suffix: str = "") -> str:
     from .figures import num
 
     v = num(value)
@@ -198,7 +202,7 @@ def _ci(value, ci, spec: str, suffix: str = "") -> str:
     return text
 
 
-def _first_line(text) -> str:
+def _first_line(text: object) -> str:
     lines = [ln for ln in str(text or "").splitlines() if ln.strip()]
     return lines[0] if lines else ""
 
@@ -210,42 +214,41 @@ def _slug(text: str) -> str:
 
 
 # ---- what the page is made of -----------------------------------------------------------------------
-def _final(records) -> dict:
+def _final(records: Iterable[CaseRecord]) -> Final:
     """(case, world) -> the last record of it, whatever its status."""
-    out: dict = {}
+    out: Final = {}
     for r in records:
         out[(r.case, r.world_size)] = r
     return out
 
 
-def _verdicts(final: dict) -> str:
+def _verdicts(final: Final) -> str:
     """How many of ``final``'s records have each verdict, e.g. "2 pass, 1 n/a" (verdicts in order)."""
     return ", ".join(f"{n} {v}" for v, n in sorted(collections.Counter(r.verdict for r in final.values()).items()))
 
 
-def _problems(final: dict) -> list[dict]:
+def _problems(final: Final) -> list[dict]:
     """Failures and errors first (with every message the record carries), then notes on passing cases
     (timed alone, a trace that could not be taken), then cases that did not run."""
     out = []
     for (case, w), r in sorted(final.items()):
-        check = r.check or {}
         messages = []
-        if check.get("message"):
-            messages.append(("check", str(check["message"])))
+        if r.check is not None and r.check.message:
+            messages.append(("check", r.check.message))
         skipped = r.status in ("skipped", "not_run") or r.verdict in ("skipped", "not_run")
         if r.error:
             messages.append(("error" if r.status == "error" else "why" if skipped else "timing", str(r.error)))
         if r.fallback:
             messages.append(("timed alone", str(r.fallback)))
-        if r.metrics.get("trace_error"):
-            messages.append(("trace", str(r.metrics["trace_error"])))
+        if r.metrics.trace_error:
+            messages.append(("trace", r.metrics.trace_error))
         if skipped:
             kind = "skipped"
         elif r.status == "error" or r.verdict == "error":
             kind = "error"
         elif r.verdict == "fail":
             kind = "fail"
-        elif r.fallback or r.metrics.get("trace_error"):
+        elif r.fallback or r.metrics.trace_error:
             kind = "note"
         else:
             continue
@@ -259,9 +262,9 @@ def _problems(final: dict) -> list[dict]:
     return sorted(out, key=lambda p: rank[p["kind"]])
 
 
-def _runs(records) -> list[dict]:
+def _runs(records: Iterable[CaseRecord]) -> list[dict]:
     """One entry per run id (in order of appearance): what it ran on, from its records' metadata."""
-    by: dict = {}
+    by: dict[str, list[CaseRecord]] = {}
     for r in records:
         by.setdefault(r.run_id, []).append(r)
     out = []
@@ -298,10 +301,10 @@ def _runs(records) -> list[dict]:
     return out
 
 
-def _machine(records) -> str:
+def _machine(records: Iterable[CaseRecord]) -> str:
     """A run's machine state: busy (timings unreliable) in how many of its timed cases, quiet, or not recorded
     (records from before the load average and others' CPU time were kept)."""
-    timed = [r for r in records if r.metrics and ("others_cpu_share" in r.metrics or "load_avg_start" in r.metrics)]
+    timed = [r for r in records if r.metrics.others_cpu_share is not None or r.metrics.load_avg_start is not None]
     busy = [r for r in timed if busy_reason(r.metrics)]
     if busy:
         why = "; ".join(dict.fromkeys(str(busy_reason(r.metrics)).removeprefix(BUSY).strip()
@@ -321,51 +324,53 @@ NO_RISE = "no rise"  # a transient peak measured, and under PEAK_SHOWN: not "-",
 PEAK_SHOWN = 0.05 * 2**20  # bytes: RSS moves by pages, a rise under this is none
 
 
-def _row(r, trend: dict | None = None) -> tuple[list[str], dict]:
+def _row(r: CaseRecord, trend: dict | None = None) -> tuple[list[str], dict[str, str]]:
     """The table's cells for one record, and the reasons behind cells left empty (by column); ``trend``: its
     samples/s over runs (:func:`trend.trends`), or None with one run."""
     from . import figures as F
 
-    m = r.metrics or {}
-    st = m.get("step_time_s") or {}
-    why: dict = {}
-    step = F.num(st.get("median"))
-    step_txt = f"{1e3 * step:.1f} ({1e3 * F.num(st.get('iqr')):.1f})" if math.isfinite(step) else "-"
-    if F.variant_of(r.case) == F.BASELINE_VARIANT and math.isfinite(F.num(m.get("speedup"))):
+    m = r.metrics
+    measured = not m.empty
+    st = m.step_time_s
+    why: dict[str, str] = {}
+    step = F.median_step(m)
+    iqr = F.num(st.iqr) if st is not None else math.nan
+    step_txt = f"{1e3 * step:.1f} ({1e3 * iqr:.1f})" if math.isfinite(step) else "-"
+    if F.variant_of(r.case) == F.BASELINE_VARIANT and math.isfinite(F.num(m.speedup)):
         speedup = "1 (the baseline)"
     else:  # "not resolved" where run's table says so (the interval spans 1, or under 6 rounds)
         unresolved = F.speedup_unresolved(m)
-        speedup = _ci(m.get("speedup"), m.get("speedup_ci"), ".2f", "×") + (f" {unresolved}" if unresolved else "")
+        speedup = _ci(m.speedup, m.speedup_ci, ".2f", "×") + (f" {unresolved}" if unresolved else "")
         if unresolved:
             why[SPEEDUP] = {F.NOT_RESOLVED: "the 95% interval contains 1: no measured difference",
                             "no interval": "one round: no interval"}.get(
                 unresolved, "fewer rounds than give a 95% interval (6): this one covers the median less often")
-    exposed = F.num(m.get("exposed_comm_s"))
+    exposed = F.num(m.exposed_comm_s)
     split = F.splits_step(r.case)
     exposed_txt = f"{1e3 * exposed:.1f}" if math.isfinite(exposed) and split else "-"
-    if m and not math.isfinite(exposed):
+    if measured and not math.isfinite(exposed):
         why["exposed comm ms"] = "no none case ran with this model: compute alone was not measured"
-    elif m and not split:
+    elif measured and not split:
         why["exposed comm ms"] = ("the strategy changes compute, not only communication: its step minus the none "
                                   "case's is not communication")
-    calls = m.get("comm_calls_per_step") or {}
+    calls = m.comm_calls_per_step or {}
     ncalls = sum(F.num(v) for v in calls.values() if math.isfinite(F.num(v)))
-    ar_bytes = allreduce_total(m.get("comm_bytes_per_step"))
+    ar_bytes = allreduce_total(m.comm_bytes_per_step)
     per_op: collections.defaultdict = collections.defaultdict(float)
-    for k, v in (m.get("comm_bytes_per_step") or {}).items():
+    for k, v in (m.comm_bytes_per_step or {}).items():
         per_op[k.rpartition("/")[2]] += F.num(v) if math.isfinite(F.num(v)) else 0.0
     if per_op.get("reduce_scatter"):  # a two-level allreduce: its gradients counted once, and what each step moved
         why["allreduce MB/step"] = (
             f"the gradients the two-level allreduce averages; its steps moved: intra-node reduce-scatter "
             f"{per_op['reduce_scatter'] / 1e6:.2f} MB, inter-node allreduce of the shards "
             f"{per_op['all_reduce'] / 1e6:.2f} MB, intra-node all-gather {per_op['all_gather'] / 1e6:.2f} MB")
-    ok, reason = F.busbw_measurable(m) if m else (False, "")
+    ok, reason = F.busbw_measurable(m) if measured else (False, "")
     if ok and not split:
         ok, reason = False, "the strategy changes compute: its exposed communication is not known"
-    if not ok and reason and math.isfinite(F.num(m.get("busbw_GBps"))):
+    if not ok and reason and math.isfinite(F.num(m.busbw_GBps)):
         why["busbw GB/s"] = reason
-    foot, peak = F.num(m.get("footprint_bytes")), F.num(m.get("peak_memory_bytes"))
-    probe = m.get("peak_memory_kind")  # a number without the probe that took it: a record from before the probes
+    foot, peak = F.num(m.footprint_bytes), F.num(m.peak_memory_bytes)
+    probe = m.peak_memory_kind  # a number without the probe that took it: a record from before the probes
     if math.isfinite(peak) and probe and peak >= PEAK_SHOWN:
         peak_txt = f"{peak / 2**20:.1f}"
         why["transient peak MB"] = f"the largest rise above a window's start, measured by {probe}"
@@ -375,15 +380,16 @@ def _row(r, trend: dict | None = None) -> tuple[list[str], dict]:
                                     f"({peak / 2**10:.0f} kB)")
     else:
         peak_txt = "-"
-        if m:
+        if measured:
             why["transient peak MB"] = "not measured (no peak memory in the record, or no probe named)"
     trend_txt = sparkline_text(trend) if trend else "-"
-    if m and not trend:
+    if measured and not trend:
         why[TREND] = "one run measured this case (at this size and device)"
-    cells = [r.case, str(r.world_size), speedup if m else "-", r.verdict,
-             _ci(m.get("samples_per_s"), m.get("samples_per_s_ci"), ".1f"), trend_txt, step_txt, exposed_txt,
-             f"{ncalls:.3g}" if m else "-", f"{ar_bytes / 1e6:.2f}" if m and ar_bytes else ("0" if m else "-"),
-             _fmt(m.get("busbw_GBps"), ".3f") if ok else "-", f"{foot / 2**20:.1f}" if foot > 0 else "-", peak_txt]
+    cells = [r.case, str(r.world_size), speedup if measured else "-", r.verdict,
+             _ci(m.samples_per_s, m.samples_per_s_ci, ".1f"), trend_txt, step_txt, exposed_txt,
+             f"{ncalls:.3g}" if measured else "-",
+             f"{ar_bytes / 1e6:.2f}" if measured and ar_bytes else ("0" if measured else "-"),
+             _fmt(m.busbw_GBps, ".3f") if ok else "-", f"{foot / 2**20:.1f}" if foot > 0 else "-", peak_txt]
     if calls:
         why["collectives/step"] = ", ".join(f"{k}: {F.num(v):g}" for k, v in sorted(calls.items()))
     label = fusion_kernels(r)
@@ -392,17 +398,16 @@ def _row(r, trend: dict | None = None) -> tuple[list[str], dict]:
     return cells, why
 
 
-def fusion_kernels(r) -> tuple[str, str] | None:
+def fusion_kernels(r: CaseRecord) -> tuple[str, str] | None:
     """A compute-fusion case's kernels on CUDA as its record states them (``describe.compute_fusion``: "eager
     composition" or "torch.compile", and why it matters), or None (another case, or the CPU)."""
-    engine = getattr(r.describe, "engine", None) or {}
-    fusion = engine.get("compute_fusion") if isinstance(engine, dict) else None
+    fusion = r.describe.engine.get("compute_fusion")
     if not str(r.device).startswith("cuda") or not isinstance(fusion, dict) or not fusion.get("kernels"):
         return None
     return str(fusion["kernels"]), str(fusion.get("kernels_note") or "")
 
 
-def _table(rows: list) -> dict:
+def _table(rows: list[tuple[CaseRecord, list[str], dict[str, str]]]) -> dict:
     """A model's table from its (record, cells, why) rows: a memory column no row measured is left out (said in a
     note), and so is the trend where no case was measured in several runs."""
     drop = {i for i, h in enumerate(HEAD) if h in (*MEMORY, TREND) and all(cells[i] == "-" for _, cells, _ in rows)}
@@ -449,7 +454,8 @@ HOW_TO_READ = [
 ]
 
 
-def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dict | None = None) -> dict:
+def build_report(records: Sequence[CaseRecord], out_dir: str, results_dir: str = ".",
+                 record_dirs: dict[int, str] | None = None) -> dict:
     """``record_dirs`` maps ``id(record)`` to the results directory its traces are under (several
     results files: each file's own); others use ``results_dir``."""
     from . import figures as F  # first: matplotlib imported through .mpl, nothing written under ~
@@ -460,27 +466,29 @@ def build_report(records, out_dir: str, results_dir: str = ".", record_dirs: dic
         return _build(records, out, results_dir, record_dirs, plt, F)
 
 
-def _build(records, out: OutputDir, results_dir: str, record_dirs: dict | None, plt, F) -> dict:
+def _build(records: Sequence[CaseRecord], out: OutputDir, results_dir: str, record_dirs: dict[int, str] | None,
+           plt: Any, F: Any) -> dict:
     final = _final(records)
     # what is drawn: the final record of each (case, world), where it has numbers
-    recs = {k: r for k, r in final.items() if r.status == "ok" and r.metrics}
+    recs = {k: r for k, r in final.items() if r.status == "ok" and not r.metrics.empty}
     worlds = sorted({w for _, w in recs})
     models = list(dict.fromkeys(r.model for _, r in sorted(final.items())))
     data: dict = {"cases": {}, "scaling": {}, "plots": [], "models": {}, "warnings": []}
     trend = trends(records, final)  # (case, world) -> samples/s over the runs, where several measured it
     for (case, w), r in sorted(final.items()):
         m = r.metrics
-        data["cases"][f"{case}@{w}"] = {k: m.get(k) for k in NUMERIC_METRICS}
+        data["cases"][f"{case}@{w}"] = {k: getattr(m, k) for k in NUMERIC_METRICS}
         data["cases"][f"{case}@{w}"].update(verdict=r.verdict, status=r.status, model=r.model, run_id=r.run_id,
-                                             step_median_s=(m.get("step_time_s") or {}).get("median"),
-                                             busbw_shown=F.busbw_measurable(m)[0] if m else False,
+                                             step_median_s=m.step_time_s.median if m.step_time_s is not None
+                                             else None,
+                                             busbw_shown=F.busbw_measurable(m)[0] if not m.empty else False,
                                              exposed_is_comm=F.splits_step(case),
-                                             speedup_unresolved=F.speedup_unresolved(m) if m else None,
+                                             speedup_unresolved=F.speedup_unresolved(m) if not m.empty else None,
                                              trend=trend.get((case, w)))
 
     images: dict = {}  # file -> (width, height)
 
-    def save(fig, name: str) -> str | None:
+    def save(fig: Any, name: str) -> str | None:
         if fig is None:
             return None
         svg, size = F.svg_bytes(fig)
@@ -514,7 +522,7 @@ def _build(records, out: OutputDir, results_dir: str, record_dirs: dict | None, 
                          else None) for w in worlds]
     breakdown_plots = [(w, save(F.breakdown_figure(recs, w), f"breakdown_w{w}.svg") if w in plotted
                         else None) for w in worlds]
-    with_none = {r.model for r in recs.values() if math.isfinite(F.num(r.metrics.get("compute_s")))}
+    with_none = {r.model for r in recs.values() if math.isfinite(F.num(r.metrics.compute_s))}
     no_none = [m for m in models if m not in with_none]
     if no_none:
         notes.append(f"No step breakdown for {', '.join(no_none[:20])}{' …' if len(no_none) > 20 else ''}: no none "
@@ -537,7 +545,7 @@ def _build(records, out: OutputDir, results_dir: str, record_dirs: dict | None, 
     dirs = record_dirs or {}
     roots = sorted({os.path.realpath(d) for d in dirs.values()} | {os.path.realpath(results_dir)})
     for (case, w), r in sorted(final.items()):
-        rel = r.metrics.get("trace_file")
+        rel = r.metrics.trace_file
         if rel:
             where = dirs.get(id(r), results_dir)
             files, left = trace_files(where, rel)
@@ -596,8 +604,8 @@ def _build(records, out: OutputDir, results_dir: str, record_dirs: dict | None, 
     # shown at 1.25 times their size where the window has room (12 pt text), scaled down to the window elsewhere
     img = {n: {"src": n, "w": round(SHOWN_SCALE * w), "h": round(SHOWN_SCALE * h)} for n, (w, h) in images.items()}
 
-    def shown(name, alt):
-        return name and {**img[name], "alt": alt}
+    def shown(name: str | None, alt: str) -> dict | None:
+        return {**img[name], "alt": alt} if name else None
     plots = [(f"Throughput at world size {w}", shown(n, f"throughput at world size {w}, one panel per model"))
              for w, n in throughput_plots if n]
     plots += [(f"Step breakdown at world size {w}", shown(n, f"step breakdown at world size {w}"))
@@ -649,7 +657,8 @@ def _groups(problems: list[dict]) -> list[dict]:
     return out
 
 
-def _write_markdown(out: OutputDir, summary, groups, runs, tables, images, traces, notes) -> None:
+def _write_markdown(out: OutputDir, summary: str, groups: list[dict], runs: list[dict], tables: dict[str, dict],
+                    images: dict, traces: dict, notes: list[str]) -> None:
     m = md_text
     md = ["# fleetbench report", "", m(summary), ""]
     bad = [g for g in groups if g["kind"] in ("fail", "error")]
@@ -672,13 +681,13 @@ def _write_markdown(out: OutputDir, summary, groups, runs, tables, images, trace
     out.write("summary.md", "\n".join(md) + "\n")
 
 
-def _templates():
+def _templates() -> Any:
     """The Jinja2 environment of ``templates/``: autoescaping on, an undefined name an error, and every text
     shown through :func:`plain` first (control characters and bidi overrides as ``\\uXXXX``, as in Markdown)."""
     import jinja2
     import markupsafe
 
-    def finalize(value):
+    def finalize(value: object) -> object:
         keep = isinstance(value, markupsafe.Markup) or not isinstance(value, str)
         return value if keep else _plain(value, "\r\n\t")
 
@@ -686,7 +695,7 @@ def _templates():
                               autoescape=True, undefined=jinja2.StrictUndefined, finalize=finalize)
 
 
-def _markup(text: str):
+def _markup(text: str) -> Any:
     """Constant page text of this module that carries its own markup (never a record's)."""
     import markupsafe
 
@@ -697,12 +706,12 @@ def _markup(text: str):
 _GROUPS = re.compile(r"\([^)]*\)|not resolved(?: \([^)]*\))?|\S+(?: \[[^\]]*\])?")
 
 
-def _html_cell(head: str, text: str, title, trend: dict | None) -> dict:
+def _html_cell(head: str, text: str, title: str | None, trend: dict | None) -> dict:
     """One cell as the template draws it: its text (or its parts: a line may break between them, never inside),
     class, hover reason, and the trend's sparkline (markup built by :func:`trend.sparkline_svg`, escaped there)."""
     import markupsafe
 
-    cell = {"text": text, "title": title, "cls": None, "parts": None, "slash": False, "svg": None}
+    cell: dict[str, Any] = {"text": text, "title": title, "cls": None, "parts": None, "slash": False, "svg": None}
     if head == "verdict":
         cell["cls"] = f"verdict v-{text}"
     elif head == "case":  # a long name may break after its "/" (model/variant) in a narrow window
@@ -714,7 +723,7 @@ def _html_cell(head: str, text: str, title, trend: dict | None) -> dict:
     return cell
 
 
-def _html_table(model: str, t: dict, traces: dict, speedup, trend: dict) -> dict:
+def _html_table(model: str, t: dict, traces: dict, speedup: dict | None, trend: dict) -> dict:
     """A model's table as the template draws it: cells with their class and hover reason, busbw notes."""
     busbw: dict = {}
     rows = []

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Iterable
 
 from ..measure.utilization import busy_reason
-from ..results.records import plain
+from ..results.records import CaseRecord, plain
 
 __all__ = ["trends", "sparkline_svg", "sparkline_text", "MAX_TREND_RUNS"]
 
@@ -22,17 +23,17 @@ WIDTH, HEIGHT, PAD = 84, 20, 3  # the sparkline's box, px
 _BLOCKS = "▁▂▃▄▅▆▇█"
 
 
-def _value(r) -> float:
-    v = r.metrics.get("samples_per_s") if r.status == "ok" and r.metrics else None
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else math.nan
+def _value(r: CaseRecord) -> float:
+    v = r.metrics.samples_per_s if r.status == "ok" else None
+    return float(v) if v is not None and math.isfinite(v) else math.nan
 
 
-def trends(records, final: dict) -> dict:
+def trends(records: Iterable[CaseRecord], final: dict[tuple[str, int], CaseRecord]) -> dict[tuple[str, int], dict]:
     """(case, world) -> {"runs": how many runs measured it, "points": [{"run_id", "samples_per_s", "busy"}, ...]}
     (oldest first, in the order the records come; a run's last record of the case; the latest MAX_TREND_RUNS),
     for the cases of ``final`` (its last record by (case, world)) measured in at least two runs of the same size
     and device as that last record."""
-    by: dict = {}
+    by: dict[tuple[str, int], dict] = {}
     for r in records:
         key = (r.case, r.world_size)
         last = final.get(key)

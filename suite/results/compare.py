@@ -24,10 +24,12 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
+from ..measure.utilization import busy_reason
 from .gate import MIN_SAMPLES, UNDECIDED, GateOptions, gate_samples, min_p_value, ratio_interval_text
-from .load import Side
-from .records import ResultsFileError
+from .load import Side, samples, windows
+from .records import CaseRecord, ResultsFileError
 from .structure import structure_diff, structure_new
 
 __all__ = ["Comparison", "compare_sides", "COLUMNS", "NUMERIC", "NOT_RUN", "SAME_RECORDS", "IDENTICAL", "could_catch"]
@@ -54,14 +56,14 @@ class Comparison:
     failures: list = field(default_factory=list)  # why the gate fails (exit 1)
     same_records: bool = False  # BASE and HEAD are the same records of one file: said first (SAME_RECORDS)
 
-    def frame(self):
+    def frame(self) -> Any:
         """The rows for people, as text: ``verdict`` is the performance verdict (``change`` in --json), ``check``
         the correctness check on each side (``verdict`` in --json), ``status`` the row's outcome; times in ms and
         speedups with 3 decimals, p-values with 2 significant digits, ``could_catch`` the smallest slowdown the
         samples could have caught (``detectable_slowdown``) as a percentage."""
         import pandas as pd
 
-        def num(x, spec: str) -> str:
+        def num(x: object, spec: str) -> str:
             return format(x, spec) if isinstance(x, (int, float)) and math.isfinite(x) else ""
 
         def show(r: dict) -> dict:
@@ -75,7 +77,7 @@ class Comparison:
         return pd.DataFrame([show(r) for r in self.rows], columns=list(COLUMNS))
 
     @property
-    def undecided(self) -> list:
+    def undecided(self) -> list[dict]:
         """Cases without a verdict at the threshold: samples that cannot support one, or not run on HEAD."""
         return [r for r in self.rows if r["status"] == UNDECIDED_ROW]
 
@@ -83,7 +85,7 @@ class Comparison:
     def exit_code(self) -> int:
         return 1 if self.failures else 3 if self.undecided else 0
 
-    def to_dict(self, base=None, head=None, opts=None) -> dict:
+    def to_dict(self, base: Side | None = None, head: Side | None = None, opts: GateOptions | None = None) -> dict:
         """The comparison for machines (`fleetbench compare --json`)."""
         import dataclasses
 
@@ -94,15 +96,15 @@ class Comparison:
                 "failures": self.failures, "exit_code": self.exit_code}
 
 
-def _side_info(side) -> dict | None:
+def _side_info(side: Side | None) -> dict | None:
     if side is None:
         return None
     return {"path": side.path, "kind": side.kind, "torch": side.torch, "device": side.device, "run_ids": side.run_ids}
 
 
-def _records_of(side: Side) -> dict:
+def _records_of(side: Side) -> dict[str, str]:
     """Which record each case came from: its line (records) or benchmark (pytest-benchmark), without the path."""
-    return {k: c.where[len(side.path):] if c.where.startswith(side.path) else c.where for k, c in side.cases.items()}
+    return {k: w[len(side.path):] if w.startswith(side.path) else w for k, w in side.where.items()}
 
 
 def _same_file(a: str | None, b: str | None) -> bool:
@@ -114,10 +116,10 @@ def _same_file(a: str | None, b: str | None) -> bool:
         return False
 
 
-def _bad_timings(c) -> str | None:
+def _bad_timings(c: CaseRecord) -> str | None:
     """What is wrong with a case's timing samples, or None: a time is finite and positive seconds, so nan, inf and
     values <= 0 are failures of the measurement (never dropped: a side would look like fewer, better samples)."""
-    for values, what in ((c.windows, "timing"), (c.samples, "per-step timing")):
+    for values, what in ((windows(c), "timing"), (samples(c), "per-step timing")):
         bad = [x for x in values if not (math.isfinite(x) and x > 0)]
         if bad:
             finite = sum(math.isfinite(x) for x in bad)
@@ -129,7 +131,7 @@ def _bad_timings(c) -> str | None:
     return None
 
 
-def _some(cases: dict, limit: int = 4) -> str:
+def _some(cases: dict[str, CaseRecord], limit: int = 4) -> str:
     """A few of a side's cases (model/variant@world) for a message."""
     keys = sorted(cases)
     if not keys:
@@ -155,10 +157,10 @@ def could_catch(row: dict, short: bool = False) -> str:
     return f"nothing < 100%: {tail}" if short else f"could have caught nothing below 100%: {tail}"
 
 
-def _identical(b, h) -> bool:
+def _identical(b: CaseRecord, h: CaseRecord) -> bool:
     """The two sides' records of a case hold the very same times (the same record, or a copy of it)."""
-    return b.status == h.status == "ok" and bool(b.windows or b.samples) and list(b.windows) == list(h.windows) \
-        and list(b.samples) == list(h.samples)
+    return b.status == h.status == "ok" and bool(windows(b) or samples(b)) and windows(b) == windows(h) \
+        and samples(b) == samples(h)
 
 
 def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, strict: bool = False) -> Comparison:
@@ -176,23 +178,23 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
         key, c, why = unusable[0]
         more = [k for k, _, _ in unusable[1:]]
         also = f" (also in {', '.join(more[:3])}{', …' if len(more) > 3 else ''})" if more else ""
-        raise ResultsFileError(f"{c.where}: case {key}: BASE has {why}; a baseline's times must be finite and "
-                               f"positive seconds{also}")
+        raise ResultsFileError(f"{base.where.get(key, base.path)}: case {key}: BASE has {why}; a baseline's times "
+                               f"must be finite and positive seconds{also}")
     if not set(base.cases) & set(head.cases):  # nothing to compare is not a pass
         raise ResultsFileError(f"no case is in both files (a case is compared at the same world size): BASE "
                                f"{base.path} has {_some(base.cases)}; HEAD {head.path} has {_some(head.cases)}")
     keys = list(dict.fromkeys(list(base.cases) + list(head.cases)))
     for key in sorted(keys):
         b, h = base.cases.get(key), head.cases.get(key)
-        one = b or h
+        one = b if b is not None else h
         assert one is not None  # the key came from one of the sides
-        row = {"case": one.case, "world": one.world_size, "base_ms": math.nan, "head_ms": math.nan,
+        row: dict[str, Any] = {"case": one.case, "world": one.world_size, "base_ms": math.nan, "head_ms": math.nan,
                "speedup": math.nan, "ci": None, "p_slower": math.nan, "n_base": 0, "n_head": 0, "samples": "",
                "detectable_slowdown": None, "needed_windows": None, "to_decide": "",
                "verdict": f"{b.verdict if b else '-'} -> {h.verdict if h else '-'}", "change": "",
                "structure": "", "structure_diff": [], "status": NOT_COMPARED}  # until its timings are compared
 
-        def fail(why: str, row=row, key=key) -> None:
+        def fail(why: str, row: dict[str, Any] = row, key: str = key) -> None:
             row["status"] = REGRESSION
             cmp.failures.append(f"{key}: {why}")
 
@@ -230,9 +232,10 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
             row["change"] = f"{b.status} -> {h.status}"
             cmp.rows.append(row)
             continue
-        if b.structure and h.structure:
-            diff = structure_diff(b.structure, h.structure)
-            new = structure_new(b.structure, h.structure)
+        if not b.structure.empty and not h.structure.empty:
+            bfacts, hfacts = b.structure.to_dict(), h.structure.to_dict()
+            diff = structure_diff(bfacts, hfacts)
+            new = structure_new(bfacts, hfacts)
             if new:
                 cmp.warnings.append(f"{key}: structural facts on one side only (new, not a change): "
                                     + "; ".join(new))
@@ -248,20 +251,22 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
             fail(row["change"])
             cmp.rows.append(row)
             continue
-        for label, side in (("BASE", b), ("HEAD", h)):
-            if side.busy:
-                cmp.warnings.append(f"{key}: {label}'s timings: {side.busy}")
+        for label, rec in (("BASE", b), ("HEAD", h)):
+            busy = busy_reason(rec.metrics)
+            if busy:
+                cmp.warnings.append(f"{key}: {label}'s timings: {busy}")
         if cmp.same_records or _identical(b, h):  # a case and itself: no interval between a number and itself
-            row.update(change=IDENTICAL, base_ms=_fmt_ms(statistics.median(b.windows or b.samples)),
-                       head_ms=_fmt_ms(statistics.median(h.windows or h.samples)), speedup=1.0)
+            row.update(change=IDENTICAL, base_ms=_fmt_ms(statistics.median(windows(b) or samples(b))),
+                       head_ms=_fmt_ms(statistics.median(windows(h) or samples(h))), speedup=1.0)
             if row["status"] != REGRESSION:
                 row["status"] = OK
             cmp.rows.append(row)
             continue
-        windows = len(b.windows) >= MIN_SAMPLES and len(h.windows) >= MIN_SAMPLES
-        bs, hs = (b.windows, h.windows) if windows else (b.samples, h.samples)
-        row.update(n_base=len(bs), n_head=len(hs), samples="windows" if windows else "steps")
-        if not windows and b.samples and h.samples:
+        bw, hw = windows(b), windows(h)
+        by_window = len(bw) >= MIN_SAMPLES and len(hw) >= MIN_SAMPLES
+        bs, hs = (bw, hw) if by_window else (samples(b), samples(h))
+        row.update(n_base=len(bs), n_head=len(hs), samples="windows" if by_window else "steps")
+        if not by_window and samples(b) and samples(h):
             cmp.warnings.append(f"{key}: fewer than {MIN_SAMPLES} timed windows on a side; compared per-step "
                                 f"samples, whose p-values are overconfident (steps of one window are not independent)")
         g = gate_samples(bs, hs, opts)
@@ -277,7 +282,7 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
                  f"{ratio_interval_text(g['ci_low'], g['ci_high'])}, p={g['p_slower']:.2g}; threshold "
                  f"{opts.threshold:.0%})")
         if g["change"] == "too few samples" and opts.method == "mwu" and min_p_value(len(bs), len(hs)) >= opts.alpha:
-            row["change"] = f"too few {'windows' if windows else 'samples'} for alpha {opts.alpha:g}"
+            row["change"] = f"too few {'windows' if by_window else 'samples'} for alpha {opts.alpha:g}"
         if g["change"] == "too few samples" and strict:
             fail("too few samples to compare (--strict)")
         if row["status"] != REGRESSION:

@@ -29,6 +29,7 @@ import platform
 import re
 import sys
 from collections.abc import Iterable
+from typing import Any
 
 from ..outputs import OutputDir
 from ..run_spec import run_setup
@@ -106,7 +107,7 @@ def _setup(rec: CaseRecord) -> dict:
                      warmup=run.warmup if run else None, sets=sel.sets if sel else (), config=None)
 
 
-def extra_info(rec: CaseRecord, measured_by: str, **more) -> dict:
+def extra_info(rec: CaseRecord, measured_by: str, **more: Any) -> dict:
     """A benchmark's ``extra_info`` from its record: the one shape both pytest-benchmark writers give, the nightly's
     export (:func:`pytest_benchmark_doc`) and the live harness (``bench_cases/test_cases.py``), JSON-able
     (:func:`~suite.results.records.jsonable`: nan and inf as strings).
@@ -196,7 +197,7 @@ def asv_results_path(machine: str, commit: str, env_name: str) -> str:
     return os.path.join(machine, f"{commit[:8]}-{env_name}.json")
 
 
-def _literal(text: str):
+def _literal(text: str) -> Any:
     import ast
 
     try:

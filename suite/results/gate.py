@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +58,7 @@ class GateOptions:
     n_boot: int = 1000
     seed: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         # a fraction: 5 is refused, not taken as 500%; at t >= 1 the line 1/(1 + t) is at or below 0.5, so a 2x
         # slowdown (speedup 0.5) would no longer lie beyond the threshold
         if not (isinstance(self.threshold, (int, float)) and 0 <= self.threshold < 1):
@@ -69,12 +70,12 @@ class GateOptions:
             raise ValueError(f"--method {self.method!r}: allowed values are 'mwu' and 'bootstrap'")
 
 
-def _finite(xs) -> np.ndarray:
+def _finite(xs: Iterable[float]) -> np.ndarray:
     a = np.asarray(list(xs), dtype=float)
     return a[np.isfinite(a) & (a > 0)]
 
 
-def gate_samples(base, head, opts: GateOptions = GateOptions()) -> dict:
+def gate_samples(base: Sequence[float], head: Sequence[float], opts: GateOptions = GateOptions()) -> dict:
     """Compare two sets of per-step seconds; returns speedup, interval, p-values and a change verdict.
 
     ``change`` is "slower", "not slower", "faster", "undecided" (see the module docstring; ``to_decide`` says

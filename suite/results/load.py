@@ -1,13 +1,16 @@
 """Reading one side of a comparison: the suite's records (JSON lines) or pytest-benchmark JSON.
 
-Both become a :class:`Side`: per case (keyed ``model/variant@world``) the per-window time
-samples (seconds per step of each timed window: a record's ``metrics.window_s`` over its
-``steps_per_window``; a pytest-benchmark round, which is one step, or in files older than that unit a
-round over its ``steps_per_round``), the per-step samples, the structure, the correctness verdict
-and the throughput, plus what the results were measured on (torch version, device).  The gate
-compares windows, not steps: the steps of one window are autocorrelated, and treating them as
-independent samples made the test overconfident.  Anything that cannot be used raises :class:`ResultsFileError`
-naming the file, the line or the benchmark, and what is wrong.
+Both become a :class:`Side`: per case (keyed ``model/variant@world``) its record, a
+:class:`~suite.results.records.CaseRecord` (a records file's last record of the case; a pytest-benchmark
+benchmark read into one by :func:`_benchmark_record`, the one adapter: its rounds as ``metrics.window_s``, its
+steps, structure, verdict, status and throughput in the record's fields), where it came from, and what the
+results were measured on (torch version, device).  :func:`windows` and :func:`samples` are the two kinds of
+time sample every reader takes from a record: per window, seconds per step of each timed window (a record's
+``metrics.window_s`` over its ``steps_per_window``; a pytest-benchmark round, which is one step, or in files
+older than that unit a round over its ``steps_per_round``), and per step (``metrics.step_times_s``).  The
+gate compares windows, not steps: the steps of one window are autocorrelated, and treating them as
+independent samples made the test overconfident.  Anything that cannot be used raises
+:class:`ResultsFileError` naming the file, the line or the benchmark, and what is wrong.
 """
 from __future__ import annotations
 
@@ -17,14 +20,16 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from ..measure.utilization import busy_reason
+from ..outputs import InputError, json_problem, loads_bounded, open_input
+from ..run_spec import SIZES
 from .records import (
+    MAX_RESULTS_BYTES,
     STATUSES,
     VERDICTS,
+    CaseRecord,
+    Metrics,
     ResultsFileError,
-    json_problem,
-    loads_bounded,
-    open_input,
+    Structure,
     read_records,
     run_ids_held,
     runs_newest_first,
@@ -34,45 +39,44 @@ from .records import (
 # holds n_boot (1000) resamples of one side at once: 20,000 samples are 160 MB at most.
 MAX_SAMPLES = 20_000
 
-__all__ = ["CaseResult", "Side", "load_side", "case_key"]
+__all__ = ["Side", "load_side", "case_key", "windows", "samples", "PYTEST_BENCHMARK_RUN"]
+
+PYTEST_BENCHMARK_RUN = "pytest-benchmark"  # the run id of a benchmark's record whose extra_info names none
 
 
-def case_key(case: str, world_size) -> str:
+def case_key(case: str, world_size: int) -> str:
     return f"{case}@{world_size}"
 
 
-@dataclass
-class CaseResult:
-    key: str
-    case: str
-    world_size: int
-    samples: list  # per-step seconds (every rank's steps)
-    windows: list = field(default_factory=list)  # per window: seconds per step (the gate's samples)
-    structure: dict = field(default_factory=dict)  # exact facts (suite.results.structure)
-    verdict: str = "n/a"  # pass | fail | n/a | error | skipped
-    status: str = "ok"
-    samples_per_s: float = math.nan
-    config: dict = field(default_factory=dict)
-    error: str | None = None
-    where: str = ""  # file:line or file:benchmark name
-    run_id: str = ""  # records files: the run its record came from
-    busy: str | None = None  # "machine busy: timings unreliable (...)" where its record says so (busy_reason)
+def windows(rec: CaseRecord) -> list[float]:
+    """The record's per-window samples, the gate's: seconds per step of each timed window (``metrics.window_s``
+    over ``steps_per_window``); none without a whole number of steps per window >= 1."""
+    k = rec.metrics.steps_per_window
+    if k is None or k < 1:
+        return []
+    return [w / k for w in rec.metrics.window_s or []]
+
+
+def samples(rec: CaseRecord) -> list[float]:
+    """The record's per-step samples: every rank's step times (``metrics.step_times_s``)."""
+    return list(rec.metrics.step_times_s or [])
 
 
 @dataclass
 class Side:
     path: str
     kind: str  # "records" | "pytest-benchmark"
-    cases: dict  # key -> CaseResult
+    cases: dict[str, CaseRecord]  # key -> its record (a records file's last of the case)
+    where: dict[str, str] = field(default_factory=dict)  # key -> file:line or file: benchmark name
     torch: str | None = None
     device: str | None = None  # GPU names, or the CPU model
-    run_ids: list = field(default_factory=list)  # of the records read (after --base-run-id/--head-run-id)
-    records: list = field(default_factory=list)  # the CaseRecords (records files only)
-    runs_in_file: list = field(default_factory=list)  # every run id of a records file, newest (last written) first
+    run_ids: list[str] = field(default_factory=list)  # of the records read (after --base-run-id/--head-run-id)
+    records: list[CaseRecord] = field(default_factory=list)  # every record read (records files only)
+    runs_in_file: list[str] = field(default_factory=list)  # every run id of a records file, newest first
     run_id: str | None = None  # the run asked for, if one was
 
     @property
-    def used_run_ids(self) -> list:
+    def used_run_ids(self) -> list[str]:
         """The runs the compared cases' records came from (the last record of each case), newest first."""
         used = {c.run_id for c in self.cases.values()}
         return [r for r in self.runs_in_file if r in used]
@@ -86,19 +90,21 @@ def _device_of(meta: dict) -> str | None:
     return f"CPU: {cpu}" if cpu else None
 
 
-def _show(value) -> str:
+def _show(value: object) -> str:
     text = json.dumps(value) if not isinstance(value, str) else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _floats(values, where: str, what: str) -> list:
-    if values is not None and not isinstance(values, list):
+def _floats(values: object, where: str, what: str) -> list[float]:
+    if values is None:
+        return []
+    if not isinstance(values, list):
         raise ResultsFileError(f"{where}: {what} is {_show(values)}; expected a list of numbers (seconds)")
-    if values and len(values) > MAX_SAMPLES:
+    if len(values) > MAX_SAMPLES:
         raise ResultsFileError(f"{where}: {what} holds {len(values)} values, more than the {MAX_SAMPLES} a case may "
                                f"have; not a fleetbench result")
     out = []
-    for v in values or []:
+    for v in values:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ResultsFileError(f"{where}: {what} holds {v!r}; expected numbers (seconds)")
         out.append(float(v))
@@ -109,7 +115,7 @@ EXPECTED = "expected records (.jsonl lines from fleetbench run) or a pytest-benc
 NOT_RESULTS = "not a results file: " + EXPECTED
 
 
-def _not_a_record(path: str, value) -> None:
+def _not_a_record(path: str, value: object) -> None:
     """Raises unless ``value`` (a JSON document, or a file's first line) is a fleetbench case record: JSON, but not
     a results file (a report's report_data.json, compare --json's output)."""
     kind = value.get("kind") if isinstance(value, dict) else None
@@ -120,11 +126,18 @@ def _not_a_record(path: str, value) -> None:
 
 def load_side(path: str, run_id: str | None = None) -> Side:
     """Read ``path``: a pytest-benchmark JSON file, or a records file (last record per case wins)."""
+    try:
+        return _load_side(path, run_id)
+    except InputError as exc:  # the file itself (suite.outputs): said as every results file's fault is
+        raise ResultsFileError(str(exc)) from None
+
+
+def _load_side(path: str, run_id: str | None) -> Side:
     if os.path.isdir(path):
         raise ResultsFileError(f"{path}: is a directory; give a results file (records .jsonl or pytest-benchmark "
                                f".json)")
     try:
-        with open_input(path) as fh:
+        with open_input(path, "results file", MAX_RESULTS_BYTES) as fh:
             text = fh.read().decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ResultsFileError(f"{path}: not a text file ({exc.reason} at byte {exc.start})") from None
@@ -170,7 +183,7 @@ def load_side(path: str, run_id: str | None = None) -> Side:
 
 def _from_records(path: str, run_id: str | None) -> Side:
     records = read_records(path)  # errors name the file and line
-    with open_input(path) as fh:
+    with open_input(path, "results file", MAX_RESULTS_BYTES) as fh:
         linenos = [i for i, line in enumerate(fh, 1) if line.strip()]
     pairs = list(zip(records, linenos))
     if run_id is not None:
@@ -185,20 +198,39 @@ def _from_records(path: str, run_id: str | None) -> Side:
     for rec, lineno in pairs:
         where = f"{path}:{lineno}"
         m = rec.metrics
-        samples = _floats(m.get("step_times_s"), where, "metrics.step_times_s")
-        k = m.get("steps_per_window")
-        windows = []
-        if isinstance(k, int) and not isinstance(k, bool) and k >= 1:
-            windows = [w / k for w in _floats(m.get("window_s"), where, "metrics.window_s")]
-        sps = m.get("samples_per_s")
-        side.cases[case_key(rec.case, rec.world_size)] = CaseResult(  # the last record of a case wins
-            case_key(rec.case, rec.world_size), rec.case, rec.world_size, samples, windows=windows,
-            structure=rec.structure.to_dict(), verdict=rec.verdict,
-            status=rec.status, samples_per_s=float(sps) if isinstance(sps, (int, float)) else math.nan,
-            config=rec.config, error=rec.error, where=where, run_id=rec.run_id, busy=busy_reason(m))
+        for values, what in ((m.step_times_s, "metrics.step_times_s"), (m.window_s, "metrics.window_s")):
+            if values is not None and len(values) > MAX_SAMPLES:
+                raise ResultsFileError(f"{where}: {what} holds {len(values)} values, more than the {MAX_SAMPLES} a "
+                                       f"case may have; not a fleetbench result")
+        key = case_key(rec.case, rec.world_size)
+        side.cases[key], side.where[key] = rec, where  # the last record of a case wins
         side.torch = rec.metadata.get("torch") or side.torch
         side.device = _device_of(rec.metadata) or side.device
     return side
+
+
+def _benchmark_record(extra: dict, case: str, world: int, window_s: list[float], steps_per_window: int,
+                      step_times_s: list[float], where: str) -> CaseRecord:
+    """One pytest-benchmark benchmark as the record compare reads (its fields from ``extra_info``, which the
+    benchmarks write from their records: ``suite.results.export.extra_info``)."""
+    sps = extra.get("samples_per_s")
+    verdict, status = extra.get("verdict", "n/a"), extra.get("status", "ok")
+    if verdict not in VERDICTS or status not in STATUSES:
+        raise ResultsFileError(f"{where}: extra_info verdict={_show(verdict)}, status={_show(status)}; expected "
+                               f"{'/'.join(VERDICTS)} and {'/'.join(STATUSES)}")
+    structure = extra.get("structure")
+    model, error, config = extra.get("model"), extra.get("error"), extra.get("config")
+    run_id, size = extra.get("run_id"), extra.get("size")
+    metrics = Metrics(window_s=window_s, steps_per_window=steps_per_window, step_times_s=step_times_s,
+                      samples_per_s=float(sps) if isinstance(sps, (int, float)) and not isinstance(sps, bool)
+                      else math.nan)
+    return CaseRecord(case, model if isinstance(model, str) else case.split("/")[0], world,
+                      config if isinstance(config, dict) else {},
+                      run_id if isinstance(run_id, str) and run_id else PYTEST_BENCHMARK_RUN, status=status,
+                      verdict=verdict, size=size if size in SIZES else None, metrics=metrics,
+                      structure=Structure.from_dict(structure, where, "extra_info.structure.", strict=False)
+                      if isinstance(structure, dict) else Structure(),
+                      error=error if isinstance(error, str) else None)
 
 
 def _from_pytest_benchmark(path: str, data: dict) -> Side:
@@ -228,7 +260,8 @@ def _from_pytest_benchmark(path: str, data: dict) -> Side:
         if not isinstance(case, str) or isinstance(world, bool) or not isinstance(world, int) or world < 1:
             raise ResultsFileError(f"{where}: extra_info case={_show(case)}, world_size={_show(world)}; expected a "
                                    f"case name and a whole number >= 1")
-        windows = []
+        window_s: list[float] = []  # as the record keeps them: each window's seconds, over steps_per_window
+        k = 1
         if "data" in b["stats"] or "window_s" in extra:
             # Since the unit became a step, each round is one step (a window's mean, ``steps_per_window``);
             # before, a round was a window of ``steps_per_round`` steps plus the round trip to the ranks.
@@ -239,28 +272,18 @@ def _from_pytest_benchmark(path: str, data: dict) -> Side:
                 raise ResultsFileError(f"{where}: extra_info.{field_k} is {_show(k)}; expected a whole "
                                        f"number >= 1")
             if "window_s" in extra:  # the ranks' own windows (the slowest rank's), without the round trip
-                windows = [t / k for t in _floats(extra["window_s"], where, "extra_info.window_s")]
+                window_s = _floats(extra["window_s"], where, "extra_info.window_s")
             else:
-                windows = [t / (k if per_round else 1) for t in _floats(b["stats"]["data"], where, "stats.data")]
+                window_s = _floats(b["stats"]["data"], where, "stats.data")
+                k = k if per_round else 1  # a round is one step: its own window
         if "step_times_s" in extra:
-            samples = _floats(extra["step_times_s"], where, "extra_info.step_times_s")
-        elif windows:
-            samples = list(windows)
+            steps = _floats(extra["step_times_s"], where, "extra_info.step_times_s")
+        elif window_s:
+            steps = [t / k for t in window_s]
         else:
             raise ResultsFileError(f"{where}: no per-round data; save results with --benchmark-save-data "
                                    f"(or --benchmark-json, which keeps it)")
-        structure = extra.get("structure")
-        structure = structure if isinstance(structure, dict) else {}
-        sps = extra.get("samples_per_s")
-        verdict, status = extra.get("verdict", "n/a"), extra.get("status", "ok")
-        if verdict not in VERDICTS or status not in STATUSES:
-            raise ResultsFileError(f"{where}: extra_info verdict={_show(verdict)}, status={_show(status)}; expected "
-                                   f"{'/'.join(VERDICTS)} and {'/'.join(STATUSES)}")
-        error, config = extra.get("error"), extra.get("config")
-        side.cases[case_key(case, world)] = CaseResult(
-            case_key(case, world), case, world, samples, windows=windows, structure=structure, verdict=verdict,
-            status=status,
-            samples_per_s=float(sps) if isinstance(sps, (int, float)) and not isinstance(sps, bool) else math.nan,
-            config=config if isinstance(config, dict) else {},
-            error=error if isinstance(error, str) else None, where=where)
+        key = case_key(case, world)
+        side.cases[key] = _benchmark_record(extra, case, world, window_s, k, steps, where)
+        side.where[key] = where
     return side

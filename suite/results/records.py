@@ -8,21 +8,25 @@ and nothing already recorded is rewritten.  A line longer than :data:`MAX_LINE_B
 refused without being read whole.
 
 A record's parts are typed here, once: :class:`Metrics` (its fields are *the* list of metric
-names, :data:`METRIC_NAMES`), :class:`Describe` (what the engine set up, and the precision torch
-ran in), :class:`Structure` (the exact facts the structural gate compares) and
-:class:`CheckSummary` (the correctness check).  A field left ``None`` is absent from the JSON;
-numbers are numbers (JSON has no nan/inf: they are stored as the strings "nan", "inf", "-inf"
-and read back as floats), intervals are ``[lo, hi]`` lists, counts are whole numbers.  Each part
-also reads like a mapping of the fields it carries (``rec.metrics.get("speedup")``).
+names, :data:`METRIC_NAMES`; the step times' summary a :class:`Stat`, the first non-finite loss a
+:class:`NonfiniteLoss`), :class:`Describe` (what the engine set up, and the :class:`Precision` torch
+ran in), :class:`Structure` (the exact facts the structural gate compares) and :class:`CheckSummary`
+(the correctness check).  A field left ``None`` is absent from the JSON; numbers are numbers (JSON
+has no nan/inf: they are stored as the strings "nan", "inf", "-inf" and read back as floats),
+intervals are ``[lo, hi]`` lists, counts are whole numbers.  Readers read the parts' fields as
+attributes (``rec.metrics.speedup``, ``rec.metrics.step_time_s.median``): a part is not a mapping,
+so a name that is not a field is an error (mypy's, and AttributeError), never a silent None; a
+metric a record lacks reads as None.  The JSON is the parts' ``to_dict()`` (the fields present),
+the same keys whatever the types in memory.
 
-Schema versions: 3 (current) types the parts (an unknown metric, describe or structure name is
-refused), adds ``describe.precision``, ``metrics.footprint_bytes`` and the status ``not_run`` (a
-case the job never got to; ``error`` says why, as it does for ``skipped``).  2 added ``size``,
-``backend``, ``device``, ``structure`` and ``fallback``.  Schema-1 and -2 records (stored last-good
-results) are read and upgraded in memory, never rewritten: names schema 3 does not know are
-dropped, the rest is validated as in schema 3; for schema 1, ``size`` is unknown (None), backend
-and device come from the metadata, ``structure`` is derived from what was recorded
-(``suite.results.structure``).
+Schema versions: 4 (current) adds ``spec``, the run specification (``suite.run_spec.RunSpec``).  3
+types the parts (an unknown metric, describe or structure name is refused), adds
+``describe.precision``, ``metrics.footprint_bytes`` and the status ``not_run`` (a case the job never
+got to; ``error`` says why, as it does for ``skipped``).  2 added ``size``, ``backend``, ``device``,
+``structure`` and ``fallback``.  Records of schemas 1 to 3 (stored last-good results) are read and
+upgraded in memory, never rewritten: names schema 4 does not know are dropped, the rest is validated
+as in schema 4; for schema 1, ``size`` is unknown (None), backend and device come from the metadata,
+``structure`` is derived from what was recorded (``suite.results.structure``).
 """
 from __future__ import annotations
 
@@ -35,17 +39,16 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from .. import outputs
-from ..outputs import InputError, ShortWrite, append_whole, write_atomic  # the last two: re-exported (__all__)
+from ..outputs import InputError, append_whole, loads_bounded, open_input
 from ..run_spec import SIZES, RunSpec, SpecError
 from ..validate import FieldSpec, Invalid, field_specs, show, spec
 from .structure import structure_of
 
-__all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "MAX_LINE_BYTES", "CaseRecord", "ResultsFileError", "Metrics",
-           "METRIC_NAMES", "METRIC_UNITS", "NUMERIC_METRICS", "Describe", "Precision", "Structure", "CheckSummary",
-           "STATUSES", "VERDICTS", "append_record", "read_records", "iter_records", "jsonable", "open_input",
-           "loads_bounded", "ShortWrite", "name_problem", "plain", "write_atomic", "json_problem", "run_ids_held",
-           "runs_newest_first", "allreduce_total"]
+__all__ = ["SCHEMA_VERSION", "READABLE_VERSIONS", "MAX_LINE_BYTES", "MAX_RESULTS_BYTES", "CaseRecord",
+           "ResultsFileError", "Metrics", "Stat", "NonfiniteLoss", "METRIC_NAMES", "METRIC_UNITS", "NUMERIC_METRICS",
+           "Describe", "Precision", "Structure", "CheckSummary", "STATUSES", "VERDICTS", "append_record",
+           "read_records", "iter_records", "jsonable", "plain", "run_ids_held", "runs_newest_first",
+           "allreduce_total"]
 
 SCHEMA_VERSION = 4
 READABLE_VERSIONS = (1, 2, 3, 4)
@@ -59,40 +62,47 @@ class ResultsFileError(ValueError):
     """A results file that cannot be used: names the file, the line and what is wrong."""
 
 
-class _Part(Mapping[str, Any]):
-    """A typed part of a record: a field that is None is absent; reads as a mapping of the present ones."""
+class _Part:
+    """A typed part of a record: its fields are read as attributes (``rec.metrics.speedup``), a field that is None
+    is absent from its JSON.  A part is not a mapping: a name that is not a field is an AttributeError (and a type
+    error for mypy), never a silent None.  It is true when it holds any field (as the mapping it once was), so
+    ``rec.check or ...`` still reads as before; readers ask :attr:`empty` where that is what they mean."""
 
     WHAT: ClassVar[str] = "name"
 
-    def __getitem__(self, key: str) -> Any:
-        value = getattr(self, key) if key in _names(type(self)) else None
-        if value is None:
-            raise KeyError(key)
-        return value
+    @property
+    def empty(self) -> bool:
+        """No field recorded (every optional field None, as a record of a case that did not run has it)."""
+        return not self.to_dict()
 
-    def __iter__(self) -> Iterator[str]:
-        return (k for k in _names(type(self)) if getattr(self, k) is not None)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
+    def __bool__(self) -> bool:
+        return not self.empty
 
     def to_dict(self) -> dict:
-        return {k: v.to_dict() if isinstance(v, _Part) else v for k, v in self.items()}
+        """The fields that are not None (nested parts as theirs), for JSON: what the record's line holds."""
+        out = {}
+        kind: type = type(self)  # the cached helpers take the class as a plain type (mypy: type[X] is no Hashable)
+        for k in _names(kind):
+            v = getattr(self, k)
+            if v is not None:
+                out[k] = v.to_dict() if isinstance(v, _Part) else v
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping, where: str = "", prefix: str = "", strict: bool = True) -> Any:
         """Validated and converted (``suite/validate.py``); ``strict``: a name this schema does not know is an error
         (else dropped).  A field given as null is absent."""
         kw = {}
-        specs = _part_specs(cls)
+        part: type = cls
+        specs = _part_specs(part)
         for key, value in data.items():
             fs = specs.get(key)
             if fs is None:
                 if strict:
                     raise ResultsFileError(f"{where}: field '{prefix}{key}' is not a {cls.WHAT} of schema "
-                                           f"{SCHEMA_VERSION}; allowed: {', '.join(_names(cls))}")
+                                           f"{SCHEMA_VERSION}; allowed: {', '.join(_names(part))}")
                 continue
-            if value is None and _fields(cls)[key].default is None:
+            if value is None and _fields(part)[key].default is None:
                 continue
             try:
                 value = fs.check(value)
@@ -122,7 +132,34 @@ def _part_specs(cls: type) -> dict[str, FieldSpec]:
     return {k: dataclasses.replace(fs, optional=False) for k, fs in field_specs(cls, lenient=True).items()}
 
 
-@dataclass(frozen=True, eq=False)  # equal to any mapping of the same present fields
+@dataclass(frozen=True)
+class Stat(_Part):
+    """A sample's summary (``suite.measure.stats.describe``): how many values, their median, quartiles and IQR,
+    least, greatest and mean.  Each field may be absent from a record that wrote fewer."""
+
+    WHAT: ClassVar[str] = "statistic"
+
+    n: int | None = None
+    median: float | None = None
+    q25: float | None = None
+    q75: float | None = None
+    iqr: float | None = None  # q75 - q25
+    min: float | None = None
+    max: float | None = None
+    mean: float | None = None
+
+
+@dataclass(frozen=True)
+class NonfiniteLoss(_Part):
+    """Where the first nan/inf loss of the timed windows was: its rank and its 1-based step."""
+
+    WHAT: ClassVar[str] = "field"
+
+    rank: int
+    step: int
+
+
+@dataclass(frozen=True)
 class Metrics(_Part):
     """What a case measured: these fields are the one list of metric names (``METRIC_NAMES``)."""
 
@@ -132,12 +169,12 @@ class Metrics(_Part):
     samples_per_s_ci: Interval | None = None  # its bootstrap 95% interval
     throughput_per_round: list[float] | None = None  # samples/s of each round
     window_s: list[float] | None = None  # each round's window (the slowest rank's), seconds
-    step_time_s: dict[str, float] | None = None  # per-step seconds over every rank: n, median, q25, q75, iqr, min ..
+    step_time_s: Stat | None = None  # per-step seconds over every rank: n, median, q25, q75, iqr, min ..
     step_times_s: list[float] | None = None  # every rank's per-step seconds
     rank_median_step_s: list[float] | None = None  # each rank's median step
     slowest_rank: int | None = None
     losses: list[float] | None = None  # rank 0's loss per timed step
-    nonfinite_loss: dict | None = None  # {"rank", "step"} of the first nan/inf loss
+    nonfinite_loss: NonfiniteLoss | None = None  # the first nan/inf loss
     comm_calls_per_step: dict[str, float] | None = None  # per "group label/collective"
     comm_bytes_per_step: dict[str, float] | None = None
     host_syncs: int | None = None  # device-to-host syncs in the timed windows
@@ -196,7 +233,7 @@ NUMERIC_METRICS = tuple(f.name for f in dataclasses.fields(Metrics)  # numbers a
                         if f.type.removesuffix(" | None") in ("float", "int", "Interval"))
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class Precision(_Part):
     """The float precision settings torch reported while the case ran (``torch.backends``)."""
 
@@ -208,24 +245,22 @@ class Precision(_Part):
     cudnn_version: int | None = None
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class Describe(_Part):
     """What the engine set up (its ``describe()``: strategy, buckets, fusion counts ..), and the precision.
 
-    The engine's keys are its own (each strategy adds some) and stay as they are, at the top level."""
+    The engine's keys are its own (each strategy adds some) and stay as they are, at the top level of the JSON;
+    read them from :attr:`engine` (a plain dict: ``rec.describe.engine.get("buckets")``)."""
 
     engine: dict = field(default_factory=dict)
     precision: Precision | None = None
 
-    def __getitem__(self, key: str) -> Any:
-        if key == "precision" and self.precision is not None:
-            return self.precision
-        return self.engine[key]
-
-    def __iter__(self) -> Iterator[str]:
-        yield from (k for k in self.engine if k != "precision")
+    def to_dict(self) -> dict:
+        """The engine's keys at the top level, and ``precision`` beside them where it was reported."""
+        out = {k: v for k, v in self.engine.items() if k != "precision"}
         if self.precision is not None:
-            yield "precision"
+            out["precision"] = self.precision.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping, where: str = "", prefix: str = "", strict: bool = True) -> Describe:
@@ -236,7 +271,7 @@ class Describe(_Part):
                    Precision.from_dict(precision, where, prefix + "precision.", strict) if precision else None)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class Structure(_Part):
     """The exact facts the structural gate compares (``suite.results.structure``)."""
 
@@ -260,7 +295,7 @@ class Structure(_Part):
     precision: dict | None = None  # the Precision values torch reported: a precision change is a structure change
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class CheckSummary(_Part):
     """The correctness check: what ``suite.check.harness`` answers and the record keeps (one type)."""
 
@@ -370,6 +405,14 @@ class CaseRecord:
         v = self.metrics.samples_per_s
         return float(v) if v is not None else math.nan
 
+    def derived_structure(self, deterministic: bool = False, strict: bool = True, where: str = "") -> Structure:
+        """The structural facts of what this record holds (``suite.results.structure.structure_of``): the engine's
+        describe, the collectives per step and, where ``deterministic``, the check's losses bit for bit."""
+        facts = structure_of(self.describe.to_dict(), self.metrics.comm_calls_per_step,
+                             self.metrics.comm_bytes_per_step, self.check.losses if self.check is not None else None,
+                             deterministic=deterministic)
+        return Structure.from_dict(facts, where or f"case {self.case}", "structure.", strict=strict)
+
 
 def _validate(values: dict, where: str) -> None:
     """Each top-level field given checked against :class:`CaseRecord`'s own (``suite/validate.py``); the parts
@@ -392,9 +435,8 @@ def _upgrade_v1(rec: CaseRecord, where: str) -> None:
     rec.backend = rec.backend or (meta.get("backend") or "")
     gpu = meta.get("gpu") or {}
     rec.device = rec.device or ("cuda: " + ", ".join(gpu.get("names") or []) if gpu.get("available") else "cpu")
-    if not rec.structure and rec.status == "ok":
-        rec.structure = Structure.from_dict(structure_of(rec.describe, rec.metrics, rec.check), where, "structure.",
-                                            strict=False)
+    if rec.structure.empty and rec.status == "ok":
+        rec.structure = rec.derived_structure(strict=False, where=where)
 
 
 def jsonable(obj: Any) -> Any:
@@ -421,24 +463,6 @@ def append_record(path: str, record: CaseRecord) -> None:
 
 
 MAX_RESULTS_BYTES = 2**30  # a results file read whole (records are a few KB to a few hundred KB each)
-MAX_DEPTH = 64  # nesting of a record's JSON (a real one nests 5 deep)
-
-
-def open_input(path: str, what: str = "results file", limit: int = MAX_RESULTS_BYTES):
-    """``path`` opened for reading in binary, if it is a regular file of at most ``limit`` bytes;
-    otherwise :class:`ResultsFileError` naming it (:func:`suite.outputs.open_input`: a FIFO or device is
-    refused without blocking)."""
-    try:
-        return outputs.open_input(path, what, limit)
-    except InputError as exc:
-        raise ResultsFileError(str(exc)) from None
-
-
-def json_problem(exc: json.JSONDecodeError, line: bool = False) -> str:
-    """What the JSON decoder found and where, in words: "Unterminated string starting at column 294" (its
-    message ends in "at" for some errors: not "starting at at column")."""
-    msg = exc.msg[:-3] if exc.msg.endswith(" at") else exc.msg
-    return f"{msg} at " + (f"line {exc.lineno}, " if line else "") + f"column {exc.colno}"
 
 
 def runs_newest_first(records: list) -> list:
@@ -463,45 +487,6 @@ def run_ids_held(records: list, limit: int = 5) -> str:
     return shown + (f", and {len(order) - limit} older run(s)" if len(order) > limit else "")
 
 
-def loads_bounded(text, where: str) -> Any:
-    """``json.loads`` with its failures as :class:`ResultsFileError` naming ``where``: invalid JSON,
-    nesting deeper than :data:`MAX_DEPTH`, an integer of more digits than Python converts."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        hint = " (truncated: the file ends mid-record)" if not str(text).endswith("\n") else ""
-        raise ResultsFileError(f"{where}: not valid JSON{hint}: {json_problem(exc)}") from None
-    except RecursionError:
-        raise ResultsFileError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels; not a fleetbench "
-                               f"record") from None
-    except ValueError as exc:  # an integer beyond sys.get_int_max_str_digits()
-        raise ResultsFileError(f"{where}: not usable JSON ({exc})") from None
-    todo = [(data, 1)]
-    while todo:
-        value, depth = todo.pop()
-        if depth > MAX_DEPTH:
-            raise ResultsFileError(f"{where}: JSON nested deeper than {MAX_DEPTH} levels; not a fleetbench record")
-        if isinstance(value, dict):
-            todo += [(v, depth + 1) for v in value.values()]
-        elif isinstance(value, list):
-            todo += [(v, depth + 1) for v in value if isinstance(v, (dict, list))]
-    return data
-
-
-NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-:@+")
-
-
-def name_problem(value: Any) -> str | None:
-    """Why ``value`` cannot be one component of a file name the suite builds (a run id, a case name
-    with its '/' replaced): None when it is 1-128 characters of letters, digits and ``._-:@+``, not
-    starting with '.'; a name is never a path."""
-    if not isinstance(value, str) or not 1 <= len(value) <= 128 or value.startswith(".") \
-            or not set(value) <= NAME_CHARS:
-        return (f"{_show(value)} is not a name: expected 1-128 letters, digits and . _ - : @ +, not starting "
-                f"with '.'")
-    return None
-
-
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
@@ -517,7 +502,14 @@ MAX_BLANK_LINES = 10_000  # blank lines a results file may hold (a run writes no
 
 
 def iter_records(path: str) -> Iterator[CaseRecord]:
-    with open_input(path) as fh:
+    """The records of the results file ``path``, one per line, each validated (:meth:`CaseRecord.from_dict`); a
+    file that cannot be used is a :class:`ResultsFileError` naming it, the line and what is wrong (a FIFO or a
+    device is refused without blocking: :func:`suite.outputs.open_input`)."""
+    try:
+        fh = open_input(path, "results file", MAX_RESULTS_BYTES)
+    except InputError as exc:
+        raise ResultsFileError(str(exc)) from None
+    with fh:
         lineno = blank = 0
         while True:
             raw = fh.readline(MAX_LINE_BYTES + 1)
@@ -538,7 +530,11 @@ def iter_records(path: str) -> Iterator[CaseRecord]:
                     raise ResultsFileError(f"{where}: more than {MAX_BLANK_LINES} blank lines; not a fleetbench "
                                            f"results file (a run writes none)")
                 continue
-            rec = CaseRecord.from_dict(loads_bounded(line, where), where)
+            try:
+                data = loads_bounded(line, where)
+            except InputError as exc:
+                raise ResultsFileError(str(exc)) from None
+            rec = CaseRecord.from_dict(data, where)
             if rec.world_size > MAX_WORLD:
                 raise ResultsFileError(f"{where}: field 'world_size' is {_show(rec.world_size)}; expected at most "
                                        f"{MAX_WORLD}")

@@ -11,7 +11,7 @@ difference between two.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = ["structure_of", "structure_diff", "structure_new", "acknowledged", "read_acks", "ACK_FILE"]
@@ -26,15 +26,17 @@ _DESCRIBE_KEYS = ("strategy", "allreduce_ops_before_fusion", "allreduce_ops", "f
                   "launched_in_backward", "nccl_comm_num", "hierarchical", "init_broadcasts", "precision")
 
 
-def structure_of(describe: Mapping | None, metrics: Mapping | None, check: Mapping | None,
+def structure_of(describe: Mapping | None, comm_calls_per_step: Mapping[str, float] | None = None,
+                 comm_bytes_per_step: Mapping[str, float] | None = None, losses: Sequence | None = None,
                  deterministic: bool = False) -> dict:
-    """The structural facts of one case (see the module docstring).
+    """The structural facts of one case (see the module docstring): from the engine's ``describe`` (its own keys,
+    and ``precision`` as torch reported it), the collectives and bytes per step on each process group, and the
+    check's per-step ``losses`` (a record reads them from its typed parts: ``CaseRecord.derived_structure``).
 
     ``deterministic``: the run's losses are reproducible bit for bit (CPU, no straggler sleeps,
     no compiled kernels), so the check's loss trajectory is part of the structure.
     """
-    describe, metrics = describe or {}, metrics or {}
-    # typed parts (the record's Precision) are copied as plain values: structure facts are JSON-like
+    describe = describe or {}
     out: dict[str, Any] = {k: dict(describe[k]) if isinstance(describe[k], Mapping) else describe[k]
                            for k in _DESCRIBE_KEYS if k in describe}
     if isinstance(describe.get("buckets"), list):
@@ -46,11 +48,10 @@ def structure_of(describe: Mapping | None, metrics: Mapping | None, check: Mappi
     opt = describe.get("optimizer")
     if isinstance(opt, dict):
         out["optimizer_ops"] = {k: opt.get(k) for k in ("optimizer_ops_before_fusion", "optimizer_ops")}
-    for key in ("comm_calls_per_step", "comm_bytes_per_step"):
-        if isinstance(metrics.get(key), dict):
-            out[key] = dict(sorted(metrics[key].items()))
-    losses = (check or {}).get("losses")
-    if deterministic and isinstance(losses, list) and losses:
+    for key, per_step in (("comm_calls_per_step", comm_calls_per_step), ("comm_bytes_per_step", comm_bytes_per_step)):
+        if isinstance(per_step, Mapping):
+            out[key] = dict(sorted(per_step.items()))
+    if deterministic and losses:
         out["loss_trajectory"] = [float(v).hex() if isinstance(v, (int, float)) else str(v) for v in losses]
     return out
 
