@@ -297,7 +297,7 @@ def test_compare_reads_records_and_pytest_benchmark_files_into_case_records(tmp_
 
 # the keys a version-2 trial server wrote before the answers were typed (what a client of any checkout reads)
 OLD_KEYS = {"trial": {"window_s", "step_s", "step_times_s", "losses", "machine"},
-            "prepare": {"key", "describe", "config", "inject"},
+            "prepare": {"key", "describe", "config"},  # "inject" went with the calibration (an old client never read it)
             "select": {"case", "model", "variant", "config", "skip"}, "origin": {"rank", "suite"},
             "hello": {"protocol", "version", "suite", "python", "pid"}}
 
@@ -309,6 +309,7 @@ def test_the_trial_answers_are_typed_and_keep_their_keys_on_the_wire():
     assert back.step_s == 0.2 and back.machine == protocol.TrialMachine(0.1, 4.0) and math.isnan(back.losses[1])
     assert set(trial.to_dict()) == OLD_KEYS["trial"]
     assert set(protocol.Prepared("k").to_dict()) == OLD_KEYS["prepare"]
+    assert protocol.Prepared.from_dict({"key": "k", "inject": 0.0}) == protocol.Prepared("k")  # an older server's
     assert set(protocol.SelectedCase("mlp/plain").to_dict()) == OLD_KEYS["select"]
     assert set(protocol.RankOrigin(0, "/x/suite/__init__.py").to_dict()) == OLD_KEYS["origin"]
     assert set(protocol.hello()) == OLD_KEYS["hello"]
