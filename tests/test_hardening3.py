@@ -40,7 +40,7 @@ def test_an_installed_packages_function_is_refused_before_anything_is_imported(t
     """The probe: `mkdir -p cpu/x && fleetbench run --model pip._internal.utils.misc:rmtree --list` deleted ./cpu."""
     import suite.models
 
-    monkeypatch.setattr(suite.models, "_info_child", lambda *a: pytest.fail("a factory process was started"))
+    monkeypatch.setattr(suite.models, "call_in_child", lambda *a: pytest.fail("a factory process was started"))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "cpu" / "x").mkdir(parents=True)
     for name in [m for m in sys.modules if m == "pip" or m.startswith("pip.")]:
@@ -106,7 +106,7 @@ def test_resume_never_imports_a_factory_because_a_record_names_it(tmp_path, monk
     """The probe: a record whose metadata.run.model names pip's rmtree deleted ./cpu through `run --resume`."""
     import suite.models
 
-    monkeypatch.setattr(suite.models, "_info_child", lambda *a: pytest.fail("a factory process was started"))
+    monkeypatch.setattr(suite.models, "call_in_child", lambda *a: pytest.fail("a factory process was started"))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "cpu" / "x").mkdir(parents=True)
     (tmp_path / "mine.py").write_text(GOOD_FACTORY)
@@ -215,8 +215,9 @@ def test_asv_runs_with_a_home_inside_the_nights_output(tmp_path, monkeypatch):
     monkeypatch.setattr(nightly.Night, "run_stage", lambda self: 0)
     args = build_parser().parse_args([*[a for a in NIGHT if a != "--plan"], "--out", str(tmp_path / "night"),
                                       "--machine", "m", "--last-good", str(tmp_path / "none")])
-    resolved, plan, _, spec = nightly.plan_of(args)
-    night = nightly.Night(args, resolved, plan, spec)
+    ch = nightly.chosen(args)
+    resolved, plan, _, spec = nightly.plan_of(args, ch)
+    night = nightly.Night(args, ch, resolved, plan, spec)
     night.dir = None
     night.asv_stage()  # 2 here: the stubbed asv discovers nothing (tests/test_nightly.py runs the whole stage)
     asv = [(c, e) for c, e in calls if c[0].endswith("asv")]

@@ -546,7 +546,7 @@ def test_a_model_reference_to_anything_but_your_own_factory_is_refused_unimporte
     def no_child(*a, **k):
         raise AssertionError("a factory process was started")
 
-    monkeypatch.setattr(suite.models, "_info_child", no_child)
+    monkeypatch.setattr(suite.models, "call_in_child", no_child)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "cpu").mkdir()
     (tmp_path / "cpu" / "keep").write_text("x")

@@ -18,11 +18,8 @@ spec's data kind and batch without allocating the model.
 """
 from __future__ import annotations
 
-import contextlib
 import importlib
 import inspect
-import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +31,7 @@ from ..comm.buckets import gradient_layout
 from ..comm.grad_sync import sparse_gradient_names
 from ..data.synthetic import SyntheticImages, SyntheticTokens
 from ..model_registry import DATA_KINDS, REGISTRY, SIZES, is_user_ref
-from ..runtime.spawn import child_sys_path, keeper, kill_group, safe_start, set_parent_death_signal, spawn_context
+from ..usercode import UserKind, call_in_child, check_ref, import_function
 
 __all__ = ["ModelSpec", "SIZES", "DATA_KINDS", "get_model", "MODELS", "default_size", "model_names",
            "is_user_ref", "ModelError", "count_parameters", "ModelInfo", "model_info", "finds_batchnorm",
@@ -204,146 +201,19 @@ def model_factory(fn: Callable[..., ModelSpec]) -> Callable[..., ModelSpec]:
     return fn
 
 
-MAX_FACTORY_SOURCE = 4 * 2**20  # bytes of a module's source read to find a factory's mark
-
-
-def _own_roots() -> list[str]:
-    """The directories whose modules are the user's own: the current directory and PYTHONPATH's entries, less
-    any inside the standard library's or the installed packages' directories."""
-    import site
-    import sysconfig
-
-    system = {os.path.realpath(p) for k in ("stdlib", "platstdlib", "purelib", "platlib")
-              if (p := sysconfig.get_paths().get(k))}
-    try:
-        system |= {os.path.realpath(p) for p in site.getsitepackages()} | {os.path.realpath(site.getusersitepackages())}
-    except AttributeError:  # a virtualenv's old site module
-        pass
-    roots = []
-    for entry in [os.getcwd()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]:
-        real = os.path.realpath(os.path.abspath(entry))
-        if not any(real == s or real.startswith(s.rstrip(os.sep) + os.sep) for s in system) and real not in roots:
-            roots.append(real)
-    return roots
-
-
-def _import_path() -> list[str]:
-    """The path a module is imported from here, as a spawned child of fleetbench has it (the current directory
-    last: suite.runtime.spawn)."""
-    return [p for p in child_sys_path(list(sys.path)) if isinstance(p, str)]
-
-
-def _origin(spec) -> str | None:
-    if spec is None:
-        return None
-    if spec.origin and spec.origin not in ("namespace", "built-in", "frozen"):
-        return os.path.realpath(spec.origin)
-    locations = list(spec.submodule_search_locations or [])
-    return os.path.realpath(locations[0]) if locations else None
-
-
-def _find(module_name: str, path: list[str]):
-    """The spec of ``module_name`` found on ``path`` by ``importlib.machinery.PathFinder``, its packages searched
-    through their spec's locations: nothing is imported or executed."""
-    from importlib.machinery import PathFinder
-
-    parts = module_name.split(".")
-    spec = PathFinder.find_spec(parts[0], path)
-    for i in range(1, len(parts)):
-        if spec is None or not spec.submodule_search_locations:
-            return None
-        spec = PathFinder.find_spec(".".join(parts[: i + 1]), list(spec.submodule_search_locations))
-    return spec
-
-
-def _marked_in_source(spec, fn_name: str) -> bool:
-    """Whether the module's source marks ``fn_name`` a factory (read and parsed, never run): a top-level function
-    decorated ``@model_factory`` (any spelling ending in that name), or ``FLEETBENCH_FACTORIES`` listing it."""
-    import ast
-
-    origin = getattr(spec, "origin", None)
-    if not origin or not origin.endswith(".py") or "." in fn_name:
-        return False
-    try:
-        with open(origin, "rb") as fh:
-            tree = ast.parse(fh.read(MAX_FACTORY_SOURCE + 1)[:MAX_FACTORY_SOURCE])
-    except (OSError, SyntaxError, ValueError, RecursionError):
-        return False
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == fn_name:
-            for dec in node.decorator_list:
-                target = dec.func if isinstance(dec, ast.Call) else dec
-                if (isinstance(target, ast.Name) and target.id == "model_factory") or \
-                        (isinstance(target, ast.Attribute) and target.attr == "model_factory"):
-                    return True
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "FLEETBENCH_FACTORIES"
-                                                for t in node.targets):
-            if isinstance(node.value, (ast.List, ast.Tuple, ast.Set)) and any(
-                    isinstance(e, ast.Constant) and e.value == fn_name for e in node.value.elts):
-                return True
-    return False
+# what a --model reference names (suite/usercode.py: the one mechanism for the user's own code)
+MODEL_KIND = UserKind("--model", ModelError, "a suite.models.ModelSpec", "model_factory", "suite.models.model_factory",
+                      "FLEETBENCH_FACTORIES", "__fleetbench_factory__")
 
 
 def _check_user_ref(ref: str) -> tuple[str, str, bool]:
-    """(module, function, whether the module is the user's own) of a ``module:function`` reference, refused before
-    anything is imported or run unless it names the user's own code: the top-level module, found by
-    ``importlib.machinery.PathFinder`` (no package executed), is under the current directory or PYTHONPATH (and is
-    the one an import finds), or the function is marked a fleetbench factory (:func:`model_factory`).  The standard
-    library and installed packages' functions are refused."""
-    module_name, _, fn_name = ref.partition(":")
-    if not module_name or not fn_name or module_name.startswith(".") or len(ref) > 300 or not all(
-            p.isidentifier() for p in module_name.split(".") + fn_name.split(".")):
-        raise ModelError(f"--model {ref[:300]!r}: expected module:function (an absolute module name), e.g. "
-                         f"mypkg.models:make_spec")
-    top = module_name.split(".")[0]
-    if top in sys.stdlib_module_names or top == "builtins":
-        raise ModelError(f"--model {ref!r}: {module_name!r} is Python's standard library; expected your own "
-                         f"module with a factory returning a suite.models.ModelSpec")
-    from importlib.machinery import PathFinder
-
-    roots = _own_roots()
-    path = _import_path()
-    found = _origin(PathFinder.find_spec(top, path))  # what an import would find (installed packages first)
-    own = _origin(PathFinder.find_spec(top, roots))
-    if own is not None and own == found:
-        return module_name, fn_name, True
-    spec = _find(module_name, path)
-    if spec is not None and _marked_in_source(spec, fn_name):
-        return module_name, fn_name, False
-    if found is None and own is None:
-        raise ModelError(f"--model {ref!r}: cannot import {module_name!r}: no module {top!r} in the current directory "
-                         f"{os.getcwd()}, PYTHONPATH or the import path")
-    where = (f"found at {found}, not under the current directory or PYTHONPATH" if own is None
-             else f"{top!r} under {own} is not the module an import finds ({found} comes first)")
-    raise ModelError(f"--model {ref!r}: {module_name!r} is not your own code ({where}); a factory is your own "
-                     f"module under the current directory or PYTHONPATH, or a function marked "
-                     f"@suite.models.model_factory; nothing was imported")
+    """(module, function, whether the module is the user's own) of a ``--model module:function``
+    (:func:`suite.usercode.check_ref`)."""
+    return check_ref(ref, MODEL_KIND)
 
 
 def _user_model(ref: str, size: str) -> ModelSpec:
-    module_name, fn_name, own = _check_user_ref(ref)
-    cwd = os.getcwd()
-    if cwd not in sys.path:  # the user's own module, found last: after the standard library and installed packages
-        sys.path.append(cwd)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ModelError(f"--model {ref!r}: cannot import {module_name!r} ({exc}); the current directory "
-                         f"{cwd} is on the import path") from None
-    except Exception as exc:  # noqa: BLE001 - a syntax error, or the module raised while imported
-        raise ModelError(f"--model {ref!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}") from None
-    obj: Any = module
-    for part in fn_name.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            raise ModelError(f"--model {ref!r}: module {module_name!r} has no {fn_name!r}")
-    if not inspect.isfunction(obj) or (obj.__module__ or "").split(".")[0] in sys.stdlib_module_names:
-        raise ModelError(f"--model {ref!r}: {fn_name!r} is {type(obj).__name__}, not a Python function of your "
-                         f"own; expected a factory function returning a ModelSpec")
-    if not own and not (getattr(obj, "__fleetbench_factory__", False)
-                        or fn_name in (getattr(module, "FLEETBENCH_FACTORIES", None) or ())):
-        raise ModelError(f"--model {ref!r}: {fn_name!r} is not marked @suite.models.model_factory once imported; "
-                         f"not called")
+    obj = import_function(ref, MODEL_KIND)
     try:
         takes_size = bool(inspect.signature(obj).parameters)
     except (TypeError, ValueError):
@@ -402,44 +272,9 @@ def _info(spec: ModelSpec) -> ModelInfo:
                      spec.find_unused_parameters, sparse, fusible)
 
 
-def _die_with(parent: int) -> None:
-    """In the factory's process: its own process group, and it (with whatever the factory forked) dies with the
-    fleetbench process that started it: the parent-death signal (SIGTERM, whose handler kills the group), and a
-    thread that does the same when the parent is gone (a handler waits for the main thread's next bytecode)."""
-    import signal
-    import threading
-    import time
-
-    with contextlib.suppress(OSError):
-        os.setpgid(0, 0)
-
-    def kill_group(*_):
-        with contextlib.suppress(OSError):
-            os.killpg(0, signal.SIGKILL)
-        os._exit(3)
-
-    signal.signal(signal.SIGTERM, kill_group)
-    set_parent_death_signal(signal.SIGTERM)
-    if os.getppid() != parent:  # it died before the signal was set
-        kill_group()
-
-    def watch():
-        while os.getppid() == parent:
-            time.sleep(0.2)
-        kill_group()
-
-    threading.Thread(target=watch, name="fleetbench-parent-watch", daemon=True).start()
-
-
-def _info_child(ref: str, size: str, conn, parent: int = 0) -> None:
-    if parent:
-        _die_with(parent)
-    try:
-        conn.send(("ok", _info(get_model(ref, size))))
-    except BaseException as exc:  # noqa: BLE001 - SystemExit too: a factory that exits is an error, said
-        what = (f"called sys.exit({exc.code!r})" if isinstance(exc, SystemExit)
-                else str(exc) if isinstance(exc, ModelError) else f"{type(exc).__name__}: {exc}")  # ours says it all
-        conn.send(("error", what[:2000]))
+def _info_of(ref: str, size: str) -> ModelInfo:
+    """In the factory's child: the spec's :class:`ModelInfo` (what the parent reads of a user's model)."""
+    return _info(get_model(ref, size))
 
 
 _INFO: dict = {}
@@ -460,36 +295,5 @@ def model_info(ref: str, size: str = "cpu", timeout: float | None = None) -> Mod
     if size not in SIZES:
         raise ModelError(f"--size {size!r}: allowed values are {', '.join(SIZES)}")
     timeout = FACTORY_TIMEOUT if timeout is None else timeout
-    ctx = spawn_context()  # the child's path has the current directory last, never first
-
-    def start():  # on the keeper thread, which lives as long as this process: the parent-death signal's thread
-        with safe_start():
-            recv, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_info_child, args=(ref, size, send, os.getpid()), daemon=True,
-                               name="fleetbench-model-factory")
-            proc.start()
-        return recv, send, proc
-
-    recv, send, proc = keeper.call(start)
-    send.close()
-    ready = False
-    try:
-        ready = recv.poll(timeout)
-        got = recv.recv() if ready else None
-    except (EOFError, OSError):
-        got = None
-    finally:
-        if proc.is_alive():
-            proc.kill()
-        proc.join(5)
-        kill_group(proc.pid)  # what the factory forked, still running in its group
-        recv.close()
-    if got is None:
-        if not ready:
-            raise ModelError(f"--model {ref!r}: the factory did not return within {timeout:.0f} s; it was stopped")
-        raise ModelError(f"--model {ref!r}: the factory's process ended (exit code {proc.exitcode}) without "
-                         f"returning a ModelSpec")
-    if got[0] != "ok":
-        raise ModelError(f"--model {ref!r}: {got[1]}" if not got[1].startswith("--model") else got[1])
-    _INFO[key] = got[1]
-    return got[1]
+    _INFO[key] = call_in_child(_info_of, (ref, size), ref, MODEL_KIND, timeout)
+    return _INFO[key]
