@@ -226,6 +226,7 @@ _RM = ("resnet", "mlp")
 # The variants compared with DDP broadcast buffers over flat buckets, as DDP coalesces its own; the knob keeps
 # Paddle's default (fuse_broadcast_ops=False), and `plain` keeps one broadcast per tensor.
 _FB = {"fuse_broadcast_ops": True}
+_HOOKS = "suite.strategies.torch_hooks"  # torch's DDP communication hooks as strategies
 
 VARIANTS: list[Variant] = [
     Variant("none", {"data_parallel": "none"}, "no gradient communication: compute alone", default_on=_RM,
@@ -234,6 +235,22 @@ VARIANTS: list[Variant] = [
             family="baseline", gate_on=("mlp", "resnet50", "gpt2"), named_by=("data_parallel",)),
     Variant("ddp", {"data_parallel": "ddp"}, "torch DDP (baseline implementation)", default_on=_RM,
             family="baseline", named_by=("data_parallel",)),
+    Variant("ddp_best", {"data_parallel": "ddp", "ddp_gradient_as_bucket_view": True, "ddp_static_graph": True},
+            "torch DDP at its best setting: gradients as views into its buckets, a static graph", family="baseline",
+            named_by=("data_parallel", "ddp_gradient_as_bucket_view", "ddp_static_graph")),
+    # torch's own communication hooks, through the protocol a user's strategy follows (suite/strategies/user.py)
+    Variant("ddp_fp16_compress", {"data_parallel": "ddp", "strategy": f"{_HOOKS}:fp16_compress"},
+            "torch DDP, gradients allreduced in fp16 (fp16_compress_hook; checked: bounded error)",
+            family="precision", named_by=("data_parallel", "strategy")),
+    Variant("ddp_bf16_compress", {"data_parallel": "ddp", "strategy": f"{_HOOKS}:bf16_compress"},
+            "torch DDP, gradients allreduced in bf16 (bf16_compress_hook; checked: bounded error)",
+            family="precision", named_by=("data_parallel", "strategy")),
+    Variant("ddp_powersgd_r1", {"data_parallel": "ddp", "strategy": f"{_HOOKS}:powersgd_r1"},
+            "torch DDP with PowerSGD, rank 1, error feedback, warm start (checked: convergence)", family="method",
+            named_by=("data_parallel", "strategy")),
+    Variant("ddp_powersgd_r4", {"data_parallel": "ddp", "strategy": f"{_HOOKS}:powersgd_r4"},
+            "torch DDP with PowerSGD, rank 4, error feedback, warm start (checked: convergence)", family="method",
+            named_by=("data_parallel", "strategy")),
     # communication
     Variant("fusion", {"fuse_all_reduce_ops": True, "fuse_grad_size_in_MB": 25.0, **_FB},
             "allreduce fusion: 25 MB buckets, synchronous", default_on=("mlp",), gate_on=("resnet50",),

@@ -75,6 +75,15 @@ class StrategyConfig:
         "suite", "gradient communication: suite = this project's; ddp = torch DDP baseline; none = no communication")
     find_unused_parameters: bool = knob(
         False, "as DDP's: parameters that get no gradient in a step are reduced as zeros")
+    ddp_gradient_as_bucket_view: bool = knob(
+        False, "ours: torch DDP's gradient_as_bucket_view (each gradient a view into its bucket, no copies; DDP's "
+        "default False); data_parallel = ddp")
+    ddp_static_graph: bool = knob(
+        False, "ours: torch DDP's static_graph (the same graph every step: DDP plans its buckets from the first "
+        "iteration and skips the search for unused parameters); data_parallel = ddp")
+    strategy: str = knob(
+        "", "ours: your own strategy as module:function, a DDP communication hook (data_parallel = ddp) or a gradient "
+        "synchronizer (data_parallel = suite): suite/strategies/user.py; '' none")
 
     # ---- communication overlap (Paddle: nccl_comm_num, sync_nccl_allreduce) -----
     nccl_comm_num: int = knob(1, "communicators the gradient allreduces are spread over", ge=1, le=16)
@@ -588,6 +597,16 @@ def _check_combinations(cfg: StrategyConfig) -> None:
                 f"{name}={getattr(cfg, name)!r} needs data_parallel='suite' (this project's gradient "
                 f"communication), but data_parallel={cfg.data_parallel!r}"
             )
+    for name in ("ddp_gradient_as_bucket_view", "ddp_static_graph"):
+        if getattr(cfg, name) and cfg.data_parallel != "ddp":
+            raise ConfigError(f"{name}=True is torch DDP's setting, but data_parallel={cfg.data_parallel!r}; set "
+                              f"data_parallel=ddp")
+    if cfg.strategy and (":" not in cfg.strategy or len(cfg.strategy) > 300 or not all(
+            p.isidentifier() for p in cfg.strategy.replace(":", ".").split("."))):
+        raise ConfigError(f"strategy={cfg.strategy[:300]!r}: expected module:function (your own module's function "
+                          f"returning a DDPHook or a Synchronizer: suite/strategies/user.py), or '' for none")
+    if cfg.strategy and cfg.data_parallel == "none":
+        raise ConfigError(f"strategy={cfg.strategy!r} communicates gradients, but data_parallel='none'")
     if cfg.first_bucket_MB is not None and not cfg.fuse_all_reduce_ops:
         raise ConfigError(
             f"first_bucket_MB={cfg.first_bucket_MB!r} caps the first fused bucket, but fuse_all_reduce_ops=False "

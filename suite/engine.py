@@ -60,6 +60,7 @@ from .runtime.rng import seed_step
 from .strategies.amp import Amp
 from .strategies.local_sgd import LocalSGD
 from .strategies.optim import build_optimizer
+from .strategies.user import DDPHook, StrategyError, Synchronizer, load_strategy
 
 __all__ = ["Engine", "build_engine", "apply_precision", "precision_in_effect", "strict_fp32",
            "PRECISION_KEYS", "call_model"]
@@ -104,16 +105,35 @@ class Engine:
         # 3. gradient communication; where it takes them (the buckets), the gradients come out of backward already
         #    divided by the world size: the loss gradient seeding backward is 1/world (Paddle's gradient_scale
         #    "avg"), so no pass over the gradients divides them (exact: bit for bit the division at 2 and 4 ranks).
-        self.grad_sync: GradSync | None = build_grad_sync(model, config, group)
+        #    A user's strategy (``strategy``: suite/strategies/user.py) is a gradient synchronizer built here, or a
+        #    communication hook registered on DDP below.
+        self.strategy = load_strategy(config.strategy) if config.strategy else None
+        self.grad_sync: GradSync | None
+        if isinstance(self.strategy, Synchronizer):
+            self.grad_sync = self.strategy.build(model, group, config)
+            if not isinstance(self.grad_sync, GradSync):
+                raise StrategyError(f"--strategy {config.strategy!r}: build() returned "
+                                    f"{type(self.grad_sync).__name__}; expected a suite.comm.grad_sync.GradSync")
+        else:
+            self.grad_sync = build_grad_sync(model, config, group)
         folded = self.grad_sync is not None and self.world_size > 1 and self.grad_sync.fold_average_into_backward()
         self._seed = 1.0 / self.world_size if folded else None
         if config.data_parallel == "ddp":
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             ids = [device.index] if device.type == "cuda" else None
-            self.model: torch.nn.Module = DDP(model, device_ids=ids, process_group=group,
-                             find_unused_parameters=config.find_unused_parameters, **_ddp_buffer_sync())
+            more = self.strategy.ddp_kwargs if isinstance(self.strategy, DDPHook) else {}
+            ddp = DDP(model, device_ids=ids, process_group=group, find_unused_parameters=config.find_unused_parameters,
+                      gradient_as_bucket_view=config.ddp_gradient_as_bucket_view, static_graph=config.ddp_static_graph,
+                      **_ddp_buffer_sync(), **more)
+            if isinstance(self.strategy, DDPHook):  # state per rank (PowerSGD's holds the group)
+                hook = self.strategy
+                ddp.register_comm_hook(hook.make_state(group) if hook.make_state else hook.state, hook.hook)
+            self.model: torch.nn.Module = ddp
         else:
+            if isinstance(self.strategy, DDPHook):
+                raise StrategyError(f"--strategy {config.strategy!r} is a DDP communication hook: it runs on torch's "
+                                    f"DDP (data_parallel=ddp), not data_parallel={config.data_parallel!r}")
             self.model = model
         self.module = model  # the unwrapped module
 
@@ -128,6 +148,9 @@ class Engine:
     def describe(self) -> dict:
         info: dict[str, Any] = {"data_parallel": self.config.data_parallel, "init_broadcasts": self.init_broadcasts,
                                 "precision": dict(self.precision)}
+        if self.strategy is not None:
+            info["own_strategy"] = {"ref": self.config.strategy, "kind": self.strategy.kind,
+                                "check": self.strategy.check.kind, "description": self.strategy.description}
         if self.grad_sync is not None:
             info.update(self.grad_sync.describe())
         if self.fusion_report:
@@ -140,7 +163,10 @@ class Engine:
             info["amp"] = self.amp.state()
         return info
 
-    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def train_step(self, inputs: torch.Tensor, targets: torch.Tensor,
+                   after_sync: Callable[[Engine], None] | None = None) -> torch.Tensor:
+        """One step; ``after_sync(engine)`` is called once every gradient is averaged over the group, before the
+        optimizer (the correctness check compares the averaged gradients there: suite.check.harness)."""
         if _batch_size(inputs) == 0:  # a shape, read on the host: no device sync
             raise ValueError(
                 f"rank {self.rank}: empty batch at step {self.steps + 1} (inputs of shape "
@@ -176,6 +202,8 @@ class Engine:
         if self.grad_sync is not None:
             with record_function("wait"):
                 self.grad_sync.finish_step()  # every gradient averaged over the group
+        if after_sync is not None:
+            after_sync(self)
 
         # The one host decision AMP must make; ranks agree on it (a collective) whenever gradients were
         # communicated: outside "optimizer", which holds no communication.

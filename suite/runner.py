@@ -260,6 +260,17 @@ class StaleCase(RuntimeError):
     """A prepared case whose world was rebuilt after a rank error: it must be prepared again."""
 
 
+def check_numbers(res: CheckSummary) -> str:
+    """Which check ran and its numbers, in words (a strategy declares its check: suite/strategies/user.py)."""
+    if res.kind == "bounded error":
+        return (f"bounded error: averaged gradients within {res.param_error:.2g} of their exact average, declared "
+                f"<= {res.param_tol:g}; ranks identical: {res.ranks_identical}")
+    if res.kind == "convergence":
+        return (f"convergence over {res.steps} steps: loss within {res.loss_error:.2g} of the exact reference's, "
+                f"declared <= {res.loss_tol:g}; parameters {res.param_error:.2g} apart")
+    return f"param err {res.param_error:.2g}, loss err {res.loss_error:.2g}"
+
+
 class CaseRunner:
     def __init__(self, launcher: Any, world: int, opts: RunOptions, run_id: str | None = None,
                  metadata: dict | None = None, say: Callable[[str], None] | None = None,
@@ -530,7 +541,7 @@ class CaseRunner:
             return f"n/a: {CANNOT_JUDGE} (why: above)"
         detail = ""
         if res.verdict in ("pass", "fail"):
-            detail = f" (param err {res.param_error:.2g}, loss err {res.loss_error:.2g})"
+            detail = f" ({check_numbers(res)})"
         if res.verdict == "fail":
             detail += f": {res.message}"
         return f"{res.verdict}{detail}"

@@ -33,6 +33,7 @@ from .comm.grad_sync import sparse_gradients_refused
 from .config import ConfigError, StrategyConfig, check_overrides, toml_fields
 from .models import MODELS, ModelError, default_size, model_info
 from .run_spec import DEVICES, ResolvedCase, Selection
+from .strategies.user import StrategyError, strategy_info
 
 __all__ = ["resolve", "base_cases", "Resolved", "choose_platform", "default_worlds", "resolve_at", "case_fields",
            "plan_case"]
@@ -117,7 +118,7 @@ def resolve(sel: Selection, world: int | None = None, local_world: int | None = 
     worlds = worlds or default_worlds(device)
     size = sel.size or default_size(device)
     base = base_cases(sel, size)
-    at = {w: resolve_at(sel, base, w, local_world, size) for w in worlds}
+    at = {w: resolve_at(sel, base, w, local_world, size, backend) for w in worlds}
     for w, rcs in at.items():
         if all(rc.skip for rc in rcs):
             why = "; ".join(sorted({rc.skip for rc in rcs if rc.skip}))
@@ -154,7 +155,7 @@ def _model_info(ref: str, size: str):
 
 
 def resolve_at(sel: Selection, cases: list[Case], world: int, local_world: int | None = None,
-               size: str | None = None) -> list[ResolvedCase]:
+               size: str | None = None, backend: str | None = None) -> list[ResolvedCase]:
     """Each case with its validated config at ``world`` ranks (``skip`` set when it cannot run there) and its
     plan; ``size``: the models' (default: the selection's, else ``cpu``).
 
@@ -182,7 +183,8 @@ def resolve_at(sel: Selection, cases: list[Case], world: int, local_world: int |
                 why = str(exc)
         if why is None:
             plan = plan_case(case, cfg, size, world, local_world)
-            why = case.unmet(plan, info.fusible, cfg.to_dict()) or sparse_unmet(cfg, info.sparse_gradients)
+            why = (case.unmet(plan, info.fusible, cfg.to_dict()) or sparse_unmet(cfg, info.sparse_gradients)
+                   or ddp_unmet(cfg, info) or strategy_unmet(cfg, backend))
         if why is not None and case.name in exact:
             raise ConfigError(f"case {case.name} cannot run at world size {world}: {why}")
         out.append(ResolvedCase(case, cfg, why, plan))
@@ -215,6 +217,35 @@ def sparse_unmet(cfg: StrategyConfig, sparse: tuple) -> str | None:
     if what is None:
         return None
     return sparse_gradients_refused(what, sparse)
+
+
+def ddp_unmet(cfg: StrategyConfig, info) -> str | None:
+    """Why torch DDP's settings in ``cfg`` cannot train the model ``info`` describes, or None: a communication hook
+    is handed dense buckets (DDP refuses a hook beside sparse gradients); a static graph is the same graph every
+    step, which a model that declares ``find_unused_parameters`` (its graph changes with its inputs) is not."""
+    if cfg.data_parallel != "ddp":
+        return None
+    if cfg.strategy and info.sparse_gradients:
+        return (f"a DDP communication hook gets dense buckets, and this model has sparse gradients "
+                f"({', '.join(info.sparse_gradients[:3])})")
+    if cfg.ddp_static_graph and info.find_unused_parameters:
+        return ("ddp_static_graph=True needs the same graph every step, and this model declares "
+                "find_unused_parameters (its graph changes with its inputs)")
+    return None
+
+
+def strategy_unmet(cfg: StrategyConfig, backend: str | None) -> str | None:
+    """Why the case's strategy (``strategy``: a user's, or torch's hooks') cannot run here, or None: it names the
+    backends it runs on, and this run's is another."""
+    if not cfg.strategy or backend is None:
+        return None
+    try:
+        info = strategy_info(cfg.strategy)  # cached; a user's function runs in a child process, bounded
+    except StrategyError as exc:
+        raise ConfigError(str(exc)) from None
+    if info.backends and backend not in info.backends:
+        return f"{info.name} runs on {', '.join(info.backends)} only, this run on {backend} ({info.description})"
+    return None
 
 
 @dataclass(frozen=True)

@@ -303,6 +303,7 @@ class CheckSummary(_Part):
 
     verdict: str  # pass | fail | n/a | error
     reference: str = ""  # the reference's class (suite.check.reference)
+    kind: str = "exact"  # the check that ran: exact | bounded error | convergence (a strategy declares it)
     tolerance_key: str = ""  # its row of suite.check.tolerances
     param_tol: float = 0.0
     loss_tol: float = 0.0
