@@ -16,7 +16,8 @@ name theirs explicitly (``Variant.models``); every other model, the published on
 (``resnet50``, ``gpt2``, ``bert``) and a user's own (``--model pkg.mod:make_spec``), gets every
 variant that applies to its data kind (images, tokens, masked tokens) and to whether it has
 BatchNorm (compute fusion and fused broadcasts need it).  A user model's cases are named
-``<function>/<variant>``.
+``<module>.<function>/<variant>`` (``my_models.make_spec/plain``: the module's last part, so two modules' factories
+of one name never collide).
 
 World sizes are the runner's, not the case's: the selection (``suite/selection.py``) runs every
 selected case at the requested world sizes (default one: 2 on CPU, every GPU on CUDA) and skips
@@ -53,6 +54,7 @@ from typing import TYPE_CHECKING
 
 from .model_registry import DATA_KINDS, PUBLISHED_MODELS, REGISTRY, SMALL_MODELS
 from .results.records import METRIC_NAMES
+from .usercode import module_label
 
 if TYPE_CHECKING:  # a plan is made in the parent (suite.selection); listing cases imports no torch
     from .comm.buckets import CommPlan
@@ -290,11 +292,13 @@ VARIANTS: list[Variant] = [
 ]
 
 def model_label(ref: str) -> str:
-    """The name a model's cases carry: the registry name, a user factory's function, ``hf-<Config>``."""
+    """The name a model's cases carry: the registry name, ``hf-<Config>``, or a user factory's module and function
+    (``my_models.make_spec`` for ``pkg.my_models:make_spec``: two modules' ``make_spec`` never share a name, a case
+    or a history)."""
     if ref.startswith("hf:"):
         return "hf-" + ref[3:]
     if ":" in ref:
-        return ref.rsplit(":", 1)[1].rsplit(".", 1)[-1]
+        return module_label(ref)
     return ref
 
 

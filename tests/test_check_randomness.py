@@ -101,7 +101,7 @@ def test_a_model_whose_identical_runs_differ_gets_one_message_not_a_fail_per_cas
     assert text.count("two identical runs of its first step differ") == 1, text
     assert "unseeded generator" in text, text
     recs = [json.loads(line) for line in results.read_text().splitlines()]
-    assert {r["case"] for r in recs} == {"make_noisy/plain", "make_noisy/fusion", "make_noisy/ddp"}
+    assert {r["case"] for r in recs} == {f"my_models.make_noisy/{v}" for v in ("plain", "fusion", "ddp")}
     assert all(r["verdict"] == "n/a" and r["check"]["message"].startswith(CANNOT_JUDGE) for r in recs), recs
 
 
@@ -110,7 +110,7 @@ def test_batchnorm_is_found_without_being_declared(pool2):
     assert get_model(f"{MODELS}:make_normed", "tiny").has_batchnorm is False
     assert model_info(f"{MODELS}:make_normed", "tiny").has_batchnorm
     cases = base_cases(Selection(models=(f"{MODELS}:make_normed",), size="tiny"), "tiny")
-    assert {"make_normed/compute_fusion", "make_normed/fused_broadcast"} <= {c.name for c in cases}
+    assert {"my_models.make_normed/compute_fusion", "my_models.make_normed/fused_broadcast"} <= {c.name for c in cases}
     res = run_check(pool2, WorkloadSpec(f"{MODELS}:make_normed", size="tiny"), StrategyConfig(), steps=2)
     assert res.verdict == "pass" and res.precision == "float64", (res.verdict, res.precision, res.message)
 

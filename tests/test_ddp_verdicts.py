@@ -180,18 +180,18 @@ def sparse_run(pool2, tmp_path_factory):
 def test_sparse_gradients_train_under_plain_and_ddp(sparse_run):
     rc, out, recs, _ = sparse_run
     assert rc == 0, out
-    for case in ("make_sparse/plain", "make_sparse/ddp"):
+    for case in ("ddp_models.make_sparse/plain", "ddp_models.make_sparse/ddp"):
         assert (recs[case]["status"], recs[case]["verdict"]) == ("ok", "pass"), recs[case]
     assert "cannot run this" not in out, out
 
 
 def test_sparse_gradients_skip_flat_buckets_with_the_reason_and_none_is_timed(sparse_run):
     rc, out, recs, _ = sparse_run
-    for case in ("make_sparse/overlap", "make_sparse/fusion", "make_sparse/fused_optimizer"):
+    for case in (f"ddp_models.make_sparse/{v}" for v in ("overlap", "fusion", "fused_optimizer")):
         rec = recs[case]
         assert rec["status"] == "skipped" and rec["error"].startswith("sparse gradients: "), rec
         assert "'embedding.weight'" in rec["error"] and "dense gradients only" in rec["error"], rec["error"]
-    none = recs["make_sparse/none"]
+    none = recs["ddp_models.make_sparse/none"]
     assert none["status"] == "ok" and none["metrics"]["samples_per_s"] > 0, none
 
 
@@ -228,7 +228,7 @@ def test_find_unused_with_overlap_launches_buckets_in_backward_and_passes(pools,
     pool = pools(world)
     rc, out, recs, _ = run_cli(pool, tmp_path, "make_unused", "*/overlap", "*/multicomm", sets=("weight_decay=0.1",))
     assert rc == 0, out
-    for case in ("make_unused/overlap", "make_unused/multicomm"):
+    for case in ("ddp_models.make_unused/overlap", "ddp_models.make_unused/multicomm"):
         rec = recs[case]
         assert (rec["status"], rec["verdict"]) == ("ok", "pass"), rec
         assert rec["config"]["find_unused_parameters"] is True  # the factory declared it
@@ -252,10 +252,10 @@ def test_a_case_whose_check_steps_break_its_plan_is_never_said_to_pass(pool2, tm
 
     monkeypatch.setattr(Case, "observed_unmet", broken)
     rc, out, recs, _ = run_cli(pool2, tmp_path, "make_unused", "*/overlap", "*/plain")
-    line = next(ln for ln in out.splitlines() if "make_unused/overlap" in ln and " check " in ln)
+    line = next(ln for ln in out.splitlines() if "ddp_models.make_unused/overlap" in ln and " check " in ln)
     assert " check fail" in line and "sabotaged" in line, line
-    assert recs["make_unused/overlap"]["verdict"] == "fail" and rc == 1
-    assert recs["make_unused/plain"]["verdict"] == "pass"
+    assert recs["ddp_models.make_unused/overlap"]["verdict"] == "fail" and rc == 1
+    assert recs["ddp_models.make_unused/plain"]["verdict"] == "pass"
 
 
 # ---- 5. reasons that name the cause --------------------------------------------------------------------------------
@@ -281,7 +281,7 @@ def test_a_model_that_differs_across_ranks_stops_every_rank_at_once_naming_it(po
 def test_a_mismatched_model_is_an_error_naming_the_mismatch_in_every_case(pool2, tmp_path):
     rc, out, recs, seconds = run_cli(pool2, tmp_path, "make_differs", "*/plain", "*/overlap", "*/ddp")
     assert rc == 1
-    for case in ("make_differs/plain", "make_differs/overlap", "make_differs/ddp"):
+    for case in ("ddp_models.make_differs/plain", "ddp_models.make_differs/overlap", "ddp_models.make_differs/ddp"):
         rec = recs[case]
         assert rec["status"] == "error" and rec["error"].startswith("the ranks built different models"), rec["error"]
         assert "'embedding.weight' shape (8, 10) vs rank 0's (16, 10)" in rec["error"]
@@ -333,9 +333,9 @@ def test_frozen_backends_flags_do_not_stop_a_case(pool2):
 # ---- 6. cases that prove their names -------------------------------------------------------------------------------
 def test_compute_fusion_with_nothing_to_fuse_is_skipped(no_ranks):
     r = resolve(Selection(models=(f"{MODELS}:make_bn_nothing_to_fuse",), size="tiny", device="cpu"))
-    rc = r.find("make_bn_nothing_to_fuse/compute_fusion", 2)
+    rc = r.find("ddp_models.make_bn_nothing_to_fuse/compute_fusion", 2)
     assert rc is not None and rc.skip and rc.skip.startswith("nothing to fuse"), rc and rc.skip
-    assert r.find("make_bn_nothing_to_fuse/plain", 2).skip is None
+    assert r.find("ddp_models.make_bn_nothing_to_fuse/plain", 2).skip is None
 
 
 def test_a_compute_fusion_case_whose_engine_fused_nothing_fails():

@@ -96,7 +96,7 @@ def _resume_file(tmp: Path, model: str) -> Path:
     results = tmp / "runs.jsonl"
     run = {"case": [], "tag": [], "model": [model], "config": None, "set": [], "size": "tiny", "device": "cpu",
            "batch": None, "steps": 2, "rounds": 2, "warmup": 1, "check_steps": 2, "no_check": True}
-    append_record(str(results), CaseRecord("make/plain", "make", 2, {}, "r1", size="tiny", device="cpu",
+    append_record(str(results), CaseRecord("mine.make/plain", "mine:make", 2, {}, "r1", size="tiny", device="cpu",
                                            metadata={"run": run}))
     return results
 
@@ -136,7 +136,7 @@ def test_resume_with_the_factory_given_again_goes_on(tmp_path, monkeypatch, caps
     code, out, err = _cli(["run", "--resume", results, "--model", "mine:make", "--no-utilization", "--timeout",
                            "60"], capsys)
     assert code == 0, err
-    assert "resuming run r1" in out and "skipped: make/plain" in out
+    assert "resuming run r1" in out and "skipped: mine.make/plain" in out
 
 
 def test_a_multiprocessing_py_in_the_current_directory_runs_in_no_spawned_process(tmp_path):

@@ -159,7 +159,7 @@ def test_model_alone_selects_its_cases_and_user_models_get_every_applicable_vari
     monkeypatch.syspath_prepend(scripts)
     assert main(["run", "--model", "my_models:make_spec", "--list"]) == 0
     names = [ln.split()[0] for ln in capsys.readouterr().out.splitlines()]
-    assert {"make_spec/plain", "make_spec/overlap", "make_spec/local_sgd", "make_spec/none"} <= set(names)
+    assert {f"my_models.make_spec/{v}" for v in ("plain", "overlap", "local_sgd", "none")} <= set(names)
     assert not any(n.endswith(("/compute_fusion", "/fused_broadcast")) for n in names)  # no BatchNorm
     for ref, words in [("my_models:not_a_spec", "the factory returned dict; expected suite.models.ModelSpec"),
                        ("my_models:nothing", "module 'my_models' has no 'nothing'"),
@@ -182,12 +182,13 @@ def test_a_user_model_from_outside_suite_runs_with_check_and_timing(tmp_path):
         cwd=os.path.join(ROOT, "tests", "scripts"), env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     recs = {r["case"]: r for r in map(json.loads, results.read_text().splitlines())}
-    assert set(recs) == {"make_spec/plain", "make_spec/overlap", "make_spec/none"}
-    assert recs["make_spec/plain"]["verdict"] == "pass" and recs["make_spec/overlap"]["verdict"] == "pass"
+    assert set(recs) == {"my_models.make_spec/plain", "my_models.make_spec/overlap", "my_models.make_spec/none"}
+    assert recs["my_models.make_spec/plain"]["verdict"] == "pass"
+    assert recs["my_models.make_spec/overlap"]["verdict"] == "pass"
     for r in recs.values():
         assert r["model"] == "my_models:make_spec" and r["size"] == "tiny" and r["backend"] == "gloo"
         assert r["metrics"]["samples_per_s"] > 0
-    assert recs["make_spec/plain"]["structure"]["allreduce_ops"] == 4  # fc1/fc2 weight and bias
+    assert recs["my_models.make_spec/plain"]["structure"]["allreduce_ops"] == 4  # fc1/fc2 weight and bias
 
 
 def empty_batch_on_rank() -> str:

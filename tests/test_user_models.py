@@ -101,17 +101,18 @@ def test_a_kernel_the_backend_lacks_is_skipped_with_its_reason_and_the_run_passe
     rc, recs = run_cli(pool2, monkeypatch, tmp_path, "make_lstm", "*/plain", "*/amp_bf16")
     out = capsys.readouterr().out
     assert rc == 0, out
-    skipped = recs["make_lstm/amp_bf16"]
+    skipped = recs["my_models.make_lstm/amp_bf16"]
     assert (skipped["status"], skipped["verdict"], skipped["error"]) == ("skipped", "skipped", LSTM_SKIP)
     assert not skipped["metrics"], "a case that cannot run is not timed"
-    assert recs["make_lstm/plain"]["verdict"] == "pass" and recs["make_lstm/plain"]["metrics"]["samples_per_s"] > 0
+    plain = recs["my_models.make_lstm/plain"]
+    assert plain["verdict"] == "pass" and plain["metrics"]["samples_per_s"] > 0
     assert "check skipped: " + LSTM_SKIP in out and "failed" not in out, out
 
 
 def test_an_ordinary_error_in_a_user_model_stays_an_error(pool2, monkeypatch, tmp_path, capsys):
     rc, recs = run_cli(pool2, monkeypatch, tmp_path, "make_buggy", "*/plain")
     assert rc == 1, capsys.readouterr().out
-    rec = recs["make_buggy/plain"]
+    rec = recs["my_models.make_buggy/plain"]
     assert (rec["status"], rec["verdict"]) == ("error", "error")
     assert "mat1 and mat2 shapes cannot be multiplied" in rec["error"], rec["error"]
 
@@ -141,9 +142,9 @@ def spare_run(pool2, tmp_path_factory):
 def test_parameters_without_a_gradient_get_the_fix_first_in_records_and_output(spare_run):
     rc, out, recs = spare_run
     assert rc == 1, out  # plain data parallel cannot run the model as it is: a real failure
-    for case in ("make_spare/plain", "make_spare/overlap", "make_spare/fusion"):
+    for case in ("my_models.make_spare/plain", "my_models.make_spare/overlap", "my_models.make_spare/fusion"):
         assert recs[case]["status"] == "error" and recs[case]["error"].startswith("set find_unused_parameters=true")
-    assert recs["make_spare/ddp"]["error"].startswith("set find_unused_parameters=true: torch DDP says")
+    assert recs["my_models.make_spare/ddp"]["error"].startswith("set find_unused_parameters=true: torch DDP says")
     note = [ln for ln in out.splitlines() if ln.startswith("set find_unused_parameters=true")]
     assert len(note) == 1 and "'spare.weight'" in note[0], out
 
@@ -157,8 +158,31 @@ def test_the_unused_parameter_message_is_said_once_per_run(spare_run):
 
 def test_the_unused_parameter_message_is_no_error_for_none(spare_run):
     rc, out, recs = spare_run
-    none = recs["make_spare/none"]
+    none = recs["my_models.make_spare/none"]
     assert (none["status"], none["verdict"], none["error"]) == ("ok", "n/a", None), none
     assert none["metrics"]["samples_per_s"] > 0 and "speedup" not in none["metrics"], "timed without the baseline"
-    assert "nan" not in out and "no baseline" in next(ln for ln in out.splitlines() if "make_spare/none " in ln
-                                                      and "samples/s" in ln), out
+    assert "nan" not in out and "no baseline" in next(
+        ln for ln in out.splitlines() if "my_models.make_spare/none " in ln and "samples/s" in ln), out
+
+
+def test_two_modules_factories_of_one_name_get_their_own_cases_and_histories(tmp_path, monkeypatch, capsys):
+    """The README's factory name in two modules (issue 46.3): cases named after the module and the function, so
+    their records never share a name, and the report's history of each is its own."""
+    from suite.report.trend import trends
+    from suite.results.records import CaseRecord
+
+    source = (__import__("pathlib").Path(my_models.__file__)).read_text()
+    for mod in ("team_a", "team_b"):
+        (tmp_path / f"{mod}.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--model", "team_a:make_spec", "--model", "team_b:make_spec", "--list", "--size",
+                 "tiny"]) == 0
+    listed = capsys.readouterr().out
+    assert "team_a.make_spec/plain" in listed and "team_b.make_spec/plain" in listed, listed
+    recs = [CaseRecord(f"{m}.make_spec/plain", f"{m}:make_spec", 2, {}, f"r{i}", size="tiny", device="cpu",
+                       metrics={"samples_per_s": 100.0 + i})
+            for i, m in enumerate(("team_a", "team_b", "team_a", "team_b"))]
+    final = {(r.case, r.world_size): r for r in recs}
+    got = trends(recs, final)
+    assert set(got) == {("team_a.make_spec/plain", 2), ("team_b.make_spec/plain", 2)}
+    assert [p["samples_per_s"] for p in got[("team_a.make_spec/plain", 2)]["points"]] == [100.0, 102.0]
