@@ -150,13 +150,10 @@ YEAR_MIN = 525_600  # --limit and --gate-budget at most (minutes): beyond, a num
 
 
 def _path_problem(option: str, path: str, directory: bool) -> str | None:
-    """Why ``path`` cannot take the night's output (a directory, or a file), in one line naming the option."""
+    """Why ``path`` cannot take the night's output (a directory, or a file), in one line naming the option
+    (``suite.outputs.output_problem``, the writer's own rule)."""
     if directory:
-        if os.path.islink(path):
-            return f"{option} {path!r}: is a symbolic link; give the directory itself"
-        if os.path.lexists(path) and not os.path.isdir(path):
-            return f"{option} {path!r}: exists and is not a directory"
-        return None
+        return f"{option} {path!r}: {why}" if (why := output_problem(path, "directory")) else None
     if os.path.lexists(path):
         return f"{option} {path!r}: {why}" if (why := output_problem(path)) else None
     return None

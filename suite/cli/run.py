@@ -7,12 +7,9 @@ validated before any rank starts.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import stat
 import sys
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,6 +19,7 @@ from ..cluster.launch import cluster_option, cluster_sets, start_cluster
 from ..config import ConfigError
 from ..measure.metadata import collect
 from ..measure.utilization import BUSY, BUSY_SHARE, LOAD_MARGIN, busy_reason
+from ..outputs import append_or_fallback, output_problem
 from ..report import junit
 from ..results.records import ResultsFileError, read_records
 from ..run_spec import RUN_ROUNDS_FOR_95, RunFacts, RunSpec
@@ -391,57 +389,14 @@ def _allreduce_counts(describe: Mapping) -> str:
 
 
 _FALLBACK: dict = {}  # results file -> where its records go instead (a fallback file, or STDERR)
-STDERR = "stderr (one JSON line per record)"
-
-
-def _append_target(path: str) -> str:
-    return _FALLBACK.get(path, path)
 
 
 def _append(path: str, rec) -> str:
-    """Append a record and return where it went: the results file; once that cannot take a record (a full disk:
-    the file is cut back to its last whole record), a fallback file in the temporary directory; and when that
-    fails too (the temporary directory full as well), stderr, one JSON line per record.  Never raises: the run's
-    records are also kept in memory (its table)."""
+    """Append a record and return where it went: the results file, else a fallback file, else stderr
+    (``suite.outputs.append_or_fallback``).  Never raises: the run's records are also kept in memory (its table)."""
     from ..results.records import append_record  # at call time: tests replace it
 
-    target = _append_target(path)
-    if target != STDERR:
-        try:
-            append_record(target, rec)
-            return target
-        except OSError as exc:
-            why = f"{type(exc).__name__}: {exc}"
-        if target == path:
-            fallback = _new_fallback()
-            if fallback is not None:
-                try:
-                    append_record(fallback, rec)
-                    _FALLBACK[path] = fallback
-                    _say(f"fleetbench run: cannot append to {path} ({why}; the file keeps its earlier records "
-                         f"intact); this and the next records of this run go to {fallback}")
-                    return fallback
-                except OSError as exc:
-                    why = f"{why}; the fallback {fallback}: {type(exc).__name__}: {exc}"
-                    with contextlib.suppress(OSError):
-                        if os.path.getsize(fallback) == 0:
-                            os.unlink(fallback)  # no empty fallback file left behind
-        _FALLBACK[path] = STDERR
-        _say(f"fleetbench run: cannot append to {target} ({why}); this and the next records of this run are "
-             f"printed on stderr, one JSON line each (lines starting with '{{'): keep them, e.g. "
-             f"`grep '^{{' LOG >> {path}` once there is room")
-    _say(rec.to_json())
-    return STDERR
-
-
-def _new_fallback() -> str | None:
-    try:  # TMPDIR as given: where it is full, not some other directory (tempfile would try /tmp next)
-        fd, fallback = tempfile.mkstemp(prefix="fleetbench-fallback-", suffix=".jsonl",
-                                        dir=os.environ.get("TMPDIR") or None)
-    except OSError:
-        return None
-    os.close(fd)
-    return fallback
+    return append_or_fallback(path, lambda target: append_record(target, rec), rec.to_json, _FALLBACK, _say)
 
 
 def _say(line: str) -> None:
@@ -467,43 +422,21 @@ def _prepare(spec: RunSpec, env, results: str) -> tuple[list, RunFacts, RunSpec]
 
 
 def _check_results_file(path: str) -> None:
-    """Before any rank starts: a corrupt results file is refused (nothing in it is touched), and the
-    file must be writable (an existing file opened for appending; a new one's directory tried)."""
-    if os.path.isdir(path):
-        raise ConfigError(f"--results {path}: is a directory; give a file, e.g. {os.path.join(path, 'runs.jsonl')}")
-    if os.path.islink(path):
-        raise ConfigError(f"--results {path}: is a symbolic link (to {os.readlink(path)!r}); give the file itself, "
-                          f"so records are written where you pointed")
-    if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):
-        raise ConfigError(f"--results {path}: is not a regular file (a FIFO, device or socket); give a .jsonl file")
+    """Before any rank starts: the file must take records as the writer appends them (``suite.outputs``' rule,
+    tried for real), and a corrupt results file is refused (nothing in it is touched)."""
+    if why := output_problem(path, probe=True):
+        raise ConfigError(f"--results {path}: {why}")
     if os.path.exists(path) and os.path.getsize(path):
         try:
             read_records(path)
         except ResultsFileError as exc:
             raise ConfigError(f"--results {path}: {exc}; move it aside or pick another --results file") from None
-    try:
-        if os.path.exists(path):
-            with open(path, "ab"):
-                pass
-        else:
-            directory = os.path.dirname(os.path.abspath(path))
-            os.makedirs(directory, exist_ok=True)
-            with tempfile.TemporaryFile(dir=directory):
-                pass
-    except OSError as exc:
-        raise ConfigError(f"--results {path}: cannot be written ({exc.strerror or exc}); pick a writable path") \
-            from None
 
 
 def _check_traces_dir(traces: str) -> None:
     """Before any rank starts: traces go to ``traces`` (a real directory, writable, or creatable)."""
-    if os.path.islink(traces) or (os.path.exists(traces) and not os.path.isdir(traces)):
-        what = "a symbolic link" if os.path.islink(traces) else "not a directory"
-        raise ConfigError(f"--trace-steps: {traces} is {what}; traces are written into a directory of that "
-                          f"name: move it aside")
-    where = traces if os.path.isdir(traces) else os.path.dirname(traces)
-    if not os.access(where, os.W_OK | os.X_OK):
-        raise ConfigError(f"--trace-steps: {where} is not writable; traces could not be written")
+    if why := output_problem(traces, "directory"):
+        raise ConfigError(f"--trace-steps: {traces}: {why}; traces are written into a directory of that name")
 
 
 def _tally(records) -> str:
