@@ -78,13 +78,23 @@ IGNORED = {
 }
 
 
+# pytest's help where it says more than the spec's metadata (a field added to the spec gets the metadata's)
+HELP = {"tags": "cases with this tag (default: smoke)", "models": "every case of this model (repeatable)",
+        "device": "default: cuda where torch sees a GPU",
+        "sets": "a strategy field applied on top of every case (repeatable)",
+        "steps": "steps per timed window (default: the spec's, as fleetbench run)",
+        "rounds": "timed windows, pytest-benchmark's rounds (default: the spec's, as fleetbench run)",
+        "check": "skip the correctness verdict",
+        "timeout": "bound on each multi-rank call, seconds (default: the spec's, scaled to the model)"}
+
+
 def pytest_addoption(parser):
-    """The run specification's options on pytest (each field's name, help and type from its metadata), and the
-    spec file instead of them."""
+    """The run specification's options on pytest (each field's name, type, choices and help from its metadata,
+    pytest's :data:`HELP` over it), and the spec file instead of them."""
     _PARSER[:] = [parser]
     g = parser.getgroup("fleetbench")
     for o in spec_options.options("pytest"):
-        g.addoption(o.named("pytest"), **o.kwargs("pytest"))
+        g.addoption(o.named("pytest"), **o.kwargs("pytest", HELP.get(o.name)))
     g.addoption(spec_options.SPEC_FILE["pytest"], metavar="FILE", dest="fleetbench_spec",
                 help="the run specification as JSON (suite/run_spec.py; `fleetbench nightly` writes one) instead of "
                      "the options above")

@@ -102,7 +102,7 @@ class Selection:
                                    option="world size", pytest="--fleetbench-world", on=("pytest", "asv"))
     device: str | None = spec(None, "default: cuda where torch sees a GPU, else cpu", choices=DEVICES)
     config: str | None = spec(None, "TOML file of strategy fields applied on top of every case", path=True)
-    sets: tuple[str, ...] = spec((), "a strategy field applied on top of every case; repeatable", option="--set",
+    sets: tuple[str, ...] = spec((), "a strategy field; repeatable", option="--set",
                                  metavar="KEY=VALUE", env="SET", sep=";")
     default_tag: str = spec("default", "the tag selected when no case, tag or model is given", on=NOWHERE)
 

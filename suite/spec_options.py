@@ -31,7 +31,7 @@ from .outputs import InputError, read_input
 from .run_spec import AB, SURFACES, AbOptions, RunOptions, RunSpec, Selection, SeqOptions, SpecError, split_names
 from .validate import FieldSpec, Invalid, field_specs, option_name
 
-__all__ = ["Option", "Given", "Resumed", "OptionError", "options", "option", "parsed", "given_env", "spec_from",
+__all__ = ["Option", "Given", "Resumed", "OptionError", "options", "parsed", "given_env", "spec_from",
            "default_spec", "default", "SPEC_FILE", "PYTEST_PREFIX", "ENV_PREFIX", "HARNESS_TAG", "COMMANDS", "TABLE"]
 
 PARTS = {"selection": Selection, "run": RunOptions, "ab": AbOptions, "seq": SeqOptions}
@@ -116,6 +116,8 @@ class Option:
             kw["choices"] = self.field.choices
         if self.meta.get("metavar"):
             kw["metavar"] = self.meta["metavar"]
+        elif not self.switch and self.field.choices is None:  # as argparse names the option's value: --batch BATCH
+            kw["metavar"] = self.named(surface).removeprefix("--").replace("-", "_").upper()
         kw["help"] = self.help(surface) if help is None else help
         return kw
 
@@ -175,10 +177,6 @@ def options(surface: str) -> list[Option]:
     if surface not in SURFACES:
         raise ValueError(f"{surface!r} is not one of {', '.join(SURFACES)}")
     return [o for o in TABLE.values() if surface in o.on]
-
-
-def option(part: str, name: str) -> Option:
-    return TABLE[(part, name)]
 
 
 def default_spec(surface: str) -> RunSpec:

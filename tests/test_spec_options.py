@@ -89,7 +89,8 @@ def test_pytests_options_are_the_metadatas():
             declared[name] = kw
 
     conftest.pytest_addoption(Parser())
-    expected = {o.named("pytest"): o.kwargs("pytest") for o in spec_options.options("pytest")}
+    expected = {o.named("pytest"): o.kwargs("pytest", conftest.HELP.get(o.name))
+                for o in spec_options.options("pytest")}
     assert declared.pop("--fleetbench-spec")["dest"] == "fleetbench_spec"
     assert declared == expected
     assert {"--fleetbench-case", "--fleetbench-world", "--fleetbench-no-check", "--fleetbench-timeout"} <= set(expected)

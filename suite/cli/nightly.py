@@ -105,7 +105,7 @@ def add_parser(sub) -> None:
     p.add_argument("--last-good", default=os.path.join("results", "last-good", "commit"),
                    help="file holding the last good commit (default results/last-good/commit)")
     add_fields(p, Chosen, "gate_budget",
-               gate_budget=f"the gate's timed trials, all cases and world sizes together, minutes (default "
+               gate_budget=f"the gate's timed trials, all cases and world sizes together (default "
                            f"{NightlyOptions().gate_budget_s / 60:g})")
     p.add_argument("--gate-case", action="append", default=[], metavar="GLOB",
                    help="narrows the gate to these of the selected cases tagged gate (default: all of them); "

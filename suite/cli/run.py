@@ -73,6 +73,7 @@ def add_parser(sub) -> None:
                     "hf:BertConfig, or your own factory as module:function; alone, every case of that model",
              size="model size: full (published; default on CUDA), cpu (full parameters, smaller inputs; default on "
                   "CPU), tiny (tests)",
+             sets="a strategy field applied on top of every case; repeatable",
              steps=f"steps per timed window (default {default('steps')})",
              rounds=f"interleaved timed rounds (default {default('rounds')}: the fewest whose speedup interval can "
                     f"cover 95%%; fewer leave every speedup 'not resolved')",
