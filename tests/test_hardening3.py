@@ -215,8 +215,9 @@ def test_asv_runs_with_a_home_inside_the_nights_output(tmp_path, monkeypatch):
     monkeypatch.setattr(nightly.Night, "run_stage", lambda self: 0)
     args = build_parser().parse_args([*[a for a in NIGHT if a != "--plan"], "--out", str(tmp_path / "night"),
                                       "--machine", "m", "--last-good", str(tmp_path / "none")])
-    resolved, plan, _, spec = nightly.plan_of(args)
-    night = nightly.Night(args, resolved, plan, spec)
+    ch = nightly.chosen(args)
+    resolved, plan, _, spec = nightly.plan_of(args, ch)
+    night = nightly.Night(args, ch, resolved, plan, spec)
     night.dir = None
     night.asv_stage()  # 2 here: the stubbed asv discovers nothing (tests/test_nightly.py runs the whole stage)
     asv = [(c, e) for c, e in calls if c[0].endswith("asv")]
