@@ -3,12 +3,14 @@
 A harness receives a ``RunSpec``: pytest-benchmark as a file (``--fleetbench-spec FILE``), asv (which runs the
 benchmarks in processes of its own and passes them no arguments) as one variable holding its JSON,
 ``FLEETBENCH_BENCH_SPEC``; ``fleetbench nightly`` hands both the spec its other stages run.  A person typing by
-hand may use the friendly per-field options instead (``conftest.py``'s ``--fleetbench-*``) or variables (below):
-they are sugar, built into the same ``RunSpec`` by one function, :func:`bench_spec`, and given with a spec they
-are an error (one or the other states the run).  These are the only environment variables the benchmarks read:
+hand may give the spec's options instead, pytest's ``--fleetbench-*`` (``conftest.py``) or asv's variables
+(below): both are made from the spec's metadata and built into the same ``RunSpec`` by the one builder
+(``suite.spec_options.spec_from``); given with a spec they are an error (one or the other states the run).  The
+variables the benchmarks read: FLEETBENCH_BENCH_SPEC, one ``FLEETBENCH_BENCH_NAME`` per option of the spec on
+asv (``spec_options.options("asv")``: the name is the field's, upper case):
 
 ==============================  ==================================================================
-FLEETBENCH_BENCH_SPEC           the run specification as JSON (``RunSpec.to_json``); or the sugar:
+FLEETBENCH_BENCH_SPEC           the run specification as JSON (``RunSpec.to_json``); or the options:
 FLEETBENCH_BENCH_CASES          case names or globs, comma-separated
 FLEETBENCH_BENCH_TAGS           case tags, comma-separated (default: ``smoke``)
 FLEETBENCH_BENCH_MODELS         models, comma-separated (every case of each)
@@ -40,44 +42,36 @@ import re
 from collections.abc import Mapping
 from dataclasses import replace
 
+from suite import spec_options
 from suite.config import ConfigError, toml_fields
-from suite.run_spec import RunOptions, RunSpec, Selection, run_setup
+from suite.run_spec import RunFacts, RunOptions, RunSpec, Selection, run_setup
 from suite.selection import Resolved, resolve
 
-__all__ = ["split_csv", "bench_spec", "env_spec", "env_int", "resolved_of", "run_options", "setup_of",
-           "default_setup", "setup_digest", "harness_message", "OPTION_NAMES", "PROCESSES", "SPEC_VAR", "SUGAR_VARS"]
+__all__ = ["split_csv", "env_spec", "env_int", "resolved_of", "facts_of", "setup_of", "default_setup", "setup_digest",
+           "harness_message", "OPTION_NAMES", "PROCESSES", "SPEC_VAR", "OPTION_VARS"]
 
 PROCESSES = 2  # asv: processes whose samples are pooled
-SPEC_VAR = "FLEETBENCH_BENCH_SPEC"
-SUGAR_VARS = ("FLEETBENCH_BENCH_CASES", "FLEETBENCH_BENCH_TAGS", "FLEETBENCH_BENCH_MODELS", "FLEETBENCH_BENCH_WORLDS",
-              "FLEETBENCH_BENCH_DEVICE", "FLEETBENCH_BENCH_SIZE", "FLEETBENCH_BENCH_CONFIG", "FLEETBENCH_BENCH_SET",
-              "FLEETBENCH_BENCH_ROUNDS", "FLEETBENCH_BENCH_STEPS")
+SPEC_VAR = spec_options.SPEC_FILE["asv"]
+OPTION_VARS = tuple(o.named("asv") for o in spec_options.options("asv"))
 
 # The spec's options as ``fleetbench run`` (and suite/selection.py's messages) name them, and as each harness
-# does: (pytest option, asv variable).
-OPTION_NAMES = {
-    "--case": ("--fleetbench-case", "FLEETBENCH_BENCH_CASES"),
-    "--tag": ("--fleetbench-tag", "FLEETBENCH_BENCH_TAGS"),
-    "--model": ("--fleetbench-model", "FLEETBENCH_BENCH_MODELS"),
-    "--device": ("--fleetbench-device", "FLEETBENCH_BENCH_DEVICE"),
-    "--size": ("--fleetbench-size", "FLEETBENCH_BENCH_SIZE"),
-    "--config": ("--fleetbench-config", "FLEETBENCH_BENCH_CONFIG"),
-    "--set": ("--fleetbench-set", "FLEETBENCH_BENCH_SET"),
-    "--steps": ("--fleetbench-steps", "FLEETBENCH_BENCH_STEPS"),
-    "--rounds": ("--fleetbench-rounds", "FLEETBENCH_BENCH_ROUNDS"),
-    "--timeout": ("--fleetbench-timeout", "--fleetbench-timeout"),
-}
-WORLDS = ("--fleetbench-world", "FLEETBENCH_BENCH_WORLDS")  # a refused world size ("world size 0: must be ...")
+# does: (pytest option, asv variable; pytest's where asv has none).
+_HARNESSES = [o for o in spec_options.TABLE.values() if "pytest" in o.on or "asv" in o.on]
+OPTION_NAMES = {o.flag: (o.named("pytest"), o.named("asv") if "asv" in o.on else o.named("pytest"))
+                for o in _HARNESSES if o.flag.startswith("--")}
+_LABELS = {o.flag: (o.named("pytest"), o.named("asv")) for o in _HARNESSES if not o.flag.startswith("--")}
 _RUN_FLAG = re.compile(r"(?<![\w-])(" + "|".join(map(re.escape, OPTION_NAMES)) + r")(?![\w-])")
 
 
 def harness_message(text: str, harness: str) -> str:
     """An error as the harness's user typed it: ``--case`` becomes ``--fleetbench-case`` (``harness``
-    "pytest") or ``FLEETBENCH_BENCH_CASES`` ("asv").  Commands quoted in backticks (``fleetbench run --list``)
-    are left as they are: they are commands to run."""
+    "pytest") or ``FLEETBENCH_BENCH_CASES`` ("asv"); a spec's refusal of a world size ("world size 0: must be")
+    names the harness's option too.  Commands quoted in backticks (``fleetbench run --list``) are left as they
+    are: they are commands to run."""
     col = {"pytest": 0, "asv": 1}[harness]
-    if text.startswith("world size ") and ": must be" in text:
-        text = WORLDS[col] + text.removeprefix("world size")
+    for label, names in _LABELS.items():
+        if text.startswith(label + " ") and ": must be" in text:
+            text = names[col] + text.removeprefix(label)
     parts = text.split("`")
     for i in range(0, len(parts), 2):  # outside backticks
         parts[i] = _RUN_FLAG.sub(lambda m: OPTION_NAMES[m.group(1)][col], parts[i])
@@ -86,17 +80,6 @@ def harness_message(text: str, harness: str) -> str:
 
 def split_csv(text: str | None, sep: str = ",") -> list[str]:
     return [t.strip() for t in (text or "").split(sep) if t.strip()]
-
-
-def bench_spec(cases=(), tags=(), models=(), worlds=(), device=None, size=None, config=None, sets=(), steps=None,
-               rounds=None, check=None, timeout=None) -> RunSpec:
-    """The one way the harnesses' friendly options become a run specification: the fields given (None, or empty:
-    the spec's default); by default the smoke cases (a minute on a 2-core machine)."""
-    run = {k: v for k, v in (("steps", steps), ("rounds", rounds), ("check", check), ("timeout", timeout))
-           if v is not None}
-    return RunSpec(Selection(cases=tuple(cases), tags=tuple(tags), models=tuple(models), worlds=tuple(worlds),
-                             device=device or None, size=size or None, config=config or None, sets=tuple(sets),
-                             default_tag="smoke"), RunOptions(**run))
 
 
 def _whole(name: str, text: str, minimum: int = 1) -> int:
@@ -117,22 +100,11 @@ def env_int(name: str, default: int, environ: Mapping[str, str] | None = None) -
 
 
 def env_spec(environ: Mapping[str, str] | None = None) -> RunSpec:
-    """The run specification of the environment: FLEETBENCH_BENCH_SPEC, or the sugar variables (see the table)."""
+    """The run specification of the environment: FLEETBENCH_BENCH_SPEC, or the options' variables (see the table),
+    built by the one builder (``spec_options.spec_from``)."""
     environ = os.environ if environ is None else environ
-    env = environ.get
-    text = (env(SPEC_VAR) or "").strip()
-    if text:
-        sugar = [v for v in SUGAR_VARS if (env(v) or "").strip()]
-        if sugar:
-            raise ConfigError(f"{SPEC_VAR} states the run; {', '.join(sugar)} set too: give one or the other")
-        return RunSpec.from_json(text, SPEC_VAR)
-    worlds = [_whole("FLEETBENCH_BENCH_WORLDS", w) for w in split_csv(env("FLEETBENCH_BENCH_WORLDS"))]
-    steps, rounds = (env_int(f"FLEETBENCH_BENCH_{n}", 0, environ) or None for n in ("STEPS", "ROUNDS"))
     try:
-        return bench_spec(split_csv(env("FLEETBENCH_BENCH_CASES")), split_csv(env("FLEETBENCH_BENCH_TAGS")),
-                          split_csv(env("FLEETBENCH_BENCH_MODELS")), worlds, env("FLEETBENCH_BENCH_DEVICE"),
-                          env("FLEETBENCH_BENCH_SIZE"), env("FLEETBENCH_BENCH_CONFIG"),
-                          split_csv(env("FLEETBENCH_BENCH_SET"), ";"), steps, rounds)
+        return spec_options.spec_from(spec_options.given_env(environ))
     except ConfigError as exc:
         raise ConfigError(harness_message(str(exc), "asv")) from None
 
@@ -146,9 +118,9 @@ def resolved_of(spec: RunSpec, harness: str) -> Resolved:
         raise ConfigError(harness_message(str(exc), harness)) from None
 
 
-def run_options(resolved: Resolved, spec: RunSpec) -> RunOptions:
-    """The runner's options for a benchmark harness: the spec's, on the selection's platform and size."""
-    return spec.run_options(resolved.size, resolved.device, resolved.backend)
+def facts_of(resolved: Resolved, spec: RunSpec) -> RunFacts:
+    """What a benchmark harness's runner is told besides the spec's options: the selection's platform and size."""
+    return spec.facts(resolved.size, resolved.device, resolved.backend)
 
 
 def setup_of(resolved: Resolved, run: RunOptions, **more) -> dict:

@@ -29,8 +29,8 @@ dashboard (``pretty_name``), this class's docstring, and one note the first case
 ``fleetbench run``'s (and pytest-benchmark's, which times each model interleaved as ``run`` does); asv's series
 are for one case's history, commit after commit.
 
-Parameters come from the run specification of the environment (``_matrix.env_spec``:
-FLEETBENCH_BENCH_SPEC, as ``fleetbench nightly`` sets it, or the hand-typed FLEETBENCH_BENCH_* sugar;
+Parameters come from the run specification of the environment (``_matrix.env_spec``, the one builder:
+FLEETBENCH_BENCH_SPEC, as ``fleetbench nightly`` sets it, or the hand-typed FLEETBENCH_BENCH_* options;
 default: the smoke tag at the device's default world size), resolved by ``suite/selection.py``:
 case name × world size.  A (case, world size) pair the case does not run at is skipped (setup
 raises NotImplementedError with the reason, asv's way of saying "n/a").
@@ -57,7 +57,7 @@ import sys
 from dataclasses import replace
 
 from bench_cases import _matrix
-from bench_cases._matrix import env_int, env_spec, resolved_of, run_options
+from bench_cases._matrix import env_int, env_spec, facts_of, resolved_of
 
 SPEC = env_spec()
 ROUNDS, STEPS = SPEC.run.rounds, SPEC.run.steps
@@ -127,10 +127,10 @@ class StepTime:
             if key == _NOTE_PAIR:
                 print(TIMED_APART, file=sys.stderr, flush=True)
             # no check (asv times; `fleetbench run` judges), every call within half asv's timeout unless the spec says
-            opts = replace(run_options(_RESOLVED, SPEC), check=False, timeout=SPEC.run.timeout or self.timeout / 2)
+            opts = replace(SPEC.run, check=False, timeout=SPEC.run.timeout or self.timeout / 2)
             pool = RankPool(world_size, device=_RESOLVED.device, timeout=opts.timeout, pg_timeout=opts.pg_timeout)
             try:
-                runner = CaseRunner(pool, world_size, opts, spec=SPEC)
+                runner = CaseRunner(pool, world_size, opts, spec=SPEC, facts=facts_of(_RESOLVED, SPEC))
                 _LIVE[key] = (pool, runner.prepare(rc))
             except BaseException:
                 pool.close()

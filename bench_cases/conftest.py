@@ -2,13 +2,14 @@
 
 Options (pytest has a command line, so no environment variable is read here; asv's are in ``_matrix.py``):
 ``--fleetbench-spec FILE``, the run specification (``suite/run_spec.py``; ``fleetbench nightly`` writes one), or
-the friendly per-field options a person types, sugar built into the same spec by ``_matrix.bench_spec``:
-``--fleetbench-case`` (name or glob, repeatable), ``--fleetbench-tag`` (default smoke), ``--fleetbench-model``,
-``--fleetbench-world`` (repeatable; default one: 2 on CPU, every GPU on CUDA), ``--fleetbench-device``,
-``--fleetbench-size``, ``--fleetbench-config``, ``--fleetbench-set`` (repeatable), ``--fleetbench-steps``
-(K steps per timed window), ``--fleetbench-rounds`` (timed windows; both default to the spec's, as
-``fleetbench run``), ``--fleetbench-no-check``, ``--fleetbench-timeout`` (bound on each multi-rank call,
-seconds; default the spec's, scaled to the model).  The selection is resolved once (``suite/selection.py``), as
+the spec's options a person types, made from the spec's metadata (``suite.spec_options.options("pytest")``) and
+built into the same spec by the one builder (``spec_options.spec_from``): ``--fleetbench-case`` (name or glob,
+repeatable), ``--fleetbench-tag`` (default smoke), ``--fleetbench-model``, ``--fleetbench-world`` (repeatable;
+default one: 2 on CPU, every GPU on CUDA), ``--fleetbench-device``, ``--fleetbench-size``, ``--fleetbench-config``,
+``--fleetbench-set`` (repeatable), ``--fleetbench-steps`` (K steps per timed window), ``--fleetbench-rounds``
+(timed windows; both default to the spec's, as ``fleetbench run``), ``--fleetbench-no-check``,
+``--fleetbench-timeout`` (bound on each multi-rank call, seconds; default the spec's, scaled to the model).  The
+selection is resolved once (``suite/selection.py``), as
 ``fleetbench run`` resolves its own: a case named without ``--fleetbench-world`` runs at the one default world
 size.  It is resolved when pytest is configured, so an option it cannot use is one ``ERROR:`` line naming the
 option (``--fleetbench-case``), the value and what is allowed, before anything is collected.
@@ -40,7 +41,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from bench_cases._matrix import bench_spec, harness_message, resolved_of, setup_of
+from bench_cases._matrix import harness_message, resolved_of, setup_of
+from suite import spec_options
 from suite.results.export import what_a_round_is  # the nightly's export says the same
 
 
@@ -76,61 +78,38 @@ IGNORED = {
 }
 
 
+# pytest's help where it says more than the spec's metadata (a field added to the spec gets the metadata's)
+HELP = {"tags": "cases with this tag (default: smoke)", "models": "every case of this model (repeatable)",
+        "device": "default: cuda where torch sees a GPU",
+        "sets": "a strategy field applied on top of every case (repeatable)",
+        "steps": "steps per timed window (default: the spec's, as fleetbench run)",
+        "rounds": "timed windows, pytest-benchmark's rounds (default: the spec's, as fleetbench run)",
+        "check": "skip the correctness verdict",
+        "timeout": "bound on each multi-rank call, seconds (default: the spec's, scaled to the model)"}
+
+
 def pytest_addoption(parser):
+    """The run specification's options on pytest (each field's name, type, choices and help from its metadata,
+    pytest's :data:`HELP` over it), and the spec file instead of them."""
     _PARSER[:] = [parser]
     g = parser.getgroup("fleetbench")
-    g.addoption("--fleetbench-case", action="append", default=[], help="case name or glob (repeatable)")
-    g.addoption("--fleetbench-tag", action="append", default=[], help="cases with this tag (default: smoke)")
-    g.addoption("--fleetbench-model", action="append", default=[], help="every case of this model (repeatable)")
-    g.addoption("--fleetbench-world", action="append", type=int, default=[],
-                help="world size (repeatable; default one: 2 on CPU, every GPU on CUDA)")
-    g.addoption("--fleetbench-device", choices=("cpu", "cuda"), help="default: cuda where torch sees a GPU")
-    g.addoption("--fleetbench-size", choices=("full", "cpu", "tiny"), help="model size (default: the device's)")
-    g.addoption("--fleetbench-config", help="TOML file of strategy fields applied on top of every case")
-    g.addoption("--fleetbench-set", action="append", default=[], metavar="KEY=VALUE",
-                help="a strategy field applied on top of every case (repeatable)")
-    g.addoption("--fleetbench-steps", type=int, help="steps per timed window (default: the spec's, as fleetbench run)")
-    g.addoption("--fleetbench-rounds", type=int,
-                help="timed windows, pytest-benchmark's rounds (default: the spec's, as fleetbench run)")
-    g.addoption("--fleetbench-no-check", action="store_true", help="skip the correctness verdict")
-    g.addoption("--fleetbench-timeout", type=float,
-                help="bound on each multi-rank call, seconds (default: the spec's, scaled to the model)")
-    g.addoption("--fleetbench-spec", metavar="FILE",
+    for o in spec_options.options("pytest"):
+        g.addoption(o.named("pytest"), **o.kwargs("pytest", HELP.get(o.name)))
+    g.addoption(spec_options.SPEC_FILE["pytest"], metavar="FILE", dest="fleetbench_spec",
                 help="the run specification as JSON (suite/run_spec.py; `fleetbench nightly` writes one) instead of "
                      "the options above")
 
 
-SUGAR = ("case", "tag", "model", "world", "device", "size", "config", "set", "steps", "rounds", "no_check",
-         "timeout")
-
-
 def spec_of(config):
-    """The session's run specification: --fleetbench-spec FILE, or the friendly options through
-    ``_matrix.bench_spec`` (the one function that builds it from them); an error is a UsageError naming the
-    option."""
+    """The session's run specification: --fleetbench-spec FILE, or the spec's options, by the one builder
+    (``spec_options.spec_from``); an error is a UsageError naming the option."""
     if _SPEC not in config.stash:
         from suite.config import ConfigError
-        from suite.outputs import InputError, read_input
-        from suite.run_spec import RunSpec
 
-        opt = config.getoption
+        given = spec_options.Given("pytest", spec_options.parsed("pytest", config.getoption),
+                                   config.getoption("fleetbench_spec"))
         try:
-            if opt("fleetbench_spec"):
-                given = [f"--fleetbench-{n.replace('_', '-')}" for n in SUGAR if opt(f"fleetbench_{n}") not in
-                         (None, False, [])]
-                if given:
-                    raise ConfigError(f"--fleetbench-spec states the run; {', '.join(given)} given too")
-                try:
-                    text = read_input(opt("fleetbench_spec"), "run specification (JSON)", 2**20)
-                except InputError as exc:
-                    raise ConfigError(f"--fleetbench-spec: {exc}") from None
-                config.stash[_SPEC] = RunSpec.from_json(text, f"--fleetbench-spec {opt('fleetbench_spec')}")
-            else:
-                config.stash[_SPEC] = bench_spec(
-                    opt("fleetbench_case"), opt("fleetbench_tag"), opt("fleetbench_model"), opt("fleetbench_world"),
-                    opt("fleetbench_device"), opt("fleetbench_size"), opt("fleetbench_config"), opt("fleetbench_set"),
-                    opt("fleetbench_steps"), opt("fleetbench_rounds"), False if opt("fleetbench_no_check") else None,
-                    opt("fleetbench_timeout"))
+            config.stash[_SPEC] = spec_options.spec_from(given)
         except ConfigError as exc:
             raise pytest.UsageError(harness_message(str(exc), "pytest")) from None
     return config.stash[_SPEC]
@@ -339,21 +318,20 @@ class _Pools:
         return self.pool
 
     def options(self):
-        """The runner's options: the spec's, on the resolved platform, with the session's rounds."""
+        """The runner's options: the spec's, with the session's rounds."""
         from dataclasses import replace
 
-        from bench_cases._matrix import run_options
-
         # pytest-benchmark traces nothing (`fleetbench run --trace-steps` does): the nightly's spec asks for traces
-        return replace(run_options(resolved(self.config), spec_of(self.config)), rounds=rounds_of(self.config),
-                       trace_steps=0)
+        return replace(spec_of(self.config).run, rounds=rounds_of(self.config), trace_steps=0)
 
     def runner(self, world: int):
+        from bench_cases._matrix import facts_of
         from suite.runner import CaseRunner
 
         pool = self.get(world)
         if self._runner is None or self._runner.launcher is not pool:
-            self._runner = CaseRunner(pool, world, self.options(), spec=spec_of(self.config))
+            self._runner = CaseRunner(pool, world, self.options(), spec=spec_of(self.config),
+                                      facts=facts_of(resolved(self.config), spec_of(self.config)))
         return self._runner
 
     def close(self):

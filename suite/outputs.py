@@ -16,6 +16,10 @@ appended records):
   is refused, not followed; the directory's own path above it is the user's;
 - **records are appended whole** (:func:`append_whole`): an exclusive lock, one write whose count is checked,
   fsync; a short write (a full disk) is cut back, so the file keeps every earlier line and nothing of this one;
+  a run's records that their file cannot take go to a fallback file, else to stderr (:func:`append_or_fallback`),
+  never lost;
+- **an output is checked before anything runs by the writer's own rule** (:func:`output_problem`: a file, or a
+  directory; ``probe``: writing tried for real);
 - files are created mode 0644 (less what the umask takes), directories 0755;
 - **an input where a file is expected is a regular file of bounded size** (:func:`open_input`): opened
   without blocking, so a FIFO or a device is refused by its type, never read (nothing hangs); JSON read from
@@ -37,14 +41,15 @@ import os
 import secrets
 import stat
 import sys
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from .validate import show
 
 __all__ = ["OutputError", "InputError", "ShortWrite", "OutputDir", "write_atomic", "append_whole", "output_problem",
-           "open_input", "read_input", "file_kind", "safe_name", "name_problem", "NAME_CHARS", "loads_bounded",
-           "json_problem", "MAX_DEPTH", "claimed_stdout", "FILE_MODE", "DIR_MODE"]
+           "append_or_fallback", "STDERR", "open_input", "read_input", "file_kind", "safe_name", "name_problem",
+           "NAME_CHARS", "loads_bounded", "json_problem", "MAX_DEPTH", "claimed_stdout", "FILE_MODE", "DIR_MODE"]
 
 FILE_MODE = 0o644  # files written (the umask applies, as it does to open())
 DIR_MODE = 0o755
@@ -219,15 +224,28 @@ def write_atomic(path: str, data: str | bytes, mode: int | None = None) -> None:
         os.close(dfd)
 
 
-def output_problem(path: str, what: str = "file") -> str | None:
+def output_problem(path: str, what: str = "file", *, probe: bool = False) -> str | None:
     """Why ``path`` cannot be written as a file (None when it can, as far as can be told beforehand), in words
-    that follow the option and the path in a one-line error."""
+    that follow the option and the path in a one-line error.  ``what`` "directory": a directory is expected there
+    (one missing is made by its writer, under the nearest directory that exists).  ``probe``: writing is tried for
+    real, as the writer will (a file opened for appending, else a temporary file made in its directory, which is
+    made first if missing): root's permission bits and an immutable directory fool ``os.access``, not this."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         st = None
     except (OSError, ValueError) as exc:
-        return f"cannot be used ({getattr(exc, 'strerror', None) or exc})"
+        said = getattr(exc, 'strerror', None) or exc
+        return f"cannot be written ({said}); pick a writable path" if probe else f"cannot be used ({said})"
+    if what == "directory":
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            return "is a symbolic link; give the directory itself"
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            return "exists and is not a directory"
+        where = os.path.abspath(path)
+        while not os.path.isdir(where) and os.path.dirname(where) != where:
+            where = os.path.dirname(where)
+        return None if os.access(where, os.W_OK | os.X_OK) else f"{_shown(where)} is not writable"
     if st is not None:
         if stat.S_ISDIR(st.st_mode):
             return "is a directory; give a file name"
@@ -236,11 +254,72 @@ def output_problem(path: str, what: str = "file") -> str | None:
         if not stat.S_ISREG(st.st_mode):
             return f"is not a regular file ({file_kind(st.st_mode)}); it is not replaced"
     parent = os.path.dirname(os.path.abspath(path))
+    if probe:
+        try:
+            if st is not None:
+                with open(path, "ab"):
+                    pass
+            else:
+                os.makedirs(parent, exist_ok=True)
+                with tempfile.TemporaryFile(dir=parent):
+                    pass
+        except OSError as exc:
+            return f"cannot be written ({exc.strerror or exc}); pick a writable path"
+        return None
     if not os.path.isdir(parent):
         return f"the directory {_shown(parent)} does not exist"
     if not os.access(parent, os.W_OK | os.X_OK) or (st is not None and not os.access(path, os.W_OK)):
         return "not writable"
     return None
+
+
+STDERR = "stderr (one JSON line per record)"  # where lines go once neither their file nor a fallback takes them
+
+
+def append_or_fallback(path: str, append: Callable[[str], None], line: Callable[[], str], fallbacks: dict,
+                       say: Callable[[str], None]) -> str:
+    """``append(target)`` (one record appended whole) to ``path``, and where it went: once ``path`` cannot take one
+    (a full disk: the file is cut back to its last whole line), a fallback file in the temporary directory
+    (``TMPDIR`` as given: where it is full, not some other directory); when that fails too, ``say`` (stderr) one
+    line (``line()``) per record.  ``fallbacks`` (path -> where its lines go now) is kept by the caller for the
+    run; each change is said once.  Never raises."""
+    target = fallbacks.get(path, path)
+    if target != STDERR:
+        try:
+            append(target)
+            return target
+        except OSError as exc:
+            why = f"{type(exc).__name__}: {exc}"
+        if target == path:
+            fallback = _new_fallback()
+            if fallback is not None:
+                try:
+                    append(fallback)
+                    fallbacks[path] = fallback
+                    say(f"fleetbench run: cannot append to {path} ({why}; the file keeps its earlier records "
+                        f"intact); this and the next records of this run go to {fallback}")
+                    return fallback
+                except OSError as exc:
+                    why = f"{why}; the fallback {fallback}: {type(exc).__name__}: {exc}"
+                    with contextlib.suppress(OSError):
+                        if os.path.getsize(fallback) == 0:
+                            os.unlink(fallback)  # no empty fallback file left behind
+        fallbacks[path] = STDERR
+        say(f"fleetbench run: cannot append to {target} ({why}); this and the next records of this run are "
+            f"printed on stderr, one JSON line each (lines starting with '{{'): keep them, e.g. "
+            f"`grep '^{{' LOG >> {path}` once there is room")
+    say(line())
+    return STDERR
+
+
+def _new_fallback() -> str | None:
+    try:
+        fd, fallback = tempfile.mkstemp(prefix="fleetbench-fallback-", suffix=".jsonl",
+                                        dir=os.environ.get("TMPDIR") or None)
+    except OSError:
+        return None
+    os.close(fd)
+    return fallback
 
 
 def append_whole(path: str, data: bytes, *, fresh_line: bool = True) -> None:

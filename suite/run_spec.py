@@ -5,17 +5,18 @@ A :class:`RunSpec` is three frozen parts:
 - :class:`Selection`: which cases (names or globs, tags, models), at which size, world sizes and device, with
   which ``--config`` file and ``--set`` overrides (resolved into cases and configs by ``suite/selection.py``);
 - :class:`RunOptions`: how each case is measured (batch, steps, rounds, warm-up, check, timeouts, traces,
-  utilization, the baseline); its last fields are *resolved* facts (size, device, backend, the overrides the
-  baseline takes, where traces go) that the command fills in once the selection is resolved: they are never in
-  the spec's dict;
+  utilization, the baseline): what was asked.  What the command resolves (size, device, backend, the overrides
+  the baseline takes, where traces go) is :class:`RunFacts` (``RunSpec.facts``), never in the spec's dict;
 - :class:`AbOptions` (``fleetbench ab`` and ``bisect`` only): the trials and the sequential statistics'
   :class:`SeqOptions` (their rules are ``suite/ab/stats.py``'s).
 
 Every default of a run and of ``ab`` is stated here, once: ``fleetbench run``, ``ab`` (and its trial servers),
-``nightly``, pytest-benchmark and asv take them from these classes.  Each command builds its spec from its
-own options inside ``suite/cli/`` (nothing outside it sees an argparse ``Namespace``); the records carry it
-(``CaseRecord.spec``, schema 4), ``run --resume`` reads it back, ``ab`` sends it to its trial servers and
-``nightly`` hands it to its stages (``run --spec FILE``, ``FLEETBENCH_BENCH_SPEC``).
+``nightly``, pytest-benchmark and asv take them from these classes.  So is every option of a spec: a field's
+metadata holds its option's name, help, bounds and choices, and where it is one (:data:`SURFACES`);
+``suite/spec_options.py`` makes from it the commands' argparse options, pytest's ``--fleetbench-*`` and asv's
+``FLEETBENCH_BENCH_*``, and builds the spec back from any of them (``spec_from``, the one builder).  The records
+carry the spec (``CaseRecord.spec``, schema 4), ``run --resume`` reads it back, ``ab`` sends it to its trial servers
+and ``nightly`` hands it to its stages (``run --spec FILE``, ``FLEETBENCH_BENCH_SPEC``).
 
 :meth:`RunSpec.to_dict` / :meth:`RunSpec.from_dict` are versioned (:data:`SPEC_VERSION`) and strict: an
 unknown key, a value of the wrong type or out of range is one :class:`SpecError` naming the field, the value
@@ -34,11 +35,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from .config import ConfigError, StrategyConfig
-from .validate import Invalid, field_specs, show, spec
+from .validate import Invalid, check_options, field_specs, show, spec
 
-__all__ = ["RunSpec", "Selection", "RunOptions", "AbOptions", "SeqOptions", "ResolvedCase", "SpecError",
+__all__ = ["RunSpec", "Selection", "RunOptions", "RunFacts", "AbOptions", "SeqOptions", "ResolvedCase", "SpecError",
            "SPEC_VERSION", "SIZES", "DEVICES", "AB_ROTATE", "MAX_STEPS", "MAX_ROUNDS", "WEEK", "RUN_ROUNDS_FOR_95",
-           "run_setup"]
+           "SURFACES", "run_setup"]
 
 SPEC_VERSION = 1  # of to_dict/from_dict: a change of meaning of a field is a new version
 
@@ -55,32 +56,25 @@ RUN_ROUNDS_FOR_95 = next(n for n in range(1, 64) if 1 - 2.0 ** (1 - n) >= 0.95)
 
 
 class SpecError(ConfigError):
-    """A run specification that cannot be used: names the field, the value and what is allowed."""
+    """A run specification that cannot be used: names the field (or the option), the value and what is allowed."""
 
 
-def _option(f: dataclasses.Field) -> str:
-    return f.metadata.get("option") or "--" + f.name.replace("_", "-")
+# Where a field of the specification is an option (``suite/spec_options.py`` makes each): the commands run, ab,
+# bisect and nightly (argparse, suite/cli), pytest-benchmark (``--fleetbench-*``, bench_cases/conftest.py) and asv
+# (``FLEETBENCH_BENCH_*`` variables, bench_cases/_matrix.py).  A field of the selection or of the run options is an
+# option everywhere unless its metadata's ``on`` names fewer; one of ab's parts only where ``on`` names it.
+SURFACES = ("run", "ab", "bisect", "nightly", "pytest", "asv")
+AB = ("ab", "bisect")
+NOWHERE = ()
 
 
 def _check_options(obj: Any) -> None:
     """Every field of ``obj`` checked (values converted: a list to a tuple, an int to a float); a refusal names
     the command-line option, as a command that built ``obj`` from its options says it."""
-    options = {f.name: _option(f) for f in dataclasses.fields(obj)}
-    cls: Any = type(obj)
-    for name, fs in field_specs(cls).items():
-        value = getattr(obj, name)
-        try:
-            checked = fs.check(value)
-        except Invalid as exc:
-            if fs.choices is not None:
-                raise SpecError(f"{options[name]} {value!r}: allowed values are "
-                                f"{', '.join(map(str, fs.choices))}") from None
-            raise SpecError(exc.option(options[name])) from None
-        if checked is not value:
-            object.__setattr__(obj, name, checked)
+    check_options(obj, SpecError)
 
 
-def _names(text: list | tuple) -> tuple[str, ...]:
+def split_names(text: list | tuple) -> tuple[str, ...]:
     """Names given as options are repeatable or comma-separated: "a,b" is two."""
     return tuple(p.strip() for v in text for p in str(v).split(",") if p.strip())
 
@@ -93,68 +87,79 @@ class Selection:
     ``cases`` are names or globs, ``tags`` and ``models`` select as ``fleetbench run`` does (with none of the
     three: ``default_tag``); ``worlds`` empty means the device's default; ``device`` None means CUDA where there
     is a GPU; ``size`` None the device's default; ``config`` a TOML file and ``sets`` ``KEY=VALUE`` overrides
-    applied on top of every case."""
+    applied on top of every case.
 
-    cases: tuple[str, ...] = spec((), "case names or globs", option="--case")
-    tags: tuple[str, ...] = spec((), "case tags", option="--tag")
-    models: tuple[str, ...] = spec((), "models: every case of each", option="--model")
-    size: str | None = spec(None, "model size (None: the device's)", choices=SIZES)
-    worlds: tuple[int, ...] = spec((), "world sizes (empty: the device's one default)", ge=1, option="world size")
-    device: str | None = spec(None, "cpu or cuda (None: cuda where torch sees a GPU)", choices=DEVICES)
-    config: str | None = spec(None, "a TOML file of strategy fields applied on top of every case")
-    sets: tuple[str, ...] = spec((), "KEY=VALUE strategy fields applied on top of every case", option="--set")
-    default_tag: str = spec("default", "the tag selected when no case, tag or model is given")
+    Each field's metadata says its option: ``option`` (the command line's name; ``names``: comma-separated names,
+    compared as a set), ``on`` (where it is one), ``pytest``/``env`` (a harness's name where it is not the derived
+    one), ``sep`` (an asv variable's separator), ``metavar``, ``path`` (a file, taken as an absolute path)."""
+
+    cases: tuple[str, ...] = spec((), "case name or glob; repeatable or comma-separated", option="--case",
+                                  metavar="NAME", names=True)
+    tags: tuple[str, ...] = spec((), "cases with this tag; repeatable", option="--tag", names=True)
+    models: tuple[str, ...] = spec((), "every case of this model", option="--model", metavar="MODEL", names=True)
+    size: str | None = spec(None, "model size (default: the device's)", choices=SIZES)
+    worlds: tuple[int, ...] = spec((), "world size (repeatable; default one: 2 on CPU, every GPU on CUDA)", ge=1,
+                                   option="world size", pytest="--fleetbench-world", on=("pytest", "asv"))
+    device: str | None = spec(None, "default: cuda where torch sees a GPU, else cpu", choices=DEVICES)
+    config: str | None = spec(None, "TOML file of strategy fields applied on top of every case", path=True)
+    sets: tuple[str, ...] = spec((), "a strategy field; repeatable", option="--set",
+                                 metavar="KEY=VALUE", env="SET", sep=";")
+    default_tag: str = spec("default", "the tag selected when no case, tag or model is given", on=NOWHERE)
 
     def __post_init__(self) -> None:
-        for name in ("cases", "tags", "models"):  # "a,b" is two, as figures' --cases takes them
-            value = getattr(self, name)
-            if isinstance(value, (list, tuple)):
-                object.__setattr__(self, name, _names(value))
-        for w in self.worlds if isinstance(self.worlds, (list, tuple)) else ():
-            if isinstance(w, bool) or not isinstance(w, int) or w < 1:  # named alone, not the whole list
-                raise SpecError(f"world size {w!r}: must be a whole number >= 1")
+        for f in dataclasses.fields(self):  # "a,b" is two, as figures' --cases takes them
+            value = getattr(self, f.name)
+            if f.metadata.get("names") and isinstance(value, (list, tuple)):
+                object.__setattr__(self, f.name, split_names(value))
         _check_options(self)
 
 
 # ---- how a case is measured -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RunOptions:
-    """How cases are run: what a command asks of each measurement (argparse stays in ``suite.cli``).
+    """How cases are run: what a command asks of each measurement (argparse stays in ``suite.cli``).  What the
+    command resolves (the size, the device, the backend ...) is :class:`RunFacts`, never asked."""
 
-    The fields after ``memory_budget`` are resolved, not asked: the command sets them from the resolved selection
-    (``RunSpec.run_options``); they are not part of the spec's dict."""
-
-    per_rank_batch: int | None = spec(None, "per-rank batch (None: each model's own at its size)", ge=1,
-                                      option="--batch")
+    per_rank_batch: int | None = spec(None, "per-rank batch size (default: the model's at its size)", ge=1,
+                                      option="--batch", on=("run", *AB))
     steps: int = spec(5, "steps per timed window", ge=1, le=MAX_STEPS)
     rounds: int = spec(RUN_ROUNDS_FOR_95, "interleaved timed rounds (the fewest whose speedup interval covers 95%)",
-                       ge=1, le=MAX_ROUNDS)
-    warmup: int = spec(2, "warm-up steps per case, not recorded", ge=0, le=MAX_STEPS)
-    check: bool = spec(True, "the correctness check first", option="--no-check")
-    check_steps: int = spec(3, "steps of the correctness check", ge=1, le=MAX_STEPS)
-    timeout: float | None = spec(None, "bound on every multi-rank call (None: scaled, CaseRunner.call_timeout)",
-                                 gt=0.0, le=float(WEEK), unit="seconds", note="a week")
-    pg_timeout: float = spec(120.0, "bound on each collective wait", gt=0.0, le=float(WEEK), unit="seconds",
-                             note="a week")
-    trace_steps: int = spec(0, "traced steps per case after timing (0: no trace)", ge=0, le=MAX_STEPS)
-    utilization: bool = spec(True, "CPU/GPU utilization sampled while timing", option="--no-utilization")
-    baseline: str | None = spec(None, "the variant every timing group carries (None: the model's baseline case)")
-    memory_budget: int | None = spec(None, "bytes all ranks' engines may hold at once (None: probed)", ge=1)
-    # ---- resolved by the command, never in the spec's dict ------------------------------------------------------
-    size: str = spec("cpu", "the models' size the selection resolved to", choices=SIZES, resolved=True)
-    device: str | None = spec(None, "what the ranks run on (None: the CPU)", choices=DEVICES, resolved=True)
-    backend: str = spec("", "gloo | nccl, recorded", resolved=True)
-    baseline_overrides: tuple[str, ...] = spec((), "the selection's --set, applied to the baseline too",
-                                               resolved=True)
-    results_dir: str = spec("results", "traces go to results_dir/traces/RUN_ID/", resolved=True)
+                       ge=1, le=MAX_ROUNDS, on=("run", "nightly", "pytest", "asv"))
+    warmup: int = spec(2, "warm-up steps per case, not recorded", ge=0, le=MAX_STEPS, on=("run", *AB))
+    check_steps: int = spec(3, "steps of the correctness check", ge=1, le=MAX_STEPS, on=("run", *AB))
+    check: bool = spec(True, "skip the correctness check", option="--no-check", on=("run", *AB, "pytest"))
+    timeout: float | None = spec(None, "bound on each multi-rank call, seconds (default: scaled to the model)",
+                                 gt=0.0, le=float(WEEK), unit="seconds", note="a week", on=("run", "pytest"),
+                                 invocation=True)
+    pg_timeout: float = spec(120.0, "bound on each collective wait, seconds", gt=0.0, le=float(WEEK),
+                             unit="seconds", note="a week", on=("run",), invocation=True)
+    trace_steps: int = spec(0, "traced steps per case after timing (0: no trace)", ge=0, le=MAX_STEPS,
+                            metavar="N", on=("run",), invocation=True)
+    utilization: bool = spec(True, "do not sample CPU/GPU utilization", option="--no-utilization", on=("run",),
+                             invocation=True)
+    baseline: str | None = spec(None, "the variant every timing group carries (None: the model's baseline case)",
+                                on=NOWHERE)
+    memory_budget: int | None = spec(None, "bytes all ranks' engines may hold at once (None: probed)", ge=1,
+                                     on=NOWHERE)
 
     def __post_init__(self) -> None:
         _check_options(self)
 
-    @classmethod
-    def asked(cls) -> tuple[str, ...]:
-        """The fields a spec carries (not the resolved ones)."""
-        return tuple(f.name for f in dataclasses.fields(cls) if not f.metadata.get("resolved"))
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a command resolved for the runner (``RunSpec.facts``), never asked and never in the spec's dict: the
+    models' size and the platform of the resolved selection, the selection's ``--set`` (the baseline takes them
+    too) and where traces go (``results_dir/traces/RUN_ID/``)."""
+
+    size: str = spec("cpu", "the models' size the selection resolved to", choices=SIZES)
+    device: str | None = spec(None, "what the ranks run on (None: the CPU)", choices=DEVICES)
+    backend: str = spec("", "gloo | nccl, recorded")
+    baseline_overrides: tuple[str, ...] = spec((), "the selection's --set, applied to the baseline too")
+    results_dir: str = spec("results", "traces go to results_dir/traces/RUN_ID/")
+
+    def __post_init__(self) -> None:
+        _check_options(self)
 
 
 # ---- ab: trials and the sequential statistics -------------------------------------------------------------------
@@ -165,36 +170,28 @@ AB_ROTATE = 5  # `ab --rotate`'s default: the case prepared afresh on both sides
 class SeqOptions:
     """The sequential ABBA comparison's settings (its rules: ``suite/ab/stats.py``)."""
 
-    delta: float = spec(0.02, "equivalence margin on the step-time ratio (0.02: ±2%): 'same' inside it")
-    threshold: float = spec(0.05, "the gate's question: slower by this much or more? ('not slower' below it)")
-    confidence: float = spec(0.99, "of the intervals, over all the looks of one comparison (alpha = 1 - it)")
-    max_blocks: int = spec(2000, "blocks at most per case")
-    budget_s: float = spec(180.0, "timed blocks per case, seconds (prepare and check not counted)", option="--budget")
-    trim: float = spec(0.2, "trimmed mean of the block log ratios")
-    seed: int = spec(0, "seed of the block orders and the bootstrap", ge=0, le=2**32 - 1)
+    delta: float = spec(0.02, "equivalence margin on the step-time ratio (0.02: ±2%): 'same' inside it", gt=0.0,
+                        lt=1.0, note="a fraction: 0.02 is 2%", on=AB)
+    threshold: float = spec(0.05, "the gate's question: slower by this much or more? ('not slower' below it)",
+                            gt=0.0, lt=1.0, note="a fraction: 0.05 is 5%", on=AB)
+    confidence: float = spec(0.99, "of the intervals, over all the looks of one comparison (alpha = 1 - it)",
+                             gt=0.5, lt=1.0, on=AB)
+    max_blocks: int = spec(2000, "blocks at most per case", ge=3, on=AB)
+    budget_s: float = spec(180.0, "timed blocks per case, seconds (prepare and check not counted)", gt=0.0,
+                           unit="seconds", option="--budget", on=AB)
+    trim: float = spec(0.2, "trimmed mean of the block log ratios", ge=0.0, lt=0.5)
+    seed: int = spec(0, "seed of the block orders and the bootstrap", ge=0, le=2**32 - 1, on=AB)
     split: float | None = spec(None, "bisection: a log ratio; above it 'slower', below it 'same' (two regions)")
-    rotate: int = spec(AB_ROTATE, "blocks per pair of preparations: the case prepared afresh on both sides every N")
+    rotate: int = spec(AB_ROTATE, "blocks per pair of preparations: the case prepared afresh on both sides every N",
+                       ge=2, note="blocks per pair of preparations", on=AB)
     min_pairs: int = spec(3, "pairs of preparations before any verdict")
-    restart: int = spec(2, "every K-th fresh preparation on fresh servers (0: never, 1: always)")
+    restart: int = spec(2, "every K-th fresh preparation on fresh servers (0: never, 1: always)", on=AB)
 
     def __post_init__(self):
-        _check_options(self)  # types and the seed's range; the rest below, with the statistics' own words
-        if not 0 < self.delta < 1:
-            raise ValueError(f"--delta {self.delta!r}: must be a fraction in (0, 1) (0.02 = 2%)")
-        if not 0 < self.threshold < 1:
-            raise ValueError(f"--threshold {self.threshold!r}: must be a fraction in (0, 1) (0.05 = 5%)")
+        _check_options(self)  # each field's range; the combinations below, in the same style
         if self.delta > self.threshold:
-            raise ValueError(f"--delta {self.delta:g} is above --threshold {self.threshold:g}: the equivalence "
-                             f"margin ('same') must lie within the threshold ('not slower by {self.threshold:.0%}')")
-        if not (0.5 < self.confidence < 1):
-            raise ValueError(f"--confidence {self.confidence!r}: must be in (0.5, 1)")
-        if not (self.budget_s > 0 and self.budget_s != float("inf")):
-            raise ValueError(f"--budget {self.budget_s!r}: must be a finite number of seconds > 0")
-        if not (0 <= self.trim < 0.5):
-            raise ValueError(f"trim {self.trim!r}: must be in [0, 0.5)")
-        if self.rotate < 2:
-            raise ValueError(f"--rotate {self.rotate!r}: must be a whole number >= 2 (blocks per pair of "
-                             f"preparations)")
+            raise SpecError(f"--delta {self.delta:g} is above --threshold {self.threshold:g}: the equivalence "
+                            f"margin ('same') must lie within the threshold ('not slower by {self.threshold:.0%}')")
         if self.restart < 0:
             raise ValueError(f"--restart {self.restart!r}: must be a whole number >= 0 (fresh servers every K-th "
                              f"rotation; 0: never)")
@@ -210,13 +207,14 @@ class SeqOptions:
 class AbOptions:
     """What `fleetbench ab` (and `bisect`) adds to a run's selection and options: its trials and statistics."""
 
-    trial_warmup: int = spec(1, "discarded steps before each trial", ge=0, le=MAX_STEPS)
-    timeout: float = spec(600.0, "bound on each request to a trial server", gt=0.0, le=float(WEEK), unit="seconds",
-                          note="a week")
+    trial_warmup: int = spec(1, "discarded steps before each trial", ge=0, le=MAX_STEPS, on=AB)
+    timeout: float = spec(600.0, "bound on each request to a trial server, seconds", gt=0.0, le=float(WEEK),
+                          unit="seconds", note="a week", on=AB)
     seq: SeqOptions = field(default_factory=SeqOptions)
-    python: str | None = spec(None, "interpreter of the trial servers (None: this one)")
+    python: str | None = spec(None, "interpreter of the trial servers (default: this one)", on=AB)
     total_budget_s: float | None = spec(None, "one budget of timed blocks for all cases", gt=0.0, le=float(WEEK),
-                                        unit="seconds", note="a week", option="--total-budget")
+                                        unit="seconds", note="a week", option="--total-budget", metavar="SECONDS",
+                                        on=("ab",))
 
     def __post_init__(self) -> None:
         _check_options(self)
@@ -247,8 +245,8 @@ class RunSpec:
 
     # ---- as data -------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        """The spec as JSON-able data (tuples as lists; the run's resolved fields left out), with its version."""
-        run = {k: _data(getattr(self.run, k)) for k in RunOptions.asked()}
+        """The spec as JSON-able data (tuples as lists), with its version."""
+        run = {f.name: _data(getattr(self.run, f.name)) for f in dataclasses.fields(self.run)}
         ab = None
         if self.ab is not None:
             ab = {f.name: _data(getattr(self.ab, f.name)) for f in dataclasses.fields(self.ab) if f.name != "seq"}
@@ -273,7 +271,7 @@ class RunSpec:
             raise SpecError(f"{where}: field 'spec_version' is {show(version)}; this fleetbench reads run "
                             f"specifications of version {SPEC_VERSION}")
         selection = _part(Selection, data.get("selection"), where, "selection.")
-        run = _part(RunOptions, data.get("run"), where, "run.", RunOptions.asked())
+        run = _part(RunOptions, data.get("run"), where, "run.")
         ab = None
         if data.get("ab") is not None:
             raw = data["ab"]
@@ -293,12 +291,12 @@ class RunSpec:
         return cls.from_dict(data, where)
 
     # ---- what the runner is given ---------------------------------------------------------------------------
-    def run_options(self, size: str, device: str | None, backend: str, results_dir: str = "results"
-                    ) -> RunOptions:
-        """The run's options with the resolved facts filled in: the selection's size and platform, its ``--set``
-        (the baseline takes them too) and where traces go."""
-        return dataclasses.replace(self.run, size=size, device=device, backend=backend,
-                                   baseline_overrides=tuple(self.selection.sets), results_dir=results_dir)
+    def facts(self, size: str, device: str | None, backend: str, results_dir: str = "results") -> RunFacts:
+        """What the runner is told besides the run's options (``CaseRunner(launcher, world, spec.run,
+        facts=spec.facts(...))``): the resolved size and platform, the selection's ``--set`` (the baseline takes
+        them too) and where traces go."""
+        return RunFacts(size=size, device=device, backend=backend, baseline_overrides=tuple(self.selection.sets),
+                        results_dir=results_dir)
 
 
 def _data(value: Any) -> Any:

@@ -3,7 +3,7 @@
 ``fleetbench run``, pytest-benchmark (``bench_cases/test_cases.py``) and asv
 (``bench_cases/asv_cases.py``) all run cases through :class:`CaseRunner`:
 
-    runner = CaseRunner(launcher, world, spec.run_options(size, device, backend))   # suite/run_spec.py
+    runner = CaseRunner(launcher, world, spec.run, facts=spec.facts(size, device, backend))  # suite/run_spec.py
     for records in runner.run(resolved.at[world]):     # one model at a time (suite/selection.py)
         ...                                           # check each case, time them interleaved with
                                                       # the model's baseline, one CaseRecord per case
@@ -54,7 +54,7 @@ from .measure.utilization import UtilizationSampler
 from .models import count_parameters, get_model, model_info
 from .outputs import OutputDir, safe_name
 from .results.records import CaseRecord, CheckSummary
-from .run_spec import ResolvedCase, RunOptions, RunSpec
+from .run_spec import ResolvedCase, RunFacts, RunOptions, RunSpec
 from .runtime.context import current
 from .runtime.pool import RankError, RankFailure
 from .workload import WorkloadSpec
@@ -275,8 +275,9 @@ class CaseRunner:
     def __init__(self, launcher: Any, world: int, opts: RunOptions, run_id: str | None = None,
                  metadata: dict | None = None, say: Callable[[str], None] | None = None,
                  reporter: bool = True, on_progress: Callable[[Progress], None] | None = None,
-                 spec: RunSpec | None = None):
+                 spec: RunSpec | None = None, facts: RunFacts | None = None):
         self.launcher = launcher
+        self.facts = facts if facts is not None else RunFacts()  # what the command resolved: size, platform ...
         self.spec = spec  # the run's specification as it runs, kept in every record (schema 4; `run --resume`)
         self.on_progress = on_progress
         self._checks = [0, 0]  # cases checked, cases to check (set by run())
@@ -286,7 +287,7 @@ class CaseRunner:
         self.reporter = reporter
         self._say = say
         if metadata is None:
-            metadata = collect(world_size=world, backend=opts.backend or None)
+            metadata = collect(world_size=world, backend=self.facts.backend or None)
         self.metadata = metadata
         self._batches: dict[str, int] = {}
         self._unused_said = False  # the unused-parameter message is said once per run, then named
@@ -319,7 +320,7 @@ class CaseRunner:
         """A check that stopped where timing would stop too: a kernel missing, parameters without a gradient, ranks
         that built different models."""
         return isinstance(check, Exception) and bool(
-            backend_lacks(check, self.opts.device or "cpu") or unused_parameters(check) or structure_mismatch(check))
+            backend_lacks(check, self.facts.device or "cpu") or unused_parameters(check) or structure_mismatch(check))
 
     def say(self, msg: str) -> None:
         if self.reporter and self._say is not None:
@@ -334,11 +335,11 @@ class CaseRunner:
         if self.opts.per_rank_batch or case.per_rank_batch:
             return int(self.opts.per_rank_batch or case.per_rank_batch)  # type: ignore[arg-type]
         if case.model not in self._batches:
-            self._batches[case.model] = model_info(case.model, self.opts.size).per_rank_batch
+            self._batches[case.model] = model_info(case.model, self.facts.size).per_rank_batch
         return self._batches[case.model]
 
     def workload_spec(self, case: Case) -> WorkloadSpec:
-        return WorkloadSpec(case.model, self.opts.size, self.per_rank_batch(case))
+        return WorkloadSpec(case.model, self.facts.size, self.per_rank_batch(case))
 
     def call_timeout(self, model: str, steps: int, variants: int = 1) -> float:
         """The bound on one multi-rank call: ``--timeout`` when given, else 600 s plus ``steps`` x ``variants``
@@ -346,7 +347,7 @@ class CaseRunner:
         if self.opts.timeout is not None:
             return self.opts.timeout
         if model not in self._allowance:
-            self._allowance[model] = step_allowance_s(model, self.opts.size, self.opts.device)
+            self._allowance[model] = step_allowance_s(model, self.facts.size, self.facts.device)
         return BASE_TIMEOUT_S + steps * variants * self._allowance[model]
 
     @property
@@ -358,9 +359,9 @@ class CaseRunner:
     def baseline_config(self, model: str | None = None) -> StrategyConfig:
         """The baseline's config when no case of it was selected: the defaults, what ``model``'s factory declares
         (``find_unused_parameters``, as its cases get it), then the selection's ``--set``."""
-        declared = model is not None and model_info(model, self.opts.size).find_unused_parameters
+        declared = model is not None and model_info(model, self.facts.size).find_unused_parameters
         base = StrategyConfig(find_unused_parameters=True) if declared else StrategyConfig()
-        return base.with_overrides(list(self.opts.baseline_overrides))
+        return base.with_overrides(list(self.facts.baseline_overrides))
 
     def recover(self, exc: BaseException) -> None:
         """After a rank error, under NCCL and gloo alike: a peer of the failing rank may hold a collective it
@@ -425,7 +426,7 @@ class CaseRunner:
         else:
             free = self.launcher.run(free_memory_on_rank, timeout=self.call_timeout(rcs[0].case.model, 0))
             budget = int(0.6 * min(free)) if free else 0  # None: a torchrun rank other than 0 (gets rank 0's plan)
-        fit = max(2, budget // max(_engine_bytes(rcs[0].case.model, self.opts.size), 1))  # baseline included
+        fit = max(2, budget // max(_engine_bytes(rcs[0].case.model, self.facts.size), 1))  # baseline included
         size = max(1, int(fit) - len(head))
         plan = [head + names[i:i + size] for i in range(0, len(names), size)] or [head]
         share = getattr(self.launcher, "share", None)
@@ -435,7 +436,7 @@ class CaseRunner:
         configs = {rc.case.variant: rc.config for rc in model_rcs}
         configs.setdefault(BASELINE, self.baseline_config(model_rcs[0].case.model))
         case = model_rcs[0].case
-        device = self.opts.device or "cpu"
+        device = self.facts.device or "cpu"
         # every node's local rank 0 samples (UtilizationSampler.active); under torchrun that is not only rank 0
         sampler = UtilizationSampler(device=device).start() if self.opts.utilization else None
         load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
@@ -535,7 +536,7 @@ class CaseRunner:
         if res is None:
             return "skipped (--no-check)"
         if isinstance(res, Exception):
-            lacks = backend_lacks(res, self.opts.device or "cpu")
+            lacks = backend_lacks(res, self.facts.device or "cpu")
             return f"skipped: {lacks}" if lacks else f"error: {self.brief(res)}"
         if res.message.startswith(CANNOT_JUDGE):
             return f"n/a: {CANNOT_JUDGE} (why: above)"
@@ -549,8 +550,8 @@ class CaseRunner:
     # ---- records ------------------------------------------------------------------------------
     def _base_record(self, rc: ResolvedCase) -> CaseRecord:
         return CaseRecord(rc.case.name, rc.case.model, self.world, rc.config.to_dict(), self.run_id,
-                          tags=list(rc.case.tags), timestamp=_now(), size=self.opts.size,
-                          backend=self.opts.backend, device=_device_label(self.metadata, self.opts.device),
+                          tags=list(rc.case.tags), timestamp=_now(), size=self.facts.size,
+                          backend=self.facts.backend, device=_device_label(self.metadata, self.facts.device),
                           metadata=self.metadata, spec=self.spec)
 
     def skipped(self, rc: ResolvedCase) -> CaseRecord:
@@ -562,7 +563,7 @@ class CaseRunner:
         """One case's record from its check and its timing (either may be an exception)."""
         rec = self._base_record(rc)
         rec.fallback = fallback
-        device = self.opts.device or "cpu"
+        device = self.facts.device or "cpu"
         if isinstance(check, Exception):
             lacks = backend_lacks(check, device)
             rec.status = rec.verdict = "skipped" if lacks else "error"
@@ -587,7 +588,7 @@ class CaseRunner:
             if differs and rec.verdict != "error":
                 rec.verdict = "fail"
                 rec.error = (rec.error + "\n" if rec.error else "") + differs
-        deterministic = (self.opts.backend in ("", "gloo") and not rc.config.straggler_ms
+        deterministic = (self.facts.backend in ("", "gloo") and not rc.config.straggler_ms
                          and rc.config.fusion_backend != "compile")
         if rec.status == "ok":
             rec.structure = rec.derived_structure(deterministic=deterministic)
@@ -690,7 +691,7 @@ class CaseRunner:
         try:  # the record stands whatever happens to its trace; nothing is written outside traces/
             safe_name(self.run_id, "run id")
             safe_name(rel.rsplit("/", 1)[1], "trace directory name")
-            _write_traces(self.opts.results_dir, rel, answers,
+            _write_traces(self.facts.results_dir, rel, answers,
                           f"{rc.case.name} at world size {self.world}, run {self.run_id}")
         except (OSError, ValueError) as exc:
             rec.metrics = dataclasses.replace(rec.metrics, trace_error=f"trace not written: {exc}")

@@ -35,7 +35,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["Invalid", "FieldSpec", "spec", "field_specs", "check_fields", "show", "KINDS"]
+__all__ = ["Invalid", "FieldSpec", "spec", "field_specs", "check_fields", "check_options", "option_name", "show",
+           "KINDS"]
 
 _NON_FINITE = ("nan", "inf", "-inf")
 
@@ -109,15 +110,17 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
 
 
 def spec(default: Any = dataclasses.MISSING, help: str = "", *, ge: float | None = None, gt: float | None = None,
-         le: float | None = None, allow_inf: bool = False, choices: tuple | None = None, unit: str = "",
-         nonempty: bool = False, note: str = "", default_factory: Any = dataclasses.MISSING, **more: Any) -> Any:
-    """A dataclass field with what it accepts: ``ge``/``gt`` the lower bound (inclusive/exclusive), ``le`` the
-    inclusive upper one (on each element of a tuple of numbers), ``allow_inf`` (else inf is out of range),
-    ``choices`` (for a field whose annotation is not a ``Literal``), ``unit`` (said with a number: "seconds"),
-    ``nonempty`` (a string or list that may not be empty), ``note`` (said after the range: "a week"); ``more`` is
-    kept in the metadata for the owner."""
-    meta = {"help": help, "ge": ge, "gt": gt, "le": le, "allow_inf": allow_inf, "choices": choices, "unit": unit,
-            "nonempty": nonempty, "note": note, **more}
+         le: float | None = None, lt: float | None = None, allow_inf: bool = False, choices: tuple | None = None,
+         unit: str = "", nonempty: bool = False, note: str = "", default_factory: Any = dataclasses.MISSING,
+         **more: Any) -> Any:
+    """A dataclass field with what it accepts: ``ge``/``gt`` the lower bound (inclusive/exclusive), ``le``/``lt``
+    the upper one (inclusive/exclusive; on each element of a tuple of numbers), ``allow_inf`` (else inf is out of
+    range), ``choices`` (for a field whose annotation is not a ``Literal``), ``unit`` (said with a number:
+    "seconds"), ``nonempty`` (a string or list that may not be empty), ``note`` (said after the range: "a week");
+    ``more`` is kept in the metadata for the owner (the command-line option's name, ``option``: see
+    :func:`option_name`; the run specification's options, ``suite/spec_options.py``)."""
+    meta = {"help": help, "ge": ge, "gt": gt, "le": le, "lt": lt, "allow_inf": allow_inf, "choices": choices,
+            "unit": unit, "nonempty": nonempty, "note": note, **more}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -150,6 +153,7 @@ class FieldSpec:
     lenient: bool = False  # a record's numbers: "nan"/"inf" strings read as floats, whole numbers kept
     nested: Any = None  # a nested dataclass: an instance of it, or an object (read by its own class)
     note: str = ""  # said after the range ("a week")
+    lt: float | None = None  # the exclusive upper bound
 
     @property
     def type(self) -> type:
@@ -167,6 +171,8 @@ class FieldSpec:
             out.append(f"> {self.gt}")
         if self.le is not None:
             out.append(f"<= {self.le}")
+        if self.lt is not None:
+            out.append(f"< {self.lt}")
         return out
 
     def allowed(self) -> str:
@@ -180,7 +186,7 @@ class FieldSpec:
         return text + (" | None" if self.optional else "")
 
     def _range_words(self) -> str:
-        bounds = ((">=", self.ge), (">", self.gt), ("<=", self.le))
+        bounds = ((">=", self.ge), (">", self.gt), ("<=", self.le), ("<", self.lt))
         return " and ".join(f"{op} {_num(x)}" for op, x in bounds if x is not None)
 
     def expected(self) -> str:
@@ -202,8 +208,10 @@ class FieldSpec:
             return "one of " + ", ".join(map(str, self.choices))
         rng = self._range_words()
         note = f" ({self.note})" if self.note else ""
-        if self.kind in ("int", "tuple[int, ...]"):
+        if self.kind == "int":
             return (rng or "a whole number") + note
+        if self.kind == "tuple[int, ...]":  # said of one element (Invalid.option names it)
+            return "a whole number" + (f" {rng}" if rng else "") + note
         if self.kind == "float":
             return f"a finite number{' of ' + self.unit if self.unit else ''}" + (f" {rng}" if rng else "") + note
         return KINDS[self.kind].words
@@ -235,10 +243,10 @@ class FieldSpec:
                         continue
                     raise Invalid(self, given, "nan")
                 below = (self.ge is not None and x < self.ge) or (self.gt is not None and x <= self.gt)
-                above = self.le is not None and x > self.le
+                above = (self.le is not None and x > self.le) or (self.lt is not None and x >= self.lt)
                 infinite = isinstance(x, float) and math.isinf(x) and not (self.allow_inf or self.lenient)
                 if below or above or infinite:
-                    raise Invalid(self, given, "range")
+                    raise Invalid(self, given, "range", item=x if isinstance(value, tuple) else None)
         return value
 
 
@@ -246,8 +254,9 @@ class Invalid(ValueError):
     """A value a field does not accept: :attr:`spec` (the field and what it allows), :attr:`value` and ``why``
     ("required", "type", "nan", "choice", "range", "empty").  ``str()`` reads as an assignment."""
 
-    def __init__(self, field: FieldSpec, value: Any, why: str):
+    def __init__(self, field: FieldSpec, value: Any, why: str, item: Any = None):
         self.spec, self.value, self.why = field, value, why
+        self.item = item  # the element of a list that is refused (a world size of several)
         super().__init__(self.assignment())
 
     @property
@@ -278,8 +287,11 @@ class Invalid(ValueError):
             f"{self.spec.expected()}"
 
     def option(self, option: str) -> str:
-        """``--option VALUE: must be ...``, as a command-line option is refused."""
-        v = self.value
+        """``--option VALUE: must be ...``, as a command-line option is refused (a list's refused element alone;
+        a choice: ``--size 'huge': allowed values are full, cpu, tiny``)."""
+        v = self.value if self.item is None else self.item
+        if self.why == "choice":
+            return f"{option} {v!r}: allowed values are {', '.join(map(str, self.spec.choices or ()))}"
         shown = ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
         return f"{option} {shown}: must be {self.spec.must()}"
 
@@ -323,8 +335,29 @@ def field_specs(cls: Any, lenient: bool = False) -> dict[str, FieldSpec]:
         out[f.name] = FieldSpec(f.name, text, optional, tuple(choices) if choices is not None else None, default,
                                 meta.get("help", ""), meta.get("ge"), meta.get("gt"), meta.get("le"),
                                 bool(meta.get("allow_inf")), meta.get("unit", ""), bool(meta.get("nonempty")),
-                                lenient, nested, meta.get("note", ""))
+                                lenient, nested, meta.get("note", ""), meta.get("lt"))
     return out
+
+
+def option_name(f: dataclasses.Field) -> str:
+    """The command-line option of a field: its metadata's ``option``, else ``--name`` (dashes for underscores)."""
+    return f.metadata.get("option") or "--" + f.name.replace("_", "-")
+
+
+def check_options(obj: Any, error: type[Exception]) -> None:
+    """Every field of the (frozen) dataclass ``obj`` checked, as :func:`check_fields`; a refusal raised as ``error``
+    naming the field's command-line option (:func:`option_name`), the value and what is allowed: ``--steps 0: must
+    be >= 1 and <= 1000000`` (the one style of a command's options, whichever dataclass holds them)."""
+    cls: Any = type(obj)
+    names = {f.name: option_name(f) for f in dataclasses.fields(cls)}
+    for name, fs in field_specs(cls).items():
+        value = getattr(obj, name)
+        try:
+            checked = fs.check(value)
+        except Invalid as exc:
+            raise error(exc.option(names[name])) from None
+        if checked is not value:
+            object.__setattr__(obj, name, checked)
 
 
 def check_fields(obj: Any) -> None:

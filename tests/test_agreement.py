@@ -145,7 +145,7 @@ def test_a_rank_pool_world_is_rebuilt_in_place_after_a_rank_error():
 
 def test_the_runner_rebuilds_the_world_after_a_rank_error_under_nccl_and_gloo():
     from suite.measure.timing import rebuild_on_rank
-    from suite.run_spec import RunOptions
+    from suite.run_spec import RunFacts, RunOptions
     from suite.runner import CaseRunner
     from suite.runtime.pool import RankError
     from tests.test_runner import FakeLauncher, _rc
@@ -163,7 +163,8 @@ def test_the_runner_rebuilds_the_world_after_a_rank_error_under_nccl_and_gloo():
 
     for backend in ("nccl", "gloo"):  # gloo too: an orphaned collective breaks its world (tests/test_recover.py)
         launcher = Launcher()
-        runner = CaseRunner(launcher, 2, RunOptions(check=False, utilization=False, backend=backend), metadata={})
+        runner = CaseRunner(launcher, 2, RunOptions(check=False, utilization=False), metadata={},
+                            facts=RunFacts(backend=backend))
         runner.run_model([_rc("mlp/plain"), _rc("mlp/overlap"), _rc("mlp/fusion")], lambda *a: None)
         assert launcher.calls[0] == ["plain", "overlap", "fusion"]
         assert launcher.calls[1] == "rebuild", (backend, launcher.calls)  # before the next call

@@ -126,9 +126,10 @@ def test_compare_reads_per_step_files_and_the_older_per_round_ones(tmp_path):
 
 def test_bench_windows_and_steps_default_to_fleetbench_runs():
     """The harnesses state no default of their own: pytest's options default to None and the spec (the one
-    function, ``_matrix.bench_spec``) fills them in, as ``fleetbench run``'s do (tests/test_namespace.py changes
+    builder, ``spec_options.spec_from``) fills them in, as ``fleetbench run``'s do (tests/test_namespace.py changes
     one default and sees it in all of them)."""
-    from bench_cases import _matrix, asv_cases, conftest
+    from bench_cases import asv_cases, conftest
+    from suite import spec_options
     from suite.run_spec import RunOptions
 
     opts: dict = {}
@@ -143,6 +144,6 @@ def test_bench_windows_and_steps_default_to_fleetbench_runs():
     conftest.pytest_addoption(Options())
     assert (opts["--fleetbench-rounds"], opts["--fleetbench-steps"], opts["--fleetbench-timeout"]) == (None,) * 3
     assert build_parser().parse_args(["run"]).steps is None  # run's too: the spec's default
-    assert _matrix.bench_spec().run == RunOptions()
+    assert spec_options.spec_from(spec_options.Given("pytest", {})).run == RunOptions()
     if not any(k.startswith("FLEETBENCH_BENCH_") for k in os.environ):
         assert (asv_cases.ROUNDS, asv_cases.STEPS) == (RunOptions().rounds, RunOptions().steps)

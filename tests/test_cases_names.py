@@ -14,7 +14,7 @@ from suite.measure.summary import Timed
 from suite.model_registry import REGISTRY, SIZES
 from suite.models import model_info
 from suite.results.records import Describe, Metrics
-from suite.run_spec import RunOptions, Selection
+from suite.run_spec import RunFacts, RunOptions, Selection
 from suite.runner import CaseRunner
 from suite.selection import base_cases, resolve, resolve_at
 
@@ -168,8 +168,8 @@ def test_the_ranks_launch_buckets_before_backward_ends_as_planned(pool2, launch)
     in every step, as the plan said; with launches held until backward ended, the same cases fail."""
     rcs = list(_at(2, "mlp/plain", "mlp/overlap", "mlp/multicomm", size="tiny").values())
     launcher = pool2 if launch == "as planned" else _Late(pool2)
-    runner = CaseRunner(launcher, 2, RunOptions(size="tiny", check=False, utilization=False, rounds=1, steps=2,
-                                                warmup=1), metadata={}, reporter=False)
+    runner = CaseRunner(launcher, 2, RunOptions(check=False, utilization=False, rounds=1, steps=2, warmup=1),
+                        metadata={}, reporter=False, facts=RunFacts(size="tiny"))
     (records,) = list(runner.run(rcs))
     got = {r.case: r for r in records}
     for name in ("mlp/overlap", "mlp/multicomm"):

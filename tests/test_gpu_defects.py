@@ -129,11 +129,11 @@ def test_collective_spans_say_what_their_start_marks():
 # ---- the per-call timeout ---------------------------------------------------------------------------------
 def test_the_per_call_timeout_scales_with_steps_variants_and_model_and_a_given_one_wins():
     """600 s for every call was too short for GPT-2 `full` with its 13 variants interleaved."""
-    from suite.run_spec import RunOptions
+    from suite.run_spec import RunFacts, RunOptions
     from suite.runner import CaseRunner
 
     def runner(**kw):
-        return CaseRunner(None, 8, RunOptions(size="full", device="cuda", **kw), metadata={})
+        return CaseRunner(None, 8, RunOptions(**kw), metadata={}, facts=RunFacts(size="full", device="cuda"))
 
     r = runner()
     one = r.call_timeout("gpt2", steps=1) - 600

@@ -377,7 +377,7 @@ def test_a_full_results_disk_and_a_full_tmpdir_lose_no_record(tmp_path):
     proc = subprocess.run([unshare, "-m", "sh", "-c", cmd, str(full), sys.executable, script], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    from suite.cli.run import STDERR
+    from suite.outputs import STDERR
     from suite.results.records import CaseRecord
 
     assert proc.stdout.split("\n")[:2] == [STDERR, STDERR], proc.stdout

@@ -103,7 +103,7 @@ def test_report_refuses_a_hard_linked_trace(tmp_path, capsys):
 
 
 def test_runner_trace_is_not_written_through_a_planted_symlink(tmp_path, monkeypatch):
-    from suite.run_spec import ResolvedCase, RunOptions
+    from suite.run_spec import ResolvedCase, RunFacts, RunOptions
     from suite.runner import CaseRunner
 
     class Launcher:
@@ -114,8 +114,8 @@ def test_runner_trace_is_not_written_through_a_planted_symlink(tmp_path, monkeyp
     outside.mkdir()
     (tmp_path / "results" / "traces").mkdir(parents=True)
     os.symlink(outside, tmp_path / "results" / "traces" / "run1")
-    runner = CaseRunner(Launcher(), 2, RunOptions(results_dir=str(tmp_path / "results"), trace_steps=1),
-                        run_id="run1")
+    runner = CaseRunner(Launcher(), 2, RunOptions(trace_steps=1), run_id="run1",
+                        facts=RunFacts(results_dir=str(tmp_path / "results")))
     rec = _record()
     from suite.cases import CASES
     from suite.config import StrategyConfig

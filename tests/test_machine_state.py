@@ -49,13 +49,13 @@ def test_a_cpu_bound_process_beside_a_case_is_in_its_record_and_every_view_says_
     from suite.results.compare import compare_sides
     from suite.results.load import load_side
     from suite.results.records import append_record
-    from suite.run_spec import ResolvedCase, RunOptions
+    from suite.run_spec import ResolvedCase, RunFacts, RunOptions
     from suite.runner import CaseRunner
 
     case = get_case("mlp/plain")
     rc = ResolvedCase(case, StrategyConfig.from_dict(case.config))
-    runner = CaseRunner(pool2, 2, RunOptions(check=False, utilization=False, size="tiny", rounds=3, steps=10,
-                                             warmup=1), metadata={"torch": "test"})
+    runner = CaseRunner(pool2, 2, RunOptions(check=False, utilization=False, rounds=3, steps=10, warmup=1),
+                        metadata={"torch": "test"}, facts=RunFacts(size="tiny"))
     spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         records = [r for batch in runner.run([rc]) for r in batch]

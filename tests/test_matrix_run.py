@@ -15,7 +15,7 @@ import pytest
 from suite.measure.timing import time_on_rank
 from suite.results.gate import GateOptions, gate_samples
 from suite.results.records import read_records
-from suite.run_spec import RunOptions, Selection
+from suite.run_spec import RunFacts, RunOptions, Selection
 from suite.runner import CaseRunner
 from suite.selection import resolve
 from suite.workload import WorkloadSpec
@@ -29,10 +29,10 @@ def real_run(pool2, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     results = str(out / "runs.jsonl")
     t_start = time.time()
-    opts = RunOptions(steps=2, rounds=2, warmup=1, check=False, trace_steps=STEPS, timeout=300,
-                      results_dir=str(out))
+    opts = RunOptions(steps=2, rounds=2, warmup=1, check=False, trace_steps=STEPS, timeout=300)
     selected = resolve(Selection(cases=("mlp/plain", "mlp/none"), size="cpu"), 2).at[2]
-    records = [r for batch in CaseRunner(pool2, 2, opts).run(selected) for r in batch]
+    records = [r for batch in CaseRunner(pool2, 2, opts, facts=RunFacts(results_dir=str(out))).run(selected)
+               for r in batch]
     t_end = time.time()
     from suite.results.records import append_record
 

@@ -278,3 +278,20 @@ def test_asv_offline_writes_nothing_through_a_link_inside_its_directory(tmp_path
     code, err = _cli(["asv-offline", html], capsys)
     _one_error(code, err, "symbolic link")
     assert sorted(os.listdir(outside)) == ["mine.txt"] and (outside / "mine.txt").read_text() == "mine"
+
+
+def test_output_problem_is_the_one_check_of_a_file_or_a_directory_before_anything_runs(tmp_path):
+    """`run --results` (tried for real: ``probe``), `run --trace-steps`'s directory and the nightly's `--out` are
+    checked by this one rule, not each by a rule of its own."""
+    from suite.outputs import output_problem
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    os.symlink(tmp_path, tmp_path / "link")
+    assert output_problem(str(blocker), "directory") == "exists and is not a directory"
+    assert output_problem(str(tmp_path / "link"), "directory") == "is a symbolic link; give the directory itself"
+    assert output_problem(str(tmp_path / "new" / "deeper"), "directory") is None  # made by its writer
+    assert output_problem(str(tmp_path), probe=True) == "is a directory; give a file name"
+    assert output_problem(str(blocker / "runs.jsonl"), probe=True).startswith("cannot be written (")
+    assert output_problem(str(tmp_path / "made" / "runs.jsonl"), probe=True) is None
+    assert (tmp_path / "made").is_dir() and os.listdir(tmp_path / "made") == []  # its directory made, no file left

@@ -126,18 +126,18 @@ def test_a_precision_change_is_structure_changed_for_compare_and_ab(pool2, tmp_p
     from suite.cases import get_case
     from suite.cli.main import main
     from suite.results.records import append_record
-    from suite.run_spec import AbOptions, ResolvedCase, RunOptions, RunSpec, Selection
+    from suite.run_spec import AbOptions, ResolvedCase, RunFacts, RunOptions, RunSpec, Selection
     from suite.runner import CaseRunner
 
     case = get_case("mlp/plain")
-    opts = RunOptions(size="tiny", per_rank_batch=4, steps=2, rounds=1, warmup=1, check=False, utilization=False,
-                      backend="gloo", device="cpu")
+    opts = RunOptions(per_rank_batch=4, steps=2, rounds=1, warmup=1, check=False, utilization=False)
+    facts = RunFacts(size="tiny", backend="gloo", device="cpu")
     records = {}
     try:
         for side, extra in (("base", {}), ("head", {"cudnn_benchmark": True})):
             rc = ResolvedCase(case, StrategyConfig.from_dict({**case.config, **extra}))
             (rec,) = CaseRunner(pool2, 2, opts, metadata={"torch": "test", "gpu": {"available": False}},
-                                reporter=False).run_model([rc], lambda *a: None)
+                                reporter=False, facts=facts).run_model([rc], lambda *a: None)
             assert rec.status == "ok", rec.error
             assert rec.describe.precision is not None and rec.describe.precision.cudnn_benchmark is bool(extra)
             # the typed record keeps the set values; cudnn_version is None off CUDA, so absent here

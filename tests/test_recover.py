@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from suite.run_spec import RunOptions, Selection
+from suite.run_spec import RunFacts, RunOptions, Selection
 from suite.runner import CaseRunner, StaleCase
 from suite.runtime import RankError, RankPool
 from suite.selection import resolve
@@ -29,8 +29,8 @@ def test_a_rank_error_between_two_prepared_cases_is_followed_by_a_clean_case(own
     faulty = resolve(Selection(models=(FAULTY,), cases=("*/overlap",), worlds=(2,), device="cpu", size="tiny"))
     clean = resolve(Selection(cases=("mlp/plain",), worlds=(2,), device="cpu", size="tiny"))
     (broken,), (good,) = faulty.at[2], clean.at[2]
-    opts = RunOptions(steps=2, rounds=2, warmup=1, utilization=False, backend="gloo", size="tiny", device="cpu")
-    runner = CaseRunner(own_pool, 2, opts, metadata={})
+    opts = RunOptions(steps=2, rounds=2, warmup=1, utilization=False)
+    runner = CaseRunner(own_pool, 2, opts, metadata={}, facts=RunFacts(backend="gloo", size="tiny", device="cpu"))
     first = runner.prepare(broken)
     assert len(first.window()) == 2  # a healthy window first
     own_pool.run(arm_on_rank)

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from suite.run_spec import AbOptions, RunOptions, RunSpec, Selection, SeqOptions, SpecError
+from suite.run_spec import AbOptions, RunFacts, RunOptions, RunSpec, Selection, SeqOptions, SpecError
 
 FULL = RunSpec(Selection(cases=("mlp/plain,mlp/overlap",), tags=("smoke",), size="tiny", worlds=(2,), device="cpu",
                          config="/abs/my.toml", sets=("fuse_grad_size_in_MB=8",)),
@@ -23,11 +23,12 @@ def test_a_spec_goes_to_json_and_back_unchanged():
     assert data["spec_version"] == 1 and data["selection"]["cases"] == ["mlp/plain", "mlp/overlap"]
     assert RunSpec.from_dict(data) == FULL and RunSpec.from_json(FULL.to_json()) == FULL
     assert RunSpec.from_dict({}) == RunSpec()  # a key left out takes its default
-    # the run's resolved facts (size, device, backend ... filled in by the command) are no part of the dict
-    resolved = FULL.run_options("tiny", "cpu", "gloo", "/r")
-    assert (resolved.size, resolved.backend) == ("tiny", "gloo")
-    assert resolved.baseline_overrides == ("fuse_grad_size_in_MB=8",)
-    assert set(FULL.to_dict()["run"]) == set(RunOptions.asked()) and "backend" not in FULL.to_dict()["run"]
+    # the run's resolved facts (size, device, backend ... filled in by the command) are no part of the options
+    facts = FULL.facts("tiny", "cpu", "gloo", "/r")
+    assert (facts.size, facts.backend) == ("tiny", "gloo")
+    assert facts.baseline_overrides == ("fuse_grad_size_in_MB=8",)
+    assert set(FULL.to_dict()["run"]) == {f.name for f in dataclasses.fields(RunOptions)}
+    assert not {f.name for f in dataclasses.fields(RunFacts)} & set(FULL.to_dict()["run"])
 
 
 @pytest.mark.parametrize("data,words", [
@@ -43,7 +44,8 @@ def test_a_spec_goes_to_json_and_back_unchanged():
     ({"selection": {"worlds": [2, 0]}}, "field 'selection.worlds' is [2, 0]; expected a list of whole numbers >= 1"),
     ({"selection": {"cases": "mlp/plain"}}, "field 'selection.cases' is 'mlp/plain'; expected a list of strings"),
     ({"selection": []}, "field 'selection' is []; expected an object"),
-    ({"ab": {"seq": {"confidence": 2}}}, "ab.seq: --confidence 2.0: must be in (0.5, 1)"),
+    ({"ab": {"seq": {"confidence": 2}}}, "field 'ab.seq.confidence' is 2; expected a number > 0.5 and < 1"),
+    ({"ab": {"seq": {"delta": 0.1}}}, "ab.seq: --delta 0.1 is above --threshold 0.05"),  # a combination
     ({"ab": {"trial_warmup": -1}}, "field 'ab.trial_warmup' is -1; expected a whole number >= 0"),
     ({"spec_version": 2}, "field 'spec_version' is 2; this fleetbench reads run specifications of version 1"),
     ({"extra": 1}, "field 'extra' is not a part of a run specification; allowed: spec_version, selection, run, ab"),
@@ -129,8 +131,10 @@ def test_a_default_changed_once_shows_in_run_in_abs_trial_server_and_in_bench_ca
     state.pool, state.metadata = type("Pool", (), {"start": lambda self: None})(), {}
     request = {"op": "prepare", "spec": {"selection": {"cases": ["mlp/plain"], "size": "tiny"}}}
     assert server._runner(state, server._spec(request)).opts.steps == 7
-    # bench_cases: pytest's and asv's one function, and asv's variable
-    assert _matrix.bench_spec(cases=("mlp/plain",)).run.steps == 7
+    # bench_cases: pytest's and asv's options through the one builder, and asv's variable
+    from suite import spec_options
+
+    assert spec_options.spec_from(spec_options.Given("pytest", {("selection", "cases"): ["mlp/plain"]})).run.steps == 7
     assert _matrix.env_spec({"FLEETBENCH_BENCH_CASES": "mlp/plain"}).run.steps == 7
     assert _matrix.env_spec({"FLEETBENCH_BENCH_SPEC": '{"selection": {"cases": ["mlp/plain"]}}'}).run.steps == 7
 
@@ -139,12 +143,16 @@ def test_the_harnesses_take_a_spec_or_the_sugar_not_both():
     from bench_cases import _matrix
     from suite.config import ConfigError
 
-    with pytest.raises(ConfigError, match="FLEETBENCH_BENCH_SPEC states the run; FLEETBENCH_BENCH_STEPS set too"):
+    with pytest.raises(ConfigError, match="FLEETBENCH_BENCH_SPEC states the selection and options; "
+                                          "FLEETBENCH_BENCH_STEPS given too: give one or the other"):
         _matrix.env_spec({"FLEETBENCH_BENCH_SPEC": "{}", "FLEETBENCH_BENCH_STEPS": "3"})
     with pytest.raises(ConfigError, match="FLEETBENCH_BENCH_SPEC: field 'run.steps' is 0"):
         _matrix.env_spec({"FLEETBENCH_BENCH_SPEC": '{"run": {"steps": 0}}'})
     with pytest.raises(ConfigError, match="FLEETBENCH_BENCH_ROUNDS 1000000: must be >= 1 and <= 100000"):
         _matrix.env_spec({"FLEETBENCH_BENCH_ROUNDS": "1000000"})  # the spec's range, the sugar's name
     # the same run, spelled either way, is the same spec
+    from suite import spec_options
+
+    by_options = spec_options.Given("pytest", {("selection", "cases"): ["mlp/plain"], ("run", "steps"): 3})
     assert _matrix.env_spec({"FLEETBENCH_BENCH_CASES": "mlp/plain", "FLEETBENCH_BENCH_STEPS": "3"}) == \
-        _matrix.env_spec({"FLEETBENCH_BENCH_SPEC": _matrix.bench_spec(cases=("mlp/plain",), steps=3).to_json()})
+        _matrix.env_spec({"FLEETBENCH_BENCH_SPEC": spec_options.spec_from(by_options).to_json()})

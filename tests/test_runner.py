@@ -14,7 +14,7 @@ from suite.cases import get_case
 from suite.cli.main import main
 from suite.config import StrategyConfig
 from suite.measure.timing import RankTiming
-from suite.run_spec import ResolvedCase, RunOptions
+from suite.run_spec import ResolvedCase, RunFacts, RunOptions
 from suite.runner import CaseRunner, free_memory_on_rank
 from suite.runtime.pool import RankFailure
 
@@ -56,8 +56,8 @@ class FakeLauncher:
         return _answers(names, self.losses)
 
 
-def _runner(launcher, **opts):
-    return CaseRunner(launcher, 2, RunOptions(check=False, utilization=False, **opts), metadata=META)
+def _runner(launcher, facts: RunFacts | None = None, **opts):
+    return CaseRunner(launcher, 2, RunOptions(check=False, utilization=False, **opts), metadata=META, facts=facts)
 
 
 def test_groups_are_bounded_by_memory_and_each_holds_the_baseline():
@@ -127,7 +127,7 @@ def test_a_non_finite_loss_fails_the_case_naming_the_step():
 
 
 def test_records_carry_size_backend_device_and_structure():
-    (rec,) = [r for r in _runner(FakeLauncher(), size="tiny", backend="gloo", device="cpu").run_model(
+    (rec,) = [r for r in _runner(FakeLauncher(), RunFacts(size="tiny", backend="gloo", device="cpu")).run_model(
         [_rc("mlp/plain")], lambda *a: None)]
     assert (rec.size, rec.backend, rec.device) == ("tiny", "gloo", "cpu")
     assert rec.structure.allreduce_ops == 10 and rec.structure.comm_calls_per_step == {"world/all_reduce": 10.0}

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from suite.cli import error
-from suite.cli.checks import MAX_ROUNDS, MAX_STEPS, WEEK, require_number, require_seconds, require_writable
+from suite.cli.checks import MAX_ROUNDS, MAX_STEPS, WEEK, require_writable
 from suite.config import ConfigError
 from suite.outputs import InputError, OutputError, write_atomic
 
@@ -35,10 +35,10 @@ def calibrate_main(args) -> int:
 
     cluster_spec = cluster_option(args.cluster)
     require_writable("--out", args.out)
-    require_number("--iters", args.iters, minimum=1, maximum=MAX_STEPS)
-    require_number("--rounds", args.rounds, minimum=1, maximum=MAX_ROUNDS)
-    require_seconds("--timeout", args.timeout, maximum=None)
-    require_number("--timeout", args.timeout, minimum=1.0, maximum=WEEK, unit="seconds")
+    for option, value, lo, hi in (("--iters", args.iters, 1, MAX_STEPS), ("--rounds", args.rounds, 1, MAX_ROUNDS),
+                                  ("--timeout", args.timeout, 1.0, WEEK)):
+        if not (lo <= value <= hi):  # nan fails too
+            raise ConfigError(f"{option} {value}: must be >= {lo} and <= {hi}")
     cluster, pool_kw = start_cluster(cluster_spec)
     try:
         with RankPool(cluster_spec.world_size, timeout=args.timeout, num_threads=1, **pool_kw) as pool:

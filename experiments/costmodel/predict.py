@@ -10,13 +10,16 @@ import math
 import os
 import stat
 import sys
+from dataclasses import dataclass
 
 from suite.cli import error, helps
-from suite.cli.checks import max_local_ranks, require_number, require_writable
-from suite.cli.options import add_shared
+from suite.cli.checks import require_nproc, require_writable
+from suite.cli.options import add_fields, add_shared, from_args
 from suite.cluster.spec import ClusterSpecError, parse_cluster
 from suite.outputs import write_atomic
 from suite.results.records import plain
+from suite.run_spec import SIZES
+from suite.validate import spec
 
 from . import costmodel as cm
 from .calibrate import Calibration
@@ -24,6 +27,18 @@ from .simulate import Profile, predict_step, predict_table, registry_settings
 
 MAX_PROFILE_BYTES = 64 * 2**20  # a profile is a few KB; refuse to read a huge file (or a device) whole
 fail = functools.partial(error, "predict")
+
+
+@dataclass(frozen=True)
+class PredictOptions:
+    """predict's own numbers, each declared once (flag, default, help and bounds: checked by ``from_args``)."""
+
+    per_rank_batch: int | None = spec(None, "default: the model's at its size", ge=1)
+    size: str = spec("cpu", "model size (default cpu)", choices=SIZES)
+    inter_lat: float = spec(100.0, "alpha of an inter-node message step, µs (100)", ge=0.0, unit="µs")
+    intra_lat: float = spec(50.0, "alpha of an intra-node message step, µs (50)", ge=0.0, unit="µs")
+    bucket_mb: float = spec(16.0, "bucket size of the fused variants, MiB", gt=0.0, unit="MiB")
+    local_sgd_k: int = spec(4, "Local SGD averaging period of local_sgd's row", ge=1)
 
 
 # --help's description: what the command does, for its users (the docstring above is for developers)
@@ -47,16 +62,13 @@ def add_parser(sub) -> None:
     src.add_argument("--model", help="measure a profile of this model now (a registry name such as resnet50 or "
                      "mlp, or module:function)")
     add_shared(p, nproc="ranks that measure the profile at once (default: ranks per node, at most 4)")
-    p.add_argument("--per-rank-batch", type=int, default=None, help="default: the model's at its size")
-    add_shared(p, size=dict(default="cpu", help="model size (default cpu)"))
+    add_fields(p, PredictOptions, "per_rank_batch", "size")
     p.add_argument("--save-profile", help="write the measured profile here")
-    p.add_argument("--inter-lat", type=float, default=100.0, help="alpha of an inter-node message step, µs (100)")
-    p.add_argument("--intra-lat", type=float, default=50.0, help="alpha of an intra-node message step, µs (50)")
+    add_fields(p, PredictOptions, "inter_lat", "intra_lat")
     p.add_argument("--calibration", help="fitted terms of this emulated cluster (python -m experiments.costmodel "
                    "calibrate --cluster SPEC --out FILE): calibrated latency per message size, intra-node phases, CPU "
                    "contention; its shape and rates must be --cluster's")
-    p.add_argument("--bucket-mb", type=float, default=16.0, help="bucket size of the fused variants, MiB")
-    p.add_argument("--local-sgd-k", type=int, default=4, help="Local SGD averaging period of local_sgd's row")
+    add_fields(p, PredictOptions, "bucket_mb", "local_sgd_k")
     p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     p.set_defaults(func=main)
 
@@ -106,12 +118,8 @@ def main(args) -> int:
         spec = parse_cluster(args.cluster, emulate=False)
     except ClusterSpecError as exc:
         return fail(str(exc))
-    require_number("--inter-lat", args.inter_lat, minimum=0.0, unit="µs")
-    require_number("--intra-lat", args.intra_lat, minimum=0.0, unit="µs")
-    require_number("--bucket-mb", args.bucket_mb, above=0.0, unit="MiB")
-    require_number("--local-sgd-k", args.local_sgd_k, minimum=1)
-    require_number("--per-rank-batch", args.per_rank_batch, minimum=1)  # None: the model's own
-    require_number("--nproc", args.nproc, minimum=1, maximum=max_local_ranks())
+    opts = from_args(PredictOptions, args)  # every number's bounds, before anything is measured
+    require_nproc(args.nproc)
     if args.profile:
         try:
             profile = Profile.from_dict(read_json_file(args.profile))
@@ -121,12 +129,12 @@ def main(args) -> int:
         from suite.models import ModelError, model_info
 
         try:
-            model_info(args.model, args.size)  # a user's factory runs in a child process
+            model_info(args.model, opts.size)  # a user's factory runs in a child process
         except ModelError as exc:
             return fail(str(exc))
         require_writable("--save-profile", args.save_profile)  # found out now, not after the measurement
         nproc = args.nproc if args.nproc is not None else min(4, spec.ranks_per_node)
-        raw = measure_profile(args.model, nproc, args.per_rank_batch, args.size)
+        raw = measure_profile(args.model, nproc, opts.per_rank_batch, opts.size)
         if args.save_profile:
             try:
                 write_atomic(args.save_profile, json.dumps(raw, indent=1))
@@ -137,8 +145,8 @@ def main(args) -> int:
         profile = Profile.from_dict(raw)
     cluster = cm.Cluster(spec.nodes, spec.ranks_per_node, spec.inter_bps / 8,
                          spec.intra_bps / 8 if spec.intra_bps else math.inf,
-                         args.inter_lat * 1e-6, args.intra_lat * 1e-6)
-    note = f"alpha inter {args.inter_lat:g} µs, intra {args.intra_lat:g} µs"
+                         opts.inter_lat * 1e-6, opts.intra_lat * 1e-6)
+    note = f"alpha inter {opts.inter_lat:g} µs, intra {opts.intra_lat:g} µs"
     if getattr(args, "calibration", None):
         try:
             cal = Calibration.from_dict(read_json_file(args.calibration))
@@ -150,14 +158,14 @@ def main(args) -> int:
                         f"FILE)")
         cluster = cal.cluster_model()
         note = f"calibrated terms of {args.calibration}"
-    rows = registry_settings(args.bucket_mb, args.local_sgd_k)
+    rows = registry_settings(opts.bucket_mb, opts.local_sgd_k)
     if args.json:
         print(json.dumps([predict_step(profile, cluster, cfg, name) for name, cfg in rows], indent=1))
         return 0
     print(f"Predicted on {spec} ({note}; model {plain(profile.model or '?')}, "
           f"{len(profile.params)} gradients, {profile.grad_bytes / 2**20:.1f} MiB, compute "
           f"{profile.compute_s * 1e3:.1f} ms per step of {profile.per_rank_batch} samples per rank). The registry's "
-          f"variants, fused ones at {args.bucket_mb:g} MiB, local_sgd at k={args.local_sgd_k}. Rates are link payload "
+          f"variants, fused ones at {opts.bucket_mb:g} MiB, local_sgd at k={opts.local_sgd_k}. Rates are link payload "
           f"rates; the model is an extrapolation, not a measurement.\n")
     print(predict_table(profile, cluster, rows))
     return 0

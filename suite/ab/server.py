@@ -97,10 +97,9 @@ def _runner(st: _State, spec: RunSpec) -> CaseRunner:
 
     if st.metadata is None:
         st.metadata = collect(world_size=st.nproc, backend=st.backend)
-    opts = dataclasses.replace(spec.run_options(spec.selection.size or default_size(st.device or "cpu"),
-                                                st.device or "cpu", st.backend),
-                               rounds=1, timeout=st.timeout, utilization=False)
-    return CaseRunner(st.get_pool(), st.nproc, opts, metadata=st.metadata, reporter=False, spec=spec)
+    opts = dataclasses.replace(spec.run, rounds=1, timeout=st.timeout, utilization=False)
+    facts = spec.facts(spec.selection.size or default_size(st.device or "cpu"), st.device or "cpu", st.backend)
+    return CaseRunner(st.get_pool(), st.nproc, opts, metadata=st.metadata, reporter=False, spec=spec, facts=facts)
 
 
 def _op_prepare(st: _State, req: dict) -> dict:

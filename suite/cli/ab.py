@@ -14,75 +14,71 @@ Every verdict states its power: the smallest slowdown the comparison would have 
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
-from typing import Any
 
+from .. import spec_options
 from ..ab.client import TrialError
 from ..ab.worktrees import RevisionError, Worktrees, git
 from ..config import ConfigError
 from ..models import default_size
-from ..outputs import InputError, read_input
 from ..report import junit
-from ..run_spec import AbOptions, RunSpec, SeqOptions
+from ..run_spec import RunSpec
 from ..selection import choose_platform, default_worlds
 from . import GATE_CODES, error, helps, print_json, terminate_cleanly
 from .checks import require_nproc
-from .options import add_shared, default, given, run_options, selection
+from .options import add_shared, add_spec, default
+from .options import given as options_given
 
 
 def _ab_default(name: str):
     """A default of ab's own options (``AbOptions``; its statistics' ``SeqOptions``), for a help text."""
-    ab = AbOptions()
-    return getattr(ab, name) if hasattr(ab, name) else getattr(ab.seq, name)
+    return default(name, "ab" if name in ("trial_warmup", "timeout", "python", "total_budget_s") else "seq")
 
 
-def add_selection(p) -> None:
-    """The options `ab` and `bisect` share with `run` (selection, size, world) and their own timing ones."""
-    add_shared(p, case=None, tag=None, model=None,
-               nproc="ranks of each revision, the world size (default: 2 on CPU, every GPU on CUDA)",
-               device="the ranks' device (default: cuda where torch sees a GPU, then one for every rank or an error; "
-                      "else cpu)",
-               size="model size (default: cpu on CPU, full on CUDA)", config=None, set=None,
-               batch="per-rank batch size (default: the model's)",
-               steps=f"steps per trial window (default {default('steps')})")
+def add_selection(p, surface: str = "ab") -> None:
+    """The options `ab` and `bisect` share with `run` (selection, size, world) and their own timing ones: the run
+    specification's options of ``surface`` (suite/run_spec.py's metadata), with ab's help texts."""
+    add_shared(p, nproc="ranks of each revision, the world size (default: 2 on CPU, every GPU on CUDA)")
     d = _ab_default
-    p.add_argument("--trial-warmup", type=int, help=f"discarded steps before each trial (default {d('trial_warmup')})")
-    add_shared(p, warmup=f"warm-up steps when a case is prepared (default {default('warmup')})",
-               no_check="skip the correctness check (and the loss trajectory)", check_steps=None)
-    p.add_argument("--threshold", type=float,
-                   help=f"the gate's question: is HEAD slower by this fraction or more? (default {d('threshold'):g}: "
-                        f"not slower means the whole interval below +{d('threshold'):.0%}%; slower means the whole "
-                        f"interval above 1)")
-    p.add_argument("--delta", type=float,
-                   help=f"equivalence margin on the step-time ratio, at most --threshold (default {d('delta'):g}: same "
-                        f"means the whole interval inside ±{d('delta'):.0%}%)")
-    p.add_argument("--confidence", type=float,
-                   help=f"level of the intervals over all the looks of one comparison (default {d('confidence'):g})")
-    p.add_argument("--budget", type=float,
-                   help=f"seconds of timed blocks per case before the verdict is inconclusive (default "
-                        f"{d('budget_s'):g})")
-    p.add_argument("--max-blocks", type=int, help=f"blocks at most per case (default {d('max_blocks')})")
-    p.add_argument("--rotate", type=int, metavar="N",
-                   help="the case prepared afresh on both servers every N blocks (N >= 2), the pairs of "
-                        "preparations being the samples (t interval over pairs): two preparations of the same code "
-                        "can differ in speed for as long as they run, so one preparation per comparison cannot earn "
-                        "a verdict and is refused (docs/figures/gate.md: an unchanged mlp/plain was called slower in "
-                        f"26.7%% of such comparisons) (default {d('rotate')})")
-    p.add_argument("--restart", type=int, metavar="K",
-                   help="with --rotate: every K-th fresh preparation is on fresh trial servers (new processes), whose "
-                        "own few percent of bias then change too; 1 = fresh servers every time, 0 = never (default "
-                        f"{d('restart')})")
-    p.add_argument("--seed", type=int, help=f"seed of the block orders and the bootstrap (default {d('seed')})")
+    add_spec(p, surface,
+             file="the selection (and the run options) as a run specification (JSON, suite/run_spec.py's RunSpec; "
+                  "`fleetbench nightly` writes one for its gate) instead of the selection's options; --steps, "
+                  "--warmup ... given beside it replace the file's, and ab's own options (--threshold, --budget ...) "
+                  "come from the command line",
+             device="the ranks' device (default: cuda where torch sees a GPU, then one for every rank or an error; "
+                    "else cpu)",
+             size="model size (default: cpu on CPU, full on CUDA)",
+             per_rank_batch="per-rank batch size (default: the model's)",
+             steps=f"steps per trial window (default {default('steps')})",
+             trial_warmup=f"discarded steps before each trial (default {d('trial_warmup')})",
+             warmup=f"warm-up steps when a case is prepared (default {default('warmup')})",
+             check="skip the correctness check (and the loss trajectory)",
+             threshold=f"the gate's question: is HEAD slower by this fraction or more? (default {d('threshold'):g}: "
+                       f"not slower means the whole interval below +{d('threshold'):.0%}%; slower means the whole "
+                       f"interval above 1)",
+             delta=f"equivalence margin on the step-time ratio, at most --threshold (default {d('delta'):g}: same "
+                   f"means the whole interval inside ±{d('delta'):.0%}%)",
+             confidence=f"level of the intervals over all the looks of one comparison (default {d('confidence'):g})",
+             budget_s=f"seconds of timed blocks per case before the verdict is inconclusive (default "
+                      f"{d('budget_s'):g})",
+             max_blocks=f"blocks at most per case (default {d('max_blocks')})",
+             rotate=dict(metavar="N", help="the case prepared afresh on both servers every N blocks (N >= 2), the "
+                         "pairs of preparations being the samples (t interval over pairs): two preparations of the "
+                         "same code can differ in speed for as long as they run, so one preparation per comparison "
+                         "cannot earn a verdict and is refused (docs/figures/gate.md: an unchanged mlp/plain was "
+                         f"called slower in 26.7%% of such comparisons) (default {d('rotate')})"),
+             restart=dict(metavar="K", help="with --rotate: every K-th fresh preparation is on fresh trial servers "
+                          "(new processes), whose own few percent of bias then change too; 1 = fresh servers every "
+                          f"time, 0 = never (default {d('restart')})"),
+             seed=f"seed of the block orders and the bootstrap (default {d('seed')})",
+             python="interpreter of the trial servers (default: this one)",
+             timeout=f"bound on each request to a trial server, seconds (default {d('timeout'):g})",
+             **({"total_budget_s": "one budget of timed blocks for all cases (instead of --budget per case): each "
+                                   "case gets an equal share of what is left, and time left over goes to the "
+                                   "inconclusive cases"} if surface == "ab" else {}))
     p.add_argument("--repo", default=".", help="the git repository of the revisions (default: the current one)")
-    p.add_argument("--python", help="interpreter of the trial servers (default: this one)")
-    add_shared(p, timeout=f"bound on each request to a trial server, seconds (default {d('timeout'):g})")
     p.add_argument("--json", action="store_true", help="print the result as JSON (for machines) instead of a table")
-    add_shared(p, spec="the selection (and the run options) as a run specification (JSON, suite/run_spec.py's "
-                       "RunSpec; `fleetbench nightly` writes one for its gate) instead of the selection's options; "
-                       "--steps, --warmup ... given beside it replace the file's, and ab's own options (--threshold, "
-                       "--budget ...) come from the command line")
 
 
 def add_parser(sub) -> None:
@@ -110,79 +106,39 @@ def add_parser(sub) -> None:
     p.add_argument("base", help="BASE revision (commit, branch, tag, HEAD~3 …)")
     p.add_argument("head", help="HEAD revision")
     add_selection(p)
-    p.add_argument("--total-budget", type=float, default=None, metavar="SECONDS",
-                   help="one budget of timed blocks for all cases (instead of --budget per case): each case gets an "
-                        "equal share of what is left, and time left over goes to the inconclusive cases")
     p.add_argument("--junit", metavar="FILE",
                    help="also write the verdicts as JUnit XML (CI systems' test view): one test case per comparison; "
                         "a gate failure is a failure, inconclusive is skipped with its interval")
     p.set_defaults(func=main)
 
 
-# RunOptions field -> ab's option; AbOptions and SeqOptions fields -> ab's options (None: the spec's default)
-RUN_FIELDS = {"per_rank_batch": "batch", "steps": "steps", "warmup": "warmup", "check": "no_check",
-              "check_steps": "check_steps"}
-AB_FIELDS = {"trial_warmup": "trial_warmup", "timeout": "timeout", "python": "python"}
-SEQ_FIELDS = {"delta": "delta", "threshold": "threshold", "confidence": "confidence", "max_blocks": "max_blocks",
-              "budget_s": "budget", "seed": "seed", "rotate": "rotate", "restart": "restart"}
-SELECTION_OPTIONS = ("case", "tag", "model", "size", "device", "config", "set")
-
-
-def _given(args, names: dict) -> dict:
-    return {field: getattr(args, attr) for field, attr in names.items() if getattr(args, attr, None) is not None}
-
-
 def options(args) -> RunSpec:
-    """The comparison's run specification from the command line (selection, run options, ab's own); a ValueError
-    (exit 2) naming the option for anything out of range."""
+    """The comparison's run specification from the command line (selection, run options, ab's own), built by the
+    one builder (``spec_options.spec_from``: ``--spec FILE`` states the selection, the options given beside it
+    replace the file's); a ValueError (exit 2) naming the option for anything out of range."""
     if args.rotate == 0:  # said here with why; SeqOptions refuses any N < 2 too
         raise ValueError("--rotate 0: one preparation per side cannot earn a verdict: its own speed (a few percent "
                          "here) is shared by every block, not in their spread, and an unchanged mlp/plain was called "
                          "slower in 26.7% of such comparisons (docs/figures/gate.md, section 0); give --rotate N >= 2 "
-                         f"(default {AbOptions().seq.rotate})")
+                         f"(default {_ab_default('rotate')})")
     if args.python is not None and not (os.path.isfile(args.python) and os.access(args.python, os.X_OK)):
         raise ValueError(f"--python {args.python!r}: not an executable file; give the interpreter of the trial "
                          f"servers (e.g. {sys.executable})")
-    if getattr(args, "spec", None):
-        clash = sorted(given(args, *SELECTION_OPTIONS))
-        if clash:
-            raise ValueError(f"--spec {args.spec}: the file states the selection; "
-                             f"{', '.join('--' + c.replace('_', '-') for c in clash)} given too")
-        try:
-            asked = RunSpec.from_json(read_input(args.spec, "run specification (JSON)", 2**20), f"--spec {args.spec}")
-        except InputError as exc:
-            raise ValueError(f"--spec: {exc}") from None
-        sel = asked.selection
-        given_run: dict[str, Any] = {f: (not v if a == "no_check" else v) for f, a in RUN_FIELDS.items()
-                                     if (v := getattr(args, a)) not in (None, False)}
-        run = dataclasses.replace(asked.run, **given_run)
-        if args.nproc is None and len(sel.worlds) == 1:
-            nproc = sel.worlds[0]
-        elif args.nproc is not None and sel.worlds and args.nproc not in sel.worlds:
-            raise ValueError(f"--nproc {args.nproc}: --spec {args.spec} names world sizes "
-                             f"{', '.join(map(str, sel.worlds))}")
-        else:
-            nproc = args.nproc
-    else:
-        # "a,b" is two (split by the selection); a relative --config is the caller's, not the worktree's
-        sel = selection(args, config=os.path.abspath(args.config) if args.config else None)
-        run = run_options(args, RUN_FIELDS)
-        nproc = args.nproc
+    spec = spec_options.spec_from(options_given(args, args.command))
+    sel, nproc = spec.selection, args.nproc
+    if args.spec and nproc is None and len(sel.worlds) == 1:
+        nproc = sel.worlds[0]
+    elif args.spec and nproc is not None and sel.worlds and nproc not in sel.worlds:
+        raise ValueError(f"--nproc {nproc}: --spec {args.spec} names world sizes {', '.join(map(str, sel.worlds))}")
     require_nproc(nproc, sel.device)
     try:
         device = choose_platform(sel.device, nproc or 1)[0]
         nproc = nproc or default_worlds(device)[0]
     except ConfigError as exc:  # e.g. fewer GPUs than --nproc: never a silent CPU run
         raise ValueError(f"--nproc {nproc}: {exc}" if nproc else str(exc)) from None
-    if not (sel.cases or sel.tags or sel.models):
-        sel = dataclasses.replace(sel, tags=(sel.default_tag,))
-    sel = dataclasses.replace(sel, size=sel.size or default_size(device), worlds=(nproc,),
-                              device=None if device == "cpu" else device)
-    total = getattr(args, "total_budget", None)  # bisect has none
-    ab = AbOptions(**_given(args, AB_FIELDS), seq=SeqOptions(**{**dataclasses.asdict(AbOptions().seq),
-                                                               **_given(args, SEQ_FIELDS)}),
-                   total_budget_s=total)
-    return RunSpec(sel, run, ab)
+    tags = sel.tags if sel.cases or sel.tags or sel.models else (sel.default_tag,)
+    return spec.replace(selection={"tags": tags, "size": sel.size or default_size(device), "worlds": (nproc,),
+                                   "device": None if device == "cpu" else device})
 
 
 def progress(args):

@@ -8,11 +8,21 @@ Each commit is measured against both ends at once (docs/benchmarks.md).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from ..ab.client import TrialError
 from ..ab.worktrees import RevisionError
+from ..validate import spec
 from . import error, helps, print_json, terminate_cleanly
-from .checks import require_number
+from .options import add_fields, from_args
+
+
+@dataclass(frozen=True)
+class BisectOptions:
+    """bisect's own option beside ab's (its bound: suite/validate.py's metadata, checked by ``from_args``)."""
+
+    retries: int = spec(1, "times an inconclusive commit is tested again, each with twice the budget (default 1)",
+                        ge=0)
 
 
 def add_parser(sub) -> None:
@@ -34,9 +44,8 @@ def add_parser(sub) -> None:
                                       3: "undecided: BAD inconclusive against GOOD, or a commit stayed inconclusive"}))
     p.add_argument("good", help="a revision where the case is fast")
     p.add_argument("bad", help="a later revision where it is slow")
-    add_selection(p)
-    p.add_argument("--retries", type=int, default=1,
-                   help="times an inconclusive commit is tested again, each with twice the budget (default 1)")
+    add_selection(p, "bisect")
+    add_fields(p, BisectOptions)
     p.set_defaults(func=main)
 
 
@@ -46,12 +55,13 @@ def main(args) -> int:
     from .ab import options, progress
 
     terminate_cleanly()
-    if len(args.case) != 1 or any(ch in args.case[0] for ch in "*?[,"):
+    cases = args.cases or []
+    if len(cases) != 1 or any(ch in cases[0] for ch in "*?[,"):
         return error("bisect", "name exactly one case with --case (e.g. --case mlp/plain)")
     try:
-        require_number("--retries", args.retries, minimum=0)
+        own = from_args(BisectOptions, args)
         opts = options(args)
-        report = run_bisect(args.repo, args.good, args.bad, args.case[0], opts, retries=args.retries,
+        report = run_bisect(args.repo, args.good, args.bad, cases[0], opts, retries=own.retries,
                             say=progress(args))
     except (AbInputError, RevisionError, ValueError, TrialError) as exc:
         return error("bisect", exc)

@@ -1,50 +1,23 @@
-"""Checks shared by the sub-commands' arguments: numbers in range, local rank counts, writable paths.
+"""Checks shared by the sub-commands' arguments that no field's metadata can state: local rank counts (what this
+machine runs), writable paths.
 
 The one error style of the command line: each ``require_*`` raises a :class:`~suite.config.ConfigError`
 (``fleetbench CMD: error: ...``, exit 2) naming the option or path, the value and what is allowed, so a command
 refuses bad input before any rank starts; it returns nothing when the value is fine.  A value of None is an
-option not given: fine (the command chooses it later).  What a run specification's fields accept is checked
-by the spec itself (``suite/run_spec.py``), with the option's name in its refusal.
+option not given: fine (the command chooses it later).  Numbers in range are no check of their own: each bound is
+its field's metadata (``suite/validate.py``'s ``spec``: the run specification's fields, ``suite/run_spec.py``,
+and each command's own options, ``suite/cli/options.py``'s ``from_args``), said as ``--steps 0: must be ...``.
 """
 from __future__ import annotations
 
-import math
 import os
 
 from ..config import ConfigError
 from ..outputs import output_problem
 from ..run_spec import MAX_ROUNDS, MAX_STEPS, WEEK
 
-__all__ = ["MAX_STEPS", "MAX_ROUNDS", "WEEK", "require_number", "require_seconds", "require_nproc",
-           "require_writable", "oversubscribed", "local_rank_limit", "max_local_ranks", "available_memory"]
-
-
-def require_number(option: str, value, *, minimum=None, above=None, maximum=None, unit: str = "") -> None:
-    """A ConfigError unless ``value`` is a finite number within the bounds (or None: not given), naming the
-    option, the value and what is allowed (``minimum``/``maximum`` inclusive, ``above`` exclusive)."""
-    if (problem := _number_problem(option, value, minimum=minimum, above=above, maximum=maximum, unit=unit)):
-        raise ConfigError(problem)
-
-
-def _number_problem(option: str, value, *, minimum=None, above=None, maximum=None, unit: str = "") -> str | None:
-    if value is None:
-        return None
-    shown = f"{value:g}" if isinstance(value, float) else str(value)
-    kind = "a whole number" if isinstance(value, int) else "a finite number"
-    parts = []
-    if minimum is not None:
-        parts.append(f">= {minimum:g}" if isinstance(minimum, float) else f">= {minimum}")
-    if above is not None:
-        parts.append(f"> {above:g}" if isinstance(above, float) else f"> {above}")
-    if maximum is not None:
-        parts.append(f"<= {maximum:g}" if isinstance(maximum, float) else f"<= {maximum}")
-    allowed = f"must be {kind}" + (" " + " and ".join(parts) if parts else "") + (f" ({unit})" if unit else "")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return f"{option} {shown}: {allowed}"
-    if (minimum is not None and value < minimum) or (above is not None and value <= above) or \
-            (maximum is not None and value > maximum):
-        return f"{option} {shown}: {allowed}"
-    return None
+__all__ = ["MAX_STEPS", "MAX_ROUNDS", "WEEK", "require_nproc", "require_writable", "oversubscribed",
+           "local_rank_limit", "max_local_ranks", "available_memory"]
 
 
 RANK_MEMORY = 300 * 2**20  # what one CPU rank holds at least (torch imported, a small model)
@@ -88,16 +61,12 @@ def max_local_ranks(device: str | None = "cpu") -> int:
     return local_rank_limit(device)[0]
 
 
-def require_seconds(option: str, value, maximum: float | None = WEEK, unit: str = "seconds") -> None:
-    """:func:`require_number` for a wait in seconds: > 0, and at most ``maximum`` (default a week)."""
-    require_number(option, value, above=0.0, maximum=maximum, unit=unit)
-
-
 def require_nproc(value, device: str | None = "cpu", option: str = "--nproc") -> None:
     """A ConfigError unless ``value`` local ranks (None: not given) fit this machine, saying what does and why."""
     if value is None:
         return
-    require_number(option, value, minimum=1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{option} {value}: must be a whole number >= 1")
     limit, why = local_rank_limit(device)
     if value > limit:
         raise ConfigError(f"{option} {value}: at most {limit} local ranks on this machine ({why})")

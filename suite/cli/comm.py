@@ -5,21 +5,15 @@ from __future__ import annotations
 import functools
 import re
 import sys
+from dataclasses import dataclass
 
 from ..cluster.launch import cluster_option, start_cluster
 from ..measure.metadata import machine_line
 from ..runtime.pool import RankError, RankFailure
+from ..validate import spec
 from . import error, helps
-from .checks import (
-    MAX_ROUNDS,
-    MAX_STEPS,
-    WEEK,
-    available_memory,
-    max_local_ranks,
-    require_number,
-    require_seconds,
-)
-from .options import add_shared
+from .checks import MAX_ROUNDS, MAX_STEPS, WEEK, available_memory, require_nproc
+from .options import add_fields, add_shared, from_args
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
 MAX_SIZE = 2**50  # a message size past any memory: refused while parsing (the memory bound comes later)
@@ -27,6 +21,29 @@ MAX_SIZE = 2**50  # a message size past any memory: refused while parsing (the m
 # the timing buffer, and the int64 index temporaries that build them (8-byte integers per element).
 _HELD_PER_BYTE = {"float32": 3 + 2 * 8 / 4, "float64": 3 + 2 * 8 / 8}
 fail = functools.partial(error, "comm")
+
+
+@dataclass(frozen=True)
+class CommOptions:
+    """`fleetbench comm`'s options, each declared once: its flag, default, help and bounds (checked by
+    ``from_args``: ``--iters 0: must be >= 1 and <= 1000000``)."""
+
+    nproc: int = spec(2, "ranks (default 2)")  # at least 2 and what this machine runs: checked in main
+    min_bytes: str = spec("1K", "smallest message (default 1K)", short="-b")
+    max_bytes: str = spec("16M", "largest message (default 16M)", short="-e")
+    step_factor: int = spec(4, "size multiplier between rows (default 4)", ge=2, short="-f")
+    variants: str | None = spec(None, "comma list of flat, hier, hier_reduce, commN (default: "
+                                "flat,hier,hier_reduce,comm2,comm3; hier* only when --inter-nranks divides --nproc)")
+    inter_nranks: int = spec(2, "ranks per emulated node for hier (default 2)", ge=1)
+    iters: int = spec(20, "timed iterations per row and round (default 20)", ge=1, le=MAX_STEPS, short="-n")
+    rounds: int = spec(3, "rounds in which the variants of a size take turns, the order rotated round by round; a "
+                       "row is the median round (default 3)", ge=1, le=MAX_ROUNDS)
+    warmup: int = spec(5, "untimed iterations per row (default 5)", ge=0, le=MAX_STEPS, short="-w")
+    dtype: str = spec("float32", "element type of the messages (default float32; the sizes are bytes either way)",
+                      choices=("float32", "float64"))
+    timeout: float = spec(1800.0, "bound on the whole sweep, seconds", ge=1.0, le=float(WEEK), unit="seconds",
+                          note="the bound on the whole sweep")
+
 
 
 def format_bytes(n: float) -> str:
@@ -68,22 +85,8 @@ def add_parser(sub) -> None:
                            fleetbench comm --nproc 4 -b 1K -e 64M
                            fleetbench comm --nproc 4 --variants flat,comm2 --dtype float64 -n 50
                            fleetbench comm --cluster 2x2:inter=200mbit"""))
-    add_shared(p, nproc=dict(default=2, help="ranks (default 2)"))
-    p.add_argument("-b", "--min-bytes", default="1K", help="smallest message (default 1K)")
-    p.add_argument("-e", "--max-bytes", default="16M", help="largest message (default 16M)")
-    p.add_argument("-f", "--step-factor", type=int, default=4, help="size multiplier between rows (default 4)")
-    p.add_argument("--variants", default=None,
-                   help="comma list of flat, hier, hier_reduce, commN (default: flat,hier,hier_reduce,comm2,comm3; "
-                        "hier* only when --inter-nranks divides --nproc)")
-    p.add_argument("--inter-nranks", type=int, default=2, help="ranks per emulated node for hier (default 2)")
-    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per row and round (default 20)")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="rounds in which the variants of a size take turns, the order rotated round by round; a row "
-                        "is the median round (default 3)")
-    p.add_argument("-w", "--warmup", type=int, default=5, help="untimed iterations per row (default 5)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
-                   help="element type of the messages (default float32; the sizes are bytes either way)")
-    add_shared(p, timeout=dict(default=1800.0, help="bound on the whole sweep, seconds"))
+    add_fields(p, CommOptions, "nproc", "min_bytes", "max_bytes", "step_factor", "variants", "inter_nranks", "iters",
+               "rounds", "warmup", "dtype", "timeout")
     add_shared(p, cluster="run the ranks on an emulated cluster (network namespaces; root): N nodes of R ranks; "
                           "sets --nproc to N*R and --inter-nranks to R")
     p.set_defaults(func=main)
@@ -94,36 +97,32 @@ def main(args) -> int:
 
     # the cluster's shape: its world size and ranks per node (the command line's own otherwise)
     cluster_spec = cluster_option(args.cluster) if getattr(args, "cluster", None) else None
-    nproc = cluster_spec.world_size if cluster_spec else args.nproc
-    inter_nranks = cluster_spec.ranks_per_node if cluster_spec else args.inter_nranks
+    opts = from_args(CommOptions, args)  # every option's bounds, before anything starts
+    nproc = cluster_spec.world_size if cluster_spec else opts.nproc
+    inter_nranks = cluster_spec.ranks_per_node if cluster_spec else opts.inter_nranks
     if nproc < 2:
         return fail(f"--nproc {nproc}: an allreduce needs at least 2 ranks")
-    require_number("--nproc", nproc, minimum=2, maximum=max_local_ranks(), unit="ranks are processes on this machine")
-    require_number("--inter-nranks", inter_nranks, minimum=1, maximum=nproc)
-    require_number("--step-factor", args.step_factor, minimum=2)
-    require_number("--iters", args.iters, minimum=1, maximum=MAX_STEPS)
-    require_number("--warmup", args.warmup, minimum=0, maximum=MAX_STEPS)
-    require_number("--rounds", args.rounds, minimum=1, maximum=MAX_ROUNDS)
-    require_seconds("--timeout", args.timeout, maximum=None, unit="seconds, the bound on the whole sweep")
-    require_number("--timeout", args.timeout, minimum=1.0, maximum=WEEK, unit="seconds, the bound on the whole sweep")
+    require_nproc(nproc)
+    if inter_nranks > nproc:
+        return fail(f"--inter-nranks {inter_nranks}: must be <= --nproc ({nproc})")
     try:
-        lo, hi = parse_size(args.min_bytes, "--min-bytes"), parse_size(args.max_bytes, "--max-bytes")
+        lo, hi = parse_size(opts.min_bytes, "--min-bytes"), parse_size(opts.max_bytes, "--max-bytes")
     except ValueError as exc:
         return fail(str(exc))
     if lo > hi:
-        return fail(f"--min-bytes {args.min_bytes} is larger than --max-bytes {args.max_bytes}")
-    largest = max(sizes_between(lo, hi, args.step_factor))
+        return fail(f"--min-bytes {opts.min_bytes} is larger than --max-bytes {opts.max_bytes}")
+    largest = max(sizes_between(lo, hi, opts.step_factor))
     avail = available_memory()
-    need = nproc * _HELD_PER_BYTE[args.dtype] * largest
+    need = nproc * _HELD_PER_BYTE[opts.dtype] * largest
     if avail is not None and need > avail:
-        fits = int(avail / (nproc * _HELD_PER_BYTE[args.dtype]))
-        return fail(f"--max-bytes {args.max_bytes}: {nproc} ranks each hold about "
-                    f"{_HELD_PER_BYTE[args.dtype]:g}x the largest message ({format_bytes(largest)}) as {args.dtype}, "
+        fits = int(avail / (nproc * _HELD_PER_BYTE[opts.dtype]))
+        return fail(f"--max-bytes {opts.max_bytes}: {nproc} ranks each hold about "
+                    f"{_HELD_PER_BYTE[opts.dtype]:g}x the largest message ({format_bytes(largest)}) as {opts.dtype}, "
                     f"{format_bytes(need)} in all, but {format_bytes(avail)} of memory is available; the largest "
                     f"message that fits is about {format_bytes(fits)}")
     left_out = ""
-    if args.variants:
-        variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if opts.variants:
+        variants = [v.strip() for v in opts.variants.split(",") if v.strip()]
     else:
         variants, left_out = default_variants(nproc, inter_nranks)
     try:
@@ -133,20 +132,20 @@ def main(args) -> int:
         return fail(str(exc))
     from ..runtime import RankPool  # at call time: tests replace it
 
-    sizes = sizes_between(lo, hi, args.step_factor)
+    sizes = sizes_between(lo, hi, opts.step_factor)
     cluster, pool_kw = None, {}
     if cluster_spec is not None:
         cluster, pool_kw = start_cluster(cluster_spec)
     from ..measure.collectives import allreduce_sweep_on_rank
 
     try:
-        with RankPool(nproc, timeout=args.timeout, **pool_kw) as pool:
+        with RankPool(nproc, timeout=opts.timeout, **pool_kw) as pool:
             answers = pool.run(allreduce_sweep_on_rank,
-                               dict(sizes=sizes, variants=variants, inter_nranks=inter_nranks, iters=args.iters,
-                                    warmup=args.warmup, dtype=args.dtype, rounds=args.rounds))
+                               dict(sizes=sizes, variants=variants, inter_nranks=inter_nranks, iters=opts.iters,
+                                    warmup=opts.warmup, dtype=opts.dtype, rounds=opts.rounds))
     except (RankFailure, RankError) as exc:  # a sweep past --timeout, a rank that died: said, not a traceback
         lines = [ln for ln in str(exc).splitlines() if ln.strip()]
-        return fail(f"the sweep did not finish (--timeout {args.timeout:g} s): {lines[0]}"
+        return fail(f"the sweep did not finish (--timeout {opts.timeout:g} s): {lines[0]}"
                     + (f" ... {lines[-1].strip()}" if len(lines) > 1 else ""))
     finally:
         if cluster is not None:

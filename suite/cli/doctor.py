@@ -4,15 +4,27 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from dataclasses import dataclass
 
 from ..config import ConfigError
 from ..doctor_report import Item, Report, end_line, format_table, head_line, item_line
 from ..outputs import OutputDir, claimed_stdout, output_problem
 from ..report import junit
+from ..run_spec import DEVICES
 from ..runtime.spawn import set_parent_death_signal
+from ..validate import spec
 from . import helps, terminate_cleanly
-from .checks import require_nproc, require_seconds
-from .options import add_shared
+from .checks import require_nproc
+from .options import add_fields, add_shared, from_args
+
+
+@dataclass(frozen=True)
+class DoctorOptions:
+    """doctor's own options, each declared once (flag, default, help and bounds: checked by ``from_args``)."""
+
+    device: str | None = spec(None, "default: cuda where torch sees a GPU, else cpu", choices=DEVICES)
+    hang_timeout: float = spec(30.0, "seconds the hierarchical-overlap item may take before it counts as a hang "
+                               "(default 30)", gt=0.0, le=86400.0, unit="seconds")
 
 # --help's description: what the command does, for its users (the docstring above is for developers)
 ABOUT = """`fleetbench doctor`: a first-run self-check of the CPU and GPU paths.
@@ -30,9 +42,8 @@ def add_parser(sub) -> None:
                        **helps(ABOUT, """
                            fleetbench doctor
                            fleetbench doctor --device cuda --nproc 8 --json"""))
-    add_shared(p, nproc="ranks (default: every GPU torch sees on CUDA, 4 on CPU)", device=None)
-    p.add_argument("--hang-timeout", type=float, default=30.0,
-                   help="seconds the hierarchical-overlap item may take before it counts as a hang (default 30)")
+    add_shared(p, nproc="ranks (default: every GPU torch sees on CUDA, 4 on CPU)")
+    add_fields(p, DoctorOptions)
     p.add_argument("--json", nargs="?", const="-", metavar="FILE",
                    help="the report as JSON lines instead of the table, one line per item as it ends (a doctor "
                         "stopped half-way keeps what ended): into FILE, or on stdout without one; the ranks' and "
@@ -52,8 +63,8 @@ def main(args) -> int:
 
     terminate_cleanly()  # SIGTERM (a CI cancel) unwinds like Ctrl-C: the pool and temp dirs are removed
 
-    require_nproc(args.nproc, args.device)
-    require_seconds("--hang-timeout", args.hang_timeout, 86400.0)
+    opts = from_args(DoctorOptions, args)
+    require_nproc(args.nproc, opts.device)
     if args.junit is not None and (why := junit.path_problem("--junit", args.junit)):
         raise ConfigError(why)
     if args.json not in (None, "-") and (why := output_problem(args.json)):
@@ -68,7 +79,7 @@ def main(args) -> int:
                 sink.item(item)
 
         try:
-            report = run_doctor(args.nproc, args.device, args.hang_timeout, on_item=ended,
+            report = run_doctor(args.nproc, opts.device, opts.hang_timeout, on_item=ended,
                                 on_start=sink.start if sink else None)
         except CudaUnavailable as exc:
             raise ConfigError(str(exc)) from None

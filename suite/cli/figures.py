@@ -25,11 +25,12 @@ import sys
 import suite.figures as figures_pkg
 
 from ..config import ConfigError
+from ..figures import PoolOptions
 from ..measure.metadata import machine_line
 from ..outputs import read_input, write_atomic
 from . import error, helps, terminate_cleanly
-from .checks import MAX_ROUNDS, MAX_STEPS, require_nproc, require_number, require_seconds, require_writable
-from .options import add_shared
+from .checks import require_nproc, require_writable
+from .options import add_fields, check_given
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -69,10 +70,9 @@ def add_parser(sub) -> None:
         fleetbench figures
         fleetbench figures comm --nproc 2 --out docs/figures/comm.md"""))
     p.add_argument("name", nargs="?", help="figure set; omit to list them")
-    add_shared(p, nproc="ranks (default: the set's own)", rounds="interleaved rounds (default: the set's own)",
-               steps="steps per timed window (default: the set's own)")
+    add_fields(p, PoolOptions, *COMMON[:3], unset=True)
     p.add_argument("--out", help="also write the Markdown here")
-    add_shared(p, timeout="bound on each multi-rank call, seconds (default: the set's own)")
+    add_fields(p, PoolOptions, "timeout", unset=True)
     p.add_argument("--save", help="keep the figure's raw data here (JSON)")
     p.add_argument("--load", help="render the raw data kept here instead of measuring")
     g = p.add_argument_group("figure options (each taken only by the figures named)")
@@ -152,9 +152,7 @@ def main(args) -> int:
 
     try:  # before any rank starts
         require_nproc(args.nproc)
-        require_number("--rounds", args.rounds, minimum=1, maximum=MAX_ROUNDS)
-        require_number("--steps", args.steps, minimum=1, maximum=MAX_STEPS)
-        require_seconds("--timeout", args.timeout)
+        check_given(PoolOptions, args)  # --rounds, --steps, --timeout: their bounds are PoolOptions' metadata
         require_writable("--out", args.out)
         require_writable("--save", args.save)
         if args.load and (why := _load_problem(args.load)):

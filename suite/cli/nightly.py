@@ -13,8 +13,9 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 
+from .. import spec_options
 from ..config import ConfigError
 from ..measure.metadata import machine_name
 from ..nightly import (
@@ -40,9 +41,11 @@ from ..results.gate import ratio_interval_text
 from ..results.records import read_records
 from ..run_spec import RunSpec
 from ..runtime.child import INHERIT, run_child
+from ..validate import check_options, spec
 from . import GATE_CODES, helps, unwind
-from .checks import MAX_ROUNDS, MAX_STEPS, require_nproc, require_number
-from .options import add_shared, selection
+from .checks import require_nproc
+from .options import add_fields, add_spec
+from .options import given as options_given
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -89,12 +92,11 @@ def add_parser(sub) -> None:
                                       2: "unusable input, a stage that could not run, or --limit reached",
                                       3: "undecided: the gate inconclusive, nothing worse (the last good commit "
                                          "stays)"}))
-    add_shared(p, device=None, case=None,
-               tag="cases with this tag; repeatable (default: nightly-gpu on CUDA, smoke on CPU)", model=None)
+    # the run specification's options (suite/run_spec.py): its selection, rounds and steps
+    add_spec(p, "nightly", tags="cases with this tag; repeatable (default: nightly-gpu on CUDA, smoke on CPU)",
+             rounds=f"timed rounds (default {NightlyOptions().run.rounds}, the run specification's)",
+             steps=f"steps per round (default {NightlyOptions().run.steps}, the run specification's)")
     p.add_argument("--worlds", help="world sizes, comma-separated (default one: 2 on CPU, every GPU on CUDA)")
-    add_shared(p, size="model size (default: the device's)", config=None, set=None,
-               rounds=f"timed rounds (default {NightlyOptions().run.rounds}, the run specification's)",
-               steps=f"steps per round (default {NightlyOptions().run.steps}, the run specification's)")
     p.add_argument("--workflow", choices=sorted(WORKFLOWS),
                    help="a scheduled workflow's own options (suite/nightly.py WORKFLOWS: gpu is "
                         + " ".join(WORKFLOWS["gpu"].args()) + "); options given as well win")
@@ -102,9 +104,9 @@ def add_parser(sub) -> None:
                    "results/nightly; keep nightly.json in it between nights for the estimates)")
     p.add_argument("--last-good", default=os.path.join("results", "last-good", "commit"),
                    help="file holding the last good commit (default results/last-good/commit)")
-    p.add_argument("--gate-budget", type=float, metavar="MINUTES",
-                   help=f"the gate's timed trials, all cases and world sizes together (default "
-                        f"{NightlyOptions().gate_budget_s / 60:g})")
+    add_fields(p, Chosen, "gate_budget",
+               gate_budget=f"the gate's timed trials, all cases and world sizes together (default "
+                           f"{NightlyOptions().gate_budget_s / 60:g})")
     p.add_argument("--gate-case", action="append", default=[], metavar="GLOB",
                    help="narrows the gate to these of the selected cases tagged gate (default: all of them); "
                         "repeatable")
@@ -113,7 +115,7 @@ def add_parser(sub) -> None:
                    help="the night's JUnit XML (CI systems' test view): a test case per stage, with the run's cases, "
                         "and the gate's comparisons, rewritten as each stage ends (default "
                         "OUT/junit.xml; the stages' own files are in OUT/junit/)")
-    p.add_argument("--persist", type=int, default=2, help="nights a new level must last before a history alert")
+    add_fields(p, Chosen, "persist")
     p.add_argument("--asv-config", default="asv.conf.json", help="asv config (default asv.conf.json)")
     p.add_argument("--machine", help="asv machine name (default: `fleetbench machine-name`)")
     p.add_argument("--quick", action="store_true", help="a smoke pass: no correctness checks")
@@ -128,9 +130,7 @@ def add_parser(sub) -> None:
     p.add_argument("--step-times", metavar="FILE",
                    help="seconds per step measured on this machine, for the plan's estimates instead of the rough "
                         "table: JSON {\"models\": {model: s}, \"cases\": {case: s}} (e.g. .ci/gpu-check's)")
-    p.add_argument("--limit", type=float, metavar="MINUTES",
-                   help="the job's time limit: a plan whose estimate exceeds it is refused (exit 2) before anything "
-                        "runs, naming the stage that does not fit")
+    add_fields(p, Chosen, "limit")
     p.set_defaults(func=main)
 
 
@@ -150,26 +150,19 @@ YEAR_MIN = 525_600  # --limit and --gate-budget at most (minutes): beyond, a num
 
 
 def _path_problem(option: str, path: str, directory: bool) -> str | None:
-    """Why ``path`` cannot take the night's output (a directory, or a file), in one line naming the option."""
+    """Why ``path`` cannot take the night's output (a directory, or a file), in one line naming the option
+    (``suite.outputs.output_problem``, the writer's own rule)."""
     if directory:
-        if os.path.islink(path):
-            return f"{option} {path!r}: is a symbolic link; give the directory itself"
-        if os.path.lexists(path) and not os.path.isdir(path):
-            return f"{option} {path!r}: exists and is not a directory"
-        return None
+        return f"{option} {path!r}: {why}" if (why := output_problem(path, "directory")) else None
     if os.path.lexists(path):
         return f"{option} {path!r}: {why}" if (why := output_problem(path)) else None
     return None
 
 
-def check_options(args, ch: Chosen) -> None:
-    """Every option of the night checked before anything runs (a stage hours in never finds a bad one): one
-    ConfigError naming the first bad option, its value and what is allowed."""
-    require_number("--rounds", args.rounds, minimum=1, maximum=MAX_ROUNDS)
-    require_number("--steps", ch.steps, minimum=1, maximum=MAX_STEPS)
-    require_number("--persist", args.persist, minimum=1, maximum=10_000)
-    require_number("--gate-budget", ch.gate_budget, above=0.0, maximum=YEAR_MIN, unit="minutes")
-    require_number("--limit", ch.limit, above=0.0, maximum=YEAR_MIN, unit="minutes")
+def check_inputs(args, ch: Chosen) -> None:
+    """Every input of the night checked before anything runs (a stage hours in never finds a bad one; the numbers
+    are checked as the options are built: :class:`Chosen`, the run specification): one ConfigError naming the first
+    bad option, its value and what is allowed."""
     problem = (_path_problem("--out", args.out, directory=True)
                or _path_problem("--last-good", args.last_good, directory=False)
                or junit.path_problem("--junit", junit_path(args), [os.path.join(args.out, "runs.jsonl"),
@@ -179,7 +172,8 @@ def check_options(args, ch: Chosen) -> None:
     worlds = _worlds(args.worlds)
     for w in worlds:
         if args.plan and ch.device == "cuda":  # no GPU is probed for a plan: bounded, not counted
-            require_number("--worlds", w, minimum=1, maximum=MAX_WORLD)
+            if w > MAX_WORLD:
+                raise ConfigError(f"--worlds {w}: must be >= 1 and <= {MAX_WORLD}")
         else:
             require_nproc(w, ch.device or "cpu", "--worlds")
     if args.machine is not None:
@@ -236,15 +230,24 @@ def check_ab_args(args, device: str | None) -> None:
 @dataclass(frozen=True)
 class Chosen:
     """The night's options that ``--workflow`` fills where none was given (suite/nightly.py ``WORKFLOWS``), with
-    the night's own defaults; the parsed options stay as they were given."""
+    the night's own defaults (and ``--persist``, which no workflow sets); the parsed options stay as they were
+    given.  Each bound is its field's metadata, checked as it is built (``--limit 0: must be a finite number of
+    minutes > 0 and <= 525600``); the run's steps are the run specification's, checked when it is built."""
 
     device: str | None
     tags: tuple[str, ...]
     steps: int | None
-    gate_budget: float  # minutes
-    gate_case: tuple[str, ...]
-    profile: str
-    limit: float | None  # minutes
+    gate_budget: float = spec(MISSING, "the gate's timed trials, all cases and world sizes together, minutes", gt=0.0,
+                              le=YEAR_MIN, unit="minutes", metavar="MINUTES")
+    gate_case: tuple[str, ...] = spec(MISSING, "")
+    profile: str = spec(MISSING, "")
+    limit: float | None = spec(MISSING, "the job's time limit: a plan whose estimate exceeds it is refused (exit 2) "
+                               "before anything runs, naming the stage that does not fit", gt=0.0, le=YEAR_MIN,
+                               unit="minutes", metavar="MINUTES")
+    persist: int = spec(2, "nights a new level must last before a history alert", ge=1, le=10_000)
+
+    def __post_init__(self) -> None:
+        check_options(self, ConfigError)
 
 
 def chosen(args) -> Chosen:
@@ -257,7 +260,8 @@ def chosen(args) -> Chosen:
         wf.gate_budget_min if wf else NightlyOptions().gate_budget_s / 60,
         gate_case=tuple(args.gate_case) or (wf.gate_cases if wf else ()),
         profile=args.profile or (wf.profile if wf else "full"),
-        limit=args.limit if args.limit is not None or wf is None else wf.limit_min)
+        limit=args.limit if args.limit is not None or wf is None else wf.limit_min,
+        persist=args.persist)
 
 
 def plan_of(args, ch: Chosen):
@@ -268,12 +272,19 @@ def plan_of(args, ch: Chosen):
 
     from ..selection import choose_platform, resolve
 
-    check_options(args, ch)
+    # the night's run specification (the one builder: its options as given, what --workflow chose), every number
+    # checked before anything else
+    night = NightlyOptions().run  # the run specification's defaults, the night's traced steps
+    asked = spec_options.spec_from(options_given(args, "nightly", selection__device=ch.device, run__steps=ch.steps,
+                                                 run__check=False if args.quick else None,
+                                                 run__trace_steps=night.trace_steps))
+    check_inputs(args, ch)
     # the device first (a plan only declares it), for the default tag
     device = ch.device or (None if args.plan else choose_platform(None)[0])
-    tags = ch.tags or (() if (args.case or args.model) else ("nightly-gpu",) if device == "cuda" else ("smoke",))
-    sel = selection(args, tags=tags, worlds=_worlds(args.worlds), device=device,
-                    config=os.path.abspath(args.config) if args.config else None)
+    sel = asked.selection
+    tags = ch.tags or sel.tags or (() if (sel.cases or sel.models) else ("nightly-gpu",) if device == "cuda" else
+                                   ("smoke",))
+    sel = dataclasses.replace(sel, tags=tags, worlds=_worlds(args.worlds), device=device)
     resolved = resolve(sel, probe=not args.plan)
     gate = [rc.case.name for rc in resolved.at[resolved.worlds[0]] if "gate" in rc.case.tags
             and any(fnmatch.fnmatchcase(rc.case.name, g) for g in ch.gate_case or ["*"])]
@@ -284,9 +295,7 @@ def plan_of(args, ch: Chosen):
     last = last_night(args.out, machine)
     if not args.plan:  # the gate's options: `fleetbench ab`'s own checks, hours before the gate runs
         check_ab_args(args, device)
-    night = NightlyOptions().run  # the run specification's defaults, the night's traced steps
-    run = dataclasses.replace(night, check=not args.quick, rounds=night.rounds if args.rounds is None else args.rounds,
-                              steps=night.steps if ch.steps is None else ch.steps)
+    run = asked.run
     try:
         measured = read_step_times(args.step_times) if args.step_times else None
     except ValueError as exc:
@@ -652,7 +661,7 @@ class Night:
         conf_data = json.loads(read_input(conf, "asv config (JSON)", 2**20))
         results = os.path.join(os.path.dirname(conf), conf_data.get("results_dir", "results"))
         code = self.call(self.fleetbench("history", "--results", results, "--machine", self.plan.machine,
-                                         "--persist", str(self.args.persist), "--markdown",
+                                         "--persist", str(self.ch.persist), "--markdown",
                                          os.path.join(self.out, "history-alerts.md")))
         if code == 1:
             print(f"history alert: see {self.out}/history-alerts.md (an alert is reported, not the gate)")

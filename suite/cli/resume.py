@@ -4,135 +4,92 @@ Every record of a run carries the run's specification (``CaseRecord.spec``, sche
 the selection as given (--case, --tag, --model), --config and --set, the size and device the run used, and how
 it measured (--batch, --steps, --rounds, --warmup, --check-steps, --no-check).  Resuming takes the spec of the
 run's last record (``RunSpec.from_dict``, as the record was read) and its world size (:func:`resolve_resume`):
-what it says of those options (:attr:`Resume.told`) is what the resumed run's spec is built from
-(``suite/cli/run.py``); an option given again with another value is refused, naming the option and both values.
---trace-steps, --timeout, --pg-timeout and --no-utilization are the resume's own.
+the one builder (``spec_options.spec_from``, given :class:`~suite.spec_options.Resumed`) builds the resumed run
+from it, and an option given again with another value is refused, naming the option and both values.
+--trace-steps, --timeout, --pg-timeout and --no-utilization are the resume's own (their metadata says
+``invocation``).
 
-Records of schema 3 kept the options as the command line's names in ``metadata["run"]``: that is the legacy
-path (:func:`legacy_options`), each value checked as the spec's field says.  Records written before runs kept
-their options say only their size, device and world size: the rest is the command line's, and
-:attr:`Resume.unknown` names it.
+Records of schema 3 kept the options as the command line's names in ``metadata["run"]``: those names are the
+options' own (``--steps`` kept as ``steps``, ``--no-check`` as ``no_check``), so they go through the same builder
+as the command line (:func:`_told`).  Records written before runs kept their options say only their size, device
+and world size: the rest is the command line's, and :attr:`Resume.unknown` names it.
 
 A user's own factory (``module:function``) is never imported because a record names it: the user gives
 ``--model`` again, and it must be the record's.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass, field
 
+from .. import spec_options
 from ..config import ConfigError
 from ..model_registry import is_user_ref
 from ..outputs import name_problem
 from ..results.records import ResultsFileError, read_records
-from ..run_spec import RunOptions, RunSpec, Selection
-from ..validate import Invalid, field_specs, show
+from ..spec_options import Given, OptionError, Resumed
+from ..validate import show
 
-__all__ = ["RECORDED", "Resume", "resolve_resume", "legacy_options"]
-
-# What a run's records tell --resume: the option (its attribute) -> (part, field) of the run's spec.
-RECORDED = {"case": ("selection", "cases"), "tag": ("selection", "tags"), "model": ("selection", "models"),
-            "config": ("selection", "config"), "set": ("selection", "sets"), "size": ("selection", "size"),
-            "device": ("selection", "device"), "batch": ("run", "per_rank_batch"), "steps": ("run", "steps"),
-            "rounds": ("run", "rounds"), "warmup": ("run", "warmup"), "check_steps": ("run", "check_steps"),
-            "no_check": ("run", "check")}
-NAMES = ("case", "tag", "model")  # lists of names, compared as sets ('a,b' is --case a --case b)
-_PARTS = {"selection": Selection, "run": RunOptions}
-
-
-def _option(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def option_value(spec: RunSpec, name: str):
-    """What ``spec`` says for the option ``name``, as the option says it (lists; --no-check the opposite of check)."""
-    part, fname = RECORDED[name]
-    value = getattr(getattr(spec, part), fname)
-    if name == "no_check":
-        return not value
-    return list(value) if isinstance(value, tuple) else value
-
-
-def _normal(name: str, value):
-    """A value as compared: names split at commas (each once), --set stripped, --config absolute."""
-    if name in NAMES:
-        return list(dict.fromkeys(p.strip() for v in value for p in v.split(",") if p.strip()))
-    if name == "set":
-        return [v.strip() for v in value]
-    if name == "config" and value:
-        return os.path.abspath(value)
-    return value
-
-
-def _shown(value) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, list):
-        return ",".join(value) or "(none)"
-    return "(not given)" if value is None else str(value)
+__all__ = ["Resume", "resolve_resume"]
 
 
 @dataclass
 class Resume:
-    """The run being resumed: its id, the results file it is in, its world size, what its records tell of its
-    options (``told``: option -> value, as the option says it), the cases recorded for it (an error is run again)
-    and the options its records cannot tell."""
+    """The run being resumed: its id, the results file it is in, its world size, what its records tell
+    (``resumed``: their spec and the fields it tells), the cases recorded for it (an error is run again) and the
+    options its records cannot tell."""
 
     run_id: str
     results: str
     world: int
-    told: dict = field(default_factory=dict)
+    resumed: Resumed
     done: set = field(default_factory=set)
     unknown: list = field(default_factory=list)
 
 
-def legacy_options(kept: dict, where: str) -> dict:
-    """A schema-3 record's ``metadata["run"]`` (the command line's names) as options, each value checked as the
-    spec's field accepts it; a damaged one is one ConfigError naming the option, the value and what is allowed."""
-    out = {}
-    for name, (part, fname) in RECORDED.items():
-        if name not in kept:
-            continue
-        value = kept[name]
-        fs = dataclasses.replace(field_specs(_PARTS[part])[fname], name=fname)
-        try:
-            fs.check(value)
-        except Invalid:
-            raise ConfigError(f"{where}'s recorded {_option(name)} is {show(value)}, not a value of that option "
-                              f"(expected {fs.expected()}); the results file is damaged") from None
-        out[name] = value
-    return out
+def _recorded() -> list:
+    """The options a run's records tell: run's, but the invocation's own."""
+    return [o for o in spec_options.options("run") if not o.invocation]
 
 
-def _told(mine: list, where: str) -> dict:
-    """The options the run's records tell: the last record's spec; else (schema 3) its ``metadata["run"]``;
-    else (older records) the size and device the records carry, when they agree."""
+def _told(mine: list, where: str) -> Resumed:
+    """What the run's records tell: the last record's spec; else (schema 3) its ``metadata["run"]``, the options by
+    their names, built as the command line's are; else (older records) the size and device the records carry,
+    when they agree."""
     last = next((r.spec for r in reversed(mine) if r.spec is not None), None)
     if last is not None:
-        return {name: option_value(last, name) for name in RECORDED}
+        return Resumed(last, frozenset(o.key for o in _recorded()), where)
     kept = next((r.metadata["run"] for r in mine if isinstance(r.metadata.get("run"), dict)), None)
+    values: dict = {}
     if kept is not None:
-        return legacy_options(kept, where)
-    told = {}
-    sizes = {r.size for r in mine}
-    devices = {r.device.split(":")[0] for r in mine}
-    if len(sizes) == 1 and None not in sizes:
-        told["size"] = sizes.pop()
-    if len(devices) == 1 and "" not in devices:
-        told["device"] = devices.pop()
-    return told
+        for o in _recorded():
+            name = o.flag.removeprefix("--").replace("-", "_")  # as argparse kept it: --no-check as no_check
+            if name in kept:
+                value = kept[name]
+                values[o.key] = (not value) if o.inverted and isinstance(value, bool) else value
+    else:
+        sizes = {r.size for r in mine}
+        devices = {r.device.split(":")[0] for r in mine}
+        if len(sizes) == 1 and None not in sizes:
+            values[("selection", "size")] = sizes.pop()
+        if len(devices) == 1 and "" not in devices:
+            values[("selection", "device")] = devices.pop()
+    try:
+        spec = spec_options.spec_from(Given("run", values))
+    except OptionError as exc:
+        raise ConfigError(f"{where}'s recorded {exc.option} is {show(exc.invalid.value)}, not a value of that option "
+                          f"(expected {exc.invalid.spec.expected()}); the results file is damaged") from None
+    return Resumed(spec, frozenset(values), where)
 
 
-def resolve_resume(target: str, results: str, asked: dict, given: set[str], nproc: int | None,
-                   world: int | None) -> Resume:
-    """The run ``--resume TARGET`` names and what its records tell: ``asked`` is the command line's options (option ->
-    value), ``given`` the ones it gave (each must agree with the run's), ``nproc`` its --nproc (None: not given)
-    and ``world`` torchrun's world size.
+def resolve_resume(target: str, results: str, given: Given, nproc: int | None, world: int | None) -> Resume:
+    """The run ``--resume TARGET`` names and what its records tell: ``given`` is the command line's options (each
+    must agree with the run's: ``spec_options.spec_from`` checks them), ``nproc`` its --nproc (None: not given) and
+    ``world`` torchrun's world size.
 
     ``TARGET`` names a results file (its last run is resumed and new records go to it) or a run id in
     ``results``.  Every record is read through ``read_records``: a corrupt file is an error naming the file
-    and line, and nothing in it is touched.  An option given with a value other than the run's is an error.
+    and line, and nothing in it is touched.
     """
     looks_like_path = os.sep in target or target.endswith((".jsonl", ".json"))
     if os.path.exists(target):
@@ -164,23 +121,15 @@ def resolve_resume(target: str, results: str, asked: dict, given: set[str], npro
     if len(worlds) > 1 or (wanted is not None and worlds != {wanted}):
         raise ConfigError(f"--resume {target}: run {run_id} ran at world size {sorted(worlds)}, this one at "
                           f"{wanted}; resume with the same --nproc")
-    told = _told(mine, f"--resume {target}: run {run_id}")
-    models = told.get("model")
-    factories = [m for m in models if isinstance(m, str) and is_user_ref(m)] if isinstance(models, list) else []
-    if factories and "model" not in given:  # a results file never names code to run
+    resumed = _told(mine, f"--resume {target}: run {run_id}")
+    models = resumed.spec.selection.models if ("selection", "models") in resumed.told else ()
+    factories = [m for m in models if is_user_ref(m)]
+    if factories and not given.gave("selection", "models"):  # a results file never names code to run
         raise ConfigError(f"--resume {target}: run {run_id} ran your own factory "
                           f"{', '.join(repr(f[:200]) for f in factories[:5])}; a results file never names code to "
                           f"run: give --model {' --model '.join(f[:200] for f in factories[:5])} again (with the "
                           f"run's other --model options) to resume it")
-    for name, theirs in told.items():
-        theirs = _normal(name, theirs)
-        mine_given = _normal(name, asked.get(name))
-        same = sorted(mine_given) == sorted(theirs) if name in NAMES else mine_given == theirs
-        if name in given and not same:
-            raise ConfigError(f"--resume {target}: run {run_id} ran with {_option(name)} {_shown(theirs)}, this "
-                              f"command gives {_option(name)} {_shown(mine_given)}; leave {_option(name)} out to "
-                              f"resume with the run's own")
-        told[name] = theirs
     # A case that ended in an error, or was not run (its timing interrupted), is run again; finished ones are kept.
-    return Resume(run_id, results, worlds.pop(), told, {r.case for r in mine if r.status not in ("error", "not_run")},
-                  [n for n in RECORDED if n not in told])
+    return Resume(run_id, results, worlds.pop(), resumed,
+                  {r.case for r in mine if r.status not in ("error", "not_run")},
+                  [o.flag for o in _recorded() if o.key not in resumed.told])

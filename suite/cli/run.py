@@ -7,32 +7,30 @@ validated before any rank starts.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import stat
 import sys
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
-from .. import runtime
+from .. import runtime, spec_options
 from ..cases import ALL_TAGS, BASELINE
 from ..cluster.launch import cluster_option, cluster_sets, start_cluster
 from ..config import ConfigError
 from ..measure.metadata import collect
 from ..measure.utilization import BUSY, BUSY_SHARE, LOAD_MARGIN, busy_reason
-from ..outputs import InputError, read_input
+from ..outputs import append_or_fallback, output_problem
 from ..report import junit
 from ..results.records import ResultsFileError, read_records
-from ..run_spec import RUN_ROUNDS_FOR_95, RunOptions, RunSpec
+from ..run_spec import RUN_ROUNDS_FOR_95, RunFacts, RunSpec
 from ..runner import BASE_TIMEOUT_S, CaseRunner
 from ..runtime.launch import init_from_env, shutdown, torchrun_env
 from ..runtime.torchrun import TorchrunLauncher
 from ..selection import resolve
 from . import helps
 from .checks import oversubscribed, require_nproc
-from .options import add_shared, default, given, run_options, selection
+from .options import add_shared, add_spec, default
+from .options import given as options_given
 from .resume import Resume, resolve_resume
 
 DEFAULT_RESULTS = os.path.join("results", "runs.jsonl")
@@ -59,100 +57,83 @@ def add_parser(sub) -> None:
                            fleetbench run --set fuse_grad_size_in_MB=8 --config my.toml --trace-steps 2
                            fleetbench run --resume results/runs.jsonl
                            fleetbench run --spec results/nightly/spec.json --nproc 2"""))
-    # the options of the run's specification (suite/run_spec.py): None when not given, the spec's default then
     add_shared(p, nproc="local ranks to spawn, the world size (default: 2 on CPU, every GPU on CUDA; ignored under "
-                        "torchrun)",
-               device="override the device (default: cuda where CUDA has a GPU for every local rank, else cpu; with "
-                      "CUDA present, fewer GPUs than ranks is an error)",
-               case="case name or glob (model/variant, e.g. 'resnet/overlap', '*/local_sgd'); repeatable or "
-                    "comma-separated",
-               tag=f"cases with this tag ({', '.join(ALL_TAGS)}); repeatable. Without "
-                   "--case/--tag/--model: the 'default' tag",
-               model="a registry model (resnet50, gpt2, bert, resnet, mlp, transformer), hf:GPT2Config / "
-                     "hf:BertConfig, or your own factory as module:function; alone, every case of that model",
-               size="model size: full (published; default on CUDA), cpu (full parameters, smaller inputs; default on "
-                    "CPU), tiny (tests)",
-               config=None, set="a strategy field applied on top of every case; repeatable",
-               steps=f"steps per timed window (default {default('steps')})",
-               rounds=f"interleaved timed rounds (default {default('rounds')}: the fewest whose speedup interval can "
-                      f"cover 95%%; fewer leave every speedup 'not resolved')",
-               warmup=f"warm-up steps per case (default {default('warmup')})",
-               batch="per-rank batch size (default: the model's at its size)",
-               check_steps=None, no_check="skip the correctness check")
+                        "torchrun)")
+    # the options of the run's specification (suite/run_spec.py): None when not given, the spec's default then
+    add_spec(p, "run",
+             file="the run's specification as JSON (suite/run_spec.py's RunSpec; `fleetbench nightly` writes one): "
+                  "its selection and options instead of those options; --nproc picks one of its world sizes",
+             device="override the device (default: cuda where CUDA has a GPU for every local rank, else cpu; with "
+                    "CUDA present, fewer GPUs than ranks is an error)",
+             cases="case name or glob (model/variant, e.g. 'resnet/overlap', '*/local_sgd'); repeatable or "
+                   "comma-separated",
+             tags=f"cases with this tag ({', '.join(ALL_TAGS)}); repeatable. Without "
+                  "--case/--tag/--model: the 'default' tag",
+             models="a registry model (resnet50, gpt2, bert, resnet, mlp, transformer), hf:GPT2Config / "
+                    "hf:BertConfig, or your own factory as module:function; alone, every case of that model",
+             size="model size: full (published; default on CUDA), cpu (full parameters, smaller inputs; default on "
+                  "CPU), tiny (tests)",
+             sets="a strategy field applied on top of every case; repeatable",
+             steps=f"steps per timed window (default {default('steps')})",
+             rounds=f"interleaved timed rounds (default {default('rounds')}: the fewest whose speedup interval can "
+                    f"cover 95%%; fewer leave every speedup 'not resolved')",
+             warmup=f"warm-up steps per case (default {default('warmup')})",
+             timeout="bound on each multi-rank call, seconds (default: 600 s plus an allowance scaled by the "
+                     "call's steps x variants x the model's size)",
+             trace_steps="after timing, run N traced steps per case under torch.profiler and write, next to the "
+                         "results, each rank's trace (Kineto's Chrome-trace JSON, the engine's phases as ranges) "
+                         "and a timeline of every rank (traces/RUN_ID/CASE@WORLD/; docs/report.md; default "
+                         f"{default('trace_steps')}: no trace)")
     p.add_argument("--results", default=DEFAULT_RESULTS, help=f"JSON-lines results file (default {DEFAULT_RESULTS})")
-    add_shared(p, timeout="bound on each multi-rank call, seconds (default: 600 s plus an allowance scaled by the "
-                          "call's steps x variants x the model's size)", pg_timeout=None)
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
     p.add_argument("--resume", metavar="RESULTS_FILE_OR_RUN_ID",
                    help="continue an interrupted run (a results file: its last run; a run id: that run in "
                         "--results): the same cases, size, steps, rounds, warm-up, batch, --config and --set, taken "
                         "from its records (an option given with another value is an error), skipping the cases "
                         "already recorded for it")
-    add_shared(p, spec="the run's specification as JSON (suite/run_spec.py's RunSpec; `fleetbench nightly` writes "
-                       "one): its selection and options instead of those options; --nproc picks one of its world sizes")
-    p.add_argument("--no-utilization", action="store_true", help="do not sample CPU/GPU utilization")
     p.add_argument("--junit", metavar="FILE",
                    help="also write the verdicts as JUnit XML (CI systems' test view): one test case per case x world "
                         "size, pass / failure / error / skipped with its message and seconds")
-    p.add_argument("--trace-steps", type=int, default=None, metavar="N",
-                   help="after timing, run N traced steps per case under torch.profiler and write, next to the "
-                        "results, each rank's trace (Kineto's Chrome-trace JSON, the engine's phases as ranges) and a "
-                        "timeline of every rank (traces/RUN_ID/CASE@WORLD/; docs/report.md; default "
-                        f"{default('trace_steps')}: no trace)")
     add_shared(p, cluster="run the ranks on an emulated cluster (network namespaces; root): N nodes of R ranks, "
                           "node links limited to RATE (e.g. 2x2:inter=200mbit); sets --nproc N*R")
     p.set_defaults(func=main)
 
 
-# RunOptions field -> the option that gives it (suite/cli/options.py's run_options)
-RUN_FIELDS = {"per_rank_batch": "batch", "steps": "steps", "rounds": "rounds", "warmup": "warmup",
-              "check": "no_check", "check_steps": "check_steps", "timeout": "timeout", "pg_timeout": "pg_timeout",
-              "trace_steps": "trace_steps", "utilization": "no_utilization"}
-SPEC_OPTIONS = ("case", "tag", "model", "size", "device", "config", "set", *RUN_FIELDS.values())  # resume's too
-SPEC_BYTES = 2**20  # a run specification file is at most this long (a real one is under 2 KB)
-
-
 def command_spec(args, env=None, resume: Resume | None = None) -> tuple[RunSpec, Resume | None, Any]:
     """The run's specification from its command line, with the run it resumes and the emulated cluster it runs on.
 
-    The options given (the spec's defaults for the rest), what the resumed run's records tell (``--resume``:
-    :func:`~suite.cli.resume.resolve_resume`; ``resume``: rank 0's, under torchrun), or ``--spec FILE`` (then none
-    of them); ``--cluster`` sets the world size and the hierarchy.  Under torchrun (``env``) the world is
-    torchrun's and --nproc is ignored."""
-    gave = given(args, *SPEC_OPTIONS)
-    asked = {name: getattr(args, name) for name in SPEC_OPTIONS}  # option -> value (None: not given)
+    The one builder (``spec_options.spec_from``) makes it: from the options given (the spec's defaults for the
+    rest), from the spec the resumed run's records carry (``--resume``: :func:`~suite.cli.resume.resolve_resume`;
+    ``resume``: rank 0's, under torchrun), or from ``--spec FILE`` (then none of them); ``--nproc`` and
+    ``--cluster`` set the world size and the hierarchy.  Under torchrun (``env``) the world is torchrun's and
+    --nproc is ignored."""
+    given = options_given(args, "run", besides=("--resume",) if args.resume else ())
     nproc = None if env else args.nproc
     if nproc is not None:
         require_nproc(nproc, args.device)  # the local ranks this machine runs, before anything else
-    if args.spec and (clash := sorted(gave) + (["resume"] if args.resume else [])):
-        raise ConfigError(f"--spec {args.spec}: the file states the selection and options; "
-                          f"{', '.join('--' + c.replace('_', '-') for c in clash)} given too")
-    if resume is None and args.resume and not (env and env.rank):  # under torchrun rank 0 reads its host's file
-        resume = resolve_resume(args.resume, args.results, asked, gave, nproc, env.world_size if env else None)
-    if resume is not None:
-        asked |= resume.told
-        nproc = None if env else resume.world
+    if args.spec:
+        spec = spec_options.spec_from(given)
+    else:
+        if resume is None and args.resume and not (env and env.rank):  # under torchrun rank 0 reads its host's file
+            resume = resolve_resume(args.resume, args.results, given, nproc, env.world_size if env else None)
+        spec = spec_options.spec_from(given, resume.resumed if resume is not None else None)
+        if resume is not None:
+            nproc = None if env else resume.world
     cluster = cluster_option(args.cluster, args.device, under_torchrun=env is not None) if args.cluster else None
+    sets = spec.selection.sets
     if cluster is not None:
         if nproc is not None and nproc != cluster.world_size:
             raise ConfigError(f"--nproc {nproc}: --cluster {args.cluster} has {cluster.world_size} ranks")
         nproc = cluster.world_size
-        asked["set"] = list(cluster_sets(cluster, asked["set"]))
+        sets = tuple(cluster_sets(cluster, sets))
     if not args.spec:
-        sel = selection(asked, config=os.path.abspath(asked["config"]) if asked["config"] else None,
-                        worlds=(nproc,) if nproc is not None else ())
-        return RunSpec(sel, run_options(asked, RUN_FIELDS)), resume, cluster
-    try:
-        spec = RunSpec.from_json(read_input(args.spec, "run specification (JSON)", SPEC_BYTES), f"--spec {args.spec}")
-    except InputError as exc:
-        raise ConfigError(f"--spec: {exc}") from None
+        return spec.replace(selection={"worlds": (nproc,) if nproc is not None else (), "sets": sets}), resume, cluster
     worlds = spec.selection.worlds
     if nproc is None and len(worlds) > 1:
         raise ConfigError(f"--spec {args.spec}: it names world sizes {', '.join(map(str, worlds))}; give --nproc to "
                           f"run one of them")
     if nproc is not None and worlds and nproc not in worlds and cluster is None:
         raise ConfigError(f"--nproc {nproc}: --spec {args.spec} names world sizes {', '.join(map(str, worlds))}")
-    sets = cluster_sets(cluster, spec.selection.sets) if cluster is not None else spec.selection.sets
     spec = spec.replace(selection={"worlds": (nproc,) if nproc is not None else worlds, "sets": sets})
     return spec, resume, cluster
 
@@ -161,8 +142,8 @@ def main(args) -> int:
     env = torchrun_env()
     spec, resume, cluster_spec = command_spec(args, env)
     results = resume.results if resume is not None else args.results
-    selected, opts, ran = _prepare(spec, env, results)
-    device, backend, world = opts.device, opts.backend, ran.selection.worlds[0]
+    selected, facts, ran = _prepare(spec, env, results)
+    opts, device, backend, world = ran.run, facts.device, facts.backend, ran.selection.worlds[0]
     if args.list:
         rows = [(rc.case.name, ",".join(rc.case.tags), rc) for rc in selected]
         name_width, tags_width = (max(len(row[i]) for row in rows) for i in (0, 1))
@@ -174,7 +155,7 @@ def main(args) -> int:
     if args.junit and not (env and env.rank) and (why := junit.path_problem("--junit", args.junit, [results])):
         raise ConfigError(why)
     if opts.trace_steps:
-        _check_traces_dir(os.path.join(opts.results_dir, "traces"))
+        _check_traces_dir(os.path.join(facts.results_dir, "traces"))
 
     launcher: Any = None
     cluster: Any = None  # an emulated cluster, taken down after the launcher
@@ -191,7 +172,8 @@ def main(args) -> int:
         shared = launcher.share(resume)
         if shared is not None and ctx.rank:  # rank 0's run: what its records tell, its spec built from that
             spec, resume, _ = command_spec(args, env, shared)
-            selected, opts, ran = _prepare(spec, env, results)
+            selected, facts, ran = _prepare(spec, env, results)
+            opts = ran.run
     else:
         reporter = True
     todo = selected if resume is None else [rc for rc in selected if rc.case.name not in resume.done]
@@ -220,7 +202,7 @@ def main(args) -> int:
     display = RunDisplay(live=sys.stdout.isatty() and reporter)
     seconds = CaseSeconds(selected, display.event)  # each case's, for --junit
     try:
-        runner = CaseRunner(launcher, world, opts, metadata=collect(world_size=world, backend=backend),
+        runner = CaseRunner(launcher, world, opts, facts=facts, metadata=collect(world_size=world, backend=backend),
                             reporter=reporter, say=display.say, on_progress=seconds.event, spec=ran)
         if resume is not None:
             runner.run_id = resume.run_id
@@ -228,9 +210,8 @@ def main(args) -> int:
             runner.say(f"resuming run {runner.run_id}: {len(kept)} case(s) already recorded, skipped: "
                        f"{', '.join(kept) or 'none'}; to run: {', '.join(rc.case.name for rc in todo)}")
             if resume.unknown:
-                runner.say(f"  run {runner.run_id}'s records do not say its "
-                           f"{', '.join('--' + n.replace('_', '-') for n in resume.unknown)} (written before runs "
-                           f"kept their options): this command's are used")
+                runner.say(f"  run {runner.run_id}'s records do not say its {', '.join(resume.unknown)} (written "
+                           f"before runs kept their options): this command's are used")
             selected = todo
         runnable = sum(1 for rc in selected if rc.skip is None)
         skipped = f" ({len(selected) - runnable} more skipped)" if len(selected) > runnable else ""
@@ -293,7 +274,7 @@ def main(args) -> int:
         if traces:
             print("traces (each a directory: rank<R>.pt.trace.json per rank, timeline.json; open a file in "
                   "https://ui.perfetto.dev, it stays in the browser): "
-                  + ", ".join(os.path.join(opts.results_dir, t) for t in traces))
+                  + ", ".join(os.path.join(facts.results_dir, t) for t in traces))
         if any(r.verdict in ("fail", "error") for r in records) or not junit_written:
             return 1
     return 0
@@ -409,57 +390,14 @@ def _allreduce_counts(describe: Mapping) -> str:
 
 
 _FALLBACK: dict = {}  # results file -> where its records go instead (a fallback file, or STDERR)
-STDERR = "stderr (one JSON line per record)"
-
-
-def _append_target(path: str) -> str:
-    return _FALLBACK.get(path, path)
 
 
 def _append(path: str, rec) -> str:
-    """Append a record and return where it went: the results file; once that cannot take a record (a full disk:
-    the file is cut back to its last whole record), a fallback file in the temporary directory; and when that
-    fails too (the temporary directory full as well), stderr, one JSON line per record.  Never raises: the run's
-    records are also kept in memory (its table)."""
+    """Append a record and return where it went: the results file, else a fallback file, else stderr
+    (``suite.outputs.append_or_fallback``).  Never raises: the run's records are also kept in memory (its table)."""
     from ..results.records import append_record  # at call time: tests replace it
 
-    target = _append_target(path)
-    if target != STDERR:
-        try:
-            append_record(target, rec)
-            return target
-        except OSError as exc:
-            why = f"{type(exc).__name__}: {exc}"
-        if target == path:
-            fallback = _new_fallback()
-            if fallback is not None:
-                try:
-                    append_record(fallback, rec)
-                    _FALLBACK[path] = fallback
-                    _say(f"fleetbench run: cannot append to {path} ({why}; the file keeps its earlier records "
-                         f"intact); this and the next records of this run go to {fallback}")
-                    return fallback
-                except OSError as exc:
-                    why = f"{why}; the fallback {fallback}: {type(exc).__name__}: {exc}"
-                    with contextlib.suppress(OSError):
-                        if os.path.getsize(fallback) == 0:
-                            os.unlink(fallback)  # no empty fallback file left behind
-        _FALLBACK[path] = STDERR
-        _say(f"fleetbench run: cannot append to {target} ({why}); this and the next records of this run are "
-             f"printed on stderr, one JSON line each (lines starting with '{{'): keep them, e.g. "
-             f"`grep '^{{' LOG >> {path}` once there is room")
-    _say(rec.to_json())
-    return STDERR
-
-
-def _new_fallback() -> str | None:
-    try:  # TMPDIR as given: where it is full, not some other directory (tempfile would try /tmp next)
-        fd, fallback = tempfile.mkstemp(prefix="fleetbench-fallback-", suffix=".jsonl",
-                                        dir=os.environ.get("TMPDIR") or None)
-    except OSError:
-        return None
-    os.close(fd)
-    return fallback
+    return append_or_fallback(path, lambda target: append_record(target, rec), rec.to_json, _FALLBACK, _say)
 
 
 def _say(line: str) -> None:
@@ -470,57 +408,36 @@ def _say(line: str) -> None:
         pass
 
 
-def _prepare(spec: RunSpec, env, results: str) -> tuple[list, RunOptions, RunSpec]:
-    """The cases to run at this world size, the runner's options and the spec as it runs (its size, device and world
-    size resolved: what the records keep), from ``spec`` (every option and config validated, no rank started)."""
+def _prepare(spec: RunSpec, env, results: str) -> tuple[list, RunFacts, RunSpec]:
+    """The cases to run at this world size, what the runner is told besides its options (the resolved size and
+    platform, where traces go) and the spec as it runs (its size, device and world size resolved: what the records
+    keep; its ``run``, the runner's options), from ``spec`` (every option and config validated, no rank started)."""
     if not env:
         require_nproc(spec.world, spec.selection.device)
     # every config validated before any rank starts
     resolved = resolve(spec.selection, env.world_size if env else spec.world, env.local_world_size if env else None)
     device, backend, world = resolved.device, resolved.backend, resolved.worlds[0]
     ran = spec.replace(selection={"size": resolved.size, "device": device, "worlds": (world,)})
-    opts = spec.run_options(resolved.size, device, backend, os.path.dirname(os.path.abspath(results)))
-    return resolved.at[world], opts, ran
+    facts = spec.facts(resolved.size, device, backend, os.path.dirname(os.path.abspath(results)))
+    return resolved.at[world], facts, ran
 
 
 def _check_results_file(path: str) -> None:
-    """Before any rank starts: a corrupt results file is refused (nothing in it is touched), and the
-    file must be writable (an existing file opened for appending; a new one's directory tried)."""
-    if os.path.isdir(path):
-        raise ConfigError(f"--results {path}: is a directory; give a file, e.g. {os.path.join(path, 'runs.jsonl')}")
-    if os.path.islink(path):
-        raise ConfigError(f"--results {path}: is a symbolic link (to {os.readlink(path)!r}); give the file itself, "
-                          f"so records are written where you pointed")
-    if os.path.exists(path) and not stat.S_ISREG(os.stat(path).st_mode):
-        raise ConfigError(f"--results {path}: is not a regular file (a FIFO, device or socket); give a .jsonl file")
+    """Before any rank starts: the file must take records as the writer appends them (``suite.outputs``' rule,
+    tried for real), and a corrupt results file is refused (nothing in it is touched)."""
+    if why := output_problem(path, probe=True):
+        raise ConfigError(f"--results {path}: {why}")
     if os.path.exists(path) and os.path.getsize(path):
         try:
             read_records(path)
         except ResultsFileError as exc:
             raise ConfigError(f"--results {path}: {exc}; move it aside or pick another --results file") from None
-    try:
-        if os.path.exists(path):
-            with open(path, "ab"):
-                pass
-        else:
-            directory = os.path.dirname(os.path.abspath(path))
-            os.makedirs(directory, exist_ok=True)
-            with tempfile.TemporaryFile(dir=directory):
-                pass
-    except OSError as exc:
-        raise ConfigError(f"--results {path}: cannot be written ({exc.strerror or exc}); pick a writable path") \
-            from None
 
 
 def _check_traces_dir(traces: str) -> None:
     """Before any rank starts: traces go to ``traces`` (a real directory, writable, or creatable)."""
-    if os.path.islink(traces) or (os.path.exists(traces) and not os.path.isdir(traces)):
-        what = "a symbolic link" if os.path.islink(traces) else "not a directory"
-        raise ConfigError(f"--trace-steps: {traces} is {what}; traces are written into a directory of that "
-                          f"name: move it aside")
-    where = traces if os.path.isdir(traces) else os.path.dirname(traces)
-    if not os.access(where, os.W_OK | os.X_OK):
-        raise ConfigError(f"--trace-steps: {where} is not writable; traces could not be written")
+    if why := output_problem(traces, "directory"):
+        raise ConfigError(f"--trace-steps: {traces}: {why}; traces are written into a directory of that name")
 
 
 def _tally(records) -> str:

@@ -41,7 +41,7 @@ from ..measure.engine_cost import ROWS, profile_on_rank, side_costs_on_rank
 from ..measure.interleave import interleaved_rounds
 from ..measure.stats import bootstrap_median_ci
 from ..measure.utilization import BUSY_SHARE, others_cpu
-from ..run_spec import ResolvedCase, RunOptions
+from ..run_spec import ResolvedCase, RunFacts, RunOptions
 from ..runner import CaseRunner
 from ..workload import WorkloadSpec
 
@@ -127,9 +127,9 @@ def time_model(launcher: Any, world: int, model: str, options: Options,
     """The engine's and DDP's windows, interleaved round by round, ``rounds`` of them and then :data:`BLOCK` more
     while the ratio's interval is wider than :data:`WIDTH` (up to ``max_rounds``); with the load and the others'
     CPU time (JSON-able)."""
-    opts = RunOptions(size=options.size, steps=options.steps, rounds=options.rounds, warmup=2, check=False,
+    opts = RunOptions(steps=options.steps, rounds=options.rounds, warmup=2, check=False,
                       timeout=options.timeout, utilization=False, baseline=BASE, memory_budget=1 << 62)
-    runner = CaseRunner(launcher, world, opts, metadata={}, reporter=False)
+    runner = CaseRunner(launcher, world, opts, metadata={}, reporter=False, facts=RunFacts(size=options.size))
     load_before = _load()
     prepared = [runner.prepare(rc) for rc in _cases(model).values()]
     windows: list[list[float]] = [[], []]

@@ -41,7 +41,7 @@ from ..config import StrategyConfig
 from ..measure.stats import bootstrap_median_ci, paired_speedup
 from ..measure.summary import COMPUTE_ONLY, Timed
 from ..models import count_parameters, get_model
-from ..run_spec import ResolvedCase, RunOptions
+from ..run_spec import ResolvedCase, RunFacts, RunOptions
 from ..runner import CaseRunner
 from ..runtime.device import host_available_memory
 from ..selection import case_fields
@@ -111,9 +111,9 @@ def _default_budget() -> int:
 
 
 def _runner(launcher: Any, world: int, options: Options, budget: int | None = None) -> CaseRunner:
-    opts = RunOptions(size=options.size, steps=options.steps, rounds=options.rounds, check=False,
+    opts = RunOptions(steps=options.steps, rounds=options.rounds, check=False,
                       timeout=options.timeout, utilization=False, baseline=BASE, memory_budget=budget)
-    return CaseRunner(launcher, world, opts, metadata={}, reporter=False)
+    return CaseRunner(launcher, world, opts, metadata={}, reporter=False, facts=RunFacts(size=options.size))
 
 
 def groups(model: str, size: str, world: int, rows: tuple | None = None, budget: int | None = None

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from suite.run_spec import RunOptions, Selection
+from suite.run_spec import RunFacts, RunOptions, Selection
 from suite.runner import CaseRunner
 from suite.runtime.device import Platform
 from suite.runtime.launch import init_from_env, shutdown
@@ -25,8 +25,8 @@ if __name__ == "__main__":
     ctx = init_from_env(device="cpu", pg_timeout=60)
     try:
         launcher = TorchrunLauncher(ctx, timeout=60)
-        runner = CaseRunner(launcher, ctx.world_size, RunOptions(size="tiny", check=False, utilization=False),
-                            metadata={}, reporter=ctx.rank == 0)
+        runner = CaseRunner(launcher, ctx.world_size, RunOptions(check=False, utilization=False),
+                            metadata={}, reporter=ctx.rank == 0, facts=RunFacts(size="tiny"))
         cases = resolve_at(SELECTION, base_cases(SELECTION, "tiny"), ctx.world_size, ctx.local_world_size)
         plan = runner.groups(cases)
         hosts = launcher.gather(os.environ["GROUP_RANK"])  # what each node's sampler would send to rank 0
