@@ -104,6 +104,9 @@ class Selection:
     config: str | None = spec(None, "TOML file of strategy fields applied on top of every case", path=True)
     sets: tuple[str, ...] = spec((), "a strategy field; repeatable", option="--set",
                                  metavar="KEY=VALUE", env="SET", sep=";")
+    strategies: tuple[str, ...] = spec((), "your own strategy, a DDP communication hook or a gradient synchronizer "
+                                       "(docs/strategies.md): one case of it per selected model; repeatable",
+                                       option="--strategy", metavar="MODULE:FUNCTION", env="STRATEGY", names=True)
     default_tag: str = spec("default", "the tag selected when no case, tag or model is given", on=NOWHERE)
 
     def __post_init__(self) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .cases import CASES, Case, cases_for_model, select_cases
+from .cases import BASELINE, CASES, Case, cases_for_model, model_label, select_cases
 from .comm.buckets import CommPlan, comm_plan, sized_bucket_mb
 from .comm.factory import uses_buckets
 from .comm.grad_sync import sparse_gradients_refused
@@ -95,15 +95,43 @@ def _pool(models: tuple[str, ...], size: str) -> list[Case]:
 
 
 def base_cases(sel: Selection, size: str) -> list[Case]:
-    """The selected cases of the registry (and of user models), before any world size."""
+    """The selected cases of the registry (and of user models), before any world size, and a case of each of
+    ``--strategy``'s strategies on every model selected.  With strategies and no case or tag, each model (those of
+    ``--model``, else of the default tag) brings its baseline: the comparison of the strategy with it."""
     tags = list(sel.tags) or ([] if (sel.cases or sel.models) else [sel.default_tag])
     try:
-        out = select_cases(list(sel.cases), tags, list(sel.models), cases=_pool(sel.models, size))
+        pool = _pool(sel.models, size)
+        out = select_cases(list(sel.cases), tags, list(sel.models), cases=pool)
+        if sel.strategies and not (sel.cases or sel.tags):
+            out = [c for c in out if c.variant == BASELINE]
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if not out:
         raise ConfigError("no case matches the selection (--case/--tag/--model); `fleetbench run --list --tag "
                           "nightly-cpu` shows the cases")
+    return out + strategy_cases(sel.strategies, list(dict.fromkeys(c.model for c in out)), pool)
+
+
+def strategy_cases(refs: tuple[str, ...], models: list[str], pool: list[Case]) -> list[Case]:
+    """One case per (model, strategy): ``MODEL/NAME`` on the engine the strategy runs on (torch's DDP for a hook,
+    fleetbench's for a synchronizer); its name is the strategy's (suite/strategies/user.py: a user's function is
+    read in a bounded child)."""
+    out: list[Case] = []
+    taken = {c.name for c in pool}
+    for ref in refs:
+        try:
+            info = strategy_info(ref)
+        except StrategyError as exc:
+            raise ConfigError(str(exc)) from None
+        for model in models:
+            name = f"{model_label(model)}/{info.name}"
+            if name in taken:
+                raise ConfigError(f"--strategy {ref!r}: its case {name} would have the name of another case; give "
+                                  f"the strategy another name (name=...)")
+            taken.add(name)
+            out.append(Case(name, model, info.name, {"data_parallel": info.data_parallel, "strategy": ref},
+                            info.description or f"your strategy {ref} ({info.kind})", tags=("user",),
+                            named_by=("data_parallel", "strategy")))
     return out
 
 

@@ -7,6 +7,7 @@ every shard (suite/check/harness.py); the numbers asserted here are hand-chosen 
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
@@ -16,6 +17,7 @@ from suite.runtime import RankError, RankFailure
 from suite.strategies.user import StrategyError, load_strategy, strategy_info
 from suite.workload import WorkloadSpec
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MINE = "tests.scripts.my_strategies"
 HOOKS = "suite.strategies.torch_hooks"
 
@@ -123,3 +125,86 @@ def test_a_hook_that_raises_on_one_rank_or_never_completes_fails_within_its_boun
         _check(pool2, "mlp", f"{MINE}:never_completes", timeout=20)
     assert "within" in str(info.value) or "stuck" in str(info.value) or "did not answer" in str(info.value), info.value
     assert _check(pool2, "mlp", f"{MINE}:mean_hook").passed  # the pool is whole again for the next case
+
+
+def _user_run(tmp_path, nproc: int):
+    """`fleetbench run` in a directory outside the repository holding two modules of a user's: one with a DDP hook,
+    one with a gradient synchronizer, beside a model factory of theirs; a registry model and their model."""
+    import shutil
+    import subprocess
+    import sys
+
+    root = ROOT
+    work = tmp_path / "mine"
+    work.mkdir()
+    source = open(os.path.join(root, "tests", "scripts", "my_strategies.py")).read()
+    (work / "team_hooks.py").write_text(source)
+    (work / "team_syncs.py").write_text(source)
+    shutil.copy(os.path.join(root, "tests", "scripts", "my_models.py"), work / "my_models.py")
+    results, junit = work / "runs.jsonl", work / "junit.xml"
+    env = dict(os.environ, PYTHONPATH=root)
+    proc = subprocess.run(
+        [sys.executable, "-m", "suite.cli.main", "run", "--model", "mlp", "--model", "my_models:make_spec",
+         "--strategy", "team_hooks:mean_hook", "--strategy", "team_syncs:per_tensor_sync", "--nproc", str(nproc),
+         "--size", "tiny", "--rounds", "2", "--steps", "2", "--warmup", "1", "--no-utilization", "--results",
+         str(results), "--junit", str(junit)], cwd=work, env=env, capture_output=True, text=True, timeout=900)
+    return proc, work, results, junit
+
+
+def _the_users_run_is_a_run_like_any(tmp_path, nproc: int) -> None:
+    import json
+    import subprocess
+    import sys
+    import xml.etree.ElementTree as ET
+
+    proc, work, results, junit = _user_run(tmp_path, nproc)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    recs = {r["case"]: r for r in map(json.loads, results.read_text().splitlines())}
+    want = {f"{m}/{v}" for m in ("mlp", "my_models.make_spec")
+            for v in ("plain", "team_hooks.mean_hook", "team_syncs.per_tensor_sync")}
+    assert set(recs) == want, set(recs)
+    for name in want - {"mlp/plain", "my_models.make_spec/plain"}:
+        r = recs[name]
+        assert r["status"] == "ok" and r["verdict"] == "pass" and r["check"]["kind"] == "exact", r
+        assert r["metrics"]["speedup"] > 0 and r["world_size"] == nproc, r["metrics"]
+        assert r["describe"]["own_strategy"]["ref"] in ("team_hooks:mean_hook", "team_syncs:per_tensor_sync")
+    assert recs["mlp/team_hooks.mean_hook"]["config"]["data_parallel"] == "ddp"
+    assert recs["mlp/team_syncs.per_tensor_sync"]["config"]["data_parallel"] == "suite"
+    assert "mlp/team_hooks.mean_hook" in proc.stdout and "speedup" in proc.stdout
+    cases = {c.get("name") for c in ET.parse(junit).getroot().iter("testcase")}
+    assert {f"{n}@{nproc}" for n in want} <= cases, cases  # a JUnit test case per case x world size
+    report = subprocess.run([sys.executable, "-m", "suite.cli.main", "report", str(results), "--out",
+                             str(work / "report")], cwd=work, capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, PYTHONPATH=ROOT))
+    assert report.returncode == 0, report.stderr[-2000:]
+    html = (work / "report" / "index.html").read_text()
+    assert "mlp/team_hooks.mean_hook" in html and "my_models.make_spec/team_syncs.per_tensor_sync" in html
+
+
+def test_your_own_strategies_outside_the_repository_run_every_case_of_your_model_and_the_registrys_at_world_2(
+        tmp_path):
+    _the_users_run_is_a_run_like_any(tmp_path, 2)
+
+
+@pytest.mark.heavy  # the same at world 4: two more minutes on 2 cores
+def test_your_own_strategies_outside_the_repository_at_world_4(tmp_path):
+    _the_users_run_is_a_run_like_any(tmp_path, 4)
+
+
+@pytest.mark.heavy  # a whole run as a subprocess, two of its cases bounded by --timeout: about two minutes
+def test_a_run_with_a_hook_that_raises_and_one_that_never_completes_fails_those_cases_and_goes_on(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    results = tmp_path / "runs.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "suite.cli.main", "run", "--model", "mlp", "--strategy", f"{MINE}:raises_on_rank_1",
+         "--strategy", f"{MINE}:never_completes", "--strategy", f"{MINE}:mean_hook", "--nproc", "2", "--size", "tiny",
+         "--rounds", "2", "--steps", "2", "--timeout", "30", "--no-utilization", "--results", str(results)],
+        cwd=ROOT, capture_output=True, text=True, timeout=900)
+    recs = {r["case"]: r for r in map(json.loads, results.read_text().splitlines())}
+    assert recs["mlp/my_strategies.raises_on_rank_1"]["status"] == "error"
+    assert "deliberate failure on rank 1" in recs["mlp/my_strategies.raises_on_rank_1"]["error"]
+    assert recs["mlp/my_strategies.never_completes"]["status"] == "error", recs["mlp/my_strategies.never_completes"]
+    assert recs["mlp/my_strategies.mean_hook"]["verdict"] == "pass" and proc.returncode == 1, proc.stderr[-2000:]

@@ -254,7 +254,7 @@ def chosen(args) -> Chosen:
     wf = WORKFLOWS[args.workflow] if args.workflow else None
     return Chosen(
         device=args.device or (wf.device if wf else None),
-        tags=tuple(args.tag) or ((wf.tag,) if wf and not (args.case or args.model) else ()),
+        tags=tuple(args.tags or ()) or ((wf.tag,) if wf and not (args.cases or args.models) else ()),
         steps=args.steps if args.steps is not None or wf is None else wf.steps,
         gate_budget=args.gate_budget if args.gate_budget is not None else
         wf.gate_budget_min if wf else NightlyOptions().gate_budget_s / 60,

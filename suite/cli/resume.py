@@ -14,8 +14,8 @@ options' own (``--steps`` kept as ``steps``, ``--no-check`` as ``no_check``), so
 as the command line (:func:`_told`).  Records written before runs kept their options say only their size, device
 and world size: the rest is the command line's, and :attr:`Resume.unknown` names it.
 
-A user's own factory (``module:function``) is never imported because a record names it: the user gives
-``--model`` again, and it must be the record's.
+A user's own factory (``module:function``) or strategy is never imported because a record names it: the user gives
+``--model`` (``--strategy``) again, and it must be the record's.
 """
 from __future__ import annotations
 
@@ -129,6 +129,12 @@ def resolve_resume(target: str, results: str, given: Given, nproc: int | None, w
                           f"{', '.join(repr(f[:200]) for f in factories[:5])}; a results file never names code to "
                           f"run: give --model {' --model '.join(f[:200] for f in factories[:5])} again (with the "
                           f"run's other --model options) to resume it")
+    strategies = resumed.spec.selection.strategies if ("selection", "strategies") in resumed.told else ()
+    if strategies and not given.gave("selection", "strategies"):  # nor a strategy of the user's own
+        raise ConfigError(f"--resume {target}: run {run_id} ran your own strategy "
+                          f"{', '.join(repr(f[:200]) for f in strategies[:5])}; a results file never names code to "
+                          f"run: give --strategy {' --strategy '.join(f[:200] for f in strategies[:5])} again to "
+                          f"resume it")
     # A case that ended in an error, or was not run (its timing interrupted), is run again; finished ones are kept.
     return Resume(run_id, results, worlds.pop(), resumed,
                   {r.case for r in mine if r.status not in ("error", "not_run")},

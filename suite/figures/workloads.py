@@ -56,7 +56,9 @@ DESCRIPTION = ("published workloads (resnet50, gpt2 at cpu size): speedup over D
 MODELS = ("resnet50", "gpt2")
 BASE = "ddp"
 ENGINE = ENGINE_CASE  # fleetbench's engine in DDP's configuration, in every group
-ROWS = ("plain", "fusion", "overlap", "multicomm", "fused_optimizer", "grad_bf16")
+ROWS = ("plain", "fusion", "overlap", "multicomm", "fused_optimizer", "grad_bf16",
+        # torch DDP at its best and with torch's own hooks, beside Paddle's strategies (the registry's cases)
+        "ddp_best", "ddp_fp16_compress", "ddp_powersgd_r4")
 # The gradient collectives timed alone (table 2): one allreduce of every byte, then the cases' own paths.
 ALONE = ("single", "fusion", "overlap", "multicomm", "plain")
 LABELS = {
@@ -64,6 +66,8 @@ LABELS = {
     "fusion": "fused, synchronous (25 MB buckets)", "overlap": "overlap, 1 communicator (25 MB buckets)",
     "multicomm": "overlap, 2 communicators (4 MB buckets)", "fused_optimizer": "fused optimizer (plain comm)",
     "grad_bf16": "bf16 gradient communication (plain comm)", "single": "one allreduce of all gradient bytes",
+    "ddp_best": "DDP, gradients as bucket views, static graph", "ddp_fp16_compress": "DDP, fp16_compress_hook",
+    "ddp_powersgd_r4": "DDP, PowerSGD rank 4 (one bucket on gloo)",
     ENGINE: "the engine in DDP's configuration (its own cost)",
 }
 MiB = 2**20
