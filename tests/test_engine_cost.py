@@ -112,7 +112,11 @@ def test_the_ratio_stops_when_its_interval_resolves_five_percent_or_says_what_it
     assert s["width"] > E.WIDTH and s["needed"] == math.ceil(46 * (s["width"] / E.WIDTH) ** 2)
     assert f"not resolved to {E.WIDTH}: the interval is {s['width']:.3f} wide; about {s['needed']} rounds" \
         in E.verdict(s, noisy)
-    assert noisy["others_cpu_share"] == 0.0 and len(noisy["load_during"]) == 2 * 46
+    # three variants a round (DDP at its default, at its best, the engine): a load sample per window
+    assert noisy["others_cpu_share"] == 0.0 and len(noisy["load_during"]) == 3 * 46
+    assert set(noisy["windows"]) == {"ddp", "ddp_best", "engine"} and len(noisy["windows"]["ddp_best"]) == 46
+    best = E.ratio_summary(noisy, 1, "ddp_best")
+    assert best["rounds"] == 46 and best["ratio"] > 0
 
 
 class _KeepRanks:
@@ -139,14 +143,15 @@ def test_the_figure_runs_end_to_end_at_tiny_size(pool2):
     json.dumps(raw)
     data = raw["models"]["resnet"]
     for rank in data["profile"]:
-        for side in (E.BASE, E.ENGINE):
+        for side in (E.BASE, E.BEST, E.ENGINE):
             steps = rank[side]["steps"]
-            assert len(steps) == 1 and all(r["host_syncs"] == 0 for r in steps)
+            assert len(steps) == 1 and (side == E.BEST or all(r["host_syncs"] == 0 for r in steps)), (side, steps)
             assert sum(steps[0][k] for k in ROWS) == pytest.approx(steps[0]["step"], abs=1e-6)
             assert steps[0]["before_forward"] > 0  # both broadcast the buffers before the model runs
         assert rank[E.ENGINE]["hook_us"] > 0 and rank[E.BASE]["hook_us"] is None
         assert rank[E.BASE]["median"]["copy_in"] > 0  # DDP copies into its buckets, the engine's views do not
         assert rank[E.ENGINE]["median"]["copy_in"] == 0
+        assert rank[E.BEST]["median"]["copy_in"] == 0  # DDP at its best: gradients are its buckets' views
     assert all(a["buffers"] == 21 and a["broadcast_ms"]["per_tensor"] > 0 and a["digest_ms"] > 0
                for a in data["side"])  # 7 BatchNorm layers x (mean, var, count)
     assert len(data["timing"]["windows"][E.ENGINE]) == 2
