@@ -598,7 +598,7 @@ def test_the_statistics_always_rotate_and_need_the_blocks_of_min_pairs():
     from suite.run_spec import AB_ROTATE, AbOptions, RunSpec, SeqOptions, SpecError
 
     for bad in (0, 1):
-        with pytest.raises(ValueError, match=f"--rotate {bad}: must be a whole number >= 2"):
+        with pytest.raises(ValueError, match=rf"--rotate {bad}: must be >= 2 \(blocks per pair of preparations\)"):
             SeqOptions(rotate=bad)
     with pytest.raises(ValueError, match=r"--max-blocks 14: must be >= 15 \(--rotate 5 blocks x 3 pairs"):
         SeqOptions(max_blocks=14)

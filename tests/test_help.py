@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 from pathlib import Path
@@ -149,3 +150,19 @@ def test_compare_threshold_help_quotes_the_figures_it_cites():
             quoted += 1
     assert quoted == 4, tables  # two cases, two thresholds
     assert "21%" not in help_text, help_text
+
+
+def test_fleetbench_help_imports_no_torch():
+    """`fleetbench --help` took 3-7 s because every command's module imported torch to build its parser (issue 46.9):
+    every parser is built with torch unimported (it comes when a command runs); the time itself is a figure in the
+    note, never asserted."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom suite.cli.main import build_parser, main\nbuild_parser()\n"
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:5]\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\nassert 'torch' not in sys.modules\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "run" in proc.stdout and "nightly" in proc.stdout  # the commands listed

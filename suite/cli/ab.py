@@ -21,10 +21,8 @@ from .. import spec_options
 from ..ab.client import TrialError
 from ..ab.worktrees import RevisionError, Worktrees, git
 from ..config import ConfigError
-from ..models import default_size
 from ..report import junit
 from ..run_spec import RunSpec
-from ..selection import choose_platform, default_worlds
 from . import GATE_CODES, error, helps, print_json, terminate_cleanly
 from .checks import require_nproc
 from .options import add_shared, add_spec, default
@@ -116,6 +114,9 @@ def options(args) -> RunSpec:
     """The comparison's run specification from the command line (selection, run options, ab's own), built by the
     one builder (``spec_options.spec_from``: ``--spec FILE`` states the selection, the options given beside it
     replace the file's); a ValueError (exit 2) naming the option for anything out of range."""
+    from ..models import default_size  # torch comes with the models: at run time, not for --help
+    from ..selection import choose_platform, default_worlds
+
     if args.rotate == 0:  # said here with why; SeqOptions refuses any N < 2 too
         raise ValueError("--rotate 0: one preparation per side cannot earn a verdict: its own speed (a few percent "
                          "here) is shared by every block, not in their spread, and an unchanged mlp/plain was called "

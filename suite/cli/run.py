@@ -23,10 +23,6 @@ from ..outputs import append_or_fallback, output_problem
 from ..report import junit
 from ..results.records import ResultsFileError, read_records
 from ..run_spec import RUN_ROUNDS_FOR_95, RunFacts, RunSpec
-from ..runner import BASE_TIMEOUT_S, CaseRunner
-from ..runtime.launch import init_from_env, shutdown, torchrun_env
-from ..runtime.torchrun import TorchrunLauncher
-from ..selection import resolve
 from . import helps
 from .checks import oversubscribed, require_nproc
 from .options import add_shared, add_spec, default
@@ -139,6 +135,11 @@ def command_spec(args, env=None, resume: Resume | None = None) -> tuple[RunSpec,
 
 
 def main(args) -> int:
+    # torch comes with these: imported when a run starts, not for `fleetbench --help` (every command's parser)
+    from ..runner import BASE_TIMEOUT_S, CaseRunner
+    from ..runtime.launch import init_from_env, shutdown, torchrun_env
+    from ..runtime.torchrun import TorchrunLauncher
+
     env = torchrun_env()
     spec, resume, cluster_spec = command_spec(args, env)
     results = resume.results if resume is not None else args.results
@@ -409,6 +410,8 @@ def _say(line: str) -> None:
 
 
 def _prepare(spec: RunSpec, env, results: str) -> tuple[list, RunFacts, RunSpec]:
+    from ..selection import resolve  # torch comes with it (the models): at run time
+
     """The cases to run at this world size, what the runner is told besides its options (the resolved size and
     platform, where traces go) and the spec as it runs (its size, device and world size resolved: what the records
     keep; its ``run``, the runner's options), from ``spec`` (every option and config validated, no rank started)."""
