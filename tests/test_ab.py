@@ -604,7 +604,7 @@ def test_the_statistics_always_rotate_and_need_the_blocks_of_min_pairs():
         SeqOptions(max_blocks=14)
     assert SeqOptions(max_blocks=15).max_blocks == 15 and SeqOptions(rotate=2, max_blocks=6).min_pairs == 3
     assert SeqOptions().rotate == AbOptions().seq.rotate == AB_ROTATE == 5
-    with pytest.raises(SpecError, match="ab.seq: --rotate 0"):
+    with pytest.raises(SpecError, match="field 'ab.seq.rotate' is 0; expected a whole number >= 2"):
         RunSpec.from_dict({"ab": {"seq": {"rotate": 0}}})
 
 
