@@ -146,7 +146,16 @@ def _fmt_ms(x: float) -> float:
 
 def could_catch(row: dict, short: bool = False) -> str:
     """A row's power statement: "≥ 12%", or "nothing < 100%: fewer than N windows a side" (short: the table's
-    cell); "" for a row that compared no timings."""
+    cell); "" for a row that compared no timings.  Beside a decided verdict the cell states what the verdict's
+    interval caught or rules out instead, so the two agree (as `ab`'s do: ``suite.ab.stats.power_sentence``):
+    "caught ≥ 6.2%" (slower: HEAD/BASE's lower end), "rules out ≥ 3.1%" (not slower: its upper end), "rules out any"
+    (faster, or an upper end below 1)."""
+    ci, change = row.get("ci"), row.get("change")
+    if short and ci and change in ("slower", "not slower", "faster"):
+        lo, hi = 1 / ci[1], 1 / ci[0]  # HEAD/BASE step time: the speedup's interval turned over
+        if change == "slower":
+            return f"caught ≥ {lo - 1:.1%}"
+        return f"rules out ≥ {hi - 1:.1%}" if change == "not slower" and hi > 1 else "rules out any"
     d = row.get("detectable_slowdown")
     if d is not None:
         return f"≥ {d:.0%}" if short else f"could have caught ≥ {d:.0%}"
