@@ -355,7 +355,7 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: RunSpec,
     out.ratio, out.ci, out.estimate = s.ratio, s.ratio_ci, s.estimate
     power = s.detectable
     out.detectable_slowdown = power if math.isfinite(power) and power < 1 else None
-    out.power = s.power_statement()
+    out.power = s.power_statement() if out.verdict != "error" else ""  # an error decided nothing
     if times[base.label]:
         out.base_ms = statistics.median(times[base.label]) * 1e3
         out.head_ms = statistics.median(times[head.label]) * 1e3
