@@ -297,7 +297,7 @@ def test_compare_reads_records_and_pytest_benchmark_files_into_case_records(tmp_
 
 # the keys a version-2 trial server wrote before the answers were typed (what a client of any checkout reads)
 OLD_KEYS = {"trial": {"window_s", "step_s", "step_times_s", "losses", "machine"},
-            "prepare": {"key", "describe", "config"},  # "inject" went with the calibration (an old client never read it)
+            "prepare": {"key", "describe", "config"},  # "inject" went with the calibration (never read by a client)
             "select": {"case", "model", "variant", "config", "skip"}, "origin": {"rank", "suite"},
             "hello": {"protocol", "version", "suite", "python", "pid"}}
 
