@@ -74,8 +74,8 @@ class Progress:
     verdict line), "timing" / "timed" (one timing group of ``model``: group ``done`` of ``total``, its
     ``variants`` interleaved for ``rounds`` rounds of ``steps`` steps; on "timed", ``detail`` is "" or why
     it failed), "trace" / "traced" (``case``).  ``seconds``: how long the step took ("checked", "timed", "traced").
-    On "check", "timing" and "trace": ``waits``, what the phase waits on, in words ("2 rank(s): 3 check step(s)
-    each, then the single-process reference"), and ``bound_s``, the bound on that wait (its call's timeout)."""
+    On "check", "timing" and "trace": ``waits``, what the phase waits on, in words ("2 rank(s): 3 step(s)
+    each, then the single-process reference's 3 step(s) over every rank's shard"), and ``bound_s``, the bound on that wait (its call's timeout)."""
 
     event: str
     model: str
@@ -390,7 +390,7 @@ class CaseRunner:
             return dict(waits="nothing (--no-check)")
         if rc.case.model in self._unjudged and rc.config.data_parallel != "none":
             return dict(waits="nothing (the model's check cannot judge it, said above)")
-        return dict(waits=f"{self.world} rank(s): {self.opts.check_steps} check step(s) each, then the single-process "
+        return dict(waits=f"{self.world} rank(s): {self.opts.check_steps} step(s) each, then the single-process "
                           f"reference's {self.opts.check_steps} step(s) over every rank's shard",
                     bound_s=self._check_timeout(rc))
 

@@ -124,8 +124,8 @@ def test_the_runner_reports_progress_per_check_and_per_timing_group():
     assert [p.waits for p in events if p.event == "check"] == ["nothing (--no-check)"] * 3
     checking = CaseRunner(FakeLauncher(), 2, RunOptions(check_steps=3, timeout=77.0), metadata={"torch": "test"})
     assert checking._check_waits(_rc("mlp/overlap")) == {
-        "waits": "2 rank(s): 3 check step(s) each, then the single-process reference's 3 step(s) over every rank's "
-                 "shard", "bound_s": 77.0}
+        "waits": "2 rank(s): 3 step(s) each, then the single-process reference's 3 step(s) over every rank's shard",
+        "bound_s": 77.0}
     events.clear()  # a trace (the fake ranks cannot trace: its error is recorded, the events come all the same)
     runner = CaseRunner(FakeLauncher(), 2, RunOptions(check=False, utilization=False, trace_steps=2, timeout=50.0),
                         metadata={"torch": "test"}, on_progress=events.append)
@@ -156,7 +156,7 @@ def test_without_a_terminal_each_phase_says_what_it_waits_on_and_a_long_one_says
 
     display = RunDisplay(live=False, heartbeat_s=0.05)
     check = Progress("check", "resnet50", case="resnet50/ddp", done=0, total=2, bound_s=612.0,
-                     waits="2 rank(s): 3 check step(s) each, then the single-process reference's 3 step(s)")
+                     waits="2 rank(s): 3 step(s) each, then the single-process reference's 3 step(s)")
     display.event(check)
     out, deadline = "", time.monotonic() + 30  # a heartbeat thread on a loaded machine: wait for its line, bounded
     while "still checking" not in out and time.monotonic() < deadline:
@@ -174,10 +174,10 @@ def test_without_a_terminal_each_phase_says_what_it_waits_on_and_a_long_one_says
                            waits="2 rank(s): 2 traced step(s) each under torch.profiler, then their traces"))
     display.stop()
     lines = (out + after + capsys.readouterr().out).splitlines()
-    assert lines[0] == ("      checking resnet50/ddp: waiting on 2 rank(s): 3 check step(s) each, then the "
+    assert lines[0] == ("      checking resnet50/ddp: waiting on 2 rank(s): 3 step(s) each, then the "
                         "single-process reference's 3 step(s) (at most 612 s)"), lines
     still = [ln for ln in lines if ln.startswith("      still checking resnet50/ddp after ")]
-    assert still and still[0].endswith("s (waiting on 2 rank(s): 3 check step(s) each, then the single-process "
+    assert still and still[0].endswith("s (waiting on 2 rank(s): 3 step(s) each, then the single-process "
                                        "reference's 3 step(s); at most 612 s)"), lines
     assert ("      timing resnet50, one group: 2 variant(s) interleaved (plain, ddp), 6 round(s) x 5 step(s): "
             "waiting on 2 rank(s): 2 warm-up step(s) per variant, then 6 round(s) x 2 variant(s) x 5 step(s) "

@@ -374,8 +374,9 @@ class BusyMarks:
 
 
 def _summary_rows(rows: list[CaseRecord], busy: BusyMarks) -> dict:
-    """The first table of the page: one row per (case, world), in the model tables' order: its verdict, its speedup
-    with its interval and whether it is resolved, its machine (busy or not) and its samples/s."""
+    """The first table of the page: one row per (case, world), in the model tables' order: its speedup with its
+    interval and whether it is resolved, its verdict, its machine (busy or not; the column left out where no row is)
+    and its samples/s."""
     out = []
     for r in rows:
         speedup, speedup_why = _speedup_text(r)
@@ -383,6 +384,10 @@ def _summary_rows(rows: list[CaseRecord], busy: BusyMarks) -> dict:
         cells = [r.case, str(r.world_size), speedup, r.verdict, mark,
                  _ci(r.metrics.samples_per_s, r.metrics.samples_per_s_ci, ".1f") if not r.metrics.empty else "-"]
         out.append((r, cells, {SPEEDUP: speedup_why, MACHINE: mark_why}))
+    col = SUMMARY_HEAD.index(MACHINE)  # left out where no row is busy, as in the model tables
+    if not any(cells[col] for _, cells, _ in out):
+        out = [(r, cells[:col] + cells[col + 1:], why) for r, cells, why in out]
+        return {"head": SUMMARY_HEAD[:col] + SUMMARY_HEAD[col + 1:], "rows": out, "notes": []}
     return {"head": SUMMARY_HEAD, "rows": out, "notes": []}
 
 
