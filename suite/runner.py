@@ -75,7 +75,8 @@ class Progress:
     ``variants`` interleaved for ``rounds`` rounds of ``steps`` steps; on "timed", ``detail`` is "" or why
     it failed), "trace" / "traced" (``case``).  ``seconds``: how long the step took ("checked", "timed", "traced").
     On "check", "timing" and "trace": ``waits``, what the phase waits on, in words ("2 rank(s): 3 step(s)
-    each, then the single-process reference's 3 step(s) over every rank's shard"), and ``bound_s``, the bound on that wait (its call's timeout)."""
+    each, then the single-process reference's 3 step(s) over every rank's shard"), and ``bound_s``, the bound on
+    that wait (its call's timeout)."""
 
     event: str
     model: str
