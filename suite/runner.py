@@ -73,7 +73,10 @@ class Progress:
     ``event``: "check" / "checked" (``case``; ``done`` of ``total`` runnable cases checked, ``detail`` the
     verdict line), "timing" / "timed" (one timing group of ``model``: group ``done`` of ``total``, its
     ``variants`` interleaved for ``rounds`` rounds of ``steps`` steps; on "timed", ``detail`` is "" or why
-    it failed), "trace" / "traced" (``case``).  ``seconds``: how long the step took ("checked", "timed", "traced")."""
+    it failed), "trace" / "traced" (``case``).  ``seconds``: how long the step took ("checked", "timed", "traced").
+    On "check", "timing" and "trace": ``waits``, what the phase waits on, in words ("2 rank(s): 3 step(s)
+    each, then the single-process reference's 3 step(s) over every rank's shard"), and ``bound_s``, the bound on
+    that wait (its call's timeout)."""
 
     event: str
     model: str
@@ -85,6 +88,8 @@ class Progress:
     steps: int = 0
     detail: str = ""
     seconds: float = 0.0
+    waits: str = ""
+    bound_s: float = 0.0
 
 
 def new_run_id() -> str:
@@ -388,6 +393,20 @@ class CaseRunner:
             self.launcher.close()
 
     # ---- check ----------------------------------------------------------------------------
+    def _check_timeout(self, rc: ResolvedCase) -> float:
+        """The bound on a case's check: its ranks' steps, then the reference's (every rank's shard in one process)."""
+        return self.call_timeout(rc.case.model, self.opts.check_steps, variants=self.world + 1)
+
+    def _check_waits(self, rc: ResolvedCase) -> dict:
+        """What a case's check waits on, and its bound (:class:`Progress`'s ``waits`` and ``bound_s``)."""
+        if not self.opts.check:
+            return dict(waits="nothing (--no-check)")
+        if rc.case.model in self._unjudged and rc.config.data_parallel != "none":
+            return dict(waits="nothing (the model's check cannot judge it, said above)")
+        return dict(waits=f"{self.world} rank(s): {self.opts.check_steps} step(s) each, then the single-process "
+                          f"reference's {self.opts.check_steps} step(s) over every rank's shard",
+                    bound_s=self._check_timeout(rc))
+
     def check(self, rc: ResolvedCase) -> Checked:
         """The case's CheckSummary, the exception that stopped it, or None (no check asked)."""
         if not self.opts.check:
@@ -397,7 +416,7 @@ class CaseRunner:
 
         try:
             # every rank's steps, then the reference's (every rank's shard in one process)
-            timeout = self.call_timeout(rc.case.model, self.opts.check_steps, variants=self.world + 1)
+            timeout = self._check_timeout(rc)
             # what the engine built and did in the check's steps is compared with the case's plan there, so the
             # check never passes a case that its own steps show does not do what its name says
             res = run_check(self.launcher, self.workload_spec(rc.case), rc.config, steps=self.opts.check_steps,
@@ -446,8 +465,7 @@ class CaseRunner:
                 dict(workload_spec=self.workload_spec(case), warmup=self.opts.warmup, steps=self.opts.steps,
                      rounds=self.opts.rounds,
                      variants=[{"name": n, "config": configs[n].to_dict()} for n in names]),
-                timeout=self.call_timeout(case.model, self.opts.warmup + self.opts.rounds * self.opts.steps,
-                                          len(names)))
+                timeout=self._timing_timeout(case.model, len(names)))
         finally:
             if sampler is not None:
                 sampler.stop()
@@ -470,11 +488,18 @@ class CaseRunner:
             extra["utilization"] = util
         return {n: dataclasses.replace(t, metrics=dataclasses.replace(t.metrics, **extra)) for n, t in out.items()}
 
+    def _timing_timeout(self, model: str, variants: int) -> float:
+        """The bound on one interleaved timing call: every variant's warm-up and rounds of steps."""
+        return self.call_timeout(model, self.opts.warmup + self.opts.rounds * self.opts.steps, variants)
+
     def _timed(self, model_rcs: list[ResolvedCase], names: list[str], group: int, groups: int) -> dict[str, Timed]:
         """:meth:`_time`, with progress before and after."""
         kw = dict(done=group, total=groups, variants=tuple(names), rounds=self.opts.rounds, steps=self.opts.steps)
         model = model_rcs[0].case.model
-        self._progress("timing", model, **kw)
+        o = self.opts
+        self._progress("timing", model, bound_s=self._timing_timeout(model, len(names)),
+                       waits=f"{self.world} rank(s): {o.warmup} warm-up step(s) per variant, then {o.rounds} round(s) "
+                             f"x {len(names)} variant(s) x {o.steps} step(s)", **kw)
         t0 = time.perf_counter()
         try:
             out = self._time(model_rcs, names)
@@ -605,7 +630,7 @@ class CaseRunner:
             for rc in model_rcs:
                 t0 = time.perf_counter()
                 self._progress("check", rc.case.model, case=rc.case.name, done=self._checks[0],
-                               total=self._checks[1])
+                               total=self._checks[1], **self._check_waits(rc))
                 checks[rc.case.name] = res = self.check(rc)
                 self._checks[0] += 1
                 line = self._check_line(res)
@@ -628,7 +653,9 @@ class CaseRunner:
                          f"{(rec.error or '').splitlines()[0] if rec.error else 'see its record'}")
             if self.opts.trace_steps and rec.status == "ok":
                 try:
-                    self._progress("trace", rc.case.model, case=rc.case.name, steps=self.opts.trace_steps)
+                    self._progress("trace", rc.case.model, case=rc.case.name, steps=self.opts.trace_steps,
+                                   waits=f"{self.world} rank(s): {self.opts.trace_steps} traced step(s) each under "
+                                         f"torch.profiler, then their traces", bound_s=self._trace_timeout(rc))
                     self.trace(rc, rec)
                 except KeyboardInterrupt:  # the timings stand: every record of the group, without further traces
                     rec.metrics = dataclasses.replace(rec.metrics, trace_error="interrupted while tracing")
@@ -670,6 +697,9 @@ class CaseRunner:
             yield self.run_model([rc for rc in runnable if rc.case.model == model], _progress)
 
     # ---- traces and prepared cases ---------------------------------------------------------------
+    def _trace_timeout(self, rc: ResolvedCase) -> float:
+        return self.call_timeout(rc.case.model, self.opts.trace_steps + 1)
+
     def trace(self, rc: ResolvedCase, rec: CaseRecord) -> None:
         """A few traced steps of the case on every rank, written into ``traces/RUN_ID/CASE@WORLD/`` (the record's
         ``trace_file``): each rank's torch.profiler trace (``rank<R>.pt.trace.json``, gzipped over
@@ -678,7 +708,7 @@ class CaseRunner:
         try:
             answers = self.launcher.run(trace_on_rank, dict(workload_spec=self.workload_spec(rc.case),
                                                             config=rc.config.to_dict(), steps=self.opts.trace_steps),
-                                        timeout=self.call_timeout(rc.case.model, self.opts.trace_steps + 1))
+                                        timeout=self._trace_timeout(rc))
         except Exception as exc:  # noqa: BLE001 - the timing stands; the trace is reported missing
             self.recover(exc)
             rec.metrics = dataclasses.replace(rec.metrics, trace_error=short_error(exc))

@@ -901,3 +901,82 @@ def test_a_total_budget_is_shared_out_and_left_over_time_goes_to_inconclusive_ca
     script.update(a=["same"], b=["inconclusive"], c=["same"])
     compare_all(["a", "b", "c"], compare, SeqOptions(budget_s=50.0))
     assert calls == [("a", 50.0), ("b", 50.0), ("c", 50.0)]
+
+
+def _percent(text: str, after: str) -> float:
+    """The percentage right after ``after`` in ``text`` ("at least 5.6%" -> 0.056)."""
+    import re
+
+    found = re.search(re.escape(after) + r"\s*([0-9.]+)%", text)
+    assert found is not None, (after, text)
+    return float(found.group(1)) / 100
+
+
+@pytest.mark.parametrize("want", ["slower", "not slower", "faster", "same", "inconclusive"])
+def test_the_verdict_and_the_sentence_beside_it_agree(want):
+    """Issue 46.4: "slower, 1.114 [1.056, 1.175]" stood beside "could have caught ≥ 17.3%" (what a comparison
+    like it catches 95% of the time: this one caught less, by luck).  Each outcome of a seeded comparison (the
+    sequential rule as `ab` runs it), said as `ab` says it (trials: describe_verdict with the comparison's
+    power_statement) and in its table's cell: a decided verdict states what its own interval caught or rules
+    out, never a power beyond it; inconclusive states what it could have caught, more than its estimate."""
+    import numpy as np
+
+    from suite.ab.stats import SeqOptions, Sequential, describe_verdict, power_sentence
+    from suite.ab.trials import AbReport, CaseOutcome, format_table
+
+    opts = SeqOptions(delta=0.02, threshold=0.05, rotate=2, min_pairs=4, seed=1)
+    effect, sd = {"slower": (0.10, 0.03), "not slower": (-0.10, 0.03), "faster": (-0.10, 0.0005),
+                  "same": (0.0, 0.00005), "inconclusive": (0.02, 0.03)}[want]
+    rng = np.random.default_rng(3)
+    s = Sequential(opts)
+    for i in range(12 if want == "inconclusive" else 400):  # inconclusive: the budget spent after 6 pairs
+        if s.add(rng.normal(math.log1p(effect), sd), progress=i / 400) is not None:
+            break
+    assert s.finish() == want, (s.ratio, s.ratio_ci, len(s.d))
+    lo, hi = s.ratio_ci
+    text = describe_verdict(s.verdict, s.ratio, s.ratio_ci, opts.delta, threshold=opts.threshold,
+                            power=s.power_statement())
+    assert text.startswith(want + ":") or text.startswith(f"{want} by"), text
+    cell = power_sentence(want, s.ratio_ci, s.detectable)[0]
+    outcome = CaseOutcome("mlp/plain", 2, verdict=want, ratio=s.ratio, ci=s.ratio_ci, blocks=len(s.d),
+                          detectable_slowdown=s.detectable if s.detectable < 1 else None)  # as trials records it
+    table = format_table(AbReport({}, {}, {}, cases=[outcome]))
+    assert cell in table.splitlines()[1], (cell, table)
+    if want == "slower":  # the old sentence's number was above what this comparison caught
+        assert s.detectable > s.ratio - 1, (s.detectable, s.ratio)
+        caught = _percent(text, "caught a slowdown of at least")
+        assert caught == pytest.approx(lo - 1, abs=5e-4) and 0 < caught < s.ratio - 1, text
+        assert cell == f"caught ≥ {lo - 1:.1%}"
+    elif want == "not slower":
+        ruled = 0.0 if "rules out any slowdown" in text else _percent(text, "rules out a slowdown of")
+        assert ruled == pytest.approx(max(hi - 1, 0), abs=5e-4) and ruled < opts.threshold, text
+    elif want == "faster":
+        faster = _percent(text, "faster by at least")
+        assert "rules out any slowdown" in text and faster == pytest.approx(1 - hi, abs=5e-4), text
+        assert faster > opts.delta - 0.0005 and cell == "rules out any"
+    elif want == "same":
+        far = _percent(text, "rules out a change beyond ±")
+        assert far == pytest.approx(max(1 - lo, hi - 1), abs=5e-4) and far <= opts.delta, text
+    else:  # nothing caught: the slowdown it could have caught is more than its estimate, and than the threshold
+        could = _percent(text, "could have caught ≥") if "≥" in text else math.inf
+        assert could > s.ratio - 1 and could >= opts.threshold, text
+        assert "could have caught" in text and cell.startswith(("could catch ≥", "nothing < 100%")), (text, cell)
+    if want != "inconclusive":
+        assert "could have caught" not in text and "could catch" not in table, (text, table)
+
+
+def test_identical_revisions_state_nothing_to_catch_and_junit_says_inconclusive_once():
+    """The sixth outcome, identical (the same commit or tree: nothing timed), has nothing to catch; and the JUnit
+    text of an inconclusive comparison says so once ("inconclusive: inconclusive: ..." before)."""
+    from suite.ab.stats import describe_verdict, power_sentence
+    from suite.ab.trials import CaseOutcome
+    from suite.report.junit import ab_cases
+
+    cell, said = power_sentence("identical", (math.nan, math.nan))
+    assert cell == "-" and said == "nothing to catch: the same code on both sides, nothing timed"
+    summary = describe_verdict("inconclusive", 1.02, (0.98, 1.07), 0.02, threshold=0.05,
+                               power=power_sentence("inconclusive", (0.98, 1.07), 0.09)[1])
+    (case,) = ab_cases([CaseOutcome("mlp/plain", 2, verdict="inconclusive", summary=summary)])
+    assert case.message == summary and case.message.count("inconclusive") == 1, case.message
+    words = case.message.replace(":", " ").replace(";", " ").split()
+    assert all(a != b for a, b in zip(words, words[1:])), case.message  # no word said twice in a row

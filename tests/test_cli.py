@@ -118,6 +118,22 @@ def test_the_runner_reports_progress_per_check_and_per_timing_group():
                     ("timing", "resnet", "", 1, 1), ("timed", "resnet", "", 1, 1)], seen
     timing = [p for p in events if p.event == "timing"][0]
     assert timing.variants == ("plain", "overlap") and (timing.rounds, timing.steps) == (3, 4)
+    # what each phase waits on, and the bound on that wait (issue 46.7): the call's own timeout
+    assert timing.waits == ("2 rank(s): 2 warm-up step(s) per variant, then 3 round(s) x 2 variant(s) x 4 step(s)"
+                            ) and timing.bound_s == runner._timing_timeout("mlp", 2) > 0, timing
+    assert [p.waits for p in events if p.event == "check"] == ["nothing (--no-check)"] * 3
+    checking = CaseRunner(FakeLauncher(), 2, RunOptions(check_steps=3, timeout=77.0), metadata={"torch": "test"})
+    assert checking._check_waits(_rc("mlp/overlap")) == {
+        "waits": "2 rank(s): 3 step(s) each, then the single-process reference's 3 step(s) over every rank's shard",
+        "bound_s": 77.0}
+    events.clear()  # a trace (the fake ranks cannot trace: its error is recorded, the events come all the same)
+    runner = CaseRunner(FakeLauncher(), 2, RunOptions(check=False, utilization=False, trace_steps=2, timeout=50.0),
+                        metadata={"torch": "test"}, on_progress=events.append)
+    (rec,) = [r for batch in runner.run([_rc("mlp/plain")]) for r in batch]
+    traced = [(p.event, p.waits, p.bound_s) for p in events if p.event.startswith("trac")]
+    assert traced == [("trace", "2 rank(s): 2 traced step(s) each under torch.profiler, then their traces", 50.0),
+                      ("traced", "", 0.0)], traced
+    assert rec.metrics.trace_error, rec.metrics
     # a failed interleaved timing is reported, then each case timed alone
     events.clear()
     runner = CaseRunner(FakeLauncher(fail_interleaved=True), 2, RunOptions(check=False, utilization=False),
@@ -127,6 +143,48 @@ def test_the_runner_reports_progress_per_check_and_per_timing_group():
     assert timed == [(("plain", "overlap", "fusion"), True), (("plain",), False), (("plain", "overlap"), False),
                      (("plain", "fusion"), False)], timed
     assert "rank(s) [1] died" in [p for p in events if p.event == "timed"][0].detail
+
+
+def test_without_a_terminal_each_phase_says_what_it_waits_on_and_a_long_one_says_it_is_still_waiting(capsys):
+    """Issue 46.7 (a CPU resnet50 case: 95 s in its check, 137 s in its timing, and nothing said meanwhile): one line
+    as each phase starts, with what it waits on and the bound on the wait, and a "still ..." line every heartbeat
+    while it runs; none once it has ended."""
+    import time
+
+    from suite.cli.run import RunDisplay
+    from suite.runner import Progress
+
+    display = RunDisplay(live=False, heartbeat_s=0.05)
+    check = Progress("check", "resnet50", case="resnet50/ddp", done=0, total=2, bound_s=612.0,
+                     waits="2 rank(s): 3 step(s) each, then the single-process reference's 3 step(s)")
+    display.event(check)
+    out, deadline = "", time.monotonic() + 30  # a heartbeat thread on a loaded machine: wait for its line, bounded
+    while "still checking" not in out and time.monotonic() < deadline:
+        time.sleep(0.05)
+        out += capsys.readouterr().out
+    display.event(Progress("checked", "resnet50", case="resnet50/ddp", done=1, total=2, seconds=95.0))
+    after = capsys.readouterr().out
+    time.sleep(0.3)  # the phase ended: no more heartbeats
+    assert "still" not in capsys.readouterr().out
+    timing = Progress("timing", "resnet50", done=1, total=1, variants=("plain", "ddp"), rounds=6, steps=5,
+                      waits="2 rank(s): 2 warm-up step(s) per variant, then 6 round(s) x 2 variant(s) x 5 step(s)",
+                      bound_s=900.0)
+    display.event(timing)
+    display.event(Progress("trace", "resnet50", case="resnet50/ddp", steps=2, bound_s=601.0,
+                           waits="2 rank(s): 2 traced step(s) each under torch.profiler, then their traces"))
+    display.stop()
+    lines = (out + after + capsys.readouterr().out).splitlines()
+    assert lines[0] == ("      checking resnet50/ddp: waiting on 2 rank(s): 3 step(s) each, then the "
+                        "single-process reference's 3 step(s) (at most 612 s)"), lines
+    still = [ln for ln in lines if ln.startswith("      still checking resnet50/ddp after ")]
+    assert still and still[0].endswith("s (waiting on 2 rank(s): 3 step(s) each, then the single-process "
+                                       "reference's 3 step(s); at most 612 s)"), lines
+    assert ("      timing resnet50, one group: 2 variant(s) interleaved (plain, ddp), 6 round(s) x 5 step(s): "
+            "waiting on 2 rank(s): 2 warm-up step(s) per variant, then 6 round(s) x 2 variant(s) x 5 step(s) "
+            "(at most 900 s)") in lines, lines
+    assert ("      tracing resnet50/ddp (2 step(s)): waiting on 2 rank(s): 2 traced step(s) each under "
+            "torch.profiler, then their traces (at most 601 s)") in lines, lines
+    assert display._beat is None  # stopped with the display
 
 
 def test_the_runner_does_not_import_rich():
@@ -193,3 +251,59 @@ def test_the_run_table_calls_no_speedup_from_3_rounds_resolved(capsys):
     rows = {ln.split()[1]: ln for ln in capsys.readouterr().out.splitlines() if "mlp/" in ln}
     assert "0.80 [0.70, 0.90] not resolved (3 rounds)" in rows["mlp/fetch_10"], rows
     assert "0.80 [0.70, 0.90]" in rows["mlp/overlap"] and "not resolved" not in rows["mlp/overlap"], rows
+
+
+def test_a_fake_timing_whose_rounds_disagree_is_not_resolved_and_a_busy_window_marks_its_row(monkeypatch, capsys):
+    """Issue 46.2: mlp/overlap's rounds are 2x but one (0.5x): its interval alone sits above 1, its rounds
+    disagree, so the table does not call it resolved and the record says why; mlp/fusion, 2x in every round, is
+    resolved.  mlp's windows were busy (others took 40% of the CPU): its rows are marked, with the reason under
+    the table; resnet's were quiet: no mark."""
+    from suite.cli.run import print_table
+    from suite.measure.timing import RankTiming
+    from suite.run_spec import RunOptions
+    from suite.runner import CaseRunner, free_memory_on_rank
+    from tests.test_runner import _rc
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.5, 0.5, 0.5))  # this machine's own load is not the test's
+    windows = {"plain": [1.0] * 6, "overlap": [0.5, 0.48, 0.52, 2.0, 0.5, 0.49],
+               "fusion": [0.5, 0.49, 0.51, 0.5, 0.48, 0.52]}
+
+    class Launcher:
+        nproc = 2
+        calls = 0
+
+        def run(self, fn, kwargs=None, timeout=None):
+            if fn is free_memory_on_rank:
+                return [2**40, 2**40]
+            Launcher.calls += 1
+            busy = Launcher.calls == 1  # the first model's windows (mlp) were busy, resnet's quiet
+            machine = {"cpu_s": 0.5, "host_busy_s": 5.0 if busy else 1.05, "host_total_s": 10.0, "host": "h"}
+            return [RankTiming.from_dict({"rank": rank, "variants": {v["name"]: {
+                "windows": windows[v["name"]], "step_times": [w / 2 for w in windows[v["name"]] for _ in (0, 1)],
+                "losses": [1.0, 0.9], "threads": 1, "comm_calls_per_step": {}, "comm_bytes_per_step": {},
+                "host_syncs": 0, "describe": {}, "machine": machine} for v in kwargs["variants"]}})
+                for rank in range(2)]
+
+    runner = CaseRunner(Launcher(), 2, RunOptions(check=False, utilization=False, rounds=6, steps=2),
+                        metadata={"torch": "test"})
+    records = [r for batch in runner.run([_rc("mlp/plain"), _rc("mlp/overlap"), _rc("mlp/fusion"),
+                                          _rc("resnet/plain"), _rc("resnet/fusion")]) for r in batch]
+    by = {r.case: r for r in records}
+    overlap, fusion = by["mlp/overlap"].metrics, by["mlp/fusion"].metrics
+    assert overlap.speedup_ci[0] > 1, overlap.speedup_ci  # the interval alone would say resolved
+    assert overlap.speedup_consistent is False and overlap.speedup_disagreement.startswith(
+        "rounds disagree: round 4 (0.50) on the other side of 1"), overlap.speedup_disagreement
+    assert fusion.speedup_consistent is True and fusion.speedup_disagreement is None
+    assert by["mlp/plain"].metrics.speedup_consistent is None  # the baseline against itself: nothing judged
+    print_table(records)
+    out = capsys.readouterr().out
+    rows = {ln.split()[1]: ln for ln in out.splitlines() if "mlp/" in ln or "resnet/" in ln}
+    assert "not resolved (rounds disagree)" in rows["mlp/overlap"], out
+    assert "not resolved" not in rows["mlp/fusion"] and "2.00 [" in rows["mlp/fusion"], out
+    for case in ("mlp/plain", "mlp/overlap", "mlp/fusion"):
+        assert "busy [1]" in rows[case], (case, out)
+    for case in ("resnet/plain", "resnet/fusion"):
+        assert "busy" not in rows[case], (case, out)
+    notes = [ln for ln in out.splitlines() if ln.startswith("[1] ")]
+    assert notes == ["[1] machine busy: timings unreliable (other processes took 40% of the CPU during the windows "
+                     "(over 10%))"], out

@@ -405,7 +405,8 @@ def test_the_table_names_its_columns_for_what_they_hold_and_each_row_its_outcome
     out = capsys.readouterr().out
     lines = out.splitlines()
     header = next(ln for ln in lines if ln.split()[:1] == ["case"]).split()
-    assert header[-5:] == ["could_catch", "verdict", "check", "structure", "status"] and "change" not in header, header
+    assert header[-6:] == ["could_catch", "verdict", "check", "structure", "status", "machine"] and \
+        "change" not in header, header
     rows = {ln.split()[0]: ln for ln in lines if ln.split()[:1] and ln.split()[0].startswith("mlp/")}
     expect = {"mlp/same": ("not slower", "ok"), "mlp/slow": ("slower", "regression"),
               "mlp/few": ("undecided", "undecided"), "mlp/gone": ("only in BASE", "not compared")}
@@ -413,6 +414,9 @@ def test_the_table_names_its_columns_for_what_they_hold_and_each_row_its_outcome
         row = rows[case]
         assert row.rstrip().endswith(status) and f" {verdict} " in row, (case, row)
     assert "pass -> pass" in rows["mlp/same"] and "pass -> -" in rows["mlp/gone"]
+    # the could_catch cell agrees with its verdict (issue 46.4): what the interval caught or rules out, not a power
+    # beside "slower" that reads as more than it caught
+    assert " caught ≥ " in rows["mlp/slow"] and " rules out " in rows["mlp/same"], (rows["mlp/slow"], rows["mlp/same"])
     for case in ("mlp/same", "mlp/slow", "mlp/few"):
         speedup, lo, hi = re.search(r" (\d\.\d+) \[(\d\.\d+), (\d\.\d+)\] ", rows[case]).groups()
         assert all(len(x.split(".")[1]) == 3 for x in (speedup, lo, hi)), rows[case]
@@ -420,7 +424,7 @@ def test_the_table_names_its_columns_for_what_they_hold_and_each_row_its_outcome
     assert len(p.replace("0.", "", 1).lstrip("0").replace(".", "")) <= 2 or "e-" in p, (p, rows["mlp/same"])
     table = md.read_text().splitlines()
     cells = [c.strip() for c in table[0].strip("|").split("|")]
-    assert cells[-5:] == ["could_catch", "verdict", "check", "structure", "status"], cells
+    assert cells[-6:] == ["could_catch", "verdict", "check", "structure", "status", "machine"], cells
     assert "| regression |" in md.read_text() and "| not compared |" in md.read_text()
     assert main(["compare", str(base), str(head), "--json"]) == 1  # --json keeps its keys
     doc = json.loads(capsys.readouterr().out)
@@ -533,3 +537,28 @@ def test_a_file_compared_with_itself_is_said_first_and_the_header_names_the_runs
     assert main(["compare", str(runs), str(copy), "--json"]) == 0
     out = capsys.readouterr()
     assert [r["change"] for r in json.loads(out.out)["rows"]] == ["identical"] and SAME not in out.err, out
+
+
+def test_a_row_timed_on_a_busy_machine_is_marked_with_its_side_and_the_reason_under_the_table(tmp_path):
+    """Issue 46.2: the busy mark is on the row (which side), its reason a warning naming the row."""
+    from suite.results.compare import compare_sides
+    from suite.results.load import load_side
+    from suite.results.records import read_records
+
+    base, head = tmp_path / "b.jsonl", tmp_path / "h.jsonl"
+    cases = {("mlp/quiet", 2): (noisy(1, 80), "pass"), ("mlp/busy", 2): (noisy(2, 80), "pass")}
+    write_records(base, cases)
+    write_records(head, {k: (noisy(i + 10, 80), v) for i, (k, (_, v)) in enumerate(cases.items())})
+    for path, busy_cases in ((base, {"mlp/busy"}), (head, {"mlp/busy", "mlp/quiet"})):
+        recs = read_records(str(path))
+        path.unlink()
+        for r in recs:
+            extra = {"others_cpu_share": 0.3 if r.case in busy_cases else 0.01, "cpu_cores": 2}
+            r.metrics = type(r.metrics).from_dict(r.metrics.to_dict() | extra)
+            append_record(str(path), r)
+    cmp = compare_sides(load_side(str(base)), load_side(str(head)))
+    machine = {r["case"]: r["machine"] for r in cmp.rows}
+    assert machine == {"mlp/busy": "busy: both", "mlp/quiet": "busy: HEAD"}, machine
+    assert "mlp/quiet@2: HEAD's timings: machine busy: timings unreliable (other processes took 30% of the CPU " \
+           "during the windows (over 10%))" in cmp.warnings, cmp.warnings
+    assert list(cmp.frame()["machine"]) == [machine[r["case"]] for r in cmp.rows]

@@ -305,8 +305,18 @@ def test_report_markdown_and_html_show_hostile_names_as_text(tmp_path, capsys):
     for text in (md, page):
         assert "<script" not in text and "<img src=x" not in text and "<b>" not in text, text
     assert not re.search(r"(?<!\\)\]\(javascript:", md), md  # the link is shown, not made
-    table = [ln for ln in md.splitlines() if ln.startswith("|")]
-    assert len({_unescaped_pipes(ln) for ln in table}) == 1, table  # no row got an extra cell
+    tables: list = []  # runs of consecutive table lines: the summary table, then the model's
+    previous = False
+    for ln in md.splitlines():
+        row = ln.startswith("|")
+        if row and not previous:
+            tables.append([])
+        if row:
+            tables[-1].append(ln)
+        previous = row
+    assert len(tables) >= 2, md
+    for table in tables:
+        assert len({_unescaped_pipes(ln) for ln in table}) == 1, table  # no row got an extra cell
     assert "&lt;script&gt;alert(1)&lt;/script&gt;\\|x" in md
     errors = [ln for ln in md.splitlines() if ln.startswith("- error:")]
     assert len(errors) == 1 and "second line" not in md and "boom \\| &lt;b&gt;" in errors[0], md

@@ -165,7 +165,8 @@ def _table(section: dict) -> dict:
 
 def test_failures_and_errors_come_first_in_colour_with_their_messages(report):
     page = report["page"]
-    assert page.sections[0]["id"] == "problems", [s["id"] for s in page.sections]
+    # the summary table first, the failures beside it (below it in a narrow window: the CSS's flex row wraps)
+    assert [s["id"] for s in page.sections][:2] == ["summary", "problems"], [s["id"] for s in page.sections]
     bad = [p for p in page.problems if {"fail", "error"} & set(p["class"].split())]
     assert [p["case"] for p in bad] == ["mlp/ddp@2", "mlp/fusion@2"]
     assert page.problems[:2] == bad  # before the notes and the cases that did not run
@@ -719,7 +720,8 @@ def test_a_trend_per_case_with_several_runs_and_none_with_one(tmp_path):
     assert "samples/s over runs" in head
     resnet_section = [s for s in page.sections if s["model"] == "resnet"][0]
     assert "samples/s over runs" not in [c for c, _ in resnet_section["tables"][0][0]]
-    row = text[text.index("<td class='narrow-wrap'><span>mlp/</span><wbr><span>overlap"):]
+    row = text[text.index("<td class='narrow-wrap'><span>mlp/</span><wbr><span>overlap",  # its model's table
+                          text.index("data-model='mlp'")):]
     row = row[:row.index("</tr>")]
     svg = row[row.index("<svg"):row.index("</svg>")]
     assert svg.count("<circle") == 3 and svg.count("fill='#fff' stroke='#999'") == 1  # r2's machine was busy
@@ -745,19 +747,23 @@ def test_a_trend_per_case_with_several_runs_and_none_with_one(tmp_path):
 
 JS_KEY_COLUMNS = """<script>
 const vw = document.documentElement.clientWidth, out = {vw, tables: [], images: []};
-for (const table of document.querySelectorAll("section.model table")) {
+for (const table of document.querySelectorAll("#summary table, section.model table")) {
   const heads = [...table.rows[0].cells], box = el => { const r = el.getBoundingClientRect();
     return [Math.round(r.left), Math.round(r.right)]; };
   const col = heads.findIndex(h => h.textContent.startsWith("speedup vs plain"));
   const cells = [...table.rows].map(r => [box(r.cells[0]), box(r.cells[col])]);
   const scroller = table.parentElement, left = scroller.getBoundingClientRect().left;
   scroller.scrollLeft = 100000;  // scrolled sideways as far as it goes: the case column stays
-  out.tables.push({model: table.closest("section").dataset.model, head: [heads[0].textContent, heads[col].textContent],
+  const section = table.closest("section");
+  out.tables.push({model: section.dataset.model || section.id, head: [heads[0].textContent, heads[col].textContent],
                    cells, scrolled: scroller.scrollLeft, caseAfterScroll: box(heads[0]), left: Math.round(left)});
 }
 for (const img of document.querySelectorAll("img")) out.images.push([img.getAttribute("src"),
   Math.round(img.getBoundingClientRect().width), +img.getAttribute("width")]);
 out.page = document.documentElement.scrollWidth;
+const rect = sel => { const r = document.querySelector(sel).getBoundingClientRect(), at = Math.round;
+  return {top: at(r.top), bottom: at(r.bottom), left: at(r.left), right: at(r.right)}; };
+out.first = {summary: rect("#summary table"), problems: rect("#problems")};
 parent.postMessage(JSON.stringify(out), "*");
 </script>"""
 # headless Chromium's window is never narrower than 500 px: the page is measured in a frame as wide as asked
@@ -769,7 +775,8 @@ FRAME = """<html><body style='margin:0'><iframe src='probe.html' style='width:{w
 @pytest.mark.parametrize("width", [420, 1400])
 def test_the_case_and_its_speedup_are_in_view_at_420_px_in_chromium(tmp_path, width):
     """The report (several runs, long variant names, a failed case, every model's table) in headless Chromium at 420
-    and 1400 px: every table's case and speedup columns, header and cells, lie inside the window without scrolling;
+    and 1400 px: the summary table opens the page, the failures beside it (at 1400 px) or under it (at 420 px); every
+    table's case and speedup columns, header and cells, lie inside the window without scrolling;
     scrolled sideways, a table keeps its case column in view; the page does not scroll sideways; the plots are shown
     at three quarters of their size or more (their text stays legible)."""
     import json
@@ -803,7 +810,14 @@ def test_the_case_and_its_speedup_are_in_view_at_420_px_in_chromium(tmp_path, wi
     seen = json.loads(attrs["data-boxes"])
     vw = seen["vw"]
     assert width - 20 <= vw <= width, seen  # the window is as narrow as asked
-    assert [t["model"] for t in seen["tables"]] == ["mlp", "resnet", "transformer"], seen
+    assert [t["model"] for t in seen["tables"]] == ["summary", "mlp", "resnet", "transformer"], seen
+    # the first screen: the summary table at the top; the failures beside it at 1400 px, under it at 420 px
+    first = seen["first"]
+    assert first["summary"]["top"] < 250, first
+    if width == 1400:
+        assert first["problems"]["left"] >= first["summary"]["right"] and first["problems"]["top"] < 250, first
+    else:
+        assert first["problems"]["top"] >= first["summary"]["bottom"], first
     for t in seen["tables"]:
         assert t["head"][0] == "case" and t["head"][1].startswith("speedup vs plain"), t
         for (case_l, case_r), (sp_l, sp_r) in t["cells"]:
@@ -815,3 +829,47 @@ def test_the_case_and_its_speedup_are_in_view_at_420_px_in_chromium(tmp_path, wi
         assert svg_size(str(out / src))[0] * 1.25 == pytest.approx(attr, abs=1), (src, attr)
         assert shown >= 0.75 * attr / 1.25 and shown == min(attr, vw - (32 if width > 600 else 16)), (src, shown)
     assert seen["images"], seen
+
+
+def test_the_first_table_is_every_case_s_verdict_speedup_and_machine_with_the_failures_beside_it(tmp_path):
+    """Issue 46.8: the page opens on the summary table, one row per case in the model tables' order (verdict,
+    speedup with its interval and whether it is resolved, machine, samples/s), the failures in the same row of the
+    layout; issue 46.2: a case whose rounds disagree says so (the reason on hover), a case whose windows were busy
+    is marked "busy [1]" there and in its model's table, the reason as footnote [1] under the summary table."""
+    busy = {"others_cpu_share": 0.4, "cpu_cores": 2, "load_avg_start": 0.1, "load_avg_end": 0.1}
+    recs = [_spd("mlp/plain", 1.0, [1.0, 1.0]), _spd("mlp/overlap", 2.0, [1.2, 2.1]),
+            _spd("mlp/fusion", 1.3, [1.1, 1.5], verdict="fail"), _spd("resnet/plain", 1.0, [1.0, 1.0]),
+            _spd("resnet/overlap", 0.8, [0.7, 0.9])]
+    disagreement = "rounds disagree: round 4 (0.50) on the other side of 1; without round 1 (2.00) the other ..."
+    recs[1].metrics = dataclasses.replace(recs[1].metrics, speedup_consistent=False,
+                                          speedup_disagreement=disagreement)
+    for r in recs[3:]:
+        r.metrics = type(r.metrics).from_dict(r.metrics.to_dict() | busy)
+    page, text, md = _build(tmp_path, recs)
+    assert [s["id"] for s in page.sections][:2] == ["summary", "problems"]
+    assert text.index("<div class='first'>") < text.index("<section id='summary'>") < text.index(
+        "<section id='problems'>") < text.index("</div>\n<section id='metadata'>")
+    summary = _section(page, "summary")
+    rows = summary["tables"][0]
+    assert [c for c, _ in rows[0]] == ["case", "world", "speedup vs plain [95% CI]", "verdict", "machine",
+                                       "samples/s [95% CI]"]
+    cells = {r[0][0]: r for r in rows[1:]}
+    in_models = [r[0][0] for s in page.sections if s["class"] == "model" for r in s["tables"][0][1:]]
+    assert list(cells) == in_models and sorted(in_models) == sorted(r.case for r in recs), (list(cells), in_models)
+    assert cells["mlp/overlap"][2][0] == "2.00× [1.20, 2.10] not resolved (rounds disagree)"
+    assert cells["mlp/overlap"][2][1].get("title") == disagreement  # the reason on hover
+    assert cells["resnet/overlap"][2][0] == "0.80× [0.70, 0.90]" and cells["mlp/plain"][2][0] == "1 (the baseline)"
+    assert cells["mlp/fusion"][3][0] == "fail"
+    for case in ("mlp/plain", "mlp/overlap", "mlp/fusion"):
+        assert cells[case][4][0] == "", case
+    reason = "machine busy: timings unreliable (other processes took 40% of the CPU during the windows (over 10%))"
+    for case in ("resnet/plain", "resnet/overlap"):
+        assert cells[case][4][0] == "busy [1]" and cells[case][4][1].get("title") == reason, cells[case]
+    assert f"[1] {reason}" in summary["text"]
+    resnet = _table([s for s in page.sections if s["model"] == "resnet"][0])
+    assert resnet[("resnet/overlap", 2)]["machine"] == ("busy [1]", {"class": "busy", "title": reason})
+    mlp = _table([s for s in page.sections if s["model"] == "mlp"][0])
+    assert "machine" not in mlp[("mlp/plain", 2)]  # no busy row: the column is left out
+    # the Markdown opens the same way: the summary table, then the failures
+    assert md.index("## Summary") < md.index("| resnet/overlap | 2 | 0.80× \\[0.70, 0.90\\] | pass | busy \\[1\\] |") \
+        < md.index("## Failures and errors") < md.index("## Runs"), md

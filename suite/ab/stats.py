@@ -42,9 +42,13 @@ interval a Student t interval over the pairs (:func:`pair_interval`), looked at 
 from ``min_pairs`` on.  Yuen's interval over the blocks (:func:`interval`) is only the report's, for
 a comparison that ended before two whole pairs.
 
-Power (:func:`detectable_slowdown`): every verdict states the smallest slowdown the comparison would have
-called "slower" with probability ``POWER`` (95%), from its own spread (at its 95% upper confidence bound) and
-number of samples, or, past 100%, how many samples it would take (:func:`describe_power`).
+Power (:func:`detectable_slowdown`): every comparison records the smallest slowdown it would have called
+"slower" with probability ``POWER`` (95%), from its own spread (at its 95% upper confidence bound) and number of
+samples, or, past 100%, how many samples it would take (:func:`describe_power`).  The sentence beside a verdict
+(:func:`power_sentence`) agrees with it: a decided verdict states what its interval caught or rules out (a
+"slower, 1.114 [1.056, 1.175]" beside "could have caught ≥ 17.3%" read as a contradiction: the statement is of
+what would be caught 95% of the time, and a smaller slowdown is caught less often, as this one was); an
+inconclusive one states what it could have caught, which is more than its estimate (its interval reaches 1).
 """
 from __future__ import annotations
 
@@ -60,7 +64,7 @@ from ..run_spec import SeqOptions  # the settings' data (suite/run_spec.py); the
 
 __all__ = ["SeqOptions", "Sequential", "block_log_ratio", "interval", "pair_interval", "decide", "lag1", "VERDICTS",
            "describe_verdict", "describe_power", "detectable_slowdown", "POWER", "LOOK_GROWTH", "SPEND_RHO",
-           "fmt_ratio", "fmt_span", "needed_samples", "rate_interval"]
+           "fmt_ratio", "fmt_span", "needed_samples", "rate_interval", "power_sentence", "IDENTICAL"]
 
 VERDICTS = ("slower", "not slower", "faster", "same", "inconclusive")
 POWER = 0.95  # of the power statement: the slowdown a comparison would have caught this often
@@ -357,7 +361,12 @@ class Sequential:
         return needed_samples(self.samples, self.opts, self.level)
 
     def power_statement(self) -> str:
-        return describe_power(self.detectable, self.needed, self.unit, len(self.samples), 2)
+        """:func:`power_sentence` of this comparison's verdict (after :meth:`finish`): what its interval caught or
+        rules out, or, inconclusive, what it could have caught."""
+        if self.opts.split is not None:  # bisect's classification against a split: the power alone
+            return describe_power(self.detectable, self.needed, self.unit, len(self.samples), 2)
+        return power_sentence(self.verdict or "inconclusive", self.ratio_ci, self.detectable, self.needed,
+                              self.unit, len(self.samples), 2, delta=self.opts.delta)[1]
 
     @property
     def ratio_ci(self) -> tuple[float, float]:
@@ -388,6 +397,43 @@ def describe_power(detectable: float, needed: int | None = None, unit: str = "sa
     return f"could have caught nothing below 100%: fewer than {max(fewest, have + 1)} {unit}"
 
 
+IDENTICAL = "identical"  # the same commit or tree: answered before any trial (suite/cli/ab.py)
+
+
+def power_sentence(verdict: str, ci: tuple, detectable: float = math.nan, needed: int | None = None,
+                   unit: str = "samples", have: int = 0, fewest: int = 2, delta: float = SeqOptions.delta
+                   ) -> tuple[str, str]:
+    """(the table's cell, the sentence) that stands beside ``verdict``, in words that agree with it.
+
+    A decided verdict rests on its interval ``ci`` (HEAD/BASE step time), so its sentence is the interval's:
+    "slower" caught at least the lower end's slowdown; "not slower" rules out a slowdown of the upper end's or
+    more (any slowdown, where the upper end is below 1); "faster" rules out any (faster by at least the upper end's
+    distance from 1); "same" rules out a change beyond the farther end.  Only "inconclusive" states the power,
+    what the comparison would have caught 95% of the time (:func:`describe_power`): the verdict said nothing was
+    caught, and that slowdown is above the estimate (its interval reaches 1, the statement's distance from 1 is more
+    than the interval's half-width).  "identical": nothing was timed, so nothing was to be caught.  An error: ""."""
+    lo, hi = (float(ci[0]), float(ci[1])) if ci is not None and len(ci) == 2 else (math.nan, math.nan)
+    if verdict == "slower":
+        return f"caught ≥ {lo - 1:.1%}", f"caught a slowdown of at least {lo - 1:.1%} (the interval's lower end)"
+    if verdict == "not slower":
+        if hi <= 1:
+            return "rules out any", f"rules out any slowdown (the interval's upper end {hi:.3f} is below 1)"
+        return f"rules out ≥ {hi - 1:.1%}", f"rules out a slowdown of {hi - 1:.1%} or more (the interval's upper end)"
+    if verdict == "faster":
+        return "rules out any", f"rules out any slowdown: faster by at least {1 - hi:.1%} (the interval's upper end)"
+    if verdict == "same":
+        far = max(1 - lo, hi - 1, 0.0)
+        return f"beyond ±{far:.1%} ruled out", f"rules out a change beyond ±{far:.1%} (the interval's farther end)"
+    if verdict == IDENTICAL:
+        return "-", "nothing to catch: the same code on both sides, nothing timed"
+    if verdict == "inconclusive":
+        said = describe_power(detectable, needed, unit, have, fewest)
+        short = (f"could catch ≥ {detectable:.1%}" if math.isfinite(detectable) and detectable < 1.0
+                 else "nothing < 100%")
+        return short, said
+    return "-", ""
+
+
 def _to_decide(lo: float, hi: float, threshold: float) -> str:
     """What an undecided interval (log scale) lacks, and how many times the samples would give it at this
     spread and estimate: the upper end below log(1+threshold) ("not slower") or the lower end above 0
@@ -407,12 +453,12 @@ def _to_decide(lo: float, hi: float, threshold: float) -> str:
 
 def describe_verdict(verdict: str, ratio: float, ci: tuple, delta: float, detectable: float = math.nan,
                      threshold: float = SeqOptions.threshold, power: str | None = None) -> str:
-    """One line: the verdict, the ratio and interval, why (and the power statement ``power``, or one made from
-    ``detectable``)."""
+    """One line: the verdict, the ratio and interval, why (and the sentence ``power`` beside it, or
+    :func:`power_sentence` of the verdict and ``detectable``: words that agree with the verdict)."""
     lo, hi = ci
     span = f"HEAD/BASE step time {fmt_span(ratio, ci)}"
     if power is None and not math.isnan(detectable):
-        power = describe_power(detectable)
+        power = power_sentence(verdict, ci, detectable, delta=delta)[1]
     power = f"; {power}" if power else ""
     if verdict == "slower":
         return f"slower: {span}, the whole interval above 1{power}"

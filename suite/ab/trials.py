@@ -51,7 +51,7 @@ from .protocol import (
     TrialAnswer,
     _Answer,
 )
-from .stats import Sequential, block_log_ratio, describe_verdict, fmt_span, lag1
+from .stats import Sequential, block_log_ratio, describe_verdict, fmt_span, lag1, power_sentence
 from .worktrees import Worktrees
 
 __all__ = ["CaseOutcome", "AbReport", "NotCompared", "Side", "compare_case", "run_ab", "start_side", "AbInputError",
@@ -103,7 +103,7 @@ class CaseOutcome:
     estimate: float = math.nan  # mean of the pairs' trimmed means of the block log ratios
     # the smallest slowdown (a fraction) this comparison would have called "slower" at 95% (None: none below 100%)
     detectable_slowdown: float | None = None
-    power: str = ""  # the power statement in words (stats.describe_power)
+    power: str = ""  # the sentence beside the verdict (stats.power_sentence: what it caught, rules out or could catch)
     machine: dict = field(default_factory=dict)  # load_avg_start/end, cpu_cores, others_cpu_s/share (busy_reason)
     busy: str | None = None  # "machine busy: timings unreliable (...)", or None
     log_ratios: list = field(default_factory=list)
@@ -355,7 +355,7 @@ def compare_case(base: Side, head: Side, case: str, world: int, opts: RunSpec,
     out.ratio, out.ci, out.estimate = s.ratio, s.ratio_ci, s.estimate
     power = s.detectable
     out.detectable_slowdown = power if math.isfinite(power) and power < 1 else None
-    out.power = s.power_statement()
+    out.power = s.power_statement() if out.verdict != "error" else ""  # an error decided nothing
     if times[base.label]:
         out.base_ms = statistics.median(times[base.label]) * 1e3
         out.head_ms = statistics.median(times[head.label]) * 1e3
@@ -550,12 +550,13 @@ def _options_dict(opts: RunSpec) -> dict:
 
 def format_table(report: AbReport) -> str:
     """The people's table: one line per case, then the structure diffs and why the gate fails."""
-    rows = [("case", "verdict", "HEAD/BASE [interval]", "could catch", "BASE ms", "HEAD ms", "blocks", "s",
+    rows = [("case", "verdict", "HEAD/BASE [interval]", "slowdown", "BASE ms", "HEAD ms", "blocks", "s",
              "structure", "check")]
     for c in report.cases:
         ci = fmt_span(c.ratio, c.ci) if math.isfinite(c.ratio) else "-"
-        power = (f"≥ {c.detectable_slowdown:.1%}" if c.detectable_slowdown is not None
-                 else "nothing < 100%" if c.blocks else "-")
+        # what the verdict's interval caught or rules out; inconclusive: what it could have caught (power_sentence)
+        power = power_sentence(c.verdict, c.ci, c.detectable_slowdown if c.detectable_slowdown is not None
+                               else math.inf)[0] if c.blocks else "-"
         rows.append((f"{c.case}@{c.world}", c.verdict, ci, power, _ms(c.base_ms), _ms(c.head_ms), str(c.blocks),
                      f"{c.seconds:.0f}", "changed" if c.structure_diff else ("identical" if c.check else "-"),
                      c.check or "-"))

@@ -9,8 +9,10 @@ or more? (not slower by it / slower / same within ±delta / faster) or the budge
 spent (inconclusive).  Two revisions that are the same commit, or have the same tree, are
 identical: said at once, nothing timed.  See docs/benchmarks.md.
 
-Every verdict states its power: the smallest slowdown the comparison would have caught at 95%
-("could have caught ≥ 4.1%"; `detectable_slowdown` per case in --json, a fraction).
+Every verdict says, in words that agree with it, what its interval caught or rules out ("caught a slowdown of
+at least 5.6%", "rules out a slowdown of 3.1% or more"), or, inconclusive, the smallest slowdown it could have
+caught at 95% ("could have caught ≥ 4.1%"; `detectable_slowdown` per case in --json, a fraction, for every
+verdict).
 """
 from __future__ import annotations
 
@@ -91,8 +93,8 @@ def add_parser(sub) -> None:
                                         "what would decide it is said); identical (the same commit or tree: nothing "
                                         "timed); besides: structure changed (an exact fact "
                                         "differs; acknowledged when HEAD's structure-changes.toml names it), a check "
-                                        "verdict pass -> fail, an error on HEAD only. Each verdict states the "
-                                        "smallest slowdown it could have caught.",
+                                        "verdict pass -> fail, an error on HEAD only. Each verdict states what "
+                                        "it caught or rules out, or (inconclusive) what it could have caught.",
                                codes={**GATE_CODES,
                                       0: "ok: no case slower (not slower by the threshold, same, faster; or the "
                                          "revisions identical)",

@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,10 +20,11 @@ from ..cases import ALL_TAGS, BASELINE
 from ..cluster.launch import cluster_option, cluster_sets, start_cluster
 from ..config import ConfigError
 from ..measure.metadata import collect
+from ..measure.stats import speedup_unresolved
 from ..measure.utilization import BUSY, BUSY_SHARE, LOAD_MARGIN, busy_reason
 from ..outputs import append_or_fallback, output_problem
 from ..report import junit
-from ..results.records import ResultsFileError, read_records
+from ..results.records import Metrics, ResultsFileError, read_records
 from ..run_spec import RUN_ROUNDS_FOR_95, RunFacts, RunSpec
 from . import helps
 from .checks import oversubscribed, require_nproc
@@ -227,9 +230,8 @@ def main(args) -> int:
                     runner.say(f"  skip  {rec.case}: {rec.error}")
                 elif not rec.metrics.empty and reporter:
                     sp = rec.metrics.speedup  # none without the baseline (it could not run)
-                    ci = rec.metrics.speedup_ci or [None, None]
                     sp_text = "no baseline" if sp is None else f"speedup {sp:.2f}x" + (
-                        " (not resolved)" if "not resolved" in _speedup_cell(sp, ci, rounds=_rounds(rec)) else "")
+                        " (not resolved)" if "not resolved" in _record_speedup(rec) else "")
                     runner.say(f"      {rec.case:{width}s} {rec.samples_per_s:9.1f} samples/s   {sp_text}"
                                f"{_allreduce_counts(rec.describe.engine)}")
                     busy = busy_reason(rec.metrics)
@@ -314,21 +316,30 @@ def _write_junit(path: str, records, seconds: CaseSeconds, world: int) -> bool:
         return False
 
 
+HEARTBEAT_S = 60.0  # a phase that runs longer says so this often (not on a terminal: its live display ticks)
+
+
 class RunDisplay:
     """What a run is doing while it runs (the runner's ``say`` lines and its :class:`~suite.runner.Progress`).
 
     On a terminal (``live``): a rich progress display under the printed lines: cases checked out of all,
     and the current step (the case being checked, or the model group being timed: its variants, rounds and
     steps, with the time elapsed; the ranks time their rounds without reporting each, so rounds are counted
-    done when the group's timing returns).  Otherwise one plain line per step, so CI logs stay readable.
+    done when the group's timing returns).  Otherwise one plain line as each phase starts (a check, a timing group,
+    a trace: what it waits on and the bound on that wait) and ends, and every ``heartbeat_s`` while it runs a
+    "still ..." line with the time so far, so a CI log is never silent for minutes (a CPU resnet50 case spends
+    95 s in its check and 137 s in its timing).
     """
 
-    def __init__(self, live: bool = False, console=None):
+    def __init__(self, live: bool = False, console=None, heartbeat_s: float = HEARTBEAT_S):
         self.live = live
         self.console = console
+        self.heartbeat_s = heartbeat_s
         self._progress: Any = None
         self._cases: Any = None
         self._step: Any = None
+        self._beat: Any = None  # the running phase's heartbeat: (its stop event, its thread)
+        self._lock = threading.Lock()  # the heartbeat's lines and the run's never interleave
 
     def start(self, cases: int) -> None:
         if not self.live:
@@ -344,32 +355,69 @@ class RunDisplay:
         self._progress.start()
 
     def stop(self) -> None:
+        self._quiet()
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
 
     def say(self, msg: str) -> None:
-        if self._progress is not None:
-            self._progress.console.print(msg, markup=False, highlight=False, soft_wrap=True)
-        else:
-            print(msg, flush=True)
+        with self._lock:
+            if self._progress is not None:
+                self._progress.console.print(msg, markup=False, highlight=False, soft_wrap=True)
+            else:
+                print(msg, flush=True)
+
+    def _heartbeat(self, doing: str, p) -> None:
+        """Every ``heartbeat_s`` until the phase ends (:meth:`_quiet`): "still DOING after N s (waiting on ...)"."""
+        self._quiet()
+        if self.live or not self.heartbeat_s > 0:
+            return
+        stop, t0 = threading.Event(), time.monotonic()
+        bound = f"; at most {p.bound_s:.0f} s" if p.bound_s else ""
+
+        def beat() -> None:
+            while not stop.wait(self.heartbeat_s):
+                self.say(f"      still {doing} after {time.monotonic() - t0:.0f} s (waiting on {p.waits}{bound})")
+
+        thread = threading.Thread(target=beat, name="fleetbench-heartbeat", daemon=True)
+        thread.start()
+        self._beat = (stop, thread)
+
+    def _quiet(self) -> None:
+        if self._beat is not None:
+            stop, thread = self._beat
+            stop.set()
+            thread.join(timeout=5)
+            self._beat = None
 
     def event(self, p) -> None:
         group = f"group {p.done}/{p.total}" if p.total > 1 else "one group"
         what = (f"{p.model}, {group}: {len(p.variants)} variant(s) interleaved ({', '.join(p.variants)}), "
                 f"{p.rounds} round(s) x {p.steps} step(s)")
+        waits = f": waiting on {p.waits}" + (f" (at most {p.bound_s:.0f} s)" if p.bound_s else "") if p.waits else ""
+        if p.event in ("checked", "timed", "traced"):
+            self._quiet()
+        elif p.event == "check":
+            self._heartbeat(f"checking {p.case}", p)
+        elif p.event == "timing":
+            self._heartbeat(f"timing {p.model} {group}", p)
+        elif p.event == "trace":
+            self._heartbeat(f"tracing {p.case}", p)
         if p.event == "timed":  # a line on a terminal too
             self.say(f"      timed {p.model} {group} in {p.seconds:.1f}s: "
                      + (f"failed ({p.detail})" if p.detail else f"{p.rounds}/{p.rounds} rounds done"))
         bar = self._progress
         if bar is None:
-            if p.event == "timing":
-                self.say(f"      timing {what} ...")
+            if p.event == "check" and p.bound_s:  # a check that runs (not --no-check, nor one said above)
+                self.say(f"      checking {p.case}{waits}")
+            elif p.event == "timing":
+                self.say(f"      timing {what}{waits}")
             elif p.event == "trace":
-                self.say(f"      tracing {p.case} ({p.steps} step(s))")
+                self.say(f"      tracing {p.case} ({p.steps} step(s)){waits}")
             return
         if p.event == "check":
-            bar.update(self._step, description=f"checking {p.case}", total=None, completed=0)
+            bar.update(self._step, description=f"checking {p.case}" + (f" ({p.waits})" if p.bound_s else ""),
+                       total=None, completed=0)
         elif p.event == "checked":
             bar.update(self._cases, completed=p.done)
         elif p.event == "timing":
@@ -459,12 +507,17 @@ def _count(x) -> str:
     return f"{x:.0f}" if float(x).is_integer() or abs(x) >= 100 else f"{x:.3g}"
 
 
+def _unwrap(text: str) -> str:
+    """"(why (over 10%))" -> "why (over 10%)": the one pair of parentheses around a busy reason, no more."""
+    return text[1:-1] if text.startswith("(") and text.endswith(")") else text
+
+
 def busy_summary(records) -> str | None:
     """The line under run's table when timings were taken on a busy machine (``busy_reason``), or None."""
     busy = [r for r in records if not r.metrics.empty and busy_reason(r.metrics)]
     if not busy:
         return None
-    why = "; ".join(dict.fromkeys(str(busy_reason(r.metrics)).removeprefix(BUSY).strip(" ()") for r in busy))
+    why = "; ".join(dict.fromkeys(_unwrap(str(busy_reason(r.metrics)).removeprefix(BUSY).strip()) for r in busy))
     timed = sum(1 for r in records if not r.metrics.empty)
     return (f"{BUSY} for {len(busy)} of {timed} timed case(s): {why} (the rule: "
             f"others' CPU time over {BUSY_SHARE:.0%} of the machine's during the windows, or a load average above "
@@ -477,21 +530,42 @@ def _rounds(rec) -> int | None:
     return len(windows) if isinstance(windows, list) else None
 
 
-def _speedup_cell(sp, ci, baseline: bool = False, rounds: int | None = None) -> str:
-    """The speedup with its interval; "not resolved" where the interval spans 1 (neither faster nor slower), or
-    where it comes from fewer than RUN_ROUNDS_FOR_95 rounds: such an interval covers less than 95%."""
+def _speedup_cell(sp, ci, baseline: bool = False, rounds: int | None = None, consistent: bool | None = None) -> str:
+    """The speedup with its interval, and why it is not resolved where it is not (``suite.measure.stats``'s
+    ``speedup_unresolved``, the rule the report states too): "not resolved" where the interval spans 1 (neither
+    faster nor slower), "not resolved (N rounds)" where it comes from fewer than RUN_ROUNDS_FOR_95 rounds (such an
+    interval covers less than 95%), "not resolved (rounds disagree)" where its rounds disagree (``consistent``
+    False: the record's ``speedup_consistent``)."""
     if baseline:
         return "1 (the baseline)"
     if not (isinstance(sp, float) and math.isfinite(sp)):
         return "-"
-    if not (ci[0] is not None and ci[1] is not None and math.isfinite(ci[0]) and math.isfinite(ci[1])):
+    why = speedup_unresolved(Metrics(speedup=sp, speedup_ci=list(ci), speedup_consistent=consistent,
+                                     window_s=[math.nan] * rounds if rounds is not None else None))
+    if why == "no interval":
         return f"{sp:.2f} (no interval)"  # one round, or a faulty one
-    cell = f"{sp:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
-    if ci[0] <= 1 <= ci[1]:
-        return cell + " not resolved"
-    if rounds is not None and rounds < RUN_ROUNDS_FOR_95:
-        return cell + f" not resolved ({rounds} rounds)"
-    return cell
+    return f"{sp:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]" + (f" {why}" if why else "")
+
+
+def _record_speedup(r) -> str:
+    """A record's speedup cell (:func:`_speedup_cell` of its metrics)."""
+    m = r.metrics
+    return _speedup_cell(m.speedup, m.speedup_ci or [None, None], rounds=_rounds(r), consistent=m.speedup_consistent,
+                         baseline=r.case.endswith("/" + BASELINE) and r.status == "ok")
+
+
+def busy_marks(records) -> tuple[list[str], list[str]]:
+    """Each record's mark in the table's machine column ("busy [N]" where its windows were busy, ``busy_reason``;
+    "" elsewhere), and the footnotes, one per reason: "[N] machine busy: timings unreliable (why)"."""
+    reasons: dict[str, int] = {}
+    marks = []
+    for r in records:
+        why = busy_reason(r.metrics) if not r.metrics.empty else None
+        if why:
+            marks.append(f"busy [{reasons.setdefault(why, len(reasons) + 1)}]")
+        else:
+            marks.append("")
+    return marks, [f"[{n}] {why}" for why, n in reasons.items()]
 
 
 def print_table(records) -> None:
@@ -499,13 +573,13 @@ def print_table(records) -> None:
     from rich.table import Table
 
     table = Table(title="fleetbench run", show_lines=False)
-    for col in ("case", "verdict", "samples/s", "speedup vs plain", "step ms (median, IQR)", "collectives/step"):
-        table.add_column(col, justify="left" if col in ("case", "verdict") else "right", no_wrap=True)
-    for r in records:
+    for col in ("case", "verdict", "samples/s", "speedup vs plain", "step ms (median, IQR)", "collectives/step",
+                "machine"):
+        table.add_column(col, justify="left" if col in ("case", "verdict", "machine") else "right", no_wrap=True)
+    marks, notes = busy_marks(records)
+    for r, mark in zip(records, marks):
         m = r.metrics
         sps = m.samples_per_s
-        sp = m.speedup
-        ci = m.speedup_ci or [None, None]
         st = m.step_time_s
         calls = m.comm_calls_per_step or {}
         ar = sum(calls.values())  # every collective fleetbench issued (DDP's own are not counted)
@@ -513,13 +587,18 @@ def print_table(records) -> None:
             r.case,
             r.verdict,
             f"{sps:.1f}" if isinstance(sps, float) else "-",
-            _speedup_cell(sp, ci, baseline=r.case.endswith("/" + BASELINE) and r.status == "ok", rounds=_rounds(r)),
+            _record_speedup(r),
             f"{st.median * 1e3:.1f} ({st.iqr * 1e3:.1f})" if st is not None and st.n and st.median is not None
             and st.iqr is not None else "-",
             _count(ar) if not m.empty else "-",
+            mark,
         )
-    Console(width=max(132, os.get_terminal_size(sys.stdout.fileno()).columns if sys.stdout.isatty() else 132)).print(
-        table)
+    console = Console(width=max(160, os.get_terminal_size(sys.stdout.fileno()).columns if sys.stdout.isatty()
+                                else 160))
+    console.print(table)
+    for line in notes:  # the busy rows' reasons, under the table they mark
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
-__all__ = ["add_parser", "main", "command_spec", "print_table", "DEFAULT_RESULTS", "RunDisplay", "busy_summary"]
+__all__ = ["add_parser", "main", "command_spec", "print_table", "DEFAULT_RESULTS", "RunDisplay", "busy_summary",
+           "busy_marks"]

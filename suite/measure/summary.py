@@ -8,7 +8,8 @@ names; the record takes the object as it is) and the engine's ``describe`` (type
 
 - throughput per round (global batch × steps / the slowest rank's window), its median with a
   bootstrap interval, per-step time statistics over every rank's steps;
-- speedup over the baseline, paired round by round (the variants ran interleaved);
+- speedup over the baseline, paired round by round (the variants ran interleaved), and whether its rounds agree
+  with each other (``speedup_consistent``: :func:`suite.measure.stats.round_consistency`);
 - exposed communication (step time − the ``none`` variant's, when it ran) and the bus
   bandwidth over that exposed time (nccl-tests' busbw formula);
 - the first non-finite loss, if any (a non-finite loss is a failed case, named by its step);
@@ -113,7 +114,9 @@ def summarize(answers: Sequence[RankTiming], names: list[str], global_batch: int
         base = window_seconds(answers, baseline)
         for n, m in metrics.items():
             sp = paired_speedup(base, window_seconds(answers, n))
-            metrics[n] = replace(m, speedup=sp["speedup"], speedup_ci=list(sp["ci"]), baseline=baseline)
+            metrics[n] = replace(m, speedup=sp["speedup"], speedup_ci=list(sp["ci"]), baseline=baseline,
+                                 speedup_consistent=sp["consistent"] if n != baseline else None,
+                                 speedup_disagreement=sp["disagreement"] if n != baseline else None)
     if COMPUTE_ONLY in metrics:
         compute = _median_step(metrics[COMPUTE_ONLY])
         for n, m in metrics.items():

@@ -3,7 +3,8 @@ None when there is nothing meaningful to draw (the page then shows no chart rath
 
 - speedup over the plain baseline per model (:func:`speedup_figure`): a ratio chart centred on 1 (log scale,
   as far either side), each case a dot and its paired 95% interval, hollow where the speedup is not resolved
-  (:func:`speedup_unresolved`: the interval spans 1, or fewer rounds than give a 95% interval); speedups are
+  (:func:`speedup_unresolved`, ``suite.measure.stats``'s rule: the interval spans 1, fewer rounds than give a 95%
+  interval, or rounds that disagree); speedups are
   comparable across models, throughputs are not;
 - throughput (samples/s) per model at one world size (:func:`throughput_figure`), one panel per model,
   each on its own axis;
@@ -34,7 +35,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..cases import VARIANTS
-from ..measure.stats import RUN_ROUNDS_FOR_95
+from ..measure.stats import NOT_RESOLVED, RUN_ROUNDS_FOR_95, speedup_unresolved  # the one rule, run's too
 from ..results.gate import CLIP
 from ..results.records import CaseRecord, Metrics, allreduce_total
 from ..results.records import plain as escaped
@@ -50,7 +51,6 @@ MAX_WIDTH_PX = 1300  # no figure is wider than this (the page's window is 1400 p
 WIDTH_IN = 5.0  # every figure's width: 480 px, shown at 388/480 of its size in a 420 px window (text stays legible)
 ROW_IN = 0.24  # one case's row in a horizontal chart
 FONT = 9.0  # tick labels and legends, pt (titles 9.5): 12 px, 9.7 px in a 420 px window
-NOT_RESOLVED = "not resolved"
 BASELINE_VARIANT = "plain"
 COMPUTE_VARIANT = "none"
 # busbw is a bandwidth: it means something only where communication is exposed, measurably, and
@@ -213,25 +213,6 @@ def _interval(ci: object) -> tuple[float, float]:
     return math.nan, math.nan
 
 
-def speedup_unresolved(metrics: Metrics) -> str | None:
-    """Why a case's speedup is not resolved, in the words of ``fleetbench run``'s table (``suite/cli/run.py``'s
-    ``_speedup_cell``; tests/test_report.py checks that they agree), or None where it is resolved (or there is no
-    speedup): "not resolved" where its 95% interval spans 1 (neither faster nor slower), "not resolved (N rounds)"
-    where it comes from fewer than RUN_ROUNDS_FOR_95 rounds (such an interval covers less than 95%: docs/report.md),
-    "no interval" where none was recorded (one round)."""
-    if not math.isfinite(num(metrics.speedup)):
-        return None
-    lo, hi = _interval(metrics.speedup_ci)
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        return "no interval"
-    if lo <= 1 <= hi:
-        return NOT_RESOLVED
-    windows = metrics.window_s  # the rounds the speedup is paired over, as run counts them
-    if isinstance(windows, list) and len(windows) < RUN_ROUNDS_FOR_95:
-        return f"{NOT_RESOLVED} ({len(windows)} rounds)"
-    return None
-
-
 _RATIO_TICKS = (1.05, 1.1, 1.25, 1.5, 2.0, 4.0, 10.0)
 
 
@@ -316,7 +297,8 @@ def speedup_figure(recs: Records, model: str) -> Any:
     handles: list = [Line2D([], [], ls="-", marker="o", color="#444444",
                       label="resolved: the paired 95% interval is apart from 1"),
                Line2D([], [], ls=(0, (2.5, 1.5)), marker="o", color="#666666", mfc="white",
-                      label=f"{NOT_RESOLVED}: the interval spans 1, or under {RUN_ROUNDS_FOR_95} rounds")]
+                      label=f"{NOT_RESOLVED}: the interval spans 1, under {RUN_ROUNDS_FOR_95} rounds, or its rounds "
+                            "disagree")]
     handles += [Patch(color=color[w], label=f"world size {w}") for w in worlds] if several else []
     if any(bad):
         handles.append(Patch(color="#c00000", label="red label: the check failed, or an error"))

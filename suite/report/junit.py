@@ -269,7 +269,9 @@ def ab_cases(comparisons: Iterable[AbComparison], only: Iterable[NotComparedCase
         elif c.verdict == "error":
             out.append(TestCase(name, "fleetbench.ab", "error", c.error or c.summary or "error", c.seconds))
         elif c.verdict == "inconclusive":
-            out.append(TestCase(name, "fleetbench.ab", "skipped", f"inconclusive: {c.summary}", c.seconds))
+            # the summary starts with its verdict ("inconclusive: HEAD/BASE ..."): not said twice
+            why = c.summary if c.summary.startswith("inconclusive") else f"inconclusive: {c.summary}".rstrip(": ")
+            out.append(TestCase(name, "fleetbench.ab", "skipped", why, c.seconds))
         else:
             out.append(TestCase(name, "fleetbench.ab", "passed", "", c.seconds, output=c.summary))
     out += [TestCase(o.case, "fleetbench.ab", "skipped", f"not compared: {o.why}") for o in only]

@@ -7,14 +7,17 @@ trend over the runs the records hold (``trend.py``).
 
 The page, top to bottom (``docs/report.md`` explains how to read it):
 
-1. failures and errors, in colour, each with its messages (the check's, the record's error, why
-   the case was timed alone, a trace that could not be taken); cases that did not run; cases with
-   the same messages share one box, each message's full text one click away (``<details>``);
+1. the first screen: the summary table, one row per case (its speedup over plain with its 95% interval and
+   "not resolved" as ``fleetbench run`` says it, verdict, "busy [N]" where its windows ran on a busy machine,
+   the reasons as footnotes, samples/s), and beside it (under it in a narrow window) the failures and errors, in
+   colour, each with its messages (the check's, the record's error, why the case was timed alone, a trace that
+   could not be taken); cases that did not run; cases with the same messages share one box, each message's full
+   text one click away (``<details>``);
 2. run metadata: commit (and whether the tree was dirty), torch, CUDA, NCCL, device, backend,
    host, size, world size, run id, date: one column per run;
 3. a short "how to read this";
-4. per model: a table (the case and its speedup over plain with its 95% interval first, "not resolved" as
-   ``fleetbench run`` says it; verdict, throughput with its interval and its trend over runs, step time,
+4. per model: a table (the case and its speedup over plain with its 95% interval first; verdict, busy mark,
+   throughput with its interval and its trend over runs, step time,
    exposed communication where it is communication, collectives per step, busbw where it means something,
    footprint and transient peak memory, "no rise" told from "not measured") and a speedup chart centred on 1;
    tables scroll sideways in their own box, the case column staying in view, and at 420 px the case and its
@@ -47,6 +50,7 @@ import urllib.parse
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ..measure.stats import ROUNDS_DISAGREE, RUN_ROUNDS_FOR_95
 from ..measure.utilization import BUSY, busy_reason
 from ..outputs import OutputDir
 from ..results.records import NUMERIC_METRICS, CaseRecord, allreduce_total, jsonable
@@ -316,17 +320,80 @@ def _machine(records: Iterable[CaseRecord]) -> str:
 
 # the key columns first: in a 420 px window the case and its speedup show without scrolling (the case column stays
 # in view when the table scrolls sideways)
-SPEEDUP, TREND = "speedup vs plain [95% CI]", "samples/s over runs"
-HEAD = ["case", "world", SPEEDUP, "verdict", "samples/s [95% CI]", TREND, "step ms median (IQR)",
+SPEEDUP, TREND, MACHINE = "speedup vs plain [95% CI]", "samples/s over runs", "machine"
+HEAD = ["case", "world", SPEEDUP, "verdict", MACHINE, "samples/s [95% CI]", TREND, "step ms median (IQR)",
         "exposed comm ms", "collectives/step", "allreduce MB/step", "busbw GB/s", "footprint MB", "transient peak MB"]
+# the page's first table: every case in one row (the model tables below hold the rest)
+SUMMARY_HEAD = ["case", "world", SPEEDUP, "verdict", MACHINE, "samples/s [95% CI]"]  # the model tables' first four
 MEMORY = ("footprint MB", "transient peak MB")  # a table leaves these out where no row has them
 NO_RISE = "no rise"  # a transient peak measured, and under PEAK_SHOWN: not "-", which is "not measured"
 PEAK_SHOWN = 0.05 * 2**20  # bytes: RSS moves by pages, a rise under this is none
 
 
-def _row(r: CaseRecord, trend: dict | None = None) -> tuple[list[str], dict[str, str]]:
+def _speedup_text(r: CaseRecord) -> tuple[str, str]:
+    """A record's speedup cell ("1.07× [0.73, 2.64] not resolved", as ``fleetbench run`` decides it:
+    ``suite.measure.stats.speedup_unresolved``) and why it is not resolved, in words for its hover ("" where it
+    is, or where it has none)."""
+    from . import figures as F
+
+    m = r.metrics
+    if m.empty:
+        return "-", ""
+    if F.variant_of(r.case) == F.BASELINE_VARIANT and math.isfinite(F.num(m.speedup)):
+        return "1 (the baseline)", ""
+    unresolved = F.speedup_unresolved(m)
+    text = _ci(m.speedup, m.speedup_ci, ".2f", "×") + (f" {unresolved}" if unresolved else "")
+    if not unresolved:
+        return text, ""
+    if unresolved == F.NOT_RESOLVED:
+        return text, "the 95% interval contains 1: no measured difference"
+    if unresolved == "no interval":
+        return text, "one round: no interval"
+    if unresolved.endswith(f"({ROUNDS_DISAGREE})"):
+        return text, m.speedup_disagreement or f"{ROUNDS_DISAGREE}: the interval rests on one round"
+    return text, f"fewer rounds than give a 95% interval ({RUN_ROUNDS_FOR_95}): this one covers the median less often"
+
+
+class BusyMarks:
+    """The page's "busy [N]" marks: one number per reason a case's windows were busy (``busy_reason``), the same
+    in every table of the page, the reasons as footnotes under the summary table (and on hover)."""
+
+    def __init__(self) -> None:
+        self.reasons: dict[str, int] = {}
+
+    def mark(self, r: CaseRecord) -> tuple[str, str]:
+        """("busy [N]", the reason) where the record's windows were busy, else ("", "")."""
+        why = busy_reason(r.metrics) if not r.metrics.empty else None
+        if not why:
+            return "", ""
+        return f"busy [{self.reasons.setdefault(why, len(self.reasons) + 1)}]", why
+
+    @property
+    def notes(self) -> list[str]:
+        return [f"[{n}] {why}" for why, n in self.reasons.items()]
+
+
+def _summary_rows(rows: list[CaseRecord], busy: BusyMarks) -> dict:
+    """The first table of the page: one row per (case, world), in the model tables' order: its speedup with its
+    interval and whether it is resolved, its verdict, its machine (busy or not; the column left out where no row is)
+    and its samples/s."""
+    out = []
+    for r in rows:
+        speedup, speedup_why = _speedup_text(r)
+        mark, mark_why = busy.mark(r)
+        cells = [r.case, str(r.world_size), speedup, r.verdict, mark,
+                 _ci(r.metrics.samples_per_s, r.metrics.samples_per_s_ci, ".1f") if not r.metrics.empty else "-"]
+        out.append((r, cells, {SPEEDUP: speedup_why, MACHINE: mark_why}))
+    col = SUMMARY_HEAD.index(MACHINE)  # left out where no row is busy, as in the model tables
+    if not any(cells[col] for _, cells, _ in out):
+        out = [(r, cells[:col] + cells[col + 1:], why) for r, cells, why in out]
+        return {"head": SUMMARY_HEAD[:col] + SUMMARY_HEAD[col + 1:], "rows": out, "notes": []}
+    return {"head": SUMMARY_HEAD, "rows": out, "notes": []}
+
+
+def _row(r: CaseRecord, trend: dict | None = None, busy: BusyMarks | None = None) -> tuple[list[str], dict[str, str]]:
     """The table's cells for one record, and the reasons behind cells left empty (by column); ``trend``: its
-    samples/s over runs (:func:`trend.trends`), or None with one run."""
+    samples/s over runs (:func:`trend.trends`), or None with one run; ``busy``: the page's busy marks."""
     from . import figures as F
 
     m = r.metrics
@@ -336,15 +403,9 @@ def _row(r: CaseRecord, trend: dict | None = None) -> tuple[list[str], dict[str,
     step = F.median_step(m)
     iqr = F.num(st.iqr) if st is not None else math.nan
     step_txt = f"{1e3 * step:.1f} ({1e3 * iqr:.1f})" if math.isfinite(step) else "-"
-    if F.variant_of(r.case) == F.BASELINE_VARIANT and math.isfinite(F.num(m.speedup)):
-        speedup = "1 (the baseline)"
-    else:  # "not resolved" where run's table says so (the interval spans 1, or under 6 rounds)
-        unresolved = F.speedup_unresolved(m)
-        speedup = _ci(m.speedup, m.speedup_ci, ".2f", "×") + (f" {unresolved}" if unresolved else "")
-        if unresolved:
-            why[SPEEDUP] = {F.NOT_RESOLVED: "the 95% interval contains 1: no measured difference",
-                            "no interval": "one round: no interval"}.get(
-                unresolved, "fewer rounds than give a 95% interval (6): this one covers the median less often")
+    speedup, speedup_why = _speedup_text(r)
+    if speedup_why:
+        why[SPEEDUP] = speedup_why
     exposed = F.num(m.exposed_comm_s)
     split = F.splits_step(r.case)
     exposed_txt = f"{1e3 * exposed:.1f}" if math.isfinite(exposed) and split else "-"
@@ -385,7 +446,10 @@ def _row(r: CaseRecord, trend: dict | None = None) -> tuple[list[str], dict[str,
     trend_txt = sparkline_text(trend) if trend else "-"
     if measured and not trend:
         why[TREND] = "one run measured this case (at this size and device)"
-    cells = [r.case, str(r.world_size), speedup if measured else "-", r.verdict,
+    mark, mark_why = (busy or BusyMarks()).mark(r)
+    if mark_why:
+        why[MACHINE] = mark_why
+    cells = [r.case, str(r.world_size), speedup if measured else "-", r.verdict, mark,
              _ci(m.samples_per_s, m.samples_per_s_ci, ".1f"), trend_txt, step_txt, exposed_txt,
              f"{ncalls:.3g}" if measured else "-",
              f"{ar_bytes / 1e6:.2f}" if measured and ar_bytes else ("0" if measured else "-"),
@@ -410,7 +474,8 @@ def fusion_kernels(r: CaseRecord) -> tuple[str, str] | None:
 def _table(rows: list[tuple[CaseRecord, list[str], dict[str, str]]]) -> dict:
     """A model's table from its (record, cells, why) rows: a memory column no row measured is left out (said in a
     note), and so is the trend where no case was measured in several runs."""
-    drop = {i for i, h in enumerate(HEAD) if h in (*MEMORY, TREND) and all(cells[i] == "-" for _, cells, _ in rows)}
+    drop = {i for i, h in enumerate(HEAD) if (h in (*MEMORY, TREND) and all(cells[i] == "-" for _, cells, _ in rows))
+            or (h == MACHINE and not any(cells[i] for _, cells, _ in rows))}
     head = [h for i, h in enumerate(HEAD) if i not in drop]
     notes = [f"{HEAD[i]}: not measured in this run's records." for i in sorted(drop) if HEAD[i] in MEMORY]
     for r, _, _ in rows:  # what a fused case's kernels are on a GPU (issue 32.6)
@@ -427,8 +492,12 @@ HOW_TO_READ = [
     "baseline's window time over the case's, paired round by round: above 1 is faster than plain. The "
     "bracket is its 95% bootstrap interval: an interval that contains 1 is no measured difference, and with fewer "
     "than 6 rounds the interval covers less than 95%: both say <em>not resolved</em>, as <code>fleetbench run</code> "
-    "does. The chart under each table draws the same: a dot and its interval on a log scale centred on 1, hollow "
-    "and dashed where not resolved.",
+    "does; so does a speedup whose <em>rounds disagree</em> (leaving one round out, the others' interval contains 1: "
+    "the verdict rests on that round; hover for which). The chart under each table draws the same: a dot and its "
+    "interval on a log scale centred on 1, hollow and dashed where not resolved.",
+    "<strong>busy [N]</strong> marks a case whose timed windows ran on a busy machine (other processes took over 10% "
+    "of the CPU, or the load average was above the cores by more than 1): its timings are unreliable, whatever "
+    "their interval says; footnote N under the summary table (and hover) says why.",
     "<strong>samples/s</strong> is the global batch times the steps of a window over the slowest rank's "
     "window, median over rounds, with its 95% interval. Throughputs of different models are not comparable; "
     "each model has its own table and plots.",
@@ -484,6 +553,9 @@ def _build(records: Sequence[CaseRecord], out: OutputDir, results_dir: str, reco
                                              busbw_shown=F.busbw_measurable(m)[0] if not m.empty else False,
                                              exposed_is_comm=F.splits_step(case),
                                              speedup_unresolved=F.speedup_unresolved(m) if not m.empty else None,
+                                             speedup_consistent=m.speedup_consistent,
+                                             speedup_disagreement=m.speedup_disagreement,
+                                             busy=busy_reason(m) if not m.empty else None,
                                              trend=trend.get((case, w)))
 
     images: dict = {}  # file -> (width, height)
@@ -576,15 +648,22 @@ def _build(records: Sequence[CaseRecord], out: OutputDir, results_dir: str, reco
     for (c, w), r in final.items():
         by_model.setdefault(r.model, []).append(((c, w), r))
     listed = 0
+    busy = BusyMarks()  # numbered in the summary's order, the same numbers in the model tables
+    first: list[CaseRecord] = []  # the summary table's rows, in the model tables' order
     for model in models:
         rows = sorted(by_model.get(model, []))
         rows.sort(key=lambda kr: (kr[0][1], F.order_key(kr[0][0])))
         data["models"][model] = {"cases": [f"{r.case}@{r.world_size}" for _, r in rows],
                                  "speedup_plot": speedup_plot[model]}
         rows = rows[: MAX_TABLE_ROWS - listed]  # over the page's budget: in report_data.json only (said below)
+        first += [r for _, r in rows]
+        listed += len(rows)
+    summary_table = _summary_rows(first, busy)
+    for model in models:
+        rows = [r for r in first if r.model == model]
         if rows:
-            tables[model] = _table([(r, *_row(r, trend.get((r.case, r.world_size)))) for _, r in rows])
-            listed += len(rows)
+            tables[model] = _table([(r, *_row(r, trend.get((r.case, r.world_size)), busy)) for r in rows])
+    summary_table["notes"] = busy.notes
     cut = sum(1 for t in trend.values() if t["runs"] > MAX_TREND_RUNS)
     if cut:
         notes.append(f"Trends over runs show the last {MAX_TREND_RUNS} runs of each case ({cut} case(s) have more); "
@@ -600,7 +679,7 @@ def _build(records: Sequence[CaseRecord], out: OutputDir, results_dir: str, reco
         notes.append(f"The first {MAX_PROBLEM_GROUPS} of {len(groups)} boxes of failures, errors and notes only; "
                      f"report_data.json's problems list every one.")
         groups = groups[:MAX_PROBLEM_GROUPS]
-    _write_markdown(out, summary, groups, runs, tables, images, traces, notes)
+    _write_markdown(out, summary, summary_table, groups, runs, tables, images, traces, notes)
     # shown at 1.25 times their size where the window has room (12 pt text), scaled down to the window elsewhere
     img = {n: {"src": n, "w": round(SHOWN_SCALE * w), "h": round(SHOWN_SCALE * h)} for n, (w, h) in images.items()}
 
@@ -615,6 +694,8 @@ def _build(records: Sequence[CaseRecord], out: OutputDir, results_dir: str, reco
         ("Local SGD trade-off", lsgd, "Local SGD: throughput against loss")] if n]
     page = _templates().get_template("index.html.j2").render(
         summary=summary, n_bad=len(bad), groups=groups, runs=runs, run_keys=list(runs[0]) if runs else [],
+        first=_html_table("", summary_table, traces, None, trend, summary=True),
+        models=[(model, _slug(model)) for model in tables],
         how_to_read=[_markup(t) for t in HOW_TO_READ], plots=plots, notes=notes,
         traces=[(f"{c}@{w}", t) for (c, w), t in traces.items()],
         tables=[_html_table(model, t, traces, shown(speedup_plot.get(model), f"{model}: speedup over plain"), trend)
@@ -657,12 +738,15 @@ def _groups(problems: list[dict]) -> list[dict]:
     return out
 
 
-def _write_markdown(out: OutputDir, summary: str, groups: list[dict], runs: list[dict], tables: dict[str, dict],
-                    images: dict, traces: dict, notes: list[str]) -> None:
+def _write_markdown(out: OutputDir, summary: str, first: dict, groups: list[dict], runs: list[dict],
+                    tables: dict[str, dict], images: dict, traces: dict, notes: list[str]) -> None:
     m = md_text
-    md = ["# fleetbench report", "", m(summary), ""]
+    md = ["# fleetbench report", "", m(summary), "", "## Summary", ""]
+    md += ["| " + " | ".join(first["head"]) + " |", "|" + "---|" * len(first["head"])]
+    md += ["| " + " | ".join(m(c) for c in cells) + " |" for _, cells, _ in first["rows"]]
+    md += [""] + [f"_{m(n)}_" for n in first["notes"]]
     bad = [g for g in groups if g["kind"] in ("fail", "error")]
-    md += ["## Failures and errors", ""] if bad else ["No failures or errors.", ""]
+    md += ["", "## Failures and errors", ""] if bad else ["", "No failures or errors.", ""]
     for g in groups:
         label = {"fail": "fail", "error": "error", "note": "note", "skipped": "not run"}[g["kind"]]
         text = "; ".join(head if k == label else f"{k}: {head}" for k, head, _ in g["messages"])
@@ -702,8 +786,8 @@ def _markup(text: str) -> Any:
     return markupsafe.Markup(text)
 
 
-# the pieces a cell with an interval never breaks inside: the value with its interval, then "not resolved (…)"
-_GROUPS = re.compile(r"\([^)]*\)|not resolved(?: \([^)]*\))?|\S+(?: \[[^\]]*\])?")
+# the pieces a cell with an interval never breaks inside: the value with its interval, "not resolved", "(why)"
+_GROUPS = re.compile(r"\([^)]*\)|not resolved|\S+(?: \[[^\]]*\])?")
 
 
 def _html_cell(head: str, text: str, title: str | None, trend: dict | None) -> dict:
@@ -720,18 +804,23 @@ def _html_cell(head: str, text: str, title: str | None, trend: dict | None) -> d
         cell.update(cls="wrap", parts=_GROUPS.findall(text))
     elif head == TREND and trend:
         cell.update(cls="trend", svg=markupsafe.Markup(sparkline_svg(trend)))
+    elif head == MACHINE and text:
+        cell["cls"] = "busy"
     return cell
 
 
-def _html_table(model: str, t: dict, traces: dict, speedup: dict | None, trend: dict) -> dict:
-    """A model's table as the template draws it: cells with their class and hover reason, busbw notes."""
+def _html_table(model: str, t: dict, traces: dict, speedup: dict | None, trend: dict, summary: bool = False) -> dict:
+    """A model's table (or, ``summary``, the page's first table: no trace column, no trends) as the template draws
+    it: cells with their class and hover reason, busbw notes."""
     busbw: dict = {}
     rows = []
     for r, cells, why in t["rows"]:
         key = (r.case, r.world_size)
         rows.append({"bad": r.verdict in ("fail", "error"), "trace": traces.get(key),
-                     "cells": [_html_cell(h, c, why.get(h), trend.get(key)) for h, c in zip(t["head"], cells)]})
+                     "cells": [_html_cell(h, c, why.get(h) or None, trend.get(key) if not summary else None)
+                               for h, c in zip(t["head"], cells)]})
         if why.get("busbw GB/s"):
             busbw.setdefault(why["busbw GB/s"], []).append(f"{r.case}@{r.world_size}")
     return {"model": model, "slug": _slug(model), "head": t["head"], "rows": rows, "notes": t["notes"],
-            "busbw_notes": [(why, ", ".join(cases)) for why, cases in busbw.items()], "speedup": speedup}
+            "busbw_notes": [(why, ", ".join(cases)) for why, cases in busbw.items()], "speedup": speedup,
+            "traces": not summary}

@@ -45,7 +45,7 @@ NOT_RUN = "not run on HEAD"  # a case BASE ran: undecided (its verdict starts so
 
 # The table's columns (`fleetbench compare` and its --markdown); NUMERIC ones are right-aligned in Markdown.
 COLUMNS = ("case", "world", "base_ms", "head_ms", "speedup", "ci", "p_slower", "n", "could_catch", "verdict", "check",
-           "structure", "status")
+           "structure", "status", "machine")
 NUMERIC = ("world", "base_ms", "head_ms", "speedup", "p_slower")
 
 
@@ -58,9 +58,10 @@ class Comparison:
 
     def frame(self) -> Any:
         """The rows for people, as text: ``verdict`` is the performance verdict (``change`` in --json), ``check``
-        the correctness check on each side (``verdict`` in --json), ``status`` the row's outcome; times in ms and
-        speedups with 3 decimals, p-values with 2 significant digits, ``could_catch`` the smallest slowdown the
-        samples could have caught (``detectable_slowdown``) as a percentage."""
+        the correctness check on each side (``verdict`` in --json), ``status`` the row's outcome, ``machine`` the
+        sides timed on a busy machine (their reasons are warnings); times in ms and speedups with 3 decimals,
+        p-values with 2 significant digits, ``could_catch`` the smallest slowdown the samples could have caught
+        (``detectable_slowdown``) as a percentage."""
         import pandas as pd
 
         def num(x: object, spec: str) -> str:
@@ -145,7 +146,16 @@ def _fmt_ms(x: float) -> float:
 
 def could_catch(row: dict, short: bool = False) -> str:
     """A row's power statement: "≥ 12%", or "nothing < 100%: fewer than N windows a side" (short: the table's
-    cell); "" for a row that compared no timings."""
+    cell); "" for a row that compared no timings.  Beside a decided verdict the cell states what the verdict's
+    interval caught or rules out instead, so the two agree (as `ab`'s do: ``suite.ab.stats.power_sentence``):
+    "caught ≥ 6.2%" (slower: HEAD/BASE's lower end), "rules out ≥ 3.1%" (not slower: its upper end), "rules out any"
+    (faster, or an upper end below 1)."""
+    ci, change = row.get("ci"), row.get("change")
+    if short and ci and change in ("slower", "not slower", "faster"):
+        lo, hi = 1 / ci[1], 1 / ci[0]  # HEAD/BASE step time: the speedup's interval turned over
+        if change == "slower":
+            return f"caught ≥ {lo - 1:.1%}"
+        return f"rules out ≥ {hi - 1:.1%}" if change == "not slower" and hi > 1 else "rules out any"
     d = row.get("detectable_slowdown")
     if d is not None:
         return f"≥ {d:.0%}" if short else f"could have caught ≥ {d:.0%}"
@@ -192,7 +202,8 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
                "speedup": math.nan, "ci": None, "p_slower": math.nan, "n_base": 0, "n_head": 0, "samples": "",
                "detectable_slowdown": None, "needed_windows": None, "to_decide": "",
                "verdict": f"{b.verdict if b else '-'} -> {h.verdict if h else '-'}", "change": "",
-               "structure": "", "structure_diff": [], "status": NOT_COMPARED}  # until its timings are compared
+               "structure": "", "structure_diff": [], "status": NOT_COMPARED,  # until its timings are compared
+               "machine": ""}  # "busy: BASE", "busy: HEAD", "busy: both": the sides timed on a busy machine
 
         def fail(why: str, row: dict[str, Any] = row, key: str = key) -> None:
             row["status"] = REGRESSION
@@ -251,10 +262,13 @@ def compare_sides(base: Side, head: Side, opts: GateOptions | None = None, stric
             fail(row["change"])
             cmp.rows.append(row)
             continue
+        busy_sides = []
         for label, rec in (("BASE", b), ("HEAD", h)):
             busy = busy_reason(rec.metrics)
             if busy:
-                cmp.warnings.append(f"{key}: {label}'s timings: {busy}")
+                cmp.warnings.append(f"{key}: {label}'s timings: {busy}")  # the reason, under the table
+                busy_sides.append(label)
+        row["machine"] = f"busy: {'both' if len(busy_sides) == 2 else busy_sides[0]}" if busy_sides else ""
         if cmp.same_records or _identical(b, h):  # a case and itself: no interval between a number and itself
             row.update(change=IDENTICAL, base_ms=_fmt_ms(statistics.median(windows(b) or samples(b))),
                        head_ms=_fmt_ms(statistics.median(windows(h) or samples(h))), speedup=1.0)

@@ -27,9 +27,11 @@ must rest on more than the test:
 
 anything else, or too few samples, is **undecided** (exit 3), with what would decide it.  "same" is
 never said (it needs an equivalence margin, which only `ab` has), and neither is "not slower" for a
-significant slowdown smaller than the threshold without the interval below it.  Every row states the
+significant slowdown smaller than the threshold without the interval below it.  Every row records the
 smallest slowdown its samples could have caught at 95% (``detectable_slowdown``, the same power
-statement as `ab`'s), or, past 100%, how many windows a side would catch less (``needed_windows``).
+statement as `ab`'s), or, past 100%, how many windows a side would catch less (``needed_windows``); the table
+states it beside an undecided row, and beside a decided one what its interval caught or rules out
+(``suite.results.compare.could_catch``).
 """
 from __future__ import annotations
 

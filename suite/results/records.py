@@ -187,6 +187,10 @@ class Metrics(_Part):
     speedup: float | None = None  # over ``baseline``, paired round by round (> 1 faster)
     speedup_ci: Interval | None = None
     baseline: str | None = None
+    # the rounds agree on the side of 1 the speedup's interval is on (suite.measure.stats.round_consistency): False
+    # is "not resolved (rounds disagree)"; None where not judged (an interval spanning 1, or a record before it)
+    speedup_consistent: bool | None = None
+    speedup_disagreement: str | None = None  # why not: the round the interval rests on, the rounds across 1
     exposed_comm_s: float | None = None  # step time - the ``none`` variant's (compute alone)
     compute_s: float | None = None
     busbw_GBps: float | None = None  # nccl-tests' bus bandwidth over the exposed communication
