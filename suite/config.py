@@ -43,7 +43,8 @@ from .validate import FieldSpec, Invalid, check_fields, field_specs
 from .validate import spec as field_with_spec
 
 __all__ = ["StrategyConfig", "ConfigError", "PRESETS", "PADDLE_FIELDS", "PADDLE_UNIMPLEMENTED", "toml_fields",
-           "check_overrides", "knob", "FieldSpec", "field_specs", "to_toml"]
+           "check_overrides", "knob", "FieldSpec", "field_specs", "to_toml", "WORKLOAD", "workload_sets",
+           "baseline_sets", "parse_set", "set_field", "set_text", "refuse_unused_fields"]
 
 
 MIN_THREAD_CAP = 16  # num_threads allowed per rank on a machine of fewer than 4 CPUs (check_world)
@@ -55,14 +56,17 @@ class ConfigError(ValueError):
 
 
 def knob(default: Any, help: str, *, ge: float | None = None, gt: float | None = None,
-         le: float | None = None, allow_inf: bool = False, only: str | None = None) -> Any:
+         le: float | None = None, allow_inf: bool = False, only: str | None = None, workload: bool = False) -> Any:
     """A StrategyConfig field: its default, one line of help and its numeric range (:func:`suite.validate.spec`).
 
     ``ge``/``gt`` are the lower bound (inclusive/exclusive), ``le`` the inclusive upper one;
     ``allow_inf`` lets a float field be ``inf`` (otherwise refused as out of range); ``only``: the
-    one command that reads the knob (:meth:`StrategyConfig.refuse_unused`: others refuse it set).
+    one command that reads the knob (:meth:`StrategyConfig.refuse_unused`: others refuse it set);
+    ``workload``: a condition of the training every case shares, the baseline too (the optimizer, threads,
+    precision, a straggler), not a strategy (:data:`WORKLOAD`; ``--set`` of any other knob leaves the baseline
+    plain data parallel).
     """
-    return field_with_spec(default, help, ge=ge, gt=gt, le=le, allow_inf=allow_inf, only=only)
+    return field_with_spec(default, help, ge=ge, gt=gt, le=le, allow_inf=allow_inf, only=only, workload=workload)
 
 
 READER = "figures reader"  # the command that reads the reader knobs
@@ -74,7 +78,7 @@ class StrategyConfig:
     data_parallel: Literal["suite", "ddp", "none"] = knob(
         "suite", "gradient communication: suite = this project's; ddp = torch DDP baseline; none = no communication")
     find_unused_parameters: bool = knob(
-        False, "as DDP's: parameters that get no gradient in a step are reduced as zeros")
+        False, "as DDP's: parameters that get no gradient in a step are reduced as zeros", workload=True)
     ddp_gradient_as_bucket_view: bool = knob(
         False, "ours: torch DDP's gradient_as_bucket_view (each gradient a view into its bucket, no copies; DDP's "
         "default False); data_parallel = ddp")
@@ -140,13 +144,13 @@ class StrategyConfig:
     # ---- host side (Paddle ExecutionStrategy / fetch) ----------------------------
     fetch_frequency: int = knob(1, "losses fetched to the host every N steps", ge=1)
     num_threads: int | None = knob(
-        None, "intra-op threads per rank; None = cores / local ranks (at least 1)", ge=1, le=1024)
+        None, "intra-op threads per rank; None = cores / local ranks (at least 1)", ge=1, le=1024, workload=True)
 
     # ---- optimizer (torch.optim meanings) ----------------------------------------
-    optimizer: Literal["sgd", "momentum", "adam"] = knob("sgd", "the optimizer (torch.optim's)")
-    lr: float = knob(0.01, "learning rate", gt=0.0)
-    momentum: float = knob(0.9, "momentum, used by optimizer = momentum", ge=0.0, le=1.0)
-    weight_decay: float = knob(0.0, "weight decay", ge=0.0)
+    optimizer: Literal["sgd", "momentum", "adam"] = knob("sgd", "the optimizer (torch.optim's)", workload=True)
+    lr: float = knob(0.01, "learning rate", gt=0.0, workload=True)
+    momentum: float = knob(0.9, "momentum, used by optimizer = momentum", ge=0.0, le=1.0, workload=True)
+    weight_decay: float = knob(0.0, "weight decay", ge=0.0, workload=True)
 
     # ---- reader (Paddle DataLoader options; ours where Paddle has none) ----------
     # Read only by `fleetbench figures reader` (run's cases take synthetic batches already on the
@@ -161,7 +165,7 @@ class StrategyConfig:
     # ---- benchmark conditions (ours) ---------------------------------------------
     straggler_ms: float = knob(0.0, "ours: a seeded random rank is delayed this long each step (CPU: a sleep; "
                                         "CUDA: a spin kernel on its compute stream); at most a minute", ge=0.0,
-                               le=60_000.0)
+                               le=60_000.0, workload=True)
 
     # ---- precision (ours; torch.backends switches) --------------------------------
     # Every default is PyTorch's own, so a run measures what a plain PyTorch program runs unless a
@@ -171,15 +175,16 @@ class StrategyConfig:
     # records carry the values torch reports on the ranks (describe["precision"]).  No effect on CPU.
     matmul_allow_tf32: bool = knob(
         False, "TF32 in fp32 matmuls (torch.backends.cuda.matmul.allow_tf32; PyTorch's default off); one "
-        "cuBLAS setting with float32_matmul_precision: True means at least 'high'")
+        "cuBLAS setting with float32_matmul_precision: True means at least 'high'", workload=True)
     cudnn_allow_tf32: bool = knob(
-        True, "TF32 in cuDNN convolutions (torch.backends.cudnn.allow_tf32; PyTorch's default on)")
+        True, "TF32 in cuDNN convolutions (torch.backends.cudnn.allow_tf32; PyTorch's default on)", workload=True)
     float32_matmul_precision: Literal["highest", "high", "medium"] = knob(
-        "highest", "torch.set_float32_matmul_precision (PyTorch's default 'highest': no TF32, no bf16 passes)")
+        "highest", "torch.set_float32_matmul_precision (PyTorch's default 'highest': no TF32, no bf16 passes)",
+        workload=True)
     cudnn_benchmark: bool = knob(False, "cuDNN autotuning per input shape (torch.backends.cudnn.benchmark; "
-                                 "PyTorch's default off)")
+                                 "PyTorch's default off)", workload=True)
     cudnn_deterministic: bool = knob(False, "deterministic cuDNN algorithms only (torch.backends.cudnn.deterministic;"
-                                     " PyTorch's default off)")
+                                     " PyTorch's default off)", workload=True)
 
     def __post_init__(self) -> None:
         _check_fields(self)
@@ -224,11 +229,7 @@ class StrategyConfig:
 
     def refuse_unused(self, command: str) -> None:
         """A knob set away from its default that ``command`` does not read is an error naming the one that does."""
-        for f in fields(self):
-            only, value = f.metadata.get("only"), getattr(self, f.name)
-            if only and only != command and value != f.default:
-                raise ConfigError(f"{f.name}={value!r}: `fleetbench {command}` does not use this knob (it would be "
-                                  f"recorded and ignored); `fleetbench {only}` is the command that reads it")
+        refuse_unused_fields({f.name: getattr(self, f.name) for f in fields(self)}, command)
 
     def diff(self, other: StrategyConfig | None = None) -> dict[str, Any]:
         """Fields that differ from ``other`` (default: the all-off default config)."""
@@ -319,6 +320,10 @@ class StrategyConfig:
 _SPECS: dict[str, FieldSpec] = field_specs(StrategyConfig)
 _FIELDS = {f.name: f for f in fields(StrategyConfig)}
 
+# The workload's knobs (``knob(workload=True)``): every case takes them from --config and --set, the baseline too;
+# every other knob is a strategy's, and the baseline (plain data parallel) stays without it unless asked.
+WORKLOAD = frozenset(name for name, f in _FIELDS.items() if f.metadata.get("workload"))
+
 
 def field_names() -> list[str]:
     return list(_FIELDS)
@@ -328,8 +333,58 @@ def field_table() -> str:
     """Every field: default, what it accepts, help (``fleetbench config --list``)."""
     lines = [f"  {'field':36s} {'default':9s} {'accepts':34s} help"]
     for spec in _SPECS.values():
-        lines.append(f"  {spec.name:36s} {spec.default!r:9s} {spec.allowed():34s} {spec.help}")
+        every = " [every case, the baseline too]" if spec.name in WORKLOAD else ""
+        lines.append(f"  {spec.name:36s} {spec.default!r:9s} {spec.allowed():34s} {spec.help}{every}")
     return "\n".join(lines)
+
+
+def parse_set(item: str) -> dict[str, Any]:
+    """What a ``--set KEY=VALUE`` item sets, by our field names (nothing for a Paddle field that asks for nothing);
+    the item is assumed checked (:func:`check_overrides`)."""
+    key, raw = (part.strip() for part in item.split("=", 1))
+    return _canonical_keys({key: _parse_set_value(key, raw)})
+
+
+def set_field(item: str) -> str:
+    """The field a checked ``--set`` item sets, by our name ('' for a Paddle field that asks for nothing)."""
+    return next(iter(parse_set(item)), "")
+
+
+def set_text(value: Any) -> str:
+    """A field's value as a ``--set`` writes it (read back by :func:`parse_value`): true, 8, 0.5, inf, none, adam."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "none"
+    if isinstance(value, float):
+        return f"{value:g}" if float(f"{value:g}") == value else repr(value)
+    return str(value)
+
+
+def refuse_unused_fields(values: Mapping[str, Any], command: str) -> None:
+    """A knob of ``values`` (our names) set away from its default that ``command`` does not read (``knob(only=...)``)
+    is an error naming the command that does; ``--set`` items: ``refuse_unused_fields(parse_set(item), ...)``."""
+    for name, value in values.items():
+        f = _FIELDS[name]
+        only = f.metadata.get("only")
+        if only and only != command and value != f.default:
+            raise ConfigError(f"{name}={value!r}: `fleetbench {command}` does not use this knob (it would be "
+                              f"recorded and ignored); `fleetbench {only}` is the command that reads it")
+
+
+def workload_sets(assignments: list[str] | tuple[str, ...]) -> list[str]:
+    """The ``--set`` items of workload knobs (:data:`WORKLOAD`)."""
+    return [item for item in assignments if set_field(item) in WORKLOAD]
+
+
+def baseline_sets(config: str | None, assignments: list[str] | tuple[str, ...], everything: bool = False
+                  ) -> tuple[str, ...]:
+    """What the baseline takes of a selection's ``--config`` file and ``--set`` items, as ``--set`` items in their
+    order (the file's first): their workload knobs (:data:`WORKLOAD`), so plain data parallel stays plain; every
+    knob with ``everything`` (``--set-baseline``)."""
+    fields_ = toml_fields(config) if config else {}
+    items = [f"{k}={set_text(v)}" for k, v in fields_.items() if everything or k in WORKLOAD]
+    return tuple(items + (list(assignments) if everything else workload_sets(assignments)))
 
 
 def _divisors(n: int) -> list[int]:

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from .config import ConfigError, StrategyConfig
+from .config import ConfigError, StrategyConfig, baseline_sets
 from .validate import Invalid, check_options, field_specs, show, spec
 
 __all__ = ["RunSpec", "Selection", "RunOptions", "RunFacts", "AbOptions", "SeqOptions", "ResolvedCase", "SpecError",
@@ -104,6 +104,12 @@ class Selection:
     config: str | None = spec(None, "TOML file of strategy fields applied on top of every case", path=True)
     sets: tuple[str, ...] = spec((), "a strategy field; repeatable", option="--set",
                                  metavar="KEY=VALUE", env="SET", sep=";")
+    set_baseline: bool = spec(False, "apply --config's and --set's strategy knobs to the baseline too (by default "
+                              "it stays plain data parallel; workload knobs, marked in `fleetbench config --list`, "
+                              "apply to every case)", option="--set-baseline")
+    varies: tuple[str, ...] = spec((), "each selected case but the baseline once per value, named CASE+KEY:VALUE, "
+                                   "timed interleaved with the baseline (several: every combination); repeatable",
+                                   option="--vary", metavar="KEY=V1,V2", env="VARY", sep=";")
     strategies: tuple[str, ...] = spec((), "your own strategy, a DDP communication hook or a gradient synchronizer "
                                        "(docs/strategies.md): one case of it per selected model; repeatable",
                                        option="--strategy", metavar="MODULE:FUNCTION", env="STRATEGY", names=True)
@@ -152,13 +158,14 @@ class RunOptions:
 @dataclass(frozen=True)
 class RunFacts:
     """What a command resolved for the runner (``RunSpec.facts``), never asked and never in the spec's dict: the
-    models' size and the platform of the resolved selection, the selection's ``--set`` (the baseline takes them
-    too) and where traces go (``results_dir/traces/RUN_ID/``)."""
+    models' size and the platform of the resolved selection, what the baseline takes of the selection's
+    ``--config`` and ``--set`` (``suite.config.baseline_sets``) and where traces go (``results_dir/traces/RUN_ID/``)."""
 
     size: str = spec("cpu", "the models' size the selection resolved to", choices=SIZES)
     device: str | None = spec(None, "what the ranks run on (None: the CPU)", choices=DEVICES)
     backend: str = spec("", "gloo | nccl, recorded")
-    baseline_overrides: tuple[str, ...] = spec((), "the selection's --set, applied to the baseline too")
+    baseline_overrides: tuple[str, ...] = spec((), "what the baseline takes of the selection's --config and --set "
+                                               "(suite.config.baseline_sets)")
     results_dir: str = spec("results", "traces go to results_dir/traces/RUN_ID/")
 
     def __post_init__(self) -> None:
@@ -296,10 +303,11 @@ class RunSpec:
     # ---- what the runner is given ---------------------------------------------------------------------------
     def facts(self, size: str, device: str | None, backend: str, results_dir: str = "results") -> RunFacts:
         """What the runner is told besides the run's options (``CaseRunner(launcher, world, spec.run,
-        facts=spec.facts(...))``): the resolved size and platform, the selection's ``--set`` (the baseline takes
-        them too) and where traces go."""
-        return RunFacts(size=size, device=device, backend=backend, baseline_overrides=tuple(self.selection.sets),
-                        results_dir=results_dir)
+        facts=spec.facts(...))``): the resolved size and platform, what the baseline takes of the selection's
+        ``--config`` and ``--set`` (its workload knobs; every knob with ``--set-baseline``) and where traces go."""
+        sel = self.selection
+        return RunFacts(size=size, device=device, backend=backend, results_dir=results_dir,
+                        baseline_overrides=baseline_sets(sel.config, sel.sets, sel.set_baseline))
 
 
 def _data(value: Any) -> Any:

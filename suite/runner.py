@@ -363,7 +363,8 @@ class CaseRunner:
 
     def baseline_config(self, model: str | None = None) -> StrategyConfig:
         """The baseline's config when no case of it was selected: the defaults, what ``model``'s factory declares
-        (``find_unused_parameters``, as its cases get it), then the selection's ``--set``."""
+        (``find_unused_parameters``, as its cases get it), then what the baseline takes of the selection's
+        ``--config`` and ``--set`` (``suite.config.baseline_sets``: its workload knobs, as a selected baseline)."""
         declared = model is not None and model_info(model, self.facts.size).find_unused_parameters
         base = StrategyConfig(find_unused_parameters=True) if declared else StrategyConfig()
         return base.with_overrides(list(self.facts.baseline_overrides))

@@ -21,22 +21,40 @@ the model is (``model_info``): a model whose factory declares ``find_unused_para
 it (under ``--config``/``--set``); a case whose flat buckets or flat gradient buffer cannot hold the model's
 sparse gradients, whose compute fusion finds nothing to fuse, or whose knobs a ``--set``/``--config``
 contradicts (``Case.named_by``) is skipped with the reason.
+
+The baseline stays what its name says: ``--config`` and ``--set`` give it their workload knobs only (the optimizer,
+threads, precision, a straggler: ``suite.config.WORKLOAD``), every other case all of them, unless
+``--set-baseline`` asks (``suite.config.baseline_sets``, the one rule; the runner's baseline config follows it).
+``--vary KEY=V1,V2`` makes each selected case but the baseline once per value (:func:`vary_cases`), so the values
+are timed interleaved with one baseline in one run.
 """
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from dataclasses import dataclass, field
 
 from .cases import BASELINE, CASES, Case, cases_for_model, model_label, select_cases
 from .comm.buckets import CommPlan, comm_plan, sized_bucket_mb
 from .comm.factory import uses_buckets
 from .comm.grad_sync import sparse_gradients_refused
-from .config import ConfigError, StrategyConfig, check_overrides, toml_fields
+from .config import (
+    WORKLOAD,
+    ConfigError,
+    StrategyConfig,
+    baseline_sets,
+    check_overrides,
+    parse_set,
+    refuse_unused_fields,
+    set_text,
+)
 from .models import MODELS, ModelError, default_size, model_info
+from .outputs import NAME_CHARS
 from .run_spec import DEVICES, ResolvedCase, Selection
 from .strategies.user import StrategyError, strategy_info
 
 __all__ = ["resolve", "base_cases", "Resolved", "choose_platform", "default_worlds", "resolve_at", "case_fields",
-           "plan_case"]
+           "plan_case", "vary_cases", "vary_axes"]
 
 CPU_WORLD = 2  # the default world size on CPU
 
@@ -109,7 +127,68 @@ def base_cases(sel: Selection, size: str) -> list[Case]:
     if not out:
         raise ConfigError("no case matches the selection (--case/--tag/--model); `fleetbench run --list --tag "
                           "nightly-cpu` shows the cases")
-    return out + strategy_cases(sel.strategies, list(dict.fromkeys(c.model for c in out)), pool)
+    out += strategy_cases(sel.strategies, list(dict.fromkeys(c.model for c in out)), pool)
+    return vary_cases(vary_axes(sel), out)
+
+
+def vary_axes(sel: Selection) -> list[tuple[str, list[tuple[str, object]]]]:
+    """``--vary``'s axes, each checked: (the field, by our name; its values as (name text, value)).  One error naming
+    ``--vary`` and the item for: no ``=``, an unknown field or a value it refuses, fewer than two distinct values, a
+    workload knob (every case's and the baseline's: no comparison with one baseline), a field given twice or also
+    by ``--set``."""
+    axes: list[tuple[str, list[tuple[str, object]]]] = []
+    set_keys = {f for item in sel.sets for f in parse_set(item)}
+    for item in sel.varies:
+        key, eq, raw = (part.strip() for part in item.partition("="))
+        values = [v.strip() for v in raw.split(",") if v.strip()]
+        if not eq or not key or not values:
+            raise ConfigError(f"--vary {item!r}: expected KEY=V1,V2 (a strategy knob and its values), e.g. --vary "
+                              f"fuse_grad_size_in_MB=8,32")
+        try:
+            check_overrides([f"{key}={v}" for v in values])
+        except ConfigError as exc:
+            raise ConfigError(f"--vary {item!r}: {str(exc).split(': ', 1)[-1]}") from None
+        parsed = [parse_set(f"{key}={v}") for v in values]
+        name = next((n for p in parsed for n in p), key)
+        if name in WORKLOAD:
+            raise ConfigError(f"--vary {item!r}: {name} is a workload knob (every case's, the baseline's too), so its "
+                              f"values have no common baseline; --vary takes a strategy knob (`fleetbench config "
+                              f"--list` marks the workload's); for {name}, one run per value with --set {name}=VALUE")
+        texts = [(set_text(p[name]), p[name]) for p in parsed if name in p]
+        if len(texts) != len(values) or len(dict(texts)) < 2 or len(dict(texts)) != len(texts):
+            raise ConfigError(f"--vary {item!r}: give two or more distinct values of {name}, comma-separated")
+        bad = next((t for t, _ in texts if not set(t) <= NAME_CHARS), None)
+        if bad is not None:
+            raise ConfigError(f"--vary {item!r}: the value {bad!r} cannot name a case (allowed: letters, digits and "
+                              f". _ - : @ +)")
+        if name in set_keys or any(name == k for k, _ in axes):
+            raise ConfigError(f"--vary {item!r}: {name} is also given by " + ("--set" if name in set_keys else
+                              "another --vary") + "; give each knob once")
+        axes.append((name, texts))
+    return axes
+
+
+def vary_cases(axes: list[tuple[str, list[tuple[str, object]]]], cases: list[Case]) -> list[Case]:
+    """Each case but the baseline once per value of each axis (:func:`vary_axes`; several: every combination), in
+    their order, named ``CASE+KEY:VALUE`` (its variant too, so the values are timed interleaved as variants of the
+    model, with one baseline); each asserts its values (``named_by``).  The baseline stays once, as it is."""
+    if not axes:
+        return cases
+    keys = tuple(k for k, _ in axes)
+    out = []
+    for case in cases:
+        if case.variant == BASELINE:
+            out.append(case)
+            continue
+        for combo in itertools.product(*(values for _, values in axes)):
+            suffix = "".join(f"+{k}:{text}" for k, (text, _) in zip(keys, combo))
+            out.append(dataclasses.replace(
+                case, name=case.name + suffix, variant=case.variant + suffix,
+                config={**case.config, **{k: value for k, (_, value) in zip(keys, combo)}},
+                description=f"{case.description}; {', '.join(f'{k}={t}' for k, (t, _) in zip(keys, combo))}",
+                named_by=tuple(dict.fromkeys((*case.named_by, *keys))),
+                sized_buckets=case.sized_buckets and "fuse_grad_size_in_MB" not in keys))
+    return out
 
 
 def strategy_cases(refs: tuple[str, ...], models: list[str], pool: list[Case]) -> list[Case]:
@@ -190,8 +269,12 @@ def resolve_at(sel: Selection, cases: list[Case], world: int, local_world: int |
     A case that cannot run there, or not under its name (``Case.unmet``), is skipped with its reason when a
     tag, a glob or a model selected it, and is an error when it was named exactly (``--case mlp/hierarchical``)."""
     size = size or sel.size or "cpu"
-    base = toml_fields(sel.config) if sel.config else {}
     check_overrides(list(sel.sets))  # a bad --set is every case's: named as --set, not as one case's
+    # --config's fields then --set's items: every case takes them all, the baseline its workload knobs only
+    everything = baseline_sets(sel.config, sel.sets, everything=True)
+    plain = baseline_sets(sel.config, sel.sets, everything=sel.set_baseline)
+    for item in everything:  # a knob no case here reads (a reader's), refused whichever cases take it
+        refuse_unused_fields(parse_set(item), "run")
     exact = {n for n in sel.cases if not _is_glob(n)}
     out = []
     for case in cases:
@@ -199,7 +282,8 @@ def resolve_at(sel: Selection, cases: list[Case], world: int, local_world: int |
         declared = {"find_unused_parameters": True} if info.find_unused_parameters else {}  # the factory's
         try:
             cfg = StrategyConfig.from_dict({**case_fields(case, size), **case.world_config(world, local_world),
-                                            **declared, **base}).with_overrides(list(sel.sets))
+                                            **declared}).with_overrides(
+                list(plain if case.variant == BASELINE else everything))
         except ConfigError as exc:
             raise ConfigError(f"case {case.name}: {exc}") from None
         why, plan = contradicted(case, cfg, sel) or case.applies_to_world(world), None

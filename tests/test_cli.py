@@ -307,3 +307,36 @@ def test_a_fake_timing_whose_rounds_disagree_is_not_resolved_and_a_busy_window_m
     notes = [ln for ln in out.splitlines() if ln.startswith("[1] ")]
     assert notes == ["[1] machine busy: timings unreliable (other processes took 40% of the CPU during the windows "
                      "(over 10%))"], out
+
+
+def test_set_leaves_the_baseline_plain_and_vary_times_each_value_interleaved_with_it(capsys, tmp_path):
+    """--set of a strategy knob reaches every case but plain (said above and under the table); a workload knob
+    reaches plain too; --vary's values are cases of their own, timed in plain's group round by round."""
+    path = tmp_path / "runs.jsonl"
+    code = main(["run", "--nproc", "2", "--case", "mlp/plain", "--case", "mlp/overlap", "--set", "nccl_comm_num=2",
+                 "--set", "lr=0.05", "--vary", "fuse_grad_size_in_MB=0.01,0.05", "--size", "tiny", "--rounds", "2",
+                 "--steps", "1", "--warmup", "1", "--no-utilization", "--results", str(path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    said = "knobs applied to every case but the baseline: nccl_comm_num=2; plain stays plain data parallel"
+    assert out.count(said) == 2, out  # before the run and under the table
+    assert out.count("knobs applied to every case, the baseline (plain) too: lr=0.05 (workload knobs)") == 2
+    assert ("3 variant(s) interleaved (plain, overlap+fuse_grad_size_in_MB:0.01, overlap+fuse_grad_size_in_MB:0.05)"
+            in out), out
+    by = {r["case"]: r for r in map(json.loads, path.read_text().splitlines())}
+    small, large = "mlp/overlap+fuse_grad_size_in_MB:0.01", "mlp/overlap+fuse_grad_size_in_MB:0.05"
+    assert set(by) == {"mlp/plain", small, large}
+    plain = by["mlp/plain"]
+    assert (plain["config"]["nccl_comm_num"], plain["config"]["fuse_all_reduce_ops"], plain["config"]["lr"]) == (
+        1, False, 0.05)
+    # plain's engine: one allreduce per gradient (the MLP has 10) on the one world communicator, no bucket
+    assert plain["metrics"]["comm_calls_per_step"] == {"world/all_reduce": 10.0}, plain["metrics"]
+    assert not plain["describe"].get("buckets")
+    for name, mb in ((small, 0.01), (large, 0.05)):
+        r = by[name]
+        assert r["verdict"] == "pass", r
+        assert (r["config"]["fuse_grad_size_in_MB"], r["config"]["nccl_comm_num"], r["config"]["lr"]) == (mb, 2, 0.05)
+        assert set(r["metrics"]["comm_calls_per_step"]) == {"comm0/all_reduce", "comm1/all_reduce"}
+        assert r["fallback"] is None and len(r["metrics"]["window_s"]) == 2  # in the group, both rounds
+        assert r["spec"]["selection"]["varies"] == ["fuse_grad_size_in_MB=0.01,0.05"]
+    assert by[small]["describe"]["allreduce_ops"] > by[large]["describe"]["allreduce_ops"]  # the knob took effect

@@ -176,8 +176,8 @@ def test_records_written_before_runs_kept_their_options_resume_with_the_command_
                  "--no-utilization", "--timeout", "60"]) == 0
     out = capsys.readouterr().out
     assert "resuming run old-run: 1 case(s) already recorded, skipped: mlp/plain; to run: mlp/overlap" in out, out
-    assert "run old-run's records do not say its --case, --tag, --model, --config, --set, --batch, --steps, " \
-           "--rounds, --warmup, --check-steps, --no-check" in out, out
+    assert "run old-run's records do not say its --case, --tag, --model, --config, --set, --set-baseline, --vary, " \
+           "--strategy, --batch, --steps, --rounds, --warmup, --check-steps, --no-check" in out, out
     assert fake_ranks.made[-1].calls[0]["rounds"] == 2
     rec = json.loads(open(results).read().splitlines()[1])
     assert (rec["case"], rec["run_id"], rec["size"]) == ("mlp/overlap", "old-run", "tiny")

@@ -12,7 +12,8 @@ import pytest
 from suite.run_spec import AbOptions, RunFacts, RunOptions, RunSpec, Selection, SeqOptions, SpecError
 
 FULL = RunSpec(Selection(cases=("mlp/plain,mlp/overlap",), tags=("smoke",), size="tiny", worlds=(2,), device="cpu",
-                         config="/abs/my.toml", sets=("fuse_grad_size_in_MB=8",)),
+                         config="/abs/my.toml", sets=("fuse_grad_size_in_MB=8",), set_baseline=True,
+                         varies=("nccl_comm_num=1,2",)),
                RunOptions(per_rank_batch=4, steps=3, rounds=7, warmup=1, check=False, check_steps=2, timeout=60.0,
                           trace_steps=2, utilization=False),
                AbOptions(trial_warmup=0, seq=SeqOptions(delta=0.01, rotate=3, seed=4), total_budget_s=90.0))
@@ -24,9 +25,10 @@ def test_a_spec_goes_to_json_and_back_unchanged():
     assert RunSpec.from_dict(data) == FULL and RunSpec.from_json(FULL.to_json()) == FULL
     assert RunSpec.from_dict({}) == RunSpec()  # a key left out takes its default
     # the run's resolved facts (size, device, backend ... filled in by the command) are no part of the options
-    facts = FULL.facts("tiny", "cpu", "gloo", "/r")
+    facts = FULL.replace(selection={"config": None, "set_baseline": False, "sets": (
+        "fuse_grad_size_in_MB=8", "lr=0.5")}).facts("tiny", "cpu", "gloo", "/r")
     assert (facts.size, facts.backend) == ("tiny", "gloo")
-    assert facts.baseline_overrides == ("fuse_grad_size_in_MB=8",)
+    assert facts.baseline_overrides == ("lr=0.5",)  # the baseline takes the workload's knobs only
     assert set(FULL.to_dict()["run"]) == {f.name for f in dataclasses.fields(RunOptions)}
     assert not {f.name for f in dataclasses.fields(RunFacts)} & set(FULL.to_dict()["run"])
 

@@ -10,7 +10,7 @@ import pytest
 import suite.runtime.device as device_mod
 from suite.cases import CASES, VARIANTS
 from suite.config import ConfigError
-from suite.run_spec import Selection
+from suite.run_spec import RunSpec, Selection
 from suite.selection import base_cases, resolve
 from tests.fakes import fake_cuda_platform
 
@@ -131,3 +131,70 @@ def test_comma_separated_cases_tags_and_models_are_several(monkeypatch):
     opts = ab_cli.options(args)
     sel = opts.selection
     assert sel.cases == ("mlp/plain", "mlp/fusion") and sel.models == ("mlp",) and sel.tags == ()
+
+
+def _configs(sel: Selection) -> dict:
+    return {rc.case.name: rc.config for rc in resolve(sel, probe=False).at[2]}
+
+
+def test_set_and_config_give_the_baseline_their_workload_knobs_only_unless_set_baseline(tmp_path):
+    toml = tmp_path / "my.toml"
+    toml.write_text('[strategy]\noptimizer = "adam"\nfuse_grad_size_in_MB = 8.0\n')
+    cases = ("mlp/plain", "mlp/multicomm")
+    sel = Selection(cases=cases, config=str(toml), sets=("nccl_comm_num=2", "lr=0.05"), device="cpu")
+    got = _configs(sel)
+    plain, multi = got["mlp/plain"], got["mlp/multicomm"]
+    assert (plain.nccl_comm_num, plain.fuse_all_reduce_ops, plain.fuse_grad_size_in_MB) == (1, False, 32.0)
+    assert (plain.optimizer, plain.lr) == ("adam", 0.05)  # workload knobs: every case's
+    assert (multi.nccl_comm_num, multi.optimizer, multi.lr, multi.fuse_grad_size_in_MB) == (2, "adam", 0.05, 8.0)
+    # the runner's baseline (when no case of it is selected) takes the same: the one rule, suite.config.baseline_sets
+    spec = RunSpec(selection=sel)
+    assert spec.facts("cpu", "cpu", "gloo").baseline_overrides == ("optimizer=adam", "lr=0.05")
+    everything = Selection(cases=cases, config=str(toml), sets=("nccl_comm_num=2",), set_baseline=True,
+                           device="cpu")
+    with pytest.warns(UserWarning, match="cannot overlap"):  # plain's allreduces wait as launched: said
+        assert _configs(everything)["mlp/plain"].nccl_comm_num == 2
+    assert RunSpec(selection=everything).facts("cpu", "cpu", "gloo").baseline_overrides == (
+        "optimizer=adam", "fuse_grad_size_in_MB=8", "nccl_comm_num=2")
+
+
+def test_workload_knobs_are_the_trainings_conditions_not_strategies():
+    from suite.config import WORKLOAD
+
+    assert {"optimizer", "lr", "momentum", "weight_decay", "num_threads", "straggler_ms", "matmul_allow_tf32",
+            "find_unused_parameters"} <= WORKLOAD
+    for knob in ("nccl_comm_num", "fuse_all_reduce_ops", "fuse_grad_size_in_MB", "amp", "data_parallel",
+                 "use_local_sgd", "fuse_all_optimizer_ops", "strategy", "fetch_frequency"):
+        assert knob not in WORKLOAD, knob
+
+
+def test_vary_makes_a_case_per_value_and_combination_and_leaves_the_baseline_once():
+    sel = Selection(cases=("mlp/plain", "mlp/overlap"), varies=("fuse_grad_size_in_MB=0.01,0.05",
+                                                                "grad_comm_dtype=fp32,bf16"), device="cpu")
+    got = _configs(sel)
+    assert list(got) == ["mlp/plain"] + [f"mlp/overlap+fuse_grad_size_in_MB:{mb}+grad_comm_dtype:{dt}"
+                                         for mb in ("0.01", "0.05") for dt in ("fp32", "bf16")]
+    assert got["mlp/plain"].fuse_grad_size_in_MB == 32.0
+    cfg = got["mlp/overlap+fuse_grad_size_in_MB:0.05+grad_comm_dtype:bf16"]
+    # overlap's cap is otherwise sized from the model's gradients: --vary's value wins
+    assert (cfg.fuse_grad_size_in_MB, cfg.grad_comm_dtype, cfg.fuse_all_reduce_ops) == (0.05, "bf16", True)
+    variants = {rc.case.variant for rc in resolve(sel, probe=False).at[2]}
+    assert len(variants) == 5  # each its own variant: timed as a variant of mlp, interleaved with plain
+
+
+@pytest.mark.parametrize("vary,words", [
+    ("fuse_grad_size_in_MB", "expected KEY=V1,V2"),
+    ("fuse_grad_size_in_MB=8", "two or more distinct values"),
+    ("fuse_grad_size_in_MB=8,8.0", "two or more distinct values"),
+    ("fuse_grad_size_in_MB=8,x", "fuse_grad_size_in_MB='x': expected a number"),
+    ("nccl_comm_num=2,99", "nccl_comm_num=99: out of range"),
+    ("colour=1,2", "unknown strategy field 'colour'"),
+    ("lr=0.1,0.2", "lr is a workload knob"),
+    ("nccl_comm_num=1,2", "nccl_comm_num is also given by --set"),
+])
+def test_a_bad_vary_is_one_error_naming_it(vary, words):
+    sel = Selection(cases=("mlp/overlap",), varies=(vary,), sets=("nccl_comm_num=2",) if "1,2" in vary else (),
+                    device="cpu")
+    with pytest.raises(ConfigError) as exc:
+        resolve(sel, probe=False)
+    assert str(exc.value).startswith(f"--vary {vary!r}: ") and words in str(exc.value), str(exc.value)

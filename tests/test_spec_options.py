@@ -121,7 +121,7 @@ def test_no_harness_name_of_a_spec_option_is_written_out():
 
 
 def test_a_new_field_is_an_option_everywhere_its_part_is(monkeypatch):
-    """What the next option (``--strategy module:function``) takes: one field with its metadata, and run, ab,
+    """What the next option (say ``--label TEXT``) takes: one field with its metadata, and run, ab,
     bisect, nightly, pytest and asv all have it, each by its own name, built by the one builder."""
     import dataclasses
 
@@ -130,22 +130,22 @@ def test_a_new_field_is_an_option_everywhere_its_part_is(monkeypatch):
     from suite.validate import spec
 
     @dataclasses.dataclass(frozen=True)
-    class WithStrategy(Selection):
-        strategy: str | None = spec(None, "a strategy as module:function")
+    class WithLabel(Selection):
+        label: str | None = spec(None, "a label of the run")
 
-    monkeypatch.setitem(spec_options.PARTS, "selection", WithStrategy)
+    monkeypatch.setitem(spec_options.PARTS, "selection", WithLabel)
     monkeypatch.setattr(spec_options, "TABLE", spec_options._table())
-    got = {s: [o.named(s) for o in spec_options.options(s) if o.name == "strategy"] for s in SURFACES}
-    assert got == {"run": ["--strategy"], "ab": ["--strategy"], "bisect": ["--strategy"],
-                   "nightly": ["--strategy"], "pytest": ["--fleetbench-strategy"], "asv": ["FLEETBENCH_BENCH_STRATEGY"]}
+    got = {s: [o.named(s) for o in spec_options.options(s) if o.name == "label"] for s in SURFACES}
+    assert got == {"run": ["--label"], "ab": ["--label"], "bisect": ["--label"],
+                   "nightly": ["--label"], "pytest": ["--fleetbench-label"], "asv": ["FLEETBENCH_BENCH_LABEL"]}
     for surface in ("run", "ab"):  # the command line, parsed and built
         parser = argparse.ArgumentParser()
         add_spec(parser, surface, file="")
-        args = parser.parse_args(["--strategy", "m:f", "--case", "mlp/plain"])
+        args = parser.parse_args(["--label", "m:f", "--case", "mlp/plain"])
         spec = spec_options.spec_from(given(args, surface))
-        assert spec.selection.strategy == "m:f" and spec.selection.cases == ("mlp/plain",)
-    env = spec_options.spec_from(spec_options.given_env({"FLEETBENCH_BENCH_STRATEGY": " m:f "}))
-    assert env.selection.strategy == "m:f" and env.selection.tags == ()
+        assert spec.selection.label == "m:f" and spec.selection.cases == ("mlp/plain",)
+    env = spec_options.spec_from(spec_options.given_env({"FLEETBENCH_BENCH_LABEL": " m:f "}))
+    assert env.selection.label == "m:f" and env.selection.tags == ()
 
 
 def test_option_names_are_unique_on_each_surface(monkeypatch):

@@ -14,6 +14,7 @@ from ..ab.client import TrialError
 from ..ab.worktrees import RevisionError
 from ..validate import spec
 from . import error, helps, print_json, terminate_cleanly
+from .ab import add_selection, options, progress
 from .options import add_fields, from_args
 
 
@@ -26,8 +27,6 @@ class BisectOptions:
 
 
 def add_parser(sub) -> None:
-    from .ab import add_selection
-
     p = sub.add_parser("bisect", help="find the first slow commit between GOOD and BAD with `ab` comparisons",
                        **helps(__doc__, """
                            fleetbench bisect v0.3 HEAD --case mlp/overlap --nproc 2
@@ -52,7 +51,6 @@ def add_parser(sub) -> None:
 def main(args) -> int:
     from ..ab.bisect import run_bisect
     from ..ab.trials import AbInputError
-    from .ab import options, progress
 
     terminate_cleanly()
     cases = args.cases or []

@@ -42,7 +42,7 @@ from ..results.records import read_records
 from ..run_spec import RunSpec
 from ..runtime.child import INHERIT, run_child
 from ..validate import check_options, spec
-from . import GATE_CODES, helps, unwind
+from . import GATE_CODES, ab, helps, unwind
 from .checks import require_nproc
 from .options import add_fields, add_spec
 from .options import given as options_given
@@ -205,7 +205,6 @@ def check_ab_args(args, device: str | None) -> None:
     import contextlib
     import io
 
-    from . import ab
     from .main import build_parser  # at call time: main imports every command, this one included
 
     extra = shlex.split(args.ab_args)

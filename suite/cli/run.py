@@ -18,10 +18,11 @@ from typing import Any
 from .. import runtime, spec_options
 from ..cases import ALL_TAGS, BASELINE
 from ..cluster.launch import cluster_option, cluster_sets, start_cluster
-from ..config import ConfigError
+from ..config import ConfigError, baseline_sets
 from ..measure.metadata import collect
 from ..measure.stats import speedup_unresolved
 from ..measure.utilization import BUSY, BUSY_SHARE, LOAD_MARGIN, busy_reason
+from ..model_registry import REGISTRY
 from ..outputs import append_or_fallback, output_problem
 from ..report import junit
 from ..results.records import Metrics, ResultsFileError, read_records
@@ -54,6 +55,7 @@ def add_parser(sub) -> None:
                            fleetbench run --tag smoke --nproc 2
                            fleetbench run --case 'mlp/*' --case resnet/ddp --nproc 4 --rounds 9
                            fleetbench run --set fuse_grad_size_in_MB=8 --config my.toml --trace-steps 2
+                           fleetbench run --case mlp/overlap --vary fuse_grad_size_in_MB=8,32
                            fleetbench run --resume results/runs.jsonl
                            fleetbench run --spec results/nightly/spec.json --nproc 2"""))
     add_shared(p, nproc="local ranks to spawn, the world size (default: 2 on CPU, every GPU on CUDA; ignored under "
@@ -68,11 +70,12 @@ def add_parser(sub) -> None:
                    "comma-separated",
              tags=f"cases with this tag ({', '.join(ALL_TAGS)}); repeatable. Without "
                   "--case/--tag/--model: the 'default' tag",
-             models="a registry model (resnet50, gpt2, bert, resnet, mlp, transformer), hf:GPT2Config / "
+             models=f"a registry model ({', '.join(m.name for m in REGISTRY)}), hf:GPT2Config / "
                     "hf:BertConfig, or your own factory as module:function; alone, every case of that model",
              size="model size: full (published; default on CUDA), cpu (full parameters, smaller inputs; default on "
                   "CPU), tiny (tests)",
-             sets="a strategy field applied on top of every case; repeatable",
+             sets="a knob applied to every case but the baseline, which takes only workload knobs (the optimizer, "
+                  "threads, precision: `fleetbench config --list` marks them) unless --set-baseline; repeatable",
              steps=f"steps per timed window (default {default('steps')})",
              rounds=f"interleaved timed rounds (default {default('rounds')}: the fewest whose speedup interval can "
                     f"cover 95%%; fewer leave every speedup 'not resolved')",
@@ -221,6 +224,8 @@ def main(args) -> int:
         skipped = f" ({len(selected) - runnable} more skipped)" if len(selected) > runnable else ""
         runner.say(f"fleetbench run {runner.run_id}: {runnable} case(s) on {world} rank(s){skipped}, size "
                    f"{ran.selection.size}, {device}/{backend}; results -> {results}")
+        for line in knob_notes(ran.selection):
+            runner.say(line)
         width = max((len(rc.case.name) for rc in selected), default=0)  # the case column, as the check lines'
         said_busy: set = set()
         display.start(runnable)
@@ -265,7 +270,7 @@ def main(args) -> int:
         if env:
             shutdown()
     if reporter:
-        print_table(records)
+        print_table(records, knob_notes(ran.selection))
         busy = busy_summary(records)
         if busy:
             print("\n" + busy)
@@ -568,7 +573,26 @@ def busy_marks(records) -> tuple[list[str], list[str]]:
     return marks, [f"[{n}] {why}" for why, n in reasons.items()]
 
 
-def print_table(records) -> None:
+def knob_notes(sel) -> list[str]:
+    """What the selection's ``--config`` and ``--set`` knobs applied to, a line for each kind: those every case
+    took, the baseline too (workload knobs; all with ``--set-baseline``), and those every case but the baseline
+    took (it stays plain data parallel: ``suite.config.baseline_sets``).  Empty when none was given."""
+    given = baseline_sets(sel.config, sel.sets, everything=True)
+    plain = set(baseline_sets(sel.config, sel.sets, sel.set_baseline))
+    to_all = [item for item in given if item in plain]
+    others = [item for item in given if item not in plain]
+    lines = []
+    if to_all:
+        lines.append(f"knobs applied to every case, the baseline ({BASELINE}) too: {', '.join(to_all)}"
+                     + (" (--set-baseline)" if sel.set_baseline else " (workload knobs)"))
+    if others:
+        lines.append(f"knobs applied to every case but the baseline: {', '.join(others)}; {BASELINE} stays plain "
+                     f"data parallel (--set-baseline applies them to it too)")
+    return lines
+
+
+def print_table(records, notes: list[str] | tuple[str, ...] = ()) -> None:
+    """The run's table; ``notes`` (:func:`knob_notes`) under it, after the busy rows' reasons."""
     from rich.console import Console
     from rich.table import Table
 
@@ -576,7 +600,7 @@ def print_table(records) -> None:
     for col in ("case", "verdict", "samples/s", "speedup vs plain", "step ms (median, IQR)", "collectives/step",
                 "machine"):
         table.add_column(col, justify="left" if col in ("case", "verdict", "machine") else "right", no_wrap=True)
-    marks, notes = busy_marks(records)
+    marks, busy_notes = busy_marks(records)
     for r, mark in zip(records, marks):
         m = r.metrics
         sps = m.samples_per_s
@@ -593,12 +617,17 @@ def print_table(records) -> None:
             _count(ar) if not m.empty else "-",
             mark,
         )
+    from rich.measure import Measurement
+
+    # on a terminal, its width (at least 160); in a log, as wide as the table needs, never a cell cut to "…"
+    wide = Measurement.get(Console(width=1000), Console(width=1000).options, table).maximum
     console = Console(width=max(160, os.get_terminal_size(sys.stdout.fileno()).columns if sys.stdout.isatty()
-                                else 160))
+                                else wide))
     console.print(table)
-    for line in notes:  # the busy rows' reasons, under the table they mark
+    for line in [*busy_notes, *notes]:  # the busy rows' reasons, under the table they mark; what the knobs reached
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 __all__ = ["add_parser", "main", "command_spec", "print_table", "DEFAULT_RESULTS", "RunDisplay", "busy_summary",
+           "knob_notes",
            "busy_marks"]
