@@ -44,7 +44,8 @@ from .validate import spec as field_with_spec
 
 __all__ = ["StrategyConfig", "ConfigError", "PRESETS", "PADDLE_FIELDS", "PADDLE_UNIMPLEMENTED", "toml_fields",
            "check_overrides", "knob", "FieldSpec", "field_specs", "to_toml", "WORKLOAD", "workload_sets",
-           "baseline_sets", "parse_set", "set_field", "set_text", "refuse_unused_fields"]
+           "baseline_sets", "parse_set", "set_field", "set_text", "refuse_unused_fields",
+           "away_from_defaults"]
 
 
 MIN_THREAD_CAP = 16  # num_threads allowed per rank on a machine of fewer than 4 CPUs (check_world)
@@ -370,6 +371,12 @@ def refuse_unused_fields(values: Mapping[str, Any], command: str) -> None:
         if only and only != command and value != f.default:
             raise ConfigError(f"{name}={value!r}: `fleetbench {command}` does not use this knob (it would be "
                               f"recorded and ignored); `fleetbench {only}` is the command that reads it")
+
+
+def away_from_defaults(config: Mapping[str, Any]) -> list[str]:
+    """A recorded config's knobs away from their defaults, as ``--set`` items (``lr=0.05``; a key no knob has any
+    more is left out): what a baseline ran with beyond plain data parallel, said beside its speedup."""
+    return [f"{k}={set_text(v)}" for k, v in config.items() if k in _FIELDS and v != _FIELDS[k].default]
 
 
 def workload_sets(assignments: list[str] | tuple[str, ...]) -> list[str]:

@@ -332,6 +332,7 @@ def test_set_leaves_the_baseline_plain_and_vary_times_each_value_interleaved_wit
     # plain's engine: one allreduce per gradient (the MLP has 10) on the one world communicator, no bucket
     assert plain["metrics"]["comm_calls_per_step"] == {"world/all_reduce": 10.0}, plain["metrics"]
     assert not plain["describe"].get("buckets")
+    assert "1 (the baseline; lr=0.05)" in out  # the table says what reached it
     for name, mb in ((small, 0.01), (large, 0.05)):
         r = by[name]
         assert r["verdict"] == "pass", r

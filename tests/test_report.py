@@ -873,3 +873,17 @@ def test_the_first_table_is_every_case_s_verdict_speedup_and_machine_with_the_fa
     # the Markdown opens the same way: the summary table, then the failures
     assert md.index("## Summary") < md.index("| resnet/overlap | 2 | 0.80× \\[0.70, 0.90\\] | pass | busy \\[1\\] |") \
         < md.index("## Failures and errors") < md.index("## Runs"), md
+
+
+def test_a_baseline_that_ran_with_knobs_says_them_beside_its_speedup():
+    """The baseline is plain data parallel; the knobs it ran with beyond it (workload knobs: --set lr=...) are
+    said in its cell, read from the record's config, in the report and in `fleetbench run`'s table alike."""
+    from suite.cli.run import _record_speedup
+    from suite.report.page import HEAD, SPEEDUP, _row
+
+    m = {"speedup": 1.0, "speedup_ci": [1.0, 1.0], "samples_per_s": 100.0}
+    plain = dataclasses.replace(_rec("mlp/plain", m=m), config={"lr": 0.05, "nccl_comm_num": 1, "gone_knob": 3})
+    assert dict(zip(HEAD, _row(plain)[0]))[SPEEDUP] == "1 (the baseline; lr=0.05)"
+    assert _record_speedup(plain) == "1 (the baseline; lr=0.05)"
+    bare = dataclasses.replace(plain, config={"lr": 0.01})  # its default: nothing to say
+    assert dict(zip(HEAD, _row(bare)[0]))[SPEEDUP] == "1 (the baseline)" == _record_speedup(bare)

@@ -18,7 +18,7 @@ from typing import Any
 from .. import runtime, spec_options
 from ..cases import ALL_TAGS, BASELINE
 from ..cluster.launch import cluster_option, cluster_sets, start_cluster
-from ..config import ConfigError, baseline_sets
+from ..config import ConfigError, away_from_defaults, baseline_sets
 from ..measure.metadata import collect
 from ..measure.stats import speedup_unresolved
 from ..measure.utilization import BUSY, BUSY_SHARE, LOAD_MARGIN, busy_reason
@@ -535,14 +535,15 @@ def _rounds(rec) -> int | None:
     return len(windows) if isinstance(windows, list) else None
 
 
-def _speedup_cell(sp, ci, baseline: bool = False, rounds: int | None = None, consistent: bool | None = None) -> str:
+def _speedup_cell(sp, ci, baseline: bool | list = False, rounds: int | None = None, consistent: bool | None = None
+                  ) -> str:
     """The speedup with its interval, and why it is not resolved where it is not (``suite.measure.stats``'s
     ``speedup_unresolved``, the rule the report states too): "not resolved" where the interval spans 1 (neither
     faster nor slower), "not resolved (N rounds)" where it comes from fewer than RUN_ROUNDS_FOR_95 rounds (such an
     interval covers less than 95%), "not resolved (rounds disagree)" where its rounds disagree (``consistent``
     False: the record's ``speedup_consistent``)."""
-    if baseline:
-        return "1 (the baseline)"
+    if baseline:  # True, or the knobs it ran with beyond plain data parallel
+        return "1 (the baseline" + (f"; {', '.join(baseline)})" if isinstance(baseline, list) else ")")
     if not (isinstance(sp, float) and math.isfinite(sp)):
         return "-"
     why = speedup_unresolved(Metrics(speedup=sp, speedup_ci=list(ci), speedup_consistent=consistent,
@@ -555,8 +556,9 @@ def _speedup_cell(sp, ci, baseline: bool = False, rounds: int | None = None, con
 def _record_speedup(r) -> str:
     """A record's speedup cell (:func:`_speedup_cell` of its metrics)."""
     m = r.metrics
+    baseline = r.case.endswith("/" + BASELINE) and r.status == "ok"
     return _speedup_cell(m.speedup, m.speedup_ci or [None, None], rounds=_rounds(r), consistent=m.speedup_consistent,
-                         baseline=r.case.endswith("/" + BASELINE) and r.status == "ok")
+                         baseline=(away_from_defaults(r.config) or True) if baseline else False)
 
 
 def busy_marks(records) -> tuple[list[str], list[str]]:

@@ -50,6 +50,7 @@ import urllib.parse
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ..config import away_from_defaults
 from ..measure.stats import ROUNDS_DISAGREE, RUN_ROUNDS_FOR_95
 from ..measure.utilization import BUSY, busy_reason
 from ..outputs import OutputDir
@@ -340,7 +341,9 @@ def _speedup_text(r: CaseRecord) -> tuple[str, str]:
     if m.empty:
         return "-", ""
     if F.variant_of(r.case) == F.BASELINE_VARIANT and math.isfinite(F.num(m.speedup)):
-        return "1 (the baseline)", ""
+        knobs = away_from_defaults(r.config)  # what it ran with beyond plain data parallel: workload knobs
+        return ("1 (the baseline" + (f"; {', '.join(knobs)})" if knobs else ")"),
+                f"plain data parallel, with {', '.join(knobs)}" if knobs else "")
     unresolved = F.speedup_unresolved(m)
     text = _ci(m.speedup, m.speedup_ci, ".2f", "×") + (f" {unresolved}" if unresolved else "")
     if not unresolved:
