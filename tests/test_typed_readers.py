@@ -326,7 +326,8 @@ def test_ab_refuses_a_trial_answer_that_is_not_one():
     from suite.ab.client import TrialError
     from suite.ab.stats import SeqOptions
     from suite.ab.trials import Side, _prepare
-    from tests.test_ab import _ab_spec, _FakeServer
+    from tests.fakes import FakeServer as _FakeServer
+    from tests.fakes import ab_spec as _ab_spec
 
     class Server(_FakeServer):
         def request(self, op, **fields):
