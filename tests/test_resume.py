@@ -303,6 +303,9 @@ def test_resume_with_the_factory_given_again_goes_on(tmp_path, monkeypatch, caps
     for module in (suite.selection, suite.runner):
         monkeypatch.setattr(module, "model_info", here)
     monkeypatch.chdir(tmp_path)
+    # the factory is imported in this process, its directory appended to the import path (suite/usercode.py): the
+    # path put back afterwards, or a later test's own `mine.py` is not the one an import finds
+    monkeypatch.setattr(sys, "path", list(sys.path))
     (tmp_path / "mine.py").write_text(GOOD_FACTORY)
     results = _resume_file(tmp_path, "mine:make")
     code, out, err = _cli(["run", "--resume", results, "--model", "mine:make", "--no-utilization", "--timeout",
