@@ -86,3 +86,150 @@ def nested_pytest_env(**more: str) -> dict[str, str]:
            if not k.startswith(("FLEETBENCH_BENCH_", "PYTEST_XDIST_")) and k != "PYTEST_CURRENT_TEST"}
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return {**env, **more}
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.join(ROOT, "tests")
+
+# `fleetbench run` of one case on CPU, the stem hostile-input tests add to
+RUN = ["run", "--case", "mlp/plain", "--size", "tiny", "--device", "cpu"]
+# a case name that is markup, a table cell's end and a link's start all at once
+HOSTILE_CASE = "mlp/<script>alert(1)</script>|x"
+
+
+def gone_within(pids, seconds: float) -> list[int]:
+    """The pids still alive after waiting up to ``seconds`` for them to end (a bounded wait, not a timing)."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while any(map(alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
+
+
+def tagged(token: str) -> list[int]:
+    """Live processes whose environment carries ``token`` (every process a run started inherits it)."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                if token.encode() in fh.read() and alive(int(pid)):
+                    out.append(int(pid))
+        except OSError:
+            continue
+    return out
+
+
+def unescaped_pipes(line: str) -> int:
+    """How many cells a Markdown table line's ``|`` make (an escaped ``\\|`` is text)."""
+    n, i = 0, 0
+    while i < len(line):
+        if line[i] == "\\":
+            i += 2
+            continue
+        n += line[i] == "|"
+        i += 1
+    return n
+
+
+def torchrun(args: list[str], timeout: float = 240):
+    """``python -m torch.distributed.run --standalone --nproc_per_node 2 ARGS`` from the checkout, its output kept."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
+               GLOO_SOCKET_IFNAME=os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+# ---- JUnit XML read back with the standard library (tests/data/junit-10.xsd: tests/test_junit.py says whose) ----
+XSD = os.path.join(HERE, "data", "junit-10.xsd")
+
+
+def valid(path):
+    """The file's root (an ElementTree element), after checking it against the schema (the schema's own complaint on
+    failure)."""
+    import xml.etree.ElementTree as ET
+
+    import lxml.etree
+
+    schema = lxml.etree.XMLSchema(lxml.etree.parse(XSD))
+    doc = lxml.etree.parse(str(path))
+    assert schema.validate(doc), f"{path} does not validate against junit-10.xsd: {schema.error_log}"
+    return ET.parse(path).getroot()
+
+
+def cases(root) -> dict:
+    """Each ``testcase`` element of a JUnit root, by its name."""
+    return {tc.get("name"): tc for tc in root.iter("testcase")}
+
+
+def outcome(tc) -> tuple[str, str]:
+    """("passed", "") or (the child's tag, its message)."""
+    for tag in ("failure", "error", "skipped"):
+        el = tc.find(tag)
+        if el is not None:
+            return tag, el.get("message") or ""
+    return "passed", ""
+
+
+# ---- git: a repository of this project's tree for `ab`, `bisect` and the nightly ---------------------------------
+SLOW_PATCH = '''
+
+# --- fleetbench's tests (tests/clitools.py): a training step about 10% slower (busy work proportional to the step;
+# FLEETBENCH_TEST_SLOWDOWN sets another fraction, for trying the tests by hand) ---
+import os as _slow_os
+import time as _slow_time
+
+_SLOWDOWN = float(_slow_os.environ.get("FLEETBENCH_TEST_SLOWDOWN", "0.10"))
+
+_real_train_step = Engine.train_step
+
+
+def _slow_train_step(self, inputs, targets):
+    t0 = _slow_time.perf_counter()
+    out = _real_train_step(self, inputs, targets)
+    end = _slow_time.perf_counter() + _SLOWDOWN * (_slow_time.perf_counter() - t0)
+    while _slow_time.perf_counter() < end:
+        pass
+    return out
+
+
+Engine.train_step = _slow_train_step
+'''
+
+
+def git(repo, *args):
+    """``git -C REPO ARGS``'s output, stripped (its failure an assertion naming the command)."""
+    import subprocess
+
+    out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, f"git {args}: {out.stderr}"
+    return out.stdout.strip()
+
+
+def commit(repo, message):
+    """Everything in ``repo`` committed; the commit's hash."""
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+    return git(repo, "rev-parse", "HEAD")
+
+
+def copy_tree(root) -> None:
+    """This project's current tree (tracked and untracked-but-not-ignored files) as a fresh git repository at
+    ``root`` with nothing committed yet."""
+    import shutil
+    import subprocess
+
+    files = subprocess.run(["git", "-C", ROOT, "ls-files", "-co", "--exclude-standard", "-z"], capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    for f in filter(None, files):
+        src = os.path.join(ROOT, f)
+        if os.path.isfile(src):
+            os.makedirs(os.path.dirname(root / f), exist_ok=True)
+            shutil.copy2(src, root / f)
+    git(ROOT, "--version")
+    subprocess.run(["git", "init", "-q", "-b", "main", str(root)], check=True)
+    git(root, "config", "user.email", "ab@test")
+    git(root, "config", "user.name", "ab test")

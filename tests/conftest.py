@@ -89,3 +89,23 @@ def no_ranks(monkeypatch):
     import suite.runtime
 
     monkeypatch.setattr(suite.runtime, "RankPool", _NoRanks)
+
+
+@pytest.fixture
+def bounded():
+    """In-process calls that must not block: a hang becomes a failure after 30 s."""
+    from tests.clitools import bounded_by
+
+    with bounded_by(30):
+        yield
+
+
+@pytest.fixture
+def fake_rank_pool(monkeypatch):
+    """``suite.runtime.RankPool`` replaced by :class:`tests.fakes.FakeRankPool` (synthetic timings, no process)."""
+    import suite.runtime
+    from tests.fakes import FakeRankPool
+
+    monkeypatch.setattr(suite.runtime, "RankPool", FakeRankPool)
+    monkeypatch.setattr(FakeRankPool, "made", [])
+    return FakeRankPool

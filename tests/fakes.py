@@ -251,7 +251,7 @@ def captured_log(name: str):
 
 class FakeRankPool:
     """Stands for ``suite.runtime.RankPool`` in `fleetbench run --no-check`: every timing call answered with
-    synthetic numbers (``tests.test_runner``'s); each pool made is in ``made``, each call's keywords in ``calls``."""
+    synthetic numbers (:func:`fake_answers`); each pool made is in ``made``, each call's keywords in ``calls``."""
 
     made: list = []
 
@@ -261,12 +261,11 @@ class FakeRankPool:
 
     def run(self, fn, kwargs=None, timeout=None):
         from suite.runner import free_memory_on_rank
-        from tests.test_runner import _answers
 
         if fn is free_memory_on_rank:
             return [2**40] * self.nproc
         self.calls.append(kwargs)
-        return _answers([v["name"] for v in kwargs["variants"]], ranks=self.nproc)
+        return fake_answers([v["name"] for v in kwargs["variants"]], ranks=self.nproc)
 
     def close(self):
         pass
@@ -338,3 +337,150 @@ def nccl_like_site(folder) -> str:
     with open(os.path.join(folder, "sitecustomize.py"), "w") as fh:
         fh.write(NCCL_LIKE_RANKS)
     return str(folder)
+
+
+# ---- records made up: a timed record, a record for the report, a file of them ------------------------------------
+def fake_record(case="mlp/plain", world=2, run_id="r1", **metrics):
+    """A passing record of ``case`` with made-up windows and steps (``metrics`` added to or replacing them)."""
+    from suite.results.records import CaseRecord
+
+    base = {"samples_per_s": 100.0, "step_time_s": {"median": 0.02}, "step_times_s": [0.02, 0.021, 0.019],
+            "window_s": [0.1, 0.11, 0.1], "steps_per_window": 5}
+    return CaseRecord(case, case.split("/")[0], world, {"data_parallel": "suite"}, run_id, verdict="pass",
+                      metrics={**base, **metrics}, metadata={"torch": "2.4.0", "cpu": "test cpu"})
+
+
+def report_record(case, world=2, run_id="r1", status="ok", error=None, **metrics):
+    """A record as the report reads one: ``status`` ok (made-up throughput and steps, ``metrics`` added) or not (no
+    metrics, ``error`` said)."""
+    from suite.results.records import CaseRecord
+
+    base = {"samples_per_s": 100.0, "samples_per_s_ci": [90.0, 110.0], "step_time_s": {"median": 0.02},
+            "step_times_s": [0.02, 0.021, 0.019, 0.02, 0.022]}
+    return CaseRecord(case, case.split("/")[0], world, {"data_parallel": "suite"}, run_id, status=status,
+                      verdict="pass" if status == "ok" else "error", metrics={**base, **metrics} if status == "ok"
+                      else {}, metadata={"torch": "2.4.0", "cpu": "test cpu", "gpu": {"available": False}},
+                      error=error)
+
+
+def write_records(path, *records):
+    """``records`` as a results file at ``path`` (its folder made); the path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(r.to_json() + "\n" for r in records))
+    return path
+
+
+# a user's own model factory (a module of the current directory): the registry's mlp
+GOOD_FACTORY = "from suite.models import get_model\n\ndef make(size):\n    return get_model('mlp', size)\n"
+
+
+# ---- the runner's launcher, answering made-up timings -------------------------------------------------------------
+RUNNER_META = {"torch": "test", "gpu": {"available": False}}
+
+
+def resolved(name: str, **cfg):
+    """The registry's case ``name`` resolved with its own config (``cfg`` added)."""
+    from suite.cases import get_case
+    from suite.config import StrategyConfig
+    from suite.run_spec import ResolvedCase
+
+    case = get_case(name)
+    return ResolvedCase(case, StrategyConfig.from_dict({**case.config, **cfg}))
+
+
+def fake_answers(names, losses=(1.0, 0.9), ranks=2):
+    """What ``time_on_rank`` answers (typed), made up."""
+    from suite.measure.timing import RankTiming
+
+    def one(rank):
+        return RankTiming.from_dict({"rank": rank, "variants": {n: {
+            "windows": [0.5, 0.5], "step_times": [0.1] * 4, "losses": list(losses), "threads": 1,
+            "comm_calls_per_step": {"world/all_reduce": 10.0}, "comm_bytes_per_step": {"world/all_reduce": 4e6},
+            "host_syncs": 2, "describe": {"strategy": "plain", "allreduce_ops": 10}, "peak_memory_bytes": 1,
+            "peak_memory_kind": "process_max_rss"} for n in names}})
+    return [one(r) for r in range(ranks)]
+
+
+class FakeLauncher:
+    """Answers time_on_rank with synthetic numbers; fails interleaved calls of more than two variants."""
+
+    nproc = 2
+
+    def __init__(self, fail_interleaved=False, losses=(1.0, 0.9), free=(2**40, 2**40)):
+        self.fail_interleaved, self.losses, self.calls, self.free = fail_interleaved, losses, [], free
+
+    def run(self, fn, kwargs=None, timeout=None):
+        from suite.runner import free_memory_on_rank
+        from suite.runtime.pool import RankFailure
+
+        if fn is free_memory_on_rank:  # the memory probe: each rank's free bytes
+            return list(self.free)
+        names = [v["name"] for v in kwargs["variants"]]
+        self.calls.append(names)
+        if self.fail_interleaved and len(names) > 2:
+            raise RankFailure("rank(s) [1] died (rank 1 exit code -9) while running time_on_rank", [1], "x")
+        return fake_answers(names, self.losses)
+
+
+def fake_runner(launcher, facts=None, **opts):
+    """A ``CaseRunner`` at world size 2 on ``launcher``, without the check and the utilization sampler."""
+    from suite.run_spec import RunOptions
+    from suite.runner import CaseRunner
+
+    return CaseRunner(launcher, 2, RunOptions(check=False, utilization=False, **opts), metadata=RUNNER_META,
+                      facts=facts)
+
+
+class Borrowed:
+    """A session pool lent to a command that closes its pool when it ends (the close is the session's)."""
+
+    def __init__(self, pool):
+        self.pool = pool
+
+    def run(self, *args, **kwargs):
+        return self.pool.run(*args, **kwargs)
+
+    def close(self):
+        pass
+
+
+# ---- ab's trial servers, in memory -------------------------------------------------------------------------------
+def structure_answer(structure: dict, verdict: str = "pass") -> dict:
+    """A trial server's answer to "structure": a whole record as JSON (what `ab` reads into a CaseRecord)."""
+    import json
+
+    from suite.results.records import CaseRecord
+
+    return json.loads(CaseRecord("mlp/plain", "mlp", 2, {}, "r", verdict=verdict, structure=structure).to_json())
+
+
+class FakeServer:
+    """Answers a trial server's requests in memory: a step time of `speed` per step, one key per preparation."""
+
+    def __init__(self, speed):
+        import types
+
+        self.speed, self.requests, self.n, self.closed = speed, [], 0, False
+        self.proc = types.SimpleNamespace(poll=lambda: None)
+        self.log_path = "/nowhere/base.log"
+
+    def close(self):
+        self.closed = True
+
+    def request(self, op, **fields):
+        self.requests.append((op, fields))
+        if op == "prepare":
+            self.n += 1
+            return {"key": f"k{self.n}"}
+        if op == "trial":
+            return {"step_s": self.speed() if callable(self.speed) else self.speed, "losses": [1.0]}
+        if op == "structure":
+            return {"record": structure_answer({"allreduce_ops": self.n}, "pass" if self.n == 1 else "n/a")}
+        return {}
+
+
+def ab_spec(seq):
+    """The run specification a comparison at world size 2 takes, with these statistics."""
+    from suite.run_spec import AbOptions, RunSpec, Selection
+
+    return RunSpec(Selection(worlds=(2,)), ab=AbOptions(seq=seq))

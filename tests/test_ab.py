@@ -21,63 +21,17 @@ import os
 import shutil
 import subprocess
 import sys
-import types
 
 import pytest
 
+from tests.clitools import SLOW_PATCH, copy_tree
+from tests.clitools import commit as _commit
+from tests.clitools import git as _git
+from tests.fakes import FakeServer as _FakeServer
+from tests.fakes import ab_spec as _ab_spec
+from tests.fakes import structure_answer as _record
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-SLOW_PATCH = '''
-
-# --- tests/test_ab.py: a training step about 10% slower (busy work proportional to the step;
-# FLEETBENCH_TEST_SLOWDOWN sets another fraction, for trying the tests by hand) ---
-import os as _slow_os
-import time as _slow_time
-
-_SLOWDOWN = float(_slow_os.environ.get("FLEETBENCH_TEST_SLOWDOWN", "0.10"))
-
-_real_train_step = Engine.train_step
-
-
-def _slow_train_step(self, inputs, targets):
-    t0 = _slow_time.perf_counter()
-    out = _real_train_step(self, inputs, targets)
-    end = _slow_time.perf_counter() + _SLOWDOWN * (_slow_time.perf_counter() - t0)
-    while _slow_time.perf_counter() < end:
-        pass
-    return out
-
-
-Engine.train_step = _slow_train_step
-'''
-
-
-def _git(repo, *args):
-    out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, f"git {args}: {out.stderr}"
-    return out.stdout.strip()
-
-
-def _commit(repo, message):
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-q", "-m", message)
-    return _git(repo, "rev-parse", "HEAD")
-
-
-def copy_tree(root) -> None:
-    """This project's current tree (tracked and untracked-but-not-ignored files) as a fresh git repository at
-    ``root`` with nothing committed yet."""
-    files = subprocess.run(["git", "-C", REPO, "ls-files", "-co", "--exclude-standard", "-z"], capture_output=True,
-                           check=True).stdout.decode().split("\0")
-    for f in filter(None, files):
-        src = os.path.join(REPO, f)
-        if os.path.isfile(src):
-            os.makedirs(os.path.dirname(root / f), exist_ok=True)
-            shutil.copy2(src, root / f)
-    _git(REPO, "--version")
-    subprocess.run(["git", "init", "-q", "-b", "main", str(root)], check=True)
-    _git(root, "config", "user.email", "ab@test")
-    _git(root, "config", "user.name", "ab test")
 
 
 @pytest.fixture(scope="module")
@@ -405,13 +359,6 @@ def test_rotation_decides_over_whole_pairs_of_preparations_with_a_t_interval():
     assert lo > 0, lo
 
 
-def _record(structure: dict, verdict: str = "pass") -> dict:
-    """A trial server's answer to "structure": a whole record as JSON (what `ab` reads into a CaseRecord)."""
-    from suite.results.records import CaseRecord
-
-    return json.loads(CaseRecord("mlp/plain", "mlp", 2, {}, "r", verdict=verdict, structure=structure).to_json())
-
-
 def test_a_record_from_a_revision_with_other_ab_options_is_read_without_them():
     """An older revision's trial server echoes the comparison's spec in its record with ab options this revision
     no longer has (``inject_head``, ``seq.min_blocks``): the client reads the record without its spec's ab part
@@ -430,36 +377,6 @@ def test_a_record_from_a_revision_with_other_ab_options_is_read_without_them():
     assert rec.spec.selection.worlds == (2,)
     with pytest.raises(ResultsFileError, match="is not a field of the run specification"):  # read whole: refused
         CaseRecord.from_dict(data, "the record")
-
-
-class _FakeServer:
-    """Answers a trial server's requests in memory: a step time of `speed` per step, one key per preparation."""
-
-    def __init__(self, speed):
-        self.speed, self.requests, self.n, self.closed = speed, [], 0, False
-        self.proc = types.SimpleNamespace(poll=lambda: None)
-        self.log_path = "/nowhere/base.log"
-
-    def close(self):
-        self.closed = True
-
-    def request(self, op, **fields):
-        self.requests.append((op, fields))
-        if op == "prepare":
-            self.n += 1
-            return {"key": f"k{self.n}"}
-        if op == "trial":
-            return {"step_s": self.speed() if callable(self.speed) else self.speed, "losses": [1.0]}
-        if op == "structure":
-            return {"record": _record({"allreduce_ops": self.n}, "pass" if self.n == 1 else "n/a")}
-        return {}
-
-
-def _ab_spec(seq):
-    """The run specification a comparison at world size 2 takes, with these statistics."""
-    from suite.run_spec import AbOptions, RunSpec, Selection
-
-    return RunSpec(Selection(worlds=(2,)), ab=AbOptions(seq=seq))
 
 
 def test_rotation_prepares_the_case_afresh_every_n_blocks_and_keeps_the_first_records():

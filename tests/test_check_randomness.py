@@ -20,8 +20,8 @@ from suite.run_spec import Selection
 from suite.runtime.rng import step_seed
 from suite.selection import base_cases
 from suite.workload import WorkloadSpec
+from tests.fakes import Borrowed
 from tests.scripts import my_models
-from tests.test_user_models import Borrowed
 
 MODELS = "tests.scripts.my_models"
 OVERLAP = StrategyConfig(fuse_all_reduce_ops=True, fuse_grad_size_in_MB=0.004, sync_nccl_allreduce=False)

@@ -103,7 +103,8 @@ def test_version_names_the_package_version_and_the_commit(capsys):
 def test_the_runner_reports_progress_per_check_and_per_timing_group():
     from suite.run_spec import RunOptions
     from suite.runner import CaseRunner
-    from tests.test_runner import FakeLauncher, _rc
+    from tests.fakes import FakeLauncher
+    from tests.fakes import resolved as _rc
 
     events = []
     runner = CaseRunner(FakeLauncher(), 2, RunOptions(check=False, utilization=False, rounds=3, steps=4),
@@ -262,7 +263,7 @@ def test_a_fake_timing_whose_rounds_disagree_is_not_resolved_and_a_busy_window_m
     from suite.measure.timing import RankTiming
     from suite.run_spec import RunOptions
     from suite.runner import CaseRunner, free_memory_on_rank
-    from tests.test_runner import _rc
+    from tests.fakes import resolved as _rc
 
     monkeypatch.setattr(os, "getloadavg", lambda: (0.5, 0.5, 0.5))  # this machine's own load is not the test's
     windows = {"plain": [1.0] * 6, "overlap": [0.5, 0.48, 0.52, 2.0, 0.5, 0.49],
@@ -341,3 +342,142 @@ def test_set_leaves_the_baseline_plain_and_vary_times_each_value_interleaved_wit
         assert r["fallback"] is None and len(r["metrics"]["window_s"]) == 2  # in the group, both rounds
         assert r["spec"]["selection"]["varies"] == ["fuse_grad_size_in_MB=0.01,0.05"]
     assert by[small]["describe"]["allreduce_ops"] > by[large]["describe"]["allreduce_ops"]  # the knob took effect
+
+
+# ---- every command's bad input: one line, exit 2, before any rank --------------------------------------------------
+RUN = ["run", "--case", "mlp/plain", "--size", "tiny", "--device", "cpu"]
+
+
+def _bad_inputs(tmp) -> list:
+    """(argv, words) for every bad numeric option and unusable file of comm, cluster, compare."""
+    from suite.results.records import append_record
+    from tests.fakes import report_record
+
+    good = tmp / "good.jsonl"
+    append_record(str(good), report_record("mlp/plain"))
+    binary = tmp / "binary.json"
+    binary.write_bytes(b"\xff\xfe\x00{not text")
+    folder = tmp / "folder.json"
+    folder.mkdir()
+    C = ["compare", str(good), str(good)]
+    cases = [
+        (["comm", "--timeout", "-5"], ["--timeout -5", ">= 1"]),  # one bound (it was > 0 and >= 1, checked twice)
+        (["comm", "--timeout", "nan"], ["--timeout nan", "finite"]),
+        (["comm", "--timeout", "inf"], ["--timeout inf", "finite"]),
+        (["comm", "--timeout", "0"], ["--timeout 0", ">= 1"]),
+        (["comm", "-b", "64G"], ["--min-bytes 64G", "--max-bytes 16M"]),
+        (["comm", "-b", "1024G", "-e", "1024G"], ["--max-bytes 1024G", "memory is available", "largest message"]),
+        (["comm", "-e", "1024G"], ["--max-bytes 1024G", "memory is available"]),
+        (["comm", "-e", "9" * 400 + "G"], ["--max-bytes 999", "too large"]),
+        (["comm", "-b", "0.1"], ["--min-bytes 0.1", "at least 1 byte"]),
+        (["comm", "-b", "nan"], ["--min-bytes nan", "expected a number of bytes"]),
+        (["comm", "--nproc", "100000"], ["--nproc 100000", "local ranks on this machine"]),
+        (["comm", "--nproc", "1"], ["--nproc 1", "at least 2"]),
+        (["comm", "--inter-nranks", "0"], ["--inter-nranks 0", ">= 1"]),
+        (["comm", "--inter-nranks", "-2"], ["--inter-nranks -2", ">= 1"]),
+        (["comm", "-f", "1"], ["--step-factor 1", ">= 2"]),
+        (["comm", "-n", "0"], ["--iters 0", ">= 1"]),
+        (["comm", "-w", "-1"], ["--warmup -1", ">= 0"]),
+        (["comm", "--cluster", "0x2:inter=1gbit"], ["--cluster '0x2:inter=1gbit'", "nodes=0"]),
+        (["cluster", "up", "0x2:inter=1gbit"], ["'0x2:inter=1gbit'", "nodes=0"]),
+        (["cluster", "up", "2x0:inter=1gbit"], ["'2x0:inter=1gbit'", "ranks per node=0"]),
+        (["cluster", "up", "2x2:inter=nanmbit"], ["inter='nanmbit'"]),
+        (["cluster", "up", "2x2:inter=-1gbit"], ["inter='-1gbit'"]),
+        (["cluster", "up", "99x99:inter=1gbit"], ["'99x99:inter=1gbit'", "at most"]),
+        (C + ["--threshold", "nan"], ["--threshold nan"]),
+        (C + ["--threshold", "-1"], ["--threshold -1"]),
+        (C + ["--threshold", "inf"], ["--threshold inf"]),
+        (C + ["--alpha", "0"], ["--alpha 0"]),
+        (C + ["--alpha", "nan"], ["--alpha nan"]),
+        (C + ["--markdown", str(folder)], ["--markdown", "is a directory"]),
+        (["compare", str(folder), str(good)], [str(folder), "directory"]),
+        (["compare", str(good), str(binary)], [str(binary), "not a text file"]),
+    ]
+    return cases
+
+
+def test_every_bad_number_or_file_is_one_line_exit_2_before_any_rank(tmp_path, monkeypatch, capsys):
+    import suite.cluster.emulate
+    import suite.runtime
+    from suite.cli.main import main
+
+    class NoRanks:
+        def __init__(self, *a, **k):
+            raise AssertionError("a rank pool was started despite bad input")
+
+    monkeypatch.setattr(suite.runtime, "RankPool", NoRanks)
+    # No cluster may come up: and a bad value must be named even where none could be emulated.
+    monkeypatch.setattr(suite.cluster.emulate, "unavailable_reason", lambda: "not here (test)")
+    problems = []
+    for argv, words in _bad_inputs(tmp_path):
+        shown = " ".join(a if len(a) < 60 else a[:20] + "…" for a in argv)
+        try:
+            code = main(argv)
+        except BaseException as exc:  # noqa: BLE001 - a traceback is what this test looks for
+            capsys.readouterr()
+            problems.append(f"{shown}: raised {type(exc).__name__}: {str(exc)[:120]}")
+            continue
+        err = capsys.readouterr().err
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        if code != 2 or len(lines) != 1 or "Traceback" in err or not all(w in err for w in words):
+            problems.append(f"{shown}: exit {code}, stderr {err[:300]!r}; expected one line with {words}")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("argv,words", [
+    (RUN + ["--nproc", "100000"], ["--nproc 100000", "local ranks"]),
+    (RUN + ["--pg-timeout", "1e300"], ["--pg-timeout", "a week"]),
+    (RUN + ["--steps", "10000000000"], ["--steps"]),
+    (["ab", "HEAD", "HEAD", "--nproc", "1000"], ["--nproc 1000"]),
+    (["ab", "HEAD", "HEAD", "--batch", "-3"], ["--batch -3"]),
+    (["ab", "HEAD", "HEAD", "--timeout", "nan"], ["--timeout nan"]),
+    (["ab", "HEAD", "HEAD", "--timeout", "0"], ["--timeout 0"]),
+    (["ab", "HEAD", "HEAD", "--seed", "-1"], ["--seed -1"]),
+    (["ab", "HEAD", "HEAD", "--python", "/nonexistent"], ["--python", "/nonexistent"]),
+    (["doctor", "--nproc", "100000"], ["--nproc 100000"]),
+    (["doctor", "--hang-timeout", "nan"], ["--hang-timeout nan"]),
+    (["doctor", "--hang-timeout", "-5"], ["--hang-timeout -5"]),
+    (["figures", "host", "--rounds", "0"], ["--rounds 0"]),
+])
+def test_options_out_of_range_are_one_error_before_anything_starts(capsys, no_ranks, monkeypatch, argv, words):
+    import suite.ab.trials
+    import suite.doctor
+    from tests.clitools import cli as _cli
+    from tests.clitools import one_error as _one_error
+
+    def nothing(*a, **k):
+        raise AssertionError("started despite bad input")
+
+    monkeypatch.setattr(suite.ab.trials, "run_ab", nothing)
+    monkeypatch.setattr(suite.doctor, "run_doctor", nothing)
+    code, _, err = _cli(argv, capsys)
+    _one_error(code, err, *words)
+
+
+def test_refusals_do_not_echo_huge_input(capsys, no_ranks):
+    from tests.clitools import cli as _cli
+    huge = "x" * 500_000
+    for argv in (["run", "--case", huge, "--list"], ["run", "--set", f"lr={huge}", "--list"],
+                 ["run", "--steps", huge]):
+        code, _, err = _cli(argv, capsys)
+        assert code == 2 and len(err) < 3000 and "characters left out" in err, (argv[:2], len(err))
+
+
+def test_run_list_into_a_closed_pipe_is_quiet(monkeypatch, capsys, no_ranks):
+    """The probe: `fleetbench run --list | head -3` ended in a BrokenPipeError traceback (here the reader is gone
+    before the first line)."""
+    import sys
+
+    from suite.cli.main import main
+
+    r, w = os.pipe()
+    os.close(r)
+    out = os.fdopen(w, "w")
+    monkeypatch.setattr(sys, "stdout", out)
+    try:
+        code = main(["run", "--list", "--tag", "nightly-gpu"])
+    finally:
+        monkeypatch.undo()
+        out.close()
+    assert code == 141
+    assert capsys.readouterr().err == ""

@@ -6,6 +6,8 @@ import pytest
 from suite.cli.comm import parse_size
 from suite.comm.table import busbw_factor
 from suite.measure.collectives import allreduce_sweep_on_rank, format_table, merge, parse_variant
+from tests.clitools import cli as _cli
+from tests.clitools import one_error as _one_error
 
 VARIANTS = ["flat", "hier", "hier_reduce", "comm3"]
 
@@ -75,3 +77,12 @@ def test_one_node_is_not_presented_as_hierarchical(no_ranks, capsys):
         parse_variant("hier_reduce", 4, 4)
     assert main(["comm", "--nproc", "2", "--variants", "flat,hier"]) == 2
     assert "variant 'hier' needs at least 2 nodes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["comm", "-n", "100000000000"], ["--iters 100000000000"]),
+    (["comm", "--timeout", "1e-9"], ["--timeout 1e-09", ">= 1"]),
+])
+def test_comm_bounds_its_iterations_and_timeout(capsys, no_ranks, argv, words):
+    code, _, err = _cli(argv, capsys)
+    _one_error(code, err, *words)

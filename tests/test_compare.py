@@ -15,6 +15,11 @@ import pytest
 from suite.cli.main import main
 from suite.results.gate import GateOptions, gate_samples
 from suite.results.records import CaseRecord, append_record
+from tests.clitools import HOSTILE_CASE, unescaped_pipes
+from tests.clitools import cli as _cli
+from tests.clitools import one_error as _one_error
+from tests.fakes import fake_record, report_record
+from tests.fakes import write_records as write_record_file
 
 
 def noisy(seed: int, n: int = 40, median: float = 0.05, slow: float = 1.0) -> list:
@@ -562,3 +567,60 @@ def test_a_row_timed_on_a_busy_machine_is_marked_with_its_side_and_the_reason_un
     assert "mlp/quiet@2: HEAD's timings: machine busy: timings unreliable (other processes took 30% of the CPU " \
            "during the windows (over 10%))" in cmp.warnings, cmp.warnings
     assert list(cmp.frame()["machine"]) == [machine[r["case"]] for r in cmp.rows]
+
+
+# ---- hostile input -------------------------------------------------------------------------------------------------
+def test_compare_markdown_escapes_case_names(tmp_path, capsys):
+    from suite.cli.main import main
+    from suite.results.records import append_record
+
+    base, head = tmp_path / "base.jsonl", tmp_path / "head.jsonl"
+    for path in (base, head):
+        append_record(str(path), report_record(HOSTILE_CASE))
+        append_record(str(path), report_record("mlp/plain\nnext | line"))
+        append_record(str(path), report_record("mlp/<img src=x onerror=alert(1)>"))
+    md_path = tmp_path / "cmp.md"
+    assert main(["compare", str(base), str(head), "--markdown", str(md_path)]) in (0, 1, 3)
+    md = md_path.read_text()
+    assert "<script" not in md and "<img" not in md, md
+    lines = md.strip().splitlines()
+    assert len(lines) == 2 + 3, lines  # header, rule, one line per case (the newline did not split a row)
+    assert len({unescaped_pipes(ln) for ln in lines}) == 1, lines
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;\\|x" in md
+
+
+def test_compare_markdown_to_dev_full_is_one_error(tmp_path, capsys):
+    a = write_record_file(tmp_path / "a.jsonl", fake_record())
+    code, _, err = _cli(["compare", a, a, "--markdown", "/dev/full"], capsys)
+    _one_error(code, err, "--markdown", "/dev/full")
+
+
+def _record_line(**kw) -> str:
+    from tests.fakes import fake_record
+
+    return fake_record(**kw).to_json()
+
+
+def test_compare_reads_a_raw_line_separator_as_report_and_run_do(tmp_path, capsys):
+    """The probe: `compare` refused a file with a raw U+2028 in a record that `report` and `run` read."""
+    line = _record_line(case="mlp/a\u2028b").replace("\\u2028", "\u2028")
+    assert "\u2028" in line
+    path = tmp_path / "runs.jsonl"
+    path.write_text(line + "\n" + _record_line(case="mlp/c") + "\n", encoding="utf-8")
+    code, out, err = _cli(["compare", path, path], capsys)
+    assert code in (0, 3) and "not valid JSON" not in err and "mlp/a" in out, err
+    code, _, err = _cli(["report", path, "--out", tmp_path / "out"], capsys)
+    assert code == 0, err
+
+
+def test_compare_caps_blank_lines(tmp_path, capsys):
+    """The probe: one record and 300 M blank lines took compare 2.9 GB; a few thousand past the cap suffice here."""
+    from suite.results.records import MAX_BLANK_LINES
+
+    path = tmp_path / "runs.jsonl"
+    path.write_text(_record_line() + "\n" + "\n" * (MAX_BLANK_LINES + 5))
+    code, _, err = _cli(["compare", path, path], capsys)
+    _one_error(code, err, "blank lines")
+    path.write_text("\n" * 3 + _record_line() + "\n\n")  # a few are fine
+    code, _, err = _cli(["compare", path, path], capsys)
+    assert code in (0, 3), err

@@ -469,3 +469,71 @@ def test_bad_config_files_are_one_clear_error(tmp_path, content, words):
         path.write_bytes(content)
     with pytest.raises(ConfigError, match=words):
         toml_fields(str(path))
+
+
+# ---- knobs bounded, Paddle's TOML tables, hostile config files -----------------------------------------------------
+@pytest.mark.parametrize("given,words", [(["--set", "straggler_ms=1e300"], ["straggler_ms=1e+300", "<= 60000"]),
+                                         (["--set", "num_threads=1024"], ["num_threads=1024", "CPU"])])
+def test_knob_values_are_bounded_by_what_a_rank_can_run(capsys, no_ranks, monkeypatch, given, words):
+    from tests.clitools import cli as _cli
+    from tests.clitools import one_error as _one_error
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    code, _, err = _cli(["run", "--case", "mlp/plain", "--size", "tiny", *given], capsys)
+    _one_error(code, err, *words)
+
+
+def test_paddle_build_and_exec_strategy_tables_beside_strategy_are_read(tmp_path):
+    from suite.config import toml_fields
+
+    path = tmp_path / "c.toml"
+    path.write_text("[strategy]\nfuse_all_reduce_ops = true\n\n[build_strategy]\nfuse_bn_act_ops = true\n\n"
+                    "[exec_strategy]\nnum_threads = 2\n")
+    assert toml_fields(str(path)) == {"fuse_all_reduce_ops": True, "fuse_bn_act_ops": True, "num_threads": 2}
+
+
+@pytest.mark.parametrize("text,words", [
+    ("[strategy]\namp = true\n\n[build_strategy]\nfuse_bn_act_opz = true\n", ["fuse_bn_act_opz"]),
+    ("[strategy]\namp = true\n\n[build_stratgy]\nfuse_bn_act_ops = true\n", ["'build_stratgy'", "ignored"]),
+    ("stray = 1\n[strategy]\namp = true\n", ["'stray'", "beside [strategy]"]),
+    ("[strategy]\namp = true\n\n[build_strategy]\nenable_inplace = true\n", ["enable_inplace", "not implemented"]),
+])
+def test_unknown_tables_and_keys_in_a_paddle_toml_are_refused_by_name(tmp_path, capsys, no_ranks, text, words):
+    from tests.clitools import RUN
+    from tests.clitools import cli as _cli
+    from tests.clitools import one_error as _one_error
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    code, _, err = _cli(RUN + ["--config", path], capsys)
+    _one_error(code, err, *words)
+
+
+def test_set_takes_exec_strategy_as_a_file_does_and_names_both_spellings_when_given_twice():
+    from suite.config import ConfigError, StrategyConfig
+
+    base = StrategyConfig()
+    assert base.num_threads != 4
+    assert base.with_overrides(["exec_strategy.num_threads=4"]).num_threads == 4
+    assert base.with_overrides(["execution_strategy.num_threads=4"]).num_threads == 4
+    with pytest.raises(ConfigError, match="exec_strategy.nope"):
+        base.with_overrides(["exec_strategy.nope=1"])
+    with pytest.raises(ConfigError, match="'exec_strategy.num_threads' and as 'num_threads'"):
+        StrategyConfig.from_dict({"exec_strategy.num_threads": 2, "num_threads": 2})
+
+
+@pytest.mark.parametrize("content,word", [(None, "FIFO"), ("/dev/zero", "not a regular file"),
+                                          ("x = " + "9" * 5000, "digits"), ("x = " + "[" * 100_000, "deeply")])
+def test_hostile_config_files_are_one_error_without_blocking(tmp_path, capsys, no_ranks, bounded, content, word):
+    from pathlib import Path
+
+    from tests.clitools import RUN
+    from tests.clitools import cli as _cli
+    from tests.clitools import one_error as _one_error
+    path = tmp_path / "c.toml"
+    if content is None:
+        os.mkfifo(path)
+    elif content.startswith("/dev/"):
+        path = Path(content)
+    else:
+        path.write_text(content + "\n")
+    code, _, err = _cli(RUN + ["--config", path], capsys)
+    _one_error(code, err, word)

@@ -2,16 +2,20 @@
 apply, under two minutes), and its failure paths (a failing, raising or hanging item fails the run)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from suite import doctor as D
 from suite.doctor_report import end_line, head_line, item_line, read_lines
+from tests.clitools import gone_within
 
 
 def asdict_report(rep) -> dict:
@@ -369,3 +373,109 @@ def test_the_torchrun_item_releases_the_pools_gpus_before_its_job_starts(monkeyp
     assert run.call(D.memory_window_on_rank) == [2]  # a released pool comes back for the next item that calls it
     run.close()
     assert Pool.made[1].closed
+
+
+# ---- the hierarchical item -----------------------------------------------------------------------------------------
+class _PoolCtx:
+    """What the doctor's items use of its run, over a session pool."""
+
+    def __init__(self, pool, nproc):
+        self.pool, self.nproc, self.hang_timeout = pool, nproc, 120.0
+
+    def call(self, fn, kwargs=None, timeout=None):
+        return self.pool.run(fn, kwargs or {}, timeout=timeout)
+
+
+def test_doctor_hierarchical_item_adapts_to_two_ranks_and_is_not_applicable_at_one(pool2):
+    from suite.doctor import FAIL, NA, PASS, item_hierarchical
+
+    one = item_hierarchical(_PoolCtx(None, 1))
+    assert one.status == NA and "one rank" in one.numbers
+    two = item_hierarchical(_PoolCtx(pool2, 2))
+    assert two.status == PASS and two.status != FAIL, two
+    assert "1 node(s) of 2" in two.numbers
+
+
+# ---- a killed doctor takes torchrun and its ranks along ------------------------------------------------------------
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _has_socket(pid: int) -> bool:
+    try:
+        return any(os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:") for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return False
+
+
+DOCTOR_TORCHRUN = """
+import sys
+from suite import doctor
+
+class Ctx:  # what item_torchrun asks of the doctor's run: its device, and to let go of the pool's GPUs
+    device = "cpu"
+
+    def release(self):
+        pass
+
+print(doctor.item_torchrun(Ctx()), flush=True)
+"""
+
+
+def _rank_of_the_job(pid: int) -> bool:
+    line = _cmdline(pid)
+    return "suite.cli.main torchrun-probe" in line and "torch.distributed.run" not in line
+
+
+def _kill_the_doctor_while_torchrun_runs(tmp_path: Path, sig: int, when: str) -> tuple[list[int], list[str]]:
+    """The doctor's torchrun item (torchrun and its 2 ranks) in a process killed with ``sig`` as soon as both ranks
+    have started (``when="started"``: importing) or have met at the rendezvous (``"met"``: a socket open each).
+    What of the job is alive 3 s later, and the leftovers in its TMPDIR once a sweep of dead runs' directories has
+    run (what the next command does first)."""
+    from suite.runtime.pool import remove_stale
+    from suite.runtime.spawn import RUN_TOKEN, processes_with_token
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    token = f"probe36-doctor-{os.getpid()}-{sig}-{when}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp), RUN_TOKEN: token}
+    doctor = subprocess.Popen([sys.executable, "-c", DOCTOR_TORCHRUN], cwd=tmp_path, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    job: list[int] = []
+    try:
+        deadline = time.monotonic() + 240
+        ranks: list[int] = []
+        while time.monotonic() < deadline and doctor.poll() is None:
+            job = [p for p, _ in processes_with_token(token, (doctor.pid,))]
+            ranks = [p for p in job if _rank_of_the_job(p)]
+            if len(ranks) == 2 and (when == "started" or all(map(_has_socket, ranks))):
+                break
+            time.sleep(0.02)
+        assert len(ranks) == 2 and doctor.poll() is None, f"torchrun's ranks never {when} ({job}, {doctor.poll()})"
+        assert any("torch.distributed.run" in _cmdline(p) for p in job), [_cmdline(p) for p in job]
+        doctor.send_signal(sig)
+        doctor.wait(timeout=30)
+        left = gone_within(job, 3.0)
+        remove_stale(tmp=str(tmp))
+        return left, sorted(os.listdir(tmp))
+    finally:
+        for pid in job + [doctor.pid]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        doctor.wait()
+
+
+@pytest.mark.heavy  # torchrun and two ranks started, each time (15-40 s on 2 cores): make test-slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("sig,when", [(signal.SIGKILL, "started"), (signal.SIGKILL, "met"), (signal.SIGTERM, "met")],
+                         ids=["SIGKILL-importing", "SIGKILL-met", "SIGTERM-met"])
+def test_a_killed_doctor_takes_torchrun_and_its_ranks_along(tmp_path, sig, when):
+    """The probe: a killed `doctor` left torchrun and 2 ranks about 10 s (until the job ended by itself).  Killed
+    while the ranks import torch (seconds), each rank goes at once too: its parent-death signal is set first."""
+    left, entries = _kill_the_doctor_while_torchrun_runs(tmp_path, sig, when)
+    assert not left, f"{[(p, _cmdline(p)[:80]) for p in left]} outlived the doctor by 3 s"
+    assert entries == [], entries

@@ -9,6 +9,8 @@ import pytest
 
 from suite.cli.main import main
 from suite.measure.timing import RankTiming
+from tests.clitools import cli as _cli
+from tests.clitools import one_error as _one_error
 
 
 def test_figure_options_are_refused_by_a_figure_that_does_not_take_them(capsys, tmp_path):
@@ -383,3 +385,11 @@ def test_workloads_figure_shows_each_speedup_beside_the_engines_own_cost():
             "(> 1: slower; `fleetbench figures engine_cost` profiles it). A strategy's speedup over the engine in "
             "DDP's configuration is what the strategy itself changes.") in lines
     assert "- Load average (1, 5, 15 min) before 0.5 0.6 0.7, after 2.1 1.0 0.8." in lines
+
+
+def test_figures_load_of_a_file_that_is_not_raw_data_is_one_error(tmp_path, capsys, no_ranks):
+    """The probe: `figures host --load /etc/hostname` ended in a traceback."""
+    for text in ("myhost\n", "12345\n", '{"rows": 3}\n'):
+        (tmp_path / "hostname").write_text(text)
+        code, _, err = _cli(["figures", "host", "--load", tmp_path / "hostname"], capsys)
+        _one_error(code, err, "--load", str(tmp_path / "hostname"))

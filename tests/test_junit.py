@@ -10,37 +10,14 @@ from __future__ import annotations
 import math
 import os
 import time
-import xml.etree.ElementTree as ET
 
-import lxml.etree
 import pytest
 
 import suite.runtime
 from suite.cli.main import main
+from tests.clitools import cases, outcome, valid
 
-XSD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "junit-10.xsd")
 FAST = ["--no-check", "--no-utilization", "--size", "tiny", "--device", "cpu", "--timeout", "60"]
-
-
-def valid(path) -> ET.Element:
-    """The file's root, after checking it against the schema (the schema's own complaint on failure)."""
-    schema = lxml.etree.XMLSchema(lxml.etree.parse(XSD))
-    doc = lxml.etree.parse(str(path))
-    assert schema.validate(doc), f"{path} does not validate against junit-10.xsd: {schema.error_log}"
-    return ET.parse(path).getroot()
-
-
-def cases(root: ET.Element) -> dict[str, ET.Element]:
-    return {tc.get("name"): tc for tc in root.iter("testcase")}
-
-
-def outcome(tc: ET.Element) -> tuple[str, str]:
-    """("passed", "") or (the child's tag, its message)."""
-    for tag in ("failure", "error", "skipped"):
-        el = tc.find(tag)
-        if el is not None:
-            return tag, el.get("message") or ""
-    return "passed", ""
 
 
 class NanOverlapPool:
@@ -52,7 +29,7 @@ class NanOverlapPool:
 
     def run(self, fn, kwargs=None, timeout=None):
         from suite.runner import free_memory_on_rank
-        from tests.test_runner import _answers
+        from tests.fakes import fake_answers as _answers
 
         if fn is free_memory_on_rank:
             return [2**40] * self.nproc

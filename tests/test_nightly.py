@@ -21,6 +21,8 @@ import suite.runtime.device as device_mod
 from suite.cases import CASES, FAMILIES, PUBLISHED_MODELS, SMALL_MODELS, VARIANTS
 from suite.cli.main import main
 from suite.run_spec import RUN_ROUNDS_FOR_95
+from tests.clitools import cli as _cli
+from tests.clitools import one_error as _one_error
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
@@ -207,7 +209,7 @@ def test_nightly_cpu_pipeline_end_to_end(tmp_path):
     assert glob.glob(str(out_dir / "report" / "traces" / "*" / "timeline.json"))
     assert glob.glob(str(out_dir / "report" / "traces" / "*" / "rank0.pt.trace.json"))
     # the night's JUnit XML: a case per stage, then the run's own
-    from tests.test_junit import cases, outcome, valid
+    from tests.clitools import cases, outcome, valid
 
     junit = cases(valid(out_dir / "junit.xml"))
     stages = ("run", "pytest-benchmark", "asv", "report", "gate", "history")
@@ -220,7 +222,9 @@ def test_the_gate_fails_the_night_when_head_is_twice_as_slow(tmp_path):
     """A throw-away repository of this tree: the last good commit is the tree as it is, HEAD a commit whose
     training step is twice as slow (tests/test_ab.py's busy work, at 100%): the nightly of HEAD's checkout must
     find mlp/plain slower at its gate, fail the job and keep the last good commit."""
-    from tests.test_ab import SLOW_PATCH, _commit, _git, copy_tree
+    from tests.clitools import SLOW_PATCH, copy_tree
+    from tests.clitools import commit as _commit
+    from tests.clitools import git as _git
 
     root = tmp_path / "repo"
     copy_tree(root)
@@ -415,7 +419,7 @@ def test_the_nights_junit_has_a_case_per_stage_and_the_suites_its_stages_wrote(t
     the suites the stages' commands wrote into OUT/junit/; last night's file of a stage that wrote none tonight is
     never reported, and its missing file is said on the stage's case."""
     from suite.report.junit import Suite, TestCase, write_junit
-    from tests.test_junit import cases, outcome, valid
+    from tests.clitools import cases, outcome, valid
 
     stale = tmp_path / "out" / "junit" / "ab-w2.xml"
     stale.parent.mkdir(parents=True)
@@ -728,3 +732,53 @@ def test_the_asv_history_is_kept_on_a_branch_and_the_doctors_json_is_among_the_a
     assert "pip freeze > results/doctor/" in run and "nvidia-smi -q > results/doctor/" in run
     upload = next(s for s in steps if "actions/upload-artifact" in s.get("uses", ""))
     assert upload["if"].startswith("always()") and "results/doctor" in upload["with"]["path"].split(), upload
+
+
+# ---- options checked before the first stage; asv's HOME ------------------------------------------------------------
+NIGHT = ["nightly", "--plan", "--device", "cpu", "--case", "mlp/plain", "--worlds", "2"]
+
+
+@pytest.mark.parametrize("extra,words", [
+    (["--machine", "../../.."], ["--machine", "'../../..'", "not a name"]),
+    (["--machine", "a/b"], ["--machine", "not a name"]),
+    (["--worlds", "99999"], ["--worlds 99999", "local ranks"]),
+    (["--gate-budget", "1e308"], ["--gate-budget 1e+308"]),
+    (["--steps", "99999999999"], ["--steps 99999999999"]),
+    (["--limit", "1e308"], ["--limit 1e+308"]),
+    (["--out", "/dev/null"], ["--out '/dev/null'", "not a directory"]),
+    (["--ab-args=--delta"], ["--ab-args", "--delta", "expected one argument"]),
+    (["--ab-args=--nproc 1000"], ["--ab-args", "--nproc 1000"]),
+    (["--ab-args=--no-such-option"], ["--ab-args", "unrecognized arguments"]),
+    (["--ab-args='unclosed"], ["--ab-args", "No closing quotation"]),
+])
+def test_every_nightly_option_is_checked_before_the_first_stage(tmp_path, capsys, monkeypatch, extra, words):
+    """The probe: --ab-args, --worlds 99999, --gate-budget 1e308, --steps 99999999999 and --out /dev/null were found
+    out only when their stage ran, hours in; `nightly --machine ../../..` wrote asv results outside results/asv."""
+    from suite.cli import nightly
+
+    monkeypatch.setattr(nightly.Night, "run", lambda self: pytest.fail("the night started"))
+    argv = [a for a in NIGHT if a != "--plan"] if extra[0].startswith("--ab-args") else NIGHT  # ab's: a real night
+    code, _, err = _cli([*argv, "--out", tmp_path / "night", *extra], capsys)
+    _one_error(code, err, *words)
+    assert not (tmp_path / "night").exists()
+
+
+def test_asv_runs_with_a_home_inside_the_nights_output(tmp_path, monkeypatch):
+    """asv writes ~/.asv-machine.json itself: its HOME is a folder of the night's output, the user's is untouched."""
+    from suite.cli import nightly
+    from suite.cli.main import build_parser
+
+    calls = []
+    monkeypatch.setattr(nightly.Night, "call", lambda self, cmd, stdout=None, env=None: calls.append((cmd, env)) or 0)
+    monkeypatch.setattr(nightly.Night, "run_stage", lambda self: 0)
+    args = build_parser().parse_args([*[a for a in NIGHT if a != "--plan"], "--out", str(tmp_path / "night"),
+                                      "--machine", "m", "--last-good", str(tmp_path / "none")])
+    ch = nightly.chosen(args)
+    resolved, plan, _, spec = nightly.plan_of(args, ch)
+    night = nightly.Night(args, ch, resolved, plan, spec)
+    night.dir = None
+    night.asv_stage()  # 2 here: the stubbed asv discovers nothing (tests/test_nightly.py runs the whole stage)
+    asv = [(c, e) for c, e in calls if c[0].endswith("asv")]
+    assert [c[1] for c, _ in asv] == ["machine", "run"], calls  # asv's machine file, then its discovery
+    assert all(e is not None and e["HOME"] == str(tmp_path / "night" / "asv-home") for _, e in asv)
+    assert (tmp_path / "night" / "asv-home").is_dir()

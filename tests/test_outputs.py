@@ -178,7 +178,8 @@ def _asv_machine(tmp: Path) -> Path:
 
 
 def _records(tmp: Path) -> Path:
-    from tests.test_hostile import _record, _write
+    from tests.fakes import fake_record as _record
+    from tests.fakes import write_records as _write
 
     return _write(tmp / "runs.jsonl", _record())
 
@@ -236,7 +237,8 @@ def test_figures_load_of_a_fifo_says_fifo_not_no_such_file(tmp_path, capsys, no_
 
 def test_report_writes_no_trace_through_a_link_nested_in_its_out_directory(tmp_path, capsys):
     """The probe: `report` with --out holding a previous report whose traces/1 is a link to a folder outside."""
-    from tests.test_hostile import _record, _write
+    from tests.fakes import fake_record as _record
+    from tests.fakes import write_records as _write
 
     files = []
     for name in ("a", "b"):

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +19,10 @@ from suite.results.records import (
     append_record,
     read_records,
 )
+from tests.clitools import RUN
+from tests.clitools import cli as _cli
+from tests.clitools import one_error as _one_error
+from tests.fakes import fake_record, write_records
 
 
 def _rec(name="mlp/plain", sps=100.0):
@@ -244,3 +250,61 @@ def test_the_record_shown_in_the_docs_is_a_valid_schema_4_record():
     assert rec.schema_version == SCHEMA_VERSION and rec.describe.precision.cudnn_allow_tf32 is True
     assert rec.metrics.footprint_bytes == 65536 and rec.structure.allreduce_ops == 2
     assert rec.spec is not None and rec.spec.selection.worlds == (2,) and rec.spec.run.rounds == 6
+
+
+# ---- appends all or nothing, inputs read with limits ---------------------------------------------------------------
+def test_append_record_does_not_follow_a_symlink(tmp_path):
+    from suite.results.records import append_record
+
+    outside = tmp_path / "outside.jsonl"
+    os.symlink(outside, tmp_path / "runs.jsonl")
+    with pytest.raises(OSError):
+        append_record(str(tmp_path / "runs.jsonl"), fake_record())
+    assert not outside.exists()
+
+
+def test_a_short_write_leaves_the_results_file_whole(tmp_path, monkeypatch):
+    from suite.outputs import ShortWrite
+    from suite.results.records import append_record, read_records
+
+    path = tmp_path / "runs.jsonl"
+    append_record(str(path), fake_record(case="mlp/first"))
+    before = path.read_bytes()
+    real = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real(fd, data[: len(data) // 2]))
+    with pytest.raises(ShortWrite):
+        append_record(str(path), fake_record(case="mlp/second"))
+    monkeypatch.setattr(os, "write", real)
+    assert path.read_bytes() == before
+    assert [r.case for r in read_records(str(path))] == ["mlp/first"]
+
+
+def _inputs(tmp: Path) -> dict:
+    fifo = tmp / "fifo"
+    os.mkfifo(fifo)
+    deep = tmp / "deep.jsonl"
+    deep.write_text("[" * 100_000 + "\n")
+    nested = tmp / "nested.jsonl"  # valid JSON and within Python's recursion limit, but no record nests so
+    nested.write_text(json.dumps(json.loads(fake_record().to_json()) | {"describe": json.loads("[" * 200 + "]" * 200)})
+                      + "\n")
+    digits = tmp / "digits.jsonl"
+    digits.write_text(fake_record().to_json().replace('"world_size": 2', '"world_size": ' + "9" * 5000) + "\n")
+    wide = tmp / "wide.jsonl"
+    wide.write_text(fake_record().to_json().replace('"world_size": 2', '"world_size": ' + "9" * 400) + "\n")
+    many = tmp / "many.jsonl"
+    many.write_text(fake_record(window_s=[0.1] * 200_000).to_json() + "\n")
+    return {"fifo": (fifo, "FIFO"), "zero": ("/dev/zero", "device"), "deep": (deep, "nested deeper"),
+            "nested": (nested, "nested deeper"), "digits": (digits, "digits"), "wide": (wide, "world_size"),
+            "many": (many, "window_s")}
+
+
+@pytest.mark.parametrize("command", ["report", "compare", "resume"])
+def test_hostile_results_files_are_one_error_without_blocking(tmp_path, capsys, no_ranks, bounded, command):
+    good = write_records(tmp_path / "good.jsonl", fake_record())
+    for name, (path, word) in _inputs(tmp_path).items():
+        if command != "compare" and name == "many":
+            continue  # only compare reads the samples
+        argv = {"report": ["report", path, "--out", tmp_path / "out"], "compare": ["compare", good, path],
+                "resume": RUN + ["--resume", path]}[command]
+        code, _, err = _cli(argv, capsys)
+        _one_error(code, err, word)

@@ -10,12 +10,17 @@ from __future__ import annotations
 import dataclasses
 import html.parser
 import os
+import re
 
 import pytest
 
 from suite.report import figures as F
 from suite.report.page import build_report, svg_size
 from suite.results.records import CaseRecord, Metrics
+from tests.clitools import HOSTILE_CASE, unescaped_pipes
+from tests.clitools import cli as _cli
+from tests.clitools import one_error as _one_error
+from tests.fakes import fake_record, report_record, write_records
 
 META = {"git": {"commit": "0123456789abcdef0123456789abcdef01234567", "branch": "main", "dirty": True},
         "torch": "2.4.1+cpu", "cuda": None, "nccl": None, "python": "3.11.7", "host": "bench-host-7",
@@ -887,3 +892,212 @@ def test_a_baseline_that_ran_with_knobs_says_them_beside_its_speedup():
     assert _record_speedup(plain) == "1 (the baseline; lr=0.05)"
     bare = dataclasses.replace(plain, config={"lr": 0.01})  # its default: nothing to say
     assert dict(zip(HEAD, _row(bare)[0]))[SPEEDUP] == "1 (the baseline)" == _record_speedup(bare)
+
+
+# ---- hostile names, traces and outputs -----------------------------------------------------------------------------
+HOSTILE_RUN = "<img src=x onerror=alert(1)>"
+
+
+HOSTILE_ERROR = "boom | <b>bold</b> [click](javascript:alert(1)) `tick`\nsecond line"
+
+
+def test_report_copies_only_traces_from_the_results_traces_folder(tmp_path, capsys):
+    from suite.report.page import build_report
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP SECRET")
+    results = tmp_path / "results"
+    (results / "traces" / "r1").mkdir(parents=True)
+    (results / "traces" / "r1" / "ok@2.json").write_text('{"traceEvents": []}')
+    os.symlink(secret, results / "traces" / "r1" / "link@2.json")
+    records = [
+        report_record("mlp/ok", trace_file="traces/r1/ok@2.json"),
+        report_record("mlp/absolute", trace_file=str(secret)),
+        report_record("mlp/dotdot", trace_file="traces/../../secret.txt"),
+        report_record("mlp/symlink", trace_file="traces/r1/link@2.json"),
+        report_record("mlp/outside", trace_file="../secret.txt"),
+    ]
+    out = tmp_path / "report"
+    data = build_report(records, str(out), str(results))
+    err = capsys.readouterr().err
+    copied = sorted(p.name for p in (out / "traces").iterdir())
+    assert copied == ["ok@2.json"], copied
+    for p in out.rglob("*"):
+        if p.is_file() and p.suffix != ".png":
+            assert "TOP SECRET" not in p.read_text(errors="replace"), p
+    for case, path in [("mlp/absolute", str(secret)), ("mlp/dotdot", "traces/../../secret.txt"),
+                       ("mlp/symlink", "traces/r1/link@2.json"), ("mlp/outside", "../secret.txt")]:
+        line = [ln for ln in err.splitlines() if f"{case}@2" in ln]
+        assert len(line) == 1 and repr(path) in line[0] and "warning" in line[0], err
+    assert data["traces"] == ["traces/ok@2.json"]
+
+    # traces/ itself a symlink out of the results directory: nothing in it is the results' own
+    other = tmp_path / "other"
+    (other / "traces").mkdir(parents=True)
+    (other / "traces" / "x.json").write_text("TOP SECRET")
+    results2 = tmp_path / "results2"
+    results2.mkdir()
+    os.symlink(other / "traces", results2 / "traces")
+    data = build_report([report_record("mlp/linkeddir", trace_file="traces/x.json")], str(tmp_path / "r2"),
+                        str(results2))
+    assert data["traces"] == [] and "mlp/linkeddir@2" in capsys.readouterr().err
+
+
+def test_report_markdown_and_html_show_hostile_names_as_text(tmp_path, capsys):
+    from suite.report.page import build_report
+
+    records = [report_record(HOSTILE_CASE, run_id=HOSTILE_RUN),
+               report_record("mlp/plain", run_id=HOSTILE_RUN),
+               report_record("mlp/<img src=x onerror=alert(2)>", run_id="r2", status="error", error=HOSTILE_ERROR)]
+    out = tmp_path / "report"
+    build_report(records, str(out), str(tmp_path))
+    md = (out / "summary.md").read_text()
+    page = (out / "index.html").read_text()
+    for text in (md, page):
+        assert "<script" not in text and "<img src=x" not in text and "<b>" not in text, text
+    assert not re.search(r"(?<!\\)\]\(javascript:", md), md  # the link is shown, not made
+    tables: list = []  # runs of consecutive table lines: the summary table, then the model's
+    previous = False
+    for ln in md.splitlines():
+        row = ln.startswith("|")
+        if row and not previous:
+            tables.append([])
+        if row:
+            tables[-1].append(ln)
+        previous = row
+    assert len(tables) >= 2, md
+    for table in tables:
+        assert len({unescaped_pipes(ln) for ln in table}) == 1, table  # no row got an extra cell
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;\\|x" in md
+    errors = [ln for ln in md.splitlines() if ln.startswith("- error:")]
+    assert len(errors) == 1 and "second line" not in md and "boom \\| &lt;b&gt;" in errors[0], md
+
+
+def test_figures_draw_dollar_signs_in_names_as_text(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from suite.report import figures as F
+    from suite.report.page import build_report
+
+    names = ["mlp/$x^2$", "mlp/a$b", "mlp/$\\frac{$", "mlp/x\\$y$", "mlp/$_$"]
+    records = [report_record(n, world=w) for n in names for w in (1, 2)]
+    records += [report_record("mlp/$local_sgd$", world=2, losses=[1.0, 0.5]), report_record("mlp/plain", world=2,
+                                                                                losses=[1.0, 0.6])]
+    build_report(records, str(tmp_path / "report"), str(tmp_path))  # mathtext raised here
+    assert (tmp_path / "report" / "throughput_w2.svg").exists()
+    fig = F.throughput_figure(F.latest(records), 2)
+    try:
+        fig.canvas.draw()
+        # what each tick label shows (variants on the y axis: horizontal bars): (text, drawn as math?)
+        shown = sorted(t._preprocess_math(t.get_text()) for t in fig.axes[0].get_yticklabels())
+        assert shown == sorted((r.case.split("/", 1)[1], False) for r in records if r.world_size == 2), shown
+    finally:
+        plt.close(fig)
+
+
+def test_report_refuses_a_hard_linked_trace(tmp_path, capsys):
+    from suite.report.page import build_report
+
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"TOP SECRET": 1}')
+    (tmp_path / "results" / "traces" / "r1").mkdir(parents=True)
+    os.link(secret, tmp_path / "results" / "traces" / "r1" / "plain@2.json")
+    data = build_report([fake_record(trace_file="traces/r1/plain@2.json")], str(tmp_path / "out"),
+                        str(tmp_path / "results"))
+    assert data["traces"] == [] and not (tmp_path / "out" / "traces").exists()
+    assert "hard links" in capsys.readouterr().err
+
+
+def test_report_out_refuses_a_users_directory_a_file_and_the_results_directory(tmp_path, capsys):
+    results = write_records(tmp_path / "results" / "runs.jsonl", fake_record())
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "index.html").write_text("my own page")
+    code, _, err = _cli(["report", results, "--out", mine], capsys)
+    _one_error(code, err, "not empty", "--force")
+    assert (mine / "index.html").read_text() == "my own page"
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    code, _, err = _cli(["report", results, "--out", afile], capsys)
+    _one_error(code, err, "not a directory")
+    code, _, err = _cli(["report", results, "--out", tmp_path / "results"], capsys)
+    _one_error(code, err, "results directory itself")
+    assert os.listdir(tmp_path / "results") == ["runs.jsonl"]
+
+
+def test_report_with_two_results_files_keeps_their_traces_apart(tmp_path, capsys):
+    files = []
+    for name, payload in (("a", '{"from": "A"}'), ("b", '{"from": "B"}')):
+        d = tmp_path / name
+        (d / "traces" / "r1").mkdir(parents=True)
+        (d / "traces" / "r1" / "mlp_plain@2.json").write_text(payload)
+        files.append(write_records(d / "runs.jsonl", fake_record(world=2 if name == "a" else 4,
+                                                      trace_file="traces/r1/mlp_plain@2.json")))
+    code, _, err = _cli(["report", *files, "--out", tmp_path / "out"], capsys)
+    assert code == 0, err
+    copied = sorted(p.read_text() for p in (tmp_path / "out" / "traces").rglob("*.json"))
+    assert copied == ['{"from": "A"}', '{"from": "B"}']
+
+
+HOSTILE = "mlp/\x1b[31mred\x1b[0m\u202eevil\x07"
+
+
+def test_control_characters_and_bidi_overrides_are_escaped_in_markdown_and_on_the_terminal(tmp_path, capsys):
+    from suite.report.page import md_text
+
+    for text in (md_text(HOSTILE),):
+        assert "\x1b" not in text and "\u202e" not in text and "\x07" not in text and "\\u001b" in text
+    results = write_records(tmp_path / "runs.jsonl", fake_record(case=HOSTILE))
+    code, out, err = _cli(["compare", results, results], capsys)
+    assert "\x1b" not in out + err and "\u202e" not in out + err and "\\u202e" in out
+    code, out, err = _cli(["report", results, "--out", tmp_path / "out"], capsys)
+    assert code == 0, err
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "\x1b" not in md and "\u202e" not in md and "\\u202e" in md
+
+
+def test_report_into_a_directory_that_cannot_be_created_is_one_error(tmp_path, capsys):
+    """/proc/x passes every check that can be made beforehand (root may write anywhere) and still cannot be made."""
+    results = write_records(tmp_path / "results" / "runs.jsonl", fake_record())
+    code, _, err = _cli(["report", results, "--out", "/proc/fleetbench-report"], capsys)
+    _one_error(code, err, "--out /proc/fleetbench-report", "cannot be written", "pick a writable directory")
+
+
+# ---- bounded reports -----------------------------------------------------------------------------------------------
+def test_a_report_caps_its_plots_rows_and_boxes_and_says_so(tmp_path, monkeypatch):
+    """The probe: 300 world sizes drew 301 plots; 20,000 cases took minutes and gigabytes."""
+    import suite.report.figures as F
+    import suite.report.page as page
+    from tests.fakes import report_record
+
+    drawn = []
+    for name in ("speedup_figure", "throughput_figure", "breakdown_figure", "scaling_figure", "local_sgd_figure"):
+        monkeypatch.setattr(F, name, lambda *a, _n=name: drawn.append(_n))  # counted, nothing drawn
+    monkeypatch.setattr(page, "MAX_TABLE_ROWS", 50)
+    monkeypatch.setattr(page, "MAX_PROBLEM_GROUPS", 5)
+    records = [report_record(f"m{i % 4}/v{i}", world=2 + i % 300) for i in range(1200)]
+    records += [report_record(f"m9/e{i}", status="error", error=f"boom {i}") for i in range(20)]
+    data = page.build_report(records, str(tmp_path / "out"), str(tmp_path))
+    assert drawn.count("throughput_figure") == page.MAX_WORLD_PLOTS == drawn.count("breakdown_figure")
+    md = (tmp_path / "out" / "summary.md").read_text()
+    rows = [ln for ln in md.splitlines() if ln.startswith("| m")]
+    assert 0 < len(rows) <= 2 * 50 and len(data["cases"]) == 1220  # in the summary table and the model tables
+    assert "world sizes only" in md and "a page lists at most 50 cases" in md and "boxes of failures" in md
+    assert md.count("- error:") == 5
+
+
+def test_a_report_of_thousands_of_cases_draws_a_bounded_number_of_plots_and_lists_every_case(tmp_path,
+                                                                                              monkeypatch):
+    import suite.report.figures as F
+    from suite.report.page import MAX_BARS, MAX_MODEL_PLOTS, build_report
+
+    drawn = []
+    for name in ("speedup_figure", "throughput_figure", "breakdown_figure", "scaling_figure", "local_sgd_figure"):
+        monkeypatch.setattr(F, name, lambda *a, _n=name: drawn.append(_n))  # counted, nothing drawn
+    records = [fake_record(case=f"m{i % 300}/v{i // 300}", world=2 + i % 2) for i in range(3000)]
+    data = build_report(records, str(tmp_path / "out"), str(tmp_path))
+    assert len(drawn) <= MAX_MODEL_PLOTS and drawn.count("speedup_figure") == MAX_MODEL_PLOTS
+    assert 3000 > MAX_BARS * 4 and "throughput_figure" not in drawn and "scaling_figure" not in drawn
+    assert len(data["cases"]) == 3000
+    # every case twice: in the summary table and in its model's table (no busy case: no machine column)
+    assert (tmp_path / "out" / "summary.md").read_text().count("| m") == 2 * 3000

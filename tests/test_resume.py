@@ -9,10 +9,15 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from suite.cli.main import main
+from tests.clitools import RUN
+from tests.clitools import cli as _cli
+from tests.clitools import one_error as _one_error
+from tests.fakes import GOOD_FACTORY, fake_record, write_records
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -246,3 +251,91 @@ def test_a_schema_4_record_s_spec_is_what_resume_reads(tmp_path, capsys, fake_ra
     assert main(["run", "--resume", results]) == 2
     err = capsys.readouterr().err
     assert f"{results}:1: spec: field 'run.steps' is 0; expected a whole number >= 1" in err, err
+
+
+# ---- what a record names -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("run_id", ["../../escaped", "/tmp/abs", "a/b", ".hidden"])
+def test_resume_refuses_a_run_id_that_is_a_path(tmp_path, capsys, no_ranks, run_id):
+    results = write_records(tmp_path / "results" / "runs.jsonl", fake_record(run_id=run_id))
+    code, _, err = _cli(RUN + ["--resume", results, "--trace-steps", "1"], capsys)
+    _one_error(code, err, "run id", "not a name")
+    assert sorted(os.listdir(tmp_path)) == ["results"] and os.listdir(tmp_path / "results") == ["runs.jsonl"]
+
+
+def _resume_file(tmp: Path, model: str) -> Path:
+    from suite.results.records import CaseRecord, append_record
+
+    results = tmp / "runs.jsonl"
+    run = {"case": [], "tag": [], "model": [model], "config": None, "set": [], "size": "tiny", "device": "cpu",
+           "batch": None, "steps": 2, "rounds": 2, "warmup": 1, "check_steps": 2, "no_check": True}
+    append_record(str(results), CaseRecord("mine.make/plain", "mine:make", 2, {}, "r1", size="tiny", device="cpu",
+                                           metadata={"run": run}))
+    return results
+
+
+@pytest.mark.parametrize("model", ["pip._internal.utils.misc:rmtree", "mine:make"])
+def test_resume_never_imports_a_factory_because_a_record_names_it(tmp_path, monkeypatch, capsys, no_ranks, model):
+    """The probe: a record whose metadata.run.model names pip's rmtree deleted ./cpu through `run --resume`."""
+    import suite.models
+
+    monkeypatch.setattr(suite.models, "call_in_child", lambda *a: pytest.fail("a factory process was started"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cpu" / "x").mkdir(parents=True)
+    (tmp_path / "mine.py").write_text(GOOD_FACTORY)
+    results = _resume_file(tmp_path, model)
+    code, _, err = _cli(["run", "--resume", results, "--no-utilization"], capsys)
+    _one_error(code, err, "never names code to run", f"--model {model}")
+    code, _, err = _cli(["run", "--resume", results, "--model", "mine:other"], capsys)
+    _one_error(code, err, f"ran with --model {model}, this command gives --model mine:other")
+    assert (tmp_path / "cpu" / "x").is_dir()
+
+
+def test_resume_with_the_factory_given_again_goes_on(tmp_path, monkeypatch, capsys, fake_rank_pool):
+    import suite.models
+
+    # the factory's facts read here (it is the user's own module, checked all the same): no child process to wait for
+    import suite.runner
+    import suite.selection
+
+    def here(ref, size="cpu", timeout=None):
+        return suite.models._info(suite.models.get_model(ref, size))
+
+    for module in (suite.selection, suite.runner):
+        monkeypatch.setattr(module, "model_info", here)
+    monkeypatch.chdir(tmp_path)
+    # the factory is imported in this process, its directory appended to the import path (suite/usercode.py): the
+    # path put back afterwards, or a later test's own `mine.py` is not the one an import finds
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "mine.py").write_text(GOOD_FACTORY)
+    results = _resume_file(tmp_path, "mine:make")
+    code, out, err = _cli(["run", "--resume", results, "--model", "mine:make", "--no-utilization", "--timeout",
+                           "60"], capsys)
+    assert code == 0, err
+    assert "resuming run r1" in out and "skipped: mine.make/plain" in out
+
+
+def test_sigint_during_timing_keeps_the_checks_that_passed(tmp_path, capsys, fake_rank_pool, monkeypatch):
+    """The probe: Ctrl-C while a model group was timed discarded the checks its cases had passed.  They are kept as
+    ``not_run`` records with their check, and --resume times them."""
+    import suite.runner
+    from suite.results.records import CheckSummary, read_records
+
+    monkeypatch.setattr(suite.runner.CaseRunner, "check",
+                        lambda self, rc: CheckSummary("pass", reference="fake", steps=2, losses=[1.0, 0.9]))
+
+    def interrupted(self, *a, **k):
+        raise KeyboardInterrupt
+
+    measure = suite.runner.CaseRunner.measure
+    monkeypatch.setattr(suite.runner.CaseRunner, "measure", interrupted)
+    results = tmp_path / "runs.jsonl"
+    code, _, err = _cli(["run", "--case", "mlp/plain,mlp/overlap", "--size", "tiny", "--results", results,
+                         "--no-utilization", "--timeout", "60"], capsys)
+    assert code == 130 and "2 of them checked, their timing interrupted" in err, err
+    recs = read_records(str(results))
+    assert [(r.case, r.status, r.verdict, r.check.reference) for r in recs] == [
+        ("mlp/plain", "not_run", "pass", "fake"), ("mlp/overlap", "not_run", "pass", "fake")]
+    monkeypatch.setattr(suite.runner.CaseRunner, "measure", measure)
+    code, out, err = _cli(["run", "--resume", results, "--no-utilization", "--timeout", "60"], capsys)
+    assert code == 0 and "to run: mlp/plain, mlp/overlap" in out, out + err
+    assert [r.status for r in read_records(str(results))] == ["not_run", "not_run", "ok", "ok"]

@@ -121,7 +121,8 @@ def test_check_lines_keep_their_columns_past_nine_cases():
     from suite.cases import CASES
     from suite.run_spec import RunOptions
     from suite.runner import CaseRunner
-    from tests.test_runner import FakeLauncher, _rc
+    from tests.fakes import FakeLauncher
+    from tests.fakes import resolved as _rc
 
     names = [c.name for c in CASES if c.model == "mlp" and c.variant != "hierarchical"]
     assert len(names) >= 10

@@ -10,54 +10,16 @@ import sys
 import pytest
 
 import suite.runtime
-from suite.cases import get_case
 from suite.cli.main import main
 from suite.config import StrategyConfig
-from suite.measure.timing import RankTiming
-from suite.run_spec import ResolvedCase, RunFacts, RunOptions
-from suite.runner import CaseRunner, free_memory_on_rank
-from suite.runtime.pool import RankFailure
+from suite.run_spec import RunFacts, RunOptions
+from suite.runner import CaseRunner
+from tests.fakes import RUNNER_META, FakeLauncher, fake_record
+from tests.fakes import fake_runner as _runner
+from tests.fakes import resolved as _rc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-META = {"torch": "test", "gpu": {"available": False}}
-
-
-def _rc(name: str, **cfg) -> ResolvedCase:
-    case = get_case(name)
-    return ResolvedCase(case, StrategyConfig.from_dict({**case.config, **cfg}))
-
-
-def _answers(names, losses=(1.0, 0.9), ranks=2):
-    """What ``time_on_rank`` answers (typed), made up."""
-    def one(rank):
-        return RankTiming.from_dict({"rank": rank, "variants": {n: {
-            "windows": [0.5, 0.5], "step_times": [0.1] * 4, "losses": list(losses), "threads": 1,
-            "comm_calls_per_step": {"world/all_reduce": 10.0}, "comm_bytes_per_step": {"world/all_reduce": 4e6},
-            "host_syncs": 2, "describe": {"strategy": "plain", "allreduce_ops": 10}, "peak_memory_bytes": 1,
-            "peak_memory_kind": "process_max_rss"} for n in names}})
-    return [one(r) for r in range(ranks)]
-
-
-class FakeLauncher:
-    """Answers time_on_rank with synthetic numbers; fails interleaved calls of more than two variants."""
-
-    nproc = 2
-
-    def __init__(self, fail_interleaved=False, losses=(1.0, 0.9), free=(2**40, 2**40)):
-        self.fail_interleaved, self.losses, self.calls, self.free = fail_interleaved, losses, [], free
-
-    def run(self, fn, kwargs=None, timeout=None):
-        if fn is free_memory_on_rank:  # the memory probe: each rank's free bytes
-            return list(self.free)
-        names = [v["name"] for v in kwargs["variants"]]
-        self.calls.append(names)
-        if self.fail_interleaved and len(names) > 2:
-            raise RankFailure("rank(s) [1] died (rank 1 exit code -9) while running time_on_rank", [1], "x")
-        return _answers(names, self.losses)
-
-
-def _runner(launcher, facts: RunFacts | None = None, **opts):
-    return CaseRunner(launcher, 2, RunOptions(check=False, utilization=False, **opts), metadata=META, facts=facts)
+META = RUNNER_META
 
 
 def test_groups_are_bounded_by_memory_and_each_holds_the_baseline():
@@ -209,3 +171,47 @@ def empty_batch_on_rank() -> str:
 def test_an_empty_shard_is_a_clear_error_not_a_nan(pool2):
     for msg in pool2.run(empty_batch_on_rank):
         assert "empty batch at step 1" in msg and "shard the global batch evenly" in msg, msg
+
+
+def test_runner_trace_is_not_written_through_a_planted_symlink(tmp_path, monkeypatch):
+    from suite.run_spec import ResolvedCase, RunFacts, RunOptions
+    from suite.runner import CaseRunner
+
+    class Launcher:
+        def run(self, *a, **k):
+            return [{"events": [], "rank": 0}]
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "results" / "traces").mkdir(parents=True)
+    os.symlink(outside, tmp_path / "results" / "traces" / "run1")
+    runner = CaseRunner(Launcher(), 2, RunOptions(trace_steps=1), run_id="run1",
+                        facts=RunFacts(results_dir=str(tmp_path / "results")))
+    rec = fake_record()
+    from suite.cases import CASES
+    from suite.config import StrategyConfig
+
+    case = next(c for c in CASES if c.name == "mlp/plain")
+    import suite.runner
+
+    monkeypatch.setattr(suite.runner, "chrome_trace", lambda answers, title="": {"traceEvents": []})
+    runner.trace(ResolvedCase(case, StrategyConfig.from_dict(case.config), None), rec)
+    assert os.listdir(outside) == [] and rec.metrics.trace_file is None
+    assert rec.metrics.trace_error is not None and "outside" in rec.metrics.trace_error
+
+
+def test_the_per_call_timeout_scales_with_steps_variants_and_model_and_a_given_one_wins():
+    """600 s for every call was too short for GPT-2 `full` with its 13 variants interleaved."""
+    from suite.run_spec import RunFacts, RunOptions
+    from suite.runner import CaseRunner
+
+    def runner(**kw):
+        return CaseRunner(None, 8, RunOptions(**kw), metadata={}, facts=RunFacts(size="full", device="cuda"))
+
+    r = runner()
+    one = r.call_timeout("gpt2", steps=1) - 600
+    assert one > 0
+    assert r.call_timeout("gpt2", steps=27, variants=13) - 600 == pytest.approx(27 * 13 * one)  # steps x variants
+    assert r.call_timeout("gpt2", 27, 13) > 1800  # the default run (2 + 5 x 5 steps), every variant at once
+    assert r.call_timeout("mlp", 1) - 600 < one  # a smaller model, a smaller allowance
+    assert runner(timeout=42.0).call_timeout("gpt2", 27, 13) == 42.0  # --timeout given: exactly that

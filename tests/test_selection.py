@@ -198,3 +198,23 @@ def test_a_bad_vary_is_one_error_naming_it(vary, words):
     with pytest.raises(ConfigError) as exc:
         resolve(sel, probe=False)
     assert str(exc.value).startswith(f"--vary {vary!r}: ") and words in str(exc.value), str(exc.value)
+
+
+# ---- hierarchical cases under torchrun -----------------------------------------------------------------------------
+def test_hierarchical_cases_under_torchrun_take_the_nodes_from_local_world_size():
+    """`*/hierarchical` emulates two nodes of half the ranks on one machine (8 ranks: 4 + 4); under torchrun
+    (LOCAL_WORLD_SIZE known) its nodes are the real machines: 4 hosts of 2 ranks -> inter_nranks 2, not 4; a
+    --set value still wins (with a warning when it differs from LOCAL_WORLD_SIZE)."""
+    from suite.run_spec import Selection
+    from suite.selection import base_cases, resolve_at
+
+    sel = Selection(cases=("mlp/hierarchical",), size="tiny")
+    (local,) = resolve_at(sel, base_cases(sel, "tiny"), 8)
+    assert local.config.resolve_inter_nranks(8) == 4 and local.skip is None
+    (multi,) = resolve_at(sel, base_cases(sel, "tiny"), 8, local_world=2)
+    assert multi.config.resolve_inter_nranks(8, 2) == 2 and multi.skip is None
+    given = Selection(cases=("mlp/hierarchical",), size="tiny", sets=("hierarchical_allreduce_inter_nranks=4",))
+    (rc,) = resolve_at(given, base_cases(given, "tiny"), 8, local_world=2)
+    assert rc.config.hierarchical_allreduce_inter_nranks == 4
+    with pytest.warns(UserWarning, match="differs from torchrun's LOCAL_WORLD_SIZE=2"):
+        rc.config.check_world(8, 2, torchrun=True)

@@ -122,7 +122,7 @@ def test_a_hook_that_raises_on_one_rank_or_never_completes_fails_within_its_boun
         _check(pool2, "mlp", f"{MINE}:raises_on_rank_1", timeout=60)
     assert "deliberate failure on rank 1" in str(info.value)
     with pytest.raises(RankFailure) as info:
-        _check(pool2, "mlp", f"{MINE}:never_completes", timeout=20)
+        _check(pool2, "mlp", f"{MINE}:never_completes", timeout=8)  # the bound is what is tested, not its size
     assert "within" in str(info.value) or "stuck" in str(info.value) or "did not answer" in str(info.value), info.value
     assert _check(pool2, "mlp", f"{MINE}:mean_hook").passed  # the pool is whole again for the next case
 

@@ -15,7 +15,7 @@ import pytest
 
 import suite.runtime
 from suite.cli.main import main
-from tests.test_user_models import Borrowed
+from tests.fakes import Borrowed
 
 STEPS = 2  # traced steps
 # communication a step may wait on: the engine's and the synchronizer's ranges, c10d's and the backends' own ops

@@ -70,7 +70,7 @@ def add_parser(sub) -> None:
                    "comma-separated",
              tags=f"cases with this tag ({', '.join(ALL_TAGS)}); repeatable. Without "
                   "--case/--tag/--model: the 'default' tag",
-             models=f"a registry model ({', '.join(m.name for m in REGISTRY)}), hf:GPT2Config / "
+             models=f"a registry model ({', '.join(row.name for row in REGISTRY)}), hf:GPT2Config / "
                     "hf:BertConfig, or your own factory as module:function; alone, every case of that model",
              size="model size: full (published; default on CUDA), cpu (full parameters, smaller inputs; default on "
                   "CPU), tiny (tests)",

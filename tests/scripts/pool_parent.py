@@ -1,5 +1,5 @@
 """A parent process for the orphan tests: it starts a rank pool, reports the pids, then keeps the
-ranks busy in a long call until it is killed (tests/test_hardening.py kills it and watches the ranks).
+ranks busy in a long call until it is killed (tests/test_pool.py kills it and watches the ranks).
 
     python tests/scripts/pool_parent.py [--thread] [--grandchild] [--fork]
 

@@ -1,4 +1,4 @@
-"""A rank error with a collective left queued on its peer, then one more call (tests/test_agreement.py)."""
+"""A rank error with a collective left queued on its peer, then one more call (tests/test_torchrun.py)."""
 import json
 import sys
 

@@ -1,4 +1,4 @@
-"""A parent whose two ranks are stuck in their rendezvous, for tests/test_hostile.py: it kills this parent
+"""A parent whose two ranks are stuck in their rendezvous, for tests/test_pool.py: it kills this parent
 while the ranks sit in C++ and checks they are gone.
 
     python tests/scripts/rendezvous_parent.py [--no-deathsig]

@@ -1,4 +1,4 @@
-"""Memory groups on two "hosts" with different free memory (tests/test_agreement.py).
+"""Memory groups on two "hosts" with different free memory (tests/test_torchrun.py).
 
 Started by two torchrun agents (``--nnodes 2 --node_rank N``), one rank each.  Each host's free-memory
 probe is faked from its node rank (torchrun's GROUP_RANK): node 0 has a terabyte, node 1 almost nothing.
