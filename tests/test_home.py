@@ -102,7 +102,7 @@ def test_make_asv_preview_serves_the_dashboard_on_loopback_only(tmp_path):
 
 MATPLOTLIB_USER = """
 import os, sys
-from suite.report import figures
+from suite.report import charts as figures
 fig = figures.plt.figure()
 fig.gca().plot([1, 2], [3, 4])
 fig.savefig(sys.argv[1])

@@ -61,7 +61,7 @@ def test_records_carry_utilization_memory_and_busbw(real_run):
 
 
 def test_report_plots_hold_the_runs_data(real_run):
-    from suite.report import figures as F
+    from suite.report import charts as F
     from suite.report.page import build_report, svg_size
 
     recs = F.latest(real_run["records"])

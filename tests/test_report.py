@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from suite.report import figures as F
+from suite.report import charts as F
 from suite.report.page import build_report, svg_size
 from suite.results.records import CaseRecord, Metrics
 from tests.clitools import HOSTILE_CASE, unescaped_pipes
@@ -976,7 +976,7 @@ def test_report_markdown_and_html_show_hostile_names_as_text(tmp_path, capsys):
 def test_figures_draw_dollar_signs_in_names_as_text(tmp_path):
     import matplotlib.pyplot as plt
 
-    from suite.report import figures as F
+    from suite.report import charts as F
     from suite.report.page import build_report
 
     names = ["mlp/$x^2$", "mlp/a$b", "mlp/$\\frac{$", "mlp/x\\$y$", "mlp/$_$"]
@@ -1066,7 +1066,7 @@ def test_report_into_a_directory_that_cannot_be_created_is_one_error(tmp_path, c
 # ---- bounded reports -----------------------------------------------------------------------------------------------
 def test_a_report_caps_its_plots_rows_and_boxes_and_says_so(tmp_path, monkeypatch):
     """The probe: 300 world sizes drew 301 plots; 20,000 cases took minutes and gigabytes."""
-    import suite.report.figures as F
+    import suite.report.charts as F
     import suite.report.page as page
     from tests.fakes import report_record
 
@@ -1088,7 +1088,7 @@ def test_a_report_caps_its_plots_rows_and_boxes_and_says_so(tmp_path, monkeypatc
 
 def test_a_report_of_thousands_of_cases_draws_a_bounded_number_of_plots_and_lists_every_case(tmp_path,
                                                                                               monkeypatch):
-    import suite.report.figures as F
+    import suite.report.charts as F
     from suite.report.page import MAX_BARS, MAX_MODEL_PLOTS, build_report
 
     drawn = []

@@ -189,14 +189,14 @@ def svg_size(path: str) -> tuple[int, int]:
 
 # ---- numbers as text ------------------------------------------------------------------------------
 def _fmt(x: object, spec: str = ".1f") -> str:
-    from .figures import num
+    from .charts import num
 
     v = num(x)
     return format(v, spec) if math.isfinite(v) else "-"
 
 
 def _ci(value: object, ci: object, spec: str, suffix: str = "") -> str:
-    from .figures import num
+    from .charts import num
 
     v = num(value)
     if not math.isfinite(v):
@@ -335,7 +335,7 @@ def _speedup_text(r: CaseRecord) -> tuple[str, str]:
     """A record's speedup cell ("1.07× [0.73, 2.64] not resolved", as ``fleetbench run`` decides it:
     ``suite.measure.stats.speedup_unresolved``) and why it is not resolved, in words for its hover ("" where it
     is, or where it has none)."""
-    from . import figures as F
+    from . import charts as F
 
     m = r.metrics
     if m.empty:
@@ -397,7 +397,7 @@ def _summary_rows(rows: list[CaseRecord], busy: BusyMarks) -> dict:
 def _row(r: CaseRecord, trend: dict | None = None, busy: BusyMarks | None = None) -> tuple[list[str], dict[str, str]]:
     """The table's cells for one record, and the reasons behind cells left empty (by column); ``trend``: its
     samples/s over runs (:func:`trend.trends`), or None with one run; ``busy``: the page's busy marks."""
-    from . import figures as F
+    from . import charts as F
 
     m = r.metrics
     measured = not m.empty
@@ -530,7 +530,7 @@ def build_report(records: Sequence[CaseRecord], out_dir: str, results_dir: str =
                  record_dirs: dict[int, str] | None = None) -> dict:
     """``record_dirs`` maps ``id(record)`` to the results directory its traces are under (several
     results files: each file's own); others use ``results_dir``."""
-    from . import figures as F  # first: matplotlib imported through .mpl, nothing written under ~
+    from . import charts as F  # first: matplotlib imported through .mpl, nothing written under ~
 
     plt = F.plt
 
