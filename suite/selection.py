@@ -137,6 +137,9 @@ def vary_axes(sel: Selection) -> list[tuple[str, list[tuple[str, object]]]]:
     workload knob (every case's and the baseline's: no comparison with one baseline), a field given twice or also
     by ``--set``."""
     axes: list[tuple[str, list[tuple[str, object]]]] = []
+    if not sel.varies:
+        return axes
+    check_overrides(list(sel.sets))  # a bad --set is named as --set first
     set_keys = {f for item in sel.sets for f in parse_set(item)}
     for item in sel.varies:
         key, eq, raw = (part.strip() for part in item.partition("="))

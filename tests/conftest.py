@@ -109,3 +109,34 @@ def fake_rank_pool(monkeypatch):
     monkeypatch.setattr(suite.runtime, "RankPool", FakeRankPool)
     monkeypatch.setattr(FakeRankPool, "made", [])
     return FakeRankPool
+
+
+def _sigint_state() -> tuple[bool, bool]:
+    """(ignored by this process, blocked in the main thread) for SIGINT, as the kernel has them (/proc: a disposition
+    set in C, by a library, shows there too); both are inherited by every process started from here."""
+    import signal
+
+    with open("/proc/self/status", encoding="ascii") as fh:
+        masks = dict(line.split(":", 1) for line in fh if line.startswith(("SigIgn", "SigBlk")))
+    bit = 1 << (signal.SIGINT - 1)
+    return bool(int(masks["SigIgn"], 16) & bit), bool(int(masks["SigBlk"], 16) & bit)
+
+
+@pytest.fixture(autouse=True)
+def _sigint_as_found():
+    """Every test leaves this process's SIGINT as it found it (its handler, not ignored, not blocked in the main
+    thread): a test that left Ctrl-C ignored or blocked would break every later test of its worker that sends one,
+    and every command they start (both are inherited).  The state is restored and the test fails naming it."""
+    import signal
+
+    handler, state = signal.getsignal(signal.SIGINT), _sigint_state()
+    yield
+    left = []
+    if signal.getsignal(signal.SIGINT) is not handler or _sigint_state()[0] != state[0]:
+        left.append(f"the SIGINT handler {signal.getsignal(signal.SIGINT)!r}, ignored {_sigint_state()[0]} (found "
+                    f"{handler!r}, ignored {state[0]})")
+        signal.signal(signal.SIGINT, handler if handler is not None else signal.default_int_handler)
+    if _sigint_state()[1] != state[1]:
+        left.append("SIGINT " + ("unblocked" if state[1] else "blocked") + " in the main thread")
+        signal.pthread_sigmask(signal.SIG_BLOCK if state[1] else signal.SIG_UNBLOCK, {signal.SIGINT})
+    assert not left, "this test left " + " and ".join(left)

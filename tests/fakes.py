@@ -484,3 +484,17 @@ def ab_spec(seq):
     from suite.run_spec import AbOptions, RunSpec, Selection
 
     return RunSpec(Selection(worlds=(2,)), ab=AbOptions(seq=seq))
+
+
+def strategy_check(pool, model: str, strategy: str, data_parallel: str = "ddp", steps: int = 3,
+                   timeout: float = 240.0, **knobs):
+    """The correctness check of ``strategy`` (``module:function``) on ``model`` at size tiny, on ``pool``'s ranks:
+    its ``CheckSummary``."""
+    from suite.check.harness import check_on_rank, summarize
+    from suite.config import StrategyConfig
+    from suite.workload import WorkloadSpec
+
+    cfg = StrategyConfig(data_parallel=data_parallel, strategy=strategy, **knobs)
+    answers = pool.run(check_on_rank, dict(workload_spec=WorkloadSpec(model, size="tiny"), config=cfg.to_dict(),
+                                           steps=steps), timeout=timeout)
+    return summarize(cfg, answers)

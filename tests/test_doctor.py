@@ -130,6 +130,10 @@ def test_ranks_printing_on_stdout_never_break_the_doctors_json(tmp_path):
     assert lines[0]["kind"] == "fleetbench.doctor" and lines[0]["nproc"] == 2 and lines[-1]["ok"] is True
     assert [x["item"].split(" (")[0] for x in lines[1:-1]] == ["platform", "allreduce on each communicator"]
     assert proc.stderr.count("NCCL version 2.28.9+cuda13.0") == 2  # both ranks' banners, on stderr
+
+
+@pytest.mark.heavy  # a second doctor (tests/test_gpu_check.py's printing ranks read --json FILE in make test)
+def test_ranks_printing_on_stdout_never_break_the_doctors_json_file(tmp_path):
     path = tmp_path / "doctor.jsonl"
     proc = _doctor_with_printing_ranks(tmp_path, str(path))
     assert proc.returncode == 0 and "NCCL version" not in proc.stdout, proc.stdout[-2000:]

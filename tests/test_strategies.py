@@ -1,5 +1,5 @@
 """Strategies of your own (suite/strategies/user.py, issue 45): a DDP communication hook or a gradient synchronizer
-from ``module:function``, checked with the check it declares; torch's own hooks as the registry's cases.
+from ``module:function``, checked with the check it declares (torch's own hooks: tests/test_torch_hooks.py).
 
 The truth: the exact single-process reference of the check (suite/check/reference.py) for exact strategies, and for
 a bounded-error one the exact average of every rank's gradient on the same parameters, computed on the rank from
@@ -16,43 +16,10 @@ from suite.config import StrategyConfig
 from suite.runtime import RankError, RankFailure
 from suite.strategies.user import StrategyError, load_strategy, strategy_info
 from suite.workload import WorkloadSpec
+from tests.fakes import strategy_check as _check
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MINE = "tests.scripts.my_strategies"
-HOOKS = "suite.strategies.torch_hooks"
-
-
-def _check(pool, model: str, strategy: str, data_parallel: str = "ddp", steps: int = 3, timeout: float = 240.0,
-           **knobs):
-    cfg = StrategyConfig(data_parallel=data_parallel, strategy=strategy, **knobs)
-    answers = pool.run(check_on_rank, dict(workload_spec=WorkloadSpec(model, size="tiny"), config=cfg.to_dict(),
-                                           steps=steps), timeout=timeout)
-    return summarize(cfg, answers)
-
-
-@pytest.mark.parametrize("model", ["mlp", "resnet", "transformer"])
-def test_torchs_fp16_compress_and_powersgd_pass_their_declared_checks_at_world_2(pool2, model):
-    fp16 = _check(pool2, model, f"{HOOKS}:fp16_compress")
-    assert fp16.kind == "bounded error" and fp16.passed, fp16.message
-    assert 0 < fp16.param_error <= 5e-3 and fp16.ranks_identical  # lossy, a little: the check measured it
-    for rank in (1, 4):
-        ps = _check(pool2, model, f"{HOOKS}:powersgd_r{rank}")
-        assert ps.kind == "convergence" and ps.passed and ps.steps == 8, ps.message
-        assert ps.loss_error <= 0.05 and ps.ranks_identical
-
-
-@pytest.mark.parametrize("hook", ["fp16_compress", "powersgd_r1"])
-def test_torchs_hooks_pass_their_declared_checks_at_world_4(pool4, hook):
-    got = _check(pool4, "mlp", f"{HOOKS}:{hook}")
-    assert got.passed and got.kind in ("bounded error", "convergence"), got.message
-
-
-@pytest.mark.heavy  # every model, both hooks, at world 4: a few minutes on 2 cores
-@pytest.mark.parametrize("model", ["resnet", "transformer"])
-def test_torchs_hooks_on_every_small_model_at_world_4(pool4, model):
-    for hook in ("fp16_compress", "powersgd_r1", "powersgd_r4"):
-        got = _check(pool4, model, f"{HOOKS}:{hook}")
-        assert got.passed, (hook, got.message)
 
 
 def test_your_own_hook_and_synchronizer_are_checked_exactly_and_pass(pool2):
@@ -61,14 +28,6 @@ def test_your_own_hook_and_synchronizer_are_checked_exactly_and_pass(pool2):
         assert hook.kind == "exact" and hook.passed and hook.param_error <= 1e-5, hook.message
         sync = _check(pool2, model, f"{MINE}:per_tensor_sync", data_parallel="suite")
         assert sync.kind == "exact" and sync.passed and sync.param_error <= 1e-5, sync.message
-
-
-def test_ddp_at_its_best_setting_is_exact(pool2):
-    cfg = StrategyConfig(data_parallel="ddp", ddp_gradient_as_bucket_view=True, ddp_static_graph=True)
-    answers = pool2.run(check_on_rank, dict(workload_spec=WorkloadSpec("resnet", size="tiny"),
-                                            config=cfg.to_dict(), steps=3))
-    got = summarize(cfg, answers)
-    assert got.passed and got.kind == "exact", got.message
 
 
 @pytest.mark.parametrize("fn", ["drops_a_bucket", "sums_instead_of_averaging"])
@@ -117,10 +76,15 @@ def test_a_strategy_function_that_hangs_is_stopped_at_its_bound_in_a_child():
         strategy_info("os:getcwd")  # refused before anything is imported
 
 
-def test_a_hook_that_raises_on_one_rank_or_never_completes_fails_within_its_bound(pool2):
+def test_a_hook_that_raises_on_one_rank_fails_and_the_pool_goes_on(pool2):
     with pytest.raises((RankError, RankFailure)) as info:
         _check(pool2, "mlp", f"{MINE}:raises_on_rank_1", timeout=60)
     assert "deliberate failure on rank 1" in str(info.value)
+    assert _check(pool2, "mlp", f"{MINE}:mean_hook").passed  # the pool is whole again for the next case
+
+
+@pytest.mark.heavy  # the pool's ranks restarted after the bound: make test keeps the bound of a stuck rank
+def test_a_hook_that_never_completes_fails_within_its_bound(pool2):  # (tests/test_runtime.py, the stuck rank)
     with pytest.raises(RankFailure) as info:
         _check(pool2, "mlp", f"{MINE}:never_completes", timeout=8)  # the bound is what is tested, not its size
     assert "within" in str(info.value) or "stuck" in str(info.value) or "did not answer" in str(info.value), info.value
@@ -177,8 +141,10 @@ def _the_users_run_is_a_run_like_any(tmp_path, nproc: int) -> None:
                              str(work / "report")], cwd=work, capture_output=True, text=True, timeout=300,
                             env=dict(os.environ, PYTHONPATH=ROOT))
     assert report.returncode == 0, report.stderr[-2000:]
-    html = (work / "report" / "index.html").read_text()
-    assert "mlp/team_hooks.mean_hook" in html and "my_models.make_spec/team_syncs.per_tensor_sync" in html
+    import re
+
+    text = re.sub(r"<[^>]+>", "", (work / "report" / "index.html").read_text())  # as shown: names break at "/"
+    assert "mlp/team_hooks.mean_hook" in text and "my_models.make_spec/team_syncs.per_tensor_sync" in text
 
 
 def test_your_own_strategies_outside_the_repository_run_every_case_of_your_model_and_the_registrys_at_world_2(
