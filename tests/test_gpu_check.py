@@ -140,6 +140,27 @@ def test_a_hung_phase_is_killed_at_its_bound_and_the_later_phases_still_run_and_
     assert "| 4 | cases | fail |" in (tmp_path / "out" / "SUMMARY.md").read_text()
 
 
+def test_the_cases_phase_takes_what_the_earlier_phases_left_and_the_plan_keeps_its_own_bound(
+        tmp_path, monkeypatch, no_interpreter_probe):
+    # the first H200 run: phases 0-3 took 55 s of their 215, the cases were killed at their 150 s with 130 s of
+    # the deadline unspent
+    got: dict[int, float] = {}
+
+    def records(number):
+        def phase(c, bound):
+            got[number] = bound
+            return P.PASS, "", {}
+        return phase
+
+    monkeypatch.setattr(P, "PHASES", tuple((n, records(n)) for n in (0, 2, 4, 5)))
+    check = P.Check(P.Options(device="cpu", out=str(tmp_path / "out")), log=lambda s: None)
+    assert check.run() == 0
+    deadline, bounds = P.DEADLINE_S["cpu"], P.BOUNDS["cpu"]
+    assert got[0] == bounds[0] and got[2] == bounds[2] and got[5] == bounds[5]
+    assert deadline - bounds[5] - 30 < got[4] <= deadline - bounds[5], got  # not its own 240 s
+    assert got[4] > bounds[4]
+
+
 def test_phase_4_takes_one_case_per_strategy_family_of_each_published_model():
     from suite.cases import CASES, FAMILIES, VARIANTS
 
