@@ -172,8 +172,9 @@ class StrategyConfig:
     # Every default is PyTorch's own, so a run measures what a plain PyTorch program runs unless a
     # knob says otherwise (PyTorch >= 1.12: fp32 matmuls exact, convolutions allowed TF32; no cuDNN
     # autotuning, no deterministic-only algorithms).  Applied on every rank before every timed step
-    # (suite.engine.apply_precision); correctness checks always run with TF32 off whatever these say;
-    # records carry the values torch reports on the ranks (describe["precision"]).  No effect on CPU.
+    # (suite.engine.apply_precision); correctness checks always run with TF32 off and deterministic cuDNN
+    # whatever these say; records carry the values torch reports on the ranks (describe["precision"]).
+    # No effect on CPU.
     matmul_allow_tf32: bool = knob(
         False, "TF32 in fp32 matmuls (torch.backends.cuda.matmul.allow_tf32; PyTorch's default off); one "
         "cuBLAS setting with float32_matmul_precision: True means at least 'high'", workload=True)

@@ -20,7 +20,7 @@ Precision (TF32, ``float32_matmul_precision``, cuDNN autotuning and determinism)
 state in torch: :func:`apply_precision` sets it from the config at construction and again at the
 start of every step, so engines with different settings can run interleaved in one process;
 ``describe()["precision"]`` holds what torch reports after setting it.  The correctness check runs
-its engine on :func:`strict_fp32` of the config (TF32 off).
+its engine on :func:`strict_fp32` of the config (TF32 off, deterministic cuDNN).
 
 Before its first collective the engine checks that every rank built the same model
 (``suite.comm.agree.verify_structure``: names, shapes, dtypes; all ranks stop with one message naming what
@@ -288,8 +288,11 @@ def precision_in_effect(device_type: str) -> dict:
 
 
 def strict_fp32(config: StrategyConfig) -> StrategyConfig:
-    """``config`` with TF32 off everywhere: what correctness checks run (their tolerances are fp32's)."""
-    return config.replace(matmul_allow_tf32=False, cudnn_allow_tf32=False, float32_matmul_precision="highest")
+    """``config`` with TF32 off everywhere and cuDNN's deterministic algorithms only (no autotuning): what
+    correctness checks run (their tolerances are fp32's; a run-to-run difference in a convolution's weight gradient
+    is cuDNN's algorithm, not the strategy)."""
+    return config.replace(matmul_allow_tf32=False, cudnn_allow_tf32=False, float32_matmul_precision="highest",
+                          cudnn_benchmark=False, cudnn_deterministic=True)
 
 
 def _batch_size(inputs) -> int | None:

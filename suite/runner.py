@@ -43,6 +43,7 @@ from typing import Any
 
 from .cases import BASELINE, Case
 from .check.harness import CANNOT_JUDGE, run_check
+from .check.tolerances import tolerance_key
 from .comm.agree import MISMATCH
 from .config import StrategyConfig
 from .measure.metadata import collect
@@ -297,7 +298,8 @@ class CaseRunner:
         self._batches: dict[str, int] = {}
         self._unused_said = False  # the unused-parameter message is said once per run, then named
         self._mismatch_said: set[str] = set()  # each structure-mismatch message likewise
-        self._unjudged: dict[str, CheckSummary] = {}  # model -> its "cannot judge" answer, said once, then reused
+        # (model, tolerance key) -> its "cannot judge" answer, said once, then reused for the cases checked alike
+        self._unjudged: dict[tuple[str, str], CheckSummary] = {}
         self._allowance: dict[str, float] = {}
         # a harness that reports each rank's windows (pytest-benchmark's extra_info) sees every interleaved timing's
         # answers: called with the variants timed together and every rank's RankTiming
@@ -398,11 +400,17 @@ class CaseRunner:
         """The bound on a case's check: its ranks' steps, then the reference's (every rank's shard in one process)."""
         return self.call_timeout(rc.case.model, self.opts.check_steps, variants=self.world + 1)
 
+    @staticmethod
+    def _unjudged_key(rc: ResolvedCase) -> tuple[str, str]:
+        """A model found unjudgeable is so for the cases checked in its precision and tolerance (an AMP case's
+        noise says nothing of an fp32 case's)."""
+        return rc.case.model, tolerance_key(rc.config)
+
     def _check_waits(self, rc: ResolvedCase) -> dict:
         """What a case's check waits on, and its bound (:class:`Progress`'s ``waits`` and ``bound_s``)."""
         if not self.opts.check:
             return dict(waits="nothing (--no-check)")
-        if rc.case.model in self._unjudged and rc.config.data_parallel != "none":
+        if self._unjudged_key(rc) in self._unjudged and rc.config.data_parallel != "none":
             return dict(waits="nothing (the model's check cannot judge it, said above)")
         return dict(waits=f"{self.world} rank(s): {self.opts.check_steps} step(s) each, then the single-process "
                           f"reference's {self.opts.check_steps} step(s) over every rank's shard",
@@ -412,8 +420,8 @@ class CaseRunner:
         """The case's CheckSummary, the exception that stopped it, or None (no check asked)."""
         if not self.opts.check:
             return None
-        if rc.case.model in self._unjudged and rc.config.data_parallel != "none":
-            return self._unjudged[rc.case.model]  # two identical runs of this model differ: said once already
+        if self._unjudged_key(rc) in self._unjudged and rc.config.data_parallel != "none":
+            return self._unjudged[self._unjudged_key(rc)]  # two identical runs of this model differ: said already
 
         try:
             # every rank's steps, then the reference's (every rank's shard in one process)
@@ -426,7 +434,7 @@ class CaseRunner:
             self.recover(exc)
             return exc
         if res is not None and res.verdict == "n/a" and res.message.startswith(CANNOT_JUDGE):
-            self._unjudged[rc.case.model] = res
+            self._unjudged[self._unjudged_key(rc)] = res
             self.say(f"      {rc.case.model}: {res.message}")
         return res
 

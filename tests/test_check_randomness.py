@@ -15,7 +15,7 @@ import suite.runtime
 from suite.check.harness import CANNOT_JUDGE, run_check, summarize
 from suite.cli.main import main
 from suite.config import StrategyConfig
-from suite.models import get_model, model_info
+from suite.models import ModelSpec, get_model, model_info
 from suite.run_spec import Selection
 from suite.runtime.rng import step_seed
 from suite.selection import base_cases
@@ -105,6 +105,67 @@ def test_a_model_whose_identical_runs_differ_gets_one_message_not_a_fail_per_cas
     assert all(r["verdict"] == "n/a" and r["check"]["message"].startswith(CANNOT_JUDGE) for r in recs), recs
 
 
+class Jittery(torch.nn.Module):
+    """Run-to-run noise of about 1e-4 relative (a private generator seeded from the OS): what a non-deterministic
+    kernel leaves, above fp32's tolerance (1e-5), below AMP's (1e-3)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(32, 16), torch.nn.Linear(16, 4)
+        self.noise = torch.Generator()
+        self.noise.seed()
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        return self.fc2(h * (1 + 1e-4 * torch.randn(h.shape, generator=self.noise)))
+
+
+def make_jittery(size: str = "cpu"):
+    return ModelSpec("jittery", Jittery, torch.nn.functional.cross_entropy,
+                               lambda n, seed: my_models.Blobs(n, seed), data="other", size=size, per_rank_batch=8,
+                               dataset_size=256)
+
+
+def probe_on_rank(workload_spec, config: dict) -> dict:
+    """check_on_rank (one step) with torch's switches at what a process starts with on CUDA and more (cuDNN TF32
+    and autotuning on, matmuls 'high'), the repeatability probe's view of them recorded; the switches put back."""
+    from suite.check import harness
+
+    cudnn, seen, probe = torch.backends.cudnn, [], harness.repeatable
+    before = (cudnn.allow_tf32, cudnn.benchmark, cudnn.deterministic, torch.get_float32_matmul_precision())
+
+    def recording(wl, dtype=None, tolerance="fp32"):
+        seen.append(dict(tolerance=tolerance, tf32=cudnn.allow_tf32, benchmark=cudnn.benchmark,
+                         deterministic=cudnn.deterministic, matmul=torch.get_float32_matmul_precision()))
+        return probe(wl, dtype, tolerance)
+
+    cudnn.set_flags(_allow_tf32=True, _benchmark=True, _deterministic=False, _fp32_precision=None)
+    torch.set_float32_matmul_precision("high")
+    harness.repeatable = recording
+    try:
+        answer = harness.check_on_rank(workload_spec, config, steps=1)
+    finally:
+        harness.repeatable = probe
+        cudnn.set_flags(_allow_tf32=before[0], _benchmark=before[1], _deterministic=before[2], _fp32_precision=None)
+        torch.set_float32_matmul_precision(before[3])
+    return {"seen": seen, "cannot_judge": answer.get("cannot_judge")}
+
+
+def test_the_repeatability_probe_runs_as_the_check_does_and_judges_noise_by_the_checks_tolerance(pool2):
+    """The first H200 run: resnet50's AMP case was called unjudgeable from cuDNN's TF32 noise, probed under the
+    process's switches against fp32's tolerance, and every later case of the model (fp64 checks among them) with
+    it.  The probe runs under the check's switches (TF32 off, deterministic cuDNN, no autotuning) and against the
+    tolerance of the check that will judge the case."""
+    spec = WorkloadSpec("tests.test_check_randomness:make_jittery", size="tiny")
+    fp32 = pool2.run(probe_on_rank, dict(workload_spec=spec, config=StrategyConfig().to_dict()))
+    amp = pool2.run(probe_on_rank, dict(workload_spec=spec, config=StrategyConfig(amp="bf16").to_dict()))
+    strict = dict(tf32=False, benchmark=False, deterministic=True, matmul="highest")
+    assert [a["seen"] for a in fp32] == [[dict(tolerance="fp32", **strict)]] * 2, fp32
+    assert [a["seen"] for a in amp] == [[dict(tolerance="amp", **strict)]] * 2, amp
+    assert all(a["cannot_judge"] for a in fp32), fp32  # 1e-4 of noise: more than fp32's 1e-5
+    assert not any(a["cannot_judge"] for a in amp), amp  # less than AMP's 1e-3
+
+
 def test_batchnorm_is_found_without_being_declared(pool2):
     """make_normed leaves has_batchnorm False: its cases still include BatchNorm's, and its check runs in float64."""
     assert get_model(f"{MODELS}:make_normed", "tiny").has_batchnorm is False
@@ -127,3 +188,15 @@ def test_every_case_of_a_dropout_model_passes(pools, monkeypatch, tmp_path, worl
     assert rc == 0 and len(ran) >= 10, [(r["case"], r["verdict"], r.get("error")) for r in recs]
     assert all(r["verdict"] in ("pass", "n/a") for r in ran), [(r["case"], r["verdict"], r.get("error")) for r in ran]
     assert all(r["verdict"] == "pass" for r in ran if not r["case"].endswith("/none"))
+
+
+def test_a_model_unjudgeable_at_fp32s_tolerance_is_still_checked_in_amp(pool2, monkeypatch, tmp_path):
+    """The runner reuses a model's "cannot judge" for the cases checked alike (same tolerance), not for all of it."""
+    monkeypatch.setattr(suite.runtime, "RankPool", lambda *a, **k: Borrowed(pool2))
+    results = tmp_path / "runs.jsonl"
+    with contextlib.redirect_stdout(io.StringIO()):
+        rc = main(["run", "--model", "tests.test_check_randomness:make_jittery", "--size", "tiny", "--case",
+                   "*/plain", "--case", "*/amp_bf16", "--case", "*/ddp", "--rounds", "1", "--steps", "1",
+                   "--warmup", "0", "--no-utilization", "--results", str(results)])
+    verdicts = {r["case"].split("/")[1]: r["verdict"] for r in map(json.loads, results.read_text().splitlines())}
+    assert rc == 0 and verdicts == {"plain": "n/a", "ddp": "n/a", "amp_bf16": "pass"}, verdicts

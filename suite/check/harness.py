@@ -28,14 +28,14 @@ import torch
 
 from ..comm import collectives as C
 from ..config import StrategyConfig
-from ..engine import call_model, strict_fp32
+from ..engine import apply_precision, call_model, strict_fp32
 from ..results.records import CheckSummary
 from ..runtime.rng import seed_step
 from ..strategies.user import BoundedError, CheckKind, Convergence, Exact
 from ..workload import Workload, WorkloadSpec, workload
 from .errors import finite_le, max_finite, rel_error, worst_error
 from .reference import make_reference
-from .tolerances import TOLERANCES, tolerance_for
+from .tolerances import TOLERANCES, tolerance_for, tolerance_key
 
 __all__ = ["check_on_rank", "summarize", "run_check", "repeatable", "param_digest", "CANNOT_JUDGE"]
 
@@ -94,9 +94,11 @@ def check_precision(config: StrategyConfig, has_batchnorm: bool) -> torch.dtype:
     return torch.float32
 
 
-def repeatable(wl: Workload, dtype: torch.dtype | None = None) -> str | None:
-    """None when two identical runs of the model's first step agree on this rank (within fp32's tolerance), else
-    why not: the model built twice from one seed, this rank's first shard, the same generator state."""
+def repeatable(wl: Workload, dtype: torch.dtype | None = None, tolerance: str = "fp32") -> str | None:
+    """None when two identical runs of the model's first step agree on this rank (within ``tolerance``, the
+    tolerance of the check that will judge it), else why not: the model built twice from one seed, this rank's
+    first shard, the same generator state, under the precision switches in effect (the check's: the caller sets
+    them)."""
     runs = []
     for _ in range(2):
         module = wl.module(wl.ws.seed, dtype)
@@ -108,7 +110,7 @@ def repeatable(wl: Workload, dtype: torch.dtype | None = None) -> str | None:
     (loss_a, grads_a), (loss_b, grads_b) = runs
     if not (torch.isfinite(loss_a) and torch.isfinite(loss_b)):
         return None  # a non-finite loss is the check's to fail, not a reason it cannot judge
-    p_tol, l_tol = TOLERANCES["fp32"]
+    p_tol, l_tol = TOLERANCES[tolerance]
     l_err = rel_error(loss_a, loss_b)
     g_err, at = worst_error(grads_a, grads_b)
     if l_err <= l_tol and g_err <= p_tol:
@@ -119,12 +121,12 @@ def repeatable(wl: Workload, dtype: torch.dtype | None = None) -> str | None:
             f"kernels that are not deterministic, so no reference can match it; its cases are timed unchecked")
 
 
-def _judgeable(wl: Workload, dtype: torch.dtype | None) -> str | None:
-    """:func:`repeatable` on every rank, once per model and dtype; the ranks agree (one collective), so all of them
-    stop or go on together."""
-    key = str(dtype)
+def _judgeable(wl: Workload, dtype: torch.dtype | None, tolerance: str) -> str | None:
+    """:func:`repeatable` on every rank, once per model, dtype and tolerance; the ranks agree (one collective), so
+    all of them stop or go on together."""
+    key = f"{dtype}/{tolerance}"
     if key not in wl.repeatable:
-        why = repeatable(wl, dtype)
+        why = repeatable(wl, dtype, tolerance)
         flag = torch.tensor([1.0 if why else 0.0], device=wl.device)
         C.all_reduce(flag)
         wl.repeatable[key] = why or ("on another rank" if flag.item() > 0 else None)
@@ -162,7 +164,10 @@ def check_on_rank(workload_spec: WorkloadSpec, config: dict, steps: int = 3) -> 
     cfg = strict_fp32(StrategyConfig.from_dict(config))  # checks run TF32 off, whatever the timing uses
     dtype = check_precision(cfg, wl.has_batchnorm)
     cast = dtype if dtype != torch.float32 else None
-    why = _judgeable(wl, cast)
+    # the repeatability probe runs under the check's switches, not the process's (torch's defaults let cuDNN
+    # convolutions use TF32: the first H200 run called resnet50's fp32 cases unjudgeable from that noise alone)
+    apply_precision(cfg)
+    why = _judgeable(wl, cast, tolerance_key(cfg))
     if why is not None:
         return {"rank": rank, "cannot_judge": why, "per_step": [], "precision": str(dtype).removeprefix("torch.")}
     # ranks start different on purpose; every step the ranks compare the parameters they use before any gradient
