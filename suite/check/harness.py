@@ -165,7 +165,7 @@ def check_on_rank(workload_spec: WorkloadSpec, config: dict, steps: int = 3) -> 
     dtype = check_precision(cfg, wl.has_batchnorm)
     cast = dtype if dtype != torch.float32 else None
     # the repeatability probe runs under the check's switches, not the process's (torch's defaults let cuDNN
-    # convolutions use TF32: the first H200 run called resnet50's fp32 cases unjudgeable from that noise alone)
+    # convolutions use TF32: an H200 run called resnet50's AMP case unjudgeable from that noise alone)
     apply_precision(cfg)
     why = _judgeable(wl, cast, tolerance_key(cfg))
     if why is not None:
