@@ -50,6 +50,27 @@ def bounded_by(seconds: int) -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
+def interruptible() -> None:
+    """A ``preexec_fn``: the command starts with SIGINT at its default and unblocked, as from a terminal, whatever
+    this process inherited (a shell's background job, ``make test &``, ignores SIGINT, and every process started
+    from it, Python included, keeps it ignored: a test of Ctrl-C would see none)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+@contextlib.contextmanager
+def ctrl_c_raises() -> Iterator[None]:
+    """Within the block, SIGINT raises KeyboardInterrupt in this process (Python's own handler, unblocked in this
+    thread) whatever it inherited; as it was after."""
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.signal(signal.SIGINT, handler if handler is not None else signal.SIG_DFL)
+
+
 def alive(pid: int) -> bool:
     """Whether ``pid`` is a process that still runs (not gone, not a zombie)."""
     try:

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from suite.runtime.child import run_child, tail
+from tests.clitools import ctrl_c_raises
 
 
 def _gone(pid: int) -> bool:
@@ -68,7 +69,7 @@ def test_a_cancel_in_the_parent_stops_the_child_with_its_stop_signal_then_goes_o
     timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with ctrl_c_raises(), pytest.raises(KeyboardInterrupt):
             run_child(["/bin/sh", "-c", script], 60, stop=signal.SIGINT, grace=5.0)
     finally:
         timer.cancel()

@@ -12,6 +12,7 @@ from suite.check.harness import check_on_rank
 from suite.runtime import RankError, RankFailure, RankPool
 from suite.runtime.probes import allreduce_rank_sum, sleep_then_allreduce, whoami
 from suite.workload import WorkloadSpec
+from tests.clitools import interruptible
 
 
 def test_pool_runs_on_every_rank(pool2):
@@ -131,7 +132,7 @@ def test_ctrl_c_while_a_command_imports_is_one_line_and_exit_130(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "suite.cli.main", "run", "--case", "mlp/plain", "--nproc", "2",
                              "--results", str(tmp_path / "r.jsonl")], cwd=os.path.dirname(os.path.dirname(
                                  os.path.abspath(__file__))), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=interruptible)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # torch's libraries mapped: the command is importing its modules
         try:
@@ -161,7 +162,7 @@ def test_ctrl_c_at_any_moment_of_a_run_with_a_users_model_is_one_line(tmp_path, 
     proc = subprocess.Popen([sys.executable, "-m", "suite.cli.main", "run", "--model", "my_models:make_spec",
                              "--nproc", "2", "--rounds", "40", "--results", str(tmp_path / "r.jsonl")],
                             cwd=os.path.join(root, "tests", "scripts"), env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=interruptible)
     time.sleep(after)
     os.killpg(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=180)
