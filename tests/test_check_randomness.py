@@ -121,9 +121,8 @@ class Jittery(torch.nn.Module):
 
 
 def make_jittery(size: str = "cpu"):
-    return ModelSpec("jittery", Jittery, torch.nn.functional.cross_entropy,
-                               lambda n, seed: my_models.Blobs(n, seed), data="other", size=size, per_rank_batch=8,
-                               dataset_size=256)
+    return ModelSpec("jittery", Jittery, torch.nn.functional.cross_entropy, lambda n, seed: my_models.Blobs(n, seed),
+                     data="other", size=size, per_rank_batch=8, dataset_size=256)
 
 
 def probe_on_rank(workload_spec, config: dict) -> dict:
@@ -152,7 +151,7 @@ def probe_on_rank(workload_spec, config: dict) -> dict:
 
 
 def test_the_repeatability_probe_runs_as_the_check_does_and_judges_noise_by_the_checks_tolerance(pool2):
-    """The first H200 run: resnet50's AMP case was called unjudgeable from cuDNN's TF32 noise, probed under the
+    """The second H200 run: resnet50's AMP case was called unjudgeable from cuDNN's TF32 noise, probed under the
     process's switches against fp32's tolerance, and every later case of the model (fp64 checks among them) with
     it.  The probe runs under the check's switches (TF32 off, deterministic cuDNN, no autotuning) and against the
     tolerance of the check that will judge the case."""
