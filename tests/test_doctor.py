@@ -21,7 +21,7 @@ from tests.clitools import gone_within
 def asdict_report(rep) -> dict:
     """A report read back from the doctor's JSON lines, as plain values."""
     assert rep is not None and rep.complete, "no complete report in the doctor's output"
-    return {"ok": rep.ok, "platform": rep.platform, "nproc": rep.nproc,
+    return {"ok": rep.ok, "platform": rep.platform, "nproc": rep.nproc, "versions": rep.versions,
             "items": [{"item": i.item, "status": i.status, "numbers": i.numbers} for i in rep.items]}
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
