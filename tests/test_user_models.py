@@ -432,7 +432,8 @@ def test_a_daemon_a_models_build_started_in_a_rank_is_named_at_the_end(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path), "DAEMON_PIDS": str(pids)}
     proc = subprocess.run([sys.executable, "-m", "suite.cli.main", "run", "--model", "daemonic:make", "--case",
                            "daemonic.make/plain", "--size", "tiny", "--nproc", "1", "--steps", "1", "--rounds", "1",
-                           "--warmup", "0", "--no-check", "--no-utilization", "--results", str(tmp_path / "runs.jsonl")],
+                           "--warmup", "0", "--no-check", "--no-utilization", "--results",
+                           str(tmp_path / "runs.jsonl")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280)
     found = [int(x.split(")")[0]) for x in proc.stderr.split("(pid ")[1:]]
     try:
