@@ -218,3 +218,13 @@ def test_hierarchical_cases_under_torchrun_take_the_nodes_from_local_world_size(
     assert rc.config.hierarchical_allreduce_inter_nranks == 4
     with pytest.warns(UserWarning, match="differs from torchrun's LOCAL_WORLD_SIZE=2"):
         rc.config.check_world(8, 2, torchrun=True)
+
+
+def test_a_strategy_declared_for_one_backend_is_skipped_on_another_with_the_reason():
+    from suite.config import StrategyConfig
+    from suite.selection import strategy_unmet
+
+    cfg = StrategyConfig(data_parallel="ddp", strategy="tests.scripts.my_strategies:nccl_mean_hook")
+    why = strategy_unmet(cfg, "gloo")
+    assert why is not None and "nccl_mean runs on nccl only, this run on gloo" in why, why
+    assert strategy_unmet(cfg, "nccl") is None

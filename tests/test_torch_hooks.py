@@ -17,17 +17,21 @@ HOOKS = "suite.strategies.torch_hooks"
 
 
 @pytest.mark.parametrize("model", ["mlp", "resnet", "transformer"])
-def test_torchs_fp16_compress_and_powersgd_pass_their_declared_checks_at_world_2(pool2, model):
+def test_torchs_fp16_and_bf16_compress_and_powersgd_pass_their_declared_checks_at_world_2(pool2, model):
     fp16 = _check(pool2, model, f"{HOOKS}:fp16_compress")
     assert fp16.kind == "bounded error" and fp16.passed, fp16.message
     assert 0 < fp16.param_error <= 5e-3 and fp16.ranks_identical  # lossy, a little: the check measured it
+    bf16 = _check(pool2, model, f"{HOOKS}:bf16_compress")  # on gloo through its wrapper (torch_hooks.py)
+    assert bf16.kind == "bounded error" and bf16.passed, bf16.message
+    assert fp16.param_error < bf16.param_error <= 2e-2 and bf16.ranks_identical  # 8 bits against fp16's 11
     for rank in (1, 4):
         ps = _check(pool2, model, f"{HOOKS}:powersgd_r{rank}")
         assert ps.kind == "convergence" and ps.passed and ps.steps == 8, ps.message
         assert ps.loss_error <= 0.05 and ps.ranks_identical
 
 
-@pytest.mark.parametrize("hook", ["powersgd_r1", pytest.param("fp16_compress", marks=pytest.mark.heavy)])
+@pytest.mark.parametrize("hook", ["powersgd_r1", pytest.param("fp16_compress", marks=pytest.mark.heavy),
+                                  pytest.param("bf16_compress", marks=pytest.mark.heavy)])
 def test_torchs_hooks_pass_their_declared_checks_at_world_4(pool4, hook):
     got = _check(pool4, "mlp", f"{HOOKS}:{hook}")
     assert got.passed and got.kind in ("bounded error", "convergence"), got.message
@@ -36,7 +40,7 @@ def test_torchs_hooks_pass_their_declared_checks_at_world_4(pool4, hook):
 @pytest.mark.heavy  # every model, both hooks, at world 4: a few minutes on 2 cores
 @pytest.mark.parametrize("model", ["resnet", "transformer"])
 def test_torchs_hooks_on_every_small_model_at_world_4(pool4, model):
-    for hook in ("fp16_compress", "powersgd_r1", "powersgd_r4"):
+    for hook in ("fp16_compress", "bf16_compress", "powersgd_r1", "powersgd_r4"):
         got = _check(pool4, model, f"{HOOKS}:{hook}")
         assert got.passed, (hook, got.message)
 
