@@ -420,8 +420,9 @@ class CaseRunner:
         """The case's CheckSummary, the exception that stopped it, or None (no check asked)."""
         if not self.opts.check:
             return None
-        if self._unjudged_key(rc) in self._unjudged and rc.config.data_parallel != "none":
-            return self._unjudged[self._unjudged_key(rc)]  # two identical runs of this model differ: said already
+        unjudged = self._unjudged.get(self._unjudged_key(rc)) if rc.config.data_parallel != "none" else None
+        if unjudged is not None:
+            return unjudged  # two identical runs of this model differ, checked alike: said already
 
         try:
             # every rank's steps, then the reference's (every rank's shard in one process)

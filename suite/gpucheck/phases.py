@@ -171,10 +171,11 @@ class Check:
         (:data:`ELASTIC`) also takes what the earlier phases left unused, keeping the later phases' own bounds (on
         the first H200 the cases ran out of their 150 s with 130 s of the deadline unspent)."""
         later = [n for n in PHASE_NAMES if n > number and (not self.opts.only or n in self.opts.only)]
-        left = self.deadline - time.monotonic() - 5.0 * len(later)
+        remaining = self.deadline - time.monotonic()
+        left = remaining - 5.0 * len(later)
         own = float(BOUNDS[self.opts.device][number])
         if number == ELASTIC:
-            own = max(own, left + 5.0 * len(later) - sum(BOUNDS[self.opts.device][n] for n in later))
+            own = max(own, remaining - sum(BOUNDS[self.opts.device][n] for n in later))
         return max(min(own, 5.0), min(own, left))
 
     def command(self, number: int, cmd: list[str], timeout: float) -> ChildResult:

@@ -36,6 +36,11 @@ def mean_hook() -> DDPHook:
     return DDPHook(_mean, description="each bucket allreduced, then scaled by 1/world")
 
 
+def nccl_mean_hook() -> DDPHook:
+    """The same hook, declared for NCCL only: its cases are skipped on gloo with that reason."""
+    return DDPHook(_mean, name="nccl_mean", backends=("nccl",))
+
+
 # ---- a gradient synchronizer -----------------------------------------------------------------------------------
 class PerTensorSync(GradSync):
     """Every gradient allreduced on its own after backward (asynchronously, all waited on), scaled by 1/world."""
@@ -77,11 +82,6 @@ def per_tensor_sync() -> Synchronizer:
 
 
 # ---- torch's fp16 compression, declared lossy -------------------------------------------------------------------
-def nccl_mean_hook() -> DDPHook:
-    """The same hook, declared for NCCL only: its cases are skipped on gloo with that reason."""
-    return DDPHook(_mean, name="nccl_mean", backends=("nccl",))
-
-
 def fp16_hook() -> DDPHook:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
